@@ -1,0 +1,47 @@
+"""Errors a user can act on.
+
+Every problem with user input (a file, a query, an array) is raised as :class:`InputError`, a
+``ValueError`` whose message names the source and the problem in one line. The CLI turns it into
+exit code 2 with that line and no traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class OxbenchError(Exception):
+    """Base class of oxbench's own errors."""
+
+
+class InputError(OxbenchError, ValueError):
+    """Bad user input: a malformed file, an inconsistent array, an unknown name.
+
+    Args:
+        message: what is wrong and, where possible, what to do about it.
+        source: the file (or other named input) the problem is in; prefixed to the message.
+    """
+
+    def __init__(self, message: str, source: str | Path | None = None) -> None:
+        self.source = None if source is None else str(source)
+        self.problem = message
+        super().__init__(f"{self.source}: {message}" if self.source else message)
+
+
+class MissingExtraError(OxbenchError, ImportError):
+    """An optional dependency is not installed; the message names the pip command."""
+
+    def __init__(self, module: str, extra: str) -> None:
+        super().__init__(
+            f"this needs the optional dependency {module!r}: pip install \"oxbench[{extra}]\""
+        )
+
+
+def require(module: str, extra: str):  # noqa: ANN201 - returns a module
+    """Import an optional dependency or raise :class:`MissingExtraError` naming the extra."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingExtraError(module, extra) from exc

@@ -1,0 +1,150 @@
+"""Ground-truth pickles in the revisitop layout (``gnd_<dataset>.pkl``).
+
+Two flavours share one reader:
+
+- revisited (``gnd_roxford5k.pkl``, ``gnd_rparis6k.pkl``): each ``gnd[i]`` has ``bbx``, ``easy``,
+  ``hard``, ``junk``;
+- old protocol (``gnd_oxford5k.pkl``, ``gnd_paris6k.pkl``): each ``gnd[i]`` has ``bbx``, ``ok``
+  (good and ok together) and ``junk``.
+
+The files are read only through :func:`oxbench.formats.safe_pickle.load_plain_pickle`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from oxbench.errors import InputError
+from oxbench.formats.safe_pickle import load_plain_pickle
+from oxbench.groundtruth import GroundTruth, Query, make_query
+
+_REVISITED_KEYS = ("easy", "hard", "junk")
+_ORIGINAL_KEYS = ("ok", "junk")
+
+
+def dataset_id_from_path(path: str | Path) -> str:
+    """``gnd_roxford5k.pkl`` -> ``roxford5k``; anything else -> the file stem."""
+    stem = Path(path).stem
+    m = re.fullmatch(r"gnd_(.+)", stem)
+    return m.group(1) if m else stem
+
+
+def _names(value: Any, key: str, source: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise InputError(f"'{key}' must be a list of image names", source)
+    for v in value:
+        if v != v.strip() or v.endswith((".jpg", ".JPG", ".jpeg")):
+            raise InputError(f"'{key}' has a malformed image name {v!r} (stray whitespace or extension)", source)
+    if len(set(value)) != len(value):
+        raise InputError(f"'{key}' lists an image name twice", source)
+    return tuple(value)
+
+
+def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTruth:
+    """Turn the unpickled revisitop dict into a validated :class:`GroundTruth`.
+
+    The protocol is detected from the label keys: ``easy``/``hard``/``junk`` -> revisited,
+    ``ok``/``junk`` -> original.
+    """
+    if not isinstance(obj, dict):
+        raise InputError(f"expected a dict with 'imlist', 'qimlist', 'gnd', got {type(obj).__name__}", source)
+    for key in ("imlist", "qimlist", "gnd"):
+        if key not in obj:
+            raise InputError(f"missing key '{key}'", source)
+    db_names = _names(obj["imlist"], "imlist", source)
+    q_names = _names(obj["qimlist"], "qimlist", source)
+    gnd = obj["gnd"]
+    if not isinstance(gnd, list | tuple):
+        raise InputError("'gnd' must be a list with one dict per query", source)
+    if len(gnd) != len(q_names):
+        raise InputError(f"'gnd' has {len(gnd)} entries but 'qimlist' has {len(q_names)}", source)
+    if not gnd:
+        raise InputError("no queries", source)
+    seen_keys = {k for entry in gnd if isinstance(entry, dict) for k in entry}
+    if seen_keys & {"easy", "hard"}:
+        protocol, keys = "revisited", _REVISITED_KEYS
+    elif "ok" in seen_keys:
+        protocol, keys = "original", _ORIGINAL_KEYS
+    else:
+        raise InputError(
+            "labels must be 'easy'/'hard'/'junk' (revisited) or 'ok'/'junk' (old protocol), "
+            f"found keys {sorted(seen_keys)}",
+            source,
+        )
+    queries: list[Query] = []
+    for qi, (name, entry) in enumerate(zip(q_names, gnd, strict=True)):
+        if not isinstance(entry, dict):
+            raise InputError(f"query {qi} ({name}): gnd entry is not a dict", source)
+        missing = [k for k in keys if k not in entry]
+        if missing:
+            raise InputError(f"query {qi} ({name}): missing key(s) {missing}", source)
+        bbox = entry.get("bbx")
+        if bbox is not None and (not isinstance(bbox, list | tuple) or len(bbox) != 4):
+            raise InputError(f"query {qi} ({name}): 'bbx' must be 4 numbers", source)
+        labels = {}
+        for k in keys:
+            if not isinstance(entry[k], list | tuple):
+                raise InputError(f"query {qi} ({name}): '{k}' must be a list of indices", source)
+            labels[k] = entry[k]
+        queries.append(make_query(name, bbox, source=source, **labels))
+    return GroundTruth(dataset, protocol, db_names, tuple(queries), source).validate()
+
+
+def read_gnd(path: str | Path, *, dataset: str | None = None) -> GroundTruth:
+    """Read a revisitop ground-truth pickle (revisited or old protocol) safely.
+
+    Args:
+        path: ``gnd_<dataset>.pkl``.
+        dataset: dataset id for printed lines; default from the file name (``gnd_roxford5k.pkl`` ->
+            ``roxford5k``).
+
+    Raises:
+        InputError: missing file, unsafe or malformed pickle, inconsistent labels.
+    """
+    path = Path(path)
+    obj = load_plain_pickle(path)
+    return parse_gnd(obj, dataset=dataset or dataset_id_from_path(path), source=str(path))
+
+
+def gnd_to_dict(gt: GroundTruth) -> dict[str, Any]:
+    """The revisitop dict for ``gt`` (plain lists; revisited or old-protocol keys)."""
+    if gt.protocol == "revisited":
+        keys: tuple[str, ...] = _REVISITED_KEYS
+    elif gt.protocol == "original":
+        keys = _ORIGINAL_KEYS
+    else:
+        raise ValueError(f"the revisitop pickle cannot hold {gt.protocol!r} ground truth")
+    entries = []
+    for q in gt.queries:
+        entry: dict[str, Any] = {"bbx": None if q.bbox is None else [float(v) for v in q.bbox]}
+        for k in keys:
+            arr = q.positives if (k == "ok" and gt.protocol == "original") else getattr(q, k)
+            entry[k] = [int(v) for v in arr]
+        entries.append(entry)
+    return {"imlist": list(gt.db_names), "qimlist": list(gt.query_names), "gnd": entries}
+
+
+def write_gnd(gt: GroundTruth, path: str | Path) -> Path:
+    """Write ``gt`` as a revisitop pickle (protocol 3, plain containers only), atomically."""
+    path = Path(path)
+    data = pickle.dumps(gnd_to_dict(gt), protocol=3)
+    atomic_write_bytes(path, data)
+    return path
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temp file in the same folder, then rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,48 @@
+"""A restricted unpickler for ground-truth pickles.
+
+Pickles can run arbitrary code when loaded. The revisitop ground truth is only dicts, lists,
+strings and numbers, so we load it with an unpickler that refuses every global lookup: any pickle
+that names a class or function (numpy arrays included) is rejected before anything is built.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from pathlib import Path
+from typing import Any
+
+from oxbench.errors import InputError
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:  # noqa: D401
+        raise pickle.UnpicklingError(
+            f"refusing to load {module}.{name}: only plain containers and numbers are allowed"
+        )
+
+
+def load_plain_pickle(path: str | Path) -> Any:
+    """Load a pickle that may contain only dicts, lists, tuples, sets, strings and numbers.
+
+    Raises:
+        InputError: the file is missing, not a pickle, or references any class or function.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise InputError("file not found", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror}", path) from None
+    return loads_plain_pickle(data, source=str(path))
+
+
+def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
+    """Like :func:`load_plain_pickle` for bytes already in memory."""
+    try:
+        return _PlainUnpickler(io.BytesIO(data), encoding="latin1").load()
+    except pickle.UnpicklingError as exc:
+        raise InputError(f"not a plain-data pickle: {exc}", source) from None
+    except (EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise InputError(f"not a readable pickle ({type(exc).__name__}: {exc})", source) from None

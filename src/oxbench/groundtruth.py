@@ -1,0 +1,170 @@
+"""Ground truth of a retrieval benchmark, in one typed form for every protocol.
+
+One :class:`GroundTruth` holds the database image names and one :class:`Query` per query. Which
+label fields a query uses depends on the protocol:
+
+============  ===============================  ==========================
+protocol      positives                        ignored
+============  ===============================  ==========================
+``revisited``  ``easy`` / ``hard`` (per setup)   ``junk`` (+ the other class)
+``original``   ``good`` + ``ok``                 ``junk``
+``holidays``   ``good`` (the group's others)     ``junk`` (the query image)
+``ukbench``    ``good`` (the object's 4)         none
+============  ===============================  ==========================
+
+All label arrays are sorted, unique ``int64`` indices into :attr:`GroundTruth.db_names`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+
+Protocol = Literal["revisited", "original", "holidays", "ukbench"]
+PROTOCOLS: tuple[Protocol, ...] = ("revisited", "original", "holidays", "ukbench")
+BBox = tuple[float, float, float, float]
+IndexArray = NDArray[np.int64]
+
+_LABEL_FIELDS = ("easy", "hard", "good", "ok", "junk")
+
+
+def _empty() -> IndexArray:
+    return np.zeros(0, dtype=np.int64)
+
+
+def as_index_array(values: Iterable[int] | NDArray[np.integer], *, what: str, source: str | None = None) -> IndexArray:
+    """Convert label values to a sorted unique int64 array, refusing non-integers.
+
+    Duplicates are folded (the official Oxford files list one image twice: it is one positive).
+    """
+    arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values)
+    if arr.size == 0:
+        return _empty()
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
+        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
+            arr = arr.astype(np.int64)
+        else:
+            raise InputError(f"{what}: labels must be integer indices, got {arr.dtype}", source)
+    return np.unique(arr.astype(np.int64, copy=False).ravel())
+
+
+@dataclass(frozen=True, eq=False)
+class Query:
+    """One query: its image name, its box and its labelled database images.
+
+    Attributes:
+        name: query image name, without extension.
+        bbox: ``(x1, y1, x2, y2)`` in pixels of the full query image (0-based, as in the revisitop
+            pickles), or ``None`` when the whole image is the query (Holidays, UKBench).
+        easy, hard: revisited positives.
+        good, ok: original-protocol positives (old-protocol pickles put good+ok in ``ok``);
+            Holidays and UKBench put their positives in ``good``.
+        junk: ignored images (revisited Unclear, original junk, the Holidays query itself).
+    """
+
+    name: str
+    bbox: BBox | None = None
+    easy: IndexArray = field(default_factory=_empty)
+    hard: IndexArray = field(default_factory=_empty)
+    good: IndexArray = field(default_factory=_empty)
+    ok: IndexArray = field(default_factory=_empty)
+    junk: IndexArray = field(default_factory=_empty)
+
+    @property
+    def positives(self) -> IndexArray:
+        """All positives of the query, whatever the protocol (easy+hard or good+ok)."""
+        return np.union1d(np.union1d(self.easy, self.hard), np.union1d(self.good, self.ok))
+
+    def labels(self) -> dict[str, IndexArray]:
+        """The non-empty label arrays by field name."""
+        return {f: getattr(self, f) for f in _LABEL_FIELDS if getattr(self, f).size}
+
+
+@dataclass(frozen=True, eq=False)
+class GroundTruth:
+    """Ground truth of one benchmark.
+
+    Attributes:
+        dataset: dataset id (``roxford5k``, ``oxford5k``, ``holidays``, ...), used in printed lines.
+        protocol: which scoring rules apply (see the module docstring).
+        db_names: database image names, without extension; label indices point into this.
+        queries: the queries, in the official order.
+        source: where it was read from (a path), for error messages.
+    """
+
+    dataset: str
+    protocol: Protocol
+    db_names: tuple[str, ...]
+    queries: tuple[Query, ...]
+    source: str = "<memory>"
+
+    @property
+    def n_db(self) -> int:
+        return len(self.db_names)
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.queries)
+
+    @property
+    def query_names(self) -> tuple[str, ...]:
+        return tuple(q.name for q in self.queries)
+
+    def validate(self) -> GroundTruth:
+        """Check the labels and return self; raise :class:`InputError` naming the query otherwise.
+
+        Checks: every label indexes the database, and no query labels one image two ways
+        (e.g. positive and junk) -- the official programs silently double-count those.
+        """
+        if self.protocol not in PROTOCOLS:
+            raise InputError(f"unknown protocol {self.protocol!r}", self.source)
+        n = self.n_db
+        for qi, q in enumerate(self.queries):
+            seen: dict[int, str] = {}
+            for fname, arr in q.labels().items():
+                if arr.size and (arr[0] < 0 or arr[-1] >= n):
+                    bad = int(arr[0] if arr[0] < 0 else arr[-1])
+                    raise InputError(
+                        f"query {qi} ({q.name}): {fname} label {bad} is outside the database (0..{n - 1})",
+                        self.source,
+                    )
+                for idx in arr.tolist():
+                    if idx in seen:
+                        raise InputError(
+                            f"query {qi} ({q.name}): image {idx} ({self.db_names[idx]}) is labelled both "
+                            f"{seen[idx]} and {fname}",
+                            self.source,
+                        )
+                    seen[idx] = fname
+            if q.bbox is not None:
+                x1, y1, x2, y2 = q.bbox
+                if not all(np.isfinite(q.bbox)) or x2 < x1 or y2 < y1:
+                    raise InputError(f"query {qi} ({q.name}): malformed bbox {q.bbox}", self.source)
+        return self
+
+
+def make_query(
+    name: str,
+    bbox: Sequence[float] | None = None,
+    *,
+    source: str | None = None,
+    **labels: Iterable[int] | NDArray[np.integer],
+) -> Query:
+    """Build a :class:`Query`, normalising label lists to sorted unique int64 arrays."""
+    unknown = set(labels) - set(_LABEL_FIELDS)
+    if unknown:
+        raise InputError(f"query {name}: unknown label field(s) {sorted(unknown)}", source)
+    arrays = {k: as_index_array(v, what=f"query {name} {k}", source=source) for k, v in labels.items()}
+    box: BBox | None = None
+    if bbox is not None:
+        vals = [float(v) for v in bbox]
+        if len(vals) != 4:
+            raise InputError(f"query {name}: bbox must have 4 numbers, got {len(vals)}", source)
+        box = (vals[0], vals[1], vals[2], vals[3])
+    return Query(name=name, bbox=box, **arrays)
