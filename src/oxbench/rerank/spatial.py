@@ -1,0 +1,565 @@
+"""Spatial verification and spatial re-ranking of a short list (Philbin et al., CVPR 2007).
+
+A bag-of-words search ranks database images by how many visual words they share with the query,
+ignoring where the words are. Spatial re-ranking takes the top ``R`` of that list, forms tentative
+correspondences between the query's and each candidate's features from shared visual words
+(:func:`tentative_matches`), fits a geometric model to them robustly (:func:`verify_pair`, OpenCV's
+USAC estimators) and moves the images whose model has enough inliers to the top, sorted by inlier
+count (:func:`spatial_rerank`).
+
+Inputs are plain arrays, the layout of :class:`oxbench.features.local.LocalFeatures`:
+
+- keypoints ``[n, 4]`` float32: ``x, y, size, angle_degrees`` in original-image pixels (only
+  ``x, y`` are used here);
+- visual words ``[n]`` int64: the hard assignment of each feature; negative ids mean "no word" and
+  never match.
+
+Coordinate normalisation: before fitting, each image's points are moved into a frame whose longer
+side measures ``reference_side`` (1024 by default) and whose origin is the image centre, so that
+``threshold_px`` means "pixels of an image resized to a longer side of 1024" for every image,
+whatever its stored resolution. The extent of an image is its ``(width, height)`` when given, else
+the bounding box of its keypoints. The returned transforms are converted back to the original pixel
+coordinates (query pixels -> candidate pixels).
+
+Example:
+    >>> res = spatial_rerank(q_kp, q_words, [(kp_i, w_i) for kp_i, w_i in top], order, top_r=100)
+    >>> res.order[:5], res.inliers[:5]    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError, require
+
+logger = logging.getLogger(__name__)
+
+GeometricModel = Literal["affine", "homography", "similarity"]
+RobustMethod = Literal["magsac", "accurate", "ransac"]
+
+#: Minimal sample size of each model (correspondences needed to fit it).
+MIN_SAMPLE: dict[str, int] = {"similarity": 2, "affine": 3, "homography": 4}
+
+#: Default settings, shared by :func:`verify_pair` and :func:`spatial_rerank`.
+DEFAULT_THRESHOLD_PX = 8.0
+DEFAULT_REFERENCE_SIDE = 1024.0
+DEFAULT_MIN_INLIERS = 8
+DEFAULT_MAX_PER_WORD = 8
+DEFAULT_MAX_ITERS = 1000
+DEFAULT_MAX_SCALE = 10.0
+DEFAULT_MAX_ANISOTROPY = 6.0
+
+PairStatus = Literal["verified", "below_min_inliers", "too_few_matches", "no_model", "degenerate"]
+
+
+# --------------------------------------------------------------------------------------------
+# Tentative correspondences
+# --------------------------------------------------------------------------------------------
+
+
+def _check_words(words: NDArray, name: str) -> NDArray[np.int64]:
+    arr = np.asarray(words)
+    if arr.ndim != 1:
+        raise InputError(f"{name} must be a 1-D array of visual word ids, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise InputError(f"{name} must hold integer visual word ids, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+@dataclass(frozen=True)
+class _WordGroups:
+    """One image's features grouped by visual word (sorted word ids, run starts and lengths)."""
+
+    order: NDArray[np.int64]  # feature indices sorted by word (stable)
+    words: NDArray[np.int64]  # distinct non-negative words, ascending
+    start: NDArray[np.int64]  # start of each word's run in ``order``
+    count: NDArray[np.int64]  # length of each run
+
+
+def _group_words(words: NDArray[np.int64]) -> _WordGroups:
+    order = np.argsort(words, kind="stable")
+    sorted_words = words[order]
+    valid = sorted_words >= 0  # negative ids = unassigned; they sort first
+    first_valid = int(np.argmax(valid)) if valid.any() else sorted_words.size
+    order = order[first_valid:]
+    sorted_words = sorted_words[first_valid:]
+    if sorted_words.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return _WordGroups(order.astype(np.int64), empty, empty, empty)
+    boundary = np.flatnonzero(np.diff(sorted_words)) + 1
+    start = np.concatenate(([0], boundary)).astype(np.int64)
+    count = np.diff(np.concatenate((start, [sorted_words.size]))).astype(np.int64)
+    return _WordGroups(order.astype(np.int64), sorted_words[start], start, count)
+
+
+def _matches_from_groups(
+    q: _WordGroups, d: _WordGroups, max_per_word: int | None
+) -> NDArray[np.int64]:
+    _, iq, id_ = np.intersect1d(q.words, d.words, assume_unique=True, return_indices=True)
+    a = q.count[iq]
+    b = d.count[id_]
+    n_pairs = a * b
+    if max_per_word is not None:
+        keep = n_pairs <= max_per_word
+        iq, id_, a, b, n_pairs = iq[keep], id_[keep], a[keep], b[keep], n_pairs[keep]
+    total = int(n_pairs.sum())
+    if total == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    # Enumerate the a*b pairs of every shared word without a Python loop: pair t of word k is
+    # (query occurrence t // b_k, database occurrence t % b_k).
+    word_of_pair = np.repeat(np.arange(n_pairs.size), n_pairs)
+    first_pair = np.cumsum(n_pairs) - n_pairs
+    t = np.arange(total, dtype=np.int64) - first_pair[word_of_pair]
+    b_pair = b[word_of_pair]
+    q_idx = q.order[q.start[iq][word_of_pair] + t // b_pair]
+    d_idx = d.order[d.start[id_][word_of_pair] + t % b_pair]
+    pairs = np.stack((q_idx, d_idx), axis=1)
+    # Canonical order (by query feature, then database feature): independent of word numbering.
+    return pairs[np.lexsort((d_idx, q_idx))]
+
+
+def tentative_matches(
+    q_words: NDArray[np.integer],
+    d_words: NDArray[np.integer],
+    *,
+    max_per_word: int | None = DEFAULT_MAX_PER_WORD,
+) -> NDArray[np.int64]:
+    """Tentative correspondences between two images from shared visual words.
+
+    A word that occurs once in each image gives one (one-to-one) correspondence. A word that
+    occurs ``a`` times in the query and ``b`` times in the database image (a *burst*, e.g. repeated
+    windows) gives all ``a * b`` pairs when ``a * b <= max_per_word``; larger bursts are dropped,
+    since at most ``min(a, b)`` of their pairs can be right and they would swamp the robust fit
+    with outliers. Negative word ids mean "unassigned" and never match.
+
+    The work is a sort of each word list and one :func:`numpy.intersect1d`; there is no Python
+    loop over features.
+
+    Args:
+        q_words: ``[n_q]`` visual word of each query feature.
+        d_words: ``[n_d]`` visual word of each database feature.
+        max_per_word: the most pairs one word may contribute; ``None`` = no limit.
+
+    Returns:
+        ``[m, 2]`` int64 pairs ``(query feature index, database feature index)``, sorted by query
+        index then database index.
+
+    Example:
+        >>> tentative_matches(np.array([5, 7, 9]), np.array([9, 1, 5]))
+        array([[0, 2],
+               [2, 0]])
+    """
+    if max_per_word is not None and max_per_word < 1:
+        raise InputError(f"max_per_word must be >= 1 or None, got {max_per_word}")
+    q = _group_words(_check_words(q_words, "q_words"))
+    d = _group_words(_check_words(d_words, "d_words"))
+    return _matches_from_groups(q, d, max_per_word)
+
+
+# --------------------------------------------------------------------------------------------
+# Robust model fitting for one pair
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """Outcome of spatially verifying one query-candidate pair.
+
+    Attributes:
+        n_inliers: one-to-one inlier count of the accepted model: the smaller of the number of
+            distinct query features and of distinct database features among the inlier
+            correspondences (so a burst cannot count twice). 0 when no acceptable model was found
+            or there were too few tentative matches to try.
+        transform: ``3 x 3`` float64 mapping query pixel coordinates (homogeneous) to candidate
+            pixel coordinates, or ``None`` when no acceptable model was found.
+        inlier_mask: ``[m]`` bool over the input matches (all False without a model).
+        status: ``"verified"`` (``n_inliers >= min_inliers``), ``"below_min_inliers"``,
+            ``"too_few_matches"`` (fewer matches than ``min_inliers`` or the minimal sample; no
+            fit was attempted), ``"no_model"`` (the estimator found none) or ``"degenerate"``
+            (rejected by the sanity checks: reflection, extreme scale or anisotropy, a homography
+            that sends inliers through infinity).
+    """
+
+    n_inliers: int
+    transform: NDArray[np.float64] | None
+    inlier_mask: NDArray[np.bool_]
+    status: PairStatus
+
+    @property
+    def verified(self) -> bool:
+        """Whether the pair passed spatial verification."""
+        return self.status == "verified"
+
+
+def _check_keypoints(kp: NDArray, name: str) -> NDArray[np.float64]:
+    arr = np.asarray(kp)
+    if arr.ndim != 2 or arr.shape[1] < 2:
+        raise InputError(f"{name} must be an [n, 4] keypoint array (x, y, size, angle), got {arr.shape}")
+    return arr[:, :2].astype(np.float64)
+
+
+def _normaliser(
+    xy: NDArray[np.float64], size: tuple[float, float] | None, reference_side: float
+) -> NDArray[np.float64]:
+    """3x3 similarity taking pixel coordinates to the centred frame of longer side ``reference_side``."""
+    if size is not None:
+        width, height = float(size[0]), float(size[1])
+        if not (width > 0 and height > 0):
+            raise InputError(f"image size must be positive (width, height), got {size}")
+        cx, cy, side = width / 2.0, height / 2.0, max(width, height)
+    elif xy.shape[0]:
+        lo, hi = xy.min(axis=0), xy.max(axis=0)
+        cx, cy = (lo + hi) / 2.0
+        side = max(float((hi - lo).max()), 1.0)
+    else:
+        cx, cy, side = 0.0, 0.0, reference_side
+    s = reference_side / side
+    return np.array([[s, 0.0, -s * cx], [0.0, s, -s * cy], [0.0, 0.0, 1.0]])
+
+
+def _apply(t: NDArray[np.float64], xy: NDArray[np.float64]) -> NDArray[np.float64]:
+    return xy @ t[:2, :2].T + t[:2, 2]
+
+
+def _sane(
+    t: NDArray[np.float64],
+    model: str,
+    q_inliers: NDArray[np.float64],
+    max_scale: float,
+    max_anisotropy: float,
+) -> bool:
+    """Sanity of a model fitted in the normalised frame (both images at the same reference side)."""
+    if not np.all(np.isfinite(t)):
+        return False
+    if model == "homography":
+        if abs(t[2, 2]) < 1e-12:
+            return False
+        h = t / t[2, 2]
+        w = q_inliers @ h[2, :2] + h[2, 2]
+        # All inliers on the same side of the line at infinity: no fold through infinity.
+        if not (np.all(w > 0) or np.all(w < 0)):
+            return False
+        # Local linear part (Jacobian) at the inliers' centroid.
+        c = q_inliers.mean(axis=0)
+        wc = c @ h[2, :2] + h[2, 2]
+        u = h[:2, :2] @ c + h[:2, 2]
+        lin = (h[:2, :2] * wc - np.outer(u, h[2, :2])) / (wc * wc)
+    else:
+        lin = t[:2, :2]
+    if np.linalg.det(lin) <= 0:  # reflection (or collapse to a line)
+        return False
+    s = np.linalg.svd(lin, compute_uv=False)
+    if s[1] <= 0 or s[0] > max_scale or s[1] < 1.0 / max_scale:
+        return False
+    return bool(s[0] / s[1] <= max_anisotropy)
+
+
+def _count_one_to_one(matches: NDArray[np.int64], mask: NDArray[np.bool_]) -> int:
+    inl = matches[mask]
+    if inl.shape[0] == 0:
+        return 0
+    return int(min(np.unique(inl[:, 0]).size, np.unique(inl[:, 1]).size))
+
+
+def verify_pair(
+    q_kp: NDArray[np.floating],
+    d_kp: NDArray[np.floating],
+    matches: NDArray[np.integer],
+    *,
+    model: GeometricModel = "affine",
+    threshold_px: float = DEFAULT_THRESHOLD_PX,
+    min_inliers: int = DEFAULT_MIN_INLIERS,
+    method: RobustMethod = "magsac",
+    max_iters: int = DEFAULT_MAX_ITERS,
+    confidence: float = 0.999,
+    q_size: tuple[float, float] | None = None,
+    d_size: tuple[float, float] | None = None,
+    reference_side: float = DEFAULT_REFERENCE_SIDE,
+    max_scale: float = DEFAULT_MAX_SCALE,
+    max_anisotropy: float = DEFAULT_MAX_ANISOTROPY,
+    seed: int = 0,
+) -> PairResult:
+    """Fit a geometric model to tentative matches robustly and count its inliers.
+
+    The model is fitted with OpenCV's USAC framework: ``cv2.estimateAffine2D`` (affine) or
+    ``cv2.findHomography`` (homography) with ``cv2.USAC_MAGSAC`` (``method="magsac"``, MAGSAC++
+    scoring) or ``cv2.USAC_ACCURATE`` (``"accurate"``: GC-RANSAC local optimisation), or classic
+    ``cv2.RANSAC``. The similarity model (``cv2.estimateAffinePartial2D``) is only available with
+    ``method="ransac"`` in OpenCV, and that is what it uses whatever ``method`` says.
+
+    Points are first moved to the normalised frame described in the module docstring, so
+    ``threshold_px`` is a reprojection error in the candidate image measured in pixels of an image
+    whose longer side is ``reference_side``. A fitted model is then checked in that frame (both
+    images at the same reference size): no reflection, both singular values of its linear part (for
+    a homography: of its Jacobian at the inliers' centroid) within ``[1/max_scale, max_scale]``,
+    their ratio at most ``max_anisotropy``, and for a homography all inliers in front of the line
+    at infinity. A model failing a check counts 0 inliers.
+
+    Deterministic: OpenCV's RNG is seeded with ``seed`` before the fit (``cv2.setRNGSeed``) and the
+    USAC estimators use a fixed internal state.
+
+    Args:
+        q_kp: ``[n_q, >=2]`` query keypoints (x, y first), pixels of the original image.
+        d_kp: ``[n_d, >=2]`` candidate keypoints.
+        matches: ``[m, 2]`` pairs ``(query feature, candidate feature)``, e.g. from
+            :func:`tentative_matches`.
+        model: ``"affine"`` (6 dof, default), ``"homography"`` (8 dof) or ``"similarity"`` (4 dof).
+        threshold_px: inlier threshold, in pixels at ``reference_side``.
+        min_inliers: inliers needed to call the pair verified (and matches needed to try at all).
+        method: robust estimator, see above.
+        max_iters: iteration cap of the estimator (non-matching pairs always reach it).
+        confidence: the estimator's stopping confidence.
+        q_size: ``(width, height)`` of the query image; default: the bounding box of ``q_kp``.
+        d_size: ``(width, height)`` of the candidate image; default: the bounding box of ``d_kp``.
+        reference_side: the longer side of the normalised frame.
+        max_scale: largest accepted scale change (and smallest: its inverse).
+        max_anisotropy: largest accepted ratio of the two singular values.
+        seed: OpenCV RNG seed.
+
+    Returns:
+        A :class:`PairResult`; its transform maps query pixels to candidate pixels.
+
+    Raises:
+        InputError: malformed arrays, out-of-range match indices or an unknown model/method.
+    """
+    if model not in MIN_SAMPLE:
+        raise InputError(f"unknown geometric model {model!r}; use affine, homography or similarity")
+    if method not in ("magsac", "accurate", "ransac"):
+        raise InputError(f"unknown robust method {method!r}; use magsac, accurate or ransac")
+    if min_inliers < 1:
+        raise InputError(f"min_inliers must be >= 1, got {min_inliers}")
+    if not threshold_px > 0:
+        raise InputError(f"threshold_px must be positive, got {threshold_px}")
+    q_xy = _check_keypoints(q_kp, "q_kp")
+    d_xy = _check_keypoints(d_kp, "d_kp")
+    m_arr = np.asarray(matches)
+    if m_arr.size == 0:
+        m_arr = np.zeros((0, 2), dtype=np.int64)
+    if m_arr.ndim != 2 or m_arr.shape[1] != 2 or not np.issubdtype(m_arr.dtype, np.integer):
+        raise InputError(f"matches must be an [m, 2] integer array, got {m_arr.shape} {m_arr.dtype}")
+    m_arr = m_arr.astype(np.int64, copy=False)
+    if m_arr.shape[0] and (
+        m_arr.min() < 0 or m_arr[:, 0].max() >= q_xy.shape[0] or m_arr[:, 1].max() >= d_xy.shape[0]
+    ):
+        raise InputError("matches refer to keypoints outside q_kp / d_kp")
+    n_matches = m_arr.shape[0]
+    no_mask = np.zeros(n_matches, dtype=bool)
+    if n_matches < max(min_inliers, MIN_SAMPLE[model]):
+        return PairResult(0, None, no_mask, "too_few_matches")
+
+    cv2 = require("cv2", "classic")
+    n_q = _normaliser(q_xy, q_size, reference_side)
+    n_d = _normaliser(d_xy, d_size, reference_side)
+    src = _apply(n_q, q_xy[m_arr[:, 0]])
+    dst = _apply(n_d, d_xy[m_arr[:, 1]])
+    src32 = np.ascontiguousarray(src, dtype=np.float32)
+    dst32 = np.ascontiguousarray(dst, dtype=np.float32)
+    flag = {"magsac": cv2.USAC_MAGSAC, "accurate": cv2.USAC_ACCURATE, "ransac": cv2.RANSAC}[method]
+    cv2.setRNGSeed(int(seed))
+    try:
+        if model == "homography":
+            t, mask = cv2.findHomography(
+                src32, dst32, flag, float(threshold_px), maxIters=int(max_iters),
+                confidence=float(confidence),
+            )
+        elif model == "affine":
+            t, mask = cv2.estimateAffine2D(
+                src32, dst32, method=flag, ransacReprojThreshold=float(threshold_px),
+                maxIters=int(max_iters), confidence=float(confidence),
+            )
+        else:
+            t, mask = cv2.estimateAffinePartial2D(
+                src32, dst32, method=cv2.RANSAC, ransacReprojThreshold=float(threshold_px),
+                maxIters=int(max_iters), confidence=float(confidence),
+            )
+    except cv2.error as exc:  # degenerate configurations (e.g. all points identical)
+        logger.debug("robust fit failed: %s", exc)
+        return PairResult(0, None, no_mask, "no_model")
+    if t is None or mask is None or t.size == 0:
+        return PairResult(0, None, no_mask, "no_model")
+    t = np.asarray(t, dtype=np.float64)
+    if t.shape == (2, 3):
+        t = np.vstack((t, [0.0, 0.0, 1.0]))
+    inlier_mask = np.asarray(mask).ravel().astype(bool)
+    if not inlier_mask.any():
+        return PairResult(0, None, no_mask, "no_model")
+    if not _sane(t, model, src[inlier_mask], max_scale, max_anisotropy):
+        return PairResult(0, None, no_mask, "degenerate")
+    transform = np.linalg.inv(n_d) @ t @ n_q
+    if model == "homography":
+        transform = transform / transform[2, 2]
+    n_inliers = _count_one_to_one(m_arr, inlier_mask)
+    status: PairStatus = "verified" if n_inliers >= min_inliers else "below_min_inliers"
+    return PairResult(n_inliers, transform, inlier_mask, status)
+
+
+# --------------------------------------------------------------------------------------------
+# Re-ranking a short list
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpatialResult:
+    """Outcome of :func:`spatial_rerank` for one query.
+
+    Attributes:
+        order: ``[n]`` int64, the new full ranking (a permutation of the input ``order``).
+        inliers: ``[r]`` int64, inlier count of ``input_order[i]`` for ``i < r`` (aligned with the
+            *input* order and with ``candidates``), ``r = min(top_r, len(order))``.
+        n_matches: ``[r]`` int64, number of tentative matches of each of those candidates.
+        verified: int64 database indices (values of ``order``) that passed, best first, in the
+            order they take in the new ranking.
+        transforms: ``r`` entries aligned with ``inliers``: the 3x3 query->candidate pixel
+            transform, or ``None``.
+        statuses: ``r`` :class:`PairResult` status strings aligned with ``inliers``.
+    """
+
+    order: NDArray[np.int64]
+    inliers: NDArray[np.int64]
+    n_matches: NDArray[np.int64]
+    verified: NDArray[np.int64]
+    transforms: tuple[NDArray[np.float64] | None, ...]
+    statuses: tuple[str, ...]
+
+
+def rerank_by_inliers(
+    order: NDArray[np.integer], inliers: NDArray[np.integer], min_inliers: int
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Reorder a ranking given inlier counts of its first ``len(inliers)`` entries.
+
+    The first ``r = len(inliers)`` entries are split: those with ``inliers >= min_inliers`` go
+    first, sorted by decreasing inlier count (ties keep their initial order); the others of the top
+    ``r`` follow in their initial order; entries beyond ``r`` keep their order and positions.
+
+    Args:
+        order: ``[n]`` the initial ranking.
+        inliers: ``[r]`` inlier counts of ``order[:r]``, ``r <= n``.
+        min_inliers: the count needed to move up.
+
+    Returns:
+        ``(new_order [n], verified [k])``: the new ranking and the verified entries, best first.
+    """
+    order = np.asarray(order, dtype=np.int64)
+    inliers = np.asarray(inliers, dtype=np.int64)
+    r = inliers.shape[0]
+    if r > order.shape[0]:
+        raise InputError(f"{r} inlier counts for a ranking of {order.shape[0]} entries")
+    passed = inliers >= min_inliers
+    pos = np.arange(r)
+    # lexsort's last key is primary: unverified after verified, then more inliers first, then
+    # the initial position (stable ties). Unverified entries all get key 0 so they keep order.
+    sort_inl = np.where(passed, -inliers, 0)
+    perm = np.lexsort((pos, sort_inl, ~passed))
+    head = order[:r][perm]
+    new_order = np.concatenate((head, order[r:]))
+    return new_order, head[: int(passed.sum())]
+
+
+def spatial_rerank(
+    query_kp: NDArray[np.floating],
+    query_words: NDArray[np.integer],
+    candidates: Sequence[tuple[NDArray, NDArray] | tuple[NDArray, NDArray, tuple[float, float]]],
+    order: NDArray[np.integer],
+    *,
+    top_r: int = 300,
+    model: GeometricModel = "affine",
+    min_inliers: int = DEFAULT_MIN_INLIERS,
+    threshold_px: float = DEFAULT_THRESHOLD_PX,
+    max_per_word: int | None = DEFAULT_MAX_PER_WORD,
+    method: RobustMethod = "magsac",
+    max_iters: int = DEFAULT_MAX_ITERS,
+    confidence: float = 0.999,
+    query_size: tuple[float, float] | None = None,
+    reference_side: float = DEFAULT_REFERENCE_SIDE,
+    max_scale: float = DEFAULT_MAX_SCALE,
+    max_anisotropy: float = DEFAULT_MAX_ANISOTROPY,
+    seed: int = 0,
+) -> SpatialResult:
+    """Spatially verify the top ``R`` of a ranking and re-rank them by inlier count.
+
+    Philbin et al. 2007: the short list is re-ranked by the number of inliers of a geometric model
+    between the query and each candidate. Here candidates with at least ``min_inliers`` inliers
+    move to the top of the list, sorted by inlier count (ties keep their initial order); the other
+    top-``R`` candidates follow in their initial order; everything below position ``R`` is left
+    unchanged (see :func:`rerank_by_inliers`).
+
+    Candidates contract: ``candidates[i]`` holds the features of the database image ``order[i]``,
+    for ``i = 0 .. r-1`` with ``r = min(top_r, len(order))``, and ``len(candidates)`` must equal
+    ``r``. Each entry is ``(keypoints [n, 4], words [n])`` or ``(keypoints, words, (width,
+    height))``; the size, when given, sets that image's normalised frame (see module docstring).
+
+    Each pair is verified independently with the same seed, so results do not depend on the
+    order of the candidates, and a run is reproducible.
+
+    Args:
+        query_kp: ``[n_q, 4]`` query keypoints (x, y, size, angle) in query-image pixels.
+        query_words: ``[n_q]`` visual words of the query features.
+        candidates: features of ``order[:r]``, see above.
+        order: ``[n]`` initial ranking of database indices, best first.
+        top_r: how many of the top of ``order`` to verify.
+        model, threshold_px, method, max_iters, confidence, reference_side, max_scale,
+            max_anisotropy, seed: see :func:`verify_pair`.
+        min_inliers: inliers needed to move up.
+        max_per_word: see :func:`tentative_matches`.
+        query_size: ``(width, height)`` of the query image (default: its keypoints' bounding box).
+
+    Returns:
+        A :class:`SpatialResult`.
+
+    Raises:
+        InputError: ``len(candidates) != r`` or malformed arrays.
+    """
+    order = np.asarray(order)
+    if order.ndim != 1 or (order.size and not np.issubdtype(order.dtype, np.integer)):
+        raise InputError(f"order must be a 1-D integer array, got {order.shape} {order.dtype}")
+    order = order.astype(np.int64, copy=False)
+    if top_r < 0:
+        raise InputError(f"top_r must be >= 0, got {top_r}")
+    r = min(int(top_r), order.shape[0])
+    if len(candidates) != r:
+        raise InputError(
+            f"spatial_rerank needs the features of the top {r} images of the ranking "
+            f"(candidates[i] for order[i]), got {len(candidates)}"
+        )
+    q_xy = _check_keypoints(query_kp, "query_kp")
+    q_words = _check_words(query_words, "query_words")
+    if q_words.shape[0] != q_xy.shape[0]:
+        raise InputError(f"query has {q_xy.shape[0]} keypoints but {q_words.shape[0]} words")
+    q_groups = _group_words(q_words)
+
+    inliers = np.zeros(r, dtype=np.int64)
+    n_matches = np.zeros(r, dtype=np.int64)
+    transforms: list[NDArray[np.float64] | None] = []
+    statuses: list[str] = []
+    for i, cand in enumerate(candidates):
+        if len(cand) not in (2, 3):
+            raise InputError(f"candidate {i} (image {order[i]}) must be (keypoints, words[, size])")
+        d_kp, d_words = cand[0], _check_words(cand[1], f"words of candidate {i}")
+        d_size = cand[2] if len(cand) == 3 else None
+        if np.asarray(d_kp).shape[0] != d_words.shape[0]:
+            raise InputError(
+                f"candidate {i} (image {order[i]}) has {np.asarray(d_kp).shape[0]} keypoints "
+                f"but {d_words.shape[0]} words"
+            )
+        matches = _matches_from_groups(q_groups, _group_words(d_words), max_per_word)
+        n_matches[i] = matches.shape[0]
+        res = verify_pair(
+            q_xy, d_kp, matches, model=model, threshold_px=threshold_px, min_inliers=min_inliers,
+            method=method, max_iters=max_iters, confidence=confidence, q_size=query_size,
+            d_size=d_size, reference_side=reference_side, max_scale=max_scale,
+            max_anisotropy=max_anisotropy, seed=seed,
+        )
+        inliers[i] = res.n_inliers
+        transforms.append(res.transform)
+        statuses.append(res.status)
+    new_order, verified = rerank_by_inliers(order, inliers, min_inliers)
+    return SpatialResult(
+        order=new_order, inliers=inliers, n_matches=n_matches, verified=verified,
+        transforms=tuple(transforms), statuses=tuple(statuses),
+    )
