@@ -1,0 +1,186 @@
+"""SIFT and RootSIFT local features with OpenCV.
+
+RootSIFT (Arandjelovic & Zisserman 2012): L1-normalise each SIFT descriptor and take the element-wise
+square root, so that the Euclidean distance between RootSIFT vectors is the Hellinger kernel between
+the SIFT histograms. The result has unit L2 norm.
+
+Images are converted to grey, optionally downscaled so that the longer side is at most
+``max_side`` (never upscaled), described, and the keypoints are mapped back to the pixel coordinates
+of the original image. A query is described from its crop only; its keypoints are shifted by the
+crop offset into the coordinates of the full query image (SPEC §1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError, require
+from oxbench.features.local import LocalFeatures
+
+DescriptorType = Literal["sift", "rootsift"]
+DESCRIPTOR_TYPES: tuple[str, ...] = ("sift", "rootsift")
+
+
+@dataclass(frozen=True)
+class SiftConfig:
+    """How local features are extracted; everything that changes the stored features.
+
+    Attributes:
+        descriptor: ``"rootsift"`` (default) or ``"sift"``.
+        max_side: images whose longer side exceeds this are downscaled to it (``0`` = never).
+        n_features: keep at most this many keypoints, the strongest by response (``0`` = all).
+        contrast_threshold, edge_threshold, sigma, n_octave_layers: OpenCV ``SIFT_create``
+            parameters (OpenCV defaults).
+    """
+
+    descriptor: DescriptorType = "rootsift"
+    max_side: int = 512
+    n_features: int = 1000
+    contrast_threshold: float = 0.04
+    edge_threshold: float = 10.0
+    sigma: float = 1.6
+    n_octave_layers: int = 3
+
+    def __post_init__(self) -> None:
+        if self.descriptor not in DESCRIPTOR_TYPES:
+            raise InputError(f"unknown descriptor {self.descriptor!r}; use one of {DESCRIPTOR_TYPES}")
+        if self.max_side < 0 or self.n_features < 0:
+            raise InputError("max_side and n_features must be >= 0")
+
+    @property
+    def dim(self) -> int:
+        """Descriptor dimension (128 for SIFT and RootSIFT)."""
+        return 128
+
+    def to_dict(self) -> dict[str, object]:
+        """The configuration as JSON-able data, including the descriptor dimension."""
+        return {"kind": "opencv-sift", **asdict(self), "dim": self.dim}
+
+    def digest(self) -> str:
+        """A short stable hash of :meth:`to_dict` (names feature-store folders)."""
+        text = json.dumps(self.to_dict(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def rootsift(descriptors: NDArray[np.floating], eps: float = 1e-12) -> NDArray[np.float32]:
+    """RootSIFT of SIFT descriptors: L1-normalise each row, then take the square root.
+
+    Args:
+        descriptors: ``[n, d]`` non-negative SIFT descriptors (any scale).
+        eps: guards all-zero rows, which stay zero.
+
+    Returns:
+        ``float32 [n, d]``, each non-zero row with unit L2 norm.
+
+    Example:
+        >>> rootsift(np.array([[1.0, 3.0]]))  # doctest: +ELLIPSIS
+        array([[0.5      , 0.866...]], dtype=float32)
+    """
+    d = np.asarray(descriptors, dtype=np.float32)
+    if d.ndim != 2:
+        raise InputError(f"descriptors must be 2-D, got shape {d.shape}")
+    if d.size and float(d.min()) < 0:
+        raise InputError("SIFT descriptors must be non-negative for RootSIFT")
+    l1 = d.sum(axis=1, keepdims=True)
+    return np.sqrt(d / np.maximum(l1, eps)).astype(np.float32)
+
+
+def finish_descriptors(raw: NDArray[np.uint8 | np.float32], descriptor: str) -> NDArray[np.float32]:
+    """Turn stored raw SIFT (OpenCV's integer-valued histograms) into the configured descriptor."""
+    if descriptor == "rootsift":
+        return rootsift(raw)
+    return np.asarray(raw, dtype=np.float32)
+
+
+def _to_gray(image: NDArray[np.uint8]) -> NDArray[np.uint8]:
+    cv2 = require("cv2", "classic")
+    if image.ndim == 2:
+        return np.ascontiguousarray(image)
+    if image.ndim == 3 and image.shape[2] == 3:
+        return cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGB2GRAY)
+    if image.ndim == 3 and image.shape[2] == 4:
+        return cv2.cvtColor(np.ascontiguousarray(image), cv2.COLOR_RGBA2GRAY)
+    raise InputError(f"image must be H x W, H x W x 3 or H x W x 4, got shape {image.shape}")
+
+
+def extract_raw_sift(
+    image: NDArray[np.uint8], config: SiftConfig = SiftConfig()
+) -> tuple[NDArray[np.float32], NDArray[np.uint8]]:
+    """Detect and describe SIFT keypoints; keypoints in the pixel coordinates of ``image``.
+
+    Args:
+        image: ``H x W x 3`` uint8 RGB (or grey ``H x W``).
+        config: extraction settings (resizing, number of features, OpenCV parameters).
+
+    Returns:
+        ``(keypoints float32 [n, 4], raw uint8 [n, 128])``: x, y, size, angle (degrees) in the
+        coordinates of ``image`` (downscaling undone), and OpenCV's SIFT histograms, which are
+        integer-valued in ``[0, 255]`` and therefore stored exactly as ``uint8``.
+    """
+    cv2 = require("cv2", "classic")
+    gray = _to_gray(np.asarray(image))
+    h, w = gray.shape
+    if h == 0 or w == 0:
+        raise InputError(f"empty image ({w}x{h})")
+    scale = 1.0
+    if config.max_side and max(h, w) > config.max_side:
+        scale = config.max_side / float(max(h, w))
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        gray = cv2.resize(gray, size, interpolation=cv2.INTER_AREA)
+        # the actual per-axis factors after rounding
+        sx, sy = size[0] / float(w), size[1] / float(h)
+    else:
+        sx = sy = 1.0
+    sift = cv2.SIFT_create(
+        nfeatures=config.n_features,
+        nOctaveLayers=config.n_octave_layers,
+        contrastThreshold=config.contrast_threshold,
+        edgeThreshold=config.edge_threshold,
+        sigma=config.sigma,
+    )
+    kps, desc = sift.detectAndCompute(gray, None)
+    if not kps or desc is None:
+        return np.zeros((0, 4), np.float32), np.zeros((0, 128), np.uint8)
+    kp = np.array([(k.pt[0], k.pt[1], k.size, k.angle) for k in kps], dtype=np.float32)
+    if config.n_features and len(kp) > config.n_features:
+        # OpenCV may return a few more than asked (ties at the response cut): keep the first n
+        kp, desc = kp[: config.n_features], desc[: config.n_features]
+    # pixel centres: (x + 0.5) / s - 0.5 maps the resized grid back onto the original one
+    kp[:, 0] = (kp[:, 0] + 0.5) / sx - 0.5
+    kp[:, 1] = (kp[:, 1] + 0.5) / sy - 0.5
+    kp[:, 2] /= float(np.sqrt(sx * sy))
+    raw = np.clip(np.rint(desc), 0, 255).astype(np.uint8)
+    return kp, raw
+
+
+def extract_features(
+    image: NDArray[np.uint8],
+    config: SiftConfig = SiftConfig(),
+    *,
+    offset: tuple[float, float] = (0.0, 0.0),
+    image_size: tuple[int, int] | None = None,
+) -> LocalFeatures:
+    """SIFT / RootSIFT features of one image (or of a query crop).
+
+    Args:
+        image: ``H x W x 3`` uint8 RGB, the whole image or a query crop.
+        config: extraction settings.
+        offset: ``(left, top)`` of ``image`` inside the original image; added to the keypoints
+            (a query crop's offset in the full query image).
+        image_size: ``(width, height)`` of the original image; defaults to ``image``'s own size.
+
+    Returns:
+        :class:`LocalFeatures` in the original image's pixel coordinates.
+    """
+    kp, raw = extract_raw_sift(image, config)
+    kp[:, 0] += offset[0]
+    kp[:, 1] += offset[1]
+    if image_size is None:
+        image_size = (int(image.shape[1]), int(image.shape[0]))
+    return LocalFeatures(kp, finish_descriptors(raw, config.descriptor), image_size)

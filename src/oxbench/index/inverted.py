@@ -1,0 +1,213 @@
+"""Bag-of-visual-words vectors and a tf-idf inverted file over scipy.sparse.
+
+An image becomes a histogram of its visual words (term frequencies ``tf``; with soft assignment,
+sums of per-feature weights). The inverted file weights them with inverse document frequency
+``idf_w = log(N / df_w)`` (Sivic & Zisserman 2003), optionally damps bursts (a word repeated many
+times in one image -- windows, bricks -- otherwise dominates: ``sqrt(tf)`` is the power-law
+normalisation of Jegou et al. 2009), L2-normalises each vector, and scores a query against every
+database image by the dot product (cosine similarity). The database matrix is kept transposed
+(``words x images`` CSR), i.e. one posting list per word: a query touches only the lists of its own
+words.
+
+Rankings are stable: equal scores are ordered by lower database index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+
+Burst = Literal["none", "sqrt"]
+
+
+def soft_assignment_weights(sq_dists: NDArray[np.floating], sigma2: float) -> NDArray[np.float32]:
+    """Soft-assignment weights of each feature's ``k`` nearest words (Philbin et al. 2008).
+
+    ``w_j = exp(-d_j^2 / (2 sigma^2))``, computed relative to the nearest word (``d_j^2 - d_1^2``,
+    which leaves the ratios unchanged and avoids underflow) and normalised to sum to 1 per feature, so
+    every feature contributes the same total mass as under hard assignment.
+
+    Args:
+        sq_dists: ``[n, k]`` squared distances to the nearest words, nearest first.
+        sigma2: ``sigma^2`` in squared-descriptor units (RootSIFT vectors have unit norm).
+
+    Returns:
+        ``float32 [n, k]``, rows summing to 1.
+
+    Example:
+        >>> soft_assignment_weights(np.array([[0.1, 0.1]]), 0.05)
+        array([[0.5, 0.5]], dtype=float32)
+    """
+    d = np.asarray(sq_dists, dtype=np.float64)
+    if d.ndim != 2:
+        raise InputError(f"squared distances must be [n, k], got shape {d.shape}")
+    if not sigma2 > 0:
+        raise InputError(f"sigma2 must be positive, got {sigma2}")
+    if d.shape[1] == 0:
+        return np.zeros(d.shape, np.float32)
+    w = np.exp(-(d - d[:, :1]) / (2.0 * sigma2))
+    w /= w.sum(axis=1, keepdims=True)
+    return w.astype(np.float32)
+
+
+def bow_matrix(
+    words: Sequence[NDArray[np.integer]],
+    n_words: int,
+    weights: Sequence[NDArray[np.floating]] | None = None,
+) -> sp.csr_matrix:
+    """Term-frequency matrix ``[n_images, n_words]`` from per-image word arrays.
+
+    Args:
+        words: one array per image, ``[n_features]`` (hard) or ``[n_features, k]`` (soft).
+        n_words: vocabulary size.
+        weights: optional per-image weights of the same shapes (soft assignment); default 1.
+
+    Returns:
+        CSR ``float32`` matrix of (weighted) word counts, duplicates summed.
+    """
+    rows, cols, vals = [], [], []
+    for i, w in enumerate(words):
+        w = np.asarray(w)
+        flat = w.reshape(-1).astype(np.int64, copy=False)
+        if flat.size and (flat.min() < 0 or flat.max() >= n_words):
+            raise InputError(f"image {i}: visual word outside 0..{n_words - 1}")
+        rows.append(np.full(flat.size, i, np.int64))
+        cols.append(flat)
+        if weights is None:
+            vals.append(np.ones(flat.size, np.float32))
+        else:
+            wt = np.asarray(weights[i], np.float32)
+            if wt.shape != w.shape:
+                raise InputError(f"image {i}: weights shape {wt.shape} != words shape {w.shape}")
+            vals.append(wt.reshape(-1))
+    n = len(words)
+    if n == 0:
+        return sp.csr_matrix((0, n_words), dtype=np.float32)
+    m = sp.coo_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+        shape=(n, n_words),
+        dtype=np.float32,
+    ).tocsr()
+    m.sum_duplicates()
+    return m
+
+
+def _l2_normalise_rows(m: sp.csr_matrix) -> sp.csr_matrix:
+    norms = np.sqrt(np.asarray(m.multiply(m).sum(axis=1)).ravel())
+    inv = np.zeros_like(norms)
+    nz = norms > 0
+    inv[nz] = 1.0 / norms[nz]
+    return sp.csr_matrix(sp.diags(inv.astype(np.float32)) @ m)
+
+
+class InvertedFile:
+    """A tf-idf inverted file with L2-normalised vectors and dot-product scoring.
+
+    Args:
+        n_words: vocabulary size.
+        idf: weight words by ``log(N / df)`` (learned from the database in :meth:`fit`).
+        burst: ``"sqrt"`` (default) damps repeated words by ``sqrt(tf)``; ``"none"`` keeps ``tf``.
+
+    Attributes:
+        idf_: ``float32 [n_words]`` (ones when ``idf=False``; 0 for words in no database image).
+        db_vectors_: CSR ``[n_db, n_words]`` weighted, L2-normalised database vectors.
+        postings_: CSR ``[n_words, n_db]``: the transposed matrix, one row per word.
+
+    Example:
+        >>> tf = bow_matrix([np.array([0, 1]), np.array([1, 2])], 3)
+        >>> ivf = InvertedFile(3).fit(tf)
+        >>> ivf.search(bow_matrix([np.array([0])], 3)).tolist()
+        [[0, 1]]
+    """
+
+    def __init__(self, n_words: int, *, idf: bool = True, burst: Burst = "sqrt") -> None:
+        if burst not in ("none", "sqrt"):
+            raise InputError(f"unknown burst handling {burst!r}; use 'none' or 'sqrt'")
+        self.n_words = int(n_words)
+        self.idf = bool(idf)
+        self.burst = burst
+        self.idf_: NDArray[np.float32] | None = None
+        self.db_vectors_: sp.csr_matrix | None = None
+        self.postings_: sp.csr_matrix | None = None
+
+    def _check_tf(self, tf: sp.spmatrix) -> sp.csr_matrix:
+        if not sp.issparse(tf):
+            tf = sp.csr_matrix(np.asarray(tf, dtype=np.float32))
+        tf = sp.csr_matrix(tf, dtype=np.float32)
+        if tf.shape[1] != self.n_words:
+            raise InputError(f"term frequencies have {tf.shape[1]} words, the index {self.n_words}")
+        if tf.nnz and tf.data.min() < 0:
+            raise InputError("term frequencies must be non-negative")
+        return tf
+
+    def fit(self, db_tf: sp.spmatrix) -> InvertedFile:
+        """Learn idf from the database and build its posting lists.
+
+        Args:
+            db_tf: ``[n_db, n_words]`` term frequencies (:func:`bow_matrix`).
+
+        Returns:
+            self.
+        """
+        tf = self._check_tf(db_tf)
+        n = tf.shape[0]
+        if self.idf:
+            df = np.bincount(tf.indices[tf.data > 0], minlength=self.n_words).astype(np.float64)
+            idf = np.zeros(self.n_words, np.float64)
+            nz = df > 0
+            idf[nz] = np.log(n / df[nz])
+            self.idf_ = idf.astype(np.float32)
+        else:
+            self.idf_ = np.ones(self.n_words, np.float32)
+        self.db_vectors_ = self.transform(tf)
+        self.postings_ = self.db_vectors_.T.tocsr()
+        return self
+
+    def transform(self, tf: sp.spmatrix) -> sp.csr_matrix:
+        """Weighted, L2-normalised vectors ``[n, n_words]`` of term-frequency rows."""
+        if self.idf_ is None:
+            raise InputError("the inverted file is not built (call fit)")
+        tf = self._check_tf(tf)
+        if self.burst == "sqrt":
+            tf = tf.copy()
+            tf.data = np.sqrt(tf.data)
+        weighted = sp.csr_matrix(tf @ sp.diags(self.idf_))
+        weighted.eliminate_zeros()
+        return _l2_normalise_rows(weighted)
+
+    def scores_of_vectors(self, vectors: sp.spmatrix | NDArray[np.floating]) -> NDArray[np.float32]:
+        """Dot products ``[n_queries, n_db]`` of already weighted query vectors with the database."""
+        if self.postings_ is None:
+            raise InputError("the inverted file is not built (call fit)")
+        if sp.issparse(vectors):
+            q = sp.csr_matrix(vectors, dtype=np.float32)
+            out = q @ self.postings_
+            return np.asarray(out.toarray(), dtype=np.float32)
+        q = np.atleast_2d(np.asarray(vectors, dtype=np.float32))
+        return np.asarray(self.postings_.T @ q.T, dtype=np.float32).T
+
+    def scores(self, query_tf: sp.spmatrix) -> NDArray[np.float32]:
+        """Cosine scores ``[n_queries, n_db]`` of query term frequencies."""
+        return self.scores_of_vectors(self.transform(query_tf))
+
+    def search(self, query_tf: sp.spmatrix, k: int | None = None) -> NDArray[np.int64]:
+        """Ranked database indices ``[n_queries, k]`` (all when ``k`` is None), best first.
+
+        Ties are broken by lower database index (stable sort).
+        """
+        return rank_scores(self.scores(query_tf), k)
+
+
+def rank_scores(scores: NDArray[np.floating], k: int | None = None) -> NDArray[np.int64]:
+    """Rows of ``scores [n_queries, n]`` sorted descending, ties by lower index; top ``k``."""
+    s = np.atleast_2d(np.asarray(scores))
+    order = np.argsort(-s, axis=1, kind="stable")
+    if k is not None:
+        order = order[:, :k]
+    return order.astype(np.int64)
