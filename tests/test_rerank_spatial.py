@@ -1,0 +1,310 @@
+"""Spatial verification and re-ranking on synthetic correspondences with known geometry."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oxbench.errors import InputError
+from oxbench.rerank.spatial import (
+    rerank_by_inliers,
+    spatial_rerank,
+    tentative_matches,
+    verify_pair,
+)
+
+pytest.importorskip("cv2")
+
+
+# ------------------------------------------------------------------ reference implementation
+
+
+def naive_tentative_matches(q_words, d_words, max_per_word):
+    """Deliberately simple Python-loop reference of :func:`tentative_matches`."""
+    q_pos, d_pos = defaultdict(list), defaultdict(list)
+    for i, w in enumerate(q_words):
+        if w >= 0:
+            q_pos[int(w)].append(i)
+    for j, w in enumerate(d_words):
+        if w >= 0:
+            d_pos[int(w)].append(j)
+    pairs = []
+    for w, qs in q_pos.items():
+        ds = d_pos.get(w, [])
+        if not ds or (max_per_word is not None and len(qs) * len(ds) > max_per_word):
+            continue
+        pairs.extend((i, j) for i in qs for j in ds)
+    return np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2)
+
+
+# ------------------------------------------------------------------ synthetic scenes
+
+
+def keypoints(xy: np.ndarray) -> np.ndarray:
+    kp = np.zeros((xy.shape[0], 4), dtype=np.float32)
+    kp[:, :2] = xy
+    kp[:, 2] = 4.0
+    return kp
+
+
+def affine_pair(rng, n_inliers=80, n_outliers=120, transform=None, noise=0.5, side=1000.0):
+    """Query and candidate keypoints, matches 0..n-1 aligned; the first n_inliers follow T."""
+    if transform is None:
+        transform = np.array([[0.9, 0.15, 40.0], [-0.1, 1.05, -25.0], [0.0, 0.0, 1.0]])
+    n = n_inliers + n_outliers
+    q_xy = rng.uniform(0.1 * side, 0.9 * side, (n, 2))
+    p = np.c_[q_xy, np.ones(n)] @ transform.T
+    d_xy = p[:, :2] / p[:, 2:]
+    d_xy[:n_inliers] += rng.normal(0.0, noise, (n_inliers, 2))
+    d_xy[n_inliers:] = rng.uniform(0.0, side, (n_outliers, 2))
+    matches = np.stack([np.arange(n), np.arange(n)], axis=1)
+    return keypoints(q_xy), keypoints(d_xy), matches, transform
+
+
+def project(t: np.ndarray, xy: np.ndarray) -> np.ndarray:
+    p = np.c_[xy, np.ones(len(xy))] @ t.T
+    return p[:, :2] / p[:, 2:]
+
+
+# ------------------------------------------------------------------ tentative matches
+
+
+def test_tentative_matches_small_example():
+    q = np.array([5, 7, 9, 5, -1])
+    d = np.array([9, 1, 5, 5, -1, 7])
+    got = tentative_matches(q, d, max_per_word=4)
+    # word 5: q{0,3} x d{2,3}; word 7: (1,5); word 9: (2,0); -1 never matches.
+    expected = [[0, 2], [0, 3], [1, 5], [2, 0], [3, 2], [3, 3]]
+    np.testing.assert_array_equal(got, expected)
+    # A burst of 2x2 = 4 pairs is dropped when the cap is 3.
+    np.testing.assert_array_equal(tentative_matches(q, d, max_per_word=3), [[1, 5], [2, 0]])
+
+
+def test_tentative_matches_empty_and_bad_input():
+    assert tentative_matches(np.array([], dtype=np.int64), np.array([1, 2])).shape == (0, 2)
+    assert tentative_matches(np.array([1, 2]), np.array([3, 4])).shape == (0, 2)
+    with pytest.raises(InputError):
+        tentative_matches(np.array([[1, 2]]), np.array([1]))
+    with pytest.raises(InputError):
+        tentative_matches(np.array([1.5]), np.array([1]))
+    with pytest.raises(InputError):
+        tentative_matches(np.array([1]), np.array([1]), max_per_word=0)
+
+
+word_lists = st.lists(st.integers(-1, 12), min_size=0, max_size=40)
+
+
+@settings(max_examples=60, deadline=None)
+@given(q=word_lists, d=word_lists, cap=st.one_of(st.none(), st.integers(1, 6)))
+def test_tentative_matches_equals_naive_reference(q, d, cap):
+    q_arr, d_arr = np.array(q, dtype=np.int64), np.array(d, dtype=np.int64)
+    got = tentative_matches(q_arr, d_arr, max_per_word=cap)
+    np.testing.assert_array_equal(got, naive_tentative_matches(q_arr, d_arr, cap))
+
+
+@settings(max_examples=40, deadline=None)
+@given(q=word_lists, d=word_lists, seed=st.integers(0, 2**16))
+def test_tentative_matches_invariances(q, d, seed):
+    q_arr, d_arr = np.array(q, dtype=np.int64), np.array(d, dtype=np.int64)
+    base = tentative_matches(q_arr, d_arr)
+    # Renaming the words with a bijection changes nothing.
+    perm = np.random.default_rng(seed).permutation(13) + 100
+    relabel = lambda w: np.where(w >= 0, perm[np.clip(w, 0, None)], -1)  # noqa: E731
+    np.testing.assert_array_equal(tentative_matches(relabel(q_arr), relabel(d_arr)), base)
+    # Swapping the two images swaps the columns.
+    swapped = tentative_matches(d_arr, q_arr)[:, ::-1]
+    np.testing.assert_array_equal(swapped[np.lexsort((swapped[:, 1], swapped[:, 0]))], base)
+
+
+# ------------------------------------------------------------------ verify_pair
+
+
+@pytest.mark.parametrize("model", ["affine", "homography"])
+@pytest.mark.parametrize("method", ["magsac", "accurate"])
+def test_verify_pair_recovers_affine_with_outliers(rng, model, method):
+    q_kp, d_kp, matches, t = affine_pair(rng, n_inliers=80, n_outliers=160)
+    res = verify_pair(q_kp, d_kp, matches, model=model, method=method, min_inliers=10)
+    assert res.verified and res.status == "verified"
+    # Inliers are (nearly) the true ones: outliers land within 8 px only by chance.
+    true = np.arange(len(matches)) < 80
+    assert (res.inlier_mask & true).sum() >= 78
+    assert (res.inlier_mask & ~true).sum() <= 4
+    assert res.n_inliers == res.inlier_mask.sum()
+    grid = np.stack(np.meshgrid(np.linspace(100, 900, 5), np.linspace(100, 900, 5)), -1)
+    grid = grid.reshape(-1, 2)
+    assert np.abs(project(res.transform, grid) - project(t, grid)).max() < 2.0
+
+
+def test_verify_pair_similarity_model(rng):
+    ang = np.deg2rad(30.0)
+    t = np.array([[1.5 * np.cos(ang), -1.5 * np.sin(ang), 100.0],
+                  [1.5 * np.sin(ang), 1.5 * np.cos(ang), -50.0], [0, 0, 1]])
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=60, n_outliers=60, transform=t)
+    res = verify_pair(q_kp, d_kp, matches, model="similarity", min_inliers=10)
+    assert res.verified and res.n_inliers >= 58
+    np.testing.assert_allclose(res.transform, t, atol=0.5)
+
+
+def test_threshold_is_relative_to_image_size(rng):
+    """Scaling the candidate image by 4 (and saying so) gives the same inliers."""
+    q_kp, d_kp, matches, _ = affine_pair(rng, noise=3.0)
+    big = d_kp.copy()
+    big[:, :2] *= 4.0
+    a = verify_pair(q_kp, d_kp, matches, d_size=(1000, 1000), q_size=(1000, 1000))
+    b = verify_pair(q_kp, big, matches, d_size=(4000, 4000), q_size=(1000, 1000))
+    assert a.n_inliers == b.n_inliers > 0
+    np.testing.assert_array_equal(a.inlier_mask, b.inlier_mask)
+    np.testing.assert_allclose(b.transform, np.diag([4.0, 4.0, 1.0]) @ a.transform, rtol=1e-4,
+                               atol=1e-3)
+
+
+def test_pure_outliers_do_not_verify(rng):
+    n = 300
+    q_kp = keypoints(rng.uniform(0, 1000, (n, 2)))
+    d_kp = keypoints(rng.uniform(0, 1000, (n, 2)))
+    matches = np.stack([np.arange(n), np.arange(n)], axis=1)
+    for model in ("affine", "homography"):
+        res = verify_pair(q_kp, d_kp, matches, model=model, min_inliers=15)
+        assert not res.verified
+
+
+def test_reflection_is_rejected(rng):
+    mirror = np.array([[-1.0, 0.0, 1000.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=100, n_outliers=0, transform=mirror)
+    res = verify_pair(q_kp, d_kp, matches, model="affine")
+    assert res.status == "degenerate" and res.n_inliers == 0 and res.transform is None
+    assert not res.inlier_mask.any()
+
+
+def test_extreme_scale_is_rejected(rng):
+    shrink = np.diag([0.02, 0.02, 1.0])
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=100, n_outliers=0, transform=shrink)
+    res = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000))
+    assert res.status == "degenerate"
+    relaxed = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000),
+                          max_scale=100.0, threshold_px=1.0)
+    assert relaxed.verified
+
+
+def test_too_few_matches_and_bad_input(rng):
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=5, n_outliers=0)
+    res = verify_pair(q_kp, d_kp, matches, min_inliers=8)
+    assert res.status == "too_few_matches" and res.n_inliers == 0
+    assert res.inlier_mask.shape == (5,)
+    assert verify_pair(q_kp, d_kp, np.zeros((0, 2), np.int64)).status == "too_few_matches"
+    with pytest.raises(InputError):
+        verify_pair(q_kp, d_kp, matches, model="projective")
+    with pytest.raises(InputError):
+        verify_pair(q_kp, d_kp, np.array([[0, 99]]))
+    with pytest.raises(InputError):
+        verify_pair(q_kp, d_kp, matches.astype(float))
+
+
+def test_burst_inliers_count_once(rng):
+    """A query feature matched to many coincident db features counts once."""
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=40, n_outliers=0)
+    # Duplicate every candidate keypoint (e.g. SIFT's multiple orientations) and match both.
+    d2 = np.vstack([d_kp, d_kp])
+    m2 = np.vstack([matches, matches + [0, len(d_kp)]])
+    res = verify_pair(q_kp, d2, m2)
+    assert res.inlier_mask.sum() == 80
+    assert res.n_inliers == 40
+
+
+def test_verify_pair_is_deterministic(rng):
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=30, n_outliers=200, noise=2.0)
+    results = [verify_pair(q_kp, d_kp, matches, model="homography") for _ in range(3)]
+    for r in results[1:]:
+        assert r.n_inliers == results[0].n_inliers
+        np.testing.assert_array_equal(r.transform, results[0].transform)
+
+
+# ------------------------------------------------------------------ re-ranking
+
+
+def test_rerank_by_inliers_hand_example():
+    order = np.array([10, 11, 12, 13, 14, 15, 16])
+    inliers = np.array([3, 20, 0, 20, 50])  # top 5 verified
+    new, verified = rerank_by_inliers(order, inliers, min_inliers=10)
+    # 14 (50) first, then 11 and 13 (20, tie -> initial order), then 10, 12; 15, 16 untouched.
+    np.testing.assert_array_equal(new, [14, 11, 13, 10, 12, 15, 16])
+    np.testing.assert_array_equal(verified, [14, 11, 13])
+
+
+def make_database(rng, n_images=40, n_relevant=(3, 7, 15, 30), vocab=3000, n_feat=300):
+    """A query and a database: ``n_relevant`` images see the query scene through an affine map."""
+    q_xy = rng.uniform(50, 950, (n_feat, 2))
+    q_words = rng.integers(0, vocab, n_feat)
+    images = []
+    for i in range(n_images):
+        words = rng.integers(0, vocab, n_feat)
+        xy = rng.uniform(0, 1000, (n_feat, 2))
+        if i in n_relevant:
+            k = 60 + 5 * i  # number of the query's features visible, differs per image
+            ang = rng.uniform(-0.3, 0.3)
+            s = rng.uniform(0.7, 1.4)
+            t = np.array([[s * np.cos(ang), -s * np.sin(ang), rng.uniform(-50, 50)],
+                          [s * np.sin(ang), s * np.cos(ang), rng.uniform(-50, 50)], [0, 0, 1]])
+            idx = rng.choice(n_feat, k, replace=False)
+            xy[:k] = project(t, q_xy[idx]) + rng.normal(0, 0.7, (k, 2))
+            words[:k] = q_words[idx]
+        images.append((keypoints(xy), words))
+    return keypoints(q_xy), q_words, images
+
+
+def test_spatial_rerank_contract(rng):
+    q_kp, q_words, images = make_database(rng)
+    order = np.arange(40)[::-1].copy()  # relevant images 3, 7, 15, 30 somewhere in the list
+    top_r = 25  # covers positions 0..24 = images 39..15: includes 30 and 15, not 7 and 3
+    cands = [images[i] for i in order[:top_r]]
+    res = spatial_rerank(q_kp, q_words, cands, order, top_r=top_r, min_inliers=15)
+    assert sorted(res.order.tolist()) == list(range(40))
+    np.testing.assert_array_equal(res.order[top_r:], order[top_r:])  # below R untouched
+    assert set(res.verified.tolist()) == {30, 15}
+    np.testing.assert_array_equal(res.order[:2], res.verified)
+    assert res.verified[0] == 30  # more visible features -> more inliers
+    assert res.inliers.shape == (top_r,) and len(res.transforms) == top_r
+    pos30 = int(np.flatnonzero(order == 30)[0])
+    assert res.inliers[pos30] >= 60 * 0.9 + 5 * 30 * 0.9
+    # Unverified top-R images keep their initial relative order.
+    rest = [i for i in res.order[:top_r] if i not in (30, 15)]
+    assert rest == [i for i in order[:top_r] if i not in (30, 15)]
+    assert res.n_matches.shape == (top_r,) and (res.n_matches >= res.inliers).all()
+    # Determinism.
+    again = spatial_rerank(q_kp, q_words, cands, order, top_r=top_r, min_inliers=15)
+    np.testing.assert_array_equal(again.order, res.order)
+    np.testing.assert_array_equal(again.inliers, res.inliers)
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16))
+def test_spatial_rerank_candidate_permutation(seed):
+    """Permuting the initial top R permutes the inlier counts; verified set and order agree."""
+    rng = np.random.default_rng(7)
+    q_kp, q_words, images = make_database(rng, n_images=16, n_relevant=(2, 5, 9))
+    order = np.arange(16)
+    perm = np.random.default_rng(seed).permutation(16)
+    a = spatial_rerank(q_kp, q_words, [images[i] for i in order], order, top_r=16)
+    b = spatial_rerank(q_kp, q_words, [images[i] for i in order[perm]], order[perm], top_r=16)
+    np.testing.assert_array_equal(b.inliers, a.inliers[perm])
+    # Distinct inlier counts among verified: their order does not depend on the initial order.
+    np.testing.assert_array_equal(a.verified, b.verified)
+    assert set(a.verified.tolist()) == {2, 5, 9}
+
+
+def test_spatial_rerank_bad_input(rng):
+    q_kp, q_words, images = make_database(rng, n_images=5, n_relevant=())
+    order = np.arange(5)
+    with pytest.raises(InputError, match="top 3"):
+        spatial_rerank(q_kp, q_words, images[:2], order, top_r=3)
+    with pytest.raises(InputError):
+        spatial_rerank(q_kp, q_words[:-1], images[:3], order, top_r=3)
+    res = spatial_rerank(q_kp, q_words, images, order, top_r=100)  # R larger than the list
+    np.testing.assert_array_equal(res.order, order)
+    assert res.verified.size == 0
+    empty = spatial_rerank(q_kp, q_words, [], order, top_r=0)
+    np.testing.assert_array_equal(empty.order, order)
