@@ -86,7 +86,10 @@ def test_results_written_ranks_are_positions(gt, tmp_path):
     [
         ("100000.jpg 0 100001.jpg\n100100.jpg\n", "1 query missing, e.g. 100200.jpg"),
         ("100000.jpg\n100100.jpg\n100200.jpg\n100000.jpg\n", "line 4: query 100000 is repeated"),
-        ("100000.jpg 0 999999.jpg\n100100.jpg\n100200.jpg\n", "line 1: query 100000: unknown image 999999.jpg"),
+        (
+            "100000.jpg 0 999999.jpg\n100100.jpg\n100200.jpg\n",
+            "line 1: query 100000: unknown image 999999.jpg",
+        ),
         ("100001.jpg\n", "line 1: 100001.jpg is not a query"),
         ("999900.jpg\n", "line 1: 999900.jpg is unknown image"),
         ("100000.jpg 0 100001.jpg 0 100002.jpg\n", "rank 0 is given to 100001 and 100002"),

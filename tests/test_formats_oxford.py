@@ -70,10 +70,18 @@ def test_db_names_index_and_unknown(toy):
     ("stem", "kwargs", "message"),
     [
         ("c_1", {"good": ["two words"]}, r"c_1_good.txt: line 1: .*whitespace"),
-        ("c_1", {"good": ["x"], "junk": ["y", "x"]}, r"c_1_junk.txt: line 2: x is also labelled good"),
+        (
+            "c_1",
+            {"good": ["x"], "junk": ["y", "x"]},
+            r"c_1_junk.txt: line 2: x is also labelled good",
+        ),
         ("c_1", {"good": ["x"], "ok": ["x"]}, r"c_1_ok.txt: line 1: x is also labelled good"),
         ("c_1", {"query": "oxc1_x 0 0 1"}, r"c_1_query.txt: line 1: expected"),
-        ("c_1", {"query": "oxc1_x 0 0 one 1"}, r"c_1_query.txt: line 1: box coordinates must be numbers"),
+        (
+            "c_1",
+            {"query": "oxc1_x 0 0 one 1"},
+            r"c_1_query.txt: line 1: box coordinates must be numbers",
+        ),
         ("c_1", {"query": "oxc1_x 0 0 nan 1"}, r"finite"),
         ("c_1", {"query": "oxc1_x 5 0 1 1"}, r"malformed box"),
         ("c_1", {"query": "oxc1_x 0 0 1 1\noxc1_y 0 0 1 1"}, r"found 2 non-blank lines"),
@@ -136,12 +144,18 @@ def test_ranked_dir_by_image_name_without_gt_folder(toy, tmp_path):
 @pytest.mark.parametrize(
     ("files", "message"),
     [
-        ({"alpha_1": ["a_1"], "alpha_2": ["a_1"]}, r"no ranked list for query b_1 \(expected beta_1.txt\)"),
+        (
+            {"alpha_1": ["a_1"], "alpha_2": ["a_1"]},
+            r"no ranked list for query b_1 \(expected beta_1.txt\)",
+        ),
         (
             {"alpha_1": ["a_1"], "a_1": ["a_1"], "alpha_2": [], "beta_1": []},
             "two ranked lists for query a_1",
         ),
-        ({"alpha_1": ["a_1", "a_2", "a_1.jpg"], "alpha_2": [], "beta_1": []}, r"alpha_1.txt: line 3: a_1 is already"),
+        (
+            {"alpha_1": ["a_1", "a_2", "a_1.jpg"], "alpha_2": [], "beta_1": []},
+            r"alpha_1.txt: line 3: a_1 is already",
+        ),
         ({"alpha_1": ["a 1"], "alpha_2": [], "beta_1": []}, r"alpha_1.txt: line 1: .*whitespace"),
     ],
 )

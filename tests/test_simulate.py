@@ -106,7 +106,9 @@ def test_cli_json_and_table():
 
 def test_cli_bad_seed_count_exits_2():
     bad = subprocess.run(
-        [sys.executable, "-m", "oxbench", "simulate", "--seeds", "0"], capture_output=True, text=True
+        [sys.executable, "-m", "oxbench", "simulate", "--seeds", "0"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "--seeds" in bad.stderr

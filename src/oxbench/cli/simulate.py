@@ -10,9 +10,13 @@ from oxbench.errors import InputError
 
 
 @click.command("simulate")
-@click.option("--seeds", default=10, show_default=True, type=int, help="Number of seeds (one run each).")
+@click.option(
+    "--seeds", default=10, show_default=True, type=int, help="Number of seeds (one run each)."
+)
 @click.option("--first-seed", default=0, show_default=True, type=int, help="Seed of the first run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (fractions, full precision).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the results as JSON (fractions, full precision)."
+)
 def simulate(seeds: int, first_seed: int, as_json: bool) -> None:
     """Run the synthetic protocol-sensitivity study and print its table.
 

@@ -106,7 +106,17 @@ SPEC_TABLE: Mapping[str, Mapping[str, tuple[float, float, float]]] = {
 }
 
 # The worked example of SPEC §4 (original protocol).
-WORKED_EXAMPLE: tuple[str, ...] = ("good", "junk", "junk", "ok", "absent", "good", "junk", "absent", "ok")
+WORKED_EXAMPLE: tuple[str, ...] = (
+    "good",
+    "junk",
+    "junk",
+    "ok",
+    "absent",
+    "good",
+    "junk",
+    "absent",
+    "ok",
+)
 WORKED_EXAMPLE_SPEC: Mapping[str, float] = {
     "junk_ignored": 0.835,
     "junk_as_negative": 0.569,
@@ -295,8 +305,16 @@ class StudyResult:
                 sm, lo, hi = SPEC_TABLE[s][c]
                 m = float(mean[si, ci])
                 rows.append(
-                    {"system": s, "column": c, "mean": m, "spec_mean": sm, "spec_min": lo,
-                     "spec_max": hi, "diff": m - sm, "inside": lo <= m <= hi}
+                    {
+                        "system": s,
+                        "column": c,
+                        "mean": m,
+                        "spec_mean": sm,
+                        "spec_min": lo,
+                        "spec_max": hi,
+                        "diff": m - sm,
+                        "inside": lo <= m <= hi,
+                    }
                 )
         return rows
 
@@ -334,7 +352,11 @@ class StudyResult:
         rows: list[list[str]] = [["system", *titles]]
         for si, s in enumerate(self.systems):
             rows.append(
-                [s] + [f"{mean[si, ci]:.1f} [{lo[si, ci]:.1f}, {hi[si, ci]:.1f}]" for ci in range(len(self.columns))]
+                [s]
+                + [
+                    f"{mean[si, ci]:.1f} [{lo[si, ci]:.1f}, {hi[si, ci]:.1f}]"
+                    for ci in range(len(self.columns))
+                ]
             )
             if s in SPEC_TABLE:
                 spec = SPEC_TABLE[s]
@@ -350,7 +372,10 @@ class StudyResult:
             diff = (self.values[:, 0] - self.values[:, 1]).mean(axis=0) * 100
             rows.append([f"{a} - {b}"] + [f"{d:+.1f}" for d in diff])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines = [
+            "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows
+        ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         n = len(self.seeds)
         head = f"Protocol sensitivity study (SPEC §5): mean [min, max] over {n} seed(s), x100"
@@ -365,7 +390,9 @@ class StudyResult:
             ("junk_as_negative", "junk counted as negative"),
             ("junk_as_positive", "junk counted as positive"),
         ):
-            out.append(f"  AP {title}: {self.worked_example[key]:.3f} (SPEC {WORKED_EXAMPLE_SPEC[key]:.3f})")
+            out.append(
+                f"  AP {title}: {self.worked_example[key]:.3f} (SPEC {WORKED_EXAMPLE_SPEC[key]:.3f})"
+            )
         return out
 
 

@@ -49,7 +49,9 @@ def _read_text(path: Path) -> str:
 def _image_number(name: str, source: str | Path | None, where: str) -> tuple[str, int]:
     m = _NAME.fullmatch(name)
     if m is None:
-        raise InputError(f"{where}: {name!r} is not a Holidays image name (digits, optional .jpg)", source)
+        raise InputError(
+            f"{where}: {name!r} is not a Holidays image name (digits, optional .jpg)", source
+        )
     return m["num"], int(m["num"])
 
 
@@ -110,14 +112,17 @@ def holidays_ground_truth(names: Sequence[str], *, source: str = "<memory>") -> 
     if orphans:
         g = orphans[0]
         raise InputError(
-            f"group {g} has no query image {g * 100} ({len(orphans)} group(s) without a query)", source
+            f"group {g} has no query image {g * 100} ({len(orphans)} group(s) without a query)",
+            source,
         )
     queries: list[Query] = []
     for qi in sorted(query_of.values()):
         num = int(clean[qi])
         members = groups[num // 100]
         queries.append(
-            make_query(clean[qi], None, source=source, good=[m for m in members if m != qi], junk=[qi])
+            make_query(
+                clean[qi], None, source=source, good=[m for m in members if m != qi], junk=[qi]
+            )
         )
     if not queries:
         raise InputError("no query image (number divisible by 100)", source)
@@ -163,7 +168,9 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
             raise InputError(f"{where}: {tokens[0]} is {kind}", path)
         qi = query_row[qname]
         if qi in rows:
-            raise InputError(f"{where}: query {qname} is repeated (first at line {rows[qi][0]})", path)
+            raise InputError(
+                f"{where}: query {qname} is repeated (first at line {rows[qi][0]})", path
+            )
         pairs = tokens[1:]
         if len(pairs) % 2:
             raise InputError(
@@ -174,11 +181,14 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
         name_rank: dict[int, int] = {}
         for r_tok, n_tok in zip(pairs[0::2], pairs[1::2], strict=True):
             if not r_tok.isdigit() or not r_tok.isascii():
-                raise InputError(f"{where}: query {qname}: rank {r_tok!r} is not a non-negative integer", path)
+                raise InputError(
+                    f"{where}: query {qname}: rank {r_tok!r} is not a non-negative integer", path
+                )
             rank = int(r_tok)
             if rank >= n_db:
                 raise InputError(
-                    f"{where}: query {qname}: rank {rank} is beyond the database ({n_db} images)", path
+                    f"{where}: query {qname}: rank {rank} is beyond the database ({n_db} images)",
+                    path,
                 )
             name, _ = _image_number(n_tok, path, f"{where}: query {qname}")
             img = index.get(name)
@@ -186,10 +196,13 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
                 raise InputError(f"{where}: query {qname}: unknown image {n_tok}", path)
             if rank in by_rank:
                 other = gt.db_names[by_rank[rank]]
-                raise InputError(f"{where}: query {qname}: rank {rank} is given to {other} and {name}", path)
+                raise InputError(
+                    f"{where}: query {qname}: rank {rank} is given to {other} and {name}", path
+                )
             if img in name_rank:
                 raise InputError(
-                    f"{where}: query {qname}: {name} is listed twice (ranks {name_rank[img]} and {rank})", path
+                    f"{where}: query {qname}: {name} is listed twice (ranks {name_rank[img]} and {rank})",
+                    path,
                 )
             by_rank[rank] = img
             name_rank[img] = rank
@@ -197,7 +210,8 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
     missing = [q.name for i, q in enumerate(gt.queries) if i not in rows]
     if missing:
         raise InputError(
-            f"{len(missing)} quer{'y' if len(missing) == 1 else 'ies'} missing, e.g. {missing[0]}.jpg", path
+            f"{len(missing)} quer{'y' if len(missing) == 1 else 'ies'} missing, e.g. {missing[0]}.jpg",
+            path,
         )
     k = max((max(by_rank) + 1 for _, by_rank in rows.values() if by_rank), default=0)
     ranks = np.full((gt.n_queries, k), -1, dtype=np.int64)

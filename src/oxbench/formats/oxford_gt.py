@@ -116,11 +116,15 @@ class QuerySpec:
 def _parse_query_file(path: Path) -> tuple[str, tuple[float, float, float, float], bool]:
     lines = [(i, ln) for i, ln in enumerate(_read_lines(path), start=1) if ln.strip()]
     if len(lines) != 1:
-        raise InputError(f"expected one line '<image> x1 y1 x2 y2', found {len(lines)} non-blank lines", path)
+        raise InputError(
+            f"expected one line '<image> x1 y1 x2 y2', found {len(lines)} non-blank lines", path
+        )
     lineno, line = lines[0]
     tokens = line.split()
     if len(tokens) != 5:
-        raise InputError(f"line {lineno}: expected '<image> x1 y1 x2 y2', got {line.strip()!r}", path)
+        raise InputError(
+            f"line {lineno}: expected '<image> x1 y1 x2 y2', got {line.strip()!r}", path
+        )
     name = clean_name(tokens[0], path, lineno)
     assert name is not None
     oxford = name.startswith(_OXFORD_QUERY_PREFIX)
@@ -131,7 +135,9 @@ def _parse_query_file(path: Path) -> tuple[str, tuple[float, float, float, float
     try:
         vals = [float(t) for t in tokens[1:]]
     except ValueError:
-        raise InputError(f"line {lineno}: box coordinates must be numbers, got {tokens[1:]}", path) from None
+        raise InputError(
+            f"line {lineno}: box coordinates must be numbers, got {tokens[1:]}", path
+        ) from None
     if not all(math.isfinite(v) for v in vals):
         raise InputError(f"line {lineno}: box coordinates must be finite, got {tokens[1:]}", path)
     x1, y1, x2, y2 = vals
@@ -160,7 +166,9 @@ def list_queries(gt_dir: str | Path) -> tuple[QuerySpec, ...]:
             continue
         found.setdefault((m["landmark"], int(m["n"])), {})[m["kind"]] = path
     if not found:
-        raise InputError("no ground-truth files '<landmark>_<n>_{good,ok,junk,query}.txt' found", gt_dir)
+        raise InputError(
+            "no ground-truth files '<landmark>_<n>_{good,ok,junk,query}.txt' found", gt_dir
+        )
     specs: list[QuerySpec] = []
     for (landmark, n), files in sorted(found.items()):
         stem = f"{landmark}_{n}"
@@ -252,7 +260,9 @@ def read_gt_dir(
             for name, (path, lineno) in names.items():
                 i = index.get(name)
                 if i is None:
-                    raise InputError(f"line {lineno}: unknown image {name!r} (not in the database)", path)
+                    raise InputError(
+                        f"line {lineno}: unknown image {name!r} (not in the database)", path
+                    )
                 idx.append(i)
             labels[kind] = idx
         queries.append(make_query(spec.image, spec.bbox, source=str(gt_dir), **labels))
@@ -279,7 +289,9 @@ def _ranked_file_candidates(gt: GroundTruth, ranked_dir: Path) -> list[list[Path
     return out
 
 
-def read_ranked_dir(ranked_dir: str | Path, gt: GroundTruth) -> tuple[GroundTruth, NDArray[np.int64]]:
+def read_ranked_dir(
+    ranked_dir: str | Path, gt: GroundTruth
+) -> tuple[GroundTruth, NDArray[np.int64]]:
     """Read one ranked list per query into the internal ranks layout.
 
     Each query's list is ``<query>.txt`` in ``ranked_dir``, one image name per line, best first
@@ -312,7 +324,9 @@ def read_ranked_dir(ranked_dir: str | Path, gt: GroundTruth) -> tuple[GroundTrut
     for q, candidates in zip(gt.queries, _ranked_file_candidates(gt, ranked_dir), strict=True):
         present = [p for p in candidates if p.is_file()]
         if not present:
-            raise InputError(f"no ranked list for query {q.name} (expected {candidates[-1].name})", ranked_dir)
+            raise InputError(
+                f"no ranked list for query {q.name} (expected {candidates[-1].name})", ranked_dir
+            )
         if len(present) > 1:
             raise InputError(
                 f"two ranked lists for query {q.name}: {present[0].name} and {present[1].name}",
@@ -323,7 +337,9 @@ def read_ranked_dir(ranked_dir: str | Path, gt: GroundTruth) -> tuple[GroundTrut
         row: list[int] = []
         for lineno, name in _read_name_list(path):
             if name in seen:
-                raise InputError(f"line {lineno}: {name} is already ranked at line {seen[name]}", path)
+                raise InputError(
+                    f"line {lineno}: {name} is already ranked at line {seen[name]}", path
+                )
             seen[name] = lineno
             i = index.get(name)
             if i is None:
@@ -333,10 +349,17 @@ def read_ranked_dir(ranked_dir: str | Path, gt: GroundTruth) -> tuple[GroundTrut
             row.append(i)
         rows.append(row)
     if extra:
-        log.info("%d ranked image(s) not in the ground truth's database: counted as negatives", len(extra))
+        log.info(
+            "%d ranked image(s) not in the ground truth's database: counted as negatives",
+            len(extra),
+        )
     k = max((len(r) for r in rows), default=0)
     ranks = np.full((len(rows), k), -1, dtype=np.int64)
     for qi, row in enumerate(rows):
         ranks[qi, : len(row)] = row
-    gt2 = gt if not extra else GroundTruth(gt.dataset, gt.protocol, gt.db_names + tuple(extra), gt.queries, gt.source)
+    gt2 = (
+        gt
+        if not extra
+        else GroundTruth(gt.dataset, gt.protocol, gt.db_names + tuple(extra), gt.queries, gt.source)
+    )
     return gt2, ranks
