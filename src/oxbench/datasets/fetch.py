@@ -1,0 +1,376 @@
+"""The one verified downloader: resume, retry, mirrors, checksums, atomic completion.
+
+:func:`download_file` fetches one file to ``dest``:
+
+- bytes go to ``dest.part``; an interrupted download resumes with an HTTP ``Range`` request; a
+  server that ignores ``Range`` (answers 200) is detected and the file restarts from zero;
+- transient failures (dropped connections, timeouts, 5xx, short bodies) are retried with
+  exponential backoff; 404/403 move on to the next URL (mirror);
+- SHA-256 and MD5 are computed while streaming; size and checksums are compared with the
+  published values or, failing those, with the lock-file record (see :mod:`oxbench.datasets.lock`);
+- only a checked file is renamed to ``dest`` -- a file at ``dest`` is always complete;
+- a ``dest`` that exists and matches is skipped (idempotent).
+
+:func:`download_many` runs several downloads in a bounded thread pool, after a free-disk check.
+Everything here uses the standard library only (``urllib``); HTTP(S) and FTP URLs are accepted
+(FTP cannot resume: it restarts).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import logging
+import os
+import shutil
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from oxbench.errors import InputError, OxbenchError
+
+log = logging.getLogger(__name__)
+
+MIRROR_ENV = "OXBENCH_MIRROR"
+_CHUNK = 1 << 16
+_USER_AGENT = "oxbench (+https://pypi.org/project/oxbench)"
+
+
+class DownloadError(OxbenchError):
+    """A transient failure of one attempt (retried); not raised to callers."""
+
+
+class _Permanent(OxbenchError):
+    """A failure that retrying this URL will not fix (404, wrong size, wrong bytes)."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a downloaded file must be; any field may be unknown (``None``)."""
+
+    size: int | None = None
+    sha256: str | None = None
+    md5: str | None = None
+
+    @property
+    def has_checksum(self) -> bool:
+        return bool(self.sha256 or self.md5)
+
+
+@dataclass(frozen=True)
+class DownloadResult:
+    """The outcome of one :func:`download_file`.
+
+    Attributes:
+        path: the complete, checked file.
+        url: where it came from (``None`` when skipped as already present).
+        size, sha256, md5: of the file on disk.
+        skipped: it was already there and matched.
+        resumed: at least one attempt continued a partial file.
+        attempts: HTTP attempts made.
+    """
+
+    path: Path
+    url: str | None
+    size: int
+    sha256: str
+    md5: str
+    skipped: bool = False
+    resumed: bool = False
+    attempts: int = 0
+
+
+def apply_mirror(url: str, mirror: str) -> str:
+    """``url`` with its scheme and host replaced by the mirror base URL.
+
+    ``apply_mirror("https://www.robots.ox.ac.uk/~vgg/data/x.tgz", "http://lab/m")`` is
+    ``"http://lab/m/~vgg/data/x.tgz"``: a lab mirror keeps the owners' paths below its base.
+    """
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    return mirror.rstrip("/") + "/" + path.lstrip("/")
+
+
+def candidate_urls(urls: Sequence[str], mirror: str | None) -> list[str]:
+    """The URLs to try, in order: the mirror's copies first (when a mirror is set), then the owners'."""
+    if not urls:
+        return []
+    out = [apply_mirror(u, mirror) for u in urls] if mirror else []
+    return out + [u for u in urls if u not in out]
+
+
+def disk_free(path: str | Path) -> int:
+    """Free bytes on the file system holding ``path`` (its nearest existing ancestor)."""
+    p = Path(path).absolute()
+    while not p.exists():
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def check_free_space(path: str | Path, needed: int, *, margin: int = 100_000_000) -> None:
+    """Refuse to start when ``path``'s file system has less than ``needed + margin`` bytes free.
+
+    Raises:
+        InputError: not enough space (names both numbers and the remedy).
+    """
+    free = disk_free(path)
+    if free < needed + margin:
+        raise InputError(
+            f"not enough free disk space: need about {_human(needed + margin)}, have {_human(free)}; "
+            "free some space or choose another --root (or OXBENCH_DATA)",
+            path,
+        )
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return str(n)  # pragma: no cover
+
+
+def file_digests(path: str | Path) -> tuple[int, str, str]:
+    """``(size, sha256 hex, md5 hex)`` of a file, read in chunks."""
+    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            sha.update(chunk)
+            md5.update(chunk)
+            size += len(chunk)
+    return size, sha.hexdigest(), md5.hexdigest()
+
+
+def _mismatch(size: int, sha256: str, md5: str, expected: Expected) -> str | None:
+    if expected.size is not None and size != expected.size:
+        return f"size {size} != expected {expected.size}"
+    if expected.sha256 and sha256 != expected.sha256.lower():
+        return f"sha256 {sha256} != expected {expected.sha256}"
+    if expected.md5 and md5 != expected.md5.lower():
+        return f"md5 {md5} != expected {expected.md5}"
+    return None
+
+
+def _progress(total: int | None, initial: int, desc: str, enabled: bool):  # noqa: ANN202
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, leave=False, disable=not enabled)
+
+
+def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[bool, int]:
+    """One HTTP attempt appending to ``part``; returns ``(resumed, total size)``.
+
+    Raises:
+        DownloadError: transient (retry); _Permanent: this URL will not work.
+    """
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"User-Agent": _USER_AGENT}
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    req = urllib.request.Request(url, headers=headers)
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s)/ftp by design
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and offset:  # our partial is at/over the end: start over
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"HTTP 416 for a resume at {offset}; restarting") from None
+        if exc.code in (400, 401, 403, 404, 410):
+            raise _Permanent(f"HTTP {exc.code} {exc.reason}") from None
+        raise DownloadError(f"HTTP {exc.code} {exc.reason}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise DownloadError(f"cannot connect ({reason})") from None
+
+    with resp:
+        status = getattr(resp, "status", None) or 200
+        length = resp.headers.get("Content-Length") if resp.headers else None
+        resumed = False
+        if offset and status == 206:
+            crange = resp.headers.get("Content-Range", "")
+            try:
+                start = int(crange.split()[1].split("-")[0])
+            except (IndexError, ValueError):
+                start = -1
+            if start != offset:
+                part.unlink(missing_ok=True)
+                raise DownloadError(f"server resumed at {start} instead of {offset}; restarting")
+            total_txt = crange.rsplit("/", 1)[-1]
+            total = int(total_txt) if total_txt.isdigit() else (offset + int(length) if length else None)
+            mode, resumed = "ab", True
+        else:
+            if offset:
+                log.info("%s ignored the Range request; downloading from the start", url)
+            offset = 0
+            total = int(length) if length and length.isdigit() else None
+            mode = "wb"
+        received = offset
+        bar = _progress(total, offset, part.name.removesuffix(".part"), progress)
+        try:
+            with open(part, mode) as fh:
+                while True:
+                    try:
+                        chunk = resp.read(_CHUNK)
+                    except (TimeoutError, http.client.IncompleteRead, OSError) as exc:
+                        raise DownloadError(f"connection dropped at byte {received} ({type(exc).__name__})") from None
+                    if not chunk:
+                        break
+                    fh.write(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+        except OSError as exc:  # writing failed: disk full, permissions
+            raise InputError(f"cannot write the download ({exc.strerror})", part) from None
+        finally:
+            bar.close()
+    if total is not None and received != total:
+        raise DownloadError(f"connection dropped at byte {received} of {total}")
+    return resumed, received
+
+
+def download_file(
+    urls: Sequence[str],
+    dest: str | Path,
+    *,
+    expected: Expected = Expected(),
+    retries: int = 4,
+    backoff: float = 1.0,
+    max_backoff: float = 60.0,
+    timeout: float = 60.0,
+    progress: bool = True,
+    sleep: Callable[[float], None] = time.sleep,
+) -> DownloadResult:
+    """Download ``dest`` from the first of ``urls`` that works, verified and atomically.
+
+    Args:
+        urls: candidate URLs in order (mirror first, see :func:`candidate_urls`).
+        dest: the final path; only a complete, checked file ever appears there.
+        expected: size/checksums the file must have (published or from the lock file).
+        retries: extra attempts per URL after a transient failure.
+        backoff: first wait in seconds; doubles after each failure, capped at ``max_backoff``.
+        timeout: socket timeout per attempt.
+        progress: show a tqdm bar.
+        sleep: the wait function (tests pass a no-op).
+
+    Returns:
+        What was downloaded (or skipped as already present).
+
+    Raises:
+        InputError: every URL failed, or the bytes do not match ``expected`` (the message names
+            the file, the last problem and the remedy). A partial ``dest.part`` may be kept for a
+            later resume; it never looks complete.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        size, sha, md5 = file_digests(dest)
+        problem = _mismatch(size, sha, md5, expected)
+        if problem is None:
+            return DownloadResult(dest, None, size, sha, md5, skipped=True)
+        log.warning("%s exists but does not match (%s); downloading it again", dest, problem)
+        dest.unlink()
+    if not urls:
+        raise InputError("no URL to download from; import a local copy with `oxbench data import`", dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    attempts = 0
+    resumed_any = False
+    problems: list[str] = []
+    for url in urls:
+        wait = backoff
+        for attempt in range(retries + 1):
+            attempts += 1
+            try:
+                resumed, _ = _attempt(url, part, timeout=timeout, progress=progress)
+                resumed_any |= resumed
+            except _Permanent as exc:
+                problems.append(f"{url}: {exc}")
+                break
+            except DownloadError as exc:
+                problems.append(f"{url}: {exc}")
+                log.info("download of %s failed (%s); attempt %d/%d", url, exc, attempt + 1, retries + 1)
+                if attempt < retries:
+                    sleep(wait)
+                    wait = min(2 * wait, max_backoff)
+                continue
+            size, sha, md5 = file_digests(part)
+            problem = _mismatch(size, sha, md5, expected)
+            if problem is not None:
+                # Wrong bytes: resuming cannot fix them. Drop the part; try the next URL.
+                part.unlink(missing_ok=True)
+                problems.append(f"{url}: {problem}")
+                log.warning("%s from %s does not match: %s", dest.name, url, problem)
+                break
+            os.replace(part, dest)
+            return DownloadResult(dest, url, size, sha, md5, resumed=resumed_any, attempts=attempts)
+    last = problems[-1] if problems else "no attempt made"
+    kept = " (partial file kept for resume: run the command again)" if part.exists() else ""
+    mismatch = any("expected" in p for p in problems)
+    remedy = (
+        "the file differs from the published/recorded checksum: try another --mirror, or if the "
+        "owners replaced it, `oxbench data verify` shows the record to drop from oxbench.lock.json"
+        if mismatch
+        else "check the network or pass --mirror URL (or OXBENCH_MIRROR), then run the same command again"
+    )
+    raise InputError(f"download failed after {attempts} attempt(s): {last}{kept}; {remedy}", dest)
+
+
+@dataclass(frozen=True)
+class DownloadTask:
+    """One file for :func:`download_many`."""
+
+    urls: tuple[str, ...]
+    dest: Path
+    expected: Expected = Expected()
+    optional: bool = False
+
+
+def download_many(
+    tasks: Sequence[DownloadTask],
+    *,
+    jobs: int = 4,
+    progress: bool = True,
+    on_done: Callable[[DownloadTask, DownloadResult], None] | None = None,
+    **kwargs: object,
+) -> list[DownloadResult | None]:
+    """Run :func:`download_file` for each task in a pool of at most ``jobs`` threads.
+
+    Every task is attempted even if another fails; ``on_done`` is called (in the worker thread)
+    after each success, e.g. to extract and record it. Optional tasks that fail give ``None``.
+
+    Raises:
+        InputError: at least one required download failed (the first failure's message, and
+            how many failed).
+    """
+    if jobs < 1:
+        raise InputError(f"--jobs must be at least 1, got {jobs}")
+    results: list[DownloadResult | None] = [None] * len(tasks)
+    errors: list[tuple[int, Exception]] = []
+
+    def run(i: int) -> DownloadResult:
+        t = tasks[i]
+        res = download_file(t.urls, t.dest, expected=t.expected, progress=progress, **kwargs)  # type: ignore[arg-type]
+        if on_done is not None:
+            on_done(t, res)
+        return res
+
+    with ThreadPoolExecutor(max_workers=min(jobs, max(1, len(tasks)))) as pool:
+        futures = {pool.submit(run, i): i for i in range(len(tasks))}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            try:
+                results[i] = fut.result()
+            except (InputError, OxbenchError) as exc:
+                if tasks[i].optional:
+                    log.warning("optional file %s not downloaded: %s", tasks[i].dest.name, exc)
+                else:
+                    errors.append((i, exc))
+    if errors:
+        errors.sort(key=lambda e: e[0])
+        first = errors[0][1]
+        more = f" ({len(errors) - 1} more download(s) failed too)" if len(errors) > 1 else ""
+        raise InputError(f"{first}{more}")
+    return results

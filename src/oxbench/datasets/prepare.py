@@ -1,0 +1,388 @@
+"""Getting a dataset onto disk: ``fetch`` from the owners, or ``import`` a copy the user has.
+
+Both lay the files out in the canonical layout of the catalog (``<root>/<id>/jpg/...`` plus the
+ground-truth files, see :mod:`oxbench.datasets.catalog`) and record what they checked in the data
+root's lock file. Library functions; the ``oxbench data`` commands are thin wrappers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from oxbench.datasets.archive import extract_archive, is_archive
+from oxbench.datasets.fetch import (
+    MIRROR_ENV,
+    DownloadResult,
+    DownloadTask,
+    Expected,
+    candidate_urls,
+    check_free_space,
+    download_many,
+    file_digests,
+)
+from oxbench.datasets.lock import LockFile
+from oxbench.datasets.paths import data_root
+from oxbench.datasets.spec import Placement, RemoteFile, get_spec
+from oxbench.errors import InputError
+
+log = logging.getLogger(__name__)
+
+_ARCHIVE_SUFFIXES = (".tgz", ".tar.gz", ".tar", ".zip", ".tar.bz2", ".tar.xz")
+
+
+class TermsNotAccepted(InputError):
+    """The dataset's terms of use were not accepted for this data root."""
+
+
+@dataclass
+class PrepareReport:
+    """What ``fetch`` or ``import`` did.
+
+    Attributes:
+        dataset: the id.
+        root: the dataset folder.
+        files: one dict per downloaded/imported source file (name, url or source, size, sha256,
+            skipped, placed = number of files laid out from it).
+        placed: total files laid out.
+        notes: warnings a user should read (unrecorded checksums, replaced files...).
+    """
+
+    dataset: str
+    root: Path
+    files: list[dict[str, Any]] = field(default_factory=list)
+    placed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def ensure_writable(root: Path) -> None:
+    """Create ``root`` if needed and check that files can be written there.
+
+    Raises:
+        InputError: not creatable or not writable (with the remedy).
+    """
+    remedy = "choose another --root (or set OXBENCH_DATA) or fix its permissions"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".oxbench-write-test.", dir=root)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise InputError(f"data root is not writable ({exc.strerror}); {remedy}", root) from None
+
+
+def _expected(f: RemoteFile, lock: LockFile) -> Expected:
+    if f.checksum_policy == "published":
+        return Expected(size=f.size, sha256=f.sha256, md5=f.md5)
+    rec = lock.file_record(f.name)
+    if rec is None:
+        return Expected(size=f.size)
+    return Expected(size=rec.get("size", f.size), sha256=rec.get("sha256"), md5=rec.get("md5"))
+
+
+def _place_file(src: Path, dest: Path, *, link: bool, move: bool) -> None:
+    """Lay ``src`` out at ``dest`` (move, hard link or copy) via a temp name, then rename."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if move:
+        os.replace(src, dest)
+        return
+    tmp = dest.with_name(f".{dest.name}.importing")
+    tmp.unlink(missing_ok=True)
+    try:
+        if link:
+            try:
+                os.link(src, tmp)
+            except OSError:  # other file system, or links not allowed: copy
+                shutil.copy2(src, tmp)
+        else:
+            shutil.copy2(src, tmp)
+        if tmp.stat().st_size != src.stat().st_size:
+            raise InputError(f"copy of {src} is incomplete (disk full?)", dest)
+        os.replace(tmp, dest)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise InputError(f"cannot write ({exc.strerror}); free space or fix permissions", dest) from None
+
+
+def _placement_for(rel: str, placements: tuple[Placement, ...]) -> Placement | None:
+    for p in placements:
+        if p.matches(rel):
+            return p
+    return None
+
+
+def _place_tree(
+    tree: Path,
+    placements: tuple[Placement, ...],
+    ddir: Path,
+    *,
+    link: bool,
+    move: bool,
+    seen: dict[str, Path],
+    nested: list[Path] | None = None,
+) -> int:
+    """Lay out every file below ``tree`` that a placement matches; return how many.
+
+    Files that match nothing but are archives are appended to ``nested`` (when given).
+    Two different source files mapping to one destination is an error (names must be unique).
+    """
+    n = 0
+    for dirpath, dirnames, filenames in os.walk(tree):
+        dirnames.sort()
+        for fname in sorted(filenames):
+            src = Path(dirpath) / fname
+            if src.is_symlink() and not src.resolve().is_relative_to(tree.resolve()):
+                log.warning("skipping %s: a link out of the imported folder", src)
+                continue
+            rel = src.relative_to(tree).as_posix()
+            rule = _placement_for(rel, placements)
+            if rule is None:
+                if nested is not None and fname.lower().endswith(_ARCHIVE_SUFFIXES):
+                    nested.append(src)
+                continue
+            target_rel = rule.target(rel)
+            dest = ddir / target_rel
+            if target_rel in seen:
+                if seen[target_rel] != src and file_digests(seen[target_rel])[1] != file_digests(src)[1]:
+                    raise InputError(
+                        f"two different files map to {target_rel}: {seen[target_rel]} and {src}",
+                        tree,
+                    )
+                continue
+            seen[target_rel] = dest if move else src
+            if dest.exists() and not move:
+                try:
+                    if os.path.samefile(src, dest):
+                        n += 1
+                        continue
+                except OSError:
+                    pass
+            _place_file(src, dest, link=link, move=move)
+            n += 1
+    return n
+
+
+def _install_archive(f: RemoteFile, archive: Path, ddir: Path) -> int:
+    """Extract ``archive`` next to the dataset and move its matching members into place."""
+    tmp = ddir / f".extract-{f.name}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    extract_archive(archive, tmp)
+    try:
+        n = _place_tree(tmp, f.placements, ddir, link=False, move=True, seen={})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if n == 0:
+        raise InputError("the archive holds none of the expected files (wrong or damaged archive?)", archive)
+    return n
+
+
+def fetch_dataset(
+    dataset_id: str,
+    root: str | Path | None = None,
+    *,
+    accept_terms: bool = False,
+    mirror: str | None = None,
+    jobs: int = 4,
+    keep_archives: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    **download_options: Any,
+) -> PrepareReport:
+    """Download, check and lay out ``dataset_id`` under ``<root>/<dataset_id>/``.
+
+    Files already installed (per the lock file) are skipped; a partial download resumes. Archives
+    are extracted safely and deleted afterwards unless ``keep_archives``.
+
+    Args:
+        dataset_id: catalog id.
+        root: data root (default: ``$OXBENCH_DATA`` or the per-user default).
+        accept_terms: accept the dataset's terms of use (required once per data root).
+        mirror: base URL replacing the owners' host (default ``$OXBENCH_MIRROR``).
+        jobs: parallel downloads.
+        keep_archives: keep ``downloads/*.tgz`` after extraction (``verify`` then re-checks them).
+        force: download and lay out again files the lock file says are installed.
+        progress: tqdm bars.
+        download_options: passed to :func:`oxbench.datasets.fetch.download_file` (``retries``,
+            ``backoff``, ``timeout``, ``sleep``).
+
+    Raises:
+        InputError: unknown id, terms not accepted, root not writable, not enough disk space,
+            or a failed/mismatching download (nothing incomplete is left looking complete).
+    """
+    spec = get_spec(dataset_id)
+    base = data_root(root)
+    if spec.synthetic:
+        from oxbench.datasets.synthetic import ensure_default
+
+        ensure_writable(base)
+        ensure_default(base)
+        return PrepareReport(spec.id, base / spec.id, notes=["generated locally"])
+    if not spec.files:
+        raise InputError(
+            f"{spec.id} has no public download any more; import your copy with "
+            f"`oxbench data import {spec.id} --from PATH`"
+        )
+    ensure_writable(base)
+    ddir = base / spec.id
+    lock = LockFile(base)
+    if not lock.terms_accepted(spec.id):
+        if not accept_terms:
+            raise TermsNotAccepted(
+                f"the terms of use of {spec.id} were not accepted; read them with "
+                f"`oxbench data info {spec.id}` and pass --accept-terms"
+            )
+        lock.accept_terms(spec.id)
+    mirror = mirror if mirror is not None else (os.environ.get(MIRROR_ENV) or None)
+    installed = {} if force else lock.installed(spec.id)
+    todo = [
+        f
+        for f in spec.files
+        if f.name not in installed or (not f.archive and not (ddir / f.local_path).exists())
+    ]
+    report = PrepareReport(spec.id, ddir)
+    if not todo:
+        report.notes.append("already installed; nothing to download (run `oxbench data verify`)")
+        return report
+    needed = 0
+    for f in todo:
+        part = ddir / (f.local_path + ".part")
+        have = part.stat().st_size if part.exists() else 0
+        needed += max(0, f.space_needed - have)
+    check_free_space(ddir if ddir.exists() else base, needed)
+    ddir.mkdir(parents=True, exist_ok=True)
+
+    by_dest = {ddir / f.local_path: f for f in todo}
+
+    def on_done(task: DownloadTask, res: DownloadResult) -> None:
+        f = by_dest[task.dest]
+        if f.checksum_policy == "lock" and lock.file_record(f.name) is None:
+            lock.record_file(f.name, size=res.size, sha256=res.sha256, md5=res.md5, url=res.url or "")
+            report.notes.append(f"recorded the checksum of {f.name} in the lock file (first download)")
+        placed = 0
+        if f.archive:
+            placed = _install_archive(f, res.path, ddir)
+            if not keep_archives:
+                res.path.unlink(missing_ok=True)
+        lock.mark_installed(spec.id, f.name)
+        report.files.append(
+            {"name": f.name, "url": res.url, "size": res.size, "sha256": res.sha256,
+             "skipped": res.skipped, "resumed": res.resumed, "placed": placed}
+        )  # fmt: skip
+        report.placed += placed
+
+    tasks = [
+        DownloadTask(tuple(candidate_urls(f.urls, mirror)), ddir / f.local_path, _expected(f, lock), f.optional)
+        for f in todo
+    ]
+    download_many(tasks, jobs=jobs, progress=progress, on_done=on_done, **download_options)
+    try:
+        shutil.rmtree(ddir / "downloads") if not keep_archives and not any((ddir / "downloads").iterdir()) else None
+    except OSError:
+        pass
+    return report
+
+
+def _check_against_lock(name: str, path: Path, lock: LockFile, spec_file: RemoteFile | None, report: PrepareReport) -> None:
+    """Compare an imported source file with the published/recorded checksum; record if new."""
+    size, sha, md5 = file_digests(path)
+    if spec_file is not None and spec_file.checksum_policy == "published":
+        exp = Expected(spec_file.size, spec_file.sha256, spec_file.md5)
+    else:
+        rec = lock.file_record(name)
+        if rec is None:
+            lock.record_file(name, size=size, sha256=sha, md5=md5, url=f"import:{path}")
+            report.notes.append(f"recorded the checksum of {name} in the lock file (first import)")
+            return
+        exp = Expected(rec.get("size"), rec.get("sha256"), rec.get("md5"))
+    if (exp.size is not None and exp.size != size) or (exp.sha256 and exp.sha256 != sha) or (exp.md5 and exp.md5 != md5):
+        raise InputError(
+            f"differs from the recorded/published checksum of {name} (sha256 {sha}); it is not the "
+            "file the owners published, or the lock file records another version",
+            path,
+        )
+
+
+def import_dataset(
+    dataset_id: str,
+    source: str | Path,
+    root: str | Path | None = None,
+    *,
+    link: bool = True,
+    progress: bool = True,
+) -> PrepareReport:
+    """Lay out a local copy of ``dataset_id`` (folders and/or archives) in the canonical layout.
+
+    ``source`` may be a folder (searched recursively: images, ground-truth files, and archives
+    such as ``oxbuild_images-v1.tgz`` found in it), an archive, or a single file (a gnd pickle).
+    Files are hard-linked when possible (same file system), else copied, each through a temporary
+    name. Archives and ground-truth files named in the catalog are checked against the published
+    or recorded checksum (and recorded on first sight).
+
+    Raises:
+        InputError: unknown id, missing source, unwritable root, nothing usable found, two
+            different files claiming one name, a checksum mismatch, a corrupt archive.
+    """
+    spec = get_spec(dataset_id)
+    if spec.synthetic:
+        raise InputError(f"{spec.id} is generated, not imported; use `oxbench data synth`")
+    src = Path(source).expanduser()
+    if not src.exists():
+        raise InputError("import source not found", src)
+    base = data_root(root)
+    ensure_writable(base)
+    ddir = base / spec.id
+    ddir.mkdir(parents=True, exist_ok=True)
+    lock = LockFile(base)
+    report = PrepareReport(spec.id, ddir)
+    known = {f.name: f for f in spec.files}
+    seen: dict[str, Path] = {}
+    archives: list[Path] = []
+
+    if src.is_file() and _placement_for(src.name, spec.layout) is None:
+        if not is_archive(src):
+            raise InputError(f"neither an archive nor a file of {spec.id}", src)
+        archives.append(src)
+    elif src.is_file():
+        rule = _placement_for(src.name, spec.layout)
+        assert rule is not None
+        if src.name in known:
+            _check_against_lock(src.name, src, lock, known[src.name], report)
+        _place_file(src, ddir / rule.target(src.name), link=link, move=False)
+        report.placed += 1
+        report.files.append({"name": src.name, "source": str(src), "placed": 1})
+    else:
+        n = _place_tree(src, spec.layout, ddir, link=link, move=False, seen=seen, nested=archives)
+        report.placed += n
+        report.files.append({"name": src.name, "source": str(src), "placed": n})
+        for target_rel, path in seen.items():
+            name = Path(target_rel).name
+            if name in known and not known[name].archive:
+                _check_against_lock(name, path, lock, known[name], report)
+
+    for arch in archives:
+        if arch.name in known:
+            _check_against_lock(arch.name, arch, lock, known[arch.name], report)
+        tmp = ddir / f".import-{arch.name}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        extract_archive(arch, tmp)
+        try:
+            n = _place_tree(tmp, spec.layout, ddir, link=False, move=True, seen=seen)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        report.placed += n
+        report.files.append({"name": arch.name, "source": str(arch), "placed": n})
+        if arch.name in known:
+            lock.mark_installed(spec.id, arch.name)
+    if report.placed == 0:
+        raise InputError(f"found no file of {spec.id} (images, ground truth) in the import source", src)
+    for f in spec.files:
+        if not f.archive and (ddir / f.local_path).exists():
+            lock.mark_installed(spec.id, f.name)
+    return report
