@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oxbench.errors import InputError
 from oxbench.evaluation.ap import average_precision
@@ -130,3 +132,39 @@ def test_real_image_list_and_result_file(shared_data):
     else:
         m = float(np.mean([_ap_holidays(q, r) for q, r in zip(gt.queries, ranks, strict=True)]))
     assert m == pytest.approx(0.6892340327, abs=1e-9)  # SOURCES.md: "about 0.689"
+
+
+@st.composite
+def _holidays_case(draw):
+    sizes = draw(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+    names = [f"{100000 + 100 * g + j}" for g, n in enumerate(sizes) for j in range(n)]
+    seed = draw(st.integers(0, 2**32 - 1))
+    top = draw(st.integers(0, len(names)))
+    return names, seed, top
+
+
+@settings(max_examples=60, deadline=None)
+@given(_holidays_case())
+def test_official_sparse_file_scores_like_the_full_list(tmp_path_factory, case):
+    """Top-t, then only the positives (and the query image) at their true ranks: same positions,
+    same AP as the full list. An unwritten position is an unnamed negative, so the query image
+    must be written wherever it is for the later positives to move up (as in holidays_map.py)."""
+    names, seed, top = case
+    gt = holidays_ground_truth(names)
+    rng = np.random.default_rng(seed)
+    full = np.stack([rng.permutation(gt.n_db) for _ in gt.queries])
+    lines = []
+    for q, perm in zip(gt.queries, full, strict=True):
+        keep = [r for r, i in enumerate(perm) if r < top or i in q.good or i in q.junk]
+        pairs = " ".join(f"{r} {gt.db_names[perm[r]]}.jpg" for r in keep)
+        lines.append(f"{q.name}.jpg {pairs}")
+    order = rng.permutation(len(lines))  # line order does not matter
+    p = tmp_path_factory.mktemp("h") / "res.txt"
+    p.write_text("\n".join(lines[i] for i in order))
+    ranks = read_results(p, gt)
+    for qi, q in enumerate(gt.queries):
+        row = ranks[qi]
+        written = np.flatnonzero(row >= 0)
+        np.testing.assert_array_equal(row[written], full[qi, written])
+        if q.good.size:
+            assert _ap_holidays(q, row) == pytest.approx(_ap_holidays(q, full[qi]))

@@ -144,7 +144,8 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
     Returns:
         ``int64 [n_queries, k]``, row i = ``gt.queries[i]``: ``ranks[i, r]`` is the database index
         of the image written at rank ``r``; positions not written are -1 (unnamed negatives).
-        ``k`` is the largest written rank + 1.
+        ``k`` is the largest written rank + 1. As in ``holidays_map.py``, the query image moves
+        the later positives up only where it is written; an unwritten position is a negative.
 
     Raises:
         InputError: naming the file and line, for a query line that omits or repeats a query, an
