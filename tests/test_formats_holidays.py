@@ -168,3 +168,12 @@ def test_official_sparse_file_scores_like_the_full_list(tmp_path_factory, case):
         np.testing.assert_array_equal(row[written], full[qi, written])
         if q.good.size:
             assert _ap_holidays(q, row) == pytest.approx(_ap_holidays(q, full[qi]))
+
+
+def test_utf8_bom_and_unicode_digits(tmp_path):
+    p = tmp_path / "list.dat"
+    p.write_bytes(b"\xef\xbb\xbf100000.jpg\n100001.jpg")
+    assert read_image_list(p) == ("100000", "100001")
+    p.write_text("100000.jpg\n\u0661\u0660\u0660\u0660\u0660\u0661.jpg\n", encoding="utf-8")
+    with pytest.raises(InputError, match="line 2"):
+        read_image_list(p)

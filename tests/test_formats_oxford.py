@@ -216,3 +216,10 @@ def test_real_ranked_round_trip(shared_data, tmp_path):
     assert gt2.db_names == gt.db_names
     for row, exp in zip(ranks, expected, strict=True):
         assert row[row >= 0].tolist() == exp.tolist()
+
+
+def test_utf8_bom_is_not_part_of_a_name(toy):
+    path = toy / "alpha_1_good.txt"
+    path.write_bytes(b"\xef\xbb\xbfa_1\na_2\n")
+    gt = read_gt_dir(toy, db_names=("a_1", "a_2", "a_3", "a_4", "b_1"))
+    assert gt.queries[0].good.tolist() == [0, 1]

@@ -30,7 +30,7 @@ from oxbench.groundtruth import GroundTruth, Query, make_query
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"(?P<num>\d+)(?:\.jpg)?", re.IGNORECASE)
+_NAME = re.compile(r"(?P<num>[0-9]+)(?:\.jpg)?", re.IGNORECASE)
 
 
 def _read_text(path: Path) -> str:
@@ -41,7 +41,7 @@ def _read_text(path: Path) -> str:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
 

@@ -82,7 +82,7 @@ def _read_lines(path: Path) -> list[str]:
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
     return text.splitlines()
