@@ -1,1 +1,40 @@
-"""oxbench.evaluation."""
+"""Exact official evaluation: trapezoidal AP, revisitop mP@K, the four protocols, fast at R1M scale.
+
+Main entry points (all pure functions returning an :class:`EvaluationResult`):
+
+- :func:`evaluate` -- ground truth + ranks ``[n_queries, k]`` (internal layout);
+- :func:`evaluate_scores` -- ground truth + scores ``[n_db(+distractors), n_queries]``;
+- :func:`evaluate_features` -- ground truth + query / database descriptors (dot product).
+
+Layout adapters: :func:`from_revisitop`, :func:`to_revisitop`; :func:`ranks_from_scores` ranks a
+score matrix (stable descending, ties to the lower database index).
+"""
+
+from oxbench.evaluation.ap import average_precision, average_precision_textbook, precision_at_ks
+from oxbench.evaluation.protocols import (
+    DEFAULT_KS,
+    SETUPS,
+    evaluate,
+    evaluate_features,
+    evaluate_scores,
+    query_labels,
+)
+from oxbench.evaluation.ranking import from_revisitop, ranks_from_scores, to_revisitop
+from oxbench.evaluation.result import EvaluationResult, SetupResult
+
+__all__ = [
+    "DEFAULT_KS",
+    "SETUPS",
+    "EvaluationResult",
+    "SetupResult",
+    "average_precision",
+    "average_precision_textbook",
+    "evaluate",
+    "evaluate_features",
+    "evaluate_scores",
+    "from_revisitop",
+    "precision_at_ks",
+    "query_labels",
+    "ranks_from_scores",
+    "to_revisitop",
+]

@@ -1,0 +1,75 @@
+"""Ranking layouts: the internal ``[n_queries, k]`` layout and revisitop's ``(k, n_queries)``.
+
+oxbench keeps one internal layout: ``ranks[q]`` is query ``q``'s ranked list of database indices,
+best first; ``-1`` marks an unnamed negative at that position (a gap or padding). revisitop (and
+its ``compute_map``) stores the transpose: rows = ranked positions, columns = queries. Convert only
+at the boundary with :func:`from_revisitop` / :func:`to_revisitop`; both return views, not copies,
+so a million-row ranks file is never duplicated in memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from oxbench.errors import InputError
+
+
+def _as_2d(ranks: ArrayLike, what: str, source: str | None) -> np.ndarray:
+    arr = np.asarray(ranks)
+    if arr.ndim != 2:
+        raise InputError(f"{what} must be a 2-D array, got shape {arr.shape}", source)
+    return arr
+
+
+def from_revisitop(ranks: ArrayLike, *, source: str | None = None) -> NDArray[np.int64]:
+    """revisitop layout ``(k, n_queries)`` -> internal ``[n_queries, k]`` (a transposed view).
+
+    Args:
+        ranks: column ``i`` is query ``i``'s ranked list (the layout ``compute_map`` takes and
+            ``np.argsort(-sim, axis=0)`` produces).
+        source: name of the input, for error messages.
+
+    Raises:
+        InputError: the array is not 2-D.
+    """
+    return _as_2d(ranks, "ranks (revisitop layout: rows = ranked positions, columns = queries)", source).T
+
+
+def to_revisitop(ranks: ArrayLike) -> NDArray[np.int64]:
+    """Internal ``[n_queries, k]`` -> revisitop layout ``(k, n_queries)`` (a transposed view)."""
+    return _as_2d(ranks, "ranks", None).T
+
+
+def ranks_from_scores(scores: ArrayLike, k: int | None = None, *, source: str | None = None) -> NDArray[np.int64]:
+    """Rank a database by score, best first, in the internal layout.
+
+    The order is a *stable* descending sort: equal scores keep database order, so ties go to the
+    lower database index. (revisitop's ``np.argsort(-sim, axis=0)`` uses an unstable quicksort, so
+    its order among exactly tied scores is unspecified; oxbench fixes it.)
+
+    Args:
+        scores: similarity matrix ``[n_index, n_queries]`` (revisitop orientation, ``X.T @ Q``).
+        k: keep only the top ``k`` of each list (default: all).
+        source: name of the input, for error messages.
+
+    Returns:
+        ``int64 [n_queries, k]``.
+
+    Example:
+        >>> ranks_from_scores(np.array([[0.5], [0.9], [0.5]])).tolist()
+        [[1, 0, 2]]
+    """
+    s = _as_2d(scores, "scores", source)
+    if not (np.issubdtype(s.dtype, np.floating) or np.issubdtype(s.dtype, np.integer)):
+        raise InputError(f"scores must be numbers, got dtype {s.dtype}", source)
+    if np.issubdtype(s.dtype, np.floating) and np.isnan(s).any():
+        raise InputError("scores contain NaN", source)
+    out = np.empty((s.shape[1], s.shape[0] if k is None else min(k, s.shape[0])), dtype=np.int64)
+    for q in range(s.shape[1]):
+        col = np.ascontiguousarray(s[:, q])
+        if not np.issubdtype(col.dtype, np.floating):
+            col = col.astype(np.float64)  # exact below 2**53; avoids negating unsigned integers
+        order = np.argsort(-col, kind="stable")
+        out[q] = order[: out.shape[1]]
+    return out

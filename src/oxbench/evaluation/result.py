@@ -1,0 +1,193 @@
+"""Typed evaluation results and their exporters (the familiar lines, a table, JSON, CSV rows).
+
+An :class:`EvaluationResult` holds one :class:`SetupResult` per setup of the protocol:
+
+============  ===================================
+protocol      setups
+============  ===================================
+revisited     ``easy``, ``medium``, ``hard``
+original      ``original``
+holidays      ``holidays``
+ukbench       ``ukbench`` (plus the N-S ``score``)
+============  ===================================
+
+All values are fractions (``0.8481``); the printed lines and tables show percent with two
+decimals, as the field does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+SETUP_LETTERS = {"easy": "E", "medium": "M", "hard": "H"}
+
+
+@dataclass(frozen=True, eq=False)
+class SetupResult:
+    """Scores of one setup (e.g. revisited ``hard``).
+
+    Attributes:
+        map: mean AP over the non-skipped queries (a fraction).
+        mp_at_k: mean P@K (revisitop's capped denominator) per K, over the non-skipped queries.
+        ap: per-query AP, shape ``[n_queries]``; ``nan`` for skipped queries.
+        p_at_k: per-query P@K, shape ``[n_queries, len(ks)]``; ``nan`` rows for skipped queries.
+        skipped: indices of the queries without positives in this setup (left out of the means).
+        n_positives: per-query number of positives in the ground truth, shape ``[n_queries]``.
+        score: UKBench only: the N-S score (mean number of the object's 4 images in the top 4).
+        per_query_score: UKBench only: per-query count of the object's images in the top 4.
+    """
+
+    map: float
+    mp_at_k: dict[int, float]
+    ap: NDArray[np.float64]
+    p_at_k: NDArray[np.float64]
+    skipped: tuple[int, ...] = ()
+    n_positives: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    score: float | None = None
+    per_query_score: NDArray[np.float64] | None = None
+
+
+def _pct(x: float) -> str:
+    return "nan" if math.isnan(x) else f"{100.0 * x:.2f}"
+
+
+def _json_float(x: float) -> float | None:
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+@dataclass(frozen=True, eq=False)
+class EvaluationResult:
+    """The result of scoring one ranking against one ground truth.
+
+    Attributes:
+        dataset: dataset id, used in the printed line (``roxford5k: mAP E: ...``).
+        protocol: ``revisited``, ``original``, ``holidays`` or ``ukbench``.
+        setups: one :class:`SetupResult` per setup, in the protocol's order.
+        ks: the K values of the P@K columns.
+        query_names: query names in the ground truth's order (keys of per-query exports).
+        n_distractors: how many distractor indices the ranking was allowed to use.
+    """
+
+    dataset: str
+    protocol: str
+    setups: Mapping[str, SetupResult]
+    ks: tuple[int, ...]
+    query_names: tuple[str, ...] = ()
+    n_distractors: int = 0
+
+    def __getitem__(self, setup: str) -> SetupResult:
+        return self.setups[setup]
+
+    # -- exporters -------------------------------------------------------------------------
+    def lines(self) -> list[str]:
+        """The familiar text line(s), percent with two decimals.
+
+        Revisited (as revisitop's example script prints them)::
+
+            roxford5k: mAP E: 84.81, M: 64.67, H: 38.47
+            roxford5k: mP@k[1 5 10] E: [97.06 92.06 86.49], M: [...], H: [...]
+
+        Others: ``oxford5k: mAP 87.80`` (plus ``mP@k[...]``); UKBench: ``ukbench: score 3.5000``.
+        """
+        name = self.dataset
+        kstr = " ".join(str(k) for k in self.ks)
+
+        def mp(s: SetupResult) -> str:
+            return "[" + " ".join(_pct(s.mp_at_k[k]) for k in self.ks) + "]"
+
+        if self.protocol == "revisited":
+            maps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {_pct(s.map)}" for n, s in self.setups.items())
+            mps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {mp(s)}" for n, s in self.setups.items())
+            return [f"{name}: mAP {maps}", f"{name}: mP@k[{kstr}] {mps}"]
+        out = []
+        for s in self.setups.values():
+            if s.score is not None:
+                out.append(f"{name}: score {s.score:.4f} (of 4), mAP {_pct(s.map)}")
+            else:
+                out.append(f"{name}: mAP {_pct(s.map)}, mP@k[{kstr}] {mp(s)}")
+        return out
+
+    def _table_rows(self) -> tuple[list[str], list[list[str]]]:
+        header = ["setup", "queries", "mAP"] + [f"mP@{k}" for k in self.ks]
+        if any(s.score is not None for s in self.setups.values()):
+            header.append("score")
+        rows = []
+        for n, s in self.setups.items():
+            used = len(s.ap) - len(s.skipped)
+            row = [n, f"{used}/{len(s.ap)}", _pct(s.map)] + [_pct(s.mp_at_k[k]) for k in self.ks]
+            if "score" in header:
+                row.append("" if s.score is None else f"{s.score:.4f}")
+            rows.append(row)
+        return header, rows
+
+    def table(self) -> str:
+        """A plain-text table: one row per setup (queries used, mAP and mP@K in percent)."""
+        from oxbench.report.tables import text_table
+
+        header, rows = self._table_rows()
+        return text_table(header, rows, title=f"{self.dataset} ({self.protocol} protocol)")
+
+    def markdown(self) -> str:
+        """The table as GitHub markdown."""
+        from oxbench.report.tables import markdown_table
+
+        header, rows = self._table_rows()
+        return markdown_table(header, rows)
+
+    def latex(self) -> str:
+        """The table as a LaTeX ``tabular`` (booktabs rules)."""
+        from oxbench.report.tables import latex_table
+
+        header, rows = self._table_rows()
+        return latex_table(header, rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The CLI's JSON object; numbers are fractions at full precision, skipped APs ``None``.
+
+        - revisited: ``{"setups": {"easy": {"map", "mp@1", "mp@5", "mp@10", "ap": [...]}, ...}}``
+        - original / holidays: ``{"map": f, "ap": {"<query>": f}}``
+        - ukbench: ``{"score": f}``
+        """
+        if self.protocol == "revisited":
+            setups = {}
+            for n, s in self.setups.items():
+                d: dict[str, Any] = {"map": _json_float(s.map)}
+                for k in self.ks:
+                    d[f"mp@{k}"] = _json_float(s.mp_at_k[k])
+                d["ap"] = [_json_float(v) for v in s.ap]
+                setups[n] = d
+            return {"setups": setups}
+        (s,) = self.setups.values()
+        if self.protocol == "ukbench":
+            return {"score": _json_float(s.score if s.score is not None else math.nan)}
+        names = self.query_names or tuple(str(i) for i in range(len(s.ap)))
+        return {"map": _json_float(s.map), "ap": {q: _json_float(v) for q, v in zip(names, s.ap, strict=True)}}
+
+    def per_query_rows(self) -> list[dict[str, Any]]:
+        """One dict per (setup, query): ``setup, query_index, query, n_positives, ap, p@K...``.
+
+        Skipped queries have ``ap`` and ``p@K`` ``None``. Ready for :class:`csv.DictWriter`.
+        """
+        rows = []
+        for n, s in self.setups.items():
+            for qi in range(len(s.ap)):
+                row: dict[str, Any] = {
+                    "setup": n,
+                    "query_index": qi,
+                    "query": self.query_names[qi] if self.query_names else str(qi),
+                    "n_positives": int(s.n_positives[qi]) if len(s.n_positives) else None,
+                    "ap": _json_float(s.ap[qi]),
+                }
+                for j, k in enumerate(self.ks):
+                    row[f"p@{k}"] = _json_float(s.p_at_k[qi, j])
+                if s.per_query_score is not None:
+                    row["score"] = _json_float(s.per_query_score[qi])
+                rows.append(row)
+        return rows
