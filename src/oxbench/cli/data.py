@@ -1,0 +1,217 @@
+"""``oxbench data``: list, describe, fetch, import and verify datasets (thin layer over
+:mod:`oxbench.datasets`). Exit codes: 0 fine, 1 ``verify`` found problems, 2 bad input."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from oxbench.errors import InputError
+
+_ROOT_HELP = "Data root (default: $OXBENCH_DATA, else ~/.local/share/oxbench)."
+
+
+def _fmt_size(n: int) -> str:
+    from oxbench.datasets.fetch import _human
+
+    return _human(n)
+
+
+class _DataGroup(click.Group):
+    """Adds helper SYNTH's ``synth`` command lazily (skipped when that module is absent)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        if self._synth() is not None:
+            names = sorted({*names, "synth"})
+        return names
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name == "synth":
+            return self._synth()
+        return super().get_command(ctx, name)
+
+    @staticmethod
+    def _synth() -> click.Command | None:
+        try:
+            return getattr(importlib.import_module("oxbench.cli.synth"), "synth", None)
+        except ModuleNotFoundError as exc:
+            if exc.name == "oxbench.cli.synth":
+                return None
+            raise
+
+
+@click.group(cls=_DataGroup)
+def data() -> None:
+    """List, fetch, import, verify and generate datasets."""
+
+
+@data.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(as_json: bool) -> None:
+    """The datasets oxbench knows, with their sizes."""
+    from oxbench.datasets.spec import DATASETS
+
+    rows = []
+    for name in DATASETS:
+        s = DATASETS.get(name)
+        rows.append({
+            "id": s.id, "title": s.title, "images": s.n_images, "queries": s.n_queries,
+            "protocols": list(s.protocols), "download": s.download_size,
+        })  # fmt: skip
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    click.echo(f"{'id':<16} {'images':>10} {'queries':>8}  {'protocol':<10} {'download':>10}  title")
+    for r in rows:
+        size = _fmt_size(r["download"]) if r["download"] else "-"
+        click.echo(
+            f"{r['id']:<16} {r['images']:>10,} {r['queries']:>8,}  {','.join(r['protocols']) or '-':<10} "
+            f"{size:>10}  {r['title']}"
+        )
+
+
+@data.command("info")
+@click.argument("dataset_id")
+def info_cmd(dataset_id: str) -> None:
+    """Everything about one dataset: counts, files, checksum policy, terms."""
+    from oxbench.datasets.spec import get_spec
+
+    s = get_spec(dataset_id)
+    click.echo(f"{s.id}: {s.title}")
+    if s.homepage:
+        click.echo(f"  homepage:   {s.homepage}")
+    click.echo(f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})")
+    click.echo(f"  protocols:  {', '.join(s.protocols) or '-'}")
+    if s.belongs_with:
+        click.echo(f"  used with:  {', '.join(s.belongs_with)}")
+    if s.distractors_for:
+        click.echo(f"  distractors for: {', '.join(s.distractors_for)}")
+    if s.options:
+        click.echo("  options:    " + "; ".join(f"{k}={'|'.join(v)}" for k, v in s.options.items()))
+    if s.expected_corrupt:
+        click.echo(f"  known-corrupt images: {len(s.expected_corrupt)} (reported, not used)")
+    click.echo(f"  about:      {s.description}")
+    if s.files:
+        click.echo(f"  files ({len(s.files)}, about {_fmt_size(s.download_size)}):")
+        shown = s.files if len(s.files) <= 6 else (*s.files[:3], None, *s.files[-2:])
+        for f in shown:
+            if f is None:
+                click.echo("    ...")
+                continue
+            size = f"{f.size:,} B" if f.size is not None else f"~{_fmt_size(f.approx_size or 0)}"
+            click.echo(f"    {f.name:<28} {size:>12}  {f.urls[0]}{'  (optional)' if f.optional else ''}")
+    click.echo(f"  checksums:  {s.checksum_policy}")
+    if s.citation:
+        click.echo(f"  cite:       {s.citation}")
+    click.echo(f"  terms:      {s.terms}")
+
+
+def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
+    """Show the terms once per data root; True when accepted."""
+    from oxbench.datasets.lock import LockFile
+    from oxbench.datasets.spec import get_spec
+
+    spec = get_spec(spec_id)
+    if spec.synthetic or not spec.files:
+        return accept
+    try:
+        if LockFile(root).terms_accepted(spec.id):
+            return True
+    except InputError:
+        return accept
+    click.echo(f"Terms of use of {spec.id}:\n  {spec.terms}\n", err=True)
+    if accept:
+        return True
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError(
+            f"the terms of use of {spec.id} must be accepted: read them above and rerun with --accept-terms"
+        )
+    return click.confirm("Do you accept these terms?", default=False, err=True)
+
+
+@data.command("fetch")
+@click.argument("dataset_id")
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
+@click.option("--accept-terms", is_flag=True, help="Accept the dataset's terms of use (needed once per root; required without a terminal).")
+@click.option("--mirror", metavar="URL", help="Base URL replacing the owners' host (default: $OXBENCH_MIRROR).")
+@click.option("--jobs", type=click.IntRange(1, 32), default=4, show_default=True, help="Parallel downloads.")
+@click.option("--keep-archives", is_flag=True, help="Keep the downloaded archives after extraction.")
+@click.option("--force", is_flag=True, help="Download again files already installed.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def fetch_cmd(
+    dataset_id: str, root: Path | None, accept_terms: bool, mirror: str | None, jobs: int,
+    keep_archives: bool, force: bool, no_progress: bool,
+) -> None:  # fmt: skip
+    """Download, check and lay out a dataset from its owners (resumable, verified)."""
+    from oxbench.datasets.paths import data_root
+    from oxbench.datasets.prepare import fetch_dataset
+    from oxbench.datasets.spec import get_spec
+
+    spec = get_spec(dataset_id)
+    base = data_root(root)
+    if not _accept_terms_interactively(spec.id, base, accept_terms):
+        raise InputError(f"terms of use of {spec.id} not accepted; nothing downloaded")
+    report = fetch_dataset(
+        spec.id, base, accept_terms=True, mirror=mirror, jobs=jobs, keep_archives=keep_archives,
+        force=force, progress=not no_progress,
+    )  # fmt: skip
+    for f in report.files:
+        state = "already there" if f["skipped"] else ("resumed" if f["resumed"] else "downloaded")
+        click.echo(f"{f['name']}: {state}, {f['size']:,} bytes, sha256 {f['sha256'][:16]}..., {f['placed']} file(s) laid out")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    click.echo(f"{spec.id}: ready in {report.root} (check with `oxbench data verify {spec.id}`)")
+
+
+@data.command("import")
+@click.argument("dataset_id")
+@click.option("--from", "source", required=True, type=click.Path(path_type=Path), help="Folder or archive you already have.")
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
+@click.option("--copy", is_flag=True, help="Copy files instead of hard-linking them.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def import_cmd(dataset_id: str, source: Path, root: Path | None, copy: bool, no_progress: bool) -> None:
+    """Lay out a local copy (folders and/or archives) in oxbench's layout, checking it."""
+    from oxbench.datasets.prepare import import_dataset
+    from oxbench.datasets.verify import verify
+
+    report = import_dataset(dataset_id, source, root, link=not copy, progress=not no_progress)
+    click.echo(f"{report.dataset}: {report.placed} file(s) laid out in {report.root}")
+    for note in report.notes:
+        click.echo(f"note: {note}")
+    check = verify(dataset_id, root, decode=False, progress=False)
+    for line in check.summary():
+        click.echo(line)
+    if not check.ok:
+        click.echo(f"(incomplete: import the rest, then run `oxbench data verify {report.dataset}`)")
+
+
+@data.command("verify")
+@click.argument("dataset_id")
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
+@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON report here (default: <root>/<id>/verify.json).")
+@click.option("--no-decode", is_flag=True, help="Only check presence, counts, ground truth and checksums.")
+@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoding threads.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+@click.pass_context
+def verify_cmd(
+    ctx: click.Context, dataset_id: str, root: Path | None, report_path: Path | None,
+    no_decode: bool, jobs: int, no_progress: bool,
+) -> None:  # fmt: skip
+    """Decode every image and check counts, ground truth and checksums; exit 1 if anything is off."""
+    from oxbench.datasets.verify import verify
+
+    report = verify(dataset_id, root, decode=not no_decode, jobs=jobs, progress=not no_progress)
+    out = report_path or Path(report.root) / "verify.json"
+    try:
+        report.write_json(out)
+    except OSError as exc:
+        raise InputError(f"cannot write the report ({exc.strerror})", out) from None
+    for line in report.summary():
+        click.echo(line)
+    click.echo(f"report: {out}")
+    ctx.exit(0 if report.ok else 1)

@@ -1,0 +1,322 @@
+"""The verified fetcher against a real HTTP server on 127.0.0.1 that misbehaves on purpose."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import os
+import tarfile
+import threading
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oxbench.datasets import archive, fetch
+from oxbench.datasets.fetch import (
+    DownloadTask,
+    Expected,
+    apply_mirror,
+    candidate_urls,
+    download_file,
+    download_many,
+)
+from oxbench.errors import InputError
+
+
+@dataclass
+class Behaviour:
+    """How the server answers one path."""
+
+    body: bytes
+    mode: str = "ok"  # ok | drop | wrong | 404 | 500 | norange | flaky
+    drop_times: int = 1  # "drop": first N requests are cut half-way; "flaky": first N answer 500
+    served: int = 0
+    ranges: list[str | None] = field(default_factory=list)
+
+
+class Server:
+    """A threaded HTTP server whose per-path behaviour the tests set."""
+
+    def __init__(self) -> None:
+        self.paths: dict[str, Behaviour] = {}
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802
+                b = outer.paths.get(self.path)
+                if b is None:
+                    self.send_error(404)
+                    return
+                b.served += 1
+                rng = self.headers.get("Range")
+                b.ranges.append(rng)
+                if b.mode == "404":
+                    self.send_error(404)
+                    return
+                if b.mode == "500" or (b.mode == "flaky" and b.served <= b.drop_times):
+                    self.send_error(500)
+                    return
+                body = b.body
+                if b.mode == "wrong":
+                    body = bytes(255 - x for x in body)
+                start = 0
+                if rng and b.mode != "norange":
+                    start = int(rng.removeprefix("bytes=").split("-")[0])
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                chunk = body[start:]
+                self.send_header("Content-Length", str(len(chunk)))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                if b.mode == "drop" and b.served <= b.drop_times:
+                    self.wfile.write(chunk[: len(chunk) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(chunk)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread.start()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+def _payload(n: int = 300_000, seed: int = 7) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+FAST = {"retries": 3, "backoff": 0.0, "timeout": 5.0, "progress": False, "sleep": lambda s: None}
+
+
+def _no_part_files(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*") if p.name.endswith(".part")]
+
+
+def test_plain_download_with_checksum(server: Server, tmp_path: Path) -> None:
+    body = _payload()
+    server.paths["/a.bin"] = Behaviour(body)
+    sha = hashlib.sha256(body).hexdigest()
+    res = download_file([server.url("/a.bin")], tmp_path / "a.bin", expected=Expected(len(body), sha), **FAST)
+    assert (tmp_path / "a.bin").read_bytes() == body
+    assert res.sha256 == sha and res.md5 == hashlib.md5(body).hexdigest() and not res.skipped
+    # idempotent: a second call skips without a request
+    again = download_file([server.url("/a.bin")], tmp_path / "a.bin", expected=Expected(len(body), sha), **FAST)
+    assert again.skipped and server.paths["/a.bin"].served == 1
+
+
+def test_dropped_connection_resumes_with_range(server: Server, tmp_path: Path) -> None:
+    body = _payload()
+    b = server.paths["/big.tgz"] = Behaviour(body, mode="drop", drop_times=2)
+    res = download_file([server.url("/big.tgz")], tmp_path / "big.tgz", expected=Expected(len(body)), **FAST)
+    assert (tmp_path / "big.tgz").read_bytes() == body
+    assert res.resumed and b.served == 3
+    assert b.ranges[0] is None and b.ranges[1] is not None and b.ranges[1].startswith("bytes=")
+    assert not _no_part_files(tmp_path)
+
+
+def test_server_ignoring_range_restarts_from_zero(server: Server, tmp_path: Path) -> None:
+    body = _payload()
+    # A stale partial file from an earlier run, and a server that answers 200 to Range requests.
+    (tmp_path / "x.bin.part").write_bytes(body[:1000])
+    b = server.paths["/x.bin"] = Behaviour(body, mode="norange")
+    res = download_file([server.url("/x.bin")], tmp_path / "x.bin", **FAST)
+    assert (tmp_path / "x.bin").read_bytes() == body  # not body[:1000] + body
+    assert b.ranges == ["bytes=1000-"] and not res.resumed
+
+
+def test_wrong_bytes_fail_loudly_and_leave_nothing_complete(server: Server, tmp_path: Path) -> None:
+    body = _payload()
+    server.paths["/w.bin"] = Behaviour(body, mode="wrong")
+    sha = hashlib.sha256(body).hexdigest()
+    with pytest.raises(InputError, match="sha256 .* != expected"):
+        download_file([server.url("/w.bin")], tmp_path / "w.bin", expected=Expected(sha256=sha), **FAST)
+    assert not (tmp_path / "w.bin").exists() and not _no_part_files(tmp_path)
+
+
+def test_wrong_bytes_on_mirror_fall_back_to_official(server: Server, tmp_path: Path) -> None:
+    body = _payload()
+    server.paths["/mirror/data/f.bin"] = Behaviour(body, mode="wrong")
+    server.paths["/data/f.bin"] = Behaviour(body)
+    urls = candidate_urls([server.url("/data/f.bin")], server.url("/mirror"))
+    assert urls[0] == server.url("/mirror/data/f.bin")
+    res = download_file(urls, tmp_path / "f.bin", expected=Expected(sha256=hashlib.sha256(body).hexdigest()), **FAST)
+    assert res.url == server.url("/data/f.bin") and (tmp_path / "f.bin").read_bytes() == body
+
+
+@pytest.mark.parametrize("mode", ["404", "500"])
+def test_http_errors_fail_loudly(server: Server, tmp_path: Path, mode: str) -> None:
+    server.paths["/e.bin"] = Behaviour(b"x", mode=mode)
+    with pytest.raises(InputError, match=f"HTTP {mode}"):
+        download_file([server.url("/e.bin")], tmp_path / "e.bin", **FAST)
+    assert not (tmp_path / "e.bin").exists()
+    # 404 is permanent (one request); 500 is retried
+    assert server.paths["/e.bin"].served == (1 if mode == "404" else 4)
+
+
+def test_flaky_then_recovers(server: Server, tmp_path: Path) -> None:
+    body = _payload(50_000)
+    server.paths["/f.bin"] = Behaviour(body, mode="flaky", drop_times=2)
+    waits: list[float] = []
+    opts = {**FAST, "backoff": 0.5, "sleep": waits.append}
+    download_file([server.url("/f.bin")], tmp_path / "f.bin", **opts)
+    assert (tmp_path / "f.bin").read_bytes() == body
+    assert waits == [0.5, 1.0]  # exponential backoff
+
+
+def test_drop_every_time_keeps_only_a_part_file(server: Server, tmp_path: Path) -> None:
+    body = _payload()
+    server.paths["/d.bin"] = Behaviour(body, mode="drop", drop_times=100)
+    with pytest.raises(InputError, match="partial file kept for resume"):
+        download_file([server.url("/d.bin")], tmp_path / "d.bin", **{**FAST, "retries": 1})
+    assert not (tmp_path / "d.bin").exists()
+    assert (tmp_path / "d.bin.part").exists()
+
+
+def test_existing_mismatching_file_is_downloaded_again(server: Server, tmp_path: Path) -> None:
+    body = _payload(10_000)
+    server.paths["/m.bin"] = Behaviour(body)
+    (tmp_path / "m.bin").write_bytes(b"half" * 10)
+    res = download_file([server.url("/m.bin")], tmp_path / "m.bin", expected=Expected(size=len(body)), **FAST)
+    assert not res.skipped and (tmp_path / "m.bin").read_bytes() == body
+
+
+def test_download_many_parallel_and_one_failure(server: Server, tmp_path: Path) -> None:
+    bodies = {f"/p{i}.bin": _payload(20_000, seed=i) for i in range(6)}
+    for path, body in bodies.items():
+        server.paths[path] = Behaviour(body, mode="drop" if path == "/p2.bin" else "ok")
+    tasks = [DownloadTask((server.url(p),), tmp_path / p.strip("/")) for p in bodies]
+    done: list[str] = []
+    download_many(tasks, jobs=3, on_done=lambda t, r: done.append(t.dest.name), **{k: v for k, v in FAST.items() if k != "progress"}, progress=False)
+    assert sorted(done) == sorted(p.strip("/") for p in bodies)
+    for p, body in bodies.items():
+        assert (tmp_path / p.strip("/")).read_bytes() == body
+    server.paths["/gone.bin"] = Behaviour(b"", mode="404")
+    bad = [*tasks, DownloadTask((server.url("/gone.bin"),), tmp_path / "gone.bin")]
+    with pytest.raises(InputError, match="gone.bin"):
+        download_many(bad, jobs=2, progress=False, **{k: v for k, v in FAST.items() if k != "progress"})
+    opt = [DownloadTask((server.url("/gone.bin"),), tmp_path / "gone.bin", optional=True)]
+    assert download_many(opt, jobs=1, progress=False, **{k: v for k, v in FAST.items() if k != "progress"}) == [None]
+
+
+def test_apply_mirror_replaces_scheme_and_host() -> None:
+    url = "https://www.robots.ox.ac.uk/~vgg/data/oxbuildings/gt_files_170407.tgz"
+    assert apply_mirror(url, "http://lab.example/mirror/") == "http://lab.example/mirror/~vgg/data/oxbuildings/gt_files_170407.tgz"
+    assert candidate_urls([url], None) == [url]
+
+
+def test_free_space_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(fetch, "disk_free", lambda p: 5_000)
+    with pytest.raises(InputError, match="not enough free disk space"):
+        fetch.check_free_space(tmp_path, 10_000, margin=0)
+    fetch.check_free_space(tmp_path, 1_000, margin=0)
+
+
+# --- archives -----------------------------------------------------------------------------------
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tf:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+            else:
+                tf.addfile(info)
+    return path
+
+
+def _file(name: str) -> tarfile.TarInfo:
+    return tarfile.TarInfo(name)
+
+
+def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.linkname = target
+    return info
+
+
+def test_extract_good_tar_and_zip(tmp_path: Path) -> None:
+    t = _tar(tmp_path / "ok.tgz", [(_file("a/b.jpg"), b"123"), (_link("a/c.jpg", "b.jpg", tarfile.SYMTYPE), None)])
+    out = archive.extract_archive(t, tmp_path / "out")
+    assert (out / "a" / "b.jpg").read_bytes() == b"123"
+    assert (out / "a" / "c.jpg").read_bytes() == b"123"
+    z = tmp_path / "ok.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("full/ukbench00000.jpg", b"zz")
+    out2 = archive.extract_archive(z, tmp_path / "out2")
+    assert (out2 / "full" / "ukbench00000.jpg").read_bytes() == b"zz"
+
+
+@pytest.mark.parametrize(
+    "member, match",
+    [
+        ((_file("/etc/evil"), b"x"), "absolute path"),
+        ((_file("../evil"), b"x"), r"'\.\.'"),
+        ((_file("a/../../evil"), b"x"), r"'\.\.'"),
+        ((_link("a/ln", "../../etc/passwd", tarfile.SYMTYPE), None), "outside the target"),
+        ((_link("ln", "/etc/passwd", tarfile.SYMTYPE), None), "outside the target"),
+        ((_link("a/hard", "../outside", tarfile.LNKTYPE), None), "outside the target"),
+    ],
+)
+def test_malicious_tar_is_refused_and_nothing_written(tmp_path: Path, member: tuple, match: str) -> None:
+    t = _tar(tmp_path / "evil.tgz", [(_file("ok.jpg"), b"fine"), member])
+    with pytest.raises(InputError, match=match):
+        archive.extract_archive(t, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.tgz"]  # no temp folder left
+    assert not (tmp_path.parent / "evil").exists()
+
+
+def test_malicious_zip_is_refused(tmp_path: Path) -> None:
+    z = tmp_path / "evil.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("../../evil.txt", b"x")
+    with pytest.raises(InputError, match=r"'\.\.'"):
+        archive.extract_archive(z, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_corrupt_and_truncated_archives(tmp_path: Path) -> None:
+    good = _tar(tmp_path / "g.tgz", [(_file(f"img{i}.jpg"), os.urandom(20_000)) for i in range(5)])
+    data = good.read_bytes()
+    trunc = tmp_path / "t.tgz"
+    trunc.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match="corrupt or truncated"):
+        archive.extract_archive(trunc, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    junk = tmp_path / "junk.tgz"
+    junk.write_bytes(b"<html>not found</html>")
+    with pytest.raises(InputError, match="not a tar or zip"):
+        archive.extract_archive(junk, tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
