@@ -308,3 +308,37 @@ def test_spatial_rerank_bad_input(rng):
     assert res.verified.size == 0
     empty = spatial_rerank(q_kp, q_words, [], order, top_r=0)
     np.testing.assert_array_equal(empty.order, order)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    inliers=st.lists(st.integers(0, 30), min_size=0, max_size=25),
+    extra=st.integers(0, 10),
+    threshold=st.integers(1, 30),
+)
+def test_rerank_by_inliers_properties(inliers, extra, threshold):
+    r = len(inliers)
+    order = np.random.default_rng(r + extra).permutation(r + extra) + 1000
+    inl = np.array(inliers, dtype=np.int64)
+    new, verified = rerank_by_inliers(order, inl, threshold)
+    assert sorted(new.tolist()) == sorted(order.tolist())
+    np.testing.assert_array_equal(new[r:], order[r:])
+    count = dict(zip(order[:r].tolist(), inl.tolist(), strict=True))
+    first = {v: i for i, v in enumerate(order.tolist())}
+    k = len(verified)
+    np.testing.assert_array_equal(new[:k], verified)
+    assert all(count[v] >= threshold for v in verified.tolist())
+    assert all(count[v] < threshold for v in new[k:r].tolist())
+    # Verified: by decreasing inliers, ties by initial position; the rest keep their order.
+    keys = [(-count[v], first[v]) for v in verified.tolist()]
+    assert keys == sorted(keys)
+    rest = [first[v] for v in new[k:r].tolist()]
+    assert rest == sorted(rest)
+
+
+def test_importing_rerank_does_not_import_opencv():
+    import subprocess
+    import sys
+
+    code = "import sys, oxbench.rerank; assert 'cv2' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

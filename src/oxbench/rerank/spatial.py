@@ -49,7 +49,7 @@ MIN_SAMPLE: dict[str, int] = {"similarity": 2, "affine": 3, "homography": 4}
 #: Default settings, shared by :func:`verify_pair` and :func:`spatial_rerank`.
 DEFAULT_THRESHOLD_PX = 8.0
 DEFAULT_REFERENCE_SIDE = 1024.0
-DEFAULT_MIN_INLIERS = 8
+DEFAULT_MIN_INLIERS = 12
 DEFAULT_MAX_PER_WORD = 8
 DEFAULT_MAX_ITERS = 1000
 DEFAULT_MAX_SCALE = 10.0
@@ -99,29 +99,44 @@ def _group_words(words: NDArray[np.int64]) -> _WordGroups:
 
 
 def _matches_from_groups(
-    q: _WordGroups, d: _WordGroups, max_per_word: int | None
+    q: _WordGroups, d_words: NDArray[np.int64], max_per_word: int | None
 ) -> NDArray[np.int64]:
-    _, iq, id_ = np.intersect1d(q.words, d.words, assume_unique=True, return_indices=True)
-    a = q.count[iq]
-    b = d.count[id_]
-    n_pairs = a * b
-    if max_per_word is not None:
-        keep = n_pairs <= max_per_word
-        iq, id_, a, b, n_pairs = iq[keep], id_[keep], a[keep], b[keep], n_pairs[keep]
-    total = int(n_pairs.sum())
-    if total == 0:
+    """Pairs between the grouped query words and a database image's words.
+
+    The query is grouped once (sorted unique words); each database image only needs one
+    ``searchsorted`` of its words into them, no sort of its own (the common per-pair cost).
+    """
+    n_q_words = q.words.size
+    if n_q_words == 0 or d_words.size == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    # Enumerate the a*b pairs of every shared word without a Python loop: pair t of word k is
-    # (query occurrence t // b_k, database occurrence t % b_k).
-    word_of_pair = np.repeat(np.arange(n_pairs.size), n_pairs)
-    first_pair = np.cumsum(n_pairs) - n_pairs
-    t = np.arange(total, dtype=np.int64) - first_pair[word_of_pair]
-    b_pair = b[word_of_pair]
-    q_idx = q.order[q.start[iq][word_of_pair] + t // b_pair]
-    d_idx = d.order[d.start[id_][word_of_pair] + t % b_pair]
-    pairs = np.stack((q_idx, d_idx), axis=1)
+    pos = np.searchsorted(q.words, d_words)
+    np.minimum(pos, n_q_words - 1, out=pos)
+    hit = (q.words[pos] == d_words) & (d_words >= 0)
+    d_idx = np.flatnonzero(hit)
+    if d_idx.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    group = pos[d_idx]
+    a = q.count[group]  # query occurrences of each matching db feature's word
+    b = np.bincount(group, minlength=n_q_words)[group]  # db occurrences of that word
+    if max_per_word is not None:
+        keep = a * b <= max_per_word
+        d_idx, group, a = d_idx[keep], group[keep], a[keep]
+    if d_idx.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    first = q.start[group]
+    if np.all(a == 1):  # the usual case: no query-side repetition
+        q_idx = q.order[first]
+    else:
+        # Each db feature pairs with all ``a`` query occurrences of its word; enumerate them
+        # without a Python loop.
+        rep = np.repeat(np.arange(d_idx.size), a)
+        t = np.arange(rep.size, dtype=np.int64) - (np.cumsum(a) - a)[rep]
+        q_idx = q.order[first[rep] + t]
+        d_idx = d_idx[rep]
     # Canonical order (by query feature, then database feature): independent of word numbering.
-    return pairs[np.lexsort((d_idx, q_idx))]
+    key = q_idx * (int(d_words.size) + 1) + d_idx
+    sort = np.argsort(key, kind="stable")
+    return np.stack((q_idx[sort], d_idx[sort]), axis=1)
 
 
 def tentative_matches(
@@ -138,8 +153,9 @@ def tentative_matches(
     since at most ``min(a, b)`` of their pairs can be right and they would swamp the robust fit
     with outliers. Negative word ids mean "unassigned" and never match.
 
-    The work is a sort of each word list and one :func:`numpy.intersect1d`; there is no Python
-    loop over features.
+    The work is one sort of the query's words (done once per query by :func:`spatial_rerank`)
+    and one :func:`numpy.searchsorted` of the database words into them; there is no Python loop
+    over features.
 
     Args:
         q_words: ``[n_q]`` visual word of each query feature.
@@ -158,8 +174,7 @@ def tentative_matches(
     if max_per_word is not None and max_per_word < 1:
         raise InputError(f"max_per_word must be >= 1 or None, got {max_per_word}")
     q = _group_words(_check_words(q_words, "q_words"))
-    d = _group_words(_check_words(d_words, "d_words"))
-    return _matches_from_groups(q, d, max_per_word)
+    return _matches_from_groups(q, _check_words(d_words, "d_words"), max_per_word)
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,7 +562,7 @@ def spatial_rerank(
                 f"candidate {i} (image {order[i]}) has {np.asarray(d_kp).shape[0]} keypoints "
                 f"but {d_words.shape[0]} words"
             )
-        matches = _matches_from_groups(q_groups, _group_words(d_words), max_per_word)
+        matches = _matches_from_groups(q_groups, d_words, max_per_word)
         n_matches[i] = matches.shape[0]
         res = verify_pair(
             q_xy, d_kp, matches, model=model, threshold_px=threshold_px, min_inliers=min_inliers,
