@@ -33,7 +33,7 @@ def is_archive(path: str | Path) -> bool:
         return False
     try:
         return tarfile.is_tarfile(path) or zipfile.is_zipfile(path)
-    except OSError:
+    except (OSError, EOFError, tarfile.TarError, zlib.error):
         return False
 
 

@@ -345,7 +345,7 @@ def import_dataset(
     archives: list[Path] = []
 
     if src.is_file() and _placement_for(src.name, spec.layout) is None:
-        if not is_archive(src):
+        if not (is_archive(src) or src.name.lower().endswith(_ARCHIVE_SUFFIXES)):
             raise InputError(f"neither an archive nor a file of {spec.id}", src)
         archives.append(src)
     elif src.is_file():

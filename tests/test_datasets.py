@@ -1,0 +1,339 @@
+"""Catalog, import, load and verify on small datasets built here in the official layouts."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oxbench.datasets import DATASETS, get_spec, import_dataset, load, verify
+from oxbench.datasets.catalog import PARIS_CORRUPT
+from oxbench.datasets.lock import LockFile
+from oxbench.errors import InputError
+
+PIL = pytest.importorskip("PIL.Image")
+
+
+# --- builders of tiny datasets in the official layouts -------------------------------------------
+
+
+def write_jpeg(path: Path, seed: int, size: tuple[int, int] = (24, 16), exif_orientation: int | None = None) -> Path:
+    """A tiny random JPEG (optionally with an EXIF orientation tag)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    im = PIL.fromarray(arr)
+    if exif_orientation is not None:
+        exif = PIL.Exif()
+        exif[0x0112] = exif_orientation
+        im.save(path, "JPEG", exif=exif.tobytes())
+    else:
+        im.save(path, "JPEG")
+    return path
+
+
+def make_revisited(folder: Path, dataset: str = "roxford5k", n_db: int = 8, n_q: int = 2) -> dict:
+    """``gnd_<dataset>.pkl`` + ``jpg/`` as revisitop lays them out (official pickle format)."""
+    prefix = "all_souls" if dataset == "roxford5k" else "paris_louvre"
+    imlist = [f"{prefix}_{i:06d}" for i in range(n_db)]
+    qimlist = [f"{prefix}_q{i:05d}" for i in range(n_q)]
+    gnd = [
+        {"bbx": [1.0, 2.0, 15.0, 12.0], "easy": [0, 1], "hard": [2], "junk": [3]},
+        {"bbx": [0.0, 0.0, 20.0, 10.0], "easy": [], "hard": [4, 5], "junk": []},
+    ][:n_q]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"gnd_{dataset}.pkl").write_bytes(pickle.dumps({"imlist": imlist, "qimlist": qimlist, "gnd": gnd}, protocol=2))
+    for i, name in enumerate(imlist + qimlist):
+        write_jpeg(folder / "jpg" / f"{name}.jpg", seed=i)
+    return {"imlist": imlist, "qimlist": qimlist, "gnd": gnd}
+
+
+def make_oxford(folder: Path) -> list[str]:
+    """``gt_files_170407``-style text files + images (Oxford's ``oxc1_`` query prefix)."""
+    names = [f"all_souls_{i:06d}" for i in range(6)] + ["oxford_000001", "oxford_000002"]
+    gt = folder / "gt_files_170407"
+    gt.mkdir(parents=True)
+    (gt / "all_souls_1_query.txt").write_text("oxc1_all_souls_000000 1.5 2.5 20.2 14.0\n")
+    (gt / "all_souls_1_good.txt").write_text("all_souls_000000\nall_souls_000001\nall_souls_000001\n")
+    (gt / "all_souls_1_ok.txt").write_text("all_souls_000002\n")
+    (gt / "all_souls_1_junk.txt").write_text("all_souls_000003\n")
+    for i, n in enumerate(names):
+        write_jpeg(folder / "jpg" / f"{n}.jpg", seed=100 + i)
+    return names
+
+
+def make_paris_archives(folder: Path) -> list[str]:
+    """Paris as published: ``paris_1.tgz`` with ``paris/<landmark>/*.jpg`` (incl. 2 corrupt files)
+    and ``paris_120310.tgz`` with the text files (empty *_good.txt)."""
+    src = folder / "src"
+    names = [f"paris_louvre_{i:06d}" for i in range(5)]
+    for i, n in enumerate(names):
+        write_jpeg(src / "paris" / "louvre" / f"{n}.jpg", seed=200 + i)
+    for bad in PARIS_CORRUPT[:2]:
+        (src / "paris" / "louvre" / f"{bad}.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
+    gt = src / "gt"
+    gt.mkdir()
+    (gt / "louvre_1_query.txt").write_text("paris_louvre_000000 1.000000 1.000000 20.000000 12.000000\n")
+    (gt / "louvre_1_good.txt").write_text("")
+    (gt / "louvre_1_ok.txt").write_text("paris_louvre_000000\nparis_louvre_000001\n")
+    (gt / "louvre_1_junk.txt").write_text("paris_louvre_000002\n")
+    with tarfile.open(folder / "paris_1-v1.tgz", "w:gz") as tf:
+        tf.add(src / "paris", arcname="paris")
+    with tarfile.open(folder / "paris_120310.tgz", "w:gz") as tf:
+        for p in sorted(gt.iterdir()):
+            tf.add(p, arcname=p.name)
+    return names
+
+
+# --- catalog -------------------------------------------------------------------------------------
+
+
+def test_catalog_has_every_benchmark_with_spec_counts() -> None:
+    ids = set(DATASETS.names())
+    assert {"oxford5k", "paris6k", "roxford5k", "rparis6k", "revisitop1m", "oxford100k", "holidays",
+            "ukbench", "synthetic", "synthetic-train"} <= ids  # fmt: skip
+    counts = {i: (get_spec(i).n_images, get_spec(i).n_queries) for i in ids if not get_spec(i).synthetic}
+    assert counts == {
+        "oxford5k": (5063, 55), "paris6k": (6392, 55), "roxford5k": (4993, 70), "rparis6k": (6322, 70),
+        "revisitop1m": (1_001_001, 0), "oxford100k": (99_782, 0), "holidays": (1491, 500),
+        "ukbench": (10_200, 10_200),
+    }  # fmt: skip
+    r1m = get_spec("revisitop1m")
+    archives = [f.name for f in r1m.files if f.archive]
+    assert archives == [f"revisitop1m.{i}.tar.gz" for i in range(1, 101)]
+    assert "revisitop1m" in get_spec("roxford5k").belongs_with
+    assert get_spec("roxford5k").protocols == ("revisited",) and get_spec("oxford5k").protocols == ("original",)
+    assert len(PARIS_CORRUPT) == len(set(PARIS_CORRUPT)) == 20
+    for i in ids:
+        s = get_spec(i)
+        assert s.terms and s.loader and "lock" in s.checksum_policy or s.synthetic or not s.files
+        for f in s.files:
+            assert all(u.startswith(("http://", "https://", "ftp://")) for u in f.urls)
+    with pytest.raises(InputError, match="unknown dataset 'oxford6k'; known: .*roxford5k"):
+        get_spec("oxford6k")
+
+
+def test_paris_corrupt_list_matches_shared_data(shared_data: Path) -> None:
+    names = (shared_data / "paris6k" / "corrupt_reconstructed.txt").read_text().split()
+    assert sorted(n.removesuffix(".jpg") for n in names) == sorted(PARIS_CORRUPT)
+
+
+# --- load ----------------------------------------------------------------------------------------
+
+
+def test_load_revisited_small(tmp_path: Path) -> None:
+    make_revisited(tmp_path / "roxford5k")
+    with pytest.raises(InputError, match="has 8 database images, expected 4993"):
+        load("roxford5k", tmp_path)
+    b = load("roxford5k", tmp_path, strict=False)
+    assert b.protocols == ("revisited",) and b.gt.n_db == 8 and b.gt.n_queries == 2
+    assert b.queries.name(0) == "all_souls_q00000" and b.gt.queries[0].bbox == (1.0, 2.0, 15.0, 12.0)
+    assert b.gt.queries[0].easy.tolist() == [0, 1] and b.gt.queries[0].junk.tolist() == [3]
+    assert b.database.path(3) == tmp_path / "roxford5k" / "jpg" / "all_souls_000003.jpg"
+    crop = b.query_crop(0)
+    assert crop.shape == (10, 14, 3)  # python convention: [2, 12) x [1, 15)
+    assert b.describe()["option.strict"] == "false"
+
+
+def test_load_missing_files_name_the_remedy(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not on disk; get it with `oxbench data fetch roxford5k"):
+        load("roxford5k", tmp_path)
+    make_revisited(tmp_path / "roxford5k")
+    (tmp_path / "roxford5k" / "jpg" / "all_souls_000005.jpg").unlink()
+    with pytest.raises(InputError, match=r"1 of 8 image\(s\) .*all_souls_000005.jpg.*oxbench data import"):
+        load("roxford5k", tmp_path, strict=False)
+    with pytest.raises(InputError, match="has no option 'orientation'"):
+        load("roxford5k", tmp_path, orientation="rotated")
+    with pytest.raises(InputError, match="is a distractor set"):
+        load("revisitop1m", tmp_path)
+
+
+def test_crop_conventions_differ_by_one_pixel(tmp_path: Path) -> None:
+    make_revisited(tmp_path / "roxford5k", n_q=1)
+    # Replace the query image by a lossless image whose pixels encode their coordinates.
+    h, w = 10, 20
+    yy, xx = np.mgrid[0:h, 0:w]
+    arr = np.stack([xx * 10, yy * 20, np.zeros_like(xx)], axis=-1).astype(np.uint8)
+    qpath = tmp_path / "roxford5k" / "jpg" / "all_souls_q00000.jpg"
+    PIL.fromarray(arr).save(qpath, "PNG")  # Pillow reads by content, not by name
+    gnd = pickle.loads((tmp_path / "roxford5k" / "gnd_roxford5k.pkl").read_bytes())
+    gnd["gnd"][0]["bbx"] = [2.2, 1.2, 10.2, 6.2]
+    (tmp_path / "roxford5k" / "gnd_roxford5k.pkl").write_bytes(pickle.dumps(gnd, protocol=2))
+    py = load("roxford5k", tmp_path, strict=False).query_crop(0)
+    ml = load("roxford5k", tmp_path, strict=False, crop="matlab").query_crop(0)
+    np.testing.assert_array_equal(py, arr[1:6, 2:10])  # exclusive right/bottom edge, rounded
+    np.testing.assert_array_equal(ml, arr[1:7, 2:11])  # MATLAB: inclusive edge, one pixel more
+    assert load("roxford5k", tmp_path, strict=False, crop="matlab").describe()["crop"] == "matlab"
+
+
+def test_load_original_oxford(tmp_path: Path) -> None:
+    names = make_oxford(tmp_path / "oxford5k")
+    b = load("oxford5k", tmp_path, strict=False)
+    assert b.gt.protocol == "original" and b.gt.db_names == tuple(sorted(names))
+    q = b.gt.queries[0]
+    assert q.name == "all_souls_000000" and q.bbox == (1.5, 2.5, 20.2, 14.0)
+    assert [b.gt.db_names[i] for i in q.good] == ["all_souls_000000", "all_souls_000001"]  # duplicate folded
+    assert b.queries.path(0) == tmp_path / "oxford5k" / "jpg" / "all_souls_000000.jpg"
+
+
+def test_import_paris_archives_lays_out_and_skips_corrupt(tmp_path: Path) -> None:
+    src = tmp_path / "have"
+    src.mkdir()
+    names = make_paris_archives(src)
+    root = tmp_path / "root"
+    rep = import_dataset("paris6k", src, root)
+    ddir = root / "paris6k"
+    assert sorted(p.stem for p in (ddir / "jpg").iterdir()) == sorted([*names, *PARIS_CORRUPT[:2]])
+    assert (ddir / "paris_120310" / "louvre_1_ok.txt").exists()
+    assert rep.placed == 7 + 4
+    b = load("paris6k", root, strict=False)
+    assert b.gt.n_db == 5 and not set(PARIS_CORRUPT) & set(b.gt.db_names)
+    lock = LockFile(root).read()
+    assert "paris_1-v1.tgz" in lock["files"] and "paris_1-v1.tgz" in lock["installed"]["paris6k"]
+    # verify: the two corrupt files are expected, not errors; counts differ from the official ones
+    rep2 = verify("paris6k", root, progress=False)
+    assert sorted(rep2.expected_corrupt) == sorted(PARIS_CORRUPT[:2]) and not rep2.corrupt
+    assert rep2.count_problems == ["usable images: found 5, expected 6392", "queries: found 1, expected 55"]
+    assert rep2.checksums_ok == [] and not rep2.ok
+    # re-import is idempotent; a tampered archive no longer matches the recorded checksum
+    import_dataset("paris6k", src, root)
+    with tarfile.open(src / "paris_1-v1.tgz", "w:gz") as tf:
+        tf.add(src / "src" / "paris", arcname="paris")
+        tf.add(src / "src" / "gt" / "louvre_1_ok.txt", arcname="extra.txt")
+    with pytest.raises(InputError, match="differs from the recorded/published checksum of paris_1-v1.tgz"):
+        import_dataset("paris6k", src, root)
+
+
+def test_import_revisited_folder_with_hard_links_and_verify(tmp_path: Path) -> None:
+    src = tmp_path / "mine"
+    make_revisited(src)
+    write_jpeg(src / "jpg" / "all_souls_000001.jpg", seed=1, exif_orientation=6)
+    root = tmp_path / "root"
+    import_dataset("roxford5k", src, root)
+    dst = root / "roxford5k" / "jpg" / "all_souls_000000.jpg"
+    assert dst.stat().st_ino == (src / "jpg" / "all_souls_000000.jpg").stat().st_ino  # hard link
+    rep = verify("roxford5k", root, progress=False)
+    assert rep.n_images_checked == 10 and not rep.missing and not rep.corrupt and not rep.ground_truth
+    assert rep.exif_rotated == [{"name": "all_souls_000001", "orientation": 6}]
+    assert rep.checksums_ok == ["gnd_roxford5k.pkl"]
+    # damage: a truncated image, a missing one, a query in the database, a changed gnd file
+    img = root / "roxford5k" / "jpg" / "all_souls_000002.jpg"
+    data = img.read_bytes()
+    img.unlink()  # break the hard link before writing
+    img.write_bytes(data[: len(data) // 2])
+    (root / "roxford5k" / "jpg" / "all_souls_000004.jpg").unlink()
+    gnd_path = root / "roxford5k" / "gnd_roxford5k.pkl"
+    gnd = pickle.loads(gnd_path.read_bytes())
+    gnd["imlist"][7] = gnd["qimlist"][1]
+    gnd_path.unlink()
+    gnd_path.write_bytes(pickle.dumps(gnd, protocol=2))
+    rep = verify("roxford5k", root, progress=False)
+    assert not rep.ok
+    assert rep.missing == ["all_souls_000004"]
+    assert [c["name"] for c in rep.corrupt] == ["all_souls_000002"]
+    assert rep.ground_truth == ["1 query image(s) are in the database, e.g. all_souls_q00001"]
+    assert len(rep.checksums) == 1 and "gnd_roxford5k.pkl" in rep.checksums[0]
+    out = rep.write_json(tmp_path / "r.json")
+    d = json.loads(out.read_text())
+    assert d["ok"] is False and d["missing"] == ["all_souls_000004"]
+
+
+def test_distractors_attach_with_offsets(tmp_path: Path) -> None:
+    make_revisited(tmp_path / "roxford5k")
+    r1m = tmp_path / "revisitop1m"
+    entries = ["a/aa/0001.jpg", "a/ab/0002", "b/ba/0003.jpg"]
+    (r1m).mkdir()
+    (r1m / "revisitop1m.txt").write_text("\n".join(entries) + "\n")
+    for i, e in enumerate(entries):
+        write_jpeg(r1m / "jpg" / (e if e.endswith(".jpg") else e + ".jpg"), seed=300 + i)
+    b = load("roxford5k", tmp_path, distractors="revisitop1m", strict=False)
+    assert b.n_distractors == 3 and b.n_index == b.gt.n_db + 3
+    assert b.distractors is not None and b.distractors.name(1) == "a/ab/0002"
+    assert b.options["distractors"] == "revisitop1m"
+    b2 = load("roxford5k", tmp_path, distractors=2, strict=False)
+    assert b2.n_distractors == 2 and b2.options["distractors"] == "revisitop1m[:2]"
+    with pytest.raises(InputError, match="has 3 images, expected 1001001"):
+        from oxbench.datasets.loaders import load_distractor_set
+
+        load_distractor_set(get_spec("revisitop1m"), r1m)
+
+
+def test_holidays_orientation_option(tmp_path: Path) -> None:
+    ddir = tmp_path / "holidays"
+    names = ["100000", "100001", "100002", "100100", "100101"]
+    ddir.mkdir()
+    (ddir / "holidays_images.dat").write_text("\n".join(f"{n}.jpg" for n in names))
+    for i, n in enumerate(names):
+        write_jpeg(ddir / "jpg" / f"{n}.jpg", seed=400 + i)
+    b = load("holidays", tmp_path, strict=False)
+    assert b.options["orientation"] == "original" and b.gt.n_queries == 2 and b.gt.protocol == "holidays"
+    assert b.describe()["option.orientation"] == "original"
+    with pytest.raises(InputError, match="jpg_rotated"):
+        load("holidays", tmp_path, strict=False, orientation="rotated")
+    for i, n in enumerate(names):
+        write_jpeg(ddir / "jpg_rotated" / f"{n}.jpg", seed=400 + i, size=(16, 24))
+    r = load("holidays", tmp_path, strict=False, orientation="rotated")
+    assert r.options["orientation"] == "rotated" and r.database.read(0).shape == (24, 16, 3)
+    with pytest.raises(InputError, match="must be one of original, rotated"):
+        load("holidays", tmp_path, orientation="sideways")
+
+
+def test_ukbench_import_from_zip_layout(tmp_path: Path) -> None:
+    import zipfile
+
+    zpath = tmp_path / "ukbench.zip"
+    with zipfile.ZipFile(zpath, "w") as zf:
+        for i in range(8):
+            for folder, size in (("full", (32, 24)), ("thumbnails", (8, 6))):
+                p = write_jpeg(tmp_path / "tmp" / folder / f"ukbench{i:05d}.jpg", seed=i, size=size)
+                zf.write(p, f"{folder}/ukbench{i:05d}.jpg")
+        zf.writestr("index.html", "<html/>")
+    root = tmp_path / "root"
+    import_dataset("ukbench", zpath, root)
+    assert sorted(p.name for p in (root / "ukbench" / "jpg").iterdir()) == [f"ukbench{i:05d}.jpg" for i in range(8)]
+    b = load("ukbench", root, strict=False)
+    assert b.gt.n_db == 8 and b.database.read(5).shape == (24, 32, 3)  # full size, not the thumbnail
+    assert b.gt.queries[5].good.tolist() == [4, 5, 6, 7]
+    rep = verify("ukbench", root, progress=False)
+    assert len(rep.missing) == 10_200 - 8 and rep.count_problems == ["images: found 8, expected 10200"]
+
+
+def test_import_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="import source not found"):
+        import_dataset("roxford5k", tmp_path / "nope", tmp_path / "root")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="found no file of roxford5k"):
+        import_dataset("roxford5k", empty, tmp_path / "root")
+    bad = tmp_path / "bad.tgz"
+    bad.write_bytes(b"\x1f\x8b\x08garbage")
+    with pytest.raises(InputError):
+        import_dataset("roxford5k", bad, tmp_path / "root")
+    with pytest.raises(InputError, match="unknown dataset"):
+        import_dataset("nope", empty, tmp_path / "root")
+
+
+@pytest.mark.slow
+def test_import_real_roxford_gnd_with_fake_images(shared_data: Path, tmp_path: Path) -> None:
+    """The real revisited pickle, with tiny stand-in images for a subset of its names."""
+    from oxbench.formats.revisitop import read_gnd
+
+    src = tmp_path / "mine"
+    (src).mkdir()
+    gnd = shared_data / "roxford5k" / "gnd_roxford5k.pkl"
+    (src / gnd.name).write_bytes(gnd.read_bytes())
+    gt = read_gnd(gnd)
+    subset = list(gt.query_names) + list(gt.db_names[:50])
+    for i, n in enumerate(subset):
+        write_jpeg(src / "jpg" / f"{n}.jpg", seed=i, size=(8, 8))
+    root = tmp_path / "root"
+    import_dataset("roxford5k", src, root)
+    rep = verify("roxford5k", root, progress=False, decode=False)
+    assert rep.counts["database images"] == {"expected": 4993, "found": 4993}
+    assert rep.counts["queries"] == {"expected": 70, "found": 70}
+    assert not rep.ground_truth and len(rep.missing) == 4993 - 50
+    with pytest.raises(InputError, match="4943 of 4993 image"):
+        load("roxford5k", root)
