@@ -261,14 +261,20 @@ def fetch_dataset(
 
     def on_done(task: DownloadTask, res: DownloadResult) -> None:
         f = by_dest[task.dest]
+        placed = 0
+        if f.archive:
+            try:
+                placed = _install_archive(f, res.path, ddir)
+            except InputError:
+                # A bad archive is not kept (nor recorded): the next fetch downloads it afresh.
+                res.path.unlink(missing_ok=True)
+                raise
+        # "First verified download": recorded only once the file proved usable.
         if f.checksum_policy == "lock" and lock.file_record(f.name) is None:
             lock.record_file(f.name, size=res.size, sha256=res.sha256, md5=res.md5, url=res.url or "")
             report.notes.append(f"recorded the checksum of {f.name} in the lock file (first download)")
-        placed = 0
-        if f.archive:
-            placed = _install_archive(f, res.path, ddir)
-            if not keep_archives:
-                res.path.unlink(missing_ok=True)
+        if f.archive and not keep_archives:
+            res.path.unlink(missing_ok=True)
         lock.mark_installed(spec.id, f.name)
         report.files.append(
             {"name": f.name, "url": res.url, "size": res.size, "sha256": res.sha256,

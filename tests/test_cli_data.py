@@ -1,0 +1,188 @@
+"""``oxbench data ...`` end to end: exit codes, terms, fetch through a local mirror, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from oxbench.cli import main
+from oxbench.datasets import fetch as fetch_mod
+from oxbench.datasets import prepare
+from oxbench.datasets.fetch import apply_mirror
+from oxbench.datasets.lock import LockFile
+from test_datasets import make_paris_archives, make_revisited
+from test_fetch import Behaviour, Server
+
+pytest.importorskip("PIL.Image")
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """Run the console entry point; return (exit code, stdout, stderr)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["data", *args])
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+@pytest.fixture
+def server() -> Iterator[Server]:
+    s = Server()
+    yield s
+    s.close()
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No test may reach the owners' hosts: with a mirror, only the mirror is tried."""
+    monkeypatch.setattr(prepare, "candidate_urls", lambda urls, mirror: [apply_mirror(u, mirror) for u in urls] if mirror else [])
+    monkeypatch.setattr(fetch_mod, "disk_free", lambda p: 10**13)
+    monkeypatch.delenv("OXBENCH_MIRROR", raising=False)
+    monkeypatch.delenv("OXBENCH_DATA", raising=False)
+
+
+def test_list_and_info(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "list")
+    assert code == 0 and "roxford5k" in out and "1,001,001" in out
+    code, out, _ = run(capsys, "list", "--json")
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert rows["rparis6k"]["images"] == 6322 and rows["holidays"]["protocols"] == ["holidays"]
+    code, out, _ = run(capsys, "info", "revisitop1m")
+    assert code == 0 and "revisitop1m.100.tar.gz" in out and "oxbench.lock.json" in out and "YFCC100M" in out
+    code, out, err = run(capsys, "info", "oxford6k")
+    assert code == 2 and "unknown dataset 'oxford6k'" in err and err.count("\n") == 1
+
+
+def _serve_roxford(server: Server, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    make_revisited(src)
+    with tarfile.open(tmp_path / "oxbuild_images-v1.tgz", "w:gz") as tf:
+        tf.add(src / "jpg", arcname="oxbuild_images")
+    server.paths["/~vgg/data/oxbuildings/oxbuild_images-v1.tgz"] = Behaviour(
+        (tmp_path / "oxbuild_images-v1.tgz").read_bytes(), mode="drop", drop_times=1
+    )
+    server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"] = Behaviour(
+        (src / "gnd_roxford5k.pkl").read_bytes()
+    )
+
+
+def test_fetch_through_mirror_then_verify(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:
+    _serve_roxford(server, tmp_path)
+    root = tmp_path / "root"
+    # no terminal and no --accept-terms: exit 2 with the remedy, nothing downloaded
+    code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), "--mirror", server.base)
+    assert code == 2 and "--accept-terms" in err.splitlines()[-1]
+    assert all(b.served == 0 for b in server.paths.values())
+    args = ["fetch", "roxford5k", "--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress", "--jobs", "2"]
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert "Terms of use of roxford5k" in err
+    ddir = root / "roxford5k"
+    assert len(list((ddir / "jpg").glob("*.jpg"))) == 10 and (ddir / "gnd_roxford5k.pkl").exists()
+    assert not (ddir / "downloads").exists()  # archive removed after extraction
+    lock = LockFile(root).read()
+    assert set(lock["files"]) == {"oxbuild_images-v1.tgz", "gnd_roxford5k.pkl"}
+    assert "roxford5k" in lock["terms_accepted"]
+    # idempotent: a second fetch downloads nothing
+    served = {p: b.served for p, b in server.paths.items()}
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "nothing to download" in out
+    assert {p: b.served for p, b in server.paths.items()} == served
+    # verify: counts differ from the official ones -> exit 1, JSON report written
+    report = tmp_path / "v.json"
+    code, out, _ = run(capsys, "verify", "roxford5k", "--root", str(root), "--report", str(report), "--no-progress")
+    assert code == 1 and "database images: found 8, expected 4993" in out
+    d = json.loads(report.read_text())
+    assert d["ok"] is False and d["checksums_ok"] == ["gnd_roxford5k.pkl"] and not d["missing"]
+
+
+def test_fetch_checksum_mismatch_against_lock(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:
+    _serve_roxford(server, tmp_path)
+    root = tmp_path / "root"
+    base = ["fetch", "roxford5k", "--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress"]
+    assert run(capsys, *base)[0] == 0
+    # The owners' (mirror's) pickle changes: a forced re-fetch refuses it, keeps nothing that looks done.
+    server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"].mode = "wrong"
+    (root / "roxford5k" / "gnd_roxford5k.pkl").unlink()
+    code, _, err = run(capsys, *base, "--force")
+    assert code == 2 and "sha256" in err and "!= expected" in err and len(err.strip().splitlines()) == 1
+    assert not (root / "roxford5k" / "gnd_roxford5k.pkl").exists()
+    assert not list((root / "roxford5k").rglob("*.part"))
+
+
+def test_fetch_bad_input(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _serve_roxford(server, tmp_path)
+    root = tmp_path / "root"
+    base = ["--mirror", server.base, "--accept-terms", "--no-progress"]
+    # unknown id
+    code, _, err = run(capsys, "fetch", "roxford6k", "--root", str(root), *base)
+    assert code == 2 and "unknown dataset" in err
+    # full disk (simulated through the free-space check): nothing downloaded
+    monkeypatch.setattr(fetch_mod, "disk_free", lambda p: 1_000)
+    code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), *base)
+    assert code == 2 and "not enough free disk space" in err and "--root" in err
+    assert all(b.served == 0 for b in server.paths.values())
+    monkeypatch.setattr(fetch_mod, "disk_free", lambda p: 10**13)
+    # corrupt archive from the server: refused, nothing left looking installed
+    server.paths["/~vgg/data/oxbuildings/oxbuild_images-v1.tgz"] = Behaviour(b"\x1f\x8b\x08 not really gzip" * 100)
+    code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), *base)
+    assert code == 2 and "corrupt" in err and "fetch again" in err
+    assert "oxbuild_images-v1.tgz" not in LockFile(root).installed("roxford5k")
+    assert "oxbuild_images-v1.tgz" not in LockFile(root).read()["files"]  # a bad file is never recorded
+    assert not (root / "roxford5k" / "downloads" / "oxbuild_images-v1.tgz").exists()
+    assert not list((root / "roxford5k").glob(".extract-*"))
+    # 404 everywhere
+    server.paths.clear()
+    code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), "--force", *base)
+    assert code == 2 and "HTTP 404" in err
+    # oxford100k has no public download any more
+    code, _, err = run(capsys, "fetch", "oxford100k", "--root", str(root), *base)
+    assert code == 2 and "oxbench data import oxford100k" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_root(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(ro / "data"), "--accept-terms")
+        assert code == 2 and "not writable" in err
+    finally:
+        ro.chmod(0o700)
+
+
+def test_unwritable_root_as_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    code, _, err = run(capsys, "import", "roxford5k", "--root", str(blocker / "data"), "--from", str(tmp_path))
+    assert code == 2 and "data root is not writable" in err and "--root" in err
+
+
+def test_import_and_verify_commands(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    have = tmp_path / "have"
+    have.mkdir()
+    make_paris_archives(have)
+    root = tmp_path / "root"
+    monkeypatch.setenv("OXBENCH_DATA", str(root))  # the data root from the environment
+    code, out, err = run(capsys, "import", "paris6k", "--from", str(have))
+    assert code == 0, err
+    assert "11 file(s) laid out" in out and (root / "paris6k" / "jpg").is_dir()
+    code, out, _ = run(capsys, "verify", "paris6k", "--no-progress")
+    assert code == 1 and "known-corrupt (expected, not used): 2" in out
+    assert (root / "paris6k" / "verify.json").exists()
+    code, _, err = run(capsys, "verify", "rparis6k", "--no-progress")
+    assert code == 2 and "oxbench data fetch rparis6k" in err
+
+
+def test_synth_command_is_registered_when_present(capsys: pytest.CaptureFixture[str]) -> None:
+    import importlib.util
+
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "verify" in out and "import" in out
+    has_synth = importlib.util.find_spec("oxbench.cli.synth") is not None
+    assert ("synth" in out) == has_synth
