@@ -181,6 +181,15 @@ class FeatureStore:
         """Names of all stored images, in storage order."""
         return list(self._where)
 
+    def count(self, name: str) -> int:
+        """Number of features of one stored image."""
+        try:
+            si, j = self._where[name]
+        except KeyError:
+            raise InputError(f"no features for image {name!r}", self.directory) from None
+        offsets = self._shards[si].offsets
+        return int(offsets[j + 1] - offsets[j])
+
     def _arrays(self, shard: _Shard) -> tuple[NDArray[np.float32], NDArray[np.uint8]]:
         if shard._kp is None or shard._raw is None:
             shard._kp = np.load(self._path(shard.number, "kp.npy"), mmap_mode="r")
