@@ -71,7 +71,7 @@ def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, s
         if bad.any():
             r, c = np.argwhere(bad)[0]
             raise InputError(
-                f"{_qname(names, g0 + r)}: rank position {j0 + c} holds {blk[r, c]!r}, not an integer index",
+                f"{_qname(names, g0 + r)}: rank position {j0 + c} holds {float(blk[r, c])!r}, not an integer index",
                 source,
             )
         return blk.astype(np.int64)

@@ -243,8 +243,6 @@ def evaluate(
         )
     if gt.protocol == "ukbench" and arr.shape[1] < 4:
         raise InputError(f"UKBench needs at least the top 4 of each list, got {arr.shape[1]}", source)
-    if arr.shape[1] == 0:
-        raise InputError("ranks hold empty lists (k = 0)", source)
     labels = query_labels(gt)
     found = K.labelled_positions_from_ranks(
         arr, labels, gt.n_db + n_distractors, n_db=gt.n_db, names=gt.query_names, source=source
