@@ -255,6 +255,15 @@ def test_distractors_attach_with_offsets(tmp_path: Path) -> None:
     assert b.options["distractors"] == "revisitop1m"
     b2 = load("roxford5k", tmp_path, distractors=2, strict=False)
     assert b2.n_distractors == 2 and b2.options["distractors"] == "revisitop1m[:2]"
+    from oxbench.datasets import ImageSource
+
+    assert isinstance(b.distractors, ImageSource) and b.distractors.read(2).shape == (16, 24, 3)
+    (r1m / "jpg" / "a" / "ab" / "0002.jpg").unlink()
+    rep = verify("revisitop1m", tmp_path, progress=False)
+    assert rep.missing == ["a/ab/0002"] and rep.n_images_checked == 2
+    assert rep.count_problems == ["images: found 3, expected 1001001"]
+    with pytest.raises(InputError, match="missing .*a/ab/0002.jpg"):
+        load("roxford5k", tmp_path, distractors="revisitop1m", strict=False)
     with pytest.raises(InputError, match="has 3 images, expected 1001001"):
         from oxbench.datasets.loaders import load_distractor_set
 

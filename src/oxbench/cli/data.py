@@ -69,8 +69,11 @@ def list_cmd(as_json: bool) -> None:
     click.echo(f"{'id':<16} {'images':>10} {'queries':>8}  {'protocol':<10} {'download':>10}  title")
     for r in rows:
         size = _fmt_size(r["download"]) if r["download"] else "-"
+        synthetic = DATASETS.get(r["id"]).synthetic
+        images = "generated" if synthetic else f"{r['images']:,}"
+        queries = "-" if synthetic else f"{r['queries']:,}"
         click.echo(
-            f"{r['id']:<16} {r['images']:>10,} {r['queries']:>8,}  {','.join(r['protocols']) or '-':<10} "
+            f"{r['id']:<16} {images:>10} {queries:>8}  {','.join(r['protocols']) or '-':<10} "
             f"{size:>10}  {r['title']}"
         )
 

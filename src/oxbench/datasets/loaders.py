@@ -19,10 +19,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oxbench.datasets.base import Benchmark, CropConvention, FileImages
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.datasets.base import Benchmark, CropConvention, FileImages, read_image
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, get_spec
 from oxbench.errors import InputError
@@ -171,32 +175,86 @@ def load_ukbench(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict:
     return Benchmark(id=spec.id, gt=gt, database=images, queries=images, protocols=spec.protocols, root=ddir, crop=crop)
 
 
-def load_distractor_set(spec: DatasetSpec, ddir: Path, *, strict: bool = True, limit: int | None = None) -> FileImages:
-    """The images of a distractor set (R1M, Oxford 100K), in their official order.
+@dataclass(frozen=True, eq=False)
+class ListedImages:
+    """Images named by a list of relative file paths below a folder; paths are built on demand.
 
-    R1M: the order of ``revisitop1m.txt`` (entries are paths below ``jpg/``, with or without
-    ``.jpg``). For 1M images only a sample of the files is checked for presence here; ``verify``
-    checks them all. Oxford 100K: sorted relative paths below ``jpg/``.
+    Used for R1M, whose 1,001,001 list entries (``revisitop1m.txt``) are paths relative to
+    ``jpg/`` with their extension; keeping the strings instead of a million ``Path`` objects saves
+    memory. ``names[i]`` is ``files[i]`` without its extension.
+
+    Attributes:
+        folder: the image folder.
+        files: relative paths (``/``-separated), in the official order.
     """
-    _require_dir(spec, ddir)
+
+    folder: Path
+    files: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.name(i) for i in range(len(self.files)))
+
+    def name(self, i: int) -> str:
+        f = self.files[i]
+        dot = f.rfind(".")
+        return f[:dot] if dot > f.rfind("/") else f
+
+    def path(self, i: int) -> Path:
+        return self.folder / self.files[i]
+
+    def read(self, i: int) -> NDArray[np.uint8]:
+        return read_image(self.path(i))
+
+    def head(self, n: int) -> ListedImages:
+        """The first ``n`` images."""
+        return ListedImages(self.folder, self.files[:n])
+
+
+def distractor_files(spec: DatasetSpec, ddir: Path) -> ListedImages:
+    """The images of a distractor set as listed (no presence check).
+
+    R1M: the entries of ``revisitop1m.txt`` (paths below ``jpg/``; an entry without an
+    extension gets ``.jpg``). Oxford 100K (no official list): the sorted relative paths of the
+    ``.jpg`` files below ``jpg/``.
+    """
     if spec.id == "revisitop1m":
         lst = _require_file(spec, ddir / "revisitop1m.txt", "the image list")
         entries = [ln.strip() for ln in lst.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        names = [e[: -len(_IMAGE_EXT)] if e.endswith(_IMAGE_EXT) else e for e in entries]
+        files = tuple(e if "." in e.rsplit("/", 1)[-1] else e + _IMAGE_EXT for e in entries)
+        if len(set(files)) != len(files):
+            raise InputError("the image list names an image twice", lst)
     else:
-        names = _jpg_stems(ddir / "jpg", recursive=True)
-    _check_count(spec, "images", len(names), spec.n_images, strict, ddir)
+        img_dir = ddir / "jpg"
+        files = tuple(sorted(p.relative_to(img_dir).as_posix() for p in img_dir.rglob(f"*{_IMAGE_EXT}")))
+    return ListedImages(ddir / "jpg", files)
+
+
+def load_distractor_set(spec: DatasetSpec, ddir: Path, *, strict: bool = True, limit: int | None = None) -> ListedImages:
+    """The images of a distractor set (R1M, Oxford 100K), in their official order.
+
+    Only a deterministic sample of about 1,000 files is checked for presence here (a million
+    ``stat`` calls can take minutes on network storage); ``verify`` checks every file.
+
+    Raises:
+        InputError: missing list or folder, a count that differs (``strict``), sampled files
+            missing, ``limit`` larger than the set.
+    """
+    _require_dir(spec, ddir)
+    imgs = distractor_files(spec, ddir)
+    _check_count(spec, "images", len(imgs), spec.n_images, strict, ddir)
     if limit is not None:
-        if limit < 0 or limit > len(names):
-            raise InputError(f"asked for {limit} distractors but {spec.id} has {len(names)}", ddir)
-        names = names[:limit]
-    step = max(1, len(names) // 1000)
-    sample = list(range(0, len(names), step))
-    imgs = FileImages(tuple(names), tuple(ddir / "jpg" / f"{n}{_IMAGE_EXT}" for n in names))
-    missing = [i for i in sample if not imgs.paths[i].is_file()]
+        if limit < 0 or limit > len(imgs):
+            raise InputError(f"asked for {limit} distractors but {spec.id} has {len(imgs)}", ddir)
+        imgs = imgs.head(limit)
+    step = max(1, len(imgs) // 1000)
+    missing = [i for i in range(0, len(imgs), step) if not imgs.path(i).is_file()]
     if missing:
         raise InputError(
-            f"image files of {spec.id} are missing (e.g. {imgs.paths[missing[0]].name}); "
+            f"image files of {spec.id} are missing (e.g. {imgs.files[missing[0]]}); "
             f"{_remedy(spec, ddir.parent)}",
             ddir / "jpg",
         )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -131,8 +131,15 @@ def check_image(path: Path) -> tuple[str | None, int | None]:
         return f"{type(exc).__name__}: {exc}", None
 
 
+def _files(names: Iterable[str]) -> list[str]:
+    return [f"{n}.jpg" for n in names]
+
+
 def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple[list[str], str]:
-    """The image names the dataset needs (no extension) and the image folder; fills gt checks."""
+    """The image files the dataset needs (relative to the image folder) and that folder.
+
+    Also fills the ground-truth and count checks of ``report``.
+    """
     from oxbench.datasets.loaders import _gt_dir_name, _jpg_stems
 
     folder = "jpg"
@@ -145,7 +152,7 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
             gt = read_gnd(gnd, dataset=spec.id)
         except InputError as exc:
             report.ground_truth.append(str(exc))
-            return _jpg_stems(ddir / folder), folder
+            return _files(_jpg_stems(ddir / folder)), folder
         report.counts["database images"] = {"expected": spec.n_images, "found": gt.n_db}
         report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
         overlap = sorted(set(gt.query_names) & set(gt.db_names))
@@ -153,7 +160,7 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
             report.ground_truth.append(f"{len(overlap)} query image(s) are in the database, e.g. {overlap[0]}")
         if gt.protocol != "revisited":
             report.ground_truth.append(f"{gnd.name} holds {gt.protocol}-protocol labels, not revisited ones")
-        return list(dict.fromkeys([*gt.db_names, *gt.query_names])), folder
+        return _files(dict.fromkeys([*gt.db_names, *gt.query_names])), folder
     if fam == "load_original":
         from oxbench.formats.oxford_gt import read_gt_dir
 
@@ -165,13 +172,13 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
             gt = read_gt_dir(ddir / _gt_dir_name(spec), db_names=usable, dataset=spec.id)
         except InputError as exc:
             report.ground_truth.append(str(exc))
-            return on_disk, folder
+            return _files(on_disk), folder
         report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
         db = set(gt.db_names)
         missing_q = [q for q in gt.query_names if q not in db]
         if missing_q:
             report.ground_truth.append(f"{len(missing_q)} query image(s) are not in the database, e.g. {missing_q[0]}")
-        return on_disk, folder
+        return _files(on_disk), folder
     if fam == "load_holidays":
         from oxbench.formats.holidays import holidays_ground_truth, read_image_list
 
@@ -180,32 +187,26 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
             gt = holidays_ground_truth(names)
         except InputError as exc:
             report.ground_truth.append(str(exc))
-            return _jpg_stems(ddir / folder), folder
+            return _files(_jpg_stems(ddir / folder)), folder
         report.counts["images"] = {"expected": spec.n_images, "found": gt.n_db}
         report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
-        return list(gt.db_names), folder
+        return _files(gt.db_names), folder
     if fam == "load_ukbench":
         from oxbench.formats.ukbench import ukbench_name
 
         on_disk = _jpg_stems(ddir / folder)
         report.counts["images"] = {"expected": spec.n_images, "found": len(on_disk)}
-        return [ukbench_name(i) for i in range(spec.n_images)], folder
+        return _files(ukbench_name(i) for i in range(spec.n_images)), folder
     if fam == "load_distractor_set":
-        from oxbench.datasets.loaders import load_distractor_set
+        from oxbench.datasets.loaders import distractor_files
 
         try:
-            imgs = load_distractor_set(spec, ddir, strict=False)
+            imgs = distractor_files(spec, ddir)
         except InputError as exc:
-            if "missing" not in str(exc) or spec.id != "revisitop1m":
-                report.ground_truth.append(str(exc))
-                return _jpg_stems(ddir / folder, recursive=True), folder
-            lst = ddir / "revisitop1m.txt"
-            entries = [ln.strip() for ln in lst.read_text(encoding="utf-8").splitlines() if ln.strip()]
-            names = [e.removesuffix(".jpg") for e in entries]
-            report.counts["images"] = {"expected": spec.n_images, "found": len(names)}
-            return names, folder
+            report.ground_truth.append(str(exc))
+            return [], folder
         report.counts["images"] = {"expected": spec.n_images, "found": len(imgs)}
-        return list(imgs.names), folder
+        return list(imgs.files), folder
     raise InputError(f"verify does not know how to check {spec.id}")  # pragma: no cover
 
 
@@ -272,15 +273,15 @@ def verify(
     if not ddir.is_dir():
         raise InputError(f"dataset {spec.id} is not on disk; {_remedy(spec, base)}", ddir)
     report = VerifyReport(spec.id, str(ddir), decoded=decode)
-    needed, folder = _needed_images(spec, ddir, report)
+    files, folder = _needed_images(spec, ddir, report)
     if names is not None:
-        needed = list(names)
+        files = _files(names)
     img_dir = ddir / folder
     corrupt_known = set(spec.expected_corrupt)
-    paths = [img_dir / f"{n}.jpg" for n in needed]
+    needed = [f.rsplit(".", 1)[0] for f in files]
 
     def check(i: int) -> tuple[int, str | None, int | None]:
-        p = paths[i]
+        p = img_dir / files[i]
         if not decode:
             return i, (None if p.is_file() else "missing"), None
         err, orient = check_image(p)
@@ -289,8 +290,8 @@ def verify(
     from tqdm.auto import tqdm
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = pool.map(check, range(len(paths)), chunksize=64)
-        for i, err, orient in tqdm(results, total=len(paths), desc=f"verify {spec.id}", disable=not progress):
+        results = pool.map(check, range(len(files)), chunksize=64)
+        for i, err, orient in tqdm(results, total=len(files), desc=f"verify {spec.id}", disable=not progress):
             name = needed[i]
             if err is None:
                 report.n_images_checked += 1
