@@ -1,0 +1,80 @@
+"""Load a generated synthetic benchmark, and make the default test and training cities."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from oxbench.datasets.base import Benchmark, CropConvention, FileImages
+from oxbench.datasets.synthetic.config import DEFAULT_TEST, DEFAULT_TRAIN, SynthConfig
+from oxbench.datasets.synthetic.generate import generate, read_manifest
+from oxbench.datasets.synthetic.stream import SyntheticDistractors
+from oxbench.errors import InputError
+from oxbench.formats.revisitop import read_gnd
+
+log = logging.getLogger(__name__)
+
+
+def load_synthetic(dataset_dir: str | Path, *, distractors: int | None = None, crop: CropConvention = "python") -> Benchmark:
+    """Load a synthetic benchmark written by :func:`~oxbench.datasets.synthetic.generate`.
+
+    Args:
+        dataset_dir: the folder holding ``manifest.json``, ``gnd_<name>.pkl`` and ``jpg/``.
+        distractors: number of on-demand distractors to append (index ``n_db + j``); default:
+            the count recorded at generation (``--distractors``), none when 0.
+        crop: query-crop convention.
+
+    Returns:
+        A :class:`~oxbench.datasets.base.Benchmark` with protocol ``revisited``.
+
+    Raises:
+        InputError: the folder is not a complete synthetic set (run ``oxbench data synth``).
+    """
+    root = Path(dataset_dir)
+    manifest = read_manifest(root) if root.is_dir() else None
+    if manifest is None:
+        raise InputError("no complete synthetic benchmark here (manifest.json missing); generate it with `oxbench data synth --out DIR`", root)
+    config = SynthConfig.from_dict(manifest["config"])
+    gt = read_gnd(root / manifest["gnd"], dataset=manifest["dataset"])
+    jpg = root / "jpg"
+    db = FileImages(gt.db_names, tuple(jpg / f"{n}.jpg" for n in gt.db_names))
+    queries = FileImages(gt.query_names, tuple(jpg / f"{n}.jpg" for n in gt.query_names))
+    missing = next((p for p in db.paths + queries.paths if not p.exists()), None)
+    if missing is not None:
+        raise InputError("image listed in the ground truth is missing; regenerate the set", missing)
+    n_distr = config.distractors if distractors is None else int(distractors)
+    if n_distr < 0:
+        raise InputError(f"distractors must be >= 0, got {n_distr}")
+    return Benchmark(
+        id=manifest["dataset"],
+        gt=gt,
+        database=db,
+        queries=queries,
+        protocols=("revisited",),
+        root=root,
+        distractors=SyntheticDistractors(config, n_distr) if n_distr else None,
+        crop=crop,
+        options={"city": config.city, "seed": str(config.seed), "images_sha256": manifest["checksums"]["images_sha256"]},
+    )
+
+
+def ensure_default(root: str | Path, *, workers: int | None = None, progress: bool = True) -> tuple[Path, Path]:
+    """Make sure ``<root>/synthetic`` (test city) and ``<root>/synthetic-train`` (training city) exist.
+
+    Each is generated if missing or incomplete (resuming an interrupted run); a complete set is
+    kept as it is, whatever config made it. The training city shares no building with the test
+    city (the other-city rule for vocabularies and whitening).
+
+    Returns:
+        ``(test_dir, train_dir)``.
+    """
+    root = Path(root).expanduser()
+    dirs = []
+    for config in (DEFAULT_TEST, DEFAULT_TRAIN):
+        out = root / config.name
+        if out.is_dir() and read_manifest(out) is not None:
+            dirs.append(out)
+            continue
+        log.info("generating the default synthetic set %s in %s", config.name, out)
+        dirs.append(generate(out, config, workers=workers, progress=progress))
+    return dirs[0], dirs[1]
