@@ -15,7 +15,7 @@ from oxbench.datasets import fetch as fetch_mod
 from oxbench.datasets import prepare
 from oxbench.datasets.fetch import apply_mirror
 from oxbench.datasets.lock import LockFile
-from test_datasets import make_paris_archives, make_revisited
+from test_datasets import make_oxford, make_paris_archives, make_revisited
 from test_fetch import Behaviour, Server
 
 pytest.importorskip("PIL.Image")
@@ -98,6 +98,30 @@ def test_fetch_through_mirror_then_verify(capsys: pytest.CaptureFixture[str], se
     assert code == 1 and "database images: found 8, expected 4993" in out
     d = json.loads(report.read_text())
     assert d["ok"] is False and d["checksums_ok"] == ["gnd_roxford5k.pkl"] and not d["missing"]
+
+
+def test_second_dataset_reuses_the_shared_archive(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:
+    _serve_roxford(server, tmp_path)
+    gt = tmp_path / "ox"
+    make_oxford(gt)
+    with tarfile.open(tmp_path / "gt.tgz", "w:gz") as tf:
+        tf.add(gt / "gt_files_170407", arcname=".")
+    server.paths["/~vgg/data/oxbuildings/gt_files_170407.tgz"] = Behaviour((tmp_path / "gt.tgz").read_bytes())
+    root = tmp_path / "root"
+    opts = ["--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress"]
+    assert run(capsys, "fetch", "roxford5k", *opts)[0] == 0
+    images = server.paths["/~vgg/data/oxbuildings/oxbuild_images-v1.tgz"]
+    served = images.served
+    code, out, err = run(capsys, "fetch", "oxford5k", *opts)
+    assert code == 0, err
+    assert "reused from another dataset" in out and images.served == served  # not downloaded again
+    a, b = root / "roxford5k" / "jpg" / "all_souls_000001.jpg", root / "oxford5k" / "jpg" / "all_souls_000001.jpg"
+    assert a.stat().st_ino == b.stat().st_ino
+    assert (root / "oxford5k" / "gt_files_170407" / "all_souls_1_query.txt").exists()
+    from oxbench.datasets import load
+
+    bench = load("oxford5k", root, strict=False)
+    assert bench.gt.n_db == 10 and bench.gt.queries[0].name == "all_souls_000000"
 
 
 def test_fetch_checksum_mismatch_against_lock(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:

@@ -164,6 +164,9 @@ def fetch_cmd(
         force=force, progress=not no_progress,
     )  # fmt: skip
     for f in report.files:
+        if f.get("reused"):
+            click.echo(f"{f['name']}: reused from another dataset in this root, {f['placed']} file(s) hard-linked")
+            continue
         state = "already there" if f["skipped"] else ("resumed" if f["resumed"] else "downloaded")
         click.echo(f"{f['name']}: {state}, {f['size']:,} bytes, sha256 {f['sha256'][:16]}..., {f['placed']} file(s) laid out")
     for note in report.notes:

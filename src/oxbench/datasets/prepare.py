@@ -182,6 +182,42 @@ def _install_archive(f: RemoteFile, archive: Path, ddir: Path) -> int:
     return n
 
 
+def _reuse_shared_archive(dataset_id: str, f: RemoteFile, base: Path, lock: LockFile) -> int:
+    """Lay out ``f``'s files by hard-linking them from another dataset that installed ``f``.
+
+    The Oxford image archive serves ``oxford5k`` and ``roxford5k``, the Paris ones ``paris6k``
+    and ``rparis6k``: the second fetch need not download 2 GB again. Only archives whose
+    placements are flat with base-name patterns qualify. Returns the number of files laid out
+    (0: nothing to reuse).
+    """
+    from oxbench.datasets.spec import DATASETS
+
+    if not f.archive or any(p.mode != "flat" or "/" in p.pattern for p in f.placements):
+        return 0
+    for other_id in DATASETS:
+        other = get_spec(other_id)
+        if other_id == dataset_id or f.name not in lock.installed(other_id):
+            continue
+        if f not in other.files:
+            continue
+        n = 0
+        for p in f.placements:
+            src_dir = base / other_id / (p.into if p.into not in ("", ".") else "")
+            if not src_dir.is_dir():
+                continue
+            for entry in sorted(os.scandir(src_dir), key=lambda e: e.name):
+                if entry.is_file() and p.matches(entry.name):
+                    src = Path(entry.path)
+                    dest = base / dataset_id / p.target(entry.name)
+                    if not (dest.exists() and os.path.samefile(src, dest)):
+                        _place_file(src, dest, link=True, move=False)
+                    n += 1
+        if n:
+            lock.mark_installed(dataset_id, f.name)
+            return n
+    return 0
+
+
 def fetch_dataset(
     dataset_id: str,
     root: str | Path | None = None,
@@ -246,8 +282,18 @@ def fetch_dataset(
         if f.name not in installed or (not f.archive and not (ddir / f.local_path).exists())
     ]
     report = PrepareReport(spec.id, ddir)
+    if not force:
+        for f in list(todo):
+            n = _reuse_shared_archive(spec.id, f, base, lock)
+            if n:
+                todo.remove(f)
+                report.placed += n
+                report.files.append({"name": f.name, "url": None, "size": 0, "sha256": "", "skipped": True,
+                                     "resumed": False, "placed": n, "reused": True})  # fmt: skip
+                report.notes.append(f"{f.name}: reused {n} file(s) another dataset installed from it (hard links)")
     if not todo:
-        report.notes.append("already installed; nothing to download (run `oxbench data verify`)")
+        if not report.files:
+            report.notes.append("already installed; nothing to download (run `oxbench data verify`)")
         return report
     needed = 0
     for f in todo:
