@@ -69,13 +69,14 @@ def grid_error(h_true: np.ndarray, h_est: np.ndarray) -> np.ndarray:
     return np.linalg.norm(a[:, :2] / a[:, 2:] - b[:, :2] / b[:, 2:], axis=1)
 
 
+@pytest.mark.parametrize("method", ["magsac", "fsm"])
 @pytest.mark.parametrize(("k", "min_inl"), [(2, 300), (3, 150)])
-def test_homography_recovers_ground_truth(graf, features, k, min_inl):
+def test_homography_recovers_ground_truth(graf, features, k, min_inl, method):
     q_kp, q_des = features[1]
     d_kp, d_des = features[k]
     q_words, d_words = words_by_matching(q_des, d_des)
     matches = tentative_matches(q_words, d_words)
-    res = verify_pair(q_kp, d_kp, matches, model="homography", q_size=(800, 640),
+    res = verify_pair(q_kp, d_kp, matches, model="homography", method=method, q_size=(800, 640),
                       d_size=(800, 640))
     assert res.verified
     assert res.n_inliers >= min_inl
@@ -97,8 +98,8 @@ def test_unrelated_pair_gets_no_inliers(features):
     q_words, d_words = words_by_matching(q_des, d_des, ratio=None)
     matches = tentative_matches(q_words, d_words)
     assert len(matches) > 500
-    for model in ("homography", "affine"):
-        res = verify_pair(q_kp, d_kp, matches, model=model)
+    for model, method in [("homography", "magsac"), ("affine", "magsac"), ("affine", "fsm")]:
+        res = verify_pair(q_kp, d_kp, matches, model=model, method=method)
         assert res.n_inliers <= 6
         assert not res.verified
 

@@ -149,6 +149,50 @@ def test_verify_pair_similarity_model(rng):
     np.testing.assert_allclose(res.transform, t, atol=0.5)
 
 
+def oriented_pair(rng, n_inliers=60, n_outliers=240, scale=1.4, angle_deg=35.0, shear=0.15):
+    """Like :func:`affine_pair`, with keypoint sizes and angles that follow the transform's local
+    similarity part (as SIFT's do: A = scale * R(angle_d - angle_q) in image coordinates)."""
+    ang = np.deg2rad(angle_deg)
+    rot = np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
+    lin = scale * rot @ np.array([[1.0, shear], [0.0, 1.0]])
+    t = np.eye(3)
+    t[:2, :2], t[:2, 2] = lin, [120.0, -80.0]
+    q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers, n_outliers, transform=t)
+    q_kp[:, 2] = rng.uniform(3, 20, len(q_kp))
+    q_kp[:, 3] = rng.uniform(0, 360, len(q_kp))
+    d_kp[:, 2] = rng.uniform(3, 20, len(d_kp))
+    d_kp[:, 3] = rng.uniform(0, 360, len(d_kp))
+    d_kp[:n_inliers, 2] = q_kp[:n_inliers, 2] * scale * rng.uniform(0.9, 1.1, n_inliers)
+    d_kp[:n_inliers, 3] = (q_kp[:n_inliers, 3] + angle_deg + rng.normal(0, 4, n_inliers)) % 360
+    return q_kp, d_kp, matches, t
+
+
+@pytest.mark.parametrize("model", ["affine", "homography", "similarity"])
+def test_fsm_recovers_transform_from_oriented_keypoints(rng, model):
+    shear = 0.0 if model == "similarity" else 0.15
+    q_kp, d_kp, matches, t = oriented_pair(rng, shear=shear)
+    res = verify_pair(q_kp, d_kp, matches, model=model, method="fsm")
+    true = np.arange(len(matches)) < 60
+    assert res.verified
+    assert (res.inlier_mask & true).sum() >= 58 and (res.inlier_mask & ~true).sum() <= 3
+    grid = np.stack(np.meshgrid(np.linspace(100, 900, 5), np.linspace(100, 900, 5)), -1)
+    grid = grid.reshape(-1, 2)
+    assert np.abs(project(res.transform, grid) - project(t, grid)).max() < 2.0
+    # Deterministic without any seed: exhaustive hypotheses.
+    again = verify_pair(q_kp, d_kp, matches, model=model, method="fsm", seed=99)
+    np.testing.assert_array_equal(again.inlier_mask, res.inlier_mask)
+
+
+def test_fsm_uses_orientation_and_scale(rng):
+    """Keypoint angles that do not follow the geometry give fsm no good hypothesis."""
+    q_kp, d_kp, matches, _ = oriented_pair(rng, n_inliers=30, n_outliers=270)
+    d_kp[:30, 3] = (d_kp[:30, 3] + 180.0) % 360  # wrong by half a turn
+    assert not verify_pair(q_kp, d_kp, matches, method="fsm", min_inliers=15).verified
+    assert verify_pair(q_kp, d_kp, matches, method="magsac", min_inliers=15).verified
+    with pytest.raises(InputError, match="size and angle"):
+        verify_pair(q_kp[:, :2], d_kp, matches, method="fsm")
+
+
 def test_threshold_is_relative_to_image_size(rng):
     """Scaling the candidate image by 4 (and saying so) gives the same inliers."""
     q_kp, d_kp, matches, _ = affine_pair(rng, noise=3.0)

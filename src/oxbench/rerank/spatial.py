@@ -41,7 +41,7 @@ from oxbench.errors import InputError, require
 logger = logging.getLogger(__name__)
 
 GeometricModel = Literal["affine", "homography", "similarity"]
-RobustMethod = Literal["magsac", "accurate", "ransac"]
+RobustMethod = Literal["magsac", "accurate", "ransac", "fsm"]
 
 #: Minimal sample size of each model (correspondences needed to fit it).
 MIN_SAMPLE: dict[str, int] = {"similarity": 2, "affine": 3, "homography": 4}
@@ -282,6 +282,117 @@ def _count_one_to_one(matches: NDArray[np.int64], mask: NDArray[np.bool_]) -> in
     return int(min(np.unique(inl[:, 0]).size, np.unique(inl[:, 1]).size))
 
 
+def _lstsq_model(src: NDArray[np.float64], dst: NDArray[np.float64], model: str):
+    """Least-squares fit of ``model`` (similarity/affine/homography); ``None`` if degenerate."""
+    n = src.shape[0]
+    if n < MIN_SAMPLE[model]:
+        return None
+    if model == "homography":
+        cv2 = require("cv2", "classic")
+        try:
+            h, _ = cv2.findHomography(src.astype(np.float32), dst.astype(np.float32), 0)
+        except cv2.error:
+            return None
+        return None if h is None or h.size == 0 else np.asarray(h, dtype=np.float64)
+    if model == "similarity":
+        # x' = a x - b y + tx, y' = b x + a y + ty
+        a_mat = np.zeros((2 * n, 4))
+        a_mat[0::2] = np.c_[src[:, 0], -src[:, 1], np.ones(n), np.zeros(n)]
+        a_mat[1::2] = np.c_[src[:, 1], src[:, 0], np.zeros(n), np.ones(n)]
+        sol, _, rank, _ = np.linalg.lstsq(a_mat, dst.reshape(-1), rcond=None)
+        if rank < 4:
+            return None
+        a, b, tx, ty = sol
+        return np.array([[a, -b, tx], [b, a, ty], [0.0, 0.0, 1.0]])
+    design = np.c_[src, np.ones(n)]
+    sol, _, rank, _ = np.linalg.lstsq(design, dst, rcond=None)
+    if rank < 3:
+        return None
+    return np.vstack((sol.T, [0.0, 0.0, 1.0]))
+
+
+def _sq_errors(t: NDArray[np.float64], src: NDArray[np.float64], dst: NDArray[np.float64]):
+    p = src @ t[:2, :2].T + t[:2, 2]
+    if t[2, 0] != 0.0 or t[2, 1] != 0.0 or t[2, 2] != 1.0:
+        w = src @ t[2, :2] + t[2, 2]
+        p = p / np.where(np.abs(w) < 1e-12, 1e-12, w)[:, None]
+    return np.sum((p - dst) ** 2, axis=1)
+
+
+def _fsm_fit(
+    src: NDArray[np.float64],
+    dst: NDArray[np.float64],
+    scale_ratio: NDArray[np.float64],
+    rotation: NDArray[np.float64],
+    model: str,
+    threshold: float,
+    max_scale: float,
+    *,
+    max_hypotheses: int = 512,
+    n_refined: int = 3,
+    lo_iters: int = 4,
+) -> tuple[NDArray[np.float64] | None, NDArray[np.bool_]]:
+    """Fast spatial matching (Philbin et al. 2007): hypotheses from single correspondences.
+
+    Each correspondence of two oriented, scaled keypoints defines a similarity (scale ratio,
+    rotation difference, translation). All hypotheses are scored on all correspondences at once
+    (with twice the threshold, since a similarity only approximates an affine map away from its
+    seed), and the best few are refined by iterated least squares of ``model`` on their inliers
+    (local optimisation). Exhaustive and deterministic: there is no random sampling.
+    """
+    m = src.shape[0]
+    hyp = np.arange(m)
+    if m > max_hypotheses:
+        hyp = np.unique(np.linspace(0, m - 1, max_hypotheses).round().astype(np.int64))
+    ok = (scale_ratio[hyp] > 1.0 / max_scale) & (scale_ratio[hyp] < max_scale)
+    hyp = hyp[ok]
+    if hyp.size == 0:
+        return None, np.zeros(m, dtype=bool)
+    c = scale_ratio[hyp] * np.cos(rotation[hyp])
+    s = scale_ratio[hyp] * np.sin(rotation[hyp])
+    tx = dst[hyp, 0] - (c * src[hyp, 0] - s * src[hyp, 1])
+    ty = dst[hyp, 1] - (s * src[hyp, 0] + c * src[hyp, 1])
+    loose = (2.0 * threshold) ** 2
+    # |A_k p_j + t_k - d_j|^2 for all hypotheses k and correspondences j as one matrix product:
+    # expanding the square separates k-terms from j-terms (A_k = [[c, -s], [s, c]]).
+    px, py, dx, dy = src[:, 0], src[:, 1], dst[:, 0], dst[:, 1]
+    hyp_terms = np.stack(
+        [c * c + s * s, tx * tx + ty * ty, np.ones_like(c), -2 * tx, -2 * ty,
+         2 * (c * tx + s * ty), 2 * (c * ty - s * tx), -2 * c, -2 * s], axis=1)
+    corr_terms = np.stack(
+        [px * px + py * py, np.ones_like(px), dx * dx + dy * dy, dx, dy, px, py,
+         px * dx + py * dy, px * dy - py * dx], axis=0)
+    counts = np.empty(hyp.size, dtype=np.int64)
+    chunk = max(1, 4_000_000 // max(m, 1))
+    for lo in range(0, hyp.size, chunk):
+        err2 = hyp_terms[lo:lo + chunk] @ corr_terms
+        counts[lo:lo + chunk] = np.count_nonzero(err2 < loose, axis=1)
+    best_t: NDArray[np.float64] | None = None
+    best_mask = np.zeros(m, dtype=bool)
+    thr2 = threshold * threshold
+    for k in np.argsort(-counts, kind="stable")[:n_refined]:
+        t = np.array([[c[k], -s[k], tx[k]], [s[k], c[k], ty[k]], [0.0, 0.0, 1.0]])
+        mask = _sq_errors(t, src, dst) < loose
+        fit_model = "affine" if model == "homography" else model
+        for it in range(lo_iters + (2 if model == "homography" else 0)):
+            if model == "homography" and it >= lo_iters:
+                fit_model = "homography"
+            new_t = _lstsq_model(src[mask], dst[mask], fit_model)
+            if new_t is None:
+                break
+            new_mask = _sq_errors(new_t, src, dst) < thr2
+            if new_mask.sum() < MIN_SAMPLE[fit_model]:
+                break
+            converged = fit_model == model and np.array_equal(new_mask, mask)
+            t, mask = new_t, new_mask
+            if converged:
+                break
+        mask = _sq_errors(t, src, dst) < thr2
+        if mask.sum() > best_mask.sum():
+            best_t, best_mask = t, mask
+    return best_t, best_mask
+
+
 def verify_pair(
     q_kp: NDArray[np.floating],
     d_kp: NDArray[np.floating],
@@ -306,7 +417,11 @@ def verify_pair(
     ``cv2.findHomography`` (homography) with ``cv2.USAC_MAGSAC`` (``method="magsac"``, MAGSAC++
     scoring) or ``cv2.USAC_ACCURATE`` (``"accurate"``: GC-RANSAC local optimisation), or classic
     ``cv2.RANSAC``. The similarity model (``cv2.estimateAffinePartial2D``) is only available with
-    ``method="ransac"`` in OpenCV, and that is what it uses whatever ``method`` says.
+    ``method="ransac"`` in OpenCV, and that is what it uses for the three OpenCV methods.
+    ``method="fsm"`` is Philbin et al.'s fast spatial matching instead: every correspondence of
+    two keypoints with size and orientation defines a similarity hypothesis, all are scored
+    exhaustively (no sampling) and the best are refined into ``model`` by iterated least squares;
+    it needs keypoint sizes and angles (OpenCV convention) that are consistent between images.
 
     Points are first moved to the normalised frame described in the module docstring, so
     ``threshold_px`` is a reprojection error in the candidate image measured in pixels of an image
@@ -345,8 +460,8 @@ def verify_pair(
     """
     if model not in MIN_SAMPLE:
         raise InputError(f"unknown geometric model {model!r}; use affine, homography or similarity")
-    if method not in ("magsac", "accurate", "ransac"):
-        raise InputError(f"unknown robust method {method!r}; use magsac, accurate or ransac")
+    if method not in ("magsac", "accurate", "ransac", "fsm"):
+        raise InputError(f"unknown robust method {method!r}; use magsac, accurate, ransac or fsm")
     if min_inliers < 1:
         raise InputError(f"min_inliers must be >= 1, got {min_inliers}")
     if not threshold_px > 0:
@@ -375,10 +490,21 @@ def verify_pair(
     dst = _apply(n_d, d_xy[m_arr[:, 1]])
     src32 = np.ascontiguousarray(src, dtype=np.float32)
     dst32 = np.ascontiguousarray(dst, dtype=np.float32)
-    flag = {"magsac": cv2.USAC_MAGSAC, "accurate": cv2.USAC_ACCURATE, "ransac": cv2.RANSAC}[method]
+    flag = {"magsac": cv2.USAC_MAGSAC, "accurate": cv2.USAC_ACCURATE, "ransac": cv2.RANSAC,
+            "fsm": None}[method]
     cv2.setRNGSeed(int(seed))
     try:
-        if model == "homography":
+        if method == "fsm":
+            kq, kd = np.asarray(q_kp), np.asarray(d_kp)
+            if kq.shape[1] < 4 or kd.shape[1] < 4:
+                raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
+            size_q = kq[m_arr[:, 0], 2].astype(np.float64) * n_q[0, 0]
+            size_d = kd[m_arr[:, 1], 2].astype(np.float64) * n_d[0, 0]
+            ratio = np.divide(size_d, size_q, out=np.zeros_like(size_d), where=size_q > 0)
+            rotation = np.deg2rad(kd[m_arr[:, 1], 3].astype(np.float64)
+                                  - kq[m_arr[:, 0], 3].astype(np.float64))
+            t, mask = _fsm_fit(src, dst, ratio, rotation, model, float(threshold_px), max_scale)
+        elif model == "homography":
             t, mask = cv2.findHomography(
                 src32, dst32, flag, float(threshold_px), maxIters=int(max_iters),
                 confidence=float(confidence),
@@ -565,7 +691,7 @@ def spatial_rerank(
         matches = _matches_from_groups(q_groups, d_words, max_per_word)
         n_matches[i] = matches.shape[0]
         res = verify_pair(
-            q_xy, d_kp, matches, model=model, threshold_px=threshold_px, min_inliers=min_inliers,
+            query_kp, d_kp, matches, model=model, threshold_px=threshold_px, min_inliers=min_inliers,
             method=method, max_iters=max_iters, confidence=confidence, q_size=query_size,
             d_size=d_size, reference_side=reference_side, max_scale=max_scale,
             max_anisotropy=max_anisotropy, seed=seed,
