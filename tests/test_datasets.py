@@ -136,6 +136,11 @@ def test_load_revisited_small(tmp_path: Path) -> None:
     crop = b.query_crop(0)
     assert crop.shape == (10, 14, 3)  # python convention: [2, 12) x [1, 15)
     assert b.describe()["option.strict"] == "false"
+    from oxbench.datasets import load_ground_truth
+
+    (tmp_path / "roxford5k" / "jpg" / "all_souls_000000.jpg").unlink()  # scoring needs no image
+    gt = load_ground_truth("roxford5k", tmp_path, strict=False)
+    assert gt.db_names == b.gt.db_names and gt.protocol == "revisited"
 
 
 def test_load_missing_files_name_the_remedy(tmp_path: Path) -> None:
@@ -253,6 +258,9 @@ def test_distractors_attach_with_offsets(tmp_path: Path) -> None:
     assert b.n_distractors == 3 and b.n_index == b.gt.n_db + 3
     assert b.distractors is not None and b.distractors.name(1) == "a/ab/0002"
     assert b.options["distractors"] == "revisitop1m"
+    from oxbench.datasets import distractor_count
+
+    assert distractor_count("revisitop1m", tmp_path) == 3
     b2 = load("roxford5k", tmp_path, distractors=2, strict=False)
     assert b2.n_distractors == 2 and b2.options["distractors"] == "revisitop1m[:2]"
     from oxbench.datasets import ImageSource

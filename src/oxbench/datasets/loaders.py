@@ -30,6 +30,7 @@ from oxbench.datasets.base import Benchmark, CropConvention, FileImages, read_im
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, get_spec
 from oxbench.errors import InputError
+from oxbench.groundtruth import GroundTruth
 
 log = logging.getLogger(__name__)
 
@@ -312,9 +313,7 @@ def load(
     if spec.synthetic:
         from oxbench.datasets.synthetic import ensure_default, load_synthetic
 
-        if not ddir.is_dir():
-            log.info("generating the synthetic benchmark under %s", base)
-            ensure_default(base)
+        ensure_default(base)  # generates (or finishes) the default cities; a no-op when complete
         if distractors is not None and not isinstance(distractors, int):
             raise InputError("the synthetic benchmark takes a number of generated distractors")
         return load_synthetic(ddir, distractors=distractors, crop=crop)
@@ -350,3 +349,49 @@ def _replace(bench: Benchmark, **changes: Any) -> Benchmark:
     from dataclasses import replace
 
     return replace(bench, **changes)
+
+
+def load_ground_truth(dataset_id: str, root: str | Path | None = None, *, strict: bool = True) -> GroundTruth:
+    """Only the ground truth of a dataset -- what scoring needs (``oxbench evaluate --dataset``).
+
+    Image files are not checked, except that Oxford 5K / Paris 6K need their ``jpg/`` listing:
+    their database order is the sorted image names (as in :func:`load`).
+
+    Raises:
+        InputError: unknown id, a distractor set, missing ground-truth files (with the remedy).
+    """
+    spec = get_spec(dataset_id)
+    base = data_root(root)
+    ddir = base / spec.id
+    if spec.synthetic:
+        return load(dataset_id, root).gt
+    if spec.distractors_for:
+        raise InputError(f"{spec.id} is a distractor set; it has no ground truth")
+    _require_dir(spec, ddir)
+    fam = spec.loader.rsplit(":", 1)[-1]
+    if fam == "load_revisited":
+        from oxbench.formats.revisitop import read_gnd
+
+        gt = read_gnd(_require_file(spec, ddir / f"gnd_{spec.id}.pkl", "the ground truth"), dataset=spec.id)
+        _check_count(spec, "database images", gt.n_db, spec.n_images, strict, ddir)
+        return gt
+    if fam == "load_holidays":
+        from oxbench.formats.holidays import holidays_ground_truth, read_image_list
+
+        lst = _require_file(spec, ddir / "holidays_images.dat", "the image list")
+        return holidays_ground_truth(read_image_list(lst), source=str(lst))
+    if fam == "load_ukbench":
+        from oxbench.formats.ukbench import ukbench_ground_truth
+
+        return ukbench_ground_truth(spec.n_images)
+    return load(dataset_id, root, strict=strict).gt
+
+
+def distractor_count(dataset_id: str, root: str | Path | None = None) -> int:
+    """Number of images of a distractor set on disk (``len(revisitop1m.txt)`` for R1M)."""
+    spec = get_spec(dataset_id)
+    if not spec.distractors_for:
+        raise InputError(f"{spec.id} is not a distractor set (distractor sets: revisitop1m, oxford100k)")
+    ddir = data_root(root) / spec.id
+    _require_dir(spec, ddir)
+    return len(distractor_files(spec, ddir))
