@@ -220,6 +220,14 @@ def test_import_revisited_folder_with_hard_links_and_verify(tmp_path: Path) -> N
     import_dataset("roxford5k", src, root)
     dst = root / "roxford5k" / "jpg" / "all_souls_000000.jpg"
     assert dst.stat().st_ino == (src / "jpg" / "all_souls_000000.jpg").stat().st_ino  # hard link
+    # a different gnd file than the one recorded is refused before it is laid out
+    other = tmp_path / "other"
+    make_revisited(other, n_db=9)
+    gnd_dst = root / "roxford5k" / "gnd_roxford5k.pkl"
+    before = gnd_dst.read_bytes()
+    with pytest.raises(InputError, match="differs from the recorded/published checksum of gnd_roxford5k.pkl"):
+        import_dataset("roxford5k", other, root)
+    assert gnd_dst.read_bytes() == before
     rep = verify("roxford5k", root, progress=False)
     assert rep.n_images_checked == 10 and not rep.missing and not rep.corrupt and not rep.ground_truth
     assert rep.exif_rotated == [{"name": "all_souls_000001", "orientation": 6}]

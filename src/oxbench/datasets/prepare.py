@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,7 @@ from oxbench.datasets.fetch import (
 )
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
-from oxbench.datasets.spec import Placement, RemoteFile, get_spec
+from oxbench.datasets.spec import DatasetSpec, Placement, RemoteFile, get_spec
 from oxbench.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ def _place_tree(
     move: bool,
     seen: dict[str, Path],
     nested: list[Path] | None = None,
+    bar: Any = None,
+    before_place: Callable[[str, Path], None] | None = None,
 ) -> int:
     """Lay out every file below ``tree`` that a placement matches; return how many.
 
@@ -162,8 +165,12 @@ def _place_tree(
                         continue
                 except OSError:
                     pass
+            if before_place is not None:
+                before_place(fname, src)
             _place_file(src, dest, link=link, move=move)
             n += 1
+            if bar is not None:
+                bar.update(1)
     return n
 
 
@@ -395,6 +402,27 @@ def import_dataset(
     known = {f.name: f for f in spec.files}
     seen: dict[str, Path] = {}
     archives: list[Path] = []
+    from tqdm.auto import tqdm
+
+    with tqdm(desc=f"import {spec.id}", unit=" files", disable=not progress, leave=False) as bar:
+        _import_sources(spec, src, ddir, lock, report, known, seen, archives, link=link, bar=bar)
+    if report.placed == 0:
+        raise InputError(f"found no file of {spec.id} (images, ground truth) in the import source", src)
+    for f in spec.files:
+        if not f.archive and (ddir / f.local_path).exists():
+            lock.mark_installed(spec.id, f.name)
+    return report
+
+
+def _import_sources(
+    spec: DatasetSpec, src: Path, ddir: Path, lock: LockFile, report: PrepareReport,
+    known: dict[str, RemoteFile], seen: dict[str, Path], archives: list[Path], *, link: bool, bar: Any,
+) -> None:  # fmt: skip
+    """The body of :func:`import_dataset`: place ``src`` (file, folder, archives) into ``ddir``."""
+
+    def check(name: str, path: Path) -> None:  # before a catalogued plain file is laid out
+        if name in known and not known[name].archive:
+            _check_against_lock(name, path, lock, known[name], report)
 
     if src.is_file() and _placement_for(src.name, spec.layout) is None:
         if not (is_archive(src) or src.name.lower().endswith(_ARCHIVE_SUFFIXES)):
@@ -409,13 +437,11 @@ def import_dataset(
         report.placed += 1
         report.files.append({"name": src.name, "source": str(src), "placed": 1})
     else:
-        n = _place_tree(src, spec.layout, ddir, link=link, move=False, seen=seen, nested=archives)
+        n = _place_tree(
+            src, spec.layout, ddir, link=link, move=False, seen=seen, nested=archives, bar=bar, before_place=check
+        )
         report.placed += n
         report.files.append({"name": src.name, "source": str(src), "placed": n})
-        for target_rel, path in seen.items():
-            name = Path(target_rel).name
-            if name in known and not known[name].archive:
-                _check_against_lock(name, path, lock, known[name], report)
 
     for arch in archives:
         if arch.name in known:
@@ -425,16 +451,10 @@ def import_dataset(
             shutil.rmtree(tmp)
         extract_archive(arch, tmp)
         try:
-            n = _place_tree(tmp, spec.layout, ddir, link=False, move=True, seen=seen)
+            n = _place_tree(tmp, spec.layout, ddir, link=False, move=True, seen=seen, bar=bar, before_place=check)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         report.placed += n
         report.files.append({"name": arch.name, "source": str(arch), "placed": n})
         if arch.name in known:
             lock.mark_installed(spec.id, arch.name)
-    if report.placed == 0:
-        raise InputError(f"found no file of {spec.id} (images, ground truth) in the import source", src)
-    for f in spec.files:
-        if not f.archive and (ddir / f.local_path).exists():
-            lock.mark_installed(spec.id, f.name)
-    return report
