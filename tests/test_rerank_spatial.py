@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from oxbench.errors import InputError
 from oxbench.rerank.spatial import (
+    _group_words,
+    _matches_from_groups,
     rerank_by_inliers,
     spatial_rerank,
     tentative_matches,
@@ -103,7 +105,11 @@ word_lists = st.lists(st.integers(-1, 12), min_size=0, max_size=40)
 def test_tentative_matches_equals_naive_reference(q, d, cap):
     q_arr, d_arr = np.array(q, dtype=np.int64), np.array(d, dtype=np.int64)
     got = tentative_matches(q_arr, d_arr, max_per_word=cap)
-    np.testing.assert_array_equal(got, naive_tentative_matches(q_arr, d_arr, cap))
+    expected = naive_tentative_matches(q_arr, d_arr, cap)
+    np.testing.assert_array_equal(got, expected)
+    # The lookup-table path spatial_rerank uses (query grouped once) gives the same pairs.
+    grouped = _group_words(q_arr, with_lookup=True)
+    np.testing.assert_array_equal(_matches_from_groups(grouped, d_arr, cap), expected)
 
 
 @settings(max_examples=40, deadline=None)

@@ -80,9 +80,14 @@ class _WordGroups:
     words: NDArray[np.int64]  # distinct non-negative words, ascending
     start: NDArray[np.int64]  # start of each word's run in ``order``
     count: NDArray[np.int64]  # length of each run
+    # word id -> index into ``words`` (-1 = absent); built when a query is matched many times
+    lookup: NDArray[np.int32] | None = None
 
 
-def _group_words(words: NDArray[np.int64]) -> _WordGroups:
+_MAX_LOOKUP = 1 << 24  # word ids above this use binary search instead of a lookup table
+
+
+def _group_words(words: NDArray[np.int64], *, with_lookup: bool = False) -> _WordGroups:
     order = np.argsort(words, kind="stable")
     sorted_words = words[order]
     valid = sorted_words >= 0  # negative ids = unassigned; they sort first
@@ -95,7 +100,12 @@ def _group_words(words: NDArray[np.int64]) -> _WordGroups:
     boundary = np.flatnonzero(np.diff(sorted_words)) + 1
     start = np.concatenate(([0], boundary)).astype(np.int64)
     count = np.diff(np.concatenate((start, [sorted_words.size]))).astype(np.int64)
-    return _WordGroups(order.astype(np.int64), sorted_words[start], start, count)
+    distinct = sorted_words[start]
+    lookup = None
+    if with_lookup and distinct[-1] < _MAX_LOOKUP:
+        lookup = np.full(int(distinct[-1]) + 1, -1, dtype=np.int32)
+        lookup[distinct] = np.arange(distinct.size, dtype=np.int32)
+    return _WordGroups(order.astype(np.int64), distinct, start, count, lookup)
 
 
 def _matches_from_groups(
@@ -103,19 +113,25 @@ def _matches_from_groups(
 ) -> NDArray[np.int64]:
     """Pairs between the grouped query words and a database image's words.
 
-    The query is grouped once (sorted unique words); each database image only needs one
-    ``searchsorted`` of its words into them, no sort of its own (the common per-pair cost).
+    The query is grouped once (sorted unique words, and for repeated use a word -> group lookup
+    table); each database image then needs one gather (or ``searchsorted``) of its words, no sort
+    of its own -- this is the per-pair cost.
     """
     n_q_words = q.words.size
     if n_q_words == 0 or d_words.size == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    pos = np.searchsorted(q.words, d_words)
-    np.minimum(pos, n_q_words - 1, out=pos)
-    hit = (q.words[pos] == d_words) & (d_words >= 0)
-    d_idx = np.flatnonzero(hit)
+    if q.lookup is not None:
+        d_idx = np.flatnonzero((d_words >= 0) & (d_words < q.lookup.size))
+        group = q.lookup[d_words[d_idx]].astype(np.int64)
+        found = group >= 0
+        d_idx, group = d_idx[found], group[found]
+    else:
+        pos = np.searchsorted(q.words, d_words)
+        np.minimum(pos, n_q_words - 1, out=pos)
+        d_idx = np.flatnonzero((q.words[pos] == d_words) & (d_words >= 0))
+        group = pos[d_idx]
     if d_idx.size == 0:
         return np.zeros((0, 2), dtype=np.int64)
-    group = pos[d_idx]
     a = q.count[group]  # query occurrences of each matching db feature's word
     b = np.bincount(group, minlength=n_q_words)[group]  # db occurrences of that word
     if max_per_word is not None:
@@ -229,9 +245,11 @@ def _normaliser(
             raise InputError(f"image size must be positive (width, height), got {size}")
         cx, cy, side = width / 2.0, height / 2.0, max(width, height)
     elif xy.shape[0]:
-        lo, hi = xy.min(axis=0), xy.max(axis=0)
-        cx, cy = (lo + hi) / 2.0
-        side = max(float((hi - lo).max()), 1.0)
+        # 1-D reductions: much faster than ``min(axis=0)`` over an [n, 2] array.
+        x, y = xy[:, 0], xy[:, 1]
+        x0, x1, y0, y1 = float(x.min()), float(x.max()), float(y.min()), float(y.max())
+        cx, cy = (x0 + x1) / 2.0, (y0 + y1) / 2.0
+        side = max(x1 - x0, y1 - y0, 1.0)
     else:
         cx, cy, side = 0.0, 0.0, reference_side
     s = reference_side / side
@@ -280,6 +298,17 @@ def _count_one_to_one(matches: NDArray[np.int64], mask: NDArray[np.bool_]) -> in
     if inl.shape[0] == 0:
         return 0
     return int(min(np.unique(inl[:, 0]).size, np.unique(inl[:, 1]).size))
+
+
+def _check_settings(model: str, method: str, min_inliers: int, threshold_px: float) -> None:
+    if model not in MIN_SAMPLE:
+        raise InputError(f"unknown geometric model {model!r}; use affine, homography or similarity")
+    if method not in ("magsac", "accurate", "ransac", "fsm"):
+        raise InputError(f"unknown robust method {method!r}; use magsac, accurate, ransac or fsm")
+    if min_inliers < 1:
+        raise InputError(f"min_inliers must be >= 1, got {min_inliers}")
+    if not threshold_px > 0:
+        raise InputError(f"threshold_px must be positive, got {threshold_px}")
 
 
 def _lstsq_model(src: NDArray[np.float64], dst: NDArray[np.float64], model: str):
@@ -458,14 +487,7 @@ def verify_pair(
     Raises:
         InputError: malformed arrays, out-of-range match indices or an unknown model/method.
     """
-    if model not in MIN_SAMPLE:
-        raise InputError(f"unknown geometric model {model!r}; use affine, homography or similarity")
-    if method not in ("magsac", "accurate", "ransac", "fsm"):
-        raise InputError(f"unknown robust method {method!r}; use magsac, accurate, ransac or fsm")
-    if min_inliers < 1:
-        raise InputError(f"min_inliers must be >= 1, got {min_inliers}")
-    if not threshold_px > 0:
-        raise InputError(f"threshold_px must be positive, got {threshold_px}")
+    _check_settings(model, method, min_inliers, threshold_px)
     q_xy = _check_keypoints(q_kp, "q_kp")
     d_xy = _check_keypoints(d_kp, "d_kp")
     m_arr = np.asarray(matches)
@@ -478,14 +500,44 @@ def verify_pair(
         m_arr.min() < 0 or m_arr[:, 0].max() >= q_xy.shape[0] or m_arr[:, 1].max() >= d_xy.shape[0]
     ):
         raise InputError("matches refer to keypoints outside q_kp / d_kp")
+    if m_arr.shape[0] < max(min_inliers, MIN_SAMPLE[model]):
+        return PairResult(0, None, np.zeros(m_arr.shape[0], dtype=bool), "too_few_matches")
+    if method == "fsm" and (np.shape(q_kp)[1] < 4 or np.shape(d_kp)[1] < 4):
+        raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
+    return _verify(
+        q_xy, np.asarray(q_kp), _normaliser(q_xy, q_size, reference_side),
+        d_xy, np.asarray(d_kp), _normaliser(d_xy, d_size, reference_side),
+        m_arr, model=model, threshold_px=threshold_px, min_inliers=min_inliers, method=method,
+        max_iters=max_iters, confidence=confidence, max_scale=max_scale,
+        max_anisotropy=max_anisotropy, seed=seed,
+    )
+
+
+def _verify(
+    q_xy: NDArray[np.float64],
+    q_kp: NDArray,
+    n_q: NDArray[np.float64],
+    d_xy: NDArray[np.float64],
+    d_kp: NDArray,
+    n_d: NDArray[np.float64],
+    m_arr: NDArray[np.int64],
+    *,
+    model: str,
+    threshold_px: float,
+    min_inliers: int,
+    method: str,
+    max_iters: int,
+    confidence: float,
+    max_scale: float,
+    max_anisotropy: float,
+    seed: int,
+) -> PairResult:
+    """:func:`verify_pair` on validated arrays with precomputed normalisers ``n_q``, ``n_d``."""
     n_matches = m_arr.shape[0]
     no_mask = np.zeros(n_matches, dtype=bool)
     if n_matches < max(min_inliers, MIN_SAMPLE[model]):
         return PairResult(0, None, no_mask, "too_few_matches")
-
     cv2 = require("cv2", "classic")
-    n_q = _normaliser(q_xy, q_size, reference_side)
-    n_d = _normaliser(d_xy, d_size, reference_side)
     src = _apply(n_q, q_xy[m_arr[:, 0]])
     dst = _apply(n_d, d_xy[m_arr[:, 1]])
     src32 = np.ascontiguousarray(src, dtype=np.float32)
@@ -495,9 +547,7 @@ def verify_pair(
     cv2.setRNGSeed(int(seed))
     try:
         if method == "fsm":
-            kq, kd = np.asarray(q_kp), np.asarray(d_kp)
-            if kq.shape[1] < 4 or kd.shape[1] < 4:
-                raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
+            kq, kd = q_kp, d_kp
             size_q = kq[m_arr[:, 0], 2].astype(np.float64) * n_q[0, 0]
             size_d = kd[m_arr[:, 1], 2].astype(np.float64) * n_d[0, 0]
             ratio = np.divide(size_d, size_q, out=np.zeros_like(size_d), where=size_q > 0)
@@ -672,7 +722,18 @@ def spatial_rerank(
     q_words = _check_words(query_words, "query_words")
     if q_words.shape[0] != q_xy.shape[0]:
         raise InputError(f"query has {q_xy.shape[0]} keypoints but {q_words.shape[0]} words")
-    q_groups = _group_words(q_words)
+    q_groups = _group_words(q_words, with_lookup=True)
+    _check_settings(model, method, min_inliers, threshold_px)
+    query_kp = np.asarray(query_kp)
+    if method == "fsm" and query_kp.shape[1] < 4:
+        raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
+    n_q = _normaliser(q_xy, query_size, reference_side)
+    needed = max(min_inliers, MIN_SAMPLE[model])
+    settings = dict(
+        model=model, threshold_px=threshold_px, min_inliers=min_inliers, method=method,
+        max_iters=max_iters, confidence=confidence, max_scale=max_scale,
+        max_anisotropy=max_anisotropy, seed=seed,
+    )
 
     inliers = np.zeros(r, dtype=np.int64)
     n_matches = np.zeros(r, dtype=np.int64)
@@ -681,21 +742,24 @@ def spatial_rerank(
     for i, cand in enumerate(candidates):
         if len(cand) not in (2, 3):
             raise InputError(f"candidate {i} (image {order[i]}) must be (keypoints, words[, size])")
-        d_kp, d_words = cand[0], _check_words(cand[1], f"words of candidate {i}")
-        d_size = cand[2] if len(cand) == 3 else None
-        if np.asarray(d_kp).shape[0] != d_words.shape[0]:
+        d_kp = np.asarray(cand[0])
+        d_xy = _check_keypoints(d_kp, f"keypoints of candidate {i} (image {order[i]})")
+        d_words = _check_words(cand[1], f"words of candidate {i} (image {order[i]})")
+        if d_xy.shape[0] != d_words.shape[0]:
             raise InputError(
-                f"candidate {i} (image {order[i]}) has {np.asarray(d_kp).shape[0]} keypoints "
+                f"candidate {i} (image {order[i]}) has {d_xy.shape[0]} keypoints "
                 f"but {d_words.shape[0]} words"
             )
+        if method == "fsm" and d_kp.shape[1] < 4:
+            raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
         matches = _matches_from_groups(q_groups, d_words, max_per_word)
         n_matches[i] = matches.shape[0]
-        res = verify_pair(
-            query_kp, d_kp, matches, model=model, threshold_px=threshold_px, min_inliers=min_inliers,
-            method=method, max_iters=max_iters, confidence=confidence, q_size=query_size,
-            d_size=d_size, reference_side=reference_side, max_scale=max_scale,
-            max_anisotropy=max_anisotropy, seed=seed,
-        )
+        if matches.shape[0] < needed:
+            res = PairResult(0, None, np.zeros(matches.shape[0], dtype=bool), "too_few_matches")
+        else:
+            d_size = cand[2] if len(cand) == 3 else None
+            n_d = _normaliser(d_xy, d_size, reference_side)
+            res = _verify(q_xy, query_kp, n_q, d_xy, d_kp, n_d, matches, **settings)
         inliers[i] = res.n_inliers
         transforms.append(res.transform)
         statuses.append(res.status)
