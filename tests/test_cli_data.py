@@ -159,6 +159,16 @@ def test_fetch_bad_input(capsys: pytest.CaptureFixture[str], server: Server, tmp
     assert "oxbuild_images-v1.tgz" not in LockFile(root).read()["files"]  # a bad file is never recorded
     assert not (root / "roxford5k" / "downloads" / "oxbuild_images-v1.tgz").exists()
     assert not list((root / "roxford5k").glob(".extract-*"))
+    # a connection that always drops half-way: exit 2, only a .part file (kept for resume)
+    _serve_roxford(server, tmp_path)
+    server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"].mode = "drop"
+    server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"].drop_times = 10**6
+    monkeypatch.setattr(fetch_mod.time, "sleep", lambda s: None)
+    (root / "roxford5k" / "gnd_roxford5k.pkl").unlink()
+    code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), "--force", *base)
+    assert code == 2 and "connection dropped" in err and "partial file kept" in err
+    assert not (root / "roxford5k" / "gnd_roxford5k.pkl").exists()
+    assert (root / "roxford5k" / "gnd_roxford5k.pkl.part").exists()
     # 404 everywhere
     server.paths.clear()
     code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), "--force", *base)

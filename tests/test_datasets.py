@@ -362,3 +362,17 @@ def test_import_real_roxford_gnd_with_fake_images(shared_data: Path, tmp_path: P
     assert not rep.ground_truth and len(rep.missing) == 4993 - 50
     with pytest.raises(InputError, match="4943 of 4993 image"):
         load("roxford5k", root)
+
+
+def test_synthetic_ids_delegate_to_the_synthetic_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import oxbench.datasets.synthetic as synth
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(synth, "ensure_default", lambda root: calls.append(("ensure", Path(root))))
+    monkeypatch.setattr(
+        synth, "load_synthetic", lambda d, distractors=None, crop="python": calls.append(("load", d, distractors, crop)) or "bench"
+    )
+    assert load("synthetic-train", tmp_path, distractors=50, crop="matlab") == "bench"
+    assert calls == [("ensure", tmp_path), ("load", tmp_path / "synthetic-train", 50, "matlab")]
+    with pytest.raises(InputError, match="number of generated distractors"):
+        load("synthetic", tmp_path, distractors="revisitop1m")

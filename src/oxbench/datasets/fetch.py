@@ -242,7 +242,7 @@ def download_file(
     max_backoff: float = 60.0,
     timeout: float = 60.0,
     progress: bool = True,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] | None = None,
 ) -> DownloadResult:
     """Download ``dest`` from the first of ``urls`` that works, verified and atomically.
 
@@ -254,7 +254,7 @@ def download_file(
         backoff: first wait in seconds; doubles after each failure, capped at ``max_backoff``.
         timeout: socket timeout per attempt.
         progress: show a tqdm bar.
-        sleep: the wait function (tests pass a no-op).
+        sleep: the wait function (default ``time.sleep``; tests pass a no-op).
 
     Returns:
         What was downloaded (or skipped as already present).
@@ -265,6 +265,7 @@ def download_file(
             later resume; it never looks complete.
     """
     dest = Path(dest)
+    sleep = sleep or time.sleep
     if dest.exists():
         size, sha, md5 = file_digests(dest)
         problem = _mismatch(size, sha, md5, expected)
