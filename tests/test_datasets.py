@@ -121,6 +121,19 @@ def test_paris_corrupt_list_matches_shared_data(shared_data: Path) -> None:
     assert sorted(n.removesuffix(".jpg") for n in names) == sorted(PARIS_CORRUPT)
 
 
+def test_space_needed_counts_archives_in_flight(tmp_path: Path) -> None:
+    from oxbench.datasets.prepare import space_needed
+
+    files = list(get_spec("revisitop1m").files)
+    gb = 1_000_000_000
+    content = 100 * 3 * gb + 40_000_000
+    assert space_needed(files, tmp_path, jobs=4, keep_archives=False) == content + 4 * 3 * gb
+    assert space_needed(files, tmp_path, jobs=4, keep_archives=True) == content + 100 * 3 * gb
+    (tmp_path / "downloads").mkdir()
+    (tmp_path / "downloads" / "revisitop1m.7.tar.gz.part").write_bytes(b"x" * 1000)
+    assert space_needed(files[:1] + files[7:8], tmp_path, jobs=1, keep_archives=False) == 40_000_000 + 2 * 3 * gb - 1000
+
+
 # --- load ----------------------------------------------------------------------------------------
 
 
@@ -300,6 +313,12 @@ def test_holidays_orientation_option(tmp_path: Path) -> None:
         load("holidays", tmp_path, strict=False, orientation="rotated")
     for i, n in enumerate(names):
         write_jpeg(ddir / "jpg_rotated" / f"{n}.jpg", seed=400 + i, size=(16, 24))
+    (ddir / "jpg_rotated" / "100101.jpg").unlink()
+    rep = verify("holidays", tmp_path, progress=False)
+    assert rep.missing == ["jpg_rotated/100101"] and rep.n_images_checked == 9
+    with pytest.raises(InputError, match="100101.jpg"):
+        load("holidays", tmp_path, strict=False, orientation="rotated")
+    write_jpeg(ddir / "jpg_rotated" / "100101.jpg", seed=1, size=(16, 24))
     r = load("holidays", tmp_path, strict=False, orientation="rotated")
     assert r.options["orientation"] == "rotated" and r.database.read(0).shape == (24, 16, 3)
     with pytest.raises(InputError, match="must be one of original, rotated"):

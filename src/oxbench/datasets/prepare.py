@@ -11,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,28 @@ def _install_archive(f: RemoteFile, archive: Path, ddir: Path) -> int:
     return n
 
 
+def space_needed(files: list[RemoteFile], ddir: Path, *, jobs: int, keep_archives: bool) -> int:
+    """Bytes a fetch of ``files`` needs at its peak.
+
+    Extracted content is counted at the archive's size (JPEGs do not compress). Without
+    ``keep_archives`` each archive is deleted once laid out, so at most ``jobs`` archives exist
+    at a time. Bytes already in ``.part`` files are not counted again.
+    """
+
+    def size(f: RemoteFile) -> int:
+        return f.size if f.size is not None else (f.approx_size or 0)
+
+    def partial(f: RemoteFile) -> int:
+        part = ddir / (f.local_path + ".part")
+        return part.stat().st_size if part.exists() else 0
+
+    content = sum(size(f) for f in files)
+    archives = sorted((max(0, size(f) - partial(f)) for f in files if f.archive), reverse=True)
+    in_flight = sum(archives) if keep_archives else sum(archives[: max(1, jobs)])
+    plain_partial = sum(partial(f) for f in files if not f.archive)
+    return max(0, content - plain_partial) + in_flight
+
+
 def _reuse_shared_archive(dataset_id: str, f: RemoteFile, base: Path, lock: LockFile) -> int:
     """Lay out ``f``'s files by hard-linking them from another dataset that installed ``f``.
 
@@ -302,15 +325,12 @@ def fetch_dataset(
         if not report.files:
             report.notes.append("already installed; nothing to download (run `oxbench data verify`)")
         return report
-    needed = 0
-    for f in todo:
-        part = ddir / (f.local_path + ".part")
-        have = part.stat().st_size if part.exists() else 0
-        needed += max(0, f.space_needed - have)
-    check_free_space(ddir if ddir.exists() else base, needed)
+    check_free_space(ddir if ddir.exists() else base, space_needed(todo, ddir, jobs=jobs, keep_archives=keep_archives))
     ddir.mkdir(parents=True, exist_ok=True)
 
     by_dest = {ddir / f.local_path: f for f in todo}
+
+    report_guard = threading.Lock()
 
     def on_done(task: DownloadTask, res: DownloadResult) -> None:
         f = by_dest[task.dest]
@@ -329,11 +349,12 @@ def fetch_dataset(
         if f.archive and not keep_archives:
             res.path.unlink(missing_ok=True)
         lock.mark_installed(spec.id, f.name)
-        report.files.append(
-            {"name": f.name, "url": res.url, "size": res.size, "sha256": res.sha256,
-             "skipped": res.skipped, "resumed": res.resumed, "placed": placed}
-        )  # fmt: skip
-        report.placed += placed
+        with report_guard:
+            report.files.append(
+                {"name": f.name, "url": res.url, "size": res.size, "sha256": res.sha256,
+                 "skipped": res.skipped, "resumed": res.resumed, "placed": placed}
+            )  # fmt: skip
+            report.placed += placed
 
     tasks = [
         DownloadTask(tuple(candidate_urls(f.urls, mirror)), ddir / f.local_path, _expected(f, lock), f.optional)

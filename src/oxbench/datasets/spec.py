@@ -114,12 +114,6 @@ class RemoteFile:
             return f"downloads/{self.name}"
         return self.dest or self.name
 
-    @property
-    def space_needed(self) -> int:
-        """Bytes to reserve for this file (download, plus extraction for archives)."""
-        base = self.size if self.size is not None else (self.approx_size or 0)
-        return 2 * base if self.archive else base
-
 
 @dataclass(frozen=True)
 class DatasetSpec:

@@ -273,15 +273,19 @@ def verify(
     if not ddir.is_dir():
         raise InputError(f"dataset {spec.id} is not on disk; {_remedy(spec, base)}", ddir)
     report = VerifyReport(spec.id, str(ddir), decoded=decode)
-    files, folder = _needed_images(spec, ddir, report)
+    needed_files, folder = _needed_images(spec, ddir, report)
     if names is not None:
-        files = _files(names)
-    img_dir = ddir / folder
+        needed_files = _files(names)
+    files = [f"{folder}/{f}" for f in needed_files]
+    if spec.id == "holidays" and (ddir / "jpg_rotated").is_dir():
+        # The hand-rotated copy (orientation="rotated") must hold the same images.
+        files += [f"jpg_rotated/{f}" for f in needed_files]
     corrupt_known = set(spec.expected_corrupt)
-    needed = [f.rsplit(".", 1)[0] for f in files]
+    # Report names: without extension; images outside jpg/ keep their folder ("jpg_rotated/...").
+    needed = [f.rsplit(".", 1)[0].removeprefix(f"{folder}/") for f in files]
 
     def check(i: int) -> tuple[int, str | None, int | None]:
-        p = img_dir / files[i]
+        p = ddir / files[i]
         if not decode:
             return i, (None if p.is_file() else "missing"), None
         err, orient = check_image(p)
