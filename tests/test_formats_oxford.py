@@ -223,3 +223,24 @@ def test_utf8_bom_is_not_part_of_a_name(toy):
     path.write_bytes(b"\xef\xbb\xbfa_1\na_2\n")
     gt = read_gt_dir(toy, db_names=("a_1", "a_2", "a_3", "a_4", "b_1"))
     assert gt.queries[0].good.tolist() == [0, 1]
+
+
+def test_real_ranked_lists_score_through_evaluate(shared_data, tmp_path):
+    """Ranked files -> read_ranked_dir -> evaluate: perfect lists 1.0; junk first changes nothing;
+    an unknown name on top (an appended negative) costs exactly what the AP formula says."""
+    from oxbench.evaluation import average_precision, evaluate
+
+    gt = read_gt_dir(shared_data / "paris6k/paris_120310")
+    rd = tmp_path / "ranked"
+    rd.mkdir()
+    for i, q in enumerate(gt.queries):
+        order = [gt.db_names[j] for j in np.concatenate([q.junk, q.positives])]
+        if i == 0:
+            order.insert(0, "not_in_the_ground_truth")
+        (rd / f"{q.name}.txt").write_text("\n".join(order) + "\n")
+    gt2, ranks = read_ranked_dir(rd, gt)
+    assert gt2.n_db == gt.n_db + 1
+    res = evaluate(gt2, ranks).setups["original"]
+    n0 = gt.queries[0].positives.size
+    assert res.ap[0] == pytest.approx(average_precision(np.arange(1, n0 + 1), n0))
+    np.testing.assert_allclose(res.ap[1:], 1.0)

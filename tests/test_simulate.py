@@ -112,3 +112,37 @@ def test_cli_bad_seed_count_exits_2():
     )
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "--seeds" in bad.stderr
+
+
+def test_study_agrees_with_the_evaluation_api():
+    """One seed scored by oxbench.evaluation.evaluate (revisited + original) gives the same numbers."""
+    from oxbench.evaluation import evaluate
+    from oxbench.groundtruth import GroundTruth, make_query
+
+    rng = np.random.default_rng(11)
+    bench = sim.draw_benchmark(rng)
+    ranks = sim.rank_system(bench, sim.SYSTEMS["B"], rng)
+    ours = sim.score_rankings(bench, ranks)
+    names = tuple(f"db{i}" for i in range(bench.relation.shape[1]))
+    rev, old = [], []
+    for qi, lm in enumerate(bench.query_landmark):
+        rel, ann = bench.relation[lm], bench.annotation[lm]
+        rev.append(
+            make_query(
+                f"q{qi}",
+                easy=np.flatnonzero(rel == sim.EASY),
+                hard=np.flatnonzero(rel == sim.HARD),
+                junk=np.flatnonzero(rel == sim.UNCLEAR),
+            )
+        )
+        old.append(
+            make_query(
+                f"q{qi}", good=np.flatnonzero(ann == sim.GOOD), junk=np.flatnonzero(ann == sim.JUNK)
+            )
+        )
+    r_rev = evaluate(GroundTruth("sim", "revisited", names, tuple(rev)), ranks, ks=(10,))
+    r_old = evaluate(GroundTruth("sim", "original", names, tuple(old)), ranks, ks=(10,))
+    assert ours["oxford"] == pytest.approx(r_old.setups["original"].map, abs=1e-12)
+    for setup in ("easy", "medium", "hard"):
+        assert ours[setup] == pytest.approx(r_rev.setups[setup].map, abs=1e-12)
+    assert ours["hard_mp10"] == pytest.approx(r_rev.setups["hard"].mp_at_k[10], abs=1e-12)
