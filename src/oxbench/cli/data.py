@@ -121,7 +121,7 @@ def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
 
     spec = get_spec(spec_id)
     if spec.synthetic or not spec.files:
-        return accept
+        return True  # nothing is downloaded: fetch generates it or explains how to import
     try:
         if LockFile(root).terms_accepted(spec.id):
             return True
