@@ -40,6 +40,8 @@ class Behaviour:
     drop_times: int = 1  # "drop": first N requests are cut half-way; "flaky": first N answer 500
     served: int = 0
     ranges: list[str | None] = field(default_factory=list)
+    if_ranges: list[str | None] = field(default_factory=list)
+    etag: str | None = None
 
 
 class Server:
@@ -63,6 +65,7 @@ class Server:
                 b.served += 1
                 rng = self.headers.get("Range")
                 b.ranges.append(rng)
+                b.if_ranges.append(self.headers.get("If-Range"))
                 if b.mode == "404":
                     self.send_error(404)
                     return
@@ -73,13 +76,16 @@ class Server:
                 if b.mode == "wrong":
                     body = bytes(255 - x for x in body)
                 start = 0
-                if rng and b.mode != "norange":
+                if_range = self.headers.get("If-Range")
+                if rng and b.mode != "norange" and (if_range is None or if_range == b.etag):
                     start = int(rng.removeprefix("bytes=").split("-")[0])
                     self.send_response(206)
                     self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
                 else:
                     self.send_response(200)
                 chunk = body[start:]
+                if b.etag:
+                    self.send_header("ETag", b.etag)
                 self.send_header("Content-Length", str(len(chunk)))
                 self.send_header("Connection", "close")
                 self.end_headers()
@@ -145,6 +151,19 @@ def test_dropped_connection_resumes_with_range(server: Server, tmp_path: Path) -
     assert res.resumed and b.served == 3
     assert b.ranges[0] is None and b.ranges[1] is not None and b.ranges[1].startswith("bytes=")
     assert not _no_part_files(tmp_path)
+
+
+def test_file_changed_between_attempts_is_not_spliced(server: Server, tmp_path: Path) -> None:
+    old, new = _payload(seed=1), _payload(seed=2)
+    b = server.paths["/c.bin"] = Behaviour(old, mode="drop", drop_times=1, etag='"v1"')
+    with pytest.raises(InputError):
+        download_file([server.url("/c.bin")], tmp_path / "c.bin", **{**FAST, "retries": 0})
+    assert (tmp_path / "c.bin.part").exists() and (tmp_path / "c.bin.part.validator").read_text() == '"v1"'
+    # the owners replace the file: the resume carries If-Range "v1", the server sends the new whole body
+    b.body, b.etag = new, '"v2"'
+    download_file([server.url("/c.bin")], tmp_path / "c.bin", **FAST)
+    assert (tmp_path / "c.bin").read_bytes() == new
+    assert b.if_ranges[-1] == '"v1"' and not (tmp_path / "c.bin.part.validator").exists()
 
 
 def test_server_ignoring_range_restarts_from_zero(server: Server, tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 :func:`download_file` fetches one file to ``dest``:
 
-- bytes go to ``dest.part``; an interrupted download resumes with an HTTP ``Range`` request; a
+- bytes go to ``dest.part``; an interrupted download resumes with an HTTP ``Range`` request
+  guarded by ``If-Range`` (the ETag/Last-Modified of the first answer, kept in
+  ``dest.part.validator``), so a file replaced meanwhile is fetched whole, never spliced; a
   server that ignores ``Range`` (answers 200) is detected and the file restarts from zero;
 - transient failures (dropped connections, timeouts, 5xx, short bodies) are retried with
   exponential backoff; 404/403 move on to the next URL (mirror);
@@ -163,6 +165,11 @@ def _progress(total: int | None, initial: int, desc: str, enabled: bool):  # noq
     return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, leave=False, disable=not enabled)
 
 
+def _validator_path(part: Path) -> Path:
+    """Sidecar of a ``.part`` file holding the server's ETag / Last-Modified for ``If-Range``."""
+    return part.with_name(part.name + ".validator")
+
+
 def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[bool, int]:
     """One HTTP attempt appending to ``part``; returns ``(resumed, total size)``.
 
@@ -171,8 +178,13 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
     """
     offset = part.stat().st_size if part.exists() else 0
     headers = {"User-Agent": _USER_AGENT}
+    validator_file = _validator_path(part)
     if offset:
         headers["Range"] = f"bytes={offset}-"
+        # If-Range: resume only if the file is still the one the partial came from; a changed
+        # file is answered with 200 and the whole new body (never a splice of two versions).
+        if validator_file.exists():
+            headers["If-Range"] = validator_file.read_text(encoding="utf-8").strip()
     req = urllib.request.Request(url, headers=headers)
     try:
         resp = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s)/ftp by design
@@ -209,6 +221,11 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
             offset = 0
             total = int(length) if length and length.isdigit() else None
             mode = "wb"
+            validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified") if resp.headers else None
+            if validator and not validator.startswith("W/"):  # weak ETags may not be used in If-Range
+                validator_file.write_text(validator, encoding="utf-8")
+            else:
+                validator_file.unlink(missing_ok=True)
         received = offset
         bar = _progress(total, offset, part.name.removesuffix(".part"), progress)
         try:
@@ -302,10 +319,12 @@ def download_file(
             if problem is not None:
                 # Wrong bytes: resuming cannot fix them. Drop the part; try the next URL.
                 part.unlink(missing_ok=True)
+                _validator_path(part).unlink(missing_ok=True)
                 problems.append(f"{url}: {problem}")
                 log.warning("%s from %s does not match: %s", dest.name, url, problem)
                 break
             os.replace(part, dest)
+            _validator_path(part).unlink(missing_ok=True)
             return DownloadResult(dest, url, size, sha, md5, resumed=resumed_any, attempts=attempts)
     last = problems[-1] if problems else "no attempt made"
     kept = " (partial file kept for resume: run the command again)" if part.exists() else ""
