@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -395,3 +397,52 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(tmp_path: Path, monkeypa
     assert calls == [("ensure", tmp_path), ("load", tmp_path / "synthetic-train", 50, "matlab")]
     with pytest.raises(InputError, match="number of generated distractors"):
         load("synthetic", tmp_path, distractors="revisitop1m")
+
+
+def _link_tree(folder: Path, names: list[str], template: Path) -> None:
+    """``folder/<name>.jpg`` for every name, all hard links to one tiny JPEG (fast)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        os.link(template, folder / f"{n}.jpg")
+
+
+@pytest.mark.slow
+def test_real_oxford_and_paris_ground_truth_with_stand_in_images(shared_data: Path, tmp_path: Path) -> None:
+    """Official text ground truth + the real image lists, images replaced by one tiny JPEG."""
+    from oxbench.formats.revisitop import read_gnd
+
+    template = write_jpeg(tmp_path / "t.jpg", seed=0, size=(8, 8))
+    # Oxford: 5,063 images, 55 queries, strict counts
+    ox = tmp_path / "ox"
+    shutil.copytree(shared_data / "oxford5k" / "gt_files_170407", ox / "gt_files_170407")
+    ox_names = list(read_gnd(shared_data / "oxford5k" / "gnd_oxford5k.pkl").db_names)
+    _link_tree(ox / "images", ox_names, template)
+    root = tmp_path / "root"
+    import_dataset("oxford5k", ox, root, progress=False)
+    b = load("oxford5k", root)
+    assert b.gt.n_db == 5063 and b.gt.n_queries == 55 and b.protocols == ("original",)
+    q = b.gt.queries[0]
+    assert q.name == "all_souls_000013" and len(q.good) == 24  # all_souls_000091 listed twice
+    assert verify("oxford5k", root, decode=False, progress=False).ok
+    # Paris: 6,392 usable + the 20 corrupt files (broken bytes): expected, not errors
+    pa = tmp_path / "pa"
+    shutil.copytree(shared_data / "paris6k" / "paris_120310", pa / "paris_120310")
+    pa_names = list(read_gnd(shared_data / "paris6k" / "gnd_paris6k.pkl").db_names)
+    _link_tree(pa / "jpg", pa_names, template)
+    for bad in PARIS_CORRUPT:
+        (pa / "jpg" / f"{bad}.jpg").write_bytes(b"\xff\xd8 truncated")
+    import_dataset("paris6k", pa, root, progress=False)
+    p = load("paris6k", root)
+    assert p.gt.n_db == 6392 and p.gt.n_queries == 55
+    assert all(p.gt.queries[i].good.size == 0 for i in range(55))  # Paris' good files are empty
+    rep = verify("paris6k", root, jobs=2, progress=False)
+    assert rep.ok and sorted(rep.expected_corrupt) == sorted(PARIS_CORRUPT) and rep.n_images_checked == 6392
+    # RParis from the same images (hard links) + the real revisited pickle
+    gnd = shared_data / "rparis6k" / "gnd_rparis6k.pkl"
+    import_dataset("rparis6k", root / "paris6k" / "jpg", root, progress=False)
+    import_dataset("rparis6k", gnd, root, progress=False)
+    r = load("rparis6k", root)
+    assert r.gt.n_db == 6322 and r.gt.n_queries == 70 and r.protocols == ("revisited",)
+    assert not set(r.gt.query_names) & set(r.gt.db_names)
+    rep = verify("rparis6k", root, decode=False, progress=False)
+    assert rep.ok and rep.checksums_ok == ["gnd_rparis6k.pkl"]
