@@ -148,7 +148,7 @@ def test_dropped_connection_resumes_with_range(server: Server, tmp_path: Path) -
     b = server.paths["/big.tgz"] = Behaviour(body, mode="drop", drop_times=2)
     res = download_file([server.url("/big.tgz")], tmp_path / "big.tgz", expected=Expected(len(body)), **FAST)
     assert (tmp_path / "big.tgz").read_bytes() == body
-    assert res.resumed and b.served == 3
+    assert res.resumed and b.served == 3 and res.sha256 == hashlib.sha256(body).hexdigest()
     assert b.ranges[0] is None and b.ranges[1] is not None and b.ranges[1].startswith("bytes=")
     assert not _no_part_files(tmp_path)
 

@@ -137,16 +137,32 @@ def _human(n: int) -> str:
     return str(n)  # pragma: no cover
 
 
+class _Digest:
+    """SHA-256 + MD5 + byte count, updated chunk by chunk."""
+
+    def __init__(self) -> None:
+        self.sha256 = hashlib.sha256()
+        self.md5 = hashlib.md5(usedforsecurity=False)
+        self.size = 0
+
+    def update(self, chunk: bytes) -> None:
+        self.sha256.update(chunk)
+        self.md5.update(chunk)
+        self.size += len(chunk)
+
+    @classmethod
+    def of_file(cls, path: str | Path) -> _Digest:
+        d = cls()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                d.update(chunk)
+        return d
+
+
 def file_digests(path: str | Path) -> tuple[int, str, str]:
     """``(size, sha256 hex, md5 hex)`` of a file, read in chunks."""
-    sha, md5 = hashlib.sha256(), hashlib.md5(usedforsecurity=False)
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            sha.update(chunk)
-            md5.update(chunk)
-            size += len(chunk)
-    return size, sha.hexdigest(), md5.hexdigest()
+    d = _Digest.of_file(path)
+    return d.size, d.sha256.hexdigest(), d.md5.hexdigest()
 
 
 def _mismatch(size: int, sha256: str, md5: str, expected: Expected) -> str | None:
@@ -170,8 +186,8 @@ def _validator_path(part: Path) -> Path:
     return part.with_name(part.name + ".validator")
 
 
-def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[bool, int]:
-    """One HTTP attempt appending to ``part``; returns ``(resumed, total size)``.
+def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[bool, _Digest]:
+    """One HTTP attempt appending to ``part``; returns ``(resumed, digest of the whole part)``.
 
     Raises:
         DownloadError: transient (retry); _Permanent: this URL will not work.
@@ -227,6 +243,8 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
             else:
                 validator_file.unlink(missing_ok=True)
         received = offset
+        # Hash while streaming; a resumed file first hashes the bytes it already has.
+        digest = _Digest.of_file(part) if mode == "ab" else _Digest()
         bar = _progress(total, offset, part.name.removesuffix(".part"), progress)
         try:
             with open(part, mode) as fh:
@@ -238,6 +256,7 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
                     if not chunk:
                         break
                     fh.write(chunk)
+                    digest.update(chunk)
                     received += len(chunk)
                     bar.update(len(chunk))
         except OSError as exc:  # writing failed: disk full, permissions
@@ -246,7 +265,7 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
             bar.close()
     if total is not None and received != total:
         raise DownloadError(f"connection dropped at byte {received} of {total}")
-    return resumed, received
+    return resumed, digest
 
 
 def download_file(
@@ -302,7 +321,7 @@ def download_file(
         for attempt in range(retries + 1):
             attempts += 1
             try:
-                resumed, _ = _attempt(url, part, timeout=timeout, progress=progress)
+                resumed, digest = _attempt(url, part, timeout=timeout, progress=progress)
                 resumed_any |= resumed
             except _Permanent as exc:
                 problems.append(f"{url}: {exc}")
@@ -314,7 +333,7 @@ def download_file(
                     sleep(wait)
                     wait = min(2 * wait, max_backoff)
                 continue
-            size, sha, md5 = file_digests(part)
+            size, sha, md5 = digest.size, digest.sha256.hexdigest(), digest.md5.hexdigest()
             problem = _mismatch(size, sha, md5, expected)
             if problem is not None:
                 # Wrong bytes: resuming cannot fix them. Drop the part; try the next URL.
