@@ -88,7 +88,10 @@ def info_cmd(dataset_id: str) -> None:
     click.echo(f"{s.id}: {s.title}")
     if s.homepage:
         click.echo(f"  homepage:   {s.homepage}")
-    click.echo(f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})")
+    if s.synthetic:
+        click.echo(f"  counts:     generated ({s.counts_note})")
+    else:
+        click.echo(f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})")
     click.echo(f"  protocols:  {', '.join(s.protocols) or '-'}")
     if s.belongs_with:
         click.echo(f"  used with:  {', '.join(s.belongs_with)}")

@@ -287,7 +287,7 @@ register(DatasetSpec(
     ),
     n_images=1491,
     n_queries=500,
-    counts_note="1,491 images, 500 queries (each query is also in the database, ignored as junk)",
+    counts_note="each query image is also in the database, where it is ignored (junk)",
     protocols=("holidays",),
     files=(
         RemoteFile(
