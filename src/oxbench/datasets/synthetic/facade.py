@@ -112,24 +112,28 @@ def _material(rng: np.random.Generator, kind: str, h: int, w: int, base: Color, 
     base_arr = np.asarray(base, dtype=np.float32)
     img = np.empty((h, w, 3), dtype=np.float32)
     img[:] = base_arr
-    yy = np.arange(h)[:, None]
-    xx = np.arange(w)[None, :]
     if kind in ("brick", "ashlar"):
         bw = max(6, int(style.brick[0] * bay * (1.0 if kind == "brick" else 2.6)))
         bh = max(3, int(style.brick[1] * bay * (1.0 if kind == "brick" else 2.4)))
-        row = yy // bh
-        shift = (row % 2) * (bw // 2) if kind == "brick" else (row * 37 % bw)
-        col = (xx + shift) // bw
         n_rows, n_cols = h // bh + 1, w // bw + 2
         jitter = rng.normal(0.0, 0.03 if kind == "brick" else 0.02, (n_rows, n_cols, 3)).astype(np.float32)
         jitter += rng.normal(0.0, 0.1 if kind == "brick" else 0.06, (n_rows, n_cols, 1)).astype(np.float32)
-        img *= 1.0 + jitter[np.broadcast_to(row, (h, w)), np.broadcast_to(col, (h, w))]
         mortar_w = max(1, bh // 6)
-        mortar = ((yy % bh) < mortar_w) | (((xx + shift) % bw) < mortar_w)
-        img[mortar] = np.asarray(style.trims[0], dtype=np.float32) * 0.85
+        mortar_col = np.asarray(style.trims[0], dtype=np.float32) * 0.85
+        xx = np.arange(w)
+        # one course of bricks at a time: the same row of bricks repeats over bh pixel rows
+        for row in range(n_rows):
+            y0, y1 = row * bh, min(h, (row + 1) * bh)
+            if y0 >= h:
+                break
+            shift = (row % 2) * (bw // 2) if kind == "brick" else (row * 37 % bw)
+            line = base_arr * (1.0 + jitter[row, (xx + shift) // bw])
+            line[((xx + shift) % bw) < mortar_w] = mortar_col
+            img[y0:y1] = line
+            img[y0:min(y1, y0 + mortar_w)] = mortar_col
     else:
         img *= 1.0 + 0.06 * _lowfreq(rng, h, w, max(8, int(bay * 0.3)))[..., None]
-    img *= 1.0 + 0.035 * rng.standard_normal((h, w, 1)).astype(np.float32)
+    img *= 1.0 + 0.035 * rng.standard_normal((h, w, 1), dtype=np.float32)
     return img
 
 
