@@ -337,6 +337,8 @@ def test_ukbench_import_from_zip_layout(tmp_path: Path) -> None:
                 p = write_jpeg(tmp_path / "tmp" / folder / f"ukbench{i:05d}.jpg", seed=i, size=size)
                 zf.write(p, f"{folder}/ukbench{i:05d}.jpg")
         zf.writestr("index.html", "<html/>")
+        zf.writestr("__MACOSX/full/._ukbench00000.jpg", b"\x00\x05\x16\x07 resource fork")
+        zf.writestr("full/._ukbench00001.jpg", b"\x00\x05\x16\x07 resource fork")
     root = tmp_path / "root"
     import_dataset("ukbench", zpath, root)
     assert sorted(p.name for p in (root / "ukbench" / "jpg").iterdir()) == [f"ukbench{i:05d}.jpg" for i in range(8)]

@@ -144,6 +144,8 @@ def _place_tree(
                 log.warning("skipping %s: a link out of the imported folder", src)
                 continue
             rel = src.relative_to(tree).as_posix()
+            if fname.startswith("._") or "__MACOSX/" in rel:  # macOS resource forks, not images
+                continue
             rule = _placement_for(rel, placements)
             if rule is None:
                 if nested is not None and fname.lower().endswith(_ARCHIVE_SUFFIXES):
