@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +34,7 @@ from oxbench.errors import InputError, require
 log = logging.getLogger(__name__)
 
 _EXIF_ORIENTATION = 0x0112
+_BATCH = 4096
 
 
 @dataclass
@@ -293,9 +294,15 @@ def verify(
 
     from tqdm.auto import tqdm
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        results = pool.map(check, range(len(files)), chunksize=64)
-        for i, err, orient in tqdm(results, total=len(files), desc=f"verify {spec.id}", disable=not progress):
+    def checked() -> Iterator[tuple[int, str | None, int | None]]:
+        # Bounded batches: R1M's million images must not become a million pending futures.
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            for start in range(0, len(files), _BATCH):
+                yield from pool.map(check, range(start, min(start + _BATCH, len(files))))
+
+    with tqdm(total=len(files), desc=f"verify {spec.id}", disable=not progress) as bar:
+        for i, err, orient in checked():
+            bar.update(1)
             name = needed[i]
             if err is None:
                 report.n_images_checked += 1
