@@ -4,8 +4,9 @@ A bag-of-words search ranks database images by how many visual words they share 
 ignoring where the words are. Spatial re-ranking takes the top ``R`` of that list, forms tentative
 correspondences between the query's and each candidate's features from shared visual words
 (:func:`tentative_matches`), fits a geometric model to them robustly (:func:`verify_pair`, OpenCV's
-USAC estimators) and moves the images whose model has enough inliers to the top, sorted by inlier
-count (:func:`spatial_rerank`).
+USAC estimators, or ``method="fsm"``: Philbin et al.'s exhaustive single-correspondence
+hypotheses from keypoint scale and orientation) and moves the images whose model has enough
+inliers to the top, sorted by inlier count (:func:`spatial_rerank`).
 
 Inputs are plain arrays, the layout of :class:`oxbench.features.local.LocalFeatures`:
 
@@ -21,9 +22,13 @@ whatever its stored resolution. The extent of an image is its ``(width, height)`
 the bounding box of its keypoints. The returned transforms are converted back to the original pixel
 coordinates (query pixels -> candidate pixels).
 
-Example:
-    >>> res = spatial_rerank(q_kp, q_words, [(kp_i, w_i) for kp_i, w_i in top], order, top_r=100)
-    >>> res.order[:5], res.inliers[:5]    # doctest: +SKIP
+Example (``feats[i]``: a :class:`~oxbench.features.local.LocalFeatures`, ``words[i]`` its words)::
+
+    top = order[:100]
+    candidates = [(feats[i].keypoints, words[i], feats[i].image_size) for i in top]
+    res = spatial_rerank(q.keypoints, q_words, candidates, order, top_r=100,
+                         query_size=q.image_size)
+    res.order      # the new ranking; res.verified: the images that passed, best first
 """
 
 from __future__ import annotations
@@ -697,8 +702,15 @@ def spatial_rerank(
         candidates: features of ``order[:r]``, see above.
         order: ``[n]`` initial ranking of database indices, best first.
         top_r: how many of the top of ``order`` to verify.
-        model, threshold_px, method, max_iters, confidence, reference_side, max_scale,
-            max_anisotropy, seed: see :func:`verify_pair`.
+        model: see :func:`verify_pair`.
+        threshold_px: see :func:`verify_pair`.
+        method: see :func:`verify_pair`.
+        max_iters: see :func:`verify_pair`.
+        confidence: see :func:`verify_pair`.
+        reference_side: see :func:`verify_pair`.
+        max_scale: see :func:`verify_pair`.
+        max_anisotropy: see :func:`verify_pair`.
+        seed: see :func:`verify_pair`.
         min_inliers: inliers needed to move up.
         max_per_word: see :func:`tentative_matches`.
         query_size: ``(width, height)`` of the query image (default: its keypoints' bounding box).
