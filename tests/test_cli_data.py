@@ -39,7 +39,11 @@ def server() -> Iterator[Server]:
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     """No test may reach the owners' hosts: with a mirror, only the mirror is tried."""
-    monkeypatch.setattr(prepare, "candidate_urls", lambda urls, mirror: [apply_mirror(u, mirror) for u in urls] if mirror else [])
+    monkeypatch.setattr(
+        prepare,
+        "candidate_urls",
+        lambda urls, mirror: [apply_mirror(u, mirror) for u in urls] if mirror else [],
+    )
     monkeypatch.setattr(fetch_mod, "disk_free", lambda p: 10**13)
     monkeypatch.delenv("OXBENCH_MIRROR", raising=False)
     monkeypatch.delenv("OXBENCH_DATA", raising=False)
@@ -52,7 +56,12 @@ def test_list_and_info(capsys: pytest.CaptureFixture[str]) -> None:
     rows = {r["id"]: r for r in json.loads(out)}
     assert rows["rparis6k"]["images"] == 6322 and rows["holidays"]["protocols"] == ["holidays"]
     code, out, _ = run(capsys, "info", "revisitop1m")
-    assert code == 0 and "revisitop1m.100.tar.gz" in out and "oxbench.lock.json" in out and "YFCC100M" in out
+    assert (
+        code == 0
+        and "revisitop1m.100.tar.gz" in out
+        and "oxbench.lock.json" in out
+        and "YFCC100M" in out
+    )
     code, out, err = run(capsys, "info", "oxford6k")
     assert code == 2 and "unknown dataset 'oxford6k'" in err and err.count("\n") == 1
 
@@ -70,14 +79,27 @@ def _serve_roxford(server: Server, tmp_path: Path) -> None:
     )
 
 
-def test_fetch_through_mirror_then_verify(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:
+def test_fetch_through_mirror_then_verify(
+    capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path
+) -> None:
     _serve_roxford(server, tmp_path)
     root = tmp_path / "root"
     # no terminal and no --accept-terms: exit 2 with the remedy, nothing downloaded
     code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), "--mirror", server.base)
     assert code == 2 and "--accept-terms" in err.splitlines()[-1]
     assert all(b.served == 0 for b in server.paths.values())
-    args = ["fetch", "roxford5k", "--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress", "--jobs", "2"]
+    args = [
+        "fetch",
+        "roxford5k",
+        "--root",
+        str(root),
+        "--mirror",
+        server.base,
+        "--accept-terms",
+        "--no-progress",
+        "--jobs",
+        "2",
+    ]
     code, out, err = run(capsys, *args)
     assert code == 0, err
     assert "Terms of use of roxford5k" in err
@@ -94,19 +116,25 @@ def test_fetch_through_mirror_then_verify(capsys: pytest.CaptureFixture[str], se
     assert {p: b.served for p, b in server.paths.items()} == served
     # verify: counts differ from the official ones -> exit 1, JSON report written
     report = tmp_path / "v.json"
-    code, out, _ = run(capsys, "verify", "roxford5k", "--root", str(root), "--report", str(report), "--no-progress")
+    code, out, _ = run(
+        capsys, "verify", "roxford5k", "--root", str(root), "--report", str(report), "--no-progress"
+    )
     assert code == 1 and "database images: found 8, expected 4993" in out
     d = json.loads(report.read_text())
     assert d["ok"] is False and d["checksums_ok"] == ["gnd_roxford5k.pkl"] and not d["missing"]
 
 
-def test_second_dataset_reuses_the_shared_archive(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:
+def test_second_dataset_reuses_the_shared_archive(
+    capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path
+) -> None:
     _serve_roxford(server, tmp_path)
     gt = tmp_path / "ox"
     make_oxford(gt)
     with tarfile.open(tmp_path / "gt.tgz", "w:gz") as tf:
         tf.add(gt / "gt_files_170407", arcname=".")
-    server.paths["/~vgg/data/oxbuildings/gt_files_170407.tgz"] = Behaviour((tmp_path / "gt.tgz").read_bytes())
+    server.paths["/~vgg/data/oxbuildings/gt_files_170407.tgz"] = Behaviour(
+        (tmp_path / "gt.tgz").read_bytes()
+    )
     root = tmp_path / "root"
     opts = ["--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress"]
     assert run(capsys, "fetch", "roxford5k", *opts)[0] == 0
@@ -115,7 +143,10 @@ def test_second_dataset_reuses_the_shared_archive(capsys: pytest.CaptureFixture[
     code, out, err = run(capsys, "fetch", "oxford5k", *opts)
     assert code == 0, err
     assert "reused from another dataset" in out and images.served == served  # not downloaded again
-    a, b = root / "roxford5k" / "jpg" / "all_souls_000001.jpg", root / "oxford5k" / "jpg" / "all_souls_000001.jpg"
+    a, b = (
+        root / "roxford5k" / "jpg" / "all_souls_000001.jpg",
+        root / "oxford5k" / "jpg" / "all_souls_000001.jpg",
+    )
     assert a.stat().st_ino == b.stat().st_ino
     assert (root / "oxford5k" / "gt_files_170407" / "all_souls_1_query.txt").exists()
     from oxbench.datasets import load
@@ -124,21 +155,42 @@ def test_second_dataset_reuses_the_shared_archive(capsys: pytest.CaptureFixture[
     assert bench.gt.n_db == 10 and bench.gt.queries[0].name == "all_souls_000000"
 
 
-def test_fetch_checksum_mismatch_against_lock(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path) -> None:
+def test_fetch_checksum_mismatch_against_lock(
+    capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path
+) -> None:
     _serve_roxford(server, tmp_path)
     root = tmp_path / "root"
-    base = ["fetch", "roxford5k", "--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress"]
+    base = [
+        "fetch",
+        "roxford5k",
+        "--root",
+        str(root),
+        "--mirror",
+        server.base,
+        "--accept-terms",
+        "--no-progress",
+    ]
     assert run(capsys, *base)[0] == 0
     # The owners' (mirror's) pickle changes: a forced re-fetch refuses it, keeps nothing that looks done.
     server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"].mode = "wrong"
     (root / "roxford5k" / "gnd_roxford5k.pkl").unlink()
     code, _, err = run(capsys, *base, "--force")
-    assert code == 2 and "sha256" in err and "!= expected" in err and len(err.strip().splitlines()) == 1
+    assert (
+        code == 2
+        and "sha256" in err
+        and "!= expected" in err
+        and len(err.strip().splitlines()) == 1
+    )
     assert not (root / "roxford5k" / "gnd_roxford5k.pkl").exists()
     assert not list((root / "roxford5k").rglob("*.part"))
 
 
-def test_fetch_bad_input(capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fetch_bad_input(
+    capsys: pytest.CaptureFixture[str],
+    server: Server,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _serve_roxford(server, tmp_path)
     root = tmp_path / "root"
     base = ["--mirror", server.base, "--accept-terms", "--no-progress"]
@@ -152,11 +204,15 @@ def test_fetch_bad_input(capsys: pytest.CaptureFixture[str], server: Server, tmp
     assert all(b.served == 0 for b in server.paths.values())
     monkeypatch.setattr(fetch_mod, "disk_free", lambda p: 10**13)
     # corrupt archive from the server: refused, nothing left looking installed
-    server.paths["/~vgg/data/oxbuildings/oxbuild_images-v1.tgz"] = Behaviour(b"\x1f\x8b\x08 not really gzip" * 100)
+    server.paths["/~vgg/data/oxbuildings/oxbuild_images-v1.tgz"] = Behaviour(
+        b"\x1f\x8b\x08 not really gzip" * 100
+    )
     code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(root), *base)
     assert code == 2 and "corrupt" in err and "fetch again" in err
     assert "oxbuild_images-v1.tgz" not in LockFile(root).installed("roxford5k")
-    assert "oxbuild_images-v1.tgz" not in LockFile(root).read()["files"]  # a bad file is never recorded
+    assert (
+        "oxbuild_images-v1.tgz" not in LockFile(root).read()["files"]
+    )  # a bad file is never recorded
     assert not (root / "roxford5k" / "downloads" / "oxbuild_images-v1.tgz").exists()
     assert not list((root / "roxford5k").glob(".extract-*"))
     # a connection that always drops half-way: exit 2, only a .part file (kept for resume)
@@ -184,7 +240,9 @@ def test_unwritable_root(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     ro.mkdir()
     ro.chmod(0o500)
     try:
-        code, _, err = run(capsys, "fetch", "roxford5k", "--root", str(ro / "data"), "--accept-terms")
+        code, _, err = run(
+            capsys, "fetch", "roxford5k", "--root", str(ro / "data"), "--accept-terms"
+        )
         assert code == 2 and "not writable" in err
     finally:
         ro.chmod(0o700)
@@ -193,11 +251,15 @@ def test_unwritable_root(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
 def test_unwritable_root_as_a_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    code, _, err = run(capsys, "import", "roxford5k", "--root", str(blocker / "data"), "--from", str(tmp_path))
+    code, _, err = run(
+        capsys, "import", "roxford5k", "--root", str(blocker / "data"), "--from", str(tmp_path)
+    )
     assert code == 2 and "data root is not writable" in err and "--root" in err
 
 
-def test_import_and_verify_commands(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_import_and_verify_commands(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     have = tmp_path / "have"
     have.mkdir()
     make_paris_archives(have)

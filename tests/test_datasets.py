@@ -23,7 +23,9 @@ PIL = pytest.importorskip("PIL.Image")
 # --- builders of tiny datasets in the official layouts -------------------------------------------
 
 
-def write_jpeg(path: Path, seed: int, size: tuple[int, int] = (24, 16), exif_orientation: int | None = None) -> Path:
+def write_jpeg(
+    path: Path, seed: int, size: tuple[int, int] = (24, 16), exif_orientation: int | None = None
+) -> Path:
     """A tiny random JPEG (optionally with an EXIF orientation tag)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     arr = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
@@ -47,7 +49,9 @@ def make_revisited(folder: Path, dataset: str = "roxford5k", n_db: int = 8, n_q:
         {"bbx": [0.0, 0.0, 20.0, 10.0], "easy": [], "hard": [4, 5], "junk": []},
     ][:n_q]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"gnd_{dataset}.pkl").write_bytes(pickle.dumps({"imlist": imlist, "qimlist": qimlist, "gnd": gnd}, protocol=2))
+    (folder / f"gnd_{dataset}.pkl").write_bytes(
+        pickle.dumps({"imlist": imlist, "qimlist": qimlist, "gnd": gnd}, protocol=2)
+    )
     for i, name in enumerate(imlist + qimlist):
         write_jpeg(folder / "jpg" / f"{name}.jpg", seed=i)
     return {"imlist": imlist, "qimlist": qimlist, "gnd": gnd}
@@ -59,7 +63,9 @@ def make_oxford(folder: Path) -> list[str]:
     gt = folder / "gt_files_170407"
     gt.mkdir(parents=True)
     (gt / "all_souls_1_query.txt").write_text("oxc1_all_souls_000000 1.5 2.5 20.2 14.0\n")
-    (gt / "all_souls_1_good.txt").write_text("all_souls_000000\nall_souls_000001\nall_souls_000001\n")
+    (gt / "all_souls_1_good.txt").write_text(
+        "all_souls_000000\nall_souls_000001\nall_souls_000001\n"
+    )
     (gt / "all_souls_1_ok.txt").write_text("all_souls_000002\n")
     (gt / "all_souls_1_junk.txt").write_text("all_souls_000003\n")
     for i, n in enumerate(names):
@@ -78,7 +84,9 @@ def make_paris_archives(folder: Path) -> list[str]:
         (src / "paris" / "louvre" / f"{bad}.jpg").write_bytes(b"\xff\xd8\xff\xe0 broken")
     gt = src / "gt"
     gt.mkdir()
-    (gt / "louvre_1_query.txt").write_text("paris_louvre_000000 1.000000 1.000000 20.000000 12.000000\n")
+    (gt / "louvre_1_query.txt").write_text(
+        "paris_louvre_000000 1.000000 1.000000 20.000000 12.000000\n"
+    )
     (gt / "louvre_1_good.txt").write_text("")
     (gt / "louvre_1_ok.txt").write_text("paris_louvre_000000\nparis_louvre_000001\n")
     (gt / "louvre_1_junk.txt").write_text("paris_louvre_000002\n")
@@ -97,7 +105,9 @@ def test_catalog_has_every_benchmark_with_spec_counts() -> None:
     ids = set(DATASETS.names())
     assert {"oxford5k", "paris6k", "roxford5k", "rparis6k", "revisitop1m", "oxford100k", "holidays",
             "ukbench", "synthetic", "synthetic-train"} <= ids  # fmt: skip
-    counts = {i: (get_spec(i).n_images, get_spec(i).n_queries) for i in ids if not get_spec(i).synthetic}
+    counts = {
+        i: (get_spec(i).n_images, get_spec(i).n_queries) for i in ids if not get_spec(i).synthetic
+    }
     assert counts == {
         "oxford5k": (5063, 55), "paris6k": (6392, 55), "roxford5k": (4993, 70), "rparis6k": (6322, 70),
         "revisitop1m": (1_001_001, 0), "oxford100k": (99_782, 0), "holidays": (1491, 500),
@@ -107,7 +117,9 @@ def test_catalog_has_every_benchmark_with_spec_counts() -> None:
     archives = [f.name for f in r1m.files if f.archive]
     assert archives == [f"revisitop1m.{i}.tar.gz" for i in range(1, 101)]
     assert "revisitop1m" in get_spec("roxford5k").belongs_with
-    assert get_spec("roxford5k").protocols == ("revisited",) and get_spec("oxford5k").protocols == ("original",)
+    assert get_spec("roxford5k").protocols == ("revisited",) and get_spec("oxford5k").protocols == (
+        "original",
+    )
     assert len(PARIS_CORRUPT) == len(set(PARIS_CORRUPT)) == 20
     for i in ids:
         s = get_spec(i)
@@ -133,7 +145,10 @@ def test_space_needed_counts_archives_in_flight(tmp_path: Path) -> None:
     assert space_needed(files, tmp_path, jobs=4, keep_archives=True) == content + 100 * 3 * gb
     (tmp_path / "downloads").mkdir()
     (tmp_path / "downloads" / "revisitop1m.7.tar.gz.part").write_bytes(b"x" * 1000)
-    assert space_needed(files[:1] + files[7:8], tmp_path, jobs=1, keep_archives=False) == 40_000_000 + 2 * 3 * gb - 1000
+    assert (
+        space_needed(files[:1] + files[7:8], tmp_path, jobs=1, keep_archives=False)
+        == 40_000_000 + 2 * 3 * gb - 1000
+    )
 
 
 # --- load ----------------------------------------------------------------------------------------
@@ -145,7 +160,12 @@ def test_load_revisited_small(tmp_path: Path) -> None:
         load("roxford5k", tmp_path)
     b = load("roxford5k", tmp_path, strict=False)
     assert b.protocols == ("revisited",) and b.gt.n_db == 8 and b.gt.n_queries == 2
-    assert b.queries.name(0) == "all_souls_q00000" and b.gt.queries[0].bbox == (1.0, 2.0, 15.0, 12.0)
+    assert b.queries.name(0) == "all_souls_q00000" and b.gt.queries[0].bbox == (
+        1.0,
+        2.0,
+        15.0,
+        12.0,
+    )
     assert b.gt.queries[0].easy.tolist() == [0, 1] and b.gt.queries[0].junk.tolist() == [3]
     assert b.database.path(3) == tmp_path / "roxford5k" / "jpg" / "all_souls_000003.jpg"
     crop = b.query_crop(0)
@@ -163,7 +183,9 @@ def test_load_missing_files_name_the_remedy(tmp_path: Path) -> None:
         load("roxford5k", tmp_path)
     make_revisited(tmp_path / "roxford5k")
     (tmp_path / "roxford5k" / "jpg" / "all_souls_000005.jpg").unlink()
-    with pytest.raises(InputError, match=r"1 of 8 image\(s\) .*all_souls_000005.jpg.*oxbench data import"):
+    with pytest.raises(
+        InputError, match=r"1 of 8 image\(s\) .*all_souls_000005.jpg.*oxbench data import"
+    ):
         load("roxford5k", tmp_path, strict=False)
     with pytest.raises(InputError, match="has no option 'orientation'"):
         load("roxford5k", tmp_path, orientation="rotated")
@@ -195,7 +217,10 @@ def test_load_original_oxford(tmp_path: Path) -> None:
     assert b.gt.protocol == "original" and b.gt.db_names == tuple(sorted(names))
     q = b.gt.queries[0]
     assert q.name == "all_souls_000000" and q.bbox == (1.5, 2.5, 20.2, 14.0)
-    assert [b.gt.db_names[i] for i in q.good] == ["all_souls_000000", "all_souls_000001"]  # duplicate folded
+    assert [b.gt.db_names[i] for i in q.good] == [
+        "all_souls_000000",
+        "all_souls_000001",
+    ]  # duplicate folded
     assert b.queries.path(0) == tmp_path / "oxford5k" / "jpg" / "all_souls_000000.jpg"
 
 
@@ -216,14 +241,19 @@ def test_import_paris_archives_lays_out_and_skips_corrupt(tmp_path: Path) -> Non
     # verify: the two corrupt files are expected, not errors; counts differ from the official ones
     rep2 = verify("paris6k", root, progress=False)
     assert sorted(rep2.expected_corrupt) == sorted(PARIS_CORRUPT[:2]) and not rep2.corrupt
-    assert rep2.count_problems == ["usable images: found 5, expected 6392", "queries: found 1, expected 55"]
+    assert rep2.count_problems == [
+        "usable images: found 5, expected 6392",
+        "queries: found 1, expected 55",
+    ]
     assert rep2.checksums_ok == [] and not rep2.ok
     # re-import is idempotent; a tampered archive no longer matches the recorded checksum
     import_dataset("paris6k", src, root)
     with tarfile.open(src / "paris_1-v1.tgz", "w:gz") as tf:
         tf.add(src / "src" / "paris", arcname="paris")
         tf.add(src / "src" / "gt" / "louvre_1_ok.txt", arcname="extra.txt")
-    with pytest.raises(InputError, match="differs from the recorded/published checksum of paris_1-v1.tgz"):
+    with pytest.raises(
+        InputError, match="differs from the recorded/published checksum of paris_1-v1.tgz"
+    ):
         import_dataset("paris6k", src, root)
 
 
@@ -240,11 +270,15 @@ def test_import_revisited_folder_with_hard_links_and_verify(tmp_path: Path) -> N
     make_revisited(other, n_db=9)
     gnd_dst = root / "roxford5k" / "gnd_roxford5k.pkl"
     before = gnd_dst.read_bytes()
-    with pytest.raises(InputError, match="differs from the recorded/published checksum of gnd_roxford5k.pkl"):
+    with pytest.raises(
+        InputError, match="differs from the recorded/published checksum of gnd_roxford5k.pkl"
+    ):
         import_dataset("roxford5k", other, root)
     assert gnd_dst.read_bytes() == before
     rep = verify("roxford5k", root, progress=False)
-    assert rep.n_images_checked == 10 and not rep.missing and not rep.corrupt and not rep.ground_truth
+    assert (
+        rep.n_images_checked == 10 and not rep.missing and not rep.corrupt and not rep.ground_truth
+    )
     assert rep.exif_rotated == [{"name": "all_souls_000001", "orientation": 6}]
     assert rep.checksums_ok == ["gnd_roxford5k.pkl"]
     # damage: a truncated image, a missing one, a query in the database, a changed gnd file
@@ -309,7 +343,11 @@ def test_holidays_orientation_option(tmp_path: Path) -> None:
     for i, n in enumerate(names):
         write_jpeg(ddir / "jpg" / f"{n}.jpg", seed=400 + i)
     b = load("holidays", tmp_path, strict=False)
-    assert b.options["orientation"] == "original" and b.gt.n_queries == 2 and b.gt.protocol == "holidays"
+    assert (
+        b.options["orientation"] == "original"
+        and b.gt.n_queries == 2
+        and b.gt.protocol == "holidays"
+    )
     assert b.describe()["option.orientation"] == "original"
     with pytest.raises(InputError, match="jpg_rotated"):
         load("holidays", tmp_path, strict=False, orientation="rotated")
@@ -341,12 +379,20 @@ def test_ukbench_import_from_zip_layout(tmp_path: Path) -> None:
         zf.writestr("full/._ukbench00001.jpg", b"\x00\x05\x16\x07 resource fork")
     root = tmp_path / "root"
     import_dataset("ukbench", zpath, root)
-    assert sorted(p.name for p in (root / "ukbench" / "jpg").iterdir()) == [f"ukbench{i:05d}.jpg" for i in range(8)]
+    assert sorted(p.name for p in (root / "ukbench" / "jpg").iterdir()) == [
+        f"ukbench{i:05d}.jpg" for i in range(8)
+    ]
     b = load("ukbench", root, strict=False)
-    assert b.gt.n_db == 8 and b.database.read(5).shape == (24, 32, 3)  # full size, not the thumbnail
+    assert b.gt.n_db == 8 and b.database.read(5).shape == (
+        24,
+        32,
+        3,
+    )  # full size, not the thumbnail
     assert b.gt.queries[5].good.tolist() == [4, 5, 6, 7]
     rep = verify("ukbench", root, progress=False)
-    assert len(rep.missing) == 10_200 - 8 and rep.count_problems == ["images: found 8, expected 10200"]
+    assert len(rep.missing) == 10_200 - 8 and rep.count_problems == [
+        "images: found 8, expected 10200"
+    ]
 
 
 def test_import_bad_input(tmp_path: Path) -> None:
@@ -387,13 +433,19 @@ def test_import_real_roxford_gnd_with_fake_images(shared_data: Path, tmp_path: P
         load("roxford5k", root)
 
 
-def test_synthetic_ids_delegate_to_the_synthetic_loader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_synthetic_ids_delegate_to_the_synthetic_loader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import oxbench.datasets.synthetic as synth
 
     calls: list[tuple] = []
     monkeypatch.setattr(synth, "ensure_default", lambda root: calls.append(("ensure", Path(root))))
     monkeypatch.setattr(
-        synth, "load_synthetic", lambda d, distractors=None, crop="python": calls.append(("load", d, distractors, crop)) or "bench"
+        synth,
+        "load_synthetic",
+        lambda d, distractors=None, crop="python": (
+            calls.append(("load", d, distractors, crop)) or "bench"
+        ),
     )
     assert load("synthetic-train", tmp_path, distractors=50, crop="matlab") == "bench"
     assert calls == [("ensure", tmp_path), ("load", tmp_path / "synthetic-train", 50, "matlab")]
@@ -409,7 +461,9 @@ def _link_tree(folder: Path, names: list[str], template: Path) -> None:
 
 
 @pytest.mark.slow
-def test_real_oxford_and_paris_ground_truth_with_stand_in_images(shared_data: Path, tmp_path: Path) -> None:
+def test_real_oxford_and_paris_ground_truth_with_stand_in_images(
+    shared_data: Path, tmp_path: Path
+) -> None:
     """Official text ground truth + the real image lists, images replaced by one tiny JPEG."""
     from oxbench.formats.revisitop import read_gnd
 
@@ -438,7 +492,11 @@ def test_real_oxford_and_paris_ground_truth_with_stand_in_images(shared_data: Pa
     assert p.gt.n_db == 6392 and p.gt.n_queries == 55
     assert all(p.gt.queries[i].good.size == 0 for i in range(55))  # Paris' good files are empty
     rep = verify("paris6k", root, jobs=2, progress=False)
-    assert rep.ok and sorted(rep.expected_corrupt) == sorted(PARIS_CORRUPT) and rep.n_images_checked == 6392
+    assert (
+        rep.ok
+        and sorted(rep.expected_corrupt) == sorted(PARIS_CORRUPT)
+        and rep.n_images_checked == 6392
+    )
     # RParis from the same images (hard links) + the real revisited pickle
     gnd = shared_data / "rparis6k" / "gnd_rparis6k.pkl"
     import_dataset("rparis6k", root / "paris6k" / "jpg", root, progress=False)

@@ -98,7 +98,9 @@ class Server:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
         self.thread.start()
 
     @property
@@ -135,18 +137,24 @@ def test_plain_download_with_checksum(server: Server, tmp_path: Path) -> None:
     body = _payload()
     server.paths["/a.bin"] = Behaviour(body)
     sha = hashlib.sha256(body).hexdigest()
-    res = download_file([server.url("/a.bin")], tmp_path / "a.bin", expected=Expected(len(body), sha), **FAST)
+    res = download_file(
+        [server.url("/a.bin")], tmp_path / "a.bin", expected=Expected(len(body), sha), **FAST
+    )
     assert (tmp_path / "a.bin").read_bytes() == body
     assert res.sha256 == sha and res.md5 == hashlib.md5(body).hexdigest() and not res.skipped
     # idempotent: a second call skips without a request
-    again = download_file([server.url("/a.bin")], tmp_path / "a.bin", expected=Expected(len(body), sha), **FAST)
+    again = download_file(
+        [server.url("/a.bin")], tmp_path / "a.bin", expected=Expected(len(body), sha), **FAST
+    )
     assert again.skipped and server.paths["/a.bin"].served == 1
 
 
 def test_dropped_connection_resumes_with_range(server: Server, tmp_path: Path) -> None:
     body = _payload()
     b = server.paths["/big.tgz"] = Behaviour(body, mode="drop", drop_times=2)
-    res = download_file([server.url("/big.tgz")], tmp_path / "big.tgz", expected=Expected(len(body)), **FAST)
+    res = download_file(
+        [server.url("/big.tgz")], tmp_path / "big.tgz", expected=Expected(len(body)), **FAST
+    )
     assert (tmp_path / "big.tgz").read_bytes() == body
     assert res.resumed and b.served == 3 and res.sha256 == hashlib.sha256(body).hexdigest()
     assert b.ranges[0] is None and b.ranges[1] is not None and b.ranges[1].startswith("bytes=")
@@ -158,7 +166,9 @@ def test_file_changed_between_attempts_is_not_spliced(server: Server, tmp_path: 
     b = server.paths["/c.bin"] = Behaviour(old, mode="drop", drop_times=1, etag='"v1"')
     with pytest.raises(InputError):
         download_file([server.url("/c.bin")], tmp_path / "c.bin", **{**FAST, "retries": 0})
-    assert (tmp_path / "c.bin.part").exists() and (tmp_path / "c.bin.part.validator").read_text() == '"v1"'
+    assert (tmp_path / "c.bin.part").exists() and (
+        tmp_path / "c.bin.part.validator"
+    ).read_text() == '"v1"'
     # the owners replace the file: the resume carries If-Range "v1", the server sends the new whole body
     b.body, b.etag = new, '"v2"'
     download_file([server.url("/c.bin")], tmp_path / "c.bin", **FAST)
@@ -181,7 +191,9 @@ def test_wrong_bytes_fail_loudly_and_leave_nothing_complete(server: Server, tmp_
     server.paths["/w.bin"] = Behaviour(body, mode="wrong")
     sha = hashlib.sha256(body).hexdigest()
     with pytest.raises(InputError, match="sha256 .* != expected"):
-        download_file([server.url("/w.bin")], tmp_path / "w.bin", expected=Expected(sha256=sha), **FAST)
+        download_file(
+            [server.url("/w.bin")], tmp_path / "w.bin", expected=Expected(sha256=sha), **FAST
+        )
     assert not (tmp_path / "w.bin").exists() and not _no_part_files(tmp_path)
 
 
@@ -191,7 +203,9 @@ def test_wrong_bytes_on_mirror_fall_back_to_official(server: Server, tmp_path: P
     server.paths["/data/f.bin"] = Behaviour(body)
     urls = candidate_urls([server.url("/data/f.bin")], server.url("/mirror"))
     assert urls[0] == server.url("/mirror/data/f.bin")
-    res = download_file(urls, tmp_path / "f.bin", expected=Expected(sha256=hashlib.sha256(body).hexdigest()), **FAST)
+    res = download_file(
+        urls, tmp_path / "f.bin", expected=Expected(sha256=hashlib.sha256(body).hexdigest()), **FAST
+    )
     assert res.url == server.url("/data/f.bin") and (tmp_path / "f.bin").read_bytes() == body
 
 
@@ -228,7 +242,9 @@ def test_existing_mismatching_file_is_downloaded_again(server: Server, tmp_path:
     body = _payload(10_000)
     server.paths["/m.bin"] = Behaviour(body)
     (tmp_path / "m.bin").write_bytes(b"half" * 10)
-    res = download_file([server.url("/m.bin")], tmp_path / "m.bin", expected=Expected(size=len(body)), **FAST)
+    res = download_file(
+        [server.url("/m.bin")], tmp_path / "m.bin", expected=Expected(size=len(body)), **FAST
+    )
     assert not res.skipped and (tmp_path / "m.bin").read_bytes() == body
 
 
@@ -238,21 +254,34 @@ def test_download_many_parallel_and_one_failure(server: Server, tmp_path: Path) 
         server.paths[path] = Behaviour(body, mode="drop" if path == "/p2.bin" else "ok")
     tasks = [DownloadTask((server.url(p),), tmp_path / p.strip("/")) for p in bodies]
     done: list[str] = []
-    download_many(tasks, jobs=3, on_done=lambda t, r: done.append(t.dest.name), **{k: v for k, v in FAST.items() if k != "progress"}, progress=False)
+    download_many(
+        tasks,
+        jobs=3,
+        on_done=lambda t, r: done.append(t.dest.name),
+        **{k: v for k, v in FAST.items() if k != "progress"},
+        progress=False,
+    )
     assert sorted(done) == sorted(p.strip("/") for p in bodies)
     for p, body in bodies.items():
         assert (tmp_path / p.strip("/")).read_bytes() == body
     server.paths["/gone.bin"] = Behaviour(b"", mode="404")
     bad = [*tasks, DownloadTask((server.url("/gone.bin"),), tmp_path / "gone.bin")]
     with pytest.raises(InputError, match="gone.bin"):
-        download_many(bad, jobs=2, progress=False, **{k: v for k, v in FAST.items() if k != "progress"})
+        download_many(
+            bad, jobs=2, progress=False, **{k: v for k, v in FAST.items() if k != "progress"}
+        )
     opt = [DownloadTask((server.url("/gone.bin"),), tmp_path / "gone.bin", optional=True)]
-    assert download_many(opt, jobs=1, progress=False, **{k: v for k, v in FAST.items() if k != "progress"}) == [None]
+    assert download_many(
+        opt, jobs=1, progress=False, **{k: v for k, v in FAST.items() if k != "progress"}
+    ) == [None]
 
 
 def test_apply_mirror_replaces_scheme_and_host() -> None:
     url = "https://www.robots.ox.ac.uk/~vgg/data/oxbuildings/gt_files_170407.tgz"
-    assert apply_mirror(url, "http://lab.example/mirror/") == "http://lab.example/mirror/~vgg/data/oxbuildings/gt_files_170407.tgz"
+    assert (
+        apply_mirror(url, "http://lab.example/mirror/")
+        == "http://lab.example/mirror/~vgg/data/oxbuildings/gt_files_170407.tgz"
+    )
     assert candidate_urls([url], None) == [url]
 
 
@@ -266,7 +295,9 @@ def test_free_space_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 # --- archives -----------------------------------------------------------------------------------
 
 
-def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz") -> Path:
+def _tar(
+    path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz"
+) -> Path:
     with tarfile.open(path, mode) as tf:
         for info, data in members:
             if data is not None:
@@ -289,7 +320,10 @@ def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
 
 
 def test_extract_good_tar_and_zip(tmp_path: Path) -> None:
-    t = _tar(tmp_path / "ok.tgz", [(_file("a/b.jpg"), b"123"), (_link("a/c.jpg", "b.jpg", tarfile.SYMTYPE), None)])
+    t = _tar(
+        tmp_path / "ok.tgz",
+        [(_file("a/b.jpg"), b"123"), (_link("a/c.jpg", "b.jpg", tarfile.SYMTYPE), None)],
+    )
     out = archive.extract_archive(t, tmp_path / "out")
     assert (out / "a" / "b.jpg").read_bytes() == b"123"
     assert (out / "a" / "c.jpg").read_bytes() == b"123"
@@ -311,7 +345,9 @@ def test_extract_good_tar_and_zip(tmp_path: Path) -> None:
         ((_link("a/hard", "../outside", tarfile.LNKTYPE), None), "outside the target"),
     ],
 )
-def test_malicious_tar_is_refused_and_nothing_written(tmp_path: Path, member: tuple, match: str) -> None:
+def test_malicious_tar_is_refused_and_nothing_written(
+    tmp_path: Path, member: tuple, match: str
+) -> None:
     t = _tar(tmp_path / "evil.tgz", [(_file("ok.jpg"), b"fine"), member])
     with pytest.raises(InputError, match=match):
         archive.extract_archive(t, tmp_path / "out")
@@ -357,7 +393,9 @@ def _inside(path: str) -> bool:
 
 @settings(max_examples=300, deadline=None)
 @given(member=_parts, target=_parts, absolute=st.booleans())
-def test_link_check_agrees_with_path_normalisation(member: list[str], target: list[str], absolute: bool) -> None:
+def test_link_check_agrees_with_path_normalisation(
+    member: list[str], target: list[str], absolute: bool
+) -> None:
     name = "/".join(member)
     try:
         rel = archive._safe_rel(name, Path("x"))
@@ -376,14 +414,21 @@ def test_link_check_agrees_with_path_normalisation(member: list[str], target: li
 
 @settings(max_examples=25, deadline=None)
 @given(cut=st.integers(min_value=1, max_value=49_999), drops=st.integers(min_value=1, max_value=3))
-def test_any_drop_point_ends_with_the_exact_bytes(tmp_path_factory: pytest.TempPathFactory, cut: int, drops: int) -> None:
+def test_any_drop_point_ends_with_the_exact_bytes(
+    tmp_path_factory: pytest.TempPathFactory, cut: int, drops: int
+) -> None:
     body = _payload(50_000, seed=cut)
     tmp = tmp_path_factory.mktemp("drop")
     (tmp / "f.bin.part").write_bytes(body[:cut])  # an earlier run stopped at an arbitrary byte
     s = Server()
     try:
         s.paths["/f.bin"] = Behaviour(body, mode="drop", drop_times=drops)
-        res = download_file([s.url("/f.bin")], tmp / "f.bin", expected=Expected(sha256=hashlib.sha256(body).hexdigest()), **FAST)
+        res = download_file(
+            [s.url("/f.bin")],
+            tmp / "f.bin",
+            expected=Expected(sha256=hashlib.sha256(body).hexdigest()),
+            **FAST,
+        )
     finally:
         s.close()
     assert (tmp / "f.bin").read_bytes() == body and res.resumed

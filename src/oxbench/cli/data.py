@@ -66,7 +66,9 @@ def list_cmd(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
-    click.echo(f"{'id':<16} {'images':>10} {'queries':>8}  {'protocol':<10} {'download':>10}  title")
+    click.echo(
+        f"{'id':<16} {'images':>10} {'queries':>8}  {'protocol':<10} {'download':>10}  title"
+    )
     for r in rows:
         size = _fmt_size(r["download"]) if r["download"] else "-"
         synthetic = DATASETS.get(r["id"]).synthetic
@@ -91,7 +93,9 @@ def info_cmd(dataset_id: str) -> None:
     if s.synthetic:
         click.echo(f"  counts:     generated ({s.counts_note})")
     else:
-        click.echo(f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})")
+        click.echo(
+            f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})"
+        )
     click.echo(f"  protocols:  {', '.join(s.protocols) or '-'}")
     if s.belongs_with:
         click.echo(f"  used with:  {', '.join(s.belongs_with)}")
@@ -110,7 +114,9 @@ def info_cmd(dataset_id: str) -> None:
                 click.echo("    ...")
                 continue
             size = f"{f.size:,} B" if f.size is not None else f"~{_fmt_size(f.approx_size or 0)}"
-            click.echo(f"    {f.name:<28} {size:>12}  {f.urls[0]}{'  (optional)' if f.optional else ''}")
+            click.echo(
+                f"    {f.name:<28} {size:>12}  {f.urls[0]}{'  (optional)' if f.optional else ''}"
+            )
     click.echo(f"  checksums:  {s.checksum_policy}")
     if s.citation:
         click.echo(f"  cite:       {s.citation}")
@@ -143,10 +149,22 @@ def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
 @data.command("fetch")
 @click.argument("dataset_id")
 @click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
-@click.option("--accept-terms", is_flag=True, help="Accept the dataset's terms of use (needed once per root; required without a terminal).")
-@click.option("--mirror", metavar="URL", help="Base URL replacing the owners' host (default: $OXBENCH_MIRROR).")
-@click.option("--jobs", type=click.IntRange(1, 32), default=4, show_default=True, help="Parallel downloads.")
-@click.option("--keep-archives", is_flag=True, help="Keep the downloaded archives after extraction.")
+@click.option(
+    "--accept-terms",
+    is_flag=True,
+    help="Accept the dataset's terms of use (needed once per root; required without a terminal).",
+)
+@click.option(
+    "--mirror",
+    metavar="URL",
+    help="Base URL replacing the owners' host (default: $OXBENCH_MIRROR).",
+)
+@click.option(
+    "--jobs", type=click.IntRange(1, 32), default=4, show_default=True, help="Parallel downloads."
+)
+@click.option(
+    "--keep-archives", is_flag=True, help="Keep the downloaded archives after extraction."
+)
 @click.option("--force", is_flag=True, help="Download again files already installed.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def fetch_cmd(
@@ -168,10 +186,14 @@ def fetch_cmd(
     )  # fmt: skip
     for f in report.files:
         if f.get("reused"):
-            click.echo(f"{f['name']}: reused from another dataset in this root, {f['placed']} file(s) hard-linked")
+            click.echo(
+                f"{f['name']}: reused from another dataset in this root, {f['placed']} file(s) hard-linked"
+            )
             continue
         state = "already there" if f["skipped"] else ("resumed" if f["resumed"] else "downloaded")
-        click.echo(f"{f['name']}: {state}, {f['size']:,} bytes, sha256 {f['sha256'][:16]}..., {f['placed']} file(s) laid out")
+        click.echo(
+            f"{f['name']}: {state}, {f['size']:,} bytes, sha256 {f['sha256'][:16]}..., {f['placed']} file(s) laid out"
+        )
     for note in report.notes:
         click.echo(f"note: {note}")
     click.echo(f"{spec.id}: ready in {report.root} (check with `oxbench data verify {spec.id}`)")
@@ -179,11 +201,19 @@ def fetch_cmd(
 
 @data.command("import")
 @click.argument("dataset_id")
-@click.option("--from", "source", required=True, type=click.Path(path_type=Path), help="Folder or archive you already have.")
+@click.option(
+    "--from",
+    "source",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Folder or archive you already have.",
+)
 @click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
 @click.option("--copy", is_flag=True, help="Copy files instead of hard-linking them.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
-def import_cmd(dataset_id: str, source: Path, root: Path | None, copy: bool, no_progress: bool) -> None:
+def import_cmd(
+    dataset_id: str, source: Path, root: Path | None, copy: bool, no_progress: bool
+) -> None:
     """Lay out a local copy (folders and/or archives) in oxbench's layout, checking it."""
     from oxbench.datasets.prepare import import_dataset
     from oxbench.datasets.verify import verify
@@ -196,15 +226,26 @@ def import_cmd(dataset_id: str, source: Path, root: Path | None, copy: bool, no_
     for line in check.summary():
         click.echo(line)
     if not check.ok:
-        click.echo(f"(incomplete: import the rest, then run `oxbench data verify {report.dataset}`)")
+        click.echo(
+            f"(incomplete: import the rest, then run `oxbench data verify {report.dataset}`)"
+        )
 
 
 @data.command("verify")
 @click.argument("dataset_id")
 @click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
-@click.option("--report", "report_path", type=click.Path(path_type=Path), help="Write the JSON report here (default: <root>/<id>/verify.json).")
-@click.option("--no-decode", is_flag=True, help="Only check presence, counts, ground truth and checksums.")
-@click.option("--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoding threads.")
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(path_type=Path),
+    help="Write the JSON report here (default: <root>/<id>/verify.json).",
+)
+@click.option(
+    "--no-decode", is_flag=True, help="Only check presence, counts, ground truth and checksums."
+)
+@click.option(
+    "--jobs", type=click.IntRange(1, 64), default=2, show_default=True, help="Decoding threads."
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_context
 def verify_cmd(

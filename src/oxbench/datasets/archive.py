@@ -41,10 +41,14 @@ def _safe_rel(name: str, source: Path) -> PurePosixPath:
     """The member name as a relative path that stays inside the target, or InputError."""
     norm = name.replace("\\", "/")
     if norm.startswith("/") or (len(norm) > 1 and norm[1] == ":"):
-        raise InputError(f"archive member {name!r} has an absolute path; refusing to extract", source)
+        raise InputError(
+            f"archive member {name!r} has an absolute path; refusing to extract", source
+        )
     parts = [p for p in PurePosixPath(norm).parts if p not in ("", ".")]
     if any(p == ".." for p in parts):
-        raise InputError(f"archive member {name!r} leaves the target folder ('..'); refusing to extract", source)
+        raise InputError(
+            f"archive member {name!r} leaves the target folder ('..'); refusing to extract", source
+        )
     return PurePosixPath(*parts) if parts else PurePosixPath(".")
 
 
@@ -76,7 +80,10 @@ def _check_tar(tar: tarfile.TarFile, source: Path) -> list[tuple[tarfile.TarInfo
                     source,
                 )
         elif not (m.isfile() or m.isdir()):
-            raise InputError(f"archive member {m.name!r} is a device or special file; refusing to extract", source)
+            raise InputError(
+                f"archive member {m.name!r} is a device or special file; refusing to extract",
+                source,
+            )
         members.append((m, rel))
     return members
 
@@ -177,7 +184,9 @@ def extract_archive(archive: str | Path, target: str | Path) -> Path:
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if exc.errno is not None:  # a real I/O problem (disk full, permissions), not bad data
-            raise InputError(f"cannot extract: {exc.strerror}; free space or fix permissions", target) from None
+            raise InputError(
+                f"cannot extract: {exc.strerror}; free space or fix permissions", target
+            ) from None
         raise InputError(
             f"corrupt or truncated archive ({type(exc).__name__}: {exc}); delete it and fetch again",
             archive,

@@ -178,7 +178,15 @@ def _mismatch(size: int, sha256: str, md5: str, expected: Expected) -> str | Non
 def _progress(total: int | None, initial: int, desc: str, enabled: bool):  # noqa: ANN202
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit="B", unit_scale=True, leave=False, disable=not enabled)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=desc,
+        unit="B",
+        unit_scale=True,
+        leave=False,
+        disable=not enabled,
+    )
 
 
 def _validator_path(part: Path) -> Path:
@@ -229,7 +237,11 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
                 part.unlink(missing_ok=True)
                 raise DownloadError(f"server resumed at {start} instead of {offset}; restarting")
             total_txt = crange.rsplit("/", 1)[-1]
-            total = int(total_txt) if total_txt.isdigit() else (offset + int(length) if length else None)
+            total = (
+                int(total_txt)
+                if total_txt.isdigit()
+                else (offset + int(length) if length else None)
+            )
             mode, resumed = "ab", True
         else:
             if offset:
@@ -237,8 +249,14 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
             offset = 0
             total = int(length) if length and length.isdigit() else None
             mode = "wb"
-            validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified") if resp.headers else None
-            if validator and not validator.startswith("W/"):  # weak ETags may not be used in If-Range
+            validator = (
+                resp.headers.get("ETag") or resp.headers.get("Last-Modified")
+                if resp.headers
+                else None
+            )
+            if validator and not validator.startswith(
+                "W/"
+            ):  # weak ETags may not be used in If-Range
                 validator_file.write_text(validator, encoding="utf-8")
             else:
                 validator_file.unlink(missing_ok=True)
@@ -252,7 +270,9 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
                     try:
                         chunk = resp.read(_CHUNK)
                     except (TimeoutError, http.client.IncompleteRead, OSError) as exc:
-                        raise DownloadError(f"connection dropped at byte {received} ({type(exc).__name__})") from None
+                        raise DownloadError(
+                            f"connection dropped at byte {received} ({type(exc).__name__})"
+                        ) from None
                     if not chunk:
                         break
                     fh.write(chunk)
@@ -310,7 +330,9 @@ def download_file(
         log.warning("%s exists but does not match (%s); downloading it again", dest, problem)
         dest.unlink()
     if not urls:
-        raise InputError("no URL to download from; import a local copy with `oxbench data import`", dest)
+        raise InputError(
+            "no URL to download from; import a local copy with `oxbench data import`", dest
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     attempts = 0
@@ -328,7 +350,9 @@ def download_file(
                 break
             except DownloadError as exc:
                 problems.append(f"{url}: {exc}")
-                log.info("download of %s failed (%s); attempt %d/%d", url, exc, attempt + 1, retries + 1)
+                log.info(
+                    "download of %s failed (%s); attempt %d/%d", url, exc, attempt + 1, retries + 1
+                )
                 if attempt < retries:
                     sleep(wait)
                     wait = min(2 * wait, max_backoff)

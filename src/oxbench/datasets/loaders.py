@@ -50,11 +50,15 @@ def _require_dir(spec: DatasetSpec, ddir: Path) -> None:
 
 def _require_file(spec: DatasetSpec, path: Path, what: str) -> Path:
     if not path.is_file():
-        raise InputError(f"{what} of {spec.id} is missing; {_remedy(spec, path.parent.parent)}", path)
+        raise InputError(
+            f"{what} of {spec.id} is missing; {_remedy(spec, path.parent.parent)}", path
+        )
     return path
 
 
-def _images(spec: DatasetSpec, ddir: Path, names: Sequence[str], folder: str = "jpg", *, check: bool = True) -> FileImages:
+def _images(
+    spec: DatasetSpec, ddir: Path, names: Sequence[str], folder: str = "jpg", *, check: bool = True
+) -> FileImages:
     img_dir = ddir / folder
     paths = tuple(img_dir / f"{n}{_IMAGE_EXT}" for n in names)
     if check:
@@ -68,11 +72,15 @@ def _images(spec: DatasetSpec, ddir: Path, names: Sequence[str], folder: str = "
     return FileImages(tuple(names), paths)
 
 
-def _check_count(spec: DatasetSpec, what: str, found: int, expected: int, strict: bool, where: Path) -> None:
+def _check_count(
+    spec: DatasetSpec, what: str, found: int, expected: int, strict: bool, where: Path
+) -> None:
     if found != expected:
         msg = f"{spec.id} has {found} {what}, expected {expected} ({spec.counts_note})"
         if strict:
-            raise InputError(f"{msg}; run `oxbench data verify {spec.id}` to see what is off", where)
+            raise InputError(
+                f"{msg}; run `oxbench data verify {spec.id}` to see what is off", where
+            )
         log.warning("%s: %s", where, msg)
 
 
@@ -80,8 +88,13 @@ def _jpg_stems(img_dir: Path, *, recursive: bool = False) -> list[str]:
     if not img_dir.is_dir():
         return []
     if recursive:
-        return sorted(p.relative_to(img_dir).with_suffix("").as_posix() for p in img_dir.rglob(f"*{_IMAGE_EXT}"))
-    return sorted(e.name[: -len(_IMAGE_EXT)] for e in os.scandir(img_dir) if e.name.endswith(_IMAGE_EXT))
+        return sorted(
+            p.relative_to(img_dir).with_suffix("").as_posix()
+            for p in img_dir.rglob(f"*{_IMAGE_EXT}")
+        )
+    return sorted(
+        e.name[: -len(_IMAGE_EXT)] for e in os.scandir(img_dir) if e.name.endswith(_IMAGE_EXT)
+    )
 
 
 def _gt_dir_name(spec: DatasetSpec) -> str:
@@ -91,13 +104,19 @@ def _gt_dir_name(spec: DatasetSpec) -> str:
     raise ValueError(f"catalog entry {spec.id} names no ground-truth folder")  # pragma: no cover
 
 
-def load_revisited(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]) -> Benchmark:
+def load_revisited(
+    spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]
+) -> Benchmark:
     """ROxford / RParis: ``gnd_<id>.pkl`` plus ``jpg/``; queries carry boxes, labels easy/hard/junk."""
     from oxbench.formats.revisitop import read_gnd
 
-    gt = read_gnd(_require_file(spec, ddir / f"gnd_{spec.id}.pkl", "the ground truth"), dataset=spec.id)
+    gt = read_gnd(
+        _require_file(spec, ddir / f"gnd_{spec.id}.pkl", "the ground truth"), dataset=spec.id
+    )
     if gt.protocol != "revisited":
-        raise InputError(f"expected the revisited ground truth (easy/hard/junk), got {gt.protocol}", gt.source)
+        raise InputError(
+            f"expected the revisited ground truth (easy/hard/junk), got {gt.protocol}", gt.source
+        )
     _check_count(spec, "database images", gt.n_db, spec.n_images, strict, ddir)
     _check_count(spec, "queries", gt.n_queries, spec.n_queries, strict, ddir)
     return Benchmark(
@@ -111,13 +130,17 @@ def load_revisited(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, stric
     )
 
 
-def load_original(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]) -> Benchmark:
+def load_original(
+    spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]
+) -> Benchmark:
     """Oxford 5K / Paris 6K: the text ground truth plus every usable image in ``jpg/``."""
     from oxbench.formats.oxford_gt import read_gt_dir
 
     gt_dir = ddir / _gt_dir_name(spec)
     if not gt_dir.is_dir():
-        raise InputError(f"the ground-truth folder of {spec.id} is missing; {_remedy(spec, ddir.parent)}", gt_dir)
+        raise InputError(
+            f"the ground-truth folder of {spec.id} is missing; {_remedy(spec, ddir.parent)}", gt_dir
+        )
     corrupt = set(spec.expected_corrupt)
     names = [n for n in _jpg_stems(ddir / "jpg") if n not in corrupt]
     if not names:
@@ -136,7 +159,9 @@ def load_original(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict
     )
 
 
-def load_holidays(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]) -> Benchmark:
+def load_holidays(
+    spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]
+) -> Benchmark:
     """INRIA Holidays: ``holidays_images.dat`` plus ``jpg/`` (or ``jpg_rotated/``)."""
     from oxbench.formats.holidays import holidays_ground_truth, read_image_list
 
@@ -160,7 +185,9 @@ def load_holidays(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict
     )  # fmt: skip
 
 
-def load_ukbench(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]) -> Benchmark:
+def load_ukbench(
+    spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: dict[str, Any]
+) -> Benchmark:
     """UKBench: ``jpg/ukbench00000.jpg`` ... every image is a query."""
     from oxbench.formats.ukbench import ukbench_ground_truth
 
@@ -169,11 +196,21 @@ def load_ukbench(spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict:
         found = _jpg_stems(ddir / "jpg")
         n = len(found)
         if n == 0 or n % 4:
-            raise InputError(f"found {n} UKBench images; need a positive multiple of 4", ddir / "jpg")
+            raise InputError(
+                f"found {n} UKBench images; need a positive multiple of 4", ddir / "jpg"
+            )
         _check_count(spec, "images", n, spec.n_images, False, ddir / "jpg")
     gt = ukbench_ground_truth(n)
     images = _images(spec, ddir, gt.db_names)
-    return Benchmark(id=spec.id, gt=gt, database=images, queries=images, protocols=spec.protocols, root=ddir, crop=crop)
+    return Benchmark(
+        id=spec.id,
+        gt=gt,
+        database=images,
+        queries=images,
+        protocols=spec.protocols,
+        root=ddir,
+        crop=crop,
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,11 +267,15 @@ def distractor_files(spec: DatasetSpec, ddir: Path) -> ListedImages:
             raise InputError("the image list names an image twice", lst)
     else:
         img_dir = ddir / "jpg"
-        files = tuple(sorted(p.relative_to(img_dir).as_posix() for p in img_dir.rglob(f"*{_IMAGE_EXT}")))
+        files = tuple(
+            sorted(p.relative_to(img_dir).as_posix() for p in img_dir.rglob(f"*{_IMAGE_EXT}"))
+        )
     return ListedImages(ddir / "jpg", files)
 
 
-def load_distractor_set(spec: DatasetSpec, ddir: Path, *, strict: bool = True, limit: int | None = None) -> ListedImages:
+def load_distractor_set(
+    spec: DatasetSpec, ddir: Path, *, strict: bool = True, limit: int | None = None
+) -> ListedImages:
     """The images of a distractor set (R1M, Oxford 100K), in their official order.
 
     Only a deterministic sample of about 1,000 files is checked for presence here (a million
@@ -307,7 +348,9 @@ def load(
             known = ", ".join(sorted(spec.options)) or "none"
             raise InputError(f"{spec.id} has no option {key!r} (options: {known})")
         if str(value) not in allowed:
-            raise InputError(f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}")
+            raise InputError(
+                f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}"
+            )
     base = data_root(root)
     ddir = base / spec.id
     if spec.synthetic:
@@ -337,9 +380,16 @@ def load(
         limit, distractors = distractors, _default_distractors(spec)
     dspec = get_spec(str(distractors))
     if not dspec.distractors_for:
-        raise InputError(f"{dspec.id} is not a distractor set (distractor sets: revisitop1m, oxford100k)")
+        raise InputError(
+            f"{dspec.id} is not a distractor set (distractor sets: revisitop1m, oxford100k)"
+        )
     if spec.id not in dspec.distractors_for:
-        log.warning("%s is usually paired with %s, not %s", dspec.id, ", ".join(dspec.distractors_for), spec.id)
+        log.warning(
+            "%s is usually paired with %s, not %s",
+            dspec.id,
+            ", ".join(dspec.distractors_for),
+            spec.id,
+        )
     dimgs = load_distractor_set(dspec, base / dspec.id, strict=strict, limit=limit)
     recorded["distractors"] = dspec.id if limit is None else f"{dspec.id}[:{limit}]"
     return _replace(bench, distractors=dimgs, options=recorded)
@@ -351,7 +401,9 @@ def _replace(bench: Benchmark, **changes: Any) -> Benchmark:
     return replace(bench, **changes)
 
 
-def load_ground_truth(dataset_id: str, root: str | Path | None = None, *, strict: bool = True) -> GroundTruth:
+def load_ground_truth(
+    dataset_id: str, root: str | Path | None = None, *, strict: bool = True
+) -> GroundTruth:
     """Only the ground truth of a dataset -- what scoring needs (``oxbench evaluate --dataset``).
 
     Image files are not checked, except that Oxford 5K / Paris 6K need their ``jpg/`` listing:
@@ -372,7 +424,9 @@ def load_ground_truth(dataset_id: str, root: str | Path | None = None, *, strict
     if fam == "load_revisited":
         from oxbench.formats.revisitop import read_gnd
 
-        gt = read_gnd(_require_file(spec, ddir / f"gnd_{spec.id}.pkl", "the ground truth"), dataset=spec.id)
+        gt = read_gnd(
+            _require_file(spec, ddir / f"gnd_{spec.id}.pkl", "the ground truth"), dataset=spec.id
+        )
         _check_count(spec, "database images", gt.n_db, spec.n_images, strict, ddir)
         return gt
     if fam == "load_holidays":
@@ -391,7 +445,9 @@ def distractor_count(dataset_id: str, root: str | Path | None = None) -> int:
     """Number of images of a distractor set on disk (``len(revisitop1m.txt)`` for R1M)."""
     spec = get_spec(dataset_id)
     if not spec.distractors_for:
-        raise InputError(f"{spec.id} is not a distractor set (distractor sets: revisitop1m, oxford100k)")
+        raise InputError(
+            f"{spec.id} is not a distractor set (distractor sets: revisitop1m, oxford100k)"
+        )
     ddir = data_root(root) / spec.id
     _require_dir(spec, ddir)
     return len(distractor_files(spec, ddir))

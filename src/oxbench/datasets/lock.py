@@ -60,7 +60,9 @@ class LockFile:
         with _GUARD:
             data = self.read()
             fn(data)
-            atomic_write_bytes(self.path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+            atomic_write_bytes(
+                self.path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
+            )
 
     def file_record(self, name: str) -> dict[str, Any] | None:
         """The recorded size/checksums of file ``name``, or ``None``."""
@@ -70,7 +72,13 @@ class LockFile:
         """Record a verified file (overwrites an older record of the same name)."""
 
         def fn(data: dict[str, Any]) -> None:
-            data["files"][name] = {"size": size, "sha256": sha256, "md5": md5, "url": url, "recorded": _now()}
+            data["files"][name] = {
+                "size": size,
+                "sha256": sha256,
+                "md5": md5,
+                "url": url,
+                "recorded": _now(),
+            }
 
         self._update(fn)
 
@@ -84,7 +92,9 @@ class LockFile:
 
     def mark_installed(self, dataset_id: str, name: str) -> None:
         """Record that ``name`` is fully downloaded, checked and laid out in ``dataset_id``."""
-        self._update(lambda data: data["installed"].setdefault(dataset_id, {}).__setitem__(name, _now()))
+        self._update(
+            lambda data: data["installed"].setdefault(dataset_id, {}).__setitem__(name, _now())
+        )
 
     def terms_accepted(self, dataset_id: str) -> bool:
         """Whether the terms of ``dataset_id`` were accepted for this data root."""

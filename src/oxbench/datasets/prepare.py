@@ -108,7 +108,9 @@ def _place_file(src: Path, dest: Path, *, link: bool, move: bool) -> None:
         os.replace(tmp, dest)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise InputError(f"cannot write ({exc.strerror}); free space or fix permissions", dest) from None
+        raise InputError(
+            f"cannot write ({exc.strerror}); free space or fix permissions", dest
+        ) from None
 
 
 def _placement_for(rel: str, placements: tuple[Placement, ...]) -> Placement | None:
@@ -154,7 +156,10 @@ def _place_tree(
             target_rel = rule.target(rel)
             dest = ddir / target_rel
             if target_rel in seen:
-                if seen[target_rel] != src and file_digests(seen[target_rel])[1] != file_digests(src)[1]:
+                if (
+                    seen[target_rel] != src
+                    and file_digests(seen[target_rel])[1] != file_digests(src)[1]
+                ):
                     raise InputError(
                         f"two different files map to {target_rel}: {seen[target_rel]} and {src}",
                         tree,
@@ -188,7 +193,9 @@ def _install_archive(f: RemoteFile, archive: Path, ddir: Path) -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if n == 0:
-        raise InputError("the archive holds none of the expected files (wrong or damaged archive?)", archive)
+        raise InputError(
+            "the archive holds none of the expected files (wrong or damaged archive?)", archive
+        )
     return n
 
 
@@ -322,12 +329,19 @@ def fetch_dataset(
                 report.placed += n
                 report.files.append({"name": f.name, "url": None, "size": 0, "sha256": "", "skipped": True,
                                      "resumed": False, "placed": n, "reused": True})  # fmt: skip
-                report.notes.append(f"{f.name}: reused {n} file(s) another dataset installed from it (hard links)")
+                report.notes.append(
+                    f"{f.name}: reused {n} file(s) another dataset installed from it (hard links)"
+                )
     if not todo:
         if not report.files:
-            report.notes.append("already installed; nothing to download (run `oxbench data verify`)")
+            report.notes.append(
+                "already installed; nothing to download (run `oxbench data verify`)"
+            )
         return report
-    check_free_space(ddir if ddir.exists() else base, space_needed(todo, ddir, jobs=jobs, keep_archives=keep_archives))
+    check_free_space(
+        ddir if ddir.exists() else base,
+        space_needed(todo, ddir, jobs=jobs, keep_archives=keep_archives),
+    )
     ddir.mkdir(parents=True, exist_ok=True)
 
     by_dest = {ddir / f.local_path: f for f in todo}
@@ -346,8 +360,12 @@ def fetch_dataset(
                 raise
         # "First verified download": recorded only once the file proved usable.
         if f.checksum_policy == "lock" and lock.file_record(f.name) is None:
-            lock.record_file(f.name, size=res.size, sha256=res.sha256, md5=res.md5, url=res.url or "")
-            report.notes.append(f"recorded the checksum of {f.name} in the lock file (first download)")
+            lock.record_file(
+                f.name, size=res.size, sha256=res.sha256, md5=res.md5, url=res.url or ""
+            )
+            report.notes.append(
+                f"recorded the checksum of {f.name} in the lock file (first download)"
+            )
         if f.archive and not keep_archives:
             res.path.unlink(missing_ok=True)
         lock.mark_installed(spec.id, f.name)
@@ -359,18 +377,27 @@ def fetch_dataset(
             report.placed += placed
 
     tasks = [
-        DownloadTask(tuple(candidate_urls(f.urls, mirror)), ddir / f.local_path, _expected(f, lock), f.optional)
+        DownloadTask(
+            tuple(candidate_urls(f.urls, mirror)),
+            ddir / f.local_path,
+            _expected(f, lock),
+            f.optional,
+        )
         for f in todo
     ]
     download_many(tasks, jobs=jobs, progress=progress, on_done=on_done, **download_options)
     try:
-        shutil.rmtree(ddir / "downloads") if not keep_archives and not any((ddir / "downloads").iterdir()) else None
+        shutil.rmtree(ddir / "downloads") if not keep_archives and not any(
+            (ddir / "downloads").iterdir()
+        ) else None
     except OSError:
         pass
     return report
 
 
-def _check_against_lock(name: str, path: Path, lock: LockFile, spec_file: RemoteFile | None, report: PrepareReport) -> None:
+def _check_against_lock(
+    name: str, path: Path, lock: LockFile, spec_file: RemoteFile | None, report: PrepareReport
+) -> None:
     """Compare an imported source file with the published/recorded checksum; record if new."""
     size, sha, md5 = file_digests(path)
     if spec_file is not None and spec_file.checksum_policy == "published":
@@ -382,7 +409,11 @@ def _check_against_lock(name: str, path: Path, lock: LockFile, spec_file: Remote
             report.notes.append(f"recorded the checksum of {name} in the lock file (first import)")
             return
         exp = Expected(rec.get("size"), rec.get("sha256"), rec.get("md5"))
-    if (exp.size is not None and exp.size != size) or (exp.sha256 and exp.sha256 != sha) or (exp.md5 and exp.md5 != md5):
+    if (
+        (exp.size is not None and exp.size != size)
+        or (exp.sha256 and exp.sha256 != sha)
+        or (exp.md5 and exp.md5 != md5)
+    ):
         raise InputError(
             f"differs from the recorded/published checksum of {name} (sha256 {sha}); it is not the "
             "file the owners published, or the lock file records another version",
@@ -430,7 +461,9 @@ def import_dataset(
     with tqdm(desc=f"import {spec.id}", unit=" files", disable=not progress, leave=False) as bar:
         _import_sources(spec, src, ddir, lock, report, known, seen, archives, link=link, bar=bar)
     if report.placed == 0:
-        raise InputError(f"found no file of {spec.id} (images, ground truth) in the import source", src)
+        raise InputError(
+            f"found no file of {spec.id} (images, ground truth) in the import source", src
+        )
     for f in spec.files:
         if not f.archive and (ddir / f.local_path).exists():
             lock.mark_installed(spec.id, f.name)
@@ -461,7 +494,15 @@ def _import_sources(
         report.files.append({"name": src.name, "source": str(src), "placed": 1})
     else:
         n = _place_tree(
-            src, spec.layout, ddir, link=link, move=False, seen=seen, nested=archives, bar=bar, before_place=check
+            src,
+            spec.layout,
+            ddir,
+            link=link,
+            move=False,
+            seen=seen,
+            nested=archives,
+            bar=bar,
+            before_place=check,
         )
         report.placed += n
         report.files.append({"name": src.name, "source": str(src), "placed": n})
@@ -474,7 +515,16 @@ def _import_sources(
             shutil.rmtree(tmp)
         extract_archive(arch, tmp)
         try:
-            n = _place_tree(tmp, spec.layout, ddir, link=False, move=True, seen=seen, bar=bar, before_place=check)
+            n = _place_tree(
+                tmp,
+                spec.layout,
+                ddir,
+                link=False,
+                move=True,
+                seen=seen,
+                bar=bar,
+                before_place=check,
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         report.placed += n

@@ -80,7 +80,13 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.corrupt or self.ground_truth or self.checksums or self.count_problems)
+        return not (
+            self.missing
+            or self.corrupt
+            or self.ground_truth
+            or self.checksums
+            or self.count_problems
+        )
 
     def summary(self) -> list[str]:
         """Short human lines (the CLI prints them)."""
@@ -89,13 +95,19 @@ class VerifyReport:
         lines = [head]
         lines += [f"  count {p}" for p in self.count_problems]
         if self.missing:
-            lines.append(f"  missing: {len(self.missing)} image(s), e.g. {', '.join(self.missing[:5])}")
+            lines.append(
+                f"  missing: {len(self.missing)} image(s), e.g. {', '.join(self.missing[:5])}"
+            )
         if self.corrupt:
-            lines.append(f"  corrupt: {len(self.corrupt)} image(s), e.g. {self.corrupt[0]['name']} ({self.corrupt[0]['error']})")
+            lines.append(
+                f"  corrupt: {len(self.corrupt)} image(s), e.g. {self.corrupt[0]['name']} ({self.corrupt[0]['error']})"
+            )
         if self.expected_corrupt:
             lines.append(f"  known-corrupt (expected, not used): {len(self.expected_corrupt)}")
         if self.exif_rotated:
-            lines.append(f"  EXIF orientation != 1 (kept as stored, not rotated): {len(self.exif_rotated)}")
+            lines.append(
+                f"  EXIF orientation != 1 (kept as stored, not rotated): {len(self.exif_rotated)}"
+            )
         lines += [f"  ground truth: {p}" for p in self.ground_truth]
         lines += [f"  checksum: {p}" for p in self.checksums]
         return lines
@@ -158,9 +170,13 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
         report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
         overlap = sorted(set(gt.query_names) & set(gt.db_names))
         if overlap:
-            report.ground_truth.append(f"{len(overlap)} query image(s) are in the database, e.g. {overlap[0]}")
+            report.ground_truth.append(
+                f"{len(overlap)} query image(s) are in the database, e.g. {overlap[0]}"
+            )
         if gt.protocol != "revisited":
-            report.ground_truth.append(f"{gnd.name} holds {gt.protocol}-protocol labels, not revisited ones")
+            report.ground_truth.append(
+                f"{gnd.name} holds {gt.protocol}-protocol labels, not revisited ones"
+            )
         return _files(dict.fromkeys([*gt.db_names, *gt.query_names])), folder
     if fam == "load_original":
         from oxbench.formats.oxford_gt import read_gt_dir
@@ -178,7 +194,9 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
         db = set(gt.db_names)
         missing_q = [q for q in gt.query_names if q not in db]
         if missing_q:
-            report.ground_truth.append(f"{len(missing_q)} query image(s) are not in the database, e.g. {missing_q[0]}")
+            report.ground_truth.append(
+                f"{len(missing_q)} query image(s) are not in the database, e.g. {missing_q[0]}"
+            )
         return _files(on_disk), folder
     if fam == "load_holidays":
         from oxbench.formats.holidays import holidays_ground_truth, read_image_list
@@ -228,7 +246,11 @@ def _check_lock(spec: DatasetSpec, base: Path, ddir: Path, report: VerifyReport)
         if not (exp_sha or exp_md5 or exp_size is not None):
             continue
         size, sha, md5 = file_digests(path)
-        if (exp_size is not None and size != exp_size) or (exp_sha and sha != exp_sha) or (exp_md5 and md5 != exp_md5):
+        if (
+            (exp_size is not None and size != exp_size)
+            or (exp_sha and sha != exp_sha)
+            or (exp_md5 and md5 != exp_md5)
+        ):
             report.checksums.append(
                 f"{path}: sha256 {sha} ({size} bytes) differs from the "
                 f"{'published' if f.checksum_policy == 'published' else 'recorded'} one; fetch it again "
