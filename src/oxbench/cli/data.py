@@ -238,7 +238,7 @@ def import_cmd(
     "--report",
     "report_path",
     type=click.Path(path_type=Path),
-    help="Write the JSON report here (default: <root>/<id>/verify.json).",
+    help="Write the JSON report here (default: <root>/<id>/verify.json, or ./<id>.verify.json when that folder is read-only).",
 )
 @click.option(
     "--no-decode", is_flag=True, help="Only check presence, counts, ground truth and checksums."
@@ -260,7 +260,12 @@ def verify_cmd(
     try:
         report.write_json(out)
     except OSError as exc:
-        raise InputError(f"cannot write the report ({exc.strerror})", out) from None
+        if report_path is not None:
+            raise InputError(f"cannot write the report ({exc.strerror})", out) from None
+        # A read-only (shared) data root: put the default report in the working directory.
+        out = Path.cwd() / f"{report.dataset}.verify.json"
+        click.echo(f"note: the dataset folder is read-only; writing the report to {out}", err=True)
+        report.write_json(out)
     for line in report.summary():
         click.echo(line)
     click.echo(f"report: {out}")
