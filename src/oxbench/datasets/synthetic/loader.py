@@ -6,7 +6,12 @@ import logging
 from pathlib import Path
 
 from oxbench.datasets.base import Benchmark, CropConvention, FileImages
-from oxbench.datasets.synthetic.config import DEFAULT_TEST, DEFAULT_TRAIN, SynthConfig
+from oxbench.datasets.synthetic.config import (
+    DEFAULT_TEST,
+    DEFAULT_TRAIN,
+    GENERATOR_VERSION,
+    SynthConfig,
+)
 from oxbench.datasets.synthetic.generate import generate, read_manifest
 from oxbench.datasets.synthetic.stream import SyntheticDistractors
 from oxbench.errors import InputError
@@ -62,7 +67,8 @@ def ensure_default(root: str | Path, *, workers: int | None = None, progress: bo
     """Make sure ``<root>/synthetic`` (test city) and ``<root>/synthetic-train`` (training city) exist.
 
     Each is generated if missing or incomplete (resuming an interrupted run); a complete set is
-    kept as it is, whatever config made it. The training city shares no building with the test
+    kept as it is, whatever config made it, unless an older version of the renderer made it (then
+    it is regenerated with its own config). The training city shares no building with the test
     city (the other-city rule for vocabularies and whitening).
 
     Returns:
@@ -72,8 +78,17 @@ def ensure_default(root: str | Path, *, workers: int | None = None, progress: bo
     dirs = []
     for config in (DEFAULT_TEST, DEFAULT_TRAIN):
         out = root / config.name
-        if out.is_dir() and read_manifest(out) is not None:
-            dirs.append(out)
+        manifest = read_manifest(out) if out.is_dir() else None
+        if manifest is not None:
+            if manifest.get("generator_version") == GENERATOR_VERSION:
+                dirs.append(out)
+                continue
+            # made by another version of the renderer: remake it with the same config so that
+            # results stay comparable with this version's
+            log.warning("%s was made by synthetic generator version %s; regenerating with version %s",
+                        out, manifest.get("generator_version"), GENERATOR_VERSION)
+            config = SynthConfig.from_dict(manifest["config"])
+            dirs.append(generate(out, config, workers=workers, progress=progress, overwrite=True))
             continue
         log.info("generating the default synthetic set %s in %s", config.name, out)
         dirs.append(generate(out, config, workers=workers, progress=progress))

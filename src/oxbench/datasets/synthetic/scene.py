@@ -82,7 +82,9 @@ def homography(view: View, facade_size: tuple[int, int], image_size: tuple[int, 
     t = -rot @ centre
     k = np.array([[f, 0.0, w / 2.0], [0.0, f, h / 2.0], [0.0, 0.0, 1.0]])
     hom = k @ np.column_stack([rot[:, 0], rot[:, 1], t])
-    return hom / hom[2, 2]
+    # Scale by a positive number (the aim point's depth) so that the third homogeneous
+    # coordinate stays the depth's sign: points behind the camera keep w < 0.
+    return hom / d
 
 
 def project(hom: NDArray[np.float64], pts: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
