@@ -185,3 +185,26 @@ def test_dqe_sparse_weights_live_on_the_training_support():
     assert set(w.indices.tolist()) <= {10, 20, 30, 500_000, 999_999}
     dense_w = w.toarray().ravel()
     assert dense_w[10] > dense_w[20] > 0 and dense_w[30] < 0 and dense_w[999_999] < 0
+
+
+@settings(max_examples=30, deadline=None)
+@given(v=vectors, seed=st.integers(0, 2**16))
+def test_aqe_ignores_the_order_of_verified_images(v, seed):
+    q = np.arange(1.0, 6.0)
+    perm = np.random.default_rng(seed).permutation(len(v))
+    np.testing.assert_allclose(average_query_expansion(q, v[perm]), average_query_expansion(q, v),
+                               atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), weights=st.sampled_from(["uniform", "rank", "alpha"]))
+def test_dba_is_equivariant_to_renumbering_the_database(seed, weights):
+    rng = np.random.default_rng(seed)
+    x = rng.random((12, 6))
+    nbrs = np.argsort(-(x @ x.T), axis=1)[:, :3]
+    perm = rng.permutation(12)
+    inv = np.argsort(perm)
+    out = database_side_augmentation(x, nbrs, weights=weights)
+    # Image perm[i] becomes image i: rows move and neighbour ids are renamed.
+    out_p = database_side_augmentation(x[perm], inv[nbrs[perm]], weights=weights)
+    np.testing.assert_allclose(out_p, out[perm], atol=1e-12)
