@@ -28,38 +28,47 @@ def _size(text: str) -> tuple[int, int]:
 
 
 def speed(n: int, size: tuple[int, int], workers: int) -> None:
-    from oxbench.datasets.synthetic import SynthConfig, generate
+    from oxbench.datasets.synthetic import SynthConfig, SyntheticDistractors, generate
     from oxbench.datasets.synthetic.plan import encode_jpeg, query_specs, render_db_image
+    from oxbench.datasets.synthetic.scene import facade_level
 
-    cfg = SynthConfig(db_size=n, image_size=size, queries_per_landmark=1)
-    # warm this process's facade cache so that the serial timing measures rendering, as the
-    # pool workers do after their first few images
-    query_specs(cfg)
-    for i in range(min(n, 40)):
-        render_db_image(cfg, i)
+    cfg = SynthConfig(db_size=n, image_size=size)
+    n_images = n + cfg.landmarks * cfg.queries_per_landmark
+    with tempfile.TemporaryDirectory() as tmp:
+        facade_level.cache_clear()
+        query_specs.cache_clear()
+        t0 = time.perf_counter()
+        generate(Path(tmp) / "serial", cfg, workers=1, progress=False)
+        serial = n_images / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        generate(Path(tmp) / "pool", cfg, workers=workers, progress=False)
+        pool_s = time.perf_counter() - t0
+        pooled = n_images / pool_s
+    # steady state: rendering only, facade textures already cached in this process
     t0 = time.perf_counter()
-    for i in range(n):
+    for i in range(min(n, 100)):
         render_db_image(cfg, i)
-    serial = n / (time.perf_counter() - t0)
+    warm = min(n, 100) / (time.perf_counter() - t0)
 
     rng = np.random.default_rng(0)
     img = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
     img = np.asarray(np.cumsum(img, axis=1) // np.arange(1, size[0] + 1)[None, :, None], np.uint8)
     t0 = time.perf_counter()
-    reps = max(n, 50)
-    for _ in range(reps):
+    for _ in range(100):
         encode_jpeg(img, 85)
-    encode_only = reps / (time.perf_counter() - t0)
+    encode_only = 100 / (time.perf_counter() - t0)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        generate(Path(tmp) / "s", cfg, workers=workers, progress=False)
-        pooled = (n + cfg.landmarks) / (time.perf_counter() - t0)
-    print(f"image size {size[0]}x{size[1]}, {n} database images")
-    print(f"render (one process, warm caches):   {serial:7.1f} images/s")
-    print(f"generate() with {workers} workers (cold):   {pooled:7.1f} images/s   ratio pool/serial {pooled / serial:.2f}")
-    print(f"JPEG encode only (floor):            {encode_only:7.1f} images/s   render costs {encode_only / serial:.1f}x an encode")
-    print(f"-> the default set ({1000 + 55} images) takes about {(1055) / pooled:.0f} s with {workers} workers")
+    stream = SyntheticDistractors(cfg, 200)
+    t0 = time.perf_counter()
+    for j in range(len(stream)):
+        stream.read(j)
+    distr = len(stream) / (time.perf_counter() - t0)
+    print(f"image size {size[0]}x{size[1]}, {n} database images + {n_images - n} queries")
+    print(f"generate(), 1 process (cold):         {serial:7.1f} images/s")
+    print(f"generate(), {workers} workers (cold):         {pooled:7.1f} images/s   ratio pool/serial {pooled / serial:.2f}   ({pool_s:.1f} s)")
+    print(f"render only, warm facade cache:       {warm:7.1f} images/s")
+    print(f"JPEG encode only (floor):             {encode_only:7.1f} images/s   render costs {encode_only / warm:.1f}x an encode")
+    print(f"distractor stream, sequential read:   {distr:7.1f} images/s   ratio to warm render {distr / warm:.2f}")
 
 
 def _thumb(img: np.ndarray, side: tuple[int, int] = (8, 6)) -> np.ndarray:
@@ -156,7 +165,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("speed")
-    p.add_argument("--n", type=int, default=120)
+    p.add_argument("--n", type=int, default=300)
     p.add_argument("--size", type=_size, default=(640, 480))
     p.add_argument("--workers", type=int, default=2)
     p = sub.add_parser("baselines")

@@ -338,14 +338,21 @@ def render_query_image(config: SynthConfig, q: int) -> tuple[bytes, dict[str, An
     return data, record
 
 
+#: Consecutive distractors showing the same (non-landmark) building.
+DISTRACTOR_GROUP = 4
+
+
 def render_distractor(config: SynthConfig, j: int) -> NDArray[np.uint8]:
     """On-demand distractor ``j``: a non-landmark building or street of the city, decoded RGB.
 
     Distractor buildings come from their own pool (never a database building or a landmark), and
-    the image goes through the same JPEG round trip as the stored images.
+    the image goes through the same JPEG round trip as the stored images. Consecutive indices
+    come in groups of :data:`DISTRACTOR_GROUP` photographs of one building (as photo collections
+    hold several photos of a building), which also lets a sequential reader reuse the rendered
+    facade.
     """
     r = rng_for(config.city_seed, config.seed, "distractor", j)
-    building = 1_000_000 + int(r.integers(4096))
+    building = 1_000_000 + j // DISTRACTOR_GROUP
     intent = "street" if r.random() < config.street_fraction else str(r.choice(["easy", "hard", "junk"], p=[0.5, 0.38, 0.12]))
     view = sample_view(r, config, _facade_size(config, "generic", building), intent)
     nbs = r.choice(config.generic_buildings, 2, replace=False)
