@@ -114,12 +114,13 @@ def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
 
 def load_benchmark(dataset: str, root: Path) -> Benchmark:
     """Load a dataset by id, building the synthetic default first when it is asked for."""
-    from oxbench import datasets
-
     if dataset in SYNTHETIC_IDS:
-        from oxbench.datasets.synthetic import ensure_default
+        from oxbench.datasets.synthetic import ensure_default, load_synthetic
 
         ensure_default(root)
+        return load_synthetic(Path(root) / dataset)
+    from oxbench import datasets
+
     return datasets.load(dataset, root)
 
 
