@@ -221,3 +221,18 @@ def test_head_on_scale_is_zoom() -> None:
     # 800 facade pixels -> half of a 640-pixel image
     assert math.isclose(local_scale(hom, 400, 300), 0.5 * 640 / 800, rel_tol=1e-9)
     assert math.isclose(View(yaw=30, pitch=0).angle, 30, abs_tol=1e-9)
+
+
+def test_training_city_without_queries(tmp_path: Path) -> None:
+    cfg = SynthConfig(name="train", city="southbridge", landmarks=2, queries_per_landmark=0, db_size=5, image_size=(96, 72))
+    out = generate(tmp_path / "train", cfg, workers=1, progress=False)
+    bench = load_synthetic(out)
+    assert bench.gt.n_queries == 0 and bench.gt.n_db == 5 and len(bench.queries) == 0
+    assert bench.database.read(4).shape == (72, 96, 3)
+
+
+def test_from_dict_refuses_unknown_label_keys() -> None:
+    d = SMALL.to_dict()
+    d["labels"] = {**d["labels"], "bogus": 1}
+    with pytest.raises(InputError):
+        SynthConfig.from_dict(d)

@@ -134,11 +134,11 @@ class SynthConfig:
     def from_dict(cls, d: dict[str, Any]) -> SynthConfig:
         """Rebuild a config written by :meth:`to_dict` (unknown keys are refused)."""
         d = dict(d)
-        labels = LabelThresholds(**d.pop("labels", {}))
         for key in ("image_size", "jpeg_quality"):
             if key in d:
                 d[key] = tuple(d[key])
         try:
+            labels = LabelThresholds(**d.pop("labels", {}))
             return cls(labels=labels, **d)
         except TypeError as exc:
             raise InputError(f"synthetic config: {exc}") from None

@@ -16,6 +16,8 @@ from oxbench.datasets.synthetic.generate import generate, read_manifest
 from oxbench.datasets.synthetic.stream import SyntheticDistractors
 from oxbench.errors import InputError
 from oxbench.formats.revisitop import read_gnd
+from oxbench.formats.safe_pickle import load_plain_pickle
+from oxbench.groundtruth import GroundTruth
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ def load_synthetic(dataset_dir: str | Path, *, distractors: int | None = None, c
     if manifest is None:
         raise InputError("no complete synthetic benchmark here (manifest.json missing); generate it with `oxbench data synth --out DIR`", root)
     config = SynthConfig.from_dict(manifest["config"])
-    gt = read_gnd(root / manifest["gnd"], dataset=manifest["dataset"])
+    gt = _read_ground_truth(root / manifest["gnd"], manifest["dataset"])
     jpg = root / "jpg"
     db = FileImages(gt.db_names, tuple(jpg / f"{n}.jpg" for n in gt.db_names))
     queries = FileImages(gt.query_names, tuple(jpg / f"{n}.jpg" for n in gt.query_names))
@@ -61,6 +63,17 @@ def load_synthetic(dataset_dir: str | Path, *, distractors: int | None = None, c
         crop=crop,
         options={"city": config.city, "seed": str(config.seed), "images_sha256": manifest["checksums"]["images_sha256"]},
     )
+
+
+def _read_ground_truth(path: Path, dataset: str) -> GroundTruth:
+    """The gnd pickle; a set generated without queries (a training city) has an empty ``gnd``."""
+    obj = load_plain_pickle(path)
+    if isinstance(obj, dict) and obj.get("qimlist") == [] and obj.get("gnd") == []:
+        names = obj.get("imlist")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise InputError("'imlist' must be a list of image names", path)
+        return GroundTruth(dataset, "revisited", tuple(names), (), source=str(path))
+    return read_gnd(path, dataset=dataset)
 
 
 def ensure_default(root: str | Path, *, workers: int | None = None, progress: bool = True) -> tuple[Path, Path]:
