@@ -58,11 +58,13 @@ def _worker_init() -> None:
 
 
 def _run_tasks(tasks: list[tuple[SynthConfig, str, int, str]], workers: int) -> Iterator[dict[str, Any]]:
-    if workers <= 1 or len(tasks) <= 1:
+    import multiprocessing
+
+    # a daemonic process (e.g. a multiprocessing.Pool worker) may not start children
+    if workers <= 1 or len(tasks) <= 1 or multiprocessing.current_process().daemon:
         for t in tasks:
             yield _task(t)
         return
-    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("spawn")
