@@ -174,12 +174,18 @@ def test_differential_blocks_and_groups():
         ranks = np.array(random_ranks(rng, gt, gt.n_db))
         labels = query_labels(gt)
         a = labelled_positions_from_ranks(ranks, labels, gt.n_db)
-        b = labelled_positions_from_ranks(ranks, labels, gt.n_db, memory_fraction=0.0, block_elems=1)
-        c = labelled_positions_from_ranks(np.asfortranarray(ranks), labels, gt.n_db, block_elems=7)
-        for x, y, z in zip(a, b, c, strict=True):
-            np.testing.assert_array_equal(x[0], y[0])
-            np.testing.assert_array_equal(x[1], y[1])
-            np.testing.assert_array_equal(x[0], z[0])
+        f = np.asfortranarray(ranks)
+        others = [
+            labelled_positions_from_ranks(ranks, labels, gt.n_db, block_elems=1),
+            labelled_positions_from_ranks(f, labels, gt.n_db),  # whole lists per group
+            labelled_positions_from_ranks(f, labels, gt.n_db, group=3, block_elems=7),  # chunked
+            labelled_positions_from_ranks(f.astype(np.int32), labels, gt.n_db, group=2),
+            labelled_positions_from_ranks(ranks.astype(float), labels, gt.n_db, block_elems=5),
+        ]
+        for other in others:
+            for x, y in zip(a, other, strict=True):
+                np.testing.assert_array_equal(x[0], y[0])
+                np.testing.assert_array_equal(x[1], y[1])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,9 +450,10 @@ def test_bad_ranks(small_gt, ranks, match):
 def test_duplicates_across_blocks_and_inside_one(small_gt):
     labels = query_labels(small_gt)
     bad = full([0, 1, 2, 3, 4, 5, 6, 7, 8, 0])
-    for kw in ({"block_elems": 1}, {"block_elems": 1 << 20}, {"memory_fraction": 0.0, "block_elems": 3}):
-        with pytest.raises(InputError, match="image 0 appears more than once"):
-            labelled_positions_from_ranks(bad, labels, 10, **kw)
+    for arr in (bad, np.asfortranarray(bad)):
+        for kw in ({"block_elems": 1}, {"block_elems": 1 << 20}, {"group": 1, "block_elems": 3}, {}):
+            with pytest.raises(InputError, match="image 0 appears more than once"):
+                labelled_positions_from_ranks(arr, labels, 10, **kw)
     # a repeated unlabelled image is an error too, and -1 gaps are not duplicates
     with pytest.raises(InputError, match="image 9 appears"):
         evaluate(small_gt, full([9, 0, 9]))

@@ -25,7 +25,7 @@ Both are numpy-only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
@@ -99,6 +99,103 @@ def _raise_duplicate(row: np.ndarray, q: int, names: Sequence[str] | None, sourc
     )
 
 
+def _transposed_chunk(
+    src: np.ndarray, out: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, source: str | None
+) -> np.ndarray:
+    """Copy ``src`` ``[G, L]`` (any strides, any numeric dtype) into ``out[:, :L]`` as int64.
+
+    When ``src`` is a transposed view of a C-ordered revisitop array, copying it in slabs of a few
+    hundred positions keeps both sides in cache (a whole-chunk transposed copy does not).
+    """
+    length = src.shape[1]
+    dst = out[:, :length]
+    slab = _SLAB
+    for s0 in range(0, length, slab):
+        part = src[:, s0 : s0 + slab]
+        if part.dtype != np.int64:
+            part = _int_block(np.asarray(part), g0, j0 + s0, names, source)
+        np.copyto(dst[:, s0 : s0 + slab], part)
+    return dst
+
+
+_SLAB = 256
+
+
+class _RowScanner:
+    """Scans one query's ranked list at a time against a 1-byte-per-index table.
+
+    The table holds the query's label codes; every scanned entry marks its image ``_SEEN`` in the
+    same table, so an image met again reads ``_SEEN`` (a duplicate across segments) and, at the
+    end, fewer distinct marks than entries reveals a duplicate inside one segment. One table is
+    reused for every query (about 1 MB at R1M scale: it stays in cache while a list is scanned).
+    """
+
+    def __init__(self, labels: Sequence[Labels], n_index: int, n_db: int, k: int,
+                 names: Sequence[str] | None, source: str | None, segment: int) -> None:
+        self.labels, self.n_index, self.n_db, self.k = labels, n_index, n_db, k
+        self.names, self.source, self.segment = names, source, segment
+        self.table = np.zeros(n_index + 1, dtype=np.uint8)  # last slot: the -1 sentinel
+        self.q = -1
+        self.n_missing = 0
+        self.pos: list[np.ndarray] = []
+        self.code: list[np.ndarray] = []
+        self.sparse = k < (n_index + 1) // 64  # reset by scatter instead of a full fill
+        self.codes_buf = np.zeros(segment + 8, dtype=np.uint8)
+
+    def start(self, q: int) -> None:
+        self.q, self.n_missing, self.pos, self.code = q, 0, [], []
+        idx, codes = self.labels[q]
+        self.table[idx] = codes
+
+    def scan(self, row: np.ndarray, j0: int, full_row: Callable[[], np.ndarray]) -> None:
+        """Scan ``row`` = positions ``j0 ..`` of the current query's list (int64, contiguous)."""
+        table = self.table
+        for s0 in range(0, row.shape[0], self.segment):
+            seg = row[s0 : s0 + self.segment]
+            lo, hi = int(seg.min()), int(seg.max())
+            if lo < -1 or hi >= self.n_index:
+                c = int(np.flatnonzero((seg < -1) | (seg >= self.n_index))[0])
+                raise InputError(
+                    f"{_qname(self.names, self.q)}: rank position {j0 + s0 + c} holds index {seg[c]}, "
+                    f"but {_range_text(self.n_db, self.n_index)} (-1 marks a gap)",
+                    self.source,
+                )
+            if lo == -1:
+                self.n_missing += int(np.count_nonzero(seg == -1))
+            length = seg.shape[0]
+            padded = (length + 7) & ~7
+            codes = self.codes_buf[:padded]
+            table.take(seg, out=codes[:length], mode="wrap")  # in range (checked); -1 -> sentinel
+            codes[length:] = 0
+            table[seg] = _SEEN
+            table[-1] = 0
+            # Labelled entries are rare: find the non-zero 8-byte words first, then the bytes.
+            words = np.flatnonzero(codes.view(np.uint64))
+            if words.size:
+                sub_r, sub_c = np.nonzero(codes.reshape(-1, 8)[words])
+                nz = words[sub_r] * 8 + sub_c
+                c = codes[nz]
+                if c.max() >= _SEEN:  # met in an earlier segment
+                    _raise_duplicate(full_row(), self.q, self.names, self.source)
+                self.pos.append(nz + (j0 + s0))
+                self.code.append(c)
+
+    def finish(self, full_row: Callable[[], np.ndarray]) -> Found:
+        table = self.table
+        if np.count_nonzero(table == _SEEN) != self.k - self.n_missing:
+            _raise_duplicate(full_row(), self.q, self.names, self.source)
+        if self.sparse:
+            row = full_row()
+            table[row] = 0
+            table[self.labels[self.q][0]] = 0
+            table[-1] = 0
+        else:
+            table.fill(0)
+        if not self.pos:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint8)
+        return np.concatenate(self.pos), np.concatenate(self.code)
+
+
 def labelled_positions_from_ranks(
     ranks: np.ndarray,
     labels: Sequence[Labels],
@@ -107,10 +204,17 @@ def labelled_positions_from_ranks(
     n_db: int | None = None,
     names: Sequence[str] | None = None,
     source: str | None = None,
-    memory_fraction: float = 0.125,
-    block_elems: int = 1 << 20,
+    budget_fraction: float = 0.125,
+    group: int = 8,
+    block_elems: int | None = None,
 ) -> list[Found]:
     """Positions and codes of each query's labelled images in its ranked list, with validation.
+
+    Each list is scanned once against a 1-byte-per-index table of the query's labels (one gather),
+    marking every image seen in the same table (one scatter): an exact duplicate and range check
+    for the price of the label lookup. When the rows are not contiguous (the transposed view of a
+    revisitop ``(k, n_queries)`` array), ``group`` queries at a time are copied into an int64 work
+    buffer in small cache-friendly slabs.
 
     Args:
         ranks: ``[n_queries, k]`` integer array (``-1`` = unnamed negative); any memory order.
@@ -119,9 +223,10 @@ def labelled_positions_from_ranks(
         n_db: database size, for error messages (default ``n_index``).
         names: query names, for error messages.
         source: input name, for error messages.
-        memory_fraction: label tables for several queries are kept at once, up to this fraction of
-            ``ranks.nbytes`` (at least one query's table).
-        block_elems: entries per streamed block.
+        budget_fraction: the work buffer uses at most about this fraction of ``ranks.nbytes`` (at
+            least a few hundred positions per query of a group).
+        group: queries copied together (8 int64 = one cache line of a revisitop row).
+        block_elems: positions per chunk and segment (for tests; default from the budget).
 
     Returns:
         Per query ``(positions, codes)``, positions strictly increasing.
@@ -133,56 +238,38 @@ def labelled_positions_from_ranks(
     nq, k = ranks.shape
     n_db = n_index if n_db is None else n_db
     check_ranks_dtype(ranks, source)
-    found_pos: list[list[np.ndarray]] = [[] for _ in range(nq)]
-    found_code: list[list[np.ndarray]] = [[] for _ in range(nq)]
-    table_len = n_index + 1  # last slot: the -1 sentinel, never labelled
-    group = int(max(1, min(nq, (ranks.nbytes * memory_fraction) // table_len)))
-    for g0 in range(0, nq, group):
-        g1 = min(nq, g0 + group)
-        luts = np.zeros((g1 - g0, table_len), dtype=np.uint8)
-        for q in range(g0, g1):
-            idx, codes = labels[q]
-            luts[q - g0, idx] = codes
-        n_missing = np.zeros(g1 - g0, dtype=np.int64)  # -1 entries per query
-        step = max(256, block_elems // (g1 - g0))
-        for j0 in range(0, k, step):
-            j1 = min(k, j0 + step)
-            blk = _int_block(np.ascontiguousarray(ranks[g0:g1, j0:j1]), g0, j0, names, source)
-            lo, hi = int(blk.min()), int(blk.max())
-            if lo < -1 or hi >= n_index:
-                bad = (blk < -1) | (blk >= n_index)
-                r, c = np.argwhere(bad)[0]
-                raise InputError(
-                    f"{_qname(names, g0 + r)}: rank position {j0 + c} holds index {blk[r, c]}, "
-                    f"but {_range_text(n_db, n_index)} (-1 marks a gap)",
-                    source,
-                )
-            if lo == -1:
-                n_missing += np.count_nonzero(blk == -1, axis=1)
-            for r in range(g1 - g0):
-                row = blk[r]
-                lut = luts[r]
-                codes = lut.take(row)
-                lut[row] = _SEEN
-                lut[-1] = 0
-                nz = np.flatnonzero(codes)
-                if nz.size:
-                    c = codes[nz]
-                    if c.max() >= _SEEN:  # an image already seen in an earlier block
-                        _raise_duplicate(np.asarray(ranks[g0 + r]), g0 + r, names, source)
-                    found_pos[g0 + r].append(nz + j0)
-                    found_code[g0 + r].append(c)
-        # Duplicates inside one block: fewer distinct images seen than entries given.
-        distinct = np.count_nonzero(luts == _SEEN, axis=1)
-        expected = k - n_missing
-        for r in np.flatnonzero(distinct != expected):
-            _raise_duplicate(np.asarray(ranks[g0 + r]), g0 + int(r), names, source)
+    segment = block_elems or (1 << 16)
+    scanner = _RowScanner(labels, n_index, n_db, k, names, source, segment)
     out: list[Found] = []
-    for q in range(nq):
-        if found_pos[q]:
-            out.append((np.concatenate(found_pos[q]), np.concatenate(found_code[q])))
-        else:
-            out.append((np.zeros(0, np.int64), np.zeros(0, np.uint8)))
+    rows_contiguous = ranks.dtype == np.int64 and (k <= 1 or ranks.strides[1] == ranks.itemsize)
+    if rows_contiguous:
+        for q in range(nq):
+            row = ranks[q]
+            scanner.start(q)
+            scanner.scan(row, 0, lambda row=row: row)
+            out.append(scanner.finish(lambda row=row: row))
+        return out
+    g = max(1, min(group, nq))
+    chunk = block_elems or max(_SLAB, int(ranks.nbytes * budget_fraction) // (8 * g))
+    chunk = min(chunk, max(k, 1))
+    buf = np.empty((g, chunk), dtype=np.int64)
+    for g0 in range(0, nq, g):
+        g1 = min(nq, g0 + g)
+        if chunk >= k:  # whole lists of the group fit: one query at a time, one table
+            rows = _transposed_chunk(ranks[g0:g1, :], buf[: g1 - g0], g0, 0, names, source)
+            for r in range(g1 - g0):
+                q = g0 + r
+                scanner.start(q)
+                scanner.scan(rows[r], 0, lambda q=q: np.asarray(ranks[q]))
+                out.append(scanner.finish(lambda q=q: np.asarray(ranks[q])))
+            continue
+        for q in range(g0, g1):  # a long list and a small budget: one query, chunk by chunk
+            scanner.start(q)
+            for j0 in range(0, k, chunk):
+                j1 = min(k, j0 + chunk)
+                row = _transposed_chunk(ranks[q : q + 1, j0:j1], buf[:1], q, j0, names, source)[0]
+                scanner.scan(row, j0, lambda q=q: np.asarray(ranks[q]))
+            out.append(scanner.finish(lambda q=q: np.asarray(ranks[q])))
     return out
 
 
@@ -211,8 +298,9 @@ def labelled_ranks_from_scores(
     *,
     names: Sequence[str] | None = None,
     source: str | None = None,
-    n_bins: int = 4096,
+    n_bins: int | None = None,
     block_rows: int | None = None,
+    budget_fraction: float = 0.125,
 ) -> list[Found]:
     """Positions and codes of each query's labelled images in the stable descending score order.
 
@@ -224,8 +312,12 @@ def labelled_ranks_from_scores(
         labels: per query, sorted database indices (``< n_index``) and their codes.
         names: query names, for error messages.
         source: input name, for error messages.
-        n_bins: histogram bins per query between its lowest and highest labelled score.
-        block_rows: database rows per streamed block (default: about 2**20 entries).
+        n_bins: histogram bins per query between its lowest and highest labelled score (default
+            about one per 16 database items, 1,024 .. 65,536): more bins, fewer images to compare
+            exactly.
+        block_rows: database rows per streamed chunk (default: from ``budget_fraction``).
+        budget_fraction: the transposed work buffer uses at most about this fraction of
+            ``scores.nbytes`` (at least a few hundred rows).
 
     Returns:
         Per query ``(positions, codes)``, positions strictly increasing.
@@ -235,6 +327,8 @@ def labelled_ranks_from_scores(
     """
     n, nq = scores.shape
     wd = _work_dtype(scores.dtype)
+    if n_bins is None:
+        n_bins = int(min(1 << 16, max(1 << 10, n // 16)))
     nbt = n_bins + 5  # bins 0..n_bins+4; labelled scores land in 2..n_bins+2
     top = float(n_bins + 4)
 
@@ -263,35 +357,46 @@ def labelled_ranks_from_scores(
         tb = np.clip(vals * s_w + o_w, 0.0, top).astype(np.int64)
         mark[q * nbt + tb] = True
 
-    hist = np.zeros(nq * nbt, dtype=np.int64)
-    qoff = (np.arange(nq, dtype=np.int64) * nbt)[None, :]
-    rows = block_rows or max(1, (1 << 20) // max(nq, 1))
+    hist = np.zeros((nq, nbt), dtype=np.int64 if n >= 2**31 else np.int32)
+    if block_rows is not None:
+        rows = max(1, block_rows)
+    else:
+        rows = max(_SLAB, int(scores.nbytes * budget_fraction) // (wd.itemsize * max(nq, 1)))
+    rows = min(rows, max(n, 1))
+    buf = np.empty((nq, rows), dtype=wd)
+    ybuf = np.empty(rows, dtype=wd)
+    bbuf = np.empty(rows, dtype=np.int64)
+    marks = mark.reshape(nq, nbt)
+    fast_queries = np.flatnonzero(fast).tolist()
     cand_item: list[np.ndarray] = []
     cand_q: list[np.ndarray] = []
     cand_val: list[np.ndarray] = []
     cand_bin: list[np.ndarray] = []
-    buf = np.empty((rows, nq), dtype=wd)
     for i0 in range(0, n, rows):
         i1 = min(n, i0 + rows)
-        blk = scores[i0:i1]
-        y = buf[: i1 - i0]
-        np.multiply(blk, scale, out=y, casting="unsafe")
-        y += offset
-        np.clip(y, 0.0, top, out=y)
-        if np.isnan(y.min()):
-            r, c = np.argwhere(np.isnan(np.asarray(blk, dtype=wd)))[0]
-            raise InputError(f"{_qname(names, int(c))}: score of database image {i0 + r} is NaN", source)
-        bins = y.astype(np.int64)
-        bins += qoff
-        flat = bins.ravel()
-        hist += np.bincount(flat, minlength=nq * nbt)
-        hit = np.flatnonzero(mark.take(flat))
-        if hit.size:
-            r, c = np.divmod(hit, nq)
-            cand_item.append(r + i0)
-            cand_q.append(c)
-            cand_val.append(np.asarray(blk, dtype=wd)[r, c])
-            cand_bin.append(flat[hit] - c * nbt)
+        length = i1 - i0
+        dst = buf[:, :length]
+        for s0 in range(0, length, _SLAB):  # slab-wise transposed copy: cache friendly
+            np.copyto(dst[:, s0 : s0 + _SLAB], scores[i0 + s0 : min(i1, i0 + s0 + _SLAB)].T, casting="unsafe")
+        if wd.kind == "f" and np.isnan(dst.min()):
+            r, c = np.argwhere(np.isnan(dst))[0]
+            raise InputError(f"{_qname(names, int(r))}: score of database image {i0 + c} is NaN", source)
+        y = ybuf[:length]
+        b = bbuf[:length]
+        for q in fast_queries:
+            row = dst[q]
+            np.multiply(row, scale[q], out=y)
+            y += offset[q]
+            np.clip(y, 0.0, top, out=y)
+            b[...] = y  # truncation == floor: y >= 0
+            np.add(hist[q], np.bincount(b, minlength=nbt), out=hist[q], casting="unsafe")
+            hit = np.flatnonzero(marks[q].take(b))
+            if hit.size:
+                cand_item.append(hit + i0)
+                cand_q.append(np.full(hit.size, q, dtype=np.int64))
+                cand_val.append(row[hit])
+                cand_bin.append(b[hit])
+    hist = hist.ravel()
 
     if cand_item:
         ci = np.concatenate(cand_item)
@@ -314,7 +419,7 @@ def labelled_ranks_from_scores(
             out.append((np.zeros(0, np.int64), np.zeros(0, np.uint8)))
             continue
         if fast[q]:
-            h = hist[q * nbt : (q + 1) * nbt]
+            h = hist[q * nbt : (q + 1) * nbt].astype(np.int64)
             above = np.concatenate([np.cumsum(h[::-1])[::-1][1:], [0]])  # items in higher bins
             a, b = q_start[q], q_start[q + 1]
             qi, qb = ci[a:b], cb[a:b]

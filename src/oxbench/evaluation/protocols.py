@@ -91,11 +91,11 @@ def _p_at_ks(eff: NDArray[np.int64], ks: tuple[int, ...]) -> NDArray[np.float64]
     out = np.zeros(len(ks), dtype=np.float64)
     if eff.size == 0:
         return out
-    pos = eff + 1
-    last = int(pos[-1])
+    last = int(eff[-1]) + 1
+    # eff is strictly increasing: |{pos <= kq}| = searchsorted(eff, kq - 1, "right")
     for t, k in enumerate(ks):
         kq = min(last, k)
-        out[t] = np.count_nonzero(pos <= kq) / kq
+        out[t] = int(np.searchsorted(eff, kq - 1, side="right")) / kq
     return out
 
 
@@ -130,27 +130,30 @@ def score_found(
     nq = gt.n_queries
     setups: dict[str, SetupResult] = {}
     for name, (pos_codes, ign_codes) in SETUPS[gt.protocol].items():
+        is_pos_code = np.zeros(256, dtype=bool)
+        is_pos_code[list(pos_codes)] = True
+        is_ign_code = np.zeros(256, dtype=bool)
+        is_ign_code[list(ign_codes)] = True
         ap = np.full(nq, np.nan)
         pk = np.full((nq, len(ks)), np.nan)
         n_pos = np.zeros(nq, dtype=np.int64)
         top4 = np.full(nq, np.nan) if gt.protocol == "ukbench" else None
         skipped: list[int] = []
         for q in range(nq):
-            _, lab_codes = labels[q]
-            n = int(np.isin(lab_codes, pos_codes).sum())
+            n = int(np.count_nonzero(is_pos_code[labels[q][1]]))
             n_pos[q] = n
             if n == 0:
                 skipped.append(q)
                 continue
             positions, codes = found[q]
-            is_pos = np.isin(codes, pos_codes)
-            is_ign = np.isin(codes, ign_codes)
-            ign_before = np.cumsum(is_ign) - is_ign
-            eff = positions[is_pos] - ign_before[is_pos]
+            is_pos = is_pos_code[codes]
+            is_ign = is_ign_code[codes]
+            pos_at = positions[is_pos]
+            eff = pos_at - (np.cumsum(is_ign) - is_ign)[is_pos] if is_ign.any() else pos_at
             ap[q] = _ap_official(eff, n)
             pk[q] = _p_at_ks(eff, ks)
             if top4 is not None:
-                top4[q] = np.count_nonzero(positions[is_pos] < 4)
+                top4[q] = np.count_nonzero(pos_at < 4)
         used = np.setdiff1d(np.arange(nq), skipped)
         if used.size == 0:
             raise InputError(
