@@ -138,6 +138,13 @@ def test_cli_synth(tmp_path: Path) -> None:
     assert bench.n_distractors == 3 and bench.gt.n_db == 6
     res = CliRunner().invoke(cli, ["data", "synth", "--out", str(out), "--image-size", "big"])
     assert res.exit_code != 0
+    train = tmp_path / "train"
+    args = ["data", "synth", "--out", str(train), "--name", "synthetic-train", "--landmarks", "2",
+            "--queries-per-landmark", "1", "--db-size", "6", "--image-size", "96x72", "-j", "1", "--no-progress"]  # fmt: skip
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    manifest = read_manifest(train)
+    assert manifest is not None and manifest["config"]["city"] == "southbridge"
 
 
 def test_registry_load(tmp_path: Path) -> None:

@@ -23,19 +23,19 @@ def _parse_size(text: str) -> tuple[int, int]:
 @click.option("--out", type=click.Path(path_type=Path), help="Output folder (default: <root>/<name>).")
 @click.option("--root", type=click.Path(path_type=Path), help="Data root used when --out is not given (default: $OXBENCH_DATA, else ~/.local/share/oxbench).")
 @click.option("--name", default="synthetic", show_default=True, help="Dataset id (gnd_<name>.pkl, printed result lines).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Photograph seed: views, light, occluders.")
-@click.option("--city", default="northford", show_default=True, help="City: style and buildings (another city shares no building).")
+@click.option("--seed", type=int, default=None, help="Photograph seed: views, light, occluders (default 0; 1 for synthetic-train).")
+@click.option("--city", default=None, help="City: style and buildings; another city shares no building (default northford; southbridge for synthetic-train).")
 @click.option("--landmarks", type=int, default=11, show_default=True, help="Number of landmarks.")
 @click.option("--queries-per-landmark", type=int, default=5, show_default=True, help="Query images per landmark (not in the database).")
-@click.option("--db-size", type=int, default=1000, show_default=True, help="Number of database images.")
+@click.option("--db-size", type=int, default=None, help="Number of database images (default 1000; 500 for synthetic-train).")
 @click.option("--image-size", default="640x480", show_default=True, help="Image size WIDTHxHEIGHT.")
 @click.option("--distractors", type=int, default=0, show_default=True, help="Default number of on-demand distractors recorded for loading (never stored).")
 @click.option("--workers", "-j", type=int, default=None, help="Processes (default: all CPUs).")
 @click.option("--overwrite", is_flag=True, help="Replace a complete set made with another config.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def synth(
-    out: Path | None, root: Path | None, name: str, seed: int, city: str, landmarks: int,
-    queries_per_landmark: int, db_size: int, image_size: str, distractors: int,
+    out: Path | None, root: Path | None, name: str, seed: int | None, city: str | None,
+    landmarks: int, queries_per_landmark: int, db_size: int | None, image_size: str, distractors: int,
     workers: int | None, overwrite: bool, no_progress: bool,
 ) -> None:  # fmt: skip
     """Generate a synthetic landmark benchmark with Easy/Hard/Unclear labels by construction.
@@ -44,15 +44,28 @@ def synth(
     an interrupted run resumes where it stopped. Same city and seed give the same bytes.
     """
     from oxbench.datasets.paths import data_root
-    from oxbench.datasets.synthetic import SynthConfig, generate, read_manifest
+    from oxbench.datasets.synthetic import (
+        DEFAULT_TEST,
+        DEFAULT_TRAIN,
+        SynthConfig,
+        generate,
+        read_manifest,
+    )
 
     if workers is not None and workers < 1:
         raise InputError("--workers must be >= 1")
+    # `--name synthetic-train` defaults to the training city, anything else to the test city
+    base = DEFAULT_TRAIN if name == DEFAULT_TRAIN.name else DEFAULT_TEST
     config = SynthConfig(
-        name=name, city=city, seed=seed, landmarks=landmarks,
-        queries_per_landmark=queries_per_landmark, db_size=db_size,
-        image_size=_parse_size(image_size), distractors=distractors,
-    )  # fmt: skip
+        name=name,
+        city=base.city if city is None else city,
+        seed=base.seed if seed is None else seed,
+        db_size=base.db_size if db_size is None else db_size,
+        landmarks=landmarks,
+        queries_per_landmark=queries_per_landmark,
+        image_size=_parse_size(image_size),
+        distractors=distractors,
+    )
     target = out if out is not None else data_root(root) / name
     t0 = time.perf_counter()
     generate(target, config, workers=workers, progress=not no_progress, overwrite=overwrite)
