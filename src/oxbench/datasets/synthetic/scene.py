@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.datasets.synthetic.facade import Facade, city_style, render_facade
+from oxbench.datasets.synthetic.facade import Facade, render_facade
 from oxbench.datasets.synthetic.rand import rng_for
 from oxbench.errors import require
 
@@ -394,8 +394,3 @@ def visible_fraction(rendered: Rendered, rect: tuple[float, float, float, float]
     seen = inside & (rendered.occluders[yi, xi] == 0)
     return float(seen.mean())
 
-
-def style_summary(city_seed: int) -> dict[str, object]:
-    """A few words about a city's style, for the manifest."""
-    st = city_style(city_seed)
-    return {"materials": list(st.materials), "window_tops": [ws.top for ws in st.windows], "dentils": st.dentils}
