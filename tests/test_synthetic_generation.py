@@ -243,3 +243,36 @@ def test_from_dict_refuses_unknown_label_keys() -> None:
     d["labels"] = {**d["labels"], "bogus": 1}
     with pytest.raises(InputError):
         SynthConfig.from_dict(d)
+
+
+def test_visible_fraction_geometry() -> None:
+    from oxbench.datasets.synthetic.scene import Rendered, visible_fraction
+
+    size = (640, 480)
+    hom = homography(View(zoom=0.5), (800, 600), size)
+    clear = Rendered(np.zeros((480, 640, 3), np.uint8), hom, np.zeros((480, 640), np.uint8), 0.0)
+    assert visible_fraction(clear, (0, 0, 800, 600), size) == 1.0
+    covered = Rendered(clear.image, hom, np.full((480, 640), 255, np.uint8), 1.0)
+    assert visible_fraction(covered, (0, 0, 800, 600), size) == 0.0
+    # cover the left half of the frame: about half of a centred full-width region is hidden
+    half = np.zeros((480, 640), np.uint8)
+    half[:, :320] = 255
+    part = Rendered(clear.image, hom, half, 0.5)
+    assert 0.4 <= visible_fraction(part, (0, 0, 800, 600), size) <= 0.6
+    # a close-up shows only part of the facade
+    close = Rendered(clear.image, homography(View(zoom=2.0), (800, 600), size), np.zeros((480, 640), np.uint8), 0.0)
+    assert visible_fraction(close, (0, 0, 800, 600), size) < 0.3
+
+
+def test_guaranteed_views_are_positive_for_every_query() -> None:
+    from oxbench.datasets.synthetic.plan import _guaranteed, query_specs, render_db_image
+
+    cfg = SynthConfig(landmarks=2, queries_per_landmark=3, db_size=30, image_size=(160, 120))
+    slots = _guaranteed(cfg)
+    assert sorted(lm for lm, _ in slots.values()) == [0, 0, 1, 1]
+    for i, (lm, intent) in slots.items():
+        _, rec = render_db_image(cfg, i)
+        labels = {q: e["label"] for q, e in rec["labels"].items()}
+        assert set(labels) == {q.name for q in query_specs(cfg) if q.landmark == lm}
+        assert set(labels.values()) <= {"easy", "hard"}, (intent, rec["labels"])
+        assert all(e["visible"] == 1.0 for e in rec["labels"].values())  # unoccluded, in frame

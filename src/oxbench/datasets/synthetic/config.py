@@ -15,7 +15,7 @@ from typing import Any
 from oxbench.errors import InputError
 
 #: Version of the rendering code; bumped whenever the same config would give other bytes.
-GENERATOR_VERSION = 2
+GENERATOR_VERSION = 3
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]*$")
 

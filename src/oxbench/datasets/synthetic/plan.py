@@ -116,6 +116,7 @@ def query_specs(config: SynthConfig) -> tuple[QuerySpec, ...]:
                 noise=float(r.uniform(0.5, 2.0)),
                 jpeg=int(r.integers(85, 96)),
                 neighbours=tuple(int(v) for v in r.choice(config.generic_buildings, 2, replace=False)),  # type: ignore[arg-type]
+                clutter=False,
             )
             hom = homography(view, (fw, fh), config.image_size)
             cx, cy = (rect[0] + rect[2]) / 2, (rect[1] + rect[3]) / 2
@@ -172,6 +173,7 @@ def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, in
     noise = float(r.uniform(0.5, 3.0))
     jpeg = int(r.integers(config.jpeg_quality[0], config.jpeg_quality[1] + 1))
     night = mirror = False
+    clutter = not intent.startswith("guaranteed")  # guaranteed views are unoccluded
     if intent == "guaranteed-easy":
         yaw, pitch, roll = float(r.uniform(-10, 10)), float(r.uniform(0, 6)), 0.0
         zoom, target, occlusion, shadow, blur, light = float(r.uniform(0.8, 0.92) * fit), (0.5, 0.5), 0.0, 0.0, 0.3, 1.0
@@ -220,7 +222,7 @@ def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, in
     return View(
         yaw=yaw, pitch=pitch, roll=roll, zoom=zoom, target=target, mirror=mirror, light=light,
         night=night, cast=cast, shadow=shadow, occlusion=occlusion, blur=blur, noise=noise,  # type: ignore[arg-type]
-        jpeg=jpeg,
+        jpeg=jpeg, clutter=clutter,
     )  # fmt: skip
 
 

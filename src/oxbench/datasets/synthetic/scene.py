@@ -50,6 +50,7 @@ class View:
     noise: float = 0.0  # Gaussian noise sigma (0..255 scale)
     jpeg: int = 90
     neighbours: tuple[int, int] = (0, 1)
+    clutter: bool = True  # allow a stray street object when no occlusion is asked for
 
     @property
     def angle(self) -> float:
@@ -362,7 +363,7 @@ def render_view(city_seed: int, kind: str, index: int, view: View, image_size: t
             occluded = float(np.count_nonzero(facade_px & (occ > 0))) / n_facade
             if occluded >= view.occlusion:
                 break
-    elif rng.random() < 0.3:  # a small object at the edge of the frame, away from the facade
+    elif view.clutter and rng.random() < 0.3:  # a street object low in the frame
         _occluder(img, occ, rng, w, h, max(ground_y, 0.9 * h))
         occluded = float(np.count_nonzero(facade_px & (occ > 0))) / n_facade
 
