@@ -277,6 +277,23 @@ def labelled_positions_from_ranks(
 # Scores
 
 
+def _nonzero_sparse(table: np.ndarray, idx: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """``np.flatnonzero(table[idx])`` for a uint8 ``table`` where hits are rare (via 8-byte words).
+
+    ``idx`` must be in range; ``buf`` is a uint8 scratch of at least ``len(idx) + 8`` bytes.
+    """
+    length = idx.shape[0]
+    padded = (length + 7) & ~7
+    codes = buf[:padded]
+    table.take(idx, out=codes[:length], mode="wrap")
+    codes[length:] = 0
+    words = np.flatnonzero(codes.view(np.uint64))
+    if not words.size:
+        return words
+    sub_r, sub_c = np.nonzero(codes.reshape(-1, 8)[words])
+    return words[sub_r] * 8 + sub_c
+
+
 def _work_dtype(dtype: np.dtype) -> np.dtype:
     if np.issubdtype(dtype, np.floating):
         return np.dtype(np.float64) if dtype.itemsize >= 8 else np.dtype(np.float32)
@@ -366,12 +383,11 @@ def labelled_ranks_from_scores(
     buf = np.empty((nq, rows), dtype=wd)
     ybuf = np.empty(rows, dtype=wd)
     bbuf = np.empty(rows, dtype=np.int64)
-    marks = mark.reshape(nq, nbt)
+    mbuf = np.zeros(rows + 8, dtype=np.uint8)
+    marks = mark.reshape(nq, nbt).view(np.uint8)
     fast_queries = np.flatnonzero(fast).tolist()
-    cand_item: list[np.ndarray] = []
-    cand_q: list[np.ndarray] = []
-    cand_val: list[np.ndarray] = []
-    cand_bin: list[np.ndarray] = []
+    # per query: candidate database indices, scores, bins (chunks in order: indices ascending)
+    cand: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in range(nq)]
     for i0 in range(0, n, rows):
         i1 = min(n, i0 + rows)
         length = i1 - i0
@@ -390,27 +406,9 @@ def labelled_ranks_from_scores(
             np.clip(y, 0.0, top, out=y)
             b[...] = y  # truncation == floor: y >= 0
             np.add(hist[q], np.bincount(b, minlength=nbt), out=hist[q], casting="unsafe")
-            hit = np.flatnonzero(marks[q].take(b))
+            hit = _nonzero_sparse(marks[q], b, mbuf)
             if hit.size:
-                cand_item.append(hit + i0)
-                cand_q.append(np.full(hit.size, q, dtype=np.int64))
-                cand_val.append(row[hit])
-                cand_bin.append(b[hit])
-    hist = hist.ravel()
-
-    if cand_item:
-        ci = np.concatenate(cand_item)
-        cq = np.concatenate(cand_q)
-        cv = np.concatenate(cand_val)
-        cb = np.concatenate(cand_bin)
-        # Group by query, then bin, then descending score, then database index.
-        order = np.lexsort((ci, -cv, cb, cq))
-        ci, cq, cv, cb = ci[order], cq[order], cv[order], cb[order]
-        q_start = np.searchsorted(cq, np.arange(nq + 1))
-    else:
-        ci = cq = cb = np.zeros(0, np.int64)
-        cv = np.zeros(0, wd)
-        q_start = np.zeros(nq + 1, np.int64)
+                cand[q].append((hit + i0, row[hit], b[hit]))
 
     out: list[Found] = []
     for q in range(nq):
@@ -419,18 +417,22 @@ def labelled_ranks_from_scores(
             out.append((np.zeros(0, np.int64), np.zeros(0, np.uint8)))
             continue
         if fast[q]:
-            h = hist[q * nbt : (q + 1) * nbt].astype(np.int64)
+            h = hist[q].astype(np.int64)
             above = np.concatenate([np.cumsum(h[::-1])[::-1][1:], [0]])  # items in higher bins
-            a, b = q_start[q], q_start[q + 1]
-            qi, qb = ci[a:b], cb[a:b]
-            pos_in_q = np.arange(b - a)
-            bin_start = np.searchsorted(qb, qb)  # first candidate of the same bin
-            cand_rank = above[qb] + (pos_in_q - bin_start)
-            where = np.searchsorted(idx, qi)
-            where_c = np.minimum(where, idx.size - 1)
-            is_lab = idx[where_c] == qi
+            ci = np.concatenate([c[0] for c in cand[q]])
+            cv = np.concatenate([c[1] for c in cand[q]])
+            cb = np.concatenate([c[2] for c in cand[q]])
+            # Stable descending score order: ties keep database order. Bins are monotone in the
+            # score, so each bin's candidates are contiguous here and a candidate's rank is the
+            # count of items in higher bins plus its place within its own bin.
+            order = np.argsort(-cv, kind="stable")
+            ci, cb = ci[order], cb[order]
+            neg_b = -cb
+            cand_rank = above[cb] + (np.arange(ci.size) - np.searchsorted(neg_b, neg_b))
+            where = np.minimum(np.searchsorted(idx, ci), idx.size - 1)
+            is_lab = idx[where] == ci
             lab_rank = np.empty(idx.size, dtype=np.int64)
-            lab_rank[where_c[is_lab]] = cand_rank[is_lab]
+            lab_rank[where[is_lab]] = cand_rank[is_lab]
             if np.count_nonzero(is_lab) != idx.size:  # cannot happen: labelled bins are marked
                 raise AssertionError("labelled image missing from its own bin")
         else:
