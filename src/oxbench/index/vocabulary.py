@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 
 Structure = Literal["auto", "flat", "two-level"]
 VOCAB_FORMAT = 1
-#: ``structure="auto"`` picks ``flat`` up to this many words and ``two-level`` above.
-AUTO_FLAT_MAX = 65536
+#: ``structure="auto"`` picks ``flat`` up to this many words and ``two-level`` above (measured on the
+#: synthetic default: two-level 16,384 words trains in 4 s and assigns 0.8M descriptors in 8 s, where
+#: flat needs 330 s and 76 s, at the same mAP).
+AUTO_FLAT_MAX = 4096
 
 
 def _as_f32(x: NDArray[np.floating], dim: int | None = None, what: str = "descriptors") -> NDArray[np.float32]:
@@ -131,7 +133,7 @@ class Vocabulary:
 
     Args:
         n_words: number of visual words ``K``.
-        structure: ``"flat"``, ``"two-level"`` or ``"auto"`` (flat up to 65,536 words).
+        structure: ``"flat"``, ``"two-level"`` or ``"auto"`` (flat up to 4,096 words).
         n_iter: k-means iterations (each level).
         max_points_per_centroid: training sample limit: at most ``K * this`` descriptors are drawn
             (seeded) for the flat k-means, and ``k * this`` per k-means of the two-level one.

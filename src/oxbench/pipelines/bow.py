@@ -196,7 +196,7 @@ def step_vocabulary(
     log.info("training %d words on %d descriptors of %s", method.vocab_size, len(x), train.id)
     voc = Vocabulary(
         method.vocab_size,
-        structure=method.vocab_structure,
+        structure=method.resolved_vocab_structure,
         n_iter=method.vocab_iter,
         max_points_per_centroid=method.vocab_max_points_per_centroid,
         n_probe=method.vocab_n_probe,

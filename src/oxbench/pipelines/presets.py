@@ -82,12 +82,21 @@ class BowMethod:
         """Short stable hash of :meth:`to_dict`."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
+    @property
+    def resolved_vocab_structure(self) -> str:
+        """``flat`` or ``two-level``: what ``vocab_structure="auto"`` means at this size."""
+        if self.vocab_structure != "auto":
+            return self.vocab_structure
+        from oxbench.index.vocabulary import AUTO_FLAT_MAX
+
+        return "flat" if self.vocab_size <= AUTO_FLAT_MAX else "two-level"
+
     def vocabulary_settings(self) -> dict[str, object]:
         """The settings that determine the vocabulary (with the features and training set)."""
         return {
             "features": self.features.to_dict(),
             "n_words": self.vocab_size,
-            "structure": self.vocab_structure,
+            "structure": self.resolved_vocab_structure,
             "n_iter": self.vocab_iter,
             "max_points_per_centroid": self.vocab_max_points_per_centroid,
             "n_probe": self.vocab_n_probe,
