@@ -204,8 +204,8 @@ def labelled_positions_from_ranks(
     n_db: int | None = None,
     names: Sequence[str] | None = None,
     source: str | None = None,
-    budget_fraction: float = 0.125,
-    group: int = 8,
+    budget_fraction: float = 0.2,
+    group: int = 16,
     block_elems: int | None = None,
 ) -> list[Found]:
     """Positions and codes of each query's labelled images in its ranked list, with validation.
@@ -223,9 +223,10 @@ def labelled_positions_from_ranks(
         n_db: database size, for error messages (default ``n_index``).
         names: query names, for error messages.
         source: input name, for error messages.
-        budget_fraction: the work buffer uses at most about this fraction of ``ranks.nbytes`` (at
-            least a few hundred positions per query of a group).
-        group: queries copied together (8 int64 = one cache line of a revisitop row).
+        budget_fraction: the tables of the queries read together plus the int64 work buffer use
+            at most about this fraction of ``ranks.nbytes`` (at least a few hundred positions).
+        group: at most this many queries are read together (each needs a table; reading more
+            together means fewer passes over the revisitop rows).
         block_elems: positions per chunk and segment (for tests; default from the budget).
 
     Returns:
@@ -239,37 +240,37 @@ def labelled_positions_from_ranks(
     n_db = n_index if n_db is None else n_db
     check_ranks_dtype(ranks, source)
     segment = block_elems or (1 << 16)
-    scanner = _RowScanner(labels, n_index, n_db, k, names, source, segment)
+    table_len = n_index + 1
     out: list[Found] = []
     rows_contiguous = ranks.dtype == np.int64 and (k <= 1 or ranks.strides[1] == ranks.itemsize)
     if rows_contiguous:
+        scanner = _RowScanner(labels, n_index, n_db, k, names, source, segment)
         for q in range(nq):
             row = ranks[q]
             scanner.start(q)
             scanner.scan(row, 0, lambda row=row: row)
             out.append(scanner.finish(lambda row=row: row))
         return out
-    g = max(1, min(group, nq))
-    chunk = block_elems or max(_SLAB, int(ranks.nbytes * budget_fraction) // (8 * g))
+    budget = ranks.nbytes * budget_fraction
+    # queries read together (fewer passes over the revisitop rows), tables within half the budget
+    g = max(1, min(group, nq, int(budget / 2) // table_len))
+    chunk = block_elems or max(_SLAB, int(budget - g * table_len) // (8 * g))
     chunk = min(chunk, max(k, 1))
     buf = np.empty((g, chunk), dtype=np.int64)
+    scanners = [_RowScanner(labels, n_index, n_db, k, names, source, segment) for _ in range(g)]
     for g0 in range(0, nq, g):
         g1 = min(nq, g0 + g)
-        if chunk >= k:  # whole lists of the group fit: one query at a time, one table
-            rows = _transposed_chunk(ranks[g0:g1, :], buf[: g1 - g0], g0, 0, names, source)
+        for r in range(g1 - g0):
+            scanners[r].start(g0 + r)
+        for j0 in range(0, k, chunk):
+            j1 = min(k, j0 + chunk)
+            rows = _transposed_chunk(ranks[g0:g1, j0:j1], buf[: g1 - g0], g0, j0, names, source)
             for r in range(g1 - g0):
                 q = g0 + r
-                scanner.start(q)
-                scanner.scan(rows[r], 0, lambda q=q: np.asarray(ranks[q]))
-                out.append(scanner.finish(lambda q=q: np.asarray(ranks[q])))
-            continue
-        for q in range(g0, g1):  # a long list and a small budget: one query, chunk by chunk
-            scanner.start(q)
-            for j0 in range(0, k, chunk):
-                j1 = min(k, j0 + chunk)
-                row = _transposed_chunk(ranks[q : q + 1, j0:j1], buf[:1], q, j0, names, source)[0]
-                scanner.scan(row, j0, lambda q=q: np.asarray(ranks[q]))
-            out.append(scanner.finish(lambda q=q: np.asarray(ranks[q])))
+                scanners[r].scan(rows[r], j0, lambda q=q: np.asarray(ranks[q]))
+        for r in range(g1 - g0):
+            q = g0 + r
+            out.append(scanners[r].finish(lambda q=q: np.asarray(ranks[q])))
     return out
 
 
