@@ -25,7 +25,8 @@ from oxbench.pipelines.presets import DEFAULT_METHOD, METHODS
 @click.option("--vocab-size", type=int, default=None, help="Override the number of visual words.")
 @click.option("--max-side", type=int, default=None, help="Override the SIFT image max side (px).")
 @click.option("--top-r", type=int, default=None, help="Override how many images are spatially verified.")
-@click.option("--workers", type=int, default=1, show_default=True, help="Feature-extraction processes.")
+@click.option("--workers", type=int, default=0, show_default=True,
+              help="Feature-extraction processes (0 = one per available CPU).")
 @click.option("--force", is_flag=True, help="Overwrite a run folder written under another config.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
@@ -51,6 +52,10 @@ def run(
     """
     from oxbench.pipelines.runner import run_method
 
+    if workers <= 0:
+        import os
+
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     overrides: dict[str, object] = {}
     if max_side is not None:
         overrides["features.max_side"] = max_side

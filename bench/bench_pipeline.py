@@ -1,0 +1,172 @@
+"""Speed of the classic pipeline's stages, each against a baseline measured in the same run.
+
+1. Local features per second per core at 1024 px: RootSIFT against plain SIFT (the RootSIFT
+   overhead) and against 512 px (the default of the synthetic run). Images: the real ROxford/RParis
+   subset images when ``../shared/data`` is present (1024 x 768), else synthetic-default images
+   upscaled to 1024 px.
+2. Inverted-file query time at 10K and 100K database images (random bags of words with a Zipf word
+   distribution, ~800 features per image, 16,384 words): the sparse inverted file (posting lists of
+   the query's words only) against brute force over every database vector (forward index: CSR
+   ``[n_db, K] @ q``) and, at 10K, a dense float32 ``[n_db, K] @ q`` matrix product.
+3. Spatial verification time per query for R = 100 and 500 on the synthetic default (its cached
+   features and words; run ``oxbench run`` first, or this builds them), against the BoW search
+   time of the same query.
+
+CPU time per process (``time.process_time``) with one BLAS/OpenCV thread, so the numbers are per
+core and robust to other jobs on the machine. Usage::
+
+    python bench/bench_pipeline.py [--root DATA_ROOT] [--images 12] [--queries 10] [--skip features,ivf,sv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SUBSET = REPO.parent / "shared" / "data" / "revisited_pixel_retrieval_subset"
+
+
+def cpu(fn, repeat: int = 1):  # noqa: ANN001, ANN201
+    """Best CPU seconds of ``repeat`` calls, and the last result."""
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.process_time()
+        out = fn()
+        best = min(best, time.process_time() - t0)
+    return best, out
+
+
+def bench_features(n_images: int, root: Path | None) -> None:
+    import cv2
+
+    from oxbench.datasets.base import read_image
+    from oxbench.features.sift import SiftConfig, extract_features
+
+    cv2.setNumThreads(1)
+    if SUBSET.is_dir():
+        paths = sorted((SUBSET / "db_images").glob("*.jpg"))[:n_images]
+        images = [read_image(p) for p in paths]
+        what = f"{len(images)} real ROxford/RParis images (1024 px)"
+    else:
+        from oxbench.datasets.synthetic import ensure_default, load_synthetic
+
+        test_dir, _ = ensure_default(root)
+        bench = load_synthetic(test_dir)
+        images = [cv2.resize(bench.database.read(i), (1024, 768), interpolation=cv2.INTER_CUBIC) for i in range(n_images)]
+        what = f"{len(images)} synthetic images upscaled to 1024 px"
+    print(f"\n== local features, one core, {what}")
+    extract_features(images[0], SiftConfig())  # warm-up (OpenCV initialisation)
+    rows = []
+    for label, cfg in (
+        ("SIFT 1024 px (baseline)", SiftConfig(descriptor="sift", max_side=1024, n_features=0)),
+        ("RootSIFT 1024 px", SiftConfig(descriptor="rootsift", max_side=1024, n_features=0)),
+        ("RootSIFT 512 px, <=1000", SiftConfig(descriptor="rootsift", max_side=512, n_features=1000)),
+    ):
+        t, feats = cpu(lambda cfg=cfg: [extract_features(im, cfg) for im in images], repeat=2)
+        n = sum(len(f) for f in feats)
+        rows.append((label, len(images) / t, n / len(images), n / t))
+    base = rows[0][1]
+    for label, ips, fpi, fps in rows:
+        print(f"  {label:26s} {ips:6.2f} images/s/core  {fps:8.0f} features/s/core  {fpi:6.0f} features/image"
+              f"  x{ips / base:5.2f} images/s vs SIFT 1024")
+
+
+def zipf_bows(rng: np.random.Generator, n: int, n_words: int, per_image: int):  # noqa: ANN201
+    from oxbench.index.inverted import bow_matrix
+
+    p = 1.0 / np.arange(1, n_words + 1) ** 0.8
+    p /= p.sum()
+    perm = rng.permutation(n_words)
+    words = [perm[rng.choice(n_words, size=per_image, p=p)] for _ in range(n)]
+    return bow_matrix(words, n_words)
+
+
+def bench_inverted_file(n_queries: int) -> None:
+    import scipy.sparse as sp
+
+    from oxbench.index.inverted import InvertedFile
+
+    rng = np.random.default_rng(0)
+    n_words, per_image = 16384, 800
+    print(f"\n== inverted file, {n_words} words, {per_image} features/image, {n_queries} queries, one core")
+    q_tf = zipf_bows(rng, n_queries, n_words, per_image)
+    for n_db in (10_000, 100_000):
+        parts = [zipf_bows(rng, min(10_000, n_db - s), n_words, per_image) for s in range(0, n_db, 10_000)]
+        db_tf = sp.vstack(parts).tocsr()
+        t_fit, ivf = cpu(lambda db_tf=db_tf: InvertedFile(n_words).fit(db_tf))
+        q_vecs = ivf.transform(q_tf)
+        t_ivf, s_ivf = cpu(lambda ivf=ivf, q=q_vecs: ivf.scores_of_vectors(q), repeat=3)
+        fwd = ivf.db_vectors_
+        q_dense = q_vecs.toarray().astype(np.float32)
+        t_fwd, s_fwd = cpu(lambda fwd=fwd, q=q_dense: np.asarray(fwd @ q.T).T, repeat=3)
+        assert np.allclose(s_ivf, s_fwd, atol=1e-5)
+        line = (f"  n_db {n_db:>7,}: build {t_fit:5.2f} s; per query: inverted file {1e3 * t_ivf / n_queries:7.2f} ms, "
+                f"forward-index brute force {1e3 * t_fwd / n_queries:7.2f} ms (x{t_fwd / t_ivf:4.1f})")
+        if n_db <= 10_000:
+            dense = fwd.toarray()
+            t_dense, s_dense = cpu(lambda dense=dense, q=q_dense: q @ dense.T, repeat=3)
+            assert np.allclose(s_ivf, s_dense, atol=1e-4)
+            line += f", dense matmul {1e3 * t_dense / n_queries:7.2f} ms (x{t_dense / t_ivf:4.1f})"
+            del dense
+        else:
+            line += ", dense matmul skipped (would need 6.5 GB)"
+        print(line)
+
+
+def bench_spatial(root: Path | None, n_queries: int) -> None:
+    from oxbench.datasets.synthetic import ensure_default, load_synthetic
+    from oxbench.pipelines import bow
+    from oxbench.pipelines.presets import resolve_method
+
+    test_dir, train_dir = ensure_default(root)
+    bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
+    cache = test_dir.parent / "_cache"
+    print(f"\n== spatial verification per query, synthetic default, {n_queries} queries, one core")
+    base = None
+    for r in (100, 500):
+        m = resolve_method("rootsift-bow-sv", spatial_top_r=r)
+        bow.step_vocabulary(m, train, cache, progress=False)
+        bow.step_features(bench, m.features, cache, progress=False)
+        vocab = bow.vocabulary_path(cache, m, train)
+        timings: dict[str, float] = {}
+        # search all queries (BoW), verify the top r of the first n_queries: time per query
+        import dataclasses
+
+        small = dataclasses.replace(bench, gt=dataclasses.replace(bench.gt, queries=bench.gt.queries[:n_queries]))
+        t, out = cpu(lambda m=m, small=small, v=vocab, tm=timings: bow.search(m, small, cache, v, progress=False, timings=tm))
+        per_query_sv = timings["spatial"] / n_queries
+        per_query_bow = timings["search"] / n_queries
+        base = base or per_query_sv
+        print(f"  R = {r:3d}: {1e3 * per_query_sv:7.1f} ms/query spatial (x{per_query_sv / base:4.2f} vs R=100), "
+              f"BoW search {1e3 * per_query_bow:6.2f} ms/query, "
+              f"verified {np.mean(out.info['verified_per_query']):.1f} images/query")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--root", type=Path, default=None, help="data root holding (or receiving) the synthetic default")
+    ap.add_argument("--images", type=int, default=12)
+    ap.add_argument("--queries", type=int, default=10)
+    ap.add_argument("--skip", default="", help="comma-separated: features, ivf, sv")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    if "features" not in skip:
+        bench_features(args.images, args.root)
+    if "ivf" not in skip:
+        bench_inverted_file(args.queries)
+    if "sv" not in skip:
+        from oxbench.datasets.paths import data_root
+
+        bench_spatial(data_root(args.root), args.queries)
+
+
+if __name__ == "__main__":
+    main()

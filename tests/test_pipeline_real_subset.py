@@ -1,0 +1,52 @@
+"""The real ROxford/RParis subset: loading its labels, and re-ranking candidates (skips when absent)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oxbench.pipelines.subset import candidate_map, load_subset_city
+
+pytestmark = pytest.mark.shared_data
+
+
+@pytest.fixture(scope="module")
+def subset(shared_data: Path) -> Path:
+    folder = shared_data / "revisited_pixel_retrieval_subset"
+    if not folder.is_dir():
+        pytest.skip("revisited_pixel_retrieval_subset is absent")
+    return folder
+
+
+def test_subset_cities_and_their_labels(subset: Path) -> None:
+    ox = load_subset_city(subset, "roxford5k")
+    pa = load_subset_city(subset, "rparis6k")
+    assert ox.bench.gt.query_names == ("o15", "o25", "o30", "o40", "o53", "o55", "o58", "o66")
+    assert len(ox.candidates) == len(pa.candidates) == 8
+    assert ox.bench.gt.n_db + pa.bench.gt.n_db == 280
+    for city in (ox, pa):
+        for q, cand in zip(city.bench.gt.queries, city.candidates, strict=True):
+            assert len(cand) == 20 and len(set(cand.tolist())) == 20
+            assert len(q.hard) == 5 and set(q.hard.tolist()) <= set(cand.tolist())
+    # a perfect ranking scores 1, the positives last scores low
+    perfect = [np.concatenate([q.hard, np.setdiff1d(c, q.hard)]) for q, c in zip(ox.bench.gt.queries, ox.candidates, strict=True)]
+    assert candidate_map(ox, perfect)[0] == pytest.approx(1.0)
+    worst = [np.concatenate([np.setdiff1d(c, np.union1d(q.hard, q.junk)), q.hard]) for q, c in zip(ox.bench.gt.queries, ox.candidates, strict=True)]
+    assert candidate_map(ox, worst)[0] < 0.3
+
+
+@pytest.mark.slow
+def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path: Path) -> None:
+    """Small settings (256 px, 512 words from the RParis images): BoW and +SV give valid mAPs."""
+    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines.subset import rank_subset_city
+
+    ox = load_subset_city(subset, "roxford5k")
+    pa = load_subset_city(subset, "rparis6k")
+    m = resolve_method("rootsift-bow-sv", vocab_size=512, **{"features.max_side": 256, "features.n_features": 300})
+    res = rank_subset_city(ox, pa.bench, tmp_path, m)
+    assert res["trained_on"] == "rparis6k-pixel-subset"
+    assert 0.0 < res["bow"] <= 1.0 and 0.0 < res["bow_sv"] <= 1.0
+    assert len(res["ap_bow"]) == 8 and len(res["verified"]) == 8
