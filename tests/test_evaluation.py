@@ -153,7 +153,8 @@ def test_differential_random(protocol):
     for _ in range(60):
         n_db = int(rng.integers(6, 40))
         nq = int(rng.integers(1, 6))
-        n_distr = int(rng.integers(0, 6)) if rng.random() < 0.5 else 0
+        # few distractors, none, or many (labels then sit in a small part of the index range)
+        n_distr = [0, int(rng.integers(0, 6)), 4 * n_db][int(rng.integers(0, 3))]
         gt = random_gt(rng, protocol, n_db, nq)
         ranks = random_ranks(rng, gt, n_db + n_distr, min_k=4 if protocol == "ukbench" else 1)
         try:
@@ -171,16 +172,20 @@ def test_differential_blocks_and_groups():
     rng = np.random.default_rng(7)
     for _ in range(30):
         gt = random_gt(rng, "revisited", int(rng.integers(10, 60)), 4, allow_empty=False)
-        ranks = np.array(random_ranks(rng, gt, gt.n_db))
+        n_index = gt.n_db * int(rng.choice([1, 6]))  # x6: the distractor-dominated branch
+        ranks = np.array(random_ranks(rng, gt, n_index))
         labels = query_labels(gt)
-        a = labelled_positions_from_ranks(ranks, labels, gt.n_db)
+        a = labelled_positions_from_ranks(ranks, labels, n_index, n_db=gt.n_db)
+        ref = [np.flatnonzero(np.isin(r, idx)) for r, (idx, _) in zip(ranks, labels, strict=True)]
+        for (pos, _), exp in zip(a, ref, strict=True):
+            np.testing.assert_array_equal(pos, exp)
         f = np.asfortranarray(ranks)
         others = [
-            labelled_positions_from_ranks(ranks, labels, gt.n_db, block_elems=1),
-            labelled_positions_from_ranks(f, labels, gt.n_db),  # whole lists per group
-            labelled_positions_from_ranks(f, labels, gt.n_db, group=3, block_elems=7),  # chunked
-            labelled_positions_from_ranks(f.astype(np.int32), labels, gt.n_db, group=2),
-            labelled_positions_from_ranks(ranks.astype(float), labels, gt.n_db, block_elems=5),
+            labelled_positions_from_ranks(ranks, labels, n_index, n_db=gt.n_db, block_elems=1),
+            labelled_positions_from_ranks(f, labels, n_index, n_db=gt.n_db),  # whole lists
+            labelled_positions_from_ranks(f, labels, n_index, n_db=gt.n_db, group=3, block_elems=7),
+            labelled_positions_from_ranks(f.astype(np.int32), labels, n_index, n_db=gt.n_db, group=2),
+            labelled_positions_from_ranks(ranks.astype(float), labels, n_index, n_db=gt.n_db, block_elems=5),
         ]
         for other in others:
             for x, y in zip(a, other, strict=True):
@@ -469,6 +474,28 @@ def test_distractors(small_gt):
     assert res.setups["easy"].ap[0] == pytest.approx((1 / 2 * (0 + 1 / 2) + 1 / 2 * (1 / 2 + 2 / 3)) / 2)
     with pytest.raises(InputError, match="distractors 10..12"):
         evaluate(small_gt, full([13]), n_distractors=3)
+
+
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_bad_ranks_with_many_distractors(small_gt, layout):
+    """With distractors dominating, labelled images are found by comparison: same checks."""
+    n = 10 + 40
+
+    def check(rows, match):
+        arr = np.array(rows)
+        arr = np.asfortranarray(arr) if layout == "F" else arr
+        with pytest.raises(InputError, match=match):
+            evaluate(small_gt, arr, n_distractors=40)
+
+    base = list(range(n))
+    check([base, base[:-1] + [n]], r"query 1 \(qb\): rank position 49 holds index 50")
+    check([base, base[:-1] + [n + 7]], "holds index 57")
+    check([base, [-1, -3] + base[2:]], "holds index -3")
+    check([base, [-1, 50] + base[2:]], "holds index 50")
+    check([base[:-1] + [45], base], r"query 0 \(qa\): image 45 appears")
+    check([base[:-1] + [4], base], "image 4 appears")
+    res = evaluate(small_gt, np.array([base, [-1] * 5 + base[5:]]), n_distractors=40)
+    assert_matches_reference(small_gt, [base, [-1] * 5 + base[5:]], res)
 
 
 def test_inconsistent_ground_truth():

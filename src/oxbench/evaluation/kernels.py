@@ -141,43 +141,65 @@ class _RowScanner:
         self.code: list[np.ndarray] = []
         self.sparse = k < (n_index + 1) // 64  # reset by scatter instead of a full fill
         self.codes_buf = np.zeros(segment + 8, dtype=np.uint8)
+        self.db_only = n_db * 4 <= n_index  # distractors dominate (R1M): see scan()
 
     def start(self, q: int) -> None:
         self.q, self.n_missing, self.pos, self.code = q, 0, [], []
         idx, codes = self.labels[q]
         self.table[idx] = codes
 
+    def _out_of_range(self, seg: np.ndarray, at: int) -> None:
+        c = int(np.flatnonzero((seg < -1) | (seg >= self.n_index))[0])
+        raise InputError(
+            f"{_qname(self.names, self.q)}: rank position {at + c} holds index {seg[c]}, "
+            f"but {_range_text(self.n_db, self.n_index)} (-1 marks a gap)",
+            self.source,
+        )
+
     def scan(self, row: np.ndarray, j0: int, full_row: Callable[[], np.ndarray]) -> None:
         """Scan ``row`` = positions ``j0 ..`` of the current query's list (int64, contiguous)."""
         table = self.table
         for s0 in range(0, row.shape[0], self.segment):
             seg = row[s0 : s0 + self.segment]
-            lo, hi = int(seg.min()), int(seg.max())
-            if lo < -1 or hi >= self.n_index:
-                c = int(np.flatnonzero((seg < -1) | (seg >= self.n_index))[0])
-                raise InputError(
-                    f"{_qname(self.names, self.q)}: rank position {j0 + s0 + c} holds index {seg[c]}, "
-                    f"but {_range_text(self.n_db, self.n_index)} (-1 marks a gap)",
-                    self.source,
-                )
+            at = j0 + s0
+            lo = int(seg.min())
+            if lo < -1:
+                self._out_of_range(seg, at)
             if lo == -1:
                 self.n_missing += int(np.count_nonzero(seg == -1))
-            length = seg.shape[0]
-            padded = (length + 7) & ~7
-            codes = self.codes_buf[:padded]
-            table.take(seg, out=codes[:length], mode="wrap")  # in range (checked); -1 -> sentinel
-            codes[length:] = 0
-            table[seg] = _SEEN
-            table[-1] = 0
-            # Labelled entries are rare: find the non-zero 8-byte words first, then the bytes.
-            words = np.flatnonzero(codes.view(np.uint64))
-            if words.size:
-                sub_r, sub_c = np.nonzero(codes.reshape(-1, 8)[words])
-                nz = words[sub_r] * 8 + sub_c
-                c = codes[nz]
+            if self.db_only:
+                # Labels index the database only and distractors dominate the list: find the
+                # database entries by one comparison, look up just those.
+                nz = np.flatnonzero(seg < self.n_db)
+                c = table.take(seg[nz], mode="wrap") if nz.size else np.zeros(0, np.uint8)
+                keep = c != 0
+                nz, c = nz[keep], c[keep]
+            else:
+                length = seg.shape[0]
+                padded = (length + 7) & ~7
+                codes = self.codes_buf[:padded]
+                table.take(seg, out=codes[:length], mode="wrap")  # -1 -> sentinel; range below
+                codes[length:] = 0
+                # Labelled entries are rare: find the non-zero 8-byte words, then the bytes.
+                words = np.flatnonzero(codes.view(np.uint64))
+                if words.size:
+                    sub_r, sub_c = np.nonzero(codes.reshape(-1, 8)[words])
+                    nz = words[sub_r] * 8 + sub_c
+                    c = codes[nz]
+                else:
+                    nz, c = words, np.zeros(0, np.uint8)
+            try:
+                table[seg] = _SEEN  # a labelled image seen again reads _SEEN: a duplicate
+            except IndexError:  # an index beyond n_index
+                self._out_of_range(seg, at)
+            if table[-1]:  # the sentinel slot: a -1 gap, or the index n_index itself
+                table[-1] = 0
+                if lo >= 0 or int(seg.max()) >= self.n_index:
+                    self._out_of_range(seg, at)
+            if nz.size:
                 if c.max() >= _SEEN:  # met in an earlier segment
                     _raise_duplicate(full_row(), self.q, self.names, self.source)
-                self.pos.append(nz + (j0 + s0))
+                self.pos.append(nz + at)
                 self.code.append(c)
 
     def finish(self, full_row: Callable[[], np.ndarray]) -> Found:
