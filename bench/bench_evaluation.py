@@ -246,7 +246,15 @@ def main(argv: list[str] | None = None) -> int:
     report("per-query scan", "evaluate(from_revisitop)", t_off_b, t_ox_b, same_b)
     print(f"    oxbench peak extra memory {peak_b / 2**20:.1f} MiB = {100 * peak_b / ranks.nbytes:.1f}% of the "
           f"{ranks.nbytes / 2**20:.0f} MiB ranks array (target <= 25%)")
-    return 0 if (same_a and same_b) else 1
+    # (b') the same ranks in oxbench's internal layout [n_queries, k] (rows contiguous: no copy)
+    internal = np.ascontiguousarray(ranks.T)
+    del ranks
+    gc.collect()
+    res_c, t_ox_c = timed(evaluate, gt, internal, n_distractors=n_distr, repeat=args.repeat)
+    same_c = same_numbers(res_c, off_b)
+    print("\n(b') the same ranks in the internal layout [n_queries, k]")
+    report("per-query scan (from (b))", "evaluate(internal)", t_off_b, t_ox_c, same_c)
+    return 0 if (same_a and same_b and same_c) else 1
 
 
 if __name__ == "__main__":

@@ -310,6 +310,25 @@ def test_score_kernel_exact_for_any_bin_count(n_bins):
         np.testing.assert_array_equal(got[q][1], codes[np.argsort(rank_of[idx])])
 
 
+@pytest.mark.parametrize("max_candidates", [None, 10])
+def test_score_kernel_huge_ties(max_candidates):
+    """Sparse-retrieval scores: most images (labelled ones too) score exactly 0."""
+    rng = np.random.default_rng(11)
+    n, nq = 3000, 5
+    gt = random_gt(rng, "revisited", n, nq, allow_empty=False)
+    scores = np.zeros((n, nq), np.float32)
+    hits = rng.random((n, nq)) < 0.02
+    scores[hits] = rng.integers(1, 5, hits.sum())  # few, tied, retrieved
+    labels = query_labels(gt)
+    got = labelled_ranks_from_scores(scores, labels, max_candidates=max_candidates, block_rows=500)
+    order = ranks_from_scores(scores)
+    for q, (idx, codes) in enumerate(labels):
+        rank_of = np.empty(n, np.int64)
+        rank_of[order[q]] = np.arange(n)
+        np.testing.assert_array_equal(got[q][0], np.sort(rank_of[idx]))
+        np.testing.assert_array_equal(got[q][1], codes[np.argsort(rank_of[idx])])
+
+
 def test_score_kernel_infinite_labelled_scores_fall_back():
     gt = GroundTruth("t", "original", tuple("abcde"), (make_query("q", good=[1, 3], junk=[0]),))
     scores = np.array([[np.inf], [np.inf], [0.0], [-np.inf], [1.0]])

@@ -6,18 +6,21 @@ ignored ones) in the ranked list; everything else is a negative. Both kernels re
 image there (see :data:`EASY` ...). The scoring in :mod:`oxbench.evaluation.protocols` works on those
 short arrays only.
 
-- :func:`labelled_positions_from_ranks` streams a ``[n_queries, k]`` ranks array (C-ordered, or the
-  transposed view of a revisitop ``(k, n_queries)`` file) in blocks of positions: one gather of a
-  small per-query label table (``uint8``) per entry, plus an exact range and duplicate check (each
-  entry marks its image as seen in the same table). Extra memory: one byte per (query, database
-  image) for the queries processed together (at most 1/8 of the ranks array, by default) and a
-  block.
+- :func:`labelled_positions_from_ranks` scans each query's list once against a 1-byte-per-index
+  table: one gather of the query's label codes (or, when distractors dominate, one comparison that
+  finds the few database entries), and one scatter that marks every image as seen in the same table
+  -- an exact duplicate check (an image met again reads "seen"; at the end, fewer distinct marks
+  than entries means a repeat) and, with the scatter's bounds check and a sentinel slot for -1, an
+  exact range check. A transposed view of a revisitop ``(k, n_queries)`` array is read 16 queries
+  at a time in cache-sized slabs into a work buffer; extra memory stays under about 20 % of the
+  ranks array (one table per query read together, plus the buffer).
 - :func:`labelled_ranks_from_scores` never sorts the score matrix. The rank of a labelled image
   ``i`` with score ``s`` in the stable descending order is ``#{score > s} + #{score == s, index <
-  i}``. A monotone map of scores to a few thousand bins per query (linear between the query's lowest
-  and highest labelled score) turns the first term into a histogram count, except inside the bins
-  that hold a labelled score, whose images are collected and compared exactly. One pass over the
-  matrix in row blocks; the result is exact (ties included), whatever the score distribution.
+  i}``. A monotone map of scores to bins (linear between the query's lowest and highest labelled
+  score, about one bin per 16 database items) turns the first term into a histogram count, except
+  inside the few bins that hold a labelled score, whose images are collected and ranked exactly.
+  One pass over the matrix in row chunks (transposed in cache-sized slabs); exact, ties included,
+  whatever the score distribution (skewed distributions only make more images to compare).
 
 Both are numpy-only.
 """
@@ -341,6 +344,7 @@ def labelled_ranks_from_scores(
     n_bins: int | None = None,
     block_rows: int | None = None,
     budget_fraction: float = 0.125,
+    max_candidates: int | None = None,
 ) -> list[Found]:
     """Positions and codes of each query's labelled images in the stable descending score order.
 
@@ -358,6 +362,10 @@ def labelled_ranks_from_scores(
         block_rows: database rows per streamed chunk (default: from ``budget_fraction``).
         budget_fraction: the transposed work buffer uses at most about this fraction of
             ``scores.nbytes`` (at least a few hundred rows).
+        max_candidates: per query, at most this many images are kept for exact comparison
+            (default ``max(65536, n // 32)``). A query that needs more -- its labelled scores sit
+            in huge ties, e.g. the zeros of a sparse bag-of-words system -- is ranked instead by a
+            stable sort of its column (slower, same result).
 
     Returns:
         Per query ``(positions, codes)``, positions strictly increasing.
@@ -408,7 +416,9 @@ def labelled_ranks_from_scores(
     bbuf = np.empty(rows, dtype=np.int64)
     mbuf = np.zeros(rows + 8, dtype=np.uint8)
     marks = mark.reshape(nq, nbt).view(np.uint8)
-    fast_queries = np.flatnonzero(fast).tolist()
+    cap = max_candidates if max_candidates is not None else max(1 << 16, n // 32)
+    n_cand = np.zeros(nq, dtype=np.int64)
+    heavy = np.zeros(nq, dtype=bool)
     # per query: candidate database indices, scores, bins (chunks in order: indices ascending)
     cand: list[list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = [[] for _ in range(nq)]
     for i0 in range(0, n, rows):
@@ -422,7 +432,7 @@ def labelled_ranks_from_scores(
             raise InputError(f"{_qname(names, int(r))}: score of database image {i0 + c} is NaN", source)
         y = ybuf[:length]
         b = bbuf[:length]
-        for q in fast_queries:
+        for q in np.flatnonzero(fast & ~heavy).tolist():
             row = dst[q]
             np.multiply(row, scale[q], out=y)
             y += offset[q]
@@ -431,6 +441,11 @@ def labelled_ranks_from_scores(
             np.add(hist[q], np.bincount(b, minlength=nbt), out=hist[q], casting="unsafe")
             hit = _nonzero_sparse(marks[q], b, mbuf)
             if hit.size:
+                n_cand[q] += hit.size
+                if n_cand[q] > cap:  # huge ties around a labelled score: sort this column instead
+                    heavy[q] = True
+                    cand[q] = []
+                    continue
                 cand[q].append((hit + i0, row[hit], b[hit]))
 
     out: list[Found] = []
@@ -439,7 +454,7 @@ def labelled_ranks_from_scores(
         if idx.size == 0:
             out.append((np.zeros(0, np.int64), np.zeros(0, np.uint8)))
             continue
-        if fast[q]:
+        if fast[q] and not heavy[q]:
             h = hist[q].astype(np.int64)
             above = np.concatenate([np.cumsum(h[::-1])[::-1][1:], [0]])  # items in higher bins
             ci = np.concatenate([c[0] for c in cand[q]])
@@ -459,12 +474,17 @@ def labelled_ranks_from_scores(
             if np.count_nonzero(is_lab) != idx.size:  # cannot happen: labelled bins are marked
                 raise AssertionError("labelled image missing from its own bin")
         else:
-            log.debug("query %d: non-finite labelled scores, exact fallback", q)
+            log.debug("query %d: %s, exact fallback", q, "huge ties" if heavy[q] else "non-finite labels")
             col = np.ascontiguousarray(scores[:, q]).astype(wd)
             if np.isnan(col).any():
                 bad = int(np.flatnonzero(np.isnan(col))[0])
                 raise InputError(f"{_qname(names, q)}: score of database image {bad} is NaN", source)
-            lab_rank = _exact_ranks_in_column(col, idx)
+            if idx.size <= 16:
+                lab_rank = _exact_ranks_in_column(col, idx)
+            else:
+                rank_of = np.empty(n, dtype=np.int64)
+                rank_of[np.argsort(-col, kind="stable")] = np.arange(n)
+                lab_rank = rank_of[idx]
         order = np.argsort(lab_rank, kind="stable")
         out.append((lab_rank[order], codes[order]))
     return out
