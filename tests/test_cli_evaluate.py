@@ -110,6 +110,7 @@ def _bad(rev, tmp):
         (["--gnd", gnd, "--scores", str(p["s"])], "45 rows but the database has 40 images"),
         (["--gnd", gnd, "--ranks", str(p["r_db"]), "--ks", "1,x"], "--ks"),
         (["--gnd", gnd, "--db-features", str(p["x"])], "go together"),
+        (["--gnd", gnd, "--ranks", str(p["r_db"]), "--distractors", "-3"], "--distractors must be >= 0"),
     ]
 
 

@@ -89,6 +89,8 @@ def _score(
 ) -> Any:
     from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores, from_revisitop
 
+    if n_distractors < 0:
+        raise InputError(f"--distractors must be >= 0, got {n_distractors}")
     given = [ranks is not None, scores is not None, db_features is not None or query_features is not None]
     if sum(given) != 1:
         raise InputError("give exactly one of --ranks, --scores, or --db-features with --query-features")
@@ -154,10 +156,10 @@ def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
         "n_distractors",
         default=0,
         show_default=True,
-        type=click.IntRange(min=0),
+        type=int,
         help="Admit indices n_db .. n_db+N-1 as distractors (R1M: 1001001).",
     )(f)
-    f = click.option("--root", type=click.Path(file_okay=False), help="Data root for --dataset.")(f)
+    f = click.option("--root", type=click.Path(), help="Data root for --dataset.")(f)
     f = click.option("--dataset", help="Take the ground truth of an installed dataset instead of --gnd.")(f)
     return f
 
@@ -244,7 +246,7 @@ def oxford(
 @click.option(
     "--images", type=click.Path(), help="holidays_images.dat (default: the installed holidays dataset)."
 )
-@click.option("--root", type=click.Path(file_okay=False), help="Data root of the installed dataset.")
+@click.option("--root", type=click.Path(), help="Data root of the installed dataset.")
 @_common
 def holidays(
     results: str, images: str | None, root: str | None, ks: str, as_json: bool, per_query: str | None
