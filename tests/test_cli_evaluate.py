@@ -243,3 +243,17 @@ def test_real_oxford_gt_dir_and_pickle_agree(shared_data, tmp_path, capsys):
     b = json.loads(out)
     assert round(100 * a["map"], 2) == round(100 * b["map"], 2) == 40.29
     assert a["ap"] == pytest.approx(b["ap"], abs=1e-12)
+
+
+@pytest.mark.shared_data
+def test_real_holidays_result_file(shared_data, capsys):
+    """The real (truncated, top-10) Holidays result file: our trapezoid AP gives about 0.689."""
+    code, out, err = run(
+        ["evaluate", "holidays", "--results", str(shared_data / "holidays/peng_result.txt"),
+         "--images", str(shared_data / "holidays/holidays_images.dat"), "--json"],
+        capsys,
+    )
+    assert code == 0, err
+    d = json.loads(out)
+    assert len(d["ap"]) == 500
+    assert round(d["map"], 3) == 0.689

@@ -420,6 +420,20 @@ def test_permuting_queries_permutes_results(case, rnd):
         assert b.setups[s].map == pytest.approx(a.setups[s].map, abs=1e-12)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.sampled_from([np.float32, np.float64]))
+def test_scores_path_equals_ranks_path_property(seed, n_values, dtype):
+    """Few distinct score values = many ties: the stable order decides, both paths agree."""
+    rng = np.random.default_rng(seed)
+    gt = random_gt(rng, "revisited", int(rng.integers(12, 80)), int(rng.integers(1, 4)), allow_empty=False)
+    scores = rng.integers(0, n_values, size=(gt.n_db, gt.n_queries)).astype(dtype)
+    a = evaluate_scores(gt, scores)
+    b = evaluate(gt, ranks_from_scores(scores))
+    for name in a.setups:
+        np.testing.assert_array_equal(a.setups[name].ap, b.setups[name].ap)
+        np.testing.assert_array_equal(a.setups[name].p_at_k, b.setups[name].p_at_k)
+
+
 def test_revisitop_layout_round_trip():
     r = np.arange(12).reshape(3, 4)
     assert to_revisitop(from_revisitop(r)) is not None
