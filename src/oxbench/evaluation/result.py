@@ -54,7 +54,9 @@ class SetupResult:
 
 
 def _pct(x: float) -> str:
-    return "nan" if math.isnan(x) else f"{100.0 * x:.2f}"
+    # revisitop prints np.around(x * 100, decimals=2): round the same way (half to even on the
+    # scaled value), then show two decimals.
+    return "nan" if math.isnan(x) else f"{float(np.around(x * 100.0, 2)):.2f}"
 
 
 def _json_float(x: float) -> float | None:
