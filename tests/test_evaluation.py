@@ -595,3 +595,18 @@ def test_real_oxford_descriptors_regression_anchor(shared_data):
     ranks = ranks_from_scores(xr @ qr.T)[:, :1000]
     truncated = evaluate(rev, from_revisitop(to_revisitop(ranks)))
     assert_matches_reference(rev, ranks.tolist(), truncated)
+
+
+def test_table_exporters():
+    from oxbench.report.tables import csv_text
+
+    gt = worked_gt(None)
+    res = evaluate(gt, np.arange(9)[None, :])
+    md = res.markdown().splitlines()
+    assert md[0] == "| setup | queries | mAP | mP@1 | mP@5 | mP@10 |"
+    assert md[2].startswith("| original | 1/1 | 83.54 |")
+    tex = res.latex()
+    assert tex.startswith(r"\begin{tabular}{lrrrrr}") and r"mAP & mP@1" in tex and r"\bottomrule" in tex
+    csv = csv_text(res.per_query_rows()).splitlines()
+    assert csv[0] == "setup,query_index,query,n_positives,ap,p@1,p@5,p@10"
+    assert csv[1].startswith("original,0,q,4,0.8354166666666666,1.0,0.6,")
