@@ -383,12 +383,10 @@ def labelled_ranks_from_scores(
     scale = np.ones(nq, dtype=wd)
     offset = np.zeros(nq, dtype=wd)
     fast = np.zeros(nq, dtype=bool)
-    lab_vals: list[np.ndarray] = []
     mark = np.zeros(nq * nbt, dtype=bool)
     for q in range(nq):
         idx, _ = labels[q]
         vals = scores[idx, q].astype(wd)
-        lab_vals.append(vals)
         if idx.size == 0:
             continue
         if np.isnan(vals).any():
