@@ -69,8 +69,14 @@ def gt_digest(gt: GroundTruth) -> str:
 
 
 def dataset_key(bench: Benchmark) -> str:
-    """Cache folder name of a benchmark: its id plus a digest of its ground truth."""
-    return f"{bench.id}-{gt_digest(bench.gt)[:10]}"
+    """Cache folder name of a benchmark: its id plus a digest of its ground truth and options.
+
+    The options carry what else identifies the images (the synthetic sets record the sha256 of
+    their images there), so regenerated images never meet features cached from older ones.
+    """
+    h = hashlib.sha256(gt_digest(bench.gt).encode())
+    h.update(json.dumps(dict(bench.options), sort_keys=True, default=str).encode())
+    return f"{bench.id}-{h.hexdigest()[:10]}"
 
 
 def _sources(
