@@ -229,8 +229,8 @@ def evaluate(
     Example:
         >>> from oxbench.groundtruth import GroundTruth, make_query
         >>> gt = GroundTruth("toy", "original", ("a", "b", "c"), (make_query("q", good=[2], junk=[0]),))
-        >>> evaluate(gt, [[0, 1, 2]]).setups["original"].map  # junk deleted: positive at rank 1
-        0.75
+        >>> evaluate(gt, [[0, 1, 2]]).setups["original"].map  # junk deleted: b, c -> (0/1 + 1/2) / 2
+        0.25
     """
     n_distractors = _check_distractors(n_distractors)
     gt.validate()
