@@ -610,3 +610,16 @@ def test_table_exporters():
     csv = csv_text(res.per_query_rows()).splitlines()
     assert csv[0] == "setup,query_index,query,n_positives,ap,p@1,p@5,p@10"
     assert csv[1].startswith("original,0,q,4,0.8354166666666666,1.0,0.6,")
+
+
+def test_docstring_examples():
+    import doctest
+
+    import oxbench.evaluation.ap as ap_mod
+    import oxbench.evaluation.protocols as protocols_mod
+    import oxbench.evaluation.ranking as ranking_mod
+    import oxbench.report.tables as tables_mod
+
+    for mod in (ap_mod, protocols_mod, ranking_mod, tables_mod):
+        failed, _ = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert failed == 0, mod.__name__
