@@ -16,6 +16,7 @@ CPU time per process (``time.process_time``) with one BLAS/OpenCV thread, so the
 core and robust to other jobs on the machine. Usage::
 
     python bench/bench_pipeline.py [--root DATA_ROOT] [--images 12] [--queries 10] [--skip features,ivf,sv]
+    python bench/bench_pipeline.py --ablation 4096 16384     # mAP table: BoW -> +SV -> +QE
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
     test_dir, train_dir = ensure_default(root)
     bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
     cache = test_dir.parent / "_cache"
-    print(f"\n== spatial verification per query, synthetic default, {n_queries} queries, one core")
+    print(f"\n== spatial verification per query, synthetic default ({bench.gt.n_queries} queries), one core")
     base = None
     for r in (100, 500):
         m = resolve_method("rootsift-bow-sv", spatial_top_r=r)
@@ -137,11 +138,8 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
         bow.step_features(bench, m.features, cache, progress=False)
         vocab = bow.vocabulary_path(cache, m, train)
         timings: dict[str, float] = {}
-        # search all queries (BoW), verify the top r of the first n_queries: time per query
-        import dataclasses
-
-        small = dataclasses.replace(bench, gt=dataclasses.replace(bench.gt, queries=bench.gt.queries[:n_queries]))
-        t, out = cpu(lambda m=m, small=small, v=vocab, tm=timings: bow.search(m, small, cache, v, progress=False, timings=tm))
+        t, out = cpu(lambda m=m, v=vocab, tm=timings: bow.search(m, bench, cache, v, progress=False, timings=tm))
+        n_queries = bench.gt.n_queries
         per_query_sv = timings["spatial"] / n_queries
         per_query_bow = timings["search"] / n_queries
         base = base or per_query_sv
@@ -150,13 +148,43 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
               f"verified {np.mean(out.info['verified_per_query']):.1f} images/query")
 
 
+def ablation(root: Path | None, sizes: list[int]) -> None:
+    """BoW -> + spatial re-ranking -> + query expansion at several vocabulary sizes (mAP, mP@10)."""
+    from oxbench.datasets.synthetic import ensure_default, load_synthetic
+    from oxbench.evaluation import evaluate
+    from oxbench.pipelines import bow
+    from oxbench.pipelines.presets import resolve_method
+
+    test_dir, train_dir = ensure_default(root)
+    bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
+    cache = test_dir.parent / "_cache"
+    print("\n== ablation on the synthetic default (vocabulary trained on synthetic-train)")
+    print(f"{'method':22s} {'words':>6s} {'structure':9s}   {'E':>6s} {'M':>6s} {'H':>6s}   "
+          f"{'E@10':>6s} {'M@10':>6s} {'H@10':>6s}")
+    for k in sizes:
+        for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
+            m = resolve_method(name, vocab_size=k)
+            out = bow.run_bow(m, bench, train, cache, workers=len(os.sched_getaffinity(0)), progress=False)
+            res = evaluate(bench.gt, out.ranks).setups
+            maps = " ".join(f"{100 * res[s].map:6.2f}" for s in ("easy", "medium", "hard"))
+            p10 = " ".join(f"{100 * res[s].mp_at_k[10]:6.2f}" for s in ("easy", "medium", "hard"))
+            print(f"{name:22s} {k:6d} {m.resolved_vocab_structure:9s}   {maps}   {p10}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=None, help="data root holding (or receiving) the synthetic default")
     ap.add_argument("--images", type=int, default=12)
     ap.add_argument("--queries", type=int, default=10)
     ap.add_argument("--skip", default="", help="comma-separated: features, ivf, sv")
+    ap.add_argument("--ablation", type=int, nargs="*", default=None, metavar="WORDS",
+                    help="run the BoW/+SV/+QE ablation at these vocabulary sizes instead (default 4096 16384)")
     args = ap.parse_args()
+    if args.ablation is not None:
+        from oxbench.datasets.paths import data_root
+
+        ablation(data_root(args.root), args.ablation or [4096, 16384])
+        return
     skip = set(filter(None, args.skip.split(",")))
     if "features" not in skip:
         bench_features(args.images, args.root)

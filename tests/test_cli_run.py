@@ -80,3 +80,67 @@ def test_run_bad_input_is_one_line(tiny_root: Path, tmp_path: Path, capsys: pyte
         "--out", str(tmp_path / "r"), "--no-progress",
     )
     assert code == 2 and len(err.strip().splitlines()) == 1
+
+
+def make_revisited_from_subset(subset: Path, root: Path) -> None:
+    """``<root>/{roxford5k,rparis6k}/`` in the revisitop layout over the real subset images (symlinks).
+
+    The database is the city's subset images, the queries its cropped query images (box = whole
+    crop), labels from the manifest (TP = hard, junk = junk): a partial dataset, loaded non-strict.
+    """
+    import csv
+    import os
+    import pickle
+
+    from PIL import Image
+
+    with open(subset / "manifest.tsv", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    for ds in ("roxford5k", "rparis6k"):
+        r = [x for x in rows if x["dataset"] == ds]
+        files = sorted({x["image_file"] for x in r})
+        names = [f.split("_", 1)[1][:-4] for f in files]
+        index = {f: i for i, f in enumerate(files)}
+        folders = sorted({x["query_folder"] for x in r}, key=lambda q: int(q[1:]))
+        d = root / ds
+        (d / "jpg").mkdir(parents=True)
+        qnames, gnd = [], []
+        for q in folders:
+            qr = [x for x in r if x["query_folder"] == q]
+            qn = qr[0]["query_name"]
+            with Image.open(subset / "queries" / q / "query.jpg") as im:
+                w, h = im.size
+            tp = [index[x["image_file"]] for x in qr if x["gnd_class"] == "hard"]
+            gnd.append({
+                # all TPs are revisited hard positives; two become "easy" so that every setup
+                # has positives (an all-empty setup is refused by the evaluator)
+                "bbx": [0.0, 0.0, float(w), float(h)], "easy": tp[:2], "hard": tp[2:],
+                "junk": [index[x["image_file"]] for x in qr if x["gnd_class"] == "junk"],
+            })
+            qnames.append(qn)
+            os.symlink(subset / "queries" / q / "query.jpg", d / "jpg" / f"{qn}.jpg")
+        for f, n in zip(files, names, strict=True):
+            os.symlink(subset / "db_images" / f, d / "jpg" / f"{n}.jpg")
+        (d / f"gnd_{ds}.pkl").write_bytes(pickle.dumps({"imlist": names, "qimlist": qnames, "gnd": gnd}, protocol=2))
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_run_on_real_revisited_layout(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`oxbench run --dataset roxford5k` on real images: vocabulary from rparis6k by default."""
+    subset = shared_data / "revisited_pixel_retrieval_subset"
+    if not subset.is_dir():
+        pytest.skip("revisited_pixel_retrieval_subset is absent")
+    make_revisited_from_subset(subset, tmp_path / "data")
+    code, _, err = run(capsys, "run", "--dataset", "roxford5k", "--root", str(tmp_path / "data"),
+                       "--out", str(tmp_path / "run"), "--no-progress", *TINY_ARGS[:-1])
+    assert code == 2 and "expected 4993" in err  # partial data is refused unless asked for
+    code, out, err = run(
+        capsys, "run", "--dataset", "roxford5k", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
+        "--allow-partial", "--vocab-size", "256", "--max-side", "256", "--top-r", "20", "--no-progress",
+    )
+    assert code == 0, err
+    assert out.startswith("roxford5k: mAP E: ")
+    assert "trained on rparis6k" in out
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["train_dataset"] == "rparis6k" and config["strict"] is False

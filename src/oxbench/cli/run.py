@@ -27,6 +27,10 @@ from oxbench.pipelines.presets import DEFAULT_METHOD, METHODS
 @click.option("--top-r", type=int, default=None, help="Override how many images are spatially verified.")
 @click.option("--workers", type=int, default=0, show_default=True,
               help="Feature-extraction processes (0 = one per available CPU).")
+@click.option("--distractors", default=None,
+              help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.")
+@click.option("--allow-partial", is_flag=True,
+              help="Accept a dataset with fewer images than the official count (recorded; not comparable).")
 @click.option("--force", is_flag=True, help="Overwrite a run folder written under another config.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
@@ -41,6 +45,8 @@ def run(
     max_side: int | None,
     top_r: int | None,
     workers: int,
+    distractors: str | None,
+    allow_partial: bool,
     force: bool,
     as_json: bool,
     no_progress: bool,
@@ -65,6 +71,8 @@ def run(
         dataset, method, root=root, out=out, cache=cache, train_dataset=train_dataset,
         vocab_size=vocab_size, overrides=overrides, workers=workers, force=force,
         progress=not no_progress and not as_json,
+        distractors=int(distractors) if distractors is not None and distractors.isdigit() else distractors,
+        strict=not allow_partial,
     )
     if as_json:
         payload = outcome.result.to_dict()

@@ -112,16 +112,28 @@ def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
     return {"id": bench.id, "gt_sha256": bow.gt_digest(bench.gt), "files_sha256": files, **bench.describe()}
 
 
-def load_benchmark(dataset: str, root: Path) -> Benchmark:
-    """Load a dataset by id, building the synthetic default first when it is asked for."""
+def load_benchmark(
+    dataset: str, root: Path, *, distractors: str | int | None = None, strict: bool = True
+) -> Benchmark:
+    """Load a dataset by id, building the synthetic default first when it is asked for.
+
+    Args:
+        dataset: dataset id.
+        root: data root.
+        distractors: distractor set id (``revisitop1m``) or, for the synthetic set, a number of
+            generated distractors.
+        strict: refuse a dataset whose image counts differ from the official ones.
+    """
     if dataset in SYNTHETIC_IDS:
         from oxbench.datasets.synthetic import ensure_default, load_synthetic
 
         ensure_default(root)
-        return load_synthetic(Path(root) / dataset)
+        if distractors is not None and not isinstance(distractors, int):
+            raise InputError("the synthetic benchmark takes a number of generated distractors")
+        return load_synthetic(Path(root) / dataset, distractors=distractors)
     from oxbench import datasets
 
-    return datasets.load(dataset, root)
+    return datasets.load(dataset, root, distractors=distractors, strict=strict)
 
 
 def _config_digest(config: dict[str, Any]) -> str:
@@ -237,6 +249,9 @@ def run_method(
     workers: int = 1,
     force: bool = False,
     progress: bool = True,
+    distractors: str | int | None = None,
+    strict: bool = True,
+    ranks_top: int | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and write the run folder.
 
@@ -253,6 +268,12 @@ def run_method(
         workers: feature-extraction processes.
         force: overwrite a run folder written under another config.
         progress: tqdm bars.
+        distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
+            of generated distractors for the synthetic set).
+        strict: refuse datasets whose image counts differ from the official ones; ``False``
+            (partial data) is recorded in the config and the results are not comparable.
+        ranks_top: keep (save and evaluate) the top this many of each ranked list; default: all
+            when the index holds at most 100,000 images, else 10,000 (as revisitop's R1M files).
 
     Returns:
         A :class:`RunOutcome`.
@@ -269,8 +290,8 @@ def run_method(
     if train_id is None:
         raise InputError(f"no default vocabulary training set for {dataset!r}; pass --train-dataset")
     t0 = time.perf_counter()
-    bench = load_benchmark(dataset, root_path)
-    train = bench if train_id == dataset else load_benchmark(train_id, root_path)
+    bench = load_benchmark(dataset, root_path, distractors=distractors, strict=strict)
+    train = load_benchmark(train_id, root_path, strict=strict)
     t_load = time.perf_counter() - t0
     trained_on_test = train_id == dataset
     if trained_on_test:
@@ -280,6 +301,9 @@ def run_method(
         "dataset_gt_sha256": bow.gt_digest(bench.gt),
         "crop": bench.crop,
         "n_distractors": bench.n_distractors,
+        "distractors": distractors,
+        "strict": strict,
+        "ranks_top": ranks_top,
         "method": m.to_dict(),
         "train_dataset": train_id,
         "trained_on_test_set": trained_on_test,
@@ -288,13 +312,15 @@ def run_method(
     check_run_folder(run_dir, config, force=force)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     output = bow.run_bow(m, bench, train, cache_dir, workers=workers, progress=progress)
+    keep = ranks_top if ranks_top is not None else (None if output.ranks.shape[1] <= 100_000 else 10_000)
+    ranks = output.ranks if keep is None else output.ranks[:, :keep]
     timings = {"load": t_load, **output.timings}
     t0 = time.perf_counter()
-    result = evaluate(bench.gt, output.ranks, n_distractors=bench.n_distractors, source=str(run_dir))
+    result = evaluate(bench.gt, ranks, n_distractors=bench.n_distractors, source=str(run_dir))
     timings["evaluate"] = time.perf_counter() - t0
     timings["total"] = float(sum(v for k, v in timings.items()))
     write_run_folder(
-        run_dir, config=config, bench=bench, ranks=output.ranks, result=result,
+        run_dir, config=config, bench=bench, ranks=ranks, result=result,
         timings=timings, info=output.info, force=force,
     )
     return RunOutcome(run_dir, result, config, timings, output.info)
