@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -375,7 +376,12 @@ def extract_to_store(
     pool = None
     try:
         if workers > 1:
-            pool = ProcessPoolExecutor(max_workers=workers, initializer=_init_worker, initargs=(job,))
+            # "spawn": a forked child inherits OpenCV's / OpenMP's thread pools in whatever state the
+            # parent left them (after faiss k-means, for instance) and can deadlock in them
+            ctx = multiprocessing.get_context("spawn")
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(job,)
+            )
         for start in range(0, len(todo), shard_size):
             chunk = todo[start : start + shard_size]
             if pool is not None:
