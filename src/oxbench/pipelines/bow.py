@@ -463,6 +463,10 @@ def run_bow(
     cache = Path(cache)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    if not vocabulary_path(cache, method, train).exists():
+        step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress)
+    timings["train_features"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     vocab_path = step_vocabulary(method, train, cache, workers=workers, progress=progress, threads=threads)
     timings["vocabulary"] = time.perf_counter() - t0
     t0 = time.perf_counter()

@@ -113,7 +113,12 @@ def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
 
 
 def load_benchmark(
-    dataset: str, root: Path, *, distractors: str | int | None = None, strict: bool = True
+    dataset: str,
+    root: Path,
+    *,
+    distractors: str | int | None = None,
+    strict: bool = True,
+    progress: bool = True,
 ) -> Benchmark:
     """Load a dataset by id, building the synthetic default first when it is asked for.
 
@@ -123,11 +128,12 @@ def load_benchmark(
         distractors: distractor set id (``revisitop1m``) or, for the synthetic set, a number of
             generated distractors.
         strict: refuse a dataset whose image counts differ from the official ones.
+        progress: progress bars while the synthetic default is generated.
     """
     if dataset in SYNTHETIC_IDS:
         from oxbench.datasets.synthetic import ensure_default, load_synthetic
 
-        ensure_default(root)
+        ensure_default(root, progress=progress)
         if distractors is not None and not isinstance(distractors, int):
             raise InputError("the synthetic benchmark takes a number of generated distractors")
         return load_synthetic(Path(root) / dataset, distractors=distractors)
@@ -290,8 +296,8 @@ def run_method(
     if train_id is None:
         raise InputError(f"no default vocabulary training set for {dataset!r}; pass --train-dataset")
     t0 = time.perf_counter()
-    bench = load_benchmark(dataset, root_path, distractors=distractors, strict=strict)
-    train = load_benchmark(train_id, root_path, strict=strict)
+    bench = load_benchmark(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
+    train = load_benchmark(train_id, root_path, strict=strict, progress=progress)
     t_load = time.perf_counter() - t0
     trained_on_test = train_id == dataset
     if trained_on_test:
