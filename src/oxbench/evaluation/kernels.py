@@ -22,12 +22,19 @@ short arrays only.
   One pass over the matrix in row chunks (transposed in cache-sized slabs); exact, ties included,
   whatever the score distribution (skewed distributions only make more images to compare).
 
-Both are numpy-only.
+Both have two implementations giving identical numbers and identical errors: the numpy code in
+this module (always available, the reference) and, when it was built, the optional compiled
+extension :mod:`oxbench.evaluation._accel` (one pass over the array in memory order, no GIL). The
+extension only reports whether the input was clean; on any anomaly (an index out of range, a
+repeated image, a NaN score, a dtype it does not handle) the numpy path is rerun and raises the
+exact same :class:`~oxbench.errors.InputError`. :data:`ACCELERATED` says whether the extension was
+importable, :func:`accelerated` whether it is used now (set ``OXBENCH_NO_ACCEL=1`` to force numpy).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -36,6 +43,23 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 
 log = logging.getLogger(__name__)
+
+try:  # the optional compiled accelerator (setup.py builds it when a C compiler is present)
+    from oxbench.evaluation import _accel  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - depends on the build
+    _accel = None
+
+#: True when the compiled extension :mod:`oxbench.evaluation._accel` was importable.
+ACCELERATED: bool = _accel is not None
+
+
+def accelerated() -> bool:
+    """Whether the compiled kernels are used now.
+
+    True when the extension was built and the environment variable ``OXBENCH_NO_ACCEL`` is unset
+    (or empty/``0``); read at every call, so tests and users can force the numpy path.
+    """
+    return _accel is not None and os.environ.get("OXBENCH_NO_ACCEL", "") in ("", "0")
 
 # Label codes in the per-query tables. 0 = unlabelled (negative).
 EASY = 1  # revisited easy; also the single positive class of the other protocols
@@ -166,7 +190,8 @@ class _RowScanner:
             seg = row[s0 : s0 + self.segment]
             at = j0 + s0
             lo = int(seg.min())
-            if lo < -1:
+            if lo < -1 or (seg.size and int(seg.max()) > self.n_index):
+                # (take's "wrap" mode costs value / n_index steps per entry: refuse huge ones first)
                 self._out_of_range(seg, at)
             if lo == -1:
                 self.n_missing += int(np.count_nonzero(seg == -1))
@@ -230,7 +255,7 @@ def labelled_positions_from_ranks(
     names: Sequence[str] | None = None,
     source: str | None = None,
     budget_fraction: float = 0.2,
-    group: int = 16,
+    group: int | None = None,
     block_elems: int | None = None,
 ) -> list[Found]:
     """Positions and codes of each query's labelled images in its ranked list, with validation.
@@ -250,9 +275,10 @@ def labelled_positions_from_ranks(
         source: input name, for error messages.
         budget_fraction: the tables of the queries read together plus the int64 work buffer use
             at most about this fraction of ``ranks.nbytes`` (at least a few hundred positions).
-        group: at most this many queries are read together (each needs a table; reading more
-            together means fewer passes over the revisitop rows).
-        block_elems: positions per chunk and segment (for tests; default from the budget).
+        group: numpy path: at most this many queries are read together (default 16; each needs a
+            table; reading more together means fewer passes over the revisitop rows).
+        block_elems: numpy path: positions per chunk and segment (for tests; default from the
+            budget). Giving ``group`` or ``block_elems`` selects the numpy path.
 
     Returns:
         Per query ``(positions, codes)``, positions strictly increasing.
@@ -264,6 +290,12 @@ def labelled_positions_from_ranks(
     nq, k = ranks.shape
     n_db = n_index if n_db is None else n_db
     check_ranks_dtype(ranks, source)
+    if group is None and block_elems is None and accelerated():
+        found = _accel_positions_from_ranks(ranks, labels, n_index, budget_fraction)
+        if found is not None:
+            return found
+        log.debug("compiled ranks kernel declined; numpy path")
+    group = 16 if group is None else group
     segment = block_elems or (1 << 16)
     table_len = n_index + 1
     out: list[Found] = []
@@ -296,6 +328,100 @@ def labelled_positions_from_ranks(
         for r in range(g1 - g0):
             q = g0 + r
             out.append(scanners[r].finish(lambda q=q: np.asarray(ranks[q])))
+    return out
+
+
+def _accel_positions_from_ranks(
+    ranks: np.ndarray, labels: Sequence[Labels], n_index: int, budget_fraction: float
+) -> list[Found] | None:
+    """The compiled ranks kernel; None when it declines (bad input or dtype: numpy path decides).
+
+    Queries are scanned in groups whose label tables and seen-bitsets (``n_lab`` bytes + ``n_index
+    / 8`` bytes each) fit in ``budget_fraction`` of ``ranks.nbytes`` (at least 16 MiB).
+    """
+    assert _accel is not None
+    nq, k = ranks.shape
+    if ranks.dtype not in (np.dtype(np.int64), np.dtype(np.int32)):
+        return None
+    sizes = np.array([idx.size for idx, _ in labels], dtype=np.int64)
+    n_lab = max([int(idx[-1]) + 1 for idx, _ in labels if idx.size], default=1)
+    if n_lab > n_index:  # labels outside the admitted range: let the numpy path decide
+        return None
+    per_query = n_lab + (n_index + 63) // 64 * 8
+    g = max(1, min(nq, int(max(ranks.nbytes * budget_fraction, 1 << 24)) // per_query))
+    out: list[Found] = []
+    for g0 in range(0, max(nq, 1), g):
+        g1 = min(nq, g0 + g)
+        tables = np.zeros((g1 - g0, n_lab), dtype=np.uint8)
+        for r in range(g1 - g0):
+            idx, codes = labels[g0 + r]
+            tables[r, idx] = codes
+        off = np.zeros(g1 - g0 + 1, dtype=np.int64)
+        np.cumsum(sizes[g0:g1], out=off[1:])
+        pos = np.empty(int(off[-1]), dtype=np.int64)
+        code = np.empty(int(off[-1]), dtype=np.uint8)
+        count = np.zeros(g1 - g0, dtype=np.int64)
+        if _accel.scan_ranks(ranks[g0:g1], tables, n_index, off, pos, code, count):
+            return None
+        for r in range(g1 - g0):
+            a, c = int(off[r]), int(count[r])
+            out.append((pos[a : a + c].copy(), code[a : a + c].copy()))
+    return out
+
+
+def _accel_ranks_from_scores(scores: np.ndarray, labels: Sequence[Labels]) -> list[Found] | None:
+    """The compiled score kernel; None when it declines (NaN, a dtype other than float32/64).
+
+    Per query the distinct labelled scores ``u`` (float64, exact for both dtypes); the kernel
+    counts, for every score ``x``, the key ``2 * #{u < x} + (x is one of u)`` and snapshots the
+    count of each labelled score's own key just before its row (= equal scores at a lower index).
+    A labelled image's rank = #keys above its own + that snapshot.
+    """
+    assert _accel is not None
+    n, nq = scores.shape
+    if scores.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    us: list[np.ndarray] = []
+    keys: list[np.ndarray] = []
+    for q in range(nq):
+        idx, _ = labels[q]
+        vals = scores[idx, q].astype(np.float64)
+        if np.isnan(vals).any():
+            return None
+        u = np.unique(vals)  # sorted; -0.0 and 0.0 are one value, as in every comparison
+        us.append(u)
+        keys.append(2 * np.searchsorted(u, vals) + 1)
+    d = np.array([u.size for u in us], dtype=np.int64)
+    u_off = np.zeros(nq + 1, dtype=np.int64)
+    np.cumsum(d, out=u_off[1:])
+    cnt_off = np.zeros(nq + 1, dtype=np.int64)
+    np.cumsum(2 * d + 1, out=cnt_off[1:])
+    u_all = np.concatenate(us) if us else np.zeros(0)
+    ev_row = np.concatenate([labels[q][0] for q in range(nq)]).astype(np.int64) if nq else np.zeros(0, np.int64)
+    ev_q = np.repeat(np.arange(nq, dtype=np.int64), [labels[q][0].size for q in range(nq)])
+    ev_key = np.concatenate(keys).astype(np.int64) if nq else np.zeros(0, np.int64)
+    # Loop order = memory order: database rows outer for a C-ordered [n, nq] matrix.
+    row_outer = nq > 1 and abs(scores.strides[0]) >= abs(scores.strides[1])
+    order = np.lexsort((ev_q, ev_row)) if row_outer else np.arange(ev_row.size)  # else (q, row)
+    ev_row, ev_q, ev_key = ev_row[order], ev_q[order], ev_key[order]
+    snap = np.zeros(ev_row.size, dtype=np.int64)
+    cnt = np.zeros(int(cnt_off[-1]), dtype=np.int64)
+    n_bins = int(min(1 << 14, max(256, 8 * int(d.max(initial=0)))))
+    if _accel.score_ranks(scores, row_outer, u_all, u_off, ev_row, ev_q, ev_key, snap, cnt, cnt_off, n_bins):
+        return None
+    rank = np.empty(ev_row.size, dtype=np.int64)
+    rank[order] = snap
+    out: list[Found] = []
+    a = 0
+    for q in range(nq):
+        idx, codes = labels[q]
+        c = cnt[cnt_off[q] : cnt_off[q + 1]]
+        above = np.zeros(c.size, dtype=np.int64)  # above[key] = #scores with a higher key
+        above[:-1] = np.cumsum(c[:0:-1])[::-1]
+        lab_rank = above[keys[q]] + rank[a : a + idx.size]
+        a += idx.size
+        o = np.argsort(lab_rank, kind="stable")
+        out.append((lab_rank[o], codes[o]))
     return out
 
 
@@ -356,8 +482,8 @@ def labelled_ranks_from_scores(
         labels: per query, sorted database indices (``< n_index``) and their codes.
         names: query names, for error messages.
         source: input name, for error messages.
-        n_bins: histogram bins per query between its lowest and highest labelled score (default
-            about one per 16 database items, 1,024 .. 65,536): more bins, fewer images to compare
+        n_bins: numpy path: histogram bins per query between its lowest and highest labelled
+            score (default about one per 16 database items, 1,024 .. 65,536): more bins, fewer images to compare
             exactly.
         block_rows: database rows per streamed chunk (default: from ``budget_fraction``).
         budget_fraction: the transposed work buffer uses at most about this fraction of
@@ -365,7 +491,8 @@ def labelled_ranks_from_scores(
         max_candidates: per query, at most this many images are kept for exact comparison
             (default ``max(65536, n // 32)``). A query that needs more -- its labelled scores sit
             in huge ties, e.g. the zeros of a sparse bag-of-words system -- is ranked instead by a
-            stable sort of its column (slower, same result).
+            stable sort of its column (slower, same result). Giving ``n_bins``, ``block_rows`` or
+            ``max_candidates`` selects the numpy path.
 
     Returns:
         Per query ``(positions, codes)``, positions strictly increasing.
@@ -374,6 +501,11 @@ def labelled_ranks_from_scores(
         InputError: a NaN score (naming the query and the database index).
     """
     n, nq = scores.shape
+    if n_bins is None and block_rows is None and max_candidates is None and accelerated():
+        found = _accel_ranks_from_scores(scores, labels)
+        if found is not None:
+            return found
+        log.debug("compiled score kernel declined; numpy path")
     wd = _work_dtype(scores.dtype)
     if n_bins is None:
         n_bins = int(min(1 << 16, max(1 << 10, n // 16)))

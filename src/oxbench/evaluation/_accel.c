@@ -1,0 +1,518 @@
+/*
+ * oxbench.evaluation._accel -- optional compiled kernels for oxbench.evaluation.kernels.
+ *
+ * Written from scratch for oxbench. Arrays arrive through the buffer protocol (no numpy headers
+ * at build time); the loops run without the GIL. Each kernel only reports whether the input was
+ * clean: on any anomaly (an index out of range, a repeated image, a NaN score, an unsupported
+ * dtype) it returns a non-zero status and the Python caller reruns the numpy path, which raises
+ * the exact InputError. So the numbers and the error messages are the numpy path's by
+ * construction.
+ *
+ *   scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count) -> int status
+ *   score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap,
+ *               cnt, cnt_off, n_bins) -> int status
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { ST_OK = 0, ST_BAD = 1, ST_UNSUPPORTED = 2 };
+
+/* Item kinds accepted from buffer formats. */
+enum { K_I64, K_I32, K_F64, K_F32, K_U8, K_OTHER };
+
+static int fmt_kind(const Py_buffer *b)
+{
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@' || *f == '!' || *f == '>') {
+        if (*f == '>' || *f == '!') return K_OTHER; /* big-endian: let numpy handle it */
+        f++;
+    }
+    if (f[0] == '\0' || f[1] != '\0') return K_OTHER;
+    switch (f[0]) {
+    case 'q': case 'l': case 'n':
+        if (b->itemsize == 8) return K_I64;
+        if (b->itemsize == 4) return K_I32;
+        return K_OTHER;
+    case 'i':
+        return b->itemsize == 4 ? K_I32 : K_OTHER;
+    case 'd':
+        return b->itemsize == 8 ? K_F64 : K_OTHER;
+    case 'f':
+        return b->itemsize == 4 ? K_F32 : K_OTHER;
+    case 'B':
+        return b->itemsize == 1 ? K_U8 : K_OTHER;
+    default:
+        return K_OTHER;
+    }
+}
+
+/* Get a 1-D C-contiguous buffer of the given kind and at least `n` items. */
+static int get_vec(PyObject *o, Py_buffer *b, int kind, Py_ssize_t n, int writable, const char *what)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, b, flags) < 0) return -1;
+    if (fmt_kind(b) != kind || b->len / b->itemsize < n) {
+        PyErr_Format(PyExc_ValueError, "_accel: bad buffer for %s", what);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* A 2-D strided buffer. */
+static int get_2d(PyObject *o, Py_buffer *b, const char *what)
+{
+    if (PyObject_GetBuffer(o, b, PyBUF_STRIDES | PyBUF_FORMAT) < 0) return -1;
+    if (b->ndim != 2) {
+        PyErr_Format(PyExc_ValueError, "_accel: %s must be 2-D", what);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Ranks: one pass in memory order. Per query a 1-byte label table (indices < n_lab) and a
+ * seen-bitset over 0..n_index-1; labelled entries are written as (position, code), at most as
+ * many per query as it has labels (a repeated image is an error, so this cannot overflow).
+ */
+
+typedef struct {
+    const char *base;
+    Py_ssize_t s_q, s_j; /* byte strides: query, position */
+    Py_ssize_t nq, k;
+    int i32;
+    const uint8_t *tables;
+    Py_ssize_t n_lab;
+    int64_t n_index;
+    const int64_t *lab_off;
+    int64_t *out_pos;
+    uint8_t *out_code;
+    int64_t *out_count;
+    uint64_t *seen; /* nq * words */
+    Py_ssize_t words;
+} ranks_job;
+
+static inline int scan_entry(const ranks_job *J, Py_ssize_t q, Py_ssize_t j, int64_t v)
+{
+    if ((uint64_t)v >= (uint64_t)J->n_index) {
+        return v == -1 ? ST_OK : ST_BAD;
+    }
+    uint64_t *w = J->seen + q * J->words + (v >> 6);
+    uint64_t bit = (uint64_t)1 << (v & 63);
+    if (*w & bit) return ST_BAD;
+    *w |= bit;
+    if (v < J->n_lab) {
+        uint8_t c = J->tables[q * J->n_lab + v];
+        if (c) {
+            int64_t at = J->lab_off[q] + J->out_count[q];
+            if (at >= J->lab_off[q + 1]) return ST_BAD; /* cannot happen without a repeat */
+            J->out_pos[at] = j;
+            J->out_code[at] = c;
+            J->out_count[q]++;
+        }
+    }
+    return ST_OK;
+}
+
+static inline int64_t load_index(const char *p, int i32)
+{
+    if (i32) {
+        int32_t x;
+        memcpy(&x, p, 4);
+        return x;
+    }
+    int64_t x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+static int run_ranks(const ranks_job *J)
+{
+    Py_ssize_t aq = J->s_q < 0 ? -J->s_q : J->s_q;
+    Py_ssize_t aj = J->s_j < 0 ? -J->s_j : J->s_j;
+    if (J->nq == 0 || J->k == 0) return ST_OK;
+    if (aq < aj) {
+        /* revisitop layout (k, nq) C-ordered: position-major, queries inner (memory order) */
+        for (Py_ssize_t j = 0; j < J->k; j++) {
+            const char *row = J->base + j * J->s_j;
+            for (Py_ssize_t q = 0; q < J->nq; q++) {
+                int64_t v = load_index(row + q * J->s_q, J->i32);
+                if (scan_entry(J, q, j, v)) return ST_BAD;
+            }
+        }
+    } else {
+        for (Py_ssize_t q = 0; q < J->nq; q++) {
+            const char *row = J->base + q * J->s_q;
+            for (Py_ssize_t j = 0; j < J->k; j++) {
+                int64_t v = load_index(row + j * J->s_j, J->i32);
+                if (scan_entry(J, q, j, v)) return ST_BAD;
+            }
+        }
+    }
+    return ST_OK;
+}
+
+static PyObject *scan_ranks(PyObject *self, PyObject *args)
+{
+    PyObject *o_ranks, *o_tables, *o_off, *o_pos, *o_code, *o_count;
+    long long n_index;
+    if (!PyArg_ParseTuple(args, "OOLOOOO", &o_ranks, &o_tables, &n_index, &o_off, &o_pos, &o_code,
+                          &o_count))
+        return NULL;
+    Py_buffer br, bt, bo, bp, bc, bn;
+    if (get_2d(o_ranks, &br, "ranks") < 0) return NULL;
+    int kind = fmt_kind(&br);
+    if (kind != K_I64 && kind != K_I32) {
+        PyBuffer_Release(&br);
+        return PyLong_FromLong(ST_UNSUPPORTED);
+    }
+    Py_ssize_t nq = br.shape[0], k = br.shape[1];
+    if (get_2d(o_tables, &bt, "tables") < 0) goto fail_r;
+    if (fmt_kind(&bt) != K_U8 || bt.shape[0] != nq || bt.strides[1] != 1 ||
+        bt.strides[0] != bt.shape[1]) {
+        PyErr_SetString(PyExc_ValueError, "_accel: tables must be C-contiguous uint8 [nq, n_lab]");
+        goto fail_t;
+    }
+    if (get_vec(o_off, &bo, K_I64, nq + 1, 0, "lab_off") < 0) goto fail_t;
+    const int64_t *off = (const int64_t *)bo.buf;
+    int64_t total = off[nq];
+    if (get_vec(o_pos, &bp, K_I64, total, 1, "out_pos") < 0) goto fail_o;
+    if (get_vec(o_code, &bc, K_U8, total, 1, "out_code") < 0) goto fail_p;
+    if (get_vec(o_count, &bn, K_I64, nq, 1, "out_count") < 0) goto fail_c;
+
+    ranks_job J;
+    J.base = (const char *)br.buf;
+    J.s_q = br.strides[0];
+    J.s_j = br.strides[1];
+    J.nq = nq;
+    J.k = k;
+    J.i32 = kind == K_I32;
+    J.tables = (const uint8_t *)bt.buf;
+    J.n_lab = bt.shape[1];
+    J.n_index = n_index;
+    J.lab_off = off;
+    J.out_pos = (int64_t *)bp.buf;
+    J.out_code = (uint8_t *)bc.buf;
+    J.out_count = (int64_t *)bn.buf;
+    memset(J.out_count, 0, (size_t)nq * sizeof(int64_t));
+    J.words = (Py_ssize_t)((n_index + 63) / 64);
+    if (J.words < 1) J.words = 1;
+    /* PyMem_Raw*: traced by tracemalloc, usable without the GIL */
+    J.seen = (uint64_t *)PyMem_RawCalloc((size_t)nq * (size_t)J.words, sizeof(uint64_t));
+    if (!J.seen) {
+        PyErr_NoMemory();
+        goto fail_n;
+    }
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = run_ranks(&J);
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(J.seen);
+    PyBuffer_Release(&bn);
+    PyBuffer_Release(&bc);
+    PyBuffer_Release(&bp);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bt);
+    PyBuffer_Release(&br);
+    return PyLong_FromLong(st);
+
+fail_n:
+    PyBuffer_Release(&bn);
+fail_c:
+    PyBuffer_Release(&bc);
+fail_p:
+    PyBuffer_Release(&bp);
+fail_o:
+    PyBuffer_Release(&bo);
+fail_t:
+    PyBuffer_Release(&bt);
+fail_r:
+    PyBuffer_Release(&br);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Scores: per query the distinct labelled scores u_0 < ... < u_{d-1} (float64, exact for float32
+ * and float64 input). Every score x gets the key 2t + e, t = #{u < x}, e = (x == u_t), counted in
+ * cnt[q][key]; a monotone bin map (linear between the lowest and highest finite u) with a table
+ * of the first u in each bin leaves only the u in x's own bin to compare. Events (row, q, key)
+ * sorted in scan order snapshot cnt[q][key] just before their row is counted: #equal scores at a
+ * lower index. The caller turns suffix sums of cnt plus the snapshots into ranks.
+ */
+
+typedef struct {
+    double lo, sc;
+    const double *u;
+    uint32_t d;
+    uint32_t *start; /* n_bins + 1 */
+    int64_t *cnt;    /* 2 d + 1 */
+} squery;
+
+static inline uint32_t bin_of(double x, double lo, double sc, double top)
+{
+    double y = (x - lo) * sc;
+    y = y > 0.0 ? y : 0.0; /* NaN -> 0 (refused separately) */
+    y = y < top ? y : top;
+    return (uint32_t)y;
+}
+
+static inline int64_t key_of(const squery *Q, double x, double top)
+{
+    uint32_t b = bin_of(x, Q->lo, Q->sc, top);
+    uint32_t t = Q->start[b], e = Q->start[b + 1];
+    const double *u = Q->u;
+    if (e - t > 8) {
+        uint32_t lo = t, hi = e; /* first index in [t, e) with u >= x */
+        while (lo < hi) {
+            uint32_t mid = lo + (hi - lo) / 2;
+            if (u[mid] < x) lo = mid + 1; else hi = mid;
+        }
+        t = lo;
+    } else {
+        while (t < e && u[t] < x) t++;
+    }
+    return 2 * (int64_t)t + (t < e && u[t] == x);
+}
+
+typedef struct {
+    const char *base;
+    Py_ssize_t s_r, s_q, n, nq;
+    int f32, row_outer;
+    squery *Q;
+    const int64_t *ev_row, *ev_q, *ev_key;
+    int64_t *snap;
+    Py_ssize_t n_ev;
+    double top;
+} scores_job;
+
+static inline double load_score(const char *p, int f32)
+{
+    if (f32) {
+        float x;
+        memcpy(&x, p, 4);
+        return (double)x;
+    }
+    double x;
+    memcpy(&x, p, 8);
+    return x;
+}
+
+static int run_scores(const scores_job *J)
+{
+    int nan = 0;
+    const double top = J->top;
+    Py_ssize_t p = 0;
+    if (J->row_outer) {
+        /* events sorted by row */
+        for (Py_ssize_t r = 0; r < J->n; r++) {
+            while (p < J->n_ev && J->ev_row[p] == r) {
+                J->snap[p] = J->Q[J->ev_q[p]].cnt[J->ev_key[p]];
+                p++;
+            }
+            const char *row = J->base + r * J->s_r;
+            for (Py_ssize_t q = 0; q < J->nq; q++) {
+                const squery *Q = &J->Q[q];
+                if (Q->d == 0) continue;
+                double x = load_score(row + q * J->s_q, J->f32);
+                nan |= x != x;
+                Q->cnt[key_of(Q, x, top)]++;
+            }
+        }
+    } else {
+        /* events sorted by (query, row) */
+        for (Py_ssize_t q = 0; q < J->nq; q++) {
+            const squery *Q = &J->Q[q];
+            const char *col = J->base + q * J->s_q;
+            if (Q->d == 0) {
+                for (Py_ssize_t r = 0; r < J->n; r++) {
+                    double x = load_score(col + r * J->s_r, J->f32);
+                    nan |= x != x;
+                }
+                continue;
+            }
+            Py_ssize_t r = 0;
+            for (;;) {
+                Py_ssize_t stop = J->n;
+                if (p < J->n_ev && J->ev_q[p] == q) stop = (Py_ssize_t)J->ev_row[p];
+                for (; r < stop; r++) {
+                    double x = load_score(col + r * J->s_r, J->f32);
+                    nan |= x != x;
+                    Q->cnt[key_of(Q, x, top)]++;
+                }
+                if (stop == J->n) break;
+                while (p < J->n_ev && J->ev_q[p] == q && J->ev_row[p] == stop) {
+                    J->snap[p] = Q->cnt[J->ev_key[p]];
+                    p++;
+                }
+            }
+        }
+    }
+    if (nan) return ST_BAD;
+    return ST_OK;
+}
+
+static PyObject *score_ranks(PyObject *self, PyObject *args)
+{
+    PyObject *o_s, *o_u, *o_uoff, *o_evr, *o_evq, *o_evk, *o_snap, *o_cnt, *o_coff;
+    int row_outer, n_bins;
+    if (!PyArg_ParseTuple(args, "OpOOOOOOOOi", &o_s, &row_outer, &o_u, &o_uoff, &o_evr, &o_evq,
+                          &o_evk, &o_snap, &o_cnt, &o_coff, &n_bins))
+        return NULL;
+    if (n_bins < 1) {
+        PyErr_SetString(PyExc_ValueError, "_accel: n_bins must be positive");
+        return NULL;
+    }
+    Py_buffer bs, bu, buo, ber, beq, bek, bsn, bc, bco;
+    if (get_2d(o_s, &bs, "scores") < 0) return NULL;
+    int kind = fmt_kind(&bs);
+    if (kind != K_F32 && kind != K_F64) {
+        PyBuffer_Release(&bs);
+        return PyLong_FromLong(ST_UNSUPPORTED);
+    }
+    Py_ssize_t n = bs.shape[0], nq = bs.shape[1];
+    PyObject *result = NULL;
+    squery *Q = NULL;
+    uint32_t *starts = NULL;
+    int have = 0;
+    if (PyObject_GetBuffer(o_u, &bu, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    have = 1;
+    if (get_vec(o_uoff, &buo, K_I64, nq + 1, 0, "u_off") < 0) goto done;
+    have = 2;
+    const int64_t *uoff = (const int64_t *)buo.buf;
+    if (fmt_kind(&bu) != K_F64 || bu.len / 8 < uoff[nq]) {
+        PyErr_SetString(PyExc_ValueError, "_accel: bad buffer for u");
+        goto done;
+    }
+    if (PyObject_GetBuffer(o_evr, &ber, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+    have = 3;
+    Py_ssize_t n_ev = ber.len / 8;
+    if (fmt_kind(&ber) != K_I64) {
+        PyErr_SetString(PyExc_ValueError, "_accel: bad buffer for ev_row");
+        goto done;
+    }
+    if (get_vec(o_evq, &beq, K_I64, n_ev, 0, "ev_q") < 0) goto done;
+    have = 4;
+    if (get_vec(o_evk, &bek, K_I64, n_ev, 0, "ev_key") < 0) goto done;
+    have = 5;
+    if (get_vec(o_snap, &bsn, K_I64, n_ev, 1, "out_snap") < 0) goto done;
+    have = 6;
+    if (get_vec(o_coff, &bco, K_I64, nq + 1, 0, "cnt_off") < 0) goto done;
+    have = 7;
+    const int64_t *coff = (const int64_t *)bco.buf;
+    if (get_vec(o_cnt, &bc, K_I64, coff[nq], 1, "cnt") < 0) goto done;
+    have = 8;
+
+    Q = (squery *)PyMem_RawCalloc(nq ? (size_t)nq : 1, sizeof(squery));
+    starts = (uint32_t *)PyMem_RawMalloc(((size_t)nq + 1) * ((size_t)n_bins + 1) * sizeof(uint32_t));
+    if (!Q || !starts) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const double *u_all = (const double *)bu.buf;
+    int64_t *cnt_all = (int64_t *)bc.buf;
+    const int64_t *evq = (const int64_t *)beq.buf, *evk = (const int64_t *)bek.buf;
+    for (Py_ssize_t i = 0; i < n_ev; i++) {
+        Py_ssize_t q = (Py_ssize_t)evq[i];
+        if (q < 0 || q >= nq || evk[i] < 0 || evk[i] >= coff[q + 1] - coff[q] ||
+            ((const int64_t *)ber.buf)[i] < 0 || ((const int64_t *)ber.buf)[i] >= n) {
+            PyErr_SetString(PyExc_ValueError, "_accel: event out of range");
+            goto done;
+        }
+    }
+    double top = (double)n_bins - 1.0;
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        squery *S = &Q[q];
+        int64_t d = uoff[q + 1] - uoff[q];
+        if (d < 0 || coff[q + 1] - coff[q] != 2 * d + 1 || d > (int64_t)UINT32_MAX / 2) {
+            PyErr_SetString(PyExc_ValueError, "_accel: inconsistent offsets");
+            goto done;
+        }
+        S->d = (uint32_t)d;
+        S->u = u_all + uoff[q];
+        S->cnt = cnt_all + coff[q];
+        memset(S->cnt, 0, (size_t)(2 * d + 1) * sizeof(int64_t));
+        S->start = starts + (size_t)q * ((size_t)n_bins + 1);
+        /* the bin map: linear between the lowest and highest finite labelled score */
+        double lo = 0.0, hi = 0.0;
+        int any = 0;
+        for (int64_t i = 0; i < d; i++) {
+            double v = S->u[i];
+            if (v != v) {
+                PyErr_SetString(PyExc_ValueError, "_accel: NaN in u");
+                goto done;
+            }
+            if (v - v == 0.0) { /* finite */
+                if (!any) lo = v;
+                hi = v;
+                any = 1;
+            }
+        }
+        double sc = hi > lo ? (double)n_bins / (hi - lo) : 1.0;
+        if (!(sc - sc == 0.0) || !(sc > 0.0)) sc = 1.0; /* overflow: any positive scale is exact */
+        S->lo = lo;
+        S->sc = sc;
+        /* start[b] = #{u : bin(u) < b}; bins are monotone in the score */
+        uint32_t t = 0;
+        for (uint32_t b = 0; b <= (uint32_t)n_bins; b++) {
+            while (t < S->d && bin_of(S->u[t], lo, sc, top) < b) t++;
+            S->start[b] = t;
+        }
+    }
+
+    scores_job J;
+    J.base = (const char *)bs.buf;
+    J.s_r = bs.strides[0];
+    J.s_q = bs.strides[1];
+    J.n = n;
+    J.nq = nq;
+    J.f32 = kind == K_F32;
+    J.row_outer = row_outer;
+    J.Q = Q;
+    J.ev_row = (const int64_t *)ber.buf;
+    J.ev_q = evq;
+    J.ev_key = evk;
+    J.snap = (int64_t *)bsn.buf;
+    J.n_ev = n_ev;
+    J.top = top;
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = run_scores(&J);
+    Py_END_ALLOW_THREADS
+    result = PyLong_FromLong(st);
+
+done:
+    PyMem_RawFree(starts);
+    PyMem_RawFree(Q);
+    if (have >= 8) PyBuffer_Release(&bc);
+    if (have >= 7) PyBuffer_Release(&bco);
+    if (have >= 6) PyBuffer_Release(&bsn);
+    if (have >= 5) PyBuffer_Release(&bek);
+    if (have >= 4) PyBuffer_Release(&beq);
+    if (have >= 3) PyBuffer_Release(&ber);
+    if (have >= 2) PyBuffer_Release(&buo);
+    if (have >= 1) PyBuffer_Release(&bu);
+    PyBuffer_Release(&bs);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_ranks", scan_ranks, METH_VARARGS,
+     "scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count) -> status"},
+    {"score_ranks", score_ranks, METH_VARARGS,
+     "score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap, cnt, cnt_off, "
+     "n_bins) -> status"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_accel",
+    "Optional compiled kernels for oxbench.evaluation.kernels (numpy fallback).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__accel(void)
+{
+    return PyModule_Create(&moduledef);
+}

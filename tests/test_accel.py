@@ -1,0 +1,302 @@
+"""The compiled accelerator (``oxbench.evaluation._accel``) against the numpy kernels.
+
+Both paths must give identical numbers and identical errors. The numpy path is forced with the
+environment variable ``OXBENCH_NO_ACCEL=1`` (read at every call); comparisons with the compiled
+path are skipped when the extension was not built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from oxbench.errors import InputError
+from oxbench.evaluation import evaluate, evaluate_scores, from_revisitop
+from oxbench.evaluation import kernels as K
+from oxbench.groundtruth import GroundTruth, make_query
+
+needs_accel = pytest.mark.skipif(not K.ACCELERATED, reason="compiled extension not built")
+
+
+def _with_env(monkeypatch: pytest.MonkeyPatch, no_accel: bool, fn, *args, **kw):
+    """Run ``fn``; return ("ok", result) or ("err", type, message)."""
+    with monkeypatch.context() as m:
+        if no_accel:
+            m.setenv("OXBENCH_NO_ACCEL", "1")
+        else:
+            m.delenv("OXBENCH_NO_ACCEL", raising=False)
+        try:
+            return ("ok", fn(*args, **kw))
+        except InputError as e:
+            return ("err", type(e), str(e))
+
+
+def _same(a, b) -> None:
+    assert a[0] == b[0], (a, b)
+    if a[0] == "err":
+        assert a[1:] == b[1:]
+        return
+    ra, rb = a[1], b[1]
+    assert len(ra) == len(rb)
+    for (pa, ca), (pb, cb) in zip(ra, rb, strict=True):
+        assert pa.dtype == pb.dtype == np.int64 and ca.dtype == cb.dtype == np.uint8
+        np.testing.assert_array_equal(pa, pb)
+        np.testing.assert_array_equal(ca, cb)
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, fn, *args, **kw):
+    fast = _with_env(monkeypatch, False, fn, *args, **kw)
+    slow = _with_env(monkeypatch, True, fn, *args, **kw)
+    _same(fast, slow)
+    return fast
+
+
+def _labels(rng: np.random.Generator, nq: int, n_db: int, max_lab: int) -> list[K.Labels]:
+    out = []
+    for _ in range(nq):
+        m = int(rng.integers(0, min(max_lab, n_db) + 1))
+        idx = np.sort(rng.choice(n_db, size=m, replace=False)).astype(np.int64)
+        out.append((idx, rng.integers(1, 4, size=m).astype(np.uint8)))
+    return out
+
+
+def _ranks(rng: np.random.Generator, nq: int, n_index: int, k: int, gaps: float) -> np.ndarray:
+    r = np.stack([rng.permutation(n_index)[:k] for _ in range(nq)]).astype(np.int64)
+    r[rng.random(r.shape) < gaps] = -1
+    return r
+
+
+def _layouts(r: np.ndarray) -> dict[str, np.ndarray]:
+    """The same internal-layout ranks in several memory layouts and dtypes."""
+    wide = np.full((r.shape[0], 2 * r.shape[1]), 7, dtype=np.int64)
+    wide[:, ::2] = r
+    return {
+        "internal": r,
+        "revisitop": from_revisitop(np.ascontiguousarray(r.T)),
+        "strided": wide[:, ::2],
+        "reversed-queries": np.ascontiguousarray(r[::-1])[::-1],
+        "int32": r.astype(np.int32),
+        "int32-revisitop": from_revisitop(np.ascontiguousarray(r.T.astype(np.int32))),
+        "float": r.astype(np.float64),
+        "uint16": r.astype(np.uint16) if r.min(initial=0) >= 0 else r.astype(np.int16),
+    }
+
+
+def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OXBENCH_NO_ACCEL", "1")
+    assert not K.accelerated()
+    monkeypatch.setenv("OXBENCH_NO_ACCEL", "0")
+    assert K.accelerated() == K.ACCELERATED
+    monkeypatch.delenv("OXBENCH_NO_ACCEL")
+    assert K.accelerated() == K.ACCELERATED
+
+
+@needs_accel
+@pytest.mark.parametrize("seed", range(6))
+def test_ranks_random_layouts(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    nq, n_db = int(rng.integers(1, 9)), int(rng.integers(5, 300))
+    n_index = n_db + int(rng.integers(0, 2)) * int(rng.integers(0, 2000))  # with/without distractors
+    k = int(rng.integers(1, n_index + 1))  # truncated lists
+    labels = _labels(rng, nq, n_db, 40)
+    r = _ranks(rng, nq, n_index, k, gaps=float(rng.choice([0.0, 0.05, 0.5])))
+    ref = _with_env(monkeypatch, True, K.labelled_positions_from_ranks, r, labels, n_index, n_db=n_db)
+    assert ref[0] == "ok"
+    # the compiled kernel accepts clean int64/int32 input (it does not silently decline)
+    assert K._accel_positions_from_ranks(r, labels, n_index, 0.2) is not None
+    for name, arr in _layouts(r).items():
+        got = _both(monkeypatch, K.labelled_positions_from_ranks, arr, labels, n_index, n_db=n_db)
+        _same(got, ref), name
+
+
+@needs_accel
+@pytest.mark.parametrize("seed", range(8))
+def test_ranks_errors_identical(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    nq, n_db, n_index, k = 5, 60, 90, 50
+    labels = _labels(rng, nq, n_db, 10)
+    names = [f"q{i}" for i in range(nq)]
+    r = _ranks(rng, nq, n_index, k, gaps=0.1)
+    q, j, j2 = int(rng.integers(nq)), int(rng.integers(k)), int(rng.integers(k))
+    kind = seed % 4
+    if kind == 0:  # duplicate (maybe of a labelled image)
+        r[q, j] = labels[q][0][0] if labels[q][0].size else 3
+        r[q, (j + 1 + j2) % k] = r[q, j]
+    elif kind == 1:
+        r[q, j] = n_index
+    elif kind == 2:
+        r[q, j] = -2
+    else:
+        r[q, j] = 10**12
+    for arr in _layouts(r).values():
+        if arr.dtype == np.uint16 or (arr.dtype == np.int16 and kind == 3):
+            continue
+        got = _both(monkeypatch, K.labelled_positions_from_ranks, arr, labels, n_index, n_db=n_db,
+                    names=names, source="r.npy")
+        assert got[0] == "err" and "r.npy" in got[2]
+
+
+@needs_accel
+def test_ranks_group_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queries scanned in several groups (tiny budget) give the same result."""
+    rng = np.random.default_rng(7)
+    labels = _labels(rng, 40, 50, 8)
+    r = _ranks(rng, 40, 50, 30, gaps=0.1)
+    a = K._accel_positions_from_ranks(r, labels, 50, 0.2)
+    b = K._accel_positions_from_ranks(from_revisitop(np.ascontiguousarray(r.T)), labels, 50, 0.0)
+    with monkeypatch.context() as m:
+        m.setenv("OXBENCH_NO_ACCEL", "1")
+        c = K.labelled_positions_from_ranks(r, labels, 50)
+    _same(("ok", a), ("ok", c))
+    _same(("ok", b), ("ok", c))
+
+
+@needs_accel
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_ranks_hypothesis(monkeypatch: pytest.MonkeyPatch, data: st.DataObject) -> None:
+    n_index = data.draw(st.integers(1, 30))
+    nq = data.draw(st.integers(1, 4))
+    k = data.draw(st.integers(0, 35))
+    ranks = np.array(
+        data.draw(st.lists(st.lists(st.integers(-3, n_index + 1), min_size=k, max_size=k),
+                           min_size=nq, max_size=nq)),
+        dtype=np.int64,
+    ).reshape(nq, k)
+    labels = []
+    for _ in range(nq):
+        idx = np.array(sorted(data.draw(st.sets(st.integers(0, n_index - 1), max_size=6))), np.int64)
+        labels.append((idx, np.array(data.draw(st.lists(st.integers(1, 3), min_size=idx.size,
+                                                        max_size=idx.size)), np.uint8)))
+    layout = data.draw(st.sampled_from(["internal", "revisitop", "int32"]))
+    arr = {"internal": ranks, "revisitop": from_revisitop(np.ascontiguousarray(ranks.T)),
+           "int32": ranks.astype(np.int32)}[layout]
+    _both(monkeypatch, K.labelled_positions_from_ranks, arr, labels, n_index, names=None, source="x")
+
+
+# ---------------------------------------------------------------------------------------------
+# Scores
+
+
+def _reference_from_scores(scores: np.ndarray, labels: list[K.Labels]) -> list[K.Found]:
+    """Deliberately simple: stable descending argsort of each column."""
+    out = []
+    for q, (idx, codes) in enumerate(labels):
+        col = scores[:, q].astype(np.float64)
+        rank_of = np.empty(col.size, np.int64)
+        rank_of[np.argsort(-col, kind="stable")] = np.arange(col.size)
+        r = rank_of[idx]
+        o = np.argsort(r, kind="stable")
+        out.append((r[o], codes[o]))
+    return out
+
+
+def _score_layouts(s: np.ndarray) -> dict[str, np.ndarray]:
+    big = np.zeros((s.shape[0] * 2, s.shape[1] * 3), dtype=s.dtype)
+    big[::2, ::3] = s
+    return {
+        "C": np.ascontiguousarray(s),
+        "F": np.asfortranarray(s),
+        "strided": big[::2, ::3],
+        "negative-stride": np.ascontiguousarray(s[::-1])[::-1],
+    }
+
+
+@needs_accel
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scores_random_with_ties(monkeypatch: pytest.MonkeyPatch, seed: int, dtype) -> None:
+    rng = np.random.default_rng(seed)
+    n, nq = int(rng.integers(1, 3000)), int(rng.integers(1, 7))
+    s = rng.normal(size=(n, nq))
+    if seed % 2:  # heavy ties, signed zeros, infinities
+        s = np.round(s * 3) / 3
+        s[rng.random(s.shape) < 0.1] = 0.0
+        s[rng.random(s.shape) < 0.1] = -0.0
+        s[rng.random(s.shape) < 0.02] = np.inf
+        s[rng.random(s.shape) < 0.02] = -np.inf
+    s = s.astype(dtype)
+    labels = _labels(rng, nq, n, 50)
+    ref = _reference_from_scores(s, labels)
+    assert K._accel_ranks_from_scores(s, labels) is not None
+    for arr in _score_layouts(s).values():
+        got = _both(monkeypatch, K.labelled_ranks_from_scores, arr, labels)
+        _same(got, ("ok", ref))
+
+
+@needs_accel
+@pytest.mark.parametrize("where", ["labelled", "other"])
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_scores_nan_refused_identically(monkeypatch: pytest.MonkeyPatch, where: str, order: str) -> None:
+    rng = np.random.default_rng(3)
+    s = rng.random((500, 4)).astype(np.float32)
+    labels = _labels(rng, 4, 500, 20)
+    q = next(i for i, (idx, _) in enumerate(labels) if idx.size)
+    row = int(labels[q][0][0]) if where == "labelled" else int(
+        np.setdiff1d(np.arange(500), labels[q][0])[-1])
+    s[row, q] = np.nan
+    arr = np.asfortranarray(s) if order == "F" else s
+    got = _both(monkeypatch, K.labelled_ranks_from_scores, arr, labels, names=list("abcd"), source="s")
+    assert got[0] == "err" and "NaN" in got[2]
+
+
+@needs_accel
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float16, np.uint8])
+def test_scores_other_dtypes_fall_back(monkeypatch: pytest.MonkeyPatch, dtype) -> None:
+    rng = np.random.default_rng(5)
+    s = rng.integers(0, 20, size=(300, 3)).astype(dtype)
+    labels = _labels(rng, 3, 300, 15)
+    got = _both(monkeypatch, K.labelled_ranks_from_scores, s, labels)
+    _same(got, ("ok", _reference_from_scores(s, labels)))
+
+
+@needs_accel
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_scores_hypothesis(monkeypatch: pytest.MonkeyPatch, data: st.DataObject) -> None:
+    n = data.draw(st.integers(1, 40))
+    nq = data.draw(st.integers(1, 3))
+    pool = st.sampled_from([0.0, -0.0, 0.5, -0.5, 1.0, 1e30, -1e30, np.inf, -np.inf, 3e-39, 0.25])
+    vals = data.draw(st.lists(st.one_of(pool, st.floats(-2, 2, width=32)), min_size=n * nq, max_size=n * nq))
+    dtype = data.draw(st.sampled_from([np.float32, np.float64]))
+    s = np.array(vals, dtype=dtype).reshape(n, nq)
+    if data.draw(st.booleans()):
+        s = np.asfortranarray(s)
+    labels = []
+    for _ in range(nq):
+        idx = np.array(sorted(data.draw(st.sets(st.integers(0, n - 1), max_size=8))), np.int64)
+        labels.append((idx, np.full(idx.size, data.draw(st.integers(1, 3)), np.uint8)))
+    got = _both(monkeypatch, K.labelled_ranks_from_scores, s, labels)
+    _same(got, ("ok", _reference_from_scores(s, labels)))
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: evaluate / evaluate_scores give equal results on both paths.
+
+
+def _revisited_case(rng: np.random.Generator, n_db: int, nq: int) -> GroundTruth:
+    queries = []
+    for i in range(nq):
+        lab = rng.choice(n_db, size=12, replace=False)
+        queries.append(make_query(f"q{i}", easy=lab[:5], hard=lab[5:9], junk=lab[9:]))
+    return GroundTruth("toy", "revisited", tuple(f"db{i}" for i in range(n_db)), tuple(queries))
+
+
+@needs_accel
+def test_end_to_end_identical(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(11)
+    gt = _revisited_case(rng, 200, 6)
+    s = np.round(rng.random((200 + 500, 6)), 2).astype(np.float32)  # ties
+    res = {}
+    for flag in (False, True):
+        with monkeypatch.context() as m:
+            if flag:
+                m.setenv("OXBENCH_NO_ACCEL", "1")
+            a = evaluate_scores(gt, s, n_distractors=500)
+            ranks = np.argsort(-s, axis=0, kind="stable")  # full lists: same as the scores
+            b = evaluate(gt, from_revisitop(ranks), n_distractors=500)
+            res[flag] = (a.to_dict(), b.to_dict())
+    assert res[False] == res[True]
+    assert res[False][0] == res[False][1]
