@@ -33,7 +33,9 @@ class BowMethod:
         vocab_n_probe: coarse cells searched in two-level assignment.
         vocab_seed: seed of sampling and k-means.
         assignment: ``hard`` or ``soft`` (k nearest words with Gaussian weights, both sides).
-        soft_k, soft_sigma2: soft-assignment neighbours and ``sigma^2`` (unit-norm RootSIFT units).
+        soft_k, soft_sigma2: soft-assignment neighbours and ``sigma^2`` (unit-norm RootSIFT units;
+            Philbin et al. 2008 used ``k = 3`` and ``sigma^2 = 6250`` for SIFT vectors of norm ~512,
+            i.e. about 0.024 of the squared norm; 0.02 here).
         burst: ``sqrt`` (damp repeated words) or ``none``.
         idf: tf-idf weighting.
         spatial: spatially re-rank the top ``spatial_top_r``.
