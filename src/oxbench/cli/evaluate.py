@@ -65,9 +65,9 @@ def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str
 
         gt: GroundTruth = read_gnd(gnd)
     else:
-        from oxbench.datasets import load
+        from oxbench.datasets import load_ground_truth
 
-        gt = load(dataset, root).gt
+        gt = load_ground_truth(dataset, root)
     if gt.protocol != expect:
         other = "oxford" if gt.protocol == "original" else gt.protocol
         raise InputError(
@@ -259,9 +259,9 @@ def holidays(
     if images is not None:
         gt = read_ground_truth(images)
     else:
-        from oxbench.datasets import load
+        from oxbench.datasets import load_ground_truth
 
-        gt = load("holidays", root).gt
+        gt = load_ground_truth("holidays", root)
     internal = read_results(results, gt)
     _emit(evaluate_ranks(gt, internal, ks=k, source=results), as_json, per_query)
 
