@@ -139,23 +139,34 @@ def test_protocol_mismatch(rev, capsys, tmp_path):
     assert code == 2 and "use 'oxbench evaluate revisited'" in err
 
 
-def test_dataset_option_uses_datasets_load(rev, capsys, monkeypatch):
-    import oxbench.datasets as ds
+def test_dataset_option_reads_installed_ground_truth(shared_data, capsys, tmp_path):
+    """--dataset ID --root DIR scores against <root>/<id>/gnd_<id>.pkl; no images are needed."""
+    from oxbench.formats.revisitop import read_gnd
 
-    seen = {}
-
-    def fake_load(dataset_id, root=None, **kw):
-        seen["args"] = (dataset_id, root)
-        return types.SimpleNamespace(gt=rev.gt)
-
-    monkeypatch.setattr(ds, "load", fake_load)
+    root = tmp_path / "data"
+    (root / "roxford5k").mkdir(parents=True)
+    real = shared_data / "roxford5k" / "gnd_roxford5k.pkl"
+    (root / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(real)
+    gt = read_gnd(real)
+    rng = np.random.default_rng(3)
+    ranks = np.stack([rng.permutation(gt.n_db) for _ in range(gt.n_queries)])  # internal layout
+    path = tmp_path / "ranks.npy"
+    np.save(path, ranks.T)
     code, out, err = run(
-        ["evaluate", "revisited", "--dataset", "roxford5k", "--root", str(rev.tmp), "--ranks", str(rev.paths["r_db"]), "--json"],
+        ["evaluate", "revisited", "--dataset", "roxford5k", "--root", str(root), "--ranks", str(path), "--json"],
         capsys,
     )
     assert code == 0, err
-    assert seen["args"] == ("roxford5k", str(rev.tmp))
-    assert json.loads(out)["setups"]["easy"]["map"] == evaluate(rev.gt, np.load(rev.paths["r_db"]).T).setups["easy"].map
+    assert json.loads(out)["setups"]["hard"]["map"] == evaluate(gt, ranks).setups["hard"].map
+
+
+def test_dataset_option_missing_dataset_is_one_line(rev, capsys, tmp_path):
+    code, out, err = run(
+        ["evaluate", "revisited", "--dataset", "rparis6k", "--root", str(tmp_path), "--ranks", str(rev.paths["r_db"])],
+        capsys,
+    )
+    assert code == 2 and "rparis6k" in err and len(err.strip().splitlines()) == 1
+    assert out == ""
 
 
 def _write_oxford_gt(d):
