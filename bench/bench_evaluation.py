@@ -18,7 +18,9 @@ at full size) or ``--small`` for a quick check.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import os
 import sys
 import time
 import tracemalloc
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oxbench.evaluation import evaluate, evaluate_scores, from_revisitop
+from oxbench.evaluation import evaluate, evaluate_scores, from_revisitop, kernels
 from oxbench.groundtruth import GroundTruth, make_query
 
 N_DB = 4993
@@ -179,10 +181,29 @@ def timed(fn, *args, repeat: int = 1, **kw):
     return out, (wall, cpu)
 
 
+@contextlib.contextmanager
+def kernel_path(name: str):
+    """Run oxbench with the compiled kernels (``"compiled"``) or force the numpy ones."""
+    old = os.environ.get("OXBENCH_NO_ACCEL")
+    os.environ["OXBENCH_NO_ACCEL"] = "1" if name == "numpy" else ""
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("OXBENCH_NO_ACCEL", None)
+        else:
+            os.environ["OXBENCH_NO_ACCEL"] = old
+
+
 def report(label_off: str, label_ox: str, t_off, t_ox, same: bool) -> None:
     print(f"    official  {label_off:30s} {t_off[0]:8.3f} s wall  {t_off[1]:8.3f} s CPU")
     print(f"    oxbench   {label_ox:30s} {t_ox[0]:8.3f} s wall  {t_ox[1]:8.3f} s CPU")
     print(f"    speed-up  {t_off[0] / t_ox[0]:6.1f}x wall, {t_off[1] / t_ox[1]:6.1f}x CPU   identical numbers: {same}")
+
+
+def oxbench_paths(args) -> list[str]:
+    paths = ["compiled"] if kernels.ACCELERATED else []
+    return paths + ([] if args.no_numpy and paths else ["numpy"])
 
 
 def peak_extra(fn, *args, **kw) -> int:
@@ -213,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="runs of oxbench's path (best taken)")
     ap.add_argument("--repeat-official", type=int, default=2, help="runs of the official path")
+    ap.add_argument("--no-numpy", action="store_true",
+                    help="time only the compiled kernels (default: compiled and numpy fallback)")
     args = ap.parse_args(argv)
+    print(f"kernels: compiled extension {'built and used' if kernels.accelerated() else 'NOT available'}"
+          f" (oxbench.evaluation.kernels.ACCELERATED = {kernels.ACCELERATED}); timing: {', '.join(oxbench_paths(args))}")
     n_distr = 95_007 if args.small else 1_000_000
     t0 = time.perf_counter()
     gt, scores = build_case(n_distr, args.seed)
@@ -223,15 +248,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"      positives/query: easy {np.mean([q.easy.size for q in gt.queries]):.1f}, "
           f"hard {np.mean([q.hard.size for q in gt.queries]):.1f}, junk {np.mean([q.junk.size for q in gt.queries]):.1f}")
 
+    ok = True
     # (a) scores
     off_a, t_off_a = timed(official_from_scores, scores, gt, repeat=args.repeat_official)
-    res_a, t_ox_a = timed(evaluate_scores, gt, scores, n_distractors=n_distr, repeat=args.repeat)
-    same_a = same_numbers(res_a, off_a)
-    peak_a = peak_extra(evaluate_scores, gt, scores, n_distractors=n_distr)
     print("\n(a) float32 scores -> E/M/H mAP + mP@1,5,10")
-    report("argsort + per-query scan", "evaluate_scores", t_off_a, t_ox_a, same_a)
-    print(f"    oxbench peak extra memory {peak_a / 2**20:.1f} MiB ({100 * peak_a / scores.nbytes:.1f}% of the "
-          f"{scores.nbytes / 2**20:.0f} MiB score matrix)")
+    for path in oxbench_paths(args):
+        with kernel_path(path):
+            res_a, t_ox_a = timed(evaluate_scores, gt, scores, n_distractors=n_distr, repeat=args.repeat)
+            peak_a = peak_extra(evaluate_scores, gt, scores, n_distractors=n_distr)
+        same_a = same_numbers(res_a, off_a)
+        ok &= same_a
+        print(f"  [{path} kernels]")
+        report("argsort + per-query scan", "evaluate_scores", t_off_a, t_ox_a, same_a)
+        print(f"    oxbench peak extra memory {peak_a / 2**20:.1f} MiB ({100 * peak_a / scores.nbytes:.1f}% of the "
+              f"{scores.nbytes / 2**20:.0f} MiB score matrix)")
     print("    " + res_a.lines()[0])
 
     # (b) ranks in the revisitop layout
@@ -239,22 +269,30 @@ def main(argv: list[str] | None = None) -> int:
     del scores
     gc.collect()
     off_b, t_off_b = timed(official_all_setups, ranks, gt, repeat=args.repeat_official)
-    res_b, t_ox_b = timed(evaluate, gt, from_revisitop(ranks), n_distractors=n_distr, repeat=args.repeat)
-    same_b = same_numbers(res_b, off_b) and same_numbers(res_b, off_a)
-    peak_b = peak_extra(evaluate, gt, from_revisitop(ranks), n_distractors=n_distr)
     print("\n(b) ranks (revisitop layout) -> the same numbers")
-    report("per-query scan", "evaluate(from_revisitop)", t_off_b, t_ox_b, same_b)
-    print(f"    oxbench peak extra memory {peak_b / 2**20:.1f} MiB = {100 * peak_b / ranks.nbytes:.1f}% of the "
-          f"{ranks.nbytes / 2**20:.0f} MiB ranks array (target <= 25%)")
+    for path in oxbench_paths(args):
+        with kernel_path(path):
+            res_b, t_ox_b = timed(evaluate, gt, from_revisitop(ranks), n_distractors=n_distr, repeat=args.repeat)
+            peak_b = peak_extra(evaluate, gt, from_revisitop(ranks), n_distractors=n_distr)
+        same_b = same_numbers(res_b, off_b) and same_numbers(res_b, off_a)
+        ok &= same_b
+        print(f"  [{path} kernels]")
+        report("per-query scan", "evaluate(from_revisitop)", t_off_b, t_ox_b, same_b)
+        print(f"    oxbench peak extra memory {peak_b / 2**20:.1f} MiB = {100 * peak_b / ranks.nbytes:.1f}% of the "
+              f"{ranks.nbytes / 2**20:.0f} MiB ranks array (target <= 25%)")
     # (b') the same ranks in oxbench's internal layout [n_queries, k] (rows contiguous: no copy)
     internal = np.ascontiguousarray(ranks.T)
     del ranks
     gc.collect()
-    res_c, t_ox_c = timed(evaluate, gt, internal, n_distractors=n_distr, repeat=args.repeat)
-    same_c = same_numbers(res_c, off_b)
     print("\n(b') the same ranks in the internal layout [n_queries, k]")
-    report("per-query scan (from (b))", "evaluate(internal)", t_off_b, t_ox_c, same_c)
-    return 0 if (same_a and same_b and same_c) else 1
+    for path in oxbench_paths(args):
+        with kernel_path(path):
+            res_c, t_ox_c = timed(evaluate, gt, internal, n_distractors=n_distr, repeat=args.repeat)
+        same_c = same_numbers(res_c, off_b)
+        ok &= same_c
+        print(f"  [{path} kernels]")
+        report("per-query scan (from (b))", "evaluate(internal)", t_off_b, t_ox_c, same_c)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -300,3 +300,48 @@ def test_end_to_end_identical(monkeypatch: pytest.MonkeyPatch) -> None:
             res[flag] = (a.to_dict(), b.to_dict())
     assert res[False] == res[True]
     assert res[False][0] == res[False][1]
+
+
+@needs_accel
+def test_ranks_several_query_groups_and_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large index (bitsets of 375 KB a query: groups of 2 queries) and several position blocks."""
+    rng = np.random.default_rng(21)
+    n_db, n_index, nq, k = 300, 3_000_000, 5, 40
+    labels = _labels(rng, nq, n_db, 30)
+    r = np.stack([np.concatenate([rng.permutation(n_db)[: k // 2], rng.choice(n_index - n_db, k // 2, replace=False) + n_db])
+                  for _ in range(nq)]).astype(np.int64)
+    rev = np.ascontiguousarray(r.T)
+    got = _both(monkeypatch, K.labelled_positions_from_ranks, from_revisitop(rev), labels, n_index, n_db=n_db)
+    _same(got, _with_env(monkeypatch, True, K.labelled_positions_from_ranks, r, labels, n_index, n_db=n_db))
+    # tiny group and block budgets: one query and 16 positions at a time
+    out: list[np.ndarray] = []
+    sizes = np.array([idx.size for idx, _ in labels])
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    tables = np.zeros((nq, n_db), np.uint8)
+    for q, (idx, codes) in enumerate(labels):
+        tables[q, idx] = codes
+    pos, code, count = np.empty(off[-1], np.int64), np.empty(off[-1], np.uint8), np.zeros(nq, np.int64)
+    assert K._accel.scan_ranks(from_revisitop(rev), tables, n_index, off, pos, code, count, 1, 1) == 0
+    for q in range(nq):
+        out.append(pos[off[q] : off[q] + count[q]])
+        np.testing.assert_array_equal(out[q], got[1][q][0])
+    # a duplicate in the last group is still found
+    rev[30, 4] = rev[31, 4]
+    bad = _both(monkeypatch, K.labelled_positions_from_ranks, from_revisitop(rev), labels, n_index, n_db=n_db)
+    assert bad[0] == "err" and "more than once" in bad[2]
+
+
+@needs_accel
+@pytest.mark.parametrize("ties", [False, True])
+def test_scores_several_query_groups(monkeypatch: pytest.MonkeyPatch, ties: bool) -> None:
+    """70 queries (several groups of queries sharing a cache budget), C and F order."""
+    rng = np.random.default_rng(31)
+    n, nq = 5000, 70
+    s = rng.normal(size=(n, nq)).astype(np.float32)
+    if ties:
+        s = np.round(s * 4) / 4
+    labels = _labels(rng, nq, n, 120)
+    ref = _reference_from_scores(s, labels)
+    for arr in (s, np.asfortranarray(s)):
+        got = _both(monkeypatch, K.labelled_ranks_from_scores, arr, labels)
+        _same(got, ("ok", ref))

@@ -10,14 +10,37 @@
  *
  *   scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count) -> int status
  *   score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap,
- *               cnt, cnt_off, n_bins) -> int status
+ *               cnt, cnt_off, n_bins, group) -> int status
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 enum { ST_OK = 0, ST_BAD = 1, ST_UNSUPPORTED = 2 };
+
+/* Zeroed memory for tables read at random, aligned to 2 MiB and, where the system offers it,
+ * backed by huge pages (fewer TLB misses: large on virtual machines). PyMem_Raw*: traced by
+ * tracemalloc, usable without the GIL. Free `*raw`. */
+#define HUGE_ALIGN ((size_t)2 << 20)
+static void *alloc_zeroed_huge(size_t bytes, void **raw)
+{
+    if (bytes < HUGE_ALIGN) {
+        *raw = PyMem_RawCalloc(bytes ? bytes : 1, 1);
+        return *raw;
+    }
+    *raw = PyMem_RawCalloc(bytes + HUGE_ALIGN, 1);
+    if (!*raw) return NULL;
+    char *p = (char *)(((uintptr_t)*raw + HUGE_ALIGN - 1) & ~(uintptr_t)(HUGE_ALIGN - 1));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    (void)madvise(p, bytes & ~(HUGE_ALIGN - 1), MADV_HUGEPAGE);
+#endif
+    return p;
+}
 
 /* Item kinds accepted from buffer formats. */
 enum { K_I64, K_I32, K_F64, K_F32, K_U8, K_OTHER };
@@ -93,6 +116,7 @@ typedef struct {
     int64_t *out_count;
     uint64_t *seen; /* nq * words */
     Py_ssize_t words;
+    Py_ssize_t group_bytes, block_bytes;
 } ranks_job;
 
 static inline int scan_entry(const ranks_job *J, Py_ssize_t q, Py_ssize_t j, int64_t v)
@@ -129,18 +153,42 @@ static inline int64_t load_index(const char *p, int i32)
     return x;
 }
 
+#define AHEAD 4
+
 static int run_ranks(const ranks_job *J)
 {
     Py_ssize_t aq = J->s_q < 0 ? -J->s_q : J->s_q;
     Py_ssize_t aj = J->s_j < 0 ? -J->s_j : J->s_j;
     if (J->nq == 0 || J->k == 0) return ST_OK;
     if (aq < aj) {
-        /* revisitop layout (k, nq) C-ordered: position-major, queries inner (memory order) */
-        for (Py_ssize_t j = 0; j < J->k; j++) {
-            const char *row = J->base + j * J->s_j;
-            for (Py_ssize_t q = 0; q < J->nq; q++) {
-                int64_t v = load_index(row + q * J->s_q, J->i32);
-                if (scan_entry(J, q, j, v)) return ST_BAD;
+        /* revisitop layout (k, nq) C-ordered: positions outer, queries inner (memory order), in
+         * blocks of positions (kept in cache) read once per group of queries whose bitsets fit
+         * in about 1 MiB (the duplicate check's random writes stay in cache). */
+        Py_ssize_t per = J->words * 8 + J->n_lab;
+        Py_ssize_t G = J->group_bytes;
+        G = per > 0 ? G / per : J->nq;
+        if (G < 1) G = 1;
+        Py_ssize_t B = J->block_bytes / (aj > 0 ? aj : 1);
+        if (B < 16) B = 16;
+        for (Py_ssize_t j0 = 0; j0 < J->k; j0 += B) {
+            Py_ssize_t j1 = j0 + B < J->k ? j0 + B : J->k;
+            for (Py_ssize_t g0 = 0; g0 < J->nq; g0 += G) {
+                Py_ssize_t g1 = g0 + G < J->nq ? g0 + G : J->nq;
+                for (Py_ssize_t j = j0; j < j1; j++) {
+                    const char *row = J->base + j * J->s_j;
+                    /* prefetch the bitset words of a few positions ahead: the random reads of
+                     * the duplicate check then overlap instead of waiting one after another */
+                    const char *ahead = j + AHEAD < J->k ? row + AHEAD * J->s_j : NULL;
+                    for (Py_ssize_t q = g0; q < g1; q++) {
+                        if (ahead) {
+                            uint64_t a = (uint64_t)load_index(ahead + q * J->s_q, J->i32);
+                            a = a < (uint64_t)J->n_index ? a : 0;
+                            __builtin_prefetch(J->seen + q * J->words + (a >> 6), 1, 3);
+                        }
+                        int64_t v = load_index(row + q * J->s_q, J->i32);
+                        if (scan_entry(J, q, j, v)) return ST_BAD;
+                    }
+                }
             }
         }
     } else {
@@ -159,8 +207,9 @@ static PyObject *scan_ranks(PyObject *self, PyObject *args)
 {
     PyObject *o_ranks, *o_tables, *o_off, *o_pos, *o_code, *o_count;
     long long n_index;
-    if (!PyArg_ParseTuple(args, "OOLOOOO", &o_ranks, &o_tables, &n_index, &o_off, &o_pos, &o_code,
-                          &o_count))
+    Py_ssize_t group_bytes = (Py_ssize_t)1 << 20, block_bytes = (Py_ssize_t)1 << 19;
+    if (!PyArg_ParseTuple(args, "OOLOOOO|nn", &o_ranks, &o_tables, &n_index, &o_off, &o_pos,
+                          &o_code, &o_count, &group_bytes, &block_bytes))
         return NULL;
     Py_buffer br, bt, bo, bp, bc, bn;
     if (get_2d(o_ranks, &br, "ranks") < 0) return NULL;
@@ -198,10 +247,13 @@ static PyObject *scan_ranks(PyObject *self, PyObject *args)
     J.out_code = (uint8_t *)bc.buf;
     J.out_count = (int64_t *)bn.buf;
     memset(J.out_count, 0, (size_t)nq * sizeof(int64_t));
+    J.group_bytes = group_bytes;
+    J.block_bytes = block_bytes;
     J.words = (Py_ssize_t)((n_index + 63) / 64);
     if (J.words < 1) J.words = 1;
     /* PyMem_Raw*: traced by tracemalloc, usable without the GIL */
-    J.seen = (uint64_t *)PyMem_RawCalloc((size_t)nq * (size_t)J.words, sizeof(uint64_t));
+    void *seen_raw = NULL;
+    J.seen = (uint64_t *)alloc_zeroed_huge((size_t)nq * (size_t)J.words * sizeof(uint64_t), &seen_raw);
     if (!J.seen) {
         PyErr_NoMemory();
         goto fail_n;
@@ -210,7 +262,7 @@ static PyObject *scan_ranks(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     st = run_ranks(&J);
     Py_END_ALLOW_THREADS
-    PyMem_RawFree(J.seen);
+    PyMem_RawFree(seen_raw);
     PyBuffer_Release(&bn);
     PyBuffer_Release(&bc);
     PyBuffer_Release(&bp);
@@ -243,12 +295,19 @@ fail_r:
  * lower index. The caller turns suffix sums of cnt plus the snapshots into ranks.
  */
 
+/* Bins holding at most PAD labelled scores are resolved by PAD branch-free comparisons: the u
+ * that follow a bin's own belong to higher bins (or are the +inf padding), so they compare false.
+ * Fuller bins are flagged in the table and binary-searched. */
+#define PAD 4
+#define BIG 0x80000000u
+
 typedef struct {
     double lo, sc;
-    const double *u;
+    const double *u; /* d values, then PAD x +inf */
     uint32_t d;
-    uint32_t *start; /* n_bins + 1 */
+    uint32_t *start; /* n_bins + 1: #{u in lower bins}, BIG flag: more than PAD in this bin */
     int64_t *cnt;    /* 2 d + 1 */
+    int32_t *hist;   /* n_bins: count of scores in a bin without labelled scores; < 0: has some */
 } squery;
 
 static inline uint32_t bin_of(double x, double lo, double sc, double top)
@@ -259,22 +318,35 @@ static inline uint32_t bin_of(double x, double lo, double sc, double top)
     return (uint32_t)y;
 }
 
-static inline int64_t key_of(const squery *Q, double x, double top)
+static inline int64_t key_in_bin(const squery *Q, double x, uint32_t b)
 {
-    uint32_t b = bin_of(x, Q->lo, Q->sc, top);
-    uint32_t t = Q->start[b], e = Q->start[b + 1];
+    uint32_t t = Q->start[b];
     const double *u = Q->u;
-    if (e - t > 8) {
-        uint32_t lo = t, hi = e; /* first index in [t, e) with u >= x */
+    if (t & BIG) {
+        uint32_t lo = t & ~BIG, hi = Q->start[b + 1] & ~BIG; /* first u >= x in [lo, hi) */
         while (lo < hi) {
             uint32_t mid = lo + (hi - lo) / 2;
             if (u[mid] < x) lo = mid + 1; else hi = mid;
         }
         t = lo;
     } else {
-        while (t < e && u[t] < x) t++;
+        const double *v = u + t;
+        t += (uint32_t)(v[0] < x) + (uint32_t)(v[1] < x) + (uint32_t)(v[2] < x) + (uint32_t)(v[3] < x);
     }
-    return 2 * (int64_t)t + (t < e && u[t] == x);
+    return 2 * (int64_t)t + ((t < Q->d) & (u[t] == x)); /* the +inf padding is no u */
+}
+
+/* Most scores fall in bins without a labelled score: one counter per bin (folded into cnt at the
+ * end, all of them share the key 2 * start[b]); the others are compared exactly. */
+static inline void count_score(const squery *Q, double x, double top)
+{
+    uint32_t b = bin_of(x, Q->lo, Q->sc, top);
+    int32_t h = Q->hist[b];
+    if (h >= 0) {
+        Q->hist[b] = h + 1;
+    } else {
+        Q->cnt[key_in_bin(Q, x, b)]++;
+    }
 }
 
 typedef struct {
@@ -286,6 +358,9 @@ typedef struct {
     int64_t *snap;
     Py_ssize_t n_ev;
     double top;
+    uint32_t n_bins;
+    Py_ssize_t group;
+    Py_ssize_t *gp;
 } scores_job;
 
 static inline double load_score(const char *p, int f32)
@@ -306,19 +381,37 @@ static int run_scores(const scores_job *J)
     const double top = J->top;
     Py_ssize_t p = 0;
     if (J->row_outer) {
-        /* events sorted by row */
-        for (Py_ssize_t r = 0; r < J->n; r++) {
-            while (p < J->n_ev && J->ev_row[p] == r) {
-                J->snap[p] = J->Q[J->ev_q[p]].cnt[J->ev_key[p]];
-                p++;
-            }
-            const char *row = J->base + r * J->s_r;
-            for (Py_ssize_t q = 0; q < J->nq; q++) {
-                const squery *Q = &J->Q[q];
-                if (Q->d == 0) continue;
-                double x = load_score(row + q * J->s_q, J->f32);
-                nan |= x != x;
-                Q->cnt[key_of(Q, x, top)]++;
+        /* Rows outer (memory order) in blocks kept in cache, read once per group of G queries
+         * whose bin counters stay in the nearest cache. Events sorted by (q / G, row, q). */
+        Py_ssize_t G = J->group, ng = (J->nq + G - 1) / G;
+        Py_ssize_t *gp = J->gp; /* per group: next event */
+        Py_ssize_t e = 0;
+        for (Py_ssize_t g = 0; g < ng; g++) {
+            while (e < J->n_ev && J->ev_q[e] / G < g) e++;
+            gp[g] = e;
+        }
+        Py_ssize_t ar = J->s_r < 0 ? -J->s_r : J->s_r;
+        Py_ssize_t B = ((Py_ssize_t)1 << 19) / (ar > 0 ? ar : 1);
+        if (B < 16) B = 16;
+        for (Py_ssize_t r0 = 0; r0 < J->n; r0 += B) {
+            Py_ssize_t r1 = r0 + B < J->n ? r0 + B : J->n;
+            for (Py_ssize_t g = 0; g < ng; g++) {
+                Py_ssize_t q0 = g * G, q1 = q0 + G < J->nq ? q0 + G : J->nq;
+                p = gp[g];
+                for (Py_ssize_t r = r0; r < r1; r++) {
+                    while (p < J->n_ev && J->ev_row[p] == r && J->ev_q[p] / G == g) {
+                        J->snap[p] = J->Q[J->ev_q[p]].cnt[J->ev_key[p]];
+                        p++;
+                    }
+                    const char *row = J->base + r * J->s_r;
+                    for (Py_ssize_t q = q0; q < q1; q++) {
+                        const squery *Q = &J->Q[q];
+                        double x = load_score(row + q * J->s_q, J->f32);
+                        nan |= x != x;
+                        if (Q->d) count_score(Q, x, top);
+                    }
+                }
+                gp[g] = p;
             }
         }
     } else {
@@ -340,7 +433,7 @@ static int run_scores(const scores_job *J)
                 for (; r < stop; r++) {
                     double x = load_score(col + r * J->s_r, J->f32);
                     nan |= x != x;
-                    Q->cnt[key_of(Q, x, top)]++;
+                    count_score(Q, x, top);
                 }
                 if (stop == J->n) break;
                 while (p < J->n_ev && J->ev_q[p] == q && J->ev_row[p] == stop) {
@@ -351,6 +444,13 @@ static int run_scores(const scores_job *J)
         }
     }
     if (nan) return ST_BAD;
+    for (Py_ssize_t q = 0; q < J->nq; q++) {
+        const squery *Q = &J->Q[q];
+        if (Q->d == 0) continue;
+        for (uint32_t b = 0; b < J->n_bins; b++) {
+            if (Q->hist[b] > 0) Q->cnt[2 * (int64_t)(Q->start[b] & ~BIG)] += Q->hist[b];
+        }
+    }
     return ST_OK;
 }
 
@@ -358,11 +458,12 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
 {
     PyObject *o_s, *o_u, *o_uoff, *o_evr, *o_evq, *o_evk, *o_snap, *o_cnt, *o_coff;
     int row_outer, n_bins;
-    if (!PyArg_ParseTuple(args, "OpOOOOOOOOi", &o_s, &row_outer, &o_u, &o_uoff, &o_evr, &o_evq,
-                          &o_evk, &o_snap, &o_cnt, &o_coff, &n_bins))
+    Py_ssize_t group;
+    if (!PyArg_ParseTuple(args, "OpOOOOOOOOin", &o_s, &row_outer, &o_u, &o_uoff, &o_evr, &o_evq,
+                          &o_evk, &o_snap, &o_cnt, &o_coff, &n_bins, &group))
         return NULL;
-    if (n_bins < 1) {
-        PyErr_SetString(PyExc_ValueError, "_accel: n_bins must be positive");
+    if (n_bins < 1 || group < 1) {
+        PyErr_SetString(PyExc_ValueError, "_accel: n_bins and group must be positive");
         return NULL;
     }
     Py_buffer bs, bu, buo, ber, beq, bek, bsn, bc, bco;
@@ -373,9 +474,16 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
         return PyLong_FromLong(ST_UNSUPPORTED);
     }
     Py_ssize_t n = bs.shape[0], nq = bs.shape[1];
+    if (n >= (Py_ssize_t)INT32_MAX) { /* per-bin counters are int32 */
+        PyBuffer_Release(&bs);
+        return PyLong_FromLong(ST_UNSUPPORTED);
+    }
     PyObject *result = NULL;
     squery *Q = NULL;
     uint32_t *starts = NULL;
+    double *upad = NULL;
+    int32_t *hists = NULL;
+    Py_ssize_t *gp = NULL;
     int have = 0;
     if (PyObject_GetBuffer(o_u, &bu, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
     have = 1;
@@ -407,7 +515,10 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
 
     Q = (squery *)PyMem_RawCalloc(nq ? (size_t)nq : 1, sizeof(squery));
     starts = (uint32_t *)PyMem_RawMalloc(((size_t)nq + 1) * ((size_t)n_bins + 1) * sizeof(uint32_t));
-    if (!Q || !starts) {
+    upad = (double *)PyMem_RawMalloc(((size_t)uoff[nq] + (size_t)nq * PAD + 1) * sizeof(double));
+    hists = (int32_t *)PyMem_RawCalloc(((size_t)nq + 1) * (size_t)n_bins, sizeof(int32_t));
+    gp = (Py_ssize_t *)PyMem_RawMalloc(((size_t)nq / (size_t)group + 2) * sizeof(Py_ssize_t));
+    if (!Q || !starts || !upad || !hists || !gp) {
         PyErr_NoMemory();
         goto done;
     }
@@ -426,18 +537,27 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     for (Py_ssize_t q = 0; q < nq; q++) {
         squery *S = &Q[q];
         int64_t d = uoff[q + 1] - uoff[q];
-        if (d < 0 || coff[q + 1] - coff[q] != 2 * d + 1 || d > (int64_t)UINT32_MAX / 2) {
+        if (d < 0 || coff[q + 1] - coff[q] != 2 * d + 1 || d > (int64_t)0x7fffff00) {
             PyErr_SetString(PyExc_ValueError, "_accel: inconsistent offsets");
             goto done;
         }
         S->d = (uint32_t)d;
-        S->u = u_all + uoff[q];
+        double *uq = upad + uoff[q] + (int64_t)q * PAD;
+        memcpy(uq, u_all + uoff[q], (size_t)d * sizeof(double));
+        for (int i = 0; i < PAD; i++) uq[d + i] = HUGE_VAL;
+        S->u = uq;
         S->cnt = cnt_all + coff[q];
         memset(S->cnt, 0, (size_t)(2 * d + 1) * sizeof(int64_t));
         S->start = starts + (size_t)q * ((size_t)n_bins + 1);
         /* the bin map: linear between the lowest and highest finite labelled score */
         double lo = 0.0, hi = 0.0;
         int any = 0;
+        for (int64_t i = 1; i < d; i++) {
+            if (!(S->u[i - 1] < S->u[i])) {
+                PyErr_SetString(PyExc_ValueError, "_accel: u must be strictly increasing");
+                goto done;
+            }
+        }
         for (int64_t i = 0; i < d; i++) {
             double v = S->u[i];
             if (v != v) {
@@ -460,6 +580,11 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
             while (t < S->d && bin_of(S->u[t], lo, sc, top) < b) t++;
             S->start[b] = t;
         }
+        S->hist = hists + (size_t)q * (size_t)n_bins;
+        for (uint32_t b = 0; b < (uint32_t)n_bins; b++) {
+            if (S->start[b + 1] > S->start[b]) S->hist[b] = INT32_MIN;
+            if (S->start[b + 1] - S->start[b] > PAD) S->start[b] |= BIG;
+        }
     }
 
     scores_job J;
@@ -477,6 +602,9 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     J.snap = (int64_t *)bsn.buf;
     J.n_ev = n_ev;
     J.top = top;
+    J.n_bins = (uint32_t)n_bins;
+    J.group = group;
+    J.gp = gp;
     int st;
     Py_BEGIN_ALLOW_THREADS
     st = run_scores(&J);
@@ -484,6 +612,9 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     result = PyLong_FromLong(st);
 
 done:
+    PyMem_RawFree(gp);
+    PyMem_RawFree(hists);
+    PyMem_RawFree(upad);
     PyMem_RawFree(starts);
     PyMem_RawFree(Q);
     if (have >= 8) PyBuffer_Release(&bc);
@@ -503,7 +634,7 @@ static PyMethodDef methods[] = {
      "scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count) -> status"},
     {"score_ranks", score_ranks, METH_VARARGS,
      "score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap, cnt, cnt_off, "
-     "n_bins) -> status"},
+     "n_bins, group) -> status"},
     {NULL, NULL, 0, NULL},
 };
 
