@@ -26,24 +26,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.formats.text import read_text_lines
 from oxbench.groundtruth import GroundTruth, Query, make_query
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"(?P<num>[0-9]+)(?:\.jpg)?", re.IGNORECASE)
-
-
-def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError("file not found", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
 
 
 def _image_number(name: str, source: str | Path | None, where: str) -> tuple[str, int]:
@@ -67,7 +55,7 @@ def read_image_list(path: str | Path) -> tuple[str, ...]:
     path = Path(path)
     names: list[str] = []
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(_read_text(path).splitlines(), start=1):
+    for lineno, raw in enumerate(read_text_lines(path), start=1):
         token = raw.strip()
         if not token:
             continue
@@ -158,7 +146,7 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
     query_row = {q.name: i for i, q in enumerate(gt.queries)}
     n_db = gt.n_db
     rows: dict[int, tuple[int, dict[int, int]]] = {}
-    for lineno, raw in enumerate(_read_text(path).splitlines(), start=1):
+    for lineno, raw in enumerate(read_text_lines(path), start=1):
         tokens = raw.split()
         if not tokens:
             continue

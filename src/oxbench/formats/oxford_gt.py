@@ -36,6 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.formats.text import read_text_lines
 from oxbench.groundtruth import GroundTruth, Query, make_query
 
 log = logging.getLogger(__name__)
@@ -74,23 +75,9 @@ def clean_name(raw: str, source: str | Path, lineno: int) -> str | None:
     return name
 
 
-def _read_lines(path: Path) -> list[str]:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError("file not found", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
-    return text.splitlines()
-
-
 def _read_name_list(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, clean name) for every non-blank line of a name list."""
-    for lineno, raw in enumerate(_read_lines(path), start=1):
+    for lineno, raw in enumerate(read_text_lines(path), start=1):
         name = clean_name(raw, path, lineno)
         if name is not None:
             yield lineno, name
@@ -114,7 +101,7 @@ class QuerySpec:
 
 
 def _parse_query_file(path: Path) -> tuple[str, tuple[float, float, float, float], bool]:
-    lines = [(i, ln) for i, ln in enumerate(_read_lines(path), start=1) if ln.strip()]
+    lines = [(i, ln) for i, ln in enumerate(read_text_lines(path), start=1) if ln.strip()]
     if len(lines) != 1:
         raise InputError(
             f"expected one line '<image> x1 y1 x2 y2', found {len(lines)} non-blank lines", path
@@ -182,7 +169,7 @@ def list_queries(gt_dir: str | Path) -> tuple[QuerySpec, ...]:
 
 
 def _infer_dataset(gt_dir: Path, specs: Sequence[QuerySpec]) -> str:
-    first = _read_lines(specs[0].files["query"])
+    first = read_text_lines(specs[0].files["query"])
     if first and first[0].strip().startswith(_OXFORD_QUERY_PREFIX):
         return "oxford5k"
     if all(s.image.startswith("paris_") for s in specs):
