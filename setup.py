@@ -11,7 +11,7 @@ setup(
         Extension(
             "oxbench.evaluation._accel",
             ["src/oxbench/evaluation/_accel.c"],
-            extra_compile_args=["-O3"],
+            extra_compile_args=["-O3", "-ffp-contract=off"],  # gcc/clang flags
             optional=True,
         )
     ]

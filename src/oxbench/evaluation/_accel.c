@@ -299,6 +299,7 @@ fail_r:
  * that follow a bin's own belong to higher bins (or are the +inf padding), so they compare false.
  * Fuller bins are flagged in the table and binary-searched. */
 #define PAD 4
+#define GMAX 64
 #define BIG 0x80000000u
 
 typedef struct {
@@ -361,6 +362,8 @@ typedef struct {
     uint32_t n_bins;
     Py_ssize_t group;
     Py_ssize_t *gp;
+    int vec;
+    double *lo, *sc; /* per query, copies of Q[q].lo / .sc (contiguous for vector loads) */
 } scores_job;
 
 static inline double load_score(const char *p, int f32)
@@ -404,6 +407,30 @@ static int run_scores(const scores_job *J)
                         p++;
                     }
                     const char *row = J->base + r * J->s_r;
+                    if (J->vec && J->f32 && J->s_q == 4 && q1 - q0 <= GMAX) {
+                        /* contiguous float32 queries: the bin map vectorises */
+                        const float *xr = (const float *)row + q0;
+                        const double *lo = J->lo + q0, *sc = J->sc + q0;
+                        uint32_t bins[GMAX];
+                        int m = (int)(q1 - q0), nn = 0;
+                        for (int i = 0; i < m; i++) {
+                            double x = (double)xr[i];
+                            nn |= x != x;
+                            bins[i] = bin_of(x, lo[i], sc[i], top);
+                        }
+                        nan |= nn;
+                        for (int i = 0; i < m; i++) {
+                            const squery *Q = &J->Q[q0 + i];
+                            if (!Q->d) continue;
+                            int32_t h = Q->hist[bins[i]];
+                            if (h >= 0) {
+                                Q->hist[bins[i]] = h + 1;
+                            } else {
+                                Q->cnt[key_in_bin(Q, (double)xr[i], bins[i])]++;
+                            }
+                        }
+                        continue;
+                    }
                     for (Py_ssize_t q = q0; q < q1; q++) {
                         const squery *Q = &J->Q[q];
                         double x = load_score(row + q * J->s_q, J->f32);
@@ -459,11 +486,12 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     PyObject *o_s, *o_u, *o_uoff, *o_evr, *o_evq, *o_evk, *o_snap, *o_cnt, *o_coff;
     int row_outer, n_bins;
     Py_ssize_t group;
-    if (!PyArg_ParseTuple(args, "OpOOOOOOOOin", &o_s, &row_outer, &o_u, &o_uoff, &o_evr, &o_evq,
-                          &o_evk, &o_snap, &o_cnt, &o_coff, &n_bins, &group))
+    int vec = 1;
+    if (!PyArg_ParseTuple(args, "OpOOOOOOOOin|p", &o_s, &row_outer, &o_u, &o_uoff, &o_evr, &o_evq,
+                          &o_evk, &o_snap, &o_cnt, &o_coff, &n_bins, &group, &vec))
         return NULL;
-    if (n_bins < 1 || group < 1) {
-        PyErr_SetString(PyExc_ValueError, "_accel: n_bins and group must be positive");
+    if (n_bins < 8 || group < 1) {
+        PyErr_SetString(PyExc_ValueError, "_accel: n_bins must be >= 8 and group >= 1");
         return NULL;
     }
     Py_buffer bs, bu, buo, ber, beq, bek, bsn, bc, bco;
@@ -484,6 +512,7 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     double *upad = NULL;
     int32_t *hists = NULL;
     Py_ssize_t *gp = NULL;
+    double *losc = NULL;
     int have = 0;
     if (PyObject_GetBuffer(o_u, &bu, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
     have = 1;
@@ -517,8 +546,9 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     starts = (uint32_t *)PyMem_RawMalloc(((size_t)nq + 1) * ((size_t)n_bins + 1) * sizeof(uint32_t));
     upad = (double *)PyMem_RawMalloc(((size_t)uoff[nq] + (size_t)nq * PAD + 1) * sizeof(double));
     hists = (int32_t *)PyMem_RawCalloc(((size_t)nq + 1) * (size_t)n_bins, sizeof(int32_t));
+    losc = (double *)PyMem_RawCalloc(2 * ((size_t)nq + 1), sizeof(double));
     gp = (Py_ssize_t *)PyMem_RawMalloc(((size_t)nq / (size_t)group + 2) * sizeof(Py_ssize_t));
-    if (!Q || !starts || !upad || !hists || !gp) {
+    if (!Q || !starts || !upad || !hists || !gp || !losc) {
         PyErr_NoMemory();
         goto done;
     }
@@ -570,14 +600,22 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
                 any = 1;
             }
         }
-        double sc = hi > lo ? (double)n_bins / (hi - lo) : 1.0;
-        if (!(sc - sc == 0.0) || !(sc > 0.0)) sc = 1.0; /* overflow: any positive scale is exact */
-        S->lo = lo;
+        /* labelled scores in bins 2 .. n_bins - 3: scores below or above them all then fall in
+         * bins without labels (the cheap path) instead of sharing the lowest/highest one */
+        double sc = hi > lo ? (double)(n_bins - 4) / (hi - lo) : 1.0;
+        double lo2 = lo - 2.0 / sc;
+        if (!(sc - sc == 0.0) || !(sc > 0.0) || !(lo2 - lo2 == 0.0)) {
+            sc = 1.0; /* overflow: any positive scale is exact, just slower */
+            lo2 = lo;
+        }
+        S->lo = lo2;
         S->sc = sc;
+        losc[q] = lo2;
+        losc[nq + q] = sc;
         /* start[b] = #{u : bin(u) < b}; bins are monotone in the score */
         uint32_t t = 0;
         for (uint32_t b = 0; b <= (uint32_t)n_bins; b++) {
-            while (t < S->d && bin_of(S->u[t], lo, sc, top) < b) t++;
+            while (t < S->d && bin_of(S->u[t], S->lo, S->sc, top) < b) t++;
             S->start[b] = t;
         }
         S->hist = hists + (size_t)q * (size_t)n_bins;
@@ -604,6 +642,9 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     J.top = top;
     J.n_bins = (uint32_t)n_bins;
     J.group = group;
+    J.vec = vec;
+    J.lo = losc;
+    J.sc = losc + nq;
     J.gp = gp;
     int st;
     Py_BEGIN_ALLOW_THREADS
@@ -612,6 +653,7 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     result = PyLong_FromLong(st);
 
 done:
+    PyMem_RawFree(losc);
     PyMem_RawFree(gp);
     PyMem_RawFree(hists);
     PyMem_RawFree(upad);
