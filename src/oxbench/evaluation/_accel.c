@@ -8,9 +8,11 @@
  * the exact InputError. So the numbers and the error messages are the numpy path's by
  * construction.
  *
- *   scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count) -> int status
+ *   scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count
+ *              [, group_bytes, block_bytes]) -> int status
  *   score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap,
- *               cnt, cnt_off, n_bins, group) -> int status
+ *               cnt, cnt_off, n_bins, group[, vec]) -> int status
+ *   (vec=False: no vectorisable bin map, for benchmarking only)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -673,10 +675,11 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan_ranks", scan_ranks, METH_VARARGS,
-     "scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count) -> status"},
+     "scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count[, group_bytes, "
+     "block_bytes]) -> status"},
     {"score_ranks", score_ranks, METH_VARARGS,
      "score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap, cnt, cnt_off, "
-     "n_bins, group) -> status"},
+     "n_bins, group[, vec]) -> status"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,8 +24,16 @@ short arrays only.
 
 Both have two implementations giving identical numbers and identical errors: the numpy code in
 this module (always available, the reference) and, when it was built, the optional compiled
-extension :mod:`oxbench.evaluation._accel` (one pass over the array in memory order, no GIL). The
-extension only reports whether the input was clean; on any anomaly (an index out of range, a
+extension :mod:`oxbench.evaluation._accel` (``setup.py``; C, buffer protocol, no GIL). It reads
+the array once in memory order, in cache-sized blocks of rows, each block once per group of
+queries. Ranks: per entry a range check, a test-and-set in the query's seen-bitset (exact duplicate
+check; ``n_index / 8`` bytes a query, about 2 % of an R1M ranks array) and a 1-byte label lookup;
+labelled entries are written out. Scores: per query the distinct labelled scores ``u``; every
+score gets the key ``2 * #{u < x} + (x in u)``, from a monotone bin map (labelled scores in bins
+2 .. n-3) whose bins without a labelled score just count, the others compare exactly; a labelled
+image's rank is the count of higher keys plus the equal scores met at lower rows (a snapshot taken
+when the scan reaches its row). Only float32/float64 scores and int32/int64 ranks are handled
+there. The extension only reports whether the input was clean; on any anomaly (an index out of range, a
 repeated image, a NaN score, a dtype it does not handle) the numpy path is rerun and raises the
 exact same :class:`~oxbench.errors.InputError`. :data:`ACCELERATED` says whether the extension was
 importable, :func:`accelerated` whether it is used now (set ``OXBENCH_NO_ACCEL=1`` to force numpy).
