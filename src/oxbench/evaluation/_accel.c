@@ -22,6 +22,9 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 enum { ST_OK = 0, ST_BAD = 1, ST_UNSUPPORTED = 2 };
 
@@ -365,6 +368,7 @@ typedef struct {
     Py_ssize_t group;
     Py_ssize_t *gp;
     int vec;
+    int32_t **hp;    /* per query: its bin counters */
     double *lo, *sc; /* per query, copies of Q[q].lo / .sc (contiguous for vector loads) */
 } scores_job;
 
@@ -414,20 +418,41 @@ static int run_scores(const scores_job *J)
                         const float *xr = (const float *)row + q0;
                         const double *lo = J->lo + q0, *sc = J->sc + q0;
                         uint32_t bins[GMAX];
-                        int m = (int)(q1 - q0), nn = 0;
-                        for (int i = 0; i < m; i++) {
+                        int m = (int)(q1 - q0), nn = 0, i0 = 0;
+#if defined(__SSE2__)
+                        /* two queries at a time; the same IEEE operations as bin_of (maxpd
+                         * puts 0 for NaN and -0.0, minpd caps at top), so the same bins */
+                        const __m128d zero = _mm_setzero_pd(), vtop = _mm_set1_pd(top);
+                        int bad = 0;
+                        for (; i0 + 4 <= m; i0 += 4) {
+                            __m128 x4 = _mm_loadu_ps(xr + i0);
+                            bad |= _mm_movemask_ps(_mm_cmpunord_ps(x4, x4));
+                            __m128d xa = _mm_cvtps_pd(x4);
+                            __m128d xb = _mm_cvtps_pd(_mm_movehl_ps(x4, x4));
+                            __m128d ya = _mm_mul_pd(_mm_sub_pd(xa, _mm_loadu_pd(lo + i0)), _mm_loadu_pd(sc + i0));
+                            __m128d yb = _mm_mul_pd(_mm_sub_pd(xb, _mm_loadu_pd(lo + i0 + 2)), _mm_loadu_pd(sc + i0 + 2));
+                            ya = _mm_min_pd(_mm_max_pd(ya, zero), vtop);
+                            yb = _mm_min_pd(_mm_max_pd(yb, zero), vtop);
+                            __m128i ba = _mm_cvttpd_epi32(ya), bb = _mm_cvttpd_epi32(yb);
+                            _mm_storeu_si128((__m128i *)(bins + i0), _mm_unpacklo_epi64(ba, bb));
+                        }
+                        nn |= bad != 0;
+#endif
+                        for (int i = i0; i < m; i++) {
                             double x = (double)xr[i];
                             nn |= x != x;
                             bins[i] = bin_of(x, lo[i], sc[i], top);
                         }
                         nan |= nn;
+                        /* (a query without labels has no marked bin: it just counts, unread) */
+                        int32_t *const *hp = J->hp + q0;
                         for (int i = 0; i < m; i++) {
-                            const squery *Q = &J->Q[q0 + i];
-                            if (!Q->d) continue;
-                            int32_t h = Q->hist[bins[i]];
+                            int32_t *hb = hp[i] + bins[i];
+                            int32_t h = *hb;
                             if (h >= 0) {
-                                Q->hist[bins[i]] = h + 1;
+                                *hb = h + 1;
                             } else {
+                                const squery *Q = &J->Q[q0 + i];
                                 Q->cnt[key_in_bin(Q, (double)xr[i], bins[i])]++;
                             }
                         }
@@ -515,6 +540,7 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     int32_t *hists = NULL;
     Py_ssize_t *gp = NULL;
     double *losc = NULL;
+    int32_t **hp = NULL;
     int have = 0;
     if (PyObject_GetBuffer(o_u, &bu, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
     have = 1;
@@ -549,8 +575,9 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     upad = (double *)PyMem_RawMalloc(((size_t)uoff[nq] + (size_t)nq * PAD + 1) * sizeof(double));
     hists = (int32_t *)PyMem_RawCalloc(((size_t)nq + 1) * (size_t)n_bins, sizeof(int32_t));
     losc = (double *)PyMem_RawCalloc(2 * ((size_t)nq + 1), sizeof(double));
+    hp = (int32_t **)PyMem_RawCalloc((size_t)nq + 1, sizeof(int32_t *));
     gp = (Py_ssize_t *)PyMem_RawMalloc(((size_t)nq / (size_t)group + 2) * sizeof(Py_ssize_t));
-    if (!Q || !starts || !upad || !hists || !gp || !losc) {
+    if (!Q || !starts || !upad || !hists || !gp || !losc || !hp) {
         PyErr_NoMemory();
         goto done;
     }
@@ -621,6 +648,7 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
             S->start[b] = t;
         }
         S->hist = hists + (size_t)q * (size_t)n_bins;
+        hp[q] = S->hist;
         for (uint32_t b = 0; b < (uint32_t)n_bins; b++) {
             if (S->start[b + 1] > S->start[b]) S->hist[b] = INT32_MIN;
             if (S->start[b + 1] - S->start[b] > PAD) S->start[b] |= BIG;
@@ -645,6 +673,7 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     J.n_bins = (uint32_t)n_bins;
     J.group = group;
     J.vec = vec;
+    J.hp = hp;
     J.lo = losc;
     J.sc = losc + nq;
     J.gp = gp;
@@ -655,6 +684,7 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     result = PyLong_FromLong(st);
 
 done:
+    PyMem_RawFree(hp);
     PyMem_RawFree(losc);
     PyMem_RawFree(gp);
     PyMem_RawFree(hists);

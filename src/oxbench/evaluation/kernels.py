@@ -409,10 +409,10 @@ def _accel_ranks_from_scores(scores: np.ndarray, labels: Sequence[Labels]) -> li
     ev_q = np.repeat(np.arange(nq, dtype=np.int64), [labels[q][0].size for q in range(nq)])
     ev_key = np.concatenate(keys).astype(np.int64) if nq else np.zeros(0, np.int64)
     # Loop order = memory order: database rows outer for a C-ordered [n, nq] matrix.
-    # (then queries in groups whose bin counters, 4 bytes a bin, stay in a 64 KiB cache)
+    # (then queries in groups whose bin counters, 4 bytes a bin, stay in a 128 KiB cache)
     row_outer = nq > 1 and abs(scores.strides[0]) >= abs(scores.strides[1])
     n_bins = int(min(4096, max(1024, 16 * int(d.max(initial=0)))))  # measured best at R1M
-    group = max(1, (1 << 16) // (4 * n_bins))
+    group = max(1, (1 << 17) // (4 * n_bins))
     # events in scan order: (group, row, query) for rows outer, else (query, row)
     order = np.lexsort((ev_q, ev_row, ev_q // group)) if row_outer else np.arange(ev_row.size)
     ev_row, ev_q, ev_key = ev_row[order], ev_q[order], ev_key[order]
