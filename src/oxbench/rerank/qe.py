@@ -24,7 +24,7 @@ All-zero vectors stay zero.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeAlias, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 
 #: A query vector or a set of row vectors, dense or sparse.
-Vectors = NDArray[np.floating] | sp.spmatrix | sp.sparray
+Vectors: TypeAlias = NDArray[np.floating] | sp.spmatrix | sp.sparray
 
 
 # --------------------------------------------------------------------------------------------
@@ -73,7 +73,8 @@ def _check_dim(a: np.ndarray | sp.csr_matrix, b: np.ndarray | sp.csr_matrix, nam
 
 def _row_norms(rows: np.ndarray | sp.csr_matrix) -> NDArray[np.float64]:
     if sp.issparse(rows):
-        return np.sqrt(np.asarray(rows.multiply(rows).sum(axis=1)).ravel())
+        csr = cast(sp.csr_matrix, rows)  # issparse() is not a type guard for mypy
+        return np.sqrt(np.asarray(csr.multiply(csr).sum(axis=1)).ravel())
     return np.linalg.norm(rows, axis=1)
 
 
@@ -106,7 +107,7 @@ def _like(result: np.ndarray | sp.csr_matrix, template: Vectors):
     """Return ``result`` (rows) in the kind and shape of ``template``."""
     if sp.issparse(template):
         return sp.csr_matrix(result)
-    dense = result.toarray() if sp.issparse(result) else np.asarray(result)
+    dense = cast(sp.csr_matrix, result).toarray() if sp.issparse(result) else np.asarray(result)
     if np.asarray(template).ndim == 1:
         return dense.ravel()
     return dense

@@ -33,6 +33,7 @@ Example (``feats[i]``: a :class:`~oxbench.features.local.LocalFeatures`, ``words
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -644,19 +645,19 @@ def rerank_by_inliers(
     Returns:
         ``(new_order [n], verified [k])``: the new ranking and the verified entries, best first.
     """
-    order = np.asarray(order, dtype=np.int64)
+    ranking = np.asarray(order, dtype=np.int64)
     inliers = np.asarray(inliers, dtype=np.int64)
     r = inliers.shape[0]
-    if r > order.shape[0]:
-        raise InputError(f"{r} inlier counts for a ranking of {order.shape[0]} entries")
+    if r > ranking.shape[0]:
+        raise InputError(f"{r} inlier counts for a ranking of {ranking.shape[0]} entries")
     passed = inliers >= min_inliers
     pos = np.arange(r)
     # lexsort's last key is primary: unverified after verified, then more inliers first, then
     # the initial position (stable ties). Unverified entries all get key 0 so they keep order.
     sort_inl = np.where(passed, -inliers, 0)
     perm = np.lexsort((pos, sort_inl, ~passed))
-    head = order[:r][perm]
-    new_order = np.concatenate((head, order[r:]))
+    head = ranking[:r][perm]
+    new_order = np.concatenate((head, ranking[r:]))
     return new_order, head[: int(passed.sum())]
 
 
@@ -744,7 +745,8 @@ def spatial_rerank(
         raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
     n_q = _normaliser(q_xy, query_size, reference_side)
     needed = max(min_inliers, MIN_SAMPLE[model])
-    settings = dict(
+    verify = functools.partial(
+        _verify,
         model=model, threshold_px=threshold_px, min_inliers=min_inliers, method=method,
         max_iters=max_iters, confidence=confidence, max_scale=max_scale,
         max_anisotropy=max_anisotropy, seed=seed,
@@ -774,7 +776,7 @@ def spatial_rerank(
         else:
             d_size = cand[2] if len(cand) == 3 else None
             n_d = _normaliser(d_xy, d_size, reference_side)
-            res = _verify(q_xy, query_kp, n_q, d_xy, d_kp, n_d, matches, **settings)
+            res = verify(q_xy, query_kp, n_q, d_xy, d_kp, n_d, matches)
         inliers[i] = res.n_inliers
         transforms.append(res.transform)
         statuses.append(res.status)
