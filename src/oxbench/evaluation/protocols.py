@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -163,7 +164,7 @@ def score_found(
         if skipped:
             log.info("%s %s: %d queries without positives skipped", gt.dataset, name, len(skipped))
         m = float(_sequential_mean(ap[used]))
-        mp = _sequential_mean(pk[used])
+        mp = cast(NDArray[np.float64], _sequential_mean(pk[used]))  # 2-D in: one mean per k
         setups[name] = SetupResult(
             map=m,
             mp_at_k={k: float(mp[t]) for t, k in enumerate(ks)},

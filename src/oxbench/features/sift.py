@@ -68,11 +68,14 @@ class SiftConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def rootsift(descriptors: NDArray[np.floating], eps: float = 1e-12) -> NDArray[np.float32]:
+def rootsift(
+    descriptors: NDArray[np.floating | np.integer], eps: float = 1e-12
+) -> NDArray[np.float32]:
     """RootSIFT of SIFT descriptors: L1-normalise each row, then take the square root.
 
     Args:
-        descriptors: ``[n, d]`` non-negative SIFT descriptors (any scale).
+        descriptors: ``[n, d]`` non-negative SIFT descriptors (any scale; float, or OpenCV's
+            integer-valued uint8).
         eps: guards all-zero rows, which stay zero.
 
     Returns:

@@ -54,7 +54,8 @@ def _atomic_save_npy(path: Path, array: NDArray) -> None:
 def _atomic_save_npz(path: Path, **arrays: NDArray) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        np.savez(fh, **arrays)
+        # numpy's stub types **kwds together with the bool ``allow_pickle`` keyword
+        np.savez(fh, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, path)
 
 

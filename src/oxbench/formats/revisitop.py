@@ -21,10 +21,10 @@ from typing import Any
 
 from oxbench.errors import InputError
 from oxbench.formats.safe_pickle import load_plain_pickle
-from oxbench.groundtruth import GroundTruth, Query, make_query
+from oxbench.groundtruth import GroundTruth, Protocol, Query, make_query
 
-_REVISITED_KEYS = ("easy", "hard", "junk")
-_ORIGINAL_KEYS = ("ok", "junk")
+_REVISITED_KEYS: tuple[str, ...] = ("easy", "hard", "junk")
+_ORIGINAL_KEYS: tuple[str, ...] = ("ok", "junk")
 
 
 def dataset_id_from_path(path: str | Path) -> str:
@@ -66,6 +66,8 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
     if not gnd:
         raise InputError("no queries", source)
     seen_keys = {k for entry in gnd if isinstance(entry, dict) for k in entry}
+    protocol: Protocol
+    keys: tuple[str, ...]
     if seen_keys & {"easy", "hard"}:
         protocol, keys = "revisited", _REVISITED_KEYS
     elif "ok" in seen_keys:

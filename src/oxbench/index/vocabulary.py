@@ -304,6 +304,7 @@ class Vocabulary:
             ``(squared distances float32 [n, k], words int64 [n, k])``, nearest first.
         """
         self._check_fitted()
+        assert self.centroids_ is not None
         x = _as_f32(descriptors, self.dim)
         if k < 1:
             raise InputError(f"k must be >= 1, got {k}")
@@ -361,7 +362,8 @@ class Vocabulary:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as fh:
-            np.savez(fh, **arrays)
+            # numpy's stub types **kwds together with the bool ``allow_pickle`` keyword
+            np.savez(fh, **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
         return path
 

@@ -271,8 +271,8 @@ def step_assign(
     from tqdm.auto import tqdm
 
     if out_path.exists():
-        w = Words.load(out_path)
-        if list(w.names) == list(names) and w.words.shape[1] == k:
+        existing = Words.load(out_path)
+        if list(existing.names) == list(names) and existing.words.shape[1] == k:
             return out_path
         log.info("visual words at %s are for other images; recomputing", out_path)
     store.require_all(names)

@@ -12,7 +12,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig
@@ -85,7 +85,7 @@ class BowMethod:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
     @property
-    def resolved_vocab_structure(self) -> str:
+    def resolved_vocab_structure(self) -> Literal["flat", "two-level"]:
         """``flat`` or ``two-level``: what ``vocab_structure="auto"`` means at this size."""
         if self.vocab_structure != "auto":
             return self.vocab_structure
@@ -133,8 +133,9 @@ def resolve_method(name: str, **overrides: object) -> BowMethod:
         InputError: unknown preset or setting.
     """
     method = METHODS.get(name)
-    top: dict[str, object] = {}
-    feat: dict[str, object] = {}
+    # field name -> the caller's untyped value (from the CLI); __post_init__ checks the key ones
+    top: dict[str, Any] = {}
+    feat: dict[str, Any] = {}
     valid = {f.name for f in dataclasses.fields(BowMethod)}
     valid_feat = {f.name for f in dataclasses.fields(SiftConfig)}
     for key, value in overrides.items():
