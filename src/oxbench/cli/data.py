@@ -7,12 +7,24 @@ import importlib
 import json
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 import click
 
 from oxbench.errors import InputError
 
 _ROOT_HELP = "Data root (default: $OXBENCH_DATA, else ~/.local/share/oxbench)."
+
+
+class _DatasetRow(TypedDict):
+    """One row of ``oxbench data list`` (also its ``--json`` output)."""
+
+    id: str
+    title: str
+    images: int
+    queries: int
+    protocols: list[str]
+    download: int
 
 
 def _fmt_size(n: int) -> str:
@@ -56,7 +68,7 @@ def list_cmd(as_json: bool) -> None:
     """The datasets oxbench knows, with their sizes."""
     from oxbench.datasets.spec import DATASETS
 
-    rows = []
+    rows: list[_DatasetRow] = []
     for name in DATASETS:
         s = DATASETS.get(name)
         rows.append({

@@ -67,6 +67,7 @@ def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str
     else:
         from oxbench.datasets import load_ground_truth
 
+        assert dataset is not None  # exactly one of gnd / dataset was given
         gt = load_ground_truth(dataset, root)
     if gt.protocol != expect:
         other = "oxford" if gt.protocol == "original" else gt.protocol

@@ -480,7 +480,9 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
         if f < floors - 1 and rng.random() < 0.5:
             cv2.rectangle(img, (0, int(fy + floor_h) - max(1, int(bay * 0.04))), (width - 1, int(fy + floor_h)), _u8(trim, 0.9), -1)
     y_ground = int(y + floors * floor_h)
-    y += _cornice(img, y_ground, 0, width - 1, bay * 0.6, style, trim, False) + floors * floor_h
+    # a float (floor_h is fractional); summed in the original order so the pixels stay the same
+    cornice_h = _cornice(img, y_ground, 0, width - 1, bay * 0.6, style, trim, False)
+    ground_top = y + (cornice_h + floors * floor_h)
     if pilasters:
         pw = max(3, int(bay * 0.12))
         for b in range(bays + 1):
@@ -491,7 +493,7 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
             cv2.rectangle(img, (px - 2, body_top + ph), (px + pw + 2, body_top + ph + max(2, pw // 2)), _u8(trim, 0.8), -1)
 
     # ground floor: a door (landmarks: an arched portal) and shop fronts or windows
-    gy = int(y) + 2
+    gy = int(ground_top) + 2
     gh = height - gy
     door_b = bays // 2 if landmark else int(rng.integers(bays))
     for b in range(bays):

@@ -233,7 +233,9 @@ def ground_truth(config: SynthConfig, db_records: list[dict[str, Any]]) -> Groun
                 lab[entry["label"]].append(i)
         if not lab["easy"] and not lab["hard"]:
             raise RuntimeError(f"synthetic query {spec.name} has no positives (generator bug)")
-        queries.append(make_query(spec.name, spec.bbox, **lab))
+        queries.append(
+            make_query(spec.name, spec.bbox, easy=lab["easy"], hard=lab["hard"], junk=lab["junk"])
+        )
     return GroundTruth(config.name, "revisited", names, tuple(queries), source=config.name).validate()
 
 
