@@ -207,9 +207,9 @@ static inline int scan_group(const ranks_job *J, Py_ssize_t g0, Py_ssize_t g1, P
     return ST_OK;
 }
 
-/* Rows [0, m) of a block (from `row`) into the per-query runs (run q at out + q * rows): the low 32 bits of every index; the
- * high 32 bits must be the sign extension of the low ones (else `*bad`), the runs' values are
- * checked against n_index <= 2^31 in the scan (only 0xffffffff = -1 may exceed it). */
+/* Rows [0, m) of a block (from `row`) into the per-query runs (run q at out + q * rows): the
+ * low 32 bits of every index; the high 32 bits must be the sign extension of the low ones (else
+ * `*bad`); the scan checks the runs against n_index <= 2^31 (only 0xffffffff = -1 may exceed). */
 static inline void transpose_rows(const char *row, Py_ssize_t s_j, Py_ssize_t s_q, Py_ssize_t nq,
                                   uint32_t *out, Py_ssize_t rows, Py_ssize_t m, const int i32,
                                   uint64_t *bad)
