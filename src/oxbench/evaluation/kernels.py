@@ -41,6 +41,7 @@ importable, :func:`accelerated` whether it is used now (set ``OXBENCH_NO_ACCEL=1
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -73,7 +74,7 @@ def accelerated() -> bool:
 EASY = 1  # revisited easy; also the single positive class of the other protocols
 HARD = 2  # revisited hard
 JUNK = 3  # ignored (revisited unclear/junk, original junk, the Holidays query itself)
-POSITIVE = EASY
+POSITIVE: int = EASY
 _SEEN = 0x80
 
 # A query's labels: sorted unique database indices and their codes.
@@ -98,7 +99,7 @@ def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, s
     if np.issubdtype(blk.dtype, np.integer):
         if np.issubdtype(blk.dtype, np.unsignedinteger) and blk.size and blk.max() > np.iinfo(np.int64).max:
             r, c = np.unravel_index(int(np.argmax(blk)), blk.shape)
-            raise InputError(f"{_qname(names, g0 + r)}: rank position {j0 + c} holds {blk[r, c]}, not an index", source)
+            raise InputError(f"{_qname(names, g0 + int(r))}: rank position {j0 + c} holds {blk[r, c]}, not an index", source)
         return blk.astype(np.int64)
     if np.issubdtype(blk.dtype, np.floating):
         bad = ~np.isfinite(blk)
@@ -106,7 +107,7 @@ def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, s
         if bad.any():
             r, c = np.argwhere(bad)[0]
             raise InputError(
-                f"{_qname(names, g0 + r)}: rank position {j0 + c} holds {float(blk[r, c])!r}, not an integer index",
+                f"{_qname(names, g0 + int(r))}: rank position {j0 + c} holds {float(blk[r, c])!r}, not an integer index",
                 source,
             )
         return blk.astype(np.int64)
@@ -313,8 +314,8 @@ def labelled_positions_from_ranks(
         for q in range(nq):
             row = ranks[q]
             scanner.start(q)
-            scanner.scan(row, 0, lambda row=row: row)
-            out.append(scanner.finish(lambda row=row: row))
+            scanner.scan(row, 0, functools.partial(np.asarray, row))
+            out.append(scanner.finish(functools.partial(np.asarray, row)))
         return out
     budget = ranks.nbytes * budget_fraction
     # queries read together (fewer passes over the revisitop rows), tables within half the budget
@@ -332,10 +333,10 @@ def labelled_positions_from_ranks(
             rows = _transposed_chunk(ranks[g0:g1, j0:j1], buf[: g1 - g0], g0, j0, names, source)
             for r in range(g1 - g0):
                 q = g0 + r
-                scanners[r].scan(rows[r], j0, lambda q=q: np.asarray(ranks[q]))
+                scanners[r].scan(rows[r], j0, functools.partial(np.asarray, ranks[q]))
         for r in range(g1 - g0):
             q = g0 + r
-            out.append(scanners[r].finish(lambda q=q: np.asarray(ranks[q])))
+            out.append(scanners[r].finish(functools.partial(np.asarray, ranks[q])))
     return out
 
 
