@@ -24,7 +24,7 @@ All-zero vectors stay zero.
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias, cast
+from typing import Any, Literal, TypeAlias, cast
 
 import numpy as np
 import scipy.sparse as sp
@@ -130,6 +130,15 @@ def _dots(q: np.ndarray | sp.csr_matrix, rows: np.ndarray | sp.csr_matrix) -> ND
 # --------------------------------------------------------------------------------------------
 
 
+def _expanded(q: Any, x: Any, weights: NDArray[np.float64], *, normalize: bool, like: Vectors) -> Vectors:
+    """The weighted mean of the query (weight 1) and rows ``x`` (``weights``), shaped like ``like``."""
+    total = q + _weighted_sum(weights, x) if x.shape[0] else q
+    mean = total * (1.0 / (1.0 + float(np.sum(weights))))
+    if normalize:
+        mean = _l2_normalize(mean)
+    return _like(mean, like)
+
+
 def average_query_expansion(
     query_vec: Vectors, verified_vecs: Vectors, *, normalize: bool = True
 ) -> Vectors:
@@ -157,11 +166,7 @@ def average_query_expansion(
     q, v = _unify(q, v)
     if normalize:
         q, v = _l2_normalize(q), _l2_normalize(v)
-    total = q + _weighted_sum(np.ones(v.shape[0]), v) if v.shape[0] else q
-    mean = total * (1.0 / (1 + v.shape[0]))
-    if normalize:
-        mean = _l2_normalize(mean)
-    return _like(mean, query_vec)
+    return _expanded(q, v, np.ones(v.shape[0]), normalize=normalize, like=query_vec)
 
 
 def alpha_query_expansion(
@@ -204,11 +209,7 @@ def alpha_query_expansion(
         if sims.shape[0] != x.shape[0]:
             raise InputError(f"{sims.shape[0]} similarities for {x.shape[0]} neighbour vectors")
     weights = np.power(np.clip(sims, 0.0, None), alpha)
-    total = q + _weighted_sum(weights, x) if x.shape[0] else q
-    mean = total * (1.0 / (1.0 + weights.sum()))
-    if normalize:
-        mean = _l2_normalize(mean)
-    return _like(mean, query_vec)
+    return _expanded(q, x, weights, normalize=normalize, like=query_vec)
 
 
 def discriminative_query_expansion(
