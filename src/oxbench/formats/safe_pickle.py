@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oxbench.errors import InputError
+from oxbench.formats.text import read_input_bytes
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -28,14 +29,7 @@ def load_plain_pickle(path: str | Path) -> Any:
     Raises:
         InputError: the file is missing, not a pickle, or references any class or function.
     """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise InputError("file not found", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror}", path) from None
-    return loads_plain_pickle(data, source=str(path))
+    return loads_plain_pickle(read_input_bytes(path), source=str(path))
 
 
 def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
