@@ -126,6 +126,18 @@ typedef struct {
     Py_ssize_t group_bytes, block_bytes;
 } ranks_job;
 
+/* Record that query q's ranked position j holds a labelled image (label code c). The output slots
+ * of a query are sized by its label count, so running past them means an image was repeated. */
+static inline int emit_label(const ranks_job *J, Py_ssize_t q, int64_t j, uint8_t c)
+{
+    const int64_t at = J->lab_off[q] + J->out_count[q];
+    if (at >= J->lab_off[q + 1]) return ST_BAD;
+    J->out_pos[at] = j;
+    J->out_code[at] = c;
+    J->out_count[q]++;
+    return ST_OK;
+}
+
 static inline int scan_entry(const ranks_job *J, Py_ssize_t q, Py_ssize_t j, int64_t v)
 {
     if ((uint64_t)v >= (uint64_t)J->n_index) {
@@ -137,13 +149,7 @@ static inline int scan_entry(const ranks_job *J, Py_ssize_t q, Py_ssize_t j, int
     *w |= bit;
     if (v < J->n_lab) {
         uint8_t c = J->tables[q * J->n_lab + v];
-        if (c) {
-            int64_t at = J->lab_off[q] + J->out_count[q];
-            if (at >= J->lab_off[q + 1]) return ST_BAD; /* cannot happen without a repeat */
-            J->out_pos[at] = j;
-            J->out_code[at] = c;
-            J->out_count[q]++;
-        }
+        if (c && emit_label(J, q, j, c)) return ST_BAD;
     }
     return ST_OK;
 }
@@ -193,14 +199,7 @@ static inline int scan_group(const ranks_job *J, Py_ssize_t g0, Py_ssize_t g1, P
             *w = old | bit;
             if (v < n_lab) {
                 const uint8_t c = tables[i * n_lab + v];
-                if (c) {
-                    const Py_ssize_t q = g0 + i;
-                    int64_t at = J->lab_off[q] + J->out_count[q];
-                    if (at >= J->lab_off[q + 1]) return ST_BAD; /* cannot happen without a repeat */
-                    J->out_pos[at] = j;
-                    J->out_code[at] = c;
-                    J->out_count[q]++;
-                }
+                if (c && emit_label(J, g0 + i, j, c)) return ST_BAD;
             }
         }
     }
@@ -291,14 +290,7 @@ static int run_rare(const ranks_job *J, Py_ssize_t q, uint64_t *seen, uint32_t v
     if (*w & bit) return ST_BAD;
     *w |= bit;
     const uint8_t c = J->tables[q * J->n_lab + v];
-    if (c) {
-        int64_t o = J->lab_off[q] + J->out_count[q];
-        if (o >= J->lab_off[q + 1]) return ST_BAD; /* only with a repeat */
-        J->out_pos[o] = j;
-        J->out_code[o] = c;
-        J->out_count[q]++;
-    }
-    return ST_OK;
+    return c ? emit_label(J, q, j, c) : ST_OK;
 }
 
 /* The revisitop layout in blocks of `rows` positions, read in memory order and transposed into
