@@ -290,6 +290,17 @@ def test_scores_equal_ranks_with_ties(dtype):
             np.testing.assert_array_equal(a.setups[s].p_at_k, b.setups[s].p_at_k)
 
 
+def assert_matches_stable_sort(got, labels, scores):
+    """The kernel's labelled positions equal those of a full stable descending sort."""
+    order = ranks_from_scores(scores)
+    n = scores.shape[0]
+    for q, (idx, codes) in enumerate(labels):
+        rank_of = np.empty(n, np.int64)
+        rank_of[order[q]] = np.arange(n)
+        np.testing.assert_array_equal(got[q][0], np.sort(rank_of[idx]))
+        np.testing.assert_array_equal(got[q][1], codes[np.argsort(rank_of[idx])])
+
+
 @pytest.mark.parametrize("n_bins", [1, 3, 64, 4096])
 def test_score_kernel_exact_for_any_bin_count(n_bins):
     rng = np.random.default_rng(n_bins)
@@ -301,13 +312,7 @@ def test_score_kernel_exact_for_any_bin_count(n_bins):
     base[6, 3] = -np.inf
     labels = query_labels(gt)
     got = labelled_ranks_from_scores(base, labels, n_bins=n_bins, block_rows=97)
-    order = ranks_from_scores(base)
-    for q, (idx, codes) in enumerate(labels):
-        rank_of = np.empty(n, np.int64)
-        rank_of[order[q]] = np.arange(n)
-        exp = np.sort(rank_of[idx])
-        np.testing.assert_array_equal(got[q][0], exp)
-        np.testing.assert_array_equal(got[q][1], codes[np.argsort(rank_of[idx])])
+    assert_matches_stable_sort(got, labels, base)
 
 
 @pytest.mark.parametrize("max_candidates", [None, 10])
@@ -321,12 +326,7 @@ def test_score_kernel_huge_ties(max_candidates):
     scores[hits] = rng.integers(1, 5, hits.sum())  # few, tied, retrieved
     labels = query_labels(gt)
     got = labelled_ranks_from_scores(scores, labels, max_candidates=max_candidates, block_rows=500)
-    order = ranks_from_scores(scores)
-    for q, (idx, codes) in enumerate(labels):
-        rank_of = np.empty(n, np.int64)
-        rank_of[order[q]] = np.arange(n)
-        np.testing.assert_array_equal(got[q][0], np.sort(rank_of[idx]))
-        np.testing.assert_array_equal(got[q][1], codes[np.argsort(rank_of[idx])])
+    assert_matches_stable_sort(got, labels, scores)
 
 
 def test_score_kernel_infinite_labelled_scores_fall_back():
