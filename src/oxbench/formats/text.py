@@ -4,21 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oxbench import fileio
 from oxbench.errors import InputError
+from oxbench.fileio import DEFAULT_INPUT_LIMIT
 
 
-def read_input_bytes(path: str | Path) -> bytes:
-    """The bytes of an input file.
+def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> bytes:
+    """The bytes of an input file (a regular file of at most ``limit`` bytes).
 
     Raises:
-        InputError: the file is missing or unreadable (names the file).
+        InputError: the file is missing, unreadable, not a regular file or too large (names it).
     """
-    try:
-        return Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError("file not found", path) from None
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+    return fileio.read_input_bytes(path, limit=limit)
 
 
 def read_text_lines(path: str | Path) -> list[str]:
