@@ -131,8 +131,7 @@ def bench_inverted_file(n_queries: int) -> None:
 
 def bench_spatial(root: Path | None, n_queries: int) -> None:
     from oxbench.datasets.synthetic import ensure_default, load_synthetic
-    from oxbench.pipelines import bow
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines import RunContext, resolve_method
 
     test_dir, train_dir = ensure_default(root)
     bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
@@ -141,11 +140,10 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
     base = None
     for r in (100, 500):
         m = resolve_method("rootsift-bow-sv", spatial_top_r=r)
-        bow.step_vocabulary(m, train, cache, progress=False)
-        bow.step_features(bench, m.features, cache, progress=False)
-        vocab = bow.vocabulary_path(cache, m, train)
-        timings: dict[str, float] = {}
-        t, out = cpu(lambda m=m, v=vocab, tm=timings: bow.search(m, bench, cache, v, progress=False, timings=tm))
+        ctx = RunContext(cache, progress=False)
+        method = m.build().fit(train, ctx).index(bench, ctx)
+        timings = ctx.timings
+        t, out = cpu(lambda method=method, ctx=ctx: method.search(bench, ctx))
         n_queries = bench.gt.n_queries
         per_query_sv = timings["spatial"] / n_queries
         per_query_bow = timings["search"] / n_queries
@@ -159,8 +157,7 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
     """BoW -> + spatial re-ranking -> + query expansion at several vocabulary sizes (mAP, mP@10)."""
     from oxbench.datasets.synthetic import ensure_default, load_synthetic
     from oxbench.evaluation import evaluate
-    from oxbench.pipelines import bow
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines import RunContext, resolve_method
 
     test_dir, train_dir = ensure_default(root)
     bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
@@ -171,7 +168,8 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
     for k in sizes:
         for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
             m = resolve_method(name, vocab_size=k)
-            out = bow.run_bow(m, bench, train, cache, workers=len(os.sched_getaffinity(0)), progress=False)
+            ctx = RunContext(cache, workers=len(os.sched_getaffinity(0)), progress=False)
+            out = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
             res = evaluate(bench.gt, out.ranks).setups
             maps = " ".join(f"{100 * res[s].map:6.2f}" for s in ("easy", "medium", "hard"))
             p10 = " ".join(f"{100 * res[s].mp_at_k[10]:6.2f}" for s in ("easy", "medium", "hard"))

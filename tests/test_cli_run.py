@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from oxbench.cli import main
+from oxbench.pipelines.runner import list_runs
 from test_pipeline import make_tiny_root
 
 pytest.importorskip("cv2")
@@ -43,23 +44,31 @@ def test_run_prints_lines_and_writes_a_loadable_run_folder(
     assert lines[0].startswith("synthetic: mAP E: ") and ", M: " in lines[0] and ", H: " in lines[0]
     assert lines[1].startswith("synthetic: mP@k[1 5 10] E: [")
     assert "hard" in stdout and "trained on synthetic-train" in stdout
-    assert (out / "metrics.json").is_file()
+    (first,) = list_runs(out)
+    assert (first / "metrics.json").is_file() and f"run folder: {first}" in stdout
 
     # the ranks are in the revisitop layout and `oxbench evaluate revisited` reproduces the lines
     gnd = next((tiny_root / "synthetic").glob("gnd_*.pkl"))
-    code, ev_out, ev_err = run(capsys, "evaluate", "revisited", "--gnd", str(gnd), "--ranks", str(out / "ranks.npy"))
+    code, ev_out, ev_err = run(capsys, "evaluate", "revisited", "--gnd", str(gnd), "--ranks", str(first / "ranks.npy"))
     assert code == 0, ev_err
     assert ev_out.splitlines()[0].split("mAP")[1] == lines[0].split("mAP")[1]
 
-    # --json: machine-readable, same numbers
+    # --json: machine-readable, same numbers, a second record beside the first
     code, js, _ = run(
         capsys, "run", "--root", str(tiny_root), "--out", str(out), "--cache", str(tmp_path / "c"),
         "--json", *TINY_ARGS,
     )
     assert code == 0
     payload = json.loads(js)
-    assert payload["run_dir"] == str(out) and payload["trained_on"] == "synthetic-train"
+    assert Path(payload["run_dir"]).parent == out and payload["trained_on"] == "synthetic-train"
     assert payload["trained_on_test_set"] is False
+    assert len(list_runs(out)) == 2
+
+    # `oxbench runs` lists both records with their headline numbers
+    code, listing, _ = run(capsys, "runs", str(tmp_path))
+    assert code == 0 and listing.count("rootsift-bow-sv-qe") == 2 and "mAP E " in listing
+    code, listing, _ = run(capsys, "runs", str(tmp_path), "--json")
+    assert {r["run_dir"] for r in json.loads(listing)} == {str(p) for p in list_runs(out)}
 
     # another method into the same folder: one line, exit 2, nothing changed
     before = (out / "config.json").read_text()
@@ -69,7 +78,7 @@ def test_run_prints_lines_and_writes_a_loadable_run_folder(
     )
     assert code == 2
     assert err.startswith("oxbench: error: ") and "another config" in err and len(err.strip().splitlines()) == 1
-    assert (out / "config.json").read_text() == before
+    assert (out / "config.json").read_text() == before and len(list_runs(out)) == 2
 
 
 def test_run_bad_input_is_one_line(tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -80,6 +89,19 @@ def test_run_bad_input_is_one_line(tiny_root: Path, tmp_path: Path, capsys: pyte
         "--out", str(tmp_path / "r"), "--no-progress",
     )
     assert code == 2 and len(err.strip().splitlines()) == 1
+    for args, words in (
+        (["--set", "novalue"], "--set takes KEY=VALUE"),
+        (["--set", "colour=red"], "unknown method setting 'colour'"),
+        (["--workers", "-3"], "--workers must be between"),
+        (["--distractors", "99999999999999999999"], "more than 100 million"),
+    ):
+        code, _, err = run(capsys, "run", "--root", str(tiny_root), "--no-progress", *args)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_list_methods_shows_every_family(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "run", "--list-methods")
+    assert code == 0 and "rootsift-bow-sv-qe\tbow" in out and "rootsift-vlad-w\tglobal" in out
 
 
 def make_revisited_from_subset(subset: Path, root: Path) -> None:
@@ -142,5 +164,5 @@ def test_run_on_real_revisited_layout(shared_data: Path, tmp_path: Path, capsys:
     assert code == 0, err
     assert out.startswith("roxford5k: mAP E: ")
     assert "trained on rparis6k" in out
-    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    config = json.loads((list_runs(tmp_path / "run")[0] / "config.json").read_text())
     assert config["train_dataset"] == "rparis6k" and config["strict"] is False

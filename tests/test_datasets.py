@@ -439,7 +439,7 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(
     import oxbench.datasets.synthetic as synth
 
     calls: list[tuple] = []
-    monkeypatch.setattr(synth, "ensure_default", lambda root: calls.append(("ensure", Path(root))))
+    monkeypatch.setattr(synth, "ensure_default", lambda root, progress=True: calls.append(("ensure", Path(root))))
     monkeypatch.setattr(
         synth,
         "load_synthetic",

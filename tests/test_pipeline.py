@@ -8,10 +8,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from oxbench.datasets import Benchmark, load
 from oxbench.errors import InputError
-from oxbench.pipelines import bow
-from oxbench.pipelines.presets import METHODS, BowMethod, resolve_method
-from oxbench.pipelines.runner import RUN_FILES, load_benchmark, run_method
+from oxbench.pipelines import (
+    METHODS,
+    BowMethod,
+    GlobalMethod,
+    RetrievalMethod,
+    RunContext,
+    bow,
+    list_methods,
+    resolve_method,
+    run,
+)
+from oxbench.pipelines.runner import RUN_FILES, find_runs, list_runs, prepare_config_folder
 
 pytest.importorskip("cv2")
 pytest.importorskip("faiss")
@@ -42,110 +52,176 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_root(tmp_path_factory.mktemp("data"))
 
 
+def load_tiny(root: Path, dataset: str = "synthetic") -> Benchmark:
+    return load(dataset, root, progress=False)
+
+
 def test_presets_are_data() -> None:
-    assert {"rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"} <= set(METHODS.names())
+    assert {"rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"} <= set(list_methods("bow"))
+    assert {"rootsift-vlad", "rootsift-vlad-w"} <= set(list_methods("global"))
+    assert set(list_methods()) == set(METHODS.names())
     m = METHODS.get("rootsift-bow-sv-qe")
     assert isinstance(m, BowMethod) and m.spatial and m.qe == "aqe"
-    assert json.loads(json.dumps(m.to_dict()))["features"]["descriptor"] == "rootsift"
+    d = json.loads(json.dumps(m.to_dict()))
+    assert d["features"]["descriptor"] == "rootsift" and d["family"] == "bow"
     r = resolve_method("rootsift-bow", vocab_size=1000, **{"features.max_side": 256})
-    assert r.vocab_size == 1000 and r.features.max_side == 256 and r.digest() != m.digest()
+    assert isinstance(r, BowMethod) and r.vocab_size == 1000 and r.features.max_side == 256
+    assert r.digest() != m.digest()
+    g = resolve_method("rootsift-vlad", whitening="pca", **{"features.n_features": 500})
+    assert isinstance(g, GlobalMethod) and g.whitening == "pca" and g.features.n_features == 500
     with pytest.raises(InputError, match="unknown method"):
         resolve_method("nope")
     with pytest.raises(InputError, match="unknown method setting"):
         resolve_method("rootsift-bow", colour="red")
+    with pytest.raises(InputError, match="unknown features setting"):
+        resolve_method("rootsift-bow", **{"features.colour": "red"})
+    with pytest.raises(InputError, match="takes sub-settings"):
+        resolve_method("rootsift-bow", features=3)
     with pytest.raises(InputError, match="needs spatial"):
         BowMethod("x", qe="aqe")
+    with pytest.raises(InputError, match="unknown whitening"):
+        resolve_method("rootsift-vlad", whitening="zca")
+
+
+def test_every_family_implements_the_interface() -> None:
+    for name in list_methods():
+        impl = METHODS.get(name).build()
+        assert isinstance(impl, RetrievalMethod) and impl.config.name == name
 
 
 @pytest.mark.slow
-def test_run_end_to_end_and_run_folder(tiny_root: Path, tmp_path: Path) -> None:
+def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     from oxbench.evaluation import evaluate
     from oxbench.evaluation.ranking import from_revisitop
 
     out = tmp_path / "run"
     cache = tmp_path / "cache"
-    outcome = run_method(
-        "synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
-        vocab_size=200, overrides=TINY, progress=False,
-    )
-    assert sorted(p.name for p in out.iterdir()) == sorted(RUN_FILES)
-    bench = load_benchmark("synthetic", tiny_root)
-    ranks = np.load(out / "ranks.npy")
+    outcome = run("synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
+                  overrides={"vocab_size": 200, **TINY}, progress=False, top_k=10, command=["oxbench", "run"])
+    rd = outcome.run_dir
+    assert rd.parent == out and outcome.config_dir == out
+    assert set(RUN_FILES) <= {p.name for p in rd.iterdir()}
+    assert json.loads((out / "config.json").read_text()) == json.loads((rd / "config.json").read_text())
+    bench = load_tiny(tiny_root)
+    ranks = np.load(rd / "ranks.npy")
     assert ranks.shape == (40, 4)  # revisitop layout (n_db, n_queries)
     assert np.all(np.sort(ranks, axis=0) == np.arange(40)[:, None])
     again = evaluate(bench.gt, from_revisitop(ranks))
-    metrics = json.loads((out / "metrics.json").read_text())
+    metrics = json.loads((rd / "metrics.json").read_text())
     assert metrics["run"]["trained_on"] == "synthetic-train"
     assert metrics["run"]["trained_on_test_set"] is False
     for setup in ("easy", "medium", "hard"):
-        assert again.setups[setup].map == pytest.approx(outcome.result.setups[setup].map)
-    # the pipeline works: far above chance on this easy tiny set
-    assert outcome.result.setups["medium"].map > 0.5
-    config = json.loads((out / "config.json").read_text())
+        assert again.setups[setup].map == outcome.result.setups[setup].map
+    assert outcome.result.setups["medium"].map > 0.5  # far above chance on this easy tiny set
+    config = json.loads((rd / "config.json").read_text())
     assert config["method"]["vocab_size"] == 200 and config["train_dataset"] == "synthetic-train"
-    versions = json.loads((out / "versions.json").read_text())
-    assert {"python", "numpy", "opencv", "faiss", "oxbench"} <= set(versions)
-    dataset = json.loads((out / "dataset.json").read_text())
+    record = json.loads((rd / "record.json").read_text())
+    assert record["command"] == ["oxbench", "run"] and record["run_id"] == rd.name
+    assert record["started"] <= record["ended"] and record["status"] == "complete"
+    assert {"cpu", "cores", "gpu", "platform", "python"} <= set(record["host"])
+    assert {"python", "numpy", "opencv", "faiss", "oxbench"} <= set(record["versions"])
+    assert isinstance(record["accel"], bool) and record["git_commit"] in (None, record["git_commit"])
+    assert record["cache"]["vocabulary"] == "computed" and record["cache"]["features"] == "computed"
+    dataset = json.loads((rd / "dataset.json").read_text())
     assert dataset["gt_sha256"] == bow.gt_digest(bench.gt) and dataset["files_sha256"]
-    timings = json.loads((out / "timings.json").read_text())
-    assert {"features", "vocabulary", "assign", "search", "spatial", "query_expansion"} <= set(timings)
-    rows = (out / "per_query.csv").read_text().splitlines()
-    assert len(rows) >= 5
+    timings = json.loads((rd / "timings.json").read_text())
+    assert {"features", "vocabulary", "assign", "search", "spatial", "query_expansion", "total"} <= set(timings)
+    assert len((rd / "per_query.csv").read_text().splitlines()) >= 5
+    assert "step vocabulary: computed" in (rd / "run.log").read_text()
 
-    # the same config again: allowed, reuses the caches (no new feature shards)
+    # retrieved.json: the top k of every query, names, labels from the ground truth, scores descending
+    retrieved = json.loads((rd / "retrieved.json").read_text())
+    assert retrieved["k"] == 10 and retrieved["labels"] == ["easy", "hard", "junk", "negative"]
+    assert len(retrieved["queries"]) == bench.gt.n_queries
+    for qi, q in enumerate(retrieved["queries"]):
+        gq = bench.gt.queries[qi]
+        assert q["name"] == gq.name and len(q["top"]) == 10
+        assert [t["index"] for t in q["top"]] == ranks[:10, qi].tolist()
+        for t in q["top"]:
+            want = ("easy" if t["index"] in gq.easy else "hard" if t["index"] in gq.hard
+                    else "junk" if t["index"] in gq.junk else "negative")
+            assert t["label"] == want and t["name"] == bench.gt.db_names[t["index"]]
+            assert Path(t["image"]).is_file()
+        scores = [t["score"] for t in q["top"]]
+        assert scores == sorted(scores, reverse=True)
+
+    # the same config again: a second record beside the first, caches reused (no new shards)
     shards = sorted(cache.rglob("*.index.npz"))
-    run_method("synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
-               vocab_size=200, overrides=TINY, progress=False)
+    second = run("synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
+                 overrides={"vocab_size": 200, **TINY}, progress=False)
     assert sorted(cache.rglob("*.index.npz")) == shards
+    assert second.run_dir != rd and rd.is_dir() and len(list_runs(out)) == 2
+    assert json.loads((second.run_dir / "record.json").read_text())["cache"]["vocabulary"] == "hit"
+    assert json.loads((rd / "timings.json").read_text()) == timings  # the cold run's record is kept
+    for setup in ("easy", "medium", "hard"):
+        assert second.result.setups[setup].map == outcome.result.setups[setup].map
 
-    # another config into the same folder: refused, folder untouched; --force overwrites
+    # another config into the same folder: refused, folder untouched; --overwrite replaces
     before = (out / "config.json").read_text()
     with pytest.raises(InputError, match="another config"):
-        run_method("synthetic", "rootsift-bow", root=tiny_root, out=out, cache=cache,
-                   vocab_size=200, overrides=TINY, progress=False)
-    assert (out / "config.json").read_text() == before
-    run_method("synthetic", "rootsift-bow", root=tiny_root, out=out, cache=cache,
-               vocab_size=200, overrides=TINY, progress=False, force=True)
+        run("synthetic", "rootsift-bow", root=tiny_root, out=out, cache=cache,
+            overrides={"vocab_size": 200, **TINY}, progress=False)
+    assert (out / "config.json").read_text() == before and len(list_runs(out)) == 2
+    third = run("synthetic", "rootsift-bow", root=tiny_root, out=out, cache=cache,
+                overrides={"vocab_size": 200, **TINY}, progress=False, overwrite=True)
     assert json.loads((out / "config.json").read_text())["method"]["name"] == "rootsift-bow"
-    assert not list(tmp_path.glob(".run.*"))
+    assert list_runs(out) == [third.run_dir]
+    assert not [p for p in out.iterdir() if p.name.startswith(".oxbench-tmp")]
+    assert [r.run_dir for r in find_runs(tmp_path)] == [third.run_dir]
 
 
 @pytest.mark.slow
 def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> None:
     """On the tiny set, + SV does not hurt Medium mAP and QE keeps verified images on top."""
-    bench = load_benchmark("synthetic", tiny_root)
-    train = load_benchmark("synthetic-train", tiny_root)
-    maps = {}
     from oxbench.evaluation import evaluate
 
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    maps = {}
     for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
-        m = resolve_method(name, vocab_size=200, **TINY)
-        out = bow.run_bow(m, bench, train, tmp_path / "cache", progress=False)
-        maps[name] = evaluate(bench.gt, out.ranks).setups["medium"].map
-        if name == "rootsift-bow-sv-qe":
-            assert sum(out.info["verified_per_query"]) > 0
-            for qi in range(len(out.ranks)):
-                assert len(set(out.ranks[qi].tolist())) == 40  # still a permutation
+        ctx = RunContext(tmp_path / "cache", progress=False)
+        res = resolve_method(name, vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+        maps[name] = evaluate(bench.gt, res.ranks).setups["medium"].map
+        assert res.scores is not None and np.all(np.diff(res.scores, axis=1) <= 0)
+        if name != "rootsift-bow":
+            n_v = res.info["verified_per_query"]
+            assert sum(n_v) > 0
+            for qi, k in enumerate(n_v):  # verified images carry their inlier counts (>= 8)
+                assert np.all(res.scores[qi, :k] >= 8) and np.all(res.scores[qi, k:] <= 1.0 + 1e-6)
+        for qi in range(len(res.ranks)):
+            assert len(set(res.ranks[qi].tolist())) == 40  # still a permutation
     assert maps["rootsift-bow-sv"] >= maps["rootsift-bow"] - 1e-9
     assert maps["rootsift-bow-sv-qe"] >= maps["rootsift-bow"] - 1e-9
 
 
+@pytest.mark.slow
+def test_global_descriptor_family_runs_through_the_same_runner(tiny_root: Path, tmp_path: Path) -> None:
+    vlad_tiny = {"features.max_side": 320, "features.n_features": 300, "vlad_k": 8,
+                 "whitening_dim": 16, "vlad_max_points_per_centroid": 64}
+    out = run("synthetic", "rootsift-vlad-w-alpha-qe", root=tiny_root, runs_dir=tmp_path / "runs",
+              cache=tmp_path / "cache", overrides=vlad_tiny, progress=False)
+    assert set(RUN_FILES) <= {p.name for p in out.run_dir.iterdir()}
+    # random ranking on this set gives Medium ~0.25 (about 10 positives in 40)
+    assert out.result.setups["medium"].map > 0.4
+    assert out.info["whitening"]["fitted_on"].startswith("synthetic-train")
+    assert out.info["dim"] == 16 and out.info["bytes_per_image"] == 64
+    record = json.loads((out.run_dir / "record.json").read_text())
+    assert record["family"] == "global" and record["cache"]["whitening"] == "computed"
+
+
 def test_trained_on_test_set_is_marked(tiny_root: Path, tmp_path: Path) -> None:
-    outcome = run_method(
-        "synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
-        train_dataset="synthetic", vocab_size=100, overrides=TINY, progress=False,
-    )
-    assert outcome.config["trained_on_test_set"] is True
-    assert "trained on the test set" in (tmp_path / "r" / "summary.txt").read_text()
-    assert json.loads((tmp_path / "r" / "metrics.json").read_text())["run"]["trained_on_test_set"] is True
+    outcome = run("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
+                  train_dataset="synthetic", overrides={"vocab_size": 100, **TINY}, progress=False)
+    assert outcome.config.trained_on_test_set is True
+    assert "trained on the test set" in (outcome.run_dir / "summary.txt").read_text()
+    assert json.loads((outcome.run_dir / "metrics.json").read_text())["run"]["trained_on_test_set"] is True
 
 
 def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path) -> None:
     from oxbench.index.vocabulary import Vocabulary
 
-    bench = load_benchmark("synthetic", tiny_root)
-    train = load_benchmark("synthetic-train", tiny_root)
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     m = resolve_method("rootsift-bow", vocab_size=50, **TINY)
+    assert isinstance(m, BowMethod)
     rng = np.random.default_rng(0)
     # a vocabulary file for SIFT sitting where the RootSIFT one is expected is refused
     path = bow.vocabulary_path(tmp_path, m, train)
@@ -154,9 +230,10 @@ def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path
         bow.step_vocabulary(m, train, tmp_path, progress=False)
     path.unlink()
     voc = bow.step_vocabulary(m, train, tmp_path, progress=False)
-    # searching before the test set's features exist: a clear error, not an empty result
-    with pytest.raises(InputError, match="no feature store"):
-        bow.search(m, bench, tmp_path, voc, progress=False)
+    # searching before indexing: a clear error, not an empty result
+    method = m.build().use_vocabulary(voc)
+    with pytest.raises(InputError, match="index synthetic before searching"):
+        method.search(bench, RunContext(tmp_path, progress=False))
 
 
 def test_half_written_run_folder_is_not_left(tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -167,21 +244,43 @@ def test_half_written_run_folder_is_not_left(tiny_root: Path, tmp_path: Path, mo
 
     monkeypatch.setattr(runner, "dataset_checksums", broken)
     with pytest.raises(RuntimeError):
-        run_method("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
-                   vocab_size=100, overrides=TINY, progress=False)
-    assert [p.name for p in tmp_path.iterdir() if p.name != "c"] == []
+        run("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
+            overrides={"vocab_size": 100, **TINY}, progress=False)
+    assert list_runs(tmp_path / "r") == []
+    assert not [p for p in (tmp_path / "r").iterdir() if p.name.startswith(".oxbench-tmp")]
 
 
 def test_run_folder_refuses_foreign_folder(tmp_path: Path) -> None:
-    from oxbench.pipelines.runner import check_run_folder
-
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "notes.txt").write_text("mine")
     with pytest.raises(InputError, match="not an oxbench run folder"):
-        check_run_folder(tmp_path / "x", {"a": 1})
+        prepare_config_folder(tmp_path / "x", {"a": 1})
     (tmp_path / "y").mkdir()
     (tmp_path / "y" / "config.json").write_text(json.dumps({"a": 2}))
     with pytest.raises(InputError, match="differs in: a"):
-        check_run_folder(tmp_path / "y", {"a": 1})
-    check_run_folder(tmp_path / "y", {"a": 2})
-    check_run_folder(tmp_path / "y", {"a": 1}, force=True)
+        prepare_config_folder(tmp_path / "y", {"a": 1})
+    prepare_config_folder(tmp_path / "y", {"a": 2})
+    prepare_config_folder(tmp_path / "y", {"a": 1}, overwrite=True)
+    (tmp_path / "f").write_text("")
+    with pytest.raises(InputError, match="not a folder"):
+        prepare_config_folder(tmp_path / "f", {"a": 1})
+
+
+def _run_into(root: str, out: str, cache: str) -> str:
+    outcome = run("synthetic", "rootsift-bow", root=root, out=out, cache=cache,
+                  overrides={"vocab_size": 100, **TINY}, progress=False)
+    return str(outcome.run_dir)
+
+
+@pytest.mark.slow
+def test_two_processes_into_one_run_folder(tiny_root: Path, tmp_path: Path) -> None:
+    """Two runs of one config at once: two complete records, same numbers, nothing mixed."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    args = (str(tiny_root), str(tmp_path / "r"), str(tmp_path / "c"))
+    with ctx.Pool(2) as pool:
+        dirs = pool.starmap(_run_into, [args, args])
+    assert len(set(dirs)) == 2 and sorted(map(Path, dirs)) == list_runs(tmp_path / "r")
+    m = [json.loads((Path(d) / "metrics.json").read_text()) for d in dirs]
+    assert m[0]["setups"] == m[1]["setups"]

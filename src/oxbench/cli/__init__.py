@@ -21,7 +21,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "evaluate": ("oxbench.cli.evaluate", "evaluate", "Score a ranking with an official protocol."),
     "simulate": ("oxbench.cli.simulate", "simulate", "Run the synthetic protocol-sensitivity study."),
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
-    "run": ("oxbench.cli.run", "run", "Run a reference pipeline end to end and evaluate it."),
+    "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
+    "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
 }
 
 

@@ -1,94 +1,156 @@
-"""``oxbench run``: run a reference pipeline end to end, print its scores, write a run folder."""
+"""``oxbench run`` (run a method end to end, keep a run record) and ``oxbench runs`` (list them)."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
-from oxbench.pipelines.presets import DEFAULT_METHOD, METHODS
+from oxbench.errors import InputError
+
+
+def _parse_setting(text: str) -> tuple[str, object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise InputError(f"--set takes KEY=VALUE, got {text!r}")
+    try:
+        value: object = json.loads(raw)
+    except ValueError:
+        value = raw  # a bare word: a string setting (e.g. whitening=pca)
+    return key.strip(), value
+
+
+def _workers(n: int) -> int:
+    if n < 0 or n > 1024:
+        raise InputError(f"--workers must be between 0 and 1024, got {n}")
+    if n == 0:
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return n
+
+
+def _distractors(text: str | None) -> str | int | None:
+    if text is None or not text.isdigit():
+        return text
+    n = int(text)
+    if n > 100_000_000:
+        raise InputError(f"--distractors {text}: more than 100 million generated distractors is not supported")
+    return n
 
 
 @click.command("run")
 @click.option("--dataset", default="synthetic", show_default=True,
               help="Dataset id; 'synthetic' is built on first use.")
-@click.option("--method", default=DEFAULT_METHOD, show_default=True,
-              help=f"Method preset: {', '.join(METHODS.names())}.")
+@click.option("--method", default=None,
+              help="Method preset (default rootsift-bow-sv-qe); `oxbench run --list-methods` lists them.")
+@click.option("--list-methods", is_flag=True, help="List the method presets of every family and exit.")
 @click.option("--root", type=click.Path(file_okay=False), default=None,
               help="Data root (default: $OXBENCH_DATA or ~/.local/share/oxbench).")
 @click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Run folder (default: ./runs/<dataset>-<method>-<config digest>).")
+              help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
+                   "a timestamped run folder inside it.")
 @click.option("--cache", type=click.Path(file_okay=False), default=None,
-              help="Feature/vocabulary cache (default: <root>/_cache).")
+              help="Feature/vocabulary/descriptor cache (default: <root>/_cache).")
 @click.option("--train-dataset", default=None,
-              help="Vocabulary training set (default: the other city, or synthetic-train).")
-@click.option("--vocab-size", type=int, default=None, help="Override the number of visual words.")
-@click.option("--max-side", type=int, default=None, help="Override the SIFT image max side (px).")
-@click.option("--top-r", type=int, default=None, help="Override how many images are spatially verified.")
+              help="What the method learns on (default: the other city, or synthetic-train).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Change a method setting (repeatable), e.g. --set vocab_size=4096 "
+                   "--set features.max_side=512 --set whitening=pca.")
+@click.option("--vocab-size", type=click.IntRange(2, 1 << 24), default=None,
+              help="Bag of words: the number of visual words.")
+@click.option("--max-side", type=click.IntRange(16, 1 << 16), default=None,
+              help="Resize images to this longer side (px) before extracting features.")
+@click.option("--top-r", type=click.IntRange(1, 1 << 24), default=None,
+              help="Bag of words: how many images are spatially verified.")
 @click.option("--workers", type=int, default=0, show_default=True,
               help="Feature-extraction processes (0 = one per available CPU).")
 @click.option("--distractors", default=None,
               help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.")
+@click.option("--top-k", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
+              help="Retrieved images per query recorded with names, labels and scores.")
 @click.option("--allow-partial", is_flag=True,
               help="Accept a dataset with fewer images than the official count (recorded; not comparable).")
-@click.option("--force", is_flag=True, help="Overwrite a run folder written under another config.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace the earlier runs of this config folder (and a folder of another config).")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
-    dataset: str,
-    method: str,
-    root: str | None,
-    out: str | None,
-    cache: str | None,
-    train_dataset: str | None,
-    vocab_size: int | None,
-    max_side: int | None,
-    top_r: int | None,
-    workers: int,
-    distractors: str | None,
-    allow_partial: bool,
-    force: bool,
-    as_json: bool,
-    no_progress: bool,
+    dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
+    cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
+    max_side: int | None, top_r: int | None, workers: int, distractors: str | None, top_k: int,
+    allow_partial: bool, overwrite: bool, as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
 
-    Prints the familiar mAP / mP@K lines and a table, and writes a run folder with the resolved
-    config, versions, dataset checksums, ranks (revisitop layout), per-query metrics and timings.
+    Prints the familiar mAP / mP@K lines and a table, and keeps a run record: a new timestamped
+    folder under the config folder with the command, host, versions, config, dataset checksums,
+    ranks (revisitop layout), per-query metrics, the top-k retrieved names with labels and
+    scores, timings and a log. Earlier runs are never replaced unless --overwrite is given.
     """
-    from oxbench.pipelines.runner import run_method
+    import sys
 
-    if workers <= 0:
-        import os
+    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.presets import DEFAULT_METHOD
+    from oxbench.pipelines.runner import run as run_method
 
-        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    overrides: dict[str, object] = {}
+    if list_methods:
+        for name in METHODS.names():
+            click.echo(f"{name}\t{METHODS.get(name).family}")
+        return
+    overrides: dict[str, object] = dict(_parse_setting(s) for s in settings)
+    if vocab_size is not None:
+        overrides["vocab_size"] = vocab_size
     if max_side is not None:
         overrides["features.max_side"] = max_side
     if top_r is not None:
         overrides["spatial_top_r"] = top_r
     outcome = run_method(
-        dataset, method, root=root, out=out, cache=cache, train_dataset=train_dataset,
-        vocab_size=vocab_size, overrides=overrides, workers=workers, force=force,
-        progress=not no_progress and not as_json,
-        distractors=int(distractors) if distractors is not None and distractors.isdigit() else distractors,
-        strict=not allow_partial,
-    )
+        dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
+        overrides=overrides, workers=_workers(workers), overwrite=overwrite, top_k=top_k,
+        progress=not no_progress and not as_json, distractors=_distractors(distractors),
+        strict=not allow_partial, command=["oxbench", *sys.argv[1:]],
+    )  # fmt: skip
+    cfg = outcome.config
     if as_json:
         payload = outcome.result.to_dict()
         payload["run_dir"] = str(outcome.run_dir)
-        payload["trained_on"] = outcome.config["train_dataset"]
-        payload["trained_on_test_set"] = outcome.config["trained_on_test_set"]
-        payload["timings"] = outcome.timings
+        payload["trained_on"] = cfg.train_dataset
+        payload["trained_on_test_set"] = cfg.trained_on_test_set
+        payload["timings"] = dict(outcome.timings)
         click.echo(json.dumps(payload, indent=1, sort_keys=True, default=str))
         return
     for line in outcome.result.lines():
         click.echo(line)
     click.echo("")
     click.echo(outcome.result.table())
-    if outcome.config["trained_on_test_set"]:
-        click.echo("NOTE: the vocabulary was trained on the test set; not comparable.")
-    click.echo(f"vocabulary: {outcome.info['vocabulary']['n_words']} words trained on "
-               f"{outcome.config['train_dataset']}")
+    if cfg.trained_on_test_set:
+        click.echo("NOTE: the method was trained on the test set; not comparable.")
+    voc = outcome.info.get("vocabulary")
+    if isinstance(voc, dict):
+        click.echo(f"vocabulary: {voc['n_words']} words trained on {cfg.train_dataset}")
+    elif cfg.train_dataset:
+        click.echo(f"trained on: {cfg.train_dataset}")
     total = outcome.timings.get("total", 0.0)
     click.echo(f"run folder: {outcome.run_dir}  ({total:.1f} s)")
+
+
+@click.command("runs")
+@click.argument("runs_dir", type=click.Path(file_okay=False), default="runs")
+@click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
+def runs(runs_dir: str, as_json: bool) -> None:
+    """List the run records under RUNS_DIR (default ./runs) with their headline numbers."""
+    from oxbench.pipelines.runner import find_runs
+
+    found = find_runs(runs_dir)
+    if as_json:
+        click.echo(json.dumps([{"run_dir": str(r.run_dir), "run_id": r.run_id, "dataset": r.dataset,
+                                "method": r.method, "started": r.started, "headline": r.headline}
+                               for r in found], indent=1))
+        return
+    if not found:
+        click.echo(f"no runs under {runs_dir}")
+        return
+    from oxbench.report.tables import text_table
+
+    rows = [[r.started[:19].replace("T", " "), r.dataset, r.method, r.headline, str(r.run_dir)] for r in found]
+    click.echo(text_table(["started (UTC)", "dataset", "method", "headline", "run folder"], rows))

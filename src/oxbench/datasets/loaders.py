@@ -319,6 +319,7 @@ def load(
     distractors: str | int | None = None,
     crop: CropConvention = "python",
     strict: bool = True,
+    progress: bool = True,
     **options: Any,
 ) -> Benchmark:
     """Load a benchmark from ``<root>/<dataset_id>/``.
@@ -356,7 +357,7 @@ def load(
     if spec.synthetic:
         from oxbench.datasets.synthetic import ensure_default, load_synthetic
 
-        ensure_default(base)  # generates (or finishes) the default cities; a no-op when complete
+        ensure_default(base, progress=progress)  # generates (or finishes) the default cities; a no-op when complete
         if distractors is not None and not isinstance(distractors, int):
             raise InputError("the synthetic benchmark takes a number of generated distractors")
         return load_synthetic(ddir, distractors=distractors, crop=crop)

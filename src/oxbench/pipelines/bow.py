@@ -21,7 +21,6 @@ import hashlib
 import json
 import logging
 import os
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,28 +32,16 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig, finish_descriptors
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
+from oxbench.fileio import progress_bar
 from oxbench.groundtruth import GroundTruth
 from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary
+from oxbench.pipelines.method import RetrievalMethod, RunContext, SearchResult
 from oxbench.pipelines.presets import BowMethod
 
 log = logging.getLogger(__name__)
 
 PARTS = ("database", "queries", "distractors")
-
-#: Default training set of the vocabulary for each test set: never the test set itself.
-DEFAULT_TRAIN_DATASET: dict[str, str] = {
-    "synthetic": "synthetic-train",
-    "synthetic-train": "synthetic",
-    "roxford5k": "rparis6k",
-    "rparis6k": "roxford5k",
-    "oxford5k": "paris6k",
-    "paris6k": "oxford5k",
-    "oxford105k": "paris6k",
-    "holidays": "synthetic-train",
-    "ukbench": "synthetic-train",
-}
-
 
 def gt_digest(gt: GroundTruth) -> str:
     """sha256 of the ground truth's content (names, boxes, labels): identifies a dataset version."""
@@ -306,22 +293,7 @@ def step_assign(
     return out_path
 
 
-# ---------------------------------------------------------------------- search
-
-
-@dataclass
-class SearchOutput:
-    """What :func:`search` / :func:`run_bow` return.
-
-    Attributes:
-        ranks: ``int64 [n_queries, n_index]`` internal ranks (database then distractors).
-        timings: seconds per stage.
-        info: what was used (vocabulary provenance, number of features, verified counts).
-    """
-
-    ranks: NDArray[np.int64]
-    timings: dict[str, float]
-    info: dict[str, object]
+# ---------------------------------------------------------------------- the method
 
 
 def _tf(method: BowMethod, words: Words, names: Sequence[str], n_words: int):  # noqa: ANN202
@@ -338,142 +310,171 @@ def _tf(method: BowMethod, words: Words, names: Sequence[str], n_words: int):  #
     return bow_matrix(ws, n_words, wts)
 
 
-def search(
-    method: BowMethod,
-    bench: Benchmark,
-    cache: Path,
-    vocab_path: Path,
-    *,
-    progress: bool = True,
-    threads: int | None = None,
-    timings: dict[str, float] | None = None,
-) -> SearchOutput:
-    """Inverted-file search, then spatial re-ranking and query expansion as the method says.
+class BagOfWords(RetrievalMethod):
+    """RootSIFT bag-of-words through the method interface.
 
-    Features must exist (:func:`step_features`); visual words are computed here (cached).
-
-    Returns:
-        :class:`SearchOutput` with full rankings over database + distractors.
+    ``fit`` trains (or reuses) the vocabulary on the training set's database features; ``index``
+    describes the benchmark's database (and distractors), assigns visual words and builds the
+    tf-idf inverted file; ``search`` describes the query crops, ranks the index, spatially
+    re-ranks the top R and expands the queries as the config says.
     """
-    from tqdm.auto import tqdm
 
-    timings = {} if timings is None else timings
-    voc = Vocabulary.load(vocab_path, descriptor=method.features.descriptor, dim=method.features.dim)
-    k = method.soft_k if method.assignment == "soft" else 1
-    parts = ["database", "queries"] + (["distractors"] if bench.distractors is not None else [])
-    stores = {p: open_store(cache, bench, method.features, p) for p in parts}
-    words: dict[str, Words] = {}
-    names = {p: _part_names(bench, p) for p in parts}
-    t0 = time.perf_counter()
-    for p in parts:
-        out = Path(cache) / dataset_key(bench) / "words" / f"{vocab_path.stem}-k{k}" / f"{p}.npz"
-        step_assign(vocab_path, stores[p], names[p], out, k=k, progress=progress, threads=threads)
-        words[p] = Words.load(out)
-    timings["assign"] = time.perf_counter() - t0
+    def __init__(self, config: BowMethod) -> None:
+        self.config: BowMethod = config
+        self.vocab_path_: Path | None = None
+        self.trained_on_: str | None = None
+        self._ivf: InvertedFile | None = None
+        self._words: dict[str, Words] = {}
+        self._stores: dict[str, FeatureStore] = {}
+        self._names: dict[str, list[str]] = {}
+        self._indexed: str | None = None
 
-    # database index = database images then distractors
-    index_parts = [("database", n) for n in names["database"]]
-    if "distractors" in names:
-        index_parts += [("distractors", n) for n in names["distractors"]]
+    @property
+    def k(self) -> int:
+        return self.config.soft_k if self.config.assignment == "soft" else 1
 
-    t0 = time.perf_counter()
-    db_tf = _tf(method, words["database"], names["database"], voc.n_words)
-    if "distractors" in names:
-        import scipy.sparse as sp
+    def fit(self, train: Benchmark | None, ctx: RunContext) -> BagOfWords:
+        if train is None:
+            raise InputError(f"method {self.config.name} trains a vocabulary: it needs a training set")
+        m = self.config
+        hit = vocabulary_path(ctx.cache, m, train).exists()
+        with ctx.timed("train_features"):
+            if not hit:
+                step_features(train, m.features, ctx.cache, parts=["database"], workers=ctx.workers, progress=ctx.progress)
+        with ctx.timed("vocabulary"):
+            self.vocab_path_ = step_vocabulary(m, train, ctx.cache, workers=ctx.workers, progress=ctx.progress, threads=ctx.threads)
+        ctx.record_step("vocabulary", hit=hit)
+        self.trained_on_ = train.id
+        return self
 
-        db_tf = sp.vstack([db_tf, _tf(method, words["distractors"], names["distractors"], voc.n_words)]).tocsr()
-    ivf = InvertedFile(voc.n_words, idf=method.idf, burst=method.burst).fit(db_tf)
-    timings["index"] = time.perf_counter() - t0
+    def use_vocabulary(self, path: Path) -> BagOfWords:
+        """Use an already trained vocabulary file instead of :meth:`fit`."""
+        self.vocab_path_ = Path(path)
+        return self
 
-    t0 = time.perf_counter()
-    q_vecs = ivf.transform(_tf(method, words["queries"], names["queries"], voc.n_words))
-    scores = ivf.scores_of_vectors(q_vecs)
-    ranks = rank_scores(scores)
-    timings["search"] = time.perf_counter() - t0
+    def _assign(self, bench: Benchmark, part: str, ctx: RunContext) -> None:
+        assert self.vocab_path_ is not None
+        out = Path(ctx.cache) / dataset_key(bench) / "words" / f"{self.vocab_path_.stem}-k{self.k}" / f"{part}.npz"
+        ctx.record_step(f"words.{part}", hit=out.exists())
+        step_assign(self.vocab_path_, self._stores[part], self._names[part], out, k=self.k, progress=ctx.progress, threads=ctx.threads)
+        self._words[part] = Words.load(out)
 
-    info: dict[str, object] = {
-        "vocabulary": voc.describe(),
-        "n_index": len(index_parts),
-        "features_per_image": float(np.mean(np.diff(words["database"].offsets))) if names["database"] else 0.0,
-    }
-    if not method.spatial:
-        return SearchOutput(ranks, timings, info)
+    def index(self, bench: Benchmark, ctx: RunContext) -> BagOfWords:
+        if self.vocab_path_ is None:
+            raise InputError(f"method {self.config.name}: fit (or use_vocabulary) before index")
+        m = self.config
+        with ctx.timed("features"):
+            stores_done = {p: features_dir(ctx.cache, bench, m.features, p).exists() for p in _parts(bench)}
+            step_features(bench, m.features, ctx.cache, workers=ctx.workers, progress=ctx.progress)
+        ctx.record_step("features", hit=all(stores_done.values()))
+        self._voc = Vocabulary.load(self.vocab_path_, descriptor=m.features.descriptor, dim=m.features.dim)
+        for p in _parts(bench):
+            self._stores[p] = open_store(ctx.cache, bench, m.features, p)
+            self._names[p] = _part_names(bench, p)
+        with ctx.timed("assign"):
+            for p in _parts(bench):
+                if p != "queries":
+                    self._assign(bench, p, ctx)
+        with ctx.timed("index"):
+            db_tf = _tf(m, self._words["database"], self._names["database"], self._voc.n_words)
+            if "distractors" in self._names:
+                import scipy.sparse as sp
 
-    from oxbench.rerank.spatial import spatial_rerank
+                dis_tf = _tf(m, self._words["distractors"], self._names["distractors"], self._voc.n_words)
+                db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
+            self._ivf = InvertedFile(self._voc.n_words, idf=m.idf, burst=m.burst).fit(db_tf)
+        self._indexed = dataset_key(bench)
+        return self
 
-    t_sv = t_qe = 0.0
-    n_verified = []
-    final = np.empty_like(ranks)
-    for qi in tqdm(range(ranks.shape[0]), disable=not progress, desc="spatial", unit="query"):
-        t0 = time.perf_counter()
-        qname = names["queries"][qi]
-        _, q_kp, _, q_size = stores["queries"].get_raw(qname)
-        q_words = words["queries"].of(qname)[0][:, 0].astype(np.int64)
-        order = ranks[qi]
-        r = min(method.spatial_top_r, len(order))
-        cands = []
-        for idx in order[:r].tolist():
-            part, name = index_parts[idx]
-            _, kp, _, size = stores[part].get_raw(name)
-            cands.append((kp, words[part].of(name)[0][:, 0].astype(np.int64), size))
-        res = spatial_rerank(
-            q_kp, q_words, cands, order,
-            top_r=r, model=method.spatial_model, min_inliers=method.spatial_min_inliers,
-            threshold_px=method.spatial_threshold_px, query_size=q_size,
-        )
-        t_sv += time.perf_counter() - t0
-        verified = np.asarray(res.verified, np.int64)
-        n_verified.append(len(verified))
-        new_order = np.asarray(res.order, np.int64)
-        if method.qe == "aqe" and len(verified):
-            t0 = time.perf_counter()
-            from oxbench.rerank.qe import average_query_expansion
+    def provenance(self) -> dict[str, object]:
+        if self.vocab_path_ is None:
+            return {}
+        voc = Vocabulary.load(self.vocab_path_, descriptor=self.config.features.descriptor, dim=self.config.features.dim)
+        return {"vocabulary": voc.describe(), "vocabulary_path": str(self.vocab_path_), "trained_on": self.trained_on_}
 
-            assert ivf.db_vectors_ is not None
-            use = verified[: method.qe_max_verified]
-            q_new = average_query_expansion(q_vecs[qi], ivf.db_vectors_[use])
-            s_new = ivf.scores_of_vectors(q_new)[0]
-            rest = rank_scores(s_new[None, :])[0]
-            rest = rest[~np.isin(rest, verified)]
-            new_order = np.concatenate([verified, rest])
-            t_qe += time.perf_counter() - t0
-        final[qi] = new_order
-    timings["spatial"] = t_sv
-    if method.qe != "none":
-        timings["query_expansion"] = t_qe
-    info["verified_per_query"] = n_verified
-    return SearchOutput(final, timings, info)
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        if self._ivf is None or self._indexed != dataset_key(bench):
+            raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
+        m = self.config
+        ivf = self._ivf
+        with ctx.timed("assign"):
+            self._assign(bench, "queries", ctx)
+        index_parts = [("database", n) for n in self._names["database"]]
+        if "distractors" in self._names:
+            index_parts += [("distractors", n) for n in self._names["distractors"]]
+        with ctx.timed("search"):
+            q_vecs = ivf.transform(_tf(m, self._words["queries"], self._names["queries"], self._voc.n_words))
+            scores = ivf.scores_of_vectors(q_vecs)
+            ranks = rank_scores(scores)
+        info: dict[str, object] = {
+            "n_index": len(index_parts),
+            "features_per_image": float(np.mean(np.diff(self._words["database"].offsets)))
+            if self._names["database"] else 0.0,
+        }
+        final_scores = np.take_along_axis(scores, ranks, axis=1).astype(np.float32)
+        if not m.spatial:
+            return SearchResult(ranks, final_scores, info)
+        return self._rerank(ranks, scores, q_vecs, index_parts, info, ctx)
+
+    def _rerank(
+        self,
+        ranks: NDArray[np.int64],
+        scores: NDArray[np.float32],
+        q_vecs,  # noqa: ANN001 - sparse query vectors
+        index_parts: list[tuple[str, str]],
+        info: dict[str, object],
+        ctx: RunContext,
+    ) -> SearchResult:
+        """Spatial verification of the top R, then average query expansion (as configured)."""
+        from oxbench.rerank.spatial import spatial_rerank
+
+        m = self.config
+        assert self._ivf is not None
+        n_verified = []
+        final = np.empty_like(ranks)
+        final_scores = np.empty(ranks.shape, np.float32)
+        queries = self._names["queries"]
+        for qi in progress_bar(range(ranks.shape[0]), enabled=ctx.progress, desc="spatial", unit="query"):
+            with ctx.timed("spatial"):
+                qname = queries[qi]
+                _, q_kp, _, q_size = self._stores["queries"].get_raw(qname)
+                q_words = self._words["queries"].of(qname)[0][:, 0].astype(np.int64)
+                order = ranks[qi]
+                r = min(m.spatial_top_r, len(order))
+                cands = []
+                for idx in order[:r].tolist():
+                    part, name = index_parts[idx]
+                    _, kp, _, size = self._stores[part].get_raw(name)
+                    cands.append((kp, self._words[part].of(name)[0][:, 0].astype(np.int64), size))
+                res = spatial_rerank(
+                    q_kp, q_words, cands, order,
+                    top_r=r, model=m.spatial_model, min_inliers=m.spatial_min_inliers,
+                    threshold_px=m.spatial_threshold_px, query_size=q_size,
+                )  # fmt: skip
+                verified = np.asarray(res.verified, np.int64)
+                inliers = dict(zip(order[:r].tolist(), res.inliers.tolist(), strict=True))
+                n_verified.append(len(verified))
+                new_order = np.asarray(res.order, np.int64)
+                row_scores = scores[qi]
+            if m.qe == "aqe" and len(verified):
+                with ctx.timed("query_expansion"):
+                    from oxbench.rerank.qe import average_query_expansion
+
+                    assert self._ivf.db_vectors_ is not None
+                    use = verified[: m.qe_max_verified]
+                    q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
+                    row_scores = self._ivf.scores_of_vectors(q_new)[0]
+                    rest = rank_scores(row_scores[None, :])[0]
+                    rest = rest[~np.isin(rest, verified)]
+                    new_order = np.concatenate([verified, rest])
+            final[qi] = new_order
+            # verified images carry their inlier count (>= min_inliers >= 1 > any cosine score)
+            final_scores[qi] = row_scores[new_order]
+            n_v = len(verified)
+            final_scores[qi, :n_v] = [inliers[int(i)] for i in new_order[:n_v]]
+        info["verified_per_query"] = n_verified
+        return SearchResult(final, final_scores, info)
 
 
-def run_bow(
-    method: BowMethod,
-    bench: Benchmark,
-    train: Benchmark,
-    cache: str | Path,
-    *,
-    workers: int = 1,
-    progress: bool = True,
-    threads: int | None = None,
-) -> SearchOutput:
-    """Features, vocabulary (trained on ``train``), words, search: the whole method on ``bench``.
-
-    Training on the test set itself (``train.id == bench.id``) is allowed but recorded in
-    ``info["trained_on_test_set"]``.
-    """
-    cache = Path(cache)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if not vocabulary_path(cache, method, train).exists():
-        step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress)
-    timings["train_features"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    vocab_path = step_vocabulary(method, train, cache, workers=workers, progress=progress, threads=threads)
-    timings["vocabulary"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    step_features(bench, method.features, cache, workers=workers, progress=progress)
-    timings["features"] = time.perf_counter() - t0
-    out = search(method, bench, cache, vocab_path, progress=progress, threads=threads, timings=timings)
-    out.info["vocabulary_path"] = str(vocab_path)
-    out.info["trained_on"] = train.id
-    out.info["trained_on_test_set"] = dataset_key(train) == dataset_key(bench) or train.id == bench.id
-    return out
+def _parts(bench: Benchmark) -> list[str]:
+    return ["database", "queries"] + (["distractors"] if bench.distractors is not None else [])

@@ -1,26 +1,33 @@
-"""Named methods of the classic pipeline, as data.
+"""Named methods of every family, as data.
 
-Each preset is a :class:`BowMethod`: every setting that changes the result, nothing executable. The
-method registry maps names (``rootsift-bow``, ``rootsift-bow-sv``, ``rootsift-bow-sv-qe`` and the
-soft-assignment variants ``...-sa...``) to these entries; :func:`resolve_method` applies overrides
-(``--vocab-size``) and returns the frozen config a run records.
+Each preset is a frozen config (:class:`~oxbench.pipelines.method.MethodConfig`): every setting
+that changes the result, nothing executable. Bag-of-words presets are :class:`BowMethod` entries
+(``rootsift-bow``, ``rootsift-bow-sv``, ``rootsift-bow-sv-qe``, the soft-assignment variants
+``...-sa...``); global-descriptor presets are
+:class:`~oxbench.pipelines.globaldesc.GlobalMethod` entries (``rootsift-vlad`` and its whitened /
+query-expanded variants). :data:`METHODS` maps names to them; :func:`resolve_method` applies
+overrides (``vocab_size=...``, ``features.max_side=...``) and returns the frozen config a run
+records.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig
-from oxbench.registry import Registry
+from oxbench.pipelines.globaldesc import GlobalMethod
+from oxbench.pipelines.method import METHODS, MethodConfig, register_method, resolve_method
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.pipelines.bow import BagOfWords
+
+__all__ = ["DEFAULT_METHOD", "METHODS", "BowMethod", "GlobalMethod", "resolve_method"]
 
 
 @dataclass(frozen=True)
-class BowMethod:
+class BowMethod(MethodConfig):
     """A RootSIFT bag-of-words method (Philbin et al. 2007/2008, Arandjelovic & Zisserman 2012).
 
     Attributes:
@@ -44,6 +51,8 @@ class BowMethod:
         qe: ``none`` or ``aqe`` (average query expansion over the spatially verified images).
         qe_max_verified: at most this many verified images are averaged.
     """
+
+    family: ClassVar[str] = "bow"
 
     name: str
     features: SiftConfig = field(default_factory=SiftConfig)
@@ -74,15 +83,10 @@ class BowMethod:
         if self.vocab_size < 2:
             raise InputError(f"method {self.name}: vocab_size must be >= 2")
 
-    def to_dict(self) -> dict[str, object]:
-        """All settings as JSON-able data (features nested)."""
-        d = asdict(self)
-        d["features"] = self.features.to_dict()
-        return d
+    def build(self) -> BagOfWords:
+        from oxbench.pipelines.bow import BagOfWords
 
-    def digest(self) -> str:
-        """Short stable hash of :meth:`to_dict`."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+        return BagOfWords(self)
 
     @property
     def resolved_vocab_structure(self) -> Literal["flat", "two-level"]:
@@ -106,50 +110,22 @@ class BowMethod:
         }
 
 
-METHODS: Registry[BowMethod] = Registry("method")
+# --- bag of words -------------------------------------------------------------------------------
 
-
-def _register(method: BowMethod) -> None:
-    METHODS.register(method.name, method)
-
-
-_register(BowMethod("rootsift-bow"))
-_register(BowMethod("rootsift-bow-sv", spatial=True))
-_register(BowMethod("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
-_register(BowMethod("rootsift-bow-sa", assignment="soft"))
-_register(BowMethod("rootsift-bow-sa-sv", assignment="soft", spatial=True))
-_register(BowMethod("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))
-_register(BowMethod("sift-bow-sv", features=SiftConfig(descriptor="sift"), spatial=True))
+register_method(BowMethod("rootsift-bow"))
+register_method(BowMethod("rootsift-bow-sv", spatial=True))
+register_method(BowMethod("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
+register_method(BowMethod("rootsift-bow-sa", assignment="soft"))
+register_method(BowMethod("rootsift-bow-sa-sv", assignment="soft", spatial=True))
+register_method(BowMethod("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))
+register_method(BowMethod("sift-bow-sv", features=SiftConfig(descriptor="sift"), spatial=True))
 
 DEFAULT_METHOD = "rootsift-bow-sv-qe"
 
+# --- global descriptors --------------------------------------------------------------------------
 
-def resolve_method(name: str, **overrides: object) -> BowMethod:
-    """The preset ``name`` with ``overrides`` applied (``None`` values ignored).
-
-    ``features.<field>`` keys override the extraction settings (``features.max_side=1024``).
-
-    Raises:
-        InputError: unknown preset or setting.
-    """
-    method = METHODS.get(name)
-    # field name -> the caller's untyped value (from the CLI); __post_init__ checks the key ones
-    top: dict[str, Any] = {}
-    feat: dict[str, Any] = {}
-    valid = {f.name for f in dataclasses.fields(BowMethod)}
-    valid_feat = {f.name for f in dataclasses.fields(SiftConfig)}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if key.startswith("features."):
-            sub = key.split(".", 1)[1]
-            if sub not in valid_feat:
-                raise InputError(f"unknown feature setting {sub!r}")
-            feat[sub] = value
-        elif key in valid and key not in ("name", "features"):
-            top[key] = value
-        else:
-            raise InputError(f"unknown method setting {key!r}")
-    if feat:
-        top["features"] = dataclasses.replace(method.features, **feat)
-    return dataclasses.replace(method, **top) if top else method
+# VLAD over RootSIFT (64 words x 128 = 8,192 dimensions), as a framework-free global descriptor.
+register_method(GlobalMethod("rootsift-vlad"))
+register_method(GlobalMethod("rootsift-vlad-w", whitening="pca"))
+register_method(GlobalMethod("rootsift-vlad-w-aqe", whitening="pca", qe="aqe"))
+register_method(GlobalMethod("rootsift-vlad-w-alpha-qe", whitening="pca", qe="alpha-qe"))

@@ -1,31 +1,44 @@
-"""Run a named method on a dataset end to end and write a self-describing run folder.
+"""Run any method on a dataset end to end and keep a complete, never-overwritten run record.
 
-A run folder holds everything needed to trust and reproduce a number::
+Layout (one config folder per resolved config; one run folder per execution)::
 
-    config.json        resolved configuration (dataset, method settings, vocabulary training set)
-    versions.json      python, numpy, scipy, opencv, faiss, oxbench
-    dataset.json       ground-truth digest and sha256 of the dataset's small files (gnd, manifest)
-    ranks.npy          int64 rankings in the revisitop layout (n_index, n_queries)
-    metrics.json       the evaluation (EvaluationResult.to_dict) plus run facts
-    per_query.csv/json per-query AP and P@K
-    timings.json       seconds per stage
-    summary.txt        the printed lines and table
+    runs/<dataset>-<method>-<config digest>/
+        config.json            the resolved config (the same for every run below)
+        <run id>/              UTC start time + random suffix, e.g. 20261130T121500Z-3f2a
+            record.json        command line, start/end, oxbench version, git commit, host (CPU,
+                               cores, GPU), library versions, compiled-kernel flag, cache hits
+            config.json        copy of the resolved config
+            dataset.json       ground-truth digest and sha256 of the dataset's small files
+            ranks.npy          int64 rankings in the revisitop layout (n_kept, n_queries)
+            scores.npy         float32 [n_queries, k] scores of the top k of each list
+            metrics.json       the evaluation (EvaluationResult.to_dict) plus run facts
+            per_query.csv/json per-query AP and P@K
+            retrieved.json     per query: the top k image names with their labels and scores
+            timings.json       seconds per stage
+            summary.txt        the printed lines and table
+            run.log            the run's log lines
 
-The folder is assembled under a temporary name and renamed into place when complete, so a crashed
-run never leaves a folder that looks finished. An existing folder written under another config is
-refused unless ``force=True``.
+A run folder is assembled under a temporary name and renamed into place when complete, so a
+crashed run never leaves a folder that looks finished. A rerun of the same config adds a new run
+folder beside the earlier ones; ``overwrite=True`` replaces them (and a config folder written under
+another config) explicitly.
 """
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import logging
 import os
 import platform
+import secrets
 import shutil
+import subprocess
+import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,246 +46,412 @@ import numpy as np
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.pipelines import bow
-from oxbench.pipelines.presets import DEFAULT_METHOD, BowMethod, resolve_method
+from oxbench.evaluation.result import EvaluationResult
+from oxbench.fileio import (
+    TEMP_PREFIX,
+    atomic_write_json,
+    atomic_write_npy,
+    atomic_write_text,
+    file_lock,
+    file_sha256,
+    json_digest,
+    os_reason,
+)
+from oxbench.groundtruth import GroundTruth
+from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, resolve_method
+from oxbench.pipelines.presets import DEFAULT_METHOD
 
 log = logging.getLogger(__name__)
 
+#: Files every complete run folder holds.
 RUN_FILES = (
-    "config.json", "versions.json", "dataset.json", "ranks.npy", "metrics.json",
-    "per_query.csv", "per_query.json", "timings.json", "summary.txt",
-)
-SYNTHETIC_IDS = ("synthetic", "synthetic-train")
+    "record.json", "config.json", "dataset.json", "ranks.npy", "metrics.json", "per_query.csv",
+    "per_query.json", "retrieved.json", "timings.json", "summary.txt", "run.log",
+)  # fmt: skip
+RECORD_FORMAT = 1
+
+#: Default training set of each test set: never the test set itself (the other city).
+DEFAULT_TRAIN_DATASET: dict[str, str] = {
+    "synthetic": "synthetic-train",
+    "synthetic-train": "synthetic",
+    "roxford5k": "rparis6k",
+    "rparis6k": "roxford5k",
+    "oxford5k": "paris6k",
+    "paris6k": "oxford5k",
+    "holidays": "synthetic-train",
+    "ukbench": "synthetic-train",
+}
 _CHECKSUM_SUFFIXES = {".pkl", ".tsv", ".json", ".txt", ".csv", ".dat"}
 _CHECKSUM_MAX_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
-class RunOutcome:
-    """What :func:`run_method` returns.
+class RunConfig:
+    """Everything that determines a run's numbers (written as ``config.json``).
 
     Attributes:
-        run_dir: the run folder.
-        result: the :class:`~oxbench.evaluation.result.EvaluationResult`.
-        config: the resolved configuration (as written to ``config.json``).
+        dataset: test dataset id.
+        method: the resolved method config.
+        train_dataset: what the method learned on (``None`` when it learns nothing).
+        trained_on_test_set: whether that is the test set itself (results not comparable).
+        dataset_gt_sha256: digest of the ground truth (names, boxes, labels).
+        crop: query-crop convention.
+        distractors: the distractors asked for (an id, a count, or ``None``).
+        n_distractors: how many were added to the index.
+        strict: official image counts enforced.
+        ranks_top: the length of each kept ranked list (``None``: all).
+    """
+
+    dataset: str
+    method: MethodConfig
+    train_dataset: str | None
+    trained_on_test_set: bool
+    dataset_gt_sha256: str
+    crop: str
+    distractors: str | int | None
+    n_distractors: int
+    strict: bool
+    ranks_top: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form, the method nested."""
+        return {
+            "dataset": self.dataset, "method": self.method.to_dict(), "train_dataset": self.train_dataset,
+            "trained_on_test_set": self.trained_on_test_set, "dataset_gt_sha256": self.dataset_gt_sha256,
+            "crop": self.crop, "distractors": self.distractors, "n_distractors": self.n_distractors,
+            "strict": self.strict, "ranks_top": self.ranks_top,
+        }  # fmt: skip
+
+    def digest(self) -> str:
+        """Short stable hash: the config folder's suffix."""
+        return json_digest(self.to_dict(), 10)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What :func:`run` returns.
+
+    Attributes:
+        run_dir: this execution's run folder.
+        config_dir: the config folder holding it (and earlier runs of the same config).
+        result: the evaluation.
+        config: the resolved run config.
         timings: seconds per stage.
-        info: facts of the run (vocabulary provenance, verified images per query, ...).
+        info: facts of the run (provenance of learned steps, verified images per query ...).
+        record: what ``record.json`` holds.
     """
 
     run_dir: Path
-    result: Any
-    config: dict[str, Any]
-    timings: dict[str, float]
-    info: dict[str, Any]
+    config_dir: Path
+    result: EvaluationResult
+    config: RunConfig
+    timings: Mapping[str, float]
+    info: Mapping[str, Any]
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+# --- facts about the machine and the code ---------------------------------------------------------
 
 
 def versions() -> dict[str, str | None]:
-    """Versions of everything that changes the numbers."""
+    """Versions of everything that changes the numbers (optional libraries only when installed)."""
+    import importlib.metadata as md
+
     import scipy
 
     import oxbench
 
     out: dict[str, str | None] = {
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
+        "python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
         "oxbench": oxbench.__version__,
-        "platform": platform.platform(),
-    }
-    try:
-        import cv2
-
-        out["opencv"] = cv2.__version__
-    except ImportError:  # pragma: no cover
-        out["opencv"] = None
-    try:
-        from oxbench.index.faiss_setup import load_faiss
-
-        out["faiss"] = load_faiss().__version__
-    except ImportError:  # pragma: no cover
-        out["faiss"] = None
+    }  # fmt: skip
+    for dist, key in (("opencv-python-headless", "opencv"), ("opencv-python", "opencv"),
+                      ("faiss-cpu", "faiss"), ("torch", "torch"), ("timm", "timm"), ("pillow", "pillow")):
+        if out.get(key):
+            continue
+        try:
+            out[key] = md.version(dist)
+        except md.PackageNotFoundError:
+            out.setdefault(key, None)
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _gpu_name() -> str | None:
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        with contextlib.suppress(Exception):
+            if torch.cuda.is_available():
+                return str(torch.cuda.get_device_name(0))
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            res = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=5, check=False)
+            if res.returncode == 0 and res.stdout.strip():
+                return res.stdout.strip().splitlines()[0]
+    return None
+
+
+def host_facts() -> dict[str, Any]:
+    """CPU, cores (available / total), GPU, platform and Python of this machine."""
+    avail = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": _cpu_name(), "cores": avail, "cores_total": os.cpu_count(), "gpu": _gpu_name(),
+        "platform": platform.platform(), "python": platform.python_version(),
+    }  # fmt: skip
+
+
+def git_commit() -> str | None:
+    """The commit of the checkout oxbench runs from (``None`` when installed from a wheel)."""
+    import oxbench
+
+    here = Path(oxbench.__file__).resolve().parent
+    for parent in here.parents:
+        if (parent / ".git").exists():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                res = subprocess.run(["git", "-C", str(parent), "rev-parse", "HEAD"],
+                                     capture_output=True, text=True, timeout=5, check=False)
+                if res.returncode == 0:
+                    return res.stdout.strip()
+            return None
+    return None
+
+
+def gt_digest(gt: GroundTruth) -> str:
+    """SHA-256 of the ground truth's content (names, boxes, labels): identifies a dataset version."""
+    from oxbench.pipelines.bow import gt_digest as digest
+
+    return digest(gt)
 
 
 def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
-    """Ground-truth digest plus sha256 of the small files at the top of the dataset folder."""
+    """Ground-truth digest plus SHA-256 of the small files at the top of the dataset folder."""
     files: dict[str, str] = {}
     if bench.root is not None and Path(bench.root).is_dir():
         for p in sorted(Path(bench.root).iterdir()):
             if p.is_file() and p.suffix in _CHECKSUM_SUFFIXES and p.stat().st_size <= _CHECKSUM_MAX_BYTES:
-                files[p.name] = _sha256(p)
-    return {"id": bench.id, "gt_sha256": bow.gt_digest(bench.gt), "files_sha256": files, **bench.describe()}
+                files[p.name] = file_sha256(p)
+    return {"id": bench.id, "gt_sha256": gt_digest(bench.gt), "files_sha256": files, **bench.describe()}
 
 
-def load_benchmark(
-    dataset: str,
-    root: Path,
-    *,
-    distractors: str | int | None = None,
-    strict: bool = True,
-    progress: bool = True,
-) -> Benchmark:
-    """Load a dataset by id, building the synthetic default first when it is asked for.
+# --- what was retrieved ---------------------------------------------------------------------------
+
+#: Label vocabulary of each protocol, as written in ``retrieved.json``.
+PROTOCOL_LABELS: dict[str, tuple[str, ...]] = {
+    "revisited": ("easy", "hard", "junk", "negative"),
+    "original": ("positive", "junk", "negative"),
+    "holidays": ("positive", "junk", "negative"),
+    "ukbench": ("positive", "negative"),
+}
+_FIELD_LABEL = {"easy": "easy", "hard": "hard", "good": "positive", "ok": "positive", "junk": "junk"}
+
+
+def retrieved_records(
+    bench: Benchmark, ranks: np.ndarray, scores: np.ndarray | None, k: int
+) -> dict[str, Any]:
+    """The top ``k`` of every query: index, image name, image path, score and label.
 
     Args:
-        dataset: dataset id.
-        root: data root.
-        distractors: distractor set id (``revisitop1m``) or, for the synthetic set, a number of
-            generated distractors.
-        strict: refuse a dataset whose image counts differ from the official ones.
-        progress: progress bars while the synthetic default is generated.
+        bench: the benchmark (names and paths of the database, distractors and queries).
+        ranks: ``int64 [n_queries, n]`` internal layout.
+        scores: ``[n_queries, >= k]`` aligned scores, or ``None``.
+        k: how many of each list to record.
     """
-    if dataset in SYNTHETIC_IDS:
-        from oxbench.datasets.synthetic import ensure_default, load_synthetic
+    gt = bench.gt
+    n_db = gt.n_db
 
-        ensure_default(root, progress=progress)
-        if distractors is not None and not isinstance(distractors, int):
-            raise InputError("the synthetic benchmark takes a number of generated distractors")
-        return load_synthetic(Path(root) / dataset, distractors=distractors)
-    from oxbench import datasets
+    def image(idx: int) -> tuple[str, str | None]:
+        if idx < n_db:
+            p = bench.database.path(idx)
+            return gt.db_names[idx], None if p is None else str(p)
+        assert bench.distractors is not None
+        p = bench.distractors.path(idx - n_db)
+        return bench.distractors.name(idx - n_db), None if p is None else str(p)
 
-    return datasets.load(dataset, root, distractors=distractors, strict=strict)
+    queries = []
+    for qi, q in enumerate(gt.queries):
+        label_of: dict[int, str] = {}
+        counts: dict[str, int] = {}
+        for fname, arr in q.labels().items():
+            lab = _FIELD_LABEL[fname]
+            counts[lab] = counts.get(lab, 0) + int(arr.size)
+            label_of.update(dict.fromkeys(arr.tolist(), lab))
+        top = []
+        for r, idx in enumerate(ranks[qi, :k].tolist()):
+            if idx < 0:  # padding of a short list
+                break
+            name, path = image(idx)
+            score = None if scores is None else float(scores[qi, r])
+            top.append({"rank": r + 1, "index": idx, "name": name, "image": path, "score": score,
+                        "label": label_of.get(idx, "negative")})
+        qpath = bench.queries.path(qi)
+        queries.append({
+            "index": qi, "name": q.name, "image": None if qpath is None else str(qpath),
+            "bbox": None if q.bbox is None else [float(v) for v in q.bbox], "n_labelled": counts, "top": top,
+        })  # fmt: skip
+    return {"k": k, "protocol": gt.protocol, "labels": list(PROTOCOL_LABELS[gt.protocol]), "queries": queries}
 
 
-def _config_digest(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:10]
+# --- run folders ----------------------------------------------------------------------------------
 
 
-def check_run_folder(run_dir: Path, config: dict[str, Any], *, force: bool = False) -> None:
-    """Refuse a run folder that holds results of another config (unless ``force``).
+def new_run_id() -> str:
+    """A fresh run id: UTC time to the second plus 4 random hex digits (unique across processes)."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+def _is_run_folder(path: Path) -> bool:
+    return path.is_dir() and not path.name.startswith(".") and (path / "record.json").is_file()
+
+
+def list_runs(config_dir: str | Path) -> list[Path]:
+    """The complete run folders of a config folder, oldest first."""
+    config_dir = Path(config_dir)
+    if not config_dir.is_dir():
+        return []
+    return sorted(p for p in config_dir.iterdir() if _is_run_folder(p))
+
+
+def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite: bool = False) -> None:
+    """Make ``config_dir`` the folder of ``config``, refusing a folder of another config.
 
     Raises:
-        InputError: the folder exists and is not an oxbench run of this config.
+        InputError: the folder holds another config, or is not an oxbench config folder, or is
+            not a folder (``overwrite`` replaces another config's runs instead).
     """
-    if not run_dir.exists():
-        return
-    cfg_path = run_dir / "config.json"
-    if force:
-        return
-    if not run_dir.is_dir():
-        raise InputError("run folder path exists and is not a folder", run_dir)
-    if not cfg_path.is_file():
-        if any(run_dir.iterdir()):
-            raise InputError("folder exists and is not an oxbench run folder; use another --out or --force", run_dir)
-        return
+    if config_dir.exists() and not config_dir.is_dir():
+        raise InputError("run folder path exists and is not a folder", config_dir)
+    cfg_path = config_dir / "config.json"
+    if config_dir.is_dir() and not overwrite:
+        if cfg_path.is_file():
+            try:
+                found = json.loads(cfg_path.read_text())
+            except (OSError, ValueError) as exc:
+                raise InputError(f"unreadable run config ({exc}); use --overwrite to replace it", cfg_path) from None
+            if found != config:
+                diff = sorted(k for k in set(found) | set(config) if found.get(k) != config.get(k))
+                raise InputError(
+                    f"run folder was written by another config (differs in: {', '.join(diff)}); "
+                    "use another --out or --overwrite",
+                    config_dir,
+                )
+        elif any(not p.name.startswith(".") for p in config_dir.iterdir()):
+            raise InputError("folder exists and is not an oxbench run folder; use another --out", config_dir)
     try:
-        found = json.loads(cfg_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"unreadable run config ({exc}); use --force to overwrite", cfg_path) from None
-    if found != config:
-        diff = sorted(k for k in set(found) | set(config) if found.get(k) != config.get(k))
-        raise InputError(
-            f"run folder was written by another config (differs in: {', '.join(diff)}); "
-            "use another --out or --force",
-            run_dir,
-        )
+        config_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n")
+@contextlib.contextmanager
+def _log_to(path: Path) -> Iterator[None]:
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("oxbench")
+    old_level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+        handler.close()
 
 
-def write_run_folder(
-    run_dir: Path,
-    *,
-    config: dict[str, Any],
-    bench: Benchmark,
-    ranks: np.ndarray,
-    result: Any,
-    timings: dict[str, float],
-    info: dict[str, Any],
-    force: bool = False,
-) -> Path:
-    """Assemble the run folder under a temporary name, then rename it into place."""
+def _write_run_files(
+    tmp: Path, *, config: dict[str, Any], record: dict[str, Any], bench: Benchmark,
+    search: SearchResult, result: EvaluationResult, timings: Mapping[str, float],
+    info: Mapping[str, Any], top_k: int, trained_on_test: bool,
+) -> None:
     import csv
+    import io
 
     from oxbench.evaluation.ranking import to_revisitop
 
-    check_run_folder(run_dir, config, force=force)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        _write_json(tmp / "config.json", config)
-        _write_json(tmp / "versions.json", versions())
-        _write_json(tmp / "dataset.json", dataset_checksums(bench))
-        np.save(tmp / "ranks.npy", to_revisitop(ranks))
-        metrics = result.to_dict()
-        metrics["run"] = {
-            "trained_on": info.get("trained_on"),
-            "trained_on_test_set": info.get("trained_on_test_set"),
-            "vocabulary": info.get("vocabulary"),
-            "verified_per_query": info.get("verified_per_query"),
-            "features_per_image": info.get("features_per_image"),
-        }
-        _write_json(tmp / "metrics.json", metrics)
-        rows = result.per_query_rows()
-        _write_json(tmp / "per_query.json", rows)
-        with open(tmp / "per_query.csv", "w", newline="") as fh:
-            if rows:
-                writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
-        _write_json(tmp / "timings.json", timings)
-        summary = "\n".join([*result.lines(), "", result.table()])
-        if info.get("trained_on_test_set"):
-            summary += "\nNOTE: the vocabulary was trained on the test set; not comparable.\n"
-        (tmp / "summary.txt").write_text(summary + "\n")
-        if run_dir.exists():
-            old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
-            os.replace(run_dir, old)
-            os.replace(tmp, run_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return run_dir
+    atomic_write_json(tmp / "config.json", config)
+    atomic_write_json(tmp / "dataset.json", dataset_checksums(bench))
+    atomic_write_npy(tmp / "ranks.npy", to_revisitop(search.ranks))
+    k = min(top_k, search.ranks.shape[1])
+    if search.scores is not None:
+        atomic_write_npy(tmp / "scores.npy", search.scores[:, :k].astype(np.float32))
+    metrics = result.to_dict()
+    metrics["run"] = {key: _jsonable(v) for key, v in info.items()}
+    atomic_write_json(tmp / "metrics.json", metrics)
+    rows = result.per_query_rows()
+    atomic_write_json(tmp / "per_query.json", rows)
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    atomic_write_text(tmp / "per_query.csv", buf.getvalue())
+    atomic_write_json(tmp / "retrieved.json", retrieved_records(bench, search.ranks, search.scores, k), indent=None)
+    atomic_write_json(tmp / "timings.json", dict(timings))
+    summary = "\n".join([*result.lines(), "", result.table()])
+    if trained_on_test:
+        summary += "\nNOTE: the method was trained on the test set; not comparable.\n"
+    atomic_write_text(tmp / "summary.txt", summary + "\n")
+    atomic_write_json(tmp / "record.json", record)  # last: its presence marks a complete run
 
 
-def run_method(
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# --- the one way to run a method -----------------------------------------------------------------
+
+
+def run(
     dataset: str = "synthetic",
-    method: str | BowMethod = DEFAULT_METHOD,
+    method: str | MethodConfig = DEFAULT_METHOD,
     *,
     root: str | Path | None = None,
     out: str | Path | None = None,
     runs_dir: str | Path = "runs",
     cache: str | Path | None = None,
     train_dataset: str | None = None,
-    vocab_size: int | None = None,
-    overrides: dict[str, object] | None = None,
+    overrides: Mapping[str, object] | None = None,
     workers: int = 1,
-    force: bool = False,
     progress: bool = True,
     distractors: str | int | None = None,
     strict: bool = True,
     ranks_top: int | None = None,
+    top_k: int = 100,
+    overwrite: bool = False,
+    command: Sequence[str] | None = None,
 ) -> RunOutcome:
-    """Run ``method`` on ``dataset``, evaluate it, and write the run folder.
+    """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
     Args:
         dataset: dataset id (default: the synthetic benchmark, built on first use).
-        method: preset name or a :class:`BowMethod`.
-        root: data root (see :func:`oxbench.datasets.paths.data_root`).
-        out: run folder (default ``<runs_dir>/<dataset>-<method>-<config digest>``).
-        runs_dir: parent of default run folders.
-        cache: features / vocabularies / words cache (default ``<root>/_cache``).
-        train_dataset: vocabulary training set (default: the other city, or ``synthetic-train``).
-        vocab_size: override the preset's vocabulary size.
-        overrides: other preset overrides (``{"features.max_side": 1024, "spatial_top_r": 100}``).
-        workers: feature-extraction processes.
-        force: overwrite a run folder written under another config.
+        method: a preset name (``oxbench.list_methods()``) or a method config.
+        root: data root (default ``$OXBENCH_DATA`` or the per-user default).
+        out: the config folder (default ``<runs_dir>/<dataset>-<method>-<config digest>``).
+        runs_dir: parent of default config folders.
+        cache: cache of features, vocabularies, descriptors (default ``<root>/_cache``).
+        train_dataset: what the method learns on (default: the other city, or
+            ``synthetic-train``); ignored by methods that learn nothing.
+        overrides: method settings to change (``{"vocab_size": 4096, "features.max_side": 512}``).
+        workers: extraction processes.
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
             of generated distractors for the synthetic set).
@@ -280,53 +459,143 @@ def run_method(
             (partial data) is recorded in the config and the results are not comparable.
         ranks_top: keep (save and evaluate) the top this many of each ranked list; default: all
             when the index holds at most 100,000 images, else 10,000 (as revisitop's R1M files).
+        top_k: how many retrieved images per query ``retrieved.json`` records (names, labels,
+            scores).
+        overwrite: replace earlier runs in the config folder (and a folder of another config).
+        command: the command line to record (default ``sys.argv``).
 
     Returns:
         A :class:`RunOutcome`.
+
+    Raises:
+        InputError: unknown dataset/method/setting, missing data, a folder of another config.
     """
+    from oxbench.datasets import load
     from oxbench.datasets.paths import data_root
     from oxbench.evaluation import evaluate
 
+    if top_k < 1:
+        raise InputError(f"top_k must be >= 1, got {top_k}")
+    started = datetime.now(UTC)
+    t_start = time.perf_counter()
     root_path = data_root(root)
-    if isinstance(method, BowMethod):
-        m = method
-    else:
-        m = resolve_method(method, vocab_size=vocab_size, **(overrides or {}))
-    train_id = train_dataset or bow.DEFAULT_TRAIN_DATASET.get(dataset)
-    if train_id is None:
-        raise InputError(f"no default vocabulary training set for {dataset!r}; pass --train-dataset")
+    m = resolve_method(method, **dict(overrides or {}))
+    train_id: str | None = None
+    if m.needs_training:
+        train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
+        if train_id is None:
+            raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
     t0 = time.perf_counter()
-    bench = load_benchmark(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
-    train = load_benchmark(train_id, root_path, strict=strict, progress=progress)
+    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
+    train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
     t_load = time.perf_counter() - t0
     trained_on_test = train_id == dataset
     if trained_on_test:
-        log.warning("the vocabulary is trained on the test set %s: results are not comparable", dataset)
-    config: dict[str, Any] = {
-        "dataset": dataset,
-        "dataset_gt_sha256": bow.gt_digest(bench.gt),
-        "crop": bench.crop,
-        "n_distractors": bench.n_distractors,
-        "distractors": distractors,
-        "strict": strict,
-        "ranks_top": ranks_top,
-        "method": m.to_dict(),
-        "train_dataset": train_id,
-        "trained_on_test_set": trained_on_test,
-    }
-    run_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{_config_digest(config)}"
-    check_run_folder(run_dir, config, force=force)
-    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    output = bow.run_bow(m, bench, train, cache_dir, workers=workers, progress=progress)
-    keep = ranks_top if ranks_top is not None else (None if output.ranks.shape[1] <= 100_000 else 10_000)
-    ranks = output.ranks if keep is None else output.ranks[:, :keep]
-    timings = {"load": t_load, **output.timings}
-    t0 = time.perf_counter()
-    result = evaluate(bench.gt, ranks, n_distractors=bench.n_distractors, source=str(run_dir))
-    timings["evaluate"] = time.perf_counter() - t0
-    timings["total"] = float(sum(v for k, v in timings.items()))
-    write_run_folder(
-        run_dir, config=config, bench=bench, ranks=ranks, result=result,
-        timings=timings, info=output.info, force=force,
-    )
-    return RunOutcome(run_dir, result, config, timings, output.info)
+        log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
+    config = RunConfig(
+        dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
+        dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
+        n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
+    )  # fmt: skip
+    config_dict = config.to_dict()
+    config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
+    prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
+    run_id = new_run_id()
+    tmp = config_dir / f"{TEMP_PREFIX}{run_id}"
+    tmp.mkdir()
+    try:
+        with _log_to(tmp / "run.log"):
+            log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
+            ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache",
+                             workers=workers, progress=progress)
+            ctx.timings["load"] = t_load
+            impl = m.build()
+            impl.fit(train, ctx).index(bench, ctx)
+            search = impl.search(bench, ctx)
+            keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
+            search = search.top(keep)
+            with ctx.timed("evaluate"):
+                result = evaluate(bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(config_dir))
+            timings = {**ctx.timings, "total": time.perf_counter() - t_start}
+            info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
+            for step, state in ctx.steps.items():
+                log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
+            log.info("%s", " | ".join(result.lines()))
+        record = {
+            "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
+            "command": list(command if command is not None else sys.argv),
+            "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
+            "oxbench_version": versions()["oxbench"], "git_commit": git_commit(), "host": host_facts(),
+            "versions": versions(), "accel": _accel_used(), "cache": dict(ctx.steps),
+            "method": m.name, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
+        }  # fmt: skip
+        _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
+                         timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
+        run_dir = config_dir / run_id
+        with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
+            if overwrite:
+                for old in list_runs(config_dir):
+                    shutil.rmtree(old, ignore_errors=True)
+            atomic_write_json(config_dir / "config.json", config_dict)
+            os.replace(tmp, run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
+
+
+def _accel_used() -> bool:
+    from oxbench.evaluation.kernels import accelerated
+
+    return accelerated()
+
+
+# --- reading records back ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``oxbench runs``: where a run is and its headline numbers."""
+
+    run_dir: Path
+    run_id: str
+    dataset: str
+    method: str
+    started: str
+    headline: str
+
+
+def _headline(metrics: Mapping[str, Any]) -> str:
+    if "setups" in metrics:
+        letters = {"easy": "E", "medium": "M", "hard": "H"}
+        parts = []
+        for name, s in metrics["setups"].items():
+            v = s.get("map")
+            parts.append(f"{letters.get(name, name)} {'nan' if v is None else f'{100 * v:.2f}'}")
+        return "mAP " + " ".join(parts)
+    if "score" in metrics:
+        return f"score {metrics['score']:.4f}"
+    v = metrics.get("map")
+    return "mAP nan" if v is None else f"mAP {100 * v:.2f}"
+
+
+def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
+    """Every complete run below ``runs_dir`` (config folders one level down), oldest first.
+
+    Unreadable records are skipped with a warning naming them.
+    """
+    runs_dir = Path(runs_dir)
+    out: list[RunSummary] = []
+    if not runs_dir.is_dir():
+        return out
+    candidates = [runs_dir] + sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for cfg in candidates:
+        for run_dir in list_runs(cfg):
+            try:
+                record = json.loads((run_dir / "record.json").read_text())
+                metrics = json.loads((run_dir / "metrics.json").read_text())
+                out.append(RunSummary(run_dir, record["run_id"], record["dataset"], record["method"],
+                                      record["started"], _headline(metrics)))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("%s: unreadable run record (%s)", run_dir, exc)
+    return sorted(out, key=lambda r: r.started)

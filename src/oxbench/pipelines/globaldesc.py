@@ -1,0 +1,359 @@
+"""Global-descriptor methods: one vector per image, optional whitening, exact search, query expansion.
+
+A :class:`GlobalMethod` config describes the whole chain; :class:`GlobalDescriptors` runs it through
+the method interface:
+
+1. ``fit`` -- learn what the descriptor needs (the VLAD codebook: a flat k-means vocabulary trained
+   on the training set's local features, exactly as bag-of-words trains its vocabulary) and, with
+   ``whitening="pca"``, a PCA-whitening of the training set's descriptors (never the test set's);
+2. ``index`` -- describe the database (and distractors), whiten, L2-normalise;
+3. ``search`` -- describe the query crops the same way, score by dot product (cosine), rank (ties to
+   the lower index), then re-rank with average or alpha query expansion over the top neighbours.
+
+The descriptor here is VLAD over RootSIFT (Jegou et al. CVPR 2010; with intra-normalisation as in
+Arandjelovic & Zisserman CVPR 2013 and signed square-root power normalisation), which needs no deep
+learning framework. Descriptors are cached per dataset part under the cache folder, keyed by every
+setting that determines them, and checked against their recorded digest when read.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+from oxbench.features.sift import SiftConfig, finish_descriptors
+from oxbench.fileio import atomic_write_npz, file_lock, json_digest, progress_bar
+from oxbench.index.whitening import PCAWhitening, l2_normalize
+from oxbench.pipelines.method import MethodConfig, RetrievalMethod, RunContext, SearchResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.datasets.base import Benchmark
+    from oxbench.features.store import FeatureStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GlobalMethod(MethodConfig):
+    """A global-descriptor retrieval method.
+
+    Attributes:
+        name: preset name.
+        descriptor: how an image becomes one vector (``"vlad"``: VLAD over local features).
+        features: the local features VLAD aggregates (a query is described from its crop only).
+        vlad_k: codebook size (the descriptor has ``vlad_k * 128`` dimensions).
+        vlad_iter, vlad_max_points_per_centroid, vlad_seed: codebook k-means settings.
+        power: signed power normalisation exponent of every component (0.5: signed square root;
+            1: none).
+        intra_norm: L2-normalise each centroid's residual sum before the final L2 (intra-norm).
+        whitening: ``"none"`` or ``"pca"`` (PCA-whitening learned on the training set).
+        whitening_dim: output dimension of the whitening (``None``: as many as the training set
+            supports, at most the input dimension).
+        whitening_power, whitening_shrinkage: see :class:`~oxbench.index.whitening.PCAWhitening`.
+        qe: ``"none"``, ``"aqe"`` (average of the query and its top ``qe_k``) or ``"alpha-qe"``
+            (weights ``similarity ** qe_alpha``, Radenovic et al. 2018).
+        qe_k, qe_alpha: neighbours used by query expansion and the alpha exponent.
+    """
+
+    family: ClassVar[str] = "global"
+
+    name: str
+    descriptor: Literal["vlad"] = "vlad"
+    features: SiftConfig = field(default_factory=SiftConfig)
+    vlad_k: int = 64
+    vlad_iter: int = 20
+    vlad_max_points_per_centroid: int = 256
+    vlad_seed: int = 0
+    power: float = 0.5
+    intra_norm: bool = True
+    whitening: Literal["none", "pca"] = "none"
+    whitening_dim: int | None = None
+    whitening_power: float = 0.5
+    whitening_shrinkage: float = 0.0
+    qe: Literal["none", "aqe", "alpha-qe"] = "none"
+    qe_k: int = 5
+    qe_alpha: float = 3.0
+
+    def __post_init__(self) -> None:
+        if self.descriptor != "vlad":
+            raise InputError(f"method {self.name}: unknown descriptor {self.descriptor!r} (known: vlad)")
+        if self.vlad_k < 2:
+            raise InputError(f"method {self.name}: vlad_k must be >= 2")
+        if not 0.0 < self.power <= 1.0:
+            raise InputError(f"method {self.name}: power must be in (0, 1]")
+        if self.whitening not in ("none", "pca"):
+            raise InputError(f"method {self.name}: unknown whitening {self.whitening!r} (none, pca)")
+        if self.qe not in ("none", "aqe", "alpha-qe"):
+            raise InputError(f"method {self.name}: unknown query expansion {self.qe!r} (none, aqe, alpha-qe)")
+        if self.qe_k < 1:
+            raise InputError(f"method {self.name}: qe_k must be >= 1")
+
+    def build(self) -> GlobalDescriptors:
+        return GlobalDescriptors(self)
+
+    def codebook_method(self):  # noqa: ANN201 - a BowMethod
+        """The flat k-means vocabulary VLAD uses, as the bag-of-words vocabulary step knows it."""
+        from oxbench.pipelines.presets import BowMethod
+
+        return BowMethod(
+            name=f"{self.name}-codebook", features=self.features, vocab_size=self.vlad_k,
+            vocab_structure="flat", vocab_iter=self.vlad_iter,
+            vocab_max_points_per_centroid=self.vlad_max_points_per_centroid, vocab_seed=self.vlad_seed,
+        )  # fmt: skip
+
+    def descriptor_settings(self) -> dict[str, Any]:
+        """What determines one image's descriptor (cache key, with the codebook)."""
+        return {
+            "descriptor": self.descriptor, "features": self.features.to_dict(), "vlad_k": self.vlad_k,
+            "power": self.power, "intra_norm": self.intra_norm,
+        }  # fmt: skip
+
+
+def vlad(
+    descriptors: NDArray[np.float32],
+    words: NDArray[np.integer],
+    centroids: NDArray[np.float32],
+    *,
+    power: float = 0.5,
+    intra_norm: bool = True,
+) -> NDArray[np.float32]:
+    """The VLAD vector of one image.
+
+    ``V[c] = sum_{i: words[i] == c} (x_i - mu_c)`` for every centroid ``c``; then each component is
+    power-normalised (``sign(v) |v| ** power``), each centroid block L2-normalised when
+    ``intra_norm``, and the whole ``k * d`` vector L2-normalised. No features give the zero vector.
+
+    Args:
+        descriptors: ``[n, d]`` local descriptors.
+        words: ``[n]`` nearest centroid of each.
+        centroids: ``[k, d]``.
+
+    Example:
+        >>> c = np.array([[0.0, 0.0], [1.0, 1.0]], np.float32)
+        >>> vlad(np.array([[1.0, 0.0]], np.float32), np.array([0]), c, power=1.0).tolist()
+        [1.0, 0.0, 0.0, 0.0]
+    """
+    k, d = centroids.shape
+    x = np.asarray(descriptors, np.float64)
+    w = np.asarray(words, np.int64)
+    if x.shape[0] != w.shape[0] or (x.size and x.shape[1] != d):
+        raise ValueError(f"{x.shape} descriptors, {w.shape} words, {centroids.shape} centroids")
+    v = np.zeros((k, d), np.float64)
+    if len(x):
+        np.add.at(v, w, x - centroids[w])
+    if power != 1.0:
+        v = np.sign(v) * np.abs(v) ** power
+    if intra_norm:
+        norms = np.linalg.norm(v, axis=1, keepdims=True)
+        v = np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
+    flat = v.ravel()
+    n = np.linalg.norm(flat)
+    return (flat / n if n > 0 else flat).astype(np.float32)
+
+
+class GlobalDescriptors(RetrievalMethod):
+    """Runs a :class:`GlobalMethod`: codebook and whitening on the training set, exact search, QE."""
+
+    def __init__(self, config: GlobalMethod) -> None:
+        self.config: GlobalMethod = config
+        self.codebook_path_: Path | None = None
+        self.whitening_: PCAWhitening | None = None
+        self.trained_on_: str | None = None
+        self._db: NDArray[np.float32] | None = None
+        self._indexed: str | None = None
+
+    # --- descriptors -----------------------------------------------------------------------
+    def _store(self, bench: Benchmark, part: str, ctx: RunContext) -> FeatureStore:
+        from oxbench.pipelines import bow
+
+        bow.step_features(bench, self.config.features, ctx.cache, parts=[part], workers=ctx.workers, progress=ctx.progress)
+        return bow.open_store(ctx.cache, bench, self.config.features, part)
+
+    def _descriptor_path(self, bench: Benchmark, part: str, ctx: RunContext) -> Path:
+        from oxbench.pipelines.bow import dataset_key
+
+        assert self.codebook_path_ is not None
+        key = json_digest({**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}, 12)
+        return Path(ctx.cache) / dataset_key(bench) / "global" / key / f"{part}.npz"
+
+    def describe(self, bench: Benchmark, part: str, ctx: RunContext) -> NDArray[np.float32]:
+        """Raw (unwhitened) descriptors ``float32 [n, D]`` of one part, cached; names in part order."""
+        from oxbench.index.vocabulary import Vocabulary
+        from oxbench.pipelines.bow import _part_names
+
+        if self.codebook_path_ is None:
+            raise InputError(f"method {self.config.name}: fit before describing images")
+        names = _part_names(bench, part)
+        path = self._descriptor_path(bench, part, ctx)
+        cached = _read_descriptors(path, names)
+        ctx.record_step(f"descriptors.{part}", hit=cached is not None)
+        if cached is not None:
+            return cached
+        with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
+            cached = _read_descriptors(path, names)
+            if cached is not None:
+                return cached
+            store = self._store(bench, part, ctx)
+            m = self.config
+            voc = Vocabulary.load(self.codebook_path_, descriptor=m.features.descriptor, dim=m.features.dim)
+            centroids = voc.centroids_
+            assert centroids is not None
+            out = np.zeros((len(names), m.vlad_k * m.features.dim), np.float32)
+            bar = progress_bar(names, enabled=ctx.progress, desc=f"vlad {bench.id} {part}", unit="img")
+            for i, name in enumerate(bar):
+                _, _, raw, _ = store.get_raw(name)
+                x = finish_descriptors(raw, m.features.descriptor)
+                words = voc.kneighbors(x, 1)[1][:, 0] if len(x) else np.zeros(0, np.int64)
+                if not len(x):
+                    log.warning("%s %s: image %s has no features; its descriptor is zero (ranks last)", bench.id, part, name)
+                out[i] = vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
+            _write_descriptors(path, names, out)
+        return out
+
+    def _finish(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        return self.whitening_.transform(x) if self.whitening_ is not None else l2_normalize(x)
+
+    # --- the interface ---------------------------------------------------------------------
+    def fit(self, train: Benchmark | None, ctx: RunContext) -> GlobalDescriptors:
+        from oxbench.pipelines import bow
+
+        if train is None:
+            raise InputError(f"method {self.config.name} learns a codebook: it needs a training set")
+        cb = self.config.codebook_method()
+        hit = bow.vocabulary_path(ctx.cache, cb, train).exists()
+        with ctx.timed("codebook"):
+            if not hit:
+                bow.step_features(train, cb.features, ctx.cache, parts=["database"], workers=ctx.workers, progress=ctx.progress)
+            self.codebook_path_ = bow.step_vocabulary(cb, train, ctx.cache, progress=ctx.progress, threads=ctx.threads)
+        ctx.record_step("codebook", hit=hit)
+        self.trained_on_ = train.id
+        if self.config.whitening == "pca":
+            with ctx.timed("whitening"):
+                self.whitening_ = self._fit_whitening(train, ctx)
+        return self
+
+    def _fit_whitening(self, train: Benchmark, ctx: RunContext) -> PCAWhitening:
+        from oxbench.pipelines.bow import dataset_key
+
+        m = self.config
+        settings = {
+            "descriptors": self._descriptor_path(train, "database", ctx).parent.name, "train": dataset_key(train),
+            "dim": m.whitening_dim, "power": m.whitening_power, "shrinkage": m.whitening_shrinkage,
+        }  # fmt: skip
+        path = Path(ctx.cache) / "whitening" / f"{train.id}-{json_digest(settings, 12)}.npz"
+        if path.exists():
+            try:
+                w = PCAWhitening.load(path)
+                ctx.record_step("whitening", hit=True)
+                return w
+            except InputError as exc:
+                log.warning("%s; learning the whitening again", exc)
+        x = self.describe(train, "database", ctx)
+        w = PCAWhitening(m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage)
+        w.fit(x, fitted_on=f"{train.id} database ({len(x)} images)")
+        w.save(path)
+        ctx.record_step("whitening", hit=False)
+        return w
+
+    def index(self, bench: Benchmark, ctx: RunContext) -> GlobalDescriptors:
+        parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
+        with ctx.timed("features"):
+            raw = [self.describe(bench, p, ctx) for p in parts]
+        with ctx.timed("index"):
+            self._db = self._finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
+        self._indexed = bench.id
+        return self
+
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        from oxbench.index.inverted import rank_scores
+
+        if self._db is None or self._indexed != bench.id:
+            raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
+        m = self.config
+        with ctx.timed("features"):
+            q = self._finish(self.describe(bench, "queries", ctx))
+        with ctx.timed("search"):
+            scores = exact_scores(q, self._db)
+            ranks = rank_scores(scores)
+        if m.qe != "none":
+            with ctx.timed("query_expansion"):
+                q = expand_queries(q, self._db, ranks, k=m.qe_k, alpha=m.qe_alpha if m.qe == "alpha-qe" else 0.0)
+                scores = exact_scores(q, self._db)
+                ranks = rank_scores(scores)
+        info = {
+            "n_index": int(self._db.shape[0]),
+            "dim": int(self._db.shape[1]),
+            "bytes_per_image": int(self._db.shape[1] * self._db.dtype.itemsize),
+        }
+        return SearchResult(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info)
+
+    def provenance(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"trained_on": self.trained_on_}
+        if self.codebook_path_ is not None:
+            out["codebook_path"] = str(self.codebook_path_)
+        if self.whitening_ is not None:
+            out["whitening"] = {"fitted_on": self.whitening_.fitted_on_, "dim": self.whitening_.dim}
+        return out
+
+
+def exact_scores(queries: NDArray[np.float32], database: NDArray[np.float32], *, block: int = 65536) -> NDArray[np.float32]:
+    """Dot products ``[n_queries, n_db]`` computed in database blocks (bounded temporaries)."""
+    out = np.empty((queries.shape[0], database.shape[0]), np.float32)
+    for s in range(0, database.shape[0], block):
+        out[:, s : s + block] = queries @ database[s : s + block].T
+    if not np.isfinite(out).all():
+        raise InputError("descriptor dot products are not finite (NaN or overflow)")
+    return out
+
+
+def expand_queries(
+    queries: NDArray[np.float32], database: NDArray[np.float32], ranks: NDArray[np.int64], *, k: int, alpha: float
+) -> NDArray[np.float32]:
+    """Each query replaced by its alpha-weighted mean with its top ``k`` neighbours (alpha 0: AQE)."""
+    from oxbench.rerank.qe import alpha_query_expansion
+
+    out = np.empty_like(queries)
+    for qi in range(queries.shape[0]):
+        top = ranks[qi, :k]
+        out[qi] = np.asarray(alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32).ravel()
+    return out
+
+
+def _read_descriptors(path: Path, names: list[str]) -> NDArray[np.float32] | None:
+    """Cached descriptors when present, for these names, and intact (digest checked); else None."""
+    if not path.exists():
+        return None
+    from oxbench.fileio import read_input_bytes
+
+    try:
+        with np.load(io.BytesIO(read_input_bytes(path, limit=1 << 40)), allow_pickle=False) as z:
+            stored_names = z["names"].tolist()
+            x = np.asarray(z["descriptors"], np.float32)
+            digest = str(z["digest"])
+    except (InputError, OSError, KeyError, ValueError, EOFError) as exc:
+        log.warning("%s: unreadable cached descriptors (%s); describing again", path, exc)
+        return None
+    if stored_names != names:
+        log.info("%s: cached descriptors are for other images; describing again", path)
+        return None
+    if _digest(x) != digest:
+        log.warning("%s: cached descriptors fail their digest check; describing again", path)
+        return None
+    return x
+
+
+def _write_descriptors(path: Path, names: list[str], x: NDArray[np.float32]) -> None:
+    atomic_write_npz(path, {"names": np.array(names), "descriptors": x, "digest": np.array(_digest(x))})
+
+
+def _digest(x: NDArray[np.float32]) -> str:
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()

@@ -1,0 +1,246 @@
+"""The method interface: what every retrieval method implements, whatever its family.
+
+A *method* is two things kept apart, as scikit-learn keeps settings apart from learned state:
+
+- a :class:`MethodConfig` -- a frozen dataclass holding every setting that changes the result (a
+  preset is one of these, registered by name in :data:`METHODS`); it is data, recorded in every
+  run folder, hashed into cache keys, and never executes anything but :meth:`MethodConfig.build`;
+- a :class:`RetrievalMethod` -- what ``config.build()`` returns: it learns on a training set
+  (:meth:`~RetrievalMethod.fit`: a vocabulary, a whitening), describes and indexes a benchmark's
+  database (:meth:`~RetrievalMethod.index`), and answers the queries (:meth:`~RetrievalMethod.search`),
+  re-ranking as its config says (spatial verification, query expansion, diffusion).
+
+Every step takes a :class:`RunContext` (cache folder, workers, progress, where timings and cache hits
+are recorded) and caches its outputs under the cache folder, keyed by what determines them, so a
+rerun resumes. :func:`oxbench.pipelines.runner.run` drives any method the same way and writes the
+same run folder.
+
+Families today: bag-of-words (:mod:`oxbench.pipelines.bow`) and global descriptors
+(:mod:`oxbench.pipelines.globaldesc`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+from oxbench.fileio import json_digest
+from oxbench.registry import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.datasets.base import Benchmark
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a method's steps cache their outputs, and what they record about themselves.
+
+    Attributes:
+        cache: the cache root (features, vocabularies, descriptors, ...).
+        workers: processes for the parallel stages (extraction).
+        progress: show tqdm bars.
+        threads: threads for faiss / BLAS-heavy stages (``None``: the library's default).
+        timings: seconds per stage, filled by :meth:`timed`.
+        steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
+    """
+
+    cache: Path
+    workers: int = 1
+    progress: bool = True
+    threads: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    steps: dict[str, str] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        """Add the wall time of the block to ``timings[stage]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - t0
+
+    def record_step(self, step: str, *, hit: bool) -> None:
+        """Record whether ``step`` came from the cache."""
+        self.steps[step] = "hit" if hit else "computed"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A method's answer to every query of a benchmark.
+
+    Attributes:
+        ranks: ``int64 [n_queries, k]`` -- the internal layout: row ``q`` is query ``q``'s ranked
+            list of index positions, best first (database ``0 .. n_db - 1``, then distractors).
+        scores: ``float32 [n_queries, k]`` -- the score of each ranked item, aligned with
+            ``ranks``, higher is better (spatially verified items carry their inlier count), or
+            ``None`` when the method has no meaningful score.
+        info: facts of the run (vocabulary or whitening provenance, features per image, verified
+            images per query, memory per database image ...), JSON-able.
+        matches: optional inlier correspondences ``{query: {index: float32 [m, 4]}}`` as
+            ``(x_q, y_q, x_db, y_db)`` full-image pixels, for viewers.
+    """
+
+    ranks: NDArray[np.int64]
+    scores: NDArray[np.float32] | None = None
+    info: Mapping[str, Any] = field(default_factory=dict)
+    matches: Mapping[int, Mapping[int, NDArray[np.float32]]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.ranks.ndim != 2:
+            raise ValueError(f"ranks must be 2-D [n_queries, k], got shape {self.ranks.shape}")
+        if self.scores is not None and self.scores.shape != self.ranks.shape:
+            raise ValueError(f"scores {self.scores.shape} do not align with ranks {self.ranks.shape}")
+
+    def top(self, k: int | None) -> SearchResult:
+        """The first ``k`` of every list (all when ``k`` is ``None`` or larger)."""
+        if k is None or k >= self.ranks.shape[1]:
+            return self
+        return dataclasses.replace(
+            self, ranks=self.ranks[:, :k], scores=None if self.scores is None else self.scores[:, :k]
+        )
+
+
+class MethodConfig(ABC):
+    """Base of every method config: a frozen dataclass of settings, registered as a preset.
+
+    Subclasses are ``@dataclass(frozen=True)`` with a ``name`` field, set :attr:`family`, and
+    implement :meth:`build`. ``needs_training`` says whether :meth:`RetrievalMethod.fit` uses a
+    training set (a vocabulary or a whitening is learned), so the runner knows whether to load one.
+    """
+
+    family: ClassVar[str] = ""
+    name: str
+
+    @property
+    def needs_training(self) -> bool:
+        """Whether the method learns anything on a training set."""
+        return True
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting as JSON-able data (nested configs as dicts), plus the family."""
+        assert dataclasses.is_dataclass(self)
+        out: dict[str, Any] = {"family": self.family}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else _jsonable(value)
+        return out
+
+    def digest(self) -> str:
+        """Short stable hash of :meth:`to_dict`."""
+        return json_digest(self.to_dict(), 12)
+
+    @abstractmethod
+    def build(self) -> RetrievalMethod:
+        """The runnable method with these settings (no I/O)."""
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class RetrievalMethod(ABC):
+    """A method with learned state: fit on a training set, index a database, search it.
+
+    Call order: ``fit(train, ctx)`` (``train`` is ``None`` when the config needs no training),
+    ``index(bench, ctx)``, ``search(bench, ctx)``. Each step caches its outputs under
+    ``ctx.cache`` and records in ``ctx`` how long it took and whether it was a cache hit.
+    """
+
+    config: MethodConfig
+
+    @abstractmethod
+    def fit(self, train: Benchmark | None, ctx: RunContext) -> RetrievalMethod:
+        """Learn what the method learns (vocabulary, whitening) on ``train``; returns self."""
+
+    @abstractmethod
+    def index(self, bench: Benchmark, ctx: RunContext) -> RetrievalMethod:
+        """Describe and index ``bench``'s database (and distractors); returns self."""
+
+    @abstractmethod
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        """Describe ``bench``'s query crops and rank the index for each, re-ranking as configured."""
+
+    def provenance(self) -> dict[str, Any]:
+        """What was learned and from what (recorded in the run); empty by default."""
+        return {}
+
+
+# --- the preset registry -------------------------------------------------------------------------
+
+_PRESET_MODULES = ("oxbench.pipelines.presets",)
+
+
+def _load_presets() -> None:
+    for module in _PRESET_MODULES:
+        importlib.import_module(module)
+
+
+#: Every named method of every family, by name.
+METHODS: Registry[MethodConfig] = Registry("method", loader=_load_presets)
+
+
+def register_method(config: MethodConfig) -> MethodConfig:
+    """Register a preset under ``config.name`` (used by the modules that declare presets)."""
+    return METHODS.register(config.name, config)
+
+
+def list_methods(family: str | None = None) -> list[str]:
+    """Names of the registered presets (of one ``family`` when given: ``"bow"``, ``"global"``)."""
+    return [n for n in METHODS.names() if family is None or METHODS.get(n).family == family]
+
+
+def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodConfig:
+    """A preset (by name, or a config) with ``overrides`` applied; ``None`` values are ignored.
+
+    Keys are field names; ``a.b`` sets field ``b`` of the nested config in field ``a``
+    (``features.max_side=1024``).
+
+    Raises:
+        InputError: unknown preset or setting, or settings the config refuses.
+    """
+    config = METHODS.get(method) if isinstance(method, str) else method
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    assert dataclasses.is_dataclass(config)
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        head, _, sub = key.partition(".")
+        if head not in fields or head == "name":
+            raise InputError(f"unknown method setting {key!r} for {config.name} ({config.family})")
+        current = getattr(config, head)
+        if sub:
+            if not dataclasses.is_dataclass(current):
+                raise InputError(f"unknown method setting {key!r}: {head} has no sub-settings")
+            if sub not in {f.name for f in dataclasses.fields(current)}:
+                raise InputError(f"unknown {head} setting {sub!r}")
+            nested.setdefault(head, {})[sub] = value
+        elif dataclasses.is_dataclass(current):
+            raise InputError(f"method setting {key!r} takes sub-settings ({key}.<name>=...)")
+        else:
+            top[key] = value
+    for head, subs in nested.items():
+        top[head] = dataclasses.replace(getattr(config, head), **subs)
+    if not top:
+        return config
+    try:
+        return dataclasses.replace(config, **top)  # type: ignore[type-var]
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"method {config.name}: {exc}") from None
