@@ -166,3 +166,15 @@ def test_run_on_real_revisited_layout(shared_data: Path, tmp_path: Path, capsys:
     assert "trained on rparis6k" in out
     config = json.loads((list_runs(tmp_path / "run")[0] / "config.json").read_text())
     assert config["train_dataset"] == "rparis6k" and config["strict"] is False
+
+
+def test_console_is_quiet_by_default_and_verbose_with_v(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    run(capsys, "run", "--list-methods")
+    logging.getLogger("oxbench.test").info("stage line")
+    assert "stage line" not in capsys.readouterr().err
+    run(capsys, "-v", "run", "--list-methods")
+    logging.getLogger("oxbench.test").info("stage line")
+    err = capsys.readouterr().err
+    assert err.count("stage line") == 1  # shown once: one console handler however often invoked

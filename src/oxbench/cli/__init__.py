@@ -54,7 +54,17 @@ class _LazyGroup(click.Group):
 def cli(verbose: int) -> None:
     """oxbench: instance-level image retrieval benchmarks, evaluated exactly."""
     level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    # The console shows what -v asks for; the loggers pass INFO on so that a run's log file
+    # (run.log in its record) holds the stages and cache hits whatever the console shows.
+    handler = logging.StreamHandler()
+    handler.setLevel(level)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_oxbench_cli", False)]:
+        root.removeHandler(old)  # one console handler, however often the group is invoked
+    handler._oxbench_cli = True  # type: ignore[attr-defined]
+    root.addHandler(handler)
+    root.setLevel(min(level, logging.INFO))
 
 
 def main(argv: list[str] | None = None) -> None:
