@@ -97,12 +97,27 @@ def check_output_path(path: str | Path) -> Path:
 def _make_parent(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise InputError("cannot write here: a parent of this path is a file", path) from None
-    except NotADirectoryError:
+    except (FileExistsError, NotADirectoryError):
         raise InputError("cannot write here: a parent of this path is a file", path) from None
     except OSError as exc:
         raise InputError(f"cannot create its folder: {os_reason(exc)}", path) from None
+
+
+def make_folder(folder: str | Path) -> Path:
+    """Create ``folder`` and its parents when missing, for writing into.
+
+    Raises:
+        InputError: ``folder`` or one of its parents is a file, or the OS refuses (names the
+            folder and the OS reason: read-only file system, no space, permission).
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError("cannot create this folder: it, or one of its parents, is a file", folder) from None
+    except OSError as exc:
+        raise InputError(f"cannot create this folder: {os_reason(exc)}", folder) from None
+    return folder
 
 
 @contextlib.contextmanager

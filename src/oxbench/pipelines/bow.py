@@ -13,6 +13,11 @@ Steps (each takes a config and paths, returns its output path, and skips work al
    expansion over the verified images; returns the internal ranks ``[n_queries, n_index]``.
 
 :func:`run_bow` chains them.
+
+Every cached artifact carries a digest checked when it is reused (:mod:`oxbench.cache`): a corrupt
+one is logged as a warning naming the file and computed again, never used. Each cache entry (a
+feature store, a vocabulary, a words file) has one writer at a time: a second process running the
+same step waits for the first (saying so in the log) and then reuses its result.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -29,10 +33,12 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.cache import CorruptCache, entry_lock, load_npz, lock_path, save_npz
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig, finish_descriptors
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
+from oxbench.fileio import json_digest, progress_bar, remove_stale_temps
 from oxbench.groundtruth import GroundTruth
 from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary
@@ -115,6 +121,7 @@ def step_features(
     parts: Sequence[str] | None = None,
     workers: int = 1,
     progress: bool = True,
+    full_check: bool = False,
 ) -> dict[str, Path]:
     """Describe the database, the query crops (and distractors) of a benchmark; resumable.
 
@@ -125,6 +132,7 @@ def step_features(
         parts: which parts (default: database, queries, and distractors when present).
         workers: extraction processes.
         progress: tqdm bars.
+        full_check: hash the stored features in full before reusing them (not only sampled).
 
     Returns:
         ``{part: store folder}``.
@@ -136,7 +144,8 @@ def step_features(
         job, n, _ = _sources(bench, part, sift)
         store = open_store(cache, bench, sift, part, create=True)
         out[part] = extract_to_store(
-            job, n, store, workers=workers, progress=progress, desc=f"{bench.id} {part}"
+            job, n, store, workers=workers, progress=progress, desc=f"{bench.id} {part}",
+            full_check=full_check,
         )
     return out
 
@@ -173,8 +182,7 @@ def training_descriptors(
 def vocabulary_path(cache: Path, method: BowMethod, train: Benchmark) -> Path:
     """Where the vocabulary of ``method`` trained on ``train`` is cached."""
     settings = {**method.vocabulary_settings(), "train": dataset_key(train)}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cache) / "vocabularies" / f"{train.id}-k{method.vocab_size}-{digest}.npz"
+    return Path(cache) / "vocabularies" / f"{train.id}-k{method.vocab_size}-{json_digest(settings, 12)}.npz"
 
 
 def step_vocabulary(
@@ -185,17 +193,33 @@ def step_vocabulary(
     workers: int = 1,
     progress: bool = True,
     threads: int | None = None,
+    full_check: bool = False,
 ) -> Path:
     """Train (or reuse) the vocabulary of ``method`` on ``train``'s database features.
 
     Returns:
-        The ``.npz`` path. An existing file is checked for the descriptor type and dimension.
+        The ``.npz`` path. An existing file is checked for its digest (a corrupt one is trained
+        again, with a warning), the descriptor type and the dimension.
     """
     path = vocabulary_path(cache, method, train)
-    if path.exists():
-        Vocabulary.load(path, descriptor=method.features.descriptor, dim=method.features.dim)
-        return path
-    step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress)
+    remove_stale_temps(path.parent)
+    with entry_lock(lock_path(path), what=f"the vocabulary {path}"):
+        if path.exists():
+            try:
+                Vocabulary.load(path, descriptor=method.features.descriptor, dim=method.features.dim)
+                return path
+            except CorruptCache as exc:
+                log.warning("%s; training it again", exc)
+        return _train_vocabulary(method, train, cache, path, workers=workers, progress=progress,
+                                 threads=threads, full_check=full_check)  # fmt: skip
+
+
+def _train_vocabulary(
+    method: BowMethod, train: Benchmark, cache: Path, path: Path, *,
+    workers: int, progress: bool, threads: int | None, full_check: bool,
+) -> Path:  # fmt: skip
+    step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress,
+                  full_check=full_check)  # fmt: skip
     store = open_store(cache, train, method.features, "database")
     n_target = method.vocab_size * method.vocab_max_points_per_centroid
     x = training_descriptors(store, _part_names(train, "database"), n_target, seed=method.vocab_seed)
@@ -244,12 +268,17 @@ class Words:
 
     @classmethod
     def load(cls, path: Path) -> Words:
-        """Read a words file written by :func:`step_assign`."""
+        """Read a words file written by :func:`step_assign`, checking its digest (in full).
+
+        Raises:
+            InputError: the file is missing.
+            CorruptCache: the file is damaged or does not match its digest.
+        """
+        z = load_npz(path, what="visual-words file")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"])
-        except (OSError, KeyError, ValueError) as exc:
-            raise InputError(f"unreadable visual-words file ({exc})", path) from None
+            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"])
+        except KeyError as exc:
+            raise CorruptCache(f"visual-words file without {exc}", path) from None
 
 
 def step_assign(
@@ -266,20 +295,34 @@ def step_assign(
     """Assign every feature of ``names`` to its ``k`` nearest words; skipped when done.
 
     Returns:
-        ``out_path`` (an ``.npz`` with ``names``, ``offsets``, ``words``, ``sq_dists``).
+        ``out_path`` (an ``.npz`` with ``names``, ``offsets``, ``words``, ``sq_dists`` and their
+        digest). An existing file is reused when intact and made for these images; a corrupt one
+        is computed again, with a warning.
     """
-    from tqdm.auto import tqdm
+    out_path = Path(out_path)
+    remove_stale_temps(out_path.parent)
+    with entry_lock(lock_path(out_path), what=f"the visual words {out_path}"):
+        if out_path.exists():
+            try:
+                existing = Words.load(out_path)
+                if list(existing.names) == list(names) and existing.words.shape[1] == k:
+                    return out_path
+                log.info("visual words at %s are for other images; recomputing", out_path)
+            except CorruptCache as exc:
+                log.warning("%s; assigning the words again", exc)
+        return _assign(vocab_path, store, names, out_path, k=k, batch_images=batch_images,
+                       progress=progress, threads=threads)  # fmt: skip
 
-    if out_path.exists():
-        existing = Words.load(out_path)
-        if list(existing.names) == list(names) and existing.words.shape[1] == k:
-            return out_path
-        log.info("visual words at %s are for other images; recomputing", out_path)
+
+def _assign(
+    vocab_path: Path, store: FeatureStore, names: Sequence[str], out_path: Path, *,
+    k: int, batch_images: int, progress: bool, threads: int | None,
+) -> Path:  # fmt: skip
     store.require_all(names)
     voc = Vocabulary.load(vocab_path, descriptor=store.config.descriptor, dim=store.config.dim, threads=threads)
     offsets = np.zeros(len(names) + 1, np.int64)
     words_parts, dist_parts = [], []
-    for s in tqdm(range(0, len(names), batch_images), disable=not progress, desc="assign", unit="batch"):
+    for s in progress_bar(range(0, len(names), batch_images), enabled=progress, desc="assign", unit="batch"):
         chunk = names[s : s + batch_images]
         raws = [store.get_raw(n)[2] for n in chunk]
         for j, r in enumerate(raws):
@@ -292,18 +335,12 @@ def step_assign(
         words_parts.append(w.astype(np.int32))
         dist_parts.append(d.astype(np.float32))
     np.cumsum(offsets, out=offsets)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        np.savez(
-            fh,
-            names=np.array(list(names)),
-            offsets=offsets,
-            words=np.concatenate(words_parts) if words_parts else np.zeros((0, k), np.int32),
-            sq_dists=np.concatenate(dist_parts) if dist_parts else np.zeros((0, k), np.float32),
-        )
-    os.replace(tmp, out_path)
-    return out_path
+    return save_npz(out_path, {
+        "names": np.array(list(names)),
+        "offsets": offsets,
+        "words": np.concatenate(words_parts) if words_parts else np.zeros((0, k), np.int32),
+        "sq_dists": np.concatenate(dist_parts) if dist_parts else np.zeros((0, k), np.float32),
+    })  # fmt: skip
 
 
 # ---------------------------------------------------------------------- search
@@ -355,8 +392,6 @@ def search(
     Returns:
         :class:`SearchOutput` with full rankings over database + distractors.
     """
-    from tqdm.auto import tqdm
-
     timings = {} if timings is None else timings
     voc = Vocabulary.load(vocab_path, descriptor=method.features.descriptor, dim=method.features.dim)
     k = method.soft_k if method.assignment == "soft" else 1
@@ -404,7 +439,7 @@ def search(
     t_sv = t_qe = 0.0
     n_verified = []
     final = np.empty_like(ranks)
-    for qi in tqdm(range(ranks.shape[0]), disable=not progress, desc="spatial", unit="query"):
+    for qi in progress_bar(range(ranks.shape[0]), enabled=progress, desc="spatial", unit="query"):
         t0 = time.perf_counter()
         qname = names["queries"][qi]
         _, q_kp, _, q_size = stores["queries"].get_raw(qname)
@@ -459,18 +494,37 @@ def run_bow(
 
     Training on the test set itself (``train.id == bench.id``) is allowed but recorded in
     ``info["trained_on_test_set"]``.
+
+    A corrupt cached file met on the way (one the open-time checks could not see, e.g. a flipped
+    byte in the middle of a feature shard) is logged, deleted, and the steps run once more with
+    every cached file checked in full, so the result is the one a clean cache gives.
     """
     cache = Path(cache)
+    try:
+        return _run_bow(method, bench, train, cache, workers=workers, progress=progress, threads=threads,
+                        full_check=False)  # fmt: skip
+    except CorruptCache as exc:
+        log.warning("%s; deleting it and running the steps again, checking every cached file in full", exc)
+        exc.remove()
+    return _run_bow(method, bench, train, cache, workers=workers, progress=progress, threads=threads,
+                    full_check=True)  # fmt: skip
+
+
+def _run_bow(
+    method: BowMethod, bench: Benchmark, train: Benchmark, cache: Path, *,
+    workers: int, progress: bool, threads: int | None, full_check: bool,
+) -> SearchOutput:  # fmt: skip
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    if not vocabulary_path(cache, method, train).exists():
-        step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress)
+    if full_check or not vocabulary_path(cache, method, train).exists():
+        step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress,
+                      full_check=full_check)  # fmt: skip
     timings["train_features"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     vocab_path = step_vocabulary(method, train, cache, workers=workers, progress=progress, threads=threads)
     timings["vocabulary"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    step_features(bench, method.features, cache, workers=workers, progress=progress)
+    step_features(bench, method.features, cache, workers=workers, progress=progress, full_check=full_check)
     timings["features"] = time.perf_counter() - t0
     out = search(method, bench, cache, vocab_path, progress=progress, threads=threads, timings=timings)
     out.info["vocabulary_path"] = str(vocab_path)
