@@ -178,7 +178,7 @@ def test_fetch_checksum_mismatch_against_lock(
     assert (
         code == 2
         and "sha256" in err
-        and "!= expected" in err
+        and "differs from the expected" in err
         and len(err.strip().splitlines()) == 1
     )
     assert not (root / "roxford5k" / "gnd_roxford5k.pkl").exists()
