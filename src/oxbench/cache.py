@@ -97,7 +97,7 @@ def arrays_digest(arrays: Mapping[str, NDArray]) -> str:
     for name in sorted(arrays):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}\0{a.dtype.str}\0{a.shape}\0".encode())
-        h.update(memoryview(a.reshape(-1).view(np.uint8)))
+        h.update(a.reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 
@@ -111,6 +111,9 @@ def save_npz(path: str | Path, arrays: Mapping[str, NDArray]) -> Path:
 def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = None,
              lock: Path | None = None) -> dict[str, NDArray]:  # fmt: skip
     """Read a ``.npz`` written by :func:`save_npz`, all of it, and check its digest.
+
+    The returned arrays include the verified digest under :data:`DIGEST_KEY` (an identity of the
+    content, e.g. to record which vocabulary other artifacts were computed with).
 
     Args:
         path: the file.
@@ -138,4 +141,5 @@ def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = 
                            discard=discard, lock=lock)  # fmt: skip
     if str(stored) != arrays_digest(arrays):
         raise CorruptCache(f"{what} does not match its recorded digest", path, discard=discard, lock=lock)
+    arrays[DIGEST_KEY] = stored
     return arrays

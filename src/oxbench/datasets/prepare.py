@@ -406,18 +406,20 @@ def _check_against_lock(
     name: str, path: Path, lock: LockFile, spec_file: RemoteFile | None, report: PrepareReport
 ) -> None:
     """Compare an imported source file with the published/recorded checksum; record if new."""
-    found = {"size": path.stat().st_size, **file_digests(path, ("sha256", "md5"))}
+    digests = file_digests(path, ("sha256", "md5"))
+    size, sha, md5 = path.stat().st_size, digests["sha256"], digests["md5"]
     if spec_file is not None and spec_file.checksum_policy == "published":
         exp = Expected(spec_file.size, spec_file.sha256, spec_file.md5)
     else:
         rec = lock.file_record(name)
         if rec is None:
-            lock.record_file(name, size=found["size"], sha256=found["sha256"], md5=found["md5"],
-                             url=f"import:{path}")  # fmt: skip
+            lock.record_file(name, size=size, sha256=sha, md5=md5, url=f"import:{path}")
             report.notes.append(f"recorded the checksum of {name} in the lock file (first import)")
             return
         exp = Expected(rec.get("size"), rec.get("sha256"), rec.get("md5"))
-    problem = checksum_mismatch({"size": exp.size, "sha256": exp.sha256, "md5": exp.md5}, found)
+    problem = checksum_mismatch(
+        {"size": exp.size, "sha256": exp.sha256, "md5": exp.md5}, {"size": size, "sha256": sha, "md5": md5}
+    )
     if problem is not None:
         raise InputError(
             f"differs from the recorded/published checksum of {name} ({problem}); it is not the "

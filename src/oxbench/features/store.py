@@ -81,7 +81,7 @@ _DATA_FILES = ("kp.npy", "raw.npy")
 
 
 def _crc(array: NDArray) -> int:
-    return zlib.crc32(np.ascontiguousarray(array))
+    return zlib.crc32(np.ascontiguousarray(array).data)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import CorruptCache, load_npz, save_npz
+from oxbench.cache import DIGEST_KEY, CorruptCache, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.index.faiss_setup import load_faiss
 
@@ -149,6 +149,8 @@ class Vocabulary:
             ``centroids_[cell_offsets_[c]:cell_offsets_[c + 1]]`` (two-level only).
         trained_on_: what the vocabulary was learned on (a dataset id, free text).
         n_train_: number of descriptors actually used.
+        file_digest_: the content digest of the file it was loaded from (``""`` when not loaded):
+            what artifacts computed with it record.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -187,6 +189,7 @@ class Vocabulary:
         self.cell_offsets_: NDArray[np.int64] | None = None
         self.trained_on_: str = ""
         self.n_train_: int = 0
+        self.file_digest_: str = ""
 
     # ------------------------------------------------------------------ properties
     @property
@@ -418,4 +421,5 @@ class Vocabulary:
         voc.cell_offsets_ = offsets
         voc.trained_on_ = str(meta.get("trained_on", ""))
         voc.n_train_ = int(meta.get("n_train", 0))
+        voc.file_digest_ = str(z[DIGEST_KEY])
         return voc

@@ -246,12 +246,14 @@ class Words:
         offsets: ``int64 [n_images + 1]``; image ``i``'s features are rows ``offsets[i]:offsets[i+1]``.
         words: ``int32 [n_features, k]`` nearest words, nearest first.
         sq_dists: ``float32 [n_features, k]`` squared distances to them.
+        vocabulary: the content digest of the vocabulary file they were assigned with.
     """
 
     names: tuple[str, ...]
     offsets: NDArray[np.int64]
     words: NDArray[np.int32]
     sq_dists: NDArray[np.float32]
+    vocabulary: str = ""
     _index: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -276,7 +278,7 @@ class Words:
         """
         z = load_npz(path, what="visual-words file")
         try:
-            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"])
+            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"], str(z["vocabulary"]))
         except KeyError as exc:
             raise CorruptCache(f"visual-words file without {exc}", path) from None
 
@@ -296,30 +298,32 @@ def step_assign(
 
     Returns:
         ``out_path`` (an ``.npz`` with ``names``, ``offsets``, ``words``, ``sq_dists`` and their
-        digest). An existing file is reused when intact and made for these images; a corrupt one
-        is computed again, with a warning.
+        digest and the digest of the vocabulary used). An existing file is reused when intact and
+        made for these images with this very vocabulary; a corrupt one is computed again, with a
+        warning.
     """
     out_path = Path(out_path)
     remove_stale_temps(out_path.parent)
+    voc = Vocabulary.load(vocab_path, descriptor=store.config.descriptor, dim=store.config.dim, threads=threads)
     with entry_lock(lock_path(out_path), what=f"the visual words {out_path}"):
         if out_path.exists():
             try:
                 existing = Words.load(out_path)
-                if list(existing.names) == list(names) and existing.words.shape[1] == k:
+                if (list(existing.names), existing.words.shape[1], existing.vocabulary) == (
+                    list(names), k, voc.file_digest_
+                ):
                     return out_path
-                log.info("visual words at %s are for other images; recomputing", out_path)
+                log.info("visual words at %s are for other images or another vocabulary; recomputing", out_path)
             except CorruptCache as exc:
                 log.warning("%s; assigning the words again", exc)
-        return _assign(vocab_path, store, names, out_path, k=k, batch_images=batch_images,
-                       progress=progress, threads=threads)  # fmt: skip
+        return _assign(voc, store, names, out_path, k=k, batch_images=batch_images, progress=progress)
 
 
 def _assign(
-    vocab_path: Path, store: FeatureStore, names: Sequence[str], out_path: Path, *,
-    k: int, batch_images: int, progress: bool, threads: int | None,
+    voc: Vocabulary, store: FeatureStore, names: Sequence[str], out_path: Path, *,
+    k: int, batch_images: int, progress: bool,
 ) -> Path:  # fmt: skip
     store.require_all(names)
-    voc = Vocabulary.load(vocab_path, descriptor=store.config.descriptor, dim=store.config.dim, threads=threads)
     offsets = np.zeros(len(names) + 1, np.int64)
     words_parts, dist_parts = [], []
     for s in progress_bar(range(0, len(names), batch_images), enabled=progress, desc="assign", unit="batch"):
@@ -340,6 +344,7 @@ def _assign(
         "offsets": offsets,
         "words": np.concatenate(words_parts) if words_parts else np.zeros((0, k), np.int32),
         "sq_dists": np.concatenate(dist_parts) if dist_parts else np.zeros((0, k), np.float32),
+        "vocabulary": np.array(voc.file_digest_),
     })  # fmt: skip
 
 
