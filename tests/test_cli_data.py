@@ -178,7 +178,7 @@ def test_fetch_checksum_mismatch_against_lock(
     assert (
         code == 2
         and "sha256" in err
-        and "!= expected" in err
+        and "differs from the expected" in err
         and len(err.strip().splitlines()) == 1
     )
     assert not (root / "roxford5k" / "gnd_roxford5k.pkl").exists()
@@ -215,6 +215,7 @@ def test_fetch_bad_input(
     )  # a bad file is never recorded
     assert not (root / "roxford5k" / "downloads" / "oxbuild_images-v1.tgz").exists()
     assert not list((root / "roxford5k").glob(".extract-*"))
+    assert not list((root / "roxford5k").glob(".oxbench-tmp-*"))  # nor a temporary extraction folder
     # a connection that always drops half-way: exit 2, only a .part file (kept for resume)
     _serve_roxford(server, tmp_path)
     server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"].mode = "drop"

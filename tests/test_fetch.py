@@ -190,7 +190,7 @@ def test_wrong_bytes_fail_loudly_and_leave_nothing_complete(server: Server, tmp_
     body = _payload()
     server.paths["/w.bin"] = Behaviour(body, mode="wrong")
     sha = hashlib.sha256(body).hexdigest()
-    with pytest.raises(InputError, match="sha256 .* != expected"):
+    with pytest.raises(InputError, match="sha256 .* differs from the expected"):
         download_file(
             [server.url("/w.bin")], tmp_path / "w.bin", expected=Expected(sha256=sha), **FAST
         )

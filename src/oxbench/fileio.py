@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import fnmatch
 import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import tempfile
 import time
@@ -97,12 +99,27 @@ def check_output_path(path: str | Path) -> Path:
 def _make_parent(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise InputError("cannot write here: a parent of this path is a file", path) from None
-    except NotADirectoryError:
+    except (FileExistsError, NotADirectoryError):
         raise InputError("cannot write here: a parent of this path is a file", path) from None
     except OSError as exc:
         raise InputError(f"cannot create its folder: {os_reason(exc)}", path) from None
+
+
+def make_folder(folder: str | Path) -> Path:
+    """Create ``folder`` and its parents when missing, for writing into.
+
+    Raises:
+        InputError: ``folder`` or one of its parents is a file, or the OS refuses (names the
+            folder and the OS reason: read-only file system, no space, permission).
+    """
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise InputError("cannot create this folder: it, or one of its parents, is a file", folder) from None
+    except OSError as exc:
+        raise InputError(f"cannot create this folder: {os_reason(exc)}", folder) from None
+    return folder
 
 
 @contextlib.contextmanager
@@ -174,10 +191,46 @@ def atomic_write_npz(path: str | Path, arrays: Mapping[str, np.ndarray], *, comp
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def remove_stale_temps(folder: str | Path, *, older_than_s: float = 3600.0) -> int:
-    """Delete temporary files that a killed process left in ``folder`` (not recursive).
+def atomic_copy(src: str | Path, dest: str | Path, *, link: bool = False) -> Path:
+    """Lay ``src`` out at ``dest`` atomically: a hard link when ``link`` and the file system
+    allows one, else a copy (written like any other output: unique temp name, umask mode).
 
-    Only names with :data:`TEMP_PREFIX` older than ``older_than_s`` are touched, so a write in
+    Raises:
+        InputError: ``src`` is unreadable, or ``dest`` cannot be written (see :func:`atomic_open`).
+    """
+    dest = check_output_path(dest)
+    _make_parent(dest)
+    if link:
+        tmp = dest.parent / f"{TEMP_PREFIX}{dest.name}.{os.getpid()}.{time.monotonic_ns()}"
+        try:
+            os.link(src, tmp)
+        except OSError:  # another file system, or links not allowed: copy
+            pass
+        else:
+            try:
+                check_output_path(dest)
+                os.replace(tmp, dest)
+                return dest
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+    try:
+        fin = open(src, "rb")  # noqa: SIM115 - closed below, after the atomic write
+    except OSError as exc:
+        raise InputError(f"cannot read: {os_reason(exc)}", src) from None
+    with fin, atomic_open(dest) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return dest
+
+
+def remove_stale_temps(
+    folder: str | Path, *, older_than_s: float = 3600.0, patterns: tuple[str, ...] = ()
+) -> int:
+    """Delete temporary files and folders that a killed process left in ``folder`` (not recursive).
+
+    Only names with :data:`TEMP_PREFIX` (or matching one of the ``fnmatch`` ``patterns``, for
+    temporary names chosen elsewhere) older than ``older_than_s`` are touched, so a write in
     progress in another process is left alone. Returns how many were removed.
     """
     folder = Path(folder)
@@ -188,15 +241,13 @@ def remove_stale_temps(folder: str | Path, *, older_than_s: float = 3600.0) -> i
     except OSError:
         return 0
     for entry in entries:
-        if not entry.name.startswith(TEMP_PREFIX):
+        if not (entry.name.startswith(TEMP_PREFIX) or any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
             if now - st.st_mtime < older_than_s:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                import shutil
-
                 shutil.rmtree(entry.path, ignore_errors=True)
             else:
                 os.unlink(entry.path)
@@ -283,10 +334,12 @@ def checksum_mismatch(
 ) -> str | None:
     """Compare recorded and found checksums/sizes; the first difference as words, or ``None``.
 
-    Keys are ``size`` and digest names (``sha256``, ``md5``); a key missing or ``None`` on either
-    side is not compared. Digests compare case-insensitively.
+    Keys are ``size`` and digest names (``sha256``, ``md5``), compared in that order (size,
+    sha256, then the others by name); a key missing or ``None`` on either side is not compared.
+    Digests compare case-insensitively.
     """
-    for key in ("size", *sorted(k for k in expected if k != "size")):
+    # sha256 before the weaker digests: the message names the checksum people compare
+    for key in ("size", "sha256", *sorted(k for k in expected if k not in ("size", "sha256"))):
         want, got = expected.get(key), found.get(key)
         if want is None or got is None:
             continue

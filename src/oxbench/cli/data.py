@@ -268,17 +268,18 @@ def verify_cmd(
     from oxbench.datasets.verify import verify
 
     report = verify(dataset_id, root, decode=not no_decode, jobs=jobs, progress=not no_progress)
+    # the findings first: a report that cannot be written loses nothing the user asked to see
+    for line in report.summary():
+        click.echo(line)
     out = report_path or Path(report.root) / "verify.json"
     try:
         report.write_json(out)
-    except OSError as exc:
+    except InputError as exc:
         if report_path is not None:
-            raise InputError(f"cannot write the report ({exc.strerror})", out) from None
+            raise
         # A read-only (shared) data root: put the default report in the working directory.
-        out = Path.cwd() / f"{report.dataset}.verify.json"
-        click.echo(f"note: the dataset folder is read-only; writing the report to {out}", err=True)
-        report.write_json(out)
-    for line in report.summary():
-        click.echo(line)
+        fallback = Path.cwd() / f"{report.dataset}.verify.json"
+        click.echo(f"note: cannot write {out} ({exc.problem}); writing the report to {fallback}", err=True)
+        out = report.write_json(fallback)
     click.echo(f"report: {out}")
     ctx.exit(0 if report.ok else 1)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oxbench.errors import InputError, OxbenchError
+from oxbench.fileio import checksum_mismatch, file_digests
 
 log = logging.getLogger(__name__)
 
@@ -159,20 +160,11 @@ class _Digest:
         return d
 
 
-def file_digests(path: str | Path) -> tuple[int, str, str]:
-    """``(size, sha256 hex, md5 hex)`` of a file, read in chunks."""
-    d = _Digest.of_file(path)
-    return d.size, d.sha256.hexdigest(), d.md5.hexdigest()
-
-
 def _mismatch(size: int, sha256: str, md5: str, expected: Expected) -> str | None:
-    if expected.size is not None and size != expected.size:
-        return f"size {size} != expected {expected.size}"
-    if expected.sha256 and sha256 != expected.sha256.lower():
-        return f"sha256 {sha256} != expected {expected.sha256}"
-    if expected.md5 and md5 != expected.md5.lower():
-        return f"md5 {md5} != expected {expected.md5}"
-    return None
+    return checksum_mismatch(
+        {"size": expected.size, "sha256": expected.sha256, "md5": expected.md5},
+        {"size": size, "sha256": sha256, "md5": md5},
+    )
 
 
 def _progress(total: int | None, initial: int, desc: str, enabled: bool):  # noqa: ANN202
@@ -323,7 +315,8 @@ def download_file(
     dest = Path(dest)
     sleep = sleep or time.sleep
     if dest.exists():
-        size, sha, md5 = file_digests(dest)
+        digests = file_digests(dest, ("sha256", "md5"))
+        size, sha, md5 = dest.stat().st_size, digests["sha256"], digests["md5"]
         problem = _mismatch(size, sha, md5, expected)
         if problem is None:
             return DownloadResult(dest, None, size, sha, md5, skipped=True)

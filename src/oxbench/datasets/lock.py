@@ -10,7 +10,9 @@ The file also records which terms were accepted and which archives were installe
      "terms_accepted": {"<dataset id>": iso}}
 
 Files are keyed by their published name, so an archive shared by two entries (the Oxford images
-serve ``oxford5k`` and ``roxford5k``) has one record. Writes are atomic and serialised.
+serve ``oxford5k`` and ``roxford5k``) has one record. Writes are atomic and serialised, between
+threads and between processes (a file lock on ``oxbench.lock.json.lock``): two ``oxbench data``
+commands updating one root never lose each other's records.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 from oxbench.datasets.spec import LOCK_FILE
 from oxbench.errors import InputError
-from oxbench.formats.revisitop import atomic_write_bytes
+from oxbench.fileio import atomic_write_json, file_lock
 
 _GUARD = threading.Lock()
 
@@ -57,12 +59,12 @@ class LockFile:
         return data
 
     def _update(self, fn) -> None:  # noqa: ANN001 - a callable on the dict
-        with _GUARD:
+        # the whole read-modify-write under the lock: another process's update is never lost
+        flock = self.path.with_name(self.path.name + ".lock")
+        with _GUARD, file_lock(flock, wait=60.0, what=f"the lock file {self.path}"):
             data = self.read()
             fn(data)
-            atomic_write_bytes(
-                self.path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode()
-            )
+            atomic_write_json(self.path, data)
 
     def file_record(self, name: str) -> dict[str, Any] | None:
         """The recorded size/checksums of file ``name``, or ``None``."""

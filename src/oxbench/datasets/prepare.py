@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,12 +25,24 @@ from oxbench.datasets.fetch import (
     candidate_urls,
     check_free_space,
     download_many,
-    file_digests,
 )
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, Placement, RemoteFile, get_spec
 from oxbench.errors import InputError
+from oxbench.fileio import (
+    TEMP_PREFIX,
+    atomic_copy,
+    check_output_path,
+    checksum_mismatch,
+    file_digests,
+    file_mode,
+    file_sha256,
+    make_folder,
+    os_reason,
+    progress_bar,
+    remove_stale_temps,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +81,25 @@ def ensure_writable(root: Path) -> None:
     """
     remedy = "choose another --root (or set OXBENCH_DATA) or fix its permissions"
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(prefix=".oxbench-write-test.", dir=root)
-        os.close(fd)
+        make_folder(root)
+    except InputError as exc:
+        raise InputError(f"data root is not writable ({exc.problem}); {remedy}", root) from None
+    probe = root / f"{TEMP_PREFIX}write-test.{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, file_mode()))
         os.unlink(probe)
     except OSError as exc:
-        raise InputError(f"data root is not writable ({exc.strerror}); {remedy}", root) from None
+        raise InputError(f"data root is not writable ({os_reason(exc)}); {remedy}", root) from None
+
+
+def _remove_stale(ddir: Path) -> None:
+    """Temporary files and extraction folders a killed fetch or import left in ``ddir``."""
+    remove_stale_temps(ddir, patterns=("*.extracting", ".extract-*", ".import-*", ".*.importing"))
+
+
+def _extraction_target(ddir: Path, name: str) -> Path:
+    """A fresh folder name in ``ddir`` for extracting archive ``name`` (two runs never share one)."""
+    return ddir / f"{TEMP_PREFIX}extract-{name}.{os.getpid()}.{threading.get_ident()}"
 
 
 def _expected(f: RemoteFile, lock: LockFile) -> Expected:
@@ -88,29 +112,16 @@ def _expected(f: RemoteFile, lock: LockFile) -> Expected:
 
 
 def _place_file(src: Path, dest: Path, *, link: bool, move: bool) -> None:
-    """Lay ``src`` out at ``dest`` (move, hard link or copy) via a temp name, then rename."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if move:
-        os.replace(src, dest)
+    """Lay ``src`` out at ``dest`` (move, hard link or copy); ``dest`` appears only when complete."""
+    if not move:
+        atomic_copy(src, dest, link=link)
         return
-    tmp = dest.with_name(f".{dest.name}.importing")
-    tmp.unlink(missing_ok=True)
+    check_output_path(dest)
+    make_folder(dest.parent)
     try:
-        if link:
-            try:
-                os.link(src, tmp)
-            except OSError:  # other file system, or links not allowed: copy
-                shutil.copy2(src, tmp)
-        else:
-            shutil.copy2(src, tmp)
-        if tmp.stat().st_size != src.stat().st_size:
-            raise InputError(f"copy of {src} is incomplete (disk full?)", dest)
-        os.replace(tmp, dest)
+        os.replace(src, dest)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise InputError(
-            f"cannot write ({exc.strerror}); free space or fix permissions", dest
-        ) from None
+        raise InputError(f"cannot write: {os_reason(exc)}", dest) from None
 
 
 def _placement_for(rel: str, placements: tuple[Placement, ...]) -> Placement | None:
@@ -156,10 +167,7 @@ def _place_tree(
             target_rel = rule.target(rel)
             dest = ddir / target_rel
             if target_rel in seen:
-                if (
-                    seen[target_rel] != src
-                    and file_digests(seen[target_rel])[1] != file_digests(src)[1]
-                ):
+                if seen[target_rel] != src and file_sha256(seen[target_rel]) != file_sha256(src):
                     raise InputError(
                         f"two different files map to {target_rel}: {seen[target_rel]} and {src}",
                         tree,
@@ -184,9 +192,7 @@ def _place_tree(
 
 def _install_archive(f: RemoteFile, archive: Path, ddir: Path) -> int:
     """Extract ``archive`` next to the dataset and move its matching members into place."""
-    tmp = ddir / f".extract-{f.name}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = _extraction_target(ddir, f.name)
     extract_archive(archive, tmp)
     try:
         n = _place_tree(tmp, f.placements, ddir, link=False, move=True, seen={})
@@ -342,7 +348,8 @@ def fetch_dataset(
         ddir if ddir.exists() else base,
         space_needed(todo, ddir, jobs=jobs, keep_archives=keep_archives),
     )
-    ddir.mkdir(parents=True, exist_ok=True)
+    make_folder(ddir)
+    _remove_stale(ddir)
 
     by_dest = {ddir / f.local_path: f for f in todo}
 
@@ -399,7 +406,8 @@ def _check_against_lock(
     name: str, path: Path, lock: LockFile, spec_file: RemoteFile | None, report: PrepareReport
 ) -> None:
     """Compare an imported source file with the published/recorded checksum; record if new."""
-    size, sha, md5 = file_digests(path)
+    digests = file_digests(path, ("sha256", "md5"))
+    size, sha, md5 = path.stat().st_size, digests["sha256"], digests["md5"]
     if spec_file is not None and spec_file.checksum_policy == "published":
         exp = Expected(spec_file.size, spec_file.sha256, spec_file.md5)
     else:
@@ -409,13 +417,12 @@ def _check_against_lock(
             report.notes.append(f"recorded the checksum of {name} in the lock file (first import)")
             return
         exp = Expected(rec.get("size"), rec.get("sha256"), rec.get("md5"))
-    if (
-        (exp.size is not None and exp.size != size)
-        or (exp.sha256 and exp.sha256 != sha)
-        or (exp.md5 and exp.md5 != md5)
-    ):
+    problem = checksum_mismatch(
+        {"size": exp.size, "sha256": exp.sha256, "md5": exp.md5}, {"size": size, "sha256": sha, "md5": md5}
+    )
+    if problem is not None:
         raise InputError(
-            f"differs from the recorded/published checksum of {name} (sha256 {sha}); it is not the "
+            f"differs from the recorded/published checksum of {name} ({problem}); it is not the "
             "file the owners published, or the lock file records another version",
             path,
         )
@@ -449,16 +456,14 @@ def import_dataset(
         raise InputError("import source not found", src)
     base = data_root(root)
     ensure_writable(base)
-    ddir = base / spec.id
-    ddir.mkdir(parents=True, exist_ok=True)
+    ddir = make_folder(base / spec.id)
+    _remove_stale(ddir)
     lock = LockFile(base)
     report = PrepareReport(spec.id, ddir)
     known = {f.name: f for f in spec.files}
     seen: dict[str, Path] = {}
     archives: list[Path] = []
-    from tqdm.auto import tqdm
-
-    with tqdm(desc=f"import {spec.id}", unit=" files", disable=not progress, leave=False) as bar:
+    with progress_bar(desc=f"import {spec.id}", unit=" files", enabled=progress, leave=False) as bar:
         _import_sources(spec, src, ddir, lock, report, known, seen, archives, link=link, bar=bar)
     if report.placed == 0:
         raise InputError(
@@ -510,9 +515,7 @@ def _import_sources(
     for arch in archives:
         if arch.name in known:
             _check_against_lock(arch.name, arch, lock, known[arch.name], report)
-        tmp = ddir / f".import-{arch.name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
+        tmp = _extraction_target(ddir, arch.name)
         extract_archive(arch, tmp)
         try:
             n = _place_tree(

@@ -16,7 +16,6 @@ What is checked:
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,11 +24,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oxbench.datasets.fetch import file_digests
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, get_spec
 from oxbench.errors import InputError, require
+from oxbench.fileio import atomic_write_json, checksum_mismatch, file_digests, progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +119,12 @@ class VerifyReport:
         return d
 
     def write_json(self, path: str | Path) -> Path:
-        """Write :meth:`to_dict` as JSON, atomically."""
-        from oxbench.formats.revisitop import atomic_write_bytes
+        """Write :meth:`to_dict` as JSON, atomically.
 
-        path = Path(path)
-        atomic_write_bytes(path, (json.dumps(self.to_dict(), indent=1) + "\n").encode())
-        return path
+        Raises:
+            InputError: the file cannot be written (names it and the OS reason).
+        """
+        return atomic_write_json(path, self.to_dict())
 
 
 def check_image(path: Path) -> tuple[str | None, int | None]:
@@ -245,14 +244,10 @@ def _check_lock(spec: DatasetSpec, base: Path, ddir: Path, report: VerifyReport)
         exp_md5 = f.md5 if f.checksum_policy == "published" else (rec or {}).get("md5")
         if not (exp_sha or exp_md5 or exp_size is not None):
             continue
-        size, sha, md5 = file_digests(path)
-        if (
-            (exp_size is not None and size != exp_size)
-            or (exp_sha and sha != exp_sha)
-            or (exp_md5 and md5 != exp_md5)
-        ):
+        found: dict[str, str | int | None] = {"size": path.stat().st_size, **file_digests(path, ("sha256", "md5"))}
+        if checksum_mismatch({"size": exp_size, "sha256": exp_sha, "md5": exp_md5}, found) is not None:
             report.checksums.append(
-                f"{path}: sha256 {sha} ({size} bytes) differs from the "
+                f"{path}: sha256 {found['sha256']} ({found['size']} bytes) differs from the "
                 f"{'published' if f.checksum_policy == 'published' else 'recorded'} one; fetch it again "
                 "(or, if the owners replaced it, delete its entry in oxbench.lock.json)"
             )
@@ -314,15 +309,13 @@ def verify(
         err, orient = check_image(p)
         return i, err, orient
 
-    from tqdm.auto import tqdm
-
     def checked() -> Iterator[tuple[int, str | None, int | None]]:
         # Bounded batches: R1M's million images must not become a million pending futures.
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             for start in range(0, len(files), _BATCH):
                 yield from pool.map(check, range(start, min(start + _BATCH, len(files))))
 
-    with tqdm(total=len(files), desc=f"verify {spec.id}", disable=not progress) as bar:
+    with progress_bar(total=len(files), desc=f"verify {spec.id}", enabled=progress) as bar:
         for i, err, orient in checked():
             bar.update(1)
             name = needed[i]

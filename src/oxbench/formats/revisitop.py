@@ -12,14 +12,13 @@ The files are read only through :func:`oxbench.formats.safe_pickle.load_plain_pi
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from oxbench.errors import InputError
+from oxbench.fileio import atomic_write_bytes
 from oxbench.formats.safe_pickle import load_plain_pickle
 from oxbench.groundtruth import GroundTruth, Protocol, Query, make_query
 
@@ -137,16 +136,3 @@ def write_gnd(gt: GroundTruth, path: str | Path) -> Path:
     data = pickle.dumps(gnd_to_dict(gt), protocol=3)
     atomic_write_bytes(path, data)
     return path
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temp file in the same folder, then rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.cache import DIGEST_KEY, CorruptCache, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.index.faiss_setup import load_faiss
 
@@ -149,6 +149,8 @@ class Vocabulary:
             ``centroids_[cell_offsets_[c]:cell_offsets_[c + 1]]`` (two-level only).
         trained_on_: what the vocabulary was learned on (a dataset id, free text).
         n_train_: number of descriptors actually used.
+        file_digest_: the content digest of the file it was loaded from (``""`` when not loaded):
+            what artifacts computed with it record.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -187,6 +189,7 @@ class Vocabulary:
         self.cell_offsets_: NDArray[np.int64] | None = None
         self.trained_on_: str = ""
         self.n_train_: int = 0
+        self.file_digest_: str = ""
 
     # ------------------------------------------------------------------ properties
     @property
@@ -348,7 +351,7 @@ class Vocabulary:
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> Path:
-        """Write the state as ``.npz`` (plain arrays + JSON metadata), atomically."""
+        """Write the state as ``.npz`` (plain arrays + JSON metadata + their digest), atomically."""
         self._check_fitted()
         path = Path(path)
         meta = {"format": VOCAB_FORMAT, **self.describe()}
@@ -359,13 +362,7 @@ class Vocabulary:
         if self.coarse_ is not None:
             arrays["coarse"] = self.coarse_
             arrays["cell_offsets"] = self.cell_offsets_  # type: ignore[assignment]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            # numpy's stub types **kwds together with the bool ``allow_pickle`` keyword
-            np.savez(fh, **arrays)  # type: ignore[arg-type]
-        os.replace(tmp, path)
-        return path
+        return save_npz(path, arrays)
 
     @classmethod
     def load(
@@ -378,6 +375,8 @@ class Vocabulary:
     ) -> Vocabulary:
         """Read a vocabulary saved by :meth:`save`, refusing another descriptor or dimension.
 
+        The file's content digest (recorded by :meth:`save`, a full SHA-256) is checked first.
+
         Args:
             path: the ``.npz`` file.
             descriptor: the descriptor type the caller will assign (``"rootsift"``), if known.
@@ -385,19 +384,18 @@ class Vocabulary:
             threads: faiss threads for assignment.
 
         Raises:
-            InputError: unreadable file, or trained for another descriptor / dimension.
+            InputError: missing file, or trained for another descriptor / dimension.
+            CorruptCache: damaged file, or its content does not match its digest.
         """
         path = Path(path)
+        z = load_npz(path, what="vocabulary")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                meta = json.loads(str(z["meta"]))
-                centroids = np.ascontiguousarray(z["centroids"], dtype=np.float32)
-                coarse = z["coarse"].astype(np.float32) if "coarse" in z else None
-                offsets = z["cell_offsets"].astype(np.int64) if "cell_offsets" in z else None
-        except FileNotFoundError:
-            raise InputError("vocabulary file not found", path) from None
-        except (OSError, ValueError, KeyError) as exc:
-            raise InputError(f"unreadable vocabulary ({exc})", path) from None
+            meta = json.loads(str(z["meta"]))
+            centroids = np.ascontiguousarray(z["centroids"], dtype=np.float32)
+            coarse = z["coarse"].astype(np.float32) if "coarse" in z else None
+            offsets = z["cell_offsets"].astype(np.int64) if "cell_offsets" in z else None
+        except (KeyError, ValueError) as exc:
+            raise CorruptCache(f"malformed vocabulary ({exc})", path) from None
         if meta.get("format") != VOCAB_FORMAT:
             raise InputError(f"unknown vocabulary format {meta.get('format')!r}", path)
         if descriptor is not None and meta.get("descriptor") != descriptor:
@@ -423,4 +421,5 @@ class Vocabulary:
         voc.cell_offsets_ = offsets
         voc.trained_on_ = str(meta.get("trained_on", ""))
         voc.n_train_ = int(meta.get("n_train", 0))
+        voc.file_digest_ = str(z[DIGEST_KEY])
         return voc

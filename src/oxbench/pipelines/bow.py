@@ -9,10 +9,14 @@ Steps (each takes a config and paths, returns its output path, and skips work al
    (``<cache>/vocabularies/<train>-<digest>.npz``);
 3. :func:`step_assign` -- visual words (``k`` nearest, with squared distances) of every feature of a
    store (``<cache>/<dataset-key>/words/<vocab>-k<k>/<part>.npz``);
-4. :func:`search` -- tf-idf inverted file, query, spatial re-ranking of the top R, average query
-   expansion over the verified images; returns the internal ranks ``[n_queries, n_index]``.
+4. :class:`BagOfWords` -- the method interface over these steps: ``fit`` (vocabulary), ``index``
+   (features, words, tf-idf inverted file), ``search`` (query, spatial re-ranking of the top R,
+   average query expansion over the verified images).
 
-:func:`run_bow` chains them.
+Every cached artifact carries a digest checked when it is reused (:mod:`oxbench.cache`): a corrupt
+one is logged as a warning naming the file and computed again, never used. Each cache entry (a
+feature store, a vocabulary, a words file) has one writer at a time: a second process running the
+same step waits for the first (saying so in the log) and then reuses its result.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,11 +31,12 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.cache import CorruptCache, entry_lock, load_npz, lock_path, save_npz
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig, finish_descriptors
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
-from oxbench.fileio import progress_bar
+from oxbench.fileio import json_digest, progress_bar, remove_stale_temps
 from oxbench.groundtruth import GroundTruth
 from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary
@@ -102,6 +106,7 @@ def step_features(
     parts: Sequence[str] | None = None,
     workers: int = 1,
     progress: bool = True,
+    full_check: bool = False,
 ) -> dict[str, Path]:
     """Describe the database, the query crops (and distractors) of a benchmark; resumable.
 
@@ -112,6 +117,7 @@ def step_features(
         parts: which parts (default: database, queries, and distractors when present).
         workers: extraction processes.
         progress: tqdm bars.
+        full_check: hash the stored features in full before reusing them (not only sampled).
 
     Returns:
         ``{part: store folder}``.
@@ -123,7 +129,8 @@ def step_features(
         job, n, _ = _sources(bench, part, sift)
         store = open_store(cache, bench, sift, part, create=True)
         out[part] = extract_to_store(
-            job, n, store, workers=workers, progress=progress, desc=f"{bench.id} {part}"
+            job, n, store, workers=workers, progress=progress, desc=f"{bench.id} {part}",
+            full_check=full_check,
         )
     return out
 
@@ -160,8 +167,7 @@ def training_descriptors(
 def vocabulary_path(cache: Path, method: BowMethod, train: Benchmark) -> Path:
     """Where the vocabulary of ``method`` trained on ``train`` is cached."""
     settings = {**method.vocabulary_settings(), "train": dataset_key(train)}
-    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(cache) / "vocabularies" / f"{train.id}-k{method.vocab_size}-{digest}.npz"
+    return Path(cache) / "vocabularies" / f"{train.id}-k{method.vocab_size}-{json_digest(settings, 12)}.npz"
 
 
 def step_vocabulary(
@@ -172,17 +178,33 @@ def step_vocabulary(
     workers: int = 1,
     progress: bool = True,
     threads: int | None = None,
+    full_check: bool = False,
 ) -> Path:
     """Train (or reuse) the vocabulary of ``method`` on ``train``'s database features.
 
     Returns:
-        The ``.npz`` path. An existing file is checked for the descriptor type and dimension.
+        The ``.npz`` path. An existing file is checked for its digest (a corrupt one is trained
+        again, with a warning), the descriptor type and the dimension.
     """
     path = vocabulary_path(cache, method, train)
-    if path.exists():
-        Vocabulary.load(path, descriptor=method.features.descriptor, dim=method.features.dim)
-        return path
-    step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress)
+    remove_stale_temps(path.parent)
+    with entry_lock(lock_path(path), what=f"the vocabulary {path}"):
+        if path.exists():
+            try:
+                Vocabulary.load(path, descriptor=method.features.descriptor, dim=method.features.dim)
+                return path
+            except CorruptCache as exc:
+                log.warning("%s; training it again", exc)
+        return _train_vocabulary(method, train, cache, path, workers=workers, progress=progress,
+                                 threads=threads, full_check=full_check)  # fmt: skip
+
+
+def _train_vocabulary(
+    method: BowMethod, train: Benchmark, cache: Path, path: Path, *,
+    workers: int, progress: bool, threads: int | None, full_check: bool,
+) -> Path:  # fmt: skip
+    step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress,
+                  full_check=full_check)  # fmt: skip
     store = open_store(cache, train, method.features, "database")
     n_target = method.vocab_size * method.vocab_max_points_per_centroid
     x = training_descriptors(store, _part_names(train, "database"), n_target, seed=method.vocab_seed)
@@ -209,12 +231,14 @@ class Words:
         offsets: ``int64 [n_images + 1]``; image ``i``'s features are rows ``offsets[i]:offsets[i+1]``.
         words: ``int32 [n_features, k]`` nearest words, nearest first.
         sq_dists: ``float32 [n_features, k]`` squared distances to them.
+        vocabulary: the content digest of the vocabulary file they were assigned with.
     """
 
     names: tuple[str, ...]
     offsets: NDArray[np.int64]
     words: NDArray[np.int32]
     sq_dists: NDArray[np.float32]
+    vocabulary: str = ""
     _index: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,12 +255,17 @@ class Words:
 
     @classmethod
     def load(cls, path: Path) -> Words:
-        """Read a words file written by :func:`step_assign`."""
+        """Read a words file written by :func:`step_assign`, checking its digest (in full).
+
+        Raises:
+            InputError: the file is missing.
+            CorruptCache: the file is damaged or does not match its digest.
+        """
+        z = load_npz(path, what="visual-words file")
         try:
-            with np.load(path, allow_pickle=False) as z:
-                return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"])
-        except (OSError, KeyError, ValueError) as exc:
-            raise InputError(f"unreadable visual-words file ({exc})", path) from None
+            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"], str(z["vocabulary"]))
+        except KeyError as exc:
+            raise CorruptCache(f"visual-words file without {exc}", path) from None
 
 
 def step_assign(
@@ -253,20 +282,36 @@ def step_assign(
     """Assign every feature of ``names`` to its ``k`` nearest words; skipped when done.
 
     Returns:
-        ``out_path`` (an ``.npz`` with ``names``, ``offsets``, ``words``, ``sq_dists``).
+        ``out_path`` (an ``.npz`` with ``names``, ``offsets``, ``words``, ``sq_dists`` and their
+        digest and the digest of the vocabulary used). An existing file is reused when intact and
+        made for these images with this very vocabulary; a corrupt one is computed again, with a
+        warning.
     """
-    from tqdm.auto import tqdm
-
-    if out_path.exists():
-        existing = Words.load(out_path)
-        if list(existing.names) == list(names) and existing.words.shape[1] == k:
-            return out_path
-        log.info("visual words at %s are for other images; recomputing", out_path)
-    store.require_all(names)
+    out_path = Path(out_path)
+    remove_stale_temps(out_path.parent)
     voc = Vocabulary.load(vocab_path, descriptor=store.config.descriptor, dim=store.config.dim, threads=threads)
+    with entry_lock(lock_path(out_path), what=f"the visual words {out_path}"):
+        if out_path.exists():
+            try:
+                existing = Words.load(out_path)
+                if (list(existing.names), existing.words.shape[1], existing.vocabulary) == (
+                    list(names), k, voc.file_digest_
+                ):
+                    return out_path
+                log.info("visual words at %s are for other images or another vocabulary; recomputing", out_path)
+            except CorruptCache as exc:
+                log.warning("%s; assigning the words again", exc)
+        return _assign(voc, store, names, out_path, k=k, batch_images=batch_images, progress=progress)
+
+
+def _assign(
+    voc: Vocabulary, store: FeatureStore, names: Sequence[str], out_path: Path, *,
+    k: int, batch_images: int, progress: bool,
+) -> Path:  # fmt: skip
+    store.require_all(names)
     offsets = np.zeros(len(names) + 1, np.int64)
     words_parts, dist_parts = [], []
-    for s in tqdm(range(0, len(names), batch_images), disable=not progress, desc="assign", unit="batch"):
+    for s in progress_bar(range(0, len(names), batch_images), enabled=progress, desc="assign", unit="batch"):
         chunk = names[s : s + batch_images]
         raws = [store.get_raw(n)[2] for n in chunk]
         for j, r in enumerate(raws):
@@ -279,18 +324,13 @@ def step_assign(
         words_parts.append(w.astype(np.int32))
         dist_parts.append(d.astype(np.float32))
     np.cumsum(offsets, out=offsets)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        np.savez(
-            fh,
-            names=np.array(list(names)),
-            offsets=offsets,
-            words=np.concatenate(words_parts) if words_parts else np.zeros((0, k), np.int32),
-            sq_dists=np.concatenate(dist_parts) if dist_parts else np.zeros((0, k), np.float32),
-        )
-    os.replace(tmp, out_path)
-    return out_path
+    return save_npz(out_path, {
+        "names": np.array(list(names)),
+        "offsets": offsets,
+        "words": np.concatenate(words_parts) if words_parts else np.zeros((0, k), np.int32),
+        "sq_dists": np.concatenate(dist_parts) if dist_parts else np.zeros((0, k), np.float32),
+        "vocabulary": np.array(voc.file_digest_),
+    })  # fmt: skip
 
 
 # ---------------------------------------------------------------------- the method
@@ -339,10 +379,12 @@ class BagOfWords(RetrievalMethod):
         m = self.config
         hit = vocabulary_path(ctx.cache, m, train).exists()
         with ctx.timed("train_features"):
-            if not hit:
-                step_features(train, m.features, ctx.cache, parts=["database"], workers=ctx.workers, progress=ctx.progress)
+            if ctx.full_check or not hit:
+                step_features(train, m.features, ctx.cache, parts=["database"], workers=ctx.workers,
+                              progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
         with ctx.timed("vocabulary"):
-            self.vocab_path_ = step_vocabulary(m, train, ctx.cache, workers=ctx.workers, progress=ctx.progress, threads=ctx.threads)
+            self.vocab_path_ = step_vocabulary(m, train, ctx.cache, workers=ctx.workers, progress=ctx.progress,
+                                               threads=ctx.threads, full_check=ctx.full_check)  # fmt: skip
         ctx.record_step("vocabulary", hit=hit)
         self.trained_on_ = train.id
         return self
@@ -365,7 +407,8 @@ class BagOfWords(RetrievalMethod):
         m = self.config
         with ctx.timed("features"):
             stores_done = {p: features_dir(ctx.cache, bench, m.features, p).exists() for p in _parts(bench)}
-            step_features(bench, m.features, ctx.cache, workers=ctx.workers, progress=ctx.progress)
+            step_features(bench, m.features, ctx.cache, workers=ctx.workers, progress=ctx.progress,
+                          full_check=ctx.full_check)  # fmt: skip
         ctx.record_step("features", hit=all(stores_done.values()))
         self._voc = Vocabulary.load(self.vocab_path_, descriptor=m.features.descriptor, dim=m.features.dim)
         for p in _parts(bench):

@@ -173,7 +173,8 @@ class GlobalDescriptors(RetrievalMethod):
     def _store(self, bench: Benchmark, part: str, ctx: RunContext) -> FeatureStore:
         from oxbench.pipelines import bow
 
-        bow.step_features(bench, self.config.features, ctx.cache, parts=[part], workers=ctx.workers, progress=ctx.progress)
+        bow.step_features(bench, self.config.features, ctx.cache, parts=[part], workers=ctx.workers,
+                          progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
         return bow.open_store(ctx.cache, bench, self.config.features, part)
 
     def _descriptor_path(self, bench: Benchmark, part: str, ctx: RunContext) -> Path:
@@ -229,9 +230,11 @@ class GlobalDescriptors(RetrievalMethod):
         cb = self.config.codebook_method()
         hit = bow.vocabulary_path(ctx.cache, cb, train).exists()
         with ctx.timed("codebook"):
-            if not hit:
-                bow.step_features(train, cb.features, ctx.cache, parts=["database"], workers=ctx.workers, progress=ctx.progress)
-            self.codebook_path_ = bow.step_vocabulary(cb, train, ctx.cache, progress=ctx.progress, threads=ctx.threads)
+            if ctx.full_check or not hit:
+                bow.step_features(train, cb.features, ctx.cache, parts=["database"], workers=ctx.workers,
+                                  progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
+            self.codebook_path_ = bow.step_vocabulary(cb, train, ctx.cache, progress=ctx.progress,
+                                                      threads=ctx.threads, full_check=ctx.full_check)  # fmt: skip
         ctx.record_step("codebook", hit=hit)
         self.trained_on_ = train.id
         if self.config.whitening == "pca":

@@ -51,6 +51,8 @@ class RunContext:
         workers: processes for the parallel stages (extraction).
         progress: show tqdm bars.
         threads: threads for faiss / BLAS-heavy stages (``None``: the library's default).
+        full_check: hash every cached artifact in full before reusing it (the runner's second
+            attempt after a corrupt cache file was met), not only the cheap open-time checks.
         timings: seconds per stage, filled by :meth:`timed`.
         steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
     """
@@ -59,6 +61,7 @@ class RunContext:
     workers: int = 1
     progress: bool = True
     threads: int | None = None
+    full_check: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
 

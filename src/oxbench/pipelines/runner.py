@@ -58,7 +58,13 @@ from oxbench.fileio import (
     os_reason,
 )
 from oxbench.groundtruth import GroundTruth
-from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, resolve_method
+from oxbench.pipelines.method import (
+    MethodConfig,
+    RetrievalMethod,
+    RunContext,
+    SearchResult,
+    resolve_method,
+)
 from oxbench.pipelines.presets import DEFAULT_METHOD
 
 log = logging.getLogger(__name__)
@@ -321,7 +327,7 @@ def list_runs(config_dir: str | Path) -> list[Path]:
 
 
 def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite: bool = False) -> None:
-    """Make ``config_dir`` the folder of ``config``, refusing a folder of another config.
+    """Check that ``config_dir`` may hold runs of ``config`` (it is created when a run completes).
 
     Raises:
         InputError: the folder holds another config, or is not an oxbench config folder, or is
@@ -345,10 +351,6 @@ def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite
                 )
         elif any(not p.name.startswith(".") for p in config_dir.iterdir()):
             raise InputError("folder exists and is not an oxbench run folder; use another --out", config_dir)
-    try:
-        config_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
 
 
 @contextlib.contextmanager
@@ -501,17 +503,18 @@ def run(
     config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
     prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
     run_id = new_run_id()
-    tmp = config_dir / f"{TEMP_PREFIX}{run_id}"
-    tmp.mkdir()
+    # assembled beside the config folder, which appears only when a run completes
+    tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
     try:
         with _log_to(tmp / "run.log"):
             log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
-            ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache",
-                             workers=workers, progress=progress)
+            cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, workers=workers, progress=progress)
             ctx.timings["load"] = t_load
-            impl = m.build()
-            impl.fit(train, ctx).index(bench, ctx)
-            search = impl.search(bench, ctx)
             keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
             search = search.top(keep)
             with ctx.timed("evaluate"):
@@ -532,6 +535,10 @@ def run(
         _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
                          timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
         run_dir = config_dir / run_id
+        try:
+            config_dir.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
         with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
             if overwrite:
                 for old in list_runs(config_dir):
@@ -542,6 +549,27 @@ def run(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
+
+
+def _fit_index_search(
+    m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, workers: int, progress: bool
+) -> tuple[RetrievalMethod, SearchResult, RunContext]:
+    """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
+    checking every cached file in full, so the result is the one a clean cache gives."""
+    from oxbench.cache import CorruptCache
+
+    for full_check in (False, True):
+        ctx = RunContext(cache, workers=workers, progress=progress, full_check=full_check)
+        impl = m.build()
+        try:
+            impl.fit(train, ctx).index(bench, ctx)
+            return impl, impl.search(bench, ctx), ctx
+        except CorruptCache as exc:
+            if full_check:
+                raise
+            log.warning("%s; deleting it and running the steps again, checking every cached file in full", exc)
+            exc.remove()
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def _accel_used() -> bool:

@@ -14,7 +14,6 @@ logged in ``.partial/``, and ``manifest.json`` -- the mark of a complete set -- 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -31,7 +30,18 @@ from oxbench.datasets.synthetic.plan import (
     render_query_image,
 )
 from oxbench.errors import InputError
-from oxbench.formats.revisitop import atomic_write_bytes, write_gnd
+from oxbench.fileio import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    file_sha256,
+    make_folder,
+    os_reason,
+    progress_bar,
+    remove_stale_temps,
+    text_digest,
+)
+from oxbench.formats.revisitop import write_gnd
 from oxbench.groundtruth import GroundTruth, make_query
 
 log = logging.getLogger(__name__)
@@ -88,7 +98,7 @@ def _read_records(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
 
 def _sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return file_sha256(path)
     except OSError:
         return None
 
@@ -171,11 +181,12 @@ def generate(
         if state != wanted:
             log.warning("%s: clearing an interrupted run made with another config", out)
             clear(out)
-    partial.mkdir(parents=True, exist_ok=True)
+    make_folder(partial)
     if not state_path.exists():
-        atomic_write_bytes(state_path, json.dumps(wanted, sort_keys=True).encode())
-    jpg = out / "jpg"
-    jpg.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(state_path, wanted, indent=None)
+    jpg = make_folder(out / "jpg")
+    for folder in (out, jpg, out / "gt_files"):  # temporary files of a killed run
+        remove_stale_temps(folder)
 
     specs = query_specs(config)
     all_tasks = [(config, "query", q, str(jpg)) for q in range(len(specs))]
@@ -190,34 +201,24 @@ def generate(
     if done:
         log.info("%s: resuming, %d of %d images already done", out, len(done), len(all_tasks))
     n_workers = workers if workers is not None else (os.cpu_count() or 1)
-    bar = _progress(len(all_tasks), len(done), progress, f"synth {config.name}")
-    with open(records_path, "a", encoding="utf-8") as fh:
-        for rec in _run_tasks(todo, n_workers):
-            fh.write(json.dumps(rec, sort_keys=True) + "\n")
-            fh.flush()
-            done[(rec["_task"][0], int(rec["_task"][1]))] = rec
-            bar.update(1)
-            if on_image is not None:
-                on_image(len(done), len(all_tasks))
-    bar.close()
+    bar = progress_bar(total=len(all_tasks), initial=len(done), enabled=progress, desc=f"synth {config.name}",
+                       unit="img")  # fmt: skip
+    # An append-only log, not an output: a torn last line (killed run) is ignored when resuming.
+    try:
+        with open(records_path, "a", encoding="utf-8") as fh:
+            for rec in _run_tasks(todo, n_workers):
+                fh.write(json.dumps(rec, sort_keys=True) + "\n")
+                fh.flush()
+                done[(rec["_task"][0], int(rec["_task"][1]))] = rec
+                bar.update(1)
+                if on_image is not None:
+                    on_image(len(done), len(all_tasks))
+    except OSError as exc:
+        raise InputError(f"cannot write: {os_reason(exc)}", records_path) from None
+    finally:
+        bar.close()
     _finish(out, config, done)
     return out
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-def _progress(total: int, initial: int, enabled: bool, desc: str) -> Any:
-    if not enabled:
-        return _NoBar()
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="img")
 
 
 def ground_truth(config: SynthConfig, db_records: list[dict[str, Any]]) -> GroundTruth:
@@ -241,16 +242,15 @@ def ground_truth(config: SynthConfig, db_records: list[dict[str, Any]]) -> Groun
 
 def write_gt_files(gt: GroundTruth, out_dir: Path, landmark_of: Iterable[tuple[str, int]]) -> None:
     """The original-protocol text files: good = Easy, ok = Hard, junk = Unclear, query box."""
-    gt_dir = Path(out_dir)
-    gt_dir.mkdir(parents=True, exist_ok=True)
+    gt_dir = make_folder(out_dir)
     for q, (label, number) in zip(gt.queries, landmark_of, strict=True):
         stem = f"{label}_{number}"
         for suffix, arr in (("good", q.easy), ("ok", q.hard), ("junk", q.junk)):
             text = "".join(f"{gt.db_names[i]}\n" for i in arr.tolist())
-            atomic_write_bytes(gt_dir / f"{stem}_{suffix}.txt", text.encode())
+            atomic_write_text(gt_dir / f"{stem}_{suffix}.txt", text)
         assert q.bbox is not None
         x1, y1, x2, y2 = q.bbox
-        atomic_write_bytes(gt_dir / f"{stem}_query.txt", f"{q.name} {x1:.6f} {y1:.6f} {x2:.6f} {y2:.6f}\n".encode())
+        atomic_write_text(gt_dir / f"{stem}_query.txt", f"{q.name} {x1:.6f} {y1:.6f} {x2:.6f} {y2:.6f}\n")
 
 
 def _finish(out: Path, config: SynthConfig, done: dict[tuple[str, int], dict[str, Any]]) -> None:
@@ -271,7 +271,7 @@ def _finish(out: Path, config: SynthConfig, done: dict[tuple[str, int], dict[str
     kinds: dict[str, int] = {}
     for rec in db_records:
         kinds[rec["kind"]] = kinds.get(rec["kind"], 0) + 1
-    images_hash = hashlib.sha256("".join(r["sha256"] for r in q_records + db_records).encode()).hexdigest()
+    images_hash = text_digest("".join(r["sha256"] for r in q_records + db_records))
     from oxbench import __version__
 
     manifest = {
@@ -288,7 +288,7 @@ def _finish(out: Path, config: SynthConfig, done: dict[tuple[str, int], dict[str
         "queries": q_records,
         "images": db_records,
     }
-    atomic_write_bytes(out / MANIFEST, (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode())
+    atomic_write_json(out / MANIFEST, manifest)
     shutil.rmtree(out / _PARTIAL, ignore_errors=True)
     log.info("%s: wrote %d database images and %d queries", out, config.db_size, len(specs))
 
