@@ -15,7 +15,6 @@ import pytest
 from oxbench.datasets import DATASETS, get_spec, import_dataset, load, verify
 from oxbench.datasets.catalog import PARIS_CORRUPT
 from oxbench.datasets.lock import LockFile
-from oxbench.datasets.spec import DatasetFamily
 from oxbench.errors import InputError
 
 PIL = pytest.importorskip("PIL.Image")
@@ -103,6 +102,8 @@ def make_paris_archives(folder: Path) -> list[str]:
 
 
 def test_catalog_has_every_benchmark_with_spec_counts() -> None:
+    from oxbench.datasets.spec import DatasetFamily
+
     ids = set(DATASETS.names())
     assert {"oxford5k", "paris6k", "roxford5k", "rparis6k", "revisitop1m", "oxford100k", "holidays",
             "ukbench", "synthetic", "synthetic-train"} <= ids  # fmt: skip

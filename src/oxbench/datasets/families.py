@@ -441,9 +441,9 @@ class UKBench(_OnDisk):
         ``jpg/`` are counted (a subset: a positive multiple of 4)."""
         from oxbench.formats.ukbench import ukbench_ground_truth
 
+        require_dir(spec, ddir)
         n = spec.n_images
         if not strict:
-            require_dir(spec, ddir)
             n = len(jpg_stems(ddir / IMAGE_DIR))
             if n == 0 or n % 4:
                 raise InputError(f"found {n} UKBench images; need a positive multiple of 4", ddir / IMAGE_DIR)
