@@ -283,3 +283,114 @@ def test_synth_command_is_registered_when_present(capsys: pytest.CaptureFixture[
     assert code == 0 and "verify" in out and "import" in out
     has_synth = importlib.util.find_spec("oxbench.cli.synth") is not None
     assert ("synth" in out) == has_synth
+
+
+# --- what is on disk: list, info, path --------------------------------------------------------------
+
+
+def _files_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def test_list_info_and_path_say_what_is_on_disk(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "root")
+    make_revisited(root / "roxford5k")  # 10 of the 5,063 images: incomplete
+    code, out, _ = run(capsys, "list", "--root", str(root), "--json")
+    rows = {r["id"]: r for r in json.loads(out)}
+    assert code == 0 and rows["synthetic"]["state"] == "installed"
+    assert rows["synthetic"]["path"] == str(root / "synthetic")
+    assert rows["synthetic"]["size_on_disk"] == _files_size(root / "synthetic")
+    assert rows["synthetic"]["image_files"] == 44
+    assert rows["roxford5k"]["state"] == "incomplete" and rows["roxford5k"]["image_files"] == 10
+    assert rows["oxford5k"]["state"] == "absent" and rows["oxford5k"]["size_on_disk"] == 0
+    code, out, _ = run(capsys, "list", "--root", str(root))
+    lines = {ln.split()[0]: ln for ln in out.splitlines()[2:]}
+    assert out.splitlines()[0] == f"data root: {root}" and "on disk" in out.splitlines()[1]
+    assert "partial" in lines["roxford5k"] and " - " in lines["oxford5k"]
+    code, out, _ = run(capsys, "info", "synthetic", "--root", str(root))
+    assert code == 0 and f"on disk:    installed in {root / 'synthetic'} (44 image files" in out
+    code, out, _ = run(capsys, "info", "roxford5k", "--root", str(root))
+    assert f"incomplete in {root / 'roxford5k'} (10 of 5,063 image files" in out
+    (root / "roxford5k" / "gnd_roxford5k.pkl").unlink()
+    code, out, _ = run(capsys, "info", "roxford5k", "--root", str(root))
+    assert "missing gnd_roxford5k.pkl" in out
+    code, out, _ = run(capsys, "info", "holidays", "--root", str(root))
+    assert f"not installed (it goes in {root / 'holidays'})" in out
+    # path: the folder for scripts; exit 2 with the remedy when it is not there
+    code, out, err = run(capsys, "path", "synthetic", "--root", str(root))
+    assert code == 0 and out == f"{root / 'synthetic'}\n" and err == ""
+    code, out, err = run(capsys, "path", "roxford5k", "--root", str(root))
+    assert code == 0 and out == f"{root / 'roxford5k'}\n" and "incomplete" in err
+    code, out, err = run(capsys, "path", "holidays", "--root", str(root))
+    assert code == 2 and out == "" and err.count("\n") == 1 and "oxbench data fetch holidays" in err
+    code, out, _ = run(capsys, "path", "holidays", "--root", str(root), "--missing-ok")
+    assert code == 0 and out == f"{root / 'holidays'}\n"
+    assert not (root / "holidays").exists()
+
+
+def test_import_leaves_out_files_that_are_none_of_the_datasets_images(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from test_datasets import write_jpeg
+
+    src = tmp_path / "mine"
+    make_revisited(src)
+    write_jpeg(src / "jpg" / "all_souls_999999.jpg", seed=1)  # an Oxford-style name, not in the gnd
+    write_jpeg(src / "jpg" / "holiday_snap.jpg", seed=2)
+    root = tmp_path / "root"
+    code, out, err = run(capsys, "import", "roxford5k", "--from", str(src), "--root", str(root), "--no-progress")
+    assert code == 0, err
+    assert "11 file(s) laid out" in out  # 10 images + the pickle
+    assert "left out: 2 file(s) that match no image of roxford5k (not copied)" in out
+    assert "2 file(s) match no image of roxford5k and were not laid out" in caplog.text
+    assert not (root / "roxford5k" / "jpg" / "holiday_snap.jpg").exists()
+    assert not (root / "roxford5k" / "jpg" / "all_souls_999999.jpg").exists()
+    # without the pickle, the naming scheme of the Oxford images decides
+    strays = tmp_path / "strays"
+    write_jpeg(strays / "holiday_snap.jpg", seed=3)
+    write_jpeg(strays / "keble_000123.jpg", seed=4)
+    code, out, _ = run(capsys, "import", "rparis6k", "--from", str(strays), "--root", str(root))
+    assert code == 2 and "found no file of rparis6k" in _ and "2 .jpg file(s) match no image" in _
+    assert not (root / "rparis6k" / "jpg").exists()
+    code, out, _ = run(capsys, "import", "roxford5k", "--from", str(strays / "keble_000123.jpg"), "--root", str(root))
+    assert code == 2 and "found no file" in _  # keble_000123 is not in the gnd that is now there
+    # UKBench: the names are known without a list (ukbench00000 .. ukbench10199)
+    uk = tmp_path / "uk"
+    for name in ("ukbench00004", "ukbench10200", "ukbench99999"):
+        write_jpeg(uk / f"{name}.jpg", seed=5)
+    code, out, err = run(capsys, "import", "ukbench", "--from", str(uk), "--root", str(root), "--no-progress")
+    assert code == 0 and "1 file(s) laid out" in out and "left out: 2 file(s)" in out
+    assert sorted(p.name for p in (root / "ukbench" / "jpg").iterdir()) == ["ukbench00004.jpg"]
+
+
+def test_verify_json_counts_what_was_found(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make_revisited(root / "roxford5k")
+    (root / "roxford5k" / "jpg" / "all_souls_000002.jpg").unlink()
+    code, out, _ = run(capsys, "verify", "roxford5k", "--root", str(root), "--no-progress")
+    counts = json.loads((root / "roxford5k" / "verify.json").read_text())["counts"]
+    assert code == 1 and counts["database images"] == {"expected": 4993, "found": 7, "listed": 8}
+    assert counts["query images"] == {"expected": 70, "found": 2, "listed": 2}
+    assert "database images: found 7, expected 4993, 8 listed" in out
+
+
+def test_verify_synthetic_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "root")
+    code, out, err = run(capsys, "verify", "synthetic-train", "--root", str(root), "--no-progress")
+    assert code == 0, out + err
+    assert out.startswith("synthetic-train: OK (32 images decoded")
+    jpg = root / "synthetic-train" / "jpg"
+    victim = sorted(jpg.glob("*.jpg"))[5]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte: still decodes, no longer what was generated
+    victim.write_bytes(bytes(data))
+    code, out, _ = run(capsys, "verify", "synthetic-train", "--root", str(root), "--no-progress", "--no-decode")
+    assert code == 1 and f"changed since generation: 1 image(s), e.g. {victim.stem}" in out
+    report = json.loads((root / "synthetic-train" / "verify.json").read_text())
+    assert report["changed"] == [victim.stem] and report["ok"] is False

@@ -102,6 +102,8 @@ def make_paris_archives(folder: Path) -> list[str]:
 
 
 def test_catalog_has_every_benchmark_with_spec_counts() -> None:
+    from oxbench.datasets.spec import DatasetFamily
+
     ids = set(DATASETS.names())
     assert {"oxford5k", "paris6k", "roxford5k", "rparis6k", "revisitop1m", "oxford100k", "holidays",
             "ukbench", "synthetic", "synthetic-train"} <= ids  # fmt: skip
@@ -123,7 +125,8 @@ def test_catalog_has_every_benchmark_with_spec_counts() -> None:
     assert len(PARIS_CORRUPT) == len(set(PARIS_CORRUPT)) == 20
     for i in ids:
         s = get_spec(i)
-        assert s.terms and s.loader and "lock" in s.checksum_policy or s.synthetic or not s.files
+        assert s.terms and "lock" in s.checksum_policy or s.synthetic or not s.files
+        assert isinstance(s.family, DatasetFamily) and not hasattr(s, "loader")
         for f in s.files:
             assert all(u.startswith(("http://", "https://", "ftp://")) for u in f.urls)
     with pytest.raises(InputError, match="unknown dataset 'oxford6k'; known: .*roxford5k"):
@@ -326,13 +329,14 @@ def test_distractors_attach_with_offsets(tmp_path: Path) -> None:
     (r1m / "jpg" / "a" / "ab" / "0002.jpg").unlink()
     rep = verify("revisitop1m", tmp_path, progress=False)
     assert rep.missing == ["a/ab/0002"] and rep.n_images_checked == 2
-    assert rep.count_problems == ["images: found 3, expected 1001001"]
+    # found = on disk, listed = in revisitop1m.txt (before: "found 3", the length of the list)
+    assert rep.counts["images"] == {"expected": 1_001_001, "found": 2, "listed": 3}
+    assert rep.count_problems == ["images: found 2, expected 1001001, 3 listed"]
     with pytest.raises(InputError, match="missing .*a/ab/0002.jpg"):
         load("roxford5k", tmp_path, distractors="revisitop1m", strict=False)
     with pytest.raises(InputError, match="has 3 images, expected 1001001"):
-        from oxbench.datasets.loaders import load_distractor_set
-
-        load_distractor_set(get_spec("revisitop1m"), r1m)
+        spec = get_spec("revisitop1m")
+        spec.family.images(spec, r1m)
 
 
 def test_holidays_orientation_option(tmp_path: Path) -> None:
@@ -426,8 +430,10 @@ def test_import_real_roxford_gnd_with_fake_images(shared_data: Path, tmp_path: P
     root = tmp_path / "root"
     import_dataset("roxford5k", src, root)
     rep = verify("roxford5k", root, progress=False, decode=False)
-    assert rep.counts["database images"] == {"expected": 4993, "found": 4993}
-    assert rep.counts["queries"] == {"expected": 70, "found": 70}
+    # found counts the images on disk (before: 4993, what the pickle lists)
+    assert rep.counts["database images"] == {"expected": 4993, "found": 50, "listed": 4993}
+    assert rep.counts["query images"] == {"expected": 70, "found": 70, "listed": 70}
+    assert rep.count_problems == ["database images: found 50, expected 4993, 4993 listed"]
     assert not rep.ground_truth and len(rep.missing) == 4993 - 50
     with pytest.raises(InputError, match="4943 of 4993 image"):
         load("roxford5k", root)
@@ -439,7 +445,9 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(
     import oxbench.datasets.synthetic as synth
 
     calls: list[tuple] = []
-    monkeypatch.setattr(synth, "ensure_default", lambda root, progress=True: calls.append(("ensure", Path(root))))
+    monkeypatch.setattr(
+        synth, "ensure_default", lambda root, progress: calls.append(("ensure", Path(root), progress))
+    )
     monkeypatch.setattr(
         synth,
         "load_synthetic",
@@ -447,8 +455,11 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(
             calls.append(("load", d, distractors, crop)) or "bench"
         ),
     )
-    assert load("synthetic-train", tmp_path, distractors=50, crop="matlab") == "bench"
-    assert calls == [("ensure", tmp_path), ("load", tmp_path / "synthetic-train", 50, "matlab")]
+    assert load("synthetic-train", tmp_path, distractors=50, crop="matlab", progress=False) == "bench"
+    assert calls == [
+        ("ensure", tmp_path, False),
+        ("load", tmp_path / "synthetic-train", 50, "matlab"),
+    ]
     with pytest.raises(InputError, match="number of generated distractors"):
         load("synthetic", tmp_path, distractors="revisitop1m")
 

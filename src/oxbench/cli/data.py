@@ -1,4 +1,4 @@
-"""``oxbench data``: list, describe, fetch, import and verify datasets (thin layer over
+"""``oxbench data``: list, describe, locate, fetch, import and verify datasets (thin layer over
 :mod:`oxbench.datasets`). Exit codes: 0 fine, 1 ``verify`` found problems, 2 bad input."""
 
 from __future__ import annotations
@@ -7,11 +7,14 @@ import importlib
 import json
 import sys
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import click
 
 from oxbench.errors import InputError
+
+if TYPE_CHECKING:
+    from oxbench.datasets.disk import DiskStatus
 
 _ROOT_HELP = "Data root (default: $OXBENCH_DATA, else ~/.local/share/oxbench)."
 
@@ -25,6 +28,10 @@ class _DatasetRow(TypedDict):
     queries: int
     protocols: list[str]
     download: int
+    path: str
+    state: str
+    image_files: int
+    size_on_disk: int
 
 
 def _fmt_size(n: int) -> str:
@@ -62,44 +69,80 @@ def data() -> None:
     """List, fetch, import, verify and generate datasets."""
 
 
+def _on_disk(st: DiskStatus) -> str:
+    """The "on disk" column of ``list``: the size, marked when incomplete, ``-`` when absent."""
+    if st.state == "absent":
+        return "-"
+    size = _fmt_size(st.size_bytes)
+    return size if st.state == "installed" else f"partial {size}"
+
+
 @data.command("list")
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def list_cmd(as_json: bool) -> None:
-    """The datasets oxbench knows, with their sizes."""
+def list_cmd(root: Path | None, as_json: bool) -> None:
+    """The datasets oxbench knows, what is installed under the data root, and the size on disk.
+
+    "on disk" is the size of <root>/<id>/ ("partial" when files or images are missing there,
+    "-" when absent); it looks, it does not check: `oxbench data verify ID` does.
+    """
+    from oxbench.datasets.disk import dataset_status
+    from oxbench.datasets.paths import data_root
     from oxbench.datasets.spec import DATASETS
 
+    base = data_root(root)
     rows: list[_DatasetRow] = []
+    status = {name: dataset_status(name, base) for name in DATASETS}
     for name in DATASETS:
-        s = DATASETS.get(name)
+        s, st = DATASETS.get(name), status[name]
         rows.append({
             "id": s.id, "title": s.title, "images": s.n_images, "queries": s.n_queries,
-            "protocols": list(s.protocols), "download": s.download_size,
+            "protocols": list(s.protocols), "download": s.download_size, "path": str(st.path),
+            "state": st.state, "image_files": st.image_files, "size_on_disk": st.size_bytes,
         })  # fmt: skip
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
+    click.echo(f"data root: {base}")
     click.echo(
-        f"{'id':<16} {'images':>10} {'queries':>8}  {'protocol':<10} {'download':>10}  title"
+        f"{'id':<16} {'images':>10} {'queries':>8}  {'protocol':<10} {'download':>10} {'on disk':>16}  title"
     )
     for r in rows:
         size = _fmt_size(r["download"]) if r["download"] else "-"
         synthetic = DATASETS.get(r["id"]).synthetic
         images = "generated" if synthetic else f"{r['images']:,}"
         queries = "-" if synthetic else f"{r['queries']:,}"
+        disk = _on_disk(status[r["id"]])
         click.echo(
             f"{r['id']:<16} {images:>10} {queries:>8}  {','.join(r['protocols']) or '-':<10} "
-            f"{size:>10}  {r['title']}"
+            f"{size:>10} {disk:>16}  {r['title']}"
         )
+
+
+def _disk_line(st: DiskStatus) -> str:
+    """What ``info`` says about the dataset folder."""
+    if st.state == "absent":
+        return f"not installed (it goes in {st.path})"
+    found = f"{st.image_files:,} image files, {_fmt_size(st.size_bytes)}"
+    if st.state == "installed":
+        return f"installed in {st.path} ({found})"
+    short = [f"missing {', '.join(st.missing)}"] if st.missing else []
+    if st.image_files < st.expected_image_files:
+        short.append(f"{st.image_files:,} of {st.expected_image_files:,} image files")
+    return f"incomplete in {st.path} ({'; '.join(short)}; {_fmt_size(st.size_bytes)})"
 
 
 @data.command("info")
 @click.argument("dataset_id")
-def info_cmd(dataset_id: str) -> None:
-    """Everything about one dataset: counts, files, checksum policy, terms."""
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
+def info_cmd(dataset_id: str, root: Path | None) -> None:
+    """Everything about one dataset: what is on disk, counts, files, checksum policy, terms."""
+    from oxbench.datasets.disk import dataset_status
     from oxbench.datasets.spec import get_spec
 
     s = get_spec(dataset_id)
     click.echo(f"{s.id}: {s.title}")
+    click.echo(f"  on disk:    {_disk_line(dataset_status(s.id, root))}")
     if s.homepage:
         click.echo(f"  homepage:   {s.homepage}")
     if s.synthetic:
@@ -133,6 +176,32 @@ def info_cmd(dataset_id: str) -> None:
     if s.citation:
         click.echo(f"  cite:       {s.citation}")
     click.echo(f"  terms:      {s.terms}")
+
+
+@data.command("path")
+@click.argument("dataset_id")
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
+@click.option(
+    "--missing-ok", is_flag=True, help="Print the folder even when the dataset is not there (exit 0)."
+)
+def path_cmd(dataset_id: str, root: Path | None, missing_ok: bool) -> None:
+    """Print the folder of a dataset (<root>/<id>), for scripts: `cd "$(oxbench data path roxford5k)"`.
+
+    Exit 2, with the command that gets the dataset, when the folder does not exist (so a script
+    stops there instead of working in a path that is not there), unless --missing-ok.
+    An incomplete folder is printed, with a note on stderr.
+    """
+    from oxbench.datasets.disk import dataset_status
+    from oxbench.datasets.families import remedy, require_dir
+    from oxbench.datasets.spec import get_spec
+
+    spec = get_spec(dataset_id)
+    st = dataset_status(spec.id, root)
+    if st.state == "absent" and not missing_ok:
+        require_dir(spec, st.path)
+    if st.state == "incomplete":
+        click.echo(f"note: {spec.id} is {_disk_line(st)}; {remedy(spec, st.path.parent)}", err=True)
+    click.echo(str(st.path))
 
 
 def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
@@ -226,12 +295,21 @@ def fetch_cmd(
 def import_cmd(
     dataset_id: str, source: Path, root: Path | None, copy: bool, no_progress: bool
 ) -> None:
-    """Lay out a local copy (folders and/or archives) in oxbench's layout, checking it."""
+    """Lay out a local copy (folders and/or archives) in oxbench's layout, checking it.
+
+    Images that are none of the dataset's (not in its ground truth or list, or, before that is
+    there, not named as its images are) are left out with a warning, never copied in.
+    """
     from oxbench.datasets.prepare import import_dataset
     from oxbench.datasets.verify import verify
 
     report = import_dataset(dataset_id, source, root, link=not copy, progress=not no_progress)
     click.echo(f"{report.dataset}: {report.placed} file(s) laid out in {report.root}")
+    if report.not_images:
+        click.echo(
+            f"left out: {len(report.not_images)} file(s) that match no image of {report.dataset} "
+            f"(not copied), e.g. {', '.join(report.not_images[:3])}"
+        )
     for note in report.notes:
         click.echo(f"note: {note}")
     check = verify(dataset_id, root, decode=False, progress=False)

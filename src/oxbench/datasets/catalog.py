@@ -20,6 +20,15 @@ Canonical layout below the data root (``<root>/<id>/``):
 
 from __future__ import annotations
 
+from oxbench.datasets.families import (
+    Distractors,
+    Holidays,
+    Original,
+    Revisited,
+    Synthetic,
+    UKBench,
+    text_gt_placements,
+)
 from oxbench.datasets.spec import DatasetSpec, Placement, RemoteFile, register
 
 _VGG_OX = "https://www.robots.ox.ac.uk/~vgg/data/oxbuildings"
@@ -37,6 +46,15 @@ PARIS_LANDMARKS = (
     "defense", "eiffel", "invalides", "louvre", "moulinrouge", "museedorsay", "notredame",
     "pantheon", "pompidou", "sacrecoeur", "triomphe",
 )  # fmt: skip
+
+#: Image names of Oxford 5K / ROxford: the 11 landmarks, 5 other colleges and "oxford" (the 17
+#: Flickr search terms), then a 6-digit number. ``import`` uses it until a list of names is there.
+OXFORD_NAMES = (
+    r"(?:all_souls|ashmolean|balliol|bodleian|christ_church|cornmarket|hertford|jesus|keble|magdalen"
+    r"|new|oriel|oxford|pitt_rivers|radcliffe_camera|trinity|worcester)_\d{6}"
+)
+#: Image names of Paris 6K / RParis: ``paris_<landmark or "general">_<6 digits>``.
+PARIS_NAMES = r"paris_(?:general|" + "|".join(PARIS_LANDMARKS) + r")_\d{6}"
 
 #: The 20 Paris images that are undecodable in the official archives (6,412 - 20 = 6,392 usable).
 #: The names are facts listed by many codebases that cite VGG's ``corrupt.txt``.
@@ -83,8 +101,6 @@ _PARIS_IMAGES = tuple(
 )
 
 
-def _gt_placements(into: str) -> tuple[Placement, ...]:
-    return tuple(Placement(f"*_{kind}.txt", into) for kind in ("good", "ok", "junk", "query"))
 
 
 # --- original Oxford / Paris ------------------------------------------------------------------
@@ -108,12 +124,11 @@ register(DatasetSpec(
             urls=(f"{_VGG_OX}/gt_files_170407.tgz",),
             approx_size=100_000,
             archive=True,
-            placements=_gt_placements("gt_files_170407"),
+            placements=text_gt_placements("gt_files_170407"),
         ),
     ),
-    layout=(Placement("*.jpg", "jpg"), *_gt_placements("gt_files_170407")),
     terms=_VGG_TERMS.format(name="Oxford Buildings", page=f"{_VGG_OX}/"),
-    loader="oxbench.datasets.loaders:load_original",
+    family=Original(gt_dir="gt_files_170407", names=OXFORD_NAMES),
     belongs_with=("oxford100k",),
     citation="J. Philbin et al., Object retrieval with large vocabularies and fast spatial matching, CVPR 2007",
 ))  # fmt: skip
@@ -138,13 +153,12 @@ register(DatasetSpec(
             urls=(f"{_VGG_PA}/paris_120310.tgz",),
             approx_size=110_000,
             archive=True,
-            placements=_gt_placements("paris_120310"),
+            placements=text_gt_placements("paris_120310"),
         ),
         RemoteFile(name="corrupt.txt", urls=(f"{_VGG_PA}/corrupt.txt",), approx_size=1_000, optional=True),
     ),
-    layout=(Placement("*.jpg", "jpg"), *_gt_placements("paris_120310"), Placement("corrupt.txt", ".")),
     terms=_VGG_TERMS.format(name="Paris Buildings", page=f"{_VGG_PA}/"),
-    loader="oxbench.datasets.loaders:load_original",
+    family=Original(gt_dir="paris_120310", names=PARIS_NAMES),
     expected_corrupt=PARIS_CORRUPT,
     citation="J. Philbin et al., Lost in quantization, CVPR 2008",
 ))  # fmt: skip
@@ -172,10 +186,9 @@ register(DatasetSpec(
             approx_size=150_000,
         ),
     ),
-    layout=(Placement("*.jpg", "jpg"), Placement("gnd_roxford5k.pkl", ".")),
     terms=_VGG_TERMS.format(name="Oxford Buildings", page=f"{_VGG_OX}/")
     + _REVISITOP_TERMS.format(id="roxford5k"),
-    loader="oxbench.datasets.loaders:load_revisited",
+    family=Revisited(names=OXFORD_NAMES),
     belongs_with=("revisitop1m",),
     citation="F. Radenovic et al., Revisiting Oxford and Paris, CVPR 2018",
 ))  # fmt: skip
@@ -200,10 +213,9 @@ register(DatasetSpec(
             approx_size=280_000,
         ),
     ),
-    layout=(Placement("*.jpg", "jpg"), Placement("gnd_rparis6k.pkl", ".")),
     terms=_VGG_TERMS.format(name="Paris Buildings", page=f"{_VGG_PA}/")
     + _REVISITOP_TERMS.format(id="rparis6k"),
-    loader="oxbench.datasets.loaders:load_revisited",
+    family=Revisited(names=PARIS_NAMES),
     belongs_with=("revisitop1m",),
     expected_corrupt=PARIS_CORRUPT,
     citation="F. Radenovic et al., Revisiting Oxford and Paris, CVPR 2018",
@@ -237,17 +249,13 @@ register(DatasetSpec(
             for i in range(1, 101)
         ),
     ),
-    layout=(
-        Placement("revisitop1m.txt", "."),
-        Placement("*.jpg", "jpg", mode="tree", strip="jpg"),
-    ),
     terms=(
         "The R1M images come from the Yahoo Flickr Creative Commons 100M dataset (YFCC100M); each "
         "image keeps its own Creative Commons licence, recorded with the photo on Flickr. The set "
         "is distributed by CTU Prague (http://cmp.felk.cvut.cz/revisitop/) for research; cite "
         "Radenovic et al., CVPR 2018. About 300 GB of downloads."
     ),
-    loader="oxbench.datasets.loaders:load_distractor_set",
+    family=Distractors(list_file="revisitop1m.txt"),
     distractors_for=("roxford5k", "rparis6k"),
     citation="F. Radenovic et al., Revisiting Oxford and Paris, CVPR 2018",
 ))  # fmt: skip
@@ -266,9 +274,8 @@ register(DatasetSpec(
     counts_note="99,782 images (distractor j gets ranking index n_db + j, in sorted name order)",
     protocols=(),
     files=(),
-    layout=(Placement("*.jpg", "jpg"),),
     terms=_VGG_TERMS.format(name="Oxford 100K distractor", page=f"{_VGG_OX}/"),
-    loader="oxbench.datasets.loaders:load_distractor_set",
+    family=Distractors(),  # no official list: distractor j is the j-th sorted name
     distractors_for=("oxford5k", "paris6k"),
     citation="J. Philbin et al., Object retrieval with large vocabularies and fast spatial matching, CVPR 2007",
 ))  # fmt: skip
@@ -312,13 +319,12 @@ register(DatasetSpec(
             placements=(Placement("holidays_images.dat", "."),),
         ),
     ),
-    layout=(Placement("holidays_images.dat", "."), Placement("*.jpg", "jpg", mode="flat")),
     terms=(
         "The INRIA Holidays images are copyright INRIA (Jegou, Douze and Schmid, ECCV 2008) and "
         "are provided for research purposes; cite the paper. oxbench downloads them from INRIA "
         "on your request and ships none of them."
     ),
-    loader="oxbench.datasets.loaders:load_holidays",
+    family=Holidays(),
     options={"orientation": ("original", "rotated")},
     citation="H. Jegou, M. Douze, C. Schmid, Hamming embedding and weak geometric consistency, ECCV 2008",
 ))  # fmt: skip
@@ -347,13 +353,12 @@ register(DatasetSpec(
             placements=(Placement("*/full/ukbench*.jpg", "jpg"), Placement("full/ukbench*.jpg", "jpg")),
         ),
     ),
-    layout=(Placement("ukbench[0-9][0-9][0-9][0-9][0-9].jpg", "jpg", exclude="*thumbnails/*"),),
     terms=(
         "UKBench (Nister and Stewenius, CVPR 2006) is provided by the University of Kentucky for "
         "research; cite the paper. The archive.org copy is the one the authors' page points to "
         "since the original host went offline."
     ),
-    loader="oxbench.datasets.loaders:load_ukbench",
+    family=UKBench(),
     citation="D. Nister, H. Stewenius, Scalable recognition with a vocabulary tree, CVPR 2006",
 ))  # fmt: skip
 
@@ -374,8 +379,6 @@ for _sid, _what in (("synthetic", "test city"), ("synthetic-train", "training ci
         counts_note="set by the generator's parameters",
         protocols=("revisited",),
         files=(),
-        layout=(),
-        terms="Generated locally by oxbench; no terms apply.",
-        loader="oxbench.datasets.synthetic:load_synthetic",
-        synthetic=True,
+            terms="Generated locally by oxbench; no terms apply.",
+        family=Synthetic(),
     ))  # fmt: skip

@@ -357,7 +357,7 @@ def download_file(
                 part.unlink(missing_ok=True)
                 _validator_path(part).unlink(missing_ok=True)
                 problems.append(f"{url}: {problem}")
-                log.warning("%s from %s does not match: %s", dest.name, url, problem)
+                log.info("%s from %s does not match: %s", dest.name, url, problem)  # the final error says it
                 break
             os.replace(part, dest)
             _validator_path(part).unlink(missing_ok=True)

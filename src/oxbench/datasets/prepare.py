@@ -64,6 +64,8 @@ class PrepareReport:
             skipped, placed = number of files laid out from it).
         placed: total files laid out.
         notes: warnings a user should read (unrecorded checksums, replaced files...).
+        not_images: imported files (source paths) that matched the layout but are none of the
+            dataset's images; they were not laid out.
     """
 
     dataset: str
@@ -71,6 +73,25 @@ class PrepareReport:
     files: list[dict[str, Any]] = field(default_factory=list)
     placed: int = 0
     notes: list[str] = field(default_factory=list)
+    not_images: list[str] = field(default_factory=list)
+
+
+class _ImageTest:
+    """``import``'s test of a destination against the dataset's images (its family's
+    ``image_test``), rebuilt after a ground-truth or list file is laid out: images that come after
+    the pickle in the same import are checked against the names it lists."""
+
+    def __init__(self, spec: DatasetSpec, ddir: Path) -> None:
+        self.spec, self.ddir = spec, ddir
+        self._test: Callable[[str], bool] | None = None
+
+    def __call__(self, target_rel: str) -> bool:
+        if not target_rel.endswith(".jpg"):
+            self._test = None  # it may be the image list: ask the family again for the next image
+            return True
+        if self._test is None:
+            self._test = self.spec.family.image_test(self.spec, self.ddir)
+        return self._test(target_rel)
 
 
 def ensure_writable(root: Path) -> None:
@@ -142,11 +163,15 @@ def _place_tree(
     nested: list[Path] | None = None,
     bar: Any = None,
     before_place: Callable[[str, Path], None] | None = None,
+    keep: Callable[[str], bool] | None = None,
+    left_out: list[str] | None = None,
 ) -> int:
     """Lay out every file below ``tree`` that a placement matches; return how many.
 
     Files that match nothing but are archives are appended to ``nested`` (when given).
     Two different source files mapping to one destination is an error (names must be unique).
+    A destination that ``keep`` refuses is not laid out; its path relative to ``tree`` goes to
+    ``left_out``.
     """
     n = 0
     for dirpath, dirnames, filenames in os.walk(tree):
@@ -165,6 +190,10 @@ def _place_tree(
                     nested.append(src)
                 continue
             target_rel = rule.target(rel)
+            if keep is not None and not keep(target_rel):
+                if left_out is not None:
+                    left_out.append(rel)
+                continue
             dest = ddir / target_rel
             if target_rel in seen:
                 if seen[target_rel] != src and file_sha256(seen[target_rel]) != file_sha256(src):
@@ -465,9 +494,20 @@ def import_dataset(
     archives: list[Path] = []
     with progress_bar(desc=f"import {spec.id}", unit=" files", enabled=progress, leave=False) as bar:
         _import_sources(spec, src, ddir, lock, report, known, seen, archives, link=link, bar=bar)
+    if report.not_images:
+        log.warning(
+            "%d file(s) match no image of %s and were not laid out, e.g. %s",
+            len(report.not_images), spec.id, report.not_images[0],
+        )  # fmt: skip
     if report.placed == 0:
+        others = (
+            f" ({len(report.not_images)} .jpg file(s) match no image of {spec.id}, e.g. "
+            f"{report.not_images[0].rsplit('/', 1)[-1]})"
+            if report.not_images
+            else ""
+        )
         raise InputError(
-            f"found no file of {spec.id} (images, ground truth) in the import source", src
+            f"found no file of {spec.id} (images, ground truth) in the import source{others}", src
         )
     for f in spec.files:
         if not f.archive and (ddir / f.local_path).exists():
@@ -485,6 +525,8 @@ def _import_sources(
         if name in known and not known[name].archive:
             _check_against_lock(name, path, lock, known[name], report)
 
+    keep = _ImageTest(spec, ddir)
+    left_out: list[str] = []
     if src.is_file() and _placement_for(src.name, spec.layout) is None:
         if not (is_archive(src) or src.name.lower().endswith(_ARCHIVE_SUFFIXES)):
             raise InputError(f"neither an archive nor a file of {spec.id}", src)
@@ -492,6 +534,9 @@ def _import_sources(
     elif src.is_file():
         rule = _placement_for(src.name, spec.layout)
         assert rule is not None
+        if not keep(rule.target(src.name)):
+            report.not_images.append(str(src))
+            return
         if src.name in known:
             _check_against_lock(src.name, src, lock, known[src.name], report)
         _place_file(src, ddir / rule.target(src.name), link=link, move=False)
@@ -508,7 +553,10 @@ def _import_sources(
             nested=archives,
             bar=bar,
             before_place=check,
+            keep=keep,
+            left_out=left_out,
         )
+        report.not_images += [str(src / rel) for rel in left_out]
         report.placed += n
         report.files.append({"name": src.name, "source": str(src), "placed": n})
 
@@ -517,6 +565,7 @@ def _import_sources(
             _check_against_lock(arch.name, arch, lock, known[arch.name], report)
         tmp = _extraction_target(ddir, arch.name)
         extract_archive(arch, tmp)
+        left_out = []
         try:
             n = _place_tree(
                 tmp,
@@ -527,9 +576,12 @@ def _import_sources(
                 seen=seen,
                 bar=bar,
                 before_place=check,
+                keep=keep,
+                left_out=left_out,
             )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+        report.not_images += [f"{arch}:{rel}" for rel in left_out]
         report.placed += n
         report.files.append({"name": arch.name, "source": str(arch), "placed": n})
         if arch.name in known:

@@ -1,8 +1,10 @@
 """The shape of a dataset entry, and the registry of entries.
 
-This module holds only the mechanism: :class:`DatasetSpec` (what a benchmark is made of) and
-:class:`RemoteFile` (one file as its owners publish it). The entries themselves are short
-declarations in :mod:`oxbench.datasets.catalog`, imported on the first lookup.
+This module holds only the mechanism: :class:`DatasetSpec` (what a benchmark is made of),
+:class:`RemoteFile` (one file as its owners publish it) and :class:`DatasetFamily` (what a kind of
+benchmark knows: its layout, its ground truth, the images it needs, how to load it). The families
+are implemented in :mod:`oxbench.datasets.families`; the entries themselves are short declarations
+in :mod:`oxbench.datasets.catalog`, imported on the first lookup.
 
 Checksums: where the owners publish none (none of these benchmarks does for its images), the entry
 says ``checksum_policy == "lock"``: the first verified download records size and SHA-256 in the data
@@ -12,10 +14,17 @@ root's lock file (``oxbench.lock.json``) and every later ``fetch``/``verify`` ch
 from __future__ import annotations
 
 import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from oxbench.registry import Registry
+
+if TYPE_CHECKING:
+    from oxbench.datasets.base import Benchmark, CropConvention
+    from oxbench.groundtruth import GroundTruth
 
 ExtractMode = Literal["flat", "tree"]
 
@@ -116,6 +125,105 @@ class RemoteFile:
 
 
 @dataclass(frozen=True)
+class CountCheck:
+    """One count ``verify`` compares with the official figure.
+
+    Attributes:
+        what: what is counted (``"database images"``).
+        expected: the official figure.
+        files: the image files (relative to the dataset folder) this count is about; unless
+            ``found`` is given, ``verify`` counts those present on disk.
+        listed: how many the ground truth or list names, where one does.
+        found: a count that is not about image files (queries in the text ground truth).
+    """
+
+    what: str
+    expected: int
+    files: tuple[str, ...] = ()
+    listed: int | None = None
+    found: int | None = None
+
+
+@dataclass(frozen=True)
+class VerifyPlan:
+    """What ``verify`` must check in one dataset folder, as its family sees it.
+
+    Attributes:
+        files: every image file to check, relative to the dataset folder (``"jpg/x.jpg"``).
+        counts: the counts to compare with the official figures.
+        ground_truth: problems found in the ground truth while planning (one line each).
+        sha256: expected SHA-256 of image files, where recorded (generated sets).
+        checksums: problems with other recorded checksums (one line each).
+        checksums_ok: names of files whose recorded checksum matched.
+    """
+
+    files: tuple[str, ...]
+    counts: tuple[CountCheck, ...] = ()
+    ground_truth: tuple[str, ...] = ()
+    sha256: Mapping[str, str] = field(default_factory=dict)
+    checksums: tuple[str, ...] = ()
+    checksums_ok: tuple[str, ...] = ()
+
+
+class DatasetFamily(ABC):
+    """A kind of benchmark (revisited, original Oxford/Paris, Holidays, ...): one object per entry.
+
+    The one place that knows how such a dataset sits in ``<root>/<id>/``: the files it needs, its
+    ground truth, the images ``verify`` checks and how ``load`` builds a
+    :class:`~oxbench.datasets.base.Benchmark`. Implementations: :mod:`oxbench.datasets.families`.
+    Methods receive the entry (counts, id) and the dataset folder; they do no I/O outside it.
+    """
+
+    #: True for a dataset generated locally (nothing to fetch or import).
+    generated: ClassVar[bool] = False
+
+    @abstractmethod
+    def layout(self, spec: DatasetSpec) -> tuple[Placement, ...]:
+        """Where imported images and ground-truth files go."""
+
+    @abstractmethod
+    def required_files(self, spec: DatasetSpec) -> tuple[str, ...]:
+        """Files or folders besides the images that an installed copy has (relative paths)."""
+
+    @abstractmethod
+    def expected_image_files(self, spec: DatasetSpec, ddir: Path) -> int:
+        """How many image files below ``jpg/`` a complete copy has."""
+
+    @abstractmethod
+    def ground_truth(self, spec: DatasetSpec, ddir: Path, *, strict: bool) -> GroundTruth:
+        """The ground truth, reading as few image files as the family allows.
+
+        Raises:
+            InputError: missing or malformed files (with the remedy); counts that differ from
+                the official ones (``strict``); a set without ground truth.
+        """
+
+    @abstractmethod
+    def load(
+        self, spec: DatasetSpec, ddir: Path, *, distractors: str | int | None, crop: CropConvention,
+        strict: bool, options: Mapping[str, str], progress: bool,
+    ) -> Benchmark:  # fmt: skip
+        """The benchmark (see :func:`oxbench.datasets.load`; options are already validated)."""
+
+    @abstractmethod
+    def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
+        """What ``verify`` checks; problems met on the way go in the plan, not raised."""
+
+    def image_test(self, spec: DatasetSpec, ddir: Path) -> Callable[[str], bool]:
+        """Whether a file laid out at a path (relative to the dataset folder) belongs there.
+
+        Used by ``import`` to leave out images that are none of the dataset's. The default takes
+        every file; families with an image list (on disk in ``ddir``) or a known naming scheme
+        refuse ``.jpg`` files outside it.
+        """
+        return _take_all
+
+
+def _take_all(rel_path: str) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
 class DatasetSpec:
     """A benchmark as a declarative entry.
 
@@ -129,13 +237,13 @@ class DatasetSpec:
         counts_note: the official vs. practical counts (5,062 vs 5,063 ...).
         protocols: scoring protocols that apply (``("revisited",)``...); empty for distractor sets.
         files: what to download.
-        layout: how an imported folder or archive is laid out (see :class:`Placement`).
         terms: terms of use, shown before the first fetch.
         belongs_with: ids this set is used together with (ROxford + R1M).
         distractors_for: for a distractor set, the ids it is added to.
         expected_corrupt: image names (no extension) known to be undecodable in the official
             archives; ``verify`` reports them as expected, not as errors.
-        loader: ``"module:function"`` that builds the :class:`~oxbench.datasets.base.Benchmark`.
+        family: the kind of benchmark (:class:`DatasetFamily`): it knows the layout, ground truth,
+            needed images and loading; :attr:`layout` comes from it.
         options: the accepted ``load(..., **options)`` keys with their allowed values.
         citation: the paper to cite.
     """
@@ -149,15 +257,30 @@ class DatasetSpec:
     counts_note: str
     protocols: tuple[str, ...]
     files: tuple[RemoteFile, ...]
-    layout: tuple[Placement, ...]
     terms: str
-    loader: str
+    family: DatasetFamily
     belongs_with: tuple[str, ...] = ()
     distractors_for: tuple[str, ...] = ()
     expected_corrupt: tuple[str, ...] = ()
     options: dict[str, tuple[str, ...]] = field(default_factory=dict)
     citation: str = ""
-    synthetic: bool = False
+
+    @property
+    def layout(self) -> tuple[Placement, ...]:
+        """How an imported folder or archive is laid out (see :class:`Placement`): the family's
+        images and ground truth, plus every plain (non-archive) file the entry downloads."""
+        own = self.family.layout(self)
+        plain = tuple(
+            Placement(f.name, f.local_path.rpartition("/")[0] or ".")
+            for f in self.files
+            if not f.archive
+        )
+        return own + tuple(p for p in plain if p not in own)
+
+    @property
+    def synthetic(self) -> bool:
+        """Whether the dataset is generated locally rather than downloaded or imported."""
+        return self.family.generated
 
     @property
     def checksum_policy(self) -> str:
@@ -173,11 +296,6 @@ class DatasetSpec:
     def download_size(self) -> int:
         """Rough total download size in bytes (exact where sizes are known)."""
         return sum(f.size if f.size is not None else (f.approx_size or 0) for f in self.files)
-
-    def resolve_loader(self):  # noqa: ANN201 - a callable
-        """Import and return the loader function named by :attr:`loader`."""
-        module, _, attr = self.loader.partition(":")
-        return getattr(importlib.import_module(module), attr)
 
 
 def _load_catalog() -> None:

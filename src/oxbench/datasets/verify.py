@@ -7,7 +7,10 @@ What is checked:
 - EXIF orientation: images whose EXIF asks for a rotation are *listed*, never rotated -- the
   benchmarks' boxes and the official pipelines use the stored pixels (Holidays' rotated images are
   the reason its ``orientation`` option exists);
-- counts against the official figures (SPEC section 2);
+- counts against the official figures (SPEC section 2): ``found`` is what is on disk, ``listed``
+  what the ground truth or list names;
+- generated (synthetic) sets: every image against the SHA-256 its manifest recorded, the counts it
+  recorded and the ground-truth file against its recorded checksum;
 - ground truth: it parses, labels index the database, revisited query images are not in the
   database, original-protocol query images are in it;
 - the files recorded in the lock file (ground truth, lists, kept archives) still have their
@@ -18,17 +21,24 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from oxbench.datasets.families import IMAGE_DIR, IMAGE_EXT, require_dir
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, get_spec
 from oxbench.errors import InputError, require
-from oxbench.fileio import atomic_write_json, checksum_mismatch, file_digests, progress_bar
+from oxbench.fileio import (
+    atomic_write_json,
+    checksum_mismatch,
+    file_digests,
+    file_sha256,
+    progress_bar,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +52,10 @@ class VerifyReport:
 
     Attributes:
         dataset, root: what was checked, where.
-        counts: ``{"<what>": {"expected": int, "found": int}}``.
+        counts: ``{"<what>": {"expected": int, "found": int[, "listed": int]}}``: the official
+            figure, what is on disk, and what the ground truth or list names (where one does).
         missing: names of needed images that are not on disk.
+        changed: names of images whose SHA-256 differs from the recorded one (generated sets).
         corrupt: ``{"name", "error"}`` for images that do not decode.
         expected_corrupt: known-corrupt images (Paris) found corrupt or absent: not errors.
         exif_rotated: ``{"name", "orientation"}`` for images whose EXIF orientation is not 1.
@@ -59,6 +71,7 @@ class VerifyReport:
     root: str
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
     corrupt: list[dict[str, str]] = field(default_factory=list)
     expected_corrupt: list[str] = field(default_factory=list)
     exif_rotated: list[dict[str, Any]] = field(default_factory=list)
@@ -71,16 +84,19 @@ class VerifyReport:
 
     @property
     def count_problems(self) -> list[str]:
-        return [
-            f"{what}: found {c['found']}, expected {c['expected']}"
-            for what, c in self.counts.items()
-            if c["found"] != c["expected"]
-        ]
+        out = []
+        for what, c in self.counts.items():
+            listed = c.get("listed", c["found"])
+            if c["found"] != c["expected"] or listed != c["expected"]:
+                extra = f", {listed} listed" if listed != c["found"] else ""
+                out.append(f"{what}: found {c['found']}, expected {c['expected']}{extra}")
+        return out
 
     @property
     def ok(self) -> bool:
         return not (
             self.missing
+            or self.changed
             or self.corrupt
             or self.ground_truth
             or self.checksums
@@ -96,6 +112,10 @@ class VerifyReport:
         if self.missing:
             lines.append(
                 f"  missing: {len(self.missing)} image(s), e.g. {', '.join(self.missing[:5])}"
+            )
+        if self.changed:
+            lines.append(
+                f"  changed since generation: {len(self.changed)} image(s), e.g. {', '.join(self.changed[:5])}"
             )
         if self.corrupt:
             lines.append(
@@ -141,91 +161,6 @@ def check_image(path: Path) -> tuple[str | None, int | None]:
         return "missing", None
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt image
         return f"{type(exc).__name__}: {exc}", None
-
-
-def _files(names: Iterable[str]) -> list[str]:
-    return [f"{n}.jpg" for n in names]
-
-
-def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple[list[str], str]:
-    """The image files the dataset needs (relative to the image folder) and that folder.
-
-    Also fills the ground-truth and count checks of ``report``.
-    """
-    from oxbench.datasets.loaders import _gt_dir_name, _jpg_stems
-
-    folder = "jpg"
-    fam = spec.loader.rsplit(":", 1)[-1]
-    if fam == "load_revisited":
-        from oxbench.formats.revisitop import read_gnd
-
-        gnd = ddir / f"gnd_{spec.id}.pkl"
-        try:
-            gt = read_gnd(gnd, dataset=spec.id)
-        except InputError as exc:
-            report.ground_truth.append(str(exc))
-            return _files(_jpg_stems(ddir / folder)), folder
-        report.counts["database images"] = {"expected": spec.n_images, "found": gt.n_db}
-        report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
-        overlap = sorted(set(gt.query_names) & set(gt.db_names))
-        if overlap:
-            report.ground_truth.append(
-                f"{len(overlap)} query image(s) are in the database, e.g. {overlap[0]}"
-            )
-        if gt.protocol != "revisited":
-            report.ground_truth.append(
-                f"{gnd.name} holds {gt.protocol}-protocol labels, not revisited ones"
-            )
-        return _files(dict.fromkeys([*gt.db_names, *gt.query_names])), folder
-    if fam == "load_original":
-        from oxbench.formats.oxford_gt import read_gt_dir
-
-        on_disk = _jpg_stems(ddir / folder)
-        corrupt = set(spec.expected_corrupt)
-        usable = [n for n in on_disk if n not in corrupt]
-        report.counts["usable images"] = {"expected": spec.n_images, "found": len(usable)}
-        try:
-            gt = read_gt_dir(ddir / _gt_dir_name(spec), db_names=usable, dataset=spec.id)
-        except InputError as exc:
-            report.ground_truth.append(str(exc))
-            return _files(on_disk), folder
-        report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
-        db = set(gt.db_names)
-        missing_q = [q for q in gt.query_names if q not in db]
-        if missing_q:
-            report.ground_truth.append(
-                f"{len(missing_q)} query image(s) are not in the database, e.g. {missing_q[0]}"
-            )
-        return _files(on_disk), folder
-    if fam == "load_holidays":
-        from oxbench.formats.holidays import holidays_ground_truth, read_image_list
-
-        try:
-            names = read_image_list(ddir / "holidays_images.dat")
-            gt = holidays_ground_truth(names)
-        except InputError as exc:
-            report.ground_truth.append(str(exc))
-            return _files(_jpg_stems(ddir / folder)), folder
-        report.counts["images"] = {"expected": spec.n_images, "found": gt.n_db}
-        report.counts["queries"] = {"expected": spec.n_queries, "found": gt.n_queries}
-        return _files(gt.db_names), folder
-    if fam == "load_ukbench":
-        from oxbench.formats.ukbench import ukbench_name
-
-        on_disk = _jpg_stems(ddir / folder)
-        report.counts["images"] = {"expected": spec.n_images, "found": len(on_disk)}
-        return _files(ukbench_name(i) for i in range(spec.n_images)), folder
-    if fam == "load_distractor_set":
-        from oxbench.datasets.loaders import distractor_files
-
-        try:
-            imgs = distractor_files(spec, ddir)
-        except InputError as exc:
-            report.ground_truth.append(str(exc))
-            return [], folder
-        report.counts["images"] = {"expected": spec.n_images, "found": len(imgs)}
-        return list(imgs.files), folder
-    raise InputError(f"verify does not know how to check {spec.id}")  # pragma: no cover
 
 
 def _check_lock(spec: DatasetSpec, base: Path, ddir: Path, report: VerifyReport) -> None:
@@ -280,45 +215,46 @@ def verify(
     Raises:
         InputError: unknown id, or the dataset folder does not exist (with the remedy).
     """
-    from oxbench.datasets.loaders import _remedy
-
     t0 = time.perf_counter()
     spec = get_spec(dataset_id)
     base = data_root(root)
     ddir = base / spec.id
-    if spec.synthetic:
-        raise InputError(f"{spec.id} is generated on demand; there is nothing to verify")
-    if not ddir.is_dir():
-        raise InputError(f"dataset {spec.id} is not on disk; {_remedy(spec, base)}", ddir)
+    require_dir(spec, ddir)
     report = VerifyReport(spec.id, str(ddir), decoded=decode)
-    needed_files, folder = _needed_images(spec, ddir, report)
-    if names is not None:
-        needed_files = _files(names)
-    files = [f"{folder}/{f}" for f in needed_files]
-    if spec.id == "holidays" and (ddir / "jpg_rotated").is_dir():
-        # The hand-rotated copy (orientation="rotated") must hold the same images.
-        files += [f"jpg_rotated/{f}" for f in needed_files]
+    plan = spec.family.verify_plan(spec, ddir)
+    report.ground_truth += plan.ground_truth
+    report.checksums += plan.checksums
+    report.checksums_ok += plan.checksums_ok
+    files = list(plan.files) if names is None else [f"{IMAGE_DIR}/{n}{IMAGE_EXT}" for n in names]
     corrupt_known = set(spec.expected_corrupt)
     # Report names: without extension; images outside jpg/ keep their folder ("jpg_rotated/...").
-    needed = [f.rsplit(".", 1)[0].removeprefix(f"{folder}/") for f in files]
+    needed = [f.rsplit(".", 1)[0].removeprefix(f"{IMAGE_DIR}/") for f in files]
 
-    def check(i: int) -> tuple[int, str | None, int | None]:
+    def check(i: int) -> tuple[int, str | None, int | None, bool]:
         p = ddir / files[i]
         if not decode:
-            return i, (None if p.is_file() else "missing"), None
-        err, orient = check_image(p)
-        return i, err, orient
+            err, orient = (None if p.is_file() else "missing"), None
+        else:
+            err, orient = check_image(p)
+        sha = plan.sha256.get(files[i])
+        changed = err != "missing" and sha is not None and file_sha256(p) != sha
+        return i, err, orient, changed
 
-    def checked() -> Iterator[tuple[int, str | None, int | None]]:
+    def checked() -> Iterator[tuple[int, str | None, int | None, bool]]:
         # Bounded batches: R1M's million images must not become a million pending futures.
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             for start in range(0, len(files), _BATCH):
                 yield from pool.map(check, range(start, min(start + _BATCH, len(files))))
 
     with progress_bar(total=len(files), desc=f"verify {spec.id}", enabled=progress) as bar:
-        for i, err, orient in checked():
+        absent: set[str] = set()
+        for i, err, orient, changed in checked():
             bar.update(1)
             name = needed[i]
+            if changed:
+                report.changed.append(name)
+            if err == "missing":
+                absent.add(files[i])
             if err is None:
                 report.n_images_checked += 1
                 if orient not in (None, 1):
@@ -330,6 +266,16 @@ def verify(
             else:
                 report.n_images_checked += 1
                 report.corrupt.append({"name": name, "error": err})
+    checked_files = set(files)
+    for c in plan.counts:
+        found = c.found
+        if found is None:  # what is on disk, from the checks above (or a stat when not checked)
+            found = sum(
+                (f not in absent) if f in checked_files else (ddir / f).is_file() for f in c.files
+            )
+        report.counts[c.what] = {"expected": c.expected, "found": found}
+        if c.listed is not None:
+            report.counts[c.what]["listed"] = c.listed
     _check_lock(spec, base, ddir, report)
     report.seconds = time.perf_counter() - t0
     return report
