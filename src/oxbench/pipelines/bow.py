@@ -31,10 +31,11 @@ from numpy.typing import NDArray
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
+from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig, finish_descriptors
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
 from oxbench.groundtruth import GroundTruth
-from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores, soft_assignment_weights
+from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary
 from oxbench.pipelines.presets import BowMethod
 
@@ -388,7 +389,7 @@ def search(
     t0 = time.perf_counter()
     q_vecs = ivf.transform(_tf(method, words["queries"], names["queries"], voc.n_words))
     scores = ivf.scores_of_vectors(q_vecs)
-    ranks = rank_scores(scores)
+    ranks = ranks_from_scores(scores.T)
     timings["search"] = time.perf_counter() - t0
 
     info: dict[str, object] = {
@@ -433,7 +434,7 @@ def search(
             use = verified[: method.qe_max_verified]
             q_new = average_query_expansion(q_vecs[qi], ivf.db_vectors_[use])
             s_new = ivf.scores_of_vectors(q_new)[0]
-            rest = rank_scores(s_new[None, :])[0]
+            rest = ranks_from_scores(s_new[:, None])[0]
             rest = rest[~np.isin(rest, verified)]
             new_order = np.concatenate([verified, rest])
             t_qe += time.perf_counter() - t0
