@@ -480,7 +480,8 @@ def evaluate_features(
             bad = i0 + int(np.flatnonzero(~np.isfinite(xb).all(axis=1))[0])
             raise InputError(f"database descriptor {bad} contains NaN or infinity", source)
         block = scores[i0 : i0 + xb.shape[0]]
-        np.matmul(xb, qf.T, out=block)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below, with the culprits
+            np.matmul(xb, qf.T, out=block)
         if not np.isfinite(block).all():
             r, c = (int(v) for v in np.argwhere(~np.isfinite(block))[0])
             raise InputError(
