@@ -624,3 +624,40 @@ def test_docstring_examples():
     for mod in (ap_mod, protocols_mod, ranking_mod, tables_mod):
         failed, _ = doctest.testmod(mod, optionflags=doctest.NORMALIZE_WHITESPACE)
         assert failed == 0, mod.__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# One scoring engine: the exported AP / P@K are evaluate's per-query numbers, bit for bit.
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from("pjn"), min_size=1, max_size=60),
+    st.integers(0, 5),
+    st.lists(st.integers(1, 70), min_size=1, max_size=4, unique=True),
+)
+def test_exported_ap_and_pk_equal_evaluate_bit_for_bit(labels, missing, ks):
+    """A ranked list of positives (p), ignored (j) and negatives (n), plus positives it misses."""
+    from oxbench.evaluation import average_precision, precision_at_ks
+
+    n = len(labels)
+    good = [i for i, c in enumerate(labels) if c == "p"] + list(range(n, n + missing))
+    if not good:
+        return
+    junk = [i for i, c in enumerate(labels) if c == "j"]
+    gt = GroundTruth("x", "original", tuple(f"i{i}" for i in range(n + missing)), (make_query("q", good=good, junk=junk),))
+    res = evaluate(gt, np.arange(n)[None, :], ks=ks).setups["original"]
+    kept = [c for c in labels if c != "j"]
+    positions = [r for r, c in enumerate(kept) if c == "p"]
+    assert average_precision(positions, len(good)) == res.ap[0]  # exactly, not approximately
+    assert precision_at_ks(positions, ks).tolist() == res.p_at_k[0].tolist()
+
+
+def test_declared_distractor_counts_are_bounded(small_gt):
+    from oxbench.evaluation.protocols import MAX_DISTRACTORS
+
+    ranks = full(list(range(10)))
+    for bad in (2**63 - 1, MAX_DISTRACTORS + 1, -1, 2.5, True):
+        with pytest.raises(InputError, match="n_distractors"):
+            evaluate(small_gt, ranks, n_distractors=bad, padding=-1)
+    assert evaluate(small_gt, ranks, n_distractors=MAX_DISTRACTORS, padding=-1).n_distractors == MAX_DISTRACTORS

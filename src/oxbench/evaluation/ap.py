@@ -18,7 +18,7 @@ from numpy.typing import ArrayLike, NDArray
 
 def _positions(pos_ranks: ArrayLike) -> NDArray[np.int64]:
     """The positions as int64, checked: integers >= 0, strictly increasing."""
-    r = np.asarray(pos_ranks)
+    r = pos_ranks if type(pos_ranks) is np.ndarray else np.asarray(pos_ranks)
     if r.ndim != 1:
         r = r.ravel()
     if r.dtype != np.int64:
@@ -27,10 +27,10 @@ def _positions(pos_ranks: ArrayLike) -> NDArray[np.int64]:
         if r.size and np.issubdtype(r.dtype, np.floating) and not np.array_equal(r, np.floor(r)):
             raise ValueError("positive ranks must be integers")
         r = r.astype(np.int64)
+    if r.size > 1 and not (r[1:] > r[:-1]).all():
+        raise ValueError("positive ranks must be strictly increasing")
     if r.size and r[0] < 0:
         raise ValueError("positive ranks must be >= 0")
-    if r.size > 1 and np.any(r[1:] <= r[:-1]):
-        raise ValueError("positive ranks must be strictly increasing")
     return r
 
 
@@ -70,7 +70,7 @@ def average_precision(pos_ranks: ArrayLike, n_positives: int) -> float:
         return 0.0
     j = np.arange(r.size, dtype=np.float64)
     rf = r.astype(np.float64)
-    p0 = np.divide(j, rf, out=np.ones_like(j), where=rf != 0)
+    p0 = j / rf if r[0] else np.concatenate(([1.0], j[1:] / rf[1:]))  # p0 = 1 at rank 0 (only first)
     p1 = (j + 1.0) / (rf + 1.0)
     terms = (p0 + p1) * (1.0 / n_positives) / 2.0
     return float(np.cumsum(terms)[-1])  # sequential, like the official loop
@@ -112,14 +112,12 @@ def precision_at_ks(pos_ranks: ArrayLike, ks: Sequence[int]) -> NDArray[np.float
         [1.0, 1.0, 1.0]
     """
     r = _positions(pos_ranks)
-    if any(int(k) < 1 for k in ks):
+    kk = np.asarray(ks, dtype=np.int64)
+    if kk.size and kk.min() < 1:
         raise ValueError(f"every K must be a positive integer, got {list(ks)}")
-    out = np.zeros(len(ks), dtype=np.float64)
     if r.size == 0:
-        return out
-    last = int(r[-1]) + 1
-    # r is strictly increasing: |{pos <= kq}| = searchsorted(r, kq - 1, "right")
-    for t, k in enumerate(ks):
-        kq = min(last, int(k))
-        out[t] = int(np.searchsorted(r, kq - 1, side="right")) / kq
-    return out
+        return np.zeros(kk.size, dtype=np.float64)
+    kq = np.minimum(kk, r[-1] + 1)
+    # r is strictly increasing: |{pos <= kq}| = searchsorted(r, kq - 1, "right"); both counts are
+    # exact in float64, so the quotient is the correctly rounded |{pos <= kq}| / kq
+    return np.searchsorted(r, kq - 1, side="right") / kq

@@ -228,8 +228,9 @@ def check_rank_values(
     Holidays result file that skips rank numbers).
 
     Returns:
-        ``1 +`` the largest index present (0 for an empty array): memory for the scan follows
-        this, never the declared ``n_index``.
+        The index range the scan needs: ``n_index`` when that is within a few times the number
+        of entries, else ``1 +`` the largest index present (0 for an empty array). So memory for
+        the scan is bounded by the data, never by a huge declared ``n_index``.
 
     Raises:
         InputError: naming the query and the position of the first offending entry.
@@ -247,7 +248,11 @@ def check_rank_values(
         return 0
     if ranks.dtype.kind == "f":  # empty: no values to be scores
         return 0
-    lo, hi = ranks.min(), ranks.max()
+    lo = ranks.min()
+    # The scan's tables take about n_index bytes (+ n_index / 8 a query): with the declared count
+    # within a few times the data's size they are bounded by the data; beyond, they are sized by the
+    # largest index present (one more pass), so a huge declared count costs nothing.
+    hi = ranks.max() if n_index > 8 * ranks.size + n_db else None
     if lo < 0:
         allow = padding == -1 or gaps
         if lo < -1 or not allow:
@@ -274,6 +279,8 @@ def check_rank_values(
                     f"{j + 1} holds an index: padding may only end a list",
                     source,
                 )
+    if hi is None:
+        return n_index  # the scan checks the range
     if hi >= n_index:
         q, j = _find_entry(ranks, lambda row: row >= n_index)
         raise InputError(
