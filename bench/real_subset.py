@@ -1,6 +1,7 @@
 """mAP of re-ranking each real query's 20 labelled candidates: BoW, then BoW + spatial re-ranking.
 
-Data: ``../shared/data/revisited_pixel_retrieval_subset`` (16 cropped ROxford/RParis queries, each
+Data: ``revisited_pixel_retrieval_subset`` in the real data folder (``--data``, default
+``$OXBENCH_SHARED_DATA/revisited_pixel_retrieval_subset``; 16 cropped ROxford/RParis queries, each
 with the 20 database images a retrieval system returned for it: 5 true positives -- all revisited
 *hard* positives -- and 15 false positives). Skips (exit 0) when the folder is absent.
 
@@ -20,17 +21,17 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-SUBSET = REPO.parent / "shared" / "data" / "revisited_pixel_retrieval_subset"
+SUBSET = Path(os.environ.get("OXBENCH_SHARED_DATA", "data")) / "revisited_pixel_retrieval_subset"
 
 
 def main() -> int:
     from oxbench.pipelines.presets import resolve_method
-    from oxbench.pipelines.subset import load_subset_city, rank_subset_city
+    from pixel_subset import load_subset_city, rank_subset_city  # bench/, beside this script
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=SUBSET)

@@ -345,3 +345,68 @@ def test_scores_several_query_groups(monkeypatch: pytest.MonkeyPatch, ties: bool
     for arr in (s, np.asfortranarray(s)):
         got = _both(monkeypatch, K.labelled_ranks_from_scores, arr, labels)
         _same(got, ("ok", ref))
+
+
+# ---------------------------------------------------------------------------------------------
+# The C entry points themselves, called directly with hostile arguments: a ValueError, never a crash.
+
+_HOSTILE = r'''
+import numpy as np
+from oxbench.evaluation import _accel
+
+def ranks_args(**over):
+    a = dict(ranks=np.array([[0, 1, 2], [2, 1, 0]], np.int64), tables=np.zeros((2, 3), np.uint8),
+             n_index=3, off=np.array([0, 1, 2], np.int64), pos=np.zeros(2, np.int64),
+             code=np.zeros(2, np.uint8), count=np.zeros(2, np.int64))
+    a["tables"][:, 1] = 1
+    a.update(over)
+    return (a["ranks"], a["tables"], a["n_index"], a["off"], a["pos"], a["code"], a["count"])
+
+def scores_args(**over):
+    a = dict(scores=np.zeros((4, 2), np.float64), row_outer=True, u=np.zeros(2), u_off=np.array([0, 1, 2], np.int64),
+             ev_row=np.array([0, 1], np.int64), ev_q=np.array([0, 1], np.int64), ev_key=np.array([1, 1], np.int64),
+             snap=np.zeros(2, np.int64), cnt=np.zeros(6, np.int64), cnt_off=np.array([0, 3, 6], np.int64),
+             n_bins=16, group=1)
+    a.update(over)
+    return tuple(a.values())
+
+assert _accel.scan_ranks(*ranks_args()) == 0
+assert _accel.score_ranks(*scores_args()) == 0
+cases = [
+    ("scan", dict(n_index=-1)), ("scan", dict(n_index=-(2**62))), ("scan", dict(n_index=2**62)),
+    ("scan", dict(off=np.array([-5, 0, 2], np.int64))), ("scan", dict(off=np.array([0, 2, 1], np.int64))),
+    ("scan", dict(off=np.array([3, 4, 5], np.int64))), ("scan", dict(off=np.array([0, 1], np.int64))),
+    ("scan", dict(off=np.array([0, 1, 2**40], np.int64))), ("scan", dict(pos=np.zeros(1, np.int64))),
+    ("scan", dict(tables=np.zeros((3, 3), np.uint8))), ("scan", dict(count=np.zeros(1, np.int64))),
+    ("score", dict(u_off=np.array([-1, 0, 1], np.int64))), ("score", dict(u_off=np.array([0, 2, 1], np.int64))),
+    ("score", dict(u_off=np.array([0, 1, 9], np.int64))), ("score", dict(cnt_off=np.array([-3, 0, 3], np.int64))),
+    ("score", dict(cnt_off=np.array([0, 5, 6], np.int64))), ("score", dict(cnt=np.zeros(2, np.int64))),
+    ("score", dict(n_bins=2**30)), ("score", dict(n_bins=-5)), ("score", dict(group=0)),
+    ("score", dict(ev_q=np.array([0, 7], np.int64))), ("score", dict(ev_row=np.array([0, -1], np.int64))),
+    ("score", dict(ev_key=np.array([1, 99], np.int64))), ("score", dict(snap=np.zeros(1, np.int64))),
+]
+for kind, over in cases:
+    fn, args = (_accel.scan_ranks, ranks_args(**over)) if kind == "scan" else (_accel.score_ranks, scores_args(**over))
+    try:
+        fn(*args)
+    except ValueError:
+        continue
+    raise SystemExit(f"accepted {kind} {over}")
+print("ok", len(cases))
+'''
+
+
+@needs_accel
+def test_c_entry_points_refuse_hostile_sizes_and_offsets():
+    """Negative n_index, negative / decreasing / overlong offsets, short buffers: ValueError, no crash.
+
+    Run in a child process, so that a crash fails this test instead of killing the test run.
+    """
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    res = subprocess.run([sys.executable, "-c", _HOSTILE], capture_output=True, text=True, env=env, timeout=120)
+    assert res.returncode == 0, (res.returncode, res.stdout, res.stderr[-2000:])
+    assert res.stdout.startswith("ok 24")

@@ -99,7 +99,7 @@ def _bad(rev, tmp):
         (["--gnd", gnd, "--ranks", str(tmp / "oned.npy")], "2-D"),
         (["--gnd", gnd, "--ranks", str(tmp / "cols.npy")], "2 columns but the ground truth has 3 queries"),
         (["--gnd", gnd, "--ranks", str(tmp / "neg.npy")], "holds index -3"),
-        (["--gnd", gnd, "--ranks", str(tmp / "frac.npy")], "not an integer index"),
+        (["--gnd", gnd, "--ranks", str(tmp / "frac.npy")], "these look like scores: use --scores"),
         (["--gnd", gnd, "--ranks", str(p["r"])], "but database indices are 0..39"),  # distractors undeclared
         (["--gnd", gnd, "--ranks", str(tmp / "missing.npy")], "ranks file not found"),
         (["--gnd", gnd, "--ranks", str(tmp / "junk.npy")], "not a readable .npy"),
@@ -194,7 +194,7 @@ def test_oxford_text_files(tmp_path, capsys):
     assert code == 0, err
     d = json.loads(out)
     ap1 = (1.0 + 1.0) / 2 / 3 + (1 / 2 + 2 / 3) / 2 / 3 + (2 / 3 + 3 / 4) / 2 / 3
-    assert d["ap"] == {"tower_000001": pytest.approx(ap1, abs=1e-12), "tower_000002": 1.0}
+    assert d["ap"] == {"tower_1": pytest.approx(ap1, abs=1e-12), "tower_2": 1.0}  # keyed by query id
     assert d["map"] == pytest.approx((ap1 + 1.0) / 2, abs=1e-12)
     (ranked / "tower_000002.txt").write_text("tower_000003\ntower_000001\ntower_000003\n")
     code, out, err = run(["evaluate", "oxford", "--gt-dir", str(tmp_path / "gt"), "--ranked-dir", str(ranked)], capsys)
@@ -268,3 +268,202 @@ def test_real_holidays_result_file(shared_data, capsys):
     d = json.loads(out)
     assert len(d["ap"]) == 500
     assert round(d["map"], 3) == 0.689
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs as users have them (issue 8), bounded numbers and safe outputs (issue 10)
+
+
+def _one_line_error(code, out, err, needle):
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err, (needle, err)
+    assert "Traceback" not in err
+
+
+def test_faiss_padding_only_when_asked_and_recorded(rev, capsys):
+    internal = np.load(rev.paths["r_db"]).T  # [n_queries, n_db]
+    padded = internal.copy()
+    padded[1, 30:] = -1  # FAISS: fewer results than k for query 1
+    np.save(rev.tmp / "pad.npy", padded.T)
+    base = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.tmp / "pad.npy"), "--json"]
+    _one_line_error(*run(base, capsys), "query 1 (q1): rank position 30 holds index -1")
+    code, out, err = run([*base, "--padding", "-1"], capsys)
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["padding"] == -1
+    assert d["setups"]["hard"]["map"] == evaluate(rev.gt, padded, padding=-1).setups["hard"].map
+    inner = padded.copy()
+    inner[0, 3] = -1
+    np.save(rev.tmp / "inner.npy", inner.T)
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.tmp / "inner.npy"), "--padding", "-1"]
+    _one_line_error(*run(args, capsys), "padding may only end a list")
+
+
+def test_short_lists_reported_once_on_stderr(rev, capsys):
+    np.save(rev.tmp / "top5.npy", np.load(rev.paths["r_db"])[:5])
+    code, out, err = run(["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.tmp / "top5.npy")], capsys)
+    assert code == 0, err
+    assert err.strip().splitlines() == [f"{rev.tmp / 'top5.npy'}: ranks cover top 5 of 40 images"]
+    assert out.startswith("roxford5k: mAP E: ")
+
+
+def test_text_ranks_and_revisitop_mat_features(rev, capsys):
+    import scipy.io
+
+    internal = np.load(rev.paths["r_db"]).T
+    (rev.tmp / "r.txt").write_text("".join(" ".join(map(str, row[: 40 - 5 * i])) + "\n" for i, row in enumerate(internal)))
+    code, out, err = run(["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.tmp / "r.txt"), "--json"], capsys)
+    assert code == 0, err
+    ragged = np.full_like(internal, -1)
+    for i, row in enumerate(internal):
+        ragged[i, : 40 - 5 * i] = row[: 40 - 5 * i]
+    assert json.loads(out)["setups"]["medium"]["map"] == evaluate(rev.gt, ragged, padding=-1).setups["medium"].map
+
+    x, q = np.load(rev.paths["x"])[:40], np.load(rev.paths["q"])
+    scipy.io.savemat(rev.tmp / "feats.mat", {"X": x.T, "Q": q.T})  # revisitop: d x n
+    mat = str(rev.tmp / "feats.mat")
+    base = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--db-features", mat, "--query-features", mat,
+            "--key", "X", "--query-key", "Q", "--json"]
+    code, out, err = run([*base, "--layout", "d-n", "--normalize"], capsys)
+    assert code == 0, err
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    qn = q / np.linalg.norm(q, axis=1, keepdims=True)
+    want = evaluate(rev.gt, ranks_from_scores(xn @ qn.T))
+    assert json.loads(out)["setups"]["hard"]["ap"] == pytest.approx(list(want.setups["hard"].ap), abs=1e-12)
+    _one_line_error(*run(base, capsys), "the file is transposed, use --layout d-n")
+    _one_line_error(*run(["evaluate", "revisited", "--gnd", str(rev.gnd), "--db-features", mat, "--query-features",
+                          mat, "--layout", "d-n"], capsys), "holds Q, X: choose one with --key")
+    (rev.tmp / "feats.csv").write_text("1,2\n")
+    _one_line_error(*run(["evaluate", "revisited", "--gnd", str(rev.gnd), "--db-features", str(rev.tmp / "feats.csv"),
+                          "--query-features", mat], capsys), "features are read from .npy, .npz, .mat, .fvecs, .bvecs")
+
+
+def test_malformed_new_inputs_exit_2_and_write_nothing(rev, capsys):
+    t = rev.tmp
+    (t / "empty.txt").write_text("")
+    (t / "word.txt").write_text("0 1 x\n")
+    (t / "trunc.fvecs").write_bytes(np.int32(8).tobytes() + b"\0" * 10)
+    (t / "trunc.npz").write_bytes(b"PK\x03\x04broken")
+    (t / "trunc.mat").write_bytes(b"MATLAB 5.0 MAT-file" + b"\0" * 20)
+    (t / "trunc.ivecs").write_bytes(np.int32(3).tobytes() + b"\0" * 5)
+    gnd = str(rev.gnd)
+    cases = [
+        (["--ranks", str(t / "empty.txt")], "empty file"),
+        (["--ranks", str(t / "word.txt")], "'x' is not an integer index"),
+        (["--ranks", str(t / "trunc.ivecs")], "not a multiple of the record size"),
+        (["--ranks", str(t / "trunc.npz")], "not a readable .npz"),
+        (["--scores", str(t / "trunc.mat")], "not a readable MATLAB"),
+        (["--db-features", str(t / "trunc.fvecs"), "--query-features", str(rev.paths["q"])], "not a multiple"),
+    ]
+    for args, needle in cases:
+        out_csv = t / "never.csv"
+        code, out, err = run(["evaluate", "revisited", "--gnd", gnd, *args, "--per-query", str(out_csv)], capsys)
+        _one_line_error(code, out, err, needle)
+        assert out == "" and not out_csv.exists()
+
+
+@pytest.mark.parametrize("n", ["9223372036854775807", "99999999999999999999999"])
+def test_absurd_distractor_counts_are_one_line(rev, capsys, n):
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.paths["r_db"]), "--distractors", n]
+    _one_line_error(*run(args, capsys), "is beyond any collection")
+
+
+def test_memory_does_not_grow_with_the_declared_distractor_count(rev, capsys):
+    import tracemalloc
+
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.paths["r_db"]), "--json"]
+    for accel in ("1", "0"):
+        import os
+
+        os.environ["OXBENCH_NO_ACCEL"] = accel
+        try:
+            tracemalloc.start()
+            code, out, err = run([*args, "--distractors", "2147483648"], capsys)
+            _, peak = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+        finally:
+            del os.environ["OXBENCH_NO_ACCEL"]
+        assert code == 0, err
+        assert peak < 20 << 20, peak  # 2 GB before (a table over every declared index)
+        assert json.loads(out)["setups"]["easy"]["map"] == evaluate(rev.gt, np.load(rev.paths["r_db"]).T).setups["easy"].map
+
+
+def test_products_overflowing_to_inf_are_refused(rev, capsys):
+    big = np.full((40, 8), 1e20, np.float32)  # finite, but every product is inf: all scores tied
+    np.save(rev.tmp / "big.npy", big)
+    np.save(rev.tmp / "bigq.npy", np.full((3, 8), 1e20, np.float32))
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--db-features", str(rev.tmp / "big.npy"),
+            "--query-features", str(rev.tmp / "bigq.npy")]
+    _one_line_error(*run(args, capsys), "overflows float32")
+
+
+def test_per_query_output_refuses_links_and_special_files(rev, capsys, tmp_path):
+    import os
+
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
+    for path, needle in ((link, "symbolic link"), (fifo, "special file"), (tmp_path, "folder")):
+        args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.paths["r_db"]), "--per-query", str(path)]
+        code, out, err = run(args, capsys)
+        _one_line_error(code, out, err, needle)
+    assert target.read_text() == "keep me\n" and link.is_symlink()
+    import stat
+
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_metrics_are_printed_before_a_failed_write(rev, capsys, monkeypatch):
+    import oxbench.fileio
+
+    def fail(path, text):
+        raise oxbench.errors.InputError("cannot write: No space left on device", path)
+
+    monkeypatch.setattr(oxbench.fileio, "atomic_write_text", fail)
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.paths["r_db"]),
+            "--per-query", str(rev.tmp / "pq.csv"), "--json"]
+    code, out, err = run(args, capsys)
+    _one_line_error(code, out, err, "No space left on device")
+    assert json.loads(out)["setups"]["easy"]["map"] == evaluate(rev.gt, np.load(rev.paths["r_db"]).T).setups["easy"].map
+
+
+def test_holidays_and_ukbench_report_capped_mpk_only_when_asked(tmp_path, capsys):
+    (tmp_path / "images.dat").write_text("100000.jpg\n100001.jpg\n100002.jpg\n100100.jpg\n100101.jpg\n")
+    (tmp_path / "res.txt").write_text("100000.jpg 0 100001.jpg 2 100002.jpg\n100100.jpg 0 100101.jpg\n")
+    base = ["evaluate", "holidays", "--results", str(tmp_path / "res.txt"), "--images", str(tmp_path / "images.dat")]
+    code, out, err = run(base, capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("holidays: mAP ") and "mP@" not in out
+    code, out, err = run([*base, "--ks", "1,5"], capsys)
+    assert code == 0, err
+    assert "mP@k[1 5]" in out.splitlines()[0] and "mP@5" in out
+    r = np.array([[i, *[j for j in range(8) if j != i]] for i in range(8)]).T
+    np.save(tmp_path / "uk.npy", r)
+    code, out, err = run(["evaluate", "ukbench", "--ranks", str(tmp_path / "uk.npy")], capsys)
+    assert code == 0, err
+    assert out.splitlines()[0].startswith("ukbench: score ") and "mP@" not in out
+    from oxbench.cli import cli
+
+    helps = [cli.get_command(None, "evaluate").get_command(None, c).get_help(__import__("click").Context(cli)) for c in ("holidays", "ukbench", "revisited")]
+    for h in helps:
+        assert "capped mP@K" in h and "min(K, rank of the last retrieved" in " ".join(h.split())
+
+
+def test_oxford_per_query_csv_has_query_id_and_image(tmp_path, capsys):
+    _write_oxford_gt(tmp_path / "gt")
+    ranked = tmp_path / "ranked"
+    ranked.mkdir()
+    (ranked / "tower_1.txt").write_text("tower_000002\ntower_000003\n")  # files may be named by query id
+    (ranked / "tower_000002.txt").write_text("tower_000003\ntower_000001\n")
+    csv_path = tmp_path / "pq.csv"
+    code, out, err = run(["evaluate", "oxford", "--gt-dir", str(tmp_path / "gt"), "--ranked-dir", str(ranked),
+                          "--per-query", str(csv_path), "--json"], capsys)
+    assert code == 0, err
+    assert set(json.loads(out)["ap"]) == {"tower_1", "tower_2"}
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("setup,query_index,query_id,query,")
+    assert lines[1].startswith("original,0,tower_1,tower_000001,")

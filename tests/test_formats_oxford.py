@@ -75,7 +75,7 @@ def test_db_names_index_and_unknown(toy):
             {"good": ["x"], "junk": ["y", "x"]},
             r"c_1_junk.txt: line 2: x is also labelled good",
         ),
-        ("c_1", {"good": ["x"], "ok": ["x"]}, r"c_1_ok.txt: line 1: x is also labelled good"),
+        ("c_1", {"ok": ["x"], "junk": ["x"]}, r"c_1_junk.txt: line 1: x is also labelled ok"),
         ("c_1", {"query": "oxc1_x 0 0 1"}, r"c_1_query.txt: line 1: expected"),
         (
             "c_1",
@@ -94,6 +94,20 @@ def test_refuses_malformed(tmp_path, stem, kwargs, message):
     _write_query(tmp_path, stem, **kwargs)
     with pytest.raises(InputError, match=message):
         read_gt_dir(tmp_path)
+
+
+def test_labels_that_agree_are_one_positive(tmp_path):
+    """good + ok (or a name twice in one file) is one positive, as compute_ap's sets count it."""
+    from oxbench.evaluation import evaluate
+
+    _write_query(tmp_path, "c_1", good=["x", "y", "x"], ok=["y", "z"], junk=["w"], query="oxc1_x 0 0 1 1")
+    gt = read_gt_dir(tmp_path)
+    q = gt.queries[0]
+    names = [gt.db_names[i] for i in q.positives]
+    assert names == ["x", "y", "z"] and [gt.db_names[i] for i in q.junk] == ["w"]
+    assert q.query_id == "c_1"
+    ranks = np.array([[gt.db_names.index(n) for n in ("y", "w", "x", "z")]])
+    assert evaluate(gt, ranks).setups["original"].ap[0] == 1.0  # 3 positives, junk deleted
 
 
 def test_refuses_missing_and_empty_folder(tmp_path):
@@ -129,14 +143,17 @@ def test_ranked_dir(toy, tmp_path):
 
 def test_ranked_dir_by_image_name_without_gt_folder(toy, tmp_path):
     gnd_like = read_gt_dir(toy)
+    import dataclasses
+
     from oxbench.groundtruth import GroundTruth
 
-    gt = GroundTruth(gnd_like.dataset, "original", gnd_like.db_names, gnd_like.queries, "<memory>")
+    queries = tuple(dataclasses.replace(q, query_id=None) for q in gnd_like.queries)  # ids unknown
+    gt = GroundTruth(gnd_like.dataset, "original", gnd_like.db_names, queries, "<memory>")
     rd = _ranked(tmp_path / "r", {"a_1": ["a_1"], "a_2": ["a_2"], "b_1": ["b_1"]})
     _, ranks = read_ranked_dir(rd, gt)
     assert ranks.tolist() == [[0], [1], [4]]
     (rd / "b_1.txt").unlink()
-    (rd / "beta_1.txt").write_text("b_1\n")  # query ids are known only from a gt folder
+    (rd / "beta_1.txt").write_text("b_1\n")  # query ids are unknown here
     with pytest.raises(InputError, match="no ranked list for query b_1"):
         read_ranked_dir(rd, gt)
 
@@ -240,7 +257,7 @@ def test_real_ranked_lists_score_through_evaluate(shared_data, tmp_path):
         (rd / f"{q.name}.txt").write_text("\n".join(order) + "\n")
     gt2, ranks = read_ranked_dir(rd, gt)
     assert gt2.n_db == gt.n_db + 1
-    res = evaluate(gt2, ranks).setups["original"]
+    res = evaluate(gt2, ranks, padding=-1).setups["original"]  # shorter lists are padded with -1
     n0 = gt.queries[0].positives.size
     assert res.ap[0] == pytest.approx(average_precision(np.arange(1, n0 + 1), n0))
     np.testing.assert_allclose(res.ap[1:], 1.0)

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oxbench.errors import InputError
+from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.index.faiss_setup import suggested_coretype
-from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores, soft_assignment_weights
+from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary, _allocate
 
 pytest.importorskip("faiss")
@@ -198,8 +199,8 @@ def test_ranking_is_stable_and_self_retrieval_first(rng: np.random.Generator) ->
     np.testing.assert_array_equal(ranks[:, 0], np.arange(20))
     assert ranks.shape == (20, 20)
     assert np.all(np.sort(ranks, axis=1) == np.arange(20))
-    np.testing.assert_array_equal(rank_scores(np.array([[0.5, 1.0, 0.5, 1.0, 0.0]])), [[1, 3, 0, 2, 4]])
-    np.testing.assert_array_equal(rank_scores(np.array([[0.0, -0.0, 0.0]]), 2), [[0, 1]])
+    np.testing.assert_array_equal(ranks_from_scores(np.array([[0.5, 1.0, 0.5, 1.0, 0.0]]).T), [[1, 3, 0, 2, 4]])
+    np.testing.assert_array_equal(ranks_from_scores(np.array([[0.0, -0.0, 0.0]]).T, 2), [[0, 1]])
 
 
 def test_bad_words_and_unfitted_index() -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from oxbench.pipelines.subset import candidate_map, load_subset_city
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # the fixture lives in bench/
+from pixel_subset import candidate_map, load_subset_city  # noqa: E402
 
 pytestmark = pytest.mark.shared_data
 
@@ -41,7 +43,7 @@ def test_subset_cities_and_their_labels(subset: Path) -> None:
 def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path: Path) -> None:
     """Small settings (256 px, 512 words from the RParis images): BoW and +SV give valid mAPs."""
     from oxbench.pipelines.presets import resolve_method
-    from oxbench.pipelines.subset import rank_subset_city
+    from pixel_subset import rank_subset_city
 
     ox = load_subset_city(subset, "roxford5k")
     pa = load_subset_city(subset, "rparis6k")

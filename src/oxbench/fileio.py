@@ -292,7 +292,10 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
         raise InputError(f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path)
     try:
         with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+            # read(n) allocates n bytes up front: ask for the size seen (+1 to notice growth), not the limit
+            data = fh.read(min(st.st_size, limit) + 1)
+            if len(data) > st.st_size:
+                data += fh.read(limit + 1 - len(data))
     except OSError as exc:
         raise InputError(f"cannot read: {os_reason(exc)}", path) from None
     if len(data) > limit:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -66,6 +66,8 @@ class Query:
         good, ok: original-protocol positives (old-protocol pickles put good+ok in ``ok``);
             Holidays and UKBench put their positives in ``good``.
         junk: ignored images (revisited Unclear, original junk, the Holidays query itself).
+        query_id: original protocol: the query's id (``all_souls_1``, the stem of its
+            ``_query.txt`` file), when known.
     """
 
     name: str
@@ -75,6 +77,7 @@ class Query:
     good: IndexArray = field(default_factory=_empty)
     ok: IndexArray = field(default_factory=_empty)
     junk: IndexArray = field(default_factory=_empty)
+    query_id: str | None = None
 
     @property
     def positives(self) -> IndexArray:
@@ -115,6 +118,11 @@ class GroundTruth:
     @property
     def query_names(self) -> tuple[str, ...]:
         return tuple(q.name for q in self.queries)
+
+    @property
+    def query_ids(self) -> tuple[str, ...]:
+        """Per query its id (``all_souls_1``) where known, else its name."""
+        return tuple(q.query_id or q.name for q in self.queries)
 
     def validate(self) -> GroundTruth:
         """Check the labels and return self; raise :class:`InputError` naming the query otherwise.
@@ -160,7 +168,7 @@ def make_query(
     unknown = set(labels) - set(_LABEL_FIELDS)
     if unknown:
         raise InputError(f"query {name}: unknown label field(s) {sorted(unknown)}", source)
-    arrays = {k: as_index_array(v, what=f"query {name} {k}", source=source) for k, v in labels.items()}
+    arrays: dict[str, Any] = {k: as_index_array(v, what=f"query {name} {k}", source=source) for k, v in labels.items()}
     box: BBox | None = None
     if bbox is not None:
         vals = [float(v) for v in bbox]

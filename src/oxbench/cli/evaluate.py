@@ -3,17 +3,20 @@
 Subcommands (JSON numbers are fractions at full precision; without ``--json`` the familiar lines
 and a table are printed)::
 
-    oxbench evaluate revisited --gnd GND.pkl --ranks RANKS.npy [--distractors N] [--ks 1,5,10] [--json]
-        (or --scores S.npy, or --db-features X.npy --query-features Q.npy; --dataset ID [--root DIR]
-        instead of --gnd)
+    oxbench evaluate revisited --gnd GND.pkl --ranks RANKS [--distractors N] [--ks 1,5,10] [--json]
+        (or --scores S, or --db-features X --query-features Q [--layout d-n] [--normalize];
+        --dataset ID [--root DIR] instead of --gnd)
     oxbench evaluate oxford --gt-dir DIR --ranked-dir DIR [--json]
-    oxbench evaluate oxford --gnd gnd_oxford5k.pkl --ranks RANKS.npy [--json]
-    oxbench evaluate holidays --results FILE [--images holidays_images.dat] [--json]
-    oxbench evaluate ukbench --ranks RANKS.npy [--json]
+    oxbench evaluate oxford --gnd gnd_oxford5k.pkl --ranks RANKS [--json]
+    oxbench evaluate holidays --results FILE [--images holidays_images.dat] [--ks 1,5,10] [--json]
+    oxbench evaluate ukbench --ranks RANKS [--ks 4] [--json]
 
-``RANKS.npy`` is in the revisitop layout: rows = ranked positions (possibly truncated), columns =
-queries. Bad input exits with code 2 and one line naming the file, query and problem; nothing is
-written then.
+Inputs are read by :mod:`oxbench.formats.arrays`: ``.npy``, ``.npz`` and MATLAB ``.mat`` (``--key``
+picks an array), texmex ``.fvecs/.bvecs`` features and ``.ivecs`` ranks, text rank files (one query
+per line). Ranks in array files are in the revisitop layout: rows = ranked positions (possibly
+truncated), columns = queries. Bad input exits with code 2 and one line naming the file, query and
+problem. The metrics are computed and printed before any file is written, so a failed write loses
+nothing that was asked for; nothing is written on bad input.
 """
 
 from __future__ import annotations
@@ -21,31 +24,28 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import click
-import numpy as np
 
 from oxbench.errors import InputError
 
-_KS_HELP = "Comma-separated K of the mP@K columns."
+_CAPPED = (
+    "capped mP@K: revisitop's P@K, whose denominator is min(K, rank of the last retrieved positive), "
+    "so 3 positives at ranks 1-3 give 1.0 at K=10 (not plain P@K)"
+)
+_KS_HELP = f"Comma-separated K of the {_CAPPED}.  [default: 1,5,10]"
+_KS_OPT_HELP = f"Also report the {_CAPPED}, at these comma-separated K. Off by default."
 _JSON_HELP = "Print JSON (fractions at full precision) instead of lines and a table."
+_PADDING_HELP = (
+    "Accept this value as padding at the end of short ranked lists (only -1, as FAISS writes where "
+    "fewer than k results exist); recorded in the result. Without it negative indices are refused."
+)
 
 
-def _load_npy(path: str, what: str) -> np.ndarray:
-    p = Path(path)
-    if not p.is_file():
-        raise InputError(f"{what} file not found", p)
-    try:
-        arr = np.load(p, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
-        raise InputError(f"not a readable .npy array ({str(exc).splitlines()[0]})", p) from exc
-    if not isinstance(arr, np.ndarray):
-        raise InputError("expected a single .npy array", p)
-    return arr
-
-
-def _parse_ks(text: str) -> tuple[int, ...]:
+def _parse_ks(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
     try:
         ks = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
@@ -78,6 +78,77 @@ def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str
     return gt
 
 
+def _read_rank_file(path: str, key: str | None, padding: int | None, n_queries: int) -> tuple[Any, int | None]:
+    """Ranks in the internal layout, and the padding to evaluate them with."""
+    from oxbench.formats.arrays import read_ranks
+
+    if not Path(path).exists():
+        raise InputError("ranks file not found", path)
+    ranks = read_ranks(path, key=key, padding=padding)
+    if ranks.shape[0] != n_queries:
+        if Path(path).suffix.lower() in (".txt", ".ivecs"):
+            raise InputError(
+                f"ranks hold {ranks.shape[0]} lists (one query a line/record) but the ground truth has "
+                f"{n_queries} queries",
+                path,
+            )
+        hint = "; this one looks transposed: save its transpose (FAISS's I [n_queries, k] as I.T)"
+        raise InputError(
+            f"ranks have {ranks.shape[0]} columns but the ground truth has {n_queries} queries (revisitop "
+            f"layout: rows = ranked positions, columns = queries{hint if ranks.shape[1] == n_queries else ''})",
+            path,
+        )
+    if Path(path).suffix.lower() == ".txt" and padding is None and ranks.size and int(ranks.min()) == -1:
+        padding = -1  # lines of different lengths: the reader padded them
+    return ranks, padding
+
+
+def _report_coverage(path: str, ranks: Any, n_index: int) -> None:
+    """Say once on stderr when the lists are shorter than the collection they rank."""
+    if ranks.shape[1] < n_index:
+        click.echo(f"{path}: ranks cover top {ranks.shape[1]:,} of {n_index:,} images", err=True)
+
+
+def _features(
+    gt: Any,
+    db_features: str,
+    query_features: str,
+    *,
+    key: str | None,
+    query_key: str | None,
+    layout: str,
+    normalize: bool,
+    n_distractors: int,
+) -> tuple[Any, Any]:
+    """Read both descriptor files and check their orientation against each other and the ground truth."""
+    from oxbench.formats.arrays import Layout, read_features
+
+    other = "n-d" if layout == "d-n" else "d-n"
+    lay = cast(Layout, layout)
+    x = read_features(db_features, layout=lay, key=key, normalize=normalize)
+    q = read_features(query_features, layout=lay, key=query_key if query_key is not None else key, normalize=normalize)
+    n_index = gt.n_db + n_distractors
+    if x.shape[0] != n_index and x.shape[1] == n_index:
+        raise InputError(
+            f"read as --layout {layout}, the database features are {x.shape[0]} vectors of dimension "
+            f"{x.shape[1]}, but the database has {n_index:,} images: the file is transposed, use --layout {other}",
+            db_features,
+        )
+    if q.shape[0] != gt.n_queries and q.shape[1] == gt.n_queries:
+        raise InputError(
+            f"read as --layout {layout}, the query features are {q.shape[0]} vectors of dimension {q.shape[1]}, "
+            f"but there are {gt.n_queries} queries: the file is transposed, use --layout {other}",
+            query_features,
+        )
+    if q.shape[1] != x.shape[1]:
+        raise InputError(
+            f"query features have dimension {q.shape[1]} but database features {x.shape[1]} ({db_features}); "
+            f"if one file is stored the other way round, transpose it",
+            query_features,
+        )
+    return q, x
+
+
 def _score(
     gt: Any,
     *,
@@ -85,73 +156,117 @@ def _score(
     scores: str | None,
     db_features: str | None,
     query_features: str | None,
+    key: str | None,
+    query_key: str | None,
+    layout: str,
+    normalize: bool,
+    padding: int | None,
     n_distractors: int,
-    ks: tuple[int, ...],
+    ks: tuple[int, ...] | None,
 ) -> Any:
-    from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores, from_revisitop
+    from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores
+    from oxbench.evaluation.protocols import MAX_DISTRACTORS
 
     if n_distractors < 0:
         raise InputError(f"--distractors must be >= 0, got {n_distractors}")
+    if n_distractors > MAX_DISTRACTORS:
+        raise InputError(f"--distractors {n_distractors} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)")
     given = [ranks is not None, scores is not None, db_features is not None or query_features is not None]
     if sum(given) != 1:
         raise InputError("give exactly one of --ranks, --scores, or --db-features with --query-features")
+    if ranks is None and padding is not None:
+        raise InputError("--padding applies to --ranks")
+    if (layout != "n-d" or normalize) and db_features is None:
+        raise InputError("--layout and --normalize apply to --db-features/--query-features")
     if ranks is not None:
-        arr = _load_npy(ranks, "ranks")
-        if arr.ndim != 2:
-            raise InputError(
-                f"ranks must be 2-D (rows = ranked positions, columns = queries), got shape {arr.shape}",
-                ranks,
-            )
-        if arr.shape[1] != gt.n_queries:
-            raise InputError(
-                f"ranks have {arr.shape[1]} columns but the ground truth has {gt.n_queries} queries "
-                f"(revisitop layout: rows = ranked positions, columns = queries; shape {arr.shape})",
-                ranks,
-            )
-        return evaluate(gt, from_revisitop(arr, source=ranks), ks=ks, n_distractors=n_distractors, source=ranks)
+        arr, pad = _read_rank_file(ranks, key, padding, gt.n_queries)
+        result = evaluate(gt, arr, ks=ks, n_distractors=n_distractors, padding=pad, source=ranks)
+        _report_coverage(ranks, arr, gt.n_db + n_distractors)
+        return result
     if scores is not None:
-        arr = _load_npy(scores, "scores")
-        return evaluate_scores(gt, arr, ks=ks, n_distractors=n_distractors, source=scores)
+        from oxbench.formats.arrays import read_matrix
+
+        if not Path(scores).exists():
+            raise InputError("scores file not found", scores)
+        return evaluate_scores(gt, read_matrix(scores, key=key), ks=ks, n_distractors=n_distractors, source=scores)
     if db_features is None or query_features is None:
         raise InputError("--db-features and --query-features go together")
-    x = _load_npy(db_features, "database features")
-    q = _load_npy(query_features, "query features")
-    return evaluate_features(
-        gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}"
+    q, x = _features(
+        gt, db_features, query_features, key=key, query_key=query_key, layout=layout, normalize=normalize,
+        n_distractors=n_distractors,
     )
+    return evaluate_features(gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}")
+
+
+def _check_output(per_query: str | None) -> None:
+    """Refuse a --per-query path that cannot be written (a link, FIFO, device, folder) before any work."""
+    if per_query is not None:
+        from oxbench.fileio import check_output_path
+
+        check_output_path(per_query)
 
 
 def _emit(result: Any, as_json: bool, per_query: str | None) -> None:
-    if per_query is not None:
-        from oxbench.formats.revisitop import atomic_write_bytes
-        from oxbench.report.tables import csv_text
-
-        atomic_write_bytes(Path(per_query), csv_text(result.per_query_rows()).encode())
+    """Print the metrics, then write the per-query CSV (a failed write loses nothing printed)."""
     if as_json:
         click.echo(json.dumps(result.to_dict()))
-        return
-    for line in result.lines():
-        click.echo(line)
-    click.echo("")
-    click.echo(result.table())
+    else:
+        for line in result.lines():
+            click.echo(line)
+        click.echo("")
+        click.echo(result.table())
+    if per_query is not None:
+        from oxbench.fileio import atomic_write_text
+        from oxbench.report.tables import csv_text
+
+        atomic_write_text(per_query, csv_text(result.per_query_rows()))
 
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--per-query", type=click.Path(dir_okay=False), help="Also write per-query AP/P@K as CSV.")(f)
+    f = click.option("--per-query", type=click.Path(), help="Also write per-query AP/P@K as CSV.")(f)
     f = click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)(f)
-    f = click.option("--ks", default="1,5,10", show_default=True, help=_KS_HELP)(f)
+    return f
+
+
+def _ks_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option("--ks", default=None, help=help_text)
+
+
+def _key_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    f = click.option("--padding", type=click.Choice(["-1"]), default=None, help=_PADDING_HELP)(f)
+    f = click.option(
+        "--key", help="Name of the array inside an .npz or .mat file holding several (revisitop .mat: X)."
+    )(f)
     return f
 
 
 def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--query-features", type=click.Path(), help="Query descriptors .npy [n_queries, d].")(f)
     f = click.option(
-        "--db-features", type=click.Path(), help="Database descriptors .npy [n_db (+ distractors), d]; dot product."
+        "--normalize", is_flag=True,
+        help="L2-normalise the descriptors first. Off by default: cosine similarity needs it.",
     )(f)
-    f = click.option("--scores", type=click.Path(), help="Similarities .npy [n_db (+ distractors), n_queries].")(f)
     f = click.option(
-        "--ranks", type=click.Path(), help="Ranks .npy, revisitop layout: rows = ranked positions, columns = queries."
+        "--layout", type=click.Choice(["n-d", "d-n"]), default="n-d", show_default=True,
+        help="Descriptor files: n-d = one vector a row (numpy, FAISS, .fvecs); d-n = one a column "
+        "(revisitop's .mat X and Q).",
     )(f)
+    f = click.option("--query-key", help="Name of the query array in the --query-features file (default: --key; revisitop .mat: Q).")(f)
+    f = click.option(
+        "--query-features", type=click.Path(), help="Query descriptors [n_queries, d]: .npy .npz .mat .fvecs .bvecs."
+    )(f)
+    f = click.option(
+        "--db-features", type=click.Path(),
+        help="Database descriptors [n_db (+ distractors), d] (.npy .npz .mat .fvecs .bvecs); dot product.",
+    )(f)
+    f = click.option(
+        "--scores", type=click.Path(), help="Similarities [n_db (+ distractors), n_queries]: .npy .npz .mat."
+    )(f)
+    f = click.option(
+        "--ranks", type=click.Path(),
+        help="Ranks: .npy/.npz/.mat in the revisitop layout (rows = ranked positions, columns = queries), "
+        ".ivecs or text (one query per line).",
+    )(f)
+    f = _key_options(f)
     f = click.option(
         "--distractors",
         "n_distractors",
@@ -173,29 +288,23 @@ def evaluate() -> None:
 @evaluate.command("revisited")
 @click.option("--gnd", type=click.Path(), help="Revisited ground truth, e.g. gnd_roxford5k.pkl.")
 @_inputs
+@_ks_option(_KS_HELP)
 @_common
-def revisited(
-    gnd: str | None,
-    dataset: str | None,
-    root: str | None,
-    n_distractors: int,
-    ranks: str | None,
-    scores: str | None,
-    db_features: str | None,
-    query_features: str | None,
-    ks: str,
-    as_json: bool,
-    per_query: str | None,
-) -> None:
-    """Revisited Oxford/Paris: mAP and mP@K for the Easy, Medium and Hard setups (revisitop's
+def revisited(gnd: str | None, dataset: str | None, root: str | None, ks: str | None, as_json: bool,
+              per_query: str | None, **inputs: Any) -> None:
+    """Revisited Oxford/Paris: mAP and capped mP@K for the Easy, Medium and Hard setups (revisitop's
     compute_map, exactly)."""
     k = _parse_ks(ks)
+    _check_output(per_query)
     gt = _load_gt(gnd, dataset, root, "revisited")
-    result = _score(
-        gt, ranks=ranks, scores=scores, db_features=db_features, query_features=query_features,
-        n_distractors=n_distractors, ks=k,
-    )
+    result = _score(gt, ks=k, **_input_args(inputs))
     _emit(result, as_json, per_query)
+
+
+def _input_args(inputs: dict[str, Any]) -> dict[str, Any]:
+    out = dict(inputs)
+    out["padding"] = None if out["padding"] is None else int(out["padding"])
+    return out
 
 
 @evaluate.command("oxford")
@@ -203,42 +312,32 @@ def revisited(
 @click.option("--ranked-dir", type=click.Path(), help="Folder of <query>.txt ranked lists (one image name per line).")
 @click.option("--gnd", type=click.Path(), help="Old-protocol pickle (gnd_oxford5k.pkl, gnd_paris6k.pkl).")
 @_inputs
+@_ks_option(_KS_HELP)
 @_common
-def oxford(
-    gt_dir: str | None,
-    ranked_dir: str | None,
-    gnd: str | None,
-    dataset: str | None,
-    root: str | None,
-    n_distractors: int,
-    ranks: str | None,
-    scores: str | None,
-    db_features: str | None,
-    query_features: str | None,
-    ks: str,
-    as_json: bool,
-    per_query: str | None,
-) -> None:
+def oxford(gt_dir: str | None, ranked_dir: str | None, gnd: str | None, dataset: str | None, root: str | None,
+           ks: str | None, as_json: bool, per_query: str | None, **inputs: Any) -> None:
     """Original Oxford 5K / Paris 6K: good+ok positive, junk ignored (compute_ap.cpp). Works for the
-    Paris files too."""
+    Paris files too. Per-query results are keyed by the query id (all_souls_1)."""
     k = _parse_ks(ks)
+    _check_output(per_query)
+    args = _input_args(inputs)
     if gt_dir is not None or ranked_dir is not None:
         if gt_dir is None or ranked_dir is None:
             raise InputError("--gt-dir and --ranked-dir go together")
-        if any(v is not None for v in (gnd, dataset, ranks, scores, db_features, query_features)):
+        arrays = ("ranks", "scores", "db_features", "query_features")
+        if gnd is not None or dataset is not None or any(args[a] is not None for a in arrays):
             raise InputError("--gt-dir/--ranked-dir cannot be combined with --gnd, --dataset or array inputs")
         from oxbench.evaluation import evaluate as evaluate_ranks
         from oxbench.formats.oxford_gt import read_gt_dir, read_ranked_dir
 
         gt = read_gt_dir(gt_dir)
-        gt2, internal = read_ranked_dir(ranked_dir, gt)
-        result = evaluate_ranks(gt2, internal, ks=k, n_distractors=n_distractors, source=str(ranked_dir))
+        gt2, internal = read_ranked_dir(ranked_dir, gt)  # shorter lists are padded with -1
+        n_distractors = args["n_distractors"]
+        result = evaluate_ranks(gt2, internal, ks=k, n_distractors=n_distractors, padding=-1, source=str(ranked_dir))
+        _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
     else:
         gt = _load_gt(gnd, dataset, root, "original")
-        result = _score(
-            gt, ranks=ranks, scores=scores, db_features=db_features, query_features=query_features,
-            n_distractors=n_distractors, ks=k,
-        )
+        result = _score(gt, ks=k, **args)
     _emit(result, as_json, per_query)
 
 
@@ -248,53 +347,74 @@ def oxford(
     "--images", type=click.Path(), help="holidays_images.dat (default: the installed holidays dataset)."
 )
 @click.option("--root", type=click.Path(), help="Data root of the installed dataset.")
+@_ks_option(_KS_OPT_HELP)
 @_common
 def holidays(
-    results: str, images: str | None, root: str | None, ks: str, as_json: bool, per_query: str | None
+    results: str, images: str | None, root: str | None, ks: str | None, as_json: bool, per_query: str | None
 ) -> None:
-    """INRIA Holidays: the query image is ignored, written rank numbers count (holidays_map.py)."""
+    """INRIA Holidays: mAP; the query image is ignored, written rank numbers count (holidays_map.py)."""
     from oxbench.evaluation import evaluate as evaluate_ranks
     from oxbench.formats.holidays import read_ground_truth, read_results
 
     k = _parse_ks(ks)
+    _check_output(per_query)
     if images is not None:
         gt = read_ground_truth(images)
     else:
         from oxbench.datasets import load_ground_truth
 
         gt = load_ground_truth("holidays", root)
-    internal = read_results(results, gt)
-    _emit(evaluate_ranks(gt, internal, ks=k, source=results), as_json, per_query)
+    internal = read_results(results, gt)  # positions the file skips are -1 gaps
+    _emit(evaluate_ranks(gt, internal, ks=k, gaps=True, source=results), as_json, per_query)
 
 
 @evaluate.command("ukbench")
 @click.option(
-    "--ranks", type=click.Path(), help="Ranks .npy: >= 4 rows (ranked positions), one column per image."
+    "--ranks", type=click.Path(),
+    help="Ranks: >= 4 rows (ranked positions), one column per image (.npy .npz .mat), or .ivecs / text "
+    "(one image's list per line).",
 )
-@click.option("--scores", type=click.Path(), help="Similarities .npy [n_images, n_images].")
+@click.option("--scores", type=click.Path(), help="Similarities [n_images, n_images]: .npy .npz .mat.")
+@_key_options
+@_ks_option(_KS_OPT_HELP)
 @_common
-def ukbench(ranks: str | None, scores: str | None, ks: str, as_json: bool, per_query: str | None) -> None:
+def ukbench(ranks: str | None, scores: str | None, key: str | None, padding: str | None, ks: str | None,
+            as_json: bool, per_query: str | None) -> None:
     """UKBench: N-S score = mean number of the object's 4 images in the top 4 (query i = image i)."""
     from oxbench.evaluation import evaluate as evaluate_ranks
-    from oxbench.evaluation import evaluate_scores, from_revisitop
+    from oxbench.evaluation import evaluate_scores
+    from oxbench.formats.arrays import read_matrix, read_ranks
     from oxbench.formats.ukbench import ukbench_ground_truth
 
     k = _parse_ks(ks)
+    _check_output(per_query)
     if (ranks is None) == (scores is None):
         raise InputError("give exactly one of --ranks or --scores")
+    if scores is not None and padding is not None:
+        raise InputError("--padding applies to --ranks")
     path = ranks if ranks is not None else scores
     assert path is not None
-    arr = _load_npy(path, "ranks" if ranks is not None else "scores")
-    if arr.ndim != 2:
-        raise InputError(f"expected a 2-D array, got shape {arr.shape}", path)
-    if ranks is not None and arr.shape[0] < 4:
-        raise InputError(f"UKBench needs at least the top 4 of each list (rows), got {arr.shape[0]}", path)
-    try:
-        gt = ukbench_ground_truth(int(arr.shape[1]))
-    except InputError as exc:
-        raise InputError(f"{arr.shape[1]} columns (images): {exc.problem}", path) from None
+    if not Path(path).exists():
+        raise InputError(f"{'ranks' if ranks is not None else 'scores'} file not found", path)
+    pad = None if padding is None else int(padding)
     if ranks is not None:
-        result = evaluate_ranks(gt, from_revisitop(arr), ks=k, source=path)
+        arr = read_ranks(path, key=key, padding=pad)  # internal layout: one row per image
+        n_images = int(arr.shape[0])
+        if arr.shape[1] < 4:
+            raise InputError(f"UKBench needs at least the top 4 of each list (rows), got {arr.shape[1]}", path)
+        if Path(path).suffix.lower() == ".txt" and pad is None and arr.size and int(arr.min()) == -1:
+            pad = -1
+    else:
+        arr = read_matrix(path, key=key)
+        if arr.ndim != 2:
+            raise InputError(f"expected a 2-D array, got shape {arr.shape}", path)
+        n_images = int(arr.shape[1])
+    try:
+        gt = ukbench_ground_truth(n_images)
+    except InputError as exc:
+        raise InputError(f"{n_images} columns (images): {exc.problem}", path) from None
+    if ranks is not None:
+        result = evaluate_ranks(gt, arr, ks=k, padding=pad, source=path)
     else:
         result = evaluate_scores(gt, arr, ks=k, source=path)
     _emit(result, as_json, per_query)

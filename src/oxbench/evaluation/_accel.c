@@ -399,6 +399,12 @@ static PyObject *scan_ranks(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOLOOOO|nn", &o_ranks, &o_tables, &n_index, &o_off, &o_pos,
                           &o_code, &o_count, &group_bytes, &block_bytes))
         return NULL;
+    /* Every size the loops trust is checked here: the bitsets take n_index / 8 bytes a query, so
+     * n_index must be >= 0 and small enough for that product to fit in memory arithmetic. */
+    if (n_index < 0 || n_index > ((long long)1 << 48)) {
+        PyErr_Format(PyExc_ValueError, "_accel: n_index must be in 0 .. 2**48, got %lld", n_index);
+        return NULL;
+    }
     Py_buffer br, bt, bo, bp, bc, bn;
     if (get_2d(o_ranks, &br, "ranks") < 0) return NULL;
     int kind = fmt_kind(&br);
@@ -415,7 +421,23 @@ static PyObject *scan_ranks(PyObject *self, PyObject *args)
     }
     if (get_vec(o_off, &bo, K_I64, nq + 1, 0, "lab_off") < 0) goto fail_t;
     const int64_t *off = (const int64_t *)bo.buf;
+    /* the output slots of query q are [off[q], off[q + 1]): a start of 0 and no decrease keep
+     * every write (emit_label) inside out_pos / out_code, whose length is checked against off[nq] */
+    if (off[0] != 0) {
+        PyErr_SetString(PyExc_ValueError, "_accel: lab_off must start at 0");
+        goto fail_o;
+    }
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        if (off[q + 1] < off[q]) {
+            PyErr_SetString(PyExc_ValueError, "_accel: lab_off must not decrease");
+            goto fail_o;
+        }
+    }
     int64_t total = off[nq];
+    if ((uint64_t)nq > (uint64_t)PY_SSIZE_T_MAX / 8 / ((uint64_t)(n_index + 63) / 64 + 1)) {
+        PyErr_SetString(PyExc_ValueError, "_accel: n_queries x n_index too large");
+        goto fail_o;
+    }
     if (get_vec(o_pos, &bp, K_I64, total, 1, "out_pos") < 0) goto fail_o;
     if (get_vec(o_code, &bc, K_U8, total, 1, "out_code") < 0) goto fail_p;
     if (get_vec(o_count, &bn, K_I64, nq, 1, "out_count") < 0) goto fail_c;
@@ -747,6 +769,16 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     if (get_vec(o_uoff, &buo, K_I64, nq + 1, 0, "u_off") < 0) goto done;
     have = 2;
     const int64_t *uoff = (const int64_t *)buo.buf;
+    if (uoff[0] != 0) { /* with d >= 0 per query (checked below), u_off stays in [0, len(u)] */
+        PyErr_SetString(PyExc_ValueError, "_accel: u_off must start at 0");
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        if (uoff[q + 1] < uoff[q]) {
+            PyErr_SetString(PyExc_ValueError, "_accel: u_off must not decrease");
+            goto done;
+        }
+    }
     if (fmt_kind(&bu) != K_F64 || bu.len / 8 < uoff[nq]) {
         PyErr_SetString(PyExc_ValueError, "_accel: bad buffer for u");
         goto done;
@@ -767,6 +799,20 @@ static PyObject *score_ranks(PyObject *self, PyObject *args)
     if (get_vec(o_coff, &bco, K_I64, nq + 1, 0, "cnt_off") < 0) goto done;
     have = 7;
     const int64_t *coff = (const int64_t *)bco.buf;
+    if (coff[0] != 0) { /* each query's block is 2 d + 1 > 0 long (checked below): increasing */
+        PyErr_SetString(PyExc_ValueError, "_accel: cnt_off must start at 0");
+        goto done;
+    }
+    for (Py_ssize_t q = 0; q < nq; q++) {
+        if (coff[q + 1] - coff[q] != 2 * (uoff[q + 1] - uoff[q]) + 1) {
+            PyErr_SetString(PyExc_ValueError, "_accel: inconsistent offsets");
+            goto done;
+        }
+    }
+    if (n_bins > (1 << 24)) {
+        PyErr_SetString(PyExc_ValueError, "_accel: n_bins must be at most 2**24");
+        goto done;
+    }
     if (get_vec(o_cnt, &bc, K_I64, coff[nq], 1, "cnt") < 0) goto done;
     have = 8;
 

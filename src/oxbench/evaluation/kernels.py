@@ -82,11 +82,11 @@ Labels = tuple[NDArray[np.int64], NDArray[np.uint8]]
 Found = tuple[NDArray[np.int64], NDArray[np.uint8]]
 
 
-def _qname(names: Sequence[str] | None, q: int) -> str:
+def qname(names: Sequence[str] | None, q: int) -> str:
     return f"query {q} ({names[q]})" if names is not None and q < len(names) else f"query {q}"
 
 
-def _range_text(n_db: int, n_index: int) -> str:
+def range_text(n_db: int, n_index: int) -> str:
     if n_index == n_db:
         return f"database indices are 0..{n_db - 1}"
     return f"database indices are 0..{n_db - 1} and distractors {n_db}..{n_index - 1}"
@@ -99,7 +99,7 @@ def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, s
     if np.issubdtype(blk.dtype, np.integer):
         if np.issubdtype(blk.dtype, np.unsignedinteger) and blk.size and blk.max() > np.iinfo(np.int64).max:
             r, c = np.unravel_index(int(np.argmax(blk)), blk.shape)
-            raise InputError(f"{_qname(names, g0 + int(r))}: rank position {j0 + c} holds {blk[r, c]}, not an index", source)
+            raise InputError(f"{qname(names, g0 + int(r))}: rank position {j0 + c} holds {blk[r, c]}, not an index", source)
         return blk.astype(np.int64)
     if np.issubdtype(blk.dtype, np.floating):
         bad = ~np.isfinite(blk)
@@ -107,7 +107,7 @@ def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, s
         if bad.any():
             r, c = np.argwhere(bad)[0]
             raise InputError(
-                f"{_qname(names, g0 + int(r))}: rank position {j0 + c} holds {float(blk[r, c])!r}, not an integer index",
+                f"{qname(names, g0 + int(r))}: rank position {j0 + c} holds {float(blk[r, c])!r}, not an integer index",
                 source,
             )
         return blk.astype(np.int64)
@@ -129,7 +129,7 @@ def _raise_duplicate(row: np.ndarray, q: int, names: Sequence[str] | None, sourc
     v = int(dup[0]) if dup.size else -1
     where = np.flatnonzero(row == v)[:2].tolist()
     raise InputError(
-        f"{_qname(names, q)}: image {v} appears more than once in the ranked list (positions "
+        f"{qname(names, q)}: image {v} appears more than once in the ranked list (positions "
         f"{', '.join(map(str, where))}); the official programs would count it twice",
         source,
     )
@@ -187,8 +187,8 @@ class _RowScanner:
     def _out_of_range(self, seg: np.ndarray, at: int) -> None:
         c = int(np.flatnonzero((seg < -1) | (seg >= self.n_index))[0])
         raise InputError(
-            f"{_qname(self.names, self.q)}: rank position {at + c} holds index {seg[c]}, "
-            f"but {_range_text(self.n_db, self.n_index)} (-1 marks a gap)",
+            f"{qname(self.names, self.q)}: rank position {at + c} holds index {seg[c]}, "
+            f"but {range_text(self.n_db, self.n_index)} (-1 marks a gap)",
             self.source,
         )
 
@@ -536,7 +536,7 @@ def labelled_ranks_from_scores(
             continue
         if np.isnan(vals).any():
             bad = int(idx[np.flatnonzero(np.isnan(vals))[0]])
-            raise InputError(f"{_qname(names, q)}: score of database image {bad} is NaN", source)
+            raise InputError(f"{qname(names, q)}: score of database image {bad} is NaN", source)
         lo, hi = float(vals.min()), float(vals.max())
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             sc = n_bins / (hi - lo) if hi > lo else 1.0
@@ -572,7 +572,7 @@ def labelled_ranks_from_scores(
             np.copyto(dst[:, s0 : s0 + _SLAB], scores[i0 + s0 : min(i1, i0 + s0 + _SLAB)].T, casting="unsafe")
         if wd.kind == "f" and np.isnan(dst.min()):
             r, c = np.argwhere(np.isnan(dst))[0]
-            raise InputError(f"{_qname(names, int(r))}: score of database image {i0 + c} is NaN", source)
+            raise InputError(f"{qname(names, int(r))}: score of database image {i0 + c} is NaN", source)
         y = ybuf[:length]
         b = bbuf[:length]
         for q in np.flatnonzero(fast & ~heavy).tolist():
@@ -621,7 +621,7 @@ def labelled_ranks_from_scores(
             col = np.ascontiguousarray(scores[:, q]).astype(wd)
             if np.isnan(col).any():
                 bad = int(np.flatnonzero(np.isnan(col))[0])
-                raise InputError(f"{_qname(names, q)}: score of database image {bad} is NaN", source)
+                raise InputError(f"{qname(names, q)}: score of database image {bad} is NaN", source)
             if idx.size <= 16:
                 lab_rank = _exact_ranks_in_column(col, idx)
             else:

@@ -22,7 +22,7 @@ an error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import numpy as np
@@ -30,12 +30,27 @@ from numpy.typing import ArrayLike, NDArray
 
 from oxbench.errors import InputError
 from oxbench.evaluation import kernels as K
+from oxbench.evaluation.ap import average_precision, precision_at_ks
 from oxbench.evaluation.result import EvaluationResult, SetupResult
 from oxbench.groundtruth import GroundTruth
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KS: tuple[int, ...] = (1, 5, 10)
+
+#: The K of the capped mP@K columns reported when none are asked for: revisitop's (1, 5, 10) for
+#: the revisited and original protocols; none for Holidays (mAP) and UKBench (N-S score), whose
+#: communities do not report it.
+PROTOCOL_KS: dict[str, tuple[int, ...]] = {
+    "revisited": DEFAULT_KS,
+    "original": DEFAULT_KS,
+    "holidays": (),
+    "ukbench": (),
+}
+
+#: The largest ``n_distractors`` accepted (2**40; R1M declares 1,001,001): a larger declared count
+#: is a typo, and no kernel's memory depends on it.
+MAX_DISTRACTORS: int = 1 << 40
 
 # setup -> (positive codes, ignored codes)
 SETUPS: dict[str, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
@@ -69,34 +84,15 @@ def query_labels(gt: GroundTruth) -> list[K.Labels]:
     return out
 
 
-def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
-    out = tuple(int(k) for k in ks)
-    if not out or any(k < 1 for k in out) or len(set(out)) != len(out):
+def _check_ks(ks: Sequence[int] | None, protocol: str) -> tuple[int, ...]:
+    if ks is None:
+        return PROTOCOL_KS[protocol]
+    try:
+        out = tuple(int(k) for k in ks)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"ks must be distinct positive integers, got {ks!r}") from None
+    if any(k < 1 for k in out) or len(set(out)) != len(out):
         raise InputError(f"ks must be distinct positive integers, got {list(ks)}")
-    return out
-
-
-def _ap_official(eff: NDArray[np.int64], n_pos: int) -> float:
-    """revisitop ``compute_ap`` on 0-based ranks ``eff`` (ignored deleted), same operation order."""
-    if eff.size == 0:
-        return 0.0
-    j = np.arange(eff.size, dtype=np.float64)
-    r = eff.astype(np.float64)
-    p0 = np.divide(j, r, out=np.ones_like(j), where=r != 0)
-    p1 = (j + 1.0) / (r + 1.0)
-    terms = (p0 + p1) * (1.0 / n_pos) / 2.0
-    return float(np.cumsum(terms)[-1])  # sequential, like the official loop
-
-
-def _p_at_ks(eff: NDArray[np.int64], ks: tuple[int, ...]) -> NDArray[np.float64]:
-    out = np.zeros(len(ks), dtype=np.float64)
-    if eff.size == 0:
-        return out
-    last = int(eff[-1]) + 1
-    # eff is strictly increasing: |{pos <= kq}| = searchsorted(eff, kq - 1, "right")
-    for t, k in enumerate(ks):
-        kq = min(last, k)
-        out[t] = int(np.searchsorted(eff, kq - 1, side="right")) / kq
     return out
 
 
@@ -109,25 +105,31 @@ def score_found(
     gt: GroundTruth,
     labels: Sequence[K.Labels],
     found: Sequence[K.Found],
-    ks: Sequence[int] = DEFAULT_KS,
+    ks: Sequence[int] | None = None,
     *,
     n_distractors: int = 0,
+    padding: int | None = None,
     source: str | None = None,
 ) -> EvaluationResult:
     """Score per-query labelled positions (from a kernel) under ``gt.protocol``'s setups.
+
+    Every query's AP and P@K come from :func:`~oxbench.evaluation.ap.average_precision` and
+    :func:`~oxbench.evaluation.ap.precision_at_ks` on its positives' positions, ignored items
+    deleted.
 
     Args:
         gt: the ground truth (its protocol picks the setups).
         labels: :func:`query_labels` of ``gt``.
         found: per query ``(positions, codes)`` of the labelled images in its ranked list.
-        ks: the K of the P@K columns.
+        ks: the K of the capped P@K columns (default: :data:`PROTOCOL_KS` of the protocol).
         n_distractors: recorded in the result.
+        padding: recorded in the result (the value that padded short lists, or None).
         source: input name, for error messages.
 
     Raises:
         InputError: a setup in which every query has no positives.
     """
-    ks = _check_ks(ks)
+    ks = _check_ks(ks, gt.protocol)
     nq = gt.n_queries
     setups: dict[str, SetupResult] = {}
     for name, (pos_codes, ign_codes) in SETUPS[gt.protocol].items():
@@ -151,8 +153,8 @@ def score_found(
             is_ign = is_ign_code[codes]
             pos_at = positions[is_pos]
             eff = pos_at - (np.cumsum(is_ign) - is_ign)[is_pos] if is_ign.any() else pos_at
-            ap[q] = _ap_official(eff, n)
-            pk[q] = _p_at_ks(eff, ks)
+            ap[q] = average_precision(eff, n)
+            pk[q] = precision_at_ks(eff, ks)
             if top4 is not None:
                 top4[q] = np.count_nonzero(pos_at < 4)
         used = np.setdiff1d(np.arange(nq), skipped)
@@ -182,21 +184,121 @@ def score_found(
         ks=ks,
         query_names=gt.query_names,
         n_distractors=n_distractors,
+        query_ids=gt.query_ids if gt.protocol == "original" and any(q.query_id for q in gt.queries) else (),
+        padding=padding,
     )
 
 
 def _check_distractors(n_distractors: int) -> int:
-    if int(n_distractors) != n_distractors or n_distractors < 0:
+    if isinstance(n_distractors, bool) or int(n_distractors) != n_distractors or n_distractors < 0:
         raise InputError(f"n_distractors must be a non-negative integer, got {n_distractors!r}")
+    if n_distractors > MAX_DISTRACTORS:
+        raise InputError(
+            f"n_distractors {n_distractors} is beyond any collection (at most {MAX_DISTRACTORS:,}; "
+            "R1M declares 1,001,001)"
+        )
     return int(n_distractors)
+
+
+def _find_entry(arr: np.ndarray, bad: Callable[[np.ndarray], np.ndarray]) -> tuple[int, int]:
+    """(query, position) of the first entry of ``arr [n_queries, k]`` for which ``bad`` holds."""
+    for q in range(arr.shape[0]):
+        hit = np.flatnonzero(bad(np.asarray(arr[q])))
+        if hit.size:
+            return q, int(hit[0])
+    raise AssertionError("no such entry")  # pragma: no cover - callers checked that one exists
+
+
+def check_rank_values(
+    ranks: np.ndarray,
+    n_db: int,
+    n_index: int,
+    *,
+    padding: int | None = None,
+    gaps: bool = False,
+    names: Sequence[str] | None = None,
+    source: str | None = None,
+) -> int:
+    """Check that a ranks array ``[n_queries, k]`` holds database indices; return the largest + 1.
+
+    Integer dtypes only: a non-empty floating-point array is refused whatever its values (it is
+    almost always a score matrix given as ranks). Every value must be in ``0 .. n_index - 1``, except
+    ``-1`` where allowed: with ``padding=-1`` at the end of a list (FAISS pads lists shorter than
+    ``k`` with -1), with ``gaps=True`` anywhere (an unnamed negative at that position, as a
+    Holidays result file that skips rank numbers).
+
+    Returns:
+        The index range the scan needs: ``n_index`` when that is within a few times the number
+        of entries, else ``1 +`` the largest index present (0 for an empty array). So memory for
+        the scan is bounded by the data, never by a huge declared ``n_index``.
+
+    Raises:
+        InputError: naming the query and the position of the first offending entry.
+    """
+    if padding not in (None, -1):
+        raise InputError(f"padding must be -1 (FAISS) or None, got {padding!r}", source)
+    if np.issubdtype(ranks.dtype, np.floating) and ranks.size:
+        raise InputError(
+            f"ranks hold floating-point numbers (dtype {ranks.dtype}), not integer indices: these look "
+            "like scores: use --scores (evaluate_scores)",
+            source,
+        )
+    K.check_ranks_dtype(ranks, source)
+    if ranks.size == 0:
+        return 0
+    if ranks.dtype.kind == "f":  # empty: no values to be scores
+        return 0
+    lo = ranks.min()
+    # The scan's tables take about n_index bytes (+ n_index / 8 a query): with the declared count
+    # within a few times the data's size they are bounded by the data; beyond, they are sized by the
+    # largest index present (one more pass), so a huge declared count costs nothing.
+    hi = ranks.max() if n_index > 8 * ranks.size + n_db else None
+    if lo < 0:
+        allow = padding == -1 or gaps
+        if lo < -1 or not allow:
+            q, j = _find_entry(ranks, lambda row: row < (-1 if allow else 0))
+            v = int(ranks[q, j])
+            hint = (
+                "; lists shorter than the others may be padded with -1 only when asked (padding=-1, "
+                "--padding -1)"
+                if v == -1
+                else ""
+            )
+            raise InputError(
+                f"{K.qname(names, q)}: rank position {j} holds index {v}: indices are 0-based and "
+                f"non-negative{hint}",
+                source,
+            )
+        if not gaps:
+            pad = ranks == -1
+            inner = pad[:, :-1] & ~pad[:, 1:]
+            if inner.any():
+                q, j = (int(v) for v in np.argwhere(inner)[0])
+                raise InputError(
+                    f"{K.qname(names, q)}: rank position {j} holds the padding -1 but position "
+                    f"{j + 1} holds an index: padding may only end a list",
+                    source,
+                )
+    if hi is None:
+        return n_index  # the scan checks the range
+    if hi >= n_index:
+        q, j = _find_entry(ranks, lambda row: row >= n_index)
+        raise InputError(
+            f"{K.qname(names, q)}: rank position {j} holds index {ranks[q, j]}, but "
+            f"{K.range_text(n_db, n_index)}",
+            source,
+        )
+    return int(hi) + 1
 
 
 def evaluate(
     gt: GroundTruth,
     ranks: ArrayLike,
     *,
-    ks: Sequence[int] = DEFAULT_KS,
+    ks: Sequence[int] | None = None,
     n_distractors: int = 0,
+    padding: int | None = None,
+    gaps: bool = False,
     source: str = "ranks",
 ) -> EvaluationResult:
     """Score ranked lists with the official protocol of ``gt`` (exact, validated).
@@ -205,27 +307,35 @@ def evaluate(
     we accumulate in double precision), ``holidays_map.py`` (Holidays: written rank numbers are the
     positions, the query image is ignored) and the N-S score (UKBench: mean number of the object's
     4 images in the top 4 of each list; the query is its own first image). Also for UKBench the
-    trapezoidal mAP is reported.
+    trapezoidal mAP is reported. Per query, AP and P@K are
+    :func:`~oxbench.evaluation.ap.average_precision` and
+    :func:`~oxbench.evaluation.ap.precision_at_ks` of its positives' positions.
 
     Args:
         gt: ground truth; ``gt.protocol`` selects the rules.
-        ranks: internal layout ``[n_queries, k]``: row ``q`` is query ``q``'s ranked list of indices
-            ``0 <= v < n_db + n_distractors``, best first; ``-1`` = an unnamed negative at that
-            position (a gap, or padding of a shorter list). Lists may be truncated: positives not
-            in the list add nothing but still count. For a revisitop ``(k, n_queries)`` array use
-            ``evaluate(gt, from_revisitop(ranks))`` (a view, no copy).
-        ks: the K of the mP@K columns.
+        ranks: internal layout ``[n_queries, k]``, an integer array: row ``q`` is query ``q``'s
+            ranked list of indices ``0 <= v < n_db + n_distractors``, best first. Lists may be
+            truncated: positives not in the list add nothing but still count. For a revisitop
+            ``(k, n_queries)`` array use ``evaluate(gt, from_revisitop(ranks))`` (a view, no copy).
+        ks: the K of the capped mP@K columns (see :func:`~oxbench.evaluation.ap.precision_at_ks`:
+            the denominator is ``min(K, rank of the last retrieved positive)``). Default: (1, 5, 10)
+            for the revisited and original protocols, none for Holidays and UKBench.
         n_distractors: indices ``n_db .. n_db + n_distractors - 1`` are admitted as distractors
-            (always negatives; R1M).
+            (always negatives; R1M). At most :data:`MAX_DISTRACTORS`; memory does not depend on it.
+        padding: ``-1`` admits FAISS-style padding: lists shorter than ``k`` end in -1 entries
+            (only at the end of a list). Recorded in the result. Default: every entry is an index.
+        gaps: admit -1 anywhere as an unnamed negative at that position (the ranks that
+            :func:`oxbench.formats.holidays.read_results` builds from a file that skips rank numbers).
         source: name of the ranks input, for error messages.
 
     Returns:
         The :class:`EvaluationResult` (per-query AP/P@K, per-setup means, skipped queries).
 
     Raises:
-        InputError: wrong shape or dtype; an index that is negative (other than -1), non-integer or
-            out of range; an image repeated in one list; inconsistent ground truth; a setup in
-            which no query has positives. The message names the input, the query and the problem.
+        InputError: wrong shape or dtype (a floating-point array: "these look like scores"); an
+            index that is negative (other than allowed -1) or out of range; an image repeated in
+            one list; inconsistent ground truth; a setup in which no query has positives. The
+            message names the input, the query and the problem.
 
     Example:
         >>> from oxbench.groundtruth import GroundTruth, make_query
@@ -234,24 +344,29 @@ def evaluate(
         0.25
     """
     n_distractors = _check_distractors(n_distractors)
+    ks = _check_ks(ks, gt.protocol)
     gt.validate()
     arr = np.asarray(ranks)
     if arr.ndim != 2:
         raise InputError(f"ranks must be 2-D [n_queries, k], got shape {arr.shape}", source)
-    K.check_ranks_dtype(arr, source)
     if arr.shape[0] != gt.n_queries:
         raise InputError(
             f"ranks hold {arr.shape[0]} ranked lists (shape {arr.shape}, internal layout "
             f"[n_queries, k]) but {gt.source} has {gt.n_queries} queries",
             source,
         )
+    n_index = gt.n_db + n_distractors
+    top = check_rank_values(
+        arr, gt.n_db, n_index, padding=padding, gaps=gaps, names=gt.query_names, source=source
+    )
     if gt.protocol == "ukbench" and arr.shape[1] < 4:
         raise InputError(f"UKBench needs at least the top 4 of each list, got {arr.shape[1]}", source)
     labels = query_labels(gt)
+    # The scan's tables cover the indices present (all valid, checked above), not the declared count.
     found = K.labelled_positions_from_ranks(
-        arr, labels, gt.n_db + n_distractors, n_db=gt.n_db, names=gt.query_names, source=source
+        arr, labels, max(gt.n_db, top), n_db=gt.n_db, names=gt.query_names, source=source
     )
-    return score_found(gt, labels, found, ks, n_distractors=n_distractors, source=source)
+    return score_found(gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source)
 
 
 def _check_scores(gt: GroundTruth, scores: np.ndarray, n_distractors: int, source: str) -> None:
@@ -282,7 +397,7 @@ def evaluate_scores(
     gt: GroundTruth,
     scores: ArrayLike,
     *,
-    ks: Sequence[int] = DEFAULT_KS,
+    ks: Sequence[int] | None = None,
     n_distractors: int = 0,
     source: str = "scores",
 ) -> EvaluationResult:
@@ -290,17 +405,14 @@ def evaluate_scores(
 
     The order is the stable descending sort (ties go to the lower database index), exactly as
     :func:`oxbench.evaluation.ranking.ranks_from_scores` followed by :func:`evaluate` -- but
-    without sorting (see :mod:`oxbench.evaluation.kernels`): at R1M scale (1M x 70) this is about
-    30-36 times faster than revisitop's ``argsort(-sim, axis=0)`` + ``compute_map`` with the
-    compiled kernel, 13-15 times with the numpy fallback (``bench/bench_evaluation.py``), with the
-    same numbers (revisitop's unstable sort may order
-    exactly tied scores differently).
+    without sorting (see :mod:`oxbench.evaluation.kernels`; speeds in ``bench/README.md``), with
+    the same numbers (revisitop's unstable sort may order exactly tied scores differently).
 
     Args:
         gt: ground truth.
         scores: ``[n_db + n_distractors, n_queries]`` (revisitop orientation, ``X.T @ Q``); any
             float or integer dtype, C- or F-ordered. NaN is refused; +-inf is allowed.
-        ks: the K of the mP@K columns.
+        ks: the K of the capped mP@K columns (default as in :func:`evaluate`).
         n_distractors: rows ``n_db ..`` are distractors (always negatives).
         source: name of the scores input, for error messages.
 
@@ -321,7 +433,7 @@ def evaluate_features(
     query_features: ArrayLike,
     db_features: ArrayLike,
     *,
-    ks: Sequence[int] = DEFAULT_KS,
+    ks: Sequence[int] | None = None,
     n_distractors: int = 0,
     chunk_rows: int = 65536,
     source: str = "features",
@@ -330,19 +442,21 @@ def evaluate_features(
 
     The ``[n_db, n_queries]`` float32 score matrix is filled ``chunk_rows`` database rows at a time
     (so a 1M x 2048 database never needs a second copy), then scored by :func:`evaluate_scores`.
-    Descriptors are used as given: normalise them first if you want cosine similarity.
+    Descriptors are used as given: L2-normalise them first if you want cosine similarity
+    (:func:`oxbench.formats.arrays.read_features` ``normalize=True``). Products that overflow
+    float32 (every such score would tie at infinity) are refused like NaN.
 
     Args:
         gt: ground truth.
         query_features: ``[n_queries, d]``.
         db_features: ``[n_db + n_distractors, d]``, database rows first, then distractors.
-        ks: the K of the mP@K columns.
+        ks: the K of the capped mP@K columns (default as in :func:`evaluate`).
         n_distractors: trailing rows of ``db_features`` that are distractors.
         chunk_rows: database rows per matrix product.
         source: name of the input, for error messages.
 
     Raises:
-        InputError: shapes that do not fit, non-finite descriptors.
+        InputError: shapes that do not fit, non-finite descriptors or products.
     """
     q = np.asarray(query_features)
     x = np.asarray(db_features)
@@ -355,6 +469,14 @@ def evaluate_features(
         raise InputError(f"query features have dimension {q.shape[1]} but database features {x.shape[1]}", source)
     if q.shape[0] != gt.n_queries:
         raise InputError(f"{q.shape[0]} query descriptors but {gt.source} has {gt.n_queries} queries", source)
+    n_distractors = _check_distractors(n_distractors)
+    if x.shape[0] != gt.n_db + n_distractors:
+        raise InputError(
+            f"{x.shape[0]} database descriptors but the database has {gt.n_db} images"
+            + (f" + {n_distractors} distractors" if n_distractors else "")
+            + (" (declare the extra rows as distractors)" if x.shape[0] > gt.n_db and not n_distractors else ""),
+            source,
+        )
     qf = np.ascontiguousarray(q, dtype=np.float32)
     if not np.isfinite(qf).all():
         raise InputError("query features contain NaN or infinity", source)
@@ -364,5 +486,14 @@ def evaluate_features(
         if not np.isfinite(xb).all():
             bad = i0 + int(np.flatnonzero(~np.isfinite(xb).all(axis=1))[0])
             raise InputError(f"database descriptor {bad} contains NaN or infinity", source)
-        np.matmul(xb, qf.T, out=scores[i0 : i0 + xb.shape[0]])
+        block = scores[i0 : i0 + xb.shape[0]]
+        with np.errstate(over="ignore", invalid="ignore"):  # refused just below, with the culprits
+            np.matmul(xb, qf.T, out=block)
+        if not np.isfinite(block).all():
+            r, c = (int(v) for v in np.argwhere(~np.isfinite(block))[0])
+            raise InputError(
+                f"the product of database descriptor {i0 + r} and query descriptor {c} overflows "
+                "float32 (scores would tie at infinity): scale or L2-normalise the features",
+                source,
+            )
     return evaluate_scores(gt, scores, ks=ks, n_distractors=n_distractors, source=source)

@@ -1,10 +1,16 @@
 """Ranking layouts: the internal ``[n_queries, k]`` layout and revisitop's ``(k, n_queries)``.
 
 oxbench keeps one internal layout: ``ranks[q]`` is query ``q``'s ranked list of database indices,
-best first; ``-1`` marks an unnamed negative at that position (a gap or padding). revisitop (and
-its ``compute_map``) stores the transpose: rows = ranked positions, columns = queries. Convert only
-at the boundary with :func:`from_revisitop` / :func:`to_revisitop`; both return views, not copies,
-so a million-row ranks file is never duplicated in memory.
+best first (``-1`` only where :func:`~oxbench.evaluation.evaluate` is told so: ``padding=-1`` at the
+end of a list, ``gaps=True`` anywhere). revisitop (and its ``compute_map``) stores the transpose:
+rows = ranked positions, columns = queries. Convert only at the boundary with
+:func:`from_revisitop` / :func:`to_revisitop`; both return views, not copies, so a million-row
+ranks file is never duplicated in memory.
+
+:func:`ranks_from_scores` is the one "rank by score" helper of the package (the search of the
+bag-of-words index and the simulations use it too). Its orientation: scores ``[n_index,
+n_queries]`` in (revisitop's ``X.T @ Q``, what :func:`~oxbench.evaluation.evaluate_scores` takes),
+ranks ``[n_queries, k]`` out (the internal layout). A ``[n_queries, n]`` matrix goes in as ``.T``.
 """
 
 from __future__ import annotations

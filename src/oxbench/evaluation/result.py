@@ -75,6 +75,9 @@ class EvaluationResult:
         ks: the K values of the P@K columns.
         query_names: query names in the ground truth's order (keys of per-query exports).
         n_distractors: how many distractor indices the ranking was allowed to use.
+        query_ids: original protocol: the query ids (``all_souls_1``: the stem of the
+            ``_query.txt`` file), the keys of its JSON ``ap``; empty for the other protocols.
+        padding: the value that padded lists shorter than the others (-1, FAISS), or None.
     """
 
     dataset: str
@@ -83,6 +86,8 @@ class EvaluationResult:
     ks: tuple[int, ...]
     query_names: tuple[str, ...] = ()
     n_distractors: int = 0
+    query_ids: tuple[str, ...] = ()
+    padding: int | None = None
 
     def __getitem__(self, setup: str) -> SetupResult:
         return self.setups[setup]
@@ -96,7 +101,9 @@ class EvaluationResult:
             roxford5k: mAP E: 84.81, M: 64.67, H: 38.47
             roxford5k: mP@k[1 5 10] E: [97.06 92.06 86.49], M: [...], H: [...]
 
-        Others: ``oxford5k: mAP 87.80`` (plus ``mP@k[...]``); UKBench: ``ukbench: score 3.5000``.
+        Others: ``oxford5k: mAP 87.80, mP@k[1 5 10] [...]``; Holidays: ``holidays: mAP 87.80``;
+        UKBench: ``ukbench: score 3.5000 (of 4), mAP ...``. The capped ``mP@k`` part (revisitop's
+        rule, see :func:`~oxbench.evaluation.ap.precision_at_ks`) appears when ``ks`` is not empty.
         """
         name = self.dataset
         kstr = " ".join(str(k) for k in self.ks)
@@ -107,13 +114,13 @@ class EvaluationResult:
         if self.protocol == "revisited":
             maps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {_pct(s.map)}" for n, s in self.setups.items())
             mps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {mp(s)}" for n, s in self.setups.items())
-            return [f"{name}: mAP {maps}", f"{name}: mP@k[{kstr}] {mps}"]
+            return [f"{name}: mAP {maps}"] + ([f"{name}: mP@k[{kstr}] {mps}"] if self.ks else [])
         out = []
         for s in self.setups.values():
-            if s.score is not None:
-                out.append(f"{name}: score {s.score:.4f} (of 4), mAP {_pct(s.map)}")
-            else:
-                out.append(f"{name}: mAP {_pct(s.map)}, mP@k[{kstr}] {mp(s)}")
+            line = f"{name}: score {s.score:.4f} (of 4), mAP {_pct(s.map)}" if s.score is not None else (
+                f"{name}: mAP {_pct(s.map)}"
+            )
+            out.append(line + (f", mP@k[{kstr}] {mp(s)}" if self.ks else ""))
         return out
 
     def _table_rows(self) -> tuple[list[str], list[list[str]]]:
@@ -154,9 +161,19 @@ class EvaluationResult:
         """The CLI's JSON object; numbers are fractions at full precision, skipped APs ``None``.
 
         - revisited: ``{"setups": {"easy": {"map", "mp@1", "mp@5", "mp@10", "ap": [...]}, ...}}``
-        - original / holidays: ``{"map": f, "ap": {"<query>": f}}``
-        - ukbench: ``{"score": f}``
+        - original: ``{"map": f, "ap": {"<query id>": f}}``, keyed by the query id
+          (``all_souls_1``), as ``compute_ap`` and the ranked-list files name queries;
+        - holidays: ``{"map": f, "ap": {"<query image>": f}}``;
+        - ukbench: ``{"score": f}``.
+
+        With ``padding`` set, ``"padding": -1`` is added.
         """
+        out = self._dict_body()
+        if self.padding is not None:
+            out["padding"] = self.padding
+        return out
+
+    def _dict_body(self) -> dict[str, Any]:
         if self.protocol == "revisited":
             setups = {}
             for n, s in self.setups.items():
@@ -169,11 +186,14 @@ class EvaluationResult:
         (s,) = self.setups.values()
         if self.protocol == "ukbench":
             return {"score": _json_float(s.score if s.score is not None else math.nan)}
-        names = self.query_names or tuple(str(i) for i in range(len(s.ap)))
+        names = self.query_ids or self.query_names or tuple(str(i) for i in range(len(s.ap)))
         return {"map": _json_float(s.map), "ap": {q: _json_float(v) for q, v in zip(names, s.ap, strict=True)}}
 
     def per_query_rows(self) -> list[dict[str, Any]]:
-        """One dict per (setup, query): ``setup, query_index, query, n_positives, ap, p@K...``.
+        """One dict per (setup, query): ``setup, query_index, [query_id,] query, n_positives, ap, p@K...``.
+
+        ``query_id`` (``all_souls_1``) is there for the original protocol; ``query`` is the query
+        image name.
 
         Skipped queries have ``ap`` and ``p@K`` ``None``. Ready for :class:`csv.DictWriter`.
         """
@@ -183,6 +203,10 @@ class EvaluationResult:
                 row: dict[str, Any] = {
                     "setup": n,
                     "query_index": qi,
+                }
+                if self.query_ids:
+                    row["query_id"] = self.query_ids[qi]
+                row |= {
                     "query": self.query_names[qi] if self.query_names else str(qi),
                     "n_positives": int(s.n_positives[qi]) if len(s.n_positives) else None,
                     "ap": _json_float(s.ap[qi]),

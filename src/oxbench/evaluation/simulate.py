@@ -39,8 +39,11 @@ Details SPEC §5 leaves open, decided here:
 - A query with no positive in a setup gets no AP there and is left out of that mean (the revisited
   rule); with these counts it does not happen in practice.
 
-AP and P@K come from :mod:`oxbench.evaluation.ap` (the official trapezoidal AP and revisitop's
-capped P@K); this module only turns labels into the positions those functions take.
+Scoring goes through the evaluation engine: each draw becomes three :class:`GroundTruth` objects
+(the old annotation with junk ignored, the same without junk, the true relations as revisited
+Easy/Hard/Unclear) and the rankings are scored by :func:`oxbench.evaluation.evaluate`; single
+ranked lists (the worked example) by :func:`oxbench.evaluation.ap.average_precision` and
+:func:`~oxbench.evaluation.ap.precision_at_ks`, the functions ``evaluate`` uses per query.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.evaluation.ap import average_precision, precision_at_ks
+from oxbench.evaluation.protocols import evaluate
+from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.groundtruth import GroundTruth, make_query
 
 # True relation codes.
 NEGATIVE, EASY, HARD, UNCLEAR = 0, 1, 2, 3
@@ -229,34 +235,50 @@ def rank_system(
     mean_of = np.asarray(means, dtype=np.float64)
     rel = bench.relation[bench.query_landmark]  # [n_queries, n_db]
     scores = mean_of[rel] + rng.standard_normal(rel.shape)
-    return np.argsort(-scores, axis=1, kind="stable").astype(np.int64, copy=False)
+    return ranks_from_scores(scores.T)
+
+
+def ground_truths(bench: SyntheticBenchmark) -> dict[str, GroundTruth]:
+    """The draw as ground truth for the engine.
+
+    Returns:
+        ``oxford`` (original protocol: good positive, junk ignored), ``oxford_junk_neg`` (the same
+        without junk: junk counts as negative) and ``revisited`` (easy = true Easy, hard = true
+        Hard, junk = true Unclear: its Easy/Medium/Hard setups are the study's columns).
+    """
+    names = tuple(f"db{i}" for i in range(bench.relation.shape[1]))
+    old, old_neg, rev = [], [], []
+    for qi, lm in enumerate(bench.query_landmark.tolist()):
+        rel, ann = bench.relation[lm], bench.annotation[lm]
+        good, junk = np.flatnonzero(ann == GOOD), np.flatnonzero(ann == JUNK)
+        old.append(make_query(f"q{qi}", good=good, junk=junk))
+        old_neg.append(make_query(f"q{qi}", good=good))
+        rev.append(
+            make_query(
+                f"q{qi}",
+                easy=np.flatnonzero(rel == EASY),
+                hard=np.flatnonzero(rel == HARD),
+                junk=np.flatnonzero(rel == UNCLEAR),
+            )
+        )
+    return {
+        "oxford": GroundTruth("simulated", "original", names, tuple(old)),
+        "oxford_junk_neg": GroundTruth("simulated", "original", names, tuple(old_neg)),
+        "revisited": GroundTruth("simulated", "revisited", names, tuple(rev)),
+    }
 
 
 def score_rankings(bench: SyntheticBenchmark, ranks: NDArray[np.int64]) -> dict[str, float]:
-    """The six columns (fractions) for one system's rankings of one benchmark draw."""
-    lm = bench.query_landmark[:, None]
-    rel = bench.relation[lm, ranks]  # labels in ranked order, [n_queries, n_db]
-    ann = bench.annotation[lm, ranks]
-    setups = {
-        "oxford": (ann == GOOD, ann == JUNK),
-        "oxford_junk_neg": (ann == GOOD, np.zeros_like(ann, dtype=bool)),
-        "easy": (rel == EASY, (rel == HARD) | (rel == UNCLEAR)),
-        "medium": ((rel == EASY) | (rel == HARD), rel == UNCLEAR),
-        "hard": (rel == HARD, (rel == EASY) | (rel == UNCLEAR)),
-    }
-    out: dict[str, float] = {}
-    for name, (pos, ign) in setups.items():
-        ks = (10,) if name == "hard" else ()
-        aps, p10 = [], []
-        for qi in range(ranks.shape[0]):
-            ap, pk = list_scores(pos[qi], ign[qi], ks=ks)
-            if not np.isnan(ap):
-                aps.append(ap)
-                if ks:
-                    p10.append(pk[0])
-        out[name] = float(np.mean(aps)) if aps else float("nan")
-        if ks:
-            out["hard_mp10"] = float(np.mean(p10)) if p10 else float("nan")
+    """The six columns (fractions) for one system's rankings of one benchmark draw.
+
+    Scored by :func:`oxbench.evaluation.evaluate` against :func:`ground_truths`.
+    """
+    gts = ground_truths(bench)
+    out = {name: evaluate(gts[name], ranks, ks=()).setups["original"].map for name in ("oxford", "oxford_junk_neg")}
+    rev = evaluate(gts["revisited"], ranks, ks=(10,))
+    for name in ("easy", "medium", "hard"):
+        out[name] = rev.setups[name].map
+    out["hard_mp10"] = rev.setups["hard"].mp_at_k[10]
     return {c: out[c] for c in COLUMNS}
 
 

@@ -16,8 +16,13 @@ positives); positives are good + ok, junk is ignored.
 What is unambiguous is normalised: surrounding whitespace, CR line endings, blank lines and a
 ``.jpg`` suffix. Everything else is refused with :class:`~oxbench.errors.InputError` naming the
 file and line: a name with inner whitespace, a malformed query line, a query missing one of its
-four files, an image labelled both positive and junk (or good and ok) for one query, and -- when
-``db_names`` is given -- a name that is not in the database.
+four files, an image labelled both positive (good or ok) and junk for one query, and -- when
+``db_names`` is given -- a name that is not in the database. Labels that agree are no
+contradiction: an image in both ``_good.txt`` and ``_ok.txt`` (or twice in one file) is one
+positive, as the official ``compute_ap`` counts it (it reads the lists into one set).
+
+Queries are known by their id (``all_souls_1``, the stem of the ``_query.txt`` file, the name
+``compute_ap`` takes): :attr:`Query.query_id <oxbench.groundtruth.Query.query_id>`.
 
 Ranked lists (the input of the official ``compute_ap``) are one ``<query>.txt`` per query, one
 image name per line, best first; see :func:`read_ranked_dir`.
@@ -25,6 +30,7 @@ image name per line, best first; see :func:`read_ranked_dir`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -44,6 +50,19 @@ log = logging.getLogger(__name__)
 _GT_FILE = re.compile(r"(?P<stem>(?P<landmark>.+)_(?P<n>\d+))_(?P<kind>good|ok|junk|query)\.txt")
 _KINDS = ("good", "ok", "junk", "query")
 _OXFORD_QUERY_PREFIX = "oxc1_"
+
+#: The 11 landmarks of each city in the official order; each has 5 queries (``<landmark>_1..5``).
+LANDMARKS: dict[str, tuple[str, ...]] = {
+    "oxford5k": (
+        "all_souls", "ashmolean", "balliol", "bodleian", "christ_church", "cornmarket", "hertford",
+        "keble", "magdalen", "pitt_rivers", "radcliffe_camera",
+    ),
+    "paris6k": (
+        "defense", "eiffel", "invalides", "louvre", "moulinrouge", "museedorsay", "notredame",
+        "pantheon", "pompidou", "sacrecoeur", "triomphe",
+    ),
+}  # fmt: skip
+QUERIES_PER_LANDMARK = 5
 _EXTENSIONS = (".jpg", ".JPG", ".jpeg", ".JPEG")
 
 
@@ -196,7 +215,8 @@ def read_gt_dir(
 
     Returns:
         A validated :class:`GroundTruth`: per query ``good``, ``ok``, ``junk`` and the box; the
-        query name is the query image name (as in the revisitop pickles' ``qimlist``).
+        query name is the query image name (as in the revisitop pickles' ``qimlist``), its
+        ``query_id`` the file stem (``all_souls_1``).
 
     Raises:
         InputError: naming the file and line, see the module docstring.
@@ -217,6 +237,9 @@ def read_gt_dir(
                     continue
                 if name in where:
                     other_kind, other_path, other_line = where[name]
+                    if kind != "junk" and other_kind != "junk":  # good and ok agree: one positive
+                        log.debug("%s line %d: %s is also %s (one positive)", path, lineno, name, other_kind)
+                        continue
                     raise InputError(
                         f"line {lineno}: {name} is also labelled {other_kind} "
                         f"({other_path.name} line {other_line}) for query {spec.query_id}",
@@ -252,28 +275,46 @@ def read_gt_dir(
                     )
                 idx.append(i)
             labels[kind] = idx
-        queries.append(make_query(spec.image, spec.bbox, source=str(gt_dir), **labels))
+        query = make_query(spec.image, spec.bbox, source=str(gt_dir), **labels)
+        queries.append(dataclasses.replace(query, query_id=spec.query_id))
     name = dataset or _infer_dataset(gt_dir, specs)
     return GroundTruth(name, "original", db, tuple(queries), str(gt_dir)).validate()
 
 
 def _ranked_file_candidates(gt: GroundTruth, ranked_dir: Path) -> list[list[Path]]:
-    """Per query, the accepted ranked-list file names: ``<query image>.txt`` and, when ``gt`` was read
-    from a ground-truth folder, ``<query id>.txt`` (``all_souls_1.txt``)."""
-    ids: dict[str, str] = {}
-    src = Path(gt.source)
-    if src.is_dir():
-        try:
-            ids = {s.image: s.query_id for s in list_queries(src)}
-        except InputError:
-            ids = {}
+    """Per query, the accepted ranked-list file names: ``<query image>.txt`` and, when the query id
+    is known, ``<query id>.txt`` (``all_souls_1.txt``)."""
     out = []
     for q in gt.queries:
         names = [f"{q.name}.txt"]
-        if q.name in ids and ids[q.name] != q.name:
-            names.append(f"{ids[q.name]}.txt")
+        if q.query_id is not None and q.query_id != q.name:
+            names.append(f"{q.query_id}.txt")
         out.append([ranked_dir / n for n in names])
     return out
+
+
+def original_query_ids(names: Sequence[str]) -> tuple[str, ...] | None:
+    """The ids (``all_souls_1``) of the 55 Oxford 5K or Paris 6K queries, in the official order.
+
+    The official order (the ``<landmark>_<n>_query.txt`` files sorted, and the revisitop pickles'
+    ``qimlist``) is the 11 landmarks of :data:`LANDMARKS` in turn, 5 queries each. A query's image
+    does not tell its landmark (``all_souls_3`` is ``oxford_002985``), so the ids come from the
+    position. The city is Paris when every query image is ``paris_*``, else Oxford. Used for the
+    old-protocol pickles, which store the query images only.
+
+    Returns:
+        The 55 ids, or None when there are not 55 queries (not an official query list).
+
+    Example:
+        >>> original_query_ids(["paris_defense_000605"] * 55)[5:7]
+        ('eiffel_1', 'eiffel_2')
+    """
+    per = QUERIES_PER_LANDMARK
+    city = "paris6k" if names and all(n.startswith("paris_") for n in names) else "oxford5k"
+    landmarks = LANDMARKS[city]
+    if len(names) != len(landmarks) * per:
+        return None
+    return tuple(f"{landmarks[i // per]}_{i % per + 1}" for i in range(len(names)))
 
 
 def read_ranked_dir(

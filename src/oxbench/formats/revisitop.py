@@ -12,6 +12,7 @@ The files are read only through :func:`oxbench.formats.safe_pickle.load_plain_pi
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ from typing import Any
 
 from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_bytes
+from oxbench.formats.oxford_gt import original_query_ids
 from oxbench.formats.safe_pickle import load_plain_pickle
 from oxbench.groundtruth import GroundTruth, Protocol, Query, make_query
 
@@ -93,6 +95,9 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
                 raise InputError(f"query {qi} ({name}): '{k}' must be a list of indices", source)
             labels[k] = entry[k]
         queries.append(make_query(name, bbox, source=source, **labels))
+    ids = original_query_ids(q_names) if protocol == "original" else None
+    if ids is not None:  # the pickle stores the query images; the ids follow the official order
+        queries = [dataclasses.replace(q, query_id=i) for q, i in zip(queries, ids, strict=True)]
     return GroundTruth(dataset, protocol, db_names, tuple(queries), source).validate()
 
 

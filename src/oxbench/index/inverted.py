@@ -22,6 +22,7 @@ import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.evaluation.ranking import ranks_from_scores
 
 Burst = Literal["none", "sqrt"]
 
@@ -199,15 +200,8 @@ class InvertedFile:
     def search(self, query_tf: sp.spmatrix, k: int | None = None) -> NDArray[np.int64]:
         """Ranked database indices ``[n_queries, k]`` (all when ``k`` is None), best first.
 
-        Ties are broken by lower database index (stable sort).
+        Ties are broken by lower database index (stable sort):
+        :func:`oxbench.evaluation.ranking.ranks_from_scores`.
         """
-        return rank_scores(self.scores(query_tf), k)
+        return ranks_from_scores(self.scores(query_tf).T, k)
 
-
-def rank_scores(scores: NDArray[np.floating], k: int | None = None) -> NDArray[np.int64]:
-    """Rows of ``scores [n_queries, n]`` sorted descending, ties by lower index; top ``k``."""
-    s = np.atleast_2d(np.asarray(scores))
-    order = np.argsort(-s, axis=1, kind="stable")
-    if k is not None:
-        order = order[:, :k]
-    return order.astype(np.int64)

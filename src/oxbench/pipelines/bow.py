@@ -34,11 +34,12 @@ from numpy.typing import NDArray
 from oxbench.cache import CorruptCache, entry_lock, load_npz, lock_path, save_npz
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
+from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig, finish_descriptors
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
 from oxbench.fileio import json_digest, progress_bar, remove_stale_temps
 from oxbench.groundtruth import GroundTruth
-from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores, soft_assignment_weights
+from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary
 from oxbench.pipelines.method import RetrievalMethod, RunContext, SearchResult
 from oxbench.pipelines.presets import BowMethod
@@ -448,7 +449,7 @@ class BagOfWords(RetrievalMethod):
         with ctx.timed("search"):
             q_vecs = ivf.transform(_tf(m, self._words["queries"], self._names["queries"], self._voc.n_words))
             scores = ivf.scores_of_vectors(q_vecs)
-            ranks = rank_scores(scores)
+            ranks = ranks_from_scores(scores.T)
         info: dict[str, object] = {
             "n_index": len(index_parts),
             "features_per_image": float(np.mean(np.diff(self._words["database"].offsets)))
@@ -507,7 +508,7 @@ class BagOfWords(RetrievalMethod):
                     use = verified[: m.qe_max_verified]
                     q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
                     row_scores = self._ivf.scores_of_vectors(q_new)[0]
-                    rest = rank_scores(row_scores[None, :])[0]
+                    rest = ranks_from_scores(row_scores[:, None])[0]
                     rest = rest[~np.isin(rest, verified)]
                     new_order = np.concatenate([verified, rest])
             final[qi] = new_order

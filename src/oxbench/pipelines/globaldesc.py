@@ -275,7 +275,7 @@ class GlobalDescriptors(RetrievalMethod):
         return self
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
-        from oxbench.index.inverted import rank_scores
+        from oxbench.evaluation.ranking import ranks_from_scores
 
         if self._db is None or self._indexed != bench.id:
             raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
@@ -284,12 +284,12 @@ class GlobalDescriptors(RetrievalMethod):
             q = self._finish(self.describe(bench, "queries", ctx))
         with ctx.timed("search"):
             scores = exact_scores(q, self._db)
-            ranks = rank_scores(scores)
+            ranks = ranks_from_scores(scores.T)
         if m.qe != "none":
             with ctx.timed("query_expansion"):
                 q = expand_queries(q, self._db, ranks, k=m.qe_k, alpha=m.qe_alpha if m.qe == "alpha-qe" else 0.0)
                 scores = exact_scores(q, self._db)
-                ranks = rank_scores(scores)
+                ranks = ranks_from_scores(scores.T)
         info = {
             "n_index": int(self._db.shape[0]),
             "dim": int(self._db.shape[1]),

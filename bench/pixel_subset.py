@@ -1,6 +1,8 @@
-"""The real-image ROxford/RParis subset: re-rank each query's 20 labelled candidates.
+"""Benchmark fixture: the real-image ROxford/RParis subset, re-ranking each query's 20 candidates.
 
-``../shared/data/revisited_pixel_retrieval_subset`` holds 16 cropped queries (8 ROxford ``o*``, 8
+Not part of the installed package (``bench/real_subset.py`` and ``tests/test_pipeline_real_subset.py``
+import it from here). The folder ``revisited_pixel_retrieval_subset`` of the real data holds 16
+cropped queries (8 ROxford ``o*``, 8
 RParis ``p*``), each with the 20 database images a retrieval system returned for it, labelled
 (5 true positives -- all revisited *hard* positives -- and 15 false positives). ``manifest.tsv``
 maps each (query, image) pair to its label.
@@ -8,8 +10,9 @@ maps each (query, image) pair to its label.
 :func:`load_subset_city` turns one city into a :class:`~oxbench.datasets.base.Benchmark`
 (database = that city's images of the subset, queries = its crops, whole-image boxes);
 :func:`rerank_candidates` ranks each query's 20 candidates with bag-of-words scores, optionally
-followed by spatial re-ranking, and :func:`candidate_map` scores the result: mAP over the queries,
-positives = TP, junk ignored, as in the revisited Medium/Hard setups restricted to the 20 images.
+followed by spatial re-ranking, and :func:`candidate_map` scores the result through the
+evaluation engine: mAP over the queries, positives = TP, junk ignored (the original protocol's rule,
+as the revisited Medium/Hard setups restricted to the 20 images).
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ from numpy.typing import NDArray
 
 from oxbench.datasets.base import Benchmark, FileImages
 from oxbench.errors import InputError
-from oxbench.evaluation.ap import average_precision
+from oxbench.evaluation import evaluate, ranks_from_scores
 from oxbench.groundtruth import GroundTruth, make_query
-from oxbench.index.inverted import InvertedFile, bow_matrix, rank_scores
+from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines import bow
 from oxbench.pipelines.presets import BowMethod
 
@@ -88,14 +91,22 @@ def load_subset_city(folder: str | Path, dataset: str) -> SubsetCity:
 
 
 def candidate_map(city: SubsetCity, ranked: list[NDArray[np.int64]]) -> tuple[float, NDArray[np.float64]]:
-    """mAP of per-query rankings of the candidates (TP positive, junk ignored), and per-query AP."""
-    aps = []
-    for q, order in zip(city.bench.gt.queries, ranked, strict=True):
-        order = order[~np.isin(order, q.junk)]
-        pos = np.flatnonzero(np.isin(order, q.hard))
-        aps.append(average_precision(pos, len(q.hard)))
-    ap = np.array(aps)
-    return float(ap.mean()), ap
+    """mAP of per-query rankings of the candidates (TP positive, junk ignored), and per-query AP.
+
+    Scored by :func:`oxbench.evaluation.evaluate` under the original protocol's rule (good = the
+    hard positives, junk ignored); shorter lists are padded with -1.
+    """
+    gt = city.bench.gt
+    old = GroundTruth(
+        gt.dataset, "original", gt.db_names,
+        tuple(make_query(q.name, good=q.hard, junk=q.junk) for q in gt.queries), gt.source,
+    )
+    width = max((len(r) for r in ranked), default=0)
+    ranks = np.full((len(ranked), width), -1, dtype=np.int64)
+    for qi, order in enumerate(ranked):
+        ranks[qi, : len(order)] = order
+    res = evaluate(old, ranks, ks=(), padding=-1).setups["original"]
+    return res.map, res.ap
 
 
 def rank_subset_city(
@@ -136,7 +147,7 @@ def rank_subset_city(
     scores = ivf.scores(bow_matrix([words["queries"].of(n)[0][:, 0] for n in q_names], n_words))
     ranked_bow, ranked_sv, verified = [], [], []
     for qi, cand in enumerate(city.candidates):
-        order = cand[rank_scores(scores[qi, cand][None, :])[0]]
+        order = cand[ranks_from_scores(scores[qi, cand][:, None])[0]]
         ranked_bow.append(order)
         _, q_kp, _, q_size = stores["queries"].get_raw(q_names[qi])
         q_words = words["queries"].of(q_names[qi])[0][:, 0].astype(np.int64)
