@@ -22,6 +22,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "simulate": ("oxbench.cli.simulate", "simulate", "Run the synthetic protocol-sensitivity study."),
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a reference pipeline end to end and evaluate it."),
+    "compare": ("oxbench.cli.report", "compare", "Compare runs query by query: CI and p-value per setup."),
+    "report": ("oxbench.cli.report", "report", "The paper table of runs (md, latex, csv, html)."),
+    "plot": ("oxbench.cli.report", "plot", "Per-query AP, precision-recall and A-vs-B figures of runs."),
+    "view": ("oxbench.cli.report", "view", "A static HTML viewer of a run's ranked lists."),
+    "export": ("oxbench.cli.report", "export", "Export ranked lists: Oxford lists, revisitop ranks, hloc pairs."),
 }
 
 
