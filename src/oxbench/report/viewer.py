@@ -160,7 +160,8 @@ def viewer_data(runs: Sequence[RunRecord], cache: ThumbnailCache, *, top: int = 
         "protocol": base.protocol,
         "setups": list(base.setups),
         "default_setup": "medium" if "medium" in base.setups else base.setups[0],
-        "colours": LABEL_COLOURS,
+        "labels": list(base.labels),
+        "colours": {lab: LABEL_COLOURS.get(lab, "#999999") for lab in base.labels},
         "queries": [
             {"name": q.name, "bbox": None if q.bbox is None else list(q.bbox), "thumb": cache.get(q.image, query_size),
              "n_labelled": dict(q.n_labelled)}
@@ -346,7 +347,7 @@ function show(i) {
   info.appendChild(el("p", "", "setup " + setup + ": AP " + D.runs.map((r) => r.method + " " + pct(r.ap[setup][i])).join(", ")));
   info.appendChild(el("p", "", "labelled: " + Object.entries(q.n_labelled).map(([k, v]) => k + " " + v).join(", ")));
   const legend = el("p", "legend");
-  for (const [lab, c] of Object.entries(D.colours)) { const s = el("span"); const sw = el("i"); sw.style.background = c;
+  for (const lab of D.labels) { const s = el("span"); const sw = el("i"); sw.style.background = D.colours[lab];
     s.appendChild(sw); s.appendChild(document.createTextNode(lab)); legend.appendChild(s); }
   info.appendChild(legend);
   head.appendChild(info);
