@@ -333,10 +333,6 @@ class RunRecord:
         return int(self.dataset["n_distractors"])
 
     @property
-    def n_db(self) -> int:
-        return int(self.dataset["n_db"])
-
-    @property
     def n_queries(self) -> int:
         return len(self.queries)
 
@@ -355,10 +351,6 @@ class RunRecord:
         return f"{self.method} on {self.dataset_id}{extra} ({self.path})"
 
     # -- per-query numbers -------------------------------------------------------------------
-    def metric_names(self, setup: str) -> tuple[str, ...]:
-        """The per-query columns of ``setup`` (``ap``, ``p@1``, ..., ``n_positives``)."""
-        return tuple(self._per_query[self._setup(setup)])
-
     def _setup(self, setup: str) -> str:
         if setup not in self._per_query:
             raise InputError(f"no setup {setup!r} in this run (setups: {', '.join(self.setups)})", self.path)
