@@ -76,7 +76,7 @@ class PaperTable:
 
     def footnote(self) -> str:
         return (
-            f"{MARK} differs from {self.methods[0]} (the first row with a number in the column) at "
+            f"{MARK} differs from the column's first method ({self.methods[0]} where it has a number) at "
             f"p < {self.alpha:g}: two-sided paired randomization test over the queries (sign flips of the "
             f"per-query AP for mAP, P@10 for mP@10; exact when 2^n <= {self.n_resamples:,}, else "
             f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the methods "
