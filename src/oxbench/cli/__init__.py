@@ -23,6 +23,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
+    "compare": ("oxbench.cli.report", "compare", "Compare runs query by query: CI and p-value per setup."),
+    "report": ("oxbench.cli.report", "report", "The paper table of runs (md, latex, csv, html)."),
+    "plot": ("oxbench.cli.report", "plot", "Per-query AP, precision-recall and A-vs-B figures of runs."),
+    "view": ("oxbench.cli.report", "view", "A static HTML viewer of a run's ranked lists."),
+    "export": ("oxbench.cli.report", "export", "Export ranked lists: Oxford lists, revisitop ranks, hloc pairs."),
 }
 
 

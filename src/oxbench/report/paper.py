@@ -1,0 +1,241 @@
+"""``oxbench report``: the paper table of several runs, with significance marks.
+
+Rows are methods (``record.json`` ``method``), columns are grouped by dataset: the revisited sets
+first in the field's layout -- Medium then Hard, each with ROxf, ROxf+1M, RPar, RPar+1M, and mAP and
+mP@10 under each -- then every other dataset (its own setups) by dataset id. A run goes to the +1M
+group of its dataset when its ``dataset.json`` ``n_distractors`` is positive.
+
+In each column, every method is compared with the first method that has a run there (the
+baseline, the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
+the per-query values (AP for mAP columns, P@10 for mP@10 columns); p-values are Holm-adjusted over
+the methods compared in that column, and a dagger marks adjusted p < ``alpha``. A footnote states
+all of it.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from oxbench.errors import InputError
+from oxbench.report.runs import RunRecord, check_comparable
+from oxbench.report.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, holm, paired_test
+
+FORMATS = ("md", "latex", "csv", "html")
+MARK = "\u2020"  # dagger
+SHORT_NAMES = {"roxford5k": "ROxf", "rparis6k": "RPar"}
+_REVISITED_ORDER = ("roxford5k", "rparis6k")
+_PAPER_SETUPS = ("medium", "hard")
+_SETUP_SHORT = {"easy": "E", "medium": "M", "hard": "H"}
+_METRICS = (("ap", "mAP"), ("p@10", "mP@10"))
+
+
+@dataclass(frozen=True)
+class Column:
+    """One number column: a dataset group, a setup and a per-query metric."""
+
+    dataset: str
+    distractors: bool
+    setup: str
+    metric: str  # per-query column: "ap" or "p@10"
+
+    @property
+    def group(self) -> str:
+        """``ROxf M``, ``RPar+1M H``, ``oxford5k``..."""
+        name = SHORT_NAMES.get(self.dataset, self.dataset) + ("+1M" if self.distractors else "")
+        letter = _SETUP_SHORT.get(self.setup)
+        return f"{name} {letter}" if letter else name
+
+    @property
+    def label(self) -> str:
+        return dict(_METRICS)[self.metric]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A value (a fraction, ``nan`` when the method has no run there) and its test against the baseline."""
+
+    value: float
+    p_holm: float = math.nan
+    significant: bool = False
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    """What :func:`paper_table` returns; render it with :meth:`render`."""
+
+    methods: tuple[str, ...]
+    columns: tuple[Column, ...]
+    cells: tuple[tuple[Cell, ...], ...]  # [method][column]
+    alpha: float
+    n_resamples: int
+    seed: int
+    decimals: int
+
+    def footnote(self) -> str:
+        return (
+            f"{MARK} differs from the column's first method ({self.methods[0]} where it has a number) at "
+            f"p < {self.alpha:g}: two-sided paired randomization test over the queries (sign flips of the "
+            f"per-query AP for mAP, P@10 for mP@10; exact when 2^n <= {self.n_resamples:,}, else "
+            f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the methods "
+            f"compared in each column. +1M: with distractors. Numbers in percent."
+        )
+
+    def _fmt(self, cell: Cell) -> str:
+        if math.isnan(cell.value):
+            return "-"
+        return f"{cell.value * 100:.{self.decimals}f}" + (MARK if cell.significant else "")
+
+    def flat_header(self) -> list[str]:
+        return ["method"] + [f"{c.group} {c.label}" for c in self.columns]
+
+    def render(self, fmt: str) -> str:
+        """The table as ``md``, ``latex``, ``csv`` or ``html`` text (with its footnote)."""
+        if fmt == "md":
+            from oxbench.report.tables import markdown_table
+
+            rows = [[_md(m)] + [self._fmt(c) for c in cells] for m, cells in zip(self.methods, self.cells, strict=True)]
+            return markdown_table(self.flat_header(), rows) + f"\n\n{self.footnote()}\n"
+        if fmt == "latex":
+            return self._latex()
+        if fmt == "csv":
+            return self._csv()
+        if fmt == "html":
+            return self._html()
+        raise InputError(f"unknown report format {fmt!r} (one of {', '.join(FORMATS)})")
+
+    def _groups(self) -> list[tuple[str, int]]:
+        out: list[tuple[str, int]] = []
+        for c in self.columns:
+            if out and out[-1][0] == c.group:
+                out[-1] = (c.group, out[-1][1] + 1)
+            else:
+                out.append((c.group, 1))
+        return out
+
+    def _latex(self) -> str:
+        from oxbench.report.tables import _tex
+
+        spec = "l" + "r" * len(self.columns)
+        groups = self._groups()
+        top = " & ".join([""] + [rf"\multicolumn{{{n}}}{{c}}{{{_tex(g)}}}" for g, n in groups]) + r" \\"
+        rules, col = [], 2
+        for _, n in groups:
+            rules.append(rf"\cmidrule(lr){{{col}-{col + n - 1}}}")
+            col += n
+        sub = " & ".join(["Method"] + [_tex(c.label) for c in self.columns]) + r" \\"
+        out = [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", top, "".join(rules), sub, r"\midrule"]
+        for m, cells in zip(self.methods, self.cells, strict=True):
+            vals = [self._fmt(c).replace(MARK, r"$^\dagger$") for c in cells]
+            out.append(" & ".join([_tex(m)] + vals) + r" \\")
+        out += [r"\bottomrule", r"\end{tabular}", "% " + self.footnote().replace(MARK, r"\dagger")]
+        return "\n".join(out) + "\n"
+
+    def _csv(self) -> str:
+        from oxbench.report.tables import csv_text
+
+        rows = []
+        for m, cells in zip(self.methods, self.cells, strict=True):
+            row: dict[str, object] = {"method": m}
+            for c, cell in zip(self.columns, cells, strict=True):
+                key = f"{c.group} {c.label}"
+                row[key] = "" if math.isnan(cell.value) else repr(cell.value * 100)
+                row[f"{key} p_holm"] = "" if math.isnan(cell.p_holm) else repr(cell.p_holm)
+            rows.append(row)
+        return csv_text(rows)
+
+    def _html(self) -> str:
+        e = html.escape
+        head1 = "".join(f'<th colspan="{n}">{e(g)}</th>' for g, n in self._groups())
+        head2 = "".join(f"<th>{e(c.label)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr><th>" + e(m) + "</th>" + "".join(f"<td>{e(self._fmt(c))}</td>" for c in cells) + "</tr>\n"
+            for m, cells in zip(self.methods, self.cells, strict=True)
+        )
+        style = (
+            "table{border-collapse:collapse;font:14px sans-serif}td,th{padding:3px 8px;border-bottom:1px solid #ccc}"
+            "td{text-align:right}th{text-align:center}tbody th{text-align:left}p{font:12px sans-serif;max-width:60em}"
+        )
+        return (
+            '<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>oxbench report</title>'
+            f"<style>{style}</style></head><body>\n<table>\n<thead><tr><th></th>{head1}</tr>\n"
+            f"<tr><th>Method</th>{head2}</tr></thead>\n<tbody>\n{body}</tbody>\n</table>\n"
+            f"<p>{e(self.footnote())}</p>\n</body></html>\n"
+        )
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _group_key(dataset: str, distractors: bool) -> tuple[int, str, bool]:
+    known = _REVISITED_ORDER.index(dataset) if dataset in _REVISITED_ORDER else len(_REVISITED_ORDER)
+    return (known, dataset, distractors)
+
+
+def paper_table(
+    runs: Sequence[RunRecord],
+    *,
+    alpha: float = 0.05,
+    n_resamples: int = DEFAULT_RESAMPLES,
+    seed: int = DEFAULT_SEED,
+    decimals: int = 1,
+) -> PaperTable:
+    """Build the paper table of ``runs`` (rows = methods in order of first appearance).
+
+    Raises:
+        InputError: no runs; two runs of one method on one dataset group; runs of one dataset
+            group with different ground truth (see :func:`oxbench.report.runs.check_comparable`).
+    """
+    if not runs:
+        raise InputError("report needs at least one run")
+    if not 0.0 < alpha < 1.0:
+        raise InputError(f"alpha must be in (0, 1), got {alpha}")
+    methods: list[str] = []
+    by_group: dict[tuple[str, bool], dict[str, RunRecord]] = {}
+    for r in runs:
+        if r.method not in methods:
+            methods.append(r.method)
+        g = (r.dataset_id, r.n_distractors > 0)
+        if r.method in by_group.setdefault(g, {}):
+            other = by_group[g][r.method]
+            raise InputError(
+                f"two runs of method {r.method!r} on {g[0]}{'+distractors' if g[1] else ''} "
+                f"(also {other.path}): give one run per method and dataset",
+                r.path,
+            )
+        by_group[g][r.method] = r
+    for group_runs in by_group.values():
+        check_comparable(list(group_runs.values()))
+    revisited = [g for g in by_group if g[0] in _REVISITED_ORDER]
+    others = sorted((g for g in by_group if g[0] not in _REVISITED_ORDER), key=lambda g: _group_key(*g))
+    columns: list[Column] = []
+    for setup in _PAPER_SETUPS:
+        for g in sorted(revisited, key=lambda g: _group_key(*g)):
+            columns += [Column(g[0], g[1], setup, m) for m, _ in _METRICS]
+    for g in others:
+        for setup in next(iter(by_group[g].values())).setups:
+            columns += [Column(g[0], g[1], setup, m) for m, _ in _METRICS]
+    grid: list[list[Cell]] = [[Cell(math.nan)] * len(columns) for _ in methods]
+    for j, col in enumerate(columns):
+        present = by_group[(col.dataset, col.distractors)]
+        order = [m for m in methods if m in present]
+        base = present[order[0]]
+        pvals = []
+        for m in order[1:]:
+            t = paired_test(base.per_query(col.setup, col.metric), present[m].per_query(col.setup, col.metric),
+                            n_resamples=n_resamples, seed=seed)
+            pvals.append(t.p_value)
+        adjusted = holm(pvals)
+        for i, m in enumerate(methods):
+            if m not in present:
+                continue
+            value = present[m].mean(col.setup, col.metric)
+            if m == order[0]:
+                grid[i][j] = Cell(value)
+            else:
+                p = adjusted[order.index(m) - 1]
+                grid[i][j] = Cell(value, p, p < alpha)
+    return PaperTable(tuple(methods), tuple(columns), tuple(tuple(r) for r in grid), alpha, n_resamples, seed, decimals)

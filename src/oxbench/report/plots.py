@@ -1,0 +1,170 @@
+"""``oxbench plot``: figures of one run (or two) drawn from the stored run record, never re-running search.
+
+Figures (``<name>.png`` or ``.svg``), one panel per setup:
+
+- ``ap_per_query``: per-query AP bars (two runs: side by side), mAP as a line;
+- ``ap_vs_positives``: per-query AP against the query's number of positives (log x);
+- ``precision_recall``: the mean interpolated precision-recall curve (:func:`precision_recall`);
+- ``ap_scatter``: two runs only, AP of B against AP of A per query, with the diagonal.
+
+Precision-recall curves are computed from ``retrieved.json``: the labels of the stored top ``k``
+of each list and the number of positives per label. Recall counts all of a query's positives, so a
+curve stops at the recall reached at rank ``k`` (precision 0 beyond it); the interpolated
+precision at recall ``r`` is the best precision at any recall >= ``r`` within the top ``k``.
+
+matplotlib is the optional extra ``plots`` (``pip install "oxbench[plots]"``), imported only here;
+figures are drawn on their own ``Figure`` objects (no pyplot global state).
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError, require
+from oxbench.fileio import atomic_write_bytes
+from oxbench.report.runs import SETUP_LABELS, RunRecord, check_comparable
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("png", "svg")
+RECALL_LEVELS = np.linspace(0.0, 1.0, 101)
+
+
+def precision_recall(run: RunRecord, setup: str) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
+    """Mean interpolated precision at :data:`RECALL_LEVELS` over the queries with positives in ``setup``.
+
+    Ignored labels of the setup (e.g. junk) are deleted from each stored list first, as in AP.
+
+    Returns:
+        ``(recall levels [101], mean precision [101], number of queries averaged)``.
+
+    Raises:
+        InputError: an unknown setup; no query with positives.
+    """
+    if setup not in SETUP_LABELS[run.protocol]:
+        raise InputError(f"no setup {setup!r} in this run (setups: {', '.join(run.setups)})", run.path)
+    positive, ignored = SETUP_LABELS[run.protocol][setup]
+    curves = []
+    for q in run.queries:
+        n_pos = sum(n for lab, n in q.n_labelled.items() if lab in positive)
+        if n_pos == 0:
+            continue
+        hits = np.array([t["label"] in positive for t in q.top if t["label"] not in ignored], dtype=bool)
+        tp = np.cumsum(hits)
+        precision = tp / np.arange(1, hits.size + 1)
+        recall = tp / n_pos
+        # best precision at recall >= r: a running max from the end, looked up at each level
+        best = np.maximum.accumulate(precision[::-1])[::-1] if hits.size else np.zeros(0)
+        at = np.searchsorted(recall, RECALL_LEVELS - 1e-12, side="left")
+        curve = np.zeros(RECALL_LEVELS.size)
+        ok = at < hits.size
+        curve[ok] = best[at[ok]]
+        curves.append(curve)
+    if not curves:
+        raise InputError(f"setup {setup!r}: no query has positives", run.path)
+    return RECALL_LEVELS.copy(), np.mean(curves, axis=0), len(curves)
+
+
+def _figure(n_panels: int, width: float = 4.2, height: float = 3.2) -> tuple[Any, list[Any]]:
+    require("matplotlib", "plots")
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * n_panels, height), layout="constrained")
+    axes = fig.subplots(1, n_panels, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _save(fig: Any, path: Path, fmt: str) -> Path:
+    buf = io.BytesIO()
+    metadata = {"Date": None} if fmt == "svg" else {"Software": None}
+    fig.savefig(buf, format=fmt, dpi=110, metadata=metadata)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _short(run: RunRecord) -> str:
+    return f"{run.method} ({run.run_id})"
+
+
+def plot_runs(run: RunRecord, out: str | Path, *, other: RunRecord | None = None, fmt: str = "png") -> list[Path]:
+    """Draw the figures of ``run`` (and ``other``) into the folder ``out``.
+
+    Returns:
+        The files written, in the order listed in the module docstring.
+
+    Raises:
+        InputError: unknown format; two runs that cannot be compared query by query.
+        MissingExtraError: matplotlib is not installed.
+    """
+    if fmt not in FORMATS:
+        raise InputError(f"unknown plot format {fmt!r} (one of {', '.join(FORMATS)})")
+    runs = [run] if other is None else [run, other]
+    if other is not None:
+        check_comparable(runs)
+    out = Path(out)
+    setups = run.setups
+    written = []
+    colours = ("#1f77b4", "#d62728")
+
+    fig, axes = _figure(len(setups), width=max(4.2, 0.12 * run.n_queries + 1.5))
+    width = 0.8 / len(runs)
+    x = np.arange(run.n_queries)
+    for ax, setup in zip(axes, setups, strict=True):
+        for i, r in enumerate(runs):
+            ap = r.per_query(setup)
+            ax.bar(x + (i - (len(runs) - 1) / 2) * width, np.nan_to_num(ap), width, color=colours[i], label=_short(r))
+            ax.axhline(r.mean(setup), color=colours[i], lw=1, ls="--")
+        ax.set_title(f"{run.dataset_id} {setup}")
+        ax.set_xlabel("query")
+        ax.set_ylabel("AP")
+        ax.set_ylim(0, 1)
+    axes[0].legend(fontsize="small")
+    written.append(_save(fig, out / f"ap_per_query.{fmt}", fmt))
+
+    fig, axes = _figure(len(setups))
+    for ax, setup in zip(axes, setups, strict=True):
+        for i, r in enumerate(runs):
+            ap, npos = r.per_query(setup), r.per_query(setup, "n_positives")
+            keep = ~np.isnan(ap)
+            ax.scatter(npos[keep], ap[keep], s=14, color=colours[i], alpha=0.75, label=_short(r))
+        ax.set_xscale("log")
+        ax.set_title(f"{run.dataset_id} {setup}")
+        ax.set_xlabel("positives of the query")
+        ax.set_ylabel("AP")
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize="small")
+    written.append(_save(fig, out / f"ap_vs_positives.{fmt}", fmt))
+
+    fig, axes = _figure(len(setups))
+    for ax, setup in zip(axes, setups, strict=True):
+        for i, r in enumerate(runs):
+            rec, prec, n = precision_recall(r, setup)
+            ax.plot(rec, prec, color=colours[i], label=f"{_short(r)}, {n} queries")
+        ax.set_title(f"{run.dataset_id} {setup} (top {min(r.k for r in runs)})")
+        ax.set_xlabel("recall")
+        ax.set_ylabel("interpolated precision")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1.02)
+    axes[0].legend(fontsize="small")
+    written.append(_save(fig, out / f"precision_recall.{fmt}", fmt))
+
+    if other is not None:
+        fig, axes = _figure(len(setups), width=3.6, height=3.6)
+        for ax, setup in zip(axes, setups, strict=True):
+            a, b = run.per_query(setup), other.per_query(setup)
+            ax.plot([0, 1], [0, 1], color="#888", lw=1)
+            ax.scatter(a, b, s=14, color=colours[0])
+            ax.set_title(f"{run.dataset_id} {setup}")
+            ax.set_xlabel(f"AP, {_short(run)}")
+            ax.set_ylabel(f"AP, {_short(other)}")
+            ax.set_xlim(-0.02, 1.02)
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_aspect("equal")
+        written.append(_save(fig, out / f"ap_scatter.{fmt}", fmt))
+    log.info("wrote %d figures to %s", len(written), out)
+    return written
