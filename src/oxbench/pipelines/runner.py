@@ -300,7 +300,7 @@ def retrieved_records(
                         "label": label_of.get(idx, "negative")})
         qpath = bench.queries.path(qi)
         queries.append({
-            "index": qi, "name": q.name, "image": None if qpath is None else str(qpath),
+            "index": qi, "name": q.name, "id": q.query_id, "image": None if qpath is None else str(qpath),
             "bbox": None if q.bbox is None else [float(v) for v in q.bbox], "n_labelled": counts, "top": top,
         })  # fmt: skip
     return {"k": k, "protocol": gt.protocol, "labels": list(PROTOCOL_LABELS[gt.protocol]), "queries": queries}

@@ -22,7 +22,7 @@ import logging
 from pathlib import Path
 
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_npy, atomic_write_text
+from oxbench.fileio import atomic_write_npy, atomic_write_text, check_output_path
 from oxbench.report.runs import RunRecord
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ def oxford_lists(run: RunRecord, top: int | None = None) -> dict[str, str]:
     k = _depth(run, top, run.k)
     files: dict[str, str] = {}
     for q in run.queries:
-        name = _check_name(q.name, "query name", run)
+        # Oxford/Paris lists are named by the query id (all_souls_1.txt), else by the query name
+        name = _check_name(q.id or q.name, "query name", run)
         if "/" in name or name.startswith("."):
             raise InputError(f"query name {name!r} cannot be a file name", run.path)
         lines = [_check_name(str(t["name"]), f"query {name}: image name", run) for t in q.top[:k]]
@@ -99,6 +100,10 @@ def export_run(run: RunRecord, fmt: str, out: str | Path, *, top: int | None = N
         return [atomic_write_npy(out, ranks[:k].astype("int64"))]
     if fmt not in FORMATS:
         raise InputError(f"unknown export format {fmt!r} (one of {', '.join(FORMATS)})")
+    if fmt == "oxford" and out.exists() and not out.is_dir():  # refused before anything is said
+        raise InputError("the oxford export writes a folder; this path is a file", out)
+    if fmt == "hloc":
+        check_output_path(out)
     kept = run.ranks().shape[0]
     if kept > run.k and (top is None or top == run.k):  # the user did not ask for a truncation
         log.warning(
@@ -109,6 +114,4 @@ def export_run(run: RunRecord, fmt: str, out: str | Path, *, top: int | None = N
     if fmt == "hloc":
         return [atomic_write_text(out, hloc_pairs(run, top, suffix=suffix))]
     files = oxford_lists(run, top)
-    if out.exists() and not out.is_dir():
-        raise InputError("the oxford export writes a folder; this path is a file", out)
     return [atomic_write_text(out / name, text) for name, text in files.items()]

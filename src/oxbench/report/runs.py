@@ -108,6 +108,8 @@ class QueryRetrieved:
     Attributes:
         index: query index (column of ``ranks.npy``).
         name: query image name.
+        id: the query's id where the protocol has one (original Oxford/Paris: ``all_souls_1``),
+            else ``None``.
         image: absolute path of the full query image, or ``None``.
         bbox: ``(x1, y1, x2, y2)`` in full-image pixels, or ``None``.
         n_labelled: per label, how many database images the ground truth gives it.
@@ -121,6 +123,7 @@ class QueryRetrieved:
     bbox: tuple[float, float, float, float] | None
     n_labelled: Mapping[str, int]
     top: tuple[Mapping[str, Any], ...]
+    id: str | None = None
 
 
 def _parse_retrieved(obj: Any, n_queries: int, path: Path) -> tuple[str, int, tuple[str, ...], tuple[QueryRetrieved, ...]]:
@@ -182,6 +185,7 @@ def _parse_retrieved(obj: Any, n_queries: int, path: Path) -> tuple[str, int, tu
                 bbox=None if bbox is None else (float(bbox[0]), float(bbox[1]), float(bbox[2]), float(bbox[3])),
                 n_labelled=dict(n_lab),
                 top=tuple(top),
+                id=q.get("id") if isinstance(q.get("id"), str) else None,
             )
         )
     return str(protocol), int(k), tuple(labels), tuple(out)
