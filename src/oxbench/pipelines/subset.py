@@ -1,6 +1,6 @@
 """The real-image ROxford/RParis subset: re-rank each query's 20 labelled candidates.
 
-``../shared/data/revisited_pixel_retrieval_subset`` holds 16 cropped queries (8 ROxford ``o*``, 8
+The real-data folder ``revisited_pixel_retrieval_subset`` (not part of oxbench) holds 16 cropped queries (8 ROxford ``o*``, 8
 RParis ``p*``), each with the 20 database images a retrieval system returned for it, labelled
 (5 true positives -- all revisited *hard* positives -- and 15 false positives). ``manifest.tsv``
 maps each (query, image) pair to its label.
