@@ -7,7 +7,7 @@ What is checked:
 - EXIF orientation: images whose EXIF asks for a rotation are *listed*, never rotated -- the
   benchmarks' boxes and the official pipelines use the stored pixels (Holidays' rotated images are
   the reason its ``orientation`` option exists);
-- counts against the official figures (SPEC section 2);
+- counts against the official figures (docs/protocols.md, "Datasets");
 - ground truth: it parses, labels index the database, revisited query images are not in the
   database, original-protocol query images are in it;
 - the files recorded in the lock file (ground truth, lists, kept archives) still have their
