@@ -290,11 +290,9 @@ def evaluate_scores(
 
     The order is the stable descending sort (ties go to the lower database index), exactly as
     :func:`oxbench.evaluation.ranking.ranks_from_scores` followed by :func:`evaluate` -- but
-    without sorting (see :mod:`oxbench.evaluation.kernels`): at R1M scale (1M x 70) this is about
-    30-36 times faster than revisitop's ``argsort(-sim, axis=0)`` + ``compute_map`` with the
-    compiled kernel, 13-15 times with the numpy fallback (``bench/bench_evaluation.py``), with the
-    same numbers (revisitop's unstable sort may order
-    exactly tied scores differently).
+    without sorting (see :mod:`oxbench.evaluation.kernels`), so at R1M scale it is much faster than
+    revisitop's ``argsort(-sim, axis=0)`` + ``compute_map`` (measured in ``bench/README.md``), with
+    the same numbers (revisitop's unstable sort may order exactly tied scores differently).
 
     Args:
         gt: ground truth.

@@ -50,7 +50,6 @@ DEFAULT_TRAIN_DATASET: dict[str, str] = {
     "rparis6k": "roxford5k",
     "oxford5k": "paris6k",
     "paris6k": "oxford5k",
-    "oxford105k": "paris6k",
     "holidays": "synthetic-train",
     "ukbench": "synthetic-train",
 }

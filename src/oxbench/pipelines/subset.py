@@ -7,7 +7,7 @@ maps each (query, image) pair to its label.
 
 :func:`load_subset_city` turns one city into a :class:`~oxbench.datasets.base.Benchmark`
 (database = that city's images of the subset, queries = its crops, whole-image boxes);
-:func:`rerank_candidates` ranks each query's 20 candidates with bag-of-words scores, optionally
+:func:`rank_subset_city` ranks each query's 20 candidates with bag-of-words scores, optionally
 followed by spatial re-ranking, and :func:`candidate_map` scores the result: mAP over the queries,
 positives = TP, junk ignored, as in the revisited Medium/Hard setups restricted to the 20 images.
 """
