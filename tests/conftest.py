@@ -9,6 +9,7 @@ fixture without the marker is refused at collection.
 
 from __future__ import annotations
 
+import doctest
 import os
 from pathlib import Path
 
@@ -30,6 +31,32 @@ def shared_data_dir() -> Path | None:
         return None
     path = Path(env)
     return path if path.is_dir() else None
+
+
+class _DoctestsNeedingExtras:
+    """A doctest that stops on a missing optional dependency is reported as skipped, naming it.
+
+    Registered as a plain plugin (not a conftest hook, which would only see ``tests/``), so that it
+    also applies to the doctests of ``src/oxbench``: collecting them imports every module, which
+    needs no extra; running an example that uses OpenCV or faiss needs one.
+    """
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # noqa: ANN201
+        outcome = yield
+        report = outcome.get_result()
+        if call.when != "call" or call.excinfo is None:
+            return
+        exc = call.excinfo.value
+        inner = exc.exc_info[1] if isinstance(exc, doctest.UnexpectedException) else None
+        if isinstance(inner, ImportError):
+            path, lineno, _ = item.reportinfo()
+            report.outcome = "skipped"
+            report.longrepr = (str(path), (lineno or 0) + 1, f"Skipped: {inner}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_DoctestsNeedingExtras(), "oxbench-doctests-needing-extras")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -255,10 +255,12 @@ STAND_INS: dict[str, Callable[[Path], None]] = {
 }
 
 
-def prepare_workspace(folder: Path) -> dict[str, str]:
-    """Write every stand-in and the ``oxbench``/``python`` shims; return the blocks' environment."""
+def prepare_workspace(folder: Path, code: str | None = None) -> dict[str, str]:
+    """Write the stand-ins (those named in ``code``, all when None; the data root ``$OXBENCH_DATA``
+    always) and the ``oxbench``/``python`` shims; return the blocks' environment."""
     for name, make in STAND_INS.items():
-        make(folder / name)
+        if code is None or name == "data" or re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", code):
+            make(folder / name)
     return block_env(folder)
 
 
@@ -362,7 +364,7 @@ def test_doc_blocks_run_as_written(doc: Path, tmp_path: Path) -> None:
         blocks.remove(newcomer_block(read_blocks(doc)))
     if not blocks:
         pytest.skip(f"{doc.name} has no block to run")
-    env = prepare_workspace(tmp_path)
+    env = prepare_workspace(tmp_path, "".join(b.code for b in blocks))
     for block in blocks:
         run_block(block, tmp_path, env)
 
@@ -398,3 +400,86 @@ def test_synthetic_generator_extra_is_the_one_documented() -> None:
     assert 'pip install "oxbench[classic]"' in synth_doc
     readme = (REPO / "README.md").read_text()
     assert re.search(r"`classic`\s*\([^)]*OpenCV[^)]*synthetic benchmark generator", readme), readme
+
+
+# --------------------------------------------------------------------------------------------
+# What docs/development.md promises about the test suite itself
+
+
+def _pytest_in(folder: Path, tests: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run pytest on ``tests`` in ``folder`` under this repository's conftest.py."""
+    (folder / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
+    (folder / "test_x.py").write_text(tests)
+    (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    shared_data: real data\n")
+    env = {k: v for k, v in os.environ.items() if k != "OXBENCH_SHARED_DATA"} | env_extra
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--doctest-modules", "."],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+MARKED = '''
+import pytest
+
+@pytest.mark.shared_data
+def test_reads_real_data(shared_data):
+    assert (shared_data / "here.txt").read_text() == "real"
+'''
+
+
+def test_shared_data_marker_skips_with_the_hint_or_runs(tmp_path: Path) -> None:
+    proc = _pytest_in(tmp_path, MARKED, {})
+    assert proc.returncode == 0 and "1 skipped" in proc.stdout, proc.stdout
+    assert "set OXBENCH_SHARED_DATA to the real data folder (see docs/development.md" in proc.stdout
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "here.txt").write_text("real")
+    proc = _pytest_in(tmp_path, MARKED, {"OXBENCH_SHARED_DATA": str(real)})
+    assert proc.returncode == 0 and "1 passed" in proc.stdout, proc.stdout
+    proc = _pytest_in(tmp_path, MARKED, {"OXBENCH_SHARED_DATA": str(tmp_path / "absent")})
+    assert "1 skipped" in proc.stdout and "is not a folder" in proc.stdout, proc.stdout
+
+
+def test_a_test_using_the_real_data_without_the_marker_is_refused(tmp_path: Path) -> None:
+    unmarked = "def test_forgot(shared_data):\n    pass\n"
+    proc = _pytest_in(tmp_path, unmarked, {"OXBENCH_SHARED_DATA": str(tmp_path)})
+    assert proc.returncode != 0, proc.stdout
+    assert "without @pytest.mark.shared_data: test_x.py::test_forgot" in proc.stdout + proc.stderr
+
+
+def test_a_doctest_needing_a_missing_extra_is_skipped_not_failed(tmp_path: Path) -> None:
+    module = '''
+def needs_extra():
+    """
+    >>> from oxbench.errors import require
+    >>> require("oxbench_no_such_module", "classic")
+    """
+
+
+def broken():
+    """
+    >>> 1 + 1
+    3
+    """
+'''
+    proc = _pytest_in(tmp_path, module, {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert "1 failed" in proc.stdout and "1 skipped" in proc.stdout, proc.stdout
+    assert 'pip install "oxbench[classic]"' in proc.stdout
+
+
+def test_nothing_in_the_project_refers_to_files_outside_it() -> None:
+    """Docs, sources and benchmarks name no file beside the checkout (CI's own script may)."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    outside = re.compile(r"\.\./shared|/work/shared|shared/data|SPEC\.md")
+    offenders = []
+    for rel in listed.splitlines():
+        path = REPO / rel
+        if rel.startswith(("tests/", ".ci/")) or not path.is_file() or path.suffix in {".jpg", ".so"}:
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if outside.search(line):
+                offenders.append(f"{rel}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
