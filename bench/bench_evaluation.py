@@ -117,11 +117,10 @@ def official_from_scores(scores: np.ndarray, gt: GroundTruth):
 
 
 def roxford_counts(rng: np.random.Generator) -> np.ndarray:
-    """Per-query (easy, hard, junk) counts: ROxford's own when the real data folder is given
-    (``$OXBENCH_SHARED_DATA/roxford5k/gnd_roxford5k.pkl``), else drawn to match its totals (easy
-    3,029 / hard 2,497 / junk 1,356 over 70 queries, 2 without easy)."""
+    """Per-query (easy, hard, junk) counts: ROxford's own when $OXBENCH_SHARED_DATA holds it, else drawn
+    to match its totals (easy 3,029 / hard 2,497 / junk 1,356 over 70 queries, 2 without easy)."""
     folder = os.environ.get("OXBENCH_SHARED_DATA")
-    shared = Path(folder) / "roxford5k" / "gnd_roxford5k.pkl" if folder else None
+    shared = Path(folder) / "roxford5k/gnd_roxford5k.pkl" if folder else None
     if shared is not None and shared.is_file():
         from oxbench.formats.revisitop import read_gnd
 

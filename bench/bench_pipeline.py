@@ -2,7 +2,7 @@
 
 1. Local features per second per core at 1024 px: RootSIFT against plain SIFT (the RootSIFT
    overhead) and against 512 px (the default of the synthetic run). Images: the real ROxford/RParis
-   subset images when ``../shared/data`` is present (1024 x 768), else synthetic-default images
+   subset images when ``$OXBENCH_SHARED_DATA`` names the real data folder (1024 x 768), else synthetic-default images
    upscaled to 1024 px.
 2. Inverted-file query time at 10K and 100K database images (random bags of words with a Zipf word
    distribution, ~800 features per image, 16,384 words): the sparse inverted file (posting lists of
@@ -31,8 +31,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-SUBSET = REPO.parent / "shared" / "data" / "revisited_pixel_retrieval_subset"
+# The real data folder (never part of the repository), named as for the tests.
+_SHARED = os.environ.get("OXBENCH_SHARED_DATA")
+SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
 
 
 def cpu(fn, repeat: int = 1):  # noqa: ANN001, ANN201
@@ -52,7 +53,7 @@ def bench_features(n_images: int, root: Path | None) -> None:
     from oxbench.features.sift import SiftConfig, extract_features
 
     cv2.setNumThreads(1)
-    if SUBSET.is_dir():
+    if SUBSET is not None and SUBSET.is_dir():
         paths = sorted((SUBSET / "db_images").glob("*.jpg"))[:n_images]
         images = [read_image(p) for p in paths]
         what = f"{len(images)} real ROxford/RParis images (1024 px)"

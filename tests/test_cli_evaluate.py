@@ -139,6 +139,7 @@ def test_protocol_mismatch(rev, capsys, tmp_path):
     assert code == 2 and "use 'oxbench evaluate revisited'" in err
 
 
+@pytest.mark.shared_data
 def test_dataset_option_reads_installed_ground_truth(shared_data, capsys, tmp_path):
     """--dataset ID --root DIR scores against <root>/<id>/gnd_<id>.pkl; no images are needed."""
     from oxbench.formats.revisitop import read_gnd

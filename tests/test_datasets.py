@@ -133,6 +133,7 @@ def test_catalog_has_every_benchmark_with_spec_counts() -> None:
         get_spec("oxford6k")
 
 
+@pytest.mark.shared_data
 def test_paris_corrupt_list_matches_shared_data(shared_data: Path) -> None:
     names = (shared_data / "paris6k" / "corrupt_reconstructed.txt").read_text().split()
     assert sorted(n.removesuffix(".jpg") for n in names) == sorted(PARIS_CORRUPT)
@@ -415,6 +416,7 @@ def test_import_bad_input(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.shared_data
 def test_import_real_roxford_gnd_with_fake_images(shared_data: Path, tmp_path: Path) -> None:
     """The real revisited pickle, with tiny stand-in images for a subset of its names."""
     from oxbench.formats.revisitop import read_gnd
@@ -472,6 +474,7 @@ def _link_tree(folder: Path, names: list[str], template: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.shared_data
 def test_real_oxford_and_paris_ground_truth_with_stand_in_images(
     shared_data: Path, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ from oxbench.evaluation.protocols import query_labels
 from oxbench.groundtruth import GroundTruth, make_query
 
 # ---------------------------------------------------------------------------------------------
-# The deliberately simple reference: SPEC.md section 4, literally, in plain Python.
+# The deliberately simple reference: the scoring rules of docs/protocols.md, literally, in plain Python.
 
 REF_SETUPS = {
     "revisited": {
@@ -565,7 +565,7 @@ def test_bad_scores(small_gt):
 
 
 # ---------------------------------------------------------------------------------------------
-# Real ground truth (skipped without ../shared/data)
+# Real ground truth (skipped without $OXBENCH_SHARED_DATA)
 
 
 def _lopq(shared_data, gt_old):

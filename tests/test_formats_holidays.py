@@ -115,6 +115,7 @@ def test_results_missing_file(gt, tmp_path):
         read_results(tmp_path / "nope.txt", gt)
 
 
+@pytest.mark.shared_data
 def test_real_image_list_and_result_file(shared_data):
     folder = shared_data / "holidays"
     names = read_image_list(folder / "holidays_images.dat")

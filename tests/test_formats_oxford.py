@@ -190,6 +190,7 @@ def test_ranked_dir_refuses(toy, tmp_path, files, message):
         ("paris6k/gnd_paris6k.pkl", "paris6k/paris_120310", "paris6k", 3399),
     ],
 )
+@pytest.mark.shared_data
 def test_real_files_equal_old_protocol_pickles(shared_data, pkl, folder, dataset, n_names):
     gnd = read_gnd(shared_data / pkl)
     gt = read_gt_dir(shared_data / folder, db_names=gnd.db_names)
@@ -205,6 +206,7 @@ def test_real_files_equal_old_protocol_pickles(shared_data, pkl, folder, dataset
     assert read_gt_dir(shared_data / folder).n_db == n_names
 
 
+@pytest.mark.shared_data
 def test_real_all_souls_duplicate(shared_data):
     gt = read_gt_dir(shared_data / "oxford5k/gt_files_170407")
     q = gt.queries[0]
@@ -212,6 +214,7 @@ def test_real_all_souls_duplicate(shared_data):
     assert q.good.size == 24  # 25 lines, all_souls_000091 twice
 
 
+@pytest.mark.shared_data
 def test_real_ranked_round_trip(shared_data, tmp_path):
     """A perfect ranking written as Oxford ranked files reads back to the same indices."""
     gnd = read_gnd(shared_data / "oxford5k/gnd_oxford5k.pkl")
@@ -242,6 +245,7 @@ def test_utf8_bom_is_not_part_of_a_name(toy):
     assert gt.queries[0].good.tolist() == [0, 1]
 
 
+@pytest.mark.shared_data
 def test_real_ranked_lists_score_through_evaluate(shared_data, tmp_path):
     """Ranked files -> read_ranked_dir -> evaluate: perfect lists 1.0; junk first changes nothing;
     an unknown name on top (an appended negative) costs exactly what the AP formula says."""

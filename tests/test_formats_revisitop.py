@@ -99,6 +99,7 @@ def test_missing_and_garbage_file(tmp_path):
         ("paris6k/gnd_paris6k.pkl", "original", 6392, 55, "junk", 8245),
     ],
 )
+@pytest.mark.shared_data
 def test_real_ground_truth(shared_data, rel, protocol, n_db, n_q, field, total):
     gt = read_gnd(shared_data / rel)
     assert (gt.protocol, gt.n_db, gt.n_queries) == (protocol, n_db, n_q)

@@ -35,6 +35,7 @@ def test_refuses_not_multiple_of_four(n):
         ukbench_ground_truth(n)
 
 
+@pytest.mark.shared_data
 def test_real_images_follow_the_naming(shared_data):
     names = sorted(p.stem for p in (shared_data / "ukbench" / "images").glob("*.jpg"))
     assert names and all(n == ukbench_name(int(n[len("ukbench") :])) for n in names)

@@ -1,4 +1,4 @@
-"""The protocol-sensitivity study (SPEC §5) and the worked example (SPEC §4)."""
+"""The protocol-sensitivity study and the worked example (docs/protocols.md)."""
 
 from __future__ import annotations
 
@@ -62,13 +62,13 @@ def test_seed_is_deterministic_and_seeds_differ():
 
 
 def test_ten_seeds_land_in_spec_ranges():
-    """The default study (seeds 0..9, about a second): every mean inside SPEC's [min, max]."""
+    """The default study (seeds 0..9, about a second): every mean inside the reference [min, max]."""
     study = sim.run_study(10)
     rows = study.spec_comparison()
     assert len(rows) == 12
     for row in rows:
         assert row["inside"], row
-        assert abs(row["diff"]) < 3.0, row  # within 3 points of SPEC's mean
+        assert abs(row["diff"]) < 3.0, row  # within 3 points of the reference mean
     m = dict(zip(sim.COLUMNS, (study.mean()[0] - study.mean()[1]) * 100, strict=True))
     # the lesson: old labels and Easy prefer A, Hard prefers B, Medium is close
     assert m["oxford"] > 5 and m["easy"] > 10
@@ -84,7 +84,7 @@ def test_result_exports():
     assert cell["min"] <= cell["mean"] <= cell["max"] and len(cell["per_seed"]) == 2
     json.dumps(d)  # plain types only
     text = study.table()
-    assert "Hard mP@10" in text and "A (SPEC)" in text and "56.4 [52.4, 60.0]" in text
+    assert "Hard mP@10" in text and "A (reference)" in text and "56.4 [52.4, 60.0]" in text
     assert "0.835" in "\n".join(study.worked_example_lines())
 
 

@@ -1,6 +1,6 @@
 """The package's one place for files: atomic writes, digests, checksums, locks, progress bars.
 
-Every file oxbench writes goes through :func:`atomic_write` (or a typed wrapper): the bytes go to a
+Every file oxbench writes goes through :func:`atomic_open` (or a typed wrapper): the bytes go to a
 uniquely named temporary file in the destination folder, which is renamed over the final name only
 when complete, so a crash, a full disk or a second process never leaves a half-written file under
 the final name. The final path must be absent or a regular file: a symlink, FIFO, device or folder

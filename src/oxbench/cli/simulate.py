@@ -1,4 +1,4 @@
-"""``oxbench simulate``: the protocol-sensitivity study of SPEC §5 (no data needed)."""
+"""``oxbench simulate``: the protocol-sensitivity study of docs/protocols.md (no data needed)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ def simulate(seeds: int, first_seed: int, as_json: bool) -> None:
 
     Two systems, A (strong on easy views) and B (strong on hard views), are scored on one synthetic
     Oxford-like benchmark with the original labels (junk ignored / junk as negative) and the
-    revisited Easy, Medium and Hard setups: mean and [min, max] over the seeds, x100, with SPEC's
-    reference numbers, then the 9-item worked example of SPEC §4.
+    revisited Easy, Medium and Hard setups: mean and [min, max] over the seeds, x100, with the
+    reference numbers, then the 9-item worked example. Both are described in docs/protocols.md
+    ("Reference numbers" and "The worked example").
     """
     from oxbench.evaluation.simulate import run_study
 
@@ -36,9 +37,9 @@ def simulate(seeds: int, first_seed: int, as_json: bool) -> None:
     click.echo(result.table())
     outside = [f"{r['system']} {r['column']}" for r in result.spec_comparison() if not r["inside"]]
     if outside:
-        click.echo(f"\nmeans outside SPEC's per-seed range: {', '.join(outside)}")
+        click.echo(f"\nmeans outside the reference per-seed range: {', '.join(outside)}")
     else:
-        click.echo("\nevery mean lies inside SPEC's per-seed [min, max] range")
+        click.echo("\nevery mean lies inside the reference per-seed [min, max] range")
     click.echo("")
     for line in result.worked_example_lines():
         click.echo(line)

@@ -103,6 +103,12 @@ def crop_box(bbox: BBox, width: int, height: int, convention: CropConvention = "
       MATLAB rounding (half away from zero), 1-based inclusive edges -- one pixel wider and taller.
 
     The box is clipped to the image.
+
+    Example:
+        >>> crop_box((10.4, 20.5, 50.6, 60.5), 640, 480)  # round half to even: 20.5 -> 20
+        (10, 20, 51, 60)
+        >>> crop_box((10.4, 20.5, 50.6, 60.5), 640, 480, "matlab")
+        (10, 21, 52, 62)
     """
     x1, y1, x2, y2 = bbox
     if convention == "python":

@@ -1,4 +1,4 @@
-"""The benchmarks oxbench knows: one short declarative entry each (SPEC section 2).
+"""The benchmarks oxbench knows: one short declarative entry each (docs/protocols.md, "Datasets").
 
 URLs are the ones the dataset owners publish. In 2023 VGG replaced the Oxford and Paris image
 archives by face-blurred ones (``oxbuild_images-v1.tgz``, ``paris_{1,2}-v1.tgz``); the old

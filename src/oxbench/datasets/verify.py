@@ -7,7 +7,7 @@ What is checked:
 - EXIF orientation: images whose EXIF asks for a rotation are *listed*, never rotated -- the
   benchmarks' boxes and the official pipelines use the stored pixels (Holidays' rotated images are
   the reason its ``orientation`` option exists);
-- counts against the official figures (SPEC section 2): ``found`` is what is on disk, ``listed``
+- counts against the official figures (docs/protocols.md, "Datasets"): ``found`` is what is on disk, ``listed``
   what the ground truth or list names;
 - generated (synthetic) sets: every image against the SHA-256 its manifest recorded, the counts it
   recorded and the ground-truth file against its recorded checksum;

@@ -297,7 +297,7 @@ static int run_rare(const ranks_job *J, Py_ssize_t q, uint64_t *seen, uint32_t v
  * per-query runs of uint32 (transpose_rows, SSE2); each run is then scanned against its query's
  * seen-bitset alone, which stays in the nearest cache meanwhile, while the next query's bitset
  * is streamed in (prefetched evenly over the scan). Before (rows outer, queries inner) every row
- * hit all the queries' bitsets (9 MB at R1M, beyond L2) at random: about 1.7x slower. Needs
+ * hit all the queries' bitsets (9 MB at R1M, beyond L2) at random (slower: bench/README.md). Needs
  * n_index <= 2^31 and n_lab <= n_index. */
 #ifndef CHUNK
 #define CHUNK 8

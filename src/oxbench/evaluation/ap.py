@@ -80,7 +80,12 @@ def average_precision_textbook(pos_ranks: ArrayLike, n_positives: int) -> float:
     """The finite-sum ("non-interpolated", TREC / scikit-learn style) AP, for comparison only.
 
     ``AP = (1/N) * sum_k (k + 1) / (r_k + 1)``. It is *not* what the Oxford/Paris/Holidays programs
-    compute; it is lower than the trapezoidal AP on the same list.
+    compute; it is never lower than the trapezoidal AP on the same list (which averages each term
+    with the precision just before the hit).
+
+    Example:
+        >>> round(average_precision_textbook([0, 2, 5], 3), 6)  # trapezoidal: 0.677778
+        0.722222
     """
     r = _positions(pos_ranks)
     if n_positives <= 0:

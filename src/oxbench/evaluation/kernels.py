@@ -12,8 +12,8 @@ short arrays only.
   -- an exact duplicate check (an image met again reads "seen"; at the end, fewer distinct marks
   than entries means a repeat) and, with the scatter's bounds check and a sentinel slot for -1, an
   exact range check. A transposed view of a revisitop ``(k, n_queries)`` array is read 16 queries
-  at a time in cache-sized slabs into a work buffer; extra memory stays under about 20 % of the
-  ranks array (one table per query read together, plus the buffer).
+  at a time in cache-sized slabs into a work buffer; the extra memory (one table per query read
+  together, plus the buffer) is a fraction of the ranks array (measured in ``bench/README.md``).
 - :func:`labelled_ranks_from_scores` never sorts the score matrix. The rank of a labelled image
   ``i`` with score ``s`` in the stable descending order is ``#{score > s} + #{score == s, index <
   i}``. A monotone map of scores to bins (linear between the query's lowest and highest labelled

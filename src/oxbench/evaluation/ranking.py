@@ -38,6 +38,13 @@ def from_revisitop(ranks: ArrayLike, *, source: str | None = None) -> NDArray[np
 
     Raises:
         InputError: the array is not 2-D.
+
+    Example:
+        >>> revisitop = np.array([[2, 0], [0, 1], [1, 2]])  # 3 positions x 2 queries
+        >>> from_revisitop(revisitop).tolist()  # one row per query
+        [[2, 0, 1], [0, 1, 2]]
+        >>> to_revisitop(from_revisitop(revisitop)).tolist()
+        [[2, 0], [0, 1], [1, 2]]
     """
     return _as_2d(ranks, "ranks (revisitop layout: rows = ranked positions, columns = queries)", source).T
 

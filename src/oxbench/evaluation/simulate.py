@@ -1,4 +1,6 @@
-"""The protocol-sensitivity study of SPEC §5: which system "wins" depends on what counts as relevant.
+"""The protocol-sensitivity study: which system "wins" depends on what counts as relevant.
+
+The study and its reference numbers are described in docs/protocols.md ("Reference numbers").
 
 A synthetic benchmark (no images) with the shape of Oxford 5K: 11 landmarks x 5 queries and a
 database of 5,000 images. Each database image has a *true* relation to each landmark -- Easy, Hard,
@@ -18,7 +20,7 @@ column                positives                   ignored
 ``hard_mp10``         mP@10 of the Hard setup     (same as ``hard``)
 ====================  ==========================  =================================
 
-Details SPEC §5 leaves open, decided here:
+Details the description in docs/protocols.md leaves open, decided here:
 
 - Counts: per landmark, the numbers of Easy, Hard and Unclear images are drawn uniformly from the
   integers in [10, 80), [5, 60) and [3, 20). The related images of different landmarks are
@@ -91,7 +93,7 @@ COLUMN_TITLES: Mapping[str, str] = {
     "hard": "Hard",
     "hard_mp10": "Hard mP@10",
 }
-# SPEC §5: mean, min, max over 10 seeds, x100.
+# The reference numbers (docs/protocols.md): mean, min, max over 10 seeds, x100.
 SPEC_TABLE: Mapping[str, Mapping[str, tuple[float, float, float]]] = {
     "A": {
         "oxford": (56.4, 52.4, 60.0),
@@ -111,7 +113,7 @@ SPEC_TABLE: Mapping[str, Mapping[str, tuple[float, float, float]]] = {
     },
 }
 
-# The worked example of SPEC §4 (original protocol).
+# The worked example of docs/protocols.md (original protocol).
 WORKED_EXAMPLE: tuple[str, ...] = (
     "good",
     "junk",
@@ -161,7 +163,7 @@ def list_scores(
 
 
 def worked_example() -> dict[str, float]:
-    """SPEC §4's ranked labels ``good junk junk ok absent good junk absent ok`` scored three ways.
+    """The worked example's ranked labels ``good junk junk ok absent good junk absent ok``, three ways.
 
     Returns:
         AP with junk ignored (official, 0.835), junk counted as negative (0.569) and junk counted
@@ -313,10 +315,11 @@ class StudyResult:
         return self.values.max(axis=0)
 
     def spec_comparison(self) -> list[dict[str, Any]]:
-        """Our mean (x100) against SPEC §5's mean and [min, max], one row per (system, column).
+        """Our mean (x100) against the reference mean and [min, max], one row per (system, column).
 
-        Each row: ``system``, ``column``, ``mean``, ``spec_mean``, ``spec_min``, ``spec_max``,
-        ``diff`` (ours - SPEC's mean) and ``inside`` (our mean within SPEC's range).
+        Each row: ``system``, ``column``, ``mean``, ``spec_mean``, ``spec_min``, ``spec_max`` (the
+        reference numbers), ``diff`` (ours - the reference mean) and ``inside`` (our mean within
+        the reference range).
         """
         rows = []
         mean = self.mean() * 100
@@ -344,7 +347,8 @@ class StudyResult:
         """JSON-ready: fractions at full precision.
 
         Keys: ``seeds``, ``columns``, ``systems`` (per system and column: ``mean``, ``min``, ``max``,
-        ``per_seed``), ``worked_example`` and ``spec`` (:meth:`spec_comparison`, x100 like SPEC).
+        ``per_seed``), ``worked_example`` and ``spec`` (:meth:`spec_comparison`, x100 like the
+        reference table).
         """
         mean, lo, hi = self.mean(), self.min(), self.max()
         systems = {
@@ -368,7 +372,7 @@ class StudyResult:
         }
 
     def table(self) -> str:
-        """The terminal table: mean [min, max] x100 per system and column, SPEC's mean below."""
+        """The terminal table: mean [min, max] x100 per system and column, the reference below."""
         titles = [COLUMN_TITLES.get(c, c) for c in self.columns]
         mean, lo, hi = self.mean() * 100, self.min() * 100, self.max() * 100
         rows: list[list[str]] = [["system", *titles]]
@@ -383,7 +387,7 @@ class StudyResult:
             if s in SPEC_TABLE:
                 spec = SPEC_TABLE[s]
                 rows.append(
-                    [f"{s} (SPEC)"]
+                    [f"{s} (reference)"]
                     + [
                         "{:.1f} [{:.1f}, {:.1f}]".format(*spec[c]) if c in spec else "-"
                         for c in self.columns
@@ -400,11 +404,11 @@ class StudyResult:
         ]
         lines.insert(1, "  ".join("-" * w for w in widths))
         n = len(self.seeds)
-        head = f"Protocol sensitivity study (SPEC §5): mean [min, max] over {n} seed(s), x100"
+        head = f"Protocol sensitivity study (docs/protocols.md): mean [min, max] over {n} seed(s), x100"
         return "\n".join([head, "", *lines])
 
     def worked_example_lines(self) -> list[str]:
-        """The worked example of SPEC §4 with SPEC's values."""
+        """The worked example of docs/protocols.md with its reference values."""
         labels = " ".join(WORKED_EXAMPLE)
         out = [f"Worked example (original protocol), ranked labels: {labels}"]
         for key, title in (
@@ -413,7 +417,7 @@ class StudyResult:
             ("junk_as_positive", "junk counted as positive"),
         ):
             out.append(
-                f"  AP {title}: {self.worked_example[key]:.3f} (SPEC {WORKED_EXAMPLE_SPEC[key]:.3f})"
+                f"  AP {title}: {self.worked_example[key]:.3f} (reference {WORKED_EXAMPLE_SPEC[key]:.3f})"
             )
         return out
 
@@ -435,12 +439,12 @@ def run_study(
     first_seed: int = 0,
     systems: Mapping[str, Sequence[float]] = SYSTEMS,
 ) -> StudyResult:
-    """Run the protocol-sensitivity study of SPEC §5.
+    """Run the protocol-sensitivity study (docs/protocols.md, "Reference numbers").
 
     Args:
         seeds: the number of seeds (run ``first_seed``, ``first_seed + 1``, ...) or the seeds.
         first_seed: the first seed when ``seeds`` is a number.
-        systems: name -> score means for (Negative, Easy, Hard, Unclear); default A and B of SPEC.
+        systems: name -> score means for (Negative, Easy, Hard, Unclear); default A and B of the study.
 
     Returns:
         A :class:`StudyResult` with every seed's six columns for each system.

@@ -7,7 +7,7 @@ the SIFT histograms. The result has unit L2 norm.
 Images are converted to grey, optionally downscaled so that the longer side is at most
 ``max_side`` (never upscaled), described, and the keypoints are mapped back to the pixel coordinates
 of the original image. A query is described from its crop only; its keypoints are shifted by the
-crop offset into the coordinates of the full query image (SPEC §1).
+crop offset into the coordinates of the full query image (docs/protocols.md, "The task").
 """
 
 from __future__ import annotations

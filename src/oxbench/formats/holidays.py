@@ -82,6 +82,12 @@ def holidays_ground_truth(names: Sequence[str], *, source: str = "<memory>") -> 
 
     Raises:
         InputError: a malformed or repeated name, a group without its query image, or no query.
+
+    Example:
+        >>> gt = holidays_ground_truth(["100000.jpg", "100001.jpg", "100100.jpg", "100101.jpg", "100102.jpg"])
+        >>> q = gt.queries[1]  # group 1001: query 100100, positives 100101 and 100102
+        >>> q.name, q.good.tolist(), q.junk.tolist()
+        ('100100', [3, 4], [2])
     """
     clean: list[str] = []
     groups: dict[int, list[int]] = {}

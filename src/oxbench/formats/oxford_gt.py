@@ -79,6 +79,10 @@ def clean_name(raw: str, source: str | Path, lineno: int) -> str | None:
 
     Raises:
         InputError: the name contains whitespace inside or is only an extension.
+
+    Example:
+        >>> clean_name(" all_souls_000013.jpg\\r\\n", "all_souls_1_good.txt", 1)
+        'all_souls_000013'
     """
     name = raw.strip()
     if not name:

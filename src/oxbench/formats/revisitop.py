@@ -29,7 +29,12 @@ _ORIGINAL_KEYS: tuple[str, ...] = ("ok", "junk")
 
 
 def dataset_id_from_path(path: str | Path) -> str:
-    """``gnd_roxford5k.pkl`` -> ``roxford5k``; anything else -> the file stem."""
+    """``gnd_roxford5k.pkl`` -> ``roxford5k``; anything else -> the file stem.
+
+    Example:
+        >>> dataset_id_from_path("data/gnd_roxford5k.pkl"), dataset_id_from_path("mine.pkl")
+        ('roxford5k', 'mine')
+    """
     stem = Path(path).stem
     m = re.fullmatch(r"gnd_(.+)", stem)
     return m.group(1) if m else stem

@@ -17,7 +17,12 @@ IMAGES_PER_OBJECT = 4
 
 
 def ukbench_name(index: int) -> str:
-    """``ukbench%05d``: the name (without ``.jpg``) of image ``index``."""
+    """``ukbench%05d``: the name (without ``.jpg``) of image ``index``.
+
+    Example:
+        >>> ukbench_name(42)
+        'ukbench00042'
+    """
     return f"ukbench{index:05d}"
 
 
@@ -32,6 +37,11 @@ def ukbench_ground_truth(n_images: int = N_IMAGES) -> GroundTruth:
 
     Raises:
         InputError: ``n_images`` is not a positive multiple of 4.
+
+    Example:
+        >>> gt = ukbench_ground_truth(8)
+        >>> gt.n_queries, gt.queries[5].good.tolist()  # image 5 is object 1: images 4..7
+        (8, [4, 5, 6, 7])
     """
     if isinstance(n_images, bool) or not isinstance(n_images, int | np.integer):
         raise InputError(f"UKBench image count must be an integer, got {n_images!r}")

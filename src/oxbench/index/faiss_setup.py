@@ -2,9 +2,8 @@
 
 faiss-cpu wheels bundle their own OpenBLAS (0.3.15 in faiss-cpu 1.15). On recent Xeons presented by a
 hypervisor as a generic "Intel Xeon Processor", that OpenBLAS fails to identify the core and falls
-back to the ``Prescott`` kernels: matrix products -- and so k-means and flat search -- run about 10x
-slower than with the AVX-512 kernels (measured here: 50,000 x 2,000 x 128 flat search 1.85 s with
-Prescott, 0.19 s with SkylakeX; numpy's own OpenBLAS detects the core correctly and needs 0.44 s).
+back to the generic ``Prescott`` kernels: matrix products -- and so k-means and flat search -- run
+many times slower than with the AVX-512 kernels (timings in ``bench/README.md``).
 
 OpenBLAS reads ``OPENBLAS_CORETYPE`` when the library is loaded, so :func:`load_faiss` sets it from
 the CPU flags *before the first faiss import*, unless the user set it already (or set

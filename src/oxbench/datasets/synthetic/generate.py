@@ -1,6 +1,6 @@
 """Write a synthetic benchmark to disk: images, revisitop ground truth, text files, manifest.
 
-Layout of ``out_dir`` (the revisited layout, SPEC section 3)::
+Layout of ``out_dir`` (the revisited layout, docs/protocols.md "File formats")::
 
     jpg/<name>.jpg                 database and query images (queries are not in the database)
     gnd_<name>.pkl                 revisitop ground truth: imlist, qimlist, gnd (bbx/easy/hard/junk)
