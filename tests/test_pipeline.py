@@ -284,3 +284,24 @@ def test_two_processes_into_one_run_folder(tiny_root: Path, tmp_path: Path) -> N
     assert len(set(dirs)) == 2 and sorted(map(Path, dirs)) == list_runs(tmp_path / "r")
     m = [json.loads((Path(d) / "metrics.json").read_text()) for d in dirs]
     assert m[0]["setups"] == m[1]["setups"]
+
+
+def test_matches_of_a_search_are_recorded(tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A method that returns correspondences gets them written as matches.json (for viewers)."""
+    import dataclasses
+
+    from oxbench.pipelines.bow import BagOfWords
+
+    real = BagOfWords.search
+
+    def with_matches(self: BagOfWords, bench: Benchmark, ctx: RunContext):  # noqa: ANN202
+        res = real(self, bench, ctx)
+        m = {0: {int(res.ranks[0, 0]): np.array([[1.0, 2.0, 3.0, 4.0]], np.float32)}}
+        return dataclasses.replace(res, matches=m)
+
+    monkeypatch.setattr(BagOfWords, "search", with_matches)
+    out = run("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
+              overrides={"vocab_size": 100, **TINY}, progress=False)
+    matches = json.loads((out.run_dir / "matches.json").read_text())
+    first = str(int(np.load(out.run_dir / "ranks.npy")[0, 0]))
+    assert matches == {"queries": {"0": {first: [[1.0, 2.0, 3.0, 4.0]]}}}

@@ -17,6 +17,7 @@ Layout (one config folder per resolved config; one run folder per execution)::
             timings.json       seconds per stage
             summary.txt        the printed lines and table
             run.log            the run's log lines
+            matches.json       spatially verified correspondences, when the method has them
 
 A run folder is assembled under a temporary name and renamed into place when complete, so a
 crashed run never leaves a folder that looks finished. A rerun of the same config adds a new run
@@ -399,6 +400,11 @@ def _write_run_files(
         writer.writerows(rows)
     atomic_write_text(tmp / "per_query.csv", buf.getvalue())
     atomic_write_json(tmp / "retrieved.json", retrieved_records(bench, search.ranks, search.scores, k), indent=None)
+    if search.matches:
+        atomic_write_json(tmp / "matches.json", {"queries": {
+            str(q): {str(i): np.asarray(m, np.float32).round(2).tolist() for i, m in per.items()}
+            for q, per in search.matches.items()
+        }}, indent=None)  # fmt: skip
     atomic_write_json(tmp / "timings.json", dict(timings))
     summary = "\n".join([*result.lines(), "", result.table()])
     if trained_on_test:
