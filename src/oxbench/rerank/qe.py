@@ -130,6 +130,17 @@ def _dots(q: np.ndarray | sp.csr_matrix, rows: np.ndarray | sp.csr_matrix) -> ND
 # --------------------------------------------------------------------------------------------
 
 
+def _query_and_rows(query_vec: Vectors, rows: Vectors, name: str, *, normalize: bool):  # noqa: ANN202
+    """The query and the rows, checked, in one kind (dense/sparse), L2-normalised if asked."""
+    q = _as_query(query_vec)
+    x = _as_rows(rows, name)
+    _check_dim(q, x, name)
+    q, x = _unify(q, x)
+    if normalize:
+        q, x = _l2_normalize(q), _l2_normalize(x)
+    return q, x
+
+
 def _expanded(q: Any, x: Any, weights: NDArray[np.float64], *, normalize: bool, like: Vectors) -> Vectors:
     """The weighted mean of the query (weight 1) and rows ``x`` (``weights``), shaped like ``like``."""
     total = q + _weighted_sum(weights, x) if x.shape[0] else q
@@ -160,12 +171,7 @@ def average_query_expansion(
         >>> average_query_expansion(np.array([1.0, 0.0]), np.array([[0.0, 1.0]]), normalize=False)
         array([0.5, 0.5])
     """
-    q = _as_query(query_vec)
-    v = _as_rows(verified_vecs, "verified_vecs")
-    _check_dim(q, v, "verified_vecs")
-    q, v = _unify(q, v)
-    if normalize:
-        q, v = _l2_normalize(q), _l2_normalize(v)
+    q, v = _query_and_rows(query_vec, verified_vecs, "verified_vecs", normalize=normalize)
     return _expanded(q, v, np.ones(v.shape[0]), normalize=normalize, like=query_vec)
 
 
@@ -196,12 +202,7 @@ def alpha_query_expansion(
     """
     if alpha < 0:
         raise InputError(f"alpha must be >= 0, got {alpha}")
-    q = _as_query(query_vec)
-    x = _as_rows(neighbour_vecs, "neighbour_vecs")
-    _check_dim(q, x, "neighbour_vecs")
-    q, x = _unify(q, x)
-    if normalize:
-        q, x = _l2_normalize(q), _l2_normalize(x)
+    q, x = _query_and_rows(query_vec, neighbour_vecs, "neighbour_vecs", normalize=normalize)
     if similarities is None:
         sims = _dots(q, x) if x.shape[0] else np.zeros(0)
     else:
