@@ -208,6 +208,12 @@ def test_viewer_in_headless_chromium(viewer_runs, tmp_path, browser):
         with Image.open(shot) as im:
             im.convert("RGB").quantize(colors=96).save(REPO / "docs" / "viewer.png", optimize=True)
 
+    assert browser.current_url.endswith("#q=0")  # the open query is in the address
+    browser.get(index.resolve().as_uri() + "#q=1")  # and a link opens it
+    browser.refresh()
+    WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".qinfo h2"))
+    assert browser.find_element(By.CSS_SELECTOR, ".qinfo h2").text == HOSTILE_QUERY
+
     with pytest.raises(NoAlertPresentException):
         browser.switch_to.alert.text  # noqa: B018 - no script ran from a name
     errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]

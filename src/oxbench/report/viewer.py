@@ -296,6 +296,9 @@ function init() {
   $("close").addEventListener("click", () => { $("overlay").hidden = true; });
   $("overlay").addEventListener("click", (ev) => { if (ev.target === $("overlay")) $("overlay").hidden = true; });
   renderList();
+  // "#q=N" (0-based query index) opens that query: links to one query can be shared
+  const m = /^#q=(\d+)$/.exec(location.hash);
+  if (m && Number(m[1]) < D.queries.length) show(Number(m[1]));
 }
 
 function renderList() {
@@ -324,6 +327,7 @@ function image(thumb, w, h, alt) {
 
 function show(i) {
   current = i;
+  if (location.hash !== "#q=" + i) history.replaceState(null, "", "#q=" + i);
   for (const li of document.querySelectorAll(".q")) li.classList.toggle("sel", li.dataset.index === String(i));
   const q = D.queries[i], setup = $("setup").value, main = $("main");
   main.replaceChildren();
