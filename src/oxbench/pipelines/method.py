@@ -51,6 +51,8 @@ class RunContext:
         workers: processes for the parallel stages (extraction).
         progress: show tqdm bars.
         threads: threads for faiss / BLAS-heavy stages (``None``: the library's default).
+        allow_partial: the user accepts partial image sets: an image that cannot be decoded is
+            named in a warning and skipped (recorded) instead of stopping the run.
         timings: seconds per stage, filled by :meth:`timed`.
         steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
     """
@@ -59,6 +61,7 @@ class RunContext:
     workers: int = 1
     progress: bool = True
     threads: int | None = None
+    allow_partial: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
 

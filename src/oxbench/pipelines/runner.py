@@ -507,7 +507,7 @@ def run(
         with _log_to(tmp / "run.log"):
             log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
             ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache",
-                             workers=workers, progress=progress)
+                             workers=workers, progress=progress, allow_partial=not strict)
             ctx.timings["load"] = t_load
             impl = m.build()
             impl.fit(train, ctx).index(bench, ctx)
