@@ -23,6 +23,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
+    "extract": ("oxbench.cli.deep", "extract", "Write a dataset's global descriptors to .npy files."),
+    "import-checkpoint": ("oxbench.cli.deep", "import_checkpoint", "Convert a cirtorch checkpoint into a model file."),
 }
 
 

@@ -30,7 +30,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_json, atomic_write_npz, progress_bar, read_input_bytes
+from oxbench.fileio import (
+    atomic_write_json,
+    atomic_write_npz,
+    progress_bar,
+    read_input_bytes,
+    require_regular_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,18 @@ _SHARD_LIMIT = 1 << 36
 #: ``compute(positions) -> (described positions, float32 [len(described), D])``: the images it
 #: could describe (a subset of ``positions``, in any order) and their vectors.
 Compute = Callable[[list[int]], tuple[list[int], NDArray[np.float32]]]
+
+
+def read_bounded(path: str | Path, limit: int) -> bytes:
+    """:func:`~oxbench.fileio.read_input_bytes` of a file that may be large.
+
+    ``read_input_bytes`` reads ``limit + 1`` bytes in one call, which allocates that much up front;
+    asking for the file's own size keeps a generous ``limit`` from exhausting memory.
+    """
+    size = require_regular_file(path).st_size
+    if size > limit:
+        raise InputError(f"file is {size:,} bytes; the limit for this input is {limit:,}", path)
+    return read_input_bytes(path, limit=size)
 
 
 def shard_digest(names: Sequence[str], descriptors: NDArray[np.float32]) -> str:
@@ -129,7 +147,7 @@ class DescriptorStore:
     @staticmethod
     def _read_shard(path: Path) -> tuple[list[str], NDArray[np.float32]] | None:
         try:
-            with np.load(io.BytesIO(read_input_bytes(path, limit=_SHARD_LIMIT)), allow_pickle=False) as z:
+            with np.load(io.BytesIO(read_bounded(path, _SHARD_LIMIT)), allow_pickle=False) as z:
                 names = [str(n) for n in z["names"].tolist()]
                 x = np.asarray(z["descriptors"], np.float32)
                 digest = str(z["digest"])

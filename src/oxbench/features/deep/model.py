@@ -47,7 +47,8 @@ from oxbench.features.deep.backbones import (
     known_architecture,
 )
 from oxbench.features.deep.pooling import POOLING, make_pooling
-from oxbench.fileio import atomic_write_bytes, file_sha256, read_input_bytes
+from oxbench.features.descstore import read_bounded
+from oxbench.fileio import atomic_write_bytes, file_sha256
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -247,7 +248,7 @@ def _plain(value: Any) -> Any:
 
 def _torch_load(path: str | Path) -> Any:
     """``torch.load`` of a local file with ``weights_only=True`` (plain data, tensors, numpy arrays)."""
-    data = read_input_bytes(path, limit=_MODEL_LIMIT)
+    data = read_bounded(path, _MODEL_LIMIT)
     # cirtorch stores Lw as numpy arrays: allow exactly what rebuilds one (under numpy 1 and 2 names)
     reconstruct = importlib.import_module("numpy._core.multiarray")._reconstruct
     safe: list[Any] = [np.ndarray, np.dtype, reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct")]
