@@ -370,3 +370,57 @@ def test_extract_names_an_undecodable_image_and_allow_partial_skips_it(
     info = json.loads((out / "extract.json").read_text())
     assert info["provenance"]["undecodable_images"] == {"synthetic/database": [bench.database.name(3)]}
     assert not np.load(out / "db.npy")[3].any()
+
+
+def test_gpu_check_script_runs_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import gpu_check
+
+    result = gpu_check.main(["--tiny", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    assert set(saved["images_per_second"]) == {"loop", "batched-fp32", "batched-bf16"}
+    assert all(v > 0 for v in saved["images_per_second"].values())
+    assert saved["agree"] == {"loop": True, "batched-fp32": True, "batched-bf16": True}
+
+
+def test_model_whitening_applies_the_files_lw(tiny_root: Path, tmp_path: Path, r18: RetrievalNet) -> None:
+    from oxbench.pipelines.extract import extract_descriptors
+
+    rng = np.random.default_rng(3)
+    m, proj = rng.standard_normal(512) * 0.01, rng.standard_normal((64, 512))
+    save_model(tmp_path / "r18.pt", r18, lw={"sfm": {"ss": (m, proj), "ms": (m + 1.0, proj)}})
+    common = {"root": tiny_root, "cache": tmp_path / "cache", "progress": False,
+              "overrides": {"backbone": "resnet18", "weights": str(tmp_path / "r18.pt"), "max_side": 96, "scales": [1.0, 0.5]}}
+    plain = extract_descriptors("synthetic", "gem-r101", tmp_path / "plain", **common)
+    white = extract_descriptors("synthetic", "gem-r101+w", tmp_path / "white", **common)
+    assert white.info["steps"]["descriptors.database"] == "hit"  # the store holds the unwhitened ones
+    x = np.load(tmp_path / "plain" / "db.npy").astype(np.float64)
+    want = (x - (m + 1.0)) @ proj.T  # multi-scale: the "ms" whitening
+    want /= np.linalg.norm(want, axis=1, keepdims=True)
+    assert plain.dim == 512 and white.dim == 64
+    np.testing.assert_allclose(np.load(tmp_path / "white" / "db.npy"), want, atol=1e-5)
+
+
+def test_cli_help_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom oxbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "try:\n    main(['extract', '--help'])\nexcept SystemExit:\n    pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "extract" in res.stdout and "import-checkpoint" in res.stdout
+
+
+def test_run_cli_max_side_sets_the_cnn_setting(tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _cli(["run", "--dataset", "synthetic", "--method", "gem-r50-imagenet", "--root", str(tiny_root),
+                           "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "r"), "--max-side", "64",
+                           "--set", "weights=random", "--set", "backbone=resnet18", "--set", "scales=[1]",
+                           "--no-progress", "--workers", "1"], capsys)
+    assert code == 0, err
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["method"]["max_side"] == 64 and config["method"]["features"]["max_side"] != 64
+    assert "mAP" in out
