@@ -424,3 +424,19 @@ def test_run_cli_max_side_sets_the_cnn_setting(tiny_root: Path, tmp_path: Path, 
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["method"]["max_side"] == 64 and config["method"]["features"]["max_side"] != 64
     assert "mAP" in out
+
+
+def test_trained_preset_without_its_model_file_says_how_to_get_it(tiny_root: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import oxbench
+    from oxbench.features.deep import models_dir
+
+    monkeypatch.delenv("OXBENCH_MODELS", raising=False)
+    assert models_dir(tiny_root) == tiny_root / "_models"
+    with pytest.raises(InputError) as exc:
+        oxbench.run("synthetic", "gem-r18-synthetic", root=tiny_root, runs_dir=tmp_path / "runs",
+                    cache=tmp_path / "c", progress=False)
+    assert str(exc.value) == (f"{tiny_root / '_models' / 'gem-r18-synthetic.pt'}: no model file here: "
+                              "train it with oxbench train, or pass --set weights=PATH")
+    monkeypatch.setenv("OXBENCH_MODELS", str(tmp_path / "m"))
+    assert models_dir(tiny_root) == tmp_path / "m"

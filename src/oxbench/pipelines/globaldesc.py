@@ -318,7 +318,7 @@ class GlobalDescriptors(RetrievalMethod):
     def _model(self, bench: Benchmark) -> Any:
         """The network (built once per method; weights loaded here, never in a constructor)."""
         if self.model_ is None:
-            from oxbench.features.deep import resolve_weights_path
+            from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
             from oxbench.features.deep.model import build_net
 
             m = self.config
@@ -330,6 +330,10 @@ class GlobalDescriptors(RetrievalMethod):
             weights: str | Path = m.weights
             if m.weights not in ("random", "imagenet"):
                 weights = resolve_weights_path(m.weights, None if bench.root is None else Path(bench.root).parent)
+                if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
+                    raise InputError(
+                        "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
+                    )
             self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
         return self.model_
 
