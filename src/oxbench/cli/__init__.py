@@ -28,6 +28,8 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "plot": ("oxbench.cli.report", "plot", "Per-query AP, precision-recall and A-vs-B figures of runs."),
     "view": ("oxbench.cli.report", "view", "A static HTML viewer of a run's ranked lists."),
     "export": ("oxbench.cli.report", "export", "Export ranked lists: Oxford lists, revisitop ranks, hloc pairs."),
+    "extract": ("oxbench.cli.deep", "extract", "Write a dataset's global descriptors to .npy files."),
+    "import-checkpoint": ("oxbench.cli.deep", "import_checkpoint", "Convert a cirtorch checkpoint into a model file."),
 }
 
 

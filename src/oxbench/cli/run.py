@@ -100,8 +100,9 @@ def run(
     overrides: dict[str, object] = dict(_parse_setting(s) for s in settings)
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
-    if max_side is not None:
-        overrides["features.max_side"] = max_side
+    if max_side is not None:  # the CNN descriptors' own setting, the local features' otherwise
+        deep = getattr(METHODS.get(method or DEFAULT_METHOD), "descriptor", None) == "cnn"
+        overrides["max_side" if deep else "features.max_side"] = max_side
     if top_r is not None:
         overrides["spatial_top_r"] = top_r
     outcome = run_method(

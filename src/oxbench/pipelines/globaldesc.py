@@ -10,15 +10,17 @@ the method interface:
 3. ``search`` -- describe the query crops the same way, score by dot product (cosine), rank (ties to
    the lower index), then re-rank with average or alpha query expansion over the top neighbours.
 
-The descriptor here is VLAD over RootSIFT (Jegou et al. CVPR 2010; with intra-normalisation as in
+Descriptors: VLAD over RootSIFT (Jegou et al. CVPR 2010; with intra-normalisation as in
 Arandjelovic & Zisserman CVPR 2013 and signed square-root power normalisation), which needs no deep
-learning framework. Descriptors are cached per dataset part under the cache folder, keyed by every
-setting that determines them, and checked against their recorded digest when read.
+learning framework, and ``descriptor="cnn"``: a CNN / ViT activation map pooled by MAC, SPoC, GeM or
+R-MAC, multi-scale, from :mod:`oxbench.features.deep` (needs ``oxbench[deep]``). Descriptors are
+cached per dataset part in a sharded, resumable :class:`~oxbench.features.descstore.DescriptorStore`
+under the cache folder, keyed by every setting that determines them (for a CNN: the weights' digest),
+each shard checked against its recorded digest when read.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig, finish_descriptors
-from oxbench.fileio import atomic_write_npz, file_lock, json_digest, progress_bar
+from oxbench.fileio import file_lock, json_digest
 from oxbench.index.whitening import PCAWhitening, l2_normalize
 from oxbench.pipelines.method import MethodConfig, RetrievalMethod, RunContext, SearchResult
 
@@ -46,8 +48,26 @@ class GlobalMethod(MethodConfig):
 
     Attributes:
         name: preset name.
-        descriptor: how an image becomes one vector (``"vlad"``: VLAD over local features).
+        descriptor: how an image becomes one vector (``"vlad"``: VLAD over local features;
+            ``"cnn"``: a pooled CNN / ViT activation map, :mod:`oxbench.features.deep`).
         features: the local features VLAD aggregates (a query is described from its crop only).
+        backbone: ``cnn``: ``resnet18/34/50/101/152``, ``vgg11/13/16/19`` (torchvision) or
+            ``timm:<model name>`` (:mod:`oxbench.features.deep.backbones`).
+        weights: ``cnn``: ``"random"`` (seeded by ``seed``), ``"imagenet"`` (the library's
+            pretrained weights, from its cache or downloaded into it), a model file path
+            (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
+            :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
+        pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
+        gem_p: GeM's exponent for random / ImageNet weights (a model file brings its own).
+        max_side: ``cnn``: longer image side (px) before description (never enlarged).
+        scales: ``cnn``: multi-scale factors, combined by the power mean with GeM's ``p``.
+        precision: ``cnn``: ``"fp32"`` or ``"bf16"`` (autocast of the trunk).
+        model_whitening: ``cnn``: apply the learned whitening stored in the model file (cirtorch's
+            ``Lw``: the multi-scale one with several scales) to the descriptors.
+        seed: ``cnn``: initialisation seed of random weights.
+        batch_size, device: ``cnn``: images per forward pass; ``"auto"`` (GPU when torch sees
+            one), ``"cpu"`` or ``"cuda"``. Neither changes the descriptors beyond float rounding,
+            so neither is part of the descriptor cache key.
         vlad_k: codebook size (the descriptor has ``vlad_k * 128`` dimensions).
         vlad_iter, vlad_max_points_per_centroid, vlad_seed: codebook k-means settings.
         power: signed power normalisation exponent of every component (0.5: signed square root;
@@ -65,8 +85,19 @@ class GlobalMethod(MethodConfig):
     family: ClassVar[str] = "global"
 
     name: str
-    descriptor: Literal["vlad"] = "vlad"
+    descriptor: Literal["vlad", "cnn"] = "vlad"
     features: SiftConfig = field(default_factory=SiftConfig)
+    backbone: str = "resnet50"
+    weights: str | None = "imagenet"
+    pooling: Literal["mac", "spoc", "gem", "rmac"] = "gem"
+    gem_p: float = 3.0
+    max_side: int = 1024
+    scales: tuple[float, ...] = (1.0, 2.0**-0.5, 0.5)
+    precision: Literal["fp32", "bf16"] = "fp32"
+    model_whitening: bool = False
+    seed: int = 0
+    batch_size: int = 8
+    device: str = "auto"
     vlad_k: int = 64
     vlad_iter: int = 20
     vlad_max_points_per_centroid: int = 256
@@ -82,8 +113,10 @@ class GlobalMethod(MethodConfig):
     qe_alpha: float = 3.0
 
     def __post_init__(self) -> None:
-        if self.descriptor != "vlad":
-            raise InputError(f"method {self.name}: unknown descriptor {self.descriptor!r} (known: vlad)")
+        if self.descriptor not in ("vlad", "cnn"):
+            raise InputError(f"method {self.name}: unknown descriptor {self.descriptor!r} (known: vlad, cnn)")
+        if self.descriptor == "cnn":
+            self._check_cnn()
         if self.vlad_k < 2:
             raise InputError(f"method {self.name}: vlad_k must be >= 2")
         if not 0.0 < self.power <= 1.0:
@@ -94,6 +127,36 @@ class GlobalMethod(MethodConfig):
             raise InputError(f"method {self.name}: unknown query expansion {self.qe!r} (none, aqe, alpha-qe)")
         if self.qe_k < 1:
             raise InputError(f"method {self.name}: qe_k must be >= 1")
+
+    def _check_cnn(self) -> None:
+        try:
+            scales = tuple(float(s) for s in self.scales)
+        except (TypeError, ValueError):
+            raise InputError(f"method {self.name}: scales must be a list of numbers, got {self.scales!r}") from None
+        object.__setattr__(self, "scales", scales)
+        if not scales or not all(0.0 < s <= 4.0 for s in scales):
+            raise InputError(f"method {self.name}: scales must be numbers in (0, 4], got {list(scales)}")
+        if self.pooling not in ("mac", "spoc", "gem", "rmac"):
+            raise InputError(f"method {self.name}: unknown pooling {self.pooling!r} (mac, spoc, gem, rmac)")
+        if not 0.0 < self.gem_p <= 100.0:
+            raise InputError(f"method {self.name}: gem_p must be in (0, 100]")
+        if self.max_side < 16:
+            raise InputError(f"method {self.name}: max_side must be >= 16 px")
+        if self.precision not in ("fp32", "bf16"):
+            raise InputError(f"method {self.name}: precision must be fp32 or bf16")
+        if self.batch_size < 1:
+            raise InputError(f"method {self.name}: batch_size must be >= 1")
+        if self.weights is not None and (not isinstance(self.weights, str) or not self.weights):
+            raise InputError(f"method {self.name}: weights must be random, imagenet or a model file path")
+        if self.model_whitening and self.weights in ("random", "imagenet"):
+            raise InputError(f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)")
+        if self.model_whitening and self.whitening != "none":
+            raise InputError(f"method {self.name}: model_whitening already whitens; set whitening=none")
+
+    @property
+    def needs_training(self) -> bool:
+        """VLAD learns its codebook; a CNN descriptor learns only a whitening, when asked for."""
+        return self.descriptor == "vlad" or self.whitening != "none"
 
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
@@ -109,7 +172,12 @@ class GlobalMethod(MethodConfig):
         )  # fmt: skip
 
     def descriptor_settings(self) -> dict[str, Any]:
-        """What determines one image's descriptor (cache key, with the codebook)."""
+        """What determines one image's descriptor (cache key, with the codebook or the weights)."""
+        if self.descriptor == "cnn":
+            return {
+                "descriptor": "cnn", "backbone": self.backbone, "pooling": self.pooling, "gem_p": self.gem_p,
+                "max_side": self.max_side, "scales": list(self.scales), "precision": self.precision,
+            }  # fmt: skip
         return {
             "descriptor": self.descriptor, "features": self.features.to_dict(), "vlad_k": self.vlad_k,
             "power": self.power, "intra_norm": self.intra_norm,
@@ -168,6 +236,9 @@ class GlobalDescriptors(RetrievalMethod):
         self.trained_on_: str | None = None
         self._db: NDArray[np.float32] | None = None
         self._indexed: str | None = None
+        self.model_: Any = None  # cnn: oxbench.features.deep.model.LoadedModel
+        self._extractor: Any = None
+        self.undecodable_: dict[str, list[str]] = {}
 
     # --- descriptors -----------------------------------------------------------------------
     def _store(self, bench: Benchmark, part: str, ctx: RunContext) -> FeatureStore:
@@ -178,45 +249,120 @@ class GlobalDescriptors(RetrievalMethod):
         return bow.open_store(ctx.cache, bench, self.config.features, part)
 
     def _descriptor_path(self, bench: Benchmark, part: str, ctx: RunContext) -> Path:
+        """The descriptor store folder of one part (:class:`~oxbench.features.descstore.DescriptorStore`)."""
         from oxbench.pipelines.bow import dataset_key
 
-        assert self.codebook_path_ is not None
-        key = json_digest({**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}, 12)
-        return Path(ctx.cache) / dataset_key(bench) / "global" / key / f"{part}.npz"
+        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(bench), 12) / part
 
-    def describe(self, bench: Benchmark, part: str, ctx: RunContext) -> NDArray[np.float32]:
-        """Raw (unwhitened) descriptors ``float32 [n, D]`` of one part, cached; names in part order."""
-        from oxbench.index.vocabulary import Vocabulary
-        from oxbench.pipelines.bow import _part_names
-
+    def _store_settings(self, bench: Benchmark) -> dict[str, Any]:
+        if self.config.descriptor == "cnn":
+            return {**self.config.descriptor_settings(), "weights": self._model(bench).weights}
         if self.codebook_path_ is None:
             raise InputError(f"method {self.config.name}: fit before describing images")
+        return {**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}
+
+    def describe(self, bench: Benchmark, part: str, ctx: RunContext) -> NDArray[np.float32]:
+        """Raw (unwhitened) descriptors ``float32 [n, D]`` of one part, cached; names in part order.
+
+        Descriptors are kept in a resumable :class:`~oxbench.features.descstore.DescriptorStore`:
+        an interrupted run resumes with the images not yet described. Images that cannot be decoded
+        stop the run, unless ``ctx.allow_partial``: then each is named in a warning, recorded in
+        :meth:`provenance` and given the zero descriptor. With ``model_whitening`` the model file's
+        learned whitening is applied to what the store holds.
+        """
+        from oxbench.features.descstore import DescriptorStore, fill_store
+        from oxbench.pipelines.bow import _part_names
+
         names = _part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
-        cached = _read_descriptors(path, names)
-        ctx.record_step(f"descriptors.{part}", hit=cached is not None)
-        if cached is not None:
-            return cached
         with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
-            cached = _read_descriptors(path, names)
-            if cached is not None:
-                return cached
-            store = self._store(bench, part, ctx)
-            m = self.config
-            voc = Vocabulary.load(self.codebook_path_, descriptor=m.features.descriptor, dim=m.features.dim)
-            centroids = voc.centroids_
-            assert centroids is not None
-            out = np.zeros((len(names), m.vlad_k * m.features.dim), np.float32)
-            bar = progress_bar(names, enabled=ctx.progress, desc=f"vlad {bench.id} {part}", unit="img")
-            for i, name in enumerate(bar):
-                _, _, raw, _ = store.get_raw(name)
+            store = DescriptorStore.open(path, self._store_settings(bench))
+            hit = not store.missing(names)
+            failed: list[str] = []
+            if not hit:
+                kind = self.config.descriptor
+                compute = self._cnn_compute(bench, part, names, ctx) if kind == "cnn" else self._vlad_compute(bench, part, names, ctx)
+                failed = fill_store(store, names, compute, shard_size=512 if kind == "cnn" else 2048,
+                                    progress=ctx.progress, desc=f"{kind} {bench.id} {part}")
+        ctx.record_step(f"descriptors.{part}", hit=hit)
+        if failed:
+            self.undecodable_[f"{bench.id}/{part}"] = failed
+        x = store.get(names, missing_as_zero=ctx.allow_partial)
+        if self.config.model_whitening:
+            x = self._model_whitening(bench, x)
+        return x
+
+    def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
+        from oxbench.index.vocabulary import Vocabulary
+
+        m = self.config
+        assert self.codebook_path_ is not None
+        store = self._store(bench, part, ctx)
+        voc = Vocabulary.load(self.codebook_path_, descriptor=m.features.descriptor, dim=m.features.dim)
+        centroids = voc.centroids_
+        assert centroids is not None
+
+        def compute(positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
+            out = np.zeros((len(positions), m.vlad_k * m.features.dim), np.float32)
+            for row, i in enumerate(positions):
+                _, _, raw, _ = store.get_raw(names[i])
                 x = finish_descriptors(raw, m.features.descriptor)
                 words = voc.kneighbors(x, 1)[1][:, 0] if len(x) else np.zeros(0, np.int64)
                 if not len(x):
-                    log.warning("%s %s: image %s has no features; its descriptor is zero (ranks last)", bench.id, part, name)
-                out[i] = vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
-            _write_descriptors(path, names, out)
-        return out
+                    log.warning("%s %s: image %s has no features; its descriptor is zero (ranks last)", bench.id, part, names[i])
+                out[row] = vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
+            return positions, out
+
+        return compute
+
+    # --- deep descriptors ----------------------------------------------------------------------
+    def _model(self, bench: Benchmark) -> Any:
+        """The network (built once per method; weights loaded here, never in a constructor)."""
+        if self.model_ is None:
+            from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
+            from oxbench.features.deep.model import build_net
+
+            m = self.config
+            if m.weights is None:
+                raise InputError(
+                    f"method {m.name} needs a model file: pass --set weights=MODEL.pt (e.g. the published "
+                    "cirtorch weights converted with oxbench import-checkpoint CHECKPOINT --out MODEL.pt)"
+                )
+            weights: str | Path = m.weights
+            if m.weights not in ("random", "imagenet"):
+                weights = resolve_weights_path(m.weights, None if bench.root is None else Path(bench.root).parent)
+                if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
+                    raise InputError(
+                        "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
+                    )
+            self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
+        return self.model_
+
+    def _cnn_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
+        from oxbench.features.deep.extract import ExtractOptions, Extractor
+
+        m = self.config
+        if self._extractor is None:
+            opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision,
+                                  batch_size=m.batch_size, device=m.device, workers=max(1, ctx.workers))
+            self._extractor = Extractor(self._model(bench).net, opts)
+        read = {"database": bench.database.read, "queries": bench.query_crop}.get(part)
+        if read is None:
+            assert bench.distractors is not None
+            read = bench.distractors.read
+        ext = self._extractor
+
+        def compute(positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
+            return ext.describe_sources(read, positions, names, allow_undecodable=ctx.allow_partial)
+
+        return compute
+
+    def _model_whitening(self, bench: Benchmark, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        lw = self._model(bench).whitening(multiscale=len(self.config.scales) > 1)
+        if lw is None:
+            raise InputError(f"method {self.config.name}: model_whitening is set but the model file carries no learned whitening")
+        mean, proj = lw
+        return l2_normalize((x.astype(np.float64) - mean) @ proj.T)
 
     def _finish(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
         return self.whitening_.transform(x) if self.whitening_ is not None else l2_normalize(x)
@@ -226,16 +372,20 @@ class GlobalDescriptors(RetrievalMethod):
         from oxbench.pipelines import bow
 
         if train is None:
-            raise InputError(f"method {self.config.name} learns a codebook: it needs a training set")
-        cb = self.config.codebook_method()
-        hit = bow.vocabulary_path(ctx.cache, cb, train).exists()
-        with ctx.timed("codebook"):
-            if ctx.full_check or not hit:
-                bow.step_features(train, cb.features, ctx.cache, parts=["database"], workers=ctx.workers,
-                                  progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
-            self.codebook_path_ = bow.step_vocabulary(cb, train, ctx.cache, progress=ctx.progress,
-                                                      threads=ctx.threads, full_check=ctx.full_check)  # fmt: skip
-        ctx.record_step("codebook", hit=hit)
+            if not self.config.needs_training:
+                return self
+            what = "a codebook" if self.config.descriptor == "vlad" else "a whitening"
+            raise InputError(f"method {self.config.name} learns {what}: it needs a training set")
+        if self.config.descriptor == "vlad":
+            cb = self.config.codebook_method()
+            hit = bow.vocabulary_path(ctx.cache, cb, train).exists()
+            with ctx.timed("codebook"):
+                if ctx.full_check or not hit:
+                    bow.step_features(train, cb.features, ctx.cache, parts=["database"], workers=ctx.workers,
+                                      progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
+                self.codebook_path_ = bow.step_vocabulary(cb, train, ctx.cache, progress=ctx.progress,
+                                                          threads=ctx.threads, full_check=ctx.full_check)  # fmt: skip
+            ctx.record_step("codebook", hit=hit)
         self.trained_on_ = train.id
         if self.config.whitening == "pca":
             with ctx.timed("whitening"):
@@ -299,6 +449,10 @@ class GlobalDescriptors(RetrievalMethod):
 
     def provenance(self) -> dict[str, Any]:
         out: dict[str, Any] = {"trained_on": self.trained_on_}
+        if self.model_ is not None:
+            out["model"] = {**self.model_.net.describe(), "weights": self.model_.weights}
+        if self.undecodable_:
+            out["undecodable_images"] = dict(self.undecodable_)
         if self.codebook_path_ is not None:
             out["codebook_path"] = str(self.codebook_path_)
         if self.whitening_ is not None:
@@ -327,36 +481,3 @@ def expand_queries(
         top = ranks[qi, :k]
         out[qi] = np.asarray(alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32).ravel()
     return out
-
-
-def _read_descriptors(path: Path, names: list[str]) -> NDArray[np.float32] | None:
-    """Cached descriptors when present, for these names, and intact (digest checked); else None."""
-    if not path.exists():
-        return None
-    from oxbench.fileio import read_input_bytes
-
-    try:
-        with np.load(io.BytesIO(read_input_bytes(path, limit=1 << 40)), allow_pickle=False) as z:
-            stored_names = z["names"].tolist()
-            x = np.asarray(z["descriptors"], np.float32)
-            digest = str(z["digest"])
-    except (InputError, OSError, KeyError, ValueError, EOFError) as exc:
-        log.warning("%s: unreadable cached descriptors (%s); describing again", path, exc)
-        return None
-    if stored_names != names:
-        log.info("%s: cached descriptors are for other images; describing again", path)
-        return None
-    if _digest(x) != digest:
-        log.warning("%s: cached descriptors fail their digest check; describing again", path)
-        return None
-    return x
-
-
-def _write_descriptors(path: Path, names: list[str], x: NDArray[np.float32]) -> None:
-    atomic_write_npz(path, {"names": np.array(names), "descriptors": x, "digest": np.array(_digest(x))})
-
-
-def _digest(x: NDArray[np.float32]) -> str:
-    import hashlib
-
-    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()

@@ -53,6 +53,8 @@ class RunContext:
         threads: threads for faiss / BLAS-heavy stages (``None``: the library's default).
         full_check: hash every cached artifact in full before reusing it (the runner's second
             attempt after a corrupt cache file was met), not only the cheap open-time checks.
+        allow_partial: the user accepts partial image sets: an image that cannot be decoded is
+            named in a warning and skipped (recorded) instead of stopping the run.
         timings: seconds per stage, filled by :meth:`timed`.
         steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
     """
@@ -62,6 +64,7 @@ class RunContext:
     progress: bool = True
     threads: int | None = None
     full_check: bool = False
+    allow_partial: bool = False
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
 

@@ -13,7 +13,7 @@ records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig
@@ -129,3 +129,40 @@ register_method(GlobalMethod("rootsift-vlad"))
 register_method(GlobalMethod("rootsift-vlad-w", whitening="pca"))
 register_method(GlobalMethod("rootsift-vlad-w-aqe", whitening="pca", qe="aqe"))
 register_method(GlobalMethod("rootsift-vlad-w-alpha-qe", whitening="pca", qe="alpha-qe"))
+
+# --- deep global descriptors (descriptor="cnn"; needs oxbench[deep]) -------------------------------
+# Multi-scale (1, 1/sqrt(2), 1/2) at 1024 px, as the published GeM models are evaluated. "+w" is the
+# PCA-whitening learned on the training set (the other city), or for gem-r101 the learned whitening
+# that came with the published model; "+aqe" / "+alpha-qe" re-rank by query expansion.
+
+# The published ResNet-101 GeM (Radenovic et al. 2018, cirtorch retrievalSfM120k-resnet101-gem): the
+# user supplies the weights, converted once with `oxbench import-checkpoint CHECKPOINT --out MODEL.pt`,
+# and runs `oxbench run --dataset roxford5k --method gem-r101+w --set weights=MODEL.pt`.
+
+
+def _cnn(name: str, backbone: str, pooling: str, weights: str | None, **more: Any) -> GlobalMethod:
+    return register_method(
+        GlobalMethod(name, descriptor="cnn", backbone=backbone, pooling=pooling, weights=weights, **more)  # type: ignore[arg-type]
+    )  # type: ignore[return-value]
+
+
+_cnn("gem-r101", "resnet101", "gem", None)
+_cnn("gem-r101+w", "resnet101", "gem", None, model_whitening=True)
+_cnn("gem-r101+w+alpha-qe", "resnet101", "gem", None, model_whitening=True, qe="alpha-qe")
+
+# Off-the-shelf ImageNet trunks (torchvision's weights, from its cache) with each pooling head.
+_cnn("gem-r50-imagenet", "resnet50", "gem", "imagenet")
+_cnn("gem-r50-imagenet+w", "resnet50", "gem", "imagenet", whitening="pca")
+_cnn("gem-r50-imagenet+w+aqe", "resnet50", "gem", "imagenet", whitening="pca", qe="aqe")
+_cnn("gem-r50-imagenet+w+alpha-qe", "resnet50", "gem", "imagenet", whitening="pca", qe="alpha-qe")
+_cnn("mac-r50-imagenet", "resnet50", "mac", "imagenet")
+_cnn("spoc-r50-imagenet", "resnet50", "spoc", "imagenet")
+_cnn("rmac-r50-imagenet", "resnet50", "rmac", "imagenet")
+_cnn("rmac-r50-imagenet+w", "resnet50", "rmac", "imagenet", whitening="pca")
+
+# ResNet-18 GeM fine-tuned on the synthetic training city by `oxbench train`, which writes
+# <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder).
+_R18 = "models:gem-r18-synthetic.pt"
+_cnn("gem-r18-synthetic", "resnet18", "gem", _R18)
+_cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca")
+_cnn("gem-r18-synthetic+w+alpha-qe", "resnet18", "gem", _R18, whitening="pca", qe="alpha-qe")

@@ -519,7 +519,8 @@ def run(
         with _log_to(tmp / "run.log"):
             log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
             cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, workers=workers, progress=progress)
+            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, workers=workers, progress=progress,
+                                                   allow_partial=not strict)
             ctx.timings["load"] = t_load
             keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
             search = search.top(keep)
@@ -558,14 +559,16 @@ def run(
 
 
 def _fit_index_search(
-    m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, workers: int, progress: bool
+    m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, workers: int, progress: bool,
+    allow_partial: bool = False,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
     from oxbench.cache import CorruptCache
 
     for full_check in (False, True):
-        ctx = RunContext(cache, workers=workers, progress=progress, full_check=full_check)
+        ctx = RunContext(cache, workers=workers, progress=progress, full_check=full_check,
+                         allow_partial=allow_partial)
         impl = m.build()
         try:
             impl.fit(train, ctx).index(bench, ctx)

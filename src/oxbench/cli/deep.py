@@ -1,0 +1,73 @@
+"""``oxbench import-checkpoint`` (cirtorch checkpoint -> model file) and ``oxbench extract``
+(a dataset's global descriptors -> ``.npy`` files)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("import-checkpoint")
+@click.argument("checkpoint", type=click.Path(dir_okay=False))
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="The model file to write (.pt), for --set weights=MODEL.pt.")
+def import_checkpoint(checkpoint: str, out: str) -> None:
+    """Convert a local cirtorch CHECKPOINT (e.g. retrievalSfM120k-resnet101-gem-*.pth) into a model file.
+
+    Keeps the network (architecture, pooling and its p, mean/std, a whitening layer) and the learned
+    whitenings stored with it (Lw). A checkpoint whose weights do not fit the architecture its meta
+    names is refused with the missing and unexpected keys. Nothing is downloaded.
+    """
+    from oxbench.features.deep.model import import_cirtorch, load_model
+
+    path = import_cirtorch(checkpoint, out)
+    model = load_model(path)
+    facts = model.net.describe()
+    p = f", p={facts['p']:.4f}" if "p" in facts else ""
+    lw = f"; learned whitening: {', '.join(sorted(model.lw))}" if model.lw else ""
+    click.echo(f"{path}: {facts['architecture']} {facts['pooling']}{p}, {facts['dim']}-D{lw}")
+
+
+@click.command("extract")
+@click.option("--dataset", default="synthetic", show_default=True, help="Dataset id.")
+@click.option("--method", required=True,
+              help="A global-descriptor preset (gem-r50-imagenet, gem-r101 --set weights=MODEL.pt, rootsift-vlad ...).")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Output folder: db.npy, db_names.txt, queries.npy, query_names.txt, extract.json.")
+@click.option("--root", type=click.Path(file_okay=False), default=None,
+              help="Data root (default: $OXBENCH_DATA or ~/.local/share/oxbench).")
+@click.option("--cache", type=click.Path(file_okay=False), default=None,
+              help="Descriptor cache (default: <root>/_cache; shared with oxbench run).")
+@click.option("--train-dataset", default=None,
+              help="What a method that learns (codebook, whitening) learns on (default: the other city).")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Change a method setting (repeatable): --set weights=MODEL.pt --set backbone=resnet18 "
+                   "--set max_side=512 --set precision=bf16 --set device=cpu.")
+@click.option("--distractors", default=None,
+              help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.")
+@click.option("--workers", type=int, default=0, show_default=True,
+              help="Image-decoding threads (0 = one per available CPU).")
+@click.option("--allow-partial", is_flag=True,
+              help="Accept partial image sets: undecodable images are named, skipped and get zero descriptors.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def extract(
+    dataset: str, method: str, out: str, root: str | None, cache: str | None, train_dataset: str | None,
+    settings: tuple[str, ...], distractors: str | None, workers: int, allow_partial: bool, no_progress: bool,
+) -> None:
+    """Write the global descriptors of DATASET (database, distractors, query crops) to .npy files.
+
+    The files are what `oxbench evaluate revisited --db-features/--query-features` reads; the
+    descriptors are cached like `oxbench run`'s, so an interrupted extraction resumes.
+    """
+    from oxbench.cli.run import _distractors, _parse_setting, _workers
+    from oxbench.pipelines.extract import extract_descriptors
+
+    outcome = extract_descriptors(
+        dataset, method, out, root=root, cache=cache, train_dataset=train_dataset,
+        overrides=dict(_parse_setting(s) for s in settings), distractors=_distractors(distractors),
+        strict=not allow_partial, workers=_workers(workers), progress=not no_progress,
+    )  # fmt: skip
+    click.echo(f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
+               f"{outcome.n_queries} query descriptors, {outcome.dim}-D")
+    hint = outcome.info.get("evaluate")
+    if hint:
+        click.echo(f"evaluate with: {hint}")

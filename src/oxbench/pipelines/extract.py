@@ -1,0 +1,142 @@
+"""Write a dataset's global descriptors to files (``oxbench extract``).
+
+Any global-descriptor preset (a CNN with any backbone, or VLAD) describes the database, the
+distractors and the query crops of a dataset, through the same cached, resumable descriptor stores
+as ``oxbench run``, and the final descriptors (what the method searches with: whitened when the
+method whitens, always L2-normalised; query expansion is a search step and is not applied) are
+written as::
+
+    <out>/db.npy            float32 [n_db + n_distractors, d]  database rows, then distractors
+    <out>/db_names.txt      one image name per row of db.npy
+    <out>/queries.npy       float32 [n_queries, d]             described from the query crops
+    <out>/query_names.txt   one query image name per row
+    <out>/extract.json      dataset, counts, dimension, the resolved method, model provenance
+
+which is what ``oxbench evaluate revisited --dataset ID --db-features <out>/db.npy
+--query-features <out>/queries.npy [--distractors N]`` reads. Every file is written atomically and
+``extract.json`` last, after every descriptor has been computed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from oxbench.errors import InputError
+from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
+from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
+
+log = logging.getLogger(__name__)
+
+EXTRACT_FILES = ("db.npy", "db_names.txt", "queries.npy", "query_names.txt", "extract.json")
+
+
+@dataclass(frozen=True)
+class ExtractOutcome:
+    """What :func:`extract_descriptors` wrote.
+
+    Attributes:
+        out: the output folder.
+        n_db, n_distractors, n_queries: rows written.
+        dim: descriptor dimension.
+        info: what ``extract.json`` holds.
+    """
+
+    out: Path
+    n_db: int
+    n_distractors: int
+    n_queries: int
+    dim: int
+    info: Mapping[str, Any]
+
+
+def extract_descriptors(
+    dataset: str,
+    method: str | MethodConfig,
+    out: str | Path,
+    *,
+    root: str | Path | None = None,
+    cache: str | Path | None = None,
+    train_dataset: str | None = None,
+    overrides: Mapping[str, object] | None = None,
+    distractors: str | int | None = None,
+    strict: bool = True,
+    workers: int = 1,
+    progress: bool = True,
+) -> ExtractOutcome:
+    """Describe a dataset with a global-descriptor method and write the descriptors to ``out``.
+
+    Args:
+        dataset: dataset id.
+        method: a global-descriptor preset (or config).
+        out: output folder (created; the five files above are replaced atomically).
+        root: data root.
+        cache: descriptor cache (default ``<root>/_cache``): a second extraction, or a run of the same
+            method, reuses it.
+        train_dataset: what a method that learns (a VLAD codebook, a whitening) learns on (default:
+            the other city, as ``oxbench run``).
+        overrides: method settings (``{"weights": "model.pt", "max_side": 512}``).
+        distractors: distractors to describe after the database.
+        strict: refuse partial datasets; ``False`` also lets undecodable images through (named in
+            warnings and ``extract.json``, zero descriptors).
+        workers: image-decoding threads (CNN) / extraction processes (SIFT).
+        progress: progress bars.
+
+    Raises:
+        InputError: not a global-descriptor method, missing data or weights, an undecodable image
+            (unless ``strict=False``), an output path that is not a writable file location.
+    """
+    from oxbench.datasets import load
+    from oxbench.datasets.paths import data_root
+    from oxbench.pipelines.bow import _part_names
+    from oxbench.pipelines.globaldesc import GlobalDescriptors, GlobalMethod
+    from oxbench.pipelines.runner import DEFAULT_TRAIN_DATASET
+
+    m = resolve_method(method, **dict(overrides or {}))
+    if not isinstance(m, GlobalMethod):
+        raise InputError(f"oxbench extract writes global descriptors; {m.name} is a {m.family} method")
+    out = Path(out)
+    for name in EXTRACT_FILES:
+        check_output_path(out / name)
+    root_path = data_root(root)
+    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
+    train = None
+    if m.needs_training:
+        train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
+        if train_id is None:
+            raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
+        train = load(train_id, root_path, strict=strict, progress=progress)
+    ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache", workers=workers,
+                     progress=progress, allow_partial=not strict)
+    impl = m.build()
+    assert isinstance(impl, GlobalDescriptors)
+    impl.fit(train, ctx)
+    parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
+    db = np.concatenate([impl.describe(bench, p, ctx) for p in parts])
+    queries = impl.describe(bench, "queries", ctx)
+    db, queries = impl._finish(db), impl._finish(queries)
+    db_names = [n for p in parts for n in _part_names(bench, p)]
+    info: dict[str, Any] = {
+        "dataset": dataset, "n_db": bench.gt.n_db, "n_distractors": bench.n_distractors,
+        "n_queries": int(queries.shape[0]), "dim": int(db.shape[1]), "dtype": "float32",
+        "crop": bench.crop, "method": m.to_dict(), "train_dataset": None if train is None else train.id,
+        "provenance": impl.provenance(), "steps": dict(ctx.steps),
+    }  # fmt: skip
+    if "revisited" in bench.protocols:
+        info["evaluate"] = (
+            f"oxbench evaluate revisited --dataset {dataset} --db-features {out / 'db.npy'} "
+            f"--query-features {out / 'queries.npy'}"
+            + (f" --distractors {bench.n_distractors}" if bench.n_distractors else "")
+        )
+    atomic_write_npy(out / "db.npy", db.astype(np.float32))
+    atomic_write_text(out / "db_names.txt", "".join(f"{n}\n" for n in db_names))
+    atomic_write_npy(out / "queries.npy", queries.astype(np.float32))
+    atomic_write_text(out / "query_names.txt", "".join(f"{n}\n" for n in _part_names(bench, "queries")))
+    atomic_write_json(out / "extract.json", info)
+    log.info("wrote %d database and %d query descriptors (%d-D) to %s", db.shape[0], queries.shape[0], db.shape[1], out)
+    return ExtractOutcome(out, bench.gt.n_db, bench.n_distractors, int(queries.shape[0]), int(db.shape[1]), info)
