@@ -230,11 +230,7 @@ def _needed_images(spec: DatasetSpec, ddir: Path, report: VerifyReport) -> tuple
 
 
 def _check_lock(spec: DatasetSpec, base: Path, ddir: Path, report: VerifyReport) -> None:
-    try:
-        records = LockFile(base).read()["files"]
-    except InputError as exc:
-        report.checksums.append(str(exc))
-        return
+    records = LockFile(base).read()["files"]
     for f in spec.files:
         path = ddir / f.local_path
         rec = records.get(f.name)
@@ -283,7 +279,8 @@ def verify(
         The report (``report.ok``).
 
     Raises:
-        InputError: unknown id, or the dataset folder does not exist (with the remedy).
+        InputError: unknown id, the dataset folder does not exist (with the remedy), or the
+            data root's lock file is malformed (refused before anything is decoded, as fetch does).
     """
     from oxbench.datasets.loaders import _remedy
 
@@ -295,6 +292,7 @@ def verify(
         raise InputError(f"{spec.id} is generated on demand; there is nothing to verify")
     if not ddir.is_dir():
         raise InputError(f"dataset {spec.id} is not on disk; {_remedy(spec, base)}", ddir)
+    LockFile(base).read()
     report = VerifyReport(spec.id, str(ddir), decoded=decode)
     needed_files, folder = _needed_images(spec, ddir, report)
     if names is not None:
