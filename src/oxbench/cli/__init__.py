@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except (InputError, MissingExtraError) as exc:
-        click.echo(f"oxbench: error: {exc}", err=True)
+        # One line, whatever the message quotes (a parser's multi-line reason, a name with a CR).
+        click.echo("oxbench: error: " + " ".join(str(exc).splitlines()), err=True)
         sys.exit(2)
     except Interrupted as exc:
         click.echo(f"oxbench: interrupted by {exc.args[0]}", err=True)
