@@ -42,7 +42,7 @@ def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         prepare,
         "candidate_urls",
-        lambda urls, mirror: [apply_mirror(u, mirror) for u in urls] if mirror else [],
+        lambda urls, mirror, **kw: [apply_mirror(u, mirror) for u in urls] if mirror else [],
     )
     monkeypatch.setattr(fetch_mod, "disk_free", lambda p: 10**13)
     monkeypatch.delenv("OXBENCH_MIRROR", raising=False)
@@ -394,3 +394,45 @@ def test_verify_synthetic_command(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert code == 1 and f"changed since generation: 1 image(s), e.g. {victim.stem}" in out
     report = json.loads((root / "synthetic-train" / "verify.json").read_text())
     assert report["changed"] == [victim.stem] and report["ok"] is False
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "[]",
+        '{"files": []}',
+        '{"files": {"gnd_roxford5k.pkl": 5}}',
+        '{"files": {"gnd_roxford5k.pkl": {"size": "12"}}}',
+        '{"files": {"gnd_roxford5k.pkl": {"size": -1}}}',
+        '{"files": {"gnd_roxford5k.pkl": {"size": true}}}',
+        '{"files": {"gnd_roxford5k.pkl": {"sha256": "zz"}}}',
+        '{"files": {"gnd_roxford5k.pkl": {"md5": 5}}}',
+        '{"installed": {"roxford5k": ["x"]}}',
+        '{"terms_accepted": []}',
+        '{"version": 2}',
+        '{"files": {"gnd_roxford5k.pkl": {"size": 1' + "0" * 5000 + "}}}",
+        "[" * 100_000,
+        "not json",
+        "\udcff\udcfe",  # bytes ff fe: not UTF-8
+    ],
+)
+def test_verify_and_fetch_refuse_a_malformed_lock_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str
+) -> None:
+    root = tmp_path / "root"
+    (root / "roxford5k").mkdir(parents=True)
+    (root / "oxbench.lock.json").write_bytes(content.encode("utf-8", "surrogateescape"))
+    common = ["roxford5k", "--root", str(root), "--no-progress"]
+    for args in (["verify", *common, "--no-decode"], ["fetch", *common, "--accept-terms", "--mirror", "http://127.0.0.1:9"]):
+        code, _, err = run(capsys, *args)
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and "lock file" in lines[-1] and "fix or delete it" in lines[-1], (args, err)
+        assert lines[-1].startswith("oxbench: error:") and "Traceback" not in err
+
+
+def test_verify_refuses_a_fifo_as_lock_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "roxford5k").mkdir(parents=True)
+    os.mkfifo(root / "oxbench.lock.json")
+    code, _, err = run(capsys, "verify", "roxford5k", "--root", str(root), "--no-decode", "--no-progress")
+    assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1

@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
-import io
-import os
-import posixpath
-import tarfile
 import threading
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oxbench.datasets import archive, fetch
+from oxbench.datasets import fetch
 from oxbench.datasets.fetch import (
     DownloadTask,
     Expected,
@@ -201,7 +196,8 @@ def test_wrong_bytes_on_mirror_fall_back_to_official(server: Server, tmp_path: P
     body = _payload()
     server.paths["/mirror/data/f.bin"] = Behaviour(body, mode="wrong")
     server.paths["/data/f.bin"] = Behaviour(body)
-    urls = candidate_urls([server.url("/data/f.bin")], server.url("/mirror"))
+    # (the owners are tried only when asked for: see test_with_a_mirror_the_owners_are_not_...)
+    urls = candidate_urls([server.url("/data/f.bin")], server.url("/mirror"), also_owners=True)
     assert urls[0] == server.url("/mirror/data/f.bin")
     res = download_file(
         urls, tmp_path / "f.bin", expected=Expected(sha256=hashlib.sha256(body).hexdigest()), **FAST
@@ -292,124 +288,7 @@ def test_free_space_check(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     fetch.check_free_space(tmp_path, 1_000, margin=0)
 
 
-# --- archives -----------------------------------------------------------------------------------
-
-
-def _tar(
-    path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz"
-) -> Path:
-    with tarfile.open(path, mode) as tf:
-        for info, data in members:
-            if data is not None:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-            else:
-                tf.addfile(info)
-    return path
-
-
-def _file(name: str) -> tarfile.TarInfo:
-    return tarfile.TarInfo(name)
-
-
-def _link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type = kind
-    info.linkname = target
-    return info
-
-
-def test_extract_good_tar_and_zip(tmp_path: Path) -> None:
-    t = _tar(
-        tmp_path / "ok.tgz",
-        [(_file("a/b.jpg"), b"123"), (_link("a/c.jpg", "b.jpg", tarfile.SYMTYPE), None)],
-    )
-    out = archive.extract_archive(t, tmp_path / "out")
-    assert (out / "a" / "b.jpg").read_bytes() == b"123"
-    assert (out / "a" / "c.jpg").read_bytes() == b"123"
-    z = tmp_path / "ok.zip"
-    with zipfile.ZipFile(z, "w") as zf:
-        zf.writestr("full/ukbench00000.jpg", b"zz")
-    out2 = archive.extract_archive(z, tmp_path / "out2")
-    assert (out2 / "full" / "ukbench00000.jpg").read_bytes() == b"zz"
-
-
-@pytest.mark.parametrize(
-    "member, match",
-    [
-        ((_file("/etc/evil"), b"x"), "absolute path"),
-        ((_file("../evil"), b"x"), r"'\.\.'"),
-        ((_file("a/../../evil"), b"x"), r"'\.\.'"),
-        ((_link("a/ln", "../../etc/passwd", tarfile.SYMTYPE), None), "outside the target"),
-        ((_link("ln", "/etc/passwd", tarfile.SYMTYPE), None), "outside the target"),
-        ((_link("a/hard", "../outside", tarfile.LNKTYPE), None), "outside the target"),
-    ],
-)
-def test_malicious_tar_is_refused_and_nothing_written(
-    tmp_path: Path, member: tuple, match: str
-) -> None:
-    t = _tar(tmp_path / "evil.tgz", [(_file("ok.jpg"), b"fine"), member])
-    with pytest.raises(InputError, match=match):
-        archive.extract_archive(t, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["evil.tgz"]  # no temp folder left
-    assert not (tmp_path.parent / "evil").exists()
-
-
-def test_malicious_zip_is_refused(tmp_path: Path) -> None:
-    z = tmp_path / "evil.zip"
-    with zipfile.ZipFile(z, "w") as zf:
-        zf.writestr("../../evil.txt", b"x")
-    with pytest.raises(InputError, match=r"'\.\.'"):
-        archive.extract_archive(z, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-
-
-def test_corrupt_and_truncated_archives(tmp_path: Path) -> None:
-    good = _tar(tmp_path / "g.tgz", [(_file(f"img{i}.jpg"), os.urandom(20_000)) for i in range(5)])
-    data = good.read_bytes()
-    trunc = tmp_path / "t.tgz"
-    trunc.write_bytes(data[: len(data) // 2])
-    with pytest.raises(InputError, match="corrupt or truncated"):
-        archive.extract_archive(trunc, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
-    junk = tmp_path / "junk.tgz"
-    junk.write_bytes(b"<html>not found</html>")
-    with pytest.raises(InputError, match="not a tar or zip"):
-        archive.extract_archive(junk, tmp_path / "out")
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
-
-
 # --- properties ---------------------------------------------------------------------------------
-
-_parts = st.lists(st.sampled_from(["a", "b", "..", ".", ""]), min_size=1, max_size=6)
-
-
-def _inside(path: str) -> bool:
-    """Reference: does a relative path stay strictly inside the root after normalisation?"""
-    norm = posixpath.normpath(path)
-    return not (path.startswith("/") or norm == "." or norm == ".." or norm.startswith("../"))
-
-
-@settings(max_examples=300, deadline=None)
-@given(member=_parts, target=_parts, absolute=st.booleans())
-def test_link_check_agrees_with_path_normalisation(
-    member: list[str], target: list[str], absolute: bool
-) -> None:
-    name = "/".join(member)
-    try:
-        rel = archive._safe_rel(name, Path("x"))
-    except InputError:
-        assert ".." in member or not name or name.startswith("/")
-        return
-    assert ".." not in rel.parts and not rel.is_absolute()
-    link = ("/" if absolute else "") + "/".join(target)
-    ok = archive._link_stays_inside(rel, link, hard=False)
-    resolved = posixpath.join(posixpath.dirname(rel.as_posix()), link)
-    # A symlink is accepted only if it resolves inside the root (the reference may be stricter
-    # about intermediate '..' that climb out and back in, which we also refuse).
-    if ok:
-        assert _inside(resolved)
 
 
 @settings(max_examples=25, deadline=None)
@@ -432,3 +311,113 @@ def test_any_drop_point_ends_with_the_exact_bytes(
     finally:
         s.close()
     assert (tmp / "f.bin").read_bytes() == body and res.resumed
+
+
+# --- mirrors and unreachable hosts -----------------------------------------------------------------
+
+
+def _closed_port() -> int:
+    """A local port nobody listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_with_a_mirror_the_owners_are_not_contacted_unless_asked(server: Server, tmp_path: Path) -> None:
+    owners = Server()
+    try:
+        body = _payload(5_000)
+        owners.paths["/data/f.bin"] = Behaviour(body)
+        server.paths["/mirror/data/f.bin"] = Behaviour(body, mode="404")
+        urls = candidate_urls([owners.url("/data/f.bin")], server.url("/mirror"))
+        assert urls == [server.url("/mirror/data/f.bin")]
+        with pytest.raises(InputError, match=f"from 127.0.0.1:{server.httpd.server_address[1]}: .*HTTP 404"):
+            download_file(urls, tmp_path / "f.bin", **FAST)
+        assert owners.paths["/data/f.bin"].served == 0
+        asked = candidate_urls([owners.url("/data/f.bin")], server.url("/mirror"), also_owners=True)
+        assert asked == [server.url("/mirror/data/f.bin"), owners.url("/data/f.bin")]
+        res = download_file(asked, tmp_path / "f.bin", **FAST)
+        assert res.url == owners.url("/data/f.bin") and owners.paths["/data/f.bin"].served == 1
+    finally:
+        owners.close()
+
+
+@pytest.mark.parametrize(
+    "mirror", ["lab.example/mirror", "127.0.0.1:8000/m", "/srv/mirror", "file:///srv/m", "http://", "http://[::1/x", ""]
+)
+def test_a_mirror_without_scheme_and_host_is_refused(mirror: str) -> None:
+    with pytest.raises(InputError, match="must be a URL with a scheme and a host"):
+        candidate_urls(["https://www.robots.ox.ac.uk/~vgg/x.tgz"], mirror or " ")
+    with pytest.raises(InputError, match="OXBENCH_MIRROR must be a URL"):
+        fetch.check_mirror(mirror, "OXBENCH_MIRROR")
+
+
+def test_connection_refused_fails_within_seconds_naming_the_host(tmp_path: Path) -> None:
+    import time
+
+    port = _closed_port()
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as exc:  # the default retries and backoff: no 'sleep' override
+        download_file([f"http://127.0.0.1:{port}/x.bin"], tmp_path / "x.bin", progress=False)
+    took = time.monotonic() - t0
+    msg = str(exc.value)
+    assert took < 5, took
+    assert f"cannot connect to 127.0.0.1:{port}: connection refused" in msg and "after 2 attempt(s)" in msg
+    assert "\n" not in msg and not list(tmp_path.iterdir())
+
+
+def test_fetch_cli_with_a_refused_mirror_contacts_nobody_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+    import urllib.request
+
+    from oxbench.cli import main
+
+    contacted: list[str] = []
+    real = urllib.request.urlopen
+
+    def spy(req, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN202
+        host = urllib.parse.urlsplit(req.full_url).hostname
+        contacted.append(str(host))
+        if host != "127.0.0.1":  # never the network from a test
+            raise urllib.error.URLError(ConnectionRefusedError(111, "refused by the test"))
+        return real(req, *a, **kw)
+
+    import urllib.error
+    import urllib.parse
+
+    monkeypatch.setattr(urllib.request, "urlopen", spy)
+    monkeypatch.setattr(fetch, "disk_free", lambda p: 10**13)
+    monkeypatch.delenv("OXBENCH_MIRROR", raising=False)
+    port = _closed_port()
+    t0 = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "fetch", "roxford5k", "--root", str(tmp_path / "root"), "--mirror",
+              f"http://127.0.0.1:{port}/m", "--accept-terms", "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and time.monotonic() - t0 < 10
+    errors = [line for line in err.splitlines() if line.startswith("oxbench: error:")]
+    assert len(errors) == 1 and f"127.0.0.1:{port}: connection refused" in errors[0] and "Traceback" not in err
+    assert contacted and set(contacted) == {"127.0.0.1"}  # the owners' hosts were not tried
+
+
+def test_fetch_cli_refuses_a_mirror_without_scheme_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.cli import main
+
+    for env, args in ((None, ["--mirror", "lab.example/data"]), ("lab.example/data", [])):
+        if env is None:
+            monkeypatch.delenv("OXBENCH_MIRROR", raising=False)
+        else:
+            monkeypatch.setenv("OXBENCH_MIRROR", env)
+        with pytest.raises(SystemExit) as exc:
+            main(["data", "fetch", "roxford5k", "--root", str(tmp_path / "root"), *args,
+                  "--accept-terms", "--no-progress"])  # fmt: skip
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("oxbench: error:")]
+        assert exc.value.code == 2 and len(err) == 1
+        assert ("OXBENCH_MIRROR" if env else "--mirror") + " must be a URL with a scheme" in err[0]
+        assert not (tmp_path / "root").exists()

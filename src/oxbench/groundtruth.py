@@ -38,20 +38,62 @@ def _empty() -> IndexArray:
     return np.zeros(0, dtype=np.int64)
 
 
-def as_index_array(values: Iterable[int] | NDArray[np.integer], *, what: str, source: str | None = None) -> IndexArray:
-    """Convert label values to a sorted unique int64 array, refusing non-integers.
+_INT64 = np.iinfo(np.int64)
 
-    Duplicates are folded (the official Oxford files list one image twice: it is one positive).
+
+def short_repr(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to about ``limit`` characters (a 5,000-digit number stays one line)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-8:]} ({len(text)} characters)"
+
+
+def as_index_array(values: Iterable[int] | NDArray[np.integer], *, what: str, source: str | None = None) -> IndexArray:
+    """Convert label values to a sorted unique int64 array, refusing anything but integers.
+
+    Booleans, floats (even ``2.0``), strings, nested or ragged lists, 2-D arrays and integers
+    beyond int64 are refused, naming the value: a label is an index, and a wrapped or rounded
+    value would silently label another image. Duplicates are folded (the official Oxford files
+    list one image twice: it is one positive).
     """
-    arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values)
-    if arr.size == 0:
+    if isinstance(values, np.ndarray):
+        if values.size == 0:
+            return _empty()
+        if values.ndim != 1:
+            raise InputError(f"{what}: labels must be a flat list of indices, got shape {values.shape}", source)
+        if values.dtype == bool or not np.issubdtype(values.dtype, np.integer):
+            raise InputError(f"{what}: labels must be integer indices, got {values.dtype}", source)
+        if values.dtype == np.uint64 and int(values.max()) > _INT64.max:
+            raise InputError(f"{what}: label {int(values.max())} is beyond 64-bit integers", source)
+        return np.unique(values.astype(np.int64))
+    if isinstance(values, str | bytes):
+        raise InputError(f"{what}: labels must be a list of integer indices, got {short_repr(values)}", source)
+    items = list(values)
+    for v in items:
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
+            kind = "a nested list" if isinstance(v, list | tuple) else short_repr(v)
+            raise InputError(f"{what}: labels must be integer indices, got {kind}", source)
+        if not _INT64.min <= int(v) <= _INT64.max:
+            raise InputError(f"{what}: label {short_repr(int(v))} is beyond 64-bit integers", source)
+    if not items:
         return _empty()
-    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool):
-        if np.issubdtype(arr.dtype, np.floating) and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            arr = arr.astype(np.int64)
-        else:
-            raise InputError(f"{what}: labels must be integer indices, got {arr.dtype}", source)
-    return np.unique(arr.astype(np.int64, copy=False).ravel())
+    return np.unique(np.asarray(items, dtype=np.int64))
+
+
+def as_bbox(values: Sequence[float], *, what: str, source: str | None = None) -> BBox:
+    """Four box coordinates as floats, refusing strings, booleans, nested values and overflows."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence | np.ndarray):
+        raise InputError(f"{what}: bbox must be 4 numbers, got {short_repr(values)}", source)
+    vals: list[float] = []
+    for v in values:
+        if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
+            raise InputError(f"{what}: bbox must be 4 numbers, got {short_repr(v)}", source)
+        try:
+            vals.append(float(v))
+        except OverflowError:
+            raise InputError(f"{what}: bbox value {short_repr(v)} is too large", source) from None
+    if len(vals) != 4:
+        raise InputError(f"{what}: bbox must have 4 numbers, got {len(vals)}", source)
+    return (vals[0], vals[1], vals[2], vals[3])
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,10 +211,5 @@ def make_query(
     if unknown:
         raise InputError(f"query {name}: unknown label field(s) {sorted(unknown)}", source)
     arrays: dict[str, Any] = {k: as_index_array(v, what=f"query {name} {k}", source=source) for k, v in labels.items()}
-    box: BBox | None = None
-    if bbox is not None:
-        vals = [float(v) for v in bbox]
-        if len(vals) != 4:
-            raise InputError(f"query {name}: bbox must have 4 numbers, got {len(vals)}", source)
-        box = (vals[0], vals[1], vals[2], vals[3])
+    box = None if bbox is None else as_bbox(bbox, what=f"query {name}", source=source)
     return Query(name=name, bbox=box, **arrays)

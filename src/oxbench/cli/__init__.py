@@ -7,9 +7,14 @@ Subcommands live in their own modules and are imported only when invoked, so tha
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -74,10 +79,49 @@ def cli(verbose: int) -> None:
     root.setLevel(min(level, logging.INFO))
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the console script: user errors -> one line, exit 2."""
+class Interrupted(BaseException):
+    """SIGTERM or SIGINT asked the command to stop (exit code 130).
+
+    Not a ``KeyboardInterrupt``: click would turn that into ``Abort`` (exit 1) on its way out.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+        super().__init__(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM and SIGINT into :class:`Interrupted` in the main thread, for the block.
+
+    The exception unwinds the command like Ctrl-C does: worker pools stop their workers
+    (:mod:`oxbench.workers`), temporary files are removed. Later signals are ignored while the
+    stack unwinds, so that cleanup is not itself interrupted. Previous handlers are restored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, frame: Any) -> None:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signum)
+
+    for s in previous:
+        signal.signal(s, handler)
     try:
-        rv = cli.main(args=argv, prog_name="oxbench", standalone_mode=False)
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the console script: user errors -> one line, exit 2; SIGTERM/SIGINT -> 130."""
+    try:
+        with stop_on_signals():
+            rv = cli.main(args=argv, prog_name="oxbench", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
@@ -85,9 +129,13 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(exc.exit_code)
     except (InputError, MissingExtraError) as exc:
-        click.echo(f"oxbench: error: {exc}", err=True)
+        # One line, whatever the message quotes (a parser's multi-line reason, a name with a CR).
+        click.echo("oxbench: error: " + " ".join(str(exc).splitlines()), err=True)
         sys.exit(2)
+    except Interrupted as exc:
+        click.echo(f"oxbench: interrupted by {exc.args[0]}", err=True)
+        sys.exit(130)
     except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
+        click.echo("oxbench: interrupted by SIGINT", err=True)
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)

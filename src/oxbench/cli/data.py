@@ -238,7 +238,10 @@ def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
 @click.option(
     "--mirror",
     metavar="URL",
-    help="Base URL replacing the owners' host (default: $OXBENCH_MIRROR).",
+    help="Base URL replacing the owners' host (default: $OXBENCH_MIRROR); only the mirror is contacted.",
+)
+@click.option(
+    "--also-owners", is_flag=True, help="With a mirror: try the owners' hosts too when the mirror fails."
 )
 @click.option(
     "--jobs", type=click.IntRange(1, 32), default=4, show_default=True, help="Parallel downloads."
@@ -249,8 +252,8 @@ def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
 @click.option("--force", is_flag=True, help="Download again files already installed.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def fetch_cmd(
-    dataset_id: str, root: Path | None, accept_terms: bool, mirror: str | None, jobs: int,
-    keep_archives: bool, force: bool, no_progress: bool,
+    dataset_id: str, root: Path | None, accept_terms: bool, mirror: str | None, also_owners: bool,
+    jobs: int, keep_archives: bool, force: bool, no_progress: bool,
 ) -> None:  # fmt: skip
     """Download, check and lay out a dataset from its owners (resumable, verified)."""
     from oxbench.datasets.paths import data_root
@@ -262,8 +265,8 @@ def fetch_cmd(
     if not _accept_terms_interactively(spec.id, base, accept_terms):
         raise InputError(f"terms of use of {spec.id} not accepted; nothing downloaded")
     report = fetch_dataset(
-        spec.id, base, accept_terms=True, mirror=mirror, jobs=jobs, keep_archives=keep_archives,
-        force=force, progress=not no_progress,
+        spec.id, base, accept_terms=True, mirror=mirror, also_owners=also_owners, jobs=jobs,
+        keep_archives=keep_archives, force=force, progress=not no_progress,
     )  # fmt: skip
     for f in report.files:
         if f.get("reused"):

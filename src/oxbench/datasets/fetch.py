@@ -7,7 +7,10 @@
   ``dest.part.validator``), so a file replaced meanwhile is fetched whole, never spliced; a
   server that ignores ``Range`` (answers 200) is detected and the file restarts from zero;
 - transient failures (dropped connections, timeouts, 5xx, short bodies) are retried with
-  exponential backoff; 404/403 move on to the next URL (mirror);
+  exponential backoff; 404/403 move on to the next URL; a host that refuses the connection or
+  whose name does not resolve gets one quick second try, not minutes of backoff;
+- with a mirror, only the mirror is contacted unless the owners are asked for too
+  (:func:`candidate_urls`); a mirror must be a URL with a scheme and a host;
 - SHA-256 and MD5 are computed while streaming; size and checksums are compared with the
   published values or, failing those, with the lock-file record (see :mod:`oxbench.datasets.lock`);
 - only a checked file is renamed to ``dest`` -- a file at ``dest`` is always complete;
@@ -25,6 +28,7 @@ import http.client
 import logging
 import os
 import shutil
+import socket
 import time
 import urllib.error
 import urllib.parse
@@ -50,6 +54,13 @@ class DownloadError(OxbenchError):
 
 class _Permanent(OxbenchError):
     """A failure that retrying this URL will not fix (404, wrong size, wrong bytes)."""
+
+
+class _Unreachable(DownloadError):
+    """The host refused the connection or its name does not resolve: one quick retry at most."""
+
+
+_MIRROR_SCHEMES = ("http", "https", "ftp")
 
 
 @dataclass(frozen=True)
@@ -99,12 +110,50 @@ def apply_mirror(url: str, mirror: str) -> str:
     return mirror.rstrip("/") + "/" + path.lstrip("/")
 
 
-def candidate_urls(urls: Sequence[str], mirror: str | None) -> list[str]:
-    """The URLs to try, in order: the mirror's copies first (when a mirror is set), then the owners'."""
+def check_mirror(mirror: str, what: str = "--mirror") -> str:
+    """``mirror`` if it is an http(s)/ftp URL with a host; else InputError naming ``what``.
+
+    ``lab.example/data`` (no scheme) would otherwise be taken for a relative path and fail deep
+    inside the downloader.
+    """
+    text = mirror.strip()
+    try:
+        parts = urllib.parse.urlsplit(text)
+        ok = parts.scheme.lower() in _MIRROR_SCHEMES and bool(parts.hostname)
+    except ValueError:  # e.g. a malformed IPv6 host or port
+        ok = False
+    if not ok:
+        raise InputError(
+            f"{what} must be a URL with a scheme and a host, e.g. https://mirror.example/data; "
+            f"got {mirror!r}"
+        )
+    return text
+
+
+def candidate_urls(urls: Sequence[str], mirror: str | None, *, also_owners: bool = False) -> list[str]:
+    """The URLs to try, in order.
+
+    Without a mirror: the owners' URLs. With a mirror: only the mirror's copies, so the owners'
+    hosts are not contacted unless ``also_owners`` (then they are tried after the mirror).
+
+    Raises:
+        InputError: the mirror is not a URL with a scheme and a host.
+    """
     if not urls:
         return []
-    out = [apply_mirror(u, mirror) for u in urls] if mirror else []
-    return out + [u for u in urls if u not in out]
+    if not mirror:
+        return list(urls)
+    mirror = check_mirror(mirror)
+    out = [apply_mirror(u, mirror) for u in urls]
+    return out + [u for u in urls if u not in out] if also_owners else out
+
+
+def _host(url: str) -> str:
+    """``host[:port]`` of a URL, for messages."""
+    try:
+        return urllib.parse.urlsplit(url).netloc or url
+    except ValueError:
+        return url
 
 
 def disk_free(path: str | Path) -> int:
@@ -201,9 +250,11 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
         # file is answered with 200 and the whole new body (never a splice of two versions).
         if validator_file.exists():
             headers["If-Range"] = validator_file.read_text(encoding="utf-8").strip()
-    req = urllib.request.Request(url, headers=headers)
     try:
+        req = urllib.request.Request(url, headers=headers)
         resp = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - http(s)/ftp by design
+    except ValueError as exc:  # not a URL urllib can fetch ("unknown url type")
+        raise _Permanent(f"not a usable URL ({exc})") from None
     except urllib.error.HTTPError as exc:
         if exc.code == 416 and offset:  # our partial is at/over the end: start over
             part.unlink(missing_ok=True)
@@ -213,7 +264,11 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
         raise DownloadError(f"HTTP {exc.code} {exc.reason}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", exc)
-        raise DownloadError(f"cannot connect ({reason})") from None
+        if isinstance(reason, ConnectionRefusedError):
+            raise _Unreachable(f"cannot connect to {_host(url)}: connection refused") from None
+        if isinstance(reason, socket.gaierror):
+            raise _Unreachable(f"cannot resolve the host {_host(url)} ({reason.strerror})") from None
+        raise DownloadError(f"cannot connect to {_host(url)} ({reason})") from None
 
     with resp:
         status = getattr(resp, "status", None) or 200
@@ -341,6 +396,14 @@ def download_file(
             except _Permanent as exc:
                 problems.append(f"{url}: {exc}")
                 break
+            except _Unreachable as exc:
+                # Nobody listens there (or no such host): retrying with backoff only wastes
+                # minutes. One quick second try covers a server that is just restarting.
+                problems.append(f"{url}: {exc}")
+                if attempt >= 1 or attempt >= retries:
+                    break
+                sleep(min(wait, 0.5))
+                continue
             except DownloadError as exc:
                 problems.append(f"{url}: {exc}")
                 log.info(
@@ -365,13 +428,16 @@ def download_file(
     last = problems[-1] if problems else "no attempt made"
     kept = " (partial file kept for resume: run the command again)" if part.exists() else ""
     mismatch = any("expected" in p for p in problems)
+    hosts = ", ".join(dict.fromkeys(_host(u) for u in urls))
     remedy = (
         "the file differs from the published/recorded checksum: try another --mirror, or if the "
         "owners replaced it, `oxbench data verify` shows the record to drop from oxbench.lock.json"
         if mismatch
-        else "check the network or pass --mirror URL (or OXBENCH_MIRROR), then run the same command again"
+        else "check the network or the --mirror URL (or OXBENCH_MIRROR), then run the same command again"
     )
-    raise InputError(f"download failed after {attempts} attempt(s): {last}{kept}; {remedy}", dest)
+    raise InputError(
+        f"download failed after {attempts} attempt(s) from {hosts}: {last}{kept}; {remedy}", dest
+    )
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ commands updating one root never lose each other's records.
 from __future__ import annotations
 
 import json
+import os
+import re
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,9 +27,44 @@ from typing import Any
 
 from oxbench.datasets.spec import LOCK_FILE
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_json, file_lock
+from oxbench.fileio import atomic_write_json, file_lock, read_input_bytes
 
 _GUARD = threading.Lock()
+_MAX_LOCK_BYTES = 64 << 20
+_HEX = re.compile(r"[0-9a-fA-F]*")
+_DIGEST_LENGTHS = {"sha256": 64, "md5": 32}
+
+
+def _layout_problem(data: Any) -> str | None:
+    """What is wrong with a parsed lock file (the layout in the module docstring), or ``None``."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    if data.get("version", 1) != 1 or isinstance(data.get("version"), bool):
+        return f"unknown version {data.get('version')!r} (this oxbench reads version 1)"
+    for key in ("files", "installed", "terms_accepted"):
+        if not isinstance(data.get(key, {}), dict):
+            return f"{key!r} must be an object"
+    for name, rec in data.get("files", {}).items():
+        if not isinstance(rec, dict):
+            return f"files[{name!r}] must be an object"
+        size = rec.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            return f"files[{name!r}].size must be a non-negative integer, got {size!r:.40}"
+        for algo, length in _DIGEST_LENGTHS.items():
+            digest = rec.get(algo)
+            if digest is not None and not (
+                isinstance(digest, str) and len(digest) == length and _HEX.fullmatch(digest)
+            ):
+                return f"files[{name!r}].{algo} must be {length} hex digits, got {digest!r:.80}"
+        for key in ("url", "recorded"):
+            if not isinstance(rec.get(key, ""), str):
+                return f"files[{name!r}].{key} must be a string"
+    for dataset, files in data.get("installed", {}).items():
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            return f"installed[{dataset!r}] must map file names to times"
+    if not all(isinstance(v, str) for v in data.get("terms_accepted", {}).values()):
+        return "terms_accepted must map dataset ids to times"
+    return None
 
 
 def _now() -> str:
@@ -45,15 +82,24 @@ class LockFile:
         self.path = Path(root) / LOCK_FILE
 
     def read(self) -> dict[str, Any]:
-        """The lock file's content (an empty skeleton when the file does not exist)."""
-        if not self.path.exists():
+        """The lock file's content (an empty skeleton when the file does not exist).
+
+        Raises:
+            InputError: the file is not a regular file, too large, not JSON, or does not have the
+                layout above (every record is checked: a size is a non-negative integer, a digest
+                is hex of the right length, times and URLs are strings).
+        """
+        if not os.path.lexists(self.path):
             return {"version": 1, "files": {}, "installed": {}, "terms_accepted": {}}
+        raw = read_input_bytes(self.path, limit=_MAX_LOCK_BYTES)
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"unreadable lock file ({exc}); fix or delete it", self.path) from None
-        if not isinstance(data, dict) or not isinstance(data.get("files", {}), dict):
-            raise InputError("malformed lock file; fix or delete it", self.path)
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise InputError(f"unreadable lock file ({reason}); fix or delete it", self.path) from None
+        problem = _layout_problem(data)
+        if problem is not None:
+            raise InputError(f"malformed lock file: {problem}; fix or delete it", self.path)
         for key in ("files", "installed", "terms_accepted"):
             data.setdefault(key, {})
         return data

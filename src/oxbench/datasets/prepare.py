@@ -24,6 +24,7 @@ from oxbench.datasets.fetch import (
     Expected,
     candidate_urls,
     check_free_space,
+    check_mirror,
     download_many,
 )
 from oxbench.datasets.lock import LockFile
@@ -298,6 +299,7 @@ def fetch_dataset(
     *,
     accept_terms: bool = False,
     mirror: str | None = None,
+    also_owners: bool = False,
     jobs: int = 4,
     keep_archives: bool = False,
     force: bool = False,
@@ -313,7 +315,9 @@ def fetch_dataset(
         dataset_id: catalog id.
         root: data root (default: ``$OXBENCH_DATA`` or the per-user default).
         accept_terms: accept the dataset's terms of use (required once per data root).
-        mirror: base URL replacing the owners' host (default ``$OXBENCH_MIRROR``).
+        mirror: base URL replacing the owners' host (default ``$OXBENCH_MIRROR``); with a
+            mirror, the owners' hosts are not contacted unless ``also_owners``.
+        also_owners: with a mirror, fall back to the owners' URLs when the mirror fails.
         jobs: parallel downloads.
         keep_archives: keep ``downloads/*.tgz`` after extraction (``verify`` then re-checks them).
         force: download and lay out again files the lock file says are installed.
@@ -326,6 +330,10 @@ def fetch_dataset(
             or a failed/mismatching download (nothing incomplete is left looking complete).
     """
     spec = get_spec(dataset_id)
+    if mirror is not None:
+        mirror = check_mirror(mirror)
+    elif os.environ.get(MIRROR_ENV):
+        mirror = check_mirror(os.environ[MIRROR_ENV], MIRROR_ENV)
     base = data_root(root)
     if spec.synthetic:
         from oxbench.datasets.synthetic import ensure_default
@@ -348,7 +356,6 @@ def fetch_dataset(
                 f"`oxbench data info {spec.id}` and pass --accept-terms"
             )
         lock.accept_terms(spec.id)
-    mirror = mirror if mirror is not None else (os.environ.get(MIRROR_ENV) or None)
     installed = {} if force else lock.installed(spec.id)
     todo = [
         f
@@ -414,7 +421,7 @@ def fetch_dataset(
 
     tasks = [
         DownloadTask(
-            tuple(candidate_urls(f.urls, mirror)),
+            tuple(candidate_urls(f.urls, mirror, also_owners=also_owners)),
             ddir / f.local_path,
             _expected(f, lock),
             f.optional,

@@ -31,7 +31,7 @@ from oxbench.datasets.families import IMAGE_DIR, IMAGE_EXT, require_dir
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, get_spec
-from oxbench.errors import InputError, require
+from oxbench.errors import require
 from oxbench.fileio import (
     atomic_write_json,
     checksum_mismatch,
@@ -164,11 +164,7 @@ def check_image(path: Path) -> tuple[str | None, int | None]:
 
 
 def _check_lock(spec: DatasetSpec, base: Path, ddir: Path, report: VerifyReport) -> None:
-    try:
-        records = LockFile(base).read()["files"]
-    except InputError as exc:
-        report.checksums.append(str(exc))
-        return
+    records = LockFile(base).read()["files"]
     for f in spec.files:
         path = ddir / f.local_path
         rec = records.get(f.name)
@@ -213,13 +209,15 @@ def verify(
         The report (``report.ok``).
 
     Raises:
-        InputError: unknown id, or the dataset folder does not exist (with the remedy).
+        InputError: unknown id, the dataset folder does not exist (with the remedy), or the
+            data root's lock file is malformed (refused before anything is decoded, as fetch does).
     """
     t0 = time.perf_counter()
     spec = get_spec(dataset_id)
     base = data_root(root)
     ddir = base / spec.id
     require_dir(spec, ddir)
+    LockFile(base).read()  # a malformed lock file is refused before anything is decoded
     report = VerifyReport(spec.id, str(ddir), decoded=decode)
     plan = spec.family.verify_plan(spec, ddir)
     report.ground_truth += plan.ground_truth

@@ -37,12 +37,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import multiprocessing
 import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +63,7 @@ from oxbench.fileio import (
     remove_stale_temps,
     sampled_digest,
 )
+from oxbench.workers import worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -550,12 +549,7 @@ def _describe(
     pool = None
     try:
         if workers > 1:
-            # "spawn": a forked child inherits OpenCV's / OpenMP's thread pools in whatever state the
-            # parent left them (after faiss k-means, for instance) and can deadlock in them
-            ctx = multiprocessing.get_context("spawn")
-            pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(job,)
-            )
+            pool = worker_pool(workers, initializer=_init_worker, initargs=(job,))
         for start in range(0, len(todo), shard_size):
             chunk = todo[start : start + shard_size]
             if pool is not None:
@@ -567,6 +561,10 @@ def _describe(
             shards_written += 1
             if stop_after is not None and shards_written >= stop_after:
                 break
+    except BaseException:
+        if pool is not None:
+            pool.abort()  # an error or Ctrl-C/SIGTERM: stop the workers now, not after the queue
+        raise
     finally:
         bar.close()
         if pool is not None:

@@ -27,18 +27,23 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.formats.text import read_text_lines
-from oxbench.groundtruth import GroundTruth, Query, make_query
+from oxbench.groundtruth import GroundTruth, Query, make_query, short_repr
 
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"(?P<num>[0-9]+)(?:\.jpg)?", re.IGNORECASE)
+# Holidays names are 6 digits; up to 18 keeps any plausible name and every number inside int64
+# (and far from Python's 4,300-digit limit on int(), which a 5,000-digit name would hit).
+_MAX_DIGITS = 18
+_NAME = re.compile(rf"(?P<num>[0-9]{{1,{_MAX_DIGITS}}})(?:\.jpg)?", re.IGNORECASE | re.ASCII)
 
 
 def _image_number(name: str, source: str | Path | None, where: str) -> tuple[str, int]:
     m = _NAME.fullmatch(name)
     if m is None:
         raise InputError(
-            f"{where}: {name!r} is not a Holidays image name (digits, optional .jpg)", source
+            f"{where}: {short_repr(name)} is not a Holidays image name (at most {_MAX_DIGITS} digits, "
+            "optional .jpg)",
+            source,
         )
     return m["num"], int(m["num"])
 
@@ -177,7 +182,12 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
         for r_tok, n_tok in zip(pairs[0::2], pairs[1::2], strict=True):
             if not r_tok.isdigit() or not r_tok.isascii():
                 raise InputError(
-                    f"{where}: query {qname}: rank {r_tok!r} is not a non-negative integer", path
+                    f"{where}: query {qname}: rank {short_repr(r_tok)} is not a non-negative integer", path
+                )
+            if len(r_tok.lstrip("0")) > _MAX_DIGITS:  # beyond any database; int() of it could fail
+                raise InputError(
+                    f"{where}: query {qname}: rank {short_repr(r_tok)} is beyond the database ({n_db} images)",
+                    path,
                 )
             rank = int(r_tok)
             if rank >= n_db:

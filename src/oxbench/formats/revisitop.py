@@ -22,7 +22,7 @@ from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_bytes
 from oxbench.formats.oxford_gt import original_query_ids
 from oxbench.formats.safe_pickle import load_plain_pickle
-from oxbench.groundtruth import GroundTruth, Protocol, Query, make_query
+from oxbench.groundtruth import GroundTruth, Protocol, Query, make_query, short_repr
 
 _REVISITED_KEYS: tuple[str, ...] = ("easy", "hard", "junk")
 _ORIGINAL_KEYS: tuple[str, ...] = ("ok", "junk")
@@ -93,7 +93,7 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
             raise InputError(f"query {qi} ({name}): missing key(s) {missing}", source)
         bbox = entry.get("bbx")
         if bbox is not None and (not isinstance(bbox, list | tuple) or len(bbox) != 4):
-            raise InputError(f"query {qi} ({name}): 'bbx' must be 4 numbers", source)
+            raise InputError(f"query {qi} ({name}): 'bbx' must be 4 numbers, got {short_repr(bbox)}", source)
         labels = {}
         for k in keys:
             if not isinstance(entry[k], list | tuple):

@@ -23,6 +23,11 @@ class _PlainUnpickler(pickle.Unpickler):
         )
 
 
+def _reason(exc: BaseException) -> str:
+    """The exception's message on one line, at most 200 characters."""
+    return " ".join(str(exc).split())[:200]
+
+
 def load_plain_pickle(path: str | Path) -> Any:
     """Load a pickle that may contain only dicts, lists, tuples, sets, strings and numbers.
 
@@ -37,6 +42,9 @@ def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
     try:
         return _PlainUnpickler(io.BytesIO(data), encoding="latin1").load()
     except pickle.UnpicklingError as exc:
-        raise InputError(f"not a plain-data pickle: {exc}", source) from None
-    except (EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
-        raise InputError(f"not a readable pickle ({type(exc).__name__}: {exc})", source) from None
+        raise InputError(f"not a plain-data pickle: {_reason(exc)}", source) from None
+    except (Exception, RecursionError) as exc:  # noqa: BLE001 - hostile bytes can raise anything
+        # No global can be looked up, so no code of the file runs: whatever the unpickler raises
+        # (EOFError, OverflowError, MemoryError for a huge declared length, UnicodeDecodeError,
+        # unhashable set members...) means the bytes are not a readable plain-data pickle.
+        raise InputError(f"not a readable pickle ({type(exc).__name__}: {_reason(exc)})", source) from None

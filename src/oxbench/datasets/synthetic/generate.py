@@ -75,10 +75,9 @@ def _run_tasks(tasks: list[tuple[SynthConfig, str, int, str]], workers: int) -> 
         for t in tasks:
             yield _task(t)
         return
-    from concurrent.futures import ProcessPoolExecutor
+    from oxbench.workers import worker_pool
 
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+    with worker_pool(workers, initializer=_worker_init) as pool:
         yield from pool.map(_task, tasks, chunksize=max(1, min(16, len(tasks) // (8 * workers))))
 
 
