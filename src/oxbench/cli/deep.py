@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import click
 
+from oxbench.cli.options import method_options, parse_distractors, parse_setting, parse_workers
+
 
 @click.command("import-checkpoint")
 @click.argument("checkpoint", type=click.Path(dir_okay=False))
@@ -33,17 +35,7 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
               help="A global-descriptor preset (gem-r50-imagenet, gem-r101 --set weights=MODEL.pt, rootsift-vlad ...).")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Output folder: db.npy, db_names.txt, queries.npy, query_names.txt, extract.json.")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="Data root (default: $OXBENCH_DATA or ~/.local/share/oxbench).")
-@click.option("--cache", type=click.Path(file_okay=False), default=None,
-              help="Descriptor cache (default: <root>/_cache; shared with oxbench run).")
-@click.option("--train-dataset", default=None,
-              help="What a method that learns (codebook, whitening) learns on (default: the other city).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Change a method setting (repeatable): --set weights=MODEL.pt --set backbone=resnet18 "
-                   "--set max_side=512 --set precision=bf16 --set device=cpu.")
-@click.option("--distractors", default=None,
-              help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.")
+@method_options
 @click.option("--workers", type=int, default=0, show_default=True,
               help="Image-decoding threads (0 = one per available CPU).")
 @click.option("--allow-partial", is_flag=True,
@@ -58,13 +50,12 @@ def extract(
     The files are what `oxbench evaluate revisited --db-features/--query-features` reads; the
     descriptors are cached like `oxbench run`'s, so an interrupted extraction resumes.
     """
-    from oxbench.cli.run import _distractors, _parse_setting, _workers
     from oxbench.pipelines.extract import extract_descriptors
 
     outcome = extract_descriptors(
         dataset, method, out, root=root, cache=cache, train_dataset=train_dataset,
-        overrides=dict(_parse_setting(s) for s in settings), distractors=_distractors(distractors),
-        strict=not allow_partial, workers=_workers(workers), progress=not no_progress,
+        overrides=dict(parse_setting(s) for s in settings), distractors=parse_distractors(distractors),
+        strict=not allow_partial, workers=parse_workers(workers), progress=not no_progress,
     )  # fmt: skip
     click.echo(f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
                f"{outcome.n_queries} query descriptors, {outcome.dim}-D")

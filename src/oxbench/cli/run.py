@@ -3,39 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
-from oxbench.errors import InputError
-
-
-def _parse_setting(text: str) -> tuple[str, object]:
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise InputError(f"--set takes KEY=VALUE, got {text!r}")
-    try:
-        value: object = json.loads(raw)
-    except ValueError:
-        value = raw  # a bare word: a string setting (e.g. whitening=pca)
-    return key.strip(), value
-
-
-def _workers(n: int) -> int:
-    if n < 0 or n > 1024:
-        raise InputError(f"--workers must be between 0 and 1024, got {n}")
-    if n == 0:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return n
-
-
-def _distractors(text: str | None) -> str | int | None:
-    if text is None or not text.isdigit():
-        return text
-    n = int(text)
-    if n > 100_000_000:
-        raise InputError(f"--distractors {text}: more than 100 million generated distractors is not supported")
-    return n
+from oxbench.cli.options import method_options, parse_distractors, parse_setting, parse_workers
 
 
 @click.command("run")
@@ -44,18 +15,10 @@ def _distractors(text: str | None) -> str | int | None:
 @click.option("--method", default=None,
               help="Method preset (default rootsift-bow-sv-qe); `oxbench run --list-methods` lists them.")
 @click.option("--list-methods", is_flag=True, help="List the method presets of every family and exit.")
-@click.option("--root", type=click.Path(file_okay=False), default=None,
-              help="Data root (default: $OXBENCH_DATA or ~/.local/share/oxbench).")
+@method_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
                    "a timestamped run folder inside it.")
-@click.option("--cache", type=click.Path(file_okay=False), default=None,
-              help="Feature/vocabulary/descriptor cache (default: <root>/_cache).")
-@click.option("--train-dataset", default=None,
-              help="What the method learns on (default: the other city, or synthetic-train).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Change a method setting (repeatable), e.g. --set vocab_size=4096 "
-                   "--set features.max_side=512 --set whitening=pca.")
 @click.option("--vocab-size", type=click.IntRange(2, 1 << 24), default=None,
               help="Bag of words: the number of visual words.")
 @click.option("--max-side", type=click.IntRange(16, 1 << 16), default=None,
@@ -64,8 +27,6 @@ def _distractors(text: str | None) -> str | int | None:
               help="Bag of words: how many images are spatially verified.")
 @click.option("--workers", type=int, default=0, show_default=True,
               help="Feature-extraction processes (0 = one per available CPU).")
-@click.option("--distractors", default=None,
-              help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.")
 @click.option("--top-k", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
               help="Retrieved images per query recorded with names, labels and scores.")
 @click.option("--allow-partial", is_flag=True,
@@ -97,7 +58,7 @@ def run(
         for name in METHODS.names():
             click.echo(f"{name}\t{METHODS.get(name).family}")
         return
-    overrides: dict[str, object] = dict(_parse_setting(s) for s in settings)
+    overrides: dict[str, object] = dict(parse_setting(s) for s in settings)
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
     if max_side is not None:  # the CNN descriptors' own setting, the local features' otherwise
@@ -107,8 +68,8 @@ def run(
         overrides["spatial_top_r"] = top_r
     outcome = run_method(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
-        overrides=overrides, workers=_workers(workers), overwrite=overwrite, top_k=top_k,
-        progress=not no_progress and not as_json, distractors=_distractors(distractors),
+        overrides=overrides, workers=parse_workers(workers), overwrite=overwrite, top_k=top_k,
+        progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
         strict=not allow_partial, command=["oxbench", *sys.argv[1:]],
     )  # fmt: skip
     cfg = outcome.config
