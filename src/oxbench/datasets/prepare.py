@@ -7,6 +7,7 @@ root's lock file. Library functions; the ``oxbench data`` commands are thin wrap
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -533,7 +534,17 @@ def _import_sources(
             _check_against_lock(name, path, lock, known[name], report)
 
     keep = _ImageTest(spec, ddir)
-    left_out: list[str] = []
+
+    def place_tree(tree: Path, source: Path, *, link: bool, move: bool, nested: list[Path] | None,
+                   where: Callable[[str], str]) -> None:  # fmt: skip
+        """Lay out a folder (or an extracted archive) and record what was placed and left out."""
+        left_out: list[str] = []
+        n = _place_tree(tree, spec.layout, ddir, link=link, move=move, seen=seen, nested=nested, bar=bar,
+                        before_place=check, keep=keep, left_out=left_out)  # fmt: skip
+        report.not_images += [where(rel) for rel in left_out]
+        report.placed += n
+        report.files.append({"name": source.name, "source": str(source), "placed": n})
+
     if src.is_file() and _placement_for(src.name, spec.layout) is None:
         if not (is_archive(src) or src.name.lower().endswith(_ARCHIVE_SUFFIXES)):
             raise InputError(f"neither an archive nor a file of {spec.id}", src)
@@ -550,46 +561,16 @@ def _import_sources(
         report.placed += 1
         report.files.append({"name": src.name, "source": str(src), "placed": 1})
     else:
-        n = _place_tree(
-            src,
-            spec.layout,
-            ddir,
-            link=link,
-            move=False,
-            seen=seen,
-            nested=archives,
-            bar=bar,
-            before_place=check,
-            keep=keep,
-            left_out=left_out,
-        )
-        report.not_images += [str(src / rel) for rel in left_out]
-        report.placed += n
-        report.files.append({"name": src.name, "source": str(src), "placed": n})
+        place_tree(src, src, link=link, move=False, nested=archives, where=lambda rel: str(src / rel))
 
     for arch in archives:
         if arch.name in known:
             _check_against_lock(arch.name, arch, lock, known[arch.name], report)
         tmp = _extraction_target(ddir, arch.name)
         extract_archive(arch, tmp)
-        left_out = []
         try:
-            n = _place_tree(
-                tmp,
-                spec.layout,
-                ddir,
-                link=False,
-                move=True,
-                seen=seen,
-                bar=bar,
-                before_place=check,
-                keep=keep,
-                left_out=left_out,
-            )
+            place_tree(tmp, arch, link=False, move=True, nested=None, where=functools.partial("{}:{}".format, arch))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        report.not_images += [f"{arch}:{rel}" for rel in left_out]
-        report.placed += n
-        report.files.append({"name": arch.name, "source": str(arch), "placed": n})
         if arch.name in known:
             lock.mark_installed(spec.id, arch.name)
