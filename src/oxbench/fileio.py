@@ -241,11 +241,14 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
         raise InputError(f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path)
     try:
         with open(path, "rb") as fh:
-            data = fh.read(limit + 1)
+            # read(n) allocates n bytes up front: ask for the size seen, plus one to notice growth
+            data = fh.read(min(limit, st.st_size) + 1)
     except OSError as exc:
         raise InputError(f"cannot read: {os_reason(exc)}", path) from None
     if len(data) > limit:
         raise InputError(f"file grew past the limit of {limit:,} bytes while being read", path)
+    if len(data) > st.st_size:
+        raise InputError("file grew while being read; read it again when it is complete", path)
     return data
 
 
