@@ -129,3 +129,14 @@ register_method(GlobalMethod("rootsift-vlad"))
 register_method(GlobalMethod("rootsift-vlad-w", whitening="pca"))
 register_method(GlobalMethod("rootsift-vlad-w-aqe", whitening="pca", qe="aqe"))
 register_method(GlobalMethod("rootsift-vlad-w-alpha-qe", whitening="pca", qe="alpha-qe"))
+
+# --- your own descriptors ------------------------------------------------------------------------
+
+# The user's database / query descriptor files (--set db_features=PATH --set query_features=PATH),
+# through the same whitening, search, QE, DBA and diffusion (oxbench.pipelines.featurefiles).
+register_method(GlobalMethod("features", descriptor="features"))
+register_method(GlobalMethod("features-aqe", descriptor="features", qe="aqe"))
+register_method(GlobalMethod("features-alpha-qe", descriptor="features", qe="alpha-qe"))
+register_method(GlobalMethod("features-dba", descriptor="features", dba=5))
+register_method(GlobalMethod("features-diffusion", descriptor="features", rerank="diffusion"))
+register_method(GlobalMethod("features-ivfpq", descriptor="features", search="faiss-ivfpq"))
