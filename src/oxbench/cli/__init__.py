@@ -23,6 +23,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
+    "train": ("oxbench.cli.train", "train", "Fine-tune a backbone + GeM on a training city (contrastive, hard negatives)."),
 }
 
 

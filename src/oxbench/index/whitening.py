@@ -44,12 +44,12 @@ def l2_normalize(x: NDArray[np.floating], *, eps: float = 1e-12) -> NDArray[np.f
 
 def _training_matrix(x: NDArray[np.floating]) -> NDArray[np.float64]:
     """Training descriptors as float64 ``[n >= 2, d]``, finite (else one-line :class:`InputError`)."""
-    x = np.asarray(x, dtype=np.float64)
-    if x.ndim != 2 or x.shape[0] < 2:
-        raise InputError(f"whitening needs an [n, d] training matrix with n >= 2, got shape {x.shape}")
-    if not np.isfinite(x).all():
+    out: NDArray[np.float64] = np.asarray(x, dtype=np.float64)
+    if out.ndim != 2 or out.shape[0] < 2:
+        raise InputError(f"whitening needs an [n, d] training matrix with n >= 2, got shape {out.shape}")
+    if not np.isfinite(out).all():
         raise InputError("whitening training descriptors contain NaN or infinity")
-    return x
+    return out
 
 
 class PCAWhitening:
