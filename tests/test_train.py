@@ -190,3 +190,18 @@ def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})  # fmt: skip
     assert res.stdout.strip() == "[]"
+
+
+def test_batchnorm_calibration_estimates_the_statistics_of_the_images() -> None:
+    torch = pytest.importorskip("torch")
+    from oxbench.train.loop import _to_tensor, calibrate_batchnorm
+    from oxbench.train.model import build_model
+
+    net = build_model("resnet18")
+    images = [toy_training_set().read(i) for i in range(10)]
+    calibrate_batchnorm(net, images, batch=5)  # two batches: their average, not the last batch alone
+    with torch.no_grad():
+        z = net.features[0](_to_tensor(images))  # conv1: the input of the first batch norm
+    bn = net.features[1]
+    np.testing.assert_allclose(bn.running_mean.numpy(), z.mean(dim=(0, 2, 3)).numpy(), rtol=1e-4, atol=1e-5)
+    assert not net.training and bn.momentum == 0.1

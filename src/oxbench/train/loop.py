@@ -23,8 +23,13 @@ The recipe of Radenovic, Tolias & Chum, "Fine-tuning CNN Image Retrieval with No
 
 Training images are resized so that their longer side is ``image_size`` and then all to one shape
 (that of the database images, 4:3 on the synthetic city; query crops are stretched to it), so each
-batch is one tensor and batch-norm statistics are taken over the whole batch (the network trains from
-a random initialisation, so batch norm stays in training mode).
+batch is one tensor.
+
+Batch norm is frozen while training, as in cirtorch, so that a descriptor does not depend on the
+other images of its batch (in training mode a tuple's batch statistics let the loss fall to zero
+while the same images described one by one stay apart). A randomly initialised network has no
+useful running statistics, so at the start of every epoch they are re-estimated on (up to 256 of)
+the mining pool (:func:`calibrate_batchnorm`), before the pool is described.
 
 Resumable per epoch: after every epoch the model, the optimiser and the epoch are written to
 ``<out>.partial`` (temporary file + rename); a rerun of the same configuration continues from there,
@@ -197,6 +202,30 @@ def describe(model: Any, images: Sequence[NDArray[np.uint8]], *, batch: int = 32
     return out if out is not None else np.zeros((0, 0), np.float32)
 
 
+def _batchnorms(model: Any) -> list[Any]:
+    torch = require("torch", "deep")
+    return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def calibrate_batchnorm(model: Any, images: Sequence[NDArray[np.uint8]], *, batch: int = 32) -> None:
+    """Re-estimate every batch-norm layer's running mean/variance on ``images`` (cumulative average)."""
+    torch = require("torch", "deep")
+    layers = _batchnorms(model)
+    saved = [m.momentum for m in layers]
+    for m in layers:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average over all calibration batches
+    model.train()
+    with torch.no_grad():
+        # near-equal batches: never a last batch of one image (batch norm needs two values per channel)
+        for chunk in np.array_split(np.arange(len(images)), max(1, -(-len(images) // batch))):
+            if len(chunk):
+                model(_to_tensor([images[i] for i in chunk]))
+    for m, mom in zip(layers, saved, strict=True):
+        m.momentum = mom
+    model.eval()
+
+
 def mine_negatives(
     anchor_desc: NDArray[np.float32], pool_desc: NDArray[np.float32], pool: NDArray[np.int64],
     anchors: NDArray[np.int64], ts: TrainingSet, neg_num: int,
@@ -287,6 +316,8 @@ def train(
         pool = np.arange(ts.n) if not config.pool_size or config.pool_size >= ts.n else \
             np.sort(rng.choice(ts.n, config.pool_size, replace=False))
         need = np.unique(np.concatenate((anchors, pool)))
+        calib = np.sort(rng.choice(pool, min(256, len(pool)), replace=False))
+        calibrate_batchnorm(model, [ts.read(int(i)) for i in calib])
         desc = describe(model, [ts.read(int(i)) for i in need], progress=progress, desc=f"mine {epoch + 1}")
         where = {int(v): k for k, v in enumerate(need.tolist())}
         negs = mine_negatives(desc[[where[int(a)] for a in anchors]], desc[[where[int(p)] for p in pool]],
@@ -296,6 +327,8 @@ def train(
             raise InputError(f"{ts.source}: no anchor has {config.neg_num} negatives of other landmarks")
         chosen, negs = chosen[keep], negs[keep]
         model.train()
+        for layer in _batchnorms(model):
+            layer.eval()  # frozen statistics (affine weights still train)
         losses = []
         order = rng.permutation(len(chosen))
         bar = progress_bar(range(0, len(order), config.batch_size), enabled=progress,
