@@ -29,7 +29,8 @@ Batch norm is frozen while training, as in cirtorch, so that a descriptor does n
 other images of its batch (in training mode a tuple's batch statistics let the loss fall to zero
 while the same images described one by one stay apart). A randomly initialised network has no
 useful running statistics, so at the start of every epoch they are re-estimated on (up to 256 of)
-the mining pool (:func:`calibrate_batchnorm`), before the pool is described.
+the mining pool (:func:`calibrate_batchnorm`), before the pool is described, and once more on the
+training images after the last epoch, before the checkpoint is written.
 
 Resumable per epoch: after every epoch the model, the optimiser and the epoch are written to
 ``<out>.partial`` (temporary file + rename); a rerun of the same configuration continues from there,
@@ -350,6 +351,9 @@ def train(
                  history[-1]["p"], history[-1]["seconds"])  # fmt: skip
         save_checkpoint(partial, {"config": cfg, "epoch": epoch, "model": model.state_dict(),
                                   "optimizer": optimizer.state_dict(), "history": history})  # fmt: skip
+    # the statistics were estimated before the last epoch changed the weights: estimate them again
+    calib = np.sort(np.random.default_rng([config.seed, config.epochs]).choice(ts.n, min(256, ts.n), replace=False))
+    calibrate_batchnorm(model, [ts.read(int(i)) for i in calib])
     record = {"config": cfg, "history": history, "trained_on": ts.source}
     save_checkpoint(out, {"state_dict": model.state_dict(), "meta": model_meta(model, config.backbone, training=record)})
     partial.unlink(missing_ok=True)
