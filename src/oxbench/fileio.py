@@ -300,6 +300,8 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
         raise InputError(f"cannot read: {os_reason(exc)}", path) from None
     if len(data) > limit:
         raise InputError(f"file grew past the limit of {limit:,} bytes while being read", path)
+    if len(data) > st.st_size:
+        raise InputError("file grew while being read; read it again when it is complete", path)
     return data
 
 

@@ -35,6 +35,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "export": ("oxbench.cli.report", "export", "Export ranked lists: Oxford lists, revisitop ranks, hloc pairs."),
     "extract": ("oxbench.cli.deep", "extract", "Write a dataset's global descriptors to .npy files."),
     "import-checkpoint": ("oxbench.cli.deep", "import_checkpoint", "Convert a cirtorch checkpoint into a model file."),
+    "train": ("oxbench.cli.train", "train", "Fine-tune a backbone + GeM on a training city (contrastive, hard negatives)."),
 }
 
 

@@ -1,4 +1,4 @@
-"""PCA-whitening of global descriptors, learned on a training set (scikit-learn's contract).
+"""Whitening of global descriptors, learned on a training set (scikit-learn's contract).
 
 Jegou & Chum (ECCV 2012) and the CNN retrieval literature after them whiten global descriptors with
 a PCA learned on *other* data: centre, project on the leading eigenvectors of the covariance, divide
@@ -6,15 +6,25 @@ each component by ``lambda_i ** power`` (``power = 0.5`` is full whitening), and
 ``shrinkage`` regularises the eigenvalues towards their mean (``(1 - s) * lambda + s * mean``),
 which tames the noisy small-eigenvalue directions when the training set is small.
 
+:class:`LearnedWhitening` is the "Lw" of Radenovic, Tolias & Chum (ECCV 2016 / TPAMI 2018,
+"Fine-tuning CNN image retrieval with no human annotation"), learned from *matching pairs*: whiten
+the intra-class covariance (of the differences of matching descriptors), then rotate onto the
+principal directions of the inter-class covariance (of all training descriptors) in that whitened
+space, keeping the leading ones. Both transforms are affine maps ``y = (x - mean) @ P.T``, stored the
+same way; :func:`load_whitening` reads either.
+
 State is saved as plain arrays (``.npz``), never pickles, with what it was fitted on.
 """
 
 from __future__ import annotations
 
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar, Self
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_npz, read_input_bytes
@@ -32,6 +42,16 @@ def l2_normalize(x: NDArray[np.floating], *, eps: float = 1e-12) -> NDArray[np.f
     return np.divide(x, np.maximum(norms, eps), dtype=np.float32)
 
 
+def _training_matrix(x: NDArray[np.floating]) -> NDArray[np.float64]:
+    """Training descriptors as float64 ``[n >= 2, d]``, finite (else one-line :class:`InputError`)."""
+    out: NDArray[np.float64] = np.asarray(x, dtype=np.float64)
+    if out.ndim != 2 or out.shape[0] < 2:
+        raise InputError(f"whitening needs an [n, d] training matrix with n >= 2, got shape {out.shape}")
+    if not np.isfinite(out).all():
+        raise InputError("whitening training descriptors contain NaN or infinity")
+    return out
+
+
 class PCAWhitening:
     """PCA-whitening: ``fit`` on training descriptors, ``transform`` anything of the same dimension.
 
@@ -45,6 +65,9 @@ class PCAWhitening:
         eigenvalue first); scale_: ``float64 [dim]`` divisors; explained_variance_: ``[dim]``;
         fitted_on_: what the training descriptors were (recorded in runs).
     """
+
+    #: What the saved file says this whitening is (``load`` refuses another kind).
+    kind: ClassVar[str] = "pca"
 
     def __init__(self, dim: int | None = None, *, power: float = 0.5, shrinkage: float = 0.0) -> None:
         if dim is not None and dim < 1:
@@ -62,18 +85,14 @@ class PCAWhitening:
         self.explained_variance_: NDArray[np.float64] | None = None
         self.fitted_on_ = ""
 
-    def fit(self, x: NDArray[np.floating], *, fitted_on: str = "") -> PCAWhitening:
+    def fit(self, x: NDArray[np.floating], *, fitted_on: str = "") -> Self:
         """Learn the whitening from ``x`` (``[n, d]``, ``n > d`` recommended).
 
         Raises:
             InputError: fewer than 2 vectors, non-finite values, or more output dimensions asked
                 than the training set can give (at most ``n - 1``).
         """
-        x = np.asarray(x, dtype=np.float64)
-        if x.ndim != 2 or x.shape[0] < 2:
-            raise InputError(f"whitening needs an [n, d] training matrix with n >= 2, got shape {x.shape}")
-        if not np.isfinite(x).all():
-            raise InputError("whitening training descriptors contain NaN or infinity")
+        x = _training_matrix(x)
         n, d = x.shape
         rank = min(d, n - 1)
         dim = rank if self.dim is None else self.dim
@@ -113,37 +132,161 @@ class PCAWhitening:
         y = ((x - mean) @ comps.T) / scale
         return l2_normalize(y) if normalize else y.astype(np.float32)
 
+    def _state(self) -> dict[str, np.ndarray]:
+        """Settings stored next to the learned arrays (read back by :meth:`_restore`)."""
+        return {"power": np.array(self.power), "shrinkage": np.array(self.shrinkage)}
+
+    def _restore(self, z: Mapping[str, np.ndarray]) -> None:
+        self.power = float(z["power"])
+        self.shrinkage = float(z["shrinkage"])
+
     def save(self, path: str | Path) -> Path:
-        """Write the learned state as ``.npz`` (plain arrays)."""
+        """Write the learned state as ``.npz`` (plain arrays), with what it was fitted on."""
         mean, comps, scale = self._check_fitted()
         assert self.explained_variance_ is not None
         return atomic_write_npz(path, {
-            "mean": mean, "components": comps, "scale": scale, "explained_variance": self.explained_variance_,
-            "power": np.array(self.power), "shrinkage": np.array(self.shrinkage),
-            "fitted_on": np.array(self.fitted_on_),
+            "kind": np.array(self.kind), "mean": mean, "components": comps, "scale": scale,
+            "explained_variance": self.explained_variance_, "fitted_on": np.array(self.fitted_on_),
+            **self._state(),
         })  # fmt: skip
 
     @classmethod
-    def load(cls, path: str | Path) -> PCAWhitening:
-        """Read a whitening written by :meth:`save`.
+    def load(cls, path: str | Path) -> Self:
+        """Read a whitening written by :meth:`save` (of this class's kind).
 
         Raises:
-            InputError: unreadable or malformed file (names it).
+            InputError: unreadable or malformed file, or a whitening of another kind (names it).
         """
         import io
 
         data = read_input_bytes(path, limit=1 << 31)
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
-                w = cls(power=float(z["power"]), shrinkage=float(z["shrinkage"]))
+                kind = str(z["kind"]) if "kind" in z.files else "pca"
+                if kind != cls.kind:
+                    raise InputError(f"this is a {kind!r} whitening, not {cls.kind!r}", path)
+                w = cls()
+                w._restore(z)
                 w.mean_ = np.asarray(z["mean"], np.float64)
                 w.components_ = np.asarray(z["components"], np.float64)
                 w.scale_ = np.asarray(z["scale"], np.float64)
                 w.explained_variance_ = np.asarray(z["explained_variance"], np.float64)
                 w.fitted_on_ = str(z["fitted_on"])
-        except (OSError, KeyError, ValueError, EOFError) as exc:
+        except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            if isinstance(exc, InputError):
+                raise
             raise InputError(f"unreadable whitening file ({exc})", path) from None
         if w.components_.ndim != 2 or w.components_.shape != (len(w.scale_), len(w.mean_)):
             raise InputError("malformed whitening file (array shapes disagree)", path)
         w.dim = w.components_.shape[0]
         return w
+
+
+class LearnedWhitening(PCAWhitening):
+    """Learned whitening "Lw" from matching pairs (Radenovic, Tolias & Chum, TPAMI 2018).
+
+    With ``x_i - x_j`` the differences of the matching pairs ``(i, j)``, the intra-class covariance
+    ``C_S = mean (x_i - x_j)(x_i - x_j)^T`` is whitened by ``L^-1`` (``C_S = L L^T``, Cholesky);
+    then the projection is rotated onto the eigenvectors ``V`` of the inter-class covariance of all
+    training vectors in that whitened space, ``L^-1 (X - m)(X - m)^T L^-T`` (largest eigenvalue
+    first), and the leading ``dim`` rows are kept: ``P = V^T L^-1``, ``y = P (x - m)``, then L2. The
+    mean ``m`` is that of the first image of every pair, as in the authors' code (cirtorch
+    ``whitenlearn``). After :meth:`fit`, the whitened pair differences have the identity
+    covariance.
+
+    Args:
+        dim: output dimension (``None``: the input dimension).
+        shrinkage: in ``[0, 1)``, the intra-class covariance pulled towards ``mean(eig) * I``
+            before it is whitened (0, the default, is the published method).
+
+    Attributes (after ``fit``): as :class:`PCAWhitening` (``components_`` holds ``P``, ``scale_``
+    ones, ``explained_variance_`` the inter-class eigenvalues); ``n_pairs_``.
+    """
+
+    kind = "learned"
+
+    def __init__(self, dim: int | None = None, *, shrinkage: float = 0.0) -> None:
+        if not 0.0 <= shrinkage < 1.0:
+            raise InputError(f"learned-whitening shrinkage must be in [0, 1), got {shrinkage}")
+        super().__init__(dim, power=0.5, shrinkage=shrinkage)
+        self.n_pairs_ = 0
+
+    def fit(self, x: NDArray[np.floating], pairs: ArrayLike | None = None, *, fitted_on: str = "") -> Self:  # type: ignore[override]
+        """Learn the whitening from vectors ``x`` (``[n, d]``) and matching ``pairs`` (``[m, 2]``).
+
+        Raises:
+            InputError: no pairs, pair indices outside ``x``, non-finite values, fewer images or
+                pairs than dimensions, pairs that do not span every dimension, or more output
+                dimensions asked than the input has.
+        """
+        x = _training_matrix(x)
+        n, d = x.shape
+        if pairs is None:
+            raise InputError("learned whitening needs matching pairs (an [m, 2] index array)")
+        p = np.asarray(pairs)
+        if p.ndim != 2 or p.shape[1] != 2 or not p.size or not np.issubdtype(p.dtype, np.integer):
+            raise InputError(f"matching pairs must be a non-empty [m, 2] integer array, got {p.shape} {p.dtype}")
+        dim = d if self.dim is None else self.dim
+        if dim > d:
+            raise InputError(f"whitening to {dim} dimensions: the descriptors have only {d}")
+        if n <= d or len(p) < d:
+            raise InputError(
+                f"learned whitening of {d}-dimensional descriptors needs more than {d} images and at "
+                f"least {d} matching pairs; got {n} images and {len(p)} pairs (reduce the dimension first)"
+            )
+        if p.min() < 0 or p.max() >= n:
+            raise InputError(f"matching pairs index images outside 0..{n - 1}")
+        first = x[p[:, 0]]
+        diff = first - x[p[:, 1]]
+        intra = diff.T @ diff / len(p)
+        if self.shrinkage:
+            intra = (1.0 - self.shrinkage) * intra + self.shrinkage * np.trace(intra) / d * np.eye(d)
+        try:
+            chol = np.linalg.cholesky(intra)
+        except np.linalg.LinAlgError:
+            chol = None
+        evals_intra = np.linalg.eigvalsh(intra)
+        if chol is None or evals_intra[0] <= evals_intra[-1] * 1e-12:
+            rank = int(np.sum(evals_intra > max(evals_intra[-1], 1e-300) * 1e-12))
+            raise InputError(
+                f"the {len(p)} matching-pair differences span only {rank} of {d} dimensions: the "
+                "intra-class covariance cannot be whitened (more pairs, or shrinkage > 0)"
+            )
+        inv_chol = np.linalg.solve(chol, np.eye(d))  # L^-1 (lower triangular)
+        self.mean_ = first.mean(axis=0)
+        z = (x - self.mean_) @ inv_chol.T
+        evals, evecs = np.linalg.eigh(z.T @ z)
+        order = np.argsort(evals)[::-1][:dim]
+        self.components_ = evecs[:, order].T @ inv_chol
+        self.scale_ = np.ones(dim)
+        self.explained_variance_ = np.clip(evals[order], 0.0, None) / n
+        self.n_pairs_ = len(p)
+        self.fitted_on_ = fitted_on
+        return self
+
+    def _state(self) -> dict[str, np.ndarray]:
+        return {"shrinkage": np.array(self.shrinkage), "n_pairs": np.array(self.n_pairs_)}
+
+    def _restore(self, z: Mapping[str, np.ndarray]) -> None:
+        self.shrinkage = float(z["shrinkage"])
+        self.n_pairs_ = int(z["n_pairs"])
+
+
+def load_whitening(path: str | Path) -> PCAWhitening:
+    """Read a whitening of either kind written by :meth:`PCAWhitening.save`.
+
+    Raises:
+        InputError: unreadable or malformed file, or an unknown kind (names it).
+    """
+    import io
+
+    data = read_input_bytes(path, limit=1 << 31)
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
+            kind = str(z["kind"]) if "kind" in z.files else "pca"
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise InputError(f"unreadable whitening file ({exc})", path) from None
+    classes: dict[str, type[PCAWhitening]] = {"pca": PCAWhitening, "learned": LearnedWhitening}
+    if kind not in classes:
+        raise InputError(f"unknown whitening kind {kind!r} (pca, learned)", path)
+    return classes[kind].load(path)

@@ -1,14 +1,26 @@
-"""Global-descriptor methods: one vector per image, optional whitening, exact search, query expansion.
+"""Global-descriptor methods: one vector per image, whitening, exact or FAISS search, QE, DBA, diffusion.
 
 A :class:`GlobalMethod` config describes the whole chain; :class:`GlobalDescriptors` runs it through
 the method interface:
 
 1. ``fit`` -- learn what the descriptor needs (the VLAD codebook: a flat k-means vocabulary trained
    on the training set's local features, exactly as bag-of-words trains its vocabulary) and, with
-   ``whitening="pca"``, a PCA-whitening of the training set's descriptors (never the test set's);
-2. ``index`` -- describe the database (and distractors), whiten, L2-normalise;
-3. ``search`` -- describe the query crops the same way, score by dot product (cosine), rank (ties to
-   the lower index), then re-rank with average or alpha query expansion over the top neighbours.
+   ``whitening="pca"``, a PCA-whitening of the training set's database descriptors, or with
+   ``whitening="learned"``, the learned whitening of Radenovic et al. from the training set's
+   matching pairs (each query crop with each of its positives: :func:`oxbench.train.pairs.matching_pairs`)
+   -- never the test set's;
+2. ``index`` -- describe the database (and distractors), whiten, L2-normalise, optionally replace
+   each vector by its alpha-weighted mean with its top ``dba`` neighbours (database-side
+   augmentation), and build the search index (``search="exact"``: blocked matrix product;
+   ``"faiss-flat"`` / ``"faiss-ivfpq"``: a FAISS index persisted in the cache) and, for diffusion,
+   the database's k-NN graph;
+3. ``search`` -- describe the query crops the same way, rank by inner product (ties to the lower
+   index), re-rank with average or alpha query expansion over the top neighbours (searching again),
+   then with diffusion (:mod:`oxbench.rerank.diffusion`) when asked.
+
+``descriptor="features"`` takes the descriptors from the user's files instead (``db_features``,
+``query_features``, and ``train_features`` / ``train_pairs`` for whitening): the same chain, the same
+runner and run folder (:mod:`oxbench.pipelines.featurefiles`).
 
 Descriptors: VLAD over RootSIFT (Jegou et al. CVPR 2010; with intra-normalisation as in
 Arandjelovic & Zisserman CVPR 2013 and signed square-root power normalisation), which needs no deep
@@ -32,7 +44,8 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig, finish_descriptors
 from oxbench.fileio import file_lock, json_digest
-from oxbench.index.whitening import PCAWhitening, l2_normalize
+from oxbench.index.whitening import LearnedWhitening, PCAWhitening, l2_normalize, load_whitening
+from oxbench.pipelines.globalchain import SearchChain, check_search_settings
 from oxbench.pipelines.method import MethodConfig, RetrievalMethod, RunContext, SearchResult
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,19 +86,36 @@ class GlobalMethod(MethodConfig):
         power: signed power normalisation exponent of every component (0.5: signed square root;
             1: none).
         intra_norm: L2-normalise each centroid's residual sum before the final L2 (intra-norm).
-        whitening: ``"none"`` or ``"pca"`` (PCA-whitening learned on the training set).
+        whitening: ``"none"``, ``"pca"`` (PCA-whitening learned on the training set) or
+            ``"learned"`` (learned whitening from the training set's matching pairs).
         whitening_dim: output dimension of the whitening (``None``: as many as the training set
             supports, at most the input dimension).
         whitening_power, whitening_shrinkage: see :class:`~oxbench.index.whitening.PCAWhitening`.
         qe: ``"none"``, ``"aqe"`` (average of the query and its top ``qe_k``) or ``"alpha-qe"``
             (weights ``similarity ** qe_alpha``, Radenovic et al. 2018).
         qe_k, qe_alpha: neighbours used by query expansion and the alpha exponent.
+        search: ``"exact"``, ``"faiss-flat"`` (FAISS IndexFlatIP) or ``"faiss-ivfpq"``.
+        search_k: ranked-list length (``None``: the whole index up to 100,000 images, else 10,000).
+        nlist, pq_m, pq_nbits, nprobe: IVF-PQ cells, sub-quantisers, bits per code, cells visited.
+        dba: database-side augmentation with this many neighbours (0: off).
+        dba_alpha: DBA weights ``similarity ** dba_alpha`` (0: plain average).
+        rerank: ``"none"`` or ``"diffusion"`` (Iscen et al. 2017).
+        diffusion_k, diffusion_query_k, diffusion_alpha, diffusion_gamma, diffusion_truncation,
+            diffusion_iterations: see :class:`~oxbench.rerank.diffusion.DiffusionSettings`.
+        db_features, query_features: with ``descriptor="features"``, the user's descriptor files
+            (rows in database / query order of the dataset).
+        train_features: the user's training descriptors, for ``whitening`` (never the test set's
+            unless the user says so); train_pairs: ``[m, 2]`` matching pairs of its rows
+            (``.npy``), for ``whitening="learned"``.
+        layout: ``"n-d"`` (``[n, d]``, one row per image) or ``"d-n"`` (``[d, n]``, revisitop's
+            MATLAB files) in the files, as ``oxbench evaluate --layout`` reads them.
+        key: the array inside an ``.npz`` / ``.mat`` file.
     """
 
     family: ClassVar[str] = "global"
 
     name: str
-    descriptor: Literal["vlad", "cnn"] = "vlad"
+    descriptor: Literal["vlad", "cnn", "features"] = "vlad"
     features: SiftConfig = field(default_factory=SiftConfig)
     backbone: str = "resnet50"
     weights: str | None = "imagenet"
@@ -104,25 +134,47 @@ class GlobalMethod(MethodConfig):
     vlad_seed: int = 0
     power: float = 0.5
     intra_norm: bool = True
-    whitening: Literal["none", "pca"] = "none"
+    whitening: Literal["none", "pca", "learned"] = "none"
     whitening_dim: int | None = None
     whitening_power: float = 0.5
     whitening_shrinkage: float = 0.0
     qe: Literal["none", "aqe", "alpha-qe"] = "none"
     qe_k: int = 5
     qe_alpha: float = 3.0
+    search: Literal["exact", "faiss-flat", "faiss-ivfpq"] = "exact"
+    search_k: int | None = None
+    nlist: int = 256
+    pq_m: int = 16
+    pq_nbits: int = 8
+    nprobe: int = 16
+    dba: int = 0
+    dba_alpha: float = 3.0
+    rerank: Literal["none", "diffusion"] = "none"
+    diffusion_k: int = 50
+    diffusion_query_k: int = 10
+    diffusion_alpha: float = 0.99
+    diffusion_gamma: float = 3.0
+    diffusion_truncation: int = 1000
+    diffusion_iterations: int = 20
+    db_features: str | None = None
+    query_features: str | None = None
+    train_features: str | None = None
+    train_pairs: str | None = None
+    layout: Literal["n-d", "d-n"] = "n-d"
+    key: str | None = None
 
     def __post_init__(self) -> None:
-        if self.descriptor not in ("vlad", "cnn"):
-            raise InputError(f"method {self.name}: unknown descriptor {self.descriptor!r} (known: vlad, cnn)")
+        if self.descriptor not in ("vlad", "cnn", "features"):
+            raise InputError(f"method {self.name}: unknown descriptor {self.descriptor!r} (known: vlad, cnn, features)")
         if self.descriptor == "cnn":
             self._check_cnn()
+        check_search_settings(self)
         if self.vlad_k < 2:
             raise InputError(f"method {self.name}: vlad_k must be >= 2")
         if not 0.0 < self.power <= 1.0:
             raise InputError(f"method {self.name}: power must be in (0, 1]")
-        if self.whitening not in ("none", "pca"):
-            raise InputError(f"method {self.name}: unknown whitening {self.whitening!r} (none, pca)")
+        if self.whitening not in ("none", "pca", "learned"):
+            raise InputError(f"method {self.name}: unknown whitening {self.whitening!r} (none, pca, learned)")
         if self.qe not in ("none", "aqe", "alpha-qe"):
             raise InputError(f"method {self.name}: unknown query expansion {self.qe!r} (none, aqe, alpha-qe)")
         if self.qe_k < 1:
@@ -155,11 +207,15 @@ class GlobalMethod(MethodConfig):
 
     @property
     def needs_training(self) -> bool:
-        """VLAD learns its codebook; a CNN descriptor learns only a whitening, when asked for."""
+        """VLAD learns its codebook; a CNN descriptor learns only a whitening, when asked for; user
+        feature files learn nothing on a benchmark (their whitening uses ``train_features``)."""
+        if self.descriptor == "features":
+            return False
         return self.descriptor == "vlad" or self.whitening != "none"
 
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
+
 
     def codebook_method(self):  # noqa: ANN201 - a BowMethod
         """The flat k-means vocabulary VLAD uses, as the bag-of-words vocabulary step knows it."""
@@ -234,7 +290,7 @@ class GlobalDescriptors(RetrievalMethod):
         self.codebook_path_: Path | None = None
         self.whitening_: PCAWhitening | None = None
         self.trained_on_: str | None = None
-        self._db: NDArray[np.float32] | None = None
+        self._chain: SearchChain | None = None
         self._indexed: str | None = None
         self.model_: Any = None  # cnn: oxbench.features.deep.model.LoadedModel
         self._extractor: Any = None
@@ -273,6 +329,10 @@ class GlobalDescriptors(RetrievalMethod):
         from oxbench.features.descstore import DescriptorStore, fill_store
         from oxbench.pipelines.bow import _part_names
 
+        if self.config.descriptor == "features":  # the user's own files: nothing to compute or cache
+            from oxbench.pipelines.featurefiles import benchmark_features
+
+            return benchmark_features(self.config, bench, part)
         names = _part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
@@ -371,6 +431,12 @@ class GlobalDescriptors(RetrievalMethod):
     def fit(self, train: Benchmark | None, ctx: RunContext) -> GlobalDescriptors:
         from oxbench.pipelines import bow
 
+        if self.config.descriptor == "features":
+            from oxbench.pipelines.featurefiles import fit_file_whitening
+
+            with ctx.timed("whitening"):
+                self.whitening_ = fit_file_whitening(self.config)
+            return self
         if train is None:
             if not self.config.needs_training:
                 return self
@@ -387,7 +453,7 @@ class GlobalDescriptors(RetrievalMethod):
                                                           threads=ctx.threads, full_check=ctx.full_check)  # fmt: skip
             ctx.record_step("codebook", hit=hit)
         self.trained_on_ = train.id
-        if self.config.whitening == "pca":
+        if self.config.whitening != "none":
             with ctx.timed("whitening"):
                 self.whitening_ = self._fit_whitening(train, ctx)
         return self
@@ -399,56 +465,59 @@ class GlobalDescriptors(RetrievalMethod):
         settings = {
             "descriptors": self._descriptor_path(train, "database", ctx).parent.name, "train": dataset_key(train),
             "dim": m.whitening_dim, "power": m.whitening_power, "shrinkage": m.whitening_shrinkage,
+            **({"kind": "learned"} if m.whitening == "learned" else {}),
         }  # fmt: skip
         path = Path(ctx.cache) / "whitening" / f"{train.id}-{json_digest(settings, 12)}.npz"
         if path.exists():
             try:
-                w = PCAWhitening.load(path)
+                w = load_whitening(path)
                 ctx.record_step("whitening", hit=True)
                 return w
             except InputError as exc:
                 log.warning("%s; learning the whitening again", exc)
         x = self.describe(train, "database", ctx)
-        w = PCAWhitening(m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage)
-        w.fit(x, fitted_on=f"{train.id} database ({len(x)} images)")
+        if m.whitening == "learned":
+            from oxbench.train.pairs import matching_pairs
+
+            pairs = matching_pairs(train.gt)
+            x = np.concatenate((x, self.describe(train, "queries", ctx)))
+            w = LearnedWhitening(m.whitening_dim, shrinkage=m.whitening_shrinkage).fit(
+                x, pairs, fitted_on=f"{train.id} database + query crops ({len(x)} images, {len(pairs)} query-positive pairs)"
+            )
+        else:
+            w = PCAWhitening(m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage)
+            w.fit(x, fitted_on=f"{train.id} database ({len(x)} images)")
         w.save(path)
         ctx.record_step("whitening", hit=False)
         return w
 
     def index(self, bench: Benchmark, ctx: RunContext) -> GlobalDescriptors:
+        from oxbench.pipelines.bow import dataset_key
+
         parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
         with ctx.timed("features"):
             raw = [self.describe(bench, p, ctx) for p in parts]
         with ctx.timed("index"):
-            self._db = self._finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
+            db = self._finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
+        cache_dir = Path(ctx.cache) / dataset_key(bench) / "global" / "index"
+        self._chain = SearchChain(self.config, db, ctx, cache_dir)
         self._indexed = bench.id
         return self
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
-        from oxbench.evaluation.ranking import ranks_from_scores
-
-        if self._db is None or self._indexed != bench.id:
+        if self._chain is None or self._indexed != bench.id:
             raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
-        m = self.config
         with ctx.timed("features"):
             q = self._finish(self.describe(bench, "queries", ctx))
-        with ctx.timed("search"):
-            scores = exact_scores(q, self._db)
-            ranks = ranks_from_scores(scores.T)
-        if m.qe != "none":
-            with ctx.timed("query_expansion"):
-                q = expand_queries(q, self._db, ranks, k=m.qe_k, alpha=m.qe_alpha if m.qe == "alpha-qe" else 0.0)
-                scores = exact_scores(q, self._db)
-                ranks = ranks_from_scores(scores.T)
-        info = {
-            "n_index": int(self._db.shape[0]),
-            "dim": int(self._db.shape[1]),
-            "bytes_per_image": int(self._db.shape[1] * self._db.dtype.itemsize),
-        }
-        return SearchResult(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info)
+        scores, ranks = self._chain.search(q, ctx)
+        return SearchResult(ranks, scores.astype(np.float32), dict(self._chain.info))
 
     def provenance(self) -> dict[str, Any]:
         out: dict[str, Any] = {"trained_on": self.trained_on_}
+        if self.config.descriptor == "features":
+            from oxbench.pipelines.featurefiles import feature_provenance
+
+            out["feature_files"] = feature_provenance(self.config)
         if self.model_ is not None:
             out["model"] = {**self.model_.net.describe(), "weights": self.model_.weights}
         if self.undecodable_:
@@ -456,18 +525,8 @@ class GlobalDescriptors(RetrievalMethod):
         if self.codebook_path_ is not None:
             out["codebook_path"] = str(self.codebook_path_)
         if self.whitening_ is not None:
-            out["whitening"] = {"fitted_on": self.whitening_.fitted_on_, "dim": self.whitening_.dim}
+            out["whitening"] = {"kind": self.whitening_.kind, "fitted_on": self.whitening_.fitted_on_, "dim": self.whitening_.dim}
         return out
-
-
-def exact_scores(queries: NDArray[np.float32], database: NDArray[np.float32], *, block: int = 65536) -> NDArray[np.float32]:
-    """Dot products ``[n_queries, n_db]`` computed in database blocks (bounded temporaries)."""
-    out = np.empty((queries.shape[0], database.shape[0]), np.float32)
-    for s in range(0, database.shape[0], block):
-        out[:, s : s + block] = queries @ database[s : s + block].T
-    if not np.isfinite(out).all():
-        raise InputError("descriptor dot products are not finite (NaN or overflow)")
-    return out
 
 
 def expand_queries(

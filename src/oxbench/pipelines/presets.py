@@ -166,3 +166,14 @@ _R18 = "models:gem-r18-synthetic.pt"
 _cnn("gem-r18-synthetic", "resnet18", "gem", _R18)
 _cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca")
 _cnn("gem-r18-synthetic+w+alpha-qe", "resnet18", "gem", _R18, whitening="pca", qe="alpha-qe")
+
+# --- your own descriptors ------------------------------------------------------------------------
+
+# The user's database / query descriptor files (--set db_features=PATH --set query_features=PATH),
+# through the same whitening, search, QE, DBA and diffusion (oxbench.pipelines.featurefiles).
+register_method(GlobalMethod("features", descriptor="features"))
+register_method(GlobalMethod("features-aqe", descriptor="features", qe="aqe"))
+register_method(GlobalMethod("features-alpha-qe", descriptor="features", qe="alpha-qe"))
+register_method(GlobalMethod("features-dba", descriptor="features", dba=5))
+register_method(GlobalMethod("features-diffusion", descriptor="features", rerank="diffusion"))
+register_method(GlobalMethod("features-ivfpq", descriptor="features", search="faiss-ivfpq"))

@@ -1,0 +1,65 @@
+"""``oxbench train``: fine-tune a backbone + GeM on a training city (or SfM-120k tuples)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("train")
+@click.option("--backbone", default="resnet18", show_default=True, help="resnet18 / resnet34 / resnet50 / resnet101.")
+@click.option("--pooling", default="gem", show_default=True, help="Pooling head (gem).")
+@click.option("--dataset", default="synthetic-train", show_default=True,
+              help="Training benchmark (labels give the pairs); never the test set.")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Checkpoint to write (default: <data root>/_models/gem-r18-synthetic.pt, the "
+                   "gem-r18-synthetic preset's weights).")
+@click.option("--root", type=click.Path(file_okay=False), default=None, help="Data root.")
+@click.option("--epochs", type=int, default=6, show_default=True)
+@click.option("--tuples", type=int, default=60, show_default=True, help="Anchor-positive pairs per epoch.")
+@click.option("--neg-num", type=int, default=5, show_default=True, help="Hard negatives per tuple.")
+@click.option("--pool-size", type=int, default=0, show_default=True, help="Images mined for negatives (0: all).")
+@click.option("--batch-size", type=int, default=5, show_default=True, help="Tuples per step.")
+@click.option("--image-size", type=int, default=128, show_default=True, help="Longer side of training images.")
+@click.option("--lr", type=float, default=1e-4, show_default=True)
+@click.option("--weight-decay", type=float, default=1e-6, show_default=True)
+@click.option("--margin", type=float, default=0.85, show_default=True,
+              help="Contrastive margin (0.85: the published value for ResNet; 0.75 for VGG).")
+@click.option("--init", default="random", show_default=True,
+              help="random, imagenet (from the local torch cache only) or a checkpoint path.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=int, default=None, help="Torch CPU threads (default: torch's).")
+@click.option("--sfm-pickle", type=click.Path(dir_okay=False), default=None,
+              help="Train on SfM-120k tuples: the retrieval-SfM-120k.pkl file ...")
+@click.option("--sfm-images", type=click.Path(file_okay=False), default=None, help="... and its ims/ folder.")
+@click.option("--restart", is_flag=True, help="Discard a partial training and start again.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def train(out: str | None, root: str | None, restart: bool, no_progress: bool, threads: int | None,
+          **settings: object) -> None:  # fmt: skip
+    """Fine-tune BACKBONE + GeM with the contrastive loss and hard negatives mined every epoch.
+
+    Resumable: each epoch is checkpointed to OUT.partial, and a rerun continues from it. The result
+    is a checkpoint `oxbench run` loads (state dict + meta: architecture, pooling, p, mean/std).
+    """
+    from pathlib import Path
+
+    from oxbench.datasets.paths import data_root
+    from oxbench.train.loop import DEFAULT_MODEL, TrainConfig, benchmark_training_set
+    from oxbench.train.loop import train as run_training
+
+    config = TrainConfig(**settings)  # type: ignore[arg-type]
+    progress = not no_progress
+    out_path = Path(out) if out else data_root(root) / DEFAULT_MODEL
+    if config.sfm_pickle is not None:
+        from oxbench.train.sfm import sfm_training_set
+
+        assert config.sfm_images is not None
+        ts = sfm_training_set(config.sfm_pickle, config.sfm_images, config.image_size)
+    else:
+        from oxbench.datasets import load
+
+        ts = benchmark_training_set(load(config.dataset, data_root(root), progress=progress), config.image_size,
+                                    progress=progress)  # fmt: skip
+    record = run_training(config, ts, out_path, restart=restart, progress=progress, threads=threads)
+    hist = record.get("history", [])
+    last = f", last loss {hist[-1]['loss']:.4f}" if hist else ""
+    click.echo(f"trained on {record.get('trained_on')}: {len(hist)} epochs{last} -> {out_path}")

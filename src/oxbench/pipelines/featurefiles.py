@@ -1,0 +1,111 @@
+"""Bring your own features: a global method over the user's descriptor files.
+
+``GlobalMethod(descriptor="features", db_features=..., query_features=...)`` (presets ``features``,
+``features-aqe``, ``features-alpha-qe``, ``features-dba``, ``features-diffusion``; the paths come
+with ``--set db_features=PATH --set query_features=PATH``) skips description: the database and query
+descriptors are read from the files, one row per database image / query in the dataset's order
+(database then distractors), L2-normalised, and go through the same whitening, DBA, search, query
+expansion and diffusion as any global method, through the same runner and run folder.
+
+Whitening needs training descriptors that are *not* the test set's: ``train_features=PATH`` (PCA),
+plus ``train_pairs=PATH`` (an ``[m, 2]`` integer ``.npy`` of matching row pairs) for learned
+whitening. Without them, ``whitening`` must stay ``none``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+
+# The one place the feature reader is imported: swap for oxbench.formats.arrays once it is on main.
+from oxbench.formats.arrays import read_features
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.datasets.base import Benchmark
+    from oxbench.index.whitening import PCAWhitening
+    from oxbench.pipelines.globaldesc import GlobalMethod
+
+
+def _read(m: GlobalMethod, path: str | None, setting: str) -> NDArray[np.float32]:
+    if not path:
+        raise InputError(f"method {m.name} reads descriptor files: set {setting}=PATH (--set {setting}=...)")
+    return read_features(path, layout=m.layout, key=m.key, normalize=True)
+
+
+def benchmark_features(m: GlobalMethod, bench: Benchmark, part: str) -> NDArray[np.float32]:
+    """The user's descriptors of one part of ``bench`` (``database``, ``distractors``, ``queries``).
+
+    The database file holds the database rows followed by the distractors' rows.
+
+    Raises:
+        InputError: a missing setting or file, a row count that does not fit the dataset, or
+            query and database descriptors of different dimensions.
+    """
+    n_db, n_dis = bench.gt.n_db, bench.n_distractors
+    db = _read(m, m.db_features, "db_features")
+    if db.shape[0] != n_db + n_dis:
+        extra = f" + {n_dis} distractors" if n_dis else ""
+        raise InputError(f"{db.shape[0]} descriptors for {bench.id}'s {n_db} database images{extra}", m.db_features)
+    if part == "database":
+        return db[:n_db]
+    if part == "distractors":
+        return db[n_db:]
+    q = _read(m, m.query_features, "query_features")
+    if q.shape[0] != bench.gt.n_queries:
+        raise InputError(f"{q.shape[0]} descriptors for {bench.id}'s {bench.gt.n_queries} queries", m.query_features)
+    if q.shape[1] != db.shape[1]:
+        raise InputError(f"query descriptors have dimension {q.shape[1]}, the database descriptors "
+                         f"({m.db_features}) {db.shape[1]}", m.query_features)  # fmt: skip
+    return q
+
+
+def fit_file_whitening(m: GlobalMethod) -> PCAWhitening | None:
+    """The whitening ``m`` asks for, learned on ``train_features`` (and ``train_pairs``), or ``None``."""
+    from oxbench.index.whitening import LearnedWhitening, PCAWhitening
+
+    if m.whitening == "none":
+        return None
+    if not m.train_features:
+        raise InputError(f"method {m.name}: whitening={m.whitening} on your features needs training "
+                         "descriptors that are not the test set's: set train_features=PATH")  # fmt: skip
+    x = _read(m, m.train_features, "train_features")
+    try:
+        if m.whitening == "pca":
+            w = PCAWhitening(m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage)
+            return w.fit(x, fitted_on=f"{m.train_features} ({len(x)} descriptors)")
+        if not m.train_pairs:
+            raise InputError(f"method {m.name}: learned whitening needs matching pairs: set train_pairs=PATH "
+                             "(an [m, 2] integer .npy of row pairs of train_features)")  # fmt: skip
+        pairs = read_pairs(m.train_pairs)
+        lw = LearnedWhitening(m.whitening_dim, shrinkage=m.whitening_shrinkage)
+        return lw.fit(x, pairs, fitted_on=f"{m.train_features} ({len(x)} descriptors, {len(pairs)} pairs)")
+    except InputError as exc:
+        if exc.source is not None:
+            raise
+        raise InputError(exc.problem, m.train_features) from None
+
+
+def read_pairs(path: str) -> NDArray[np.int64]:
+    """An ``[m, 2]`` integer array of matching pairs from an ``.npy`` file."""
+    import io
+
+    from oxbench.fileio import read_input_bytes
+
+    try:
+        p = np.load(io.BytesIO(read_input_bytes(path, limit=1 << 34)), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"not a readable .npy pair file ({exc})", path) from None
+    if not isinstance(p, np.ndarray) or p.ndim != 2 or p.shape[1] != 2 or not np.issubdtype(p.dtype, np.integer):
+        raise InputError(f"matching pairs must be an [m, 2] integer array, got {getattr(p, 'shape', None)}", path)
+    return p.astype(np.int64)
+
+
+def feature_provenance(m: GlobalMethod) -> dict[str, str | None]:
+    """Which files the descriptors came from (recorded in the run)."""
+    return {"db": m.db_features, "queries": m.query_features, "train": m.train_features, "train_pairs": m.train_pairs}

@@ -1,0 +1,188 @@
+"""What a global-descriptor method does after description: DBA, search index, QE, diffusion.
+
+:class:`SearchChain` is built from the (whitened, L2-normalised) database vectors and a
+:class:`~oxbench.pipelines.globaldesc.GlobalMethod`'s settings, and answers query vectors:
+
+1. database-side augmentation (``dba > 0``): each database vector replaced by the alpha-weighted
+   mean of itself and its top ``dba`` neighbours (:func:`oxbench.rerank.qe.database_side_augmentation`,
+   neighbours by exact search, the image itself left out), re-normalised;
+2. the search index: exact blocked search, or a FAISS flat / IVF-PQ index persisted in the cache
+   (reused when its file exists; a corrupt file is refused, naming it);
+3. per query: the first ranking, average / alpha query expansion and a second search, then
+   diffusion over the top of that ranking.
+
+The facts of each step (index kind and settings, bytes per database image, the diffusion graph)
+go into :attr:`SearchChain.info`, which the runner records with every result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+from oxbench.fileio import json_digest
+from oxbench.index.search import FaissIndex, IndexSettings, exact_search
+from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.pipelines.globaldesc import GlobalMethod
+    from oxbench.pipelines.method import RunContext
+
+log = logging.getLogger(__name__)
+
+#: Ranked-list length when ``search_k`` is not set and the index is larger than ``FULL_LIST_MAX``.
+LONG_LIST = 10_000
+FULL_LIST_MAX = 100_000
+
+
+def check_search_settings(m: GlobalMethod) -> None:
+    """Refuse search / DBA / diffusion settings that cannot work (one line naming the method)."""
+    if m.search not in ("exact", "faiss-flat", "faiss-ivfpq"):
+        raise InputError(f"method {m.name}: unknown search {m.search!r} (exact, faiss-flat, faiss-ivfpq)")
+    if m.search_k is not None and m.search_k < 1:
+        raise InputError(f"method {m.name}: search_k must be >= 1")
+    if m.dba < 0 or m.dba_alpha < 0:
+        raise InputError(f"method {m.name}: dba and dba_alpha must be >= 0")
+    if m.rerank not in ("none", "diffusion"):
+        raise InputError(f"method {m.name}: unknown rerank {m.rerank!r} (none, diffusion)")
+    if m.layout not in ("n-d", "d-n"):
+        raise InputError(f"method {m.name}: unknown layout {m.layout!r} (n-d: one row per image; d-n: revisitop's columns)")
+    try:
+        index_settings(m)
+        diffusion_settings(m)
+    except InputError as exc:
+        raise InputError(f"method {m.name}: {exc}") from None
+
+
+def index_settings(m: GlobalMethod) -> IndexSettings:
+    """The FAISS index a method's ``search`` setting asks for."""
+    if m.search == "faiss-ivfpq":
+        return IndexSettings("ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe)
+    return IndexSettings("flat")
+
+
+def diffusion_settings(m: GlobalMethod) -> DiffusionSettings:
+    """The diffusion a method's ``diffusion_*`` settings describe."""
+    return DiffusionSettings(
+        k=m.diffusion_k, query_k=m.diffusion_query_k, alpha=m.diffusion_alpha, gamma=m.diffusion_gamma,
+        truncation=m.diffusion_truncation, iterations=m.diffusion_iterations,
+    )  # fmt: skip
+
+
+def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArray[np.float32]:
+    """Alpha-DBA: every vector the weighted mean of itself and its top ``k`` others, L2-normalised."""
+    from oxbench.rerank.qe import database_side_augmentation
+
+    if k < 1 or db.shape[0] < 2:
+        return db
+    kk = min(k, db.shape[0] - 1)
+    _, ids = exact_search(db, db, kk + 1)
+    own = ids == np.arange(db.shape[0])[:, None]
+    keep = ~own & (np.cumsum(~own, axis=1) <= kk)
+    neighbours = ids[keep].reshape(db.shape[0], kk)
+    out = database_side_augmentation(db, neighbours, weights="alpha", alpha=alpha)
+    return np.asarray(out, dtype=np.float32)
+
+
+def _array_digest(x: NDArray[np.float32]) -> str:
+    return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
+
+
+class SearchChain:
+    """The database side of a global method and its answers to query vectors.
+
+    Args:
+        m: the method's settings.
+        database: ``float32 [n, d]`` whitened, L2-normalised database (and distractor) vectors.
+        ctx: where the FAISS index is cached and where timings go.
+        cache_dir: the folder for persisted indexes (``None``: not persisted).
+    """
+
+    def __init__(self, m: GlobalMethod, database: NDArray[np.float32], ctx: RunContext, cache_dir: Path | None) -> None:
+        self.m = m
+        self.info: dict[str, Any] = {"n_index": int(database.shape[0]), "dim": int(database.shape[1])}
+        if m.dba:
+            with ctx.timed("dba"):
+                database = augment_database(database, m.dba, alpha=m.dba_alpha)
+            self.info["dba"] = {"k": m.dba, "alpha": m.dba_alpha}
+        self.db = database
+        self.faiss: FaissIndex | None = None
+        with ctx.timed("index"):
+            if m.search == "exact":
+                self.info["search"] = {"kind": "exact"}
+                self.info["bytes_per_image"] = int(database.shape[1] * database.dtype.itemsize)
+            else:
+                self.faiss = self._faiss_index(ctx, cache_dir)
+                self.info["search"] = self.faiss.describe()
+                self.info["bytes_per_image"] = self.faiss.bytes_per_vector
+        self.diffusion: Diffusion | None = None
+        if m.rerank == "diffusion":
+            with ctx.timed("diffusion_graph"):
+                self.diffusion = Diffusion(diffusion_settings(m), threads=ctx.threads).fit(database)
+            self.info["diffusion"] = self.diffusion.describe()
+
+    def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
+        settings = index_settings(self.m)
+        path = None
+        if cache_dir is not None:
+            key = json_digest({**settings.to_dict(), "db": _array_digest(self.db)}, 12)
+            path = cache_dir / f"index-{settings.kind}-{key}.npz"
+            if path.exists():
+                index = FaissIndex.load(path, threads=ctx.threads)
+                if index.ntotal_ != self.db.shape[0] or index.dim_ != self.db.shape[1]:
+                    raise InputError(f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}; delete it", path)
+                ctx.record_step("search_index", hit=True)
+                return index
+        index = FaissIndex(settings, threads=ctx.threads).fit(self.db)
+        if path is not None:
+            index.save(path)
+            self.info["index_path"] = str(path)
+        ctx.record_step("search_index", hit=False)
+        return index
+
+    def list_length(self) -> int:
+        """How many images each ranked list holds."""
+        n = self.db.shape[0]
+        if self.m.search_k is not None:
+            return min(self.m.search_k, n)
+        return n if n <= FULL_LIST_MAX else LONG_LIST
+
+    def rank(self, q: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+        """``(scores, ranks)`` of query vectors ``q`` (IVF-PQ lists cut to the shortest complete one)."""
+        k = self.list_length()
+        if self.faiss is None:
+            return exact_search(q, self.db, None if k == self.db.shape[0] else k)
+        scores, ids = self.faiss.search(q, k)
+        complete = int((ids >= 0).sum(axis=1).min()) if len(ids) else k
+        if complete < k:
+            log.info("IVF-PQ returned %d or more of %d per query (nprobe %d of %d cells); lists cut to %d",
+                     complete, k, self.m.nprobe, self.m.nlist, complete)  # fmt: skip
+            self.info["list_length"] = complete
+            scores, ids = scores[:, :complete], ids[:, :complete]
+        if complete == 0:
+            raise InputError(f"method {self.m.name}: IVF-PQ found nothing for some query; raise nprobe")
+        return scores, ids
+
+    def search(self, q: NDArray[np.float32], ctx: RunContext) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+        """Rank, expand the queries and rank again (QE), then diffuse: ``(scores, ranks)``."""
+        from oxbench.pipelines.globaldesc import expand_queries
+
+        if q.shape[1] != self.db.shape[1]:
+            raise InputError(f"query descriptors have dimension {q.shape[1]}, the database {self.db.shape[1]}")
+        m = self.m
+        with ctx.timed("search"):
+            scores, ranks = self.rank(q)
+        if m.qe != "none":
+            with ctx.timed("query_expansion"):
+                q = expand_queries(q, self.db, ranks, k=m.qe_k, alpha=m.qe_alpha if m.qe == "alpha-qe" else 0.0)
+                scores, ranks = self.rank(q)
+        if self.diffusion is not None:
+            with ctx.timed("diffusion"):
+                ranks, scores = self.diffusion.rerank(q, ranks)
+        return scores, ranks

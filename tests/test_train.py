@@ -1,0 +1,207 @@
+"""Training: pairs from labels, hard-negative mining, the contrastive loss, SfM-120k tuples, a tiny
+resumable training run whose checkpoint loads back, and ``oxbench train`` end to end."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oxbench.errors import InputError
+from oxbench.groundtruth import GroundTruth, Query
+from oxbench.train.loop import TrainConfig, TrainingSet, mine_negatives
+from oxbench.train.pairs import image_clusters, landmark_of_queries, matching_pairs
+
+
+def small_gt() -> GroundTruth:
+    a = np.array
+    queries = (
+        Query("q_a1", easy=a([0, 1]), hard=a([2]), junk=a([3])),
+        Query("q_a2", easy=a([1]), junk=a([4])),
+        Query("q_b1", easy=a([5, 6])),
+    )
+    return GroundTruth("toy", "revisited", tuple(f"im{i}" for i in range(9)), queries)
+
+
+def test_pairs_landmarks_and_clusters() -> None:
+    gt = small_gt()
+    assert matching_pairs(gt).tolist() == [[9, 0], [9, 1], [9, 2], [10, 1], [11, 5], [11, 6]]
+    assert landmark_of_queries(gt).tolist() == [0, 0, 1]  # a1 and a2 share image 1
+    cluster, maybe = image_clusters(gt)
+    assert cluster.tolist() == [0, 0, 0, -4, -5, 1, 1, -8, -9, 0, 0, 1]
+    assert maybe[0].tolist() == [0, 1, 2, 3, 4, 9, 10] and maybe[1].tolist() == [5, 6, 11]
+    with pytest.raises(InputError, match="no query has a positive"):
+        matching_pairs(GroundTruth("e", "revisited", ("x",), (Query("q"),)))
+
+
+def test_hard_negatives_skip_the_landmark_and_take_one_per_cluster() -> None:
+    gt = small_gt()
+    cluster, maybe = image_clusters(gt)
+    ts = TrainingSet(lambda i: np.zeros((1, 1, 3), np.uint8), 12, matching_pairs(gt), cluster, maybe)
+    pool = np.arange(12)
+    # similarity to the anchor (query 9) decreases with the index, except image 7 is the most similar
+    anchor = np.array([[1.0, 0.0]], np.float32)
+    sims = np.linspace(1.0, 0.0, 12)
+    sims[7] = 2.0
+    pool_desc = np.stack([sims, np.zeros(12)], axis=1).astype(np.float32)
+    negs = mine_negatives(anchor, pool_desc, pool, np.array([9]), ts, 3)
+    # 7 (hardest), then 5 (landmark b; 6 is the same cluster, skipped), then 8; never 0-4 / 9 / 10
+    assert negs.tolist() == [[7, 5, 8]]
+    assert mine_negatives(anchor, pool_desc, pool, np.array([9]), ts, 5).tolist() == [[7, 5, 8, -1, -1]]
+
+
+def test_contrastive_loss_formula() -> None:
+    torch = pytest.importorskip("torch")
+    from oxbench.train.loop import contrastive_loss
+
+    a = torch.tensor([[[1.0, 0.0]]])
+    others = torch.tensor([[[0.0, 1.0], [1.0, 0.0], [0.6, 0.8]]])
+    labels = torch.tensor([1.0, 0.0, 0.0])
+    d = [np.sqrt(2.0), 0.0, np.sqrt(0.16 + 0.64)]
+    want = 0.5 * d[0] ** 2 + 0.5 * max(0.0, 0.85 - d[1]) ** 2 + 0.5 * max(0.0, 0.85 - d[2]) ** 2
+    assert float(contrastive_loss(a, others, labels, 0.85)) == pytest.approx(want, rel=1e-6)
+
+
+def write_fake_sfm(folder: Path) -> tuple[Path, Path]:
+    from PIL import Image
+
+    cids = [f"{i:08x}abcdef{i:02d}" for i in range(6)]
+    rng = np.random.default_rng(0)
+    for cid in cids:
+        from oxbench.train.sfm import cid_path
+
+        path = cid_path(folder / "ims", cid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(path, format="JPEG")
+    db = {"train": {"cids": cids, "qidxs": [0, 3], "pidxs": [1, 4], "cluster": [0, 0, 0, 1, 1, 2]},
+          "val": {"cids": [], "qidxs": [], "pidxs": [], "cluster": []}}  # fmt: skip
+    pkl = folder / "retrieval-SfM-120k.pkl"
+    pkl.write_bytes(pickle.dumps(db))
+    return pkl, folder / "ims"
+
+
+def test_sfm120k_pickle(tmp_path: Path) -> None:
+    pytest.importorskip("PIL.Image")
+    from oxbench.train.sfm import cid_path, sfm_training_set
+
+    assert cid_path("ims", "abcdef123456") == Path("ims/56/34/12/abcdef123456")
+    pkl, ims = write_fake_sfm(tmp_path)
+    ts = sfm_training_set(pkl, ims, 20)
+    assert ts.n == 6 and ts.pairs.tolist() == [[0, 1], [3, 4]] and ts.cluster.tolist() == [0, 0, 0, 1, 1, 2]
+    assert ts.read(2).shape == (15, 20, 3) and [e.tolist() for e in ts.exclude] == [[0, 1, 2], [3, 4], [5]]
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(pickle.dumps({"train": {"cids": ["a"], "qidxs": [0], "pidxs": [3], "cluster": [0]}}))
+    with pytest.raises(InputError, match="indices outside 0..0"):
+        sfm_training_set(bad, ims, 20)
+    bad.write_bytes(pickle.dumps({"train": {"cids": ["a"]}}))
+    with pytest.raises(InputError, match="lacks qidxs, pidxs, cluster"):
+        sfm_training_set(bad, ims, 20)
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(pickle.dumps({"train": np.zeros(2)}))
+    with pytest.raises(InputError, match="refusing to load"):
+        sfm_training_set(evil, ims, 20)
+
+
+def toy_training_set(n_clusters: int = 4, per: int = 4) -> TrainingSet:
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 255, (n_clusters, 32, 32, 3))
+    images = [np.clip(base[c] + rng.integers(-20, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
+              for c in range(n_clusters) for _ in range(per)]  # fmt: skip
+    cluster = np.repeat(np.arange(n_clusters), per)
+    pairs = np.array([(c * per, c * per + j) for c in range(n_clusters) for j in range(1, per)])
+    exclude = [np.nonzero(cluster == c)[0] for c in range(n_clusters)]
+    return TrainingSet(images.__getitem__, len(images), pairs, cluster, exclude, source="toy")
+
+
+def test_tiny_training_resumes_and_its_checkpoint_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from oxbench.train.loop import describe, train
+    from oxbench.train.model import build_model, load_checkpoint
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(epochs=2, tuples=4, neg_num=2, batch_size=2, image_size=32, lr=1e-3)
+    ts = toy_training_set()
+    out = tmp_path / "m.pt"
+    from oxbench.train import (
+        model as model_mod,  # train() imports save_checkpoint from here when called
+    )
+
+    saved = model_mod.save_checkpoint
+
+    def crash_after_first_epoch(path, state):  # noqa: ANN001, ANN202
+        saved(path, state)
+        if state.get("epoch") == 0:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(model_mod, "save_checkpoint", crash_after_first_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, ts, out, progress=False)
+    assert not out.exists() and (tmp_path / "m.pt.partial").is_file()
+    monkeypatch.setattr(model_mod, "save_checkpoint", saved)
+    with pytest.raises(InputError, match="partial training of another configuration"):
+        train(TrainConfig(epochs=3, tuples=4, neg_num=2, batch_size=2, image_size=32), ts, out, progress=False)
+    record = train(cfg, ts, out, progress=False)
+    assert [h["epoch"] for h in record["history"]] == [1, 2]  # epoch 1 kept from before the crash
+    assert not (tmp_path / "m.pt.partial").exists()
+    state, meta = load_checkpoint(out)
+    assert meta["architecture"] == "resnet18" and meta["pooling"] == "gem" and meta["whitening"] is None
+    assert meta["mean"] == [0.485, 0.456, 0.406] and isinstance(meta["p"], float) and "pool.p" in state
+    assert meta["training"]["config"]["epochs"] == 2
+    # the checkpoint builds the same network: identical descriptors
+    images = [ts.read(i) for i in range(3)]
+    a = describe(build_model("resnet18", init=str(out)), images)
+    net = build_model("resnet18")
+    net.load_state_dict(state)
+    np.testing.assert_allclose(a, describe(net, images), atol=1e-6)
+    assert train(cfg, ts, out, progress=False)["history"] == record["history"]  # done: nothing to do
+    with pytest.raises(InputError, match="checkpoint is a 'resnet18', not 'resnet34'"):
+        build_model("resnet34", init=str(out))
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(InputError, match="not a readable torch checkpoint"):
+        load_checkpoint(tmp_path / "junk.pt")
+
+
+def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    from oxbench.cli import main
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    args = ["train", "--root", str(root), "--epochs", "1", "--tuples", "2", "--neg-num", "1", "--batch-size", "2",
+            "--image-size", "32", "--threads", "1", "--no-progress"]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code in (0, None), capsys.readouterr().err
+    assert (root / "_models" / "gem-r18-synthetic.pt").is_file()
+    assert "trained on synthetic-train" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--pooling", "mac"])
+    assert exc.value.code == 2 and "--pooling gem only" in capsys.readouterr().err
+
+
+def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:
+    code = ("import sys, oxbench, oxbench.pipelines, oxbench.train.pairs, oxbench.index.search, "
+            "oxbench.rerank.diffusion, oxbench.cli.train; "
+            "print(sorted(m for m in ('torch', 'faiss', 'torchvision') if m in sys.modules))")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})  # fmt: skip
+    assert res.stdout.strip() == "[]"
+
+
+def test_batchnorm_calibration_estimates_the_statistics_of_the_images() -> None:
+    torch = pytest.importorskip("torch")
+    from oxbench.train.loop import _to_tensor, calibrate_batchnorm
+    from oxbench.train.model import build_model
+
+    net = build_model("resnet18")
+    images = [toy_training_set().read(i) for i in range(10)]
+    calibrate_batchnorm(net, images, batch=5)  # two batches: their average, not the last batch alone
+    with torch.no_grad():
+        z = net.features[0](_to_tensor(images))  # conv1: the input of the first batch norm
+    bn = net.features[1]
+    np.testing.assert_allclose(bn.running_mean.numpy(), z.mean(dim=(0, 2, 3)).numpy(), rtol=1e-4, atol=1e-5)
+    assert not net.training and bn.momentum == 0.1
