@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,7 @@ def test_run_prints_lines_and_writes_a_loadable_run_folder(
 
     # `oxbench runs` lists both records with their headline numbers
     code, listing, _ = run(capsys, "runs", str(tmp_path))
-    assert code == 0 and listing.count("rootsift-bow-sv-qe") == 2 and "mAP E " in listing
+    assert code == 0 and listing.count("rootsift-bow-sv-qe") == 2 and re.search(r"mAP E [\d.]+ M [\d.]+ H [\d.]+", listing)
     code, listing, _ = run(capsys, "runs", str(tmp_path), "--json")
     assert {r["run_dir"] for r in json.loads(listing)} == {str(p) for p in list_runs(out)}
 

@@ -606,7 +606,9 @@ def _headline(metrics: Mapping[str, Any]) -> str:
     if "setups" in metrics:
         letters = {"easy": "E", "medium": "M", "hard": "H"}
         parts = []
-        for name, s in metrics["setups"].items():
+        order = sorted(metrics["setups"], key=lambda n: (list(letters).index(n) if n in letters else 3, n))
+        for name in order:
+            s = metrics["setups"][name]
             v = s.get("map")
             parts.append(f"{letters.get(name, name)} {'nan' if v is None else f'{100 * v:.2f}'}")
         return "mAP " + " ".join(parts)
