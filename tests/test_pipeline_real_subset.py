@@ -50,5 +50,5 @@ def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path:
     m = resolve_method("rootsift-bow-sv", vocab_size=512, **{"features.max_side": 256, "features.n_features": 300})
     res = rank_subset_city(ox, pa.bench, tmp_path, m)
     assert res["trained_on"] == "rparis6k-pixel-subset"
-    assert 0.0 < res["bow"] <= 1.0 and 0.0 < res["bow_sv"] <= 1.0
-    assert len(res["ap_bow"]) == 8 and len(res["verified"]) == 8
+    assert 0.0 < res["map"] <= 1.0
+    assert len(res["ap"]) == 8 and len(res["verified"]) == 8

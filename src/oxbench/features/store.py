@@ -476,6 +476,28 @@ class DescribeQueries:
         return self.queries.name(i), kp, raw, (int(w), int(h))
 
 
+def _new_pool(workers: int, initializer: Callable[[Any], None], job: object) -> ProcessPoolExecutor:
+    # "spawn": a forked child inherits OpenCV's / OpenMP's thread pools in whatever state the
+    # parent left them (after faiss k-means, for instance) and can deadlock in them
+    ctx = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=initializer, initargs=(job,))
+
+
+@contextlib.contextmanager
+def process_pool(workers: int, initializer: Callable[[Any], None], job: object) -> Iterator[ProcessPoolExecutor]:
+    """The worker pool of the parallel stages (extraction, word assignment, spatial verification).
+
+    ``workers`` spawned processes, each running ``initializer(job)`` once (the job travels
+    pickled once per process, not per item); pending work is cancelled when the block exits,
+    also on an error or an interrupt.
+    """
+    pool = _new_pool(workers, initializer, job)
+    try:
+        yield pool
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
 _WORKER_JOB: Callable[[int], RawFeatures] | None = None
 
 
@@ -550,12 +572,7 @@ def _describe(
     pool = None
     try:
         if workers > 1:
-            # "spawn": a forked child inherits OpenCV's / OpenMP's thread pools in whatever state the
-            # parent left them (after faiss k-means, for instance) and can deadlock in them
-            ctx = multiprocessing.get_context("spawn")
-            pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(job,)
-            )
+            pool = _new_pool(workers, _init_worker, job)
         for start in range(0, len(todo), shard_size):
             chunk = todo[start : start + shard_size]
             if pool is not None:
