@@ -33,26 +33,15 @@ _SHARED = os.environ.get("OXBENCH_SHARED_DATA")
 SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
 
 
-def exhaustive_matches(q_desc: np.ndarray, d_desc: np.ndarray, ratio: float = 0.8) -> np.ndarray:
-    """Mutual nearest neighbours passing Lowe's ratio test (Euclidean RootSIFT), ``[m, 2]``."""
-    if len(q_desc) < 2 or len(d_desc) < 2:
-        return np.zeros((0, 2), np.int64)
-    sim = q_desc @ d_desc.T
-    d2 = np.maximum(2.0 - 2.0 * sim, 0.0)  # unit vectors
-    nn2 = np.argpartition(d2, 1, axis=1)[:, :2]
-    a = np.take_along_axis(d2, nn2, axis=1)
-    first = np.where(a[:, 0] <= a[:, 1], nn2[:, 0], nn2[:, 1])
-    best, second = a.min(axis=1), a.max(axis=1)
-    ok = np.sqrt(best) < ratio * np.sqrt(second)
-    back = d2.argmin(axis=0)
-    qi = np.flatnonzero(ok & (back[first] == np.arange(len(q_desc))))
-    return np.stack([qi, first[qi]], axis=1).astype(np.int64)
-
-
 def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     from oxbench.pipelines import bow
     from oxbench.pipelines.presets import resolve_method
-    from oxbench.rerank.spatial import expand_query_words, tentative_matches, verify_pair
+    from oxbench.rerank.spatial import (
+        descriptor_matches,
+        expand_query_words,
+        tentative_matches,
+        verify_pair,
+    )
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pixel_subset import candidate_map, load_subset_city
@@ -60,12 +49,12 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=SUBSET)
     ap.add_argument("--max-side", type=int, default=1024)
-    ap.add_argument("--n-features", type=int, default=0)
-    ap.add_argument("--vocab-size", type=int, default=16384)
+    ap.add_argument("--n-features", type=int, default=4000)
+    ap.add_argument("--vocab-size", type=int, default=65536)
     ap.add_argument("--model", default="similarity")
     ap.add_argument("--method", default="fsm")
     ap.add_argument("--threshold", type=float, default=8.0)
-    ap.add_argument("--min-inliers", type=int, default=5)
+    ap.add_argument("--min-inliers", type=int, default=4)
     ap.add_argument("--max-per-word", type=int, default=8)
     ap.add_argument("--query-ma", type=int, default=1, help="words per query feature for tentative matches")
     ap.add_argument("--ratio", type=float, default=0.8)
@@ -122,7 +111,7 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
                 tm = np.unique(tm, axis=0)
                 res = verify_pair(qf.keypoints, df.keypoints, tm, q_size=qf.image_size, d_size=df.image_size,
                                   **verify_kw)
-                ex = exhaustive_matches(qf.descriptors, df.descriptors, args.ratio)
+                ex = descriptor_matches(qf.descriptors, df.descriptors, ratio=args.ratio)
                 exres = verify_pair(qf.keypoints, df.keypoints, ex, q_size=qf.image_size, d_size=df.image_size,
                                     **verify_kw)
                 tag = "pos" if idx in positives else "neg"

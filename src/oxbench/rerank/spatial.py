@@ -588,16 +588,7 @@ def verify_pair(
     _check_settings(model, method, min_inliers, threshold_px)
     q_xy = _check_keypoints(q_kp, "q_kp")
     d_xy = _check_keypoints(d_kp, "d_kp")
-    m_arr = np.asarray(matches)
-    if m_arr.size == 0:
-        m_arr = np.zeros((0, 2), dtype=np.int64)
-    if m_arr.ndim != 2 or m_arr.shape[1] != 2 or not np.issubdtype(m_arr.dtype, np.integer):
-        raise InputError(f"matches must be an [m, 2] integer array, got {m_arr.shape} {m_arr.dtype}")
-    m_arr = m_arr.astype(np.int64, copy=False)
-    if m_arr.shape[0] and (
-        m_arr.min() < 0 or m_arr[:, 0].max() >= q_xy.shape[0] or m_arr[:, 1].max() >= d_xy.shape[0]
-    ):
-        raise InputError("matches refer to keypoints outside q_kp / d_kp")
+    m_arr = _checked_matches(matches, q_xy.shape[0], d_xy.shape[0])
     if m_arr.shape[0] < max(min_inliers, MIN_SAMPLE[model]):
         return PairResult(0, None, np.zeros(m_arr.shape[0], dtype=bool), "too_few_matches")
     if method == "fsm" and (np.shape(q_kp)[1] < 4 or np.shape(d_kp)[1] < 4):
