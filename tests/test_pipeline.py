@@ -417,3 +417,18 @@ def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(name: str, t
         method = resolve_method(name, vocab_size=8, **TINY).build().use_vocabulary(path)
         with pytest.raises(InputError, match=message):
             method.index(bench, RunContext(tmp_path / "cache", progress=False))
+
+
+@pytest.mark.slow
+def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_path: Path) -> None:
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    sv = resolve_method("rootsift-bow-sv", vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx)
+    plain = sv.search(bench, ctx)
+    runs = {}
+    for qe_min in (1, 10**6):
+        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, qe_min_inliers=qe_min, **TINY)
+        runs[qe_min] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+    # nothing strong enough to expand with: the verified ranking of plain SV, unchanged
+    assert np.array_equal(runs[10**6].ranks, plain.ranks)
+    assert not np.array_equal(runs[1].ranks, plain.ranks)

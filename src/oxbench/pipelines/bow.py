@@ -583,12 +583,12 @@ class BagOfWords(RetrievalMethod):
             n_verified.append(len(verified))
             new_order = np.concatenate([res.head, ranks[qi, r:]])
             row_scores = scores[qi]
-            if m.qe == "aqe" and len(verified):
+            use = verified[res.inliers >= m.qe_min_inliers][: m.qe_max_verified]
+            if m.qe == "aqe" and len(use):
                 with ctx.timed("query_expansion"):
                     from oxbench.rerank.qe import average_query_expansion
 
                     assert self._ivf is not None and self._ivf.db_vectors_ is not None
-                    use = verified[: m.qe_max_verified]
                     q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
                     row_scores = self._ivf.scores_of_vectors(q_new)[0]
                     rest = ranks_from_scores(_last_if_empty(row_scores, self._empty)[:, None])[0]

@@ -63,6 +63,10 @@ class BowMethod(MethodConfig):
             fast spatial matching from single correspondences with scale and orientation.
         qe: ``none`` or ``aqe`` (average query expansion over the spatially verified images).
         qe_max_verified: at most this many verified images are averaged.
+        qe_min_inliers: only verified images with at least this many inliers expand the query
+            (a stricter test than re-ranking's ``spatial_min_inliers``, as in Chum et al. 2007:
+            averaging in a false positive drifts the query, while ranking it high costs one
+            place; unrelated pairs reach 5-7 chance inliers, see :mod:`oxbench.rerank.spatial`).
     """
 
     family: ClassVar[str] = "bow"
@@ -92,6 +96,7 @@ class BowMethod(MethodConfig):
     spatial_threshold_px: float = 8.0
     qe: Literal["none", "aqe"] = "none"
     qe_max_verified: int = 50
+    qe_min_inliers: int = 8
 
     def __post_init__(self) -> None:
         if self.qe != "none" and not self.spatial:
