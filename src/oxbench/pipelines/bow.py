@@ -318,7 +318,9 @@ def step_assign(
                 log.warning("%s; assigning the words again", exc)
         store.require_all(names)
         job = AssignBatch(voc, store, k)
-        batches = [list(names[s : s + batch_images]) for s in range(0, len(names), batch_images)]
+        # every worker gets work even when all images fit one batch
+        size = max(1, min(batch_images, -(-len(names) // max(1, workers))))
+        batches = [list(names[s : s + size]) for s in range(0, len(names), size)]
         bar = progress_bar(total=len(batches), enabled=progress, desc="assign", unit="batch")
         try:
             if workers > 1 and len(batches) > 1:
