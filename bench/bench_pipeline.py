@@ -22,6 +22,7 @@ core and robust to other jobs on the machine. Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ import numpy as np  # noqa: E402
 # The real data folder (never part of the repository), named as for the tests.
 _SHARED = os.environ.get("OXBENCH_SHARED_DATA")
 SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
+CACHE: Path | None = None
 
 
 def cpu(fn, repeat: int = 1):  # noqa: ANN001, ANN201
@@ -177,12 +179,84 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
             print(f"{name:22s} {k:6d} {m.resolved_vocab_structure:9s}   {maps}   {p10}", flush=True)
 
 
+def cost_per_query(n_queries: int, n_pairs: int) -> None:
+    """Cost per query of today's default against the chosen one, at 10K and 100K database images.
+
+    Search: the inverted file over random Zipf bags (today: 16,384 words, 800 features per image;
+    chosen: 65,536 words, 3,500 features per image, what RootSIFT at 1024 px gives on real photos).
+    Re-ranking: spatial verification of the short list (today: R = 200, shared words, affine
+    MAGSAC; chosen: R = 100, mutual-NN + ratio descriptor matches, fast spatial matching) timed
+    per pair on the real subset's cached features (``--cache``; RootSIFT 1024 px, <= 4,000) and
+    scaled to R. Verification does not depend on the database size; one core.
+    """
+    import scipy.sparse as sp
+
+    from oxbench.features.store import FeatureStore
+    from oxbench.index.inverted import InvertedFile
+    from oxbench.rerank.spatial import descriptor_matches, tentative_matches, verify_pair
+
+    rng = np.random.default_rng(0)
+    print(f"\n== cost per query ({n_queries} queries), one core")
+    setups = {"today": (16384, 800, 200), "chosen": (65536, 3500, 100)}
+    search = {}
+    for label, (n_words, per_image, _) in setups.items():
+        q_tf = zipf_bows(rng, n_queries, n_words, per_image)
+        for n_db in (10_000, 100_000):
+            parts = [zipf_bows(rng, min(2_000, n_db - s), n_words, per_image) for s in range(0, n_db, 2_000)]
+            ivf = InvertedFile(n_words).fit(sp.vstack(parts).tocsr())
+            q_vecs = ivf.transform(q_tf)
+            t, _ = cpu(lambda ivf=ivf, q=q_vecs: ivf.scores_of_vectors(q), repeat=2)
+            search[label, n_db] = t / n_queries
+            del ivf, parts
+    stores = sorted(p.parent for p in CACHE.glob("*-pixel-subset-*/features/*/database/meta.json")) if CACHE else []
+    stores = [d for d in stores if json.loads((d / "meta.json").read_text())["config"]["n_features"] == 4000]
+    if not stores:
+        print("  (no cached real-subset features under --cache: run bench/real_subset.py first)")
+        return
+    meta = json.loads((stores[0] / "meta.json").read_text())
+    from oxbench.features.sift import SiftConfig
+
+    cfg = {k: v for k, v in meta["config"].items() if k not in ("kind", "dim")}
+    store = FeatureStore.open(stores[0], SiftConfig(**cfg), extra={k: v for k, v in meta.items()
+                                                                     if k not in ("format", "config", "digest")},
+                              create=False)  # fmt: skip
+    names = store.names
+    feats = [store.get(n) for n in names[: 2 * n_pairs]]
+    words = [rng.integers(0, 65536, len(f)) for f in feats]
+    pairs = [(feats[2 * i], feats[2 * i + 1], words[2 * i], words[2 * i + 1]) for i in range(n_pairs)]
+
+    def today() -> None:
+        for qf, df, qw, dw in pairs:
+            m = tentative_matches(qw % 16384, dw % 16384)
+            verify_pair(qf.keypoints, df.keypoints, m, model="affine", method="magsac", min_inliers=8,
+                        q_size=qf.image_size, d_size=df.image_size)  # fmt: skip
+
+    def chosen() -> None:
+        for qf, df, _, _ in pairs:
+            m = descriptor_matches(qf.descriptors, df.descriptors)
+            verify_pair(qf.keypoints, df.keypoints, m, model="similarity", method="fsm", min_inliers=4,
+                        q_size=qf.image_size, d_size=df.image_size)  # fmt: skip
+
+    per_pair = {"today": cpu(today)[0] / n_pairs, "chosen": cpu(chosen)[0] / n_pairs}
+    print(f"  features per image in the pairs: {np.mean([len(f) for f in feats]):.0f}")
+    print(f"  {'':8s} {'words':>6s} {'feat/img':>8s} {'R':>4s} {'SV ms/pair':>10s} {'SV s/query':>10s} "
+          f"{'search 10K':>10s} {'search 100K':>11s} {'total 10K':>9s} {'total 100K':>10s}")
+    for label, (n_words, per_image, r) in setups.items():
+        sv = per_pair[label] * r
+        s10, s100 = search[label, 10_000], search[label, 100_000]
+        print(f"  {label:8s} {n_words:6d} {per_image:8d} {r:4d} {1e3 * per_pair[label]:10.2f} {sv:10.2f} "
+              f"{1e3 * s10:8.1f}ms {1e3 * s100:9.1f}ms {sv + s10:8.2f}s {sv + s100:9.2f}s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=None, help="data root holding (or receiving) the synthetic default")
     ap.add_argument("--images", type=int, default=12)
     ap.add_argument("--queries", type=int, default=10)
     ap.add_argument("--skip", default="", help="comma-separated: features, ivf, sv")
+    ap.add_argument("--cost", action="store_true", help="cost per query, today's default vs the chosen one, instead")
+    ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset",
+                    help="--cost: the cache of bench/real_subset.py (real features)")
     ap.add_argument("--ablation", type=int, nargs="*", default=None, metavar="WORDS",
                     help="run the BoW/+SV/+QE ablation at these vocabulary sizes instead (default 4096 16384)")
     args = ap.parse_args()
@@ -190,6 +264,11 @@ def main() -> None:
         from oxbench.datasets.paths import data_root
 
         ablation(data_root(args.root), args.ablation or [4096, 16384])
+        return
+    if args.cost:
+        global CACHE
+        CACHE = args.cache
+        cost_per_query(args.queries, 20)
         return
     skip = set(filter(None, args.skip.split(",")))
     if "features" not in skip:

@@ -26,11 +26,9 @@ from numpy.typing import NDArray
 
 from oxbench.datasets.base import Benchmark, FileImages
 from oxbench.errors import InputError
-from oxbench.evaluation import evaluate, ranks_from_scores
+from oxbench.evaluation import evaluate
 from oxbench.groundtruth import GroundTruth, make_query
-from oxbench.index.inverted import InvertedFile, bow_matrix
-from oxbench.pipelines import bow
-from oxbench.pipelines.presets import BowMethod
+from oxbench.pipelines.method import MethodConfig, RunContext
 
 CITIES = {"roxford5k": "o", "rparis6k": "p"}
 
@@ -113,58 +111,74 @@ def rank_subset_city(
     city: SubsetCity,
     train: Benchmark,
     cache: Path,
-    method: BowMethod,
+    method: MethodConfig,
     *,
+    workers: int = 1,
     progress: bool = False,
 ) -> dict[str, object]:
-    """Rank each query's candidates by BoW, then re-rank them spatially; score both.
+    """Run ``method`` on the city's subset images, then rank each query's 20 candidates; score it.
 
-    The vocabulary is trained on ``train`` (the other city, or the synthetic training city); idf
-    is learned from the city's database images, as in a normal search.
+    The method runs through its interface (fit on ``train``, the other city or the synthetic
+    training city; index the city's subset images; search), so what is scored is exactly what a
+    run does, re-ranking included: each query's full ranking restricted to its 20 candidates (with
+    a short list covering the city's images, every candidate is verified). Scored as
+    :func:`candidate_map`.
 
     Returns:
-        ``{"bow": mAP, "bow_sv": mAP, "ap_bow": [...], "ap_bow_sv": [...], "verified": [...]}``.
+        ``{"map": mAP, "ap": [...], "verified": [...], "trained_on": id}``.
     """
-    from oxbench.rerank.spatial import spatial_rerank
+    ctx = RunContext(Path(cache), workers=workers, progress=progress)
+    out = method.build().fit(train, ctx).index(city.bench, ctx).search(city.bench, ctx)
+    ranked = [row[np.isin(row, cand)] for row, cand in zip(out.ranks, city.candidates, strict=True)]
+    m, ap = candidate_map(city, ranked)
+    verified = [int(np.isin(row[:n], cand).sum()) for row, cand, n in
+                zip(out.ranks, city.candidates, out.info.get("verified_per_query", [0] * len(ranked)), strict=True)]
+    return {"map": m, "ap": ap.tolist(), "verified": verified, "trained_on": train.id}
 
-    cache = Path(cache)
-    bench = city.bench
-    vocab_path = bow.step_vocabulary(method, train, cache, progress=progress)
-    bow.step_features(bench, method.features, cache, progress=progress)
-    stores = {p: bow.open_store(cache, bench, method.features, p) for p in ("database", "queries")}
-    words = {}
-    for p in ("database", "queries"):
-        names = bow._part_names(bench, p)
-        out = cache / bow.dataset_key(bench) / "words" / f"{vocab_path.stem}-k1" / f"{p}.npz"
-        bow.step_assign(vocab_path, stores[p], names, out, k=1, progress=progress)
-        words[p] = bow.Words.load(out)
-    n_words = method.vocab_size
-    db_names = list(bench.gt.db_names)
-    q_names = [bench.queries.name(i) for i in range(bench.gt.n_queries)]
-    ivf = InvertedFile(n_words, idf=method.idf, burst=method.burst).fit(
-        bow_matrix([words["database"].of(n)[0][:, 0] for n in db_names], n_words)
+
+def load_subset_all(folder: str | Path, dataset: str, gnd_root: str | Path) -> Benchmark:
+    """All 280 subset images as one database, one city's queries with the full revisited labels.
+
+    The subset's database files are named ``<dbindex>_<name>.jpg`` with their index in the city's
+    revisited ``imlist``; each query keeps its Easy / Hard / Unclear labels from the full
+    ``gnd_<dataset>.pkl`` (in ``gnd_root/<dataset>/``) restricted to the subset's images of that
+    city (the other city's images are negatives). Scored with the revisited protocol (Medium, Hard).
+
+    Raises:
+        InputError: missing files, or a file name whose index does not name that image.
+    """
+    from oxbench.formats.revisitop import read_gnd
+
+    folder = Path(folder)
+    if dataset not in CITIES:
+        raise InputError(f"unknown subset city {dataset!r}; use one of {sorted(CITIES)}")
+    full = read_gnd(Path(gnd_root) / dataset / f"gnd_{dataset}.pkl", dataset=dataset)
+    files = sorted(p.name for p in (folder / "db_images").glob("*.jpg"))
+    with open(folder / "manifest.tsv", newline="") as fh:
+        rows = list(csv.DictReader(fh, delimiter="\t"))
+    city_of = {r["image_file"]: r["dataset"] for r in rows}
+    position = {}
+    for i, f in enumerate(files):
+        if city_of.get(f) != dataset:
+            continue
+        db_index, _, name = Path(f).stem.partition("_")
+        if full.db_names[int(db_index)] != name:
+            raise InputError(f"{f}: index {db_index} is {full.db_names[int(db_index)]!r} in the revisited list")
+        position[int(db_index)] = i
+    q_folders = sorted({r["query_folder"] for r in rows if r["dataset"] == dataset}, key=lambda q: int(q[1:]))
+    queries = []
+    for qf in q_folders:
+        q = full.queries[int(qf[1:])]
+
+        def keep(idx: NDArray[np.int64]) -> list[int]:
+            return sorted(position[i] for i in idx.tolist() if i in position)
+
+        queries.append(make_query(qf, None, easy=keep(q.easy), hard=keep(q.hard), junk=keep(q.junk)))
+    names = tuple(Path(f).stem for f in files)
+    gt = GroundTruth(dataset, "revisited", names, tuple(queries), source=str(folder)).validate()
+    return Benchmark(
+        id=f"{dataset}-pixel-subset-all", gt=gt,
+        database=FileImages(names, tuple(folder / "db_images" / f for f in files)),
+        queries=FileImages(tuple(q_folders), tuple(folder / "queries" / q / "query.jpg" for q in q_folders)),
+        protocols=("revisited",), root=folder,
     )
-    scores = ivf.scores(bow_matrix([words["queries"].of(n)[0][:, 0] for n in q_names], n_words))
-    ranked_bow, ranked_sv, verified = [], [], []
-    for qi, cand in enumerate(city.candidates):
-        order = cand[ranks_from_scores(scores[qi, cand][:, None])[0]]
-        ranked_bow.append(order)
-        _, q_kp, _, q_size = stores["queries"].get_raw(q_names[qi])
-        q_words = words["queries"].of(q_names[qi])[0][:, 0].astype(np.int64)
-        cands = []
-        for idx in order.tolist():
-            _, kp, _, size = stores["database"].get_raw(db_names[idx])
-            cands.append((kp, words["database"].of(db_names[idx])[0][:, 0].astype(np.int64), size))
-        res = spatial_rerank(
-            q_kp, q_words, cands, order, top_r=len(order), model=method.spatial_model,
-            min_inliers=method.spatial_min_inliers, threshold_px=method.spatial_threshold_px,
-            query_size=q_size,
-        )
-        ranked_sv.append(np.asarray(res.order, np.int64))
-        verified.append(len(res.verified))
-    m_bow, ap_bow = candidate_map(city, ranked_bow)
-    m_sv, ap_sv = candidate_map(city, ranked_sv)
-    return {
-        "bow": m_bow, "bow_sv": m_sv, "ap_bow": ap_bow.tolist(), "ap_bow_sv": ap_sv.tolist(),
-        "verified": verified, "trained_on": train.id,
-    }

@@ -179,14 +179,27 @@ def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> No
     maps = {}
     for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
         ctx = RunContext(tmp_path / "cache", progress=False)
-        res = resolve_method(name, vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+        m = resolve_method(name, vocab_size=200, **TINY)
+        res = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
         maps[name] = evaluate(bench.gt, res.ranks).setups["medium"].map
         assert res.scores is not None and np.all(np.diff(res.scores, axis=1) <= 0)
-        if name != "rootsift-bow":
+        if name == "rootsift-bow":
+            assert not res.matches
+        else:
             n_v = res.info["verified_per_query"]
             assert sum(n_v) > 0
-            for qi, k in enumerate(n_v):  # verified images carry their inlier counts (>= 8)
-                assert np.all(res.scores[qi, :k] >= 8) and np.all(res.scores[qi, k:] <= 1.0 + 1e-6)
+            assert res.matches is not None
+            for qi, k in enumerate(n_v):  # verified images carry their inlier counts
+                assert np.all(res.scores[qi, :k] >= m.spatial_min_inliers)
+                assert np.all(res.scores[qi, k:] <= 1.0 + 1e-6)
+                # the viewer's correspondences: the verified images among the top 20, inlier count rows
+                shown = res.matches.get(qi, {})
+                assert sorted(shown) == sorted(res.ranks[qi, : min(k, 20)].tolist())
+                for j, idx in enumerate(res.ranks[qi, : min(k, 20)].tolist()):
+                    xy = shown[idx]
+                    assert xy.dtype == np.float32 and xy.shape[1] == 4 and len(xy) >= res.scores[qi, j]
+                    qw, qh = bench.gt.queries[qi].bbox[2:] if bench.gt.queries[qi].bbox else (1e9, 1e9)
+                    assert np.all(xy >= -1) and np.all(xy[:, 0] <= qw + 1) and np.all(xy[:, 1] <= qh + 1)
         for qi in range(len(res.ranks)):
             assert len(set(res.ranks[qi].tolist())) == 40  # still a permutation
     assert maps["rootsift-bow-sv"] >= maps["rootsift-bow"] - 1e-9
@@ -305,3 +318,138 @@ def test_matches_of_a_search_are_recorded(tiny_root: Path, tmp_path: Path, monke
     matches = json.loads((out.run_dir / "matches.json").read_text())
     first = str(int(np.load(out.run_dir / "ranks.npy")[0, 0]))
     assert matches == {"queries": {"0": {first: [[1.0, 2.0, 3.0, 4.0]]}}}
+
+
+def test_descriptor_matches_are_mutual_and_pass_the_ratio_test() -> None:
+    from oxbench.rerank.spatial import descriptor_matches
+
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=(50, 16)).astype(np.float32)
+    q = d[[3, 7, 9]] + 0.01 * rng.normal(size=(3, 16)).astype(np.float32)
+    assert descriptor_matches(q, d).tolist() == [[0, 3], [1, 7], [2, 9]]
+    # two equally near database features: the ratio test refuses the match
+    assert descriptor_matches(q[:1], np.concatenate([d[3:4], d[3:4]])).shape == (0, 2)
+    with pytest.raises(InputError, match="ratio"):
+        descriptor_matches(q, d, ratio=1.5)
+    with pytest.raises(InputError, match="dimension"):
+        descriptor_matches(q, d[:, :8])
+
+
+@pytest.mark.slow
+def test_verification_and_assignment_in_two_processes_give_the_same_result(tiny_root: Path, tmp_path: Path) -> None:
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **TINY)
+    out = {}
+    for workers in (1, 2):
+        ctx = RunContext(tmp_path / f"cache{workers}", workers=workers, progress=False)
+        out[workers] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+    assert np.array_equal(out[1].ranks, out[2].ranks)
+    assert out[1].matches is not None and out[2].matches is not None
+    assert out[1].matches.keys() == out[2].matches.keys()
+    for qi, per_db in out[1].matches.items():
+        for idx, xy in per_db.items():
+            assert np.array_equal(xy, out[2].matches[qi][idx])
+
+
+@pytest.mark.slow
+def test_asmk_presets_run_and_verification_keeps_a_permutation(tiny_root: Path, tmp_path: Path) -> None:
+    pytest.importorskip("asmk")
+    from oxbench.evaluation import evaluate
+
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    maps = {}
+    for name in ("rootsift-bow", "rootsift-asmk", "rootsift-asmk-sv"):
+        ctx = RunContext(tmp_path / "cache", progress=False)
+        res = resolve_method(name, vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+        maps[name] = evaluate(bench.gt, res.ranks).setups["medium"].map
+        for qi in range(len(res.ranks)):
+            assert sorted(res.ranks[qi].tolist()) == list(range(40))
+    # the selective kernel is no worse than tf-idf on the tiny set, and verification adds to it
+    assert maps["rootsift-asmk"] >= maps["rootsift-bow"] - 0.05
+    assert maps["rootsift-asmk-sv"] >= maps["rootsift-asmk"] - 1e-9
+
+
+def test_aggregated_residuals_follow_the_definition() -> None:
+    from oxbench.pipelines.asmk import aggregate_residuals
+
+    rng = np.random.default_rng(1)
+    c = rng.normal(size=(6, 4)).astype(np.float32)
+    x = rng.normal(size=(9, 4)).astype(np.float32)
+    w = rng.integers(0, 6, size=(9, 2))
+    res, words = aggregate_residuals(x, w, c)
+    for r, word in zip(res, words, strict=True):
+        rows = np.flatnonzero((w == word).any(axis=1))
+        want = sum(x[i] - c[word] for i in rows for _ in range(int((w[i] == word).sum())))
+        assert np.allclose(r, want, atol=1e-5)
+    assert words.tolist() == sorted(set(w.ravel().tolist()))
+
+
+def test_method_settings_refused_with_their_names() -> None:
+    with pytest.raises(InputError, match="spatial_top_r"):
+        resolve_method("rootsift-bow-sv", spatial_top_r=0)
+    with pytest.raises(InputError, match="spatial_matching"):
+        resolve_method("rootsift-bow-sv", spatial_matching="pixels")
+    with pytest.raises(InputError, match="query expansion"):
+        resolve_method("rootsift-asmk-sv", qe="aqe")
+
+
+@pytest.mark.slow
+def test_an_image_without_features_ranks_last_with_a_warning(
+    tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import dataclasses
+    import logging
+    import shutil
+
+    from PIL import Image
+
+    from oxbench.datasets.base import FileImages
+
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    paths = []
+    for i in range(len(bench.database)):
+        src = bench.database.path(i)
+        assert src is not None
+        paths.append(Path(shutil.copy(src, tmp_path / src.name)))
+    Image.new("RGB", (64, 48), (128, 128, 128)).save(paths[5])  # blank: SIFT finds nothing
+    Image.new("RGB", (1, 1)).save(paths[9])  # tiny
+    db = FileImages(tuple(bench.database.name(i) for i in range(len(paths))), tuple(paths))
+    blank = dataclasses.replace(bench, database=db, options={**bench.options, "test": "blank"})
+    m = resolve_method("rootsift-bow-sv", vocab_size=200, **{**TINY, "spatial_top_r": 1000})
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    with caplog.at_level(logging.WARNING):
+        res = m.build().fit(train, ctx).index(blank, ctx).search(blank, ctx)
+    text = caplog.text
+    assert "2 database image(s) have no features and rank last" in text and db.name(5) in text
+    assert "short list of 1000 is longer than the index (40 images)" in text
+    for row in res.ranks:
+        assert set(row[-2:].tolist()) == {5, 9}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rootsift-bow-sv", "rootsift-asmk"])
+def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(name: str, tiny_root: Path, tmp_path: Path) -> None:
+    from oxbench.index.vocabulary import Vocabulary
+
+    bench = load_tiny(tiny_root)
+    x = np.random.default_rng(0).random((400, 64), dtype=np.float32)
+    for descriptor, message in (("sift", "trained on 'sift' descriptors"), ("rootsift", "dimension 64, expected 128")):
+        path = Vocabulary(8, descriptor=descriptor).fit(x).save(tmp_path / f"{descriptor}.npz")
+        method = resolve_method(name, vocab_size=8, **TINY).build().use_vocabulary(path)
+        with pytest.raises(InputError, match=message):
+            method.index(bench, RunContext(tmp_path / "cache", progress=False))
+
+
+@pytest.mark.slow
+def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_path: Path) -> None:
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    sv = resolve_method("rootsift-bow-sv", vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx)
+    plain = sv.search(bench, ctx)
+    runs = {}
+    for qe_min in (1, 10**6):
+        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, qe_min_inliers=qe_min, **TINY)
+        runs[qe_min] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+    # nothing strong enough to expand with: the verified ranking of plain SV, unchanged
+    assert np.array_equal(runs[10**6].ranks, plain.ranks)
+    assert not np.array_equal(runs[1].ranks, plain.ranks)

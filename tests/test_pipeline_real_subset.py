@@ -50,5 +50,31 @@ def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path:
     m = resolve_method("rootsift-bow-sv", vocab_size=512, **{"features.max_side": 256, "features.n_features": 300})
     res = rank_subset_city(ox, pa.bench, tmp_path, m)
     assert res["trained_on"] == "rparis6k-pixel-subset"
-    assert 0.0 < res["bow"] <= 1.0 and 0.0 < res["bow_sv"] <= 1.0
-    assert len(res["ap_bow"]) == 8 and len(res["verified"]) == 8
+    assert 0.0 < res["map"] <= 1.0
+    assert len(res["ap"]) == 8 and len(res["verified"]) == 8
+
+
+def test_all_280_setting_has_the_full_revisited_labels(subset: Path, shared_data: Path) -> None:
+    from oxbench.evaluation import evaluate
+    from oxbench.formats.revisitop import read_gnd
+    from pixel_subset import load_subset_all
+
+    for dataset in ("roxford5k", "rparis6k"):
+        city = load_subset_city(subset, dataset)
+        bench = load_subset_all(subset, dataset, shared_data)
+        full = read_gnd(shared_data / dataset / f"gnd_{dataset}.pkl", dataset=dataset)
+        assert bench.gt.n_db == 280 and bench.gt.n_queries == 8
+        for q, cq, cand in zip(bench.gt.queries, city.bench.gt.queries, city.candidates, strict=True):
+            # the candidates' labelled positives are among the query's hard positives in the 280
+            tp = {city.bench.gt.db_names[i] for i in cq.hard.tolist()}
+            assert tp <= {bench.gt.db_names[i] for i in q.hard.tolist()}
+            # every labelled image is a subset image of this city named by its revisited index
+            for i in np.concatenate([q.easy, q.hard, q.junk]).tolist():
+                index, _, name = bench.database.paths[i].stem.partition("_")
+                assert full.db_names[int(index)] == name
+            assert len(cand) == 20
+        # a ranking with the positives first scores 1 in Medium
+        perfect = np.array([np.concatenate([np.union1d(q.easy, q.hard),
+                                            np.setdiff1d(np.arange(280), np.union1d(q.easy, q.hard))])
+                            for q in bench.gt.queries])
+        assert evaluate(bench.gt, perfect).setups["medium"].map == pytest.approx(1.0)

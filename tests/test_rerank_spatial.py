@@ -392,3 +392,31 @@ def test_importing_rerank_does_not_import_opencv():
 
     code = "import sys, oxbench.rerank; assert 'cv2' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_spatial_rerank_returns_inliers_and_takes_given_or_multiple_word_matches(rng):
+    from oxbench.rerank.spatial import _group_words, _matches_from_groups, expand_query_words
+
+    q_kp, q_words, images = make_database(rng)
+    order = np.arange(40)[::-1].copy()
+    cands = [images[i] for i in order[:25]]
+    res = spatial_rerank(q_kp, q_words, cands, order, top_r=25, min_inliers=15)
+    for pos, pairs in enumerate(res.inlier_matches):
+        assert (pairs is not None) == (order[pos] in (30, 15))
+        if pairs is not None:  # inlier correspondences: query and candidate points agree with the model
+            t = res.transforms[pos]
+            d_xy = cands[pos][0][pairs[:, 1], :2]
+            assert np.abs(project(t, q_kp[pairs[:, 0], :2]) - d_xy).max() < 8.0 * 1000 / 1024 + 1
+    # precomputed tentative matches: the same ranking as from the words they came from
+    given = [_matches_from_groups(_group_words(q_words), c[1], 8) for c in cands]
+    res2 = spatial_rerank(q_kp, np.zeros(0, np.int64), cands, order, top_r=25, min_inliers=15, tentative=given)
+    np.testing.assert_array_equal(res2.order, res.order)
+    np.testing.assert_array_equal(res2.inliers, res.inliers)
+    # [n, k] query words: a second word per feature that matches nothing changes nothing
+    two = np.stack([q_words, np.full_like(q_words, 10**6)], axis=1)
+    res3 = spatial_rerank(q_kp, two, cands, order, top_r=25, min_inliers=15)
+    np.testing.assert_array_equal(res3.order, res.order)
+    words, feature = expand_query_words(two)
+    assert words.size == 2 * q_words.size and np.array_equal(np.bincount(feature), np.full(q_words.size, 2))
+    with pytest.raises(InputError, match="tentative match arrays"):
+        spatial_rerank(q_kp, q_words, cands, order, top_r=25, tentative=given[:3])

@@ -63,7 +63,7 @@ from oxbench.fileio import (
     remove_stale_temps,
     sampled_digest,
 )
-from oxbench.workers import worker_pool
+from oxbench.workers import WorkerPool, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -473,6 +473,19 @@ class DescribeQueries:
         kp[:, 0] += left
         kp[:, 1] += top
         return self.queries.name(i), kp, raw, (int(w), int(h))
+
+
+@contextlib.contextmanager
+def process_pool(workers: int, initializer: Callable[[Any], None], job: object) -> Iterator[WorkerPool]:
+    """The worker pool of the parallel stages (extraction, word assignment, spatial verification).
+
+    ``workers`` spawned processes, each running ``initializer(job)`` once (the job travels
+    pickled once per process, not per item); pending work is cancelled when the block exits,
+    also on an error or an interrupt, and the workers die with this process
+    (:func:`oxbench.workers.worker_pool`).
+    """
+    with worker_pool(workers, initializer=initializer, initargs=(job,)) as pool:
+        yield pool
 
 
 _WORKER_JOB: Callable[[int], RawFeatures] | None = None

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -36,13 +37,22 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig, finish_descriptors
-from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
+from oxbench.features.store import (
+    DescribeImages,
+    DescribeQueries,
+    FeatureStore,
+    extract_to_store,
+    process_pool,
+)
 from oxbench.fileio import json_digest, progress_bar, remove_stale_temps
 from oxbench.groundtruth import GroundTruth
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.vocabulary import Vocabulary
 from oxbench.pipelines.method import RetrievalMethod, RunContext, SearchResult
 from oxbench.pipelines.presets import BowMethod
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.rerank.spatial import GeometricModel, RobustMethod
 
 log = logging.getLogger(__name__)
 
@@ -279,8 +289,12 @@ def step_assign(
     batch_images: int = 256,
     progress: bool = True,
     threads: int | None = None,
+    workers: int = 1,
 ) -> Path:
     """Assign every feature of ``names`` to its ``k`` nearest words; skipped when done.
+
+    With ``workers > 1`` batches of images are assigned in that many processes (one faiss thread
+    each, :func:`oxbench.features.store.process_pool`); the result is the same file.
 
     Returns:
         ``out_path`` (an ``.npz`` with ``names``, ``offsets``, ``words``, ``sq_dists`` and their
@@ -302,29 +316,86 @@ def step_assign(
                 log.info("visual words at %s are for other images or another vocabulary; recomputing", out_path)
             except CorruptCache as exc:
                 log.warning("%s; assigning the words again", exc)
-        return _assign(voc, store, names, out_path, k=k, batch_images=batch_images, progress=progress)
+        store.require_all(names)
+        job = AssignBatch(voc, store, k)
+        # every worker gets work even when all images fit one batch
+        size = max(1, min(batch_images, -(-len(names) // max(1, workers))))
+        batches = [list(names[s : s + size]) for s in range(0, len(names), size)]
+        bar = progress_bar(total=len(batches), enabled=progress, desc="assign", unit="batch")
+        try:
+            if workers > 1 and len(batches) > 1:
+                with process_pool(min(workers, len(batches)), _init_assign, job) as pool:
+                    results = []
+                    for res in pool.map(_run_assign, batches):
+                        results.append(res)
+                        bar.update(1)
+            else:
+                results = []
+                for b in batches:
+                    results.append(job(b))
+                    bar.update(1)
+        finally:
+            bar.close()
+        return _save_words(voc, names, results, out_path, k=k)
 
 
-def _assign(
-    voc: Vocabulary, store: FeatureStore, names: Sequence[str], out_path: Path, *,
-    k: int, batch_images: int, progress: bool,
-) -> Path:  # fmt: skip
-    store.require_all(names)
-    offsets = np.zeros(len(names) + 1, np.int64)
-    words_parts, dist_parts = [], []
-    for s in progress_bar(range(0, len(names), batch_images), enabled=progress, desc="assign", unit="batch"):
-        chunk = names[s : s + batch_images]
-        raws = [store.get_raw(n)[2] for n in chunk]
-        for j, r in enumerate(raws):
-            offsets[s + j + 1] = len(r)
-        x = finish_descriptors(np.concatenate(raws) if raws else np.zeros((0, 128), np.uint8), store.config.descriptor)
+class AssignBatch:
+    """Picklable job: the ``k`` nearest words of every feature of a batch of images.
+
+    Pickled, it carries the vocabulary's arrays and the store's folder (reopened in the worker
+    process, with one faiss thread).
+    """
+
+    def __init__(self, voc: Vocabulary, store: FeatureStore, k: int) -> None:
+        self.voc = voc
+        self.store = store
+        self.k = k
+
+    def __getstate__(self) -> dict[str, object]:
+        st = self.store
+        return {"voc": self.voc, "k": self.k, "store": (st.directory, st.config, _store_extra(st))}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        directory, config, extra = state["store"]
+        self.voc = state["voc"]
+        self.voc.threads = 1
+        self.k = int(state["k"])
+        self.store = FeatureStore.open(directory, config, extra=extra, create=False)
+
+    def __call__(self, chunk: Sequence[str]) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
+        raws = [self.store.get_raw(n)[2] for n in chunk]
+        counts = np.array([len(r) for r in raws], np.int64)
+        x = finish_descriptors(np.concatenate(raws) if raws else np.zeros((0, 128), np.uint8),
+                               self.store.config.descriptor)  # fmt: skip
         if len(x):
-            d, w = voc.kneighbors(x, k)
+            d, w = self.voc.kneighbors(x, self.k)
         else:
-            d, w = np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
-        words_parts.append(w.astype(np.int32))
-        dist_parts.append(d.astype(np.float32))
-    np.cumsum(offsets, out=offsets)
+            d, w = np.zeros((0, self.k), np.float32), np.zeros((0, self.k), np.int64)
+        return counts, w.astype(np.int32), d.astype(np.float32)
+
+
+_ASSIGN_JOB: AssignBatch | None = None
+
+
+def _init_assign(job: AssignBatch) -> None:
+    global _ASSIGN_JOB
+    _ASSIGN_JOB = job
+
+
+def _run_assign(chunk: Sequence[str]) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
+    assert _ASSIGN_JOB is not None
+    return _ASSIGN_JOB(chunk)
+
+
+def _save_words(
+    voc: Vocabulary, names: Sequence[str],
+    results: Sequence[tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]], out_path: Path, *, k: int,
+) -> Path:  # fmt: skip
+    offsets = np.zeros(len(names) + 1, np.int64)
+    if results:
+        np.cumsum(np.concatenate([r[0] for r in results]), out=offsets[1:])
+    words_parts = [r[1] for r in results]
+    dist_parts = [r[2] for r in results]
     return save_npz(out_path, {
         "names": np.array(list(names)),
         "offsets": offsets,
@@ -369,10 +440,15 @@ class BagOfWords(RetrievalMethod):
         self._stores: dict[str, FeatureStore] = {}
         self._names: dict[str, list[str]] = {}
         self._indexed: str | None = None
+        self._words_paths: dict[str, Path] = {}
+        self._empty: NDArray[np.bool_] | None = None
 
     @property
     def k(self) -> int:
-        return self.config.soft_k if self.config.assignment == "soft" else 1
+        """Words assigned per feature: the soft-assignment ``k``, or the query-side multiple assignment."""
+        soft = self.config.soft_k if self.config.assignment == "soft" else 1
+        ma = self.config.spatial_query_ma if self.config.spatial and self.config.spatial_matching == "words" else 1
+        return max(soft, ma)
 
     def fit(self, train: Benchmark | None, ctx: RunContext) -> BagOfWords:
         if train is None:
@@ -399,8 +475,10 @@ class BagOfWords(RetrievalMethod):
         assert self.vocab_path_ is not None
         out = Path(ctx.cache) / dataset_key(bench) / "words" / f"{self.vocab_path_.stem}-k{self.k}" / f"{part}.npz"
         ctx.record_step(f"words.{part}", hit=out.exists())
-        step_assign(self.vocab_path_, self._stores[part], self._names[part], out, k=self.k, progress=ctx.progress, threads=ctx.threads)
+        step_assign(self.vocab_path_, self._stores[part], self._names[part], out, k=self.k, progress=ctx.progress,
+                    threads=ctx.threads, workers=ctx.workers)  # fmt: skip
         self._words[part] = Words.load(out)
+        self._words_paths[part] = out
 
     def index(self, bench: Benchmark, ctx: RunContext) -> BagOfWords:
         if self.vocab_path_ is None:
@@ -427,6 +505,13 @@ class BagOfWords(RetrievalMethod):
                 dis_tf = _tf(m, self._words["distractors"], self._names["distractors"], self._voc.n_words)
                 db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
             self._ivf = InvertedFile(self._voc.n_words, idf=m.idf, burst=m.burst).fit(db_tf)
+        counts = [np.diff(self._words[p].offsets) for p in ("database", "distractors") if p in self._words]
+        self._empty = np.concatenate(counts) == 0
+        if self._empty.any():
+            names = [n for p in ("database", "distractors") if p in self._names for n in self._names[p]]
+            bad = [names[i] for i in np.flatnonzero(self._empty)[:5]]
+            log.warning("%d database image(s) have no features and rank last, e.g. %s",
+                        int(self._empty.sum()), ", ".join(bad))  # fmt: skip
         self._indexed = dataset_key(bench)
         return self
 
@@ -449,7 +534,13 @@ class BagOfWords(RetrievalMethod):
         with ctx.timed("search"):
             q_vecs = ivf.transform(_tf(m, self._words["queries"], self._names["queries"], self._voc.n_words))
             scores = ivf.scores_of_vectors(q_vecs)
+            scores = np.stack([_last_if_empty(row, self._empty) for row in scores]) if len(scores) else scores
             ranks = ranks_from_scores(scores.T)
+        no_features = [n for n, c in zip(self._names["queries"], np.diff(self._words["queries"].offsets), strict=True)
+                       if c == 0]  # fmt: skip
+        if no_features:
+            log.warning("%d query crop(s) have no features, their lists are in index order: %s",
+                        len(no_features), ", ".join(no_features[:5]))  # fmt: skip
         info: dict[str, object] = {
             "n_index": len(index_parts),
             "features_per_image": float(np.mean(np.diff(self._words["database"].offsets)))
@@ -469,55 +560,226 @@ class BagOfWords(RetrievalMethod):
         info: dict[str, object],
         ctx: RunContext,
     ) -> SearchResult:
-        """Spatial verification of the top R, then average query expansion (as configured)."""
-        from oxbench.rerank.spatial import spatial_rerank
-
+        """Spatial verification of the top R (in ``ctx.workers`` processes), then average query expansion."""
         m = self.config
-        assert self._ivf is not None
+        r = min(m.spatial_top_r, ranks.shape[1])
+        if m.spatial_top_r > ranks.shape[1]:
+            log.warning("short list of %d is longer than the index (%d images): verifying all of them",
+                        m.spatial_top_r, ranks.shape[1])  # fmt: skip
+        verifier = ShortListVerifier(
+            stores={p: (s.directory, s.config, _store_extra(s)) for p, s in self._stores.items()},
+            words=dict(self._words_paths), index_parts=index_parts, settings=verification_settings(m),
+        )
+        queries = self._names["queries"]
+        with ctx.timed("spatial"):
+            results = verify_short_lists(
+                verifier, [(qi, queries[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])],
+                workers=ctx.workers, progress=ctx.progress,
+            )  # fmt: skip
         n_verified = []
         final = np.empty_like(ranks)
         final_scores = np.empty(ranks.shape, np.float32)
-        queries = self._names["queries"]
-        for qi in progress_bar(range(ranks.shape[0]), enabled=ctx.progress, desc="spatial", unit="query"):
-            with ctx.timed("spatial"):
-                qname = queries[qi]
-                _, q_kp, _, q_size = self._stores["queries"].get_raw(qname)
-                q_words = self._words["queries"].of(qname)[0][:, 0].astype(np.int64)
-                order = ranks[qi]
-                r = min(m.spatial_top_r, len(order))
-                cands = []
-                for idx in order[:r].tolist():
-                    part, name = index_parts[idx]
-                    _, kp, _, size = self._stores[part].get_raw(name)
-                    cands.append((kp, self._words[part].of(name)[0][:, 0].astype(np.int64), size))
-                res = spatial_rerank(
-                    q_kp, q_words, cands, order,
-                    top_r=r, model=m.spatial_model, min_inliers=m.spatial_min_inliers,
-                    threshold_px=m.spatial_threshold_px, query_size=q_size,
-                )  # fmt: skip
-                verified = np.asarray(res.verified, np.int64)
-                inliers = dict(zip(order[:r].tolist(), res.inliers.tolist(), strict=True))
-                n_verified.append(len(verified))
-                new_order = np.asarray(res.order, np.int64)
-                row_scores = scores[qi]
-            if m.qe == "aqe" and len(verified):
+        matches: dict[int, dict[int, NDArray[np.float32]]] = {}
+        for qi, res in enumerate(results):
+            verified = res.verified
+            n_verified.append(len(verified))
+            new_order = np.concatenate([res.head, ranks[qi, r:]])
+            row_scores = scores[qi]
+            use = verified[res.inliers >= m.qe_min_inliers][: m.qe_max_verified]
+            if m.qe == "aqe" and len(use):
                 with ctx.timed("query_expansion"):
                     from oxbench.rerank.qe import average_query_expansion
 
-                    assert self._ivf.db_vectors_ is not None
-                    use = verified[: m.qe_max_verified]
+                    assert self._ivf is not None and self._ivf.db_vectors_ is not None
                     q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
                     row_scores = self._ivf.scores_of_vectors(q_new)[0]
-                    rest = ranks_from_scores(row_scores[:, None])[0]
+                    rest = ranks_from_scores(_last_if_empty(row_scores, self._empty)[:, None])[0]
                     rest = rest[~np.isin(rest, verified)]
                     new_order = np.concatenate([verified, rest])
             final[qi] = new_order
             # verified images carry their inlier count (>= min_inliers >= 1 > any cosine score)
             final_scores[qi] = row_scores[new_order]
-            n_v = len(verified)
-            final_scores[qi, :n_v] = [inliers[int(i)] for i in new_order[:n_v]]
+            final_scores[qi, : len(verified)] = res.inliers
+            if res.matches:
+                matches[qi] = res.matches
         info["verified_per_query"] = n_verified
-        return SearchResult(final, final_scores, info)
+        return SearchResult(final, final_scores, info, matches=matches)
+
+
+@dataclass(frozen=True)
+class VerifiedList:
+    """Spatial verification of one query's short list.
+
+    Attributes:
+        head: ``int64 [r]`` the re-ranked short list (verified first, by inlier count).
+        verified: ``int64 [v]`` the verified indices, best first (``head[:v]``).
+        inliers: ``int64 [v]`` their inlier counts.
+        matches: ``{index: float32 [m, 4]}`` inlier correspondences ``(x_q, y_q, x_db, y_db)`` in
+            full-image pixels of the first :data:`MATCHES_FOR_VIEWERS` verified images.
+    """
+
+    head: NDArray[np.int64]
+    verified: NDArray[np.int64]
+    inliers: NDArray[np.int64]
+    matches: dict[int, NDArray[np.float32]]
+
+
+#: Verified images per query whose inlier correspondences a search returns (the top of the list).
+MATCHES_FOR_VIEWERS = 20
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """The spatial-verification settings of a bag-of-words config (see :class:`BowMethod`)."""
+
+    model: GeometricModel
+    method: RobustMethod
+    min_inliers: int
+    threshold_px: float
+    max_per_word: int
+    matching: str
+    ratio: float
+    query_ma: int
+
+
+def verification_settings(m: BowMethod) -> VerifySettings:
+    """What :class:`ShortListVerifier` needs of a config."""
+    return VerifySettings(
+        m.spatial_model, m.spatial_method, m.spatial_min_inliers, m.spatial_threshold_px,
+        m.spatial_max_per_word, m.spatial_matching, m.spatial_ratio, m.spatial_query_ma,
+    )
+
+
+def _store_extra(store: FeatureStore) -> dict[str, object]:
+    return {k: v for k, v in store.meta.items() if k not in ("format", "config", "digest")}
+
+
+class ShortListVerifier:
+    """Picklable job: spatially verify one query's short list (reopens stores and words per process).
+
+    Args:
+        stores: ``{part: (folder, sift config, extra)}`` of the feature stores (queries, database,
+            distractors).
+        words: ``{part: words file}``.
+        index_parts: ``(part, image name)`` of every index position.
+        settings: :func:`verification_settings`.
+    """
+
+    def __init__(
+        self,
+        *,
+        stores: dict[str, tuple[Path, SiftConfig, dict[str, object]]],
+        words: dict[str, Path],
+        index_parts: list[tuple[str, str]],
+        settings: VerifySettings,
+    ) -> None:
+        self.stores = stores
+        self.words = words
+        self.index_parts = index_parts
+        self.settings = settings
+        self._open: tuple[dict[str, FeatureStore], dict[str, Words]] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_open": None}
+
+    def _opened(self) -> tuple[dict[str, FeatureStore], dict[str, Words]]:
+        if self._open is None:
+            stores = {
+                p: FeatureStore.open(d, cfg, extra=extra, create=False) for p, (d, cfg, extra) in self.stores.items()
+            }
+            self._open = stores, {p: Words.load(w) for p, w in self.words.items()}
+        return self._open
+
+    def __call__(self, item: tuple[int, str, NDArray[np.int64]]) -> VerifiedList:
+        from oxbench.rerank.spatial import descriptor_matches, spatial_rerank
+
+        _, qname, order = item
+        stores, words = self._opened()
+        st = self.settings
+        _, q_kp, q_raw, q_size = stores["queries"].get_raw(qname)
+        q_words = words["queries"].of(qname)[0][:, : st.query_ma]
+        descriptor = stores["queries"].config.descriptor
+        q_desc = finish_descriptors(q_raw, descriptor) if st.matching == "descriptors" else None
+        cands, tentative = [], []
+        for idx in order.tolist():
+            part, name = self.index_parts[idx]
+            _, kp, raw, size = stores[part].get_raw(name)
+            cands.append((kp, words[part].of(name)[0][:, 0], size))
+            if q_desc is not None:
+                tentative.append(descriptor_matches(q_desc, finish_descriptors(raw, descriptor), ratio=st.ratio))
+        res = spatial_rerank(
+            q_kp, q_words, cands, order, top_r=len(order), model=st.model, method=st.method,
+            min_inliers=st.min_inliers, threshold_px=st.threshold_px, max_per_word=st.max_per_word,
+            query_size=q_size, tentative=tentative if q_desc is not None else None,
+        )
+        position = {int(v): i for i, v in enumerate(order.tolist())}
+        verified = np.asarray(res.verified, np.int64)
+        inliers = np.array([res.inliers[position[int(v)]] for v in verified], np.int64)
+        matches: dict[int, NDArray[np.float32]] = {}
+        for v in verified[:MATCHES_FOR_VIEWERS].tolist():
+            pairs = res.inlier_matches[position[v]]
+            assert pairs is not None
+            d_kp = cands[position[v]][0]
+            matches[v] = np.concatenate([q_kp[pairs[:, 0], :2], d_kp[pairs[:, 1], :2]], axis=1).astype(np.float32)
+        return VerifiedList(np.asarray(res.order, np.int64), verified, inliers, matches)
+
+
+_VERIFIER: ShortListVerifier | None = None
+
+
+def _init_verifier(job: ShortListVerifier) -> None:
+    global _VERIFIER
+    _VERIFIER = job
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _run_verifier(item: tuple[int, str, NDArray[np.int64]]) -> VerifiedList:
+    assert _VERIFIER is not None
+    return _VERIFIER(item)
+
+
+def verify_short_lists(
+    job: ShortListVerifier,
+    items: Sequence[tuple[int, str, NDArray[np.int64]]],
+    *,
+    workers: int = 1,
+    progress: bool = True,
+) -> list[VerifiedList]:
+    """Run ``job`` on every ``(query index, query name, short list)``, in ``workers`` processes.
+
+    The pool is the one extraction uses (:func:`oxbench.features.store.process_pool`): spawned
+    processes with one OpenCV thread each; results come back in the order of ``items``.
+    """
+    bar = progress_bar(total=len(items), desc="spatial", enabled=progress, unit="query")
+    try:
+        if workers <= 1 or len(items) <= 1:
+            out = []
+            for it in items:
+                out.append(job(it))
+                bar.update(1)
+            return out
+        with process_pool(min(workers, len(items)), _init_verifier, job) as pool:
+            out = []
+            for res in pool.map(_run_verifier, items, chunksize=1):
+                out.append(res)
+                bar.update(1)
+            return out
+    finally:
+        bar.close()
+
+
+def _last_if_empty(row_scores: NDArray[np.float32], empty: NDArray[np.bool_] | None) -> NDArray[np.float32]:
+    """Scores with images that have no features set below every real score (they rank last)."""
+    if empty is None or not empty.any():
+        return row_scores
+    out = np.array(row_scores, dtype=np.float32, copy=True)
+    out[empty] = -1.0
+    return out
 
 
 def _parts(bench: Benchmark) -> list[str]:

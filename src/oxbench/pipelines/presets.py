@@ -21,9 +21,16 @@ from oxbench.pipelines.globaldesc import GlobalMethod
 from oxbench.pipelines.method import METHODS, MethodConfig, register_method, resolve_method
 
 if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.pipelines.asmk import Asmk
     from oxbench.pipelines.bow import BagOfWords
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "BowMethod", "GlobalMethod", "resolve_method"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "AsmkMethod", "BowMethod", "GlobalMethod", "resolve_method"]
+
+
+#: Features of the classic presets: RootSIFT at up to 1024 px, at most 4,000 per image (the published
+#: systems used thousands per image at full resolution; see bench/README.md for what 512 px and
+#: 1,000 features lost on real photos).
+CLASSIC_FEATURES = SiftConfig(max_side=1024, n_features=4000)
 
 
 @dataclass(frozen=True)
@@ -46,17 +53,27 @@ class BowMethod(MethodConfig):
         burst: ``sqrt`` (damp repeated words) or ``none``.
         idf: tf-idf weighting.
         spatial: spatially re-rank the top ``spatial_top_r``.
-        spatial_model, spatial_min_inliers, spatial_threshold_px: verification settings
-            (:func:`oxbench.rerank.spatial.spatial_rerank`).
+        spatial_matching: tentative correspondences of a short-listed pair: ``descriptors``
+            (mutual nearest RootSIFT neighbours with Lowe's ``spatial_ratio``,
+            :func:`oxbench.rerank.spatial.descriptor_matches`) or ``words`` (shared visual words,
+            at most ``spatial_max_per_word`` pairs per word, each query feature through its
+            ``spatial_query_ma`` nearest words).
+        spatial_model, spatial_method, spatial_min_inliers, spatial_threshold_px: verification
+            settings (:func:`oxbench.rerank.spatial.spatial_rerank`); ``fsm`` is Philbin et al.'s
+            fast spatial matching from single correspondences with scale and orientation.
         qe: ``none`` or ``aqe`` (average query expansion over the spatially verified images).
         qe_max_verified: at most this many verified images are averaged.
+        qe_min_inliers: only verified images with at least this many inliers expand the query
+            (a stricter test than re-ranking's ``spatial_min_inliers``, as in Chum et al. 2007:
+            averaging in a false positive drifts the query, while ranking it high costs one
+            place; unrelated pairs reach 5-7 chance inliers, see :mod:`oxbench.rerank.spatial`).
     """
 
     family: ClassVar[str] = "bow"
 
     name: str
-    features: SiftConfig = field(default_factory=SiftConfig)
-    vocab_size: int = 16384
+    features: SiftConfig = field(default_factory=lambda: CLASSIC_FEATURES)
+    vocab_size: int = 65536
     vocab_structure: Literal["auto", "flat", "two-level"] = "auto"
     vocab_iter: int = 10
     vocab_max_points_per_centroid: int = 32
@@ -68,12 +85,18 @@ class BowMethod(MethodConfig):
     burst: Literal["none", "sqrt"] = "sqrt"
     idf: bool = True
     spatial: bool = False
-    spatial_top_r: int = 200
-    spatial_model: Literal["affine", "homography", "similarity"] = "affine"
-    spatial_min_inliers: int = 8
+    spatial_top_r: int = 100
+    spatial_matching: Literal["words", "descriptors"] = "descriptors"
+    spatial_ratio: float = 0.8
+    spatial_max_per_word: int = 8
+    spatial_query_ma: int = 1
+    spatial_model: Literal["affine", "homography", "similarity"] = "similarity"
+    spatial_method: Literal["magsac", "accurate", "ransac", "fsm"] = "fsm"
+    spatial_min_inliers: int = 4
     spatial_threshold_px: float = 8.0
     qe: Literal["none", "aqe"] = "none"
     qe_max_verified: int = 50
+    qe_min_inliers: int = 8
 
     def __post_init__(self) -> None:
         if self.qe != "none" and not self.spatial:
@@ -82,6 +105,14 @@ class BowMethod(MethodConfig):
             raise InputError(f"method {self.name}: unknown assignment {self.assignment!r}")
         if self.vocab_size < 2:
             raise InputError(f"method {self.name}: vocab_size must be >= 2")
+        if self.spatial_top_r < 1:
+            raise InputError(f"method {self.name}: spatial_top_r (the short list) must be >= 1")
+        if self.spatial_matching not in ("words", "descriptors"):
+            raise InputError(f"method {self.name}: unknown spatial_matching {self.spatial_matching!r}")
+        if not 0 < self.spatial_ratio <= 1:
+            raise InputError(f"method {self.name}: spatial_ratio must be in (0, 1]")
+        if self.spatial_query_ma < 1 or self.spatial_max_per_word < 1:
+            raise InputError(f"method {self.name}: spatial_query_ma and spatial_max_per_word must be >= 1")
 
     def build(self) -> BagOfWords:
         from oxbench.pipelines.bow import BagOfWords
@@ -110,6 +141,40 @@ class BowMethod(MethodConfig):
         }
 
 
+@dataclass(frozen=True)
+class AsmkMethod(BowMethod):
+    """ASMK over RootSIFT (:mod:`oxbench.pipelines.asmk`); features, codebook (``vocab_*``) and
+    spatial settings as :class:`BowMethod`.
+
+    Attributes:
+        asmk_alpha: exponent of the selectivity function.
+        asmk_tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
+        asmk_query_ma: words per query feature (multiple assignment; the database uses 1).
+        asmk_idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
+    """
+
+    family: ClassVar[str] = "asmk"
+
+    asmk_alpha: float = 3.0
+    asmk_tau: float = 0.0
+    asmk_query_ma: int = 5
+    asmk_idf: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.qe != "none":
+            raise InputError(f"method {self.name}: ASMK has no query expansion here")
+        if self.assignment != "hard":
+            raise InputError(f"method {self.name}: ASMK uses asmk_query_ma, not soft assignment")
+        if self.asmk_query_ma < 1 or not -1.0 <= self.asmk_tau < 1.0 or self.asmk_alpha <= 0:
+            raise InputError(f"method {self.name}: asmk_query_ma >= 1, -1 <= asmk_tau < 1, asmk_alpha > 0")
+
+    def build(self) -> Asmk:
+        from oxbench.pipelines.asmk import Asmk
+
+        return Asmk(self)
+
+
 # --- bag of words -------------------------------------------------------------------------------
 
 register_method(BowMethod("rootsift-bow"))
@@ -118,7 +183,8 @@ register_method(BowMethod("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
 register_method(BowMethod("rootsift-bow-sa", assignment="soft"))
 register_method(BowMethod("rootsift-bow-sa-sv", assignment="soft", spatial=True))
 register_method(BowMethod("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))
-register_method(BowMethod("sift-bow-sv", features=SiftConfig(descriptor="sift"), spatial=True))
+register_method(BowMethod("sift-bow-sv", features=SiftConfig(descriptor="sift", max_side=1024, n_features=4000),
+                          spatial=True))
 
 DEFAULT_METHOD = "rootsift-bow-sv-qe"
 
@@ -177,3 +243,8 @@ register_method(GlobalMethod("features-alpha-qe", descriptor="features", qe="alp
 register_method(GlobalMethod("features-dba", descriptor="features", dba=5))
 register_method(GlobalMethod("features-diffusion", descriptor="features", rerank="diffusion"))
 register_method(GlobalMethod("features-ivfpq", descriptor="features", search="faiss-ivfpq"))
+
+# --- ASMK (aggregated selective match kernels) over RootSIFT -------------------------------------
+
+register_method(AsmkMethod("rootsift-asmk"))
+register_method(AsmkMethod("rootsift-asmk-sv", spatial=True))

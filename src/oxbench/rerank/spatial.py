@@ -63,6 +63,8 @@ DEFAULT_MAX_PER_WORD = 8
 DEFAULT_MAX_ITERS = 1000
 DEFAULT_MAX_SCALE = 10.0
 DEFAULT_MAX_ANISOTROPY = 6.0
+#: Lowe's ratio of :func:`descriptor_matches`.
+DEFAULT_RATIO = 0.8
 
 PairStatus = Literal["verified", "below_min_inliers", "too_few_matches", "no_model", "degenerate"]
 
@@ -200,6 +202,93 @@ def tentative_matches(
         raise InputError(f"max_per_word must be >= 1 or None, got {max_per_word}")
     q = _group_words(_check_words(q_words, "q_words"))
     return _matches_from_groups(q, _check_words(d_words, "d_words"), max_per_word)
+
+
+def expand_query_words(words: NDArray[np.integer]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Multiple assignment on the query side: one entry per (feature, word) of ``[n, k]`` words.
+
+    Tentative correspondences from a query feature's ``k`` nearest words (Jegou et al.'s multiple
+    assignment, here only where correspondences are formed) recover matches whose two descriptors
+    fell into neighbouring cells of the vocabulary. Repeated or negative words of a feature are
+    dropped.
+
+    Args:
+        words: ``[n]`` or ``[n, k]`` word ids of each query feature, nearest first.
+
+    Returns:
+        ``(words [m], feature [m])``: the flat word list and, per entry, the query feature it
+        belongs to (map matches of the flat list back with ``feature[matches[:, 0]]``).
+
+    Example:
+        >>> expand_query_words(np.array([[3, 5], [5, 5]]))
+        (array([3, 5, 5]), array([0, 0, 1]))
+    """
+    arr = np.asarray(words)
+    if arr.ndim == 1:
+        arr = arr[:, None]
+    if arr.ndim != 2 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InputError(f"query words must be an [n] or [n, k] integer array, got {arr.shape} {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    n, k = arr.shape
+    feature = np.repeat(np.arange(n, dtype=np.int64), k)
+    flat = arr.reshape(-1)
+    keep = flat >= 0
+    if k > 1:  # a word repeated within one feature's list counts once
+        dup = np.zeros_like(arr, dtype=bool)
+        for j in range(1, k):
+            dup[:, j] = (arr[:, j : j + 1] == arr[:, :j]).any(axis=1)
+        keep &= ~dup.reshape(-1)
+    return flat[keep], feature[keep]
+
+
+def descriptor_matches(
+    q_desc: NDArray[np.floating], d_desc: NDArray[np.floating], *, ratio: float = DEFAULT_RATIO
+) -> NDArray[np.int64]:
+    """Tentative correspondences from the descriptors: mutual nearest neighbours passing a ratio test.
+
+    Query feature ``i`` and database feature ``j`` correspond when ``j`` is ``i``'s nearest
+    neighbour (Euclidean) among the database image's features, ``i`` is ``j``'s nearest among the
+    query's, and the nearest distance is below ``ratio`` times the second nearest (Lowe 2004). This
+    is the matching a bag-of-words with a very large vocabulary approximates; on real photos it
+    separates positives from negatives far better than shared words of a vocabulary trained on
+    another city (bench/README.md, "Classic pipeline on real photos"). Cost: one ``[n_q, n_d]``
+    matrix product per pair.
+
+    Args:
+        q_desc: ``[n_q, d]`` query descriptors.
+        d_desc: ``[n_d, d]`` database descriptors (same ``d``).
+        ratio: Lowe's ratio (on distances, not squared distances), in ``(0, 1]``.
+
+    Returns:
+        ``[m, 2]`` int64 ``(query feature, database feature)``, sorted by query feature.
+
+    Example:
+        >>> q = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+        >>> descriptor_matches(q, np.array([[0.0, 1.0], [0.9, 0.1], [-1.0, 0.0]], np.float32))
+        array([[0, 1],
+               [1, 0]])
+    """
+    if not 0 < ratio <= 1:
+        raise InputError(f"ratio must be in (0, 1], got {ratio}")
+    q = np.asarray(q_desc, dtype=np.float32)
+    d = np.asarray(d_desc, dtype=np.float32)
+    if q.ndim != 2 or d.ndim != 2 or (q.size and d.size and q.shape[1] != d.shape[1]):
+        raise InputError(f"descriptors must be [n, d] arrays of one dimension, got {q.shape} and {d.shape}")
+    if q.shape[0] == 0 or d.shape[0] < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    d2 = q @ d.T
+    d2 *= -2.0
+    d2 += np.einsum("ij,ij->i", d, d)[None, :]
+    d2 += np.einsum("ij,ij->i", q, q)[:, None]
+    two = np.argpartition(d2, 1, axis=1)[:, :2]
+    a = np.take_along_axis(d2, two, axis=1)
+    nearest = np.where(a[:, 1] < a[:, 0], two[:, 1], two[:, 0])
+    best = np.maximum(a.min(axis=1), 0.0)
+    second = np.maximum(a.max(axis=1), 0.0)
+    passed = best < (ratio * ratio) * second
+    back = d2.argmin(axis=0)  # each database feature's nearest query feature
+    qi = np.flatnonzero(passed & (back[nearest] == np.arange(q.shape[0])))
+    return np.stack((qi, nearest[qi]), axis=1).astype(np.int64)
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,16 +588,7 @@ def verify_pair(
     _check_settings(model, method, min_inliers, threshold_px)
     q_xy = _check_keypoints(q_kp, "q_kp")
     d_xy = _check_keypoints(d_kp, "d_kp")
-    m_arr = np.asarray(matches)
-    if m_arr.size == 0:
-        m_arr = np.zeros((0, 2), dtype=np.int64)
-    if m_arr.ndim != 2 or m_arr.shape[1] != 2 or not np.issubdtype(m_arr.dtype, np.integer):
-        raise InputError(f"matches must be an [m, 2] integer array, got {m_arr.shape} {m_arr.dtype}")
-    m_arr = m_arr.astype(np.int64, copy=False)
-    if m_arr.shape[0] and (
-        m_arr.min() < 0 or m_arr[:, 0].max() >= q_xy.shape[0] or m_arr[:, 1].max() >= d_xy.shape[0]
-    ):
-        raise InputError("matches refer to keypoints outside q_kp / d_kp")
+    m_arr = _checked_matches(matches, q_xy.shape[0], d_xy.shape[0])
     if m_arr.shape[0] < max(min_inliers, MIN_SAMPLE[model]):
         return PairResult(0, None, np.zeros(m_arr.shape[0], dtype=bool), "too_few_matches")
     if method == "fsm" and (np.shape(q_kp)[1] < 4 or np.shape(d_kp)[1] < 4):
@@ -618,6 +698,8 @@ class SpatialResult:
         transforms: ``r`` entries aligned with ``inliers``: the 3x3 query->candidate pixel
             transform, or ``None``.
         statuses: ``r`` :class:`PairResult` status strings aligned with ``inliers``.
+        inlier_matches: ``r`` entries aligned with ``inliers``: for a verified pair, the ``[m, 2]``
+            int64 ``(query feature, candidate feature)`` inlier correspondences; else ``None``.
     """
 
     order: NDArray[np.int64]
@@ -626,6 +708,7 @@ class SpatialResult:
     verified: NDArray[np.int64]
     transforms: tuple[NDArray[np.float64] | None, ...]
     statuses: tuple[str, ...]
+    inlier_matches: tuple[NDArray[np.int64] | None, ...] = ()
 
 
 def rerank_by_inliers(
@@ -680,6 +763,7 @@ def spatial_rerank(
     max_scale: float = DEFAULT_MAX_SCALE,
     max_anisotropy: float = DEFAULT_MAX_ANISOTROPY,
     seed: int = 0,
+    tentative: Sequence[NDArray[np.integer]] | None = None,
 ) -> SpatialResult:
     """Spatially verify the top ``R`` of a ranking and re-rank them by inlier count.
 
@@ -715,6 +799,10 @@ def spatial_rerank(
         min_inliers: inliers needed to move up.
         max_per_word: see :func:`tentative_matches`.
         query_size: ``(width, height)`` of the query image (default: its keypoints' bounding box).
+        tentative: optional ``[m, 2]`` tentative correspondences per candidate (e.g.
+            :func:`descriptor_matches`), used instead of shared words; ``query_words`` may then
+            be empty. ``query_words`` may also be ``[n_q, k]``: each query feature matches
+            through any of its ``k`` words (:func:`expand_query_words`).
 
     Returns:
         A :class:`SpatialResult`.
@@ -735,10 +823,14 @@ def spatial_rerank(
             f"(candidates[i] for order[i]), got {len(candidates)}"
         )
     q_xy = _check_keypoints(query_kp, "query_kp")
-    q_words = _check_words(query_words, "query_words")
-    if q_words.shape[0] != q_xy.shape[0]:
-        raise InputError(f"query has {q_xy.shape[0]} keypoints but {q_words.shape[0]} words")
+    if tentative is not None and len(tentative) != r:
+        raise InputError(f"{len(tentative)} tentative match arrays for {r} candidates")
+    q_words_2d = np.asarray(query_words)
+    if tentative is None and q_words_2d.shape[:1] != (q_xy.shape[0],):
+        raise InputError(f"query has {q_xy.shape[0]} keypoints but {q_words_2d.shape[0]} words")
+    q_words, q_feature = expand_query_words(q_words_2d if q_words_2d.size else np.zeros(0, np.int64))
     q_groups = _group_words(q_words, with_lookup=True)
+    multiple = q_words_2d.ndim == 2 and q_words_2d.shape[1] > 1
     _check_settings(model, method, min_inliers, threshold_px)
     query_kp = np.asarray(query_kp)
     if method == "fsm" and query_kp.shape[1] < 4:
@@ -756,20 +848,27 @@ def spatial_rerank(
     n_matches = np.zeros(r, dtype=np.int64)
     transforms: list[NDArray[np.float64] | None] = []
     statuses: list[str] = []
+    inlier_matches: list[NDArray[np.int64] | None] = []
     for i, cand in enumerate(candidates):
         if len(cand) not in (2, 3):
             raise InputError(f"candidate {i} (image {order[i]}) must be (keypoints, words[, size])")
         d_kp = np.asarray(cand[0])
         d_xy = _check_keypoints(d_kp, f"keypoints of candidate {i} (image {order[i]})")
         d_words = _check_words(cand[1], f"words of candidate {i} (image {order[i]})")
-        if d_xy.shape[0] != d_words.shape[0]:
+        if tentative is None and d_xy.shape[0] != d_words.shape[0]:
             raise InputError(
                 f"candidate {i} (image {order[i]}) has {d_xy.shape[0]} keypoints "
                 f"but {d_words.shape[0]} words"
             )
         if method == "fsm" and d_kp.shape[1] < 4:
             raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
-        matches = _matches_from_groups(q_groups, d_words, max_per_word)
+        if tentative is not None:
+            matches = _checked_matches(tentative[i], q_xy.shape[0], d_xy.shape[0])
+        else:
+            matches = _matches_from_groups(q_groups, d_words, max_per_word)
+            if multiple:
+                matches[:, 0] = q_feature[matches[:, 0]]
+                matches = np.unique(matches, axis=0)
         n_matches[i] = matches.shape[0]
         if matches.shape[0] < needed:
             res = PairResult(0, None, np.zeros(matches.shape[0], dtype=bool), "too_few_matches")
@@ -780,8 +879,21 @@ def spatial_rerank(
         inliers[i] = res.n_inliers
         transforms.append(res.transform)
         statuses.append(res.status)
+        inlier_matches.append(matches[res.inlier_mask] if res.verified else None)
     new_order, verified = rerank_by_inliers(order, inliers, min_inliers)
     return SpatialResult(
         order=new_order, inliers=inliers, n_matches=n_matches, verified=verified,
-        transforms=tuple(transforms), statuses=tuple(statuses),
+        transforms=tuple(transforms), statuses=tuple(statuses), inlier_matches=tuple(inlier_matches),
     )
+
+
+def _checked_matches(matches: NDArray[np.integer], n_q: int, n_d: int) -> NDArray[np.int64]:
+    m_arr = np.asarray(matches)
+    if m_arr.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    if m_arr.ndim != 2 or m_arr.shape[1] != 2 or not np.issubdtype(m_arr.dtype, np.integer):
+        raise InputError(f"matches must be an [m, 2] integer array, got {m_arr.shape} {m_arr.dtype}")
+    m_arr = m_arr.astype(np.int64, copy=False)
+    if m_arr.min() < 0 or m_arr[:, 0].max() >= n_q or m_arr[:, 1].max() >= n_d:
+        raise InputError("matches refer to keypoints outside q_kp / d_kp")
+    return m_arr

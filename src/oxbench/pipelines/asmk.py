@@ -1,0 +1,170 @@
+"""ASMK over RootSIFT: aggregated selective match kernels (Tolias, Avrithis & Jegou, ICCV 2013).
+
+An image is described per visual word: the residuals ``x - c_w`` of its features assigned to word
+``w`` are summed and binarised by sign (one 128-bit code per word and image, the *aggregated*
+binary residual). Two images are compared word by word over the words they share: with the
+normalised Hamming similarity ``u = 1 - 2 h / 128`` of their codes, the selectivity function
+``sigma_alpha(u) = u^alpha if u > tau else 0`` (``alpha = 3``, ``tau = 0``) keeps strong matches
+and silences weak ones, and the sum is normalised by each image's number of words (idf optional).
+Multiple assignment on the query side (its ``k`` nearest words) recovers matches across cell
+borders, as in HOW + ASMK (Tolias et al., ECCV 2020), which uses the same kernel over learned
+local features.
+
+The codebook is the classic pipeline's vocabulary (:func:`oxbench.pipelines.bow.step_vocabulary`,
+trained on another dataset, refused for another descriptor or dimension); binarisation, the
+inverted file and the kernel come from the maintained ``asmk`` package (``pip install
+"oxbench[asmk]"``), imported when a run needs it. Residual aggregation is done here, vectorised
+(the package's per-word Python loop is its slow part). ``rootsift-asmk-sv`` spatially re-ranks the
+ASMK short list exactly as ``rootsift-bow-sv`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.datasets.base import Benchmark
+from oxbench.errors import InputError, require
+from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.features.sift import finish_descriptors
+from oxbench.pipelines.bow import BagOfWords, _last_if_empty
+from oxbench.pipelines.method import RunContext, SearchResult
+from oxbench.pipelines.presets import AsmkMethod
+
+log = logging.getLogger(__name__)
+
+
+def aggregate_residuals(
+    descriptors: NDArray[np.float32], words: NDArray[np.integer], centroids: NDArray[np.float32]
+) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """Per-word sums of residuals of one image's features (each feature in all its words).
+
+    Args:
+        descriptors: ``[n, d]``.
+        words: ``[n]`` or ``[n, k]`` word ids of each feature (multiple assignment: every listed
+            word receives the feature's residual to that word).
+        centroids: ``[K, d]`` the codebook.
+
+    Returns:
+        ``(residual sums [u, d], words [u])`` for the ``u`` distinct words, ascending.
+
+    Example:
+        >>> c = np.array([[0.0, 0.0], [1.0, 1.0]], np.float32)
+        >>> aggregate_residuals(np.array([[1.0, 0.0], [0.0, 1.0]], np.float32), np.array([0, 0]), c)
+        (array([[1., 1.]], dtype=float32), array([0]))
+    """
+    w = np.asarray(words, dtype=np.int64)
+    if w.ndim == 1:
+        w = w[:, None]
+    if w.shape[0] != descriptors.shape[0]:
+        raise InputError(f"{descriptors.shape[0]} descriptors but {w.shape[0]} word rows")
+    feature = np.repeat(np.arange(w.shape[0]), w.shape[1])
+    flat = w.reshape(-1)
+    if flat.size == 0:
+        return np.zeros((0, descriptors.shape[1]), np.float32), np.zeros(0, np.int64)
+    order = np.argsort(flat, kind="stable")
+    flat, feature = flat[order], feature[order]
+    residuals = descriptors[feature] - centroids[flat]
+    starts = np.flatnonzero(np.r_[True, flat[1:] != flat[:-1]])
+    return np.add.reduceat(residuals, starts, axis=0).astype(np.float32), flat[starts]
+
+
+class Asmk(BagOfWords):
+    """ASMK through the method interface (fit: codebook; index: binary aggregated residuals; search)."""
+
+    config: AsmkMethod
+
+    def __init__(self, config: AsmkMethod) -> None:
+        super().__init__(config)
+        self._asmk: tuple[Any, Any, NDArray[np.float32]] | None = None
+
+    @property
+    def k(self) -> int:
+        """Words assigned per feature (the query's multiple assignment; the database uses the first)."""
+        return max(self.config.asmk_query_ma, 1)
+
+    def _aggregate(self, part: str, names: list[str], ma: int, hamming: Any, centroids: NDArray[np.float32]):  # noqa: ANN202
+        codes, words, owners = [], [], []
+        store, word_file = self._stores[part], self._words[part]
+        for i, name in enumerate(names):
+            _, _, raw, _ = store.get_raw(name)
+            w = word_file.of(name)[0][:, :ma]
+            res, uw = aggregate_residuals(finish_descriptors(raw, store.config.descriptor), w, centroids)
+            if len(uw):
+                codes.append(hamming.binarize_and_pack_2D(np.ascontiguousarray(res, dtype=np.float32)))
+                words.append(uw)
+                owners.append(np.full(len(uw), i, np.int64))
+        return codes, words, owners
+
+    def index(self, bench: Benchmark, ctx: RunContext) -> Asmk:
+        require("asmk", "asmk")
+        from asmk import hamming
+        from asmk.inverted_file import IVF
+
+        super().index(bench, ctx)  # features, words, and the empty-image bookkeeping
+        centroids = self._voc.centroids_
+        assert centroids is not None
+        with ctx.timed("index"):
+            codes, words, owners = [], [], []
+            offset = 0
+            for p in ("database", "distractors"):
+                if p not in self._names:
+                    continue
+                c, w, o = self._aggregate(p, self._names[p], 1, hamming, centroids)
+                codes += c
+                words += w
+                owners += [x + offset for x in o]
+                offset += len(self._names[p])
+            ivf = IVF.initialize_empty(codebook_size=self._voc.n_words, use_idf=self.config.asmk_idf)
+            if codes:
+                ivf.add(np.concatenate(codes), np.concatenate(words), np.concatenate(owners))
+            self._asmk = (ivf, hamming, centroids)
+            self._n_index = offset
+        return self
+
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        from oxbench.pipelines.bow import dataset_key
+
+        if self._asmk is None or self._indexed != dataset_key(bench):
+            raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
+        from asmk import functional
+
+        m = self.config
+        ivf, hamming, centroids = self._asmk
+        with ctx.timed("assign"):
+            self._assign(bench, "queries", ctx)
+        names = self._names["queries"]
+        scores = np.zeros((len(names), self._n_index), np.float32)
+        with ctx.timed("search"):
+            codes, words, _ = self._aggregate("queries", names, m.asmk_query_ma, hamming, centroids)
+            nonempty = [i for i, n in enumerate(names) if self._words["queries"].of(n)[0].shape[0]]
+            for qi, c, w in zip(nonempty, codes, words, strict=True):
+                scores[qi] = self._query_scores(ivf, hamming, functional, c, w)
+            scores = np.stack([_last_if_empty(row, self._empty) for row in scores]) if len(scores) else scores
+            ranks = ranks_from_scores(scores.T)
+        if len(nonempty) < len(names):
+            log.warning("query crop(s) without features, their lists are in index order: %s",
+                        ", ".join(n for i, n in enumerate(names) if i not in set(nonempty)))  # fmt: skip
+        index_parts = [("database", n) for n in self._names["database"]]
+        if "distractors" in self._names:
+            index_parts += [("distractors", n) for n in self._names["distractors"]]
+        info: dict[str, object] = {"n_index": len(index_parts), "kernel": "asmk",
+                                   "words_per_image": float(ivf.stats["vectors_per_image"])}  # fmt: skip
+        if not m.spatial:
+            return SearchResult(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info)
+        return self._rerank(ranks, scores, None, index_parts, info, ctx)
+
+    def _query_scores(self, ivf: Any, hamming: Any, functional: Any, codes: NDArray, words: NDArray) -> NDArray:
+        m = self.config
+
+        def similarity(qvec: NDArray, vecs: NDArray, image_ids: NDArray) -> tuple[NDArray, NDArray]:
+            sim = 1.0 - 2.0 * hamming.hamming_cdist_packed(qvec.reshape(1, -1), vecs).squeeze(0)
+            return functional.asmk_kernel(sim, image_ids, alpha=m.asmk_alpha, similarity_threshold=m.asmk_tau)
+
+        ranked, values = ivf.search(codes, words, similarity_func=similarity, topk=None)
+        out = np.zeros(self._n_index, np.float32)
+        out[np.asarray(ranked, np.int64)] = values
+        return out
