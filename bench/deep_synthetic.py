@@ -26,6 +26,7 @@ ROWS: list[tuple[str, str, dict[str, object]]] = [
     ("GeM trained by oxbench train", "gem-r18-synthetic", {}),
     ("+ PCA-whitening", "gem-r18-synthetic", {"whitening": "pca"}),
     ("+ learned whitening", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1}),
+    ("+ learned whitening stored by oxbench train", "gem-r18-synthetic+lw", {}),
     ("+ learned whitening + alpha-QE", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1,
                                                              "qe": "alpha-qe"}),
     ("+ learned whitening + diffusion", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1,

@@ -193,6 +193,14 @@ def test_training_from_scratch_learns_the_toy_clusters() -> None:
     assert after > before + 0.1, (before, after)
 
 
+def test_random_negatives_by_default_only_from_a_random_initialisation() -> None:
+    assert TrainConfig().random_epochs == TrainConfig().epochs == 12
+    assert TrainConfig(init="model.pt").random_epochs == 0 and TrainConfig(init="imagenet").random_epochs == 0
+    assert TrainConfig(random_negative_epochs=2).random_epochs == 2
+    with pytest.raises(InputError, match="random-negative-epochs must be >= 0"):
+        TrainConfig(random_negative_epochs=-1)
+
+
 def test_random_negatives_and_augmentation() -> None:
     from oxbench.train.loop import augment_image, random_negatives
 
@@ -287,7 +295,8 @@ def test_pretrained_init_keeps_batchnorm_frozen(tmp_path: Path) -> None:
     start = tmp_path / "start.pt"
     save_model(start, build_net("resnet18", "gem", weights="random", seed=3).net)
     cfg = TrainConfig(epochs=1, tuples=4, neg_num=2, batch_size=2, image_size=32, init=str(start))
-    train(cfg, toy_training_set(), tmp_path / "tuned.pt", progress=False)
+    record = train(cfg, toy_training_set(), tmp_path / "tuned.pt", progress=False)
+    assert [h["negatives"] for h in record["history"]] == ["hard"]  # the published recipe
     before, after = load_model(start).net.state_dict(), load_model(tmp_path / "tuned.pt").net.state_dict()
     stats = [k for k in before if k.endswith(("running_mean", "running_var"))]
     assert stats and all(torch.equal(before[k], after[k]) for k in stats)  # frozen, as published

@@ -14,8 +14,9 @@ The recipe of Radenovic, Tolias & Chum, "Fine-tuning CNN Image Retrieval with No
   drawn (seeded by the epoch).
 - **negatives**: images that cannot show the anchor's landmark (never an image labelled positive or
   junk for any query of that landmark; on SfM-120k never its own cluster), at most one per
-  landmark/cluster. For the first ``random_negative_epochs`` epochs they are drawn at random; after
-  that they are the *hardest* ones, mined every epoch as in cirtorch: the network (eval mode)
+  landmark/cluster. For the first ``random_negative_epochs`` epochs (by default: all of them from a
+  random initialisation, none from pretrained weights) they are drawn at random; after that they are
+  the *hardest* ones, mined every epoch as in cirtorch: the network (eval mode)
   describes a pool of training images (``pool_size``, all by default) and each anchor, and the most
   similar pool images are taken.
 - **loss**: contrastive, ``0.5 d^2`` for the positive and ``0.5 max(0, margin - d)^2`` for each
@@ -94,7 +95,8 @@ class TrainConfig:
         p: initial GeM exponent.
         positives: ``all`` (every labelled positive of a query) or ``easy`` (its Easy ones only; on
             SfM-120k, where pairs carry no difficulty, the same as ``all``).
-        random_negative_epochs: epochs with random instead of hardest negatives.
+        random_negative_epochs: epochs with random instead of hardest negatives (``None``: every
+            epoch from a random initialisation, none from pretrained weights as published).
         augment: random crops, mirroring and brightness/contrast changes of training images.
         init: ``random``, ``imagenet`` (the library's weights) or a model file path.
         seed: seed of initialisation, sampling, augmentation and mining order.
@@ -104,8 +106,8 @@ class TrainConfig:
     backbone: str = "resnet18"
     pooling: str = "gem"
     dataset: str = "synthetic-train"
-    epochs: int = 6
-    tuples: int = 60
+    epochs: int = 12
+    tuples: int = 100
     neg_num: int = 5
     pool_size: int = 0
     batch_size: int = 5
@@ -115,7 +117,7 @@ class TrainConfig:
     margin: float = 0.85
     p: float = 3.0
     positives: Literal["all", "easy"] = "easy"
-    random_negative_epochs: int = 6
+    random_negative_epochs: int | None = None
     augment: bool = False
     init: str = "random"
     seed: int = 0
@@ -132,7 +134,7 @@ class TrainConfig:
             raise InputError(f"--image-size must be in 32..2048, got {self.image_size}")
         if self.pool_size < 0 or self.lr <= 0 or self.weight_decay < 0 or self.margin <= 0 or self.p < 1:
             raise InputError("pool size and weight decay must be >= 0, lr and margin > 0, p >= 1")
-        if self.random_negative_epochs < 0:
+        if self.random_negative_epochs is not None and self.random_negative_epochs < 0:
             raise InputError("--random-negative-epochs must be >= 0")
         if self.positives not in ("all", "easy"):
             raise InputError(f"--positives must be all or easy, got {self.positives!r}")
@@ -141,6 +143,13 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def random_epochs(self) -> int:
+        """Epochs with random negatives (:attr:`random_negative_epochs` resolved)."""
+        if self.random_negative_epochs is not None:
+            return self.random_negative_epochs
+        return self.epochs if self.init == "random" else 0
 
 
 @dataclass
@@ -391,7 +400,7 @@ def train(
         anchors = chosen[:, 0]
         pool = np.arange(ts.n) if not config.pool_size or config.pool_size >= ts.n else \
             np.sort(rng.choice(ts.n, config.pool_size, replace=False))
-        hard = epoch >= config.random_negative_epochs
+        hard = epoch >= config.random_epochs
         if hard:
             if scratch:
                 calibrate_batchnorm(net, _calibration_images(ts, rng))
