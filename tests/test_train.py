@@ -117,52 +117,124 @@ def toy_training_set(n_clusters: int = 4, per: int = 4) -> TrainingSet:
     return TrainingSet(images.__getitem__, len(images), pairs, cluster, exclude, source="toy")
 
 
-def test_tiny_training_resumes_and_its_checkpoint_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiny_training_resumes_and_writes_the_model_file_run_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     torch = pytest.importorskip("torch")
+    from oxbench.features.deep.model import build_net
+    from oxbench.train import loop
     from oxbench.train.loop import describe, train
-    from oxbench.train.model import build_model, load_checkpoint
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(epochs=2, tuples=4, neg_num=2, batch_size=2, image_size=32, lr=1e-3)
+    cfg = TrainConfig(epochs=2, tuples=4, neg_num=2, batch_size=2, image_size=32, random_negative_epochs=1)
     ts = toy_training_set()
     out = tmp_path / "m.pt"
-    from oxbench.train import (
-        model as model_mod,  # train() imports save_checkpoint from here when called
-    )
-
-    saved = model_mod.save_checkpoint
+    saved = loop._save_partial
 
     def crash_after_first_epoch(path, state):  # noqa: ANN001, ANN202
         saved(path, state)
         if state.get("epoch") == 0:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(model_mod, "save_checkpoint", crash_after_first_epoch)
+    monkeypatch.setattr(loop, "_save_partial", crash_after_first_epoch)
     with pytest.raises(KeyboardInterrupt):
         train(cfg, ts, out, progress=False)
     assert not out.exists() and (tmp_path / "m.pt.partial").is_file()
-    monkeypatch.setattr(model_mod, "save_checkpoint", saved)
+    monkeypatch.setattr(loop, "_save_partial", saved)
     with pytest.raises(InputError, match="partial training of another configuration"):
         train(TrainConfig(epochs=3, tuples=4, neg_num=2, batch_size=2, image_size=32), ts, out, progress=False)
     record = train(cfg, ts, out, progress=False)
     assert [h["epoch"] for h in record["history"]] == [1, 2]  # epoch 1 kept from before the crash
+    assert [h["negatives"] for h in record["history"]] == ["random", "hard"]
     assert not (tmp_path / "m.pt.partial").exists()
-    state, meta = load_checkpoint(out)
-    assert meta["architecture"] == "resnet18" and meta["pooling"] == "gem" and meta["whitening"] is None
-    assert meta["mean"] == [0.485, 0.456, 0.406] and isinstance(meta["p"], float) and "pool.p" in state
-    assert meta["training"]["config"]["epochs"] == 2
-    # the checkpoint builds the same network: identical descriptors
+    # one model format: the deep pipeline's model file, which build_net loads as the run does
+    loaded = build_net("resnet18", "gem", weights=out)
+    assert loaded.source["format"] == "oxbench train" and loaded.source["training"]["config"]["epochs"] == 2
+    assert loaded.net.describe()["p"] == pytest.approx(record["history"][-1]["p"], abs=1e-6)
+    assert record["lw"].startswith("not learned: learned whitening of 512-dimensional descriptors needs more")
+    assert loaded.lw == {}
     images = [ts.read(i) for i in range(3)]
-    a = describe(build_model("resnet18", init=str(out)), images)
-    net = build_model("resnet18")
-    net.load_state_dict(state)
-    np.testing.assert_allclose(a, describe(net, images), atol=1e-6)
+    a = describe(loaded.net, images)
+    assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
+    assert not np.allclose(a, describe(build_net("resnet18", "gem", weights="random").net, images), atol=1e-3)
     assert train(cfg, ts, out, progress=False)["history"] == record["history"]  # done: nothing to do
-    with pytest.raises(InputError, match="checkpoint is a 'resnet18', not 'resnet34'"):
-        build_model("resnet34", init=str(out))
+    with pytest.raises(InputError, match="model file is resnet18 with gem pooling"):
+        build_net("resnet34", "gem", weights=out)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(InputError, match="not a readable torch checkpoint"):
-        load_checkpoint(tmp_path / "junk.pt")
+        train(TrainConfig(epochs=1, tuples=2, neg_num=1, batch_size=2, image_size=32, init=str(tmp_path / "junk.pt")),
+              ts, tmp_path / "n.pt", progress=False)  # fmt: skip
+
+
+def test_training_from_scratch_learns_the_toy_clusters() -> None:
+    """Random initialisation, batch norm in training mode, random negatives: positives end up closer
+    than negatives on images of the training set described alone (eval mode)."""
+    torch = pytest.importorskip("torch")
+    from oxbench.train.loop import describe, train
+
+    torch.set_num_threads(1)
+    ts = toy_training_set(n_clusters=4, per=4)
+
+    def margin_of(net) -> float:  # noqa: ANN001
+        d = describe(net, [ts.read(i) for i in range(ts.n)])
+        s = d @ d.T
+        same = ts.cluster[:, None] == ts.cluster[None, :]
+        np.fill_diagonal(same, False)
+        other = ts.cluster[:, None] != ts.cluster[None, :]
+        return float(s[same].mean() - s[other].mean())
+
+    from oxbench.features.deep.model import build_net
+
+    before = margin_of(build_net("resnet18", "gem", weights="random").net)
+    cfg = TrainConfig(epochs=3, tuples=12, neg_num=2, batch_size=4, image_size=32, random_negative_epochs=3)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train(cfg, ts, Path(tmp) / "m.pt", progress=False)
+        after = margin_of(build_net("resnet18", "gem", weights=Path(tmp) / "m.pt").net)
+    assert after > before + 0.1, (before, after)
+
+
+def test_random_negatives_by_default_only_from_a_random_initialisation() -> None:
+    assert TrainConfig().random_epochs == TrainConfig().epochs == 12
+    assert TrainConfig(init="model.pt").random_epochs == 0 and TrainConfig(init="imagenet").random_epochs == 0
+    assert TrainConfig(random_negative_epochs=2).random_epochs == 2
+    with pytest.raises(InputError, match="random-negative-epochs must be >= 0"):
+        TrainConfig(random_negative_epochs=-1)
+
+
+def test_random_negatives_and_augmentation() -> None:
+    from oxbench.train.loop import augment_image, random_negatives
+
+    gt = small_gt()
+    cluster, maybe = image_clusters(gt)
+    ts = TrainingSet(lambda i: np.zeros((1, 1, 3), np.uint8), 12, matching_pairs(gt), cluster, maybe)
+    negs = random_negatives(np.arange(12), np.array([9, 11]), ts, 3, np.random.default_rng(0))
+    assert not set(negs[0].tolist()) & set(maybe[0].tolist())  # never an image landmark a may show
+    assert not set(negs[1].tolist()) & {5, 6, 11}
+    assert len({int(cluster[i]) for i in negs[0]}) == 3  # one per landmark / cluster
+    # anchor 9 (landmark a) has 5, 6 (b, one cluster), 7, 8: three clusters, so no -1; a fourth is -1
+    assert (random_negatives(np.arange(12), np.array([9]), ts, 4, np.random.default_rng(1))[0] == -1).sum() == 1
+    im = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    a, b = augment_image(im, np.random.default_rng(5)), augment_image(im, np.random.default_rng(5))
+    assert a.shape == im.shape and a.dtype == np.uint8 and np.array_equal(a, b)
+    assert not np.array_equal(a, augment_image(im, np.random.default_rng(6)))
+
+
+def test_easy_positives_from_the_labels(tmp_path: Path) -> None:
+    pytest.importorskip("PIL.Image")
+    from oxbench.datasets import load
+    from oxbench.train.loop import _training_pairs, benchmark_training_set
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    bench = load("synthetic-train", root, progress=False)
+    ts = benchmark_training_set(bench, 32, progress=False)
+    assert ts.easy is not None and len(ts.easy) == len(ts.pairs) and ts.n == bench.gt.n_db + bench.gt.n_queries
+    for (a, p), e in zip(ts.pairs.tolist(), ts.easy.tolist(), strict=True):
+        q = bench.gt.queries[a - bench.gt.n_db]
+        assert e == (p in q.easy.tolist()) and (e or p in q.hard.tolist())
+    easy = _training_pairs(TrainConfig(positives="easy"), ts)
+    assert len(easy) == int(ts.easy.sum()) and len(_training_pairs(TrainConfig(positives="all"), ts)) == len(ts.pairs)
+    assert ts.read(0).shape == (24, 32, 3)
 
 
 def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -178,6 +250,13 @@ def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pyt
     assert exc.value.code in (0, None), capsys.readouterr().err
     assert (root / "_models" / "gem-r18-synthetic.pt").is_file()
     assert "trained on synthetic-train" in capsys.readouterr().out
+    import oxbench
+
+    # the file oxbench train writes is exactly what the gem-r18-synthetic preset loads
+    res = oxbench.run("synthetic", "gem-r18-synthetic", root=root, runs_dir=tmp_path / "runs", cache=tmp_path / "c",
+                      overrides={"max_side": 64, "scales": [1.0]}, progress=False)  # fmt: skip
+    assert res.info["model"]["weights"].startswith("file:sha256=") and res.info["model"]["architecture"] == "resnet18"
+    assert 0.0 <= res.result.setups["medium"].map <= 1.0
     with pytest.raises(SystemExit) as exc:
         main([*args, "--pooling", "mac"])
     assert exc.value.code == 2 and "--pooling gem only" in capsys.readouterr().err
@@ -194,14 +273,31 @@ def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:
 
 def test_batchnorm_calibration_estimates_the_statistics_of_the_images() -> None:
     torch = pytest.importorskip("torch")
+    from oxbench.features.deep.model import build_net
     from oxbench.train.loop import _to_tensor, calibrate_batchnorm
-    from oxbench.train.model import build_model
 
-    net = build_model("resnet18")
+    net = build_net("resnet18", "gem", weights="random").net
     images = [toy_training_set().read(i) for i in range(10)]
     calibrate_batchnorm(net, images, batch=5)  # two batches: their average, not the last batch alone
     with torch.no_grad():
-        z = net.features[0](_to_tensor(images))  # conv1: the input of the first batch norm
+        z = net.features[0](_to_tensor(net, images))  # conv1: the input of the first batch norm
     bn = net.features[1]
     np.testing.assert_allclose(bn.running_mean.numpy(), z.mean(dim=(0, 2, 3)).numpy(), rtol=1e-4, atol=1e-5)
     assert not net.training and bn.momentum == 0.1
+
+
+def test_pretrained_init_keeps_batchnorm_frozen(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from oxbench.features.deep.model import build_net, load_model, save_model
+    from oxbench.train.loop import train
+
+    torch.set_num_threads(1)
+    start = tmp_path / "start.pt"
+    save_model(start, build_net("resnet18", "gem", weights="random", seed=3).net)
+    cfg = TrainConfig(epochs=1, tuples=4, neg_num=2, batch_size=2, image_size=32, init=str(start))
+    record = train(cfg, toy_training_set(), tmp_path / "tuned.pt", progress=False)
+    assert [h["negatives"] for h in record["history"]] == ["hard"]  # the published recipe
+    before, after = load_model(start).net.state_dict(), load_model(tmp_path / "tuned.pt").net.state_dict()
+    stats = [k for k in before if k.endswith(("running_mean", "running_var"))]
+    assert stats and all(torch.equal(before[k], after[k]) for k in stats)  # frozen, as published
+    assert not torch.equal(before["features.0.weight"], after["features.0.weight"])  # the weights trained

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import click
 
+from oxbench.train.loop import TrainConfig
+
+_D = TrainConfig()  # the defaults live in one place: the library's configuration
+
 
 @click.command("train")
 @click.option("--backbone", default="resnet18", show_default=True, help="resnet18 / resnet34 / resnet50 / resnet101.")
@@ -11,22 +15,31 @@ import click
 @click.option("--dataset", default="synthetic-train", show_default=True,
               help="Training benchmark (labels give the pairs); never the test set.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="Checkpoint to write (default: <data root>/_models/gem-r18-synthetic.pt, the "
+              help="Model file to write (default: <data root>/_models/gem-r18-synthetic.pt, the "
                    "gem-r18-synthetic preset's weights).")
 @click.option("--root", type=click.Path(file_okay=False), default=None, help="Data root.")
-@click.option("--epochs", type=int, default=6, show_default=True)
-@click.option("--tuples", type=int, default=60, show_default=True, help="Anchor-positive pairs per epoch.")
-@click.option("--neg-num", type=int, default=5, show_default=True, help="Hard negatives per tuple.")
-@click.option("--pool-size", type=int, default=0, show_default=True, help="Images mined for negatives (0: all).")
-@click.option("--batch-size", type=int, default=5, show_default=True, help="Tuples per step.")
-@click.option("--image-size", type=int, default=128, show_default=True, help="Longer side of training images.")
-@click.option("--lr", type=float, default=1e-4, show_default=True)
-@click.option("--weight-decay", type=float, default=1e-6, show_default=True)
-@click.option("--margin", type=float, default=0.85, show_default=True,
+@click.option("--epochs", type=int, default=_D.epochs, show_default=True)
+@click.option("--tuples", type=int, default=_D.tuples, show_default=True, help="Anchor-positive pairs per epoch.")
+@click.option("--neg-num", type=int, default=_D.neg_num, show_default=True, help="Negatives per tuple.")
+@click.option("--pool-size", type=int, default=_D.pool_size, show_default=True, help="Images the hardest negatives are mined from (0: all).")
+@click.option("--batch-size", type=int, default=_D.batch_size, show_default=True, help="Tuples per optimiser step (one batch-norm batch).")
+@click.option("--image-size", type=int, default=_D.image_size, show_default=True, help="Longer side of training images.")
+@click.option("--lr", type=float, default=_D.lr, show_default=True,
+              help="Adam learning rate (from a random initialisation; fine-tuning published weights uses ~1e-6).")
+@click.option("--weight-decay", type=float, default=_D.weight_decay, show_default=True)
+@click.option("--margin", type=float, default=_D.margin, show_default=True,
               help="Contrastive margin (0.85: the published value for ResNet; 0.75 for VGG).")
+@click.option("--positives", type=click.Choice(["easy", "all"]), default=_D.positives, show_default=True,
+              help="Positive pairs: each query crop with its Easy positives, or with all of them.")
+@click.option("--random-negative-epochs", type=int, default=None,
+              help="Epochs with random negatives before the hardest ones are mined every epoch "
+                   "[default: all epochs with --init random (hardest negatives of a random network do "
+                   "not train it), none with pretrained weights, as published].")
+@click.option("--augment/--no-augment", default=_D.augment, show_default=True,
+              help="Random crops, mirroring, brightness/contrast changes of training images.")
 @click.option("--init", default="random", show_default=True,
-              help="random, imagenet (from the local torch cache only) or a checkpoint path.")
-@click.option("--seed", type=int, default=0, show_default=True)
+              help="random, imagenet (the library's weights, from its cache) or a model file.")
+@click.option("--seed", type=int, default=_D.seed, show_default=True)
 @click.option("--threads", type=int, default=None, help="Torch CPU threads (default: torch's).")
 @click.option("--sfm-pickle", type=click.Path(dir_okay=False), default=None,
               help="Train on SfM-120k tuples: the retrieval-SfM-120k.pkl file ...")
@@ -35,15 +48,20 @@ import click
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def train(out: str | None, root: str | None, restart: bool, no_progress: bool, threads: int | None,
           **settings: object) -> None:  # fmt: skip
-    """Fine-tune BACKBONE + GeM with the contrastive loss and hard negatives mined every epoch.
+    """Train BACKBONE + GeM with the contrastive loss and mined negatives (Radenovic et al. 2018).
 
-    Resumable: each epoch is checkpointed to OUT.partial, and a rerun continues from it. The result
-    is a checkpoint `oxbench run` loads (state dict + meta: architecture, pooling, p, mean/std).
+    The defaults train ResNet-18 + GeM from a random initialisation on the synthetic training city
+    in minutes on two CPU cores and write the model file of the gem-r18-synthetic preset, which
+    `oxbench run --method gem-r18-synthetic` then loads (see docs/deep.md, "Training").
+
+    Resumable: each epoch is saved to OUT.partial, and a rerun continues from it. The model file
+    holds the network, GeM's p, mean/std, a learned whitening fitted on the training pairs
+    (gem-r18-synthetic+lw applies it) and the training record.
     """
     from pathlib import Path
 
     from oxbench.datasets.paths import data_root
-    from oxbench.train.loop import DEFAULT_MODEL, TrainConfig, benchmark_training_set
+    from oxbench.train.loop import DEFAULT_MODEL, benchmark_training_set
     from oxbench.train.loop import train as run_training
 
     config = TrainConfig(**settings)  # type: ignore[arg-type]

@@ -226,12 +226,16 @@ _cnn("spoc-r50-imagenet", "resnet50", "spoc", "imagenet")
 _cnn("rmac-r50-imagenet", "resnet50", "rmac", "imagenet")
 _cnn("rmac-r50-imagenet+w", "resnet50", "rmac", "imagenet", whitening="pca")
 
-# ResNet-18 GeM fine-tuned on the synthetic training city by `oxbench train`, which writes
-# <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder).
+# ResNet-18 GeM trained from scratch on the synthetic training city by `oxbench train`, which writes
+# <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder). Described at the
+# size it was trained at (128 px, one scale: a network trained from scratch on small images has not
+# learned the features of large ones). "+lw": the learned whitening stored in the model file.
 _R18 = "models:gem-r18-synthetic.pt"
-_cnn("gem-r18-synthetic", "resnet18", "gem", _R18)
-_cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca")
-_cnn("gem-r18-synthetic+w+alpha-qe", "resnet18", "gem", _R18, whitening="pca", qe="alpha-qe")
+_R18_SIZE: dict[str, Any] = {"max_side": 128, "scales": (1.0,)}
+_cnn("gem-r18-synthetic", "resnet18", "gem", _R18, **_R18_SIZE)
+_cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca", **_R18_SIZE)
+_cnn("gem-r18-synthetic+lw", "resnet18", "gem", _R18, model_whitening=True, **_R18_SIZE)
+_cnn("gem-r18-synthetic+w+alpha-qe", "resnet18", "gem", _R18, whitening="pca", qe="alpha-qe", **_R18_SIZE)
 
 # --- your own descriptors ------------------------------------------------------------------------
 

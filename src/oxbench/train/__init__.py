@@ -3,11 +3,10 @@ a backbone + GeM with hard-negative mining (Radenovic, Tolias & Chum, TPAMI 2018
 
 - :mod:`oxbench.train.pairs` -- matching pairs and landmark groups from a benchmark's labels (numpy
   only; also used by the learned whitening);
-- :mod:`oxbench.train.model` -- a minimal backbone + GeM retrieval network (torch);
 - :mod:`oxbench.train.sfm` -- the SfM-120k training-tuple pickle (restricted unpickler);
-- :mod:`oxbench.train.loop` -- ``oxbench train``: contrastive loss, hard-negative mining per epoch,
-  resumable per epoch, a checkpoint ``oxbench run`` loads.
+- :mod:`oxbench.train.loop` -- ``oxbench train``: contrastive loss, negatives mined per epoch,
+  resumable per epoch; the network is :mod:`oxbench.features.deep`'s and the result is the model file
+  ``oxbench run`` loads.
 
-Nothing here imports torch at module import except :mod:`~oxbench.train.model` and
-:mod:`~oxbench.train.loop`, which are only imported when training or describing.
+Nothing here imports torch at module import; :mod:`~oxbench.train.loop` imports it when training.
 """

@@ -1,100 +1,124 @@
-"""``oxbench train``: fine-tune a backbone + GeM with the contrastive loss and hard-negative mining.
+"""``oxbench train``: train a backbone + GeM with the contrastive loss and mined negatives.
 
 The recipe of Radenovic, Tolias & Chum, "Fine-tuning CNN Image Retrieval with No Human Annotation"
-(TPAMI 2018; cirtorch), at a size two CPU cores can run:
+(TPAMI 2018; cirtorch), made to learn from a random initialisation on two CPU cores:
 
+- **network**: :class:`~oxbench.features.deep.model.RetrievalNet` built by
+  :func:`~oxbench.features.deep.model.build_net` -- the very network ``oxbench run`` describes images
+  with -- and written with :func:`~oxbench.features.deep.model.save_model` as a model file that the
+  ``gem-r18-synthetic`` preset (``weights="models:gem-r18-synthetic.pt"``) loads as it is.
 - **tuples**: an anchor, one positive, ``neg_num`` negatives. Positive pairs come from the labels:
-  on a benchmark used for training (``synthetic-train``, built from its generation parameters, or the
-  other real city) each query crop with each of its easy/hard positives
-  (:func:`oxbench.train.pairs.matching_pairs`); on SfM-120k the pickle's ``qidxs``/``pidxs``. Every
-  epoch ``tuples`` pairs are drawn (seeded by the epoch).
-- **hard negatives, mined each epoch**: the network (eval mode) describes a pool of training images
-  (``pool_size``, all by default) and each anchor; its negatives are the most similar pool images
-  that cannot show its landmark (never an image labelled positive or junk for any query of the
-  anchor's landmark; on SfM-120k, never its own cluster), at most one per landmark/cluster, as in
-  cirtorch.
+  on a benchmark used for training (``synthetic-train``, or the other real city) each query crop with
+  each of its positives (:func:`oxbench.train.pairs.matching_pairs`; ``positives="easy"``: its Easy
+  positives only); on SfM-120k the pickle's ``qidxs``/``pidxs``. Every epoch ``tuples`` pairs are
+  drawn (seeded by the epoch).
+- **negatives**: images that cannot show the anchor's landmark (never an image labelled positive or
+  junk for any query of that landmark; on SfM-120k never its own cluster), at most one per
+  landmark/cluster. For the first ``random_negative_epochs`` epochs (by default: all of them from a
+  random initialisation, none from pretrained weights) they are drawn at random; after that they are
+  the *hardest* ones, mined every epoch as in cirtorch: the network (eval mode)
+  describes a pool of training images (``pool_size``, all by default) and each anchor, and the most
+  similar pool images are taken.
 - **loss**: contrastive, ``0.5 d^2`` for the positive and ``0.5 max(0, margin - d)^2`` for each
-  negative, ``d`` the Euclidean distance of L2-normalised descriptors, summed over the batch. The
-  margin defaults to 0.85, the published value for ResNet (0.75 for VGG; cirtorch's README trains
-  the TPAMI ResNet-101 GeM with ``--loss-margin 0.85``; 0.7 is only cirtorch's class default).
-- **optimiser**: Adam. The published fine-tuning starts from ImageNet weights with ``lr`` 5e-7 to
-  1e-6 at 362 px; from a random initialisation on CPU at 128-224 px a much larger ``lr`` (1e-4 by
-  default) is what trains in minutes.
+  negative, ``d`` the Euclidean distance of L2-normalised descriptors, summed over the batch.
+- **optimiser**: Adam, GeM's ``p`` with a 10x learning rate and no weight decay (as cirtorch).
+- **augmentation** (``augment``): every training image is a random crop (60-100 % of its area,
+  aspect ratio 3:4..4:3) resized back to the training shape, mirrored with probability 1/2, with a
+  random brightness and contrast change (x0.7..1.3) -- the changes the labels say a match survives.
+
+Why these choices (see ``docs/deep.md``, "Training"): the published recipe fine-tunes an ImageNet
+network, whose descriptors already rank images sensibly, so hardest negatives and frozen batch norm
+are right there. From a random initialisation neither is: the hardest negatives of a random network
+are images that merely share colours and brightness with the anchor, and training on them alone does
+not learn at all; frozen batch norm with statistics of random weights trains an unnormalised
+network. So with ``init="random"`` batch norm runs in training mode (statistics of the whole batch:
+``batch_size`` tuples of ``neg_num + 2`` images) and is re-estimated on the training images
+(:func:`calibrate_batchnorm`) before every mining pass and before the model is written; with
+pretrained weights (``imagenet`` or a model file) it stays frozen, as published.
 
 Training images are resized so that their longer side is ``image_size`` and then all to one shape
-(that of the database images, 4:3 on the synthetic city; query crops are stretched to it), so each
-batch is one tensor.
+(that of the first image: 4:3 on the synthetic city; query crops are stretched to it), so each batch
+is one tensor.
 
-Batch norm is frozen while training, as in cirtorch, so that a descriptor does not depend on the
-other images of its batch (in training mode a tuple's batch statistics let the loss fall to zero
-while the same images described one by one stay apart). A randomly initialised network has no
-useful running statistics, so at the start of every epoch they are re-estimated on (up to 256 of)
-the mining pool (:func:`calibrate_batchnorm`), before the pool is described, and once more on the
-training images after the last epoch, before the checkpoint is written.
+After the last epoch a learned whitening (Radenovic et al.: from the matching pairs) is fitted on the
+training images' descriptors at the training size and stored in the model file (``lw``, applied by
+presets with ``model_whitening``).
 
 Resumable per epoch: after every epoch the model, the optimiser and the epoch are written to
 ``<out>.partial`` (temporary file + rename); a rerun of the same configuration continues from there,
-one of another configuration is refused unless ``restart``. The finished checkpoint is written to
-``out`` in the format of :mod:`oxbench.train.model` and the partial state is removed.
+one of another configuration is refused unless ``restart``. The finished model file is written to
+``out`` and the partial state is removed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
-from oxbench.fileio import progress_bar
+from oxbench.fileio import atomic_write_bytes, progress_bar
 
 log = logging.getLogger(__name__)
 
-#: Default training-city checkpoint, relative to the data root (the ``gem-r18-synthetic`` preset's weights).
+#: Default training-city model file, relative to the data root (the ``gem-r18-synthetic`` preset's weights).
 DEFAULT_MODEL = Path("_models") / "gem-r18-synthetic.pt"
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that determines a trained model (recorded in its checkpoint).
+    """Everything that determines a trained model (recorded in its model file).
+
+    The defaults train ResNet-18 + GeM from a random initialisation on the synthetic training city
+    in a few minutes on two CPU cores (``docs/deep.md``).
 
     Attributes:
-        backbone: ``resnet18`` / ``resnet34`` / ``resnet50`` / ``resnet101``.
+        backbone: a torchvision ResNet / VGG or ``timm:<name>`` (:mod:`oxbench.features.deep.backbones`).
         pooling: ``gem`` (the only one trained here).
         dataset: training benchmark id (ignored with ``sfm_pickle``).
-        epochs: passes, each with fresh hard negatives.
+        epochs: passes, each with fresh tuples (and, after ``random_negative_epochs``, fresh hard negatives).
         tuples: anchor-positive pairs per epoch.
         neg_num: negatives per tuple.
-        pool_size: images the negatives are mined from each epoch (0: all).
+        pool_size: images the hard negatives are mined from each epoch (0: all).
         batch_size: tuples per optimiser step.
         image_size: longer side of training images (px).
         lr, weight_decay: Adam settings.
         margin: contrastive-loss margin.
         p: initial GeM exponent.
-        init: ``random``, ``imagenet`` (local torch cache only) or a checkpoint path.
-        seed: seed of initialisation, sampling and mining order.
+        positives: ``all`` (every labelled positive of a query) or ``easy`` (its Easy ones only; on
+            SfM-120k, where pairs carry no difficulty, the same as ``all``).
+        random_negative_epochs: epochs with random instead of hardest negatives (``None``: every
+            epoch from a random initialisation, none from pretrained weights as published).
+        augment: random crops, mirroring and brightness/contrast changes of training images.
+        init: ``random``, ``imagenet`` (the library's weights) or a model file path.
+        seed: seed of initialisation, sampling, augmentation and mining order.
         sfm_pickle, sfm_images: SfM-120k tuples (``retrieval-SfM-120k.pkl``) and its image folder.
     """
 
     backbone: str = "resnet18"
     pooling: str = "gem"
     dataset: str = "synthetic-train"
-    epochs: int = 6
-    tuples: int = 60
+    epochs: int = 12
+    tuples: int = 100
     neg_num: int = 5
     pool_size: int = 0
     batch_size: int = 5
     image_size: int = 128
-    lr: float = 1e-4
+    lr: float = 1e-3
     weight_decay: float = 1e-6
     margin: float = 0.85
     p: float = 3.0
+    positives: Literal["all", "easy"] = "easy"
+    random_negative_epochs: int | None = None
+    augment: bool = False
     init: str = "random"
     seed: int = 0
     sfm_pickle: str | None = None
@@ -110,11 +134,22 @@ class TrainConfig:
             raise InputError(f"--image-size must be in 32..2048, got {self.image_size}")
         if self.pool_size < 0 or self.lr <= 0 or self.weight_decay < 0 or self.margin <= 0 or self.p < 1:
             raise InputError("pool size and weight decay must be >= 0, lr and margin > 0, p >= 1")
+        if self.random_negative_epochs is not None and self.random_negative_epochs < 0:
+            raise InputError("--random-negative-epochs must be >= 0")
+        if self.positives not in ("all", "easy"):
+            raise InputError(f"--positives must be all or easy, got {self.positives!r}")
         if (self.sfm_pickle is None) != (self.sfm_images is None):
             raise InputError("SfM-120k training needs both --sfm-pickle and --sfm-images")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def random_epochs(self) -> int:
+        """Epochs with random negatives (:attr:`random_negative_epochs` resolved)."""
+        if self.random_negative_epochs is not None:
+            return self.random_negative_epochs
+        return self.epochs if self.init == "random" else 0
 
 
 @dataclass
@@ -128,6 +163,7 @@ class TrainingSet:
         cluster: ``[n]`` landmark/cluster of each image (negative ids: a cluster of one).
         exclude: per anchor landmark, images never used as its negatives.
         source: what it is (recorded).
+        easy: ``[m]`` whether each pair is an Easy one (``None``: no difficulty labels).
     """
 
     read: Callable[[int], NDArray[np.uint8]]
@@ -136,6 +172,7 @@ class TrainingSet:
     cluster: NDArray[np.int64]
     exclude: list[NDArray[np.int64]] = field(default_factory=list)
     source: str = ""
+    easy: NDArray[np.bool_] | None = None
 
 
 def _resize(image: NDArray[np.uint8], size: tuple[int, int]) -> NDArray[np.uint8]:
@@ -166,46 +203,23 @@ def benchmark_training_set(bench: Any, image_size: int, *, progress: bool = True
         im = bench.database.read(i) if i < gt.n_db else bench.query_crop(i - gt.n_db)
         images.append(_resize(im, size))
     cluster, maybe = image_clusters(gt)
-    return TrainingSet(images.__getitem__, len(images), matching_pairs(gt), cluster, maybe,
-                       source=f"{bench.id} ({gt.n_db} images + {gt.n_queries} query crops)")  # fmt: skip
-
-
-def _to_tensor(images: list[NDArray[np.uint8]]) -> Any:
-    from oxbench.train.model import MEAN, STD
-
-    torch = require("torch", "deep")
-    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div_(255.0)
-    mean = torch.tensor(MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(STD).view(1, 3, 1, 1)
-    return (x - mean) / std
-
-
-def describe(model: Any, images: Sequence[NDArray[np.uint8]], *, batch: int = 32, progress: bool = False,
-             desc: str = "describe") -> NDArray[np.float32]:  # fmt: skip
-    """L2-normalised descriptors ``float32 [n, D]`` of ``images`` (eval mode, batched by shape)."""
-    torch = require("torch", "deep")
-    model.eval()
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, im in enumerate(images):
-        groups.setdefault(im.shape, []).append(i)
-    out: NDArray[np.float32] | None = None
-    bar = progress_bar(total=len(images), enabled=progress, desc=desc, unit="img")
-    with torch.no_grad():
-        for idx in groups.values():
-            for s in range(0, len(idx), batch):
-                chunk = idx[s : s + batch]
-                y = model(_to_tensor([images[i] for i in chunk])).numpy()
-                if out is None:
-                    out = np.zeros((len(images), y.shape[1]), np.float32)
-                out[chunk] = y
-                bar.update(len(chunk))
-    bar.close()
-    return out if out is not None else np.zeros((0, 0), np.float32)
+    pairs = matching_pairs(gt)
+    easy_sets = [set(q.easy.tolist()) for q in gt.queries]
+    easy = np.array([int(p) in easy_sets[int(a) - gt.n_db] for a, p in pairs], dtype=bool)
+    return TrainingSet(images.__getitem__, len(images), pairs, cluster, maybe,
+                       source=f"{bench.id} ({gt.n_db} images + {gt.n_queries} query crops)", easy=easy)  # fmt: skip
 
 
 def _batchnorms(model: Any) -> list[Any]:
     torch = require("torch", "deep")
     return [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def _to_tensor(net: Any, images: Sequence[NDArray[np.uint8]]) -> Any:
+    """``[B, 3, H, W]`` normalised with the network's mean / std, from equal-size uint8 images."""
+    torch = require("torch", "deep")
+    x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float().div_(255.0)
+    return (x - torch.tensor(net.mean).view(1, 3, 1, 1)) / torch.tensor(net.std).view(1, 3, 1, 1)
 
 
 def calibrate_batchnorm(model: Any, images: Sequence[NDArray[np.uint8]], *, batch: int = 32) -> None:
@@ -221,10 +235,18 @@ def calibrate_batchnorm(model: Any, images: Sequence[NDArray[np.uint8]], *, batc
         # near-equal batches: never a last batch of one image (batch norm needs two values per channel)
         for chunk in np.array_split(np.arange(len(images)), max(1, -(-len(images) // batch))):
             if len(chunk):
-                model(_to_tensor([images[i] for i in chunk]))
+                model(_to_tensor(model, [images[i] for i in chunk]))
     for m, mom in zip(layers, saved, strict=True):
         m.momentum = mom
     model.eval()
+
+
+def describe(net: Any, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float32]:
+    """Single-scale descriptors ``float32 [n, D]`` of training-size images, by the extractor
+    ``oxbench run`` uses (eval mode, batches of equal-size images)."""
+    from oxbench.features.deep.extract import ExtractOptions, Extractor
+
+    return Extractor(net, ExtractOptions(scales=(1.0,), batch_size=32, device="cpu")).describe(images)
 
 
 def mine_negatives(
@@ -234,13 +256,28 @@ def mine_negatives(
     """``[n_anchors, neg_num]`` hardest negatives: most similar pool images of other landmarks,
     one per landmark/cluster (``-1`` where the pool has too few)."""
     sims = anchor_desc @ pool_desc.T
+    return _pick_negatives([np.argsort(-sims[r], kind="stable") for r in range(len(anchors))], pool, anchors, ts, neg_num)
+
+
+def random_negatives(
+    pool: NDArray[np.int64], anchors: NDArray[np.int64], ts: TrainingSet, neg_num: int, rng: np.random.Generator
+) -> NDArray[np.int64]:
+    """``[n_anchors, neg_num]`` random pool images of other landmarks, one per landmark/cluster
+    (``-1`` where the pool has too few)."""
+    return _pick_negatives([rng.permutation(len(pool)) for _ in range(len(anchors))], pool, anchors, ts, neg_num)
+
+
+def _pick_negatives(
+    orders: list[NDArray[np.int64]], pool: NDArray[np.int64], anchors: NDArray[np.int64], ts: TrainingSet, neg_num: int
+) -> NDArray[np.int64]:
+    """The first ``neg_num`` images of each anchor's pool order that may be its negatives."""
     out = np.full((len(anchors), neg_num), -1, np.int64)
     for r, a in enumerate(anchors.tolist()):
         lm = int(ts.cluster[a])
         banned = set(ts.exclude[lm].tolist()) if 0 <= lm < len(ts.exclude) else set()
         used: set[int] = set()
         got = 0
-        for j in np.argsort(-sims[r], kind="stable").tolist():
+        for j in orders[r].tolist():
             img = int(pool[j])
             c = int(ts.cluster[img])
             if img == a or img in banned or c == lm or c in used:
@@ -251,6 +288,23 @@ def mine_negatives(
             if got == neg_num:
                 break
     return out
+
+
+def augment_image(image: NDArray[np.uint8], rng: np.random.Generator) -> NDArray[np.uint8]:
+    """A random crop (60-100 % of the area, aspect 3:4..4:3 of the original's) resized back to the
+    image's shape, mirrored with probability 1/2, brightness and contrast each scaled by 0.7..1.3."""
+    h, w = image.shape[:2]
+    area = rng.uniform(0.6, 1.0)
+    ratio = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
+    ch = min(h, max(2, round(h * np.sqrt(area / ratio))))
+    cw = min(w, max(2, round(w * np.sqrt(area * ratio))))
+    y, x = int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1))
+    out = _resize(np.ascontiguousarray(image[y : y + ch, x : x + cw]), (w, h)).astype(np.float32)
+    if rng.random() < 0.5:
+        out = out[:, ::-1]
+    mean = out.mean()
+    out = (out - mean) * rng.uniform(0.7, 1.3) + mean * rng.uniform(0.7, 1.3)
+    return np.clip(out + 0.5, 0, 255).astype(np.uint8)
 
 
 def contrastive_loss(anchor: Any, others: Any, labels: Any, margin: float) -> Any:
@@ -264,17 +318,46 @@ def _partial_path(out: Path) -> Path:
     return out.with_name(out.name + ".partial")
 
 
+def _save_partial(path: Path, state: dict[str, Any]) -> Path:
+    torch = require("torch", "deep")
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _training_pairs(config: TrainConfig, ts: TrainingSet) -> NDArray[np.int64]:
+    if config.positives == "easy" and ts.easy is not None:
+        pairs = ts.pairs[ts.easy]
+        if not len(pairs):
+            raise InputError(f"{ts.source}: no Easy positive pairs; train with --positives all")
+        return pairs
+    return ts.pairs
+
+
+def _build(config: TrainConfig) -> Any:
+    from oxbench.features.deep.model import build_net
+
+    weights: str | Path = config.init
+    if config.init not in ("random", "imagenet"):
+        weights = Path(config.init).expanduser()
+    return build_net(config.backbone, config.pooling, weights=weights, p=config.p, seed=config.seed).net
+
+
+def _calibration_images(ts: TrainingSet, rng: np.random.Generator, limit: int = 256) -> list[NDArray[np.uint8]]:
+    return [ts.read(int(i)) for i in np.sort(rng.choice(ts.n, min(limit, ts.n), replace=False))]
+
+
 def train(
     config: TrainConfig, ts: TrainingSet, out: str | Path, *, restart: bool = False, progress: bool = True,
     threads: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train and write the checkpoint ``out``; returns the training record (losses, times).
+    """Train and write the model file ``out``; returns the training record (losses, times).
 
     Raises:
         InputError: a partial training of another configuration at ``<out>.partial`` (without
             ``restart``), or a training set without pairs or negatives.
     """
-    from oxbench.train.model import build_model, load_checkpoint, model_meta, save_checkpoint
+    from oxbench.features.deep.model import _torch_load, load_model, save_model
 
     torch = require("torch", "deep")
     if threads:
@@ -284,77 +367,109 @@ def train(
     cfg = config.to_dict()
     if not len(ts.pairs):
         raise InputError(f"{ts.source}: no positive pairs to train on")
+    pairs = _training_pairs(config, ts)
     if out.exists() and not restart:
-        _, meta = load_checkpoint(out)
-        done = meta.get("training", {})
+        done = dict(load_model(out).source.get("training") or {})
         if done.get("config") == cfg:
             log.info("%s is already trained with this configuration", out)
-            return dict(done)
-    model = build_model(config.backbone, p=config.p, init=config.init, seed=config.seed)
-    pool_params = [model.pool.p]
-    trunk_params = [q for n, q in model.named_parameters() if not n.startswith("pool.")]
+            return done
+    net = _build(config)
+    scratch = config.init == "random"
+    trunk_params = [q for n, q in net.named_parameters() if not n.startswith("pool.")]
     # cirtorch trains GeM's p with a 10x learning rate and no weight decay
     optimizer = torch.optim.Adam([
         {"params": trunk_params, "lr": config.lr, "weight_decay": config.weight_decay},
-        {"params": pool_params, "lr": config.lr * 10, "weight_decay": 0.0},
+        {"params": list(net.pool.parameters()), "lr": config.lr * 10, "weight_decay": 0.0},
     ])  # fmt: skip
-    history: list[dict[str, float]] = []
+    history: list[dict[str, float | str]] = []
     start = 0
     if partial.exists() and not restart:
-        state = torch.load(partial, map_location="cpu", weights_only=True)
-        if state.get("config") != cfg:
+        state = _torch_load(partial)
+        if not isinstance(state, dict) or state.get("config") != cfg:
             raise InputError("a partial training of another configuration is here; rerun with --restart "
                              "to discard it, or choose another --out", partial)  # fmt: skip
-        model.load_state_dict(state["model"])
+        net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, history = int(state["epoch"]) + 1, list(state["history"])
         log.info("resuming %s after epoch %d", out, start)
+    labels = torch.tensor([1.0] + [0.0] * config.neg_num)
     for epoch in range(start, config.epochs):
         t0 = time.perf_counter()
         rng = np.random.default_rng([config.seed, epoch])
-        chosen = ts.pairs[rng.choice(len(ts.pairs), min(config.tuples, len(ts.pairs)), replace=False)]
+        chosen = pairs[rng.choice(len(pairs), min(config.tuples, len(pairs)), replace=False)]
         anchors = chosen[:, 0]
         pool = np.arange(ts.n) if not config.pool_size or config.pool_size >= ts.n else \
             np.sort(rng.choice(ts.n, config.pool_size, replace=False))
-        need = np.unique(np.concatenate((anchors, pool)))
-        calib = np.sort(rng.choice(pool, min(256, len(pool)), replace=False))
-        calibrate_batchnorm(model, [ts.read(int(i)) for i in calib])
-        desc = describe(model, [ts.read(int(i)) for i in need], progress=progress, desc=f"mine {epoch + 1}")
-        where = {int(v): k for k, v in enumerate(need.tolist())}
-        negs = mine_negatives(desc[[where[int(a)] for a in anchors]], desc[[where[int(p)] for p in pool]],
-                              pool, anchors, ts, config.neg_num)  # fmt: skip
+        hard = epoch >= config.random_epochs
+        if hard:
+            if scratch:
+                calibrate_batchnorm(net, _calibration_images(ts, rng))
+            need = np.unique(np.concatenate((anchors, pool)))
+            desc = describe(net, [ts.read(int(i)) for i in need])
+            where = {int(v): k for k, v in enumerate(need.tolist())}
+            negs = mine_negatives(desc[[where[int(a)] for a in anchors]], desc[[where[int(p)] for p in pool]],
+                                  pool, anchors, ts, config.neg_num)  # fmt: skip
+        else:
+            negs = random_negatives(pool, anchors, ts, config.neg_num, rng)
         keep = (negs >= 0).all(axis=1)
         if not keep.any():
             raise InputError(f"{ts.source}: no anchor has {config.neg_num} negatives of other landmarks")
         chosen, negs = chosen[keep], negs[keep]
-        model.train()
-        for layer in _batchnorms(model):
-            layer.eval()  # frozen statistics (affine weights still train)
+        net.train()
+        if not scratch:
+            for layer in _batchnorms(net):
+                layer.eval()  # pretrained statistics stay frozen (affine weights still train), as published
         losses = []
         order = rng.permutation(len(chosen))
         bar = progress_bar(range(0, len(order), config.batch_size), enabled=progress,
                            desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch")  # fmt: skip
-        labels = torch.tensor([1.0] + [0.0] * config.neg_num)
         for s in bar:
             rows = order[s : s + config.batch_size]
             ids = np.concatenate([np.concatenate(([chosen[r, 0], chosen[r, 1]], negs[r])) for r in rows])
-            y = model(_to_tensor([ts.read(int(i)) for i in ids])).view(len(rows), config.neg_num + 2, -1)
+            images = [ts.read(int(i)) for i in ids]
+            if config.augment:
+                images = [augment_image(im, rng) for im in images]
+            y = net(_to_tensor(net, images)).view(len(rows), config.neg_num + 2, -1)
             loss = contrastive_loss(y[:, :1], y[:, 1:], labels, config.margin)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(float(loss.item()) / len(rows))
             bar.set_postfix(loss=f"{np.mean(losses):.4f}")
+        net.eval()
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.perf_counter() - t0,
-                        "p": float(model.pool.p.item())})  # fmt: skip
-        log.info("epoch %d/%d: loss %.4f, GeM p %.3f, %.1f s", epoch + 1, config.epochs, history[-1]["loss"],
-                 history[-1]["p"], history[-1]["seconds"])  # fmt: skip
-        save_checkpoint(partial, {"config": cfg, "epoch": epoch, "model": model.state_dict(),
-                                  "optimizer": optimizer.state_dict(), "history": history})  # fmt: skip
-    # the statistics were estimated before the last epoch changed the weights: estimate them again
-    calib = np.sort(np.random.default_rng([config.seed, config.epochs]).choice(ts.n, min(256, ts.n), replace=False))
-    calibrate_batchnorm(model, [ts.read(int(i)) for i in calib])
+                        "p": float(net.pool.p.item()), "negatives": "hard" if hard else "random"})  # fmt: skip
+        log.info("epoch %d/%d: loss %.4f (%s negatives), GeM p %.3f, %.1f s", epoch + 1, config.epochs,
+                 history[-1]["loss"], history[-1]["negatives"], history[-1]["p"], history[-1]["seconds"])  # fmt: skip
+        _save_partial(partial, {"config": cfg, "epoch": epoch, "model": net.state_dict(),
+                                "optimizer": optimizer.state_dict(), "history": history})  # fmt: skip
+    if scratch:  # the running statistics of training batches (augmented, in training mode): estimate them on the images
+        calibrate_batchnorm(net, _calibration_images(ts, np.random.default_rng([config.seed, config.epochs])))
     record = {"config": cfg, "history": history, "trained_on": ts.source}
-    save_checkpoint(out, {"state_dict": model.state_dict(), "meta": model_meta(model, config.backbone, training=record)})
+    lw, lw_note = _learned_whitening(net, ts, ts.pairs)
+    if lw_note:
+        record["lw"] = lw_note
+    save_model(out, net.eval(), lw=lw, source={"format": "oxbench train", "training": record})
     partial.unlink(missing_ok=True)
     return record
+
+
+def _learned_whitening(
+    net: Any, ts: TrainingSet, pairs: NDArray[np.int64]
+) -> tuple[dict[str, dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]]], str]:
+    """The learned whitening of the trained network's training-size descriptors, from the pairs.
+
+    Returns ``({name: {"ss": (m, P)}}, "")`` or ``({}, why not)`` when the training set is too small
+    to learn one (fewer images or pairs than dimensions).
+    """
+    from oxbench.index.whitening import LearnedWhitening
+
+    x = describe(net, [ts.read(i) for i in range(ts.n)])
+    try:
+        # a few hundred pairs of one city rarely span every dimension: shrink the intra-class covariance
+        w = LearnedWhitening(shrinkage=0.1).fit(x, pairs, fitted_on=ts.source)
+    except InputError as exc:
+        log.warning("no learned whitening stored in the model file: %s", exc)
+        return {}, f"not learned: {exc}"
+    assert w.mean_ is not None and w.components_ is not None and w.scale_ is not None
+    return {"train": {"ss": (w.mean_, w.components_ / w.scale_[:, None])}}, ""
