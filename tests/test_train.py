@@ -194,7 +194,7 @@ def test_training_from_scratch_learns_the_toy_clusters() -> None:
 
 
 def test_random_negatives_by_default_only_from_a_random_initialisation() -> None:
-    assert TrainConfig().random_epochs == TrainConfig().epochs == 12
+    assert TrainConfig().random_epochs == TrainConfig().epochs == 40
     assert TrainConfig(init="model.pt").random_epochs == 0 and TrainConfig(init="imagenet").random_epochs == 0
     assert TrainConfig(random_negative_epochs=2).random_epochs == 2
     with pytest.raises(InputError, match="random-negative-epochs must be >= 0"):

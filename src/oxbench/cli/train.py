@@ -10,7 +10,7 @@ _D = TrainConfig()  # the defaults live in one place: the library's configuratio
 
 
 @click.command("train")
-@click.option("--backbone", default="resnet18", show_default=True, help="resnet18 / resnet34 / resnet50 / resnet101.")
+@click.option("--backbone", default="resnet18", show_default=True, help="resnet18/34/50/101/152, vgg11/13/16/19 or timm:<model name>.")
 @click.option("--pooling", default="gem", show_default=True, help="Pooling head (gem).")
 @click.option("--dataset", default="synthetic-train", show_default=True,
               help="Training benchmark (labels give the pairs); never the test set.")

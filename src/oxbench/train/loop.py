@@ -106,7 +106,7 @@ class TrainConfig:
     backbone: str = "resnet18"
     pooling: str = "gem"
     dataset: str = "synthetic-train"
-    epochs: int = 12
+    epochs: int = 40
     tuples: int = 100
     neg_num: int = 5
     pool_size: int = 0
@@ -381,7 +381,7 @@ def train(
         {"params": trunk_params, "lr": config.lr, "weight_decay": config.weight_decay},
         {"params": list(net.pool.parameters()), "lr": config.lr * 10, "weight_decay": 0.0},
     ])  # fmt: skip
-    history: list[dict[str, float | str]] = []
+    history: list[dict[str, Any]] = []
     start = 0
     if partial.exists() and not restart:
         state = _torch_load(partial)
