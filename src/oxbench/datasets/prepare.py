@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oxbench.datasets.archive import extract_archive, is_archive
+from oxbench.datasets.archive import extract_archive, is_archive, remove_stale_extractions
 from oxbench.datasets.fetch import (
     MIRROR_ENV,
     DownloadResult,
@@ -116,8 +116,13 @@ def ensure_writable(root: Path) -> None:
 
 
 def _remove_stale(ddir: Path) -> None:
-    """Temporary files and extraction folders a killed fetch or import left in ``ddir``."""
-    remove_stale_temps(ddir, patterns=("*.extracting", ".extract-*", ".import-*", ".*.importing"))
+    """Temporary files and extraction folders a killed fetch or import left in ``ddir``.
+
+    Extraction folders are judged by their owner's pid (an R1M archive can take longer to extract
+    than any age limit), the rest by age.
+    """
+    remove_stale_extractions(ddir)
+    remove_stale_temps(ddir, patterns=(".extract-*", ".import-*", ".*.importing"))
 
 
 def _extraction_target(ddir: Path, name: str) -> Path:
