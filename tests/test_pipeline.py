@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oxbench.datasets import Benchmark, load
 from oxbench.errors import InputError
@@ -333,6 +335,45 @@ def test_descriptor_matches_are_mutual_and_pass_the_ratio_test() -> None:
         descriptor_matches(q, d, ratio=1.5)
     with pytest.raises(InputError, match="dimension"):
         descriptor_matches(q, d[:, :8])
+
+
+def _slow_descriptor_matches(q: np.ndarray, d: np.ndarray, ratio: float) -> list[list[int]]:
+    """Every distance, exact (integer descriptors): the definition, slowly. A tie on either side
+    matches nothing (the ratio test refuses equal neighbours; a database feature with two equally
+    near query features has no mutual neighbour)."""
+    dist = ((q[:, None, :].astype(np.int64) - d[None, :, :].astype(np.int64)) ** 2).sum(axis=2)
+    out = []
+    for i in range(len(q)):
+        order = np.argsort(dist[i], kind="stable")
+        j = int(order[0])
+        unique = np.count_nonzero(dist[:, j] == dist[i, j]) == 1 and dist[i, j] == dist[:, j].min()
+        if dist[i, j] < ratio * ratio * dist[i, order[1]] and unique:
+            out.append([i, j])
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    n_q=st.integers(1, 40), n_d=st.integers(2, 40), dim=st.integers(1, 6), high=st.integers(1, 6),
+    ratio=st.sampled_from([0.6, 0.8, 1.0]), rows=st.sampled_from([1, 3, 256]), seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_descriptor_matches_equal_the_definition(
+    n_q: int, n_d: int, dim: int, high: int, ratio: float, rows: int, seed: int
+) -> None:
+    """Small integer descriptors make every distance exact and ties frequent: the blocked in-place
+    reduction must give the brute-force answer, ties included, for any block size."""
+    from oxbench.rerank import spatial
+
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, high, size=(n_q, dim)).astype(np.float32)
+    d = rng.integers(0, high, size=(n_d, dim)).astype(np.float32)
+    old = spatial._MATCH_ROWS
+    spatial._MATCH_ROWS = rows
+    try:
+        got = spatial.descriptor_matches(q, d, ratio=ratio)
+    finally:
+        spatial._MATCH_ROWS = old
+    assert got.tolist() == _slow_descriptor_matches(q, d, ratio)
 
 
 @pytest.mark.slow

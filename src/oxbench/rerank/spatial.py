@@ -63,6 +63,10 @@ DEFAULT_MAX_PER_WORD = 8
 DEFAULT_MAX_ITERS = 1000
 DEFAULT_MAX_SCALE = 10.0
 DEFAULT_MAX_ANISOTROPY = 6.0
+#: Query rows per matrix-product block in :func:`descriptor_matches` (a block of 256 rows by a few
+#: thousand database features stays in the CPU's cache while it is reduced).
+_MATCH_ROWS = 256
+
 #: Lowe's ratio of :func:`descriptor_matches`.
 DEFAULT_RATIO = 0.8
 
@@ -252,7 +256,10 @@ def descriptor_matches(
     is the matching a bag-of-words with a very large vocabulary approximates; on real photos it
     separates positives from negatives far better than shared words of a vocabulary trained on
     another city (bench/README.md, "Classic pipeline on real photos"). Cost: one ``[n_q, n_d]``
-    matrix product per pair.
+    matrix product per pair, computed in blocks of query rows and reduced in place (memory of one
+    block, not of the whole matrix). Ties match nothing: a database feature with several equally
+    near query features is no one's mutual neighbour, as a query feature with two equally near
+    database features fails the ratio test.
 
     Args:
         q_desc: ``[n_q, d]`` query descriptors.
@@ -276,18 +283,44 @@ def descriptor_matches(
         raise InputError(f"descriptors must be [n, d] arrays of one dimension, got {q.shape} and {d.shape}")
     if q.shape[0] == 0 or d.shape[0] < 2:
         return np.zeros((0, 2), dtype=np.int64)
-    d2 = q @ d.T
-    d2 *= -2.0
-    d2 += np.einsum("ij,ij->i", d, d)[None, :]
-    d2 += np.einsum("ij,ij->i", q, q)[:, None]
-    two = np.argpartition(d2, 1, axis=1)[:, :2]
-    a = np.take_along_axis(d2, two, axis=1)
-    nearest = np.where(a[:, 1] < a[:, 0], two[:, 1], two[:, 0])
-    best = np.maximum(a.min(axis=1), 0.0)
-    second = np.maximum(a.max(axis=1), 0.0)
-    passed = best < (ratio * ratio) * second
-    back = d2.argmin(axis=0)  # each database feature's nearest query feature
-    qi = np.flatnonzero(passed & (back[nearest] == np.arange(q.shape[0])))
+    # Squared distances are |q_i|^2 + |d_j|^2 - 2 q_i.d_j. Each block of query rows is one matrix
+    # product, turned in place into the row metric |d_j|^2/2 - q_i.d_j (its argmin is i's nearest,
+    # its two smallest values give the ratio) and then into the column metric |q_i|^2/2 - q_i.d_j,
+    # whose running minimum over all blocks says which query feature is each database feature's
+    # nearest. No full [n_q, n_d] matrix is kept and no sort or argpartition runs over it.
+    n_q = q.shape[0]
+    half_q = 0.5 * np.einsum("ij,ij->i", q, q)
+    half_d = 0.5 * np.einsum("ij,ij->i", d, d)
+    d_t = np.ascontiguousarray(d.T)
+    nearest = np.empty(n_q, np.int64)
+    best = np.empty(n_q, np.float32)
+    second = np.empty(n_q, np.float32)
+    at_nearest = np.empty(n_q, np.float32)  # column metric of (i, nearest[i])
+    col_best = np.full(d.shape[0], np.inf, np.float32)
+    col_count = np.zeros(d.shape[0], np.int64)  # query features at that minimum
+    for start in range(0, n_q, _MATCH_ROWS):
+        stop = min(start + _MATCH_ROWS, n_q)
+        rows = np.arange(stop - start)
+        block = q[start:stop] @ d_t
+        np.subtract(half_d[None, :], block, out=block)
+        j = block.argmin(axis=1)
+        b = block[rows, j]
+        nearest[start:stop], best[start:stop] = j, b
+        block[rows, j] = np.inf
+        second[start:stop] = block.min(axis=1)
+        block[rows, j] = b
+        block -= half_d[None, :]
+        block += half_q[start:stop, None]
+        at_nearest[start:stop] = block[rows, j]
+        low = block.min(axis=0)
+        n_low = np.count_nonzero(block == low, axis=0)
+        col_count = np.where(low < col_best, n_low, col_count + np.where(low == col_best, n_low, 0))
+        np.minimum(col_best, low, out=col_best)
+    # mutual: i is the one query feature nearest to its nearest database feature
+    mutual = np.flatnonzero((at_nearest <= col_best[nearest]) & (col_count[nearest] == 1))
+    best2 = np.maximum(2.0 * (best[mutual].astype(np.float64) + half_q[mutual]), 0.0)
+    second2 = np.maximum(2.0 * (second[mutual].astype(np.float64) + half_q[mutual]), 0.0)
+    qi = mutual[best2 < (ratio * ratio) * second2]
     return np.stack((qi, nearest[qi]), axis=1).astype(np.int64)
 
 
