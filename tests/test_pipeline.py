@@ -494,3 +494,28 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
     # nothing strong enough to expand with: the verified ranking of plain SV, unchanged
     assert np.array_equal(runs[10**6].ranks, plain.ranks)
     assert not np.array_equal(runs[1].ranks, plain.ranks)
+
+
+@pytest.mark.slow
+def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_path: Path) -> None:
+    """Chum et al. 2007: images the expanded query brings up are verified against the query and
+    join the verified head; with qe_verify_top=0 the expanded order stays below it, unverified."""
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    short = {**TINY, "spatial_top_r": 3, "qe_min_inliers": 4}
+    out = {}
+    for top in (0, 30):
+        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, qe_verify_top=top, **short)
+        out[top] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+    before, after = out[0].info["verified_per_query"], out[30].info["verified_per_query"]
+    assert all(b <= a <= b + 30 for b, a in zip(before, after, strict=True))  # type: ignore[call-overload]
+    assert sum(after) > sum(before)  # type: ignore[call-overload]
+    for qi, n in enumerate(after):  # type: ignore[arg-type]
+        scores = out[30].scores
+        assert scores is not None
+        head = scores[qi, :n]
+        assert np.all(head >= 4) and np.all(np.diff(head) <= 0)  # verified: by inliers, best first
+        assert set(out[0].ranks[qi, : before[qi]]) <= set(out[30].ranks[qi, :n])  # type: ignore[index]
+        assert sorted(out[30].ranks[qi]) == list(range(out[30].ranks.shape[1]))
+    with pytest.raises(InputError, match="qe_verify_top"):
+        resolve_method("rootsift-bow-sv-qe", qe_verify_top=-1)

@@ -560,7 +560,8 @@ class BagOfWords(RetrievalMethod):
         info: dict[str, object],
         ctx: RunContext,
     ) -> SearchResult:
-        """Spatial verification of the top R (in ``ctx.workers`` processes), then average query expansion."""
+        """Spatial verification of the top R (in ``ctx.workers`` processes), then average query
+        expansion and verification of the expanded query's new results."""
         m = self.config
         r = min(m.spatial_top_r, ranks.shape[1])
         if m.spatial_top_r > ranks.shape[1]:
@@ -576,34 +577,67 @@ class BagOfWords(RetrievalMethod):
                 verifier, [(qi, queries[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])],
                 workers=ctx.workers, progress=ctx.progress,
             )  # fmt: skip
+        expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] = {}
+        if m.qe == "aqe":
+            with ctx.timed("query_expansion"):
+                expanded = self._expand(ranks, q_vecs, results)
+        second: dict[int, VerifiedList] = {}
+        if expanded and m.qe_verify_top:
+            # Chum et al. 2007: the expanded query's results are verified too (against the query);
+            # only the images of its top qe_verify_top that the first short list did not hold
+            items = []
+            for qi, (_, order) in expanded.items():
+                new = order[: m.qe_verify_top]
+                new = new[~np.isin(new, ranks[qi, :r])]
+                if len(new):
+                    items.append((qi, queries[qi], new))
+            with ctx.timed("spatial_after_qe"):
+                done = verify_short_lists(verifier, items, workers=ctx.workers, progress=ctx.progress)
+            second = {it[0]: res for it, res in zip(items, done, strict=True)}
         n_verified = []
         final = np.empty_like(ranks)
         final_scores = np.empty(ranks.shape, np.float32)
         matches: dict[int, dict[int, NDArray[np.float32]]] = {}
         for qi, res in enumerate(results):
-            verified = res.verified
-            n_verified.append(len(verified))
+            verified, inliers = res.verified, res.inliers
             new_order = np.concatenate([res.head, ranks[qi, r:]])
             row_scores = scores[qi]
-            use = verified[res.inliers >= m.qe_min_inliers][: m.qe_max_verified]
-            if m.qe == "aqe" and len(use):
-                with ctx.timed("query_expansion"):
-                    from oxbench.rerank.qe import average_query_expansion
-
-                    assert self._ivf is not None and self._ivf.db_vectors_ is not None
-                    q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
-                    row_scores = self._ivf.scores_of_vectors(q_new)[0]
-                    rest = ranks_from_scores(_last_if_empty(row_scores, self._empty)[:, None])[0]
-                    rest = rest[~np.isin(rest, verified)]
-                    new_order = np.concatenate([verified, rest])
+            if qi in expanded:
+                row_scores, order = expanded[qi]
+                if qi in second:
+                    verified = np.concatenate([verified, second[qi].verified])
+                    inliers = np.concatenate([inliers, second[qi].inliers])
+                    by_inliers = np.argsort(-inliers, kind="stable")
+                    verified, inliers = verified[by_inliers], inliers[by_inliers]
+                new_order = np.concatenate([verified, order[~np.isin(order, verified)]])
+            n_verified.append(len(verified))
             final[qi] = new_order
             # verified images carry their inlier count (>= min_inliers >= 1 > any cosine score)
             final_scores[qi] = row_scores[new_order]
-            final_scores[qi, : len(verified)] = res.inliers
-            if res.matches:
-                matches[qi] = res.matches
+            final_scores[qi, : len(verified)] = inliers
+            found = {**res.matches, **(second[qi].matches if qi in second else {})}
+            if found:
+                matches[qi] = {v: found[v] for v in verified.tolist() if v in found}
         info["verified_per_query"] = n_verified
         return SearchResult(final, final_scores, info, matches=matches)
+
+    def _expand(
+        self, ranks: NDArray[np.int64], q_vecs, results: list[VerifiedList]  # noqa: ANN001
+    ) -> dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]]:
+        """Average query expansion of each query with verified images strong enough to expand it:
+        ``{query: (scores of the expanded query, its full order)}``."""
+        from oxbench.rerank.qe import average_query_expansion
+
+        m = self.config
+        assert self._ivf is not None and self._ivf.db_vectors_ is not None
+        out = {}
+        for qi, res in enumerate(results):
+            use = res.verified[res.inliers >= m.qe_min_inliers][: m.qe_max_verified]
+            if len(use):
+                q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
+                row_scores = self._ivf.scores_of_vectors(q_new)[0]
+                out[qi] = row_scores, ranks_from_scores(_last_if_empty(row_scores, self._empty)[:, None])[0]
+        return out
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,11 @@ class BowMethod(MethodConfig):
             (a stricter test than re-ranking's ``spatial_min_inliers``, as in Chum et al. 2007:
             averaging in a false positive drifts the query, while ranking it high costs one
             place; unrelated pairs reach 5-7 chance inliers, see :mod:`oxbench.rerank.spatial`).
+        qe_verify_top: the expanded query's results are spatially verified too, as in Chum et
+            al. 2007: the images of its top ``qe_verify_top`` that the first short list did not
+            hold are verified against the query, and those that pass join the verified images
+            (ordered by inliers) above the expanded query's order. 0 keeps the expanded query's
+            order below the first verified images, unverified.
     """
 
     family: ClassVar[str] = "bow"
@@ -97,6 +102,7 @@ class BowMethod(MethodConfig):
     qe: Literal["none", "aqe"] = "none"
     qe_max_verified: int = 50
     qe_min_inliers: int = 8
+    qe_verify_top: int = 100
 
     def __post_init__(self) -> None:
         if self.qe != "none" and not self.spatial:
@@ -105,6 +111,8 @@ class BowMethod(MethodConfig):
             raise InputError(f"method {self.name}: unknown assignment {self.assignment!r}")
         if self.vocab_size < 2:
             raise InputError(f"method {self.name}: vocab_size must be >= 2")
+        if self.qe_verify_top < 0:
+            raise InputError(f"method {self.name}: qe_verify_top must be >= 0")
         if self.spatial_top_r < 1:
             raise InputError(f"method {self.name}: spatial_top_r (the short list) must be >= 1")
         if self.spatial_matching not in ("words", "descriptors"):
