@@ -17,10 +17,17 @@ The vocabulary (or ASMK codebook) of a city is never trained on it: the other ci
 (``--train other``, default) or the synthetic training city (``--train synthetic``). Nothing here
 is tuned on these queries: presets run as they are (settings may be overridden for ablations).
 
+``--deep`` runs the rows of the synthetic deep table instead (``deep_synthetic.ROWS``: the
+``gem-r18-synthetic`` preset with each row's overrides, the random-init floor included), so the
+real-image rows use exactly the settings chosen on the synthetic set. A method's whitening is
+learned on the training set above, never on the evaluated city. The network itself is the model
+file ``oxbench train`` wrote in the data root (``--root`` / ``$OXBENCH_DATA``).
+
 Usage::
 
     python bench/real_subset.py [--methods rootsift-bow-sv-qe ...] [--train other|synthetic]
         [--set KEY=VALUE ...] [--workers 2] [--cache DIR]
+    python bench/real_subset.py --deep [--train other|synthetic] [--root DATA]
 """
 
 from __future__ import annotations
@@ -43,7 +50,27 @@ def _value(text: str) -> object:
         return text
 
 
+def _weights_in_data_root(method: object, root: Path | None) -> object:
+    """``models:<file>`` weights named by their path in the data root's model folder.
+
+    A run resolves ``models:`` in the parent of the benchmark's folder (the data root of a prepared
+    dataset); the subset's folder lies in the real data folder, while ``oxbench train`` wrote the
+    model in the data root (``--root`` / ``$OXBENCH_DATA``, or ``$OXBENCH_MODELS``).
+    """
+    from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
+    from oxbench.pipelines.presets import resolve_method
+
+    weights = getattr(method, "weights", None)
+    if isinstance(weights, str) and weights.startswith(MODELS_PREFIX):
+        path = resolve_weights_path(weights, root)
+        if not path.is_file():
+            raise SystemExit(f"{path}: no model file here: train it with oxbench train (or pass --root DATA)")
+        return resolve_method(method, weights=str(path))  # type: ignore[arg-type]
+    return method
+
+
 def main() -> int:
+    from oxbench.errors import InputError
     from oxbench.evaluation import evaluate
     from oxbench.pipelines import RunContext
     from oxbench.pipelines.presets import resolve_method
@@ -57,7 +84,9 @@ def main() -> int:
     ap.add_argument("--data", type=Path, default=DATA, help="the real data folder")
     ap.add_argument("--methods", nargs="+", default=["rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"])
     ap.add_argument("--train", choices=("other", "synthetic"), default="other")
-    ap.add_argument("--root", type=Path, default=None, help="data root of the synthetic sets (--train synthetic)")
+    ap.add_argument("--deep", action="store_true", help="the rows of the synthetic deep table (deep_synthetic.ROWS)")
+    ap.add_argument("--root", type=Path, default=None,
+                    help="data root of the synthetic sets (--train synthetic) and of oxbench train's models")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="method overrides (ablations)")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset")
@@ -77,24 +106,44 @@ def main() -> int:
         synth_train = load_synthetic(train_dir)
     if overrides:
         print(f"overrides: {overrides}")
-    print(f"{'method':22s} {'city':10s} {'trained on':26s} {'20 cand.':>8s} {'all-280 M':>9s} {'H':>6s}  "
+    rows: list[tuple[str, str, dict[str, object]]] = [(name, name, {}) for name in args.methods]
+    if args.deep:
+        from deep_synthetic import ROWS  # bench/, beside this script
+
+        rows = ROWS
+    width = max(22, *(len(label) for label, _, _ in rows))
+    print(f"{'method':{width}s} {'city':10s} {'trained on':26s} {'20 cand.':>8s} {'all-280 M':>9s} {'H':>6s}  "
           f"verified/q  time")
-    for name in args.methods:
-        method = resolve_method(name, **{k: _value(v) for k, v in overrides.items()})
+    table = []
+    for label, name, extra in rows:
+        method = resolve_method(name, **{**extra, **{k: _value(v) for k, v in overrides.items()}})
+        method = _weights_in_data_root(method, args.root)
+        cells = []
         for dataset, city in cities.items():
             other = "rparis6k" if dataset == "roxford5k" else "roxford5k"
             train = synth_train if synth_train is not None else cities[other].bench
             t0 = time.perf_counter()
-            cand = rank_subset_city(city, train, args.cache, method, workers=args.workers)
-            bench_all = load_subset_all(subset, dataset, args.data)
-            ctx = RunContext(args.cache, workers=args.workers, progress=False)
-            out = method.build().fit(train, ctx).index(bench_all, ctx).search(bench_all, ctx)
+            try:
+                cand = rank_subset_city(city, train, args.cache, method, workers=args.workers)
+                bench_all = load_subset_all(subset, dataset, args.data)
+                ctx = RunContext(args.cache, workers=args.workers, progress=False)
+                out = method.build().fit(train, ctx).index(bench_all, ctx).search(bench_all, ctx)
+            except InputError as exc:  # e.g. a learned whitening the training set is too small for
+                print(f"{label:{width}s} {dataset:10s} {train.id:26s} n/a: {exc}", flush=True)
+                cells += ["n/a", "n/a"]
+                continue
             setups = evaluate(bench_all.gt, out.ranks).setups
             dt = time.perf_counter() - t0
             verified = sum(cand["verified"]) / len(cand["verified"])  # type: ignore[arg-type]
-            print(f"{name:22s} {dataset:10s} {train.id:26s} {100 * cand['map']:8.2f} "  # type: ignore[operator]
+            cells += [f"{100 * cand['map']:.2f}",  # type: ignore[operator]
+                      f"{100 * setups['medium'].map:.2f} / {100 * setups['hard'].map:.2f}"]
+            print(f"{label:{width}s} {dataset:10s} {train.id:26s} {100 * cand['map']:8.2f} "  # type: ignore[operator]
                   f"{100 * setups['medium'].map:9.2f} {100 * setups['hard'].map:6.2f}  {verified:10.2f}  {dt:4.0f} s",
                   flush=True)
+        table.append(f"| {label} | " + " | ".join(cells) + " |")
+    print("\n| method | ROxford 20 cand. | ROxford all-280 M / H | RParis 20 cand. | RParis all-280 M / H |")
+    print("|---|---|---|---|---|")
+    print("\n".join(table))
     return 0
 
 
