@@ -53,9 +53,9 @@ def _value(text: str) -> object:
 def _weights_in_data_root(method: object, root: Path | None) -> object:
     """``models:<file>`` weights named by their path in the data root's model folder.
 
-    A run resolves ``models:`` in the parent of the benchmark's folder (the data root of a prepared
-    dataset); the subset's folder lies in the real data folder, while ``oxbench train`` wrote the
-    model in the data root (``--root`` / ``$OXBENCH_DATA``, or ``$OXBENCH_MODELS``).
+    The methods here run outside the runner, with no data root in their context; ``oxbench
+    train`` wrote the model in the data root given by ``--root`` (else ``$OXBENCH_DATA``, or
+    ``$OXBENCH_MODELS``), so the weights are named by that path.
     """
     from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
     from oxbench.pipelines.presets import resolve_method

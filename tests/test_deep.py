@@ -440,3 +440,25 @@ def test_trained_preset_without_its_model_file_says_how_to_get_it(tiny_root: Pat
                               "train it with oxbench train, or pass --set weights=PATH")
     monkeypatch.setenv("OXBENCH_MODELS", str(tmp_path / "m"))
     assert models_dir(tiny_root) == tmp_path / "m"
+
+
+def test_model_files_are_found_in_the_runs_data_root_not_beside_the_dataset(
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A benchmark folder outside the data root (a user's own copy) must not move the model
+    folder: ``models:<file>`` is looked up in the context's data root, else ``$OXBENCH_DATA``."""
+    from oxbench.datasets import load
+    from oxbench.pipelines import RunContext
+    from oxbench.pipelines.presets import resolve_method
+
+    monkeypatch.delenv("OXBENCH_MODELS", raising=False)
+    bench = load("synthetic", tiny_root, progress=False)
+    impl = resolve_method("gem-r18-synthetic").build()
+    elsewhere = tmp_path / "data root"
+    with pytest.raises(InputError) as exc:
+        impl.describe(bench, "database", RunContext(tmp_path / "c", progress=False, root=elsewhere))
+    assert str(exc.value).startswith(f"{elsewhere / '_models' / 'gem-r18-synthetic.pt'}: no model file here")
+    monkeypatch.setenv("OXBENCH_DATA", str(tmp_path / "env root"))
+    with pytest.raises(InputError) as exc:
+        resolve_method("gem-r18-synthetic").build().describe(bench, "database", RunContext(tmp_path / "c", progress=False))
+    assert str(exc.value).startswith(f"{tmp_path / 'env root' / '_models' / 'gem-r18-synthetic.pt'}: no model")

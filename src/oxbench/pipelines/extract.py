@@ -112,7 +112,7 @@ def extract_descriptors(
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
         train = load(train_id, root_path, strict=strict, progress=progress)
     ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache", workers=workers,
-                     progress=progress, allow_partial=not strict)
+                     progress=progress, allow_partial=not strict, root=root_path)
     impl = m.build()
     assert isinstance(impl, GlobalDescriptors)
     impl.fit(train, ctx)

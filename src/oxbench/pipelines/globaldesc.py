@@ -308,11 +308,11 @@ class GlobalDescriptors(RetrievalMethod):
         """The descriptor store folder of one part (:class:`~oxbench.features.descstore.DescriptorStore`)."""
         from oxbench.pipelines.bow import dataset_key
 
-        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(bench), 12) / part
+        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx), 12) / part
 
-    def _store_settings(self, bench: Benchmark) -> dict[str, Any]:
+    def _store_settings(self, ctx: RunContext) -> dict[str, Any]:
         if self.config.descriptor == "cnn":
-            return {**self.config.descriptor_settings(), "weights": self._model(bench).weights}
+            return {**self.config.descriptor_settings(), "weights": self._model(ctx).weights}
         if self.codebook_path_ is None:
             raise InputError(f"method {self.config.name}: fit before describing images")
         return {**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}
@@ -336,7 +336,7 @@ class GlobalDescriptors(RetrievalMethod):
         names = _part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
-            store = DescriptorStore.open(path, self._store_settings(bench))
+            store = DescriptorStore.open(path, self._store_settings(ctx))
             hit = not store.missing(names)
             failed: list[str] = []
             if not hit:
@@ -349,7 +349,7 @@ class GlobalDescriptors(RetrievalMethod):
             self.undecodable_[f"{bench.id}/{part}"] = failed
         x = store.get(names, missing_as_zero=ctx.allow_partial)
         if self.config.model_whitening:
-            x = self._model_whitening(bench, x)
+            x = self._model_whitening(ctx, x)
         return x
 
     def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
@@ -376,7 +376,7 @@ class GlobalDescriptors(RetrievalMethod):
         return compute
 
     # --- deep descriptors ----------------------------------------------------------------------
-    def _model(self, bench: Benchmark) -> Any:
+    def _model(self, ctx: RunContext) -> Any:
         """The network (built once per method; weights loaded here, never in a constructor)."""
         if self.model_ is None:
             from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
@@ -390,7 +390,7 @@ class GlobalDescriptors(RetrievalMethod):
                 )
             weights: str | Path = m.weights
             if m.weights not in ("random", "imagenet"):
-                weights = resolve_weights_path(m.weights, None if bench.root is None else Path(bench.root).parent)
+                weights = resolve_weights_path(m.weights, ctx.root)
                 if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
                     raise InputError(
                         "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
@@ -405,7 +405,7 @@ class GlobalDescriptors(RetrievalMethod):
         if self._extractor is None:
             opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision,
                                   batch_size=m.batch_size, device=m.device, workers=max(1, ctx.workers))
-            self._extractor = Extractor(self._model(bench).net, opts)
+            self._extractor = Extractor(self._model(ctx).net, opts)
         read = {"database": bench.database.read, "queries": bench.query_crop}.get(part)
         if read is None:
             assert bench.distractors is not None
@@ -417,8 +417,8 @@ class GlobalDescriptors(RetrievalMethod):
 
         return compute
 
-    def _model_whitening(self, bench: Benchmark, x: NDArray[np.float32]) -> NDArray[np.float32]:
-        lw = self._model(bench).whitening(multiscale=len(self.config.scales) > 1)
+    def _model_whitening(self, ctx: RunContext, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        lw = self._model(ctx).whitening(multiscale=len(self.config.scales) > 1)
         if lw is None:
             raise InputError(f"method {self.config.name}: model_whitening is set but the model file carries no learned whitening")
         mean, proj = lw

@@ -55,6 +55,9 @@ class RunContext:
             attempt after a corrupt cache file was met), not only the cheap open-time checks.
         allow_partial: the user accepts partial image sets: an image that cannot be decoded is
             named in a warning and skipped (recorded) instead of stopping the run.
+        root: the data root of the run, where ``models:<file>`` weights are found
+            (:func:`oxbench.features.deep.models_dir`); ``None``: ``$OXBENCH_DATA`` or the per-user
+            default.
         timings: seconds per stage, filled by :meth:`timed`.
         steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
     """
@@ -65,6 +68,7 @@ class RunContext:
     threads: int | None = None
     full_check: bool = False
     allow_partial: bool = False
+    root: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
 

@@ -520,7 +520,7 @@ def run(
             log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
             cache_dir = Path(cache) if cache is not None else root_path / "_cache"
             impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, workers=workers, progress=progress,
-                                                   allow_partial=not strict)
+                                                   allow_partial=not strict, root=root_path)
             ctx.timings["load"] = t_load
             keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
             search = search.top(keep)
@@ -560,7 +560,7 @@ def run(
 
 def _fit_index_search(
     m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, workers: int, progress: bool,
-    allow_partial: bool = False,
+    allow_partial: bool = False, root: Path | None = None,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
@@ -568,7 +568,7 @@ def _fit_index_search(
 
     for full_check in (False, True):
         ctx = RunContext(cache, workers=workers, progress=progress, full_check=full_check,
-                         allow_partial=allow_partial)
+                         allow_partial=allow_partial, root=root)
         impl = m.build()
         try:
             impl.fit(train, ctx).index(bench, ctx)
