@@ -510,6 +510,8 @@ def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_p
     before, after = out[0].info["verified_per_query"], out[30].info["verified_per_query"]
     assert all(b <= a <= b + 30 for b, a in zip(before, after, strict=True))  # type: ignore[call-overload]
     assert sum(after) > sum(before)  # type: ignore[call-overload]
+    pairs = out[30].info["pairs_verified_after_qe"]
+    assert 0 < len(pairs) <= out[30].info["queries_expanded"] and all(0 < p <= 30 for p in pairs)  # type: ignore
     for qi, n in enumerate(after):  # type: ignore[arg-type]
         scores = out[30].scores
         assert scores is not None

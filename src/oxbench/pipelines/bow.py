@@ -582,10 +582,10 @@ class BagOfWords(RetrievalMethod):
             with ctx.timed("query_expansion"):
                 expanded = self._expand(ranks, q_vecs, results)
         second: dict[int, VerifiedList] = {}
+        items: list[tuple[int, str, NDArray[np.int64]]] = []
         if expanded and m.qe_verify_top:
             # Chum et al. 2007: the expanded query's results are verified too (against the query);
             # only the images of its top qe_verify_top that the first short list did not hold
-            items = []
             for qi, (_, order) in expanded.items():
                 new = order[: m.qe_verify_top]
                 new = new[~np.isin(new, ranks[qi, :r])]
@@ -619,6 +619,9 @@ class BagOfWords(RetrievalMethod):
             if found:
                 matches[qi] = {v: found[v] for v in verified.tolist() if v in found}
         info["verified_per_query"] = n_verified
+        if m.qe == "aqe" and m.qe_verify_top:
+            info["pairs_verified_after_qe"] = [len(it[2]) for it in items] if expanded else []
+            info["queries_expanded"] = len(expanded)
         return SearchResult(final, final_scores, info, matches=matches)
 
     def _expand(
