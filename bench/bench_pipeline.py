@@ -17,6 +17,8 @@ core and robust to other jobs on the machine. Usage::
 
     python bench/bench_pipeline.py [--root DATA_ROOT] [--images 12] [--queries 10] [--skip features,ivf,sv]
     python bench/bench_pipeline.py --ablation 4096 16384     # mAP table: BoW -> +SV -> +QE
+    python bench/bench_pipeline.py --cost --cache CACHE      # cost per query, today's vs chosen default
+    python bench/bench_pipeline.py --scaling --cache CACHE   # word assignment / verification, 1..N workers
 """
 
 from __future__ import annotations
@@ -269,6 +271,42 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
               f"{1e3 * s10:8.1f}ms {1e3 * s100:9.1f}ms {sv + s10:8.2f}s {sv + s100:9.2f}s")
 
 
+def worker_scaling(workers: list[int]) -> None:
+    """Wall time of word assignment and spatial verification with 1..N worker processes.
+
+    ``rootsift-bow-sv`` on the ROxford subset city (the real subset's images), vocabulary trained
+    on the RParis subset: features and vocabulary come from ``--cache`` (copied into a fresh
+    cache per worker count), words and verification are computed afresh each time. Wall time (the
+    point is parallelism), so run it on an otherwise idle machine.
+    """
+    import shutil
+    import tempfile
+
+    from oxbench.pipelines import RunContext
+    from oxbench.pipelines.presets import resolve_method
+    from pixel_subset import load_subset_city  # bench/, beside this script
+
+    if SUBSET is None or CACHE is None or not (CACHE / "vocabularies").is_dir():
+        print("  (needs $OXBENCH_SHARED_DATA and a --cache that bench/real_subset.py filled)")
+        return
+    ox, pa = load_subset_city(SUBSET, "roxford5k"), load_subset_city(SUBSET, "rparis6k")
+    method = resolve_method("rootsift-bow-sv")
+    print(f"\n== worker scaling: rootsift-bow-sv, {ox.bench.gt.n_queries} queries, "
+          f"{ox.bench.gt.n_db} images; wall seconds (os.cpu_count() = {os.cpu_count()})")
+    base: dict[str, float] = {}
+    for n in workers:
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copytree(CACHE / "vocabularies", Path(tmp) / "vocabularies")
+            for d in CACHE.glob("*-pixel-subset-*"):
+                if (d / "features").is_dir():
+                    shutil.copytree(d / "features", Path(tmp) / d.name / "features")
+            ctx = RunContext(Path(tmp), workers=n, progress=False)
+            method.build().fit(pa.bench, ctx).index(ox.bench, ctx).search(ox.bench, ctx)
+        t = {k: ctx.timings.get(k, 0.0) for k in ("assign", "spatial")}
+        base = base or t
+        print(f"  {n:2d} workers: " + ", ".join(f"{k} {v:6.1f} s ({base[k] / v:.2f}x)" for k, v in t.items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", type=Path, default=None, help="data root holding (or receiving) the synthetic default")
@@ -278,6 +316,8 @@ def main() -> None:
     ap.add_argument("--cost", action="store_true", help="cost per query, today's default vs the chosen one, instead")
     ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset",
                     help="--cost: the cache of bench/real_subset.py (real features)")
+    ap.add_argument("--scaling", type=int, nargs="*", default=None, metavar="N",
+                    help="worker scaling of word assignment and verification (default: 1 and every core)")
     ap.add_argument("--ablation", type=int, nargs="*", default=None, metavar="WORDS",
                     help="run the BoW/+SV/+QE ablation at these vocabulary sizes instead (default 4096 16384)")
     args = ap.parse_args()
@@ -286,10 +326,13 @@ def main() -> None:
 
         ablation(data_root(args.root), args.ablation or [4096, 16384])
         return
+    global CACHE
+    CACHE = args.cache
     if args.cost:
-        global CACHE
-        CACHE = args.cache
         cost_per_query(args.queries, 20)
+        return
+    if args.scaling is not None:
+        worker_scaling(args.scaling or sorted({1, os.cpu_count() or 1}))
         return
     skip = set(filter(None, args.skip.split(",")))
     if "features" not in skip:
