@@ -267,6 +267,15 @@ def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pyt
     assert exc.value.code == 2 and "--pooling gem only" in capsys.readouterr().err
 
 
+def test_synthetic_presets_describe_at_the_default_training_size() -> None:
+    from oxbench.pipelines.method import METHODS
+
+    # a network trained from scratch has learned the features of its training size only
+    for name in ("gem-r18-synthetic", "gem-r18-synthetic+lw", "gem-r18-synthetic+w+alpha-qe"):
+        method = METHODS.get(name)
+        assert method.max_side == TrainConfig().image_size and method.scales == (1.0,), name  # type: ignore[attr-defined]
+
+
 def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:
     code = ("import sys, oxbench, oxbench.pipelines, oxbench.train.pairs, oxbench.index.search, "
             "oxbench.rerank.diffusion, oxbench.cli.train; "

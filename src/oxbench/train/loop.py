@@ -115,7 +115,7 @@ class TrainConfig:
     neg_num: int = 5
     pool_size: int = 0
     batch_size: int = 5
-    image_size: int = 128
+    image_size: int = 160
     lr: float = 1e-3
     lr_decay: float = 0.0
     weight_decay: float = 1e-6
