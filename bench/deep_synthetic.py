@@ -7,7 +7,7 @@ line is a normal run folder. Whitening is learned on the *training* city (PCA: i
 its database + query crops with the query-positive pairs), never on the test set. Every row uses the
 same extraction setting (``--max-side``, ``--scales``).
 
-Usage: ``python bench/deep_synthetic.py --root DATA [--max-side 128] [--scales 1]`` after
+Usage: ``python bench/deep_synthetic.py --root DATA [--max-side 160] [--scales 1]`` after
 ``oxbench train --root DATA``.
 """
 
@@ -25,6 +25,7 @@ ROWS: list[tuple[str, str, dict[str, object]]] = [
     ("random-init GeM (floor)", "gem-r18-synthetic", {"weights": "random"}),
     ("GeM trained by oxbench train", "gem-r18-synthetic", {}),
     ("+ PCA-whitening", "gem-r18-synthetic", {"whitening": "pca"}),
+    ("+ PCA-whitening to 64 dimensions", "gem-r18-synthetic", {"whitening": "pca", "whitening_dim": 64}),
     ("+ learned whitening", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1}),
     ("+ learned whitening stored by oxbench train", "gem-r18-synthetic+lw", {}),
     ("+ learned whitening + alpha-QE", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1,
@@ -39,7 +40,7 @@ ROWS: list[tuple[str, str, dict[str, object]]] = [
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
-    ap.add_argument("--max-side", type=int, default=128)
+    ap.add_argument("--max-side", type=int, default=160)
     ap.add_argument("--scales", default="1", help="comma-separated multi-scale factors")
     ap.add_argument("--work", default="/tmp/oxbench-deep-synthetic")
     args = ap.parse_args()

@@ -124,7 +124,8 @@ def test_tiny_training_resumes_and_writes_the_model_file_run_loads(tmp_path: Pat
     from oxbench.train.loop import describe, train
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(epochs=2, tuples=4, neg_num=2, batch_size=2, image_size=32, random_negative_epochs=1)
+    cfg = TrainConfig(epochs=2, tuples=4, neg_num=2, batch_size=2, image_size=32, random_negative_epochs=1,
+                      lr_decay=0.5)  # fmt: skip
     ts = toy_training_set()
     out = tmp_path / "m.pt"
     saved = loop._save_partial
@@ -144,6 +145,8 @@ def test_tiny_training_resumes_and_writes_the_model_file_run_loads(tmp_path: Pat
     record = train(cfg, ts, out, progress=False)
     assert [h["epoch"] for h in record["history"]] == [1, 2]  # epoch 1 kept from before the crash
     assert [h["negatives"] for h in record["history"]] == ["random", "hard"]
+    # the learning-rate schedule follows the epoch, also across the resume
+    assert [h["lr"] for h in record["history"]] == pytest.approx([1e-3, 1e-3 * np.exp(-0.5)], rel=1e-9)
     assert not (tmp_path / "m.pt.partial").exists()
     # one model format: the deep pipeline's model file, which build_net loads as the run does
     loaded = build_net("resnet18", "gem", weights=out)
@@ -199,6 +202,8 @@ def test_random_negatives_by_default_only_from_a_random_initialisation() -> None
     assert TrainConfig(random_negative_epochs=2).random_epochs == 2
     with pytest.raises(InputError, match="random-negative-epochs must be >= 0"):
         TrainConfig(random_negative_epochs=-1)
+    with pytest.raises(InputError, match="lr decay"):
+        TrainConfig(lr_decay=-0.01)
 
 
 def test_random_negatives_and_augmentation() -> None:
@@ -260,6 +265,15 @@ def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pyt
     with pytest.raises(SystemExit) as exc:
         main([*args, "--pooling", "mac"])
     assert exc.value.code == 2 and "--pooling gem only" in capsys.readouterr().err
+
+
+def test_synthetic_presets_describe_at_the_default_training_size() -> None:
+    from oxbench.pipelines.method import METHODS
+
+    # a network trained from scratch has learned the features of its training size only
+    for name in ("gem-r18-synthetic", "gem-r18-synthetic+lw", "gem-r18-synthetic+w+alpha-qe"):
+        method = METHODS.get(name)
+        assert method.max_side == TrainConfig().image_size and method.scales == (1.0,), name  # type: ignore[attr-defined]
 
 
 def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:

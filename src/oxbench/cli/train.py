@@ -26,6 +26,8 @@ _D = TrainConfig()  # the defaults live in one place: the library's configuratio
 @click.option("--image-size", type=int, default=_D.image_size, show_default=True, help="Longer side of training images.")
 @click.option("--lr", type=float, default=_D.lr, show_default=True,
               help="Adam learning rate (from a random initialisation; fine-tuning published weights uses ~1e-6).")
+@click.option("--lr-decay", type=float, default=_D.lr_decay, show_default=True,
+              help="Epoch e trains at lr * exp(-LR_DECAY * e) (cirtorch: 0.01 over 100 epochs; 0: constant).")
 @click.option("--weight-decay", type=float, default=_D.weight_decay, show_default=True)
 @click.option("--margin", type=float, default=_D.margin, show_default=True,
               help="Contrastive margin (0.85: the published value for ResNet; 0.75 for VGG).")

@@ -236,10 +236,10 @@ _cnn("rmac-r50-imagenet+w", "resnet50", "rmac", "imagenet", whitening="pca")
 
 # ResNet-18 GeM trained from scratch on the synthetic training city by `oxbench train`, which writes
 # <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder). Described at the
-# size it was trained at (128 px, one scale: a network trained from scratch on small images has not
+# size it was trained at (160 px, one scale: a network trained from scratch on small images has not
 # learned the features of large ones). "+lw": the learned whitening stored in the model file.
 _R18 = "models:gem-r18-synthetic.pt"
-_R18_SIZE: dict[str, Any] = {"max_side": 128, "scales": (1.0,)}
+_R18_SIZE: dict[str, Any] = {"max_side": 160, "scales": (1.0,)}
 _cnn("gem-r18-synthetic", "resnet18", "gem", _R18, **_R18_SIZE)
 _cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca", **_R18_SIZE)
 _cnn("gem-r18-synthetic+lw", "resnet18", "gem", _R18, model_whitening=True, **_R18_SIZE)

@@ -21,7 +21,8 @@ The recipe of Radenovic, Tolias & Chum, "Fine-tuning CNN Image Retrieval with No
   similar pool images are taken.
 - **loss**: contrastive, ``0.5 d^2`` for the positive and ``0.5 max(0, margin - d)^2`` for each
   negative, ``d`` the Euclidean distance of L2-normalised descriptors, summed over the batch.
-- **optimiser**: Adam, GeM's ``p`` with a 10x learning rate and no weight decay (as cirtorch).
+- **optimiser**: Adam, GeM's ``p`` with a 10x learning rate and no weight decay (as cirtorch); the
+  learning rate decays exponentially per epoch (``lr_decay``; cirtorch: ``exp(-0.01 epoch)``).
 - **augmentation** (``augment``): every training image is a random crop (60-100 % of its area,
   aspect ratio 3:4..4:3) resized back to the training shape, mirrored with probability 1/2, with a
   random brightness and contrast change (x0.7..1.3) -- the changes the labels say a match survives.
@@ -55,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -91,6 +93,8 @@ class TrainConfig:
         batch_size: tuples per optimiser step.
         image_size: longer side of training images (px).
         lr, weight_decay: Adam settings.
+        lr_decay: exponential learning-rate decay: epoch ``e`` (from 0) trains at ``lr * exp(-lr_decay * e)``
+            (cirtorch: 0.01 over its 100 epochs; 0: a constant rate).
         margin: contrastive-loss margin.
         p: initial GeM exponent.
         positives: ``all`` (every labelled positive of a query) or ``easy`` (its Easy ones only; on
@@ -111,8 +115,9 @@ class TrainConfig:
     neg_num: int = 5
     pool_size: int = 0
     batch_size: int = 5
-    image_size: int = 128
+    image_size: int = 160
     lr: float = 1e-3
+    lr_decay: float = 0.0
     weight_decay: float = 1e-6
     margin: float = 0.85
     p: float = 3.0
@@ -132,8 +137,9 @@ class TrainConfig:
                 raise InputError(f"--{name.replace('_', '-')} must be >= 1")
         if not 32 <= self.image_size <= 2048:
             raise InputError(f"--image-size must be in 32..2048, got {self.image_size}")
-        if self.pool_size < 0 or self.lr <= 0 or self.weight_decay < 0 or self.margin <= 0 or self.p < 1:
-            raise InputError("pool size and weight decay must be >= 0, lr and margin > 0, p >= 1")
+        if (self.pool_size < 0 or self.lr <= 0 or self.lr_decay < 0 or self.weight_decay < 0 or self.margin <= 0
+                or self.p < 1):
+            raise InputError("pool size, lr decay and weight decay must be >= 0, lr and margin > 0, p >= 1")
         if self.random_negative_epochs is not None and self.random_negative_epochs < 0:
             raise InputError("--random-negative-epochs must be >= 0")
         if self.positives not in ("all", "easy"):
@@ -395,6 +401,9 @@ def train(
     labels = torch.tensor([1.0] + [0.0] * config.neg_num)
     for epoch in range(start, config.epochs):
         t0 = time.perf_counter()
+        # set from the epoch, not stepped, so that a resumed training continues on the same schedule
+        for group, base in zip(optimizer.param_groups, (config.lr, config.lr * 10), strict=True):
+            group["lr"] = base * math.exp(-config.lr_decay * epoch)
         rng = np.random.default_rng([config.seed, epoch])
         chosen = pairs[rng.choice(len(pairs), min(config.tuples, len(pairs)), replace=False)]
         anchors = chosen[:, 0]
@@ -438,7 +447,8 @@ def train(
             bar.set_postfix(loss=f"{np.mean(losses):.4f}")
         net.eval()
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.perf_counter() - t0,
-                        "p": float(net.pool.p.item()), "negatives": "hard" if hard else "random"})  # fmt: skip
+                        "p": float(net.pool.p.item()), "negatives": "hard" if hard else "random",
+                        "lr": optimizer.param_groups[0]["lr"]})  # fmt: skip
         log.info("epoch %d/%d: loss %.4f (%s negatives), GeM p %.3f, %.1f s", epoch + 1, config.epochs,
                  history[-1]["loss"], history[-1]["negatives"], history[-1]["p"], history[-1]["seconds"])  # fmt: skip
         _save_partial(partial, {"config": cfg, "epoch": epoch, "model": net.state_dict(),
