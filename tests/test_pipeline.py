@@ -432,6 +432,8 @@ def test_method_settings_refused_with_their_names() -> None:
         resolve_method("rootsift-bow-sv", spatial_matching="pixels")
     with pytest.raises(InputError, match="query expansion"):
         resolve_method("rootsift-asmk-sv", qe="aqe")
+    with pytest.raises(InputError, match="qe_verify_top"):
+        resolve_method("rootsift-bow-sv-qe", qe_verify_top=-1)
 
 
 @pytest.mark.slow
@@ -519,5 +521,3 @@ def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_p
         assert np.all(head >= 4) and np.all(np.diff(head) <= 0)  # verified: by inliers, best first
         assert set(out[0].ranks[qi, : before[qi]]) <= set(out[30].ranks[qi, :n])  # type: ignore[index]
         assert sorted(out[30].ranks[qi]) == list(range(out[30].ranks.shape[1]))
-    with pytest.raises(InputError, match="qe_verify_top"):
-        resolve_method("rootsift-bow-sv-qe", qe_verify_top=-1)
