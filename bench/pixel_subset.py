@@ -115,6 +115,7 @@ def rank_subset_city(
     *,
     workers: int = 1,
     progress: bool = False,
+    root: Path | None = None,
 ) -> dict[str, object]:
     """Run ``method`` on the city's subset images, then rank each query's 20 candidates; score it.
 
@@ -122,12 +123,13 @@ def rank_subset_city(
     training city; index the city's subset images; search), so what is scored is exactly what a
     run does, re-ranking included: each query's full ranking restricted to its 20 candidates (with
     a short list covering the city's images, every candidate is verified). Scored as
-    :func:`candidate_map`.
+    :func:`candidate_map`. ``root``: the data root the method runs with (where ``models:<file>``
+    weights are found).
 
     Returns:
         ``{"map": mAP, "ap": [...], "verified": [...], "trained_on": id}``.
     """
-    ctx = RunContext(Path(cache), workers=workers, progress=progress)
+    ctx = RunContext(Path(cache), workers=workers, progress=progress, root=root)
     out = method.build().fit(train, ctx).index(city.bench, ctx).search(city.bench, ctx)
     ranked = [row[np.isin(row, cand)] for row, cand in zip(out.ranks, city.candidates, strict=True)]
     m, ap = candidate_map(city, ranked)

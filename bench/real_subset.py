@@ -21,7 +21,8 @@ is tuned on these queries: presets run as they are (settings may be overridden f
 ``gem-r18-synthetic`` preset with each row's overrides, the random-init floor included), so the
 real-image rows use exactly the settings chosen on the synthetic set. A method's whitening is
 learned on the training set above, never on the evaluated city. The network itself is the model
-file ``oxbench train`` wrote in the data root (``--root`` / ``$OXBENCH_DATA``).
+file ``oxbench train`` wrote in the data root (``--root`` / ``$OXBENCH_DATA``), which every method
+here runs with as its data root.
 
 Usage::
 
@@ -48,25 +49,6 @@ def _value(text: str) -> object:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
-
-
-def _weights_in_data_root(method: object, root: Path | None) -> object:
-    """``models:<file>`` weights named by their path in the data root's model folder.
-
-    The methods here run outside the runner, with no data root in their context; ``oxbench
-    train`` wrote the model in the data root given by ``--root`` (else ``$OXBENCH_DATA``, or
-    ``$OXBENCH_MODELS``), so the weights are named by that path.
-    """
-    from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
-    from oxbench.pipelines.presets import resolve_method
-
-    weights = getattr(method, "weights", None)
-    if isinstance(weights, str) and weights.startswith(MODELS_PREFIX):
-        path = resolve_weights_path(weights, root)
-        if not path.is_file():
-            raise SystemExit(f"{path}: no model file here: train it with oxbench train (or pass --root DATA)")
-        return resolve_method(method, weights=str(path))  # type: ignore[arg-type]
-    return method
 
 
 def main() -> int:
@@ -97,12 +79,14 @@ def main() -> int:
         return 0
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cities = {d: load_subset_city(subset, d) for d in ("roxford5k", "rparis6k")}
+    from oxbench.datasets.paths import data_root
+
+    root = data_root(args.root)  # the synthetic sets and oxbench train's models (models:<file> weights)
     synth_train = None
     if args.train == "synthetic":
-        from oxbench.datasets.paths import data_root
         from oxbench.datasets.synthetic import ensure_default, load_synthetic
 
-        _, train_dir = ensure_default(data_root(args.root))
+        _, train_dir = ensure_default(root)
         synth_train = load_synthetic(train_dir)
     if overrides:
         print(f"overrides: {overrides}")
@@ -117,16 +101,15 @@ def main() -> int:
     table = []
     for label, name, extra in rows:
         method = resolve_method(name, **{**extra, **{k: _value(v) for k, v in overrides.items()}})
-        method = _weights_in_data_root(method, args.root)
         cells = []
         for dataset, city in cities.items():
             other = "rparis6k" if dataset == "roxford5k" else "roxford5k"
             train = synth_train if synth_train is not None else cities[other].bench
             t0 = time.perf_counter()
             try:
-                cand = rank_subset_city(city, train, args.cache, method, workers=args.workers)
+                cand = rank_subset_city(city, train, args.cache, method, workers=args.workers, root=root)
                 bench_all = load_subset_all(subset, dataset, args.data)
-                ctx = RunContext(args.cache, workers=args.workers, progress=False)
+                ctx = RunContext(args.cache, workers=args.workers, progress=False, root=root)
                 out = method.build().fit(train, ctx).index(bench_all, ctx).search(bench_all, ctx)
             except InputError as exc:  # e.g. a learned whitening the training set is too small for
                 print(f"{label:{width}s} {dataset:10s} {train.id:26s} n/a: {exc}", flush=True)

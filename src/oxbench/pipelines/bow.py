@@ -620,7 +620,7 @@ class BagOfWords(RetrievalMethod):
                 matches[qi] = {v: found[v] for v in verified.tolist() if v in found}
         info["verified_per_query"] = n_verified
         if m.qe == "aqe" and m.qe_verify_top:
-            info["pairs_verified_after_qe"] = [len(it[2]) for it in items] if expanded else []
+            info["pairs_verified_after_qe"] = [len(it[2]) for it in items]
             info["queries_expanded"] = len(expanded)
         return SearchResult(final, final_scores, info, matches=matches)
 
