@@ -162,6 +162,7 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
     """BoW -> + spatial re-ranking -> + query expansion at several vocabulary sizes (mAP, mP@10)."""
     from oxbench.datasets.synthetic import ensure_default, load_synthetic
     from oxbench.evaluation import evaluate
+    from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext, resolve_method
 
     test_dir, train_dir = ensure_default(root)
@@ -173,7 +174,7 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
     for k in sizes:
         for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
             m = resolve_method(name, vocab_size=k)
-            ctx = RunContext(cache, workers=len(os.sched_getaffinity(0)), progress=False)
+            ctx = RunContext(cache, executor=ProcessExecutor(len(os.sched_getaffinity(0))), progress=False)
             out = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
             res = evaluate(bench.gt, out.ranks).setups
             maps = " ".join(f"{100 * res[s].map:6.2f}" for s in ("easy", "medium", "hard"))
@@ -283,8 +284,9 @@ def worker_scaling(workers: list[int]) -> None:
     import shutil
     import tempfile
 
+    from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines.method import resolve_method
     from pixel_subset import load_subset_city  # bench/, beside this script
 
     if SUBSET is None or CACHE is None or not (CACHE / "vocabularies").is_dir():
@@ -301,7 +303,7 @@ def worker_scaling(workers: list[int]) -> None:
             for d in CACHE.glob("*-pixel-subset-*"):
                 if (d / "features").is_dir():
                     shutil.copytree(d / "features", Path(tmp) / d.name / "features")
-            ctx = RunContext(Path(tmp), workers=n, progress=False)
+            ctx = RunContext(Path(tmp), executor=ProcessExecutor(n), progress=False)
             method.build().fit(pa.bench, ctx).index(ox.bench, ctx).search(ox.bench, ctx)
         t = {k: ctx.timings.get(k, 0.0) for k in ("assign", "spatial")}
         base = base or t

@@ -34,8 +34,9 @@ SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
 
 
 def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
-    from oxbench.pipelines import bow
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.execution import ProcessExecutor
+    from oxbench.pipelines import RunContext, steps
+    from oxbench.pipelines.method import resolve_method
     from oxbench.rerank.spatial import (
         descriptor_matches,
         expand_query_words,
@@ -79,16 +80,16 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     for dataset, city in cities.items():
         other = cities["rparis6k" if dataset == "roxford5k" else "roxford5k"].bench
         bench = city.bench
-        vocab = bow.step_vocabulary(method, other, args.cache, workers=args.workers, progress=False)
-        bow.step_features(bench, method.features, args.cache, workers=args.workers, progress=False)
-        stores = {p: bow.open_store(args.cache, bench, method.features, p) for p in ("database", "queries")}
+        ctx = RunContext(args.cache, executor=ProcessExecutor(args.workers), progress=False)
+        vocab = steps.step_vocabulary(method.vocabulary(), other, ctx).path
+        steps.step_features(bench, method.features, ctx)
+        stores = {p: steps.open_store(args.cache, bench, method.features, p) for p in ("database", "queries")}
         words = {}
         k = max(1, args.query_ma)
         for p in ("database", "queries"):
-            names = bow._part_names(bench, p)
-            out = args.cache / bow.dataset_key(bench) / "words" / f"{vocab.stem}-k{k}" / f"{p}.npz"
-            bow.step_assign(vocab, stores[p], names, out, k=k, progress=False)
-            words[p] = bow.Words.load(out)
+            out = steps.words_path(args.cache, bench, vocab, k, p)
+            steps.step_assign(vocab, stores[p], steps.part_names(bench, p), out, ctx, k=k)
+            words[p] = steps.Words.load(out)
         stat: dict[str, list[float]] = {key: [] for key in (
             "feat", "words", "tent_pos", "tent_neg", "inl_pos", "inl_neg", "ex_pos", "ex_neg", "exinl_pos",
             "exinl_neg")}

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from oxbench.datasets.base import Benchmark, FileImages
 from oxbench.errors import InputError
 from oxbench.evaluation import evaluate
+from oxbench.execution import ProcessExecutor
 from oxbench.groundtruth import GroundTruth, make_query
 from oxbench.pipelines.method import MethodConfig, RunContext
 
@@ -129,7 +130,7 @@ def rank_subset_city(
     Returns:
         ``{"map": mAP, "ap": [...], "verified": [...], "trained_on": id}``.
     """
-    ctx = RunContext(Path(cache), workers=workers, progress=progress, root=root)
+    ctx = RunContext(Path(cache), executor=ProcessExecutor(workers), progress=progress, root=root)
     out = method.build().fit(train, ctx).index(city.bench, ctx).search(city.bench, ctx)
     ranked = [row[np.isin(row, cand)] for row, cand in zip(out.ranks, city.candidates, strict=True)]
     m, ap = candidate_map(city, ranked)

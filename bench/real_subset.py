@@ -54,8 +54,9 @@ def _value(text: str) -> object:
 def main() -> int:
     from oxbench.errors import InputError
     from oxbench.evaluation import evaluate
+    from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines.method import resolve_method
     from pixel_subset import (  # bench/, beside this script
         load_subset_all,
         load_subset_city,
@@ -109,7 +110,7 @@ def main() -> int:
             try:
                 cand = rank_subset_city(city, train, args.cache, method, workers=args.workers, root=root)
                 bench_all = load_subset_all(subset, dataset, args.data)
-                ctx = RunContext(args.cache, workers=args.workers, progress=False, root=root)
+                ctx = RunContext(args.cache, executor=ProcessExecutor(args.workers), progress=False, root=root)
                 out = method.build().fit(train, ctx).index(bench_all, ctx).search(bench_all, ctx)
             except InputError as exc:  # e.g. a learned whitening the training set is too small for
                 print(f"{label:{width}s} {dataset:10s} {train.id:26s} n/a: {exc}", flush=True)

@@ -16,7 +16,7 @@ import numpy as np
 
 from oxbench.evaluation import evaluate, to_revisitop
 from oxbench.groundtruth import GroundTruth, make_query
-from oxbench.pipelines.bow import gt_digest
+from oxbench.pipelines.steps import gt_digest
 
 LABELS = {
     "revisited": ["easy", "hard", "junk", "negative"],

@@ -25,6 +25,7 @@ import pytest
 from oxbench import fileio
 from oxbench.cache import CorruptCache, save_npz
 from oxbench.cli import main
+from oxbench.execution import SerialExecutor
 from oxbench.features.sift import SiftConfig
 from oxbench.features.store import DescribeImages, FeatureStore, extract_to_store
 from oxbench.index.vocabulary import Vocabulary
@@ -182,14 +183,14 @@ def _run(method: Any, bench: Any, train: Any, cache: Path) -> Any:
     """The runner's fit / index / search (with its one retry after a corrupt cache file)."""
     from oxbench.pipelines.runner import _fit_index_search
 
-    return _fit_index_search(method, train, bench, cache, workers=1, progress=False)[1]
+    return _fit_index_search(method, train, bench, cache, executor=SerialExecutor(), progress=False)[1]
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("faiss")
     from oxbench.datasets import load
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines.method import resolve_method
     from test_pipeline import TINY, make_tiny_root
 
     root = make_tiny_root(tmp_path_factory.mktemp("data"))
@@ -203,15 +204,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_corrupt_caches_are_recomputed_to_the_same_numbers(tiny: dict[str, Any], tmp_path: Path,
                                                            caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     from oxbench.evaluation import evaluate
-    from oxbench.pipelines import bow
+    from oxbench.pipelines import steps
 
     bench, train, method = tiny["bench"], tiny["train"], tiny["method"]
     cache = tmp_path / "cache"
     _run(method, bench, train, cache)
-    vocab = bow.vocabulary_path(cache, method, train)
-    words = cache / bow.dataset_key(bench) / "words" / f"{vocab.stem}-k1"
-    db_raw = bow.features_dir(cache, bench, method.features, "database") / "shard-000000.raw.npy"
-    q_raw = bow.features_dir(cache, bench, method.features, "queries") / "shard-000000.raw.npy"
+    vocab = steps.vocabulary_path(cache, method.vocabulary(), train)
+    words = cache / steps.dataset_key(bench) / "words" / f"{vocab.stem}-k1"
+    db_raw = steps.features_dir(cache, bench, method.features, "database") / "shard-000000.raw.npy"
+    q_raw = steps.features_dir(cache, bench, method.features, "queries") / "shard-000000.raw.npy"
     _truncate(db_raw)  # caught when the store is opened
     _flip(vocab, vocab.stat().st_size // 2)  # caught by the vocabulary's digest
     _truncate(words / "database.npz")  # caught by the words file's digest
@@ -264,23 +265,23 @@ def _fill_cache_in_a_process(root: str, cache: str, log_file: str, barrier: Any)
     """One of two processes training the same vocabulary (and extracting its features) at once."""
     logging.basicConfig(filename=log_file, level=logging.INFO, format="%(message)s")
     from oxbench.datasets import load
-    from oxbench.pipelines import bow
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines import steps
+    from oxbench.pipelines.method import RunContext, resolve_method
     from test_pipeline import TINY
 
     train = load("synthetic-train", root, progress=False)
     method = resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
     barrier.wait()
-    bow.step_vocabulary(method, train, Path(cache), progress=False)
+    steps.step_vocabulary(method.vocabulary(), train, RunContext(Path(cache), progress=False))
 
 
 @pytest.mark.slow
 def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -> None:
-    from oxbench.pipelines import bow
+    from oxbench.pipelines import RunContext, steps
 
     train, method = tiny["train"], tiny["method"]
     single = tmp_path / "single"
-    bow.step_vocabulary(method, train, single, progress=False)
+    steps.step_vocabulary(method.vocabulary(), train, RunContext(single, progress=False))
     shared = tmp_path / "shared"
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
@@ -298,11 +299,11 @@ def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -
     assert sum(s.count("training") for s in said) == 1
     rel = sorted(p.relative_to(single) for p in single.rglob("*") if p.is_file() and p.suffix != ".lock")
     assert sorted(p.relative_to(shared) for p in shared.rglob("*") if p.is_file() and p.suffix != ".lock") == rel
-    a = Vocabulary.load(bow.vocabulary_path(single, method, train))
-    b = Vocabulary.load(bow.vocabulary_path(shared, method, train))
+    a = Vocabulary.load(steps.vocabulary_path(single, method.vocabulary(), train))
+    b = Vocabulary.load(steps.vocabulary_path(shared, method.vocabulary(), train))
     np.testing.assert_array_equal(a.centroids_, b.centroids_)
-    sa = bow.open_store(single, train, method.features, "database")
-    sb = bow.open_store(shared, train, method.features, "database")
+    sa = steps.open_store(single, train, method.features, "database")
+    sb = steps.open_store(shared, train, method.features, "database")
     for name in sa.names:
         np.testing.assert_array_equal(sa.get_raw(name)[2], sb.get_raw(name)[2])
 

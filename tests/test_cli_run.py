@@ -93,7 +93,9 @@ def test_run_bad_input_is_one_line(tiny_root: Path, tmp_path: Path, capsys: pyte
     for args, words in (
         (["--set", "novalue"], "--set takes KEY=VALUE"),
         (["--set", "colour=red"], "unknown method setting 'colour'"),
-        (["--workers", "-3"], "--workers must be between"),
+        (["--workers", "-3"], "--workers must be a whole number from 1 to 1024"),
+        (["--workers", "0"], "--workers must be a whole number from 1 to 1024"),
+        (["--engine", "mpi"], "unknown execution backend 'mpi'"),
         (["--distractors", "99999999999999999999"], "more than 100 million"),
     ):
         code, _, err = run(capsys, "run", "--root", str(tiny_root), "--no-progress", *args)

@@ -449,7 +449,7 @@ def test_model_files_are_found_in_the_runs_data_root_not_beside_the_dataset(
     folder: ``models:<file>`` is looked up in the context's data root, else ``$OXBENCH_DATA``."""
     from oxbench.datasets import load
     from oxbench.pipelines import RunContext
-    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines.method import resolve_method
 
     monkeypatch.delenv("OXBENCH_MODELS", raising=False)
     bench = load("synthetic", tiny_root, progress=False)

@@ -12,6 +12,7 @@ from hypothesis.extra.numpy import arrays
 
 from oxbench.datasets.base import Benchmark, FileImages
 from oxbench.errors import InputError
+from oxbench.execution import ProcessExecutor
 from oxbench.features.local import LocalFeatures
 from oxbench.features.sift import SiftConfig, extract_features, extract_raw_sift, rootsift
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
@@ -222,7 +223,8 @@ def test_store_with_process_pool_equals_serial(tmp_path: Path) -> None:
     serial = FeatureStore.open(tmp_path / "s", cfg)
     extract_to_store(DescribeImages(src, cfg), len(src), serial, progress=False)
     pooled = FeatureStore.open(tmp_path / "p", cfg)
-    extract_to_store(DescribeImages(src, cfg), len(src), pooled, workers=2, shard_size=2, progress=False)
+    extract_to_store(DescribeImages(src, cfg), len(src), pooled, executor=ProcessExecutor(2), shard_size=2,
+                     progress=False)
     for a, b in zip(_all(serial, src.names), _all(pooled, src.names), strict=True):
         np.testing.assert_array_equal(a[2], b[2])
 

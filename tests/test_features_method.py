@@ -12,7 +12,7 @@ import pytest
 from oxbench.cli import main
 from oxbench.datasets import load
 from oxbench.errors import InputError
-from oxbench.pipelines import GlobalMethod, resolve_method, run
+from oxbench.pipelines import GlobalConfig, resolve_method, run
 from oxbench.pipelines.runner import list_runs
 from oxbench.train.pairs import matching_pairs
 from test_pipeline import make_tiny_root
@@ -62,7 +62,7 @@ def go(root: Path, tmp: Path, method: str, files: dict[str, Path], cache: Path |
 
 def test_presets_and_settings() -> None:
     m = resolve_method("features-diffusion", db_features="a.npy", query_features="b.npy", diffusion_k=7)
-    assert isinstance(m, GlobalMethod) and m.descriptor == "features" and m.rerank == "diffusion"
+    assert isinstance(m, GlobalConfig) and m.descriptor == "features" and m.rerank == "diffusion"
     assert not m.needs_training and m.to_dict()["diffusion_k"] == 7
     with pytest.raises(InputError, match="unknown search 'annoy'"):
         resolve_method("features", search="annoy")

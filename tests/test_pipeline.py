@@ -12,16 +12,17 @@ from hypothesis import strategies as st
 
 from oxbench.datasets import Benchmark, load
 from oxbench.errors import InputError
+from oxbench.execution import ProcessExecutor
 from oxbench.pipelines import (
     METHODS,
-    BowMethod,
-    GlobalMethod,
+    BowConfig,
+    GlobalConfig,
     RetrievalMethod,
     RunContext,
-    bow,
     list_methods,
     resolve_method,
     run,
+    steps,
 )
 from oxbench.pipelines.runner import RUN_FILES, find_runs, list_runs, prepare_config_folder
 
@@ -63,14 +64,14 @@ def test_presets_are_data() -> None:
     assert {"rootsift-vlad", "rootsift-vlad-w"} <= set(list_methods("global"))
     assert set(list_methods()) == set(METHODS.names())
     m = METHODS.get("rootsift-bow-sv-qe")
-    assert isinstance(m, BowMethod) and m.spatial and m.qe == "aqe"
+    assert isinstance(m, BowConfig) and m.spatial and m.qe == "aqe"
     d = json.loads(json.dumps(m.to_dict()))
     assert d["features"]["descriptor"] == "rootsift" and d["family"] == "bow"
     r = resolve_method("rootsift-bow", vocab_size=1000, **{"features.max_side": 256})
-    assert isinstance(r, BowMethod) and r.vocab_size == 1000 and r.features.max_side == 256
+    assert isinstance(r, BowConfig) and r.vocab_size == 1000 and r.features.max_side == 256
     assert r.digest() != m.digest()
     g = resolve_method("rootsift-vlad", whitening="pca", **{"features.n_features": 500})
-    assert isinstance(g, GlobalMethod) and g.whitening == "pca" and g.features.n_features == 500
+    assert isinstance(g, GlobalConfig) and g.whitening == "pca" and g.features.n_features == 500
     with pytest.raises(InputError, match="unknown method"):
         resolve_method("nope")
     with pytest.raises(InputError, match="unknown method setting"):
@@ -80,7 +81,7 @@ def test_presets_are_data() -> None:
     with pytest.raises(InputError, match="takes sub-settings"):
         resolve_method("rootsift-bow", features=3)
     with pytest.raises(InputError, match="needs spatial"):
-        BowMethod("x", qe="aqe")
+        BowConfig("x", qe="aqe")
     with pytest.raises(InputError, match="unknown whitening"):
         resolve_method("rootsift-vlad", whitening="zca")
 
@@ -125,7 +126,7 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     assert isinstance(record["accel"], bool) and record["git_commit"] in (None, record["git_commit"])
     assert record["cache"]["vocabulary"] == "computed" and record["cache"]["features"] == "computed"
     dataset = json.loads((rd / "dataset.json").read_text())
-    assert dataset["gt_sha256"] == bow.gt_digest(bench.gt) and dataset["files_sha256"]
+    assert dataset["gt_sha256"] == steps.gt_digest(bench.gt) and dataset["files_sha256"]
     timings = json.loads((rd / "timings.json").read_text())
     assert {"features", "vocabulary", "assign", "search", "spatial", "query_expansion", "total"} <= set(timings)
     assert len((rd / "per_query.csv").read_text().splitlines()) >= 5
@@ -236,15 +237,15 @@ def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path
 
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     m = resolve_method("rootsift-bow", vocab_size=50, **TINY)
-    assert isinstance(m, BowMethod)
+    assert isinstance(m, BowConfig)
     rng = np.random.default_rng(0)
     # a vocabulary file for SIFT sitting where the RootSIFT one is expected is refused
-    path = bow.vocabulary_path(tmp_path, m, train)
+    path = steps.vocabulary_path(tmp_path, m.vocabulary(), train)
     Vocabulary(50, structure="flat", descriptor="sift").fit(rng.random((500, 128), dtype=np.float32)).save(path)
     with pytest.raises(InputError, match="not 'rootsift'"):
-        bow.step_vocabulary(m, train, tmp_path, progress=False)
+        steps.step_vocabulary(m.vocabulary(), train, RunContext(tmp_path, progress=False))
     path.unlink()
-    voc = bow.step_vocabulary(m, train, tmp_path, progress=False)
+    voc = steps.step_vocabulary(m.vocabulary(), train, RunContext(tmp_path, progress=False)).path
     # searching before indexing: a clear error, not an empty result
     method = m.build().use_vocabulary(voc)
     with pytest.raises(InputError, match="index synthetic before searching"):
@@ -305,7 +306,7 @@ def test_matches_of_a_search_are_recorded(tiny_root: Path, tmp_path: Path, monke
     """A method that returns correspondences gets them written as matches.json (for viewers)."""
     import dataclasses
 
-    from oxbench.pipelines.bow import BagOfWords
+    from oxbench.pipelines.families.bow import BagOfWords
 
     real = BagOfWords.search
 
@@ -382,7 +383,7 @@ def test_verification_and_assignment_in_two_processes_give_the_same_result(tiny_
     m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **TINY)
     out = {}
     for workers in (1, 2):
-        ctx = RunContext(tmp_path / f"cache{workers}", workers=workers, progress=False)
+        ctx = RunContext(tmp_path / f"cache{workers}", executor=ProcessExecutor(workers), progress=False)
         out[workers] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     assert np.array_equal(out[1].ranks, out[2].ranks)
     assert out[1].matches is not None and out[2].matches is not None
@@ -411,7 +412,7 @@ def test_asmk_presets_run_and_verification_keeps_a_permutation(tiny_root: Path, 
 
 
 def test_aggregated_residuals_follow_the_definition() -> None:
-    from oxbench.pipelines.asmk import aggregate_residuals
+    from oxbench.pipelines.families.asmk import aggregate_residuals
 
     rng = np.random.default_rng(1)
     c = rng.normal(size=(6, 4)).astype(np.float32)
@@ -430,7 +431,7 @@ def test_method_settings_refused_with_their_names() -> None:
         resolve_method("rootsift-bow-sv", spatial_top_r=0)
     with pytest.raises(InputError, match="spatial_matching"):
         resolve_method("rootsift-bow-sv", spatial_matching="pixels")
-    with pytest.raises(InputError, match="query expansion"):
+    with pytest.raises(InputError, match="unknown method setting .qe. for rootsift-asmk-sv"):
         resolve_method("rootsift-asmk-sv", qe="aqe")
     with pytest.raises(InputError, match="qe_verify_top"):
         resolve_method("rootsift-bow-sv-qe", qe_verify_top=-1)

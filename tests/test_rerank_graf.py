@@ -99,7 +99,7 @@ def test_unrelated_pair_gets_no_inliers(features):
     matches = tentative_matches(q_words, d_words)
     assert len(matches) > 500
     for model, method in [("homography", "magsac"), ("affine", "magsac"), ("affine", "fsm")]:
-        res = verify_pair(q_kp, d_kp, matches, model=model, method=method)
+        res = verify_pair(q_kp, d_kp, matches, model=model, method=method, min_inliers=8)
         assert res.n_inliers <= 6
         assert not res.verified
 
@@ -117,7 +117,8 @@ def test_tiny_vocabulary_reranks_graf(features):
     q_kp, q_des = features[1]
     candidates = [(features[k][0], words(features[k][1])) for k in ("noise", 2)]
     order = np.array([0, 1])  # 0 = noise, 1 = graf2: the noise image is ranked first
-    res = spatial_rerank(q_kp, words(q_des), candidates, order, top_r=2, model="affine")
+    res = spatial_rerank(q_kp, words(q_des), candidates, order, top_r=2, model="affine", method="magsac",
+                         min_inliers=8)
     np.testing.assert_array_equal(res.order, [1, 0])
     np.testing.assert_array_equal(res.verified, [1])
     assert res.inliers[1] >= 40 and res.inliers[0] < 8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,10 @@ pytest.importorskip("cv2")
 
 # ------------------------------------------------------------------ reference implementation
 
+
+#: The affine MAGSAC verification these synthetic pairs are built for (the package default is
+#: Philbin's fast spatial matching of a similarity, which needs keypoint scale and orientation).
+AFFINE: dict[str, Any] = {"model": "affine", "method": "magsac", "min_inliers": 8}
 
 def naive_tentative_matches(q_words, d_words, max_per_word):
     """Deliberately simple Python-loop reference of :func:`tentative_matches`."""
@@ -193,8 +198,8 @@ def test_fsm_uses_orientation_and_scale(rng):
     """Keypoint angles that do not follow the geometry give fsm no good hypothesis."""
     q_kp, d_kp, matches, _ = oriented_pair(rng, n_inliers=30, n_outliers=270)
     d_kp[:30, 3] = (d_kp[:30, 3] + 180.0) % 360  # wrong by half a turn
-    assert not verify_pair(q_kp, d_kp, matches, method="fsm", min_inliers=15).verified
-    assert verify_pair(q_kp, d_kp, matches, method="magsac", min_inliers=15).verified
+    assert not verify_pair(q_kp, d_kp, matches, model="affine", method="fsm", min_inliers=15).verified
+    assert verify_pair(q_kp, d_kp, matches, model="affine", method="magsac", min_inliers=15).verified
     with pytest.raises(InputError, match="size and angle"):
         verify_pair(q_kp[:, :2], d_kp, matches, method="fsm")
 
@@ -204,8 +209,8 @@ def test_threshold_is_relative_to_image_size(rng):
     q_kp, d_kp, matches, _ = affine_pair(rng, noise=3.0)
     big = d_kp.copy()
     big[:, :2] *= 4.0
-    a = verify_pair(q_kp, d_kp, matches, d_size=(1000, 1000), q_size=(1000, 1000))
-    b = verify_pair(q_kp, big, matches, d_size=(4000, 4000), q_size=(1000, 1000))
+    a = verify_pair(q_kp, d_kp, matches, d_size=(1000, 1000), q_size=(1000, 1000), **AFFINE)
+    b = verify_pair(q_kp, big, matches, d_size=(4000, 4000), q_size=(1000, 1000), **AFFINE)
     assert a.n_inliers == b.n_inliers > 0
     np.testing.assert_array_equal(a.inlier_mask, b.inlier_mask)
     np.testing.assert_allclose(b.transform, np.diag([4.0, 4.0, 1.0]) @ a.transform, rtol=1e-4,
@@ -233,9 +238,9 @@ def test_reflection_is_rejected(rng):
 def test_extreme_scale_is_rejected(rng):
     shrink = np.diag([0.02, 0.02, 1.0])
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=100, n_outliers=0, transform=shrink)
-    res = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000))
+    res = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000), **AFFINE)
     assert res.status == "degenerate"
-    relaxed = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000),
+    relaxed = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000), **AFFINE,
                           max_scale=100.0, threshold_px=1.0)
     assert relaxed.verified
 
@@ -260,7 +265,7 @@ def test_burst_inliers_count_once(rng):
     # Duplicate every candidate keypoint (e.g. SIFT's multiple orientations) and match both.
     d2 = np.vstack([d_kp, d_kp])
     m2 = np.vstack([matches, matches + [0, len(d_kp)]])
-    res = verify_pair(q_kp, d2, m2)
+    res = verify_pair(q_kp, d2, m2, **AFFINE)
     assert res.inlier_mask.sum() == 80
     assert res.n_inliers == 40
 

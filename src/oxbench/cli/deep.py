@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import click
 
-from oxbench.cli.options import method_options, parse_distractors, parse_setting, parse_workers
+from oxbench.cli.options import (
+    execution_options,
+    method_options,
+    parse_distractors,
+    parse_setting,
+    parse_workers,
+)
 
 
 @click.command("import-checkpoint")
@@ -36,14 +42,16 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Output folder: db.npy, db_names.txt, queries.npy, query_names.txt, extract.json.")
 @method_options
-@click.option("--workers", type=int, default=0, show_default=True,
-              help="Image-decoding threads (0 = one per available CPU).")
+@execution_options
+@click.option("--decode-threads", type=click.IntRange(1, 1024), default=None,
+              help="Threads decoding images for a CNN (default: one per available core).")
 @click.option("--allow-partial", is_flag=True,
               help="Accept partial image sets: undecodable images are named, skipped and get zero descriptors.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def extract(
     dataset: str, method: str, out: str, root: str | None, cache: str | None, train_dataset: str | None,
-    settings: tuple[str, ...], distractors: str | None, workers: int, allow_partial: bool, no_progress: bool,
+    settings: tuple[str, ...], distractors: str | None, workers: int | None, engine: str,
+    decode_threads: int | None, allow_partial: bool, no_progress: bool,
 ) -> None:
     """Write the global descriptors of DATASET (database, distractors, query crops) to .npy files.
 
@@ -55,7 +63,8 @@ def extract(
     outcome = extract_descriptors(
         dataset, method, out, root=root, cache=cache, train_dataset=train_dataset,
         overrides=dict(parse_setting(s) for s in settings), distractors=parse_distractors(distractors),
-        strict=not allow_partial, workers=parse_workers(workers), progress=not no_progress,
+        strict=not allow_partial, workers=parse_workers(workers), engine=engine, decode_threads=decode_threads,
+        progress=not no_progress,
     )  # fmt: skip
     click.echo(f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
                f"{outcome.n_queries} query descriptors, {outcome.dim}-D")

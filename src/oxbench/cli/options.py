@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -45,13 +44,29 @@ def parse_setting(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
-def parse_workers(n: int) -> int:
-    """``--workers``: 0 means one per available CPU; absurd values are refused."""
-    if n < 0 or n > 1024:
-        raise InputError(f"--workers must be between 0 and 1024, got {n}")
-    if n == 0:
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return n
+#: The help of ``--workers``, the same on every command that runs parallel stages.
+WORKERS_HELP = ("Workers of the parallel stages (local-feature extraction, word assignment, spatial "
+                "verification, aggregation, image rendering): processes with --engine processes. "
+                "Default: one per available core.")  # fmt: skip
+
+
+def execution_options(f: Any) -> Any:
+    """``--workers`` and ``--engine``: where the parallel stages run (:mod:`oxbench.execution`)."""
+    f = click.option("--engine", default="processes", show_default=True,
+                     help="Execution backend of the parallel stages: processes or serial.")(f)  # fmt: skip
+    return click.option("--workers", type=int, default=None, help=WORKERS_HELP)(f)
+
+
+def parse_workers(n: int | None) -> int | None:
+    """``--workers``: ``None`` (one per available core) or a count in 1 .. 1024 (else one line)."""
+    if n is None:
+        return None
+    from oxbench.execution import check_workers
+
+    try:
+        return check_workers(n)
+    except InputError:
+        raise InputError(f"--workers must be a whole number from 1 to 1024, got {n}") from None
 
 
 def parse_distractors(text: str | None) -> str | int | None:

@@ -6,7 +6,13 @@ import json
 
 import click
 
-from oxbench.cli.options import method_options, parse_distractors, parse_setting, parse_workers
+from oxbench.cli.options import (
+    execution_options,
+    method_options,
+    parse_distractors,
+    parse_setting,
+    parse_workers,
+)
 
 
 @click.command("run")
@@ -25,8 +31,7 @@ from oxbench.cli.options import method_options, parse_distractors, parse_setting
               help="Resize images to this longer side (px) before extracting features.")
 @click.option("--top-r", type=click.IntRange(1, 1 << 24), default=None,
               help="Bag of words: how many images are spatially verified.")
-@click.option("--workers", type=int, default=0, show_default=True,
-              help="Feature-extraction processes (0 = one per available CPU).")
+@execution_options
 @click.option("--top-k", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
               help="Retrieved images per query recorded with names, labels and scores.")
 @click.option("--allow-partial", is_flag=True,
@@ -38,7 +43,7 @@ from oxbench.cli.options import method_options, parse_distractors, parse_setting
 def run(
     dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
     cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
-    max_side: int | None, top_r: int | None, workers: int, distractors: str | None, top_k: int,
+    max_side: int | None, top_r: int | None, workers: int | None, engine: str, distractors: str | None, top_k: int,
     allow_partial: bool, overwrite: bool, as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
@@ -50,8 +55,7 @@ def run(
     """
     import sys
 
-    from oxbench.pipelines.method import METHODS
-    from oxbench.pipelines.presets import DEFAULT_METHOD
+    from oxbench.pipelines.method import DEFAULT_METHOD, METHODS
     from oxbench.pipelines.runner import run as run_method
 
     if list_methods:
@@ -68,7 +72,7 @@ def run(
         overrides["spatial_top_r"] = top_r
     outcome = run_method(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
-        overrides=overrides, workers=parse_workers(workers), overwrite=overwrite, top_k=top_k,
+        overrides=overrides, workers=parse_workers(workers), engine=engine, overwrite=overwrite, top_k=top_k,
         progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
         strict=not allow_partial, command=["oxbench", *sys.argv[1:]],
     )  # fmt: skip

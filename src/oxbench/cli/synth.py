@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from oxbench.cli.options import parse_workers
 from oxbench.errors import InputError
 
 
@@ -30,7 +31,7 @@ def _parse_size(text: str) -> tuple[int, int]:
 @click.option("--db-size", type=int, default=None, help="Number of database images (default 1000; 500 for synthetic-train).")
 @click.option("--image-size", default="640x480", show_default=True, help="Image size WIDTHxHEIGHT.")
 @click.option("--distractors", type=int, default=0, show_default=True, help="Default number of on-demand distractors recorded for loading (never stored).")
-@click.option("--workers", "-j", type=int, default=None, help="Processes (default: all CPUs).")
+@click.option("--workers", "-j", type=int, default=None, help="Processes rendering images (default: one per available core).")
 @click.option("--overwrite", is_flag=True, help="Replace a complete set made with another config.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def synth(
@@ -52,8 +53,7 @@ def synth(
         read_manifest,
     )
 
-    if workers is not None and workers < 1:
-        raise InputError("--workers must be >= 1")
+    workers = parse_workers(workers)
     # `--name synthetic-train` defaults to the training city, anything else to the test city
     base = DEFAULT_TRAIN if name == DEFAULT_TRAIN.name else DEFAULT_TEST
     config = SynthConfig(

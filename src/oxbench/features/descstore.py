@@ -12,7 +12,7 @@ shard carries the sha256 of its names and vectors; a shard that fails the check 
 truncated copy) is reported, deleted and its images described again, never silently used.
 
 The store knows nothing about how descriptors are made: the VLAD and the CNN descriptors of
-:mod:`oxbench.pipelines.globaldesc` and ``oxbench extract`` all use it.
+:mod:`oxbench.pipelines.families.global_descriptors` and ``oxbench extract`` all use it.
 """
 
 from __future__ import annotations

@@ -1,14 +1,22 @@
-"""Local features of one image: keypoints and descriptors (SIFT / RootSIFT).
+"""Local features of one image, and the protocol every local-feature extractor implements.
 
 :class:`LocalFeatures` is the one shape every local-feature step exchanges (extraction, the feature
 store, vocabulary assignment, spatial verification). Keypoints are always in the pixel coordinates of
 the ORIGINAL image -- for a query, of the full query image, although only its crop was described --
 so that query boxes and geometric models mean the same thing everywhere.
+
+:class:`LocalExtractor` is what a local feature is to the pipelines: a frozen config that describes
+an image (:meth:`~LocalExtractor.extract`: keypoints and the descriptors *as stored*, in the dtype
+and dimension it declares) and turns stored descriptors into the ones matched and quantised
+(:meth:`~LocalExtractor.finish`: RootSIFT from SIFT histograms, or the identity). SIFT / RootSIFT
+(:class:`oxbench.features.sift.SiftConfig`) is the first implementation; a learned local feature is
+one new module with one such class, usable as any method's ``features``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import NDArray
@@ -72,3 +80,39 @@ class LocalFeatures:
             np.ascontiguousarray(self.descriptors[index]),
             self.image_size,
         )
+
+
+@runtime_checkable
+class LocalExtractor(Protocol):
+    """A local-feature extractor: settings (a frozen dataclass) plus how to describe an image.
+
+    Everything that changes the stored features must be in :meth:`to_dict` (it keys the feature
+    store, and a store built under another one is refused).
+
+    Attributes:
+        dim: descriptor dimension.
+        stored_dtype: dtype of the stored descriptors (``uint8`` SIFT histograms, ``float16`` ...).
+    """
+
+    @property
+    def dim(self) -> int: ...  # pragma: no cover
+
+    @property
+    def stored_dtype(self) -> Any: ...  # pragma: no cover
+
+    def to_dict(self) -> dict[str, object]:
+        """Every setting, JSON-able, with a ``kind`` naming the extractor."""
+        ...  # pragma: no cover
+
+    def digest(self) -> str:
+        """Short stable hash of :meth:`to_dict` (names the store folder)."""
+        ...  # pragma: no cover
+
+    def extract(self, image: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[Any]]:
+        """``(keypoints float32 [n, 4], stored descriptors [n, dim])`` of ``image`` (``H x W x 3``
+        uint8 RGB), keypoints in the pixel coordinates of ``image``."""
+        ...  # pragma: no cover
+
+    def finish(self, stored: NDArray[Any]) -> NDArray[np.float32]:
+        """The descriptors used for matching and quantisation, ``float32 [n, dim]``."""
+        ...  # pragma: no cover

@@ -29,7 +29,10 @@ DESCRIPTOR_TYPES: tuple[str, ...] = ("sift", "rootsift")
 
 @dataclass(frozen=True)
 class SiftConfig:
-    """How local features are extracted; everything that changes the stored features.
+    """How SIFT / RootSIFT features are extracted; everything that changes the stored features.
+
+    The first :class:`~oxbench.features.local.LocalExtractor`: stores OpenCV's SIFT histograms as
+    ``uint8`` and finishes them into RootSIFT (or plain SIFT) on read.
 
     Attributes:
         descriptor: ``"rootsift"`` (default) or ``"sift"``.
@@ -57,6 +60,19 @@ class SiftConfig:
     def dim(self) -> int:
         """Descriptor dimension (128 for SIFT and RootSIFT)."""
         return 128
+
+    @property
+    def stored_dtype(self) -> type[np.uint8]:
+        """Stored as OpenCV's integer-valued histograms, exactly (:func:`extract_raw_sift`)."""
+        return np.uint8
+
+    def extract(self, image: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[np.uint8]]:
+        """Keypoints and raw SIFT histograms of ``image`` (:func:`extract_raw_sift`)."""
+        return extract_raw_sift(image, self)
+
+    def finish(self, stored: NDArray[np.uint8 | np.float32]) -> NDArray[np.float32]:
+        """RootSIFT (or SIFT as float32) of stored histograms (:func:`finish_descriptors`)."""
+        return finish_descriptors(stored, self.descriptor)
 
     def to_dict(self) -> dict[str, object]:
         """The configuration as JSON-able data, including the descriptor dimension."""

@@ -4,7 +4,8 @@ Layout of one store folder (one per dataset part and extraction config)::
 
     <dir>/meta.json                    config that built it (refused when it differs), with its digest
     <dir>/shard-000000.kp.npy          float32 [n_features, 4] keypoints of the shard's images
-    <dir>/shard-000000.raw.npy         uint8 [n_features, 128] raw SIFT histograms
+    <dir>/shard-000000.raw.npy         [n_features, dim] descriptors as the extractor stores them
+                                       (uint8 SIFT histograms for SIFT / RootSIFT)
     <dir>/shard-000000.index.npz       names, per-image feature counts and image sizes, checksums
     <dir>/.lock                        held by the one process that writes the store
 
@@ -28,8 +29,9 @@ A shard that fails an open-time check is logged as a warning naming the file and
 images are described again by the next extraction, which deletes it); a failed per-image check
 raises :class:`~oxbench.cache.CorruptCache`, which the pipeline turns into the same recomputation.
 
-Descriptors are stored as the raw SIFT histograms (exactly representable as ``uint8``) and turned into
-the configured descriptor (RootSIFT) on read.
+Descriptors are stored as the extractor stores them (:class:`~oxbench.features.local.LocalExtractor`:
+its ``stored_dtype`` and ``dim``; raw SIFT histograms, exactly representable as ``uint8``) and turned
+into the descriptors it matches with (RootSIFT) by its ``finish`` on read.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import logging
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,28 +52,26 @@ from numpy.typing import NDArray
 
 from oxbench.cache import CorruptCache, entry_lock, load_npz, save_npz
 from oxbench.errors import InputError
-from oxbench.features.local import LocalFeatures
-from oxbench.features.sift import SiftConfig, extract_raw_sift, finish_descriptors
+from oxbench.execution import Executor, SerialExecutor
+from oxbench.features.local import LocalExtractor, LocalFeatures
 from oxbench.fileio import (
     atomic_write_json,
     atomic_write_npy,
     file_sha256,
     json_digest,
     make_folder,
-    progress_bar,
     read_input_bytes,
     remove_stale_temps,
     sampled_digest,
 )
-from oxbench.workers import WorkerPool, worker_pool
 
 log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
 _SHARD_RE = re.compile(r"^shard-(\d{6})\.(index\.npz|kp\.npy|raw\.npy)$")
 
-# (name, keypoints, raw descriptors, (width, height))
-RawFeatures = tuple[str, NDArray[np.float32], NDArray[np.uint8], tuple[int, int]]
+# (name, keypoints, stored descriptors, (width, height))
+RawFeatures = tuple[str, NDArray[np.float32], NDArray[Any], tuple[int, int]]
 
 
 #: Bytes read at the start, middle and end of a data file for its open-time sampled digest.
@@ -92,7 +92,7 @@ class _Shard:
     kp_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's keypoint rows
     raw_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's descriptor rows
     _kp: NDArray[np.float32] | None = None
-    _raw: NDArray[np.uint8] | None = None
+    _raw: NDArray[Any] | None = None
 
 
 class FeatureStore:
@@ -108,7 +108,7 @@ class FeatureStore:
         bad_shards: numbers of the shards the last :meth:`refresh` found corrupt (left out).
     """
 
-    def __init__(self, directory: Path, config: SiftConfig, meta: dict[str, object]) -> None:
+    def __init__(self, directory: Path, config: LocalExtractor, meta: dict[str, object]) -> None:
         self.directory = directory
         self.config = config
         self.meta = meta
@@ -128,7 +128,7 @@ class FeatureStore:
     def open(
         cls,
         directory: str | Path,
-        config: SiftConfig,
+        config: LocalExtractor,
         *,
         extra: dict[str, object] | None = None,
         create: bool = True,
@@ -316,10 +316,10 @@ class FeatureStore:
         offsets = self._shards[si].offsets
         return int(offsets[j + 1] - offsets[j])
 
-    def _arrays(self, shard: _Shard) -> tuple[NDArray[np.float32], NDArray[np.uint8]]:
+    def _arrays(self, shard: _Shard) -> tuple[NDArray[np.float32], NDArray[Any]]:
         if shard._kp is None or shard._raw is None:
             arrays = []
-            for suffix, cols in zip(_DATA_FILES, (4, 128), strict=True):
+            for suffix, cols in zip(_DATA_FILES, (4, self.config.dim), strict=True):
                 path = self._path(shard.number, suffix)
                 try:
                     a = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -332,7 +332,7 @@ class FeatureStore:
         return shard._kp, shard._raw
 
     def get_raw(self, name: str) -> RawFeatures:
-        """Keypoints and raw uint8 SIFT of one image (no descriptor post-processing).
+        """Keypoints and stored descriptors of one image (before the extractor's ``finish``).
 
         Raises:
             InputError: the image has no features in this store.
@@ -358,13 +358,13 @@ class FeatureStore:
         return name, kp_i, raw_i, (w, h)
 
     def get(self, name: str) -> LocalFeatures:
-        """The features of one image, descriptors post-processed as configured (RootSIFT).
+        """The features of one image, descriptors finished by the extractor (RootSIFT).
 
         Raises:
             InputError: the image has no features in this store.
         """
         _, kp, raw, size = self.get_raw(name)
-        return LocalFeatures(kp, finish_descriptors(raw, self.config.descriptor), size)
+        return LocalFeatures(kp, self.config.finish(raw), size)
 
     def __getitem__(self, name: str) -> LocalFeatures:
         return self.get(name)
@@ -404,7 +404,13 @@ class FeatureStore:
         counts = np.array([len(it[1]) for it in items], np.int64)
         sizes = np.array([it[3] for it in items], np.int32).reshape(-1, 2)
         kps = [np.asarray(it[1], np.float32).reshape(-1, 4) for it in items]
-        raws = [np.asarray(it[2], np.uint8).reshape(-1, 128) for it in items]
+        dtype, dim = np.dtype(self.config.stored_dtype), self.config.dim
+        raws = []
+        for it in items:
+            raw = np.asarray(it[2])
+            if raw.dtype != dtype or raw.ndim != 2 or raw.shape[1] != dim:
+                raise ValueError(f"image {it[0]!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]")
+            raws.append(raw)
         files = {}
         for suffix, parts in (("kp.npy", kps), ("raw.npy", raws)):
             path = self._path(number, suffix)
@@ -434,7 +440,7 @@ class FeatureStore:
 class DescribeImages:
     """Picklable job: describe image ``i`` of an image source (whole image)."""
 
-    def __init__(self, source, config: SiftConfig) -> None:  # noqa: ANN001 - ImageSource
+    def __init__(self, source, config: LocalExtractor) -> None:  # noqa: ANN001 - ImageSource
         self.source = source
         self.config = config
 
@@ -443,14 +449,14 @@ class DescribeImages:
 
     def __call__(self, i: int) -> RawFeatures:
         image = self.source.read(i)
-        kp, raw = extract_raw_sift(image, self.config)
+        kp, raw = self.config.extract(image)
         return self.source.name(i), kp, raw, (int(image.shape[1]), int(image.shape[0]))
 
 
 class DescribeQueries:
     """Picklable job: describe the CROP of query ``i``; keypoints in full-image coordinates."""
 
-    def __init__(self, benchmark, config: SiftConfig) -> None:  # noqa: ANN001 - Benchmark
+    def __init__(self, benchmark, config: LocalExtractor) -> None:  # noqa: ANN001 - Benchmark
         self.queries = benchmark.queries
         self.bboxes = [q.bbox for q in benchmark.gt.queries]
         self.crop = benchmark.crop
@@ -469,42 +475,10 @@ class DescribeQueries:
         if bbox is not None:
             left, top, right, bottom = crop_box(bbox, w, h, self.crop)
             image = image[top:bottom, left:right]
-        kp, raw = extract_raw_sift(image, self.config)
+        kp, raw = self.config.extract(image)
         kp[:, 0] += left
         kp[:, 1] += top
         return self.queries.name(i), kp, raw, (int(w), int(h))
-
-
-@contextlib.contextmanager
-def process_pool(workers: int, initializer: Callable[[Any], None], job: object) -> Iterator[WorkerPool]:
-    """The worker pool of the parallel stages (extraction, word assignment, spatial verification).
-
-    ``workers`` spawned processes, each running ``initializer(job)`` once (the job travels
-    pickled once per process, not per item); pending work is cancelled when the block exits,
-    also on an error or an interrupt, and the workers die with this process
-    (:func:`oxbench.workers.worker_pool`).
-    """
-    with worker_pool(workers, initializer=initializer, initargs=(job,)) as pool:
-        yield pool
-
-
-_WORKER_JOB: Callable[[int], RawFeatures] | None = None
-
-
-def _init_worker(job: Callable[[int], RawFeatures]) -> None:
-    global _WORKER_JOB
-    _WORKER_JOB = job
-    try:
-        import cv2
-
-        cv2.setNumThreads(1)
-    except ImportError:  # pragma: no cover
-        pass
-
-
-def _run_worker(i: int) -> RawFeatures:
-    assert _WORKER_JOB is not None
-    return _WORKER_JOB(i)
 
 
 def extract_to_store(
@@ -512,13 +486,13 @@ def extract_to_store(
     n_items: int,
     store: FeatureStore,
     *,
-    workers: int = 1,
+    executor: Executor | None = None,
     shard_size: int = 64,
     progress: bool = True,
     desc: str = "features",
     stop_after: int | None = None,
     full_check: bool = False,
-) -> Path:
+) -> int:
     """Describe every item the store does not hold yet, writing complete shards as it goes.
 
     Resumable: items whose name is already in a complete, intact shard are skipped, so an
@@ -530,7 +504,7 @@ def extract_to_store(
         job: what to run per item index (``DescribeImages`` / ``DescribeQueries``).
         n_items: items ``0 .. n_items - 1`` are described.
         store: where the features go.
-        workers: processes (``1`` = in this process).
+        executor: where the items are described (:mod:`oxbench.execution`; default: this process).
         shard_size: images per shard (one shard is lost at most on interruption).
         progress: show a tqdm bar.
         desc: the bar's label.
@@ -538,7 +512,7 @@ def extract_to_store(
         full_check: hash the existing shards' data files in full, not only sampled.
 
     Returns:
-        The store folder.
+        How many images were described (0: every image came from the store).
     """
     names = [job.name(i) for i in range(n_items)]
     if len(set(names)) != len(names):
@@ -546,39 +520,19 @@ def extract_to_store(
         raise InputError(f"image name {dup!r} appears twice; the store is keyed by name")
     with store.writing(full=full_check):
         todo = [i for i in range(n_items) if names[i] not in store]
-        if todo:
-            log.info("describing %d of %d images into %s", len(todo), n_items, store.directory)
-            _describe(job, todo, store, workers=workers, shard_size=shard_size, stop_after=stop_after,
-                      bar=progress_bar(total=len(todo), desc=desc, enabled=progress, unit="img"))  # fmt: skip
-    return store.directory
-
-
-def _describe(
-    job: DescribeImages | DescribeQueries, todo: list[int], store: FeatureStore, *,
-    workers: int, shard_size: int, stop_after: int | None, bar: Any,
-) -> None:  # fmt: skip
-    """Describe items ``todo`` into ``store``, one shard of ``shard_size`` at a time."""
-    shards_written = 0
-    pool = None
-    try:
-        if workers > 1:
-            pool = worker_pool(workers, initializer=_init_worker, initargs=(job,))
-        for start in range(0, len(todo), shard_size):
-            chunk = todo[start : start + shard_size]
-            if pool is not None:
-                results = list(pool.map(_run_worker, chunk, chunksize=max(1, len(chunk) // (4 * workers))))
-            else:
-                results = [job(i) for i in chunk]
-            store.write_shard(results)
-            bar.update(len(chunk))
-            shards_written += 1
-            if stop_after is not None and shards_written >= stop_after:
-                break
-    except BaseException:
-        if pool is not None:
-            pool.abort()  # an error or Ctrl-C/SIGTERM: stop the workers now, not after the queue
-        raise
-    finally:
-        bar.close()
-        if pool is not None:
-            pool.shutdown(cancel_futures=True)
+        if not todo:
+            return 0
+        log.info("describing %d of %d images into %s", len(todo), n_items, store.directory)
+        if stop_after is not None:
+            todo = todo[: stop_after * shard_size]
+        shard: list[RawFeatures] = []
+        run = (executor or SerialExecutor()).map(job, todo, desc=desc, unit="img", progress=progress)
+        with contextlib.closing(run):  # an error here stops the workers at once
+            for features in run:
+                shard.append(features)
+                if len(shard) == shard_size:
+                    store.write_shard(shard)
+                    shard = []
+        if shard:
+            store.write_shard(shard)
+    return len(todo)

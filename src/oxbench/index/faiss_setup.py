@@ -19,6 +19,7 @@ import sys
 from types import ModuleType
 
 from oxbench.errors import require
+from oxbench.execution import available_cores, thread_cap
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,8 @@ def load_faiss(threads: int | None = None) -> ModuleType:
     """Import faiss (extra ``classic``), choosing OpenBLAS kernels from the CPU flags first.
 
     Args:
-        threads: OpenMP threads for faiss; default: the CPUs this process may use.
+        threads: OpenMP threads for faiss; default: the executor's cap in a worker process
+            (:func:`oxbench.execution.limit_threads`), else the CPUs this process may use.
 
     Returns:
         The ``faiss`` module.
@@ -62,9 +64,6 @@ def load_faiss(threads: int | None = None) -> ModuleType:
                 os.environ["OPENBLAS_CORETYPE"] = core
     faiss = require("faiss", "classic")
     if threads is None:
-        try:
-            threads = len(os.sched_getaffinity(0))
-        except AttributeError:  # pragma: no cover - not Linux
-            threads = os.cpu_count() or 1
+        threads = thread_cap() or available_cores()
     faiss.omp_set_num_threads(max(1, int(threads)))
     return faiss

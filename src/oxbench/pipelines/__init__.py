@@ -1,15 +1,20 @@
 """Retrieval methods and the runner.
 
 - :mod:`oxbench.pipelines.method` -- the interface every method implements
-  (:class:`MethodConfig` settings + :class:`RetrievalMethod` fit / index / search), the preset
-  registry :data:`METHODS`, :func:`list_methods`, :func:`resolve_method`;
-- :mod:`oxbench.pipelines.presets` -- the named presets of every family, as data;
-- :mod:`oxbench.pipelines.bow` -- RootSIFT bag of words, spatial re-ranking, query expansion;
-- :mod:`oxbench.pipelines.globaldesc` -- global descriptors, whitening, exact search, QE;
+  (:class:`MethodConfig` settings + :class:`RetrievalMethod` fit / index / search), the run context
+  (:class:`RunContext`: cache, executor, timings), the preset registry :data:`METHODS`,
+  :func:`list_methods`, :func:`resolve_method`;
+- :mod:`oxbench.pipelines.steps` -- the family-neutral steps (local features, vocabulary, words,
+  short-list verification), each resumable and saying whether it came from the cache;
+- :mod:`oxbench.pipelines.families` -- one module per family (config, method, presets);
 - :mod:`oxbench.pipelines.runner` -- :func:`run`: any method on any dataset, with a run record.
 """
 
+from oxbench.pipelines.families.asmk import AsmkConfig
+from oxbench.pipelines.families.bow import BowConfig
+from oxbench.pipelines.families.global_descriptors import GlobalConfig
 from oxbench.pipelines.method import (
+    DEFAULT_METHOD,
     METHODS,
     MethodConfig,
     RetrievalMethod,
@@ -19,14 +24,14 @@ from oxbench.pipelines.method import (
     register_method,
     resolve_method,
 )
-from oxbench.pipelines.presets import DEFAULT_METHOD, BowMethod, GlobalMethod
 from oxbench.pipelines.runner import RunConfig, RunOutcome, find_runs, run
 
 __all__ = [
     "DEFAULT_METHOD",
     "METHODS",
-    "BowMethod",
-    "GlobalMethod",
+    "AsmkConfig",
+    "BowConfig",
+    "GlobalConfig",
     "MethodConfig",
     "RetrievalMethod",
     "RunConfig",

@@ -27,9 +27,15 @@ from typing import Any
 
 import numpy as np
 
+from oxbench.datasets import load
+from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError
+from oxbench.execution import available_cores, make_executor
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
+from oxbench.pipelines.families.global_descriptors import GlobalConfig, GlobalDescriptors
 from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
+from oxbench.pipelines.runner import DEFAULT_TRAIN_DATASET
+from oxbench.pipelines.steps import part_names
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +72,9 @@ def extract_descriptors(
     overrides: Mapping[str, object] | None = None,
     distractors: str | int | None = None,
     strict: bool = True,
-    workers: int = 1,
+    workers: int | None = 1,
+    engine: str = "processes",
+    decode_threads: int | None = None,
     progress: bool = True,
 ) -> ExtractOutcome:
     """Describe a dataset with a global-descriptor method and write the descriptors to ``out``.
@@ -84,21 +92,18 @@ def extract_descriptors(
         distractors: distractors to describe after the database.
         strict: refuse partial datasets; ``False`` also lets undecodable images through (named in
             warnings and ``extract.json``, zero descriptors).
-        workers: image-decoding threads (CNN) / extraction processes (SIFT).
+        workers: workers of the parallel stages (SIFT extraction, VLAD aggregation), through
+            the ``engine`` executor (:mod:`oxbench.execution`).
+        engine: the execution backend (``processes``, ``serial``).
+        decode_threads: threads that decode images for a CNN (default: the available cores).
         progress: progress bars.
 
     Raises:
         InputError: not a global-descriptor method, missing data or weights, an undecodable image
             (unless ``strict=False``), an output path that is not a writable file location.
     """
-    from oxbench.datasets import load
-    from oxbench.datasets.paths import data_root
-    from oxbench.pipelines.bow import _part_names
-    from oxbench.pipelines.globaldesc import GlobalDescriptors, GlobalMethod
-    from oxbench.pipelines.runner import DEFAULT_TRAIN_DATASET
-
     m = resolve_method(method, **dict(overrides or {}))
-    if not isinstance(m, GlobalMethod):
+    if not isinstance(m, GlobalConfig):
         raise InputError(f"oxbench extract writes global descriptors; {m.name} is a {m.family} method")
     out = Path(out)
     for name in EXTRACT_FILES:
@@ -111,8 +116,9 @@ def extract_descriptors(
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
         train = load(train_id, root_path, strict=strict, progress=progress)
-    ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache", workers=workers,
-                     progress=progress, allow_partial=not strict, root=root_path)
+    ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache",
+                     executor=make_executor(engine, workers), progress=progress, allow_partial=not strict,
+                     root=root_path, decode_threads=decode_threads or available_cores())
     impl = m.build()
     assert isinstance(impl, GlobalDescriptors)
     impl.fit(train, ctx)
@@ -120,7 +126,7 @@ def extract_descriptors(
     db = np.concatenate([impl.describe(bench, p, ctx) for p in parts])
     queries = impl.describe(bench, "queries", ctx)
     db, queries = impl._finish(db), impl._finish(queries)
-    db_names = [n for p in parts for n in _part_names(bench, p)]
+    db_names = [n for p in parts for n in part_names(bench, p)]
     info: dict[str, Any] = {
         "dataset": dataset, "n_db": bench.gt.n_db, "n_distractors": bench.n_distractors,
         "n_queries": int(queries.shape[0]), "dim": int(db.shape[1]), "dtype": "float32",
@@ -136,7 +142,7 @@ def extract_descriptors(
     atomic_write_npy(out / "db.npy", db.astype(np.float32))
     atomic_write_text(out / "db_names.txt", "".join(f"{n}\n" for n in db_names))
     atomic_write_npy(out / "queries.npy", queries.astype(np.float32))
-    atomic_write_text(out / "query_names.txt", "".join(f"{n}\n" for n in _part_names(bench, "queries")))
+    atomic_write_text(out / "query_names.txt", "".join(f"{n}\n" for n in part_names(bench, "queries")))
     atomic_write_json(out / "extract.json", info)
     log.info("wrote %d database and %d query descriptors (%d-D) to %s", db.shape[0], queries.shape[0], db.shape[1], out)
     return ExtractOutcome(out, bench.gt.n_db, bench.n_distractors, int(queries.shape[0]), int(db.shape[1]), info)

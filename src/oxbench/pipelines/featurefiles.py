@@ -1,6 +1,6 @@
 """Bring your own features: a global method over the user's descriptor files.
 
-``GlobalMethod(descriptor="features", db_features=..., query_features=...)`` (presets ``features``,
+``GlobalConfig(descriptor="features", db_features=..., query_features=...)`` (presets ``features``,
 ``features-aqe``, ``features-alpha-qe``, ``features-dba``, ``features-diffusion``; the paths come
 with ``--set db_features=PATH --set query_features=PATH``) skips description: the database and query
 descriptors are read from the files, one row per database image / query in the dataset's order
@@ -14,29 +14,64 @@ whitening. Without them, ``whitening`` must stay ``none``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import io
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-
-# The one place the feature reader is imported: swap for oxbench.formats.arrays once it is on main.
+from oxbench.fileio import read_input_bytes
 from oxbench.formats.arrays import read_features
-
-if TYPE_CHECKING:  # pragma: no cover
-    from oxbench.datasets.base import Benchmark
-    from oxbench.index.whitening import PCAWhitening
-    from oxbench.pipelines.globaldesc import GlobalMethod
+from oxbench.index.whitening import LearnedWhitening, PCAWhitening
 
 
-def _read(m: GlobalMethod, path: str | None, setting: str) -> NDArray[np.float32]:
+class FileSettings(Protocol):
+    """The settings of a ``descriptor="features"`` global method this module reads (see
+    :class:`~oxbench.pipelines.families.global_descriptors.GlobalConfig`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def db_features(self) -> str | None: ...
+
+    @property
+    def query_features(self) -> str | None: ...
+
+    @property
+    def train_features(self) -> str | None: ...
+
+    @property
+    def train_pairs(self) -> str | None: ...
+
+    @property
+    def layout(self) -> Literal["n-d", "d-n"]: ...
+
+    @property
+    def key(self) -> str | None: ...
+
+    @property
+    def whitening(self) -> str: ...
+
+    @property
+    def whitening_dim(self) -> int | None: ...
+
+    @property
+    def whitening_power(self) -> float: ...
+
+    @property
+    def whitening_shrinkage(self) -> float: ...
+
+
+def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32]:
     if not path:
         raise InputError(f"method {m.name} reads descriptor files: set {setting}=PATH (--set {setting}=...)")
     return read_features(path, layout=m.layout, key=m.key, normalize=True)
 
 
-def benchmark_features(m: GlobalMethod, bench: Benchmark, part: str) -> NDArray[np.float32]:
+def benchmark_features(m: FileSettings, bench: Benchmark, part: str) -> NDArray[np.float32]:
     """The user's descriptors of one part of ``bench`` (``database``, ``distractors``, ``queries``).
 
     The database file holds the database rows followed by the distractors' rows.
@@ -63,10 +98,8 @@ def benchmark_features(m: GlobalMethod, bench: Benchmark, part: str) -> NDArray[
     return q
 
 
-def fit_file_whitening(m: GlobalMethod) -> PCAWhitening | None:
+def fit_file_whitening(m: FileSettings) -> PCAWhitening | None:
     """The whitening ``m`` asks for, learned on ``train_features`` (and ``train_pairs``), or ``None``."""
-    from oxbench.index.whitening import LearnedWhitening, PCAWhitening
-
     if m.whitening == "none":
         return None
     if not m.train_features:
@@ -91,10 +124,6 @@ def fit_file_whitening(m: GlobalMethod) -> PCAWhitening | None:
 
 def read_pairs(path: str) -> NDArray[np.int64]:
     """An ``[m, 2]`` integer array of matching pairs from an ``.npy`` file."""
-    import io
-
-    from oxbench.fileio import read_input_bytes
-
     try:
         p = np.load(io.BytesIO(read_input_bytes(path, limit=1 << 34)), allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
@@ -106,6 +135,6 @@ def read_pairs(path: str) -> NDArray[np.int64]:
     return p.astype(np.int64)
 
 
-def feature_provenance(m: GlobalMethod) -> dict[str, str | None]:
+def feature_provenance(m: FileSettings) -> dict[str, str | None]:
     """Which files the descriptors came from (recorded in the run)."""
     return {"db": m.db_features, "queries": m.query_features, "train": m.train_features, "train_pairs": m.train_pairs}

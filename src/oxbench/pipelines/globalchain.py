@@ -1,7 +1,7 @@
 """What a global-descriptor method does after description: DBA, search index, QE, diffusion.
 
 :class:`SearchChain` is built from the (whitened, L2-normalised) database vectors and a
-:class:`~oxbench.pipelines.globaldesc.GlobalMethod`'s settings, and answers query vectors:
+:class:`~oxbench.pipelines.families.global_descriptors.GlobalConfig`'s settings, and answers query vectors:
 
 1. database-side augmentation (``dba > 0``): each database vector replaced by the alpha-weighted
    mean of itself and its top ``dba`` neighbours (:func:`oxbench.rerank.qe.database_side_augmentation`,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,11 +28,75 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
 from oxbench.index.search import FaissIndex, IndexSettings, exact_search
+from oxbench.pipelines.method import RunContext
 from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
+from oxbench.rerank.qe import alpha_query_expansion, database_side_augmentation
 
-if TYPE_CHECKING:  # pragma: no cover
-    from oxbench.pipelines.globaldesc import GlobalMethod
-    from oxbench.pipelines.method import RunContext
+
+class ChainSettings(Protocol):
+    """The settings of :class:`~oxbench.pipelines.families.global_descriptors.GlobalConfig` the
+    chain reads (see its attributes)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def search(self) -> str: ...
+
+    @property
+    def search_k(self) -> int | None: ...
+
+    @property
+    def nlist(self) -> int: ...
+
+    @property
+    def pq_m(self) -> int: ...
+
+    @property
+    def pq_nbits(self) -> int: ...
+
+    @property
+    def nprobe(self) -> int: ...
+
+    @property
+    def dba(self) -> int: ...
+
+    @property
+    def dba_alpha(self) -> float: ...
+
+    @property
+    def rerank(self) -> str: ...
+
+    @property
+    def diffusion_k(self) -> int: ...
+
+    @property
+    def diffusion_query_k(self) -> int: ...
+
+    @property
+    def diffusion_alpha(self) -> float: ...
+
+    @property
+    def diffusion_gamma(self) -> float: ...
+
+    @property
+    def diffusion_truncation(self) -> int: ...
+
+    @property
+    def diffusion_iterations(self) -> int: ...
+
+    @property
+    def qe(self) -> str: ...
+
+    @property
+    def qe_k(self) -> int: ...
+
+    @property
+    def qe_alpha(self) -> float: ...
+
+    @property
+    def layout(self) -> str: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +105,7 @@ LONG_LIST = 10_000
 FULL_LIST_MAX = 100_000
 
 
-def check_search_settings(m: GlobalMethod) -> None:
+def check_search_settings(m: ChainSettings) -> None:
     """Refuse search / DBA / diffusion settings that cannot work (one line naming the method)."""
     if m.search not in ("exact", "faiss-flat", "faiss-ivfpq"):
         raise InputError(f"method {m.name}: unknown search {m.search!r} (exact, faiss-flat, faiss-ivfpq)")
@@ -60,14 +124,14 @@ def check_search_settings(m: GlobalMethod) -> None:
         raise InputError(f"method {m.name}: {exc}") from None
 
 
-def index_settings(m: GlobalMethod) -> IndexSettings:
+def index_settings(m: ChainSettings) -> IndexSettings:
     """The FAISS index a method's ``search`` setting asks for."""
     if m.search == "faiss-ivfpq":
         return IndexSettings("ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe)
     return IndexSettings("flat")
 
 
-def diffusion_settings(m: GlobalMethod) -> DiffusionSettings:
+def diffusion_settings(m: ChainSettings) -> DiffusionSettings:
     """The diffusion a method's ``diffusion_*`` settings describe."""
     return DiffusionSettings(
         k=m.diffusion_k, query_k=m.diffusion_query_k, alpha=m.diffusion_alpha, gamma=m.diffusion_gamma,
@@ -77,8 +141,6 @@ def diffusion_settings(m: GlobalMethod) -> DiffusionSettings:
 
 def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArray[np.float32]:
     """Alpha-DBA: every vector the weighted mean of itself and its top ``k`` others, L2-normalised."""
-    from oxbench.rerank.qe import database_side_augmentation
-
     if k < 1 or db.shape[0] < 2:
         return db
     kk = min(k, db.shape[0] - 1)
@@ -88,6 +150,17 @@ def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArra
     neighbours = ids[keep].reshape(db.shape[0], kk)
     out = database_side_augmentation(db, neighbours, weights="alpha", alpha=alpha)
     return np.asarray(out, dtype=np.float32)
+
+
+def expand_queries(
+    queries: NDArray[np.float32], database: NDArray[np.float32], ranks: NDArray[np.int64], *, k: int, alpha: float
+) -> NDArray[np.float32]:
+    """Each query replaced by its alpha-weighted mean with its top ``k`` neighbours (alpha 0: AQE)."""
+    out = np.empty_like(queries)
+    for qi in range(queries.shape[0]):
+        top = ranks[qi, :k]
+        out[qi] = np.asarray(alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32).ravel()
+    return out
 
 
 def _array_digest(x: NDArray[np.float32]) -> str:
@@ -104,7 +177,7 @@ class SearchChain:
         cache_dir: the folder for persisted indexes (``None``: not persisted).
     """
 
-    def __init__(self, m: GlobalMethod, database: NDArray[np.float32], ctx: RunContext, cache_dir: Path | None) -> None:
+    def __init__(self, m: ChainSettings, database: NDArray[np.float32], ctx: RunContext, cache_dir: Path | None) -> None:
         self.m = m
         self.info: dict[str, Any] = {"n_index": int(database.shape[0]), "dim": int(database.shape[1])}
         if m.dba:
@@ -124,7 +197,7 @@ class SearchChain:
         self.diffusion: Diffusion | None = None
         if m.rerank == "diffusion":
             with ctx.timed("diffusion_graph"):
-                self.diffusion = Diffusion(diffusion_settings(m), threads=ctx.threads).fit(database)
+                self.diffusion = Diffusion(diffusion_settings(m)).fit(database)
             self.info["diffusion"] = self.diffusion.describe()
 
     def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
@@ -134,12 +207,12 @@ class SearchChain:
             key = json_digest({**settings.to_dict(), "db": _array_digest(self.db)}, 12)
             path = cache_dir / f"index-{settings.kind}-{key}.npz"
             if path.exists():
-                index = FaissIndex.load(path, threads=ctx.threads)
+                index = FaissIndex.load(path)
                 if index.ntotal_ != self.db.shape[0] or index.dim_ != self.db.shape[1]:
                     raise InputError(f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}; delete it", path)
                 ctx.record_step("search_index", hit=True)
                 return index
-        index = FaissIndex(settings, threads=ctx.threads).fit(self.db)
+        index = FaissIndex(settings).fit(self.db)
         if path is not None:
             index.save(path)
             self.info["index_path"] = str(path)
@@ -171,8 +244,6 @@ class SearchChain:
 
     def search(self, q: NDArray[np.float32], ctx: RunContext) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         """Rank, expand the queries and rank again (QE), then diffuse: ``(scores, ranks)``."""
-        from oxbench.pipelines.globaldesc import expand_queries
-
         if q.shape[1] != self.db.shape[1]:
             raise InputError(f"query descriptors have dimension {q.shape[1]}, the database {self.db.shape[1]}")
         m = self.m

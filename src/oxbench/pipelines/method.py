@@ -10,13 +10,15 @@ A *method* is two things kept apart, as scikit-learn keeps settings apart from l
   database (:meth:`~RetrievalMethod.index`), and answers the queries (:meth:`~RetrievalMethod.search`),
   re-ranking as its config says (spatial verification, query expansion, diffusion).
 
-Every step takes a :class:`RunContext` (cache folder, workers, progress, where timings and cache hits
-are recorded) and caches its outputs under the cache folder, keyed by what determines them, so a
-rerun resumes. :func:`oxbench.pipelines.runner.run` drives any method the same way and writes the
-same run folder.
+Every step takes a :class:`RunContext` (cache folder, the executor its parallel stages run in,
+progress, where timings and cache hits are recorded) and caches its outputs under the cache folder,
+keyed by what determines them, so a rerun resumes. :func:`oxbench.pipelines.runner.run` drives any
+method the same way and writes the same run folder.
 
-Families today: bag-of-words (:mod:`oxbench.pipelines.bow`) and global descriptors
-(:mod:`oxbench.pipelines.globaldesc`).
+Families: one module each in :mod:`oxbench.pipelines.families` (bag of words, ASMK, global
+descriptors), holding its config, its method and its presets; :data:`METHODS` imports every module
+of that package on first use. A family of your own is one module that defines a config and a
+method and calls :func:`register_method`; import it before resolving its presets.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import pkgutil
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
@@ -35,6 +38,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.execution import Executor, SerialExecutor, available_cores
 from oxbench.fileio import json_digest
 from oxbench.registry import Registry
 
@@ -48,9 +52,10 @@ class RunContext:
 
     Attributes:
         cache: the cache root (features, vocabularies, descriptors, ...).
-        workers: processes for the parallel stages (extraction).
+        executor: where the parallel stages run (:mod:`oxbench.execution`: local feature
+            extraction, word assignment, verification, aggregation); default: this process.
         progress: show tqdm bars.
-        threads: threads for faiss / BLAS-heavy stages (``None``: the library's default).
+        decode_threads: threads that decode images for CNN extraction in this process.
         full_check: hash every cached artifact in full before reusing it (the runner's second
             attempt after a corrupt cache file was met), not only the cheap open-time checks.
         allow_partial: the user accepts partial image sets: an image that cannot be decoded is
@@ -63,14 +68,19 @@ class RunContext:
     """
 
     cache: Path
-    workers: int = 1
+    executor: Executor = field(default_factory=SerialExecutor)
     progress: bool = True
-    threads: int | None = None
+    decode_threads: int = field(default_factory=available_cores)
     full_check: bool = False
     allow_partial: bool = False
     root: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def workers(self) -> int:
+        """How many items the executor runs at once."""
+        return self.executor.workers
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:
@@ -191,20 +201,33 @@ class RetrievalMethod(ABC):
 
 # --- the preset registry -------------------------------------------------------------------------
 
-_PRESET_MODULES = ("oxbench.pipelines.presets",)
+#: The package whose every module is a family (config, method, presets); imported on first lookup.
+FAMILIES_PACKAGE = "oxbench.pipelines.families"
+
+#: The preset ``oxbench run`` uses when none is named.
+DEFAULT_METHOD = "rootsift-bow-sv-qe"
 
 
-def _load_presets() -> None:
-    for module in _PRESET_MODULES:
-        importlib.import_module(module)
+def _load_families() -> None:
+    package = importlib.import_module(FAMILIES_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__, FAMILIES_PACKAGE + "."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            importlib.import_module(info.name)
 
 
 #: Every named method of every family, by name.
-METHODS: Registry[MethodConfig] = Registry("method", loader=_load_presets)
+METHODS: Registry[MethodConfig] = Registry("method", loader=_load_families)
 
 
 def register_method(config: MethodConfig) -> MethodConfig:
-    """Register a preset under ``config.name`` (used by the modules that declare presets)."""
+    """Register a preset under ``config.name`` (a family module calls it for each of its presets).
+
+    Raises:
+        InputError: the name is taken (by this or another family).
+    """
+    if config.name in METHODS:
+        other = METHODS.get(config.name)
+        raise InputError(f"method preset {config.name!r} is registered twice ({other.family} and {config.family})")
     return METHODS.register(config.name, config)
 
 

@@ -48,6 +48,7 @@ import numpy as np
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.result import EvaluationResult
+from oxbench.execution import Executor, make_executor
 from oxbench.fileio import (
     TEMP_PREFIX,
     atomic_write_json,
@@ -58,15 +59,15 @@ from oxbench.fileio import (
     json_digest,
     os_reason,
 )
-from oxbench.groundtruth import GroundTruth
 from oxbench.pipelines.method import (
+    DEFAULT_METHOD,
     MethodConfig,
     RetrievalMethod,
     RunContext,
     SearchResult,
     resolve_method,
 )
-from oxbench.pipelines.presets import DEFAULT_METHOD
+from oxbench.pipelines.steps import gt_digest
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +231,6 @@ def git_commit() -> str | None:
                     return res.stdout.strip()
             return None
     return None
-
-
-def gt_digest(gt: GroundTruth) -> str:
-    """SHA-256 of the ground truth's content (names, boxes, labels): identifies a dataset version."""
-    from oxbench.pipelines.bow import gt_digest as digest
-
-    return digest(gt)
 
 
 def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
@@ -438,7 +432,8 @@ def run(
     cache: str | Path | None = None,
     train_dataset: str | None = None,
     overrides: Mapping[str, object] | None = None,
-    workers: int = 1,
+    workers: int | None = 1,
+    engine: str = "processes",
     progress: bool = True,
     distractors: str | int | None = None,
     strict: bool = True,
@@ -459,7 +454,11 @@ def run(
         train_dataset: what the method learns on (default: the other city, or
             ``synthetic-train``); ignored by methods that learn nothing.
         overrides: method settings to change (``{"vocab_size": 4096, "features.max_side": 512}``).
-        workers: extraction processes.
+        workers: workers of the parallel stages (local-feature extraction, word assignment,
+            spatial verification, VLAD aggregation), run by the ``engine`` executor (``None``:
+            one per available core).
+        engine: the execution backend (:data:`oxbench.execution.EXECUTORS`: ``processes``,
+            ``serial``).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
             of generated distractors for the synthetic set).
@@ -486,6 +485,7 @@ def run(
         raise InputError(f"top_k must be >= 1, got {top_k}")
     started = datetime.now(UTC)
     t_start = time.perf_counter()
+    executor = make_executor(engine, workers)
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
     train_id: str | None = None
@@ -519,7 +519,7 @@ def run(
         with _log_to(tmp / "run.log"):
             log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
             cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, workers=workers, progress=progress,
+            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
                                                    allow_partial=not strict, root=root_path)
             ctx.timings["load"] = t_load
             keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
@@ -538,6 +538,7 @@ def run(
             "oxbench_version": versions()["oxbench"], "git_commit": git_commit(), "host": host_facts(),
             "versions": versions(), "accel": _accel_used(), "cache": dict(ctx.steps),
             "method": m.name, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
+            "execution": executor.describe(),
         }  # fmt: skip
         _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
                          timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
@@ -559,7 +560,7 @@ def run(
 
 
 def _fit_index_search(
-    m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, workers: int, progress: bool,
+    m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, executor: Executor, progress: bool,
     allow_partial: bool = False, root: Path | None = None,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
@@ -567,7 +568,7 @@ def _fit_index_search(
     from oxbench.cache import CorruptCache
 
     for full_check in (False, True):
-        ctx = RunContext(cache, workers=workers, progress=progress, full_check=full_check,
+        ctx = RunContext(cache, executor=executor, progress=progress, full_check=full_check,
                          allow_partial=allow_partial, root=root)
         impl = m.build()
         try:

@@ -52,13 +52,17 @@ RobustMethod = Literal["magsac", "accurate", "ransac", "fsm"]
 #: Minimal sample size of each model (correspondences needed to fit it).
 MIN_SAMPLE: dict[str, int] = {"similarity": 2, "affine": 3, "homography": 4}
 
-#: Default settings, shared by :func:`verify_pair` and :func:`spatial_rerank`. With an 8 px
-#: threshold (at 1024 px), unrelated pairs with ~200 chance matches (bench/bench_rerank.py) reach
-#: at most 5-7 inliers, real unrelated Oxford/Paris pairs at most 5, and real "hard" positives
-#: 9-13: hence 8 inliers to count as verified.
+#: The one verification default, shared by :func:`verify_pair`, :func:`spatial_rerank` and every
+#: preset that verifies (:class:`oxbench.pipelines.steps.verify.VerifySettings`): Philbin et al.'s
+#: fast spatial matching of a similarity from single correspondences, an 8 px threshold at 1024 px,
+#: and 4 inliers to count as verified. How the inlier counts of unrelated and matching pairs
+#: compare, and why these were chosen, is measured in bench/README.md ("Classic pipeline on real
+#: photos").
+DEFAULT_MODEL: GeometricModel = "similarity"
+DEFAULT_METHOD: RobustMethod = "fsm"
 DEFAULT_THRESHOLD_PX = 8.0
 DEFAULT_REFERENCE_SIDE = 1024.0
-DEFAULT_MIN_INLIERS = 8
+DEFAULT_MIN_INLIERS = 4
 DEFAULT_MAX_PER_WORD = 8
 DEFAULT_MAX_ITERS = 1000
 DEFAULT_MAX_SCALE = 10.0
@@ -558,10 +562,10 @@ def verify_pair(
     d_kp: NDArray[np.floating],
     matches: NDArray[np.integer],
     *,
-    model: GeometricModel = "affine",
+    model: GeometricModel = DEFAULT_MODEL,
     threshold_px: float = DEFAULT_THRESHOLD_PX,
     min_inliers: int = DEFAULT_MIN_INLIERS,
-    method: RobustMethod = "magsac",
+    method: RobustMethod = DEFAULT_METHOD,
     max_iters: int = DEFAULT_MAX_ITERS,
     confidence: float = 0.999,
     q_size: tuple[float, float] | None = None,
@@ -599,7 +603,7 @@ def verify_pair(
         d_kp: ``[n_d, >=2]`` candidate keypoints.
         matches: ``[m, 2]`` pairs ``(query feature, candidate feature)``, e.g. from
             :func:`tentative_matches`.
-        model: ``"affine"`` (6 dof, default), ``"homography"`` (8 dof) or ``"similarity"`` (4 dof).
+        model: ``"similarity"`` (4 dof, default), ``"affine"`` (6 dof) or ``"homography"`` (8 dof).
         threshold_px: inlier threshold, in pixels at ``reference_side``.
         min_inliers: inliers needed to call the pair verified (and matches needed to try at all).
         method: robust estimator, see above.
@@ -784,11 +788,11 @@ def spatial_rerank(
     order: NDArray[np.integer],
     *,
     top_r: int = 300,
-    model: GeometricModel = "affine",
+    model: GeometricModel = DEFAULT_MODEL,
     min_inliers: int = DEFAULT_MIN_INLIERS,
     threshold_px: float = DEFAULT_THRESHOLD_PX,
     max_per_word: int | None = DEFAULT_MAX_PER_WORD,
-    method: RobustMethod = "magsac",
+    method: RobustMethod = DEFAULT_METHOD,
     max_iters: int = DEFAULT_MAX_ITERS,
     confidence: float = 0.999,
     query_size: tuple[float, float] | None = None,

@@ -483,3 +483,4 @@ def _learned_whitening(
         return {}, f"not learned: {exc}"
     assert w.mean_ is not None and w.components_ is not None and w.scale_ is not None
     return {"train": {"ss": (w.mean_, w.components_ / w.scale_[:, None])}}, ""
+

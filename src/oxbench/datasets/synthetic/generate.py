@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import multiprocessing
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -30,6 +30,7 @@ from oxbench.datasets.synthetic.plan import (
     render_query_image,
 )
 from oxbench.errors import InputError
+from oxbench.execution import ProcessExecutor, SerialExecutor, available_cores
 from oxbench.fileio import (
     atomic_write_bytes,
     atomic_write_json,
@@ -60,25 +61,11 @@ def _task(args: tuple[SynthConfig, str, int, str]) -> dict[str, Any]:
     return record
 
 
-def _worker_init() -> None:
-    # one OpenCV thread per worker process: the pool provides the parallelism
-    import cv2
-
-    cv2.setNumThreads(1)
-
-
 def _run_tasks(tasks: list[tuple[SynthConfig, str, int, str]], workers: int) -> Iterator[dict[str, Any]]:
-    import multiprocessing
-
     # a daemonic process (e.g. a multiprocessing.Pool worker) may not start children
-    if workers <= 1 or len(tasks) <= 1 or multiprocessing.current_process().daemon:
-        for t in tasks:
-            yield _task(t)
-        return
-    from oxbench.workers import worker_pool
-
-    with worker_pool(workers, initializer=_worker_init) as pool:
-        yield from pool.map(_task, tasks, chunksize=max(1, min(16, len(tasks) // (8 * workers))))
+    serial = multiprocessing.current_process().daemon
+    executor = SerialExecutor() if serial else ProcessExecutor(workers)
+    yield from executor.map(_task, tasks)
 
 
 def _read_records(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
@@ -145,7 +132,8 @@ def generate(
     Args:
         out_dir: the dataset folder (e.g. ``<root>/synthetic``).
         config: what to generate.
-        workers: processes (default: all CPUs; 1 = in this process).
+        workers: processes (default: one per available core; 1 = in this process), through
+            :class:`oxbench.execution.ProcessExecutor`.
         progress: show a tqdm progress bar.
         overwrite: replace a complete set made with another config.
         on_image: called with ``(done, total)`` after each image.
@@ -199,7 +187,7 @@ def generate(
     todo = [t for t in all_tasks if (t[1], t[2]) not in done]
     if done:
         log.info("%s: resuming, %d of %d images already done", out, len(done), len(all_tasks))
-    n_workers = workers if workers is not None else (os.cpu_count() or 1)
+    n_workers = workers if workers is not None else available_cores()
     bar = progress_bar(total=len(all_tasks), initial=len(done), enabled=progress, desc=f"synth {config.name}",
                        unit="img")  # fmt: skip
     # An append-only log, not an output: a torn last line (killed run) is ignored when resuming.

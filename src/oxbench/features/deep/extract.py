@@ -61,7 +61,7 @@ class ExtractOptions:
         precision: ``fp32`` or ``bf16`` (autocast of the trunk).
         batch_size: images per forward pass (within a group of equal-size images).
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:<n>``.
-        workers: threads decoding and resizing images.
+        decode_threads: threads decoding and resizing images (the network runs in this process).
     """
 
     max_side: int = 1024
@@ -69,7 +69,7 @@ class ExtractOptions:
     precision: Literal["fp32", "bf16"] = "fp32"
     batch_size: int = 8
     device: str = "auto"
-    workers: int = 1
+    decode_threads: int = 1
 
     def __post_init__(self) -> None:
         if self.max_side < 16:
@@ -80,8 +80,8 @@ class ExtractOptions:
             raise InputError(f"precision must be fp32 or bf16, got {self.precision!r}")
         if self.batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.workers < 1:
-            raise InputError(f"workers must be >= 1, got {self.workers}")
+        if self.decode_threads < 1:
+            raise InputError(f"decode_threads must be >= 1, got {self.decode_threads}")
 
 
 def select_device(name: str = "auto") -> Any:
@@ -212,8 +212,8 @@ class Extractor:
             except InputError as exc:
                 return exc
 
-        if self.options.workers > 1 and len(positions) > 1:
-            with ThreadPoolExecutor(self.options.workers) as pool:
+        if self.options.decode_threads > 1 and len(positions) > 1:
+            with ThreadPoolExecutor(self.options.decode_threads) as pool:
                 loaded = list(pool.map(load, positions))
         else:
             loaded = [load(i) for i in positions]

@@ -133,7 +133,7 @@ class RMAC(nn.Module):
         return f"levels={self.levels}"
 
 
-#: Pooling heads by name (``GlobalMethod.pooling``).
+#: Pooling heads by name (``GlobalConfig.pooling``).
 POOLING = {"mac": MAC, "spoc": SPoC, "gem": GeM, "rmac": RMAC}
 
 

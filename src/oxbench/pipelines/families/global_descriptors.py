@@ -1,7 +1,7 @@
 """Global-descriptor methods: one vector per image, whitening, exact or FAISS search, QE, DBA, diffusion.
 
-A :class:`GlobalMethod` config describes the whole chain; :class:`GlobalDescriptors` runs it through
-the method interface:
+A :class:`GlobalConfig` describes the whole chain; :class:`GlobalDescriptors` runs it through the
+method interface (the family's presets are registered at the end of this module):
 
 1. ``fit`` -- learn what the descriptor needs (the VLAD codebook: a flat k-means vocabulary trained
    on the training set's local features, exactly as bag-of-words trains its vocabulary) and, with
@@ -33,30 +33,54 @@ each shard checked against its recorded digest when read.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.sift import SiftConfig, finish_descriptors
+from oxbench.features.descstore import DescriptorStore, fill_store
+from oxbench.features.sift import SiftConfig
+from oxbench.features.store import FeatureStore
 from oxbench.fileio import file_lock, json_digest
+from oxbench.index.vocabulary import Vocabulary
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening, l2_normalize, load_whitening
+from oxbench.pipelines.featurefiles import (
+    benchmark_features,
+    feature_provenance,
+    fit_file_whitening,
+)
 from oxbench.pipelines.globalchain import SearchChain, check_search_settings
-from oxbench.pipelines.method import MethodConfig, RetrievalMethod, RunContext, SearchResult
-
-if TYPE_CHECKING:  # pragma: no cover
-    from oxbench.datasets.base import Benchmark
-    from oxbench.features.store import FeatureStore
+from oxbench.pipelines.method import (
+    MethodConfig,
+    RetrievalMethod,
+    RunContext,
+    SearchResult,
+    register_method,
+)
+from oxbench.pipelines.steps import (
+    VocabularySpec,
+    dataset_key,
+    load_vocabulary,
+    open_store,
+    part_names,
+    reopen_store,
+    step_features,
+    step_vocabulary,
+    store_spec,
+)
+from oxbench.train.pairs import matching_pairs
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class GlobalMethod(MethodConfig):
+class GlobalConfig(MethodConfig):
     """A global-descriptor retrieval method.
 
     Attributes:
@@ -77,6 +101,11 @@ class GlobalMethod(MethodConfig):
         precision: ``cnn``: ``"fp32"`` or ``"bf16"`` (autocast of the trunk).
         model_whitening: ``cnn``: apply the learned whitening stored in the model file (cirtorch's
             ``Lw``: the multi-scale one with several scales) to the descriptors.
+        fit_network: ``cnn``: when the model file ``weights`` names does not exist, ``fit``
+            trains it on the training set (:func:`oxbench.train.loop.train` with ``oxbench train``'s
+            settings for this backbone, ``train_epochs`` epochs; resumable) and writes it there, the
+            same file ``oxbench train`` writes; an existing file is used as it is.
+        train_epochs: ``fit_network``: epochs (``None``: ``oxbench train``'s default).
         seed: ``cnn``: initialisation seed of random weights.
         batch_size, device: ``cnn``: images per forward pass; ``"auto"`` (GPU when torch sees
             one), ``"cpu"`` or ``"cuda"``. Neither changes the descriptors beyond float rounding,
@@ -125,6 +154,8 @@ class GlobalMethod(MethodConfig):
     scales: tuple[float, ...] = (1.0, 2.0**-0.5, 0.5)
     precision: Literal["fp32", "bf16"] = "fp32"
     model_whitening: bool = False
+    fit_network: bool = False
+    train_epochs: int | None = None
     seed: int = 0
     batch_size: int = 8
     device: str = "auto"
@@ -204,6 +235,10 @@ class GlobalMethod(MethodConfig):
             raise InputError(f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)")
         if self.model_whitening and self.whitening != "none":
             raise InputError(f"method {self.name}: model_whitening already whitens; set whitening=none")
+        if self.fit_network and (self.weights is None or self.weights in ("random", "imagenet")):
+            raise InputError(f"method {self.name}: fit_network writes a model file: set weights=PATH or models:<file>")
+        if self.train_epochs is not None and not 1 <= self.train_epochs <= 10_000:
+            raise InputError(f"method {self.name}: train_epochs must be in 1..10000")
 
     @property
     def needs_training(self) -> bool:
@@ -211,20 +246,16 @@ class GlobalMethod(MethodConfig):
         feature files learn nothing on a benchmark (their whitening uses ``train_features``)."""
         if self.descriptor == "features":
             return False
-        return self.descriptor == "vlad" or self.whitening != "none"
+        return self.descriptor == "vlad" or self.whitening != "none" or (self.descriptor == "cnn" and self.fit_network)
 
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
 
 
-    def codebook_method(self):  # noqa: ANN201 - a BowMethod
-        """The flat k-means vocabulary VLAD uses, as the bag-of-words vocabulary step knows it."""
-        from oxbench.pipelines.presets import BowMethod
-
-        return BowMethod(
-            name=f"{self.name}-codebook", features=self.features, vocab_size=self.vlad_k,
-            vocab_structure="flat", vocab_iter=self.vlad_iter,
-            vocab_max_points_per_centroid=self.vlad_max_points_per_centroid, vocab_seed=self.vlad_seed,
+    def codebook(self) -> VocabularySpec:
+        """The flat k-means vocabulary VLAD uses (the shared vocabulary step trains it)."""
+        return VocabularySpec(
+            self.features, self.vlad_k, "flat", self.vlad_iter, self.vlad_max_points_per_centroid, seed=self.vlad_seed,
         )  # fmt: skip
 
     def descriptor_settings(self) -> dict[str, Any]:
@@ -282,11 +313,39 @@ def vlad(
     return (flat / n if n > 0 else flat).astype(np.float32)
 
 
-class GlobalDescriptors(RetrievalMethod):
-    """Runs a :class:`GlobalMethod`: codebook and whitening on the training set, exact search, QE."""
+class VladImage:
+    """Picklable job: the VLAD vector of image ``i`` of a part (its features reopened where it runs)."""
 
-    def __init__(self, config: GlobalMethod) -> None:
-        self.config: GlobalMethod = config
+    def __init__(
+        self, config: GlobalConfig, store: tuple[Path, Any, dict[str, object]], voc: Vocabulary, names: list[str],
+        what: str,
+    ) -> None:  # fmt: skip
+        self.config, self.store_spec, self.voc, self.names, self.what = config, store, voc, names, what
+        self.dim = config.vlad_k * config.features.dim
+        self._store: FeatureStore | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_store": None}
+
+    def __call__(self, i: int) -> NDArray[np.float32]:
+        if self._store is None:
+            self._store = reopen_store(self.store_spec)
+        m, centroids = self.config, self.voc.centroids_
+        assert centroids is not None
+        _, _, raw, _ = self._store.get_raw(self.names[i])
+        x = m.features.finish(raw)
+        if not len(x):
+            log.warning("%s: image %s has no features; its descriptor is zero (ranks last)", self.what, self.names[i])
+            return np.zeros(self.dim, np.float32)
+        words = self.voc.kneighbors(x, 1)[1][:, 0]
+        return vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
+
+
+class GlobalDescriptors(RetrievalMethod):
+    """Runs a :class:`GlobalConfig`: codebook and whitening on the training set, exact search, QE."""
+
+    def __init__(self, config: GlobalConfig) -> None:
+        self.config: GlobalConfig = config
         self.codebook_path_: Path | None = None
         self.whitening_: PCAWhitening | None = None
         self.trained_on_: str | None = None
@@ -298,16 +357,11 @@ class GlobalDescriptors(RetrievalMethod):
 
     # --- descriptors -----------------------------------------------------------------------
     def _store(self, bench: Benchmark, part: str, ctx: RunContext) -> FeatureStore:
-        from oxbench.pipelines import bow
-
-        bow.step_features(bench, self.config.features, ctx.cache, parts=[part], workers=ctx.workers,
-                          progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
-        return bow.open_store(ctx.cache, bench, self.config.features, part)
+        step_features(bench, self.config.features, ctx, parts=[part])
+        return open_store(ctx.cache, bench, self.config.features, part)
 
     def _descriptor_path(self, bench: Benchmark, part: str, ctx: RunContext) -> Path:
         """The descriptor store folder of one part (:class:`~oxbench.features.descstore.DescriptorStore`)."""
-        from oxbench.pipelines.bow import dataset_key
-
         return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx), 12) / part
 
     def _store_settings(self, ctx: RunContext) -> dict[str, Any]:
@@ -326,14 +380,9 @@ class GlobalDescriptors(RetrievalMethod):
         :meth:`provenance` and given the zero descriptor. With ``model_whitening`` the model file's
         learned whitening is applied to what the store holds.
         """
-        from oxbench.features.descstore import DescriptorStore, fill_store
-        from oxbench.pipelines.bow import _part_names
-
         if self.config.descriptor == "features":  # the user's own files: nothing to compute or cache
-            from oxbench.pipelines.featurefiles import benchmark_features
-
             return benchmark_features(self.config, bench, part)
-        names = _part_names(bench, part)
+        names = part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
             store = DescriptorStore.open(path, self._store_settings(ctx))
@@ -353,25 +402,14 @@ class GlobalDescriptors(RetrievalMethod):
         return x
 
     def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
-        from oxbench.index.vocabulary import Vocabulary
-
-        m = self.config
         assert self.codebook_path_ is not None
         store = self._store(bench, part, ctx)
-        voc = Vocabulary.load(self.codebook_path_, descriptor=m.features.descriptor, dim=m.features.dim)
-        centroids = voc.centroids_
-        assert centroids is not None
+        job = VladImage(self.config, store_spec(store), load_vocabulary(self.codebook_path_, self.config.features),
+                        names, f"{bench.id} {part}")  # fmt: skip
 
         def compute(positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
-            out = np.zeros((len(positions), m.vlad_k * m.features.dim), np.float32)
-            for row, i in enumerate(positions):
-                _, _, raw, _ = store.get_raw(names[i])
-                x = finish_descriptors(raw, m.features.descriptor)
-                words = voc.kneighbors(x, 1)[1][:, 0] if len(x) else np.zeros(0, np.int64)
-                if not len(x):
-                    log.warning("%s %s: image %s has no features; its descriptor is zero (ranks last)", bench.id, part, names[i])
-                out[row] = vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
-            return positions, out
+            rows = list(ctx.executor.map(job, positions, desc=f"vlad {bench.id} {part}", unit="img"))
+            return positions, np.stack(rows) if rows else np.zeros((0, job.dim), np.float32)
 
         return compute
 
@@ -404,7 +442,7 @@ class GlobalDescriptors(RetrievalMethod):
         m = self.config
         if self._extractor is None:
             opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision,
-                                  batch_size=m.batch_size, device=m.device, workers=max(1, ctx.workers))
+                                  batch_size=m.batch_size, device=m.device, decode_threads=ctx.decode_threads)
             self._extractor = Extractor(self._model(ctx).net, opts)
         read = {"database": bench.database.read, "queries": bench.query_crop}.get(part)
         if read is None:
@@ -429,11 +467,7 @@ class GlobalDescriptors(RetrievalMethod):
 
     # --- the interface ---------------------------------------------------------------------
     def fit(self, train: Benchmark | None, ctx: RunContext) -> GlobalDescriptors:
-        from oxbench.pipelines import bow
-
         if self.config.descriptor == "features":
-            from oxbench.pipelines.featurefiles import fit_file_whitening
-
             with ctx.timed("whitening"):
                 self.whitening_ = fit_file_whitening(self.config)
             return self
@@ -443,24 +477,41 @@ class GlobalDescriptors(RetrievalMethod):
             what = "a codebook" if self.config.descriptor == "vlad" else "a whitening"
             raise InputError(f"method {self.config.name} learns {what}: it needs a training set")
         if self.config.descriptor == "vlad":
-            cb = self.config.codebook_method()
-            hit = bow.vocabulary_path(ctx.cache, cb, train).exists()
             with ctx.timed("codebook"):
-                if ctx.full_check or not hit:
-                    bow.step_features(train, cb.features, ctx.cache, parts=["database"], workers=ctx.workers,
-                                      progress=ctx.progress, full_check=ctx.full_check)  # fmt: skip
-                self.codebook_path_ = bow.step_vocabulary(cb, train, ctx.cache, progress=ctx.progress,
-                                                          threads=ctx.threads, full_check=ctx.full_check)  # fmt: skip
-            ctx.record_step("codebook", hit=hit)
+                res = step_vocabulary(self.config.codebook(), train, ctx)
+            self.codebook_path_ = res.path
+            ctx.record_step("codebook", hit=res.hit)
         self.trained_on_ = train.id
+        if self.config.descriptor == "cnn" and self.config.fit_network:
+            with ctx.timed("network"):
+                hit = self._fit_network(train, ctx)
+            ctx.record_step("network", hit=hit)
         if self.config.whitening != "none":
             with ctx.timed("whitening"):
                 self.whitening_ = self._fit_whitening(train, ctx)
         return self
 
-    def _fit_whitening(self, train: Benchmark, ctx: RunContext) -> PCAWhitening:
-        from oxbench.pipelines.bow import dataset_key
+    def _fit_network(self, train: Benchmark, ctx: RunContext) -> bool:
+        """Train the network into its model file unless the file exists; ``True``: it existed."""
+        from oxbench.features.deep import resolve_weights_path
+        from oxbench.train.loop import TrainConfig, benchmark_training_set
+        from oxbench.train.loop import train as train_network
 
+        m = self.config
+        assert m.weights is not None
+        path = resolve_weights_path(m.weights, ctx.root)
+        if path.exists():
+            return True
+        config = TrainConfig(backbone=m.backbone, pooling=m.pooling, dataset=train.id, seed=m.seed)
+        if m.train_epochs is not None:
+            config = dataclasses.replace(config, epochs=m.train_epochs)
+        log.info("training %s + %s on %s into %s (resumable)", m.backbone, m.pooling, train.id, path)
+        ts = benchmark_training_set(train, config.image_size, progress=ctx.progress)
+        train_network(config, ts, path, progress=ctx.progress)
+        self.model_ = None  # load what was written
+        return False
+
+    def _fit_whitening(self, train: Benchmark, ctx: RunContext) -> PCAWhitening:
         m = self.config
         settings = {
             "descriptors": self._descriptor_path(train, "database", ctx).parent.name, "train": dataset_key(train),
@@ -477,8 +528,6 @@ class GlobalDescriptors(RetrievalMethod):
                 log.warning("%s; learning the whitening again", exc)
         x = self.describe(train, "database", ctx)
         if m.whitening == "learned":
-            from oxbench.train.pairs import matching_pairs
-
             pairs = matching_pairs(train.gt)
             x = np.concatenate((x, self.describe(train, "queries", ctx)))
             w = LearnedWhitening(m.whitening_dim, shrinkage=m.whitening_shrinkage).fit(
@@ -492,8 +541,6 @@ class GlobalDescriptors(RetrievalMethod):
         return w
 
     def index(self, bench: Benchmark, ctx: RunContext) -> GlobalDescriptors:
-        from oxbench.pipelines.bow import dataset_key
-
         parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
         with ctx.timed("features"):
             raw = [self.describe(bench, p, ctx) for p in parts]
@@ -515,8 +562,6 @@ class GlobalDescriptors(RetrievalMethod):
     def provenance(self) -> dict[str, Any]:
         out: dict[str, Any] = {"trained_on": self.trained_on_}
         if self.config.descriptor == "features":
-            from oxbench.pipelines.featurefiles import feature_provenance
-
             out["feature_files"] = feature_provenance(self.config)
         if self.model_ is not None:
             out["model"] = {**self.model_.net.describe(), "weights": self.model_.weights}
@@ -529,14 +574,63 @@ class GlobalDescriptors(RetrievalMethod):
         return out
 
 
-def expand_queries(
-    queries: NDArray[np.float32], database: NDArray[np.float32], ranks: NDArray[np.int64], *, k: int, alpha: float
-) -> NDArray[np.float32]:
-    """Each query replaced by its alpha-weighted mean with its top ``k`` neighbours (alpha 0: AQE)."""
-    from oxbench.rerank.qe import alpha_query_expansion
+# --- presets -------------------------------------------------------------------------------------
 
-    out = np.empty_like(queries)
-    for qi in range(queries.shape[0]):
-        top = ranks[qi, :k]
-        out[qi] = np.asarray(alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32).ravel()
-    return out
+# VLAD over RootSIFT (64 words x 128 = 8,192 dimensions), as a framework-free global descriptor.
+register_method(GlobalConfig("rootsift-vlad"))
+register_method(GlobalConfig("rootsift-vlad-w", whitening="pca"))
+register_method(GlobalConfig("rootsift-vlad-w-aqe", whitening="pca", qe="aqe"))
+register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", qe="alpha-qe"))
+
+# --- deep global descriptors (descriptor="cnn"; needs oxbench[deep]) -------------------------------
+# Multi-scale (1, 1/sqrt(2), 1/2) at 1024 px, as the published GeM models are evaluated. "+w" is the
+# PCA-whitening learned on the training set (the other city), or for gem-r101 the learned whitening
+# that came with the published model; "+aqe" / "+alpha-qe" re-rank by query expansion.
+
+# The published ResNet-101 GeM (Radenovic et al. 2018, cirtorch retrievalSfM120k-resnet101-gem): the
+# user supplies the weights, converted once with `oxbench import-checkpoint CHECKPOINT --out MODEL.pt`,
+# and runs `oxbench run --dataset roxford5k --method gem-r101+w --set weights=MODEL.pt`.
+
+
+def _cnn(name: str, backbone: str, pooling: str, weights: str | None, **more: Any) -> GlobalConfig:
+    return register_method(
+        GlobalConfig(name, descriptor="cnn", backbone=backbone, pooling=pooling, weights=weights, **more)  # type: ignore[arg-type]
+    )  # type: ignore[return-value]
+
+
+_cnn("gem-r101", "resnet101", "gem", None)
+_cnn("gem-r101+w", "resnet101", "gem", None, model_whitening=True)
+_cnn("gem-r101+w+alpha-qe", "resnet101", "gem", None, model_whitening=True, qe="alpha-qe")
+
+# Off-the-shelf ImageNet trunks (torchvision's weights, from its cache) with each pooling head.
+_cnn("gem-r50-imagenet", "resnet50", "gem", "imagenet")
+_cnn("gem-r50-imagenet+w", "resnet50", "gem", "imagenet", whitening="pca")
+_cnn("gem-r50-imagenet+w+aqe", "resnet50", "gem", "imagenet", whitening="pca", qe="aqe")
+_cnn("gem-r50-imagenet+w+alpha-qe", "resnet50", "gem", "imagenet", whitening="pca", qe="alpha-qe")
+_cnn("mac-r50-imagenet", "resnet50", "mac", "imagenet")
+_cnn("spoc-r50-imagenet", "resnet50", "spoc", "imagenet")
+_cnn("rmac-r50-imagenet", "resnet50", "rmac", "imagenet")
+_cnn("rmac-r50-imagenet+w", "resnet50", "rmac", "imagenet", whitening="pca")
+
+# ResNet-18 GeM trained from scratch on the synthetic training city by `oxbench train`, which writes
+# <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder). Described at the
+# size it was trained at (160 px, one scale: a network trained from scratch on small images has not
+# learned the features of large ones). "+lw": the learned whitening stored in the model file.
+_R18 = "models:gem-r18-synthetic.pt"
+# On a fresh data root, fit trains the model file (fit_network), exactly as `oxbench train` would.
+_R18_SIZE: dict[str, Any] = {"max_side": 160, "scales": (1.0,), "fit_network": True}
+_cnn("gem-r18-synthetic", "resnet18", "gem", _R18, **_R18_SIZE)
+_cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca", **_R18_SIZE)
+_cnn("gem-r18-synthetic+lw", "resnet18", "gem", _R18, model_whitening=True, **_R18_SIZE)
+_cnn("gem-r18-synthetic+w+alpha-qe", "resnet18", "gem", _R18, whitening="pca", qe="alpha-qe", **_R18_SIZE)
+
+# --- your own descriptors ------------------------------------------------------------------------
+
+# The user's database / query descriptor files (--set db_features=PATH --set query_features=PATH),
+# through the same whitening, search, QE, DBA and diffusion (oxbench.pipelines.featurefiles).
+register_method(GlobalConfig("features", descriptor="features"))
+register_method(GlobalConfig("features-aqe", descriptor="features", qe="aqe"))
+register_method(GlobalConfig("features-alpha-qe", descriptor="features", qe="alpha-qe"))
+register_method(GlobalConfig("features-dba", descriptor="features", dba=5))
+register_method(GlobalConfig("features-diffusion", descriptor="features", rerank="diffusion"))
+register_method(GlobalConfig("features-ivfpq", descriptor="features", search="faiss-ivfpq"))

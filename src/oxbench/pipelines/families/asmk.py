@@ -10,18 +10,21 @@ Multiple assignment on the query side (its ``k`` nearest words) recovers matches
 borders, as in HOW + ASMK (Tolias et al., ECCV 2020), which uses the same kernel over learned
 local features.
 
-The codebook is the classic pipeline's vocabulary (:func:`oxbench.pipelines.bow.step_vocabulary`,
+The codebook is the classic pipeline's vocabulary (:func:`oxbench.pipelines.steps.step_vocabulary`,
 trained on another dataset, refused for another descriptor or dimension); binarisation, the
 inverted file and the kernel come from the maintained ``asmk`` package (``pip install
 "oxbench[asmk]"``), imported when a run needs it. Residual aggregation is done here, vectorised
 (the package's per-word Python loop is its slow part). ``rootsift-asmk-sv`` spatially re-ranks the
-ASMK short list exactly as ``rootsift-bow-sv`` does.
+ASMK short list exactly as ``rootsift-bow-sv`` does (the shared verification step). The family is
+composed from the shared steps (:mod:`oxbench.pipelines.steps`); its presets are registered at the
+end of this module.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,12 +32,45 @@ from numpy.typing import NDArray
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
-from oxbench.features.sift import finish_descriptors
-from oxbench.pipelines.bow import BagOfWords, _last_if_empty
-from oxbench.pipelines.method import RunContext, SearchResult
-from oxbench.pipelines.presets import AsmkMethod
+from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
+from oxbench.pipelines.steps import (
+    LocalQuantisation,
+    QuantisingMethod,
+    last_if_empty,
+    merge_verified,
+)
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AsmkConfig(MethodConfig, LocalQuantisation):
+    """ASMK over RootSIFT; features, codebook (``vocab_*``) and spatial verification (``spatial_*``)
+    are the shared :class:`~oxbench.pipelines.steps.settings.LocalQuantisation` settings.
+
+    Attributes:
+        name: preset name.
+        asmk_alpha: exponent of the selectivity function.
+        asmk_tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
+        asmk_query_ma: words per query feature (multiple assignment; the database uses 1).
+        asmk_idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
+    """
+
+    family: ClassVar[str] = "asmk"
+
+    name: str
+    asmk_alpha: float = 3.0
+    asmk_tau: float = 0.0
+    asmk_query_ma: int = 5
+    asmk_idf: bool = False
+
+    def __post_init__(self) -> None:
+        self.check_local_settings(self.name)
+        if self.asmk_query_ma < 1 or not -1.0 <= self.asmk_tau < 1.0 or not self.asmk_alpha > 0:
+            raise InputError(f"method {self.name}: asmk_query_ma >= 1, -1 <= asmk_tau < 1, asmk_alpha > 0")
+
+    def build(self) -> Asmk:
+        return Asmk(self)
 
 
 def aggregate_residuals(
@@ -72,14 +108,15 @@ def aggregate_residuals(
     return np.add.reduceat(residuals, starts, axis=0).astype(np.float32), flat[starts]
 
 
-class Asmk(BagOfWords):
+class Asmk(QuantisingMethod):
     """ASMK through the method interface (fit: codebook; index: binary aggregated residuals; search)."""
 
-    config: AsmkMethod
+    config: AsmkConfig
 
-    def __init__(self, config: AsmkMethod) -> None:
+    def __init__(self, config: AsmkConfig) -> None:
         super().__init__(config)
         self._asmk: tuple[Any, Any, NDArray[np.float32]] | None = None
+        self._n_index = 0
 
     @property
     def k(self) -> int:
@@ -87,12 +124,13 @@ class Asmk(BagOfWords):
         return max(self.config.asmk_query_ma, 1)
 
     def _aggregate(self, part: str, names: list[str], ma: int, hamming: Any, centroids: NDArray[np.float32]):  # noqa: ANN202
+        assert self._parts is not None
         codes, words, owners = [], [], []
-        store, word_file = self._stores[part], self._words[part]
+        store, word_file = self._parts.stores[part], self._parts.words[part]
         for i, name in enumerate(names):
             _, _, raw, _ = store.get_raw(name)
             w = word_file.of(name)[0][:, :ma]
-            res, uw = aggregate_residuals(finish_descriptors(raw, store.config.descriptor), w, centroids)
+            res, uw = aggregate_residuals(store.config.finish(raw), w, centroids)
             if len(uw):
                 codes.append(hamming.binarize_and_pack_2D(np.ascontiguousarray(res, dtype=np.float32)))
                 words.append(uw)
@@ -104,21 +142,21 @@ class Asmk(BagOfWords):
         from asmk import hamming
         from asmk.inverted_file import IVF
 
-        super().index(bench, ctx)  # features, words, and the empty-image bookkeeping
-        centroids = self._voc.centroids_
+        parts = self.index_parts(bench, ctx)
+        centroids = parts.vocabulary.centroids_
         assert centroids is not None
         with ctx.timed("index"):
             codes, words, owners = [], [], []
             offset = 0
             for p in ("database", "distractors"):
-                if p not in self._names:
+                if p not in parts.names:
                     continue
-                c, w, o = self._aggregate(p, self._names[p], 1, hamming, centroids)
+                c, w, o = self._aggregate(p, parts.names[p], 1, hamming, centroids)
                 codes += c
                 words += w
                 owners += [x + offset for x in o]
-                offset += len(self._names[p])
-            ivf = IVF.initialize_empty(codebook_size=self._voc.n_words, use_idf=self.config.asmk_idf)
+                offset += len(parts.names[p])
+            ivf = IVF.initialize_empty(codebook_size=parts.vocabulary.n_words, use_idf=self.config.asmk_idf)
             if codes:
                 ivf.add(np.concatenate(codes), np.concatenate(words), np.concatenate(owners))
             self._asmk = (ivf, hamming, centroids)
@@ -126,36 +164,33 @@ class Asmk(BagOfWords):
         return self
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
-        from oxbench.pipelines.bow import dataset_key
-
-        if self._asmk is None or self._indexed != dataset_key(bench):
-            raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
+        parts = self.indexed_parts(bench)
+        assert self._asmk is not None
         from asmk import functional
 
         m = self.config
         ivf, hamming, centroids = self._asmk
         with ctx.timed("assign"):
-            self._assign(bench, "queries", ctx)
-        names = self._names["queries"]
+            q_words = parts.assign(bench, "queries", ctx)
+        names = parts.names["queries"]
         scores = np.zeros((len(names), self._n_index), np.float32)
         with ctx.timed("search"):
             codes, words, _ = self._aggregate("queries", names, m.asmk_query_ma, hamming, centroids)
-            nonempty = [i for i, n in enumerate(names) if self._words["queries"].of(n)[0].shape[0]]
+            nonempty = [i for i, n in enumerate(names) if q_words.of(n)[0].shape[0]]
             for qi, c, w in zip(nonempty, codes, words, strict=True):
                 scores[qi] = self._query_scores(ivf, hamming, functional, c, w)
-            scores = np.stack([_last_if_empty(row, self._empty) for row in scores]) if len(scores) else scores
+            scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
             ranks = ranks_from_scores(scores.T)
-        if len(nonempty) < len(names):
-            log.warning("query crop(s) without features, their lists are in index order: %s",
-                        ", ".join(n for i, n in enumerate(names) if i not in set(nonempty)))  # fmt: skip
-        index_parts = [("database", n) for n in self._names["database"]]
-        if "distractors" in self._names:
-            index_parts += [("distractors", n) for n in self._names["distractors"]]
-        info: dict[str, object] = {"n_index": len(index_parts), "kernel": "asmk",
+        self.warn_empty_queries(parts)
+        info: dict[str, object] = {"n_index": len(parts.index_parts), "kernel": "asmk",
                                    "words_per_image": float(ivf.stats["vectors_per_image"])}  # fmt: skip
         if not m.spatial:
             return SearchResult(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info)
-        return self._rerank(ranks, scores, None, index_parts, info, ctx)
+        r = min(m.spatial_top_r, ranks.shape[1])
+        results = self.verify(ranks, r, ctx)
+        final, final_scores, matches, n_verified = merge_verified(ranks, scores, results, r)
+        info["verified_per_query"] = n_verified
+        return SearchResult(final, final_scores, info, matches=matches)
 
     def _query_scores(self, ivf: Any, hamming: Any, functional: Any, codes: NDArray, words: NDArray) -> NDArray:
         m = self.config
@@ -168,3 +203,9 @@ class Asmk(BagOfWords):
         out = np.zeros(self._n_index, np.float32)
         out[np.asarray(ranked, np.int64)] = values
         return out
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+register_method(AsmkConfig("rootsift-asmk"))
+register_method(AsmkConfig("rootsift-asmk-sv", spatial=True))

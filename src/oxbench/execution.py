@@ -1,0 +1,231 @@
+"""The execution seam: where the parallel stages of a run execute.
+
+A stage never starts processes itself. It hands the executor a *job* (a picklable callable holding
+everything the stage needs, opened lazily where it runs) and the items to run it on, and reads the
+results back in item order::
+
+    for result in ctx.executor.map(job, items, desc="assign"):
+        ...
+
+The executor decides where the items run, as scikit-learn's ``n_jobs`` lets joblib pick the
+backend. The job travels once per worker (it is installed in each worker process when the worker
+starts, never pickled per item), and results come back in the order of ``items``, so what a stage
+writes does not depend on the backend or the number of workers.
+
+Backends (:data:`EXECUTORS`; one module each, registered by name):
+
+- ``serial`` -- every item in this process, in order;
+- ``processes`` -- ``workers`` spawned processes of :mod:`oxbench.workers` (they die with this
+  process and stop with it on Ctrl-C or an error).
+
+Threads: a worker runs BLAS / OpenMP / OpenCV / faiss / torch with :attr:`Executor.threads_per_worker`
+threads, so that ``workers x threads`` never exceeds the cores the executor was given
+(:func:`limit_threads`, called in each worker before its first item).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, ClassVar, TypeVar
+
+from oxbench.errors import InputError
+from oxbench.fileio import progress_bar
+from oxbench.registry import Registry
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Most workers one executor may be asked for.
+MAX_WORKERS = 1024
+
+#: Environment variables that size the thread pools of BLAS / OpenMP libraries loaded after them.
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+
+
+def available_cores() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+_THREAD_CAP: int | None = None
+
+
+def thread_cap() -> int | None:
+    """The thread count :func:`limit_threads` set in this process (``None``: never set)."""
+    return _THREAD_CAP
+
+
+def limit_threads(n: int) -> None:
+    """Run the numeric libraries of this process with ``n`` threads each.
+
+    Sets OpenCV's and faiss's (OpenMP) pools and torch's intra-op pool when those libraries are
+    loaded, the BLAS / OpenMP pools of numpy and scipy through ``threadpoolctl``, and the cap that
+    libraries loaded later read (:func:`thread_cap`, the ``*_NUM_THREADS`` variables). Called once
+    in each worker process, before its first item; libraries that are not installed are left alone.
+    """
+    global _THREAD_CAP
+    n = max(1, int(n))
+    _THREAD_CAP = n
+    for var in THREAD_ENV:
+        os.environ[var] = str(n)  # libraries loaded from now on start with n threads
+    try:
+        import cv2
+
+        cv2.setNumThreads(n)
+    except ImportError:  # pragma: no cover - opencv is an extra
+        pass
+    import sys
+
+    faiss = sys.modules.get("faiss")
+    if faiss is not None:
+        faiss.omp_set_num_threads(n)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(n)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n)
+
+
+class Executor(ABC):
+    """Runs a job over items and returns the results in item order.
+
+    Attributes:
+        workers: how many items may run at once (processes, or cluster workers).
+        cores: the cores the executor may use in all (default: those of this process).
+    """
+
+    backend: ClassVar[str] = ""
+
+    def __init__(self, workers: int = 1, *, cores: int | None = None) -> None:
+        self.workers = check_workers(workers)
+        self.cores = max(1, cores if cores is not None else available_cores())
+
+    @property
+    def threads_per_worker(self) -> int:
+        """Numeric-library threads of each worker: ``workers x threads <= cores``."""
+        return max(1, self.cores // self.workers)
+
+    @abstractmethod
+    def map(
+        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        progress: bool = False,
+    ) -> Generator[R, None, None]:  # fmt: skip
+        """``job(item)`` for every item, yielded in the order of ``items``.
+
+        Args:
+            job: a picklable callable; backends that run items elsewhere install it once per
+                worker.
+            items: picklable, small (indices, names, short lists): data travels by file.
+            desc, unit, progress: the progress bar (one update per finished item).
+
+        Leaving the iteration early (an error, Ctrl-C) stops the work that is still queued.
+        """
+
+    def describe(self) -> dict[str, Any]:
+        """What the run record says about where the work ran."""
+        return {"backend": self.backend, "workers": self.workers, "threads_per_worker": self.threads_per_worker}
+
+
+class SerialExecutor(Executor):
+    """Every item in this process, in order (the numeric libraries keep their own thread counts)."""
+
+    backend = "serial"
+
+    def __init__(self, workers: int = 1, *, cores: int | None = None) -> None:
+        super().__init__(1, cores=cores)
+
+    @property
+    def threads_per_worker(self) -> int:
+        return self.cores
+
+    def map(
+        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        progress: bool = False,
+    ) -> Generator[R, None, None]:  # fmt: skip
+        bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
+        try:
+            for item in items:
+                yield job(item)
+                bar.update(1)
+        finally:
+            bar.close()
+
+
+_JOB: Callable[[Any], Any] | None = None
+
+
+def _install(job: Callable[[Any], Any], threads: int) -> None:
+    """Worker start-up: cap the numeric libraries' threads, then keep the job for every item."""
+    global _JOB
+    limit_threads(threads)
+    _JOB = job
+
+
+def _call(item: Any) -> Any:
+    assert _JOB is not None, "the worker has no job installed"
+    return _JOB(item)
+
+
+class ProcessExecutor(Executor):
+    """``workers`` spawned local processes that die with this one (:mod:`oxbench.workers`).
+
+    One item, or one worker, runs in this process instead (no pool to start for nothing), with the
+    thread count of a single worker.
+    """
+
+    backend = "processes"
+
+    def map(
+        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        progress: bool = False,
+    ) -> Generator[R, None, None]:  # fmt: skip
+        if self.workers == 1 or len(items) <= 1:
+            yield from SerialExecutor(cores=self.cores).map(job, items, desc=desc, unit=unit, progress=progress)
+            return
+        from oxbench.workers import worker_pool
+
+        n = min(self.workers, len(items))
+        bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
+        pool = worker_pool(n, initializer=_install, initargs=(job, max(1, self.cores // n)))
+        try:
+            for result in pool.map(_call, items, chunksize=1):
+                yield result
+                bar.update(1)
+        except BaseException:
+            pool.abort()  # an error or Ctrl-C / SIGTERM: stop the workers now, not after the queue
+            raise
+        finally:
+            bar.close()
+            pool.shutdown(cancel_futures=True)
+
+
+#: Execution backends by name; a new backend is one module that registers its class here.
+EXECUTORS: Registry[type[Executor]] = Registry("execution backend")
+EXECUTORS.register(SerialExecutor.backend, SerialExecutor)
+EXECUTORS.register(ProcessExecutor.backend, ProcessExecutor)
+
+
+def check_workers(workers: object) -> int:
+    """``workers`` as an int in ``1 .. MAX_WORKERS``, else one :class:`InputError` line."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise InputError(f"workers must be a whole number from 1 to {MAX_WORKERS}, got {workers!r}")
+    return workers
+
+
+def make_executor(backend: str = "processes", workers: int | None = None, *, cores: int | None = None) -> Executor:
+    """The executor of ``backend`` with ``workers`` workers (default: one per available core).
+
+    Raises:
+        InputError: an unknown backend, or a worker count that is not 1 .. :data:`MAX_WORKERS`.
+    """
+    cls = EXECUTORS.get(backend)
+    return cls(available_cores() if workers is None else workers, cores=cores)

@@ -1,0 +1,223 @@
+"""The bag-of-words family: RootSIFT, a large vocabulary, tf-idf, spatial re-ranking, query expansion.
+
+Philbin et al. 2007 / 2008, Arandjelovic & Zisserman 2012. :class:`BowConfig` holds the settings,
+:class:`BagOfWords` runs them through the method interface over the shared steps
+(:mod:`oxbench.pipelines.steps`): ``fit`` trains (or reuses) the vocabulary on the training set's
+database features; ``index`` describes the benchmark's database (and distractors), assigns visual
+words and builds the tf-idf inverted file; ``search`` describes the query crops, ranks the index,
+spatially verifies the top R and expands the queries as the config says. The presets of the family
+are registered at the end of this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+import scipy.sparse as sp
+from numpy.typing import NDArray
+
+from oxbench.datasets.base import Benchmark
+from oxbench.errors import InputError
+from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.features.sift import SiftConfig
+from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
+from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
+from oxbench.pipelines.steps import (
+    LocalQuantisation,
+    QuantisingMethod,
+    VerifiedList,
+    Words,
+    last_if_empty,
+    merge_verified,
+)
+from oxbench.rerank.qe import average_query_expansion
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BowConfig(MethodConfig, LocalQuantisation):
+    """The settings of a RootSIFT bag-of-words method.
+
+    Features, vocabulary (``vocab_*``) and spatial verification (``spatial_*``) are the shared
+    settings of :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`; the family adds:
+
+    Attributes:
+        name: preset name.
+        assignment: ``hard`` or ``soft`` (k nearest words with Gaussian weights, both sides).
+        soft_k, soft_sigma2: soft-assignment neighbours and ``sigma^2`` (unit-norm RootSIFT units;
+            Philbin et al. 2008 used ``k = 3`` and ``sigma^2 = 6250`` for SIFT vectors of norm ~512,
+            i.e. about 0.024 of the squared norm; 0.02 here).
+        burst: ``sqrt`` (damp repeated words) or ``none``.
+        idf: tf-idf weighting.
+        qe: ``none`` or ``aqe`` (average query expansion over the spatially verified images).
+        qe_max_verified: at most this many verified images are averaged.
+        qe_min_inliers: only verified images with at least this many inliers expand the query
+            (a stricter test than re-ranking's ``spatial_min_inliers``, as in Chum et al. 2007:
+            averaging in a false positive drifts the query, while ranking it high costs one place).
+        qe_verify_top: the expanded query's results are spatially verified too, as in Chum et
+            al. 2007: the images of its top ``qe_verify_top`` that the first short list did not
+            hold are verified against the query, and those that pass join the verified images
+            (ordered by inliers) above the expanded query's order. 0 keeps the expanded query's
+            order below the first verified images, unverified.
+    """
+
+    family: ClassVar[str] = "bow"
+
+    name: str
+    assignment: Literal["hard", "soft"] = "hard"
+    soft_k: int = 3
+    soft_sigma2: float = 0.02
+    burst: Literal["none", "sqrt"] = "sqrt"
+    idf: bool = True
+    qe: Literal["none", "aqe"] = "none"
+    qe_max_verified: int = 50
+    qe_min_inliers: int = 8
+    qe_verify_top: int = 100
+
+    def __post_init__(self) -> None:
+        self.check_local_settings(self.name)
+        if self.qe != "none" and not self.spatial:
+            raise InputError(f"method {self.name}: query expansion needs spatial verification")
+        if self.assignment not in ("hard", "soft"):
+            raise InputError(f"method {self.name}: unknown assignment {self.assignment!r}")
+        if self.qe_verify_top < 0:
+            raise InputError(f"method {self.name}: qe_verify_top must be >= 0")
+
+    def build(self) -> BagOfWords:
+        return BagOfWords(self)
+
+
+def _tf(method: BowConfig, words: Words, names: list[str], n_words: int):  # noqa: ANN202
+    ws, wts = [], []
+    for n in names:
+        w, d = words.of(n)
+        if method.assignment == "soft":
+            k = min(method.soft_k, w.shape[1])
+            ws.append(w[:, :k])
+            wts.append(soft_assignment_weights(d[:, :k], method.soft_sigma2))
+        else:
+            ws.append(w[:, 0])
+            wts.append(np.ones(len(w), np.float32))
+    return bow_matrix(ws, n_words, wts)
+
+
+class BagOfWords(QuantisingMethod):
+    """A :class:`BowConfig` through the method interface (see the module docstring)."""
+
+    config: BowConfig
+
+    def __init__(self, config: BowConfig) -> None:
+        super().__init__(config)
+        self._ivf: InvertedFile | None = None
+
+    @property
+    def k(self) -> int:
+        """Words assigned per feature: the soft-assignment ``k``, or the query-side multiple assignment."""
+        soft = self.config.soft_k if self.config.assignment == "soft" else 1
+        ma = self.config.spatial_query_ma if self.config.spatial and self.config.spatial_matching == "words" else 1
+        return max(soft, ma)
+
+    def index(self, bench: Benchmark, ctx: RunContext) -> BagOfWords:
+        m = self.config
+        parts = self.index_parts(bench, ctx)
+        n_words = parts.vocabulary.n_words
+        with ctx.timed("index"):
+            db_tf = _tf(m, parts.words["database"], parts.names["database"], n_words)
+            if "distractors" in parts.names:
+                dis_tf = _tf(m, parts.words["distractors"], parts.names["distractors"], n_words)
+                db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
+            self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
+        return self
+
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        parts = self.indexed_parts(bench)
+        m, ivf = self.config, self._ivf
+        assert ivf is not None
+        with ctx.timed("assign"):
+            q_words = parts.assign(bench, "queries", ctx)
+        with ctx.timed("search"):
+            q_vecs = ivf.transform(_tf(m, q_words, parts.names["queries"], parts.vocabulary.n_words))
+            scores = ivf.scores_of_vectors(q_vecs)
+            scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
+            ranks = ranks_from_scores(scores.T)
+        self.warn_empty_queries(parts)
+        info: dict[str, object] = {
+            "n_index": len(parts.index_parts),
+            "features_per_image": float(np.mean(parts.words["database"].counts)) if parts.names["database"] else 0.0,
+        }
+        final_scores = np.take_along_axis(scores, ranks, axis=1).astype(np.float32)
+        if not m.spatial:
+            return SearchResult(ranks, final_scores, info)
+        return self._rerank(ranks, scores, q_vecs, info, ctx)
+
+    def _rerank(
+        self,
+        ranks: NDArray[np.int64],
+        scores: NDArray[np.float32],
+        q_vecs,  # noqa: ANN001 - sparse query vectors
+        info: dict[str, object],
+        ctx: RunContext,
+    ) -> SearchResult:
+        """Spatial verification of the top R (through the executor), then average query
+        expansion and verification of the expanded query's new results."""
+        m = self.config
+        r = min(m.spatial_top_r, ranks.shape[1])
+        if m.spatial_top_r > ranks.shape[1]:
+            log.warning("short list of %d is longer than the index (%d images): verifying all of them",
+                        m.spatial_top_r, ranks.shape[1])  # fmt: skip
+        results = self.verify(ranks, r, ctx)
+        expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] = {}
+        if m.qe == "aqe":
+            with ctx.timed("query_expansion"):
+                expanded = self._expand(q_vecs, results)
+        second: dict[int, VerifiedList] = {}
+        rows: dict[int, NDArray[np.int64]] = {}
+        if expanded and m.qe_verify_top:
+            # Chum et al. 2007: the expanded query's results are verified too (against the query);
+            # only the images of its top qe_verify_top that the first short list did not hold
+            for qi, (_, order) in expanded.items():
+                new = order[: m.qe_verify_top]
+                new = new[~np.isin(new, ranks[qi, :r])]
+                if len(new):
+                    rows[qi] = new
+            done = self.verify(ranks, r, ctx, rows=rows, stage="spatial_after_qe")
+            second = dict(zip(rows, done, strict=True))
+        final, final_scores, matches, n_verified = merge_verified(ranks, scores, results, r, expanded=expanded,
+                                                                  second=second)  # fmt: skip
+        info["verified_per_query"] = n_verified
+        if m.qe == "aqe" and m.qe_verify_top:
+            info["pairs_verified_after_qe"] = [len(v) for v in rows.values()]
+            info["queries_expanded"] = len(expanded)
+        return SearchResult(final, final_scores, info, matches=matches)
+
+    def _expand(
+        self, q_vecs, results: list[VerifiedList]  # noqa: ANN001
+    ) -> dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]]:
+        """Average query expansion of each query with verified images strong enough to expand it:
+        ``{query: (scores of the expanded query, its full order)}``."""
+        m = self.config
+        assert self._ivf is not None and self._ivf.db_vectors_ is not None
+        out = {}
+        for qi, res in enumerate(results):
+            use = res.verified[res.inliers >= m.qe_min_inliers][: m.qe_max_verified]
+            if len(use):
+                q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
+                row_scores = self._ivf.scores_of_vectors(q_new)[0]
+                out[qi] = row_scores, ranks_from_scores(last_if_empty(row_scores, self.empty_)[:, None])[0]
+        return out
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+register_method(BowConfig("rootsift-bow"))
+register_method(BowConfig("rootsift-bow-sv", spatial=True))
+register_method(BowConfig("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
+register_method(BowConfig("rootsift-bow-sa", assignment="soft"))
+register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", spatial=True))
+register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))
+register_method(BowConfig("sift-bow-sv", features=SiftConfig(descriptor="sift", max_side=1024, n_features=4000),
+                          spatial=True))  # fmt: skip

@@ -1,0 +1,76 @@
+"""Step: local features of a benchmark's parts, into resumable feature stores.
+
+``<cache>/<dataset-key>/features/<extractor digest>/<part>/`` holds one
+:class:`~oxbench.features.store.FeatureStore` per part (database, query crops, distractors), filled
+by any :class:`~oxbench.features.local.LocalExtractor` through the run's executor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from oxbench.datasets.base import Benchmark
+from oxbench.errors import InputError
+from oxbench.features.local import LocalExtractor
+from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
+from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, parts_of
+
+
+def extraction_job(
+    bench: Benchmark, part: str, extractor: LocalExtractor
+) -> tuple[DescribeImages | DescribeQueries, int, dict[str, object]]:
+    """The extraction job of one part, its size, and what identifies its store."""
+    if part == "database":
+        return DescribeImages(bench.database, extractor), len(bench.database), {"role": "database"}
+    if part == "queries":
+        return DescribeQueries(bench, extractor), bench.gt.n_queries, {"role": "queries", "crop": bench.crop}
+    if part == "distractors":
+        if bench.distractors is None:
+            raise InputError(f"{bench.id} has no distractors")
+        return DescribeImages(bench.distractors, extractor), len(bench.distractors), {"role": "distractors"}
+    raise InputError(f"unknown part {part!r}; use one of {PARTS}")
+
+
+def features_dir(cache: Path, bench: Benchmark, extractor: LocalExtractor, part: str) -> Path:
+    """Where the feature store of one part of a benchmark lives."""
+    return Path(cache) / dataset_key(bench) / "features" / extractor.digest() / part
+
+
+def open_store(
+    cache: Path, bench: Benchmark, extractor: LocalExtractor, part: str, *, create: bool = False
+) -> FeatureStore:
+    """Open the feature store of one part (``create=False``: it must exist)."""
+    _, _, extra = extraction_job(bench, part, extractor)
+    return FeatureStore.open(
+        features_dir(cache, bench, extractor, part), extractor, extra={**extra, "dataset": bench.id}, create=create
+    )
+
+
+def step_features(
+    bench: Benchmark, extractor: LocalExtractor, ctx: RunContext, *, parts: Sequence[str] | None = None
+) -> dict[str, StepResult]:
+    """Describe the database, the query crops (and distractors) of a benchmark; resumable.
+
+    Images already in a complete shard are skipped; the rest are described through
+    ``ctx.executor``. A part is a cache hit only when no image of it had to be described, so an
+    extraction interrupted earlier is recorded as computed on the run that finishes it.
+
+    Args:
+        bench: the benchmark.
+        extractor: the local feature.
+        ctx: cache folder, executor, progress, full checks.
+        parts: which parts (default: database, queries, and distractors when present).
+
+    Returns:
+        ``{part: StepResult(store folder, hit, images described)}``.
+    """
+    out: dict[str, StepResult] = {}
+    for part in parts if parts is not None else parts_of(bench):
+        job, n, _ = extraction_job(bench, part, extractor)
+        store = open_store(ctx.cache, bench, extractor, part, create=True)
+        described = extract_to_store(job, n, store, executor=ctx.executor, progress=ctx.progress,
+                                     desc=f"{bench.id} {part}", full_check=ctx.full_check)  # fmt: skip
+        out[part] = StepResult(store.directory, hit=described == 0, computed=described)
+    return out

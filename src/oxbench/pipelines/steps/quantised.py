@@ -1,0 +1,117 @@
+"""What a method that quantises local features does the same whatever its family.
+
+:class:`QuantisingMethod` is the shared part of such a method (bag of words, ASMK): ``fit`` trains
+(or reuses) the vocabulary of its :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`
+settings on the training set, :meth:`~QuantisingMethod.index_parts` describes and assigns a
+benchmark's parts, :meth:`~QuantisingMethod.indexed_parts` checks a search meets the benchmark it
+indexed, and :meth:`~QuantisingMethod.verify` runs the short-list verification step. A family
+subclasses it and adds only its own index and scoring.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.datasets.base import Benchmark
+from oxbench.errors import InputError
+from oxbench.pipelines.method import RetrievalMethod, RunContext
+from oxbench.pipelines.steps.keys import dataset_key
+from oxbench.pipelines.steps.settings import LocalQuantisation
+from oxbench.pipelines.steps.verify import VerifiedList, short_list_verifier, verify_short_lists
+from oxbench.pipelines.steps.vocabulary import load_vocabulary, step_vocabulary
+from oxbench.pipelines.steps.words import WordedParts, describe_and_assign
+
+log = logging.getLogger(__name__)
+
+Self = TypeVar("Self", bound="QuantisingMethod")
+
+
+class QuantisingMethod(RetrievalMethod):
+    """The shared part of a method over local features and a vocabulary (see the module docstring).
+
+    Attributes:
+        vocab_path_: the vocabulary file (after :meth:`fit` or :meth:`use_vocabulary`).
+        trained_on_: the training set's id.
+        empty_: ``bool [n_index]`` index images without features (after :meth:`index_parts`).
+    """
+
+    config: Any  # a MethodConfig with LocalQuantisation settings
+
+    def __init__(self, config: LocalQuantisation) -> None:
+        self.config = config
+        self.vocab_path_: Path | None = None
+        self.trained_on_: str | None = None
+        self.empty_: NDArray[np.bool_] | None = None
+        self._parts: WordedParts | None = None
+
+    @property
+    def k(self) -> int:
+        """Words assigned per feature (1 unless the family assigns more)."""
+        return 1
+
+    def fit(self: Self, train: Benchmark | None, ctx: RunContext) -> Self:
+        if train is None:
+            raise InputError(f"method {self.config.name} trains a vocabulary: it needs a training set")
+        res = step_vocabulary(self.config.vocabulary(), train, ctx)
+        ctx.record_step("vocabulary", hit=res.hit)
+        self.vocab_path_, self.trained_on_ = res.path, train.id
+        return self
+
+    def use_vocabulary(self: Self, path: str | Path) -> Self:
+        """Use an already trained vocabulary file instead of :meth:`fit`."""
+        self.vocab_path_ = Path(path)
+        return self
+
+    def provenance(self) -> dict[str, object]:
+        if self.vocab_path_ is None:
+            return {}
+        voc = load_vocabulary(self.vocab_path_, self.config.features)
+        return {"vocabulary": voc.describe(), "vocabulary_path": str(self.vocab_path_),
+                "trained_on": self.trained_on_}  # fmt: skip
+
+    def index_parts(self, bench: Benchmark, ctx: RunContext) -> WordedParts:
+        """Features of every part of ``bench`` and words of its index (names images without features)."""
+        if self.vocab_path_ is None:
+            raise InputError(f"method {self.config.name}: fit (or use_vocabulary) before index")
+        parts = describe_and_assign(bench, self.config.features, self.vocab_path_, self.k, ctx)
+        self.empty_ = parts.empty()
+        if self.empty_.any():
+            names = [n for _, n in parts.index_parts]
+            log.warning("%d database image(s) have no features and rank last, e.g. %s", int(self.empty_.sum()),
+                        ", ".join(names[i] for i in np.flatnonzero(self.empty_)[:5]))  # fmt: skip
+        self._parts = parts
+        return parts
+
+    def indexed_parts(self, bench: Benchmark) -> WordedParts:
+        """The parts :meth:`index_parts` made for ``bench`` (refused for another benchmark)."""
+        if self._parts is None or self._parts.bench_key != dataset_key(bench):
+            raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
+        return self._parts
+
+    def warn_empty_queries(self, parts: WordedParts) -> None:
+        """Name the query crops without features (their lists are in index order)."""
+        names = parts.names["queries"]
+        none = [n for n, c in zip(names, parts.words["queries"].counts, strict=True) if c == 0]
+        if none:
+            log.warning("%d query crop(s) have no features, their lists are in index order: %s",
+                        len(none), ", ".join(none[:5]))  # fmt: skip
+
+    def verify(
+        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, *, rows: dict[int, NDArray[np.int64]] | None = None,
+        stage: str = "spatial",
+    ) -> list[VerifiedList]:  # fmt: skip
+        """Spatially verify each query's top ``r`` (or, with ``rows``, those lists only, in order)."""
+        assert self._parts is not None
+        names = self._parts.names["queries"]
+        if rows is None:
+            items = [(qi, names[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])]
+        else:
+            items = [(qi, names[qi], order) for qi, order in rows.items()]
+        job = short_list_verifier(self._parts, self.config.verification())
+        with ctx.timed(stage):
+            return verify_short_lists(job, items, ctx, desc=stage.replace("_", " "))

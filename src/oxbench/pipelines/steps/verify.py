@@ -1,0 +1,218 @@
+"""Step: spatial verification of short lists, in the run's executor.
+
+:class:`ShortListVerifier` is a picklable job: given ``(query index, query name, short list)`` it
+reads the query's and the candidates' local features (and words) from their stores, forms tentative
+correspondences (mutual nearest descriptors with Lowe's ratio, or shared visual words), fits the
+geometric model of :class:`VerifySettings` and returns a :class:`VerifiedList`. Any family with
+local features in stores uses it, through :func:`verify_short_lists`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.features.local import LocalExtractor
+from oxbench.features.store import FeatureStore
+from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.steps.words import WordedParts, Words, reopen_store, store_spec
+from oxbench.rerank.spatial import (
+    DEFAULT_MAX_PER_WORD,
+    DEFAULT_METHOD,
+    DEFAULT_MIN_INLIERS,
+    DEFAULT_MODEL,
+    DEFAULT_RATIO,
+    DEFAULT_THRESHOLD_PX,
+    GeometricModel,
+    RobustMethod,
+    descriptor_matches,
+    spatial_rerank,
+)
+
+#: Verified images per query whose inlier correspondences a search returns (the top of the list).
+MATCHES_FOR_VIEWERS = 20
+
+
+@dataclass(frozen=True)
+class VerifiedList:
+    """Spatial verification of one query's short list.
+
+    Attributes:
+        head: ``int64 [r]`` the re-ranked short list (verified first, by inlier count).
+        verified: ``int64 [v]`` the verified indices, best first (``head[:v]``).
+        inliers: ``int64 [v]`` their inlier counts.
+        matches: ``{index: float32 [m, 4]}`` inlier correspondences ``(x_q, y_q, x_db, y_db)`` in
+            full-image pixels of the first :data:`MATCHES_FOR_VIEWERS` verified images.
+    """
+
+    head: NDArray[np.int64]
+    verified: NDArray[np.int64]
+    inliers: NDArray[np.int64]
+    matches: dict[int, NDArray[np.float32]]
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """How a short list is verified; the defaults are :mod:`oxbench.rerank.spatial`'s (one place).
+
+    Attributes:
+        model: the geometric model (``similarity``, ``affine``, ``homography``).
+        method: ``fsm`` (Philbin et al.'s fast spatial matching) or an OpenCV robust estimator.
+        min_inliers: inliers for a candidate to count as verified.
+        threshold_px: inlier threshold, in pixels of an image resized to 1024 px.
+        max_per_word: ``matching="words"``: at most this many pairs per shared word.
+        matching: ``descriptors`` (mutual nearest neighbours with Lowe's ``ratio``) or ``words``.
+        ratio: Lowe's ratio of descriptor matching.
+        query_ma: ``matching="words"``: words per query feature.
+    """
+
+    model: GeometricModel = DEFAULT_MODEL
+    method: RobustMethod = DEFAULT_METHOD
+    min_inliers: int = DEFAULT_MIN_INLIERS
+    threshold_px: float = DEFAULT_THRESHOLD_PX
+    max_per_word: int = DEFAULT_MAX_PER_WORD
+    matching: str = "descriptors"
+    ratio: float = DEFAULT_RATIO
+    query_ma: int = 1
+
+
+StoreSpec = tuple[Path, LocalExtractor, dict[str, object]]
+
+
+class ShortListVerifier:
+    """Picklable job: spatially verify one query's short list (reopens stores and words where it runs).
+
+    Args:
+        stores: ``{part: (folder, extractor, extra)}`` of the feature stores (queries, database,
+            distractors), as :func:`oxbench.pipelines.steps.words.store_spec` gives them.
+        words: ``{part: words file}``.
+        index_parts: ``(part, image name)`` of every index position.
+        settings: the verification settings.
+    """
+
+    def __init__(
+        self,
+        *,
+        stores: dict[str, StoreSpec],
+        words: dict[str, Path],
+        index_parts: list[tuple[str, str]],
+        settings: VerifySettings,
+    ) -> None:
+        self.stores = stores
+        self.words = words
+        self.index_parts = index_parts
+        self.settings = settings
+        self._open: tuple[dict[str, FeatureStore], dict[str, Words]] | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_open": None}
+
+    def _opened(self) -> tuple[dict[str, FeatureStore], dict[str, Words]]:
+        if self._open is None:
+            stores = {p: reopen_store(spec) for p, spec in self.stores.items()}
+            self._open = stores, {p: Words.load(w) for p, w in self.words.items()}
+        return self._open
+
+    def __call__(self, item: tuple[int, str, NDArray[np.int64]]) -> VerifiedList:
+        _, qname, order = item
+        stores, words = self._opened()
+        st = self.settings
+        _, q_kp, q_raw, q_size = stores["queries"].get_raw(qname)
+        q_words = words["queries"].of(qname)[0][:, : st.query_ma]
+        finish = stores["queries"].config.finish
+        q_desc = finish(q_raw) if st.matching == "descriptors" else None
+        cands, tentative = [], []
+        for idx in order.tolist():
+            part, name = self.index_parts[idx]
+            _, kp, raw, size = stores[part].get_raw(name)
+            cands.append((kp, words[part].of(name)[0][:, 0], size))
+            if q_desc is not None:
+                tentative.append(descriptor_matches(q_desc, finish(raw), ratio=st.ratio))
+        res = spatial_rerank(
+            q_kp, q_words, cands, order, top_r=len(order), model=st.model, method=st.method,
+            min_inliers=st.min_inliers, threshold_px=st.threshold_px, max_per_word=st.max_per_word,
+            query_size=q_size, tentative=tentative if q_desc is not None else None,
+        )  # fmt: skip
+        position = {int(v): i for i, v in enumerate(order.tolist())}
+        verified = np.asarray(res.verified, np.int64)
+        inliers = np.array([res.inliers[position[int(v)]] for v in verified], np.int64)
+        matches: dict[int, NDArray[np.float32]] = {}
+        for v in verified[:MATCHES_FOR_VIEWERS].tolist():
+            pairs = res.inlier_matches[position[v]]
+            assert pairs is not None
+            d_kp = cands[position[v]][0]
+            matches[v] = np.concatenate([q_kp[pairs[:, 0], :2], d_kp[pairs[:, 1], :2]], axis=1).astype(np.float32)
+        return VerifiedList(np.asarray(res.order, np.int64), verified, inliers, matches)
+
+
+def short_list_verifier(parts: WordedParts, settings: VerifySettings) -> ShortListVerifier:
+    """The verification job over a benchmark's stores and words (the query words assigned)."""
+    return ShortListVerifier(
+        stores={p: store_spec(s) for p, s in parts.stores.items()}, words=dict(parts.words_paths),
+        index_parts=parts.index_parts, settings=settings,
+    )  # fmt: skip
+
+
+def verify_short_lists(
+    job: ShortListVerifier, items: Sequence[tuple[int, str, NDArray[np.int64]]], ctx: RunContext, *,
+    desc: str = "spatial",
+) -> list[VerifiedList]:  # fmt: skip
+    """Run ``job`` on every ``(query index, query name, short list)`` through ``ctx.executor``;
+    results in the order of ``items``."""
+    return list(ctx.executor.map(job, list(items), desc=desc, unit="query", progress=ctx.progress))
+
+
+
+def merge_verified(
+    ranks: NDArray[np.int64],
+    scores: NDArray[np.float32],
+    results: Sequence[VerifiedList],
+    r: int,
+    *,
+    expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] | None = None,
+    second: dict[int, VerifiedList] | None = None,
+) -> tuple[NDArray[np.int64], NDArray[np.float32], dict[int, dict[int, NDArray[np.float32]]], list[int]]:
+    """The final lists after verification: verified images first (by inliers), then the rest.
+
+    Args:
+        ranks: ``[n_queries, n]`` the first ranking; ``scores``: ``[n_queries, n_index]`` its
+            scores by index.
+        results: the verification of each query's top ``r``.
+        expanded: ``{query: (scores by index, full order)}`` of expanded queries: their rest
+            follows that order instead.
+        second: ``{query: VerifiedList}`` of images verified after expansion; they join the
+            verified images, ordered by inliers with them.
+
+    Returns:
+        ``(ranks, scores aligned with them, inlier correspondences, verified count per query)``;
+        a verified image's score is its inlier count (>= 1, above any similarity score).
+    """
+    expanded, second = expanded or {}, second or {}
+    final = np.empty_like(ranks)
+    final_scores = np.empty(ranks.shape, np.float32)
+    matches: dict[int, dict[int, NDArray[np.float32]]] = {}
+    n_verified: list[int] = []
+    for qi, res in enumerate(results):
+        verified, inliers = res.verified, res.inliers
+        new_order = np.concatenate([res.head, ranks[qi, r:]])
+        row_scores = scores[qi]
+        if qi in expanded:
+            row_scores, order = expanded[qi]
+            if qi in second:
+                verified = np.concatenate([verified, second[qi].verified])
+                inliers = np.concatenate([inliers, second[qi].inliers])
+                by_inliers = np.argsort(-inliers, kind="stable")
+                verified, inliers = verified[by_inliers], inliers[by_inliers]
+            new_order = np.concatenate([verified, order[~np.isin(order, verified)]])
+        n_verified.append(len(verified))
+        final[qi] = new_order
+        final_scores[qi] = row_scores[new_order]
+        final_scores[qi, : len(verified)] = inliers
+        found = {**res.matches, **(second[qi].matches if qi in second else {})}
+        if found:
+            matches[qi] = {v: found[v] for v in verified.tolist() if v in found}
+    return final, final_scores, matches, n_verified

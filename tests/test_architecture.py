@@ -1,0 +1,274 @@
+"""The architecture's seams, exercised from outside the package.
+
+- a method family written in one new file (outside ``oxbench``) registers a preset and runs through
+  :func:`oxbench.run` with the same run record as the built-in families;
+- a local-feature extractor written in one new file (a grid of grey patches stored as float16)
+  runs through the bag-of-words family, spatial verification included;
+- the execution seam: one map loop, ordered results, one line for a bad backend or worker count;
+- steps measure their cache hits: an interrupted extraction is recorded as computed on the rerun;
+- ``pipelines/`` imports no module in a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+import oxbench
+from oxbench.errors import InputError
+from oxbench.execution import EXECUTORS, ProcessExecutor, SerialExecutor, make_executor
+
+TOY_FAMILY = '''
+"""A toy family: ranks the database by image name, last name first (its ranks are known)."""
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from oxbench.pipelines import MethodConfig, RetrievalMethod, SearchResult, register_method
+from oxbench.pipelines.steps import part_names
+
+
+@dataclass(frozen=True)
+class ReverseNamesConfig(MethodConfig):
+    family: ClassVar[str] = "toy"
+    name: str
+    step: int = 1
+
+    @property
+    def needs_training(self) -> bool:
+        return False
+
+    def build(self) -> "ReverseNames":
+        return ReverseNames(self)
+
+
+class ReverseNames(RetrievalMethod):
+    def __init__(self, config: ReverseNamesConfig) -> None:
+        self.config = config
+
+    def fit(self, train, ctx):
+        return self
+
+    def index(self, bench, ctx):
+        self.names = part_names(bench, "database")
+        ctx.record_step("toy-index", hit=False)
+        return self
+
+    def search(self, bench, ctx):
+        order = np.argsort(self.names, kind="stable")[::-1].astype(np.int64)
+        return SearchResult(np.tile(order, (bench.gt.n_queries, 1)), info={"toy": True})
+
+
+register_method(ReverseNamesConfig("toy-reverse-names"))
+'''
+
+TOY_EXTRACTOR = '''
+"""A toy local feature: grey 8x8 patches on a 16-px grid, L2-normalised, stored as float16."""
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GridPatches:
+    step: int = 16
+    size: int = 8
+
+    @property
+    def dim(self) -> int:
+        return self.size * self.size
+
+    @property
+    def stored_dtype(self):
+        return np.float16
+
+    def to_dict(self):
+        return {"kind": "grid-patches", **asdict(self), "dim": self.dim}
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+    def extract(self, image):
+        grey = np.asarray(image, np.float32).mean(axis=2) if image.ndim == 3 else np.asarray(image, np.float32)
+        h, w = grey.shape
+        kps, descs = [], []
+        for y in range(0, h - self.size + 1, self.step):
+            for x in range(0, w - self.size + 1, self.step):
+                patch = grey[y : y + self.size, x : x + self.size].ravel()
+                patch = patch - patch.mean()
+                norm = np.linalg.norm(patch)
+                if norm > 1e-3:
+                    kps.append((x + self.size / 2, y + self.size / 2, float(self.size), 0.0))
+                    descs.append(patch / norm)
+        kp = np.array(kps, np.float32).reshape(-1, 4)
+        return kp, np.array(descs, np.float16).reshape(-1, self.dim)
+
+    def finish(self, stored):
+        return np.asarray(stored, np.float32)
+'''
+
+
+def _import_file(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def toy_family(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
+    from oxbench.pipelines.method import METHODS
+
+    path = tmp_path_factory.mktemp("plugin") / "toy_family.py"
+    path.write_text(TOY_FAMILY)
+    yield _import_file(path, "toy_family")
+    METHODS._entries.pop("toy-reverse-names", None)  # other tests list the built-in presets only
+
+
+def test_a_family_from_one_file_runs_through_oxbench_run(toy_family: ModuleType, tmp_path: Path) -> None:
+    pytest.importorskip("cv2")
+    pytest.importorskip("PIL.Image")
+    from oxbench.evaluation import evaluate
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    assert "toy-reverse-names" in oxbench.list_methods()
+    outcome = oxbench.run("synthetic", "toy-reverse-names", root=root, runs_dir=tmp_path / "runs", progress=False)
+    bench = oxbench.load("synthetic", root)
+    names = list(bench.gt.db_names)
+    expected = np.tile(np.argsort(names, kind="stable")[::-1], (bench.gt.n_queries, 1))
+    assert outcome.result.to_dict() == evaluate(bench.gt, expected, source=str(outcome.config_dir)).to_dict()
+    record = json.loads((outcome.run_dir / "record.json").read_text())
+    assert record["family"] == "toy" and record["cache"] == {"toy-index": "computed"}
+    assert json.loads((outcome.run_dir / "metrics.json").read_text())["run"]["toy"] is True
+    # its settings resolve like any preset's, and unknown ones are refused by name
+    assert oxbench.pipelines.resolve_method("toy-reverse-names", step=2).step == 2  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match="unknown method setting 'colour'"):
+        oxbench.pipelines.resolve_method("toy-reverse-names", colour="red")
+
+
+def test_a_duplicate_preset_name_is_one_line(toy_family: ModuleType) -> None:
+    with pytest.raises(InputError, match="'rootsift-bow' is registered twice") as err:
+        toy_family.register_method(toy_family.ReverseNamesConfig("rootsift-bow"))
+    assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="registered twice"):
+        toy_family.register_method(toy_family.ReverseNamesConfig("toy-reverse-names"))
+
+
+def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Path) -> None:
+    pytest.importorskip("cv2")
+    pytest.importorskip("faiss")
+    pytest.importorskip("PIL.Image")
+    from oxbench.features.local import LocalExtractor
+    from oxbench.pipelines import BowConfig, steps
+    from test_pipeline import make_tiny_root
+
+    (tmp_path / "grid.py").write_text(TOY_EXTRACTOR)
+    grid = _import_file(tmp_path / "grid.py", "toy_grid_patches").GridPatches()
+    assert isinstance(grid, LocalExtractor)
+    root = make_tiny_root(tmp_path / "data")
+    config = BowConfig("grid-bow-sv", features=grid, vocab_size=32, spatial=True, spatial_top_r=10)
+    outcome = oxbench.run("synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False)
+    assert outcome.result.to_dict()["setups"]["easy"]["map"] > 0
+    record = json.loads((outcome.run_dir / "record.json").read_text())
+    assert record["cache"]["features"] == "computed"
+    # the store holds the extractor's own dtype and dimension, finished on read
+    bench = oxbench.load("synthetic", root)
+    store = steps.open_store(root / "_cache", bench, grid, "database")
+    _, _, stored, _ = store.get_raw(bench.gt.db_names[0])
+    assert stored.dtype == np.float16 and stored.shape[1] == 64
+    assert store.get(bench.gt.db_names[0]).descriptors.dtype == np.float32
+    # a rerun takes every step from the cache
+    again = oxbench.run("synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False)
+    assert set(json.loads((again.run_dir / "record.json").read_text())["cache"].values()) == {"hit"}
+    assert np.array_equal(np.load(again.run_dir / "ranks.npy"), np.load(outcome.run_dir / "ranks.npy"))
+
+
+def _square(x: int) -> int:
+    return x * x
+
+
+def test_executors_return_results_in_item_order() -> None:
+    items = list(range(23))
+    assert list(SerialExecutor().map(_square, items)) == [x * x for x in items]
+    assert list(ProcessExecutor(2).map(_square, items)) == [x * x for x in items]
+    assert sorted(EXECUTORS.names()) == ["processes", "serial"]
+    assert ProcessExecutor(2, cores=2).threads_per_worker == 1
+    assert ProcessExecutor(3, cores=2).threads_per_worker == 1
+    assert ProcessExecutor(1, cores=8).threads_per_worker == 8
+
+
+@pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2", 10**6])
+def test_a_bad_worker_count_is_one_line(workers: object) -> None:
+    with pytest.raises(InputError, match="workers must be a whole number from 1 to 1024") as err:
+        make_executor("processes", workers)  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+
+
+def test_an_unknown_backend_is_one_line() -> None:
+    with pytest.raises(InputError, match="unknown execution backend 'mpi'; known: processes, serial"):
+        make_executor("mpi", 2)
+
+
+def test_an_interrupted_extraction_is_recorded_as_computed(tmp_path: Path) -> None:
+    pytest.importorskip("cv2")
+    from oxbench.features.store import extract_to_store
+    from oxbench.pipelines import RunContext, steps
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    bench = oxbench.load("synthetic", root)
+    features = steps.CLASSIC_FEATURES
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    # an extraction killed after its first shard: the store folder exists and holds part of it
+    job, n, _ = steps.extraction_job(bench, "database", features)
+    store = steps.open_store(ctx.cache, bench, features, "database", create=True)
+    assert extract_to_store(job, n, store, shard_size=8, progress=False, stop_after=1) == 8
+    done = steps.step_features(bench, features, ctx, parts=["database"])
+    assert done["database"].hit is False and done["database"].computed == n - 8
+    again = steps.step_features(bench, features, ctx, parts=["database"])
+    assert again["database"].hit is True and again["database"].computed == 0
+
+
+def test_pipelines_import_no_module_in_a_circle() -> None:
+    src = Path(oxbench.__file__).parent
+    modules = {
+        ".".join(p.relative_to(src.parent).with_suffix("").parts): p
+        for p in (src / "pipelines").rglob("*.py") if p.name != "__init__.py"
+    }  # fmt: skip
+    edges: dict[str, set[str]] = {m: set() for m in modules}
+    for m, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                edges[m].update(t for t in targets if t in modules and t != m)
+    state: dict[str, int] = {}
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(edges[m]):
+            assert state.get(n) != 1, f"import circle: {' -> '.join([*stack, m, n])}"
+            if n not in state:
+                visit(n, [*stack, m])
+        state[m] = 2
+
+    for m in sorted(modules):
+        if m not in state:
+            visit(m, [])
+    # and no family imports another family
+    families = [m for m in modules if ".families." in m]
+    for m in families:
+        assert not edges[m] & set(families), f"{m} imports another family"
