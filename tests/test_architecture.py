@@ -272,3 +272,29 @@ def test_pipelines_import_no_module_in_a_circle() -> None:
     families = [m for m in modules if ".families." in m]
     for m in families:
         assert not edges[m] & set(families), f"{m} imports another family"
+
+
+@pytest.mark.slow
+def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("cv2")
+    from test_pipeline import make_tiny_root
+
+    from oxbench.features.deep.model import load_model
+
+    root = make_tiny_root(tmp_path / "data")
+    model = root / "_models" / "gem-r18-synthetic.pt"
+    first = oxbench.run("synthetic", "gem-r18-synthetic", root=root, runs_dir=tmp_path / "runs",
+                        overrides={"train_epochs": 1}, progress=False)  # fmt: skip
+    assert model.is_file()
+    training = load_model(model).source["training"]
+    assert training["config"]["dataset"] == "synthetic-train" and training["config"]["epochs"] == 1
+    assert json.loads((first.run_dir / "record.json").read_text())["cache"]["network"] == "computed"
+    # the file is what the next run (and `oxbench train`'s users) load; nothing is trained again
+    again = oxbench.run("synthetic", "gem-r18-synthetic", root=root, runs_dir=tmp_path / "runs",
+                        overrides={"train_epochs": 1}, progress=False)  # fmt: skip
+    assert json.loads((again.run_dir / "record.json").read_text())["cache"]["network"] == "hit"
+    assert np.array_equal(np.load(again.run_dir / "ranks.npy"), np.load(first.run_dir / "ranks.npy"))
+    # the random floor trains nothing
+    floor = oxbench.pipelines.resolve_method("gem-r18-synthetic", weights="random")
+    assert not floor.needs_training  # type: ignore[attr-defined]

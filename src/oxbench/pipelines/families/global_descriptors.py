@@ -101,7 +101,7 @@ class GlobalConfig(MethodConfig):
         precision: ``cnn``: ``"fp32"`` or ``"bf16"`` (autocast of the trunk).
         model_whitening: ``cnn``: apply the learned whitening stored in the model file (cirtorch's
             ``Lw``: the multi-scale one with several scales) to the descriptors.
-        fit_network: ``cnn``: when the model file ``weights`` names does not exist, ``fit``
+        fit_network: ``cnn`` with a model file as ``weights``: when the file does not exist, ``fit``
             trains it on the training set (:func:`oxbench.train.loop.train` with ``oxbench train``'s
             settings for this backbone, ``train_epochs`` epochs; resumable) and writes it there, the
             same file ``oxbench train`` writes; an existing file is used as it is.
@@ -235,8 +235,6 @@ class GlobalConfig(MethodConfig):
             raise InputError(f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)")
         if self.model_whitening and self.whitening != "none":
             raise InputError(f"method {self.name}: model_whitening already whitens; set whitening=none")
-        if self.fit_network and (self.weights is None or self.weights in ("random", "imagenet")):
-            raise InputError(f"method {self.name}: fit_network writes a model file: set weights=PATH or models:<file>")
         if self.train_epochs is not None and not 1 <= self.train_epochs <= 10_000:
             raise InputError(f"method {self.name}: train_epochs must be in 1..10000")
 
@@ -246,7 +244,12 @@ class GlobalConfig(MethodConfig):
         feature files learn nothing on a benchmark (their whitening uses ``train_features``)."""
         if self.descriptor == "features":
             return False
-        return self.descriptor == "vlad" or self.whitening != "none" or (self.descriptor == "cnn" and self.fit_network)
+        return self.descriptor == "vlad" or self.whitening != "none" or self.trains_network
+
+    @property
+    def trains_network(self) -> bool:
+        """Whether ``fit`` trains the network into its model file (``fit_network`` with a file)."""
+        return self.descriptor == "cnn" and self.fit_network and self.weights not in (None, "random", "imagenet")
 
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
@@ -482,7 +485,7 @@ class GlobalDescriptors(RetrievalMethod):
             self.codebook_path_ = res.path
             ctx.record_step("codebook", hit=res.hit)
         self.trained_on_ = train.id
-        if self.config.descriptor == "cnn" and self.config.fit_network:
+        if self.config.trains_network:
             with ctx.timed("network"):
                 hit = self._fit_network(train, ctx)
             ctx.record_step("network", hit=hit)
