@@ -278,9 +278,8 @@ def test_pipelines_import_no_module_in_a_circle() -> None:
 def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("cv2")
-    from test_pipeline import make_tiny_root
-
     from oxbench.features.deep.model import load_model
+    from test_pipeline import make_tiny_root
 
     root = make_tiny_root(tmp_path / "data")
     model = root / "_models" / "gem-r18-synthetic.pt"
