@@ -119,6 +119,35 @@ class GridPatches:
 '''
 
 
+TOY_RERANKER = '''
+"""A toy re-ranker: reverses the top three of every list (its result is known)."""
+import numpy as np
+
+from oxbench.pipelines.rerankers import Ranking, Reranker, register_reranker
+
+
+class ReverseTop(Reranker):
+    needs = frozenset({"vectors"})
+
+    def rerank(self, ranking, space, ctx):
+        ranks, scores = ranking.ranks.copy(), ranking.scores.copy()
+        ranks[:, :3], scores[:, :3] = ranks[:, 2::-1], scores[:, 2::-1]
+        ctx.record_step("toy-rerank", hit=False)
+        return Ranking(ranks, scores, ranking.queries, info={**ranking.info, "reversed": 3})
+
+
+class NeedsLocal(Reranker):
+    needs = frozenset({"local"})
+
+    def rerank(self, ranking, space, ctx):
+        return ranking
+
+
+register_reranker("reverse-top", lambda config: ReverseTop())
+register_reranker("needs-local", lambda config: NeedsLocal())
+'''
+
+
 def _import_file(path: Path, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -195,6 +224,48 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     again = oxbench.run("synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False)
     assert set(json.loads((again.run_dir / "record.json").read_text())["cache"].values()) == {"hit"}
     assert np.array_equal(np.load(again.run_dir / "ranks.npy"), np.load(outcome.run_dir / "ranks.npy"))
+
+
+def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
+    from oxbench.pipelines import resolve_method
+    from oxbench.pipelines.rerankers import RERANKERS
+
+    (tmp_path / "toy_reranker.py").write_text(TOY_RERANKER)
+    _import_file(tmp_path / "toy_reranker.py", "toy_reranker")
+    try:
+        rng = np.random.default_rng(0)
+        root = tmp_path / "data"
+        bench = _features_benchmark(root)
+        db = rng.standard_normal((bench.gt.n_db, 16)).astype(np.float32)
+        q = rng.standard_normal((bench.gt.n_queries, 16)).astype(np.float32)
+        np.save(tmp_path / "db.npy", db)
+        np.save(tmp_path / "q.npy", q)
+        files = {"db_features": str(tmp_path / "db.npy"), "query_features": str(tmp_path / "q.npy")}
+        plain = oxbench.run(bench.id, "features", root=root, runs_dir=tmp_path / "runs", overrides=files,
+                            progress=False)  # fmt: skip
+        toy = oxbench.run(bench.id, "features", root=root, runs_dir=tmp_path / "runs",
+                          overrides={**files, "rerank": "reverse-top"}, progress=False)  # fmt: skip
+        before, after = np.load(plain.run_dir / "ranks.npy").T, np.load(toy.run_dir / "ranks.npy").T
+        assert np.array_equal(after[:, :3], before[:, 2::-1]) and np.array_equal(after[:, 3:], before[:, 3:])
+        assert json.loads((toy.run_dir / "record.json").read_text())["cache"]["toy-rerank"] == "computed"
+        assert json.loads((toy.run_dir / "metrics.json").read_text())["run"]["reversed"] == 3
+        # a stage the family cannot serve, or an unknown one, is one line when the method is resolved
+        with pytest.raises(InputError, match="re-ranker 'needs-local' needs local features, which the global"):
+            resolve_method("features", rerank="needs-local")
+        with pytest.raises(InputError, match="unknown re-ranker 'nope'"):
+            resolve_method("features", rerank="nope")
+    finally:
+        for name in ("reverse-top", "needs-local"):
+            RERANKERS._entries.pop(name, None)
+
+
+def _features_benchmark(root: Path):  # noqa: ANN202 - a Benchmark
+    """A tiny synthetic set (ground truth and images) to run feature-file methods on."""
+    pytest.importorskip("cv2")
+    from test_pipeline import make_tiny_root
+
+    make_tiny_root(root)
+    return oxbench.load("synthetic", root)
 
 
 def _square(x: int) -> int:

@@ -8,8 +8,9 @@
    neighbours by exact search, the image itself left out), re-normalised;
 2. the search index: exact blocked search, or a FAISS flat / IVF-PQ index persisted in the cache
    (reused when its file exists; a corrupt file is refused, naming it);
-3. per query: the first ranking, average / alpha query expansion and a second search, then
-   diffusion over the top of that ranking.
+3. per query: the first ranking, then the re-ranking stages (:mod:`oxbench.pipelines.rerankers`):
+   average / alpha query expansion and a second search (``qe``), then ``rerank`` (diffusion over
+   the top of that ranking, or any registered re-ranker that works on vectors).
 
 The facts of each step (index kind and settings, bytes per database image, the diffusion graph)
 go into :attr:`SearchChain.info`, which the runner records with every result.
@@ -28,9 +29,10 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
 from oxbench.index.search import FaissIndex, IndexSettings, exact_search
-from oxbench.pipelines.method import RunContext
-from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
-from oxbench.rerank.qe import alpha_query_expansion, database_side_augmentation
+from oxbench.pipelines.method import RunContext, SearchResult
+from oxbench.pipelines.rerankers import Ranking, build_stages, prepare_stages, run_stages
+from oxbench.pipelines.steps.verify import VerifiedList
+from oxbench.rerank.qe import database_side_augmentation
 
 
 class ChainSettings(Protocol):
@@ -113,15 +115,18 @@ def check_search_settings(m: ChainSettings) -> None:
         raise InputError(f"method {m.name}: search_k must be >= 1")
     if m.dba < 0 or m.dba_alpha < 0:
         raise InputError(f"method {m.name}: dba and dba_alpha must be >= 0")
-    if m.rerank not in ("none", "diffusion"):
-        raise InputError(f"method {m.name}: unknown rerank {m.rerank!r} (none, diffusion)")
     if m.layout not in ("n-d", "d-n"):
         raise InputError(f"method {m.name}: unknown layout {m.layout!r} (n-d: one row per image; d-n: revisitop's columns)")
     try:
         index_settings(m)
-        diffusion_settings(m)
     except InputError as exc:
         raise InputError(f"method {m.name}: {exc}") from None
+    build_stages(m, stage_names(m), SearchChain.capabilities)  # unknown or unservable re-rankers
+
+
+def stage_names(m: ChainSettings) -> list[str]:
+    """The re-ranking stages of a global method: its query expansion, then its ``rerank``."""
+    return ([m.qe] if m.qe != "none" else []) + ([m.rerank] if m.rerank != "none" else [])
 
 
 def index_settings(m: ChainSettings) -> IndexSettings:
@@ -129,14 +134,6 @@ def index_settings(m: ChainSettings) -> IndexSettings:
     if m.search == "faiss-ivfpq":
         return IndexSettings("ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe)
     return IndexSettings("flat")
-
-
-def diffusion_settings(m: ChainSettings) -> DiffusionSettings:
-    """The diffusion a method's ``diffusion_*`` settings describe."""
-    return DiffusionSettings(
-        k=m.diffusion_k, query_k=m.diffusion_query_k, alpha=m.diffusion_alpha, gamma=m.diffusion_gamma,
-        truncation=m.diffusion_truncation, iterations=m.diffusion_iterations,
-    )  # fmt: skip
 
 
 def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArray[np.float32]:
@@ -150,17 +147,6 @@ def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArra
     neighbours = ids[keep].reshape(db.shape[0], kk)
     out = database_side_augmentation(db, neighbours, weights="alpha", alpha=alpha)
     return np.asarray(out, dtype=np.float32)
-
-
-def expand_queries(
-    queries: NDArray[np.float32], database: NDArray[np.float32], ranks: NDArray[np.int64], *, k: int, alpha: float
-) -> NDArray[np.float32]:
-    """Each query replaced by its alpha-weighted mean with its top ``k`` neighbours (alpha 0: AQE)."""
-    out = np.empty_like(queries)
-    for qi in range(queries.shape[0]):
-        top = ranks[qi, :k]
-        out[qi] = np.asarray(alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32).ravel()
-    return out
 
 
 def _array_digest(x: NDArray[np.float32]) -> str:
@@ -194,11 +180,8 @@ class SearchChain:
                 self.faiss = self._faiss_index(ctx, cache_dir)
                 self.info["search"] = self.faiss.describe()
                 self.info["bytes_per_image"] = self.faiss.bytes_per_vector
-        self.diffusion: Diffusion | None = None
-        if m.rerank == "diffusion":
-            with ctx.timed("diffusion_graph"):
-                self.diffusion = Diffusion(diffusion_settings(m)).fit(database)
-            self.info["diffusion"] = self.diffusion.describe()
+        self.stages = build_stages(m, stage_names(m), self.capabilities)
+        self.info.update(prepare_stages(self.stages, self, ctx))
 
     def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
         settings = index_settings(self.m)
@@ -242,18 +225,23 @@ class SearchChain:
             raise InputError(f"method {self.m.name}: IVF-PQ found nothing for some query; raise nprobe")
         return scores, ids
 
-    def search(self, q: NDArray[np.float32], ctx: RunContext) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
-        """Rank, expand the queries and rank again (QE), then diffuse: ``(scores, ranks)``."""
+    def search(self, q: NDArray[np.float32], ctx: RunContext) -> SearchResult:
+        """Rank, then run the re-ranking stages (query expansion, diffusion); the facts of the index
+        and of every stage go with the result."""
         if q.shape[1] != self.db.shape[1]:
             raise InputError(f"query descriptors have dimension {q.shape[1]}, the database {self.db.shape[1]}")
-        m = self.m
         with ctx.timed("search"):
             scores, ranks = self.rank(q)
-        if m.qe != "none":
-            with ctx.timed("query_expansion"):
-                q = expand_queries(q, self.db, ranks, k=m.qe_k, alpha=m.qe_alpha if m.qe == "alpha-qe" else 0.0)
-                scores, ranks = self.rank(q)
-        if self.diffusion is not None:
-            with ctx.timed("diffusion"):
-                ranks, scores = self.diffusion.rerank(q, ranks)
-        return scores, ranks
+        ranking = run_stages(Ranking(ranks, scores, q, info=self.info), self.stages, self, ctx)
+        return ranking.result()
+
+    # --- what the re-ranking stages use (RerankSpace): dense vectors -----------------------------
+    capabilities = frozenset({"vectors"})
+
+    @property
+    def database(self) -> NDArray[np.float32]:
+        """The (augmented) database vectors the index holds."""
+        return self.db
+
+    def verify(self, ranks: NDArray[np.int64], r: int, ctx: RunContext, **_: Any) -> list[VerifiedList]:
+        raise InputError(f"method {self.m.name}: a global descriptor has no local features to verify")

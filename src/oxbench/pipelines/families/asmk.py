@@ -33,12 +33,8 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.steps import (
-    LocalQuantisation,
-    QuantisingMethod,
-    last_if_empty,
-    merge_verified,
-)
+from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, last_if_empty
 
 log = logging.getLogger(__name__)
 
@@ -184,13 +180,20 @@ class Asmk(QuantisingMethod):
         self.warn_empty_queries(parts)
         info: dict[str, object] = {"n_index": len(parts.index_parts), "kernel": "asmk",
                                    "words_per_image": float(ivf.stats["vectors_per_image"])}  # fmt: skip
-        if not m.spatial:
-            return SearchResult(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info)
-        r = min(m.spatial_top_r, ranks.shape[1])
-        results = self.verify(ranks, r, ctx)
-        final, final_scores, matches, n_verified = merge_verified(ranks, scores, results, r)
-        info["verified_per_query"] = n_verified
-        return SearchResult(final, final_scores, info, matches=matches)
+        ranking = Ranking(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info=info)
+        return run_stages(ranking, self.stages, self, ctx).result()
+
+    # --- what the re-ranking stages use (RerankSpace): local features only -------------------------
+    capabilities = frozenset({"local"})
+    database = None
+
+    @property
+    def stages(self) -> list[Reranker]:
+        """Spatial verification of the top R, when asked."""
+        return build_stages(self.config, ["spatial"] if self.config.spatial else [], self.capabilities)
+
+    def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+        raise InputError(f"method {self.config.name}: ASMK offers no query vectors to rank again")
 
     def _query_scores(self, ivf: Any, hamming: Any, functional: Any, codes: NDArray, words: NDArray) -> NDArray:
         m = self.config

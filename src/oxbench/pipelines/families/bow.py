@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -25,15 +25,8 @@ from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.steps import (
-    LocalQuantisation,
-    QuantisingMethod,
-    VerifiedList,
-    Words,
-    last_if_empty,
-    merge_verified,
-)
-from oxbench.rerank.qe import average_query_expansion
+from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, Words, last_if_empty
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +79,8 @@ class BowConfig(MethodConfig, LocalQuantisation):
             raise InputError(f"method {self.name}: unknown assignment {self.assignment!r}")
         if self.qe_verify_top < 0:
             raise InputError(f"method {self.name}: qe_verify_top must be >= 0")
+        if self.qe not in ("none", "aqe"):
+            raise InputError(f"method {self.name}: unknown qe {self.qe!r} (none, aqe)")
 
     def build(self) -> BagOfWords:
         return BagOfWords(self)
@@ -141,74 +136,37 @@ class BagOfWords(QuantisingMethod):
             q_words = parts.assign(bench, "queries", ctx)
         with ctx.timed("search"):
             q_vecs = ivf.transform(_tf(m, q_words, parts.names["queries"], parts.vocabulary.n_words))
-            scores = ivf.scores_of_vectors(q_vecs)
-            scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
-            ranks = ranks_from_scores(scores.T)
+            scores, ranks = self.rank(q_vecs)
         self.warn_empty_queries(parts)
         info: dict[str, object] = {
             "n_index": len(parts.index_parts),
             "features_per_image": float(np.mean(parts.words["database"].counts)) if parts.names["database"] else 0.0,
         }
-        final_scores = np.take_along_axis(scores, ranks, axis=1).astype(np.float32)
-        if not m.spatial:
-            return SearchResult(ranks, final_scores, info)
-        return self._rerank(ranks, scores, q_vecs, info, ctx)
+        return run_stages(Ranking(ranks, scores, q_vecs, info=info), self.stages, self, ctx).result()
 
-    def _rerank(
-        self,
-        ranks: NDArray[np.int64],
-        scores: NDArray[np.float32],
-        q_vecs,  # noqa: ANN001 - sparse query vectors
-        info: dict[str, object],
-        ctx: RunContext,
-    ) -> SearchResult:
-        """Spatial verification of the top R (through the executor), then average query
-        expansion and verification of the expanded query's new results."""
-        m = self.config
-        r = min(m.spatial_top_r, ranks.shape[1])
-        if m.spatial_top_r > ranks.shape[1]:
-            log.warning("short list of %d is longer than the index (%d images): verifying all of them",
-                        m.spatial_top_r, ranks.shape[1])  # fmt: skip
-        results = self.verify(ranks, r, ctx)
-        expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] = {}
-        if m.qe == "aqe":
-            with ctx.timed("query_expansion"):
-                expanded = self._expand(q_vecs, results)
-        second: dict[int, VerifiedList] = {}
-        rows: dict[int, NDArray[np.int64]] = {}
-        if expanded and m.qe_verify_top:
-            # Chum et al. 2007: the expanded query's results are verified too (against the query);
-            # only the images of its top qe_verify_top that the first short list did not hold
-            for qi, (_, order) in expanded.items():
-                new = order[: m.qe_verify_top]
-                new = new[~np.isin(new, ranks[qi, :r])]
-                if len(new):
-                    rows[qi] = new
-            done = self.verify(ranks, r, ctx, rows=rows, stage="spatial_after_qe")
-            second = dict(zip(rows, done, strict=True))
-        final, final_scores, matches, n_verified = merge_verified(ranks, scores, results, r, expanded=expanded,
-                                                                  second=second)  # fmt: skip
-        info["verified_per_query"] = n_verified
-        if m.qe == "aqe" and m.qe_verify_top:
-            info["pairs_verified_after_qe"] = [len(v) for v in rows.values()]
-            info["queries_expanded"] = len(expanded)
-        return SearchResult(final, final_scores, info, matches=matches)
+    # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
+    capabilities = frozenset({"vectors", "local"})
 
-    def _expand(
-        self, q_vecs, results: list[VerifiedList]  # noqa: ANN001
-    ) -> dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]]:
-        """Average query expansion of each query with verified images strong enough to expand it:
-        ``{query: (scores of the expanded query, its full order)}``."""
+    @property
+    def stages(self) -> list[Reranker]:
+        """Spatial verification of the top R, then query expansion from verified images."""
         m = self.config
+        names = (["spatial"] if m.spatial else []) + (["aqe-verified"] if m.qe == "aqe" else [])
+        return build_stages(m, names, self.capabilities)
+
+    @property
+    def database(self) -> Any:
+        """The tf-idf database vectors (sparse rows)."""
         assert self._ivf is not None and self._ivf.db_vectors_ is not None
-        out = {}
-        for qi, res in enumerate(results):
-            use = res.verified[res.inliers >= m.qe_min_inliers][: m.qe_max_verified]
-            if len(use):
-                q_new = average_query_expansion(q_vecs[qi], self._ivf.db_vectors_[use])
-                row_scores = self._ivf.scores_of_vectors(q_new)[0]
-                out[qi] = row_scores, ranks_from_scores(last_if_empty(row_scores, self.empty_)[:, None])[0]
-        return out
+        return self._ivf.db_vectors_
+
+    def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+        """``(scores, ranks)`` of tf-idf query vectors over the whole index (featureless images last)."""
+        assert self._ivf is not None
+        scores = self._ivf.scores_of_vectors(queries)
+        scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
+        ranks = ranks_from_scores(scores.T)
+        return np.take_along_axis(scores, ranks, axis=1).astype(np.float32), ranks
 
 
 # --- presets -------------------------------------------------------------------------------------

@@ -128,7 +128,9 @@ class GlobalConfig(MethodConfig):
         nlist, pq_m, pq_nbits, nprobe: IVF-PQ cells, sub-quantisers, bits per code, cells visited.
         dba: database-side augmentation with this many neighbours (0: off).
         dba_alpha: DBA weights ``similarity ** dba_alpha`` (0: plain average).
-        rerank: ``"none"`` or ``"diffusion"`` (Iscen et al. 2017).
+        rerank: a re-ranking stage after query expansion: ``"none"``, ``"diffusion"`` (Iscen et al.
+            2017) or any re-ranker registered in :data:`oxbench.pipelines.rerankers.RERANKERS` that
+            works on vectors.
         diffusion_k, diffusion_query_k, diffusion_alpha, diffusion_gamma, diffusion_truncation,
             diffusion_iterations: see :class:`~oxbench.rerank.diffusion.DiffusionSettings`.
         db_features, query_features: with ``descriptor="features"``, the user's descriptor files
@@ -180,7 +182,7 @@ class GlobalConfig(MethodConfig):
     nprobe: int = 16
     dba: int = 0
     dba_alpha: float = 3.0
-    rerank: Literal["none", "diffusion"] = "none"
+    rerank: str = "none"
     diffusion_k: int = 50
     diffusion_query_k: int = 10
     diffusion_alpha: float = 0.99
@@ -559,8 +561,9 @@ class GlobalDescriptors(RetrievalMethod):
             raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
         with ctx.timed("features"):
             q = self._finish(self.describe(bench, "queries", ctx))
-        scores, ranks = self._chain.search(q, ctx)
-        return SearchResult(ranks, scores.astype(np.float32), dict(self._chain.info))
+        result = self._chain.search(q, ctx)
+        assert result.scores is not None
+        return dataclasses.replace(result, scores=result.scores.astype(np.float32))
 
     def provenance(self) -> dict[str, Any]:
         out: dict[str, Any] = {"trained_on": self.trained_on_}

@@ -29,8 +29,9 @@ from oxbench.pipelines.steps.verify import (
     ShortListVerifier,
     VerifiedList,
     VerifySettings,
-    merge_verified,
+    joined,
     short_list_verifier,
+    verified_first,
     verify_short_lists,
 )
 from oxbench.pipelines.steps.vocabulary import (
@@ -56,6 +57,6 @@ __all__ = [
     "ShortListVerifier",
     "StepResult", "VerifiedList", "VerifySettings", "VocabularySpec", "WordedParts", "Words", "dataset_key",
     "describe_and_assign", "extraction_job", "features_dir", "gt_digest", "last_if_empty", "load_vocabulary",
-    "merge_verified", "open_store", "part_names", "parts_of", "reopen_store", "short_list_verifier", "step_assign", "step_features",
-    "step_vocabulary", "store_spec", "training_descriptors", "verify_short_lists", "vocabulary_path", "words_path",
+    "joined", "open_store", "part_names", "parts_of", "reopen_store", "short_list_verifier", "step_assign", "step_features",
+    "step_vocabulary", "store_spec", "training_descriptors", "verified_first", "verify_short_lists", "vocabulary_path", "words_path",
 ]

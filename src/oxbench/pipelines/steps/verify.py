@@ -167,52 +167,34 @@ def verify_short_lists(
 
 
 
-def merge_verified(
-    ranks: NDArray[np.int64],
-    scores: NDArray[np.float32],
-    results: Sequence[VerifiedList],
-    r: int,
-    *,
-    expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] | None = None,
-    second: dict[int, VerifiedList] | None = None,
-) -> tuple[NDArray[np.int64], NDArray[np.float32], dict[int, dict[int, NDArray[np.float32]]], list[int]]:
-    """The final lists after verification: verified images first (by inliers), then the rest.
+def verified_first(
+    order: NDArray[np.int64], row_scores: NDArray[np.float32], verified: NDArray[np.int64], inliers: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
+    """One query's list after verification: ``verified`` first (in their order), then ``order``'s rest.
 
     Args:
-        ranks: ``[n_queries, n]`` the first ranking; ``scores``: ``[n_queries, n_index]`` its
-            scores by index.
-        results: the verification of each query's top ``r``.
-        expanded: ``{query: (scores by index, full order)}`` of expanded queries: their rest
-            follows that order instead.
-        second: ``{query: VerifiedList}`` of images verified after expansion; they join the
-            verified images, ordered by inliers with them.
+        order: ``[n]`` the ranking verification started from.
+        row_scores: ``[n_index]`` its scores by index position.
+        verified: ``[v]`` the verified images, best first; ``inliers``: their inlier counts.
 
     Returns:
-        ``(ranks, scores aligned with them, inlier correspondences, verified count per query)``;
-        a verified image's score is its inlier count (>= 1, above any similarity score).
+        ``(order, scores aligned with it)``: a verified image's score is its inlier count (>= 1,
+        above any similarity score), the others keep theirs.
     """
-    expanded, second = expanded or {}, second or {}
-    final = np.empty_like(ranks)
-    final_scores = np.empty(ranks.shape, np.float32)
-    matches: dict[int, dict[int, NDArray[np.float32]]] = {}
-    n_verified: list[int] = []
-    for qi, res in enumerate(results):
-        verified, inliers = res.verified, res.inliers
-        new_order = np.concatenate([res.head, ranks[qi, r:]])
-        row_scores = scores[qi]
-        if qi in expanded:
-            row_scores, order = expanded[qi]
-            if qi in second:
-                verified = np.concatenate([verified, second[qi].verified])
-                inliers = np.concatenate([inliers, second[qi].inliers])
-                by_inliers = np.argsort(-inliers, kind="stable")
-                verified, inliers = verified[by_inliers], inliers[by_inliers]
-            new_order = np.concatenate([verified, order[~np.isin(order, verified)]])
-        n_verified.append(len(verified))
-        final[qi] = new_order
-        final_scores[qi] = row_scores[new_order]
-        final_scores[qi, : len(verified)] = inliers
-        found = {**res.matches, **(second[qi].matches if qi in second else {})}
-        if found:
-            matches[qi] = {v: found[v] for v in verified.tolist() if v in found}
-    return final, final_scores, matches, n_verified
+    new_order = np.concatenate([verified, order[~np.isin(order, verified)]])
+    scores = row_scores[new_order].astype(np.float32)
+    scores[: len(verified)] = inliers
+    return new_order, scores
+
+
+def joined(first: VerifiedList, second: VerifiedList | None) -> tuple[NDArray[np.int64], NDArray[np.int64], dict[int, NDArray[np.float32]]]:
+    """The images verified in two rounds, by inlier count (stable), and their correspondences."""
+    verified, inliers = first.verified, first.inliers
+    found = dict(first.matches)
+    if second is not None:
+        verified = np.concatenate([verified, second.verified])
+        inliers = np.concatenate([inliers, second.inliers])
+        by_inliers = np.argsort(-inliers, kind="stable")
+        verified, inliers = verified[by_inliers], inliers[by_inliers]
+        found.update(second.matches)
+    return verified, inliers, {v: found[v] for v in verified.tolist() if v in found}

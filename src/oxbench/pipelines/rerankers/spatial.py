@@ -1,0 +1,61 @@
+"""Spatial verification of the short list as a re-ranking stage (Philbin et al. 2007).
+
+Each query's top ``spatial_top_r`` is verified against its stored local features (the family's
+verification step, :mod:`oxbench.pipelines.steps.verify`, through the run's executor): verified
+images move to the top, by inlier count, and carry it as their score; the rest keep their order.
+The verification of every query is kept in the ranking for the stages after it (query expansion
+from verified images).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.rerankers import (
+    Ranking,
+    Reranker,
+    RerankSpace,
+    aligned_to_index,
+    register_reranker,
+)
+from oxbench.pipelines.steps.verify import verified_first
+
+log = logging.getLogger(__name__)
+
+
+class SpatialVerification(Reranker):
+    """Verify each query's top ``top_r``; verified images first, by inliers."""
+
+    needs = frozenset({"local"})
+
+    def __init__(self, top_r: int) -> None:
+        self.top_r = top_r
+
+    def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
+        ranks = ranking.ranks
+        r = min(self.top_r, ranks.shape[1])
+        if self.top_r > ranks.shape[1]:
+            log.warning("short list of %d is longer than the index (%d images): verifying all of them",
+                        self.top_r, ranks.shape[1])  # fmt: skip
+        results = space.verify(ranks, r, ctx)
+        by_index = aligned_to_index(ranks, ranking.scores, ranks.shape[1])
+        final, scores = np.empty_like(ranks), np.empty_like(ranking.scores)
+        matches: dict[int, dict[int, NDArray[np.float32]]] = {}
+        for qi, res in enumerate(results):
+            final[qi], scores[qi] = verified_first(ranks[qi], by_index[qi], res.verified, res.inliers)
+            if res.matches:
+                matches[qi] = {v: res.matches[v] for v in res.verified.tolist() if v in res.matches}
+        info = {**ranking.info, "verified_per_query": [len(res.verified) for res in results]}
+        return Ranking(final, scores, ranking.queries, tuple(results), info, matches)
+
+
+def _spatial(config: Any) -> SpatialVerification:
+    return SpatialVerification(config.spatial_top_r)
+
+
+register_reranker("spatial", _spatial)

@@ -1,0 +1,82 @@
+"""Average query expansion from spatially verified images, verified in turn (Chum et al. 2007).
+
+After :mod:`.spatial`, each query with verified images of at least ``qe_min_inliers`` inliers is
+replaced by the average of its vector and theirs (at most ``qe_max_verified``) and the index is
+ranked again. The expanded query's new results -- the images of its top ``qe_verify_top`` that the
+first short list did not hold -- are verified against the query, and those that pass join the
+verified images (ordered by inliers) above the expanded query's order. Settings: the config's
+``qe_max_verified``, ``qe_min_inliers``, ``qe_verify_top`` (0: no second verification).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.rerankers import (
+    Ranking,
+    Reranker,
+    RerankSpace,
+    aligned_to_index,
+    register_reranker,
+)
+from oxbench.pipelines.steps.verify import VerifiedList, joined, verified_first
+from oxbench.rerank.qe import average_query_expansion
+
+
+class VerifiedQueryExpansion(Reranker):
+    """AQE from verified images, with verification of the expanded query's new results."""
+
+    needs = frozenset({"vectors", "local"})
+
+    def __init__(self, max_verified: int, min_inliers: int, verify_top: int) -> None:
+        self.max_verified, self.min_inliers, self.verify_top = max_verified, min_inliers, verify_top
+
+    def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
+        if ranking.verified is None:
+            raise InputError("aqe-verified expands from verified images: put the spatial stage before it")
+        n_index = ranking.ranks.shape[1]
+        first = ranking.verified
+        expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] = {}
+        with ctx.timed("query_expansion"):
+            for qi, res in enumerate(first):
+                use = res.verified[res.inliers >= self.min_inliers][: self.max_verified]
+                if len(use):
+                    q_new = average_query_expansion(ranking.queries[qi], space.database[use])
+                    scores, order = space.rank(q_new)
+                    expanded[qi] = aligned_to_index(order, scores, n_index)[0], order[0]
+        rows: dict[int, NDArray[np.int64]] = {}
+        second: dict[int, VerifiedList] = {}
+        if expanded and self.verify_top:
+            for qi, (_, order) in expanded.items():
+                new = order[: self.verify_top]
+                new = new[~np.isin(new, first[qi].head)]
+                if len(new):
+                    rows[qi] = new
+            done = space.verify(ranking.ranks, 0, ctx, rows=rows, stage="spatial_after_qe")
+            second = dict(zip(rows, done, strict=True))
+        final, scores = ranking.ranks.copy(), ranking.scores.copy()
+        matches = {qi: dict(m) for qi, m in (ranking.matches or {}).items()}
+        n_verified = [len(res.verified) for res in first]
+        for qi, (row_scores, order) in expanded.items():
+            verified, inliers, found = joined(first[qi], second.get(qi))
+            final[qi], scores[qi] = verified_first(order, row_scores, verified, inliers)
+            n_verified[qi] = len(verified)
+            if found:
+                matches[qi] = found
+        info = {**ranking.info, "verified_per_query": n_verified}
+        if self.verify_top:
+            info["pairs_verified_after_qe"] = [len(v) for v in rows.values()]
+            info["queries_expanded"] = len(expanded)
+        return Ranking(final, scores, ranking.queries, ranking.verified, info, matches)
+
+
+def _verified_aqe(config: Any) -> VerifiedQueryExpansion:
+    return VerifiedQueryExpansion(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top)
+
+
+register_reranker("aqe-verified", _verified_aqe)
