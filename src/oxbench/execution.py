@@ -34,6 +34,7 @@ from typing import Any, ClassVar, TypeVar
 from oxbench.errors import InputError
 from oxbench.fileio import progress_bar
 from oxbench.registry import Registry
+from oxbench.workers import worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +192,6 @@ class ProcessExecutor(Executor):
         if self.workers == 1 or len(items) <= 1:
             yield from SerialExecutor(cores=self.cores).map(job, items, desc=desc, unit=unit, progress=progress)
             return
-        from oxbench.workers import worker_pool
-
         n = min(self.workers, len(items))
         bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
         pool = worker_pool(n, initializer=_install, initargs=(job, max(1, self.cores // n)))

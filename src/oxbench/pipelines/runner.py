@@ -45,8 +45,13 @@ from typing import Any
 
 import numpy as np
 
+from oxbench.cache import CorruptCache
+from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
+from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError
+from oxbench.evaluation import evaluate
+from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
 from oxbench.execution import Executor, make_executor
 from oxbench.fileio import (
@@ -477,9 +482,6 @@ def run(
     Raises:
         InputError: unknown dataset/method/setting, missing data, a folder of another config.
     """
-    from oxbench.datasets import load
-    from oxbench.datasets.paths import data_root
-    from oxbench.evaluation import evaluate
 
     if top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
@@ -565,8 +567,6 @@ def _fit_index_search(
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
-    from oxbench.cache import CorruptCache
-
     for full_check in (False, True):
         ctx = RunContext(cache, executor=executor, progress=progress, full_check=full_check,
                          allow_partial=allow_partial, root=root)
@@ -583,8 +583,6 @@ def _fit_index_search(
 
 
 def _accel_used() -> bool:
-    from oxbench.evaluation.kernels import accelerated
-
     return accelerated()
 
 

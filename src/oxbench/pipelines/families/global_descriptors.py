@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
+from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
 from oxbench.features.descstore import DescriptorStore, fill_store
 from oxbench.features.sift import SiftConfig
 from oxbench.features.store import FeatureStore
@@ -74,6 +75,8 @@ from oxbench.pipelines.steps import (
     step_vocabulary,
     store_spec,
 )
+from oxbench.train.loop import TrainConfig, benchmark_training_set
+from oxbench.train.loop import train as train_network
 from oxbench.train.pairs import matching_pairs
 
 log = logging.getLogger(__name__)
@@ -422,7 +425,6 @@ class GlobalDescriptors(RetrievalMethod):
     def _model(self, ctx: RunContext) -> Any:
         """The network (built once per method; weights loaded here, never in a constructor)."""
         if self.model_ is None:
-            from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
             from oxbench.features.deep.model import build_net
 
             m = self.config
@@ -498,10 +500,6 @@ class GlobalDescriptors(RetrievalMethod):
 
     def _fit_network(self, train: Benchmark, ctx: RunContext) -> bool:
         """Train the network into its model file unless the file exists; ``True``: it existed."""
-        from oxbench.features.deep import resolve_weights_path
-        from oxbench.train.loop import TrainConfig, benchmark_training_set
-        from oxbench.train.loop import train as train_network
-
         m = self.config
         assert m.weights is not None
         path = resolve_weights_path(m.weights, ctx.root)
