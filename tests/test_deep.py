@@ -433,9 +433,11 @@ def test_trained_preset_without_its_model_file_says_how_to_get_it(tiny_root: Pat
 
     monkeypatch.delenv("OXBENCH_MODELS", raising=False)
     assert models_dir(tiny_root) == tiny_root / "_models"
+    # without fit_network (the preset's fit trains the file, tests/test_architecture.py), the
+    # missing file is one line saying how to get it
     with pytest.raises(InputError) as exc:
         oxbench.run("synthetic", "gem-r18-synthetic", root=tiny_root, runs_dir=tmp_path / "runs",
-                    cache=tmp_path / "c", progress=False)
+                    cache=tmp_path / "c", progress=False, overrides={"fit_network": False})
     assert str(exc.value) == (f"{tiny_root / '_models' / 'gem-r18-synthetic.pt'}: no model file here: "
                               "train it with oxbench train, or pass --set weights=PATH")
     monkeypatch.setenv("OXBENCH_MODELS", str(tmp_path / "m"))

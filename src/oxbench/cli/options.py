@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -33,15 +32,12 @@ def method_options(f: F) -> F:
 
 
 def parse_setting(text: str) -> tuple[str, object]:
-    """``KEY=VALUE`` of ``--set``: the value as JSON when it parses (numbers, true, null), else text."""
+    """``KEY=VALUE`` of ``--set``: the value stays text, parsed by the setting's own spec
+    (:func:`oxbench.pipelines.method.resolve_method`)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise InputError(f"--set takes KEY=VALUE, got {text!r}")
-    try:
-        value: object = json.loads(raw)
-    except ValueError:
-        value = raw  # a bare word: a string setting (e.g. whitening=pca)
-    return key.strip(), value
+    return key.strip(), raw
 
 
 #: The help of ``--workers``, the same on every command that runs parallel stages.

@@ -20,8 +20,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError, require
 from oxbench.features.local import LocalFeatures
+from oxbench.schema import setting, validate
 
 DescriptorType = Literal["sift", "rootsift"]
 DESCRIPTOR_TYPES: tuple[str, ...] = ("sift", "rootsift")
@@ -42,19 +44,16 @@ class SiftConfig:
             parameters (OpenCV defaults).
     """
 
-    descriptor: DescriptorType = "rootsift"
-    max_side: int = 512
-    n_features: int = 1000
-    contrast_threshold: float = 0.04
-    edge_threshold: float = 10.0
-    sigma: float = 1.6
-    n_octave_layers: int = 3
+    descriptor: DescriptorType = setting("rootsift", S.Choice(*DESCRIPTOR_TYPES), doc="rootsift or sift")
+    max_side: int = setting(512, S.Int(lo=0, hi=1 << 16), doc="longer image side described (0: as is)")
+    n_features: int = setting(1000, S.Int(lo=0, hi=1 << 20), doc="strongest keypoints kept (0: all)")
+    contrast_threshold: float = setting(0.04, S.Float(lo=0, hi=1), doc="OpenCV SIFT contrast threshold")
+    edge_threshold: float = setting(10.0, S.Float(lo=0, lo_open=True, hi=1000), doc="OpenCV SIFT edge threshold")
+    sigma: float = setting(1.6, S.Float(lo=0, lo_open=True, hi=100), doc="OpenCV SIFT sigma")
+    n_octave_layers: int = setting(3, S.Int(lo=1, hi=16), doc="OpenCV SIFT layers per octave")
 
     def __post_init__(self) -> None:
-        if self.descriptor not in DESCRIPTOR_TYPES:
-            raise InputError(f"unknown descriptor {self.descriptor!r}; use one of {DESCRIPTOR_TYPES}")
-        if self.max_side < 0 or self.n_features < 0:
-            raise InputError("max_side and n_features must be >= 0")
+        validate(self)
 
     @property
     def dim(self) -> int:

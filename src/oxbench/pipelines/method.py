@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import json
 import pkgutil
 import time
 from abc import ABC, abstractmethod
@@ -41,6 +42,7 @@ from oxbench.errors import InputError
 from oxbench.execution import Executor, SerialExecutor, available_cores
 from oxbench.fileio import json_digest
 from oxbench.registry import Registry
+from oxbench.schema import SPEC_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets.base import Benchmark
@@ -240,10 +242,13 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
     """A preset (by name, or a config) with ``overrides`` applied; ``None`` values are ignored.
 
     Keys are field names; ``a.b`` sets field ``b`` of the nested config in field ``a``
-    (``features.max_side=1024``).
+    (``features.max_side=1024``). A value is checked by the setting's declared spec
+    (:mod:`oxbench.schema`): text (``--set qe_alpha=3``) is parsed by it, a typed value checked, so
+    a word for a number, NaN, inf or an out-of-range value is one line naming the setting. A field
+    without a spec takes text as JSON when it parses (numbers, lists, ``true``), else as text.
 
     Raises:
-        InputError: unknown preset or setting, or settings the config refuses.
+        InputError: unknown preset or setting, or a value the setting or the config refuses.
     """
     config = METHODS.get(method) if isinstance(method, str) else method
     top: dict[str, Any] = {}
@@ -255,25 +260,44 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
             continue
         head, _, sub = key.partition(".")
         if head not in fields or head == "name":
-            raise InputError(f"unknown method setting {key!r} for {config.name} ({config.family})")
+            known = ", ".join(sorted(n for n in fields if n != "name"))
+            raise InputError(f"unknown method setting {key!r} for {config.name} ({config.family}); its settings: {known}")
         current = getattr(config, head)
         if sub:
             if not dataclasses.is_dataclass(current):
                 raise InputError(f"unknown method setting {key!r}: {head} has no sub-settings")
-            if sub not in {f.name for f in dataclasses.fields(current)}:
-                raise InputError(f"unknown {head} setting {sub!r}")
-            nested.setdefault(head, {})[sub] = value
+            sub_fields = {f.name: f for f in dataclasses.fields(current)}
+            if sub not in sub_fields:
+                raise InputError(f"unknown {head} setting {sub!r}; its settings: {', '.join(sorted(sub_fields))}")
+            nested.setdefault(head, {})[sub] = _typed(sub_fields[sub], key, value)
         elif dataclasses.is_dataclass(current):
             raise InputError(f"method setting {key!r} takes sub-settings ({key}.<name>=...)")
         else:
-            top[key] = value
+            top[key] = _typed(fields[head], key, value)
     for head, subs in nested.items():
-        top[head] = dataclasses.replace(getattr(config, head), **subs)
+        top[head] = _replace(getattr(config, head), subs, f"method {config.name}: {head}")
     if not top:
         return config
+    return _replace(config, top, f"method {config.name}")
+
+
+def _typed(f: dataclasses.Field[Any], key: str, value: object) -> object:
+    """``value`` for field ``f`` as its spec parses or checks it (JSON-or-text without a spec)."""
+    spec = f.metadata.get(SPEC_KEY)
+    if spec is not None:
+        return spec.coerce(key, value)
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _replace(config: Any, changes: dict[str, Any], what: str) -> Any:
     try:
-        return dataclasses.replace(config, **top)  # type: ignore[type-var]
+        return dataclasses.replace(config, **changes)
     except (TypeError, ValueError) as exc:
         if isinstance(exc, InputError):
             raise
-        raise InputError(f"method {config.name}: {exc}") from None
+        raise InputError(f"{what}: {exc}") from None

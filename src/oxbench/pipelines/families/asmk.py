@@ -29,12 +29,14 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, last_if_empty
+from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +57,13 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
     family: ClassVar[str] = "asmk"
 
     name: str
-    asmk_alpha: float = 3.0
-    asmk_tau: float = 0.0
-    asmk_query_ma: int = 5
-    asmk_idf: bool = False
+    asmk_alpha: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="selectivity exponent")
+    asmk_tau: float = setting(0.0, S.Float(lo=-1, hi=1, hi_open=True), doc="selectivity threshold")
+    asmk_query_ma: int = setting(5, S.Int(lo=1, hi=64), doc="words per query feature")
+    asmk_idf: bool = setting(False, S.Bool(), doc="idf weighting of words")
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        if self.asmk_query_ma < 1 or not -1.0 <= self.asmk_tau < 1.0 or not self.asmk_alpha > 0:
-            raise InputError(f"method {self.name}: asmk_query_ma >= 1, -1 <= asmk_tau < 1, asmk_alpha > 0")
 
     def build(self) -> Asmk:
         return Asmk(self)

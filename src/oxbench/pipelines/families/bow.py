@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
@@ -27,6 +28,7 @@ from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_wei
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, Words, last_if_empty
+from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
 
@@ -61,26 +63,20 @@ class BowConfig(MethodConfig, LocalQuantisation):
     family: ClassVar[str] = "bow"
 
     name: str
-    assignment: Literal["hard", "soft"] = "hard"
-    soft_k: int = 3
-    soft_sigma2: float = 0.02
-    burst: Literal["none", "sqrt"] = "sqrt"
-    idf: bool = True
-    qe: Literal["none", "aqe"] = "none"
-    qe_max_verified: int = 50
-    qe_min_inliers: int = 8
-    qe_verify_top: int = 100
+    assignment: Literal["hard", "soft"] = setting("hard", S.Choice("hard", "soft"), doc="words per feature: 1 or soft_k")
+    soft_k: int = setting(3, S.Int(lo=1, hi=64), doc="soft assignment: nearest words")
+    soft_sigma2: float = setting(0.02, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2")
+    burst: Literal["none", "sqrt"] = setting("sqrt", S.Choice("sqrt", "none"), doc="burstiness damping")
+    idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
+    qe: Literal["none", "aqe"] = setting("none", S.Choice("none", "aqe"), doc="query expansion from verified images")
+    qe_max_verified: int = setting(50, S.Int(lo=1, hi=1 << 16), doc="QE: at most this many verified images")
+    qe_min_inliers: int = setting(8, S.Int(lo=1, hi=1 << 16), doc="QE: inliers an image needs to expand")
+    qe_verify_top: int = setting(100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)")
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
         if self.qe != "none" and not self.spatial:
             raise InputError(f"method {self.name}: query expansion needs spatial verification")
-        if self.assignment not in ("hard", "soft"):
-            raise InputError(f"method {self.name}: unknown assignment {self.assignment!r}")
-        if self.qe_verify_top < 0:
-            raise InputError(f"method {self.name}: qe_verify_top must be >= 0")
-        if self.qe not in ("none", "aqe"):
-            raise InputError(f"method {self.name}: unknown qe {self.qe!r} (none, aqe)")
 
     def build(self) -> BagOfWords:
         return BagOfWords(self)

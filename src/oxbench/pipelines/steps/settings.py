@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.features.sift import SiftConfig
 from oxbench.pipelines.steps.verify import VerifySettings
 from oxbench.pipelines.steps.vocabulary import VocabularySpec
+from oxbench.schema import setting, validate
 
 #: The verification defaults (:mod:`oxbench.rerank.spatial`'s, through :class:`VerifySettings`).
 _VERIFY = VerifySettings()
@@ -52,37 +54,34 @@ class LocalQuantisation:
     """
 
     features: LocalExtractor = field(default_factory=lambda: CLASSIC_FEATURES)
-    vocab_size: int = 65536
-    vocab_structure: Literal["auto", "flat", "two-level"] = "auto"
-    vocab_iter: int = 10
-    vocab_max_points_per_centroid: int = 32
-    vocab_n_probe: int = 4
-    vocab_seed: int = 0
-    spatial: bool = False
-    spatial_top_r: int = 100
-    spatial_matching: Literal["words", "descriptors"] = "descriptors"
-    spatial_ratio: float = _VERIFY.ratio
-    spatial_max_per_word: int = _VERIFY.max_per_word
-    spatial_query_ma: int = _VERIFY.query_ma
-    spatial_model: Literal["affine", "homography", "similarity"] = _VERIFY.model
-    spatial_method: Literal["magsac", "accurate", "ransac", "fsm"] = _VERIFY.method
-    spatial_min_inliers: int = _VERIFY.min_inliers
-    spatial_threshold_px: float = _VERIFY.threshold_px
+    vocab_size: int = setting(65536, S.Int(lo=2, hi=1 << 24), doc="visual words")
+    vocab_structure: Literal["auto", "flat", "two-level"] = setting(
+        "auto", S.Choice("auto", "flat", "two-level"), doc="flat k-means or a two-level vocabulary")
+    vocab_iter: int = setting(10, S.Int(lo=1, hi=1000), doc="k-means iterations")
+    vocab_max_points_per_centroid: int = setting(32, S.Int(lo=1, hi=1 << 20), doc="training descriptors per word")
+    vocab_n_probe: int = setting(4, S.Int(lo=1, hi=1 << 16), doc="coarse cells searched in two-level assignment")
+    vocab_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="seed of sampling and k-means")
+    spatial: bool = setting(False, S.Bool(), doc="spatially verify the short list")
+    spatial_top_r: int = setting(100, S.Int(lo=1, hi=1 << 24), doc="short-list length R")
+    spatial_matching: Literal["words", "descriptors"] = setting(
+        "descriptors", S.Choice("words", "descriptors"), doc="tentative matches from descriptors or shared words")
+    spatial_ratio: float = setting(_VERIFY.ratio, S.Float(lo=0, lo_open=True, hi=1), doc="Lowe's ratio")
+    spatial_max_per_word: int = setting(_VERIFY.max_per_word, S.Int(lo=1, hi=1 << 16),
+                                        doc="words matching: pairs per shared word")  # fmt: skip
+    spatial_query_ma: int = setting(_VERIFY.query_ma, S.Int(lo=1, hi=64), doc="words matching: words per query feature")
+    spatial_model: Literal["affine", "homography", "similarity"] = setting(
+        _VERIFY.model, S.Choice("similarity", "affine", "homography"), doc="geometric model")
+    spatial_method: Literal["magsac", "accurate", "ransac", "fsm"] = setting(
+        _VERIFY.method, S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator")
+    spatial_min_inliers: int = setting(_VERIFY.min_inliers, S.Int(lo=1, hi=1 << 16), doc="inliers to count as verified")
+    spatial_threshold_px: float = setting(_VERIFY.threshold_px, S.Float(lo=0, lo_open=True, hi=1e4),
+                                          doc="inlier threshold, px at 1024 px")  # fmt: skip
 
     def check_local_settings(self, name: str) -> None:
-        """Refuse settings that cannot work (one line naming the method)."""
+        """Check every setting against its spec (one line naming it), and the features' kind."""
+        validate(self)
         if not isinstance(self.features, LocalExtractor):
             raise InputError(f"method {name}: features must be a local-feature extractor config")
-        if self.vocab_size < 2:
-            raise InputError(f"method {name}: vocab_size must be >= 2")
-        if self.spatial_top_r < 1:
-            raise InputError(f"method {name}: spatial_top_r (the short list) must be >= 1")
-        if self.spatial_matching not in ("words", "descriptors"):
-            raise InputError(f"method {name}: unknown spatial_matching {self.spatial_matching!r}")
-        if not 0 < self.spatial_ratio <= 1:
-            raise InputError(f"method {name}: spatial_ratio must be in (0, 1]")
-        if self.spatial_query_ma < 1 or self.spatial_max_per_word < 1:
-            raise InputError(f"method {name}: spatial_query_ma and spatial_max_per_word must be >= 1")
 
     def vocabulary(self) -> VocabularySpec:
         """The vocabulary the method trains (on its features, with its ``vocab_*`` settings)."""
