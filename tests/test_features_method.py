@@ -112,7 +112,8 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return int(exc.value.code or 0), capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["dim", "rows", "no-train", "ivf-nlist", "few-images"])
+@pytest.mark.parametrize("case", ["dim", "rows", "no-train", "ivf-nlist", "few-images", "diffusion-k",
+                                  "diffusion-truncation", "diffusion-alpha", "diffusion-alpha-text"])
 def test_bad_input_is_one_line_exit_2_and_no_run(
     case: str, tiny_root: Path, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -132,6 +133,18 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
     elif case == "ivf-nlist":
         extra = ["--set", "search=faiss-ivfpq", "--set", "nlist=64", "--set", "nprobe=4"]
         want = "nlist 64 is larger than the database (40 vectors)"
+    elif case == "diffusion-k":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_k=41"]
+        want = "diffusion_k=41 is larger than the database (40 images)"
+    elif case == "diffusion-truncation":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_truncation=0"]
+        want = "diffusion_truncation must be an integer >= 1, got 0"
+    elif case == "diffusion-alpha":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=NaN"]
+        want = "diffusion_alpha must be a number in (0, 1), got nan"
+    elif case == "diffusion-alpha-text":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=nan"]
+        want = "diffusion_alpha must be a number in (0, 1), got 'nan'"
     else:
         few = tmp_path / "few.npy"
         np.save(few, np.load(files["train"])[:6])

@@ -72,6 +72,7 @@ def diffusion_settings(m: GlobalMethod) -> DiffusionSettings:
     return DiffusionSettings(
         k=m.diffusion_k, query_k=m.diffusion_query_k, alpha=m.diffusion_alpha, gamma=m.diffusion_gamma,
         truncation=m.diffusion_truncation, iterations=m.diffusion_iterations,
+        normalise=m.diffusion_normalise, mode=m.diffusion_mode,
     )  # fmt: skip
 
 

@@ -101,7 +101,11 @@ class GlobalMethod(MethodConfig):
         dba_alpha: DBA weights ``similarity ** dba_alpha`` (0: plain average).
         rerank: ``"none"`` or ``"diffusion"`` (Iscen et al. 2017).
         diffusion_k, diffusion_query_k, diffusion_alpha, diffusion_gamma, diffusion_truncation,
-            diffusion_iterations: see :class:`~oxbench.rerank.diffusion.DiffusionSettings`.
+            diffusion_iterations, diffusion_normalise, diffusion_mode: see
+            :class:`~oxbench.rerank.diffusion.DiffusionSettings` (``diffusion_k`` counts the image
+            itself, as the reference code does; ``diffusion_normalise="full"`` slices the whole
+            graph's normalisation, ``"subgraph"`` re-normalises the truncated graph;
+            ``diffusion_mode="offline"`` precomputes every database image's diffusion).
         db_features, query_features: with ``descriptor="features"``, the user's descriptor files
             (rows in database / query order of the dataset).
         train_features: the user's training descriptors, for ``whitening`` (never the test set's
@@ -156,6 +160,8 @@ class GlobalMethod(MethodConfig):
     diffusion_gamma: float = 3.0
     diffusion_truncation: int = 1000
     diffusion_iterations: int = 20
+    diffusion_normalise: Literal["full", "subgraph"] = "full"
+    diffusion_mode: Literal["online", "offline"] = "online"
     db_features: str | None = None
     query_features: str | None = None
     train_features: str | None = None
