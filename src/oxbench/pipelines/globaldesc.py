@@ -219,9 +219,13 @@ class GlobalMethod(MethodConfig):
             return False
         return self.descriptor == "vlad" or self.whitening != "none"
 
+    @property
+    def reads_images(self) -> bool:
+        """User feature files replace every step that reads pixels."""
+        return self.descriptor != "features"
+
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
-
 
     def codebook_method(self):  # noqa: ANN201 - a BowMethod
         """The flat k-means vocabulary VLAD uses, as the bag-of-words vocabulary step knows it."""
