@@ -188,13 +188,17 @@ class Benchmark:
 
     def query_crop(self, i: int) -> NDArray[np.uint8]:
         """The query region of query ``i`` (the whole image when it has no box)."""
+        return self.query_crop_and_size(i)[0]
+
+    def query_crop_and_size(self, i: int) -> tuple[NDArray[np.uint8], tuple[int, int]]:
+        """The query region of query ``i`` and the ``(height, width)`` of the image it was cut from."""
         image = self.queries.read(i)
+        h, w = image.shape[:2]
         bbox = self.gt.queries[i].bbox
         if bbox is None:
-            return image
-        h, w = image.shape[:2]
+            return image, (h, w)
         left, top, right, bottom = crop_box(bbox, w, h, self.crop)
-        return image[top:bottom, left:right]
+        return image[top:bottom, left:right], (h, w)
 
     def describe(self) -> dict[str, object]:
         """What identifies this benchmark in a run record."""

@@ -34,6 +34,7 @@ each shard checked against its recorded digest when read.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -73,6 +74,10 @@ class GlobalMethod(MethodConfig):
         pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
         gem_p: GeM's exponent for random / ImageNet weights (a model file brings its own).
         max_side: ``cnn``: longer image side (px) before description (never enlarged).
+        query_resize: ``cnn``: how a query crop is shrunk: ``"full-image"`` (by the factor that
+            brings its full image to ``max_side``, as cirtorch evaluates the published models) or
+            ``"crop"`` (the crop itself to ``max_side``). Same result when the full image is
+            within ``max_side``.
         scales: ``cnn``: multi-scale factors, combined by the power mean with GeM's ``p``.
         precision: ``cnn``: ``"fp32"`` or ``"bf16"`` (autocast of the trunk).
         model_whitening: ``cnn``: apply the learned whitening stored in the model file (cirtorch's
@@ -126,6 +131,7 @@ class GlobalMethod(MethodConfig):
     pooling: Literal["mac", "spoc", "gem", "rmac"] = "gem"
     gem_p: float = 3.0
     max_side: int = 1024
+    query_resize: Literal["full-image", "crop"] = "full-image"
     scales: tuple[float, ...] = (1.0, 2.0**-0.5, 0.5)
     precision: Literal["fp32", "bf16"] = "fp32"
     model_whitening: bool = False
@@ -202,6 +208,8 @@ class GlobalMethod(MethodConfig):
             raise InputError(f"method {self.name}: max_side must be >= 16 px")
         if self.precision not in ("fp32", "bf16"):
             raise InputError(f"method {self.name}: precision must be fp32 or bf16")
+        if self.query_resize not in ("full-image", "crop"):
+            raise InputError(f"method {self.name}: query_resize must be full-image or crop, got {self.query_resize!r}")
         if self.batch_size < 1:
             raise InputError(f"method {self.name}: batch_size must be >= 1")
         if self.weights is not None and (not isinstance(self.weights, str) or not self.weights):
@@ -318,11 +326,12 @@ class GlobalDescriptors(RetrievalMethod):
         """The descriptor store folder of one part (:class:`~oxbench.features.descstore.DescriptorStore`)."""
         from oxbench.pipelines.bow import dataset_key
 
-        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx), 12) / part
+        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx, part), 12) / part
 
-    def _store_settings(self, ctx: RunContext) -> dict[str, Any]:
+    def _store_settings(self, ctx: RunContext, part: str = "database") -> dict[str, Any]:
         if self.config.descriptor == "cnn":
-            return {**self.config.descriptor_settings(), "weights": self._model(ctx).weights}
+            extra = {"query_resize": self.config.query_resize} if part == "queries" else {}
+            return {**self.config.descriptor_settings(), "weights": self._model(ctx).weights, **extra}
         if self.codebook_path_ is None:
             raise InputError(f"method {self.config.name}: fit before describing images")
         return {**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}
@@ -346,7 +355,7 @@ class GlobalDescriptors(RetrievalMethod):
         names = _part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
-            store = DescriptorStore.open(path, self._store_settings(ctx))
+            store = DescriptorStore.open(path, self._store_settings(ctx, part))
             hit = not store.missing(names)
             failed: list[str] = []
             if not hit:
@@ -416,7 +425,7 @@ class GlobalDescriptors(RetrievalMethod):
             opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision,
                                   batch_size=m.batch_size, device=m.device, workers=max(1, ctx.workers))
             self._extractor = Extractor(self._model(ctx).net, opts)
-        read = {"database": bench.database.read, "queries": bench.query_crop}.get(part)
+        read = {"database": bench.database.read, "queries": query_reader(bench, m)}.get(part)
         if read is None:
             assert bench.distractors is not None
             read = bench.distractors.read
@@ -537,6 +546,21 @@ class GlobalDescriptors(RetrievalMethod):
         if self.whitening_ is not None:
             out["whitening"] = {"kind": self.whitening_.kind, "fitted_on": self.whitening_.fitted_on_, "dim": self.whitening_.dim}
         return out
+
+
+def query_reader(bench: Benchmark, m: GlobalMethod) -> Callable[[int], NDArray[np.uint8]]:
+    """Query ``i``'s crop as the CNN describes it: with ``query_resize="full-image"`` already
+    shrunk by its full image's factor (:func:`~oxbench.features.deep.extract.resize_query_crop`),
+    with ``"crop"`` as cut (the extractor shrinks it to ``max_side``)."""
+    if m.query_resize == "crop":
+        return bench.query_crop
+    from oxbench.features.deep.extract import resize_query_crop
+
+    def read(i: int) -> NDArray[np.uint8]:
+        crop, full_hw = bench.query_crop_and_size(i)
+        return resize_query_crop(crop, full_hw, m.max_side)
+
+    return read
 
 
 def expand_queries(
