@@ -72,6 +72,9 @@ class GlobalMethod(MethodConfig):
             (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
             :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
         pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
+        rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float64"`` or ``"float32"``
+            (cirtorch's, for a published R-MAC model's descriptors;
+            :func:`~oxbench.features.deep.pooling.rmac_regions`).
         gem_p: GeM's exponent for random / ImageNet weights (a model file brings its own).
         max_side: ``cnn``: longer image side (px) before description (never enlarged).
         query_resize: ``cnn``: how a query crop is shrunk: ``"full-image"`` (by the factor that
@@ -129,6 +132,7 @@ class GlobalMethod(MethodConfig):
     backbone: str = "resnet50"
     weights: str | None = "imagenet"
     pooling: Literal["mac", "spoc", "gem", "rmac"] = "gem"
+    rmac_grid: Literal["float64", "float32"] = "float64"
     gem_p: float = 3.0
     max_side: int = 1024
     query_resize: Literal["full-image", "crop"] = "full-image"
@@ -208,6 +212,8 @@ class GlobalMethod(MethodConfig):
             raise InputError(f"method {self.name}: max_side must be >= 16 px")
         if self.precision not in ("fp32", "bf16"):
             raise InputError(f"method {self.name}: precision must be fp32 or bf16")
+        if self.rmac_grid not in ("float64", "float32"):
+            raise InputError(f"method {self.name}: rmac_grid must be float64 or float32, got {self.rmac_grid!r}")
         if self.query_resize not in ("full-image", "crop"):
             raise InputError(f"method {self.name}: query_resize must be full-image or crop, got {self.query_resize!r}")
         if self.batch_size < 1:
@@ -251,6 +257,7 @@ class GlobalMethod(MethodConfig):
             return {
                 "descriptor": "cnn", "backbone": self.backbone, "pooling": self.pooling, "gem_p": self.gem_p,
                 "max_side": self.max_side, "scales": list(self.scales), "precision": self.precision,
+                **({"rmac_grid": self.rmac_grid} if self.pooling == "rmac" else {}),
             }  # fmt: skip
         return {
             "descriptor": self.descriptor, "features": self.features.to_dict(), "vlad_k": self.vlad_k,
@@ -415,6 +422,8 @@ class GlobalDescriptors(RetrievalMethod):
                         "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
                     )
             self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
+            if m.pooling == "rmac":
+                self.model_.net.pool.grid = m.rmac_grid
         return self.model_
 
     def _cnn_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
