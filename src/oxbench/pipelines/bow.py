@@ -47,7 +47,7 @@ from oxbench.features.store import (
 from oxbench.fileio import json_digest, progress_bar, remove_stale_temps
 from oxbench.groundtruth import GroundTruth
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
-from oxbench.index.vocabulary import Vocabulary
+from oxbench.index.vocabulary import Vocabulary, training_sample_size
 from oxbench.pipelines.method import RetrievalMethod, RunContext, SearchResult
 from oxbench.pipelines.presets import BowMethod
 
@@ -153,16 +153,16 @@ def _part_names(bench: Benchmark, part: str) -> list[str]:
 
 
 def training_descriptors(
-    store: FeatureStore, names: Sequence[str], n_target: int, seed: int = 0
+    store: FeatureStore, names: Sequence[str], n_target: int | None, seed: int = 0
 ) -> NDArray[np.float32]:
-    """A seeded sample of about ``n_target`` descriptors spread evenly over ``names``' images."""
+    """A seeded sample of about ``n_target`` descriptors spread evenly over ``names``' images (``None``: all)."""
     store.require_all(names)
     rng = np.random.default_rng(seed)
     counts = [store.count(name) for name in names]
     total = int(sum(counts))
     if total == 0:
         raise InputError("the training images have no features", store.directory)
-    frac = min(1.0, n_target / total)
+    frac = 1.0 if n_target is None else min(1.0, n_target / total)
     parts = []
     for name, c in zip(names, counts, strict=True):
         if c == 0:
@@ -217,7 +217,7 @@ def _train_vocabulary(
     step_features(train, method.features, cache, parts=["database"], workers=workers, progress=progress,
                   full_check=full_check)  # fmt: skip
     store = open_store(cache, train, method.features, "database")
-    n_target = method.vocab_size * method.vocab_max_points_per_centroid
+    n_target = training_sample_size(method.vocab_size, method.vocab_max_points_per_centroid)
     x = training_descriptors(store, _part_names(train, "database"), n_target, seed=method.vocab_seed)
     log.info("training %d words on %d descriptors of %s", method.vocab_size, len(x), train.id)
     voc = Vocabulary(

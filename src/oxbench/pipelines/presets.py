@@ -43,7 +43,8 @@ class BowMethod(MethodConfig):
         vocab_size: number of visual words.
         vocab_structure: ``auto`` / ``flat`` / ``two-level`` (see :class:`~oxbench.index.vocabulary.Vocabulary`).
         vocab_iter: k-means iterations.
-        vocab_max_points_per_centroid: training-sample limit (descriptors per word).
+        vocab_max_points_per_centroid: training-sample limit (descriptors per word; ``None``: every
+            training descriptor).
         vocab_n_probe: coarse cells searched in two-level assignment.
         vocab_seed: seed of sampling and k-means.
         assignment: ``hard`` or ``soft`` (k nearest words with Gaussian weights, both sides).
@@ -81,7 +82,7 @@ class BowMethod(MethodConfig):
     vocab_size: int = 65536
     vocab_structure: Literal["auto", "flat", "two-level"] = "auto"
     vocab_iter: int = 10
-    vocab_max_points_per_centroid: int = 32
+    vocab_max_points_per_centroid: int | None = 32
     vocab_n_probe: int = 4
     vocab_seed: int = 0
     assignment: Literal["hard", "soft"] = "hard"
@@ -111,6 +112,9 @@ class BowMethod(MethodConfig):
             raise InputError(f"method {self.name}: unknown assignment {self.assignment!r}")
         if self.vocab_size < 2:
             raise InputError(f"method {self.name}: vocab_size must be >= 2")
+        from oxbench.index.vocabulary import check_sample_limit
+
+        check_sample_limit(self.vocab_max_points_per_centroid, f"method {self.name}: vocab_max_points_per_centroid")
         if self.qe_verify_top < 0:
             raise InputError(f"method {self.name}: qe_verify_top must be >= 0")
         if self.spatial_top_r < 1:
@@ -159,6 +163,9 @@ class AsmkMethod(BowMethod):
         asmk_tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
         asmk_query_ma: words per query feature (multiple assignment; the database uses 1).
         asmk_idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
+        vocab_max_points_per_centroid: ``None`` (default): the codebook is trained on every
+            training descriptor, as the ``asmk`` package trains it; a number: a seeded sample of
+            that many per word (bag-of-words' default is 32).
     """
 
     family: ClassVar[str] = "asmk"
@@ -167,6 +174,7 @@ class AsmkMethod(BowMethod):
     asmk_tau: float = 0.0
     asmk_query_ma: int = 5
     asmk_idf: bool = False
+    vocab_max_points_per_centroid: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
