@@ -100,11 +100,11 @@ class DiffusionSettings:
             if isinstance(value, bool) or not isinstance(value, int | np.integer) or not value >= low:
                 extra = " (it counts the image itself: k=2 is one neighbour)" if name == "k" else ""
                 raise InputError(f"diffusion_{name} must be an integer >= {low}, got {value!r}{extra}")
-        for name, value, high in (("alpha", self.alpha, 1.0), ("gamma", self.gamma, math.inf), ("tol", self.tol, 1.0)):
-            number = isinstance(value, int | float | np.floating) and not isinstance(value, bool)
-            if not number or not (0.0 < value < high):
+        for name, real, high in (("alpha", self.alpha, 1.0), ("gamma", self.gamma, math.inf), ("tol", self.tol, 1.0)):
+            number = isinstance(real, int | float | np.floating) and not isinstance(real, bool)
+            if not number or not (0.0 < real < high):
                 where = "(0, 1)" if high == 1.0 else "(0, inf)"
-                raise InputError(f"diffusion_{name} must be a number in {where}, got {value!r}")
+                raise InputError(f"diffusion_{name} must be a number in {where}, got {real!r}")
         if self.normalise not in ("full", "subgraph"):
             raise InputError(f"diffusion_normalise must be full or subgraph, got {self.normalise!r}")
         if self.mode not in ("online", "offline"):
@@ -267,26 +267,26 @@ class Diffusion:
             raise InputError("diffusion: fit the database graph before re-ranking")
         s = self.settings
         q = np.asarray(queries, dtype=np.float32)
-        ranks = np.asarray(ranks).astype(np.int64, copy=False)
+        lists: NDArray[np.int64] = np.asarray(ranks).astype(np.int64, copy=False)
         if q.ndim != 2 or q.shape[1] != self.database_.shape[1]:
             raise InputError(f"diffusion: queries of shape {q.shape} do not match the database dimension {self.database_.shape[1]}")
-        if ranks.ndim != 2 or ranks.shape[0] != q.shape[0]:
-            raise InputError(f"diffusion: ranks of shape {ranks.shape} for {q.shape[0]} queries")
-        if ranks.size and (ranks.min() < 0 or ranks.max() >= self.database_.shape[0]):
+        if lists.ndim != 2 or lists.shape[0] != q.shape[0]:
+            raise InputError(f"diffusion: ranks of shape {lists.shape} for {q.shape[0]} queries")
+        if lists.size and (lists.min() < 0 or lists.max() >= self.database_.shape[0]):
             raise InputError("diffusion: ranks hold indices outside the database")
-        out_r: NDArray[np.int64] = np.array(ranks, dtype=np.int64)
+        out_r: NDArray[np.int64] = np.array(lists, dtype=np.int64)
         out_s: NDArray[np.float32] = np.zeros(out_r.shape, np.float32)
-        r = min(s.truncation, ranks.shape[1])
+        r = min(s.truncation, lists.shape[1])
         for qi in range(q.shape[0]):
-            top = ranks[qi, :r]
+            top = lists[qi, :r]
             sims = self.database_[top] @ q[qi]
             seeds = np.argsort(-sims, kind="stable")[: s.query_k]
             weights = np.power(np.clip(sims[seeds].astype(np.float64), 0.0, None), s.gamma)
             if self.offline_ is not None:
                 f_all = np.asarray(self.offline_[top[seeds]].T @ weights).ravel()
-                f = np.clip(f_all[ranks[qi]], 0.0, None)
+                f = np.clip(f_all[lists[qi]], 0.0, None)
                 order = np.lexsort((np.arange(len(f)), -f))
-                out_r[qi] = ranks[qi][order]
+                out_r[qi] = lists[qi][order]
                 out_s[qi] = f[order]
                 continue
             y = np.zeros(r)
