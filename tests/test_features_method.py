@@ -100,6 +100,20 @@ def test_own_features_through_the_runner(tiny_root: Path, tmp_path: Path, files:
     assert again.record["cache"]["search_index"] == "hit"
 
 
+def test_offline_diffusion_records_its_memory_and_matches_online_without_truncation(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    kw = {"diffusion_k": 5, "diffusion_query_k": 3, "diffusion_truncation": 40, "diffusion_iterations": 200}
+    online = go(tiny_root, tmp_path / "on", "features-diffusion", files, **kw)
+    offline = go(tiny_root, tmp_path / "off", "features-diffusion", files, diffusion_mode="offline", **kw)
+    info = offline.info["diffusion"]
+    assert info["mode"] == "offline" and info["normalise"] == "full" and info["k"] == 5
+    assert info["offline_nnz_per_image"] == 40 and info["offline_bytes_per_image"] >= 40 * 8
+    assert "offline_bytes_per_image" not in online.info["diffusion"]
+    assert offline.config.method.to_dict()["diffusion_mode"] == "offline"
+    np.testing.assert_allclose(offline.result.setups["medium"].map, online.result.setups["medium"].map, atol=1e-9)
+
+
 def test_learned_whitening_kind_and_provenance(tiny_root: Path, tmp_path: Path, files: dict[str, Path]) -> None:
     res = go(tiny_root, tmp_path, "features", files, whitening="learned", train_features=str(files["train"]),
              train_pairs=str(files["pairs"]))  # fmt: skip
