@@ -464,3 +464,74 @@ def test_model_files_are_found_in_the_runs_data_root_not_beside_the_dataset(
     with pytest.raises(InputError) as exc:
         resolve_method("gem-r18-synthetic").build().describe(bench, "database", RunContext(tmp_path / "c", progress=False))
     assert str(exc.value).startswith(f"{tmp_path / 'env root' / '_models' / 'gem-r18-synthetic.pt'}: no model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Query crops sized as cirtorch evaluates them (issue 20)
+
+
+class _OneImage:
+    def __init__(self, image: np.ndarray) -> None:
+        self.image = image
+
+    def __len__(self) -> int:
+        return 1
+
+    def name(self, i: int) -> str:
+        return "q"
+
+    def path(self, i: int) -> Path | None:
+        return None
+
+    def read(self, i: int) -> np.ndarray:
+        return self.image
+
+
+def _query_bench(full_hw: tuple[int, int], bbox: tuple[float, float, float, float]):  # noqa: ANN202
+    from oxbench.datasets.base import Benchmark
+    from oxbench.groundtruth import GroundTruth
+    from test_features import make_query
+
+    image = np.random.default_rng(0).integers(0, 256, (*full_hw, 3), dtype=np.uint8)
+    src = _OneImage(image)
+    gt = GroundTruth("tiny", "revisited", ("q",), (make_query("q", bbox, easy=[0]),))
+    return Benchmark("tiny", gt, src, src, ("revisited",))
+
+
+@pytest.mark.parametrize(("full_hw", "bbox", "max_side"), [
+    ((1500, 2000), (100.0, 200.0, 800.0, 500.0), 1024),   # crop 700 x 300 of a 2000 x 1500 photo
+    ((1800, 2400), (0.0, 100.0, 1600.0, 700.0), 1024),    # crop wider than max side
+    ((3000, 2000), (50.0, 0.0, 550.0, 2999.0), 512),      # portrait, crop taller than max side
+])  # fmt: skip
+def test_query_crop_keeps_the_scale_of_its_full_image(full_hw: tuple[int, int], bbox: tuple[float, float, float, float],
+                                                       max_side: int) -> None:
+    import math
+
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig, query_reader
+
+    bench = _query_bench(full_hw, bbox)
+    crop = bench.query_crop(0)
+    ch, cw = crop.shape[:2]
+    m = GlobalConfig("g", descriptor="cnn", max_side=max_side)
+    assert m.query_resize == "full-image"
+    got = query_reader(bench, m)(0)
+    side = math.floor(max_side * max(ch, cw) / max(full_hw))  # imsize * max(crop) / max(full)
+    assert max(got.shape[:2]) == side
+    short = min(ch, cw) * side / max(ch, cw)  # the aspect kept (Pillow rounds to the closer aspect)
+    assert abs(min(got.shape[:2]) - short) <= 1 and (got.shape[0] >= got.shape[1]) == (ch >= cw)
+    # the other convention: the crop as cut, which the extractor then shrinks to max side itself
+    as_cut = query_reader(bench, GlobalConfig("g", descriptor="cnn", max_side=max_side, query_resize="crop"))(0)
+    assert as_cut.shape == crop.shape
+    assert max(resize_max_side(as_cut, max_side).shape[:2]) == min(max_side, max(ch, cw))
+
+
+def test_query_crop_of_an_image_within_max_side_is_the_same_either_way() -> None:
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig, query_reader
+
+    bench = _query_bench((480, 640), (10.0, 20.0, 300.0, 400.0))
+    full = query_reader(bench, GlobalConfig("g", descriptor="cnn", max_side=1024))(0)
+    crop = query_reader(bench, GlobalConfig("g", descriptor="cnn", max_side=1024, query_resize="crop"))(0)
+    np.testing.assert_array_equal(full, crop)
+    np.testing.assert_array_equal(resize_max_side(crop, 1024), full)
+    with pytest.raises(InputError, match="query_resize must be full-image or crop"):
+        GlobalConfig("g", descriptor="cnn", query_resize="box")  # type: ignore[arg-type]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -169,3 +170,104 @@ def test_multiscale_power_mean_equals_slow_reference() -> None:
         want = combined / np.linalg.norm(combined)
         np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
     assert math.isclose(net.multiscale_power, 2.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# cirtorch's float32 region arithmetic (issue 20), a slow scalar reference written from the rule:
+# every intermediate rounded to float32 the way float32 tensors round them (a number divided by a
+# tensor is the tensor's reciprocal times the number).
+
+
+def _f(v: float) -> np.float32:
+    return np.float32(v)
+
+
+def ref_regions32(h: int, w: int, levels: int = 3, ovr: float = 0.4) -> list[tuple[int, int, int]]:
+    short, long_ = min(h, w), max(h, w)
+    extra = 0
+    if h != w:
+        best, best_cost = 0, None
+        for e in range(1, 7):
+            step = _f(_f(_f(1.0) / _f(e)) * _f(long_ - short))
+            sq = _f(short * short)
+            cost = abs(_f(_f(_f(sq - _f(_f(short) * step)) / sq) - _f(ovr)))
+            if best_cost is None or cost < best_cost:  # the first of the smallest
+                best, best_cost = e, cost
+        extra = best
+    regions = []
+    for level in range(1, levels + 1):
+        side = (2 * short) // (level + 1)
+        if side == 0:
+            continue
+        half = int(np.floor(side / 2 - 1))
+        n_h = level + (extra if h > w else 0)
+        n_w = level + (extra if w > h else 0)
+        step_h = _f(0.0 if n_h == 1 else (h - side) / (n_h - 1))
+        step_w = _f(0.0 if n_w == 1 else (w - side) / (n_w - 1))
+        for a in range(n_h):
+            for b in range(n_w):
+                top = int(np.floor(_f(_f(half) + _f(_f(a) * step_h)))) - half
+                left = int(np.floor(_f(_f(half) + _f(_f(b) * step_w)))) - half
+                regions.append((top, left, side))
+    return regions
+
+
+def test_rmac_float32_grid_on_the_sizes_where_rounding_decides() -> None:
+    # 5 x 9: e = 1 and e = 2 tie in exact arithmetic (cost 0.2); float32 picks 1, float64 picks 2
+    assert rmac_regions(5, 9, grid="float32") == [
+        (0, 0, 5), (0, 4, 5),
+        (0, 0, 3), (0, 3, 3), (0, 6, 3), (2, 0, 3), (2, 3, 3), (2, 6, 3),
+        (0, 0, 2), (0, 2, 2), (0, 4, 2), (0, 7, 2), (1, 0, 2), (1, 2, 2), (1, 4, 2), (1, 7, 2),
+        (3, 0, 2), (3, 2, 2), (3, 4, 2), (3, 7, 2),
+    ]  # fmt: skip
+    assert len(rmac_regions(5, 9)) == 26
+    # 2 x 32, level 2 (side 1, 8 along the width): 7 * (31 / 7) lands just below 31 in float32
+    level2 = [left for top, left, side in rmac_regions(2, 32, grid="float32") if side == 1 and top == 0][:8]
+    assert level2 == [0, 4, 8, 13, 17, 22, 26, 30]
+    assert [left for top, left, side in rmac_regions(2, 32) if side == 1 and top == 0][:8][-1] == 31
+    with pytest.raises(ValueError, match="unknown R-MAC grid"):
+        rmac_regions(5, 9, grid="float16")
+
+
+def test_rmac_float32_grid_matches_the_written_rule_everywhere() -> None:
+    differ = []
+    for h in range(1, 65):
+        for w in range(1, 65):
+            assert rmac_regions(h, w, grid="float32") == ref_regions32(h, w), (h, w)
+            if rmac_regions(h, w) != ref_regions32(h, w):
+                differ.append((h, w))
+    assert (5, 9) in differ and (2, 32) in differ and (7, 7) not in differ
+    assert rmac_regions(4, 4, 2, grid="float32") == ref_regions32(4, 4, 2)
+
+
+def test_rmac_head_uses_its_grid() -> None:
+    x = torch.from_numpy(_maps(5, (2, 8, 5, 9)))
+    assert RMAC(grid="float32").grid == "float32" and "grid=float32" in repr(RMAC(grid="float32"))
+    a = RMAC(grid="float32").double()(x)
+    want = []
+    for img in x.numpy():
+        v = ref_mac(img)
+        total = v / (np.linalg.norm(v) + 1e-6)
+        for top, left, side in ref_regions32(5, 9):
+            r = ref_mac(img[:, top : top + side, left : left + side])
+            total = total + r / (np.linalg.norm(r) + 1e-6)
+        want.append(total)
+    np.testing.assert_allclose(a.numpy(), np.array(want), rtol=1e-9)
+    assert not np.allclose(RMAC().double()(x).numpy(), a.numpy())
+    with pytest.raises(ValueError, match="unknown R-MAC grid"):
+        RMAC(grid="exact")
+
+
+def test_method_setting_reaches_the_rmac_head() -> None:
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig
+
+    from oxbench.errors import InputError
+    from oxbench.pipelines.method import RunContext
+
+    m = GlobalConfig("r", descriptor="cnn", backbone="resnet18", pooling="rmac", weights="random", rmac_grid="float32")
+    assert m.descriptor_settings()["rmac_grid"] == "float32"
+    assert "rmac_grid" not in GlobalConfig("g", descriptor="cnn").descriptor_settings()  # other heads' keys unchanged
+    impl = m.build()
+    assert impl._model(RunContext(cache=Path("."))).net.pool.grid == "float32"
+    with pytest.raises(InputError, match="rmac_grid must be float64 or float32"):
+        GlobalConfig("r", descriptor="cnn", pooling="rmac", rmac_grid="half")  # type: ignore[arg-type]

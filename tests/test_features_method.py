@@ -100,6 +100,20 @@ def test_own_features_through_the_runner(tiny_root: Path, tmp_path: Path, files:
     assert again.record["cache"]["search_index"] == "hit"
 
 
+def test_offline_diffusion_records_its_memory_and_matches_online_without_truncation(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    kw = {"diffusion_k": 5, "diffusion_query_k": 3, "diffusion_truncation": 40, "diffusion_iterations": 200}
+    online = go(tiny_root, tmp_path / "on", "features-diffusion", files, **kw)
+    offline = go(tiny_root, tmp_path / "off", "features-diffusion", files, diffusion_mode="offline", **kw)
+    info = offline.info["diffusion"]
+    assert info["mode"] == "offline" and info["normalise"] == "full" and info["k"] == 5
+    assert info["offline_nnz_per_image"] == 40 and info["offline_bytes_per_image"] >= 40 * 8
+    assert "offline_bytes_per_image" not in online.info["diffusion"]
+    assert offline.config.method.to_dict()["diffusion_mode"] == "offline"
+    np.testing.assert_allclose(offline.result.setups["medium"].map, online.result.setups["medium"].map, atol=1e-9)
+
+
 def test_learned_whitening_kind_and_provenance(tiny_root: Path, tmp_path: Path, files: dict[str, Path]) -> None:
     res = go(tiny_root, tmp_path, "features", files, whitening="learned", train_features=str(files["train"]),
              train_pairs=str(files["pairs"]))  # fmt: skip
@@ -112,7 +126,8 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return int(exc.value.code or 0), capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["dim", "rows", "no-train", "ivf-nlist", "few-images"])
+@pytest.mark.parametrize("case", ["dim", "rows", "no-train", "ivf-nlist", "few-images", "diffusion-k",
+                                  "diffusion-truncation", "diffusion-alpha", "diffusion-alpha-text"])
 def test_bad_input_is_one_line_exit_2_and_no_run(
     case: str, tiny_root: Path, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -132,6 +147,18 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
     elif case == "ivf-nlist":
         extra = ["--set", "search=faiss-ivfpq", "--set", "nlist=64", "--set", "nprobe=4"]
         want = "nlist 64 is larger than the database (40 vectors)"
+    elif case == "diffusion-k":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_k=41"]
+        want = "diffusion_k=41 is larger than the database (40 images)"
+    elif case == "diffusion-truncation":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_truncation=0"]
+        want = "diffusion_truncation must be an integer >= 1, got 0"
+    elif case == "diffusion-alpha":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=NaN"]
+        want = "diffusion_alpha must be a number in (0, 1), got nan"
+    elif case == "diffusion-alpha-text":
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=nan"]
+        want = "diffusion_alpha must be a number in (0, 1), got 'nan'"
     else:
         few = tmp_path / "few.npy"
         np.save(few, np.load(files["train"])[:6])
@@ -161,3 +188,74 @@ def test_corrupt_cached_index_is_refused(
                     "--set", f"query_features={files['q']}", "--set", "search=faiss-flat")  # fmt: skip
     assert code == 2 and str(index) in err and "delete it to rebuild" in err
     assert len(err.strip().splitlines()) == 1 and list_runs(out) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Features from the ground truth alone (issue 20): no image file is needed when no step reads pixels
+
+
+def _gnd_only_root(root: Path, n_db: int = 30, n_q: int = 3) -> Path:
+    """``<root>/roxford5k/gnd_roxford5k.pkl`` and nothing else (no jpg/)."""
+    import pickle
+
+    d = root / "roxford5k"
+    d.mkdir(parents=True)
+    gnd = [{"bbx": [0.0, 0.0, 10.0, 10.0], "easy": [3 * q], "hard": [3 * q + 1], "junk": [3 * q + 2]} for q in range(n_q)]
+    names = [f"img_{i:03d}" for i in range(n_db)]
+    (d / "gnd_roxford5k.pkl").write_bytes(pickle.dumps({"imlist": names, "qimlist": [f"q{q}" for q in range(n_q)], "gnd": gnd}))
+    return root
+
+
+def test_features_run_from_ground_truth_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = _gnd_only_root(tmp_path / "data")
+    rng = np.random.default_rng(0)
+    db = rng.normal(size=(30, D)).astype(np.float32)
+    np.save(tmp_path / "db.npy", db)
+    np.save(tmp_path / "q.npy", db[[0, 3, 6]] + 0.01)
+    args = ["run", "--dataset", "roxford5k", "--method", "features-diffusion", "--root", str(root), "--no-progress",
+            "--cache", str(tmp_path / "c"), "--set", f"db_features={tmp_path / 'db.npy'}",
+            "--set", f"query_features={tmp_path / 'q.npy'}", "--set", "diffusion_k=5"]  # fmt: skip
+    code, err = cli(capsys, *args, "--out", str(tmp_path / "strict"))
+    assert code == 2 and "expected 4993" in err and len(err.strip().splitlines()) == 1  # counts still checked
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--out", str(tmp_path / "run"), "--allow-partial"])
+    out, err = capsys.readouterr()
+    assert exc.value.code in (0, None), err
+    assert out.startswith("roxford5k: mAP E: ")
+    (run_dir,) = list_runs(tmp_path / "run")
+    texts = {p.name: p.read_text() for p in run_dir.iterdir() if p.suffix == ".json"}
+    assert any('"images": "not used"' in t or '"option.images": "not used"' in t for t in texts.values()), list(texts)
+    # a method that reads pixels still needs the images, and says so
+    code, err = cli(capsys, "run", "--dataset", "roxford5k", "--method", "rootsift-bow", "--root", str(root),
+                    "--out", str(tmp_path / "bow"), "--allow-partial", "--no-progress", "--train-dataset", "roxford5k")  # fmt: skip
+    assert code == 2 and "image(s) of roxford5k are missing" in err, err
+
+
+@pytest.mark.shared_data
+def test_real_lopq_diffusion_beats_cosine(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`oxbench run --method features-diffusion` on the lopq ROxford descriptors (Iscen et al.'s 5K
+    global settings: k 50, query k 10, alpha 0.99, gamma 3, R 1000), ground truth only, no images:
+    above the cosine baseline E/M/H 28.89 / 21.13 / 4.60 on every setup."""
+    from oxbench.formats.revisitop import read_gnd
+
+    old = read_gnd(shared_data / "oxford5k/gnd_oxford5k.pkl")
+    raw = np.fromfile(shared_data / "oxford5k/lopq_features/oxford_features.fvecs", dtype=np.int32)
+    x = raw.reshape(-1, int(raw[0]) + 1)[:, 1:].view(np.float32)
+    row = {n: i for i, n in enumerate(sorted(old.db_names))}
+    rev = read_gnd(shared_data / "roxford5k/gnd_roxford5k.pkl")
+    np.save(tmp_path / "db.npy", x[[row[n] for n in rev.db_names]])
+    np.save(tmp_path / "q.npy", x[[row[n] for n in rev.query_names]])
+    (tmp_path / "data" / "roxford5k").mkdir(parents=True)
+    (tmp_path / "data" / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(shared_data / "roxford5k/gnd_roxford5k.pkl")
+    maps = {}
+    for method in ("features", "features-diffusion"):
+        with pytest.raises(SystemExit) as exc:
+            main(["run", "--dataset", "roxford5k", "--method", method, "--root", str(tmp_path / "data"),
+                  "--out", str(tmp_path / method), "--cache", str(tmp_path / "c"), "--no-progress",
+                  "--set", f"db_features={tmp_path / 'db.npy'}", "--set", f"query_features={tmp_path / 'q.npy'}"])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert exc.value.code in (0, None), err
+        maps[method] = out.splitlines()[0]
+    assert maps["features"] == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60"
+    e, m, h = (float(v) for v in maps["features-diffusion"].replace(",", "").split()[3::2])
+    assert e > 28.89 and m > 21.13 and h > 4.60, maps

@@ -213,3 +213,33 @@ def test_bad_words_and_unfitted_index() -> None:
         ivf.scores(sp.csr_matrix((1, 11)))
     with pytest.raises(InputError):
         InvertedFile(10, burst="log")  # type: ignore[arg-type]
+
+
+def test_every_training_descriptor_when_the_sample_limit_is_none(tmp_path: Path, rng: np.random.Generator) -> None:
+    """``max_points_per_centroid=None``: the k-means sees every descriptor, as the asmk package's
+    codebook does (one faiss k-means over all training vectors)."""
+    import faiss
+
+    from oxbench.pipelines import resolve_method
+
+    x = rng.random((5000, 8), dtype=np.float32)
+    voc = Vocabulary(10, structure="flat", n_iter=7, max_points_per_centroid=None, descriptor="test", seed=3).fit(x)
+    assert voc.n_train_ == 5000 and voc.describe()["max_points_per_centroid"] is None
+    km = faiss.Kmeans(8, 10, niter=7, seed=3, max_points_per_centroid=10**6, min_points_per_centroid=1)
+    km.train(x)
+    np.testing.assert_allclose(voc.centroids_, km.centroids, rtol=1e-5, atol=1e-6)
+    two = Vocabulary(100, structure="two-level", n_iter=3, max_points_per_centroid=None, descriptor="test").fit(x)
+    assert two.n_train_ == 5000
+    back = Vocabulary.load(voc.save(tmp_path / "all.npz"), descriptor="test")
+    assert back.max_points_per_centroid is None
+    for bad in (0, -1, "all", True, 2.5):
+        with pytest.raises(InputError, match="max_points_per_centroid must be an integer >= 1 or null"):
+            Vocabulary(10, max_points_per_centroid=bad)  # type: ignore[arg-type]
+    # ASMK trains on all by default (recorded in its vocabulary settings); bag of words keeps 32 per word
+    asmk = resolve_method("rootsift-asmk")
+    assert asmk.vocab_max_points_per_centroid is None and asmk.vocabulary().settings()["max_points_per_centroid"] is None
+    assert resolve_method("rootsift-bow").vocab_max_points_per_centroid == 32
+    assert resolve_method("rootsift-asmk", vocab_max_points_per_centroid=32).vocabulary().settings()["max_points_per_centroid"] == 32
+    with pytest.raises(InputError, match=r"setting vocab_max_points_per_centroid: must be in \[1, 1048576\], got 0"):
+        resolve_method("rootsift-asmk", vocab_max_points_per_centroid=0)
+    assert resolve_method("rootsift-asmk", vocab_max_points_per_centroid="none").vocab_max_points_per_centroid is None

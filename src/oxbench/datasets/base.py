@@ -88,6 +88,27 @@ class FileImages:
         return read_image(self.paths[i], exif_transpose=self.exif_transpose)
 
 
+@dataclass(frozen=True)
+class UnreadImages:
+    """Images known by name only: loaded for a run that reads no pixels (its descriptors come from
+    the user's files), so their files need not be on disk. Reading one is an error."""
+
+    names: tuple[str, ...]
+    dataset: str = ""
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def name(self, i: int) -> str:
+        return self.names[i]
+
+    def path(self, i: int) -> Path | None:
+        return None
+
+    def read(self, i: int) -> NDArray[np.uint8]:
+        raise InputError(f"image {self.names[i]} of {self.dataset} was not loaded: this run was set up to read no pixels")
+
+
 def _round_half_away(x: float) -> int:
     return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
 
@@ -167,13 +188,17 @@ class Benchmark:
 
     def query_crop(self, i: int) -> NDArray[np.uint8]:
         """The query region of query ``i`` (the whole image when it has no box)."""
+        return self.query_crop_and_size(i)[0]
+
+    def query_crop_and_size(self, i: int) -> tuple[NDArray[np.uint8], tuple[int, int]]:
+        """The query region of query ``i`` and the ``(height, width)`` of the image it was cut from."""
         image = self.queries.read(i)
+        h, w = image.shape[:2]
         bbox = self.gt.queries[i].bbox
         if bbox is None:
-            return image
-        h, w = image.shape[:2]
+            return image, (h, w)
         left, top, right, bottom = crop_box(bbox, w, h, self.crop)
-        return image[top:bottom, left:right]
+        return image[top:bottom, left:right], (h, w)
 
     def describe(self) -> dict[str, object]:
         """What identifies this benchmark in a run record."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oxbench.datasets.base import Benchmark, CropConvention
+from oxbench.datasets.base import Benchmark, CropConvention, UnreadImages
 from oxbench.datasets.families import Distractors, not_a_distractor_set
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import get_spec
@@ -26,6 +26,7 @@ def load(
     crop: CropConvention = "python",
     strict: bool = True,
     progress: bool = True,
+    images: bool = True,
     **options: str,
 ) -> Benchmark:
     """Load a benchmark from ``<root>/<dataset_id>/``.
@@ -43,6 +44,10 @@ def load(
         crop: query-crop convention, ``"python"`` (default) or ``"matlab"``; recorded.
         strict: refuse counts that differ from the official ones (False: warn; for subsets).
         progress: progress bars (shown while a synthetic set is generated).
+        images: ``False`` for a run that reads no pixels (descriptors from the user's files): the
+            benchmark is built from the ground truth alone, its images named but not looked for
+            (reading one is an error), and ``options["images"] = "not used"`` records it. Sets
+            generated on first use (synthetic) and runs with distractors load as usual.
         options: dataset options, e.g. ``orientation="original"|"rotated"`` for Holidays;
             recorded in ``Benchmark.options``.
 
@@ -61,6 +66,16 @@ def load(
         if str(value) not in allowed:
             raise InputError(f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}")
     ddir = data_root(root) / spec.id
+    if not images and not spec.synthetic and distractors is None:
+        gt = spec.family.ground_truth(spec, ddir, strict=strict)
+        recorded = {k: str(v) for k, v in options.items()}
+        recorded["images"] = "not used"
+        if not strict:
+            recorded["strict"] = "false"
+        return Benchmark(
+            id=spec.id, gt=gt, database=UnreadImages(gt.db_names, spec.id), queries=UnreadImages(gt.query_names, spec.id),
+            protocols=spec.protocols, root=ddir, crop=crop, options=recorded,
+        )  # fmt: skip
     return spec.family.load(
         spec, ddir, distractors=distractors, crop=crop, strict=strict,
         options={k: str(v) for k, v in options.items()}, progress=progress,

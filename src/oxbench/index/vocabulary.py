@@ -12,7 +12,8 @@ Two structures, one scikit-learn-style class :class:`Vocabulary`:
   randomised kd-trees to the same end); ``n_probe`` trades speed for exactness.
 
 Training-sample limits are explicit (``max_points_per_centroid``): oxbench draws the sample itself
-(seeded), so faiss never silently subsamples. The learned state is saved as plain arrays (``.npz``)
+(seeded), so faiss never silently subsamples; ``None`` trains on every descriptor given (as the
+``asmk`` package trains its codebook: one faiss k-means over all training vectors). The learned state is saved as plain arrays (``.npz``)
 with metadata -- the descriptor type, its dimension and the dataset the vocabulary was trained on --
 and a vocabulary is refused where another descriptor or dimension is expected.
 """
@@ -49,8 +50,26 @@ def _as_f32(x: NDArray[np.floating], dim: int | None = None, what: str = "descri
     return x
 
 
+def check_sample_limit(value: object, setting: str) -> int | None:
+    """A training-sample limit (descriptors per word): a positive integer, or ``None`` for all.
+
+    Raises:
+        InputError: anything else, naming ``setting``.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not value >= 1:
+        raise InputError(f"{setting} must be an integer >= 1 or null (every training descriptor), got {value!r}")
+    return int(value)
+
+
+def training_sample_size(n_words: int, max_points_per_centroid: int | None) -> int | None:
+    """How many training descriptors a vocabulary of ``n_words`` draws (``None``: all of them)."""
+    return None if max_points_per_centroid is None else n_words * max_points_per_centroid
+
+
 def _kmeans(
-    x: NDArray[np.float32], k: int, *, n_iter: int, seed: int, max_ppc: int, threads: int | None
+    x: NDArray[np.float32], k: int, *, n_iter: int, seed: int, max_ppc: int | None, threads: int | None
 ) -> NDArray[np.float32]:
     """faiss k-means on ``x`` (already subsampled by the caller); returns ``[k, d]`` centroids."""
     if k >= len(x):
@@ -63,7 +82,7 @@ def _kmeans(
         niter=n_iter,
         seed=seed,
         # the caller subsampled to at most k * max_ppc: these keep faiss from subsampling again
-        max_points_per_centroid=max(max_ppc, -(-len(x) // k)),
+        max_points_per_centroid=max(max_ppc or 0, -(-len(x) // k)),
         min_points_per_centroid=1,
         verbose=False,
         spherical=False,
@@ -135,7 +154,8 @@ class Vocabulary:
         structure: ``"flat"``, ``"two-level"`` or ``"auto"`` (flat up to 4,096 words).
         n_iter: k-means iterations (each level).
         max_points_per_centroid: training sample limit: at most ``K * this`` descriptors are drawn
-            (seeded) for the flat k-means, and ``k * this`` per k-means of the two-level one.
+            (seeded) for the flat k-means, and ``k * this`` per k-means of the two-level one;
+            ``None``: every descriptor, in every k-means.
         n_probe: coarse cells searched per descriptor in two-level assignment.
         descriptor: descriptor type the vocabulary is for (``"rootsift"``); recorded and checked.
         seed: seeds sampling and faiss.
@@ -165,7 +185,7 @@ class Vocabulary:
         *,
         structure: Structure = "auto",
         n_iter: int = 20,
-        max_points_per_centroid: int = 64,
+        max_points_per_centroid: int | None = 64,
         n_probe: int = 4,
         descriptor: str = "rootsift",
         seed: int = 0,
@@ -178,7 +198,7 @@ class Vocabulary:
         self.n_words = int(n_words)
         self.structure = structure
         self.n_iter = int(n_iter)
-        self.max_points_per_centroid = int(max_points_per_centroid)
+        self.max_points_per_centroid = check_sample_limit(max_points_per_centroid, "max_points_per_centroid")
         self.n_probe = int(n_probe)
         self.descriptor = descriptor
         self.seed = int(seed)
@@ -225,8 +245,8 @@ class Vocabulary:
         }
 
     # ------------------------------------------------------------------ learning
-    def _sample(self, x: NDArray[np.float32], n: int, rng: np.random.Generator) -> NDArray[np.float32]:
-        if len(x) <= n:
+    def _sample(self, x: NDArray[np.float32], n: int | None, rng: np.random.Generator) -> NDArray[np.float32]:
+        if n is None or len(x) <= n:
             return x
         idx = np.sort(rng.choice(len(x), size=n, replace=False))
         return x[idx]
@@ -249,7 +269,7 @@ class Vocabulary:
             raise InputError(f"{len(x)} training descriptors cannot make {self.n_words} words")
         rng = np.random.default_rng(self.seed)
         if self.resolved_structure == "flat":
-            sample = self._sample(x, self.n_words * self.max_points_per_centroid, rng)
+            sample = self._sample(x, training_sample_size(self.n_words, self.max_points_per_centroid), rng)
             log.info("k-means: %d words from %d descriptors", self.n_words, len(sample))
             self.centroids_ = _kmeans(
                 sample, self.n_words, n_iter=self.n_iter, seed=self.seed,
@@ -266,8 +286,8 @@ class Vocabulary:
     def _fit_two_level(self, x: NDArray[np.float32], rng: np.random.Generator) -> None:
         k1 = max(2, round(np.sqrt(self.n_words)))
         mppc = self.max_points_per_centroid
-        sample = self._sample(x, self.n_words * mppc, rng)
-        coarse_sample = self._sample(sample, k1 * mppc, rng)
+        sample = self._sample(x, training_sample_size(self.n_words, mppc), rng)
+        coarse_sample = self._sample(sample, training_sample_size(k1, mppc), rng)
         log.info("two-level k-means: %d cells x ~%d words from %d descriptors", k1, self.n_words // k1, len(sample))
         coarse = _kmeans(coarse_sample, k1, n_iter=self.n_iter, seed=self.seed, max_ppc=mppc, threads=self.threads)
         _, cell = _nearest(sample, coarse, 1, self.threads)
@@ -283,7 +303,7 @@ class Vocabulary:
             pts = sample[order[starts[c] : starts[c + 1]]]
             q = int(quota[c])
             if q > 0:
-                pts = self._sample(pts, q * mppc, rng)
+                pts = self._sample(pts, training_sample_size(q, mppc), rng)
                 words.append(_kmeans(pts, q, n_iter=self.n_iter, seed=self.seed + 1 + c, max_ppc=mppc, threads=self.threads))
             offsets[c + 1] = offsets[c] + q
         self.coarse_ = coarse
@@ -407,7 +427,7 @@ class Vocabulary:
             int(meta["n_words"]),
             structure=meta["structure"],
             n_iter=int(meta["n_iter"]),
-            max_points_per_centroid=int(meta["max_points_per_centroid"]),
+            max_points_per_centroid=None if meta["max_points_per_centroid"] is None else int(meta["max_points_per_centroid"]),
             n_probe=int(meta["n_probe"]),
             descriptor=str(meta["descriptor"]),
             seed=int(meta["seed"]),

@@ -139,7 +139,9 @@ class MethodConfig(ABC):
 
     Subclasses are ``@dataclass(frozen=True)`` with a ``name`` field, set :attr:`family`, and
     implement :meth:`build`. ``needs_training`` says whether :meth:`RetrievalMethod.fit` uses a
-    training set (a vocabulary or a whitening is learned), so the runner knows whether to load one.
+    training set (a vocabulary or a whitening is learned), so the runner knows whether to load one;
+    ``reads_images`` whether any step reads pixels, so the runner knows whether the images must be
+    on disk.
     """
 
     family: ClassVar[str] = ""
@@ -148,6 +150,11 @@ class MethodConfig(ABC):
     @property
     def needs_training(self) -> bool:
         """Whether the method learns anything on a training set."""
+        return True
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether any step reads the benchmark's pixels (else the ground truth is enough)."""
         return True
 
     def to_dict(self) -> dict[str, Any]:

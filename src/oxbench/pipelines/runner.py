@@ -496,7 +496,7 @@ def run(
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
     t0 = time.perf_counter()
-    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
+    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
     train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
     t_load = time.perf_counter() - t0
     trained_on_test = train_id == dataset

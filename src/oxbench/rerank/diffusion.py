@@ -5,28 +5,51 @@ Representations". Relevance spreads from the query over the database's k-nearest
 images reachable through a chain of close neighbours (the same building from ever more different
 views) rise even when their direct similarity to the query is low.
 
-**Offline** (once per database, :meth:`Diffusion.fit`): the affinity matrix ``A`` of the mutual
+**The graph** (once per database, :meth:`Diffusion.fit`): the affinity matrix ``A`` of the mutual
 k-NN graph -- ``a_ij = max(x_i . x_j, 0) ** gamma`` when ``j`` is among the ``k`` nearest neighbours
 of ``i`` *and* ``i`` among those of ``j``, else 0; ``a_ii = 0``; ``gamma = 3`` -- built with a
-FAISS flat inner-product search of the database against itself.
+FAISS flat inner-product search of the database against itself. ``k`` is counted as the reference
+code counts it (Iscen et al.'s ``knngraph`` and fyang93's ``get_affinity`` both search ``k``
+nearest images of an image *in the database*, the image itself first): ``k = 50`` links an image
+to at most 49 others. Then the symmetric normalisation of the **whole** graph,
+``W = D^-1/2 A D^-1/2`` (``D`` = degrees; isolated nodes get 0).
 
-**Online** (per new query, :meth:`Diffusion.rerank`), the paper's truncated variant: take the top
-``R`` images of the query's initial ranking, the sub-graph ``A_R`` of ``A`` on them, its symmetric
-normalisation ``W = D^-1/2 A_R D^-1/2`` (``D`` = degrees; isolated nodes get 0), and the query vector
-``y``: ``y_i = max(q . x_i, 0) ** gamma`` for the query's ``query_k`` nearest images, 0 elsewhere (the
-query is not a node of the graph; it is linked to its nearest neighbours). Solve
-``(I - alpha W) f = y`` by conjugate gradient (``scipy.sparse.linalg.cg``; ``I - alpha W`` is
-symmetric positive definite for ``alpha < 1``), ``alpha = 0.99``, at most ``iterations`` steps. The
-``R`` images are re-ordered by ``f`` (ties: initial order); the rest of the initial ranking follows
-unchanged. Returned scores are ``max(f, 0)`` and 0 for the images beyond ``R`` (they are outside the
-graph the relevance spreads over), so scores never increase down a list.
+**The query** vector ``y``: ``y_i = max(q . x_i, 0) ** gamma`` for the query's ``query_k`` nearest
+images, 0 elsewhere (the query is not a node of the graph; it is linked to its nearest neighbours).
+Relevance is the solution of ``(I - alpha W) f = y``, by conjugate gradient
+(``scipy.sparse.linalg.cg``; ``I - alpha W`` is symmetric positive definite for ``alpha < 1``),
+``alpha = 0.99``, at most ``iterations`` steps, relative residual ``tol``.
+
+Two modes (``mode``):
+
+- ``"online"`` (default; the truncated diffusion of the paper): per query, take the top ``R``
+  (``truncation``) images of its initial ranking and solve ``(I - alpha W_RR) f = y_R`` on the
+  rows and columns of ``W`` that belong to them -- ``normalise="full"``: ``W_RR`` sliced from the
+  whole graph's normalisation, as the reference code does (Iscen et al. diffuse over the whole
+  ``W`` for their 5K global runs, fyang93's offline step slices the whole graph's Laplacian);
+  ``normalise="subgraph"``: the slice ``A_RR`` re-normalised with its own degrees, the truncated
+  Laplacian that Iscen et al.'s code uses only for its large-scale regional runs. When the top
+  ``R`` holds every image connected to the query's neighbours, "full" is exactly the whole-graph
+  solution restricted to them.
+- ``"offline"`` (fyang93's ``search_old``): for every database image ``i`` the diffusion from
+  ``i`` alone, ``(I - alpha W_TT) g_i = e_i`` over ``i``'s own top ``R`` neighbours ``T``, is
+  computed once in :meth:`Diffusion.fit` and kept as a sparse ``[n, n]`` matrix (``R`` values per
+  image: its memory per image is recorded); a query's relevance is then the linear combination
+  ``f = sum_j y_j g_j`` over its ``query_k`` seeds -- by linearity, with ``R = n``, the same ``f``
+  as the online mode.
+
+Ranking: online, the ``R`` images are re-ordered by ``f`` and the rest of the initial ranking
+follows unchanged; offline, the whole initial list is re-ordered by ``f`` (images ``f`` does not
+reach keep their initial order, after those it does). Ties: initial order. Returned scores are
+``max(f, 0)`` (0 beyond ``R`` online), so scores never increase down a list.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -36,19 +59,29 @@ from oxbench.errors import InputError
 
 log = logging.getLogger(__name__)
 
+Normalise = Literal["full", "subgraph"]
+Mode = Literal["online", "offline"]
+
 
 @dataclass(frozen=True)
 class DiffusionSettings:
     """Settings of :class:`Diffusion` (defaults as in Iscen et al. 2017's global-descriptor runs).
 
+    Messages name the settings as a method config spells them (``diffusion_k`` ...).
+
     Attributes:
-        k: neighbours per database image in the graph.
+        k: images per database image's neighbour list, the image itself included (``k = 50``:
+            at most 49 edges per image), as the reference code counts it.
         query_k: nearest images the query's relevance starts from.
         alpha: diffusion weight in ``(0, 1)``.
         gamma: similarity exponent of the affinities.
-        truncation: ``R``, images of the initial ranking diffused over per query.
+        truncation: ``R``, images diffused over per query (online) or per database image (offline).
         iterations: conjugate-gradient iterations at most.
         tol: conjugate-gradient relative residual tolerance.
+        normalise: ``"full"`` (slices of the whole graph's normalisation) or ``"subgraph"``
+            (each truncated sub-graph re-normalised with its own degrees).
+        mode: ``"online"`` (truncated diffusion per query) or ``"offline"`` (every database
+            image's diffusion precomputed, queries answered by linear combination).
     """
 
     k: int = 50
@@ -58,14 +91,24 @@ class DiffusionSettings:
     truncation: int = 1000
     iterations: int = 20
     tol: float = 1e-6
+    normalise: Normalise = "full"
+    mode: Mode = "online"
 
     def __post_init__(self) -> None:
-        if self.k < 1 or self.query_k < 1 or self.truncation < 1 or self.iterations < 1:
-            raise InputError(f"diffusion: k, query_k, truncation and iterations must be >= 1 ({self})")
-        if not 0.0 < self.alpha < 1.0:
-            raise InputError(f"diffusion: alpha must be in (0, 1), got {self.alpha}")
-        if self.gamma <= 0 or self.tol <= 0:
-            raise InputError(f"diffusion: gamma and tol must be positive ({self.gamma}, {self.tol})")
+        for name, value, low in (("k", self.k, 2), ("query_k", self.query_k, 1), ("truncation", self.truncation, 1),
+                                 ("iterations", self.iterations, 1)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or not value >= low:
+                extra = " (it counts the image itself: k=2 is one neighbour)" if name == "k" else ""
+                raise InputError(f"diffusion_{name} must be an integer >= {low}, got {value!r}{extra}")
+        for name, real, high in (("alpha", self.alpha, 1.0), ("gamma", self.gamma, math.inf), ("tol", self.tol, 1.0)):
+            number = isinstance(real, int | float | np.floating) and not isinstance(real, bool)
+            if not number or not (0.0 < real < high):
+                where = "(0, 1)" if high == 1.0 else "(0, inf)"
+                raise InputError(f"diffusion_{name} must be a number in {where}, got {real!r}")
+        if self.normalise not in ("full", "subgraph"):
+            raise InputError(f"diffusion_normalise must be full or subgraph, got {self.normalise!r}")
+        if self.mode not in ("online", "offline"):
+            raise InputError(f"diffusion_mode must be online or offline, got {self.mode!r}")
 
 
 def knn_affinity(
@@ -75,7 +118,8 @@ def knn_affinity(
 
     Args:
         x: ``[n, d]`` L2-normalised vectors.
-        k: neighbours per row (self excluded).
+        k: neighbours per row, the row itself *not* counted (:class:`Diffusion` passes its
+            ``k - 1``).
         gamma: exponent of the clipped similarity.
         mutual: keep ``i - j`` only when each is among the other's ``k`` neighbours (else either).
         threads: FAISS threads.
@@ -142,7 +186,9 @@ class Diffusion:
         settings: see :class:`DiffusionSettings`.
         threads: FAISS threads for the graph.
 
-    Attributes (after ``fit``): ``database_`` (``float32 [n, d]``), ``affinity_`` (``A``, CSR).
+    Attributes (after ``fit``): ``database_`` (``float32 [n, d]``), ``affinity_`` (``A``, CSR),
+    ``transition_`` (``W = D^-1/2 A D^-1/2`` of the whole graph, CSR), ``offline_`` (offline
+    mode: ``float32 [n, n]`` CSR, row ``i`` the diffusion from image ``i``; else ``None``).
     """
 
     def __init__(self, settings: DiffusionSettings | None = None, *, threads: int | None = None) -> None:
@@ -150,55 +196,114 @@ class Diffusion:
         self.threads = threads
         self.database_: NDArray[np.float32] | None = None
         self.affinity_: sp.csr_matrix | None = None
+        self.transition_: sp.csr_matrix | None = None
+        self.offline_: sp.csr_matrix | None = None
 
     def fit(self, database: NDArray[np.floating]) -> Diffusion:
-        """Build the mutual k-NN affinity graph of the database (the offline step)."""
+        """Build the mutual k-NN graph of the database and its normalisation (offline mode: and
+        every database image's diffusion).
+
+        Raises:
+            InputError: ``k`` larger than the database, or a database that is not finite ``[n, d]``.
+        """
         s = self.settings
-        self.database_ = np.ascontiguousarray(database, dtype=np.float32)
-        self.affinity_ = knn_affinity(self.database_, s.k, gamma=s.gamma, threads=self.threads)
+        db = np.ascontiguousarray(database, dtype=np.float32)
+        if db.ndim == 2 and s.k > db.shape[0]:
+            raise InputError(f"diffusion_k={s.k} is larger than the database ({db.shape[0]} images)")
+        self.affinity_ = knn_affinity(db, s.k - 1, gamma=s.gamma, threads=self.threads)
+        self.transition_ = normalize_affinity(self.affinity_)
+        self.database_ = db
+        self.offline_ = self._offline() if s.mode == "offline" else None
         return self
+
+    def _weights(self, nodes: NDArray[np.int64]) -> sp.csr_matrix:
+        """``W`` on ``nodes``: sliced from the whole graph's normalisation, or re-normalised."""
+        assert self.affinity_ is not None and self.transition_ is not None
+        if self.settings.normalise == "subgraph":
+            return normalize_affinity(self.affinity_[nodes][:, nodes])
+        return sp.csr_matrix(self.transition_[nodes][:, nodes])
+
+    def _offline(self) -> sp.csr_matrix:
+        """Row ``i``: the diffusion from image ``i`` over its own top ``truncation`` neighbours."""
+        from oxbench.index.faiss_setup import load_faiss
+
+        s = self.settings
+        db = self.database_
+        assert db is not None
+        n = db.shape[0]
+        r = min(s.truncation, n)
+        faiss = load_faiss(self.threads)
+        index = faiss.IndexFlatIP(db.shape[1])
+        index.add(db)
+        _, nbrs = index.search(db, r)
+        nbrs = nbrs.astype(np.int64)
+        values = np.zeros((n, r), np.float32)
+        for i in range(n):
+            hit = np.flatnonzero(nbrs[i] == i)
+            if not len(hit):  # duplicates pushed the image itself out of its own list
+                nbrs[i, -1] = i
+                hit = np.array([r - 1])
+            e = np.zeros(r)
+            e[hit[0]] = 1.0
+            values[i] = diffuse(self._weights(nbrs[i]), e, alpha=s.alpha, iterations=s.iterations, tol=s.tol)
+        rows = np.repeat(np.arange(n), r)
+        return sp.csr_matrix((values.ravel(), (rows, nbrs.ravel())), shape=(n, n), dtype=np.float32)
 
     def rerank(
         self, queries: NDArray[np.floating], ranks: NDArray[np.integer]
     ) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
-        """Re-rank each query's top ``truncation`` images by diffusion (the online step).
+        """Re-rank each query's initial list by diffusion.
 
         Args:
             queries: ``[n_q, d]`` the query vectors the initial ranking came from.
             ranks: ``[n_q, L]`` initial ranked lists (database indices, best first).
 
         Returns:
-            ``(ranks int64 [n_q, L], scores float32 [n_q, L])``: the diffused top ``R`` followed by
-            the rest of each initial list (scores: ``max(f, 0)``, then 0).
+            ``(ranks int64 [n_q, L], scores float32 [n_q, L])``; online: the diffused top ``R``
+            followed by the rest of each initial list (scores: ``max(f, 0)``, then 0); offline:
+            the whole list ordered by ``max(f, 0)``, ties in initial order.
         """
         if self.database_ is None or self.affinity_ is None:
             raise InputError("diffusion: fit the database graph before re-ranking")
         s = self.settings
         q = np.asarray(queries, dtype=np.float32)
-        ranks = np.asarray(ranks).astype(np.int64, copy=False)
+        lists: NDArray[np.int64] = np.asarray(ranks).astype(np.int64, copy=False)
         if q.ndim != 2 or q.shape[1] != self.database_.shape[1]:
             raise InputError(f"diffusion: queries of shape {q.shape} do not match the database dimension {self.database_.shape[1]}")
-        if ranks.ndim != 2 or ranks.shape[0] != q.shape[0]:
-            raise InputError(f"diffusion: ranks of shape {ranks.shape} for {q.shape[0]} queries")
-        if ranks.size and (ranks.min() < 0 or ranks.max() >= self.database_.shape[0]):
+        if lists.ndim != 2 or lists.shape[0] != q.shape[0]:
+            raise InputError(f"diffusion: ranks of shape {lists.shape} for {q.shape[0]} queries")
+        if lists.size and (lists.min() < 0 or lists.max() >= self.database_.shape[0]):
             raise InputError("diffusion: ranks hold indices outside the database")
-        out_r: NDArray[np.int64] = np.array(ranks, dtype=np.int64)
+        out_r: NDArray[np.int64] = np.array(lists, dtype=np.int64)
         out_s: NDArray[np.float32] = np.zeros(out_r.shape, np.float32)
-        r = min(s.truncation, ranks.shape[1])
+        r = min(s.truncation, lists.shape[1])
         for qi in range(q.shape[0]):
-            top = ranks[qi, :r]
+            top = lists[qi, :r]
             sims = self.database_[top] @ q[qi]
-            y = np.zeros(r)
             seeds = np.argsort(-sims, kind="stable")[: s.query_k]
-            y[seeds] = np.power(np.clip(sims[seeds].astype(np.float64), 0.0, None), s.gamma)
-            w = normalize_affinity(self.affinity_[top][:, top])
-            f = np.clip(diffuse(w, y, alpha=s.alpha, iterations=s.iterations, tol=s.tol), 0.0, None)
+            weights = np.power(np.clip(sims[seeds].astype(np.float64), 0.0, None), s.gamma)
+            if self.offline_ is not None:
+                f_all = np.asarray(self.offline_[top[seeds]].T @ weights).ravel()
+                f = np.clip(f_all[lists[qi]], 0.0, None)
+                order = np.lexsort((np.arange(len(f)), -f))
+                out_r[qi] = lists[qi][order]
+                out_s[qi] = f[order]
+                continue
+            y = np.zeros(r)
+            y[seeds] = weights
+            f = np.clip(diffuse(self._weights(top), y, alpha=s.alpha, iterations=s.iterations, tol=s.tol), 0.0, None)
             order = np.lexsort((np.arange(r), -f))
             out_r[qi, :r] = top[order]
             out_s[qi, :r] = f[order]
         return out_r, out_s
 
     def describe(self) -> dict[str, Any]:
-        """Facts recorded with results: settings and graph size."""
+        """Facts recorded with results: settings, graph size, and offline the memory per image."""
         edges = 0 if self.affinity_ is None else int(self.affinity_.nnz) // 2
-        return {**self.settings.__dict__, "graph_edges": edges}
+        out: dict[str, Any] = {**asdict(self.settings), "graph_edges": edges}
+        if self.offline_ is not None:
+            o = self.offline_
+            n = max(1, o.shape[0])
+            out["offline_nnz_per_image"] = int(o.nnz) // n
+            out["offline_bytes_per_image"] = int(o.data.nbytes + o.indices.nbytes + o.indptr.nbytes) // n
+        return out

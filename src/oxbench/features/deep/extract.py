@@ -2,8 +2,13 @@
 
 The conventions of the published GeM models (cirtorch's ``extract_vectors`` / ``extract_ms``):
 
-- each image (a query: its crop) is shrunk so its longer side is at most ``max_side`` (Pillow's
-  ``thumbnail`` with Lanczos filtering; smaller images are not enlarged);
+- each image is shrunk so its longer side is at most ``max_side`` (Pillow's ``thumbnail`` with
+  Lanczos filtering; smaller images are not enlarged);
+- a query crop, by default (``query_resize="full-image"``), is shrunk by the factor of its *full*
+  image, as cirtorch's ``ImagesFromList`` does with boxes: to a longer side of at most
+  ``floor(max_side * max(crop) / max(full))`` (:func:`query_crop_side`), so the crop keeps the scale
+  it has in the resized database image; ``query_resize="crop"`` shrinks the crop itself to
+  ``max_side``. The two agree whenever the full image is within ``max_side``;
 - RGB in ``0..1``, normalised with the network's mean / std;
 - at every scale ``s`` (default ``1, 1/sqrt(2), 1/2``) the normalised tensor is resized bilinearly
   (``align_corners=False``) by ``s`` and described (an L2-normalised vector); the scales are combined
@@ -103,6 +108,28 @@ def resize_max_side(image: NDArray[np.uint8], max_side: int) -> NDArray[np.uint8
     im = pil.fromarray(image)
     im.thumbnail((max_side, max_side), pil.Resampling.LANCZOS)
     return np.asarray(im)
+
+
+def query_crop_side(crop_hw: tuple[int, ...], full_hw: tuple[int, ...], max_side: int) -> int:
+    """Longest side a query crop may keep when its *full* image is shrunk to ``max_side``.
+
+    ``floor(max_side * max(crop) / max(full))`` (at least 1): cirtorch's box resizing
+    (``imresize(crop, imsize * max(crop.size) / max(full.size))``, whose Pillow ``thumbnail`` floors
+    the size). A full image within ``max_side`` gives a side at least the crop's own (no resize).
+
+    Example:
+        >>> query_crop_side((300, 700), (1500, 2000), 1024)
+        358
+    """
+    crop_max, full_max = max(crop_hw[:2]), max(full_hw[:2])
+    if crop_max < 1 or full_max < crop_max:
+        raise InputError(f"a query crop of {crop_hw[:2]} px does not fit in its image of {full_hw[:2]} px")
+    return max(1, math.floor(max_side * crop_max / full_max))
+
+
+def resize_query_crop(crop: NDArray[np.uint8], full_hw: tuple[int, ...], max_side: int) -> NDArray[np.uint8]:
+    """A query crop shrunk by its full image's factor (see :func:`query_crop_side`)."""
+    return resize_max_side(crop, query_crop_side(crop.shape, full_hw, max_side))
 
 
 class Extractor:

@@ -29,22 +29,45 @@ else:
 RMAC_OVERLAP = 0.4
 
 
-def rmac_regions(height: int, width: int, levels: int = 3, overlap: float = RMAC_OVERLAP) -> list[tuple[int, int, int]]:
+#: How :func:`rmac_regions` does its arithmetic (``RMAC(grid=...)``, ``GlobalConfig.rmac_grid``).
+RMAC_GRIDS = ("float64", "float32")
+
+
+def rmac_regions(
+    height: int, width: int, levels: int = 3, overlap: float = RMAC_OVERLAP, *, grid: str = "float64"
+) -> list[tuple[int, int, int]]:
     """The R-MAC regions of a ``height x width`` map: ``(top, left, side)`` squares, coarse first.
 
-    At level ``l = 1 .. levels`` the regions are squares of side ``floor(2 * min(H, W) / (l + 1))``:
-    ``l`` of them along the short side and ``l + extra`` along the long side, spread evenly from
-    edge to edge (top-left corners ``floor(c + k * step) - c`` with ``c = floor(side / 2 - 1)``).
-    ``extra`` (0 for a square map) is chosen once per map: the number of extra regions ``e`` in
-    ``1 .. 6`` whose step ``b = (max - min) / e`` makes the overlap of two neighbouring
-    ``min``-sized regions, ``(min^2 - min * b) / min^2``, closest to ``overlap`` (the first such
-    ``e`` on ties). This is the region rule of Tolias et al.'s MATLAB code and of cirtorch.
+    The rule (Tolias, Sicre & Jegou, ICLR 2016, Sec. 3; their MATLAB code and cirtorch's ``rmac``),
+    with ``m = min(H, W)`` and ``M = max(H, W)``:
+
+    1. extra regions on the long side (0 for a square map): for ``e = 1 .. 6`` the step
+       ``b_e = (M - m) / e`` and the cost ``|(m^2 - m * b_e) / m^2 - overlap|`` (how far the overlap of
+       two neighbouring ``m``-sized squares is from ``overlap``, 0.4); ``e`` is the first index of the
+       smallest cost *as computed* -- in exact arithmetic several ``e`` can tie (``5 x 9``:
+       ``e = 1`` and ``e = 2`` both cost 0.2), and which one wins depends on the rounding;
+    2. at level ``l = 1 .. levels``: squares of side ``s = floor(2 m / (l + 1))`` (none when 0),
+       ``l`` of them along the short side and ``l + e`` along the long one; with ``n`` squares along
+       a side of length ``L``, ``c = floor(s / 2 - 1)`` and ``step = (L - s) / (n - 1)`` (0 when
+       ``n = 1``), the ``k``-th starts at ``floor(c + k * step) - c``.
+
+    ``grid="float64"`` (default) evaluates both in double precision. ``grid="float32"`` rounds as
+    cirtorch's tensors do: ``b_e``, the cost (``m * b_e``, the difference, the quotient, minus
+    ``overlap`` rounded to float32) and ``c + k * step`` (``step`` rounded to float32, then the
+    product and the sum) each rounded to float32. The two differ on a few map sizes (of the 1,600
+    from 1x1 to 40x40, 24: e.g. ``5 x 9`` gets 1 extra region instead of 2, ``2 x 32`` a last
+    offset of 30 instead of 31); ``float32`` gives a published cirtorch R-MAC model's descriptors.
     The whole map (MAC) is not in the list.
     """
+    if grid not in RMAC_GRIDS:
+        raise ValueError(f"unknown R-MAC grid {grid!r}; use one of {RMAC_GRIDS}")
+    f32 = grid == "float32"
     w = min(width, height)
     extra_w = extra_h = 0
     if width != height:
-        best = min(range(1, 7), key=lambda e: abs((w * w - w * ((max(height, width) - w) / e)) / (w * w) - overlap))
+        best = _extra_regions32(w, max(height, width), overlap) if f32 else min(
+            range(1, 7), key=lambda e: abs((w * w - w * ((max(height, width) - w) / e)) / (w * w) - overlap)
+        )
         if height < width:
             extra_w = best
         else:
@@ -55,15 +78,31 @@ def rmac_regions(height: int, width: int, levels: int = 3, overlap: float = RMAC
         if side == 0:
             continue
         c = math.floor(side / 2 - 1)
-        tops = _starts(height, side, level + extra_h, c)
-        lefts = _starts(width, side, level + extra_w, c)
+        tops = _starts(height, side, level + extra_h, c, f32)
+        lefts = _starts(width, side, level + extra_w, c, f32)
         out.extend((t, left, side) for t in tops for left in lefts)
     return out
 
 
-def _starts(length: int, side: int, n: int, c: int) -> list[int]:
+def _extra_regions32(short: int, long_: int, overlap: float) -> int:
+    """Step 1 of the rule in float32: the first ``e`` of the smallest float32 cost."""
+    import numpy as np
+
+    e = np.arange(1, 7, dtype=np.float32)
+    b = (np.float32(1.0) / e) * np.float32(long_ - short)  # torch's number / tensor: reciprocal, times
+    sq = np.float32(short * short)
+    cost = np.abs((sq - np.float32(short) * b) / sq - np.float32(overlap))
+    return int(np.argmin(cost)) + 1
+
+
+def _starts(length: int, side: int, n: int, c: int, f32: bool = False) -> list[int]:
     step = 0.0 if n == 1 else (length - side) / (n - 1)
-    return [math.floor(c + k * step) - c for k in range(n)]
+    if not f32:
+        return [math.floor(c + k * step) - c for k in range(n)]
+    import numpy as np
+
+    pos = np.float32(c) + np.arange(n, dtype=np.float32) * np.float32(step)
+    return [int(v) - c for v in np.floor(pos)]
 
 
 class MAC(nn.Module):
@@ -110,19 +149,23 @@ class RMAC(nn.Module):
     Args:
         levels: region scales ``L`` (3 as published).
         eps: added to each region vector's norm before dividing.
+        grid: the region arithmetic of :func:`rmac_regions` (``"float32"``: cirtorch's).
     """
 
-    def __init__(self, levels: int = 3, eps: float = 1e-6) -> None:
+    def __init__(self, levels: int = 3, eps: float = 1e-6, *, grid: str = "float64") -> None:
         super().__init__()
         if levels < 1:
             raise ValueError(f"R-MAC levels must be >= 1, got {levels}")
+        if grid not in RMAC_GRIDS:
+            raise ValueError(f"unknown R-MAC grid {grid!r}; use one of {RMAC_GRIDS}")
         self.levels = levels
         self.eps = eps
+        self.grid = grid
 
     def forward(self, x):  # noqa: ANN001, ANN201
         h, w = int(x.shape[-2]), int(x.shape[-1])
         v = self._l2n(x.amax(dim=(-2, -1)))
-        for top, left, side in rmac_regions(h, w, self.levels):
+        for top, left, side in rmac_regions(h, w, self.levels, grid=self.grid):
             v = v + self._l2n(x[..., top : top + side, left : left + side].amax(dim=(-2, -1)))
         return v
 
@@ -130,7 +173,7 @@ class RMAC(nn.Module):
         return v / (v.norm(dim=-1, keepdim=True) + self.eps)
 
     def extra_repr(self) -> str:
-        return f"levels={self.levels}"
+        return f"levels={self.levels}, grid={self.grid}"
 
 
 #: Pooling heads by name (``GlobalConfig.pooling``).

@@ -23,7 +23,7 @@ end of this module.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -52,6 +52,9 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
         asmk_tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
         asmk_query_ma: words per query feature (multiple assignment; the database uses 1).
         asmk_idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
+        vocab_max_points_per_centroid: ``None`` (default): the codebook is trained on every
+            training descriptor, as the ``asmk`` package trains it; a number: a seeded sample of
+            that many per word (bag-of-words' default is 32).
     """
 
     family: ClassVar[str] = "asmk"
@@ -61,6 +64,10 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
     asmk_tau: float = setting(0.0, S.Float(lo=-1, hi=1, hi_open=True), doc="selectivity threshold")
     asmk_query_ma: int = setting(5, S.Int(lo=1, hi=64), doc="words per query feature")
     asmk_idf: bool = setting(False, S.Bool(), doc="idf weighting of words")
+    vocab_max_points_per_centroid: int | None = field(
+        default=None, kw_only=True,
+        metadata=S.Optional(S.Int(lo=1, hi=1 << 20)).meta("training descriptors per word (none: every one)"),
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)

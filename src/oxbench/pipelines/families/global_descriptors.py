@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -98,8 +99,15 @@ class GlobalConfig(MethodConfig):
             (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
             :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
         pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
+        rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float64"`` or ``"float32"``
+            (cirtorch's, for a published R-MAC model's descriptors;
+            :func:`~oxbench.features.deep.pooling.rmac_regions`).
         gem_p: GeM's exponent for random / ImageNet weights (a model file brings its own).
         max_side: ``cnn``: longer image side (px) before description (never enlarged).
+        query_resize: ``cnn``: how a query crop is shrunk: ``"full-image"`` (by the factor that
+            brings its full image to ``max_side``, as cirtorch evaluates the published models) or
+            ``"crop"`` (the crop itself to ``max_side``). Same result when the full image is
+            within ``max_side``.
         scales: ``cnn``: multi-scale factors, combined by the power mean with GeM's ``p``.
         precision: ``cnn``: ``"fp32"`` or ``"bf16"`` (autocast of the trunk).
         model_whitening: ``cnn``: apply the learned whitening stored in the model file (cirtorch's
@@ -135,7 +143,11 @@ class GlobalConfig(MethodConfig):
             2017) or any re-ranker registered in :data:`oxbench.pipelines.rerankers.RERANKERS` that
             works on vectors.
         diffusion_k, diffusion_query_k, diffusion_alpha, diffusion_gamma, diffusion_truncation,
-            diffusion_iterations: see :class:`~oxbench.rerank.diffusion.DiffusionSettings`.
+            diffusion_iterations, diffusion_normalise, diffusion_mode: see
+            :class:`~oxbench.rerank.diffusion.DiffusionSettings` (``diffusion_k`` counts the image
+            itself, as the reference code does; ``diffusion_normalise="full"`` slices the whole
+            graph's normalisation, ``"subgraph"`` re-normalises the truncated graph;
+            ``diffusion_mode="offline"`` precomputes every database image's diffusion).
         db_features, query_features: with ``descriptor="features"``, the user's descriptor files
             (rows in database / query order of the dataset).
         train_features: the user's training descriptors, for ``whitening`` (never the test set's
@@ -154,8 +166,10 @@ class GlobalConfig(MethodConfig):
     backbone: str = "resnet50"
     weights: str | None = "imagenet"
     pooling: Literal["mac", "spoc", "gem", "rmac"] = "gem"
+    rmac_grid: Literal["float64", "float32"] = "float64"
     gem_p: float = 3.0
     max_side: int = 1024
+    query_resize: Literal["full-image", "crop"] = "full-image"
     scales: tuple[float, ...] = (1.0, 2.0**-0.5, 0.5)
     precision: Literal["fp32", "bf16"] = "fp32"
     model_whitening: bool = False
@@ -192,6 +206,8 @@ class GlobalConfig(MethodConfig):
     diffusion_gamma: float = 3.0
     diffusion_truncation: int = 1000
     diffusion_iterations: int = 20
+    diffusion_normalise: Literal["full", "subgraph"] = "full"
+    diffusion_mode: Literal["online", "offline"] = "online"
     db_features: str | None = None
     query_features: str | None = None
     train_features: str | None = None
@@ -232,6 +248,10 @@ class GlobalConfig(MethodConfig):
             raise InputError(f"method {self.name}: max_side must be >= 16 px")
         if self.precision not in ("fp32", "bf16"):
             raise InputError(f"method {self.name}: precision must be fp32 or bf16")
+        if self.rmac_grid not in ("float64", "float32"):
+            raise InputError(f"method {self.name}: rmac_grid must be float64 or float32, got {self.rmac_grid!r}")
+        if self.query_resize not in ("full-image", "crop"):
+            raise InputError(f"method {self.name}: query_resize must be full-image or crop, got {self.query_resize!r}")
         if self.batch_size < 1:
             raise InputError(f"method {self.name}: batch_size must be >= 1")
         if self.weights is not None and (not isinstance(self.weights, str) or not self.weights):
@@ -256,6 +276,11 @@ class GlobalConfig(MethodConfig):
         """Whether ``fit`` trains the network into its model file (``fit_network`` with a file)."""
         return self.descriptor == "cnn" and self.fit_network and self.weights not in (None, "random", "imagenet")
 
+    @property
+    def reads_images(self) -> bool:
+        """User feature files replace every step that reads pixels."""
+        return self.descriptor != "features"
+
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
 
@@ -272,6 +297,7 @@ class GlobalConfig(MethodConfig):
             return {
                 "descriptor": "cnn", "backbone": self.backbone, "pooling": self.pooling, "gem_p": self.gem_p,
                 "max_side": self.max_side, "scales": list(self.scales), "precision": self.precision,
+                **({"rmac_grid": self.rmac_grid} if self.pooling == "rmac" else {}),
             }  # fmt: skip
         return {
             "descriptor": self.descriptor, "features": self.features.to_dict(), "vlad_k": self.vlad_k,
@@ -370,11 +396,12 @@ class GlobalDescriptors(RetrievalMethod):
 
     def _descriptor_path(self, bench: Benchmark, part: str, ctx: RunContext) -> Path:
         """The descriptor store folder of one part (:class:`~oxbench.features.descstore.DescriptorStore`)."""
-        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx), 12) / part
+        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx, part), 12) / part
 
-    def _store_settings(self, ctx: RunContext) -> dict[str, Any]:
+    def _store_settings(self, ctx: RunContext, part: str = "database") -> dict[str, Any]:
         if self.config.descriptor == "cnn":
-            return {**self.config.descriptor_settings(), "weights": self._model(ctx).weights}
+            extra = {"query_resize": self.config.query_resize} if part == "queries" else {}
+            return {**self.config.descriptor_settings(), "weights": self._model(ctx).weights, **extra}
         if self.codebook_path_ is None:
             raise InputError(f"method {self.config.name}: fit before describing images")
         return {**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}
@@ -393,7 +420,7 @@ class GlobalDescriptors(RetrievalMethod):
         names = part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         with file_lock(path.with_name(path.name + ".lock"), wait=24 * 3600.0, what=str(path)):
-            store = DescriptorStore.open(path, self._store_settings(ctx))
+            store = DescriptorStore.open(path, self._store_settings(ctx, part))
             hit = not store.missing(names)
             failed: list[str] = []
             if not hit:
@@ -441,6 +468,8 @@ class GlobalDescriptors(RetrievalMethod):
                         "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
                     )
             self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
+            if m.pooling == "rmac":
+                self.model_.net.pool.grid = m.rmac_grid
         return self.model_
 
     def _cnn_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
@@ -451,7 +480,7 @@ class GlobalDescriptors(RetrievalMethod):
             opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision,
                                   batch_size=m.batch_size, device=m.device, decode_threads=ctx.decode_threads)
             self._extractor = Extractor(self._model(ctx).net, opts)
-        read = {"database": bench.database.read, "queries": bench.query_crop}.get(part)
+        read = {"database": bench.database.read, "queries": query_reader(bench, m)}.get(part)
         if read is None:
             assert bench.distractors is not None
             read = bench.distractors.read
@@ -576,6 +605,21 @@ class GlobalDescriptors(RetrievalMethod):
         if self.whitening_ is not None:
             out["whitening"] = {"kind": self.whitening_.kind, "fitted_on": self.whitening_.fitted_on_, "dim": self.whitening_.dim}
         return out
+
+
+def query_reader(bench: Benchmark, m: GlobalConfig) -> Callable[[int], NDArray[np.uint8]]:
+    """Query ``i``'s crop as the CNN describes it: with ``query_resize="full-image"`` already
+    shrunk by its full image's factor (:func:`~oxbench.features.deep.extract.resize_query_crop`),
+    with ``"crop"`` as cut (the extractor shrinks it to ``max_side``)."""
+    if m.query_resize == "crop":
+        return bench.query_crop
+    from oxbench.features.deep.extract import resize_query_crop
+
+    def read(i: int) -> NDArray[np.uint8]:
+        crop, full_hw = bench.query_crop_and_size(i)
+        return resize_query_crop(crop, full_hw, m.max_side)
+
+    return read
 
 
 # --- presets -------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def diffusion_settings(config: Any) -> DiffusionSettings:
     return DiffusionSettings(
         k=config.diffusion_k, query_k=config.diffusion_query_k, alpha=config.diffusion_alpha,
         gamma=config.diffusion_gamma, truncation=config.diffusion_truncation,
-        iterations=config.diffusion_iterations,
+        iterations=config.diffusion_iterations, normalise=config.diffusion_normalise, mode=config.diffusion_mode,
     )  # fmt: skip
 
 

@@ -38,7 +38,8 @@ class LocalQuantisation:
         vocab_size: number of visual words.
         vocab_structure: ``auto`` / ``flat`` / ``two-level`` (see :class:`~oxbench.index.vocabulary.Vocabulary`).
         vocab_iter: k-means iterations.
-        vocab_max_points_per_centroid: training-sample limit (descriptors per word).
+        vocab_max_points_per_centroid: training-sample limit (descriptors per word; ``None``: every
+            training descriptor).
         vocab_n_probe: coarse cells searched in two-level assignment.
         vocab_seed: seed of sampling and k-means.
         spatial: spatially re-rank the top ``spatial_top_r``.
@@ -58,7 +59,8 @@ class LocalQuantisation:
     vocab_structure: Literal["auto", "flat", "two-level"] = setting(
         "auto", S.Choice("auto", "flat", "two-level"), doc="flat k-means or a two-level vocabulary")
     vocab_iter: int = setting(10, S.Int(lo=1, hi=1000), doc="k-means iterations")
-    vocab_max_points_per_centroid: int = setting(32, S.Int(lo=1, hi=1 << 20), doc="training descriptors per word")
+    vocab_max_points_per_centroid: int | None = setting(
+        32, S.Optional(S.Int(lo=1, hi=1 << 20)), doc="training descriptors per word (none: every one)")
     vocab_n_probe: int = setting(4, S.Int(lo=1, hi=1 << 16), doc="coarse cells searched in two-level assignment")
     vocab_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="seed of sampling and k-means")
     spatial: bool = setting(False, S.Bool(), doc="spatially verify the short list")

@@ -22,7 +22,7 @@ from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.features.store import FeatureStore
 from oxbench.fileio import json_digest, remove_stale_temps
-from oxbench.index.vocabulary import AUTO_FLAT_MAX, Vocabulary
+from oxbench.index.vocabulary import AUTO_FLAT_MAX, Vocabulary, training_sample_size
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.keys import StepResult, dataset_key, part_names
 from oxbench.pipelines.steps.local import open_store, step_features
@@ -39,7 +39,8 @@ class VocabularySpec:
         n_words: number of words.
         structure: ``auto`` / ``flat`` / ``two-level`` (:class:`~oxbench.index.vocabulary.Vocabulary`).
         n_iter: k-means iterations.
-        max_points_per_centroid: training-sample limit (descriptors per word).
+        max_points_per_centroid: training-sample limit (descriptors per word; ``None``: every
+            training descriptor).
         n_probe: coarse cells searched in two-level assignment.
         seed: seed of sampling and k-means.
     """
@@ -48,7 +49,7 @@ class VocabularySpec:
     n_words: int
     structure: Literal["auto", "flat", "two-level"] = "auto"
     n_iter: int = 10
-    max_points_per_centroid: int = 32
+    max_points_per_centroid: int | None = 32
     n_probe: int = 4
     seed: int = 0
 
@@ -69,16 +70,16 @@ class VocabularySpec:
 
 
 def training_descriptors(
-    store: FeatureStore, names: Sequence[str], n_target: int, seed: int = 0
+    store: FeatureStore, names: Sequence[str], n_target: int | None, seed: int = 0
 ) -> NDArray[np.float32]:
-    """A seeded sample of about ``n_target`` descriptors spread evenly over ``names``' images."""
+    """A seeded sample of about ``n_target`` descriptors spread evenly over ``names``' images (``None``: all)."""
     store.require_all(names)
     rng = np.random.default_rng(seed)
     counts = [store.count(name) for name in names]
     total = int(sum(counts))
     if total == 0:
         raise InputError("the training images have no features", store.directory)
-    frac = min(1.0, n_target / total)
+    frac = 1.0 if n_target is None else min(1.0, n_target / total)
     parts = []
     for name, c in zip(names, counts, strict=True):
         if c == 0:
@@ -123,7 +124,7 @@ def step_vocabulary(spec: VocabularySpec, train: Benchmark, ctx: RunContext) -> 
             step_features(train, spec.features, ctx, parts=["database"])
         with ctx.timed("vocabulary"):
             store = open_store(ctx.cache, train, spec.features, "database")
-            n_target = spec.n_words * spec.max_points_per_centroid
+            n_target = training_sample_size(spec.n_words, spec.max_points_per_centroid)
             x = training_descriptors(store, part_names(train, "database"), n_target, seed=spec.seed)
             log.info("training %d words on %d descriptors of %s", spec.n_words, len(x), train.id)
             voc = Vocabulary(
