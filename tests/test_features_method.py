@@ -64,7 +64,7 @@ def test_presets_and_settings() -> None:
     m = resolve_method("features-diffusion", db_features="a.npy", query_features="b.npy", diffusion_k=7)
     assert isinstance(m, GlobalConfig) and m.descriptor == "features" and m.rerank == "diffusion"
     assert not m.needs_training and m.to_dict()["diffusion_k"] == 7
-    with pytest.raises(InputError, match="unknown search 'annoy'"):
+    with pytest.raises(InputError, match="setting search: expected one of exact, faiss-flat, faiss-ivfpq, got 'annoy'"):
         resolve_method("features", search="annoy")
     with pytest.raises(InputError, match="nprobe 9 is larger than nlist 8"):
         resolve_method("features-ivfpq", nlist=8, nprobe=9)
@@ -152,13 +152,13 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
         want = "diffusion_k=41 is larger than the database (40 images)"
     elif case == "diffusion-truncation":
         extra = ["--set", "rerank=diffusion", "--set", "diffusion_truncation=0"]
-        want = "diffusion_truncation must be an integer >= 1, got 0"
+        want = "setting diffusion_truncation: must be in [1, 16777216], got 0"
     elif case == "diffusion-alpha":
         extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=NaN"]
-        want = "diffusion_alpha must be a number in (0, 1), got nan"
+        want = "setting diffusion_alpha: expected a finite number, got 'NaN'"
     elif case == "diffusion-alpha-text":
         extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=nan"]
-        want = "diffusion_alpha must be a number in (0, 1), got 'nan'"
+        want = "setting diffusion_alpha: expected a finite number, got 'nan'"
     else:
         few = tmp_path / "few.npy"
         np.save(few, np.load(files["train"])[:6])

@@ -82,7 +82,7 @@ def test_presets_are_data() -> None:
         resolve_method("rootsift-bow", features=3)
     with pytest.raises(InputError, match="needs spatial"):
         BowConfig("x", qe="aqe")
-    with pytest.raises(InputError, match="unknown whitening"):
+    with pytest.raises(InputError, match="setting whitening: expected one of none, pca, learned"):
         resolve_method("rootsift-vlad", whitening="zca")
 
 

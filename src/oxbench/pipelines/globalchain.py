@@ -108,15 +108,8 @@ FULL_LIST_MAX = 100_000
 
 
 def check_search_settings(m: ChainSettings) -> None:
-    """Refuse search / DBA / diffusion settings that cannot work (one line naming the method)."""
-    if m.search not in ("exact", "faiss-flat", "faiss-ivfpq"):
-        raise InputError(f"method {m.name}: unknown search {m.search!r} (exact, faiss-flat, faiss-ivfpq)")
-    if m.search_k is not None and m.search_k < 1:
-        raise InputError(f"method {m.name}: search_k must be >= 1")
-    if m.dba < 0 or m.dba_alpha < 0:
-        raise InputError(f"method {m.name}: dba and dba_alpha must be >= 0")
-    if m.layout not in ("n-d", "d-n"):
-        raise InputError(f"method {m.name}: unknown layout {m.layout!r} (n-d: one row per image; d-n: revisitop's columns)")
+    """Refuse index and re-ranking settings that cannot work together (one line naming the method);
+    each setting's own type and range is its spec's (:mod:`oxbench.schema`)."""
     try:
         index_settings(m)
     except InputError as exc:

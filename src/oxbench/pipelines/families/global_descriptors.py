@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
@@ -76,6 +77,7 @@ from oxbench.pipelines.steps import (
     step_vocabulary,
     store_spec,
 )
+from oxbench.schema import setting, validate
 from oxbench.train.loop import TrainConfig, benchmark_training_set
 from oxbench.train.loop import train as train_network
 from oxbench.train.pairs import matching_pairs
@@ -161,107 +163,82 @@ class GlobalConfig(MethodConfig):
     family: ClassVar[str] = "global"
 
     name: str
-    descriptor: Literal["vlad", "cnn", "features"] = "vlad"
+    descriptor: Literal["vlad", "cnn", "features"] = setting(
+        "vlad", S.Choice("vlad", "cnn", "features"), doc="how an image becomes one vector")
     features: SiftConfig = field(default_factory=SiftConfig)
-    backbone: str = "resnet50"
-    weights: str | None = "imagenet"
-    pooling: Literal["mac", "spoc", "gem", "rmac"] = "gem"
-    rmac_grid: Literal["float64", "float32"] = "float64"
-    gem_p: float = 3.0
-    max_side: int = 1024
-    query_resize: Literal["full-image", "crop"] = "full-image"
-    scales: tuple[float, ...] = (1.0, 2.0**-0.5, 0.5)
-    precision: Literal["fp32", "bf16"] = "fp32"
-    model_whitening: bool = False
-    fit_network: bool = False
-    train_epochs: int | None = None
-    seed: int = 0
-    batch_size: int = 8
-    device: str = "auto"
-    vlad_k: int = 64
-    vlad_iter: int = 20
-    vlad_max_points_per_centroid: int = 256
-    vlad_seed: int = 0
-    power: float = 0.5
-    intra_norm: bool = True
-    whitening: Literal["none", "pca", "learned"] = "none"
-    whitening_dim: int | None = None
-    whitening_power: float = 0.5
-    whitening_shrinkage: float = 0.0
-    qe: Literal["none", "aqe", "alpha-qe"] = "none"
-    qe_k: int = 5
-    qe_alpha: float = 3.0
-    search: Literal["exact", "faiss-flat", "faiss-ivfpq"] = "exact"
-    search_k: int | None = None
-    nlist: int = 256
-    pq_m: int = 16
-    pq_nbits: int = 8
-    nprobe: int = 16
-    dba: int = 0
-    dba_alpha: float = 3.0
-    rerank: str = "none"
-    diffusion_k: int = 50
-    diffusion_query_k: int = 10
-    diffusion_alpha: float = 0.99
-    diffusion_gamma: float = 3.0
-    diffusion_truncation: int = 1000
-    diffusion_iterations: int = 20
-    diffusion_normalise: Literal["full", "subgraph"] = "full"
-    diffusion_mode: Literal["online", "offline"] = "online"
-    db_features: str | None = None
-    query_features: str | None = None
-    train_features: str | None = None
-    train_pairs: str | None = None
-    layout: Literal["n-d", "d-n"] = "n-d"
-    key: str | None = None
+    backbone: str = setting("resnet50", S.Str(min_len=1, max_len=256), doc="cnn: torchvision trunk or timm:<name>")
+    weights: str | None = setting("imagenet", S.Optional(S.Str(min_len=1, max_len=4096)),
+                                  doc="cnn: random, imagenet, a model file or models:<file>")  # fmt: skip
+    pooling: Literal["mac", "spoc", "gem", "rmac"] = setting("gem", S.Choice("mac", "spoc", "gem", "rmac"),
+                                                            doc="cnn: pooling head")  # fmt: skip
+    rmac_grid: Literal["float64", "float32"] = setting("float64", S.Choice("float64", "float32"),
+                                                      doc="cnn R-MAC: region arithmetic")  # fmt: skip
+    gem_p: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="cnn: GeM exponent")
+    max_side: int = setting(1024, S.Int(lo=16, hi=1 << 16), doc="cnn: longer image side (px)")
+    query_resize: Literal["full-image", "crop"] = setting("full-image", S.Choice("full-image", "crop"),
+                                                         doc="cnn: how a query crop is shrunk")  # fmt: skip
+    scales: tuple[float, ...] = setting((1.0, 2.0**-0.5, 0.5), S.FloatTuple(S.Float(lo=0, lo_open=True, hi=4), max_len=16),
+                                        doc="cnn: multi-scale factors")  # fmt: skip
+    precision: Literal["fp32", "bf16"] = setting("fp32", S.Choice("fp32", "bf16"), doc="cnn: trunk precision")
+    model_whitening: bool = setting(False, S.Bool(), doc="cnn: the model file's learned whitening")
+    fit_network: bool = setting(False, S.Bool(), doc="cnn: fit trains a missing model file")
+    train_epochs: int | None = setting(None, S.Optional(S.Int(lo=1, hi=10_000)), doc="fit_network: epochs")
+    seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="cnn: seed of random weights")
+    batch_size: int = setting(8, S.Int(lo=1, hi=4096), doc="cnn: images per forward pass")
+    device: str = setting("auto", S.Str(min_len=1, max_len=32), doc="cnn: auto, cpu or cuda")
+    vlad_k: int = setting(64, S.Int(lo=2, hi=1 << 16), doc="vlad: codebook size")
+    vlad_iter: int = setting(20, S.Int(lo=1, hi=1000), doc="vlad: k-means iterations")
+    vlad_max_points_per_centroid: int | None = setting(256, S.Optional(S.Int(lo=1, hi=1 << 20)),
+                                                       doc="vlad: training descriptors per word")  # fmt: skip
+    vlad_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="vlad: k-means seed")
+    power: float = setting(0.5, S.Float(lo=0, lo_open=True, hi=1), doc="vlad: signed power normalisation")
+    intra_norm: bool = setting(True, S.Bool(), doc="vlad: intra-normalisation")
+    whitening: Literal["none", "pca", "learned"] = setting("none", S.Choice("none", "pca", "learned"),
+                                                          doc="whitening learned on the training set")  # fmt: skip
+    whitening_dim: int | None = setting(None, S.Optional(S.Int(lo=1, hi=1 << 16)), doc="whitened dimension")
+    whitening_power: float = setting(0.5, S.Float(lo=0, hi=1), doc="PCA whitening power")
+    whitening_shrinkage: float = setting(0.0, S.Float(lo=0, hi=1, hi_open=True), doc="whitening shrinkage")
+    qe: Literal["none", "aqe", "alpha-qe"] = setting("none", S.Choice("none", "aqe", "alpha-qe"), doc="query expansion")
+    qe_k: int = setting(5, S.Int(lo=1, hi=1 << 16), doc="query expansion: neighbours")
+    qe_alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="alpha-QE exponent")
+    search: Literal["exact", "faiss-flat", "faiss-ivfpq"] = setting(
+        "exact", S.Choice("exact", "faiss-flat", "faiss-ivfpq"), doc="search index")
+    search_k: int | None = setting(None, S.Optional(S.Int(lo=1, hi=1 << 24)), doc="ranked-list length")
+    nlist: int = setting(256, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells")
+    pq_m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
+    pq_nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
+    nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
+    dba: int = setting(0, S.Int(lo=0, hi=1 << 16), doc="database-side augmentation neighbours (0: off)")
+    dba_alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="DBA weight exponent")
+    rerank: str = setting("none", S.Str(min_len=1, max_len=64), doc="re-ranker after QE (none, diffusion, ...)")
+    diffusion_k: int = setting(50, S.Int(lo=2, hi=1 << 16), doc="diffusion: graph neighbours (the image counts)")
+    diffusion_query_k: int = setting(10, S.Int(lo=1, hi=1 << 16), doc="diffusion: query neighbours")
+    diffusion_alpha: float = setting(0.99, S.Float(lo=0, lo_open=True, hi=1, hi_open=True), doc="diffusion: alpha")
+    diffusion_gamma: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="diffusion: similarity exponent")
+    diffusion_truncation: int = setting(1000, S.Int(lo=1, hi=1 << 24), doc="diffusion: images re-ranked")
+    diffusion_iterations: int = setting(20, S.Int(lo=1, hi=10_000), doc="diffusion: solver iterations")
+    diffusion_normalise: Literal["full", "subgraph"] = setting("full", S.Choice("full", "subgraph"),
+                                                              doc="diffusion: graph normalisation")  # fmt: skip
+    diffusion_mode: Literal["online", "offline"] = setting("online", S.Choice("online", "offline"),
+                                                          doc="diffusion: per query, or precomputed")  # fmt: skip
+    db_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: database descriptor file")
+    query_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: query descriptor file")
+    train_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: training descriptors")
+    train_pairs: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)")
+    layout: Literal["n-d", "d-n"] = setting("n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image")
+    key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)), doc="features: array in .npz/.mat")
 
     def __post_init__(self) -> None:
-        if self.descriptor not in ("vlad", "cnn", "features"):
-            raise InputError(f"method {self.name}: unknown descriptor {self.descriptor!r} (known: vlad, cnn, features)")
+        validate(self)  # every setting's type and range (one line naming it)
         if self.descriptor == "cnn":
             self._check_cnn()
         check_search_settings(self)
-        if self.vlad_k < 2:
-            raise InputError(f"method {self.name}: vlad_k must be >= 2")
-        if not 0.0 < self.power <= 1.0:
-            raise InputError(f"method {self.name}: power must be in (0, 1]")
-        if self.whitening not in ("none", "pca", "learned"):
-            raise InputError(f"method {self.name}: unknown whitening {self.whitening!r} (none, pca, learned)")
-        if self.qe not in ("none", "aqe", "alpha-qe"):
-            raise InputError(f"method {self.name}: unknown query expansion {self.qe!r} (none, aqe, alpha-qe)")
-        if self.qe_k < 1:
-            raise InputError(f"method {self.name}: qe_k must be >= 1")
 
     def _check_cnn(self) -> None:
-        try:
-            scales = tuple(float(s) for s in self.scales)
-        except (TypeError, ValueError):
-            raise InputError(f"method {self.name}: scales must be a list of numbers, got {self.scales!r}") from None
-        object.__setattr__(self, "scales", scales)
-        if not scales or not all(0.0 < s <= 4.0 for s in scales):
-            raise InputError(f"method {self.name}: scales must be numbers in (0, 4], got {list(scales)}")
-        if self.pooling not in ("mac", "spoc", "gem", "rmac"):
-            raise InputError(f"method {self.name}: unknown pooling {self.pooling!r} (mac, spoc, gem, rmac)")
-        if not 0.0 < self.gem_p <= 100.0:
-            raise InputError(f"method {self.name}: gem_p must be in (0, 100]")
-        if self.max_side < 16:
-            raise InputError(f"method {self.name}: max_side must be >= 16 px")
-        if self.precision not in ("fp32", "bf16"):
-            raise InputError(f"method {self.name}: precision must be fp32 or bf16")
-        if self.rmac_grid not in ("float64", "float32"):
-            raise InputError(f"method {self.name}: rmac_grid must be float64 or float32, got {self.rmac_grid!r}")
-        if self.query_resize not in ("full-image", "crop"):
-            raise InputError(f"method {self.name}: query_resize must be full-image or crop, got {self.query_resize!r}")
-        if self.batch_size < 1:
-            raise InputError(f"method {self.name}: batch_size must be >= 1")
-        if self.weights is not None and (not isinstance(self.weights, str) or not self.weights):
-            raise InputError(f"method {self.name}: weights must be random, imagenet or a model file path")
         if self.model_whitening and self.weights in ("random", "imagenet"):
             raise InputError(f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)")
         if self.model_whitening and self.whitening != "none":
             raise InputError(f"method {self.name}: model_whitening already whitens; set whitening=none")
-        if self.train_epochs is not None and not 1 <= self.train_epochs <= 10_000:
-            raise InputError(f"method {self.name}: train_epochs must be in 1..10000")
 
     @property
     def needs_training(self) -> bool:
