@@ -259,9 +259,8 @@ def test_rmac_head_uses_its_grid() -> None:
 
 
 def test_method_setting_reaches_the_rmac_head() -> None:
-    from oxbench.pipelines.families.global_descriptors import GlobalConfig
-
     from oxbench.errors import InputError
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig
     from oxbench.pipelines.method import RunContext
 
     m = GlobalConfig("r", descriptor="cnn", backbone="resnet18", pooling="rmac", weights="random", rmac_grid="float32")
