@@ -129,6 +129,10 @@ from oxbench.pipelines.rerankers import Ranking, Reranker, register_reranker
 class ReverseTop(Reranker):
     needs = frozenset({"vectors"})
 
+    @classmethod
+    def from_config(cls, config):
+        return cls()
+
     def rerank(self, ranking, space, ctx):
         ranks, scores = ranking.ranks.copy(), ranking.scores.copy()
         ranks[:, :3], scores[:, :3] = ranks[:, 2::-1], scores[:, 2::-1]
@@ -139,12 +143,16 @@ class ReverseTop(Reranker):
 class NeedsLocal(Reranker):
     needs = frozenset({"local"})
 
+    @classmethod
+    def from_config(cls, config):
+        return cls()
+
     def rerank(self, ranking, space, ctx):
         return ranking
 
 
-register_reranker("reverse-top", lambda config: ReverseTop())
-register_reranker("needs-local", lambda config: NeedsLocal())
+register_reranker("reverse-top", ReverseTop)
+register_reranker("needs-local", NeedsLocal)
 '''
 
 
@@ -252,7 +260,7 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
         # a stage the family cannot serve, or an unknown one, is one line when the method is resolved
         with pytest.raises(InputError, match="re-ranker 'needs-local' needs local features, which the global"):
             resolve_method("features", rerank="needs-local")
-        with pytest.raises(InputError, match="unknown re-ranker 'nope'"):
+        with pytest.raises(InputError, match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, diffusion, reverse-top"):
             resolve_method("features", rerank="nope")
     finally:
         for name in ("reverse-top", "needs-local"):

@@ -114,7 +114,7 @@ def check_search_settings(m: ChainSettings) -> None:
         index_settings(m)
     except InputError as exc:
         raise InputError(f"method {m.name}: {exc}") from None
-    build_stages(m, stage_names(m), SearchChain.capabilities)  # unknown or unservable re-rankers
+    build_stages(m, stage_names(m), SearchChain.capabilities, setting="rerank")  # unknown or unservable
 
 
 def stage_names(m: ChainSettings) -> list[str]:

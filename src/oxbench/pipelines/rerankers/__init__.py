@@ -16,8 +16,8 @@ imported on first lookup, and a module elsewhere may call :func:`register_rerank
 - ``aqe-verified`` -- average query expansion from spatially verified images, whose new results
   are verified in turn (Chum et al. 2007; :mod:`.verified_qe`).
 
-A new re-ranker is one module: a :class:`Reranker` subclass and ``register_reranker(name, factory)``,
-where ``factory(config)`` builds the stage from a method config (reading the settings it knows).
+A new re-ranker is one module: a :class:`Reranker` subclass (its ``needs``, and ``from_config``
+reading the settings it knows from a method config) and ``register_reranker(name, cls)``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import dataclasses
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -107,6 +107,11 @@ class Reranker(ABC):
     name: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
 
+    @classmethod
+    @abstractmethod
+    def from_config(cls, config: Any) -> Reranker:
+        """The stage with the settings it reads from a method config."""
+
     def prepare(self, space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
         """Index-time work (a graph over the database); returns facts to record. Default: none."""
         return {}
@@ -116,8 +121,8 @@ class Reranker(ABC):
         """The ranking after this stage."""
 
 
-#: Re-ranker factories by name: ``factory(method config) -> Reranker``.
-RERANKERS: Registry[Callable[[Any], Reranker]] = Registry("re-ranker", loader=lambda: _load_modules())
+#: Re-rankers by name (each class builds itself from a method config: :meth:`Reranker.from_config`).
+RERANKERS: Registry[type[Reranker]] = Registry("re-ranker", loader=lambda: _load_modules())
 
 
 def _load_modules() -> None:
@@ -126,35 +131,42 @@ def _load_modules() -> None:
         importlib.import_module(info.name)
 
 
-def register_reranker(name: str, factory: Callable[[Any], Reranker]) -> None:
-    """Register a re-ranker under ``name`` (its module calls this once).
+def register_reranker(name: str, reranker: type[Reranker]) -> None:
+    """Register a re-ranker class under ``name`` (its module calls this once).
 
     Raises:
         InputError: the name is taken.
     """
     if name in RERANKERS:
         raise InputError(f"re-ranker {name!r} is registered twice")
-    RERANKERS.register(name, factory)
+    RERANKERS.register(name, reranker)
 
 
-def build_stages(config: Any, names: Sequence[str], offered: frozenset[str]) -> list[Reranker]:
+def build_stages(config: Any, names: Sequence[str], offered: frozenset[str], *, setting: str = "") -> list[Reranker]:
     """The stages ``names`` built from ``config``; one line when the family cannot serve one.
+
+    Args:
+        config: the method config the stages read their settings from.
+        names: re-ranker names, in order.
+        offered: what the family's :class:`RerankSpace` offers.
+        setting: the config setting the names come from, for the message.
 
     Raises:
         InputError: an unknown re-ranker, or one that needs what the family does not offer.
     """
+    where = f"method {config.name}: " + (f"setting {setting}: " if setting else "")
     stages = []
     for name in names:
-        try:
-            stage = RERANKERS.get(name)(config)
-        except InputError as exc:
-            raise InputError(f"method {config.name}: {exc}") from None
-        missing = stage.needs - offered
+        if name not in RERANKERS:
+            usable = [n for n in RERANKERS.names() if RERANKERS.get(n).needs <= offered]
+            raise InputError(f"{where}unknown re-ranker {name!r}; this family runs: {', '.join(sorted(usable))}")
+        cls = RERANKERS.get(name)
+        missing = cls.needs - offered
         if missing:
             family = getattr(config, "family", "")
-            raise InputError(f"method {config.name}: re-ranker {name!r} needs {', '.join(sorted(missing))} "
-                             f"features, which the {family} family does not offer")  # fmt: skip
-        stages.append(stage)
+            raise InputError(f"{where}re-ranker {name!r} needs {', '.join(sorted(missing))} features, which the "
+                             f"{family} family does not offer")  # fmt: skip
+        stages.append(cls.from_config(config))
     return stages
 
 

@@ -31,6 +31,10 @@ class DiffusionReranker(Reranker):
     def __init__(self, settings: DiffusionSettings) -> None:
         self.diffusion = Diffusion(settings)
 
+    @classmethod
+    def from_config(cls, config: Any) -> DiffusionReranker:
+        return cls(diffusion_settings(config))
+
     def prepare(self, space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
         with ctx.timed("diffusion_graph"):
             self.diffusion.fit(space.database)
@@ -42,8 +46,4 @@ class DiffusionReranker(Reranker):
         return Ranking(ranks, scores, ranking.queries, info=ranking.info)
 
 
-def _diffusion(config: Any) -> DiffusionReranker:
-    return DiffusionReranker(diffusion_settings(config))
-
-
-register_reranker("diffusion", _diffusion)
+register_reranker("diffusion", DiffusionReranker)

@@ -36,6 +36,10 @@ class QueryExpansion(Reranker):
     def __init__(self, k: int, alpha: float) -> None:
         self.k, self.alpha = k, alpha
 
+    @classmethod
+    def from_config(cls, config: Any) -> QueryExpansion:
+        return cls(config.qe_k, config.qe_alpha)
+
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         with ctx.timed("query_expansion"):
             queries = expand_queries(ranking.queries, space.database, ranking.ranks, k=self.k, alpha=self.alpha)
@@ -43,13 +47,13 @@ class QueryExpansion(Reranker):
         return Ranking(ranks, scores, queries, info=ranking.info)
 
 
-def _aqe(config: Any) -> QueryExpansion:
-    return QueryExpansion(config.qe_k, 0.0)
+class AverageQueryExpansion(QueryExpansion):
+    """AQE: the plain average of the query and its top ``k`` (alpha 0)."""
+
+    @classmethod
+    def from_config(cls, config: Any) -> AverageQueryExpansion:
+        return cls(config.qe_k, 0.0)
 
 
-def _alpha_qe(config: Any) -> QueryExpansion:
-    return QueryExpansion(config.qe_k, config.qe_alpha)
-
-
-register_reranker("aqe", _aqe)
-register_reranker("alpha-qe", _alpha_qe)
+register_reranker("aqe", AverageQueryExpansion)
+register_reranker("alpha-qe", QueryExpansion)

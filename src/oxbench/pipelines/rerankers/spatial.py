@@ -36,6 +36,10 @@ class SpatialVerification(Reranker):
     def __init__(self, top_r: int) -> None:
         self.top_r = top_r
 
+    @classmethod
+    def from_config(cls, config: Any) -> SpatialVerification:
+        return cls(config.spatial_top_r)
+
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         ranks = ranking.ranks
         r = min(self.top_r, ranks.shape[1])
@@ -54,8 +58,4 @@ class SpatialVerification(Reranker):
         return Ranking(final, scores, ranking.queries, tuple(results), info, matches)
 
 
-def _spatial(config: Any) -> SpatialVerification:
-    return SpatialVerification(config.spatial_top_r)
-
-
-register_reranker("spatial", _spatial)
+register_reranker("spatial", SpatialVerification)

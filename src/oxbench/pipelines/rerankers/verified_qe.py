@@ -36,6 +36,10 @@ class VerifiedQueryExpansion(Reranker):
     def __init__(self, max_verified: int, min_inliers: int, verify_top: int) -> None:
         self.max_verified, self.min_inliers, self.verify_top = max_verified, min_inliers, verify_top
 
+    @classmethod
+    def from_config(cls, config: Any) -> VerifiedQueryExpansion:
+        return cls(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top)
+
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         if ranking.verified is None:
             raise InputError("aqe-verified expands from verified images: put the spatial stage before it")
@@ -75,8 +79,4 @@ class VerifiedQueryExpansion(Reranker):
         return Ranking(final, scores, ranking.queries, ranking.verified, info, matches)
 
 
-def _verified_aqe(config: Any) -> VerifiedQueryExpansion:
-    return VerifiedQueryExpansion(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top)
-
-
-register_reranker("aqe-verified", _verified_aqe)
+register_reranker("aqe-verified", VerifiedQueryExpansion)
