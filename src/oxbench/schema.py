@@ -1,0 +1,556 @@
+"""Typed settings, declared once: the parser of a string and the check of a value come from there.
+
+A setting states its kind and range in one :class:`Spec` (``Int(lo=1)``, ``Float(lo=0, lo_open=True)``,
+``Choice("none", "aqe")``, ...). The same spec turns a string from the command line into a typed value
+(:meth:`Spec.parse`: ``--set qe_alpha=3``, ``--lr 1e-3``) and checks a value that is already typed
+(:meth:`Spec.check`: a preset's value, a dataclass field). Every refusal is one
+:class:`~oxbench.errors.InputError` line naming the setting::
+
+    setting qe_alpha: expected a finite number, got 'abc'
+
+Floats are finite unless the spec allows infinity, and NaN never passes a range: every bound is
+written as ``not (lo < x)``, which is true for NaN.
+
+On a frozen dataclass a spec goes into the field's metadata with :func:`setting`, and
+:func:`validate` (called from ``__post_init__``) checks every field that has one::
+
+    @dataclass(frozen=True)
+    class QeConfig:
+        qe_k: int = setting(10, Int(lo=1, hi=10_000), doc="neighbours averaged")
+        qe_alpha: float = setting(3.0, Float(lo=0), doc="weight exponent")
+
+        def __post_init__(self) -> None:
+            validate(self)
+
+    parse(QeConfig, "qe_alpha", "abc")   # InputError: setting qe_alpha: expected a finite number, got 'abc'
+    describe(QeConfig)                   # [SettingInfo(name='qe_k', kind='int', default=10, ...), ...]
+
+Nested configs are reached with dotted names (``features.max_side``) by :func:`parse`,
+:func:`spec_of` and :func:`describe`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from oxbench.errors import InputError
+
+__all__ = [
+    "Bool", "Choice", "Float", "FloatTuple", "Int", "Optional", "PathSetting", "SettingInfo", "Size",
+    "Spec", "Str", "coerce", "describe", "parse", "setting", "spec_of", "validate",
+]
+
+#: Key of a field's metadata that holds its :class:`Spec`.
+SPEC_KEY = "oxbench.spec"
+#: Key of a field's metadata that holds its one-line description.
+DOC_KEY = "oxbench.doc"
+
+_INT_TEXT = re.compile(r"[+-]?[0-9]+\Z")
+# Python's float() also takes "1_0", "nan", " inf ", "infinity": only the plain decimal forms here
+_FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
+_INF_TEXT = re.compile(r"[+-]?inf(inity)?\Z", re.IGNORECASE)
+_NAN_TEXT = re.compile(r"[+-]?nan\Z", re.IGNORECASE)
+#: Longest string a setting takes from the command line before it is looked at.
+_MAX_TEXT = 4096
+
+
+def _show(raw: Any) -> str:
+    """``raw`` for an error message: quoted, one line, at most ~60 characters."""
+    text = repr(raw)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _fail(name: str, message: str, what: str) -> InputError:
+    return InputError(f"{what} {name}: {message}")
+
+
+def _num(x: float) -> str:
+    """A bound as the user would write it (``0``, ``0.5``, ``1e+30``)."""
+    if isinstance(x, float) and x.is_integer() and abs(x) < 1e15:
+        return str(int(x))
+    return repr(x)
+
+
+class Spec:
+    """The kind and range of one setting.
+
+    Subclasses implement :meth:`_from_text` (a stripped string to a value) and :meth:`_check`
+    (a typed value to its normal form, or an error message). ``what`` in the public methods is the
+    word before the name in errors: ``setting`` for method settings, ``option`` for CLI options.
+    """
+
+    _kind: ClassVar[str] = "value"
+
+    @property
+    def kind(self) -> str:
+        """The kind's name, for listings: ``int``, ``float``, ``choice`` ..."""
+        return self._kind
+
+    def parse(self, name: str, raw: str, *, what: str = "setting") -> Any:
+        """The typed value of the string ``raw`` (from ``--set name=raw`` or an option).
+
+        Raises:
+            InputError: one line naming ``name``: the text is not of this kind or out of range.
+        """
+        if not isinstance(raw, str):
+            raise _fail(name, f"expected text to parse, got {type(raw).__name__}", what)
+        if len(raw) > _MAX_TEXT:
+            raise _fail(name, f"value is {len(raw):,} characters long; at most {_MAX_TEXT:,}", what)
+        if "\x00" in raw:
+            raise _fail(name, "value contains a NUL character", what)
+        result = self._from_text(raw.strip())
+        if isinstance(result, _Refusal):
+            raise _fail(name, f"{result.message}, got {_show(raw)}", what)
+        return self.check(name, result, what=what)
+
+    def check(self, name: str, value: Any, *, what: str = "setting") -> Any:
+        """``value`` in its normal form (``numpy.float32`` to ``float``, a list to a tuple).
+
+        Raises:
+            InputError: one line naming ``name``: wrong type, not finite, or out of range.
+        """
+        result = self._check(value)
+        if isinstance(result, _Refusal):
+            raise _fail(name, f"{result.message}, got {_show(value)}", what)
+        return result
+
+    def coerce(self, name: str, value: Any, *, what: str = "setting") -> Any:
+        """:meth:`parse` for a string, :meth:`check` for anything else."""
+        return self.parse(name, value, what=what) if isinstance(value, str) else self.check(name, value, what=what)
+
+    def meta(self, doc: str = "") -> dict[str, Any]:
+        """Field metadata holding this spec: ``field(default=3.0, metadata=Float(lo=0).meta())``."""
+        return {SPEC_KEY: self, DOC_KEY: doc}
+
+    def describe(self) -> str:
+        """The accepted values in words (``> 0``, ``one of none, aqe``), empty when any of its kind."""
+        return ""
+
+    # subclass hooks --------------------------------------------------------------------------
+    def _from_text(self, text: str) -> Any:
+        return text
+
+    def _check(self, value: Any) -> Any:  # pragma: no cover - every subclass overrides
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    message: str
+
+
+def _range_refusal(x: float, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> _Refusal | None:
+    # written so that NaN fails every bound: "not (lo < x)" is true for NaN
+    if lo is not None and (not (lo < x) if lo_open else not (lo <= x)):
+        return _Refusal(f"must be {_range_words(lo, hi, lo_open, hi_open)}")
+    if hi is not None and (not (x < hi) if hi_open else not (x <= hi)):
+        return _Refusal(f"must be {_range_words(lo, hi, lo_open, hi_open)}")
+    return None
+
+
+def _range_words(lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> str:
+    if lo is not None and hi is not None:
+        return f"in {'(' if lo_open else '['}{_num(lo)}, {_num(hi)}{')' if hi_open else ']'}"
+    if lo is not None:
+        return f"{'>' if lo_open else '>='} {_num(lo)}"
+    if hi is not None:
+        return f"{'<' if hi_open else '<='} {_num(hi)}"
+    return ""
+
+
+@dataclass(frozen=True)
+class Int(Spec):
+    """A whole number in ``[lo, hi]`` (either bound optional, ``*_open`` for a strict bound).
+
+    Text is decimal digits with an optional sign (``1_0``, ``1.5``, ``1e3``, ``true`` are refused);
+    a value must be an ``int`` or numpy integer, never a ``bool`` or a float.
+    """
+
+    lo: int | None = None
+    hi: int | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    _kind: ClassVar[str] = "int"
+
+    def _from_text(self, text: str) -> Any:
+        if not _INT_TEXT.match(text):
+            return _Refusal("expected a whole number")
+        if len(text) > 40:
+            return _Refusal("number too large")
+        return int(text)
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+            return _Refusal("expected a whole number")
+        x = int(value)
+        refusal = _range_refusal(x, self.lo, self.hi, self.lo_open, self.hi_open)
+        return refusal if refusal is not None else x
+
+    def describe(self) -> str:
+        return _range_words(self.lo, self.hi, self.lo_open, self.hi_open)
+
+
+@dataclass(frozen=True)
+class Size(Int):
+    """A whole number whose upper bound keeps memory in reach (a count of negatives, a dimension).
+
+    Like :class:`Int`, but ``hi`` is required and a value above it is refused with the reason, so a
+    typo like ``--neg-num 1000000000`` is one line instead of a ``MemoryError``.
+    """
+
+    hi: int | None = None
+    _kind: ClassVar[str] = "size"
+
+    def __post_init__(self) -> None:
+        if self.hi is None:
+            raise TypeError("Size needs an upper bound (hi=...)")
+
+    def _check(self, value: Any) -> Any:
+        result = super()._check(value)
+        if isinstance(result, _Refusal) and result.message.startswith("must be"):
+            return _Refusal(f"{result.message} (a bound that keeps memory in reach)")
+        return result
+
+
+@dataclass(frozen=True)
+class Float(Spec):
+    """A real number, finite unless ``allow_inf``, in a range with open or closed bounds.
+
+    NaN is always refused. Text is a plain decimal (``0.5``, ``1e-3``, ``-2``); ``inf`` parses only
+    when ``allow_inf``. A value may be an ``int``, ``float`` or numpy number, never a ``bool``.
+    """
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    allow_inf: bool = False
+    _kind: ClassVar[str] = "float"
+
+    def _expected(self) -> str:
+        return "expected a number (or inf)" if self.allow_inf else "expected a finite number"
+
+    def _from_text(self, text: str) -> Any:
+        if _FLOAT_TEXT.match(text) or (self.allow_inf and _INF_TEXT.match(text)):
+            return float(text)
+        return _Refusal(self._expected())
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+            return _Refusal(self._expected())
+        try:
+            x = float(value)
+        except OverflowError:  # an int beyond float range
+            return _Refusal(self._expected())
+        if math.isnan(x) or (math.isinf(x) and not self.allow_inf):
+            return _Refusal(self._expected())
+        refusal = _range_refusal(x, self.lo, self.hi, self.lo_open, self.hi_open)
+        return refusal if refusal is not None else x
+
+    def describe(self) -> str:
+        words = _range_words(self.lo, self.hi, self.lo_open, self.hi_open)
+        return f"{words}, inf allowed" if self.allow_inf and words else ("inf allowed" if self.allow_inf else words)
+
+
+_TRUE = frozenset({"true", "1", "yes"})
+_FALSE = frozenset({"false", "0", "no"})
+
+
+@dataclass(frozen=True)
+class Bool(Spec):
+    """``true``/``false`` (also ``1``/``0``, ``yes``/``no``, any case); a value must be a ``bool``."""
+
+    _kind: ClassVar[str] = "bool"
+
+    def _from_text(self, text: str) -> Any:
+        low = text.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        return _Refusal("expected true or false")
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, bool | np.bool_):
+            return bool(value)
+        return _Refusal("expected true or false")
+
+    def describe(self) -> str:
+        return "true or false"
+
+
+class Choice(Spec):
+    """One of a fixed list of words (``Choice("none", "aqe", "alpha-qe")``), compared exactly."""
+
+    _kind: ClassVar[str] = "choice"
+
+    def __init__(self, *choices: str) -> None:
+        if not choices or not all(isinstance(c, str) for c in choices):
+            raise TypeError("Choice takes one or more strings")
+        self.choices: tuple[str, ...] = tuple(choices)
+
+    def __repr__(self) -> str:
+        return f"Choice{self.choices!r}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Choice) and other.choices == self.choices
+
+    def __hash__(self) -> int:
+        return hash(self.choices)
+
+    def _words(self) -> str:
+        return ", ".join(self.choices)
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, str) and value in self.choices:
+            return value
+        return _Refusal(f"expected one of {self._words()}")
+
+    def describe(self) -> str:
+        return f"one of {self._words()}"
+
+
+@dataclass(frozen=True)
+class Str(Spec):
+    """Text of ``min_len`` to ``max_len`` characters, without NUL or line breaks."""
+
+    min_len: int = 0
+    max_len: int = 256
+    _kind: ClassVar[str] = "str"
+
+    def _check(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            return _Refusal("expected text")
+        if "\x00" in value or "\n" in value or "\r" in value:
+            return _Refusal("text must not contain NUL or line breaks")
+        if not (self.min_len <= len(value) <= self.max_len):
+            return _Refusal(f"expected {self.min_len} to {self.max_len} characters")
+        return value
+
+    def describe(self) -> str:
+        return f"{self.min_len}..{self.max_len} characters"
+
+
+@dataclass(frozen=True)
+class PathSetting(Spec):
+    """A file or folder path (kept as text; nothing is opened): non-empty, no NUL, bounded length."""
+
+    max_len: int = 4096
+    _kind: ClassVar[str] = "path"
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        if not isinstance(value, str):
+            return _Refusal("expected a path")
+        if not value or "\x00" in value or len(value) > self.max_len:
+            return _Refusal(f"expected a path of 1 to {self.max_len} characters without NUL")
+        return value
+
+    def describe(self) -> str:
+        return "a path"
+
+
+@dataclass(frozen=True)
+class Optional(Spec):
+    """``None`` (text ``none`` or ``null``, any case) or a value of ``inner``."""
+
+    inner: Spec = dataclasses.field(default_factory=Str)
+
+    @property
+    def kind(self) -> str:
+        return f"{self.inner.kind} or none"
+
+    def _from_text(self, text: str) -> Any:
+        if text.lower() in ("none", "null"):
+            return None
+        return self.inner._from_text(text)
+
+    def _check(self, value: Any) -> Any:
+        return None if value is None else self.inner._check(value)
+
+    def describe(self) -> str:
+        inner = self.inner.describe()
+        return f"{inner}, or none" if inner else "or none"
+
+
+@dataclass(frozen=True)
+class FloatTuple(Spec):
+    """A tuple of ``min_len`` to ``max_len`` numbers, each checked by ``item``.
+
+    Text is comma-separated, optionally in brackets or parentheses: ``0.5,1``, ``[0.5, 1]``.
+    """
+
+    item: Float = dataclasses.field(default_factory=Float)
+    min_len: int = 1
+    max_len: int = 64
+    _kind: ClassVar[str] = "floats"
+
+    def _from_text(self, text: str) -> Any:
+        if len(text) >= 2 and text[0] + text[-1] in ("[]", "()"):
+            text = text[1:-1]
+        parts = [p.strip() for p in text.split(",")] if text.strip() else []
+        if parts and parts[-1] == "":  # a trailing comma, as in Python's "(0.5,)"
+            parts.pop()
+        out = []
+        for p in parts:
+            v = self.item._from_text(p)
+            if isinstance(v, _Refusal):
+                return _Refusal("expected comma-separated numbers")
+            out.append(v)
+        return tuple(out)
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            value = value.tolist() if value.ndim == 1 else None
+        if not isinstance(value, tuple | list):
+            return _Refusal("expected a list of numbers")
+        if not (self.min_len <= len(value) <= self.max_len):
+            return _Refusal(f"expected {self.min_len} to {self.max_len} numbers")
+        out = []
+        for i, v in enumerate(value):
+            r = self.item._check(v)
+            if isinstance(r, _Refusal):
+                return _Refusal(f"item {i + 1}: {r.message}")
+            out.append(r)
+        return tuple(out)
+
+    def describe(self) -> str:
+        item = self.item.describe()
+        count = f"{self.min_len}..{self.max_len} numbers"
+        return f"{count}, each {item}" if item else count
+
+
+# --- dataclass fields ---------------------------------------------------------------------------
+
+
+def setting(default: Any = dataclasses.MISSING, spec: Spec | None = None, *, doc: str = "", **kwargs: Any) -> Any:
+    """A dataclass field whose metadata holds ``spec`` and ``doc``.
+
+    ``qe_alpha: float = setting(3.0, Float(lo=0), doc="weight exponent of alpha-QE")``. Further
+    keyword arguments go to :func:`dataclasses.field` (``default_factory``, ``compare`` ...).
+    """
+    if spec is None:
+        raise TypeError("setting() needs a spec")
+    metadata = {**kwargs.pop("metadata", {}), SPEC_KEY: spec, DOC_KEY: doc}
+    if default is dataclasses.MISSING:
+        return dataclasses.field(metadata=metadata, **kwargs)
+    return dataclasses.field(default=default, metadata=metadata, **kwargs)
+
+
+def _fields(cls_or_instance: Any) -> dict[str, dataclasses.Field[Any]]:
+    if not dataclasses.is_dataclass(cls_or_instance):
+        raise TypeError(f"{cls_or_instance!r} is not a dataclass")
+    return {f.name: f for f in dataclasses.fields(cls_or_instance)}
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def validate(instance: Any, *, what: str = "setting", normalize: bool = True) -> None:
+    """Check every field of the dataclass ``instance`` that has a spec (call from ``__post_init__``).
+
+    With ``normalize``, a value whose normal form has another type (a list given for a tuple, a
+    numpy number for a float) is replaced by it, on frozen dataclasses too, so the instance's
+    ``to_dict`` and digest do not depend on how the value was given.
+
+    Raises:
+        InputError: the first field whose value its spec refuses, named in one line.
+    """
+    for name, f in _fields(instance).items():
+        spec = f.metadata.get(SPEC_KEY)
+        if spec is None:
+            continue
+        value = getattr(instance, name)
+        checked = spec.check(name, value, what=what)
+        if normalize and type(checked) is not type(value):
+            object.__setattr__(instance, name, checked)
+
+
+def spec_of(cls_or_instance: Any, name: str) -> Spec:
+    """The spec of setting ``name`` (dotted for a nested config: ``features.max_side``).
+
+    Raises:
+        InputError: no such setting, or it declares no spec.
+    """
+    head, _, rest = name.partition(".")
+    fields = _fields(cls_or_instance)
+    if head not in fields:
+        raise InputError(f"unknown setting {name!r}")
+    f = fields[head]
+    if rest:
+        nested = getattr(cls_or_instance, head) if not isinstance(cls_or_instance, type) else _default(f)
+        if not dataclasses.is_dataclass(nested):
+            raise InputError(f"unknown setting {name!r}: {head} has no sub-settings")
+        try:
+            return spec_of(nested, rest)
+        except InputError:
+            raise InputError(f"unknown setting {name!r}") from None
+    spec = f.metadata.get(SPEC_KEY)
+    if spec is None:
+        raise InputError(f"setting {name!r} takes no value from text")
+    return spec
+
+
+def parse(cls_or_instance: Any, name: str, raw: str, *, what: str = "setting") -> Any:
+    """The typed value of setting ``name`` of a dataclass from the string ``raw``.
+
+    ``parse(QeConfig, "qe_k", "10") == 10``; dotted names reach nested configs.
+
+    Raises:
+        InputError: unknown setting, or the text is not a valid value (names the setting).
+    """
+    return spec_of(cls_or_instance, name).parse(name, raw, what=what)
+
+
+def coerce(cls_or_instance: Any, name: str, value: Any, *, what: str = "setting") -> Any:
+    """:func:`parse` for a string, the spec's check for a typed value (a preset's, JSON's)."""
+    return spec_of(cls_or_instance, name).coerce(name, value, what=what)
+
+
+@dataclass(frozen=True)
+class SettingInfo:
+    """One row of :func:`describe`: what a setting is called, takes and defaults to."""
+
+    name: str
+    kind: str
+    default: Any
+    range: str
+    doc: str
+
+
+def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
+    """Every setting of a dataclass with a spec, in field order, nested configs as dotted names.
+
+    The default is the instance's value when given an instance, else the field's default
+    (``dataclasses.MISSING`` when it has none).
+    """
+    rows: list[SettingInfo] = []
+    is_cls = isinstance(cls_or_instance, type)
+    for name, f in _fields(cls_or_instance).items():
+        value = _default(f) if is_cls else getattr(cls_or_instance, name)
+        spec = f.metadata.get(SPEC_KEY)
+        if spec is None:
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                rows.extend(describe(value, prefix=f"{prefix}{name}."))
+            continue
+        rows.append(SettingInfo(f"{prefix}{name}", spec.kind, value, spec.describe(), f.metadata.get(DOC_KEY, "")))
+    return rows
+
+
+def check_all(specs: Sequence[tuple[str, Spec, Any]], *, what: str = "setting") -> list[Any]:
+    """Check ``(name, spec, value)`` triples in order; the checked values (for loose arguments)."""
+    return [spec.check(name, value, what=what) for name, spec, value in specs]
