@@ -338,10 +338,23 @@ class FaissIndex:
             raise InputError(f"FAISS cannot read the index ({str(exc).splitlines()[0]})", path) from None
         if index.d != dim or index.ntotal != ntotal:
             raise InputError(f"index holds {index.ntotal} x {index.d}, its header says {ntotal} x {dim}", path)
+        if not _finite_index(faiss, index):
+            raise InputError("index file holds NaN or infinite vectors", path)
         if settings.kind == "ivfpq":
             index.nprobe = settings.nprobe  # deserialize_index returns the concrete class
         out.index_, out.dim_, out.ntotal_ = index, dim, ntotal
         return out
+
+
+def _finite_index(faiss: Any, index: Any) -> bool:
+    """Whether the float content of a flat or IVF-PQ index (vectors, centroids) is finite."""
+    parts = []
+    if hasattr(index, "pq"):  # IVF-PQ: the product quantizer's and the coarse quantizer's centroids
+        parts.append(faiss.vector_to_array(index.pq.centroids))
+        parts.append(index.quantizer.reconstruct_n(0, index.nlist))
+    elif hasattr(index, "codes"):  # flat: the vectors themselves, stored as float32 bytes
+        parts.append(faiss.vector_to_array(index.codes).view(np.float32))
+    return all(bool(np.isfinite(p).all()) for p in parts)
 
 
 def recall_at(found: NDArray[np.int64], truth: NDArray[np.int64], k: int) -> float:
