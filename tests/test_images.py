@@ -163,3 +163,15 @@ def test_run_without_a_recorded_root_shows_placeholders_only(tmp_path):
     run = write_run(tmp_path / "runs", gt, random_ranks(gt, 0), db_images=dict.fromkeys(range(4), str(img)))
     _, cache = build_viewer(RunRecord.load(run), tmp_path / "v")
     assert cache.made == 0 and cache.outside > 0
+
+
+def test_a_hostile_thumbnail_index_is_remade(tmp_path, caplog):
+    from oxbench.report.viewer import ThumbnailCache
+
+    (tmp_path / "thumbs").mkdir()
+    (tmp_path / "thumbs" / "index.json").write_text("[" * 200_000)
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        cache = ThumbnailCache(tmp_path / "thumbs")
+    assert cache.made == 0 and "unreadable thumbnail index" in caplog.text

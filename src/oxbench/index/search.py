@@ -319,9 +319,9 @@ class FaissIndex:
                 dim, ntotal = int(z["dim"]), int(z["ntotal"])
                 raw = {k[len("setting_"):]: z[k].item() for k in z.files if k.startswith("setting_")}
         except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
-            raise InputError(f"unreadable index file ({exc}); delete it to rebuild", path) from None
+            raise InputError(f"unreadable index file ({exc})", path) from None
         if hashlib.sha256(blob.tobytes()).hexdigest() != digest:
-            raise InputError("corrupt index file (checksum mismatch); delete it to rebuild", path)
+            raise InputError("corrupt index file (checksum mismatch)", path)
         try:
             settings = IndexSettings(
                 kind=str(raw.pop("kind")), **{k: int(v) for k, v in raw.items()}  # type: ignore[arg-type]

@@ -99,7 +99,7 @@ class ThumbnailCache:
                         k: v for k, v in data.items()
                         if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)
                     }
-            except (InputError, ValueError):
+            except (InputError, ValueError, RecursionError):
                 log.warning("%s: unreadable thumbnail index; thumbnails will be remade", manifest)
 
     def get(self, source: str | None, size: int) -> dict[str, Any] | None:
