@@ -88,6 +88,7 @@ class ThumbnailCache:
     outside: int = 0
     _sizes: dict[str, list[int]] = field(default_factory=dict)
     _dirty: bool = False
+    _refused: set[str] = field(default_factory=set)  # sources already refused: counted and named once
 
     def __post_init__(self) -> None:
         manifest = self.folder / _MANIFEST
@@ -105,8 +106,9 @@ class ThumbnailCache:
     def get(self, source: str | None, size: int) -> dict[str, Any] | None:
         """``{"src": "thumbs/<key>.jpg", "w": source width, "h": source height}``, or ``None`` for
         no image (``source`` is ``None``, missing or unreadable)."""
-        if source is None:
+        if source is None or source in self._refused:
             return None
+        self._refused.add(source)  # until it succeeds below
         # resolve links first (no file is opened), then allow only regular files under the roots
         real = os.path.realpath(source)
         if not _inside(real, [os.path.realpath(r) for r in self.roots]):
@@ -147,6 +149,7 @@ class ThumbnailCache:
             self._sizes[key] = [int(w), int(h)]
             self._dirty = True
             self.made += 1
+        self._refused.discard(source)
         w, h = self._sizes[key]
         return {"src": f"{self.folder.name}/{thumb.name}", "w": w, "h": h}
 
