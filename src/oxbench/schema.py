@@ -35,7 +35,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -554,7 +554,3 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
         rows.append(SettingInfo(f"{prefix}{name}", spec.kind, value, spec.describe(), f.metadata.get(DOC_KEY, "")))
     return rows
 
-
-def check_all(specs: Sequence[tuple[str, Spec, Any]], *, what: str = "setting") -> list[Any]:
-    """Check ``(name, spec, value)`` triples in order; the checked values (for loose arguments)."""
-    return [spec.check(name, value, what=what) for name, spec, value in specs]
