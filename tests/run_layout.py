@@ -1,4 +1,4 @@
-"""Test helper: write run folders in exactly the run-record layout (format 1) that ``oxbench run`` writes.
+"""Test helper: write run folders with the writer ``oxbench run`` uses (:func:`oxbench.records.write_run_files`).
 
 The metrics come from the real :func:`oxbench.evaluation.evaluate` on a small synthetic ground truth,
 so every number in the folder is consistent with its ranks.
@@ -6,7 +6,6 @@ so every number in the folder is consistent with its ranks.
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,13 +16,7 @@ import numpy as np
 from oxbench.evaluation import evaluate, to_revisitop
 from oxbench.groundtruth import GroundTruth, make_query
 from oxbench.pipelines.steps import gt_digest
-
-LABELS = {
-    "revisited": ["easy", "hard", "junk", "negative"],
-    "original": ["positive", "junk", "negative"],
-    "holidays": ["positive", "negative"],
-    "ukbench": ["positive", "negative"],
-}
+from oxbench.records import RECORD_FORMAT, retrieved_document, sequential_mean, write_run_files
 
 
 def tiny_gt(
@@ -45,15 +38,6 @@ def tiny_gt(
     return GroundTruth(dataset, protocol, db, tuple(queries)).validate()  # type: ignore[arg-type]
 
 
-def _label_of(gt: GroundTruth, qi: int) -> dict[int, str]:
-    q = gt.queries[qi]
-    if gt.protocol == "revisited":
-        parts = {"easy": q.easy, "hard": q.hard, "junk": q.junk}
-    else:
-        parts = {"positive": q.positives, "junk": q.junk}
-    return {int(i): lab for lab, arr in parts.items() for i in arr}
-
-
 def write_run(
     runs_dir: Path,
     gt: GroundTruth,
@@ -71,6 +55,7 @@ def write_run(
     matches: Mapping[int, Mapping[int, list[list[float]]]] | None = None,
     gt_sha256: str | None = None,
     record_overrides: Mapping[str, Any] | None = None,
+    root: str | Path | None = None,
 ) -> Path:
     """Write ``<runs_dir>/<config folder>/<run_id>/`` for internal-layout ``ranks [n_queries, k_kept]``.
 
@@ -83,64 +68,34 @@ def write_run(
     run = cfg_dir / run_id
     run.mkdir(parents=True)
     (cfg_dir / "config.json").write_text(json.dumps(config))
-
-    def dump(name: str, obj: Any) -> None:
-        (run / name).write_text(json.dumps(obj, indent=1))
-
     record = {
-        "format": 1, "run_id": run_id, "command": ["oxbench", "run"], "started": "2024-01-01T00:00:00Z",
+        "format": RECORD_FORMAT, "run_id": run_id, "command": ["oxbench", "run"], "started": "2024-01-01T00:00:00Z",
         "ended": "2024-01-01T00:00:05Z", "oxbench_version": "0.1.0", "git_commit": None,
         "host": {"cpu": "test", "cores": 1, "gpu": None, "platform": "linux", "python": "3.11"},
         "versions": {"numpy": np.__version__}, "accel": False, "cache": {}, "method": method,
         "dataset": gt.dataset, "status": "complete",
-    }
+    }  # fmt: skip
     record.update(record_overrides or {})
-    dump("record.json", record)
-    dump("config.json", config)
-    dump("dataset.json", {
+    dataset = {
         "id": gt.dataset, "gt_sha256": gt_sha256 or gt_digest(gt), "files_sha256": {}, "n_db": gt.n_db,
         "n_queries": gt.n_queries, "n_distractors": n_distractors, "protocols": [gt.protocol],
-        "crop": True, "root": None,
-    })
-    np.save(run / "ranks.npy", to_revisitop(ranks))
-    if scores is not None:
-        np.save(run / "scores.npy", np.asarray(scores, dtype=np.float32))
+        "crop": True, "root": None if root is None else str(root), "distractors_root": None,
+    }  # fmt: skip
+    names = list(db_names or gt.db_names) + [f"distractor{j:06d}" for j in range(n_distractors)]
+    retrieved = retrieved_document(
+        gt, ranks, None if scores is None else np.asarray(scores, dtype=np.float32), k,
+        image_name=lambda i: names[i],
+        image_path=lambda i: None if db_images is None else db_images.get(i),
+        query_image=lambda q: None if query_images is None else query_images.get(q),
+    )
     metrics = result.to_dict()
     metrics["run"] = {}
-    dump("metrics.json", metrics)
-    rows = result.per_query_rows()
-    dump("per_query.json", rows)
-    with open(run / "per_query.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    names = list(db_names or gt.db_names) + [f"distractor{j:06d}" for j in range(n_distractors)]
-    queries = []
-    for qi, q in enumerate(gt.queries):
-        lab = _label_of(gt, qi)
-        counts: dict[str, int] = {}
-        for v in lab.values():
-            counts[v] = counts.get(v, 0) + 1
-        top = []
-        for r, idx in enumerate(ranks[qi, :k]):
-            if idx < 0:
-                break
-            top.append({
-                "rank": r + 1, "index": int(idx), "name": names[idx],
-                "image": None if db_images is None else db_images.get(int(idx)),
-                "score": None if scores is None else float(scores[qi, r]),
-                "label": lab.get(int(idx), "negative"),
-            })
-        queries.append({
-            "index": qi, "name": q.name, "image": None if query_images is None else query_images.get(qi),
-            "bbox": None if q.bbox is None else list(q.bbox), "n_labelled": counts, "top": top,
-        })
-    dump("retrieved.json", {"k": k, "protocol": gt.protocol, "labels": LABELS[gt.protocol], "queries": queries})
-    dump("timings.json", {"search": 1.0, "total": 1.0})
-    (run / "summary.txt").write_text("\n".join(result.lines()) + "\n")
-    (run / "run.log").write_text("INFO done\n")
-    if matches is not None:
-        dump("matches.json", {"queries": {str(q): {str(d): v for d, v in m.items()} for q, m in matches.items()}})
+    write_run_files(
+        run, record=record, config=config, dataset=dataset, ranks_revisitop=to_revisitop(ranks), metrics=metrics,
+        per_query=result.per_query_rows(), retrieved=retrieved, timings={"search": 1.0, "total": 1.0},
+        summary="\n".join(result.lines()), scores=None if scores is None else np.asarray(scores, dtype=np.float32),
+        matches=matches, log_text="INFO done\n",
+    )
     return run
 
 
@@ -161,3 +116,29 @@ def better_ranks(gt: GroundTruth, seed: int, lift: int) -> np.ndarray:
         rest = [int(i) for i in r[qi] if int(i) not in pos]
         out.append(pos + rest)
     return np.asarray(out, dtype=np.int64)
+
+
+def resync_metrics(run: Path) -> None:
+    """Rewrite ``metrics.json``'s means from ``per_query.json`` after a test edited the per-query rows,
+    so the record stays consistent (the reader cross-checks the two)."""
+    rows = json.loads((run / "per_query.json").read_text())
+    metrics = json.loads((run / "metrics.json").read_text())
+
+    def mean(setup: str, column: str) -> float | None:
+        values = np.array([np.nan if r[column] is None else r[column] for r in rows if r["setup"] == setup])
+        v = sequential_mean(values)
+        return None if np.isnan(v) else v
+
+    if "setups" in metrics:
+        for setup, s in metrics["setups"].items():
+            for key in s:
+                if key == "map":
+                    s[key] = mean(setup, "ap")
+                elif key.startswith("mp@"):
+                    s[key] = mean(setup, key[1:])
+            s["ap"] = [r["ap"] for r in rows if r["setup"] == setup]
+    elif "score" in metrics:
+        metrics["score"] = mean(rows[0]["setup"], "score")
+    else:
+        metrics["map"] = mean(rows[0]["setup"], "ap")
+    (run / "metrics.json").write_text(json.dumps(metrics))

@@ -12,7 +12,7 @@ from oxbench.cli import main
 from oxbench.formats.revisitop import write_gnd
 from oxbench.groundtruth import GroundTruth
 from oxbench.report.runs import RunRecord
-from run_layout import better_ranks, random_ranks, tiny_gt, write_run
+from run_layout import better_ranks, random_ranks, resync_metrics, tiny_gt, write_run
 
 
 def run(argv, capsys):
@@ -100,6 +100,7 @@ def test_compare_refusals(pair, tmp_path, capsys):
     rows = json.loads((b / "per_query.json").read_text())
     rows[-1]["ap"] = None
     (b / "per_query.json").write_text(json.dumps(rows))
+    resync_metrics(b)
     refused(["compare", a, b], capsys, "skipped (no positives) in one run and not the other")
     rec = json.loads((b / "record.json").read_text())
     rec["format"] = 7

@@ -60,7 +60,7 @@ def viewer_runs(tmp_path):
     q_images = {q: str(facade(img / f"q{q}.jpg", 100 + q, (400, 300))) for q in range(gt.n_queries)}
     ra, rb = random_ranks(gt, 1), better_ranks(gt, 1, 2)
     matches = {0: {int(rb[0, 0]): [[30.0, 40.0, 50.0, 60.0], [100.0, 120.0, 90.0, 100.0], [200, 150, 210, 160]]}}
-    common = {"db_images": db_images, "query_images": q_images, "db_names": db_names}
+    common = {"db_images": db_images, "query_images": q_images, "db_names": db_names, "root": img}
     a = write_run(tmp_path / "runs", gt, ra, method="bow", scores=np.sort(np.random.default_rng(0).random(ra.shape))[:, ::-1], **common)
     b = write_run(tmp_path / "runs", gt, rb, method="bow-sv-qe", config_name="b", matches=matches, **common)
     return gt, a, b, img

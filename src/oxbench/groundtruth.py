@@ -169,11 +169,17 @@ class GroundTruth:
     def validate(self) -> GroundTruth:
         """Check the labels and return self; raise :class:`InputError` naming the query otherwise.
 
-        Checks: every label indexes the database, and no query labels one image two ways
-        (e.g. positive and junk) -- the official programs silently double-count those.
+        Checks: no name holds a NUL character, every label indexes the database, and no query
+        labels one image two ways (e.g. positive and junk) -- the official programs silently
+        double-count those.
         """
         if self.protocol not in PROTOCOLS:
             raise InputError(f"unknown protocol {self.protocol!r}", self.source)
+        # a NUL cannot be in a file name or a line of a ranked list: refused here, at the boundary
+        for what, names in (("query", self.query_names), ("database image", self.db_names)):
+            bad = next((i for i, name in enumerate(names) if "\x00" in name), None)
+            if bad is not None:
+                raise InputError(f"{what} {bad} has a name with a NUL character ({names[bad]!r})", self.source)
         n = self.n_db
         for qi, q in enumerate(self.queries):
             seen: dict[int, str] = {}

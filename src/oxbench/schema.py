@@ -35,7 +35,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -460,12 +460,15 @@ def _default(f: dataclasses.Field[Any]) -> Any:
     return dataclasses.MISSING
 
 
-def validate(instance: Any, *, what: str = "setting", normalize: bool = True) -> None:
+def validate(
+    instance: Any, *, what: str = "setting", normalize: bool = True, label: Callable[[str], str] | None = None
+) -> None:
     """Check every field of the dataclass ``instance`` that has a spec (call from ``__post_init__``).
 
     With ``normalize``, a value whose normal form has another type (a list given for a tuple, a
     numpy number for a float) is replaced by it, on frozen dataclasses too, so the instance's
-    ``to_dict`` and digest do not depend on how the value was given.
+    ``to_dict`` and digest do not depend on how the value was given. ``label`` maps a field name to
+    the name errors show (``lambda n: "--" + n.replace("_", "-")`` for command-line options).
 
     Raises:
         InputError: the first field whose value its spec refuses, named in one line.
@@ -475,7 +478,7 @@ def validate(instance: Any, *, what: str = "setting", normalize: bool = True) ->
         if spec is None:
             continue
         value = getattr(instance, name)
-        checked = spec.check(name, value, what=what)
+        checked = spec.check(label(name) if label else name, value, what=what)
         if normalize and type(checked) is not type(value):
             object.__setattr__(instance, name, checked)
 
@@ -505,20 +508,21 @@ def spec_of(cls_or_instance: Any, name: str) -> Spec:
     return spec
 
 
-def parse(cls_or_instance: Any, name: str, raw: str, *, what: str = "setting") -> Any:
+def parse(cls_or_instance: Any, name: str, raw: str, *, what: str = "setting", label: str | None = None) -> Any:
     """The typed value of setting ``name`` of a dataclass from the string ``raw``.
 
-    ``parse(QeConfig, "qe_k", "10") == 10``; dotted names reach nested configs.
+    ``parse(QeConfig, "qe_k", "10") == 10``; dotted names reach nested configs. ``label`` is the
+    name errors show (default ``name``; ``"--lr"`` for an option).
 
     Raises:
         InputError: unknown setting, or the text is not a valid value (names the setting).
     """
-    return spec_of(cls_or_instance, name).parse(name, raw, what=what)
+    return spec_of(cls_or_instance, name).parse(label or name, raw, what=what)
 
 
-def coerce(cls_or_instance: Any, name: str, value: Any, *, what: str = "setting") -> Any:
+def coerce(cls_or_instance: Any, name: str, value: Any, *, what: str = "setting", label: str | None = None) -> Any:
     """:func:`parse` for a string, the spec's check for a typed value (a preset's, JSON's)."""
-    return spec_of(cls_or_instance, name).coerce(name, value, what=what)
+    return spec_of(cls_or_instance, name).coerce(label or name, value, what=what)
 
 
 @dataclass(frozen=True)
@@ -550,7 +554,3 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
         rows.append(SettingInfo(f"{prefix}{name}", spec.kind, value, spec.describe(), f.metadata.get(DOC_KEY, "")))
     return rows
 
-
-def check_all(specs: Sequence[tuple[str, Spec, Any]], *, what: str = "setting") -> list[Any]:
-    """Check ``(name, spec, value)`` triples in order; the checked values (for loose arguments)."""
-    return [spec.check(name, value, what=what) for name, spec, value in specs]

@@ -118,10 +118,34 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
+@contextlib.contextmanager
+def warnings_as_log_lines() -> Iterator[None]:
+    """Show Python warnings of the block as one log line each (``WARNING <module>: <message>``), not
+    the two-line ``file:line: Category: message`` + source form; Pillow's warning about an image over
+    its own pixel limit is dropped, since oxbench checks its own budget first (:mod:`oxbench.imaging`).
+    """
+    import warnings
+
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: Any = None, line: str | None = None) -> None:
+        text = " ".join(str(message).split())
+        logging.getLogger(getattr(category, "__module__", "py.warnings")).warning("%s: %s", category.__name__, text)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit")
+        warnings.showwarning = show
+        try:
+            yield
+        finally:
+            warnings.showwarning = previous
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: user errors -> one line, exit 2; SIGTERM/SIGINT -> 130."""
     try:
-        with stop_on_signals():
+        with stop_on_signals(), warnings_as_log_lines():
             rv = cli.main(args=argv, prog_name="oxbench", standalone_mode=False)
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)

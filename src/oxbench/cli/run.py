@@ -105,7 +105,7 @@ def run(
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def runs(runs_dir: str, as_json: bool) -> None:
     """List the run records under RUNS_DIR (default ./runs) with their headline numbers."""
-    from oxbench.pipelines.runner import find_runs
+    from oxbench.records import find_runs
 
     found = find_runs(runs_dir)
     if as_json:

@@ -45,22 +45,26 @@ def read_image(path: str | Path, *, exif_transpose: bool = False) -> NDArray[np.
     EXIF orientation is *not* applied by default: the benchmarks' boxes and the official pipelines
     use the stored pixel orientation. Pass ``exif_transpose=True`` to apply it explicitly.
 
+    Images over the pixel budget (:func:`oxbench.imaging.max_pixels`, ``$OXBENCH_MAX_PIXELS``) are
+    refused before they are decoded.
+
     Raises:
-        InputError: missing or undecodable file (names the file).
+        InputError: missing, undecodable or over-budget file (names the file).
     """
-    image_mod = require("PIL.Image", "images")
+    from oxbench.imaging import open_image
+
     ops = require("PIL.ImageOps", "images")
     path = Path(path)
     try:
-        with image_mod.open(path) as im:
+        with open_image(path) as im:
             im.load()
             if exif_transpose:
                 im = ops.exif_transpose(im)
             return np.asarray(im.convert("RGB"))
-    except FileNotFoundError:
-        raise InputError("image file not found", path) from None
     except (OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"cannot decode image ({exc})", path) from None
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"cannot decode image ({' '.join(str(exc).split())[:200]})", path) from None
 
 
 @dataclass(frozen=True, eq=False)

@@ -31,7 +31,7 @@ from oxbench.datasets.families import IMAGE_DIR, IMAGE_EXT, require_dir
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec, get_spec
-from oxbench.errors import require
+from oxbench.errors import InputError
 from oxbench.fileio import (
     atomic_write_json,
     checksum_mismatch,
@@ -149,9 +149,10 @@ class VerifyReport:
 
 def check_image(path: Path) -> tuple[str | None, int | None]:
     """Decode one image fully; return ``(error or None, EXIF orientation or None)``."""
-    image_mod = require("PIL.Image", "images")
+    from oxbench.imaging import open_image
+
     try:
-        with image_mod.open(path) as im:
+        with open_image(path) as im:
             orientation = im.getexif().get(_EXIF_ORIENTATION)
             im.load()
             if im.width < 1 or im.height < 1:
@@ -159,6 +160,8 @@ def check_image(path: Path) -> tuple[str | None, int | None]:
         return None, int(orientation) if orientation is not None else None
     except FileNotFoundError:
         return "missing", None
+    except InputError as exc:
+        return ("missing" if exc.problem == "image file not found" else exc.problem), None
     except Exception as exc:  # noqa: BLE001 - any decoder failure is a corrupt image
         return f"{type(exc).__name__}: {exc}", None
 

@@ -151,8 +151,8 @@ class DescriptorStore:
                 names = [str(n) for n in z["names"].tolist()]
                 x = np.asarray(z["descriptors"], np.float32)
                 digest = str(z["digest"])
-        except (InputError, OSError, KeyError, ValueError, EOFError) as exc:
-            reason = f"unreadable ({exc})"
+        except Exception as exc:  # noqa: BLE001 - a damaged zip raises BadZipFile, zlib.error, EOFError...
+            reason = f"unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:160]})"
         else:
             if x.ndim == 2 and x.shape[0] == len(names) and shard_digest(names, x) == digest:
                 return names, x

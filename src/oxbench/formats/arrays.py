@@ -28,6 +28,7 @@ the first, non-numeric text, a non-numeric or complex array, a missing or ambigu
 from __future__ import annotations
 
 import logging
+import re
 import zipfile
 from pathlib import Path
 from typing import Any, Literal
@@ -301,6 +302,9 @@ def _l2_normalized(x: NDArray[np.float32], path: Path, chunk: int = 1 << 16) -> 
     return out
 
 
+_INDEX_TOKEN = re.compile(r"-?[0-9]{1,30}")
+
+
 def _read_text_ranks(p: Path, padding: int | None) -> NDArray[np.int64]:
     data = read_input_bytes(p, limit=TEXT_RANKS_LIMIT)
     try:
@@ -316,10 +320,10 @@ def _read_text_ranks(p: Path, padding: int | None) -> NDArray[np.int64]:
     for lineno, line in enumerate(lines, start=1):
         row = []
         for tok in line.split():
-            try:
-                v = int(tok)
-            except ValueError:
-                raise InputError(f"line {lineno}: {tok[:40]!r} is not an integer index", p) from None
+            # plain decimal digits only: int() would also take "1_0" (10) and "+5"
+            if not _INDEX_TOKEN.fullmatch(tok):
+                raise InputError(f"line {lineno}: {tok[:40]!r} is not an integer index", p)
+            v = int(tok)
             if v < 0 and not (v == -1 and padding == -1):
                 raise InputError(
                     f"line {lineno}: {v} is not an index (indices are 0-based and non-negative"

@@ -319,9 +319,9 @@ class FaissIndex:
                 dim, ntotal = int(z["dim"]), int(z["ntotal"])
                 raw = {k[len("setting_"):]: z[k].item() for k in z.files if k.startswith("setting_")}
         except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
-            raise InputError(f"unreadable index file ({exc}); delete it to rebuild", path) from None
+            raise InputError(f"unreadable index file ({exc})", path) from None
         if hashlib.sha256(blob.tobytes()).hexdigest() != digest:
-            raise InputError("corrupt index file (checksum mismatch); delete it to rebuild", path)
+            raise InputError("corrupt index file (checksum mismatch)", path)
         try:
             settings = IndexSettings(
                 kind=str(raw.pop("kind")), **{k: int(v) for k, v in raw.items()}  # type: ignore[arg-type]
@@ -338,10 +338,23 @@ class FaissIndex:
             raise InputError(f"FAISS cannot read the index ({str(exc).splitlines()[0]})", path) from None
         if index.d != dim or index.ntotal != ntotal:
             raise InputError(f"index holds {index.ntotal} x {index.d}, its header says {ntotal} x {dim}", path)
+        if not _finite_index(faiss, index):
+            raise InputError("index file holds NaN or infinite vectors", path)
         if settings.kind == "ivfpq":
             index.nprobe = settings.nprobe  # deserialize_index returns the concrete class
         out.index_, out.dim_, out.ntotal_ = index, dim, ntotal
         return out
+
+
+def _finite_index(faiss: Any, index: Any) -> bool:
+    """Whether the float content of a flat or IVF-PQ index (vectors, centroids) is finite."""
+    parts = []
+    if hasattr(index, "pq"):  # IVF-PQ: the product quantizer's and the coarse quantizer's centroids
+        parts.append(faiss.vector_to_array(index.pq.centroids))
+        parts.append(index.quantizer.reconstruct_n(0, index.nlist))
+    elif hasattr(index, "codes"):  # flat: the vectors themselves, stored as float32 bytes
+        parts.append(faiss.vector_to_array(index.codes).view(np.float32))
+    return all(bool(np.isfinite(p).all()) for p in parts)
 
 
 def recall_at(found: NDArray[np.int64], truth: NDArray[np.int64], k: int) -> float:

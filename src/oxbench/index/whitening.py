@@ -178,6 +178,9 @@ class PCAWhitening:
             raise InputError(f"unreadable whitening file ({exc})", path) from None
         if w.components_.ndim != 2 or w.components_.shape != (len(w.scale_), len(w.mean_)):
             raise InputError("malformed whitening file (array shapes disagree)", path)
+        for name in ("mean_", "components_", "scale_", "explained_variance_"):
+            if not np.isfinite(getattr(w, name)).all():
+                raise InputError(f"whitening file holds NaN or infinite values ({name.rstrip('_')})", path)
         w.dim = w.components_.shape[0]
         return w
 

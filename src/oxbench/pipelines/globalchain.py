@@ -183,11 +183,15 @@ class SearchChain:
             key = json_digest({**settings.to_dict(), "db": _array_digest(self.db)}, 12)
             path = cache_dir / f"index-{settings.kind}-{key}.npz"
             if path.exists():
-                index = FaissIndex.load(path)
-                if index.ntotal_ != self.db.shape[0] or index.dim_ != self.db.shape[1]:
-                    raise InputError(f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}; delete it", path)
-                ctx.record_step("search_index", hit=True)
-                return index
+                try:
+                    index = FaissIndex.load(path)
+                    if index.ntotal_ != self.db.shape[0] or index.dim_ != self.db.shape[1]:
+                        raise InputError(f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}", path)
+                except InputError as exc:  # a damaged cache entry is rebuilt, named once
+                    log.warning("%s; building the index again", exc)
+                else:
+                    ctx.record_step("search_index", hit=True)
+                    return index
         index = FaissIndex(settings).fit(self.db)
         if path is not None:
             index.save(path)

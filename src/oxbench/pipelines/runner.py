@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import platform
-import secrets
 import shutil
 import subprocess
 import sys
@@ -57,8 +56,6 @@ from oxbench.execution import Executor, make_executor
 from oxbench.fileio import (
     TEMP_PREFIX,
     atomic_write_json,
-    atomic_write_npy,
-    atomic_write_text,
     file_lock,
     file_sha256,
     json_digest,
@@ -73,15 +70,19 @@ from oxbench.pipelines.method import (
     resolve_method,
 )
 from oxbench.pipelines.steps import gt_digest
+from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: re-exported
+    RECORD_FORMAT,
+    RUN_FILES,
+    RunSummary,
+    find_runs,
+    jsonable,
+    list_runs,
+    new_run_id,
+    retrieved_document,
+    write_run_files,
+)
 
 log = logging.getLogger(__name__)
-
-#: Files every complete run folder holds.
-RUN_FILES = (
-    "record.json", "config.json", "dataset.json", "ranks.npy", "metrics.json", "per_query.csv",
-    "per_query.json", "retrieved.json", "timings.json", "summary.txt", "run.log",
-)  # fmt: skip
-RECORD_FORMAT = 1
 
 #: Default training set of each test set: never the test set itself (the other city).
 DEFAULT_TRAIN_DATASET: dict[str, str] = {
@@ -250,80 +251,35 @@ def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
 
 # --- what was retrieved ---------------------------------------------------------------------------
 
-#: Label vocabulary of each protocol, as written in ``retrieved.json``.
-PROTOCOL_LABELS: dict[str, tuple[str, ...]] = {
-    "revisited": ("easy", "hard", "junk", "negative"),
-    "original": ("positive", "junk", "negative"),
-    "holidays": ("positive", "junk", "negative"),
-    "ukbench": ("positive", "negative"),
-}
-_FIELD_LABEL = {"easy": "easy", "hard": "hard", "good": "positive", "ok": "positive", "junk": "junk"}
-
-
 def retrieved_records(
     bench: Benchmark, ranks: np.ndarray, scores: np.ndarray | None, k: int
 ) -> dict[str, Any]:
-    """The top ``k`` of every query: index, image name, image path, score and label.
+    """``retrieved.json`` of a run on ``bench`` (:func:`oxbench.records.retrieved_document`)."""
+    n_db = bench.gt.n_db
 
-    Args:
-        bench: the benchmark (names and paths of the database, distractors and queries).
-        ranks: ``int64 [n_queries, n]`` internal layout.
-        scores: ``[n_queries, >= k]`` aligned scores, or ``None``.
-        k: how many of each list to record.
-    """
-    gt = bench.gt
-    n_db = gt.n_db
+    def image_name(idx: int) -> str:
+        if idx < n_db:
+            return bench.gt.db_names[idx]
+        assert bench.distractors is not None
+        return bench.distractors.name(idx - n_db)
 
-    def image(idx: int) -> tuple[str, str | None]:
+    def image_path(idx: int) -> str | None:
         if idx < n_db:
             p = bench.database.path(idx)
-            return gt.db_names[idx], None if p is None else str(p)
-        assert bench.distractors is not None
-        p = bench.distractors.path(idx - n_db)
-        return bench.distractors.name(idx - n_db), None if p is None else str(p)
+        else:
+            assert bench.distractors is not None
+            p = bench.distractors.path(idx - n_db)
+        return None if p is None else str(p)
 
-    queries = []
-    for qi, q in enumerate(gt.queries):
-        label_of: dict[int, str] = {}
-        counts: dict[str, int] = {}
-        for fname, arr in q.labels().items():
-            lab = _FIELD_LABEL[fname]
-            counts[lab] = counts.get(lab, 0) + int(arr.size)
-            label_of.update(dict.fromkeys(arr.tolist(), lab))
-        top = []
-        for r, idx in enumerate(ranks[qi, :k].tolist()):
-            if idx < 0:  # padding of a short list
-                break
-            name, path = image(idx)
-            score = None if scores is None else float(scores[qi, r])
-            top.append({"rank": r + 1, "index": idx, "name": name, "image": path, "score": score,
-                        "label": label_of.get(idx, "negative")})
-        qpath = bench.queries.path(qi)
-        queries.append({
-            "index": qi, "name": q.name, "id": q.query_id, "image": None if qpath is None else str(qpath),
-            "bbox": None if q.bbox is None else [float(v) for v in q.bbox], "n_labelled": counts, "top": top,
-        })  # fmt: skip
-    return {"k": k, "protocol": gt.protocol, "labels": list(PROTOCOL_LABELS[gt.protocol]), "queries": queries}
+    def query_image(qi: int) -> str | None:
+        p = bench.queries.path(qi)
+        return None if p is None else str(p)
+
+    return retrieved_document(bench.gt, ranks, scores, k, image_name=image_name, image_path=image_path,
+                              query_image=query_image)
 
 
 # --- run folders ----------------------------------------------------------------------------------
-
-
-def new_run_id() -> str:
-    """A fresh run id: UTC time to the second plus 4 random hex digits (unique across processes)."""
-    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
-
-
-def _is_run_folder(path: Path) -> bool:
-    return path.is_dir() and not path.name.startswith(".") and (path / "record.json").is_file()
-
-
-def list_runs(config_dir: str | Path) -> list[Path]:
-    """The complete run folders of a config folder, oldest first."""
-    config_dir = Path(config_dir)
-    if not config_dir.is_dir():
-        return []
-    return sorted(p for p in config_dir.iterdir() if _is_run_folder(p))
 
 
 def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite: bool = False) -> None:
@@ -376,52 +332,28 @@ def _write_run_files(
     search: SearchResult, result: EvaluationResult, timings: Mapping[str, float],
     info: Mapping[str, Any], top_k: int, trained_on_test: bool,
 ) -> None:
-    import csv
-    import io
-
     from oxbench.evaluation.ranking import to_revisitop
 
-    atomic_write_json(tmp / "config.json", config)
-    atomic_write_json(tmp / "dataset.json", dataset_checksums(bench))
-    atomic_write_npy(tmp / "ranks.npy", to_revisitop(search.ranks))
     k = min(top_k, search.ranks.shape[1])
-    if search.scores is not None:
-        atomic_write_npy(tmp / "scores.npy", search.scores[:, :k].astype(np.float32))
     metrics = result.to_dict()
-    metrics["run"] = {key: _jsonable(v) for key, v in info.items()}
-    atomic_write_json(tmp / "metrics.json", metrics)
-    rows = result.per_query_rows()
-    atomic_write_json(tmp / "per_query.json", rows)
-    buf = io.StringIO()
-    if rows:
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
-        writer.writerows(rows)
-    atomic_write_text(tmp / "per_query.csv", buf.getvalue())
-    atomic_write_json(tmp / "retrieved.json", retrieved_records(bench, search.ranks, search.scores, k), indent=None)
-    if search.matches:
-        atomic_write_json(tmp / "matches.json", {"queries": {
-            str(q): {str(i): np.asarray(m, np.float32).round(2).tolist() for i, m in per.items()}
-            for q, per in search.matches.items()
-        }}, indent=None)  # fmt: skip
-    atomic_write_json(tmp / "timings.json", dict(timings))
+    metrics["run"] = {key: jsonable(v) for key, v in info.items()}
+    retrieved = retrieved_records(bench, search.ranks, search.scores, k)
+    dataset = dataset_checksums(bench)
+    # the viewer shows only images under the roots recorded here (distractors may live elsewhere)
+    distractor_images = [t["image"] for q in retrieved["queries"] for t in q["top"]
+                         if t["index"] >= bench.gt.n_db and t["image"] is not None]
+    dataset["distractors_root"] = (
+        os.path.commonpath([str(Path(p).parent) for p in distractor_images]) if distractor_images else None
+    )
     summary = "\n".join([*result.lines(), "", result.table()])
     if trained_on_test:
         summary += "\nNOTE: the method was trained on the test set; not comparable.\n"
-    atomic_write_text(tmp / "summary.txt", summary + "\n")
-    atomic_write_json(tmp / "record.json", record)  # last: its presence marks a complete run
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
+    write_run_files(
+        tmp, record=record, config=config, dataset=dataset, ranks_revisitop=to_revisitop(search.ranks),
+        metrics=metrics, per_query=result.per_query_rows(), retrieved=retrieved, timings=timings,
+        summary=summary, scores=None if search.scores is None else search.scores[:, :k].astype(np.float32),
+        matches=search.matches,
+    )
 
 
 # --- the one way to run a method -----------------------------------------------------------------
@@ -584,56 +516,3 @@ def _fit_index_search(
 
 def _accel_used() -> bool:
     return accelerated()
-
-
-# --- reading records back ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    """One line of ``oxbench runs``: where a run is and its headline numbers."""
-
-    run_dir: Path
-    run_id: str
-    dataset: str
-    method: str
-    started: str
-    headline: str
-
-
-def _headline(metrics: Mapping[str, Any]) -> str:
-    if "setups" in metrics:
-        letters = {"easy": "E", "medium": "M", "hard": "H"}
-        parts = []
-        order = sorted(metrics["setups"], key=lambda n: (list(letters).index(n) if n in letters else 3, n))
-        for name in order:
-            s = metrics["setups"][name]
-            v = s.get("map")
-            parts.append(f"{letters.get(name, name)} {'nan' if v is None else f'{100 * v:.2f}'}")
-        return "mAP " + " ".join(parts)
-    if "score" in metrics:
-        return f"score {metrics['score']:.4f}"
-    v = metrics.get("map")
-    return "mAP nan" if v is None else f"mAP {100 * v:.2f}"
-
-
-def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
-    """Every complete run below ``runs_dir`` (config folders one level down), oldest first.
-
-    Unreadable records are skipped with a warning naming them.
-    """
-    runs_dir = Path(runs_dir)
-    out: list[RunSummary] = []
-    if not runs_dir.is_dir():
-        return out
-    candidates = [runs_dir] + sorted(p for p in runs_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for cfg in candidates:
-        for run_dir in list_runs(cfg):
-            try:
-                record = json.loads((run_dir / "record.json").read_text())
-                metrics = json.loads((run_dir / "metrics.json").read_text())
-                out.append(RunSummary(run_dir, record["run_id"], record["dataset"], record["method"],
-                                      record["started"], _headline(metrics)))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("%s: unreadable run record (%s)", run_dir, exc)
-    return sorted(out, key=lambda r: r.started)

@@ -19,10 +19,20 @@ the top ``k`` and scoring them gives the run's numbers only if no positive sits 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_npy, atomic_write_text, check_output_path
+from oxbench.fileio import (
+    TEMP_PREFIX,
+    atomic_write_npy,
+    atomic_write_text,
+    check_output_path,
+    make_folder,
+    os_reason,
+)
 from oxbench.report.runs import RunRecord
 
 log = logging.getLogger(__name__)
@@ -113,5 +123,36 @@ def export_run(run: RunRecord, fmt: str, out: str | Path, *, top: int | None = N
         )
     if fmt == "hloc":
         return [atomic_write_text(out, hloc_pairs(run, top, suffix=suffix))]
-    files = oxford_lists(run, top)
-    return [atomic_write_text(out / name, text) for name, text in files.items()]
+    return _write_folder(out, oxford_lists(run, top))
+
+
+def _write_folder(out: Path, files: dict[str, str]) -> list[Path]:
+    """Write ``files`` into the folder ``out`` all or nothing: assembled in a temporary folder beside
+    it, then renamed into place (a new folder) or each file renamed over its name (an existing one,
+    after every target was checked), so a failure never leaves part of an export."""
+    for name in files:
+        check_output_path(out / name)  # a link or a folder at a target is refused before anything is written
+    parent = out.parent
+    make_folder(parent)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{out.name}.", dir=parent))
+    except OSError as exc:
+        raise InputError(f"cannot write the export: {os_reason(exc)}", parent) from None
+    try:
+        for name, text in files.items():
+            atomic_write_text(tmp / name, text)
+        if not out.exists():
+            try:
+                os.rename(tmp, out)
+                return [out / name for name in files]
+            except OSError:  # another process created it meanwhile: fall through to the file renames
+                pass
+        for name in files:
+            check_output_path(out / name)
+        for name in files:
+            os.replace(tmp / name, out / name)
+        return [out / name for name in files]
+    except OSError as exc:
+        raise InputError(f"cannot write the export: {os_reason(exc)}", out) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -18,15 +18,23 @@ never changes a number).
 
 Thumbnails are made once with Pillow and cached in ``thumbs/``, keyed by the source path, its
 modification time and size, and the thumbnail size: a second build reuses them.
+
+The viewer reads only images under the image folders recorded in the run (``dataset.json``'s
+``root`` and ``distractors_root``), after resolving links, and only regular files of at most
+:data:`MAX_IMAGE_BYTES` within the pixel budget (:mod:`oxbench.imaging`), decoded with Pillow's draft
+mode at about the thumbnail size. Any other path in ``retrieved.json`` (a private image elsewhere,
+``/etc/passwd``, ``/proc/self/environ``, a FIFO) gets a placeholder and is never opened.
 """
 
 from __future__ import annotations
 
 import hashlib
 import html
+import io
 import json
 import logging
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +47,7 @@ from oxbench.fileio import (
     atomic_write_text,
     read_input_bytes,
 )
+from oxbench.imaging import open_image
 from oxbench.report.runs import RunRecord, check_comparable
 
 log = logging.getLogger(__name__)
@@ -47,6 +56,12 @@ LABEL_COLOURS = {
     "easy": "#2ca02c", "positive": "#2ca02c", "hard": "#ff7f0e", "junk": "#9a9a9a", "negative": "#d62728",
 }
 _MANIFEST = "index.json"
+#: Largest image file the viewer opens.
+MAX_IMAGE_BYTES = 256 << 20
+
+
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
 @dataclass
@@ -59,15 +74,21 @@ class ThumbnailCache:
 
     Attributes:
         folder: where the thumbnails go.
+        roots: the only folders images are read from (the run's recorded image folders); a source
+            that resolves outside them is not opened.
         made, reused, unreadable: counters of this session.
+        outside: sources refused because they resolve outside ``roots`` or are not regular files.
     """
 
     folder: Path
+    roots: tuple[Path, ...] = ()
     made: int = 0
     reused: int = 0
     unreadable: int = 0
+    outside: int = 0
     _sizes: dict[str, list[int]] = field(default_factory=dict)
     _dirty: bool = False
+    _refused: set[str] = field(default_factory=set)  # sources already refused: counted and named once
 
     def __post_init__(self) -> None:
         manifest = self.folder / _MANIFEST
@@ -79,45 +100,56 @@ class ThumbnailCache:
                         k: v for k, v in data.items()
                         if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)
                     }
-            except (InputError, ValueError):
+            except (InputError, ValueError, RecursionError):
                 log.warning("%s: unreadable thumbnail index; thumbnails will be remade", manifest)
 
     def get(self, source: str | None, size: int) -> dict[str, Any] | None:
         """``{"src": "thumbs/<key>.jpg", "w": source width, "h": source height}``, or ``None`` for
         no image (``source`` is ``None``, missing or unreadable)."""
-        if source is None:
+        if source is None or source in self._refused:
             return None
-        path = Path(source)
+        self._refused.add(source)  # until it succeeds below
+        # resolve links first (no file is opened), then allow only regular files under the roots
+        real = os.path.realpath(source)
+        if not _inside(real, [os.path.realpath(r) for r in self.roots]):
+            self.outside += 1
+            log.debug("image outside the run's image folders, not shown: %s", source)
+            return None
+        path = Path(real)
         try:
             st = os.stat(path)
         except OSError:
             self.unreadable += 1
-            log.warning("image not found: %s (placeholder shown)", path)
+            log.warning("image not found: %s (placeholder shown)", source)
             return None
-        key = hashlib.sha256(f"{path.resolve()}\0{st.st_mtime_ns}\0{st.st_size}\0{size}".encode()).hexdigest()[:24]
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMAGE_BYTES:
+            self.outside += 1
+            log.warning("not a regular image file of at most %d MB: %s (placeholder shown)", MAX_IMAGE_BYTES >> 20, source)
+            return None
+        key = hashlib.sha256(f"{path}\0{st.st_mtime_ns}\0{st.st_size}\0{size}".encode()).hexdigest()[:24]
         thumb = self.folder / f"{key}.jpg"
         if key in self._sizes and thumb.is_file():
             self.reused += 1
         else:
-            image_mod = require("PIL.Image", "images")
+            require("PIL.Image", "images")
             try:
-                with image_mod.open(path) as im:
+                with open_image(path) as im:  # refuses an image over the pixel budget unread
                     w, h = im.size
-                    im.draft("RGB", (size, size))
+                    im.draft("RGB", (size, size))  # JPEG: decode at about the thumbnail size
                     small = im.convert("RGB")
                     small.thumbnail((size, size))
-                    import io
-
                     buf = io.BytesIO()
                     small.save(buf, format="JPEG", quality=82)
-            except (OSError, ValueError, image_mod.DecompressionBombError) as exc:
+            except (OSError, ValueError, SyntaxError) as exc:
                 self.unreadable += 1
-                log.warning("unreadable image %s (%s): placeholder shown", path, exc)
+                reason = exc.problem if isinstance(exc, InputError) else " ".join(str(exc).split())[:200]
+                log.warning("unreadable image %s (%s): placeholder shown", source, reason)
                 return None
             atomic_write_bytes(thumb, buf.getvalue())
             self._sizes[key] = [int(w), int(h)]
             self._dirty = True
             self.made += 1
+        self._refused.discard(source)
         w, h = self._sizes[key]
         return {"src": f"{self.folder.name}/{thumb.name}", "w": w, "h": h}
 
@@ -213,9 +245,14 @@ def build_viewer(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError("the viewer writes a folder; this path is a file", out)
-    cache = ThumbnailCache(out / "thumbs")
+    roots = tuple(dict.fromkeys(root for r in runs for root in r.image_roots))
+    cache = ThumbnailCache(out / "thumbs", roots=roots)
     data = viewer_data(runs, cache, top=top, thumb_size=thumb_size, query_size=query_size)
     cache.save()
+    if cache.outside:
+        where = ", ".join(map(str, roots)) if roots else "none recorded"
+        log.warning("%d image paths of the run are not regular files under its image folders (%s) and were not "
+                    "opened: placeholders shown", cache.outside, where)
     title = " vs ".join(f"{r.method} {r.run_id}" for r in runs) + f" on {run.dataset_id}"
     page = _PAGE.replace("@TITLE@", html.escape(title)).replace("@CSS@", _CSS).replace("@JS@", _JS)
     page = page.replace("@DATA@", _script_json(data))

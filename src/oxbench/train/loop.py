@@ -68,8 +68,31 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
 from oxbench.fileio import atomic_write_bytes, progress_bar
+from oxbench.schema import (
+    Bool,
+    Choice,
+    Float,
+    Int,
+    Optional,
+    PathSetting,
+    Size,
+    Str,
+    setting,
+    validate,
+)
 
 log = logging.getLogger(__name__)
+
+#: Most negatives per tuple, and most images in one optimiser step (tuples x (2 + negatives)): bounds
+#: that keep a typo like ``--neg-num 1000000000`` a one-line refusal instead of a MemoryError.
+MAX_NEGATIVES = 1000
+MAX_BATCH_IMAGES = 4096
+
+
+def _option(name: str) -> str:
+    """The command-line option of a :class:`TrainConfig` field (``neg_num`` -> ``--neg-num``)."""
+    return "--" + name.replace("_", "-")
+
 
 #: Default training-city model file, relative to the data root (the ``gem-r18-synthetic`` preset's weights).
 DEFAULT_MODEL = Path("_models") / "gem-r18-synthetic.pt"
@@ -107,43 +130,37 @@ class TrainConfig:
         sfm_pickle, sfm_images: SfM-120k tuples (``retrieval-SfM-120k.pkl``) and its image folder.
     """
 
-    backbone: str = "resnet18"
-    pooling: str = "gem"
-    dataset: str = "synthetic-train"
-    epochs: int = 40
-    tuples: int = 100
-    neg_num: int = 5
-    pool_size: int = 0
-    batch_size: int = 5
-    image_size: int = 160
-    lr: float = 1e-3
-    lr_decay: float = 0.0
-    weight_decay: float = 1e-6
-    margin: float = 0.85
-    p: float = 3.0
-    positives: Literal["all", "easy"] = "easy"
-    random_negative_epochs: int | None = None
-    augment: bool = False
-    init: str = "random"
-    seed: int = 0
-    sfm_pickle: str | None = None
-    sfm_images: str | None = None
+    backbone: str = setting("resnet18", Str(min_len=1, max_len=256), doc="torchvision ResNet / VGG or timm:<name>")
+    pooling: str = setting("gem", Choice("gem"), doc="pooling head (gem only)")
+    dataset: str = setting("synthetic-train", Str(min_len=1, max_len=256), doc="training benchmark id")
+    epochs: int = setting(40, Int(lo=1, hi=100_000), doc="passes over fresh tuples")
+    tuples: int = setting(100, Size(lo=1, hi=1_000_000), doc="anchor-positive pairs per epoch")
+    neg_num: int = setting(5, Size(lo=1, hi=MAX_NEGATIVES), doc="negatives per tuple")
+    pool_size: int = setting(0, Size(lo=0, hi=10_000_000), doc="images negatives are mined from (0: all)")
+    batch_size: int = setting(5, Size(lo=1, hi=MAX_BATCH_IMAGES), doc="tuples per optimiser step")
+    image_size: int = setting(160, Int(lo=32, hi=2048), doc="longer side of training images (px)")
+    lr: float = setting(1e-3, Float(lo=0, lo_open=True, hi=10), doc="Adam learning rate")
+    lr_decay: float = setting(0.0, Float(lo=0, hi=100), doc="exponential decay per epoch")
+    weight_decay: float = setting(1e-6, Float(lo=0, hi=10), doc="Adam weight decay")
+    margin: float = setting(0.85, Float(lo=0, lo_open=True, hi=2), doc="contrastive margin (unit vectors: at most 2)")
+    p: float = setting(3.0, Float(lo=1, hi=100), doc="initial GeM exponent")
+    positives: Literal["all", "easy"] = setting("easy", Choice("all", "easy"), doc="positive pairs")
+    random_negative_epochs: int | None = setting(None, Optional(Int(lo=0, hi=100_000)),
+                                                 doc="epochs with random negatives")
+    augment: bool = setting(False, Bool(), doc="random crops, mirroring, photometric changes")
+    init: str = setting("random", PathSetting(), doc="random, imagenet or a model file")
+    seed: int = setting(0, Int(lo=0, hi=2**63 - 1), doc="seed of everything random")
+    sfm_pickle: str | None = setting(None, Optional(PathSetting()), doc="SfM-120k tuples (.pkl)")
+    sfm_images: str | None = setting(None, Optional(PathSetting()), doc="SfM-120k image folder")
 
     def __post_init__(self) -> None:
-        if self.pooling != "gem":
-            raise InputError(f"training supports --pooling gem only, got {self.pooling!r}")
-        for name in ("epochs", "tuples", "neg_num", "batch_size"):
-            if getattr(self, name) < 1:
-                raise InputError(f"--{name.replace('_', '-')} must be >= 1")
-        if not 32 <= self.image_size <= 2048:
-            raise InputError(f"--image-size must be in 32..2048, got {self.image_size}")
-        if (self.pool_size < 0 or self.lr <= 0 or self.lr_decay < 0 or self.weight_decay < 0 or self.margin <= 0
-                or self.p < 1):
-            raise InputError("pool size, lr decay and weight decay must be >= 0, lr and margin > 0, p >= 1")
-        if self.random_negative_epochs is not None and self.random_negative_epochs < 0:
-            raise InputError("--random-negative-epochs must be >= 0")
-        if self.positives not in ("all", "easy"):
-            raise InputError(f"--positives must be all or easy, got {self.positives!r}")
+        validate(self, what="option", label=_option)
+        if self.batch_size * (self.neg_num + 2) > MAX_BATCH_IMAGES:
+            raise InputError(
+                f"--batch-size {self.batch_size} x (--neg-num {self.neg_num} + 2) is "
+                f"{self.batch_size * (self.neg_num + 2):,} images per step; at most {MAX_BATCH_IMAGES:,} "
+                "(a bound that keeps memory in reach)"
+            )
         if (self.sfm_pickle is None) != (self.sfm_images is None):
             raise InputError("SfM-120k training needs both --sfm-pickle and --sfm-images")
 
@@ -390,7 +407,11 @@ def train(
     history: list[dict[str, Any]] = []
     start = 0
     if partial.exists() and not restart:
-        state = _torch_load(partial)
+        try:
+            state = _torch_load(partial)
+        except InputError as exc:
+            raise InputError(f"the partial training here is unreadable ({exc.problem}); rerun with --restart "
+                             "to discard it and train from the start", partial) from None
         if not isinstance(state, dict) or state.get("config") != cfg:
             raise InputError("a partial training of another configuration is here; rerun with --restart "
                              "to discard it, or choose another --out", partial)  # fmt: skip
@@ -440,12 +461,18 @@ def train(
                 images = [augment_image(im, rng) for im in images]
             y = net(_to_tensor(net, images)).view(len(rows), config.neg_num + 2, -1)
             loss = contrastive_loss(y[:, :1], y[:, 1:], labels, config.margin)
+            if not math.isfinite(float(loss.item())):
+                raise _diverged(epoch, f"the loss is {float(loss.item())} at batch {s // config.batch_size + 1}",
+                                partial, history)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(float(loss.item()) / len(rows))
             bar.set_postfix(loss=f"{np.mean(losses):.4f}")
         net.eval()
+        bad = next((n for n, q in net.named_parameters() if not bool(torch.isfinite(q).all())), None)
+        if bad is not None:
+            raise _diverged(epoch, f"weight {bad} became NaN or infinite", partial, history)
         history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.perf_counter() - t0,
                         "p": float(net.pool.p.item()), "negatives": "hard" if hard else "random",
                         "lr": optimizer.param_groups[0]["lr"]})  # fmt: skip
@@ -462,6 +489,14 @@ def train(
     save_model(out, net.eval(), lw=lw, source={"format": "oxbench train", "training": record})
     partial.unlink(missing_ok=True)
     return record
+
+
+def _diverged(epoch: int, what: str, partial: Path, history: list[dict[str, Any]]) -> InputError:
+    """The one-line error of a training that diverged in ``epoch`` (0-based); nothing of it is saved."""
+    kept = (f"the checkpoint of epoch {history[-1]['epoch']} ({partial}) is kept and a rerun resumes from it"
+            if history and partial.exists() else "nothing was saved")
+    return InputError(f"training diverged in epoch {epoch + 1}: {what}; {kept}; lower --lr or --margin and rerun "
+                      "(with --restart to begin again)")
 
 
 def _learned_whitening(

@@ -25,7 +25,9 @@ timm), downloading only when they are not cached and the network allows.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from oxbench.errors import InputError, require
@@ -72,9 +74,39 @@ class Trunk:
     kind: Literal["map", "timm-map", "timm-tokens"]
 
 
+#: A timm model name with its optional pretrained tag (``vit_small_patch14_dinov2.lvd142m``): no
+#: ``hf-hub:`` / ``local-dir:`` prefix, no path, so building it never reads or fetches anything.
+_TIMM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]*(\.[A-Za-z0-9_\-]+)?\Z")
+
+
 def known_architecture(architecture: str) -> bool:
-    """Whether ``architecture`` names a torchvision trunk or has the ``timm:`` prefix."""
-    return architecture in TORCHVISION_DIMS or (architecture.startswith(TIMM_PREFIX) and len(architecture) > len(TIMM_PREFIX))
+    """Whether ``architecture`` names a torchvision trunk or is ``timm:`` + a plain model name
+    (the name is looked up in timm's registry by :func:`check_architecture`)."""
+    if architecture in TORCHVISION_DIMS:
+        return True
+    name = architecture[len(TIMM_PREFIX):] if architecture.startswith(TIMM_PREFIX) else ""
+    return len(name) <= 200 and bool(_TIMM_NAME.match(name))
+
+
+def check_architecture(architecture: str, *, source: str | Path | None = None) -> None:
+    """Refuse an architecture name that is not a torchvision trunk or a model in timm's offline
+    registry (``timm.is_model``): a hub (``timm:hf-hub:...``) or path prefix is never passed to timm.
+
+    Raises:
+        InputError: one line naming the name (and ``source``, e.g. the model file it came from).
+    """
+    if architecture in TORCHVISION_DIMS:
+        return
+    shown = architecture if len(architecture) <= 80 else architecture[:77] + "..."
+    if not known_architecture(architecture):
+        raise InputError(
+            f"unknown backbone {shown!r}; use one of {', '.join(TORCHVISION_DIMS)} or timm:<model name> "
+            "(a name from timm.list_models(), without a hub or path prefix)",
+            source,
+        )
+    timm = require("timm", "deep")
+    if not timm.is_model(architecture[len(TIMM_PREFIX):]):
+        raise InputError(f"timm does not know the model {shown[len(TIMM_PREFIX):]!r} (timm.list_models() lists them)", source)
 
 
 def build_trunk(architecture: str) -> Trunk:
@@ -89,6 +121,7 @@ def build_trunk(architecture: str) -> Trunk:
         return Trunk(architecture, _cut_torchvision(architecture, full), TORCHVISION_DIMS[architecture],
                      IMAGENET_MEAN, IMAGENET_STD, "map")
     if architecture.startswith(TIMM_PREFIX):
+        check_architecture(architecture)
         model = _timm_model(architecture, pretrained=False)
         timm = require("timm", "deep")
         cfg = timm.data.resolve_model_data_config(model)
@@ -152,6 +185,7 @@ def imagenet_state_dict(architecture: str) -> tuple[dict[str, Any], str]:
             full.load_state_dict(weights.get_state_dict(progress=False, check_hash=True))
             return _cut_torchvision(architecture, full).state_dict(), f"torchvision:{weights}"
         if architecture.startswith(TIMM_PREFIX):
+            check_architecture(architecture)
             model = _timm_model(architecture, pretrained=True)
             cfg = getattr(model, "pretrained_cfg", {}) or {}
             ident = cfg.get("hf_hub_id") or cfg.get("url") or architecture

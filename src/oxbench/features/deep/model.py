@@ -46,6 +46,14 @@ from oxbench.features.deep.backbones import (
     imagenet_state_dict,
     known_architecture,
 )
+from oxbench.features.deep.modelfile import (
+    MAX_WHITEN_DIM,
+    check_finite_weights,
+    check_model_payload,
+    check_plain,
+    check_whitening_shape,
+    torch_load_reason,
+)
 from oxbench.features.deep.pooling import POOLING, make_pooling
 from oxbench.features.descstore import read_bounded
 from oxbench.fileio import atomic_write_bytes, file_sha256
@@ -257,8 +265,7 @@ def _torch_load(path: str | Path) -> Any:
         with torch.serialization.safe_globals(safe):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle and zip errors come in many types
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise InputError(f"not a readable torch checkpoint of plain data ({reason})", path) from None
+        raise InputError(f"not a readable torch checkpoint of plain data ({torch_load_reason(exc)})", path) from None
 
 
 def load_model(path: str | Path) -> LoadedModel:
@@ -277,26 +284,24 @@ def load_model(path: str | Path) -> LoadedModel:
                 path,
             )
         raise InputError("not an oxbench model file (written by oxbench import-checkpoint or oxbench train)", path)
-    if state.get("version") != MODEL_VERSION:
-        raise InputError(f"model file version {state.get('version')!r}; this oxbench reads version {MODEL_VERSION}", path)
-    try:
-        arch, pooling = str(state["architecture"]), str(state["pooling"])
-        p = float(state["p"]) if state.get("p") is not None else 3.0
-        whiten_dim = state.get("whiten_dim")
-        mean, std = _rgb3(state["mean"], "mean"), _rgb3(state["std"], "std")
-        sd = state["state_dict"]
-        lw_raw = state.get("lw") or {}
-        source = state.get("source") or {}
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"malformed model file ({exc})", path) from None
-    if pooling not in POOLING:
-        raise InputError(f"model file has unknown pooling {pooling!r}", path)
-    trunk = build_trunk(arch)
-    trunk = Trunk(trunk.architecture, trunk.module, trunk.dim, mean, std, trunk.kind)
-    net = RetrievalNet(trunk, pooling, p=p, whiten_dim=int(whiten_dim) if whiten_dim else None)
-    load_matching_state(net, sd, what=f"{arch} with {pooling} pooling", source=path)
-    lw = _read_lw(lw_raw, net.dim, path)
-    return LoadedModel(net.eval(), f"file:sha256={file_sha256(path)}", lw, source)
+    version = state.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version != MODEL_VERSION:
+        raise InputError(f"model file version {_short(version)}; this oxbench reads version {MODEL_VERSION}", path)
+    payload = check_model_payload(state, path)
+    trunk = build_trunk(payload.architecture)
+    trunk = Trunk(trunk.architecture, trunk.module, trunk.dim, payload.mean, payload.std, trunk.kind)
+    w = payload.state_dict.get("whiten.weight")
+    if w is not None and int(w.shape[1]) != trunk.dim:  # before the layer is built at the size it states
+        raise InputError(f"model file's whitening layer has shape {tuple(w.shape)}, expected [{payload.whiten_dim}, {trunk.dim}]", path)
+    net = RetrievalNet(trunk, payload.pooling, p=payload.p, whiten_dim=payload.whiten_dim)
+    load_matching_state(net, payload.state_dict, what=f"{payload.architecture} with {payload.pooling} pooling", source=path)
+    lw = _read_lw(payload.lw, net.dim, path)
+    return LoadedModel(net.eval(), f"file:sha256={file_sha256(path)}", lw, payload.source)
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _rgb3(values: Any, what: str) -> tuple[float, float, float]:
@@ -323,11 +328,14 @@ def _read_lw(raw: Any, dim: int, source: str | Path) -> dict[str, dict[str, tupl
                 p = np.asarray(_to_numpy(mp["P"]), np.float64)
             except (KeyError, TypeError, ValueError) as exc:
                 raise InputError(f"learned whitening {name}/{key} lacks m and P ({exc})", source) from None
-            if m.shape != (dim,) or p.ndim != 2 or p.shape[1] != dim or not (np.isfinite(m).all() and np.isfinite(p).all()):
+            if m.shape != (dim,) or p.ndim != 2 or p.shape[1] != dim:
                 raise InputError(
                     f"learned whitening {name}/{key}: m {m.shape} and P {p.shape} do not fit {dim}-D descriptors",
                     source,
                 )
+            check_whitening_shape(p.shape[0], p.shape[1], dim, f"{name}/{key}", source)
+            if not (np.isfinite(m).all() and np.isfinite(p).all()):
+                raise InputError(f"learned whitening {name}/{key} holds NaN or infinite values", source)
             out[str(name)][str(key)] = (m, p)
     return out
 
@@ -385,9 +393,11 @@ def import_cirtorch(path: str | Path, out: str | Path) -> Path:
             that does not fit the architecture its meta names (missing / unexpected keys named).
     """
     state = _torch_load(path)
+    check_plain(state, path, what="checkpoint")
     if not isinstance(state, dict) or not isinstance(state.get("meta"), dict) or not isinstance(state.get("state_dict"), dict):
         raise InputError("not a cirtorch checkpoint (a dict with 'meta' and 'state_dict')", path)
     meta = state["meta"]
+    check_finite_weights(state["state_dict"], path)
     try:
         arch, pooling = str(meta["architecture"]), str(meta["pooling"])
         mean, std = _rgb3(meta["mean"], "mean"), _rgb3(meta["std"], "std")
@@ -407,6 +417,8 @@ def import_cirtorch(path: str | Path, out: str | Path) -> Path:
     if meta.get("whitening"):
         w = sd.get("whiten.weight")
         whiten_dim = int(w.shape[0]) if hasattr(w, "shape") and len(w.shape) == 2 else trunk.dim
+        if not 1 <= whiten_dim <= MAX_WHITEN_DIM:
+            raise InputError(f"cirtorch whitening layer of {whiten_dim} outputs; at most {MAX_WHITEN_DIM}", path)
     net = RetrievalNet(trunk, pooling, whiten_dim=whiten_dim)
     load_matching_state(net, sd, what=f"{arch} with {pooling} pooling (its meta)", source=path)
     lw = _read_lw(meta.get("Lw") or {}, net.dim, path)

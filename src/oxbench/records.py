@@ -1,0 +1,858 @@
+"""The run record: its layout, its writer and its one checked reader.
+
+A run record is the folder one execution of ``oxbench run`` writes (format :data:`RECORD_FORMAT`)::
+
+    runs/<dataset>-<method>-<config digest>/     config folder (stable for one resolved config)
+        config.json
+        <run id>/                                one execution: UTC "YYYYMMDDTHHMMSSZ-<4 hex>"
+            record.json  config.json  dataset.json  ranks.npy  [scores.npy]  metrics.json
+            per_query.json  per_query.csv  retrieved.json  timings.json  summary.txt  run.log
+            [matches.json]
+
+Everything about that layout lives here, so the writer (:mod:`oxbench.pipelines.runner`), the readers
+(``runs``, ``compare``, ``report``, ``plot``, ``view``, ``export``) and the tests agree: the file list,
+the format version, the label vocabularies of ``retrieved.json``, what a run folder is
+(:func:`is_run_folder`), the writer of the files (:func:`write_run_files`) and the reader
+(:meth:`RunRecord.load`).
+
+The reader trusts nothing in the folder: every file must be a regular file (a link, a FIFO or a
+device is refused before it is opened, so nothing hangs or fills memory), no larger than its limit,
+JSON at most :data:`MAX_JSON_DEPTH` deep, of the types the writer writes; ``metrics.json`` must agree
+with ``per_query.json``. A record that fails is refused with one
+:class:`~oxbench.errors.InputError` line naming the file or the record; :func:`find_runs` (``oxbench
+runs``) skips it with one warning.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import math
+import os
+import re
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.errors import InputError
+from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, os_reason
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.groundtruth import GroundTruth
+
+log = logging.getLogger(__name__)
+
+#: The run-record format written and read (``record.json`` ``"format"``).
+RECORD_FORMAT = 1
+
+#: Files every complete run folder holds.
+RUN_FILES = (
+    "record.json", "config.json", "dataset.json", "ranks.npy", "metrics.json", "per_query.json",
+    "per_query.csv", "retrieved.json", "timings.json", "summary.txt", "run.log",
+)  # fmt: skip
+#: Files a run folder may hold besides :data:`RUN_FILES`.
+OPTIONAL_FILES = ("scores.npy", "matches.json")
+
+#: A run id: UTC start time to the second and 4 random hex digits.
+RUN_ID_PATTERN = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{4}")
+
+#: Label vocabulary of each protocol, as written in ``retrieved.json``.
+PROTOCOL_LABELS: dict[str, tuple[str, ...]] = {
+    "revisited": ("easy", "hard", "junk", "negative"),
+    "original": ("positive", "junk", "negative"),
+    "holidays": ("positive", "junk", "negative"),
+    "ukbench": ("positive", "negative"),
+}
+#: Ground-truth label field -> its ``retrieved.json`` label.
+FIELD_LABEL = {"easy": "easy", "hard": "hard", "good": "positive", "ok": "positive", "junk": "junk"}
+
+#: Per protocol: setup -> (positive labels, ignored labels) of ``retrieved.json``'s vocabulary.
+SETUP_LABELS: dict[str, dict[str, tuple[frozenset[str], frozenset[str]]]] = {
+    "revisited": {
+        "easy": (frozenset({"easy"}), frozenset({"hard", "junk"})),
+        "medium": (frozenset({"easy", "hard"}), frozenset({"junk"})),
+        "hard": (frozenset({"hard"}), frozenset({"easy", "junk"})),
+    },
+    "original": {"original": (frozenset({"positive"}), frozenset({"junk"}))},
+    "holidays": {"holidays": (frozenset({"positive"}), frozenset({"junk"}))},
+    "ukbench": {"ukbench": (frozenset({"positive"}), frozenset({"junk"}))},
+}
+
+#: Size limit of each file the reader opens (bytes); ranked lists of a 1M-image index stay well below.
+FILE_LIMITS: dict[str, int] = {
+    "record.json": 16 << 20, "config.json": 16 << 20, "dataset.json": 64 << 20, "metrics.json": 256 << 20,
+    "per_query.json": 256 << 20, "timings.json": 1 << 20, "retrieved.json": 1 << 30, "matches.json": 1 << 30,
+    "ranks.npy": 1 << 36, "scores.npy": 1 << 36,
+}  # fmt: skip
+#: Deepest nesting of lists and objects a record's JSON may have (the writer's deepest is 6).
+MAX_JSON_DEPTH = 32
+#: Tolerance of the ``metrics.json`` / ``per_query.json`` cross-check (means are recomputed in order).
+_CROSS_CHECK_TOL = 1e-9
+_INDEX_KEY = re.compile(r"[0-9]{1,12}\Z")
+
+
+# --- what a run folder is -----------------------------------------------------------------------
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a run folder: a folder named by a run id holding a ``record.json``.
+
+    Nothing is opened; ``record.json`` need not be valid (:meth:`RunRecord.load` checks that).
+    """
+    path = Path(path)
+    if not RUN_ID_PATTERN.fullmatch(path.name):
+        return False
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode) and os.path.lexists(path / "record.json")
+    except OSError:
+        return False
+
+
+def list_runs(config_dir: str | Path) -> list[Path]:
+    """The run folders of a config folder, oldest first (run ids sort by time)."""
+    config_dir = Path(config_dir)
+    try:
+        entries = sorted(config_dir.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if is_run_folder(p)]
+
+
+def latest_run(config_dir: str | Path) -> Path:
+    """The newest run folder of a config folder.
+
+    Raises:
+        InputError: the folder holds no run folder.
+    """
+    config_dir = Path(config_dir)
+    runs = list_runs(config_dir)
+    if not runs:
+        raise InputError(
+            "not a run folder: no run-id folder (YYYYMMDDTHHMMSSZ-xxxx) with a record.json inside", config_dir
+        )
+    return runs[-1]
+
+
+def new_run_id() -> str:
+    """A fresh run id: UTC time to the second plus 4 random hex digits (unique across processes)."""
+    import secrets
+    from datetime import UTC, datetime
+
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays turned into Python numbers and lists (keys as text)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def retrieved_document(
+    gt: GroundTruth,
+    ranks: NDArray[np.int64],
+    scores: NDArray[np.floating] | None,
+    k: int,
+    *,
+    image_name: Callable[[int], str],
+    image_path: Callable[[int], str | None],
+    query_image: Callable[[int], str | None],
+) -> dict[str, Any]:
+    """``retrieved.json``: the top ``k`` of every query with index, name, image path, score and label.
+
+    Args:
+        gt: the ground truth (labels, query names and boxes).
+        ranks: ``int64 [n_queries, n]`` internal layout (negative entries pad a short list).
+        scores: ``[n_queries, >= k]`` aligned scores, or ``None``.
+        k: how many of each list to record.
+        image_name, image_path: name and path (or ``None``) of index position ``i``.
+        query_image: path (or ``None``) of query ``q``'s full image.
+    """
+    queries = []
+    for qi, q in enumerate(gt.queries):
+        label_of: dict[int, str] = {}
+        counts: dict[str, int] = {}
+        for fname, arr in q.labels().items():
+            lab = FIELD_LABEL[fname]
+            counts[lab] = counts.get(lab, 0) + int(arr.size)
+            label_of.update(dict.fromkeys(arr.tolist(), lab))
+        top = []
+        for r, idx in enumerate(np.asarray(ranks[qi, :k]).tolist()):
+            if idx < 0:  # padding of a short list
+                break
+            score = None if scores is None else float(scores[qi, r])
+            top.append({"rank": r + 1, "index": idx, "name": image_name(idx), "image": image_path(idx),
+                        "score": score, "label": label_of.get(idx, "negative")})  # fmt: skip
+        queries.append({
+            "index": qi, "name": q.name, "id": q.query_id, "image": query_image(qi),
+            "bbox": None if q.bbox is None else [float(v) for v in q.bbox], "n_labelled": counts, "top": top,
+        })  # fmt: skip
+    return {"k": k, "protocol": gt.protocol, "labels": list(PROTOCOL_LABELS[gt.protocol]), "queries": queries}
+
+
+def write_run_files(
+    folder: str | Path,
+    *,
+    record: Mapping[str, Any],
+    config: Mapping[str, Any],
+    dataset: Mapping[str, Any],
+    ranks_revisitop: NDArray[np.integer],
+    metrics: Mapping[str, Any],
+    per_query: Sequence[Mapping[str, Any]],
+    retrieved: Mapping[str, Any],
+    timings: Mapping[str, float],
+    summary: str,
+    scores: NDArray[np.floating] | None = None,
+    matches: Mapping[int, Mapping[int, Any]] | None = None,
+    log_text: str | None = None,
+) -> None:
+    """Write every file of a run folder into ``folder``, each atomically, ``record.json`` last.
+
+    ``folder`` is the run's temporary folder (renamed into place by the caller when complete);
+    ``record.json``'s presence marks a complete run. ``run.log`` is the caller's (the runner logs
+    into it while running); ``log_text`` writes it here instead.
+    """
+    folder = Path(folder)
+    atomic_write_json(folder / "config.json", dict(config))
+    atomic_write_json(folder / "dataset.json", dict(dataset))
+    atomic_write_npy(folder / "ranks.npy", np.asarray(ranks_revisitop))
+    if scores is not None:
+        atomic_write_npy(folder / "scores.npy", np.asarray(scores, dtype=np.float32))
+    atomic_write_json(folder / "metrics.json", jsonable(metrics))
+    rows = [dict(r) for r in per_query]
+    atomic_write_json(folder / "per_query.json", rows)
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+    atomic_write_text(folder / "per_query.csv", buf.getvalue())
+    atomic_write_json(folder / "retrieved.json", dict(retrieved), indent=None)
+    if matches:
+        atomic_write_json(folder / "matches.json", {"queries": {
+            str(q): {str(i): np.asarray(m, np.float32).round(2).tolist() for i, m in per.items()}
+            for q, per in matches.items()
+        }}, indent=None)  # fmt: skip
+    atomic_write_json(folder / "timings.json", dict(timings))
+    atomic_write_text(folder / "summary.txt", summary if summary.endswith("\n") else summary + "\n")
+    if log_text is not None:
+        atomic_write_text(folder / "run.log", log_text)
+    atomic_write_json(folder / "record.json", dict(record))  # last: its presence marks a complete run
+
+
+# --- reading: bounded, typed --------------------------------------------------------------------
+
+
+def read_record_bytes(path: Path, limit: int) -> bytes:
+    """The bytes of one file of a record: a regular file (not a link), at most ``limit`` bytes.
+
+    The file is opened without following links and without blocking, then checked with ``fstat``,
+    so a link to ``/dev/zero``, a FIFO or a device is refused without being read.
+
+    Raises:
+        InputError: missing, a link, not a regular file, larger than ``limit``, or unreadable.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise InputError("file not found", path) from None
+    except OSError as exc:
+        if os.path.islink(path):
+            raise InputError("a run record's files are regular files; this one is a symbolic link", path) from None
+        raise InputError(f"cannot read: {os_reason(exc)}", path) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError("not a regular file (a folder, FIFO, device or socket)", path)
+        if st.st_size > limit:
+            raise InputError(f"file is {st.st_size:,} bytes; the limit for this file of a run record is {limit:,}", path)
+        chunks = []
+        size = 0
+        while size <= limit:
+            chunk = os.read(fd, min(1 << 24, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise InputError(f"file grew past the limit of {limit:,} bytes while being read", path)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise InputError(f"cannot read: {os_reason(exc)}", path) from None
+    finally:
+        os.close(fd)
+
+
+def _too_deep(obj: Any, max_depth: int) -> bool:
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > max_depth:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
+    return False
+
+
+def read_record_json(path: Path, *, limit: int | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """One JSON file of a record: bounded read (:func:`read_record_bytes`), UTF-8, at most
+    ``max_depth`` levels of lists and objects.
+
+    Raises:
+        InputError: one line naming the file.
+    """
+    data = read_record_bytes(path, FILE_LIMITS.get(path.name, 1 << 30) if limit is None else limit)
+    try:
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
+    except json.JSONDecodeError as exc:
+        raise InputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", path) from None
+    except RecursionError:
+        raise InputError(f"JSON nested deeper than {max_depth} levels", path) from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise InputError(f"not valid JSON ({' '.join(str(exc).split())[:120]})", path) from None
+    if _too_deep(obj, max_depth):
+        raise InputError(f"JSON nested deeper than {max_depth} levels", path)
+    return obj
+
+
+def _need(cond: bool, message: str, path: Path) -> None:
+    if not cond:
+        raise InputError(message, path)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer beyond float range
+        return False
+
+
+def _is_text(v: Any, *, empty: bool = False) -> bool:
+    return isinstance(v, str) and (empty or v != "") and "\x00" not in v
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True, eq=False)
+class QueryRetrieved:
+    """One query's stored top-k (from ``retrieved.json``).
+
+    Attributes:
+        index: query index (column of ``ranks.npy``).
+        name: query image name.
+        id: the query's id where the protocol has one (original Oxford/Paris: ``all_souls_1``),
+            else ``None``.
+        image: path of the full query image as recorded, or ``None``.
+        bbox: ``(x1, y1, x2, y2)`` in full-image pixels, or ``None``.
+        n_labelled: per label, how many database images the ground truth gives it.
+        top: the retrieved images, best first: dicts with ``rank`` (1-based), ``index``, ``name``,
+            ``image`` (path or ``None``), ``score`` (float or ``None``) and ``label``.
+    """
+
+    index: int
+    name: str
+    image: str | None
+    bbox: tuple[float, float, float, float] | None
+    n_labelled: Mapping[str, int]
+    top: tuple[Mapping[str, Any], ...]
+    id: str | None = None
+
+
+def _parse_retrieved(obj: Any, n_queries: int, path: Path) -> tuple[str, int, tuple[str, ...], tuple[QueryRetrieved, ...]]:
+    _need(isinstance(obj, dict), "expected a JSON object", path)
+    protocol = obj.get("protocol")
+    _need(isinstance(protocol, str) and protocol in SETUP_LABELS, f"unknown protocol {_show(protocol)}", path)
+    k = obj.get("k")
+    _need(_is_int(k) and k >= 1, f"'k' must be a positive integer, got {_show(k)}", path)
+    labels = obj.get("labels")
+    _need(isinstance(labels, list) and all(isinstance(x, str) for x in labels), "'labels' must be a list of strings", path)
+    _need(
+        set(labels) <= set(PROTOCOL_LABELS[protocol]),
+        f"labels {labels} are not of the {protocol} vocabulary {list(PROTOCOL_LABELS[protocol])}",
+        path,
+    )
+    queries = obj.get("queries")
+    _need(isinstance(queries, list), "'queries' must be a list", path)
+    _need(len(queries) == n_queries, f"holds {len(queries)} queries but dataset.json says {n_queries}", path)
+    vocab = set(labels)
+    out: list[QueryRetrieved] = []
+    for qi, q in enumerate(queries):
+        where = f"query {qi}"
+        _need(isinstance(q, dict), f"{where}: expected an object", path)
+        _need(q.get("index") == qi and _is_int(q.get("index")), f"{where}: 'index' is {_show(q.get('index'))}, expected {qi}", path)
+        name = q.get("name")
+        _need(_is_text(name), f"{where}: 'name' must be a non-empty string without NUL", path)
+        image = q.get("image")
+        _need(image is None or _is_text(image), f"{where}: 'image' must be a path or null", path)
+        bbox = q.get("bbox")
+        _need(
+            bbox is None or (isinstance(bbox, list) and len(bbox) == 4 and all(_is_num(v) for v in bbox)),
+            f"{where}: 'bbox' must be [x1, y1, x2, y2] or null",
+            path,
+        )
+        n_lab = q.get("n_labelled", {})
+        _need(
+            isinstance(n_lab, dict) and all(isinstance(a, str) and _is_int(b) and b >= 0 for a, b in n_lab.items()),
+            f"{where}: 'n_labelled' must map labels to counts",
+            path,
+        )
+        qid = q.get("id")
+        _need(qid is None or _is_text(qid), f"{where}: 'id' must be a string or null", path)
+        top = q.get("top")
+        _need(isinstance(top, list) and len(top) <= k, f"{where}: 'top' must be a list of at most k={k} entries", path)
+        seen: set[int] = set()
+        for j, t in enumerate(top):
+            tw = f"{where}, rank {j + 1}"
+            _need(isinstance(t, dict), f"{tw}: expected an object", path)
+            _need(t.get("rank") == j + 1 and _is_int(t.get("rank")), f"{tw}: 'rank' is {_show(t.get('rank'))}, expected {j + 1}", path)
+            idx = t.get("index")
+            _need(_is_int(idx) and idx >= 0 and idx not in seen, f"{tw}: 'index' must be a new non-negative integer", path)
+            seen.add(idx)
+            _need(_is_text(t.get("name")), f"{tw}: 'name' must be a non-empty string without NUL", path)
+            _need(t.get("image") is None or _is_text(t.get("image")), f"{tw}: 'image' must be a path or null", path)
+            _need(t.get("score") is None or _is_num(t.get("score")), f"{tw}: 'score' must be a number or null", path)
+            _need(isinstance(t.get("label"), str) and t["label"] in vocab,
+                  f"{tw}: label {_show(t.get('label'))} is not one of {labels}", path)
+        out.append(QueryRetrieved(
+            index=qi, name=name, image=image,
+            bbox=None if bbox is None else (float(bbox[0]), float(bbox[1]), float(bbox[2]), float(bbox[3])),
+            n_labelled=dict(n_lab), top=tuple(top), id=qid,
+        ))  # fmt: skip
+    return str(protocol), int(k), tuple(labels), tuple(out)
+
+
+_TEXT_COLUMNS = ("setup", "query_index", "query", "query_id")
+
+
+def _parse_per_query(rows: Any, n_queries: int, path: Path) -> dict[str, dict[str, NDArray[np.float64]]]:
+    """setup -> column ("ap", "p@10", "n_positives", ...) -> array over queries (nan for null)."""
+    _need(isinstance(rows, list) and len(rows) > 0, "expected a non-empty list of rows", path)
+    out: dict[str, dict[str, NDArray[np.float64]]] = {}
+    seen: set[tuple[str, int]] = set()
+    for i, row in enumerate(rows):
+        where = f"row {i}"
+        _need(isinstance(row, dict), f"{where}: expected an object", path)
+        setup, qi = row.get("setup"), row.get("query_index")
+        _need(isinstance(setup, str), f"{where}: 'setup' must be a string", path)
+        _need(_is_int(qi) and 0 <= qi < n_queries, f"{where}: 'query_index' must be 0..{n_queries - 1}", path)
+        _need((setup, qi) not in seen, f"{where}: setup {_show(setup)} query {qi} is listed twice", path)
+        seen.add((setup, qi))
+        _need("ap" in row, f"{where}: no 'ap'", path)
+        cols = out.setdefault(setup, {})
+        for key, v in row.items():
+            if key in _TEXT_COLUMNS:
+                _need(key != "query" or isinstance(v, str), f"{where}: 'query' must be a string", path)
+                _need(key != "query_id" or isinstance(v, str), f"{where}: 'query_id' must be a string", path)
+                continue
+            _need(v is None or _is_num(v), f"{where}: {_show(key)} must be a number or null, got {_show(v)}", path)
+            col = cols.setdefault(key, np.full(n_queries, np.nan))
+            col[qi] = np.nan if v is None else float(v)
+    for setup, cols in out.items():
+        n = sum(1 for s, _ in seen if s == setup)
+        _need(n == n_queries, f"setup {_show(setup)} has rows for {n} of the {n_queries} queries", path)
+        ap = cols["ap"]
+        # the official summation order can land a perfect list one ulp above 1 (1.0000000000000002)
+        _need(bool(np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1 + 1e-9)))), f"setup {_show(setup)}: an AP outside [0, 1]", path)
+    return out
+
+
+def sequential_mean(values: NDArray[np.float64]) -> float:
+    """Mean over the non-NaN values, accumulated in order as the official loops do (nan if none)."""
+    v = values[~np.isnan(values)]
+    return float(np.cumsum(v)[-1] / v.size) if v.size else math.nan
+
+
+def _same(stored: Any, recomputed: float) -> bool:
+    if stored is None:
+        return math.isnan(recomputed)
+    return _is_num(stored) and not math.isnan(recomputed) and abs(float(stored) - recomputed) <= _CROSS_CHECK_TOL
+
+
+def _cross_check(metrics: Mapping[str, Any], protocol: str, per_query: Mapping[str, Mapping[str, NDArray[np.float64]]],
+                 folder: Path) -> None:
+    """``metrics.json``'s means must be those of ``per_query.json`` (one line naming the record)."""
+    path = folder / "metrics.json"
+
+    def mismatch(what: str, stored: Any, recomputed: float) -> InputError:
+        return InputError(
+            f"run record is inconsistent: metrics.json {what} is {_show(stored)} but per_query.json gives "
+            f"{recomputed:.6g}; the record was edited or damaged (re-run, or restore it)",
+            folder,
+        )
+
+    if protocol == "revisited":
+        setups = metrics.get("setups")
+        if not isinstance(setups, dict):
+            raise InputError("expected 'setups' (an object per setup)", path)
+        _need(set(setups) == set(per_query), f"setups {sorted(setups)} differ from per_query.json's {sorted(per_query)}", path)
+        for name, s in setups.items():
+            _need(isinstance(s, dict), f"setup {name!r}: expected an object", path)
+            cols = per_query[name]
+            for key, stored in s.items():
+                if key == "ap":
+                    _need(isinstance(stored, list) and len(stored) == len(cols["ap"]),
+                          f"setup {name!r}: 'ap' must list one value per query", path)
+                    continue
+                column = "ap" if key == "map" else (key[1:] if key.startswith("mp@") else None)
+                if column is None or column not in cols:
+                    continue
+                recomputed = sequential_mean(cols[column])
+                if not _same(stored, recomputed):
+                    raise mismatch(f"{name} {key}", stored, recomputed)
+        return
+    (name,) = per_query
+    key, column = ("score", "score") if protocol == "ukbench" else ("map", "ap")
+    _need(key in metrics, f"no {key!r}", path)
+    if column not in per_query[name]:
+        raise InputError(f"per-query rows have no {column!r}", folder / "per_query.json")
+    recomputed = sequential_mean(per_query[name][column])
+    if not _same(metrics[key], recomputed):
+        raise mismatch(key, metrics[key], recomputed)
+
+
+_RECORD_TEXT = ("run_id", "method", "dataset", "started")
+
+
+@dataclass(frozen=True, eq=False)
+class RunRecord:
+    """One run (a run-id folder), read and checked. Build it with :meth:`load`.
+
+    Attributes:
+        path: the run-id folder.
+        record: ``record.json`` (format, run id, command, host, versions, method, dataset, ...).
+        config: the resolved config.
+        dataset: ``dataset.json`` (``id``, ``gt_sha256``, ``n_db``, ``n_queries``, ``n_distractors``,
+            ``root``...).
+        metrics: ``metrics.json`` (checked against ``per_query.json``).
+        timings: ``timings.json``.
+        protocol: ``revisited``, ``original``, ``holidays`` or ``ukbench``.
+        k: how many results per query ``retrieved.json`` holds.
+        labels: the label vocabulary of ``retrieved.json``.
+        queries: per query its stored top-k (:class:`QueryRetrieved`).
+    """
+
+    path: Path
+    record: Mapping[str, Any]
+    config: Mapping[str, Any]
+    dataset: Mapping[str, Any]
+    metrics: Mapping[str, Any]
+    timings: Mapping[str, Any]
+    protocol: str
+    k: int
+    labels: tuple[str, ...]
+    queries: tuple[QueryRetrieved, ...]
+    _per_query: Mapping[str, Mapping[str, NDArray[np.float64]]]
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunRecord:
+        """Read a run folder, or a config folder (its latest run).
+
+        Raises:
+            InputError: not a run folder, a missing, oversized, special or malformed file, another
+                format version, a run that did not complete, files that disagree (one line naming
+                the file or the record).
+        """
+        folder = Path(path)
+        try:
+            st = os.stat(folder)
+        except OSError:
+            raise InputError("run folder not found", folder) from None
+        if not stat.S_ISDIR(st.st_mode):
+            raise InputError("not a folder", folder)
+        if not is_run_folder(folder):
+            folder = latest_run(folder)
+        rec_path = folder / "record.json"
+        record = read_record_json(rec_path)
+        _need(isinstance(record, dict), "expected a JSON object", rec_path)
+        fmt = record.get("format")
+        _need(
+            fmt == RECORD_FORMAT and _is_int(fmt),
+            f"run-record format {_show(fmt)}; this oxbench reads format {RECORD_FORMAT} "
+            "(re-run, or use the oxbench that wrote it)",
+            rec_path,
+        )
+        missing = [n for n in RUN_FILES if not os.path.lexists(folder / n)]
+        _need(not missing, f"incomplete run folder: missing {', '.join(missing)}", folder)
+        _need(record.get("status") == "complete", f"the run did not complete (status {_show(record.get('status'))})", rec_path)
+        for key in _RECORD_TEXT:
+            _need(_is_text(record.get(key)), f"{key!r} must be a non-empty string, got {_show(record.get(key))}", rec_path)
+        for key in ("ended",):
+            _need(key not in record or record[key] is None or isinstance(record[key], str), f"{key!r} must be a string", rec_path)
+        command = record.get("command", [])
+        _need(isinstance(command, list) and all(isinstance(c, str) for c in command), "'command' must be a list of strings", rec_path)
+        for key in ("host", "versions", "cache"):
+            _need(key not in record or isinstance(record[key], dict), f"{key!r} must be an object", rec_path)
+        ds_path = folder / "dataset.json"
+        dataset = read_record_json(ds_path)
+        _need(isinstance(dataset, dict), "expected a JSON object", ds_path)
+        for key in ("id", "gt_sha256"):
+            _need(_is_text(dataset.get(key)), f"{key!r} must be a non-empty string", ds_path)
+        for key in ("n_db", "n_queries", "n_distractors"):
+            _need(_is_int(dataset.get(key)) and dataset[key] >= 0, f"{key!r} must be a non-negative integer", ds_path)
+        _need(dataset["n_queries"] >= 1, "'n_queries' must be at least 1", ds_path)
+        for key in ("root", "distractors_root"):
+            _need(dataset.get(key) is None or _is_text(dataset[key]), f"{key!r} must be a path or null", ds_path)
+        nq = int(dataset["n_queries"])
+        config = read_record_json(folder / "config.json")
+        metrics = read_record_json(folder / "metrics.json")
+        timings = read_record_json(folder / "timings.json")
+        for name, obj in (("config.json", config), ("metrics.json", metrics), ("timings.json", timings)):
+            _need(isinstance(obj, dict), "expected a JSON object", folder / name)
+        _need(all(isinstance(v, int | float) and not isinstance(v, bool) for v in timings.values()),
+              "expected seconds per stage (numbers)", folder / "timings.json")
+        protocol, k, labels, queries = _parse_retrieved(read_record_json(folder / "retrieved.json"), nq,
+                                                        folder / "retrieved.json")
+        per_query = _parse_per_query(read_record_json(folder / "per_query.json"), nq, folder / "per_query.json")
+        expected = set(SETUP_LABELS[protocol])
+        _need(
+            set(per_query) == expected,
+            f"setups {sorted(per_query)} do not fit the {protocol} protocol ({sorted(expected)})",
+            folder / "per_query.json",
+        )
+        _cross_check(metrics, protocol, per_query, folder)
+        for name in ("ranks.npy", "summary.txt", "per_query.csv", "run.log"):
+            _regular(folder / name)
+        for name in OPTIONAL_FILES:
+            if os.path.lexists(folder / name):
+                _regular(folder / name)
+        return cls(
+            path=folder, record=record, config=config, dataset=dataset, metrics=metrics,
+            timings=timings, protocol=protocol, k=k, labels=labels, queries=queries,
+            _per_query={s: per_query[s] for s in SETUP_LABELS[protocol]},
+        )  # fmt: skip
+
+    # -- identity ------------------------------------------------------------------------------
+    @property
+    def run_id(self) -> str:
+        return str(self.record["run_id"])
+
+    @property
+    def method(self) -> str:
+        """The method's preset name (the row label of tables)."""
+        return str(self.record["method"])
+
+    @property
+    def started(self) -> str:
+        """The UTC start time as recorded (ISO 8601)."""
+        return str(self.record["started"])
+
+    @property
+    def dataset_id(self) -> str:
+        return str(self.dataset["id"])
+
+    @property
+    def gt_sha256(self) -> str:
+        return str(self.dataset["gt_sha256"])
+
+    @property
+    def n_distractors(self) -> int:
+        return int(self.dataset["n_distractors"])
+
+    @property
+    def image_roots(self) -> tuple[Path, ...]:
+        """The folders the run's images were read from (dataset root, distractor root), as recorded."""
+        return tuple(Path(self.dataset[k]) for k in ("root", "distractors_root") if self.dataset.get(k))
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.queries)
+
+    @property
+    def query_names(self) -> tuple[str, ...]:
+        return tuple(q.name for q in self.queries)
+
+    @property
+    def setups(self) -> tuple[str, ...]:
+        """The protocol's setups, in order (``easy``, ``medium``, ``hard`` for revisited)."""
+        return tuple(self._per_query)
+
+    def describe(self) -> str:
+        """``<method> on <dataset>[+N distractors] (<run folder>)``, for messages and legends."""
+        extra = f"+{self.n_distractors} distractors" if self.n_distractors else ""
+        return f"{self.method} on {self.dataset_id}{extra} ({self.path})"
+
+    def headline(self) -> str:
+        """The numbers ``oxbench runs`` prints: ``mAP E 84.81 M 64.67 H 38.47``, ``mAP 80.10``, ``score 3.5``."""
+        def pct(v: float) -> str:
+            return "nan" if math.isnan(v) else f"{100 * v:.2f}"
+
+        if self.protocol == "revisited":
+            letters = {"easy": "E", "medium": "M", "hard": "H"}
+            return "mAP " + " ".join(f"{letters[s]} {pct(self.mean(s))}" for s in self.setups)
+        (setup,) = self.setups
+        if self.protocol == "ukbench":
+            v = self.mean(setup, "score")
+            return "score nan" if math.isnan(v) else f"score {v:.4f}"
+        return f"mAP {pct(self.mean(setup))}"
+
+    # -- per-query numbers -------------------------------------------------------------------
+    def _setup(self, setup: str) -> str:
+        if setup not in self._per_query:
+            raise InputError(f"no setup {setup!r} in this run (setups: {', '.join(self.setups)})", self.path)
+        return setup
+
+    def per_query(self, setup: str, metric: str = "ap") -> NDArray[np.float64]:
+        """Per-query values of ``metric`` (``ap``, ``p@10``, ``n_positives``...) in ``setup``, shape
+        ``[n_queries]``; ``nan`` for queries skipped there (no positives).
+
+        Raises:
+            InputError: the run has no such setup or metric.
+        """
+        cols = self._per_query[self._setup(setup)]
+        if metric not in cols:
+            raise InputError(
+                f"setup {setup!r} has no per-query {metric!r} (columns: {', '.join(cols)})",
+                self.path / "per_query.json",
+            )
+        return cols[metric].copy()
+
+    def mean(self, setup: str, metric: str = "ap") -> float:
+        """The setup's mean of ``metric`` over its non-skipped queries (mAP for ``ap``), accumulated
+        in query order as the official programs do (equal to ``metrics.json``)."""
+        return sequential_mean(self.per_query(setup, metric))
+
+    def skipped(self, setup: str) -> tuple[int, ...]:
+        """Indices of the queries without positives in ``setup`` (no AP there)."""
+        return tuple(int(i) for i in np.flatnonzero(np.isnan(self.per_query(setup, "ap"))))
+
+    # -- arrays and optional files -------------------------------------------------------------
+    def ranks(self) -> NDArray[np.int64]:
+        """``ranks.npy`` in the revisitop layout ``(n_kept, n_queries)`` (memory-mapped).
+
+        Raises:
+            InputError: not a regular file, unreadable, not 2-D integers, or not one column per query.
+        """
+        path = self.path / "ranks.npy"
+        _regular(path)
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError, TypeError) as exc:
+            raise InputError(f"not a readable .npy array ({(str(exc).splitlines() or [''])[0][:120]})", path) from None
+        _need(isinstance(arr, np.ndarray) and arr.ndim == 2, "expected a 2-D array", path)
+        _need(np.issubdtype(arr.dtype, np.integer), f"expected integers, got {arr.dtype}", path)
+        _need(
+            arr.shape[1] == self.n_queries,
+            f"shape {arr.shape}: expected one column per query ({self.n_queries}); revisitop layout",
+            path,
+        )
+        return arr
+
+    def matches(self) -> dict[int, dict[int, list[list[float]]]] | None:
+        """Spatially verified correspondences, ``{query index: {db index: [[xq, yq, xd, yd], ...]}}``
+        in full-image pixels, or ``None`` when the run stored none (``matches.json`` absent).
+
+        Raises:
+            InputError: a malformed, oversized or special ``matches.json``.
+        """
+        path = self.path / "matches.json"
+        if not os.path.lexists(path):
+            return None
+        obj = read_record_json(path)
+        _need(isinstance(obj, dict) and isinstance(obj.get("queries"), dict), "expected {\"queries\": {...}}", path)
+        out: dict[int, dict[int, list[list[float]]]] = {}
+        for qk, per_db in obj["queries"].items():
+            _need(bool(_INDEX_KEY.match(qk)) and int(qk) < self.n_queries, f"query key {_show(qk)} is not a query index", path)
+            _need(isinstance(per_db, dict), f"query {qk}: expected an object", path)
+            inner: dict[int, list[list[float]]] = {}
+            for dk, pairs in per_db.items():
+                _need(bool(_INDEX_KEY.match(dk)), f"query {qk}: database key {_show(dk)} is not an index", path)
+                _need(
+                    isinstance(pairs, list)
+                    and all(isinstance(p, list) and len(p) == 4 and all(_is_num(v) for v in p) for p in pairs),
+                    f"query {qk}, image {dk}: expected a list of [xq, yq, xd, yd]",
+                    path,
+                )
+                inner[int(dk)] = [[float(v) for v in p] for p in pairs]
+            out[int(qk)] = inner
+        return out
+
+
+def _regular(path: Path) -> None:
+    """Refuse a record file that is a link or not a regular file, or too large (nothing is read)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise InputError("file not found", path) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise InputError("a run record's files are regular files; this one is a symbolic link", path)
+    if not stat.S_ISREG(st.st_mode):
+        raise InputError("not a regular file (a folder, FIFO, device or socket)", path)
+    limit = FILE_LIMITS.get(path.name)
+    if limit is not None and st.st_size > limit:
+        raise InputError(f"file is {st.st_size:,} bytes; the limit for this file of a run record is {limit:,}", path)
+
+
+def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
+    """:meth:`RunRecord.load` of each path, in order."""
+    return [RunRecord.load(p) for p in paths]
+
+
+# --- listing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One line of ``oxbench runs``: where a run is and its headline numbers."""
+
+    run_dir: Path
+    run_id: str
+    dataset: str
+    method: str
+    started: str
+    headline: str
+
+
+def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
+    """Every run below ``runs_dir`` (itself, and config folders one level down), oldest first.
+
+    Each is read and checked by :meth:`RunRecord.load`; one that fails is skipped with one warning
+    naming it and why, so ``runs`` lists exactly the records the other commands accept.
+    """
+    runs_dir = Path(runs_dir)
+    try:
+        children = sorted(runs_dir.iterdir())
+    except OSError:
+        return []
+    candidates = [runs_dir] + [p for p in children if not p.name.startswith(".") and not is_run_folder(p) and p.is_dir()]
+    out: list[RunSummary] = []
+    for cfg in candidates:
+        for run_dir in list_runs(cfg):
+            try:
+                rec = RunRecord.load(run_dir)
+            except InputError as exc:
+                log.warning("skipped a run record: %s", exc)
+                continue
+            out.append(RunSummary(run_dir, rec.run_id, rec.dataset_id, rec.method, rec.started, rec.headline()))
+    return sorted(out, key=lambda r: (r.started, str(r.run_dir)))
