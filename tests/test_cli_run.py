@@ -181,3 +181,22 @@ def test_console_is_quiet_by_default_and_verbose_with_v(capsys: pytest.CaptureFi
     logging.getLogger("oxbench.test").info("stage line")
     err = capsys.readouterr().err
     assert err.count("stage line") == 1  # shown once: one console handler however often invoked
+
+
+def test_a_config_folder_whose_config_is_a_fifo_or_a_deep_file_is_one_line(
+    tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+
+    for kind in ("fifo", "deep", "list"):
+        out = tmp_path / kind
+        out.mkdir()
+        if kind == "fifo":
+            os.mkfifo(out / "config.json")  # a plain read would hang
+        else:
+            (out / "config.json").write_text("[" * 100_000 if kind == "deep" else "[1, 2]")
+        code, _, err = run(capsys, "run", "--root", str(tiny_root), "--method", "rootsift-bow", "--out", str(out),
+                           "--vocab-size", "50", "--no-progress")  # fmt: skip
+        words = "not an oxbench run folder" if kind == "fifo" else ("unreadable run config" if kind == "deep" else "not a JSON object")
+        assert code == 2 and words in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -28,7 +28,6 @@ another config) explicitly.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import platform
@@ -78,6 +77,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     jsonable,
     list_runs,
     new_run_id,
+    read_record_json,
     retrieved_document,
     write_run_files,
 )
@@ -293,11 +293,13 @@ def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite
         raise InputError("run folder path exists and is not a folder", config_dir)
     cfg_path = config_dir / "config.json"
     if config_dir.is_dir() and not overwrite:
-        if cfg_path.is_file():
+        if cfg_path.is_file() or cfg_path.is_symlink():
             try:
-                found = json.loads(cfg_path.read_text())
-            except (OSError, ValueError) as exc:
-                raise InputError(f"unreadable run config ({exc}); use --overwrite to replace it", cfg_path) from None
+                found = read_record_json(cfg_path)  # bounded, regular files only, depth-limited
+            except InputError as exc:
+                raise InputError(f"unreadable run config ({exc.problem}); use --overwrite to replace it", cfg_path) from None
+            if not isinstance(found, dict):
+                raise InputError("run config is not a JSON object; use --overwrite to replace it", cfg_path)
             if found != config:
                 diff = sorted(k for k in set(found) | set(config) if found.get(k) != config.get(k))
                 raise InputError(
