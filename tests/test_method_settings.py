@@ -94,3 +94,20 @@ def test_no_range_check_in_the_package_lets_nan_through() -> None:
                     if any(n.startswith(("qe_", "diffusion_", "whitening_", "gem_", "dba")) for n in names):
                         slips.append(f"{path.name}:{node.lineno}")
     assert not slips, f"range checks of float settings outside the schema: {slips}"
+
+
+def test_settings_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["settings", "gem-r18-synthetic", "--json"])
+    assert exit_.value.code in (0, None)
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    config = resolve_method("gem-r18-synthetic")
+    assert set(rows) == {name for name, _ in _settings(config)}
+    assert rows["max_side"]["value"] == 160 and rows["max_side"]["kind"] == "int"
+    assert rows["diffusion_alpha"]["accepts"] == "in (0, 1)" and rows["fit_network"]["value"] is True
+    with pytest.raises(SystemExit) as exit_:
+        main(["settings", "rootsift-bow-sv-qe"])
+    out = capsys.readouterr().out
+    assert exit_.value.code in (0, None) and "features.max_side" in out and "spatial_top_r" in out

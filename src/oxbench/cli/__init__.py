@@ -28,6 +28,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
+    "settings": ("oxbench.cli.run", "settings", "A method preset's settings: type, value, accepted range, meaning."),
     "compare": ("oxbench.cli.report", "compare", "Compare runs query by query: CI and p-value per setup."),
     "report": ("oxbench.cli.report", "report", "The paper table of runs (md, latex, csv, html)."),
     "plot": ("oxbench.cli.report", "plot", "Per-query AP, precision-recall and A-vs-B figures of runs."),

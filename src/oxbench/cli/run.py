@@ -120,3 +120,28 @@ def runs(runs_dir: str, as_json: bool) -> None:
 
     rows = [[r.started[:19].replace("T", " "), r.dataset, r.method, r.headline, str(r.run_dir)] for r in found]
     click.echo(text_table(["started (UTC)", "dataset", "method", "headline", "run folder"], rows))
+
+
+@click.command("settings")
+@click.argument("method")
+@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
+def settings(method: str, as_json: bool) -> None:
+    """The settings of METHOD (a preset name): what `oxbench run --set KEY=VALUE` takes.
+
+    One row per setting (nested ones as dotted names, e.g. features.max_side): its kind, the
+    preset's value, the values it accepts and what it means.
+    """
+    from oxbench.pipelines.method import METHODS
+    from oxbench.schema import describe
+
+    config = METHODS.get(method)
+    rows = describe(config)
+    if as_json:
+        click.echo(json.dumps([{"name": r.name, "kind": r.kind, "value": r.default, "accepts": r.range, "doc": r.doc}
+                               for r in rows], indent=1, default=str))  # fmt: skip
+        return
+    click.echo(f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE")
+    width = max((len(r.name) for r in rows), default=0)
+    for r in rows:
+        accepts = f" [{r.range}]" if r.range else ""
+        click.echo(f"  {r.name:<{width}}  {r.kind:<14} {r.default!s:<12} {r.doc}{accepts}")
