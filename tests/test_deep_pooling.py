@@ -268,5 +268,5 @@ def test_method_setting_reaches_the_rmac_head() -> None:
     assert "rmac_grid" not in GlobalConfig("g", descriptor="cnn").descriptor_settings()  # other heads' keys unchanged
     impl = m.build()
     assert impl._model(RunContext(cache=Path("."))).net.pool.grid == "float32"
-    with pytest.raises(InputError, match="rmac_grid must be float64 or float32"):
+    with pytest.raises(InputError, match="setting rmac_grid: expected one of float64, float32"):
         GlobalConfig("r", descriptor="cnn", pooling="rmac", rmac_grid="half")  # type: ignore[arg-type]
