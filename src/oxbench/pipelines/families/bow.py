@@ -69,8 +69,8 @@ class BowConfig(MethodConfig, LocalQuantisation):
     burst: Literal["none", "sqrt"] = setting("sqrt", S.Choice("sqrt", "none"), doc="burstiness damping")
     idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
     qe: Literal["none", "aqe"] = setting("none", S.Choice("none", "aqe"), doc="query expansion from verified images")
-    qe_max_verified: int = setting(50, S.Int(lo=1, hi=1 << 16), doc="QE: at most this many verified images")
-    qe_min_inliers: int = setting(8, S.Int(lo=1, hi=1 << 16), doc="QE: inliers an image needs to expand")
+    qe_max_verified: int = setting(50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images")
+    qe_min_inliers: int = setting(8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand")
     qe_verify_top: int = setting(100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)")
 
     def __post_init__(self) -> None:

@@ -75,7 +75,7 @@ class LocalQuantisation:
         _VERIFY.model, S.Choice("similarity", "affine", "homography"), doc="geometric model")
     spatial_method: Literal["magsac", "accurate", "ransac", "fsm"] = setting(
         _VERIFY.method, S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator")
-    spatial_min_inliers: int = setting(_VERIFY.min_inliers, S.Int(lo=1, hi=1 << 16), doc="inliers to count as verified")
+    spatial_min_inliers: int = setting(_VERIFY.min_inliers, S.Int(lo=1, hi=1 << 30), doc="inliers to count as verified")
     spatial_threshold_px: float = setting(_VERIFY.threshold_px, S.Float(lo=0, lo_open=True, hi=1e4),
                                           doc="inlier threshold, px at 1024 px")  # fmt: skip
 
