@@ -125,7 +125,7 @@ def extract_descriptors(
     parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
     db = np.concatenate([impl.describe(bench, p, ctx) for p in parts])
     queries = impl.describe(bench, "queries", ctx)
-    db, queries = impl._finish(db), impl._finish(queries)
+    db, queries = impl.finish(db), impl.finish(queries)
     db_names = [n for p in parts for n in part_names(bench, p)]
     info: dict[str, Any] = {
         "dataset": dataset, "n_db": bench.gt.n_db, "n_distractors": bench.n_distractors,

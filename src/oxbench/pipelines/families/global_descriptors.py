@@ -475,7 +475,8 @@ class GlobalDescriptors(RetrievalMethod):
         mean, proj = lw
         return l2_normalize((x.astype(np.float64) - mean) @ proj.T)
 
-    def _finish(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+    def finish(self, x: NDArray[np.float32]) -> NDArray[np.float32]:
+        """Descriptors as the method searches with them: whitened when it whitens, L2-normalised."""
         return self.whitening_.transform(x) if self.whitening_ is not None else l2_normalize(x)
 
     # --- the interface ---------------------------------------------------------------------
@@ -554,7 +555,7 @@ class GlobalDescriptors(RetrievalMethod):
         with ctx.timed("features"):
             raw = [self.describe(bench, p, ctx) for p in parts]
         with ctx.timed("index"):
-            db = self._finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
+            db = self.finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
         cache_dir = Path(ctx.cache) / dataset_key(bench) / "global" / "index"
         self._chain = SearchChain(self.config, db, ctx, cache_dir)
         self._indexed = bench.id
@@ -564,7 +565,7 @@ class GlobalDescriptors(RetrievalMethod):
         if self._chain is None or self._indexed != bench.id:
             raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
         with ctx.timed("features"):
-            q = self._finish(self.describe(bench, "queries", ctx))
+            q = self.finish(self.describe(bench, "queries", ctx))
         result = self._chain.search(q, ctx)
         assert result.scores is not None
         return dataclasses.replace(result, scores=result.scores.astype(np.float32))
