@@ -22,7 +22,6 @@ reading the settings it knows from a method config) and ``register_reranker(name
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import pkgutil
 from abc import ABC, abstractmethod
@@ -60,10 +59,6 @@ class Ranking:
     verified: tuple[VerifiedList, ...] | None = None
     info: Mapping[str, Any] = field(default_factory=dict)
     matches: Mapping[int, Mapping[int, NDArray[np.float32]]] | None = None
-
-    def with_info(self, **facts: Any) -> Ranking:
-        """The same ranking with more facts."""
-        return dataclasses.replace(self, info={**self.info, **facts})
 
     def result(self) -> SearchResult:
         """The ranking as a method's answer."""
