@@ -129,6 +129,8 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     assert dataset["gt_sha256"] == steps.gt_digest(bench.gt) and dataset["files_sha256"]
     timings = json.loads((rd / "timings.json").read_text())
     assert {"features", "vocabulary", "assign", "search", "spatial", "query_expansion", "total"} <= set(timings)
+    assert timings["total_cpu"] > 0 and timings["features_cpu"] > 0  # CPU seconds beside wall time
+    assert record["cache"]["spatial"] == record["cache"]["spatial_after_qe"] == "computed"
     assert len((rd / "per_query.csv").read_text().splitlines()) >= 5
     assert "step vocabulary: computed" in (rd / "run.log").read_text()
 
@@ -154,7 +156,12 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
                  overrides={"vocab_size": 200, **TINY}, progress=False)
     assert sorted(cache.rglob("*.index.npz")) == shards
     assert second.run_dir != rd and rd.is_dir() and len(list_runs(out)) == 2
-    assert json.loads((second.run_dir / "record.json").read_text())["cache"]["vocabulary"] == "hit"
+    second_record = json.loads((second.run_dir / "record.json").read_text())
+    assert second_record["cache"]["vocabulary"] == "hit"
+    # verification is reused too: same short lists, same features and settings
+    assert second_record["cache"]["spatial"] == second_record["cache"]["spatial_after_qe"] == "hit"
+    assert np.array_equal(np.load(second.run_dir / "ranks.npy"), ranks)
+    assert (second.run_dir / "matches.json").read_text() == (rd / "matches.json").read_text()
     assert json.loads((rd / "timings.json").read_text()) == timings  # the cold run's record is kept
     for setup in ("easy", "medium", "hard"):
         assert second.result.setups[setup].map == outcome.result.setups[setup].map
@@ -522,3 +529,46 @@ def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_p
         assert np.all(head >= 4) and np.all(np.diff(head) <= 0)  # verified: by inliers, best first
         assert set(out[0].ranks[qi, : before[qi]]) <= set(out[30].ranks[qi, :n])  # type: ignore[index]
         assert sorted(out[30].ranks[qi]) == list(range(out[30].ranks.shape[1]))
+
+
+@pytest.mark.slow
+def test_verified_short_lists_are_cached_and_a_corrupt_entry_is_verified_again(
+    tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:  # fmt: skip
+    """Warm is warm: a rerun reads each query's verified short list back (keyed by the short list,
+    the stores, the words and the settings); a damaged entry is verified again, with one warning."""
+    bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
+    m = resolve_method("rootsift-bow-sv", vocab_size=200, **TINY)
+
+    def search(cache: Path) -> tuple[RunContext, object]:
+        ctx = RunContext(cache, progress=False)
+        return ctx, m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+
+    ctx, cold = search(tmp_path / "cache")
+    entries = sorted((tmp_path / "cache" / "verification").rglob("*.npz"))
+    assert ctx.steps["spatial"] == "computed" and len(entries) == bench.gt.n_queries
+    ctx, warm = search(tmp_path / "cache")
+    assert ctx.steps["spatial"] == "hit"
+    assert np.array_equal(warm.ranks, cold.ranks) and np.array_equal(warm.scores, cold.scores)  # type: ignore[attr-defined]
+    assert warm.matches.keys() == cold.matches.keys()  # type: ignore[attr-defined]
+    for qi, per_db in cold.matches.items():  # type: ignore[attr-defined]
+        assert per_db.keys() == warm.matches[qi].keys()  # type: ignore[attr-defined]
+        for idx, xy in per_db.items():
+            assert np.array_equal(xy, warm.matches[qi][idx])  # type: ignore[attr-defined]
+
+    data = bytearray(entries[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    entries[0].write_bytes(bytes(data))
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        ctx, again = search(tmp_path / "cache")
+    warned = [r for r in caplog.records if "verifying that short list again" in r.getMessage()]
+    assert len(warned) == 1 and str(entries[0]) in warned[0].getMessage()
+    assert ctx.steps["spatial"] == "computed" and np.array_equal(again.ranks, cold.ranks)  # type: ignore[attr-defined]
+    assert entries[0].is_file()  # written again
+
+    # another verification setting is another entry, never a stale one
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    other = resolve_method("rootsift-bow-sv", vocab_size=200, spatial_min_inliers=50, **TINY)
+    other.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+    assert ctx.steps["spatial"] == "computed"

@@ -56,6 +56,18 @@ def available_cores() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process and of its finished child processes.
+
+    A stage's CPU cost is the difference of two readings around it; worker processes count once
+    they have exited (every pool of :mod:`oxbench.workers` is joined when its stage ends).
+    """
+    import resource
+
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 _THREAD_CAP: int | None = None
 
 

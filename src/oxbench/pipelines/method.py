@@ -39,13 +39,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.execution import Executor, SerialExecutor, available_cores
+from oxbench.execution import Executor, SerialExecutor, available_cores, cpu_seconds
 from oxbench.fileio import json_digest
 from oxbench.registry import Registry
 from oxbench.schema import SPEC_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets.base import Benchmark
+
+
+#: ``timings[stage + CPU_SUFFIX]``: the stage's CPU seconds over all processes (wall time: ``timings[stage]``).
+CPU_SUFFIX = "_cpu"
 
 
 @dataclass(frozen=True)
@@ -86,12 +90,15 @@ class RunContext:
 
     @contextlib.contextmanager
     def timed(self, stage: str) -> Iterator[None]:
-        """Add the wall time of the block to ``timings[stage]``."""
-        t0 = time.perf_counter()
+        """Add the block's wall time to ``timings[stage]`` and its CPU time (this process and the
+        worker processes it waited for) to ``timings[stage + "_cpu"]``."""
+        t0, c0 = time.perf_counter(), cpu_seconds()
         try:
             yield
         finally:
             self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - t0
+            cpu = f"{stage}{CPU_SUFFIX}"
+            self.timings[cpu] = self.timings.get(cpu, 0.0) + cpu_seconds() - c0
 
     def record_step(self, step: str, *, hit: bool) -> None:
         """Record whether ``step`` came from the cache."""

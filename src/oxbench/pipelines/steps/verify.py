@@ -9,15 +9,18 @@ local features in stores uses it, through :func:`verify_short_lists`.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.cache import CorruptCache, load_npz, save_npz
 from oxbench.features.local import LocalExtractor
 from oxbench.features.store import FeatureStore
+from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.words import WordedParts, Words, reopen_store, store_spec
 from oxbench.rerank.spatial import (
@@ -32,6 +35,8 @@ from oxbench.rerank.spatial import (
     descriptor_matches,
     spatial_rerank,
 )
+
+log = logging.getLogger(__name__)
 
 #: Verified images per query whose inlier correspondences a search returns (the top of the list).
 MATCHES_FOR_VIEWERS = 20
@@ -157,14 +162,125 @@ def short_list_verifier(parts: WordedParts, settings: VerifySettings) -> ShortLi
     )  # fmt: skip
 
 
+class VerificationCache:
+    """Verified short lists on disk, one ``.npz`` per query and short list (digest-checked).
+
+    An entry is keyed by the query, its short list's images (part and name, in order), and the
+    folder's key: the feature stores, the words and the verification settings. A rerun of the same
+    configuration finds every list here; a different short list (another vocabulary, ``top_r``,
+    query expansion's second round) is another entry. Positions are stored relative to the short
+    list, so an entry does not depend on where its images sit in the index.
+
+    Args:
+        folder: ``<cache>/verification/<key>`` (:meth:`for_job`).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+
+    @classmethod
+    def for_job(cls, job: ShortListVerifier, cache: Path) -> VerificationCache:
+        """The cache folder of ``job``'s stores, words and settings under the cache root ``cache``."""
+
+        def rel(path: Path) -> str:
+            path = Path(path)
+            return str(path.relative_to(cache)) if path.is_relative_to(cache) else str(path)
+
+        key = {
+            "stores": {p: [rel(folder), extractor.to_dict()] for p, (folder, extractor, _) in sorted(job.stores.items())},
+            "words": {p: rel(w) for p, w in sorted(job.words.items())},
+            "settings": asdict(job.settings), "viewer_matches": MATCHES_FOR_VIEWERS,
+        }  # fmt: skip
+        return cls(Path(cache) / "verification" / json_digest(key, 16))
+
+    def path(self, query: str, candidates: Sequence[tuple[str, str]]) -> Path:
+        """The entry of ``query``'s short list of ``candidates`` (``(part, name)`` in order)."""
+        return self.folder / f"{json_digest([query, [list(c) for c in candidates]], 24)}.npz"
+
+    def load(self, path: Path, order: NDArray[np.int64]) -> VerifiedList | None:
+        """The entry at ``path`` for the short list ``order``; ``None`` when it is missing, or
+        corrupt (then it is deleted, with a warning, to be computed again)."""
+        if not path.is_file():
+            return None
+        try:
+            z = load_npz(path, what="verified short list")
+            return _from_arrays(z, order, path)
+        except CorruptCache as exc:
+            log.warning("%s; verifying that short list again", exc)
+            path.unlink(missing_ok=True)
+            return None
+
+    def save(self, path: Path, order: NDArray[np.int64], verified: VerifiedList) -> None:
+        """Write ``verified`` (the result for the short list ``order``) atomically."""
+        position = {int(v): i for i, v in enumerate(order.tolist())}
+        keys = sorted(verified.matches, key=lambda v: position[v])
+        arrays = {
+            "head": np.array([position[int(v)] for v in verified.head.tolist()], np.int64),
+            "verified": np.array([position[int(v)] for v in verified.verified.tolist()], np.int64),
+            "inliers": np.asarray(verified.inliers, np.int64),
+            "match_of": np.array([position[v] for v in keys], np.int64),
+            "match_counts": np.array([len(verified.matches[v]) for v in keys], np.int64),
+            "match_xy": (np.concatenate([verified.matches[v] for v in keys]) if keys else np.zeros((0, 4)))
+            .astype(np.float32),
+        }  # fmt: skip
+        self.folder.mkdir(parents=True, exist_ok=True)
+        save_npz(path, arrays)
+
+
+def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) -> VerifiedList:
+    """A :class:`VerifiedList` from a cache entry's arrays, every index and count checked."""
+    r = len(order)
+
+    def positions(name: str) -> NDArray[np.int64]:
+        a = z.get(name)
+        if a is None or a.ndim != 1 or a.dtype != np.int64 or (a.size and (a.min() < 0 or a.max() >= r)):
+            raise CorruptCache(f"{name!r} is not a list of positions in a short list of {r}", path)
+        return a
+
+    head, verified, match_of = positions("head"), positions("verified"), positions("match_of")
+    inliers, counts, xy = z.get("inliers"), z.get("match_counts"), z.get("match_xy")
+    ok = (
+        len(head) == r and np.array_equal(np.sort(head), np.arange(r)) and len(verified) <= r
+        and np.array_equal(head[: len(verified)], verified)
+        and inliers is not None and inliers.dtype == np.int64 and inliers.shape == verified.shape
+        and bool(np.all(inliers >= 1))
+        and counts is not None and counts.dtype == np.int64 and counts.shape == match_of.shape
+        and bool(np.all(counts >= 0)) and bool(np.isin(match_of, verified).all())
+        and xy is not None and xy.dtype == np.float32 and xy.ndim == 2 and xy.shape[1] == 4
+        and xy.shape[0] == int(counts.sum()) and bool(np.isfinite(xy).all())
+    )  # fmt: skip
+    if not ok:
+        raise CorruptCache("the verified short list does not fit its short list", path)
+    pieces = np.split(xy, np.cumsum(counts)[:-1]) if len(counts) else []
+    matches = {int(order[p]): piece for p, piece in zip(match_of.tolist(), pieces, strict=True)}
+    return VerifiedList(order[head], order[verified], inliers, matches)
+
+
 def verify_short_lists(
     job: ShortListVerifier, items: Sequence[tuple[int, str, NDArray[np.int64]]], ctx: RunContext, *,
     desc: str = "spatial",
 ) -> list[VerifiedList]:  # fmt: skip
-    """Run ``job`` on every ``(query index, query name, short list)`` through ``ctx.executor``;
-    results in the order of ``items``."""
-    return list(ctx.executor.map(job, list(items), desc=desc, unit="query", progress=ctx.progress))
+    """Verify every ``(query index, query name, short list)``; results in the order of ``items``.
 
+    Lists verified before with the same features, words and settings come from the
+    :class:`VerificationCache` under ``ctx.cache``; the others run through ``ctx.executor`` and are
+    stored as each one finishes (an interrupted run keeps what it verified). Records the step
+    ``desc`` (spaces as ``_``) as a cache hit when every list was found.
+    """
+    items = list(items)
+    cache = VerificationCache.for_job(job, Path(ctx.cache))
+    if cache.folder.is_dir():
+        remove_stale_temps(cache.folder)
+    paths = [cache.path(qname, [job.index_parts[int(j)] for j in order]) for _, qname, order in items]
+    results: list[VerifiedList | None] = [cache.load(p, np.asarray(it[2], np.int64)) for p, it in zip(paths, items, strict=True)]
+    todo = [i for i, r in enumerate(results) if r is None]
+    log.info("%s: %d of %d short lists from the cache", desc, len(items) - len(todo), len(items))
+    done = ctx.executor.map(job, [items[i] for i in todo], desc=desc, unit="query", progress=ctx.progress)
+    for i, res in zip(todo, done, strict=True):
+        cache.save(paths[i], np.asarray(items[i][2], np.int64), res)
+        results[i] = res
+    ctx.record_step(desc.replace(" ", "_"), hit=not todo)
+    return [r for r in results if r is not None]
 
 
 def verified_first(
