@@ -181,3 +181,47 @@ def test_a_nul_in_a_query_name_is_one_line(tmp_path, capsys):
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "query 2 has a name with a NUL character" in err
 
+
+
+def test_a_verified_short_list_round_trips_and_a_well_formed_lie_is_refused(tmp_path, caplog):
+    """The verification cache stores positions relative to the short list, and checks each entry
+    against the list it is read for (digest-valid entries that do not fit are verified again)."""
+    from oxbench.cache import load_npz, save_npz
+    from oxbench.pipelines.steps.verify import VerificationCache, VerifiedList
+
+    order = np.array([7, 3, 9, 1], np.int64)
+    found = VerifiedList(
+        head=np.array([9, 7, 3, 1], np.int64), verified=np.array([9, 7], np.int64),
+        inliers=np.array([12, 5], np.int64), matches={9: np.arange(48, dtype=np.float32).reshape(12, 4)},
+    )  # fmt: skip
+    cache = VerificationCache(tmp_path / "verification" / "k")
+    path = cache.path("q0", [("database", f"im{i}") for i in order.tolist()])
+    assert path != cache.path("q0", [("database", f"im{i}") for i in order[::-1].tolist()])  # order matters
+    cache.save(path, order, found)
+    back = cache.load(path, order)
+    assert back is not None
+    for field in ("head", "verified", "inliers"):
+        assert np.array_equal(getattr(back, field), getattr(found, field))
+    assert back.matches.keys() == {9} and np.array_equal(back.matches[9], found.matches[9])
+    # the same positions read for another short list name that list's images
+    other = cache.load(path, np.array([70, 30, 90, 10], np.int64))
+    assert other is not None and other.verified.tolist() == [90, 70]
+
+    arrays = {k: v for k, v in load_npz(path, what="x").items() if k != "content_sha256"}
+    lies = {
+        "head-not-a-permutation": {"head": np.array([2, 2, 0, 1], np.int64)},
+        "verified-not-the-head": {"verified": np.array([1, 0], np.int64)},
+        "position-out-of-range": {"head": np.array([2, 0, 1, 4], np.int64)},
+        "zero-inliers": {"inliers": np.array([12, 0], np.int64)},
+        "matches-of-an-unverified-image": {"match_of": np.array([3], np.int64)},
+        "nan-coordinates": {"match_xy": np.full((12, 4), np.nan, np.float32)},
+        "counts-disagree": {"match_counts": np.array([11], np.int64)},
+        "wrong-dtype": {"inliers": np.array([12.0, 5.0])},
+    }
+    for name, change in lies.items():
+        save_npz(path, {**arrays, **change})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert cache.load(path, order) is None, name
+        assert len(caplog.records) == 1 and "verifying that short list again" in caplog.records[0].getMessage()
+        assert not path.exists()

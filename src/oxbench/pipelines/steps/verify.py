@@ -214,7 +214,7 @@ class VerificationCache:
         """Write ``verified`` (the result for the short list ``order``) atomically."""
         position = {int(v): i for i, v in enumerate(order.tolist())}
         keys = sorted(verified.matches, key=lambda v: position[v])
-        arrays = {
+        arrays: dict[str, NDArray] = {
             "head": np.array([position[int(v)] for v in verified.head.tolist()], np.int64),
             "verified": np.array([position[int(v)] for v in verified.verified.tolist()], np.int64),
             "inliers": np.asarray(verified.inliers, np.int64),
@@ -231,23 +231,27 @@ def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) ->
     """A :class:`VerifiedList` from a cache entry's arrays, every index and count checked."""
     r = len(order)
 
-    def positions(name: str) -> NDArray[np.int64]:
+    def array(name: str, dtype: type, ndim: int) -> NDArray:
         a = z.get(name)
-        if a is None or a.ndim != 1 or a.dtype != np.int64 or (a.size and (a.min() < 0 or a.max() >= r)):
+        if a is None or a.dtype != dtype or a.ndim != ndim:
+            raise CorruptCache(f"{name!r} is missing or not a {ndim}-D {np.dtype(dtype).name} array", path)
+        return a
+
+    def positions(name: str) -> NDArray[np.int64]:
+        a = array(name, np.int64, 1)
+        if a.size and (a.min() < 0 or a.max() >= r):
             raise CorruptCache(f"{name!r} is not a list of positions in a short list of {r}", path)
         return a
 
     head, verified, match_of = positions("head"), positions("verified"), positions("match_of")
-    inliers, counts, xy = z.get("inliers"), z.get("match_counts"), z.get("match_xy")
+    inliers, counts = array("inliers", np.int64, 1), array("match_counts", np.int64, 1)
+    xy = array("match_xy", np.float32, 2)
     ok = (
         len(head) == r and np.array_equal(np.sort(head), np.arange(r)) and len(verified) <= r
         and np.array_equal(head[: len(verified)], verified)
-        and inliers is not None and inliers.dtype == np.int64 and inliers.shape == verified.shape
-        and bool(np.all(inliers >= 1))
-        and counts is not None and counts.dtype == np.int64 and counts.shape == match_of.shape
-        and bool(np.all(counts >= 0)) and bool(np.isin(match_of, verified).all())
-        and xy is not None and xy.dtype == np.float32 and xy.ndim == 2 and xy.shape[1] == 4
-        and xy.shape[0] == int(counts.sum()) and bool(np.isfinite(xy).all())
+        and inliers.shape == verified.shape and bool(np.all(inliers >= 1))
+        and counts.shape == match_of.shape and bool(np.all(counts >= 0)) and bool(np.isin(match_of, verified).all())
+        and xy.shape[1] == 4 and xy.shape[0] == int(counts.sum()) and bool(np.isfinite(xy).all())
     )  # fmt: skip
     if not ok:
         raise CorruptCache("the verified short list does not fit its short list", path)
