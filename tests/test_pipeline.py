@@ -384,6 +384,32 @@ def test_descriptor_matches_equal_the_definition(
     assert got.tolist() == _slow_descriptor_matches(q, d, ratio)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    n_q=st.integers(1, 40), n_d=st.integers(2, 40), ratio=st.sampled_from([0.6, 0.8, 1.0]),
+    rows=st.sampled_from([1, 3, 256]), scale=st.sampled_from([1, 3]), seed=st.integers(0, 2**32 - 1),
+)  # fmt: skip
+def test_descriptor_matches_of_equal_length_descriptors_equal_the_definition(
+    n_q: int, n_d: int, ratio: float, rows: int, scale: int, seed: int
+) -> None:
+    """Descriptors of one length per side (RootSIFT's case) take the dot-product path: permutations
+    of one small integer vector have exactly equal lengths, exact products and frequent ties."""
+    from oxbench.rerank import spatial
+
+    rng = np.random.default_rng(seed)
+    base = np.array([0, 1, 1, 2, 3, 0], np.float32)
+    q = np.stack([rng.permutation(base) for _ in range(n_q)]) * scale
+    d = np.stack([rng.permutation(base) for _ in range(n_d)])
+    assert spatial._constant(0.5 * (q * q).sum(axis=1)) and spatial._constant(0.5 * (d * d).sum(axis=1))
+    old = spatial._MATCH_ROWS
+    spatial._MATCH_ROWS = rows
+    try:
+        got = spatial.descriptor_matches(q, d, ratio=ratio)
+    finally:
+        spatial._MATCH_ROWS = old
+    assert got.tolist() == _slow_descriptor_matches(q, d, ratio)
+
+
 @pytest.mark.slow
 def test_verification_and_assignment_in_two_processes_give_the_same_result(tiny_root: Path, tmp_path: Path) -> None:
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")

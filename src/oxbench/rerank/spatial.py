@@ -249,6 +249,17 @@ def expand_query_words(words: NDArray[np.integer]) -> tuple[NDArray[np.int64], N
     return flat[keep], feature[keep]
 
 
+#: Lengths that differ by less than this (relative) count as equal in :func:`descriptor_matches`:
+#: float32 rounding of a unit-length RootSIFT vector is about 1e-7.
+_SAME_LENGTH_RTOL = 1e-6
+
+
+def _constant(half_sq: NDArray[np.float32]) -> bool:
+    """Whether every vector has the same length (``half_sq``: half their squared lengths), to float32 rounding."""
+    hi = float(half_sq.max())
+    return hi > 0 and float(half_sq.min()) >= hi * (1.0 - _SAME_LENGTH_RTOL)
+
+
 def descriptor_matches(
     q_desc: NDArray[np.floating], d_desc: NDArray[np.floating], *, ratio: float = DEFAULT_RATIO
 ) -> NDArray[np.int64]:
@@ -261,7 +272,9 @@ def descriptor_matches(
     separates positives from negatives far better than shared words of a vocabulary trained on
     another city (bench/README.md, "Classic pipeline on real photos"). Cost: one ``[n_q, n_d]``
     matrix product per pair, computed in blocks of query rows and reduced in place (memory of one
-    block, not of the whole matrix). Ties match nothing: a database feature with several equally
+    block, not of the whole matrix); when every descriptor of each side has one length (RootSIFT's
+    unit length, to float32 rounding) the nearest neighbours are the largest dot products and the
+    product is reduced as it is, without turning it into distances. Ties match nothing: a database feature with several equally
     near query features is no one's mutual neighbour, as a query feature with two equally near
     database features fails the ratio test.
 
@@ -299,6 +312,37 @@ def descriptor_matches(
     nearest = np.empty(n_q, np.int64)
     best = np.empty(n_q, np.float32)
     second = np.empty(n_q, np.float32)
+    if _constant(half_q) and _constant(half_d):
+        # Every descriptor of a side has the same length (RootSIFT: unit length): the nearest
+        # neighbour on either side is the largest dot product, so one product per block serves
+        # both directions without turning it into distances.
+        sim_best = np.full(d.shape[0], -np.inf, np.float32)
+        sim_count = np.zeros(d.shape[0], np.int64)
+        for start in range(0, n_q, _MATCH_ROWS):
+            stop = min(start + _MATCH_ROWS, n_q)
+            rows = np.arange(stop - start)
+            block = q[start:stop] @ d_t
+            j = block.argmax(axis=1)
+            b = block[rows, j]
+            nearest[start:stop], best[start:stop] = j, b
+            block[rows, j] = -np.inf
+            second[start:stop] = block.max(axis=1)
+            block[rows, j] = b
+            high = block.max(axis=0)
+            n_high = np.count_nonzero(block == high, axis=0)
+            sim_count = np.where(high > sim_best, n_high, sim_count + np.where(high == sim_best, n_high, 0))
+            np.maximum(sim_best, high, out=sim_best)
+        mutual = np.flatnonzero((best >= sim_best[nearest]) & (sim_count[nearest] == 1))
+        lengths = 2.0 * (float(half_q.mean()) + float(half_d.mean()))  # |q|^2 + |d|^2
+        best2 = np.maximum(lengths - 2.0 * best[mutual].astype(np.float64), 0.0)
+        second2 = np.maximum(lengths - 2.0 * second[mutual].astype(np.float64), 0.0)
+        qi = mutual[best2 < (ratio * ratio) * second2]
+        return np.stack((qi, nearest[qi]), axis=1).astype(np.int64)
+    # Squared distances are |q_i|^2 + |d_j|^2 - 2 q_i.d_j. Each block of query rows is one matrix
+    # product, turned in place into the row metric |d_j|^2/2 - q_i.d_j (its argmin is i's nearest,
+    # its two smallest values give the ratio) and then into the column metric |q_i|^2/2 - q_i.d_j,
+    # whose running minimum over all blocks says which query feature is each database feature's
+    # nearest. No full [n_q, n_d] matrix is kept and no sort or argpartition runs over it.
     at_nearest = np.empty(n_q, np.float32)  # column metric of (i, nearest[i])
     col_best = np.full(d.shape[0], np.inf, np.float32)
     col_count = np.zeros(d.shape[0], np.int64)  # query features at that minimum
