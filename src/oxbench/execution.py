@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar, TypeVar
@@ -68,6 +69,51 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+#: glibc malloc settings of :func:`keep_freed_memory`: buffers up to this size come from the heap...
+MALLOC_MMAP_THRESHOLD = 64 << 20
+#: ...and up to this much freed heap stays mapped for the next allocation.
+MALLOC_TRIM_THRESHOLD = 128 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+_MALLOC_TUNED = False
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc's malloc reuse the large buffers numeric code frees instead of unmapping them.
+
+    glibc serves a large allocation (above 128 KiB, raised adaptively) with fresh pages from the
+    kernel and unmaps it when freed. Image pyramids (SIFT's scale space) and blocked distance
+    products allocate megabytes per image and per pair, so every image paid for page faults and
+    the kernel zeroing new pages: a third of extraction's CPU time was system time
+    (bench/README.md, "The main job"). With :data:`MALLOC_MMAP_THRESHOLD` and
+    :data:`MALLOC_TRIM_THRESHOLD` the same memory is reused, at the price of up to the trim
+    threshold of freed memory staying with the process. Called by the command line and in every
+    worker; left alone where the environment sets ``MALLOC_MMAP_THRESHOLD_`` /
+    ``MALLOC_TRIM_THRESHOLD_`` and where the C library is not glibc.
+
+    Returns:
+        Whether the settings are in effect (applied now or before).
+    """
+    global _MALLOC_TUNED
+    if _MALLOC_TUNED:
+        return True
+    if any(v in os.environ for v in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return False
+    import ctypes
+    import ctypes.util
+    import platform
+
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = libc.mallopt(_M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD) == 1
+        ok = libc.mallopt(_M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD) == 1 and ok
+    except (OSError, AttributeError):  # pragma: no cover - no usable libc
+        return False
+    _MALLOC_TUNED = ok
+    return ok
+
+
 _THREAD_CAP: int | None = None
 
 
@@ -95,8 +141,6 @@ def limit_threads(n: int) -> None:
         cv2.setNumThreads(n)
     except ImportError:  # pragma: no cover - opencv is an extra
         pass
-    import sys
-
     faiss = sys.modules.get("faiss")
     if faiss is not None:
         faiss.omp_set_num_threads(n)
@@ -177,8 +221,10 @@ _JOB: Callable[[Any], Any] | None = None
 
 
 def _install(job: Callable[[Any], Any], threads: int) -> None:
-    """Worker start-up: cap the numeric libraries' threads, then keep the job for every item."""
+    """Worker start-up: cap the numeric libraries' threads, keep freed buffers for reuse, then keep
+    the job for every item."""
     global _JOB
+    keep_freed_memory()
     limit_threads(threads)
     _JOB = job
 

@@ -145,6 +145,9 @@ def warnings_as_log_lines() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the console script: user errors -> one line, exit 2; SIGTERM/SIGINT -> 130."""
+    from oxbench.execution import keep_freed_memory
+
+    keep_freed_memory()
     try:
         with stop_on_signals(), warnings_as_log_lines():
             rv = cli.main(args=argv, prog_name="oxbench", standalone_mode=False)
