@@ -176,3 +176,11 @@ def test_manifest_explains_labels(tiny: Path) -> None:
     rec = next(r for r in manifest["images"] if r["kind"] == "landmark")
     for key in ("yaw", "angle", "zoom", "light", "occluded", "blur", "jpeg"):
         assert key in rec["view"]
+
+
+def test_the_synth_command_defaults_to_the_default_sets_image_size() -> None:
+    from oxbench.cli.synth import synth
+    from oxbench.datasets.synthetic.config import DEFAULT_TEST, DEFAULT_TRAIN
+
+    option = next(p for p in synth.params if p.name == "image_size")
+    assert option.default == "{}x{}".format(*DEFAULT_TEST.image_size) == "{}x{}".format(*DEFAULT_TRAIN.image_size)

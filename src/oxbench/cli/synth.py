@@ -29,7 +29,7 @@ def _parse_size(text: str) -> tuple[int, int]:
 @click.option("--landmarks", type=int, default=11, show_default=True, help="Number of landmarks.")
 @click.option("--queries-per-landmark", type=int, default=5, show_default=True, help="Query images per landmark (not in the database).")
 @click.option("--db-size", type=int, default=None, help="Number of database images (default 1000; 500 for synthetic-train).")
-@click.option("--image-size", default="640x480", show_default=True, help="Image size WIDTHxHEIGHT.")
+@click.option("--image-size", default="512x384", show_default=True, help="Image size WIDTHxHEIGHT (the default sets' size).")
 @click.option("--distractors", type=int, default=0, show_default=True, help="Default number of on-demand distractors recorded for loading (never stored).")
 @click.option("--workers", "-j", type=int, default=None, help="Processes rendering images (default: one per available core).")
 @click.option("--overwrite", is_flag=True, help="Replace a complete set made with another config.")

@@ -83,7 +83,7 @@ class SynthConfig:
     landmarks: int = 11
     queries_per_landmark: int = 5
     db_size: int = 1000
-    image_size: tuple[int, int] = (640, 480)
+    image_size: tuple[int, int] = (512, 384)
     landmark_fraction: float = 0.55
     street_fraction: float = 0.08
     generic_buildings: int = 48
