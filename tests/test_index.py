@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,20 @@ def test_vocabulary_save_load_and_refusals(tmp_path: Path, rng: np.random.Genera
     with pytest.raises(InputError, match="unreadable"):
         Vocabulary.load(tmp_path / "bad.npz")
     assert not list(tmp_path.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_faiss_threads_wait_passively_unless_the_user_says_otherwise(given: str | None, expected: str) -> None:
+    """Spinning OpenMP threads burn the CPU other work needs (bench/README.md, "The main job")."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    code = "import os; from oxbench.index.faiss_setup import load_faiss; load_faiss(); print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == expected
 
 
 def test_suggested_coretype() -> None:

@@ -9,6 +9,11 @@ OpenBLAS reads ``OPENBLAS_CORETYPE`` when the library is loaded, so :func:`load_
 the CPU flags *before the first faiss import*, unless the user set it already (or set
 ``OXBENCH_OPENBLAS_CORETYPE=keep`` to leave OpenBLAS's own detection alone). numpy is imported
 earlier and keeps its own, correctly detected, kernels.
+
+faiss's OpenMP threads wait for work *passively* (``OMP_WAIT_POLICY=PASSIVE``, set the same way,
+unless the user set it): by default they spin between parallel regions, and k-means runs thousands
+of short regions, so on a machine shared with other work the spinning threads took three to four
+times the CPU of the work itself (bench/README.md, "The main job").
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ def load_faiss(threads: int | None = None) -> ModuleType:
             if core:
                 log.debug("setting OPENBLAS_CORETYPE=%s before importing faiss", core)
                 os.environ["OPENBLAS_CORETYPE"] = core
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     faiss = require("faiss", "classic")
     if threads is None:
         threads = thread_cap() or available_cores()
