@@ -38,13 +38,16 @@ from oxbench.cli.options import (
               help="Accept a dataset with fewer images than the official count (recorded; not comparable).")
 @click.option("--overwrite", is_flag=True,
               help="Replace the earlier runs of this config folder (and a folder of another config).")
+@click.option("--label", default=None,
+              help="The run's name in runs, compare, report, plot and view (default: the preset name plus "
+                   "the settings that differ from it, e.g. 'features-alpha-qe [whitening=pca]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
     dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
     cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
     max_side: int | None, top_r: int | None, workers: int | None, engine: str, distractors: str | None, top_k: int,
-    allow_partial: bool, overwrite: bool, as_json: bool, no_progress: bool,
+    allow_partial: bool, overwrite: bool, label: str | None, as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
 
@@ -74,12 +77,13 @@ def run(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
         overrides=overrides, workers=parse_workers(workers), engine=engine, overwrite=overwrite, top_k=top_k,
         progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
-        strict=not allow_partial, command=["oxbench", *sys.argv[1:]],
+        strict=not allow_partial, command=["oxbench", *sys.argv[1:]], label=label,
     )  # fmt: skip
     cfg = outcome.config
     if as_json:
         payload = outcome.result.to_dict()
         payload["run_dir"] = str(outcome.run_dir)
+        payload["label"] = outcome.record.get("label")
         payload["trained_on"] = cfg.train_dataset
         payload["trained_on_test_set"] = cfg.trained_on_test_set
         payload["timings"] = dict(outcome.timings)
@@ -97,6 +101,7 @@ def run(
     elif cfg.train_dataset:
         click.echo(f"trained on: {cfg.train_dataset}")
     total = outcome.timings.get("total", 0.0)
+    click.echo(f"label: {outcome.record.get('label')}")
     click.echo(f"run folder: {outcome.run_dir}  ({total:.1f} s)")
 
 
@@ -110,7 +115,8 @@ def runs(runs_dir: str, as_json: bool) -> None:
     found = find_runs(runs_dir)
     if as_json:
         click.echo(json.dumps([{"run_dir": str(r.run_dir), "run_id": r.run_id, "dataset": r.dataset,
-                                "method": r.method, "started": r.started, "headline": r.headline}
+                                "method": r.method, "label": r.label, "started": r.started,
+                                "headline": r.headline}
                                for r in found], indent=1))
         return
     if not found:
@@ -118,8 +124,8 @@ def runs(runs_dir: str, as_json: bool) -> None:
         return
     from oxbench.report.tables import text_table
 
-    rows = [[r.started[:19].replace("T", " "), r.dataset, r.method, r.headline, str(r.run_dir)] for r in found]
-    click.echo(text_table(["started (UTC)", "dataset", "method", "headline", "run folder"], rows))
+    rows = [[r.started[:19].replace("T", " "), r.dataset, r.label, r.headline, str(r.run_dir)] for r in found]
+    click.echo(text_table(["started (UTC)", "dataset", "label", "headline", "run folder"], rows))
 
 
 @click.command("settings")

@@ -73,10 +73,12 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     RECORD_FORMAT,
     RUN_FILES,
     RunSummary,
+    check_label,
     find_runs,
     jsonable,
     list_runs,
     new_run_id,
+    preset_label,
     read_record_json,
     retrieved_document,
     write_run_files,
@@ -380,6 +382,7 @@ def run(
     top_k: int = 100,
     overwrite: bool = False,
     command: Sequence[str] | None = None,
+    label: str | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -409,6 +412,9 @@ def run(
             scores).
         overwrite: replace earlier runs in the config folder (and a folder of another config).
         command: the command line to record (default ``sys.argv``).
+        label: the run's name in ``runs``, ``compare``, ``report``, ``plot`` and ``view``
+            (:func:`oxbench.records.check_label`); default: the preset name plus the settings that
+            differ from the preset (``features-alpha-qe [whitening=pca]``).
 
     Returns:
         A :class:`RunOutcome`.
@@ -419,11 +425,17 @@ def run(
 
     if top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
+    if label is not None:
+        check_label(label)
     started = datetime.now(UTC)
     t_start = time.perf_counter()
+    # what ran is what was installed when the run began (a package upgraded meanwhile is not it)
+    libraries, commit, host = versions(), git_commit(), host_facts()
     executor = make_executor(engine, workers)
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
+    if label is None:
+        label = preset_label(m.name, m.to_dict())
     train_id: str | None = None
     if m.needs_training:
         train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
@@ -471,9 +483,9 @@ def run(
             "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
             "command": list(command if command is not None else sys.argv),
             "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
-            "oxbench_version": versions()["oxbench"], "git_commit": git_commit(), "host": host_facts(),
-            "versions": versions(), "accel": _accel_used(), "cache": dict(ctx.steps),
-            "method": m.name, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
+            "oxbench_version": libraries["oxbench"], "git_commit": commit, "host": host,
+            "versions": libraries, "accel": _accel_used(), "cache": dict(ctx.steps),
+            "method": m.name, "label": label, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
             "execution": executor.describe(),
         }  # fmt: skip
         _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,

@@ -158,6 +158,8 @@ class GlobalConfig(MethodConfig):
         layout: ``"n-d"`` (``[n, d]``, one row per image) or ``"d-n"`` (``[d, n]``, revisitop's
             MATLAB files) in the files, as ``oxbench evaluate --layout`` reads them.
         key: the array inside an ``.npz`` / ``.mat`` file.
+        query_key, query_layout: the query file's own array name and layout (default: ``key``,
+            ``layout``), so one revisitop ``.mat`` holding ``X`` and ``Q`` serves both files.
     """
 
     family: ClassVar[str] = "global"
@@ -221,12 +223,16 @@ class GlobalConfig(MethodConfig):
                                                               doc="diffusion: graph normalisation")  # fmt: skip
     diffusion_mode: Literal["online", "offline"] = setting("online", S.Choice("online", "offline"),
                                                           doc="diffusion: per query, or precomputed")  # fmt: skip
-    db_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: database descriptor file")
-    query_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: query descriptor file")
-    train_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: training descriptors")
-    train_pairs: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)")
-    layout: Literal["n-d", "d-n"] = setting("n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image")
-    key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)), doc="features: array in .npz/.mat")
+    db_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True)
+    query_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: query descriptor file", input=True)
+    train_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: training descriptors", input=True)
+    train_pairs: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)", input=True)
+    layout: Literal["n-d", "d-n"] = setting("n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image", input=True)
+    key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)), doc="features: array in .npz/.mat", input=True)
+    query_key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)),
+                                    doc="features: query array in .npz/.mat (default: key; revisitop .mat: Q)", input=True)
+    query_layout: Literal["n-d", "d-n"] | None = setting(None, S.Optional(S.Choice("n-d", "d-n")),
+                                                         doc="features: query file's layout (default: layout)", input=True)
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
