@@ -7,6 +7,7 @@ exit code 2 with that line and no traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -35,6 +36,16 @@ class MissingExtraError(OxbenchError, ImportError):
         super().__init__(
             f"this needs the optional dependency {module!r}: pip install \"oxbench[{extra}]\""
         )
+
+
+def close_matches(name: str, known: Iterable[str], *, n: int = 3) -> list[str]:
+    """The known names closest to a mistyped ``name`` (``difflib``), best first; empty when none is close.
+
+    ``close_matches("qe_alfa", ["qe_alpha", "qe_k", "dba"]) == ["qe_alpha"]``
+    """
+    import difflib
+
+    return difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
 
 
 def require(module: str, extra: str):  # noqa: ANN201 - returns a module

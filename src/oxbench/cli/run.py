@@ -20,7 +20,8 @@ from oxbench.cli.options import (
               help="Dataset id; 'synthetic' is built on first use.")
 @click.option("--method", default=None,
               help="Method preset (default rootsift-bow-sv-qe); `oxbench run --list-methods` lists them.")
-@click.option("--list-methods", is_flag=True, help="List the method presets of every family and exit.")
+@click.option("--list-methods", is_flag=True,
+              help="List the method presets of every family and exit (`oxbench methods NAME`: a preset's settings).")
 @method_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
@@ -128,26 +129,42 @@ def runs(runs_dir: str, as_json: bool) -> None:
     click.echo(text_table(["started (UTC)", "dataset", "label", "headline", "run folder"], rows))
 
 
-@click.command("settings")
-@click.argument("method")
-@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
-def settings(method: str, as_json: bool) -> None:
-    """The settings of METHOD (a preset name): what `oxbench run --set KEY=VALUE` takes.
+@click.command("methods")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+def methods(name: str | None, as_json: bool) -> None:
+    """The method families and their presets; with NAME, every setting of that preset.
 
-    One row per setting (nested ones as dotted names, e.g. features.max_side): its kind, the
-    preset's value, the values it accepts and what it means.
+    A preset's settings are what `oxbench run --method NAME --set KEY=VALUE` takes: one row per
+    setting (nested ones as dotted names, e.g. features.max_side) with its type, the preset's
+    value, the values it accepts and what it means, read from the schema the values are checked with.
     """
-    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.method import METHODS, method_families
+
+    if name is None:
+        families = method_families()
+        if as_json:
+            click.echo(json.dumps([{"family": f.name, "about": f.about, "presets": list(f.presets)} for f in families],
+                                  indent=1))  # fmt: skip
+            return
+        n = sum(len(f.presets) for f in families)
+        click.echo(f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings")
+        for f in families:
+            click.echo(f"\n{f.name}: {f.about}")
+            for preset in f.presets:
+                click.echo(f"  {preset}")
+        return
     from oxbench.schema import describe
 
-    config = METHODS.get(method)
+    config = METHODS.get(name)
     rows = describe(config)
     if as_json:
-        click.echo(json.dumps([{"name": r.name, "kind": r.kind, "value": r.default, "accepts": r.range, "doc": r.doc}
-                               for r in rows], indent=1, default=str))  # fmt: skip
+        click.echo(json.dumps([{"name": r.name, "type": r.kind, "default": r.default, "accepts": r.range,
+                                "meaning": r.doc} for r in rows], indent=1, default=str))  # fmt: skip
         return
     click.echo(f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE")
-    width = max((len(r.name) for r in rows), default=0)
-    for r in rows:
-        accepts = f" [{r.range}]" if r.range else ""
-        click.echo(f"  {r.name:<{width}}  {r.kind:<14} {r.default!s:<12} {r.doc}{accepts}")
+    table = [["setting", "type", "default", "meaning [accepts]"]]
+    table += [[r.name, r.kind, str(r.default), r.doc + (f" [{r.range}]" if r.range else "")] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[3])
