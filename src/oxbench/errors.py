@@ -56,3 +56,21 @@ def require(module: str, extra: str):  # noqa: ANN201 - returns a module
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError(module, extra) from exc
+
+
+def require_installed(requirements: Iterable[tuple[str, str]]) -> None:
+    """Check that every ``(module, extra)`` is installed, without importing it: the cheap first check of
+    a command, before it generates data or starts a long step.
+
+    Raises:
+        MissingExtraError: the first module that is missing, naming ``pip install "oxbench[extra]"``.
+    """
+    import importlib.util
+
+    for module, extra in requirements:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a module set to None
+            found = False
+        if not found:
+            raise MissingExtraError(module, extra)

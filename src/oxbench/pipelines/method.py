@@ -157,6 +157,12 @@ class MethodConfig(ABC):
         """Whether any step reads the benchmark's pixels (else the ground truth is enough)."""
         return True
 
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """The optional modules the method's steps import, as ``(module, extra)``: the runner checks
+        them (:func:`oxbench.errors.require_installed`) before it loads or generates any data."""
+        return ()
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting as JSON-able data (nested configs as dicts), plus the family."""
         assert dataclasses.is_dataclass(self)

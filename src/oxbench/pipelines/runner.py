@@ -47,7 +47,7 @@ from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
-from oxbench.errors import InputError
+from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
@@ -434,6 +434,7 @@ def run(
     executor = make_executor(engine, workers)
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
+    require_installed(m.requires)  # a missing extra is one line before any data is loaded or generated
     if label is None:
         label = preset_label(m.name, m.to_dict())
     train_id: str | None = None

@@ -264,6 +264,20 @@ class GlobalConfig(MethodConfig):
         """User feature files replace every step that reads pixels."""
         return self.descriptor != "features"
 
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """A CNN's torch and torchvision (timm for a ``timm:`` trunk), VLAD's SIFT and k-means, a FAISS index."""
+        out: list[tuple[str, str]] = []
+        if self.descriptor == "cnn":
+            out += [("torch", "deep"), ("torchvision", "deep")]
+            if self.backbone.startswith("timm:"):
+                out.append(("timm", "deep"))
+        elif self.descriptor == "vlad":
+            out += [("cv2", "classic"), ("faiss", "classic")]
+        if self.search.startswith("faiss") and ("faiss", "classic") not in out:
+            out.append(("faiss", "classic"))
+        return tuple(out)
+
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
 

@@ -1,0 +1,76 @@
+"""Cheap checks come first (issue 24): a missing extra, a bad setting or an unreadable input is one
+line, exit 2, before any data is generated or any long step starts, and nothing is written."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from oxbench.cli import main
+from oxbench.errors import MissingExtraError, require_installed
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def _written(root: Path) -> list[Path]:
+    return sorted(root.rglob("*")) if root.exists() else []
+
+
+@pytest.fixture
+def no_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch (and torchvision) as if not installed: ``import torch`` fails, ``find_spec`` finds none."""
+    for name in ("torch", "torchvision"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_require_installed_names_the_extra_without_importing(no_torch: None) -> None:
+    require_installed([("json", "core")])
+    with pytest.raises(MissingExtraError, match=r'pip install "oxbench\[deep\]"'):
+        require_installed([("json", "core"), ("torch", "deep")])
+    with pytest.raises(MissingExtraError, match="no_such_module_xyz"):
+        require_installed([("no_such_module_xyz.sub", "classic")])
+
+
+def test_train_without_torch_fails_before_rendering_or_writing_anything(
+    no_torch: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "data"
+    code, out, err = _cli(capsys, "train", "--root", str(root), "--no-progress")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "'torch'" in err and 'oxbench[deep]' in err
+    assert _written(root) == []  # the synthetic training city was not rendered
+    assert _written(tmp_path) == []
+
+
+def test_a_bad_option_of_train_is_refused_before_the_extra_is_needed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(capsys, "train", "--root", str(tmp_path / "data"), "--epochs", "0")
+    assert code == 2 and "--epochs" in err and _written(tmp_path) == []
+
+
+@pytest.mark.parametrize("method", ["gem-r18-synthetic", "gem-r50-imagenet"])
+def test_run_of_a_cnn_preset_without_torch_fails_before_loading_data(
+    method: str, no_torch: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "data"
+    code, _, err = _cli(capsys, "run", "--method", method, "--root", str(root), "--out", str(tmp_path / "r"),
+                        "--no-progress")  # fmt: skip
+    assert code == 2 and "oxbench[deep]" in err and len(err.strip().splitlines()) == 1, err
+    assert _written(tmp_path) == []
+
+
+def test_run_checks_settings_and_label_before_loading_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = tmp_path / "data"
+    for extra, words in ((["--set", "qe_k=0"], "qe_k"), (["--label", "a\nb"], "--label")):
+        code, _, err = _cli(capsys, "run", "--method", "features-alpha-qe", "--root", str(root), "--no-progress",
+                            "--out", str(tmp_path / "r"), *extra)  # fmt: skip
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+        assert _written(tmp_path) == []
