@@ -347,3 +347,31 @@ def cli_out(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
         main(list(args))
     out, err = capsys.readouterr()
     return int(exc.value.code or 0), out if exc.value.code in (0, None) else err
+
+
+def test_library_versions_are_recorded_when_the_run_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ran is what was installed when the run began: versions are read before any data is loaded."""
+    from oxbench.pipelines import runner
+
+    events: list[str] = []
+    real_versions, real_load = runner.versions, runner.load
+
+    def versions() -> dict[str, str | None]:
+        events.append("versions")
+        return {**real_versions(), "numpy": f"seen at call {len(events)}"}
+
+    def load(*args: object, **kwargs: object):  # noqa: ANN202
+        events.append("load")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "versions", versions)
+    monkeypatch.setattr(runner, "load", load)
+    root, db, q = _gnd_only_features(tmp_path)
+    np.save(tmp_path / "db.npy", db)
+    np.save(tmp_path / "q.npy", q)
+    outcome = run("roxford5k", "features", root=root, out=tmp_path / "r", cache=tmp_path / "c", strict=False,
+                  progress=False, overrides={"db_features": str(tmp_path / "db.npy"),
+                                             "query_features": str(tmp_path / "q.npy")})  # fmt: skip
+    assert events[0] == "versions" and events.count("versions") == 1 and "load" in events
+    record = json.loads((outcome.run_dir / "record.json").read_text())
+    assert record["versions"]["numpy"] == "seen at call 1"

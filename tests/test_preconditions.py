@@ -74,3 +74,33 @@ def test_run_checks_settings_and_label_before_loading_data(tmp_path: Path, capsy
                             "--out", str(tmp_path / "r"), *extra)  # fmt: skip
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
         assert _written(tmp_path) == []
+
+
+def test_extract_of_a_cnn_preset_without_torch_fails_before_loading_data(
+    no_torch: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = _cli(capsys, "extract", "--method", "gem-r18-synthetic", "--root", str(tmp_path / "data"),
+                        "--out", str(tmp_path / "x"))  # fmt: skip
+    assert code == 2 and "oxbench[deep]" in err and len(err.strip().splitlines()) == 1, err
+    assert _written(tmp_path) == []
+
+
+def test_synthetic_generation_without_opencv_fails_before_writing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "cv2", None)
+    code, _, err = _cli(capsys, "data", "synth", "--root", str(tmp_path / "data"))
+    assert code == 2 and "oxbench[classic]" in err and len(err.strip().splitlines()) == 1, err
+    assert _written(tmp_path) == []
+
+
+def test_synthetic_generation_checks_free_space_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from oxbench.datasets import fetch
+    from oxbench.datasets.synthetic.config import DEFAULT_TRAIN
+    from oxbench.datasets.synthetic.generate import generate
+    from oxbench.errors import InputError
+
+    monkeypatch.setattr(fetch, "disk_free", lambda path: 1_000_000)
+    with pytest.raises(InputError, match="not enough free disk space"):
+        generate(tmp_path / "synthetic-train", DEFAULT_TRAIN, workers=1, progress=False)
+    assert _written(tmp_path) == []
