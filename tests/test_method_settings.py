@@ -157,3 +157,15 @@ def test_an_unknown_name_lists_the_close_matches(args: list[str], words: str, ca
     code, out, err = _cli(capsys, *args, "--root", str(tmp_path)) if args[0] == "run" else _cli(capsys, *args)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_methods_listing_in_the_docs_is_the_commands_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/your-data.md shows `oxbench methods rootsift-bow-sv-qe` in full: it is what the command prints."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "your-data.md").read_text()
+    m = re.search(r"```bash\noxbench methods rootsift-bow-sv-qe\n```\n\n```text\n(.*?)```", doc, re.S)
+    assert m is not None, "docs/your-data.md: the methods block and its output"
+    code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
+    assert code == 0 and m.group(1) == out

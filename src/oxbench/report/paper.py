@@ -7,8 +7,8 @@ first in the field's layout -- Medium then Hard, each with ROxf, ROxf+1M, RPar, 
 mP@10 under each -- then every other dataset (its own setups) by dataset id. A run goes to the +1M
 group of its dataset when its ``dataset.json`` ``n_distractors`` is positive.
 
-In each column, every method is compared with the first method that has a run there (the
-baseline, the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
+In each column, every row is compared with the first row that has a run there (the baseline,
+the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
 the per-query values (AP for mAP columns, P@10 for mP@10 columns); p-values are Holm-adjusted over
 the methods compared in that column, and a dagger marks adjusted p < ``alpha``. A footnote states
 all of it.
@@ -78,10 +78,10 @@ class PaperTable:
 
     def footnote(self) -> str:
         return (
-            f"{MARK} differs from the column's first method ({self.methods[0]} where it has a number) at "
+            f"{MARK} differs from the column's first row ({self.methods[0]} where it has a number) at "
             f"p < {self.alpha:g}: two-sided paired randomization test over the queries (sign flips of the "
             f"per-query AP for mAP, P@10 for mP@10; exact when 2^n <= {self.n_resamples:,}, else "
-            f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the methods "
+            f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the rows "
             f"compared in each column. +1M: with distractors. Numbers in percent."
         )
 
