@@ -274,3 +274,15 @@ def test_a_recorded_label_that_is_not_one_short_line_is_refused(label, tmp_path,
     gt = tiny_gt(0, n_queries=4)
     bad = write_run(tmp_path, gt, random_ranks(gt, 5), record_overrides={"label": label})
     refused(["report", bad], capsys, "record.json: 'label': a run label")
+
+
+def test_a_label_is_text_in_latex_whatever_it_holds(tmp_path, capsys):
+    gt = tiny_gt(0, n_queries=4)
+    label = r"[ablation] 50% a_b {c} $x$ ~^ & # \ end"
+    a = write_run(tmp_path, gt, random_ranks(gt, 1), config_name="a")
+    b = write_run(tmp_path, gt, random_ranks(gt, 2), config_name="b", record_overrides={"label": label})
+    code, tex, err = run(["report", a, b, "--format", "latex"], capsys)
+    assert code == 0, err
+    row = next(line for line in tex.splitlines() if "ablation" in line)
+    assert row.startswith(r"{[}ablation] 50\% a\_b \{c\} \$x\$ \textasciitilde{}\textasciicircum{} \& \# "
+                          r"\textbackslash{} end & ")  # fmt: skip
