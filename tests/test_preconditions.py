@@ -104,3 +104,19 @@ def test_synthetic_generation_checks_free_space_first(monkeypatch: pytest.Monkey
     with pytest.raises(InputError, match="not enough free disk space"):
         generate(tmp_path / "synthetic-train", DEFAULT_TRAIN, workers=1, progress=False)
     assert _written(tmp_path) == []
+
+
+def test_run_into_a_folder_of_another_method_is_refused_before_the_data_is_generated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from oxbench.pipelines import resolve_method
+
+    root = tmp_path / "data"  # no synthetic city: loading it would render one
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"dataset": "synthetic", "method": resolve_method("rootsift-bow").to_dict()}))
+    code, _, err = _cli(capsys, "run", "--root", str(root), "--out", str(other), "--no-progress")
+    assert code == 2 and "another config (differs in: method)" in err and len(err.strip().splitlines()) == 1, err
+    assert _written(root) == []

@@ -48,8 +48,8 @@ class Registry(Generic[T]):
         except KeyError:
             known = ", ".join(sorted(self._entries))
             near = close_matches(name, self._entries)
-            hint = f"did you mean {' or '.join(near)}? " if near else ""
-            raise InputError(f"unknown {self.kind} {name!r}; {hint}known: {known}") from None
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise InputError(f"unknown {self.kind} {name!r}; known: {known}{hint}") from None
 
     def names(self) -> list[str]:
         self._ensure_loaded()

@@ -284,8 +284,13 @@ def retrieved_records(
 # --- run folders ----------------------------------------------------------------------------------
 
 
-def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite: bool = False) -> None:
+def prepare_config_folder(
+    config_dir: Path, config: dict[str, Any], *, overwrite: bool = False, only: tuple[str, ...] | None = None
+) -> None:
     """Check that ``config_dir`` may hold runs of ``config`` (it is created when a run completes).
+
+    ``only`` compares just those keys of the configs: the runner's check before any data is loaded,
+    when the dataset and the method are known but not the ground truth's digest.
 
     Raises:
         InputError: the folder holds another config, or is not an oxbench config folder, or is
@@ -302,6 +307,8 @@ def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite
                 raise InputError(f"unreadable run config ({exc.problem}); use --overwrite to replace it", cfg_path) from None
             if not isinstance(found, dict):
                 raise InputError("run config is not a JSON object; use --overwrite to replace it", cfg_path)
+            if only is not None:
+                found, config = {k: found.get(k) for k in only}, {k: config.get(k) for k in only}
             if found != config:
                 diff = sorted(k for k in set(found) | set(config) if found.get(k) != config.get(k))
                 raise InputError(
@@ -442,6 +449,9 @@ def run(
         train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
+    if out is not None:  # a folder of another method or dataset is refused before data is loaded or generated
+        prepare_config_folder(Path(out), {"dataset": dataset, "method": m.to_dict()}, overwrite=overwrite,
+                              only=("dataset", "method"))  # fmt: skip
     t0 = time.perf_counter()
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
     train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
