@@ -19,9 +19,10 @@ from oxbench.cli.options import (
 @click.option("--dataset", default="synthetic", show_default=True,
               help="Dataset id; 'synthetic' is built on first use.")
 @click.option("--method", default=None,
-              help="Method preset (default rootsift-bow-sv-qe); `oxbench run --list-methods` lists them.")
-@click.option("--list-methods", is_flag=True,
-              help="List the method presets of every family and exit (`oxbench methods NAME`: a preset's settings).")
+              help="Method preset (default rootsift-bow-sv-qe); `oxbench methods` lists them, "
+                   "`oxbench methods NAME` a preset's settings.")
+@click.option("--list-methods", is_flag=True, hidden=True,
+              help="The presets as 'name<TAB>family' lines (for scripts; `oxbench methods` is the listing).")
 @method_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
