@@ -120,3 +120,23 @@ def test_run_into_a_folder_of_another_method_is_refused_before_the_data_is_gener
     code, _, err = _cli(capsys, "run", "--root", str(root), "--out", str(other), "--no-progress")
     assert code == 2 and "another config (differs in: method)" in err and len(err.strip().splitlines()) == 1, err
     assert _written(root) == []
+
+
+@pytest.mark.parametrize(("method", "settings", "words"), [
+    ("gem-r50-imagenet", ["weights=absent.pt"], "absent.pt: no model file here"),
+    ("gem-r18-synthetic", ["fit_network=false"], "gem-r18-synthetic.pt: no model file here"),
+    ("features", ["db_features=absent.npy", "query_features=absent.npy"], "absent.npy: db_features: file not found"),
+    ("features", ["db_features=.", "query_features=q.npy"], "db_features: is a folder"),
+])  # fmt: skip
+def test_run_refuses_a_missing_input_file_before_the_synthetic_city_is_rendered(
+    method: str, settings: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if method.startswith("gem"):
+        pytest.importorskip("torch")
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "data"
+    sets = [a for s in settings for a in ("--set", s)]
+    code, _, err = _cli(capsys, "run", "--method", method, "--root", str(root), *sets, "--no-progress")
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert _written(tmp_path) == []

@@ -110,6 +110,7 @@ def extract_descriptors(
     for name in EXTRACT_FILES:
         check_output_path(out / name)
     root_path = data_root(root)
+    m.check_inputs(root_path)
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     train = None
     if m.needs_training:

@@ -163,6 +163,16 @@ class MethodConfig(ABC):
         them (:func:`oxbench.errors.require_installed`) before it loads or generates any data."""
         return ()
 
+    def check_inputs(self, root: Path | None = None) -> None:
+        """Refuse, before any data is loaded or generated, an input file the settings name that is
+        not there (a model file, descriptor files); ``root`` is the data root (``models:`` files).
+        Nothing is read but the files' metadata; a family with such settings overrides this.
+
+        Raises:
+            InputError: one line naming the setting and the file.
+        """
+        return None  # no setting of the base names a file
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting as JSON-able data (nested configs as dicts), plus the family."""
         assert dataclasses.is_dataclass(self)

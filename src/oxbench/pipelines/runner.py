@@ -441,7 +441,8 @@ def run(
     executor = make_executor(engine, workers)
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
-    require_installed(m.requires)  # a missing extra is one line before any data is loaded or generated
+    require_installed(m.requires)  # a missing extra or input is one line before any data is loaded or generated
+    m.check_inputs(root_path)
     if label is None:
         label = preset_label(m.name, m.to_dict())
     train_id: str | None = None

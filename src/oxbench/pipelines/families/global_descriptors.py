@@ -85,6 +85,10 @@ from oxbench.train.pairs import matching_pairs
 log = logging.getLogger(__name__)
 
 
+def _no_model_file(path: Path) -> InputError:
+    return InputError("no model file here: train it with oxbench train, or pass --set weights=PATH", path)
+
+
 @dataclass(frozen=True)
 class GlobalConfig(MethodConfig):
     """A global-descriptor retrieval method.
@@ -263,6 +267,26 @@ class GlobalConfig(MethodConfig):
     def reads_images(self) -> bool:
         """User feature files replace every step that reads pixels."""
         return self.descriptor != "features"
+
+    def check_inputs(self, root: Path | None = None) -> None:
+        """A model file that is neither there nor to be trained (``fit_network``), and descriptor
+        files that are not regular files, are refused before any data is loaded."""
+        from oxbench.fileio import require_regular_file
+
+        if self.descriptor == "cnn" and self.weights not in (None, "random", "imagenet") and not self.trains_network:
+            assert self.weights is not None
+            path = resolve_weights_path(self.weights, root)
+            if not path.exists():
+                raise _no_model_file(path)
+            require_regular_file(path)
+        if self.descriptor == "features":
+            for name in ("db_features", "query_features", "train_features", "train_pairs"):
+                value = getattr(self, name)
+                if value is not None:
+                    try:
+                        require_regular_file(value)
+                    except InputError as exc:
+                        raise InputError(f"{name}: {exc.problem}", value) from None
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -461,9 +485,7 @@ class GlobalDescriptors(RetrievalMethod):
             if m.weights not in ("random", "imagenet"):
                 weights = resolve_weights_path(m.weights, ctx.root)
                 if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
-                    raise InputError(
-                        "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
-                    )
+                    raise _no_model_file(weights)
             self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
             if m.pooling == "rmac":
                 self.model_.net.pool.grid = m.rmac_grid
