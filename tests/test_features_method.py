@@ -328,6 +328,8 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     assert code == 0 and all(f"= {lab} on roxford5k" in text for lab in labels)
     code, listing = cli_out(capsys, "runs", str(tmp_path / "runs"))
     assert code == 0 and all(lab in listing for lab in labels)
+    code, listing = cli_out(capsys, "runs", str(tmp_path / "runs"), "--json")
+    assert code == 0 and sorted(r["label"] for r in json.loads(listing)) == sorted(labels)
     pytest.importorskip("matplotlib")
     code, paths = cli_out(capsys, "plot", folders[0], folders[1], "--out", str(tmp_path / "fig"), "--format", "svg")
     assert code == 0
