@@ -63,4 +63,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    from interrupt import run_script
+
+    run_script(main)

@@ -21,7 +21,6 @@ import argparse
 import contextlib
 import gc
 import os
-import sys
 import time
 import tracemalloc
 from pathlib import Path
@@ -297,4 +296,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from interrupt import run_script
+
+    run_script(main)

@@ -149,4 +149,6 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from interrupt import run_script
+
+    run_script(main)

@@ -107,4 +107,6 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    from interrupt import run_script
+
+    run_script(main)

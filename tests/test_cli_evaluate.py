@@ -468,3 +468,86 @@ def test_oxford_per_query_csv_has_query_id_and_image(tmp_path, capsys):
     lines = csv_path.read_text().splitlines()
     assert lines[0].startswith("setup,query_index,query_id,query,")
     assert lines[1].startswith("original,0,tower_1,tower_000001,")
+
+
+# -- warnings where users fall (issue 24) --------------------------------------------------------
+
+
+def test_features_that_are_not_unit_norm_get_one_warning_line(rev, capsys):
+    p = rev.paths
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--db-features", str(p["x"]), "--query-features",
+            str(p["q"]), "--distractors", "5"]  # fmt: skip
+    code, out, err = run(args, capsys)
+    assert code == 0 and out.startswith("roxford5k: mAP E: ")
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and all("not unit-norm" in ln and "--normalize" in ln for ln in lines), err
+    code, _, err = run([*args, "--normalize"], capsys)
+    assert code == 0 and err == ""
+    unit = np.load(p["x"])
+    np.save(rev.tmp / "unit.npy", unit / np.linalg.norm(unit, axis=1, keepdims=True))
+    qf = np.load(p["q"])
+    np.save(rev.tmp / "qunit.npy", qf / np.linalg.norm(qf, axis=1, keepdims=True))
+    code, _, err = run(["evaluate", "revisited", "--gnd", str(rev.gnd), "--db-features", str(rev.tmp / "unit.npy"),
+                        "--query-features", str(rev.tmp / "qunit.npy"), "--distractors", "5"], capsys)  # fmt: skip
+    assert code == 0 and err == ""
+
+
+def test_an_index_beyond_the_database_hints_at_distractors_and_minus_one_only_with_padding(rev, capsys):
+    """R1M-sized ranks without --distractors: the hint names --distractors; the -1 remark appears only
+    where -1 is accepted (--padding -1)."""
+    ranks = np.load(rev.paths["r"])  # database + 5 distractors
+    np.save(rev.tmp / "r1m.npy", ranks)
+    args = ["evaluate", "revisited", "--gnd", str(rev.gnd), "--ranks", str(rev.tmp / "r1m.npy")]
+    code, out, err = run(args, capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "database indices are 0..39" in err and "--distractors N" in err and "-1 marks a gap" not in err, err
+    code, _, err = run([*args, "--padding", "-1"], capsys)
+    assert code == 2 and "(-1 marks a gap)" in err and "--distractors N" in err, err
+    code, _, err = run([*args, "--distractors", "2"], capsys)  # too few declared
+    assert code == 2 and "distractors 40..41" in err and "more than the 2 distractors" in err, err
+    code, _, err = run([*args, "--distractors", "5"], capsys)
+    assert code == 0, err
+
+
+def _write_oxford_dataset(root):
+    """``<root>/oxford5k``: 5,063 (empty) images in jpg/ and 55 queries' gt files naming a few of them."""
+    from oxbench.formats.oxford_gt import LANDMARKS
+
+    d = root / "oxford5k"
+    (d / "jpg").mkdir(parents=True)
+    names = [f"img_{i:05d}" for i in range(5063)]
+    for n in names:
+        (d / "jpg" / f"{n}.jpg").touch()
+    gt = d / "gt_files_170407"
+    gt.mkdir()
+    for li, landmark in enumerate(LANDMARKS["oxford5k"]):
+        for n in range(1, 6):
+            base = 100 * li + 10 * n
+            (gt / f"{landmark}_{n}_query.txt").write_text(f"oxc1_{names[base]} 1 1 20 20\n")
+            (gt / f"{landmark}_{n}_good.txt").write_text(f"{names[base + 1]}\n{names[base + 2]}\n")
+            (gt / f"{landmark}_{n}_ok.txt").write_text(f"{names[base + 3]}\n")
+            (gt / f"{landmark}_{n}_junk.txt").write_text(f"{names[base + 4]}\n")
+    return names, gt
+
+
+def test_original_protocol_coverage_counts_the_datasets_images_not_the_gt_files_names(tmp_path, capsys):
+    from oxbench.formats.oxford_gt import LANDMARKS
+
+    names, gt = _write_oxford_dataset(tmp_path / "data")
+    ranked = tmp_path / "ranked"
+    ranked.mkdir()
+    for li, _ in enumerate(LANDMARKS["oxford5k"]):
+        for n in range(1, 6):
+            base = 100 * li + 10 * n
+            (ranked / f"{names[base]}.txt").write_text("".join(f"{names[base + i]}\n" for i in (1, 2, 3, 7, 8)))
+    code, out, err = run(["evaluate", "oxford", "--dataset", "oxford5k", "--root", str(tmp_path / "data"),
+                          "--ranked-dir", str(ranked)], capsys)  # fmt: skip
+    assert code == 0, err
+    assert err.strip().splitlines() == [f"{ranked}: ranks cover top 5 of 5,063 images"]
+    assert out.startswith("oxford5k: mAP")
+    code, out2, err = run(["evaluate", "oxford", "--dataset", "oxford5k", "--root", str(tmp_path / "data"),
+                           "--gt-dir", str(gt), "--ranked-dir", str(ranked)], capsys)  # fmt: skip
+    assert code == 0 and out2 == out and "of 5,063 images" in err
+    code, out3, err = run(["evaluate", "oxford", "--gt-dir", str(gt), "--ranked-dir", str(ranked)], capsys)
+    assert code == 0 and out3.split("mAP")[1] == out.split("mAP")[1]
+    assert "images" not in err  # the gt files name 275 images: no database size is claimed

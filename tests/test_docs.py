@@ -238,7 +238,58 @@ def make_data_root(root: Path) -> None:
     make_holidays_images(hol / "holidays_images.dat")
 
 
+def _revisited_download(folder: Path, dataset: str, n_db: int, seed: int) -> None:
+    """``<folder>/jpg/*.jpg`` and ``gnd_<dataset>.pkl`` at the real counts, as revisitop lays them out.
+
+    The queries and a quarter of the labelled images are small noise JPEGs (SIFT finds features
+    there); every other image is a flat grey JPEG, which has none, so a classic run on it is fast.
+    """
+    import io
+
+    from PIL import Image
+
+    rng = _rng(dataset)
+    (folder / "jpg").mkdir(parents=True)
+
+    def jpeg(img: Image.Image) -> bytes:
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", quality=80)
+        return buf.getvalue()
+
+    noise = [jpeg(Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))) for _ in range(16)]
+    grey = jpeg(Image.new("RGB", (32, 24), (128, 128, 128)))
+    names = [f"{dataset}_{i:06d}" for i in range(n_db)]
+    qnames = [f"{dataset}_query_{q:02d}" for q in range(NQ_ROX)]
+    gnd, labelled = [], set()
+    for _ in range(NQ_ROX):
+        idx = rng.choice(n_db, size=30, replace=False).tolist()
+        labelled.update(idx[:22])
+        gnd.append({"bbx": [4.0, 3.0, 50.0, 40.0], "easy": idx[:10], "hard": idx[10:22], "junk": idx[22:]})
+    for i, name in enumerate(names):
+        (folder / "jpg" / f"{name}.jpg").write_bytes(noise[i % 16] if i in labelled and i % 4 == 0 else grey)
+    for q, name in enumerate(qnames):
+        (folder / "jpg" / f"{name}.jpg").write_bytes(noise[q % 16])
+    (folder / f"gnd_{dataset}.pkl").write_bytes(pickle.dumps({"imlist": names, "qimlist": qnames, "gnd": gnd}))
+
+
+def make_downloads(folder: Path) -> None:
+    """``downloads/roxford5k`` and ``downloads/rparis6k``: what a user unpacked from the owners' archives."""
+    _revisited_download(folder / "roxford5k", "roxford5k", N_ROX, 0)
+    _revisited_download(folder / "rparis6k", "rparis6k", 6322, 1)
+
+
+def make_features_mat(path: Path) -> None:
+    """revisitop's single .mat of a global descriptor: ``X`` [d, n_db] and ``Q`` [d, n_queries]."""
+    from scipy.io import savemat
+
+    rng = _rng(path.name)
+    savemat(path, {"X": rng.standard_normal((16, N_ROX)).astype(np.float32),
+                   "Q": rng.standard_normal((16, NQ_ROX)).astype(np.float32)})  # fmt: skip
+
+
 STAND_INS: dict[str, Callable[[Path], None]] = {
+    "downloads": make_downloads,
+    "features.mat": make_features_mat,
     "gnd_roxford5k.pkl": make_gnd_roxford5k,
     "ranks.npy": make_revisited_ranks,
     "scores.npy": make_revisited_scores,

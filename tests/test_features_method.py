@@ -262,3 +262,118 @@ def test_real_lopq_diffusion_beats_cosine(shared_data: Path, tmp_path: Path, cap
     assert maps["features"] == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60"
     e, m, h = (float(v) for v in maps["features-diffusion"].replace(",", "").split()[3::2])
     assert e > 28.89 and m > 21.13 and h > 4.60, maps
+
+
+# ---------------------------------------------------------------------------------------------
+# revisitop's single .mat (X and Q, one column per image) and labelled ablations (issue 24)
+
+
+def _gnd_only_features(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    root = _gnd_only_root(tmp_path / "data")
+    rng = np.random.default_rng(0)
+    db = rng.normal(size=(30, D)).astype(np.float32)
+    return root, db, db[[0, 3, 6]] + 0.01 * rng.normal(size=(3, D)).astype(np.float32)
+
+
+def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path) -> None:
+    sio = pytest.importorskip("scipy.io")
+    root, db, q = _gnd_only_features(tmp_path)
+    np.save(tmp_path / "db.npy", db)
+    np.save(tmp_path / "q.npy", q)
+    sio.savemat(tmp_path / "feats.mat", {"X": db.T, "Q": q.T})  # revisitop: [d, n] columns per image
+    common = {"root": root, "cache": tmp_path / "c", "strict": False, "progress": False}
+    plain = run("roxford5k", "features", out=tmp_path / "npy", **common,
+                overrides={"db_features": str(tmp_path / "db.npy"), "query_features": str(tmp_path / "q.npy")})
+    mat = run("roxford5k", "features", out=tmp_path / "mat", **common, overrides={
+        "db_features": str(tmp_path / "feats.mat"), "key": "X", "query_features": str(tmp_path / "feats.mat"),
+        "query_key": "Q", "layout": "d-n"})  # fmt: skip
+    assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(mat.run_dir / "ranks.npy"))
+    # the layout per file: the query array stored as rows while the database is columns
+    sio.savemat(tmp_path / "q_rows.mat", {"Q": q})
+    rows = run("roxford5k", "features", out=tmp_path / "rows", **common, overrides={
+        "db_features": str(tmp_path / "feats.mat"), "key": "X", "layout": "d-n",
+        "query_features": str(tmp_path / "q_rows.mat"), "query_key": "Q", "query_layout": "n-d"})  # fmt: skip
+    assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(rows.run_dir / "ranks.npy"))
+    with pytest.raises(InputError, match="Q"):  # without query_key the query file is read with key X
+        run("roxford5k", "features", out=tmp_path / "nokey", **common, overrides={
+            "db_features": str(tmp_path / "feats.mat"), "key": "X", "query_features": str(tmp_path / "q_rows.mat"),
+            "layout": "d-n"})  # fmt: skip
+
+
+def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three runs of features-alpha-qe differing in qe_k: default labels name the changed setting,
+    and report (md, LaTeX), compare, plot and runs show them; --label replaces the default; a label
+    that is not one short line is one line, exit 2, before anything is written."""
+    root, db, q = _gnd_only_features(tmp_path)
+    np.save(tmp_path / "db.npy", db)
+    np.save(tmp_path / "q.npy", q)
+    args = ["run", "--dataset", "roxford5k", "--method", "features-alpha-qe", "--root", str(root), "--no-progress",
+            "--cache", str(tmp_path / "c"), "--allow-partial", "--set", f"db_features={tmp_path / 'db.npy'}",
+            "--set", f"query_features={tmp_path / 'q.npy'}"]  # fmt: skip
+    folders = []
+    for i, extra in enumerate(([], ["--set", "qe_k=2"], ["--set", "qe_k=10"])):
+        code, out = cli_out(capsys, *args, *extra, "--out", str(tmp_path / "runs" / f"r{i}"))
+        assert code == 0, out
+        folders.append(str(tmp_path / "runs" / f"r{i}"))
+    labels = ["features-alpha-qe", "features-alpha-qe [qe_k=2]", "features-alpha-qe [qe_k=10]"]
+    for i, lab in enumerate(labels):
+        assert json.loads(next(Path(folders[i]).glob("*/record.json")).read_text())["label"] == lab
+    code, md = cli_out(capsys, "report", *folders)
+    assert code == 0 and [line.split("|")[1].strip() for line in md.splitlines()[2:5]] == labels, md
+    code, tex = cli_out(capsys, "report", *folders, "--format", "latex")
+    assert code == 0 and all(lab.replace("_", r"\_") in tex for lab in labels), tex
+    code, text = cli_out(capsys, "compare", *folders)
+    assert code == 0 and all(f"= {lab} on roxford5k" in text for lab in labels)
+    code, listing = cli_out(capsys, "runs", str(tmp_path / "runs"))
+    assert code == 0 and all(lab in listing for lab in labels)
+    code, listing = cli_out(capsys, "runs", str(tmp_path / "runs"), "--json")
+    assert code == 0 and sorted(r["label"] for r in json.loads(listing)) == sorted(labels)
+    pytest.importorskip("matplotlib")
+    code, paths = cli_out(capsys, "plot", folders[0], folders[1], "--out", str(tmp_path / "fig"), "--format", "svg")
+    assert code == 0
+    svg = "".join(Path(p).read_text() for p in paths.split())
+    assert "qe_k=2" in svg
+    # --label replaces the default; bad labels are refused before anything runs
+    code, out = cli_out(capsys, *args, "--label", "mine", "--out", str(tmp_path / "mine"))
+    assert code == 0 and "label: mine" in out
+    for bad in ("two\nlines", "tab\there", "x" * 10_000, " "):
+        code, err = cli(capsys, *args, "--label", bad, "--out", str(tmp_path / "bad"))
+        assert code == 2 and "--label: a run label" in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "bad").exists()
+
+
+def cli_out(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out if exc.value.code in (0, None) else err
+
+
+def test_library_versions_are_recorded_when_the_run_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ran is what was installed when the run began: versions are read before any data is loaded."""
+    from oxbench.pipelines import runner
+
+    events: list[str] = []
+    real_versions, real_load = runner.versions, runner.load
+
+    def versions() -> dict[str, str | None]:
+        events.append("versions")
+        return {**real_versions(), "numpy": f"seen at call {len(events)}"}
+
+    def load(*args: object, **kwargs: object):  # noqa: ANN202
+        events.append("load")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "versions", versions)
+    monkeypatch.setattr(runner, "load", load)
+    root, db, q = _gnd_only_features(tmp_path)
+    np.save(tmp_path / "db.npy", db)
+    np.save(tmp_path / "q.npy", q)
+    outcome = run("roxford5k", "features", root=root, out=tmp_path / "r", cache=tmp_path / "c", strict=False,
+                  progress=False, overrides={"db_features": str(tmp_path / "db.npy"),
+                                             "query_features": str(tmp_path / "q.npy")})  # fmt: skip
+    assert events[0] == "versions" and events.count("versions") == 1 and "load" in events
+    record = json.loads((outcome.run_dir / "record.json").read_text())
+    assert record["versions"]["numpy"] == "seen at call 1"

@@ -96,18 +96,76 @@ def test_no_range_check_in_the_package_lets_nan_through() -> None:
     assert not slips, f"range checks of float settings outside the schema: {slips}"
 
 
-def test_settings_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
+def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as exit_:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return int(exit_.value.code or 0), out, err
+
+
+def test_methods_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    with pytest.raises(SystemExit) as exit_:
-        main(["settings", "gem-r18-synthetic", "--json"])
-    assert exit_.value.code in (0, None)
-    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    code, out, _ = _cli(capsys, "methods", "gem-r18-synthetic", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(out)}
     config = resolve_method("gem-r18-synthetic")
     assert set(rows) == {name for name, _ in _settings(config)}
-    assert rows["max_side"]["value"] == 160 and rows["max_side"]["kind"] == "int"
-    assert rows["diffusion_alpha"]["accepts"] == "in (0, 1)" and rows["fit_network"]["value"] is True
-    with pytest.raises(SystemExit) as exit_:
-        main(["settings", "rootsift-bow-sv-qe"])
-    out = capsys.readouterr().out
-    assert exit_.value.code in (0, None) and "features.max_side" in out and "spatial_top_r" in out
+    assert rows["max_side"]["default"] == 160 and rows["max_side"]["type"] == "int"
+    assert rows["diffusion_alpha"]["accepts"] == "in (0, 1)" and rows["fit_network"]["default"] is True
+    code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
+    assert code == 0 and "features.max_side" in out and "spatial_top_r" in out
+    code, alias, _ = _cli(capsys, "settings", "rootsift-bow-sv-qe")  # the earlier name of the command
+    assert code == 0 and alias == out
+
+
+def test_every_preset_setting_appears_in_methods_with_a_type_and_a_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """`oxbench methods NAME` shows every setting `--set` takes, each with its type and the preset's value."""
+    for preset in list_methods():
+        code, out, _ = _cli(capsys, "methods", preset)
+        assert code == 0
+        listed = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+        config = resolve_method(preset)
+        for name, f in _settings(config):
+            assert name in listed, (preset, name)
+            kind, default = f.metadata[SPEC_KEY].kind, str(_value(config, name))
+            words = " ".join(listed[name])
+            assert words.startswith(f"{kind} {default}"), (preset, name, kind, default, words)
+
+
+def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    code, out, _ = _cli(capsys, "methods", "--json")
+    assert code == 0
+    families = {f["family"]: f for f in json.loads(out)}
+    assert {"bow", "global", "asmk"} <= set(families)
+    assert sorted(p for f in families.values() for p in f["presets"]) == sorted(list_methods())
+    assert all(f["about"] for f in families.values())
+    code, text, _ = _cli(capsys, "methods")
+    assert code == 0 and "rootsift-bow-sv-qe" in text and text.startswith(f"{len(families)} families")
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["run", "--method", "features-alpha-qe", "--set", "qe_alfa=3"], "did you mean qe_alpha?"),
+    (["run", "--method", "rootsift-bow", "--set", "features.max_sid=3"], "did you mean features.max_side"),
+    (["run", "--method", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
+    (["methods", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
+])  # fmt: skip
+def test_an_unknown_name_lists_the_close_matches(args: list[str], words: str, capsys: pytest.CaptureFixture[str],
+                                                 tmp_path) -> None:  # noqa: ANN001
+    code, out, err = _cli(capsys, *args, "--root", str(tmp_path)) if args[0] == "run" else _cli(capsys, *args)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_methods_listing_in_the_docs_is_the_commands_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/your-data.md shows `oxbench methods rootsift-bow-sv-qe` in full: it is what the command prints."""
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "your-data.md").read_text()
+    m = re.search(r"```bash\noxbench methods rootsift-bow-sv-qe\n```\n\n```text\n(.*?)```", doc, re.S)
+    assert m is not None, "docs/your-data.md: the methods block and its output"
+    code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
+    assert code == 0 and m.group(1) == out

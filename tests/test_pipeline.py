@@ -76,7 +76,7 @@ def test_presets_are_data() -> None:
         resolve_method("nope")
     with pytest.raises(InputError, match="unknown method setting"):
         resolve_method("rootsift-bow", colour="red")
-    with pytest.raises(InputError, match="unknown features setting"):
+    with pytest.raises(InputError, match="unknown method setting .features.colour. for rootsift-bow"):
         resolve_method("rootsift-bow", **{"features.colour": "red"})
     with pytest.raises(InputError, match="takes sub-settings"):
         resolve_method("rootsift-bow", features=3)

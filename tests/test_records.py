@@ -312,3 +312,48 @@ def test_writer_writes_every_listed_file(tmp_path):
     names = {p.name for p in run.iterdir()}
     assert set(records.RUN_FILES) <= names and names <= set(records.RUN_FILES) | set(records.OPTIONAL_FILES)
     assert not [n for n in names if n.startswith(".oxbench-tmp-")]
+
+
+# -- the run's label (issue 24) ------------------------------------------------------------------
+
+
+def test_a_record_without_a_label_derives_it_from_its_config_against_the_preset(tmp_path):
+    """Records written before labels still read: the label is the preset name plus the settings of
+    config.json that differ from the preset, file settings left out."""
+    from oxbench.pipelines import resolve_method
+
+    gt = tiny_gt(0, n_queries=4)
+    run = write_run(tmp_path, gt, random_ranks(gt, 1), method="features-alpha-qe")
+    config_file = run / "config.json"
+    changed = resolve_method("features-alpha-qe", qe_k=2, db_features="/data/x.npy", layout="d-n")
+    config_file.write_text(json.dumps({"dataset": gt.dataset, "method": changed.to_dict()}))
+    rec = RunRecord.load(run)
+    assert "label" not in rec.record and rec.label == "features-alpha-qe [qe_k=2]"
+    assert rec.describe().startswith("features-alpha-qe [qe_k=2] on roxford5k")
+    (summary,) = find_runs(tmp_path)
+    assert summary.label == "features-alpha-qe [qe_k=2]"
+    # nothing changed, or a preset this oxbench does not know: the name alone
+    config_file.write_text(json.dumps({"method": resolve_method("features-alpha-qe").to_dict()}))
+    assert RunRecord.load(run).label == "features-alpha-qe"
+    other = write_run(tmp_path, gt, random_ranks(gt, 2), method="someone-elses", config_name="other")
+    assert RunRecord.load(other).label == "someone-elses"
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "a\rb", "tab\t", "nul\x00", "\x1b[31mred", "", "  ", "x" * 121, 7])
+def test_check_label_refuses_what_is_not_one_short_printable_line(bad):
+    with pytest.raises(InputError, match="run label") as exc:
+        records.check_label(bad)
+    assert "\n" not in str(exc.value)
+
+
+def test_check_label_accepts_a_short_printable_line():
+    for good in ("mine", "features-alpha-qe [whitening=pca]", "α-QE, k=10", "x" * 120):
+        assert records.check_label(good) == good
+
+
+def test_default_label_is_bounded_and_one_line():
+    preset = {"name": "p", "family": "f", "a": 1, "nested": {"b": "x"}}
+    run = {"name": "p", "family": "f", "a": 2, "nested": {"b": "y\nz" * 100}}
+    label = records.default_label("p", run, preset)
+    assert label.startswith("p [a=2, nested.b=y?z") and label.endswith("...]")
+    assert records.check_label(label) == label

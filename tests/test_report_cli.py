@@ -238,7 +238,51 @@ def test_report_other_formats_and_no_mark_for_equal_runs(table_runs, tmp_path, c
     assert float(text[2].split(",")[2]) < 0.05
 
 
-def test_report_refuses_duplicate_method(table_runs, tmp_path, capsys):
+def test_report_refuses_duplicate_label(table_runs, tmp_path, capsys):
     gt = tiny_gt(0, n_queries=12)
     dup = write_run(tmp_path, gt, random_ranks(gt, 5), method="bow", config_name="dup")
-    refused(["report", table_runs["ox-base"], dup], capsys, "two runs of method 'bow' on roxford5k")
+    refused(["report", table_runs["ox-base"], dup], capsys, "two runs labelled 'bow' on roxford5k")
+
+
+def test_report_ablation_rows_are_labels_of_one_preset(tmp_path, capsys):
+    """Three runs of one preset differing in one setting are three rows, each named by its label,
+    in md and LaTeX; compare names them too; only a true duplicate (same label, same dataset) is refused."""
+    gt = tiny_gt(0, n_queries=12)
+    labels = ["features-alpha-qe", "features-alpha-qe [whitening=pca]", "features-alpha-qe [whitening=lw]"]
+    runs = [write_run(tmp_path, gt, better_ranks(gt, i, i), method="features-alpha-qe", config_name=f"c{i}",
+                      record_overrides={"label": lab}) for i, lab in enumerate(labels)]
+    code, md, err = run(["report", *runs], capsys)
+    assert code == 0, err
+    rows = [line.split("|")[1].strip() for line in md.splitlines()[2:] if line.startswith("|")]
+    assert rows == labels
+    code, tex, err = run(["report", *runs, "--format", "latex"], capsys)
+    assert code == 0, err
+    assert sum(line.startswith("features-alpha-qe") and line.endswith(r"\\") for line in tex.splitlines()) == 3
+    assert "features-alpha-qe [whitening=pca] &" in tex
+    code, out, err = run(["compare", *runs], capsys)
+    assert code == 0, err
+    assert all(f"= {lab} on roxford5k" in out for lab in labels)
+    code, out, err = run(["compare", *runs, "--json"], capsys)
+    assert [c["run"]["label"] for c in json.loads(out)["comparisons"]] == labels[1:]
+    dup = write_run(tmp_path, gt, random_ranks(gt, 5), method="features-alpha-qe", config_name="dup",
+                    record_overrides={"label": labels[1]})
+    refused(["report", *runs, dup], capsys, f"two runs labelled {labels[1]!r} on roxford5k")
+
+
+@pytest.mark.parametrize("label", ["two\nlines", "bell\x07", "x" * 10_000, "   "])
+def test_a_recorded_label_that_is_not_one_short_line_is_refused(label, tmp_path, capsys):
+    gt = tiny_gt(0, n_queries=4)
+    bad = write_run(tmp_path, gt, random_ranks(gt, 5), record_overrides={"label": label})
+    refused(["report", bad], capsys, "record.json: 'label': a run label")
+
+
+def test_a_label_is_text_in_latex_whatever_it_holds(tmp_path, capsys):
+    gt = tiny_gt(0, n_queries=4)
+    label = r"[ablation] 50% a_b {c} $x$ ~^ & # \ end"
+    a = write_run(tmp_path, gt, random_ranks(gt, 1), config_name="a")
+    b = write_run(tmp_path, gt, random_ranks(gt, 2), config_name="b", record_overrides={"label": label})
+    code, tex, err = run(["report", a, b, "--format", "latex"], capsys)
+    assert code == 0, err
+    row = next(line for line in tex.splitlines() if "ablation" in line)
+    assert row.startswith(r"{[}ablation] 50\% a\_b \{c\} \$x\$ \textasciitilde{}\textasciicircum{} \& \# "
+                          r"\textbackslash{} end & ")  # fmt: skip

@@ -173,6 +173,14 @@ def test_viewer_in_headless_chromium(viewer_runs, tmp_path, browser):
     names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#queries .qn")]
     assert HOSTILE_QUERY in names  # shown as text
 
+    # the first pane is the runs' summary: label, method, run id and mAP per setup (issue 24)
+    assert browser.find_element(By.CSS_SELECTOR, "#main h2").text == "Run summary"
+    cells = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+             for tr in browser.find_elements(By.CSS_SELECTOR, "#main table.summary tr")[1:]]
+    ra_, rb_ = RunRecord.load(a), RunRecord.load(b)
+    assert [c[1:4] for c in cells] == [[r.label, r.method, r.run_id] for r in (ra_, rb_)]
+    assert cells[1][4:] == [f"{100 * rb_.mean(s):.2f}" for s in rb_.setups]
+
     # worst first: the list is sorted by run A's medium AP
     Select(browser.find_element(By.ID, "order")).select_by_value("worst0")
     ap_a = RunRecord.load(a).per_query("medium")

@@ -7,6 +7,7 @@ exit code 2 with that line and no traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 
@@ -37,6 +38,16 @@ class MissingExtraError(OxbenchError, ImportError):
         )
 
 
+def close_matches(name: str, known: Iterable[str], *, n: int = 3) -> list[str]:
+    """The known names closest to a mistyped ``name`` (``difflib``), best first; empty when none is close.
+
+    ``close_matches("qe_alfa", ["qe_alpha", "qe_k", "dba"]) == ["qe_alpha"]``
+    """
+    import difflib
+
+    return difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
+
+
 def require(module: str, extra: str):  # noqa: ANN201 - returns a module
     """Import an optional dependency or raise :class:`MissingExtraError` naming the extra."""
     import importlib
@@ -45,3 +56,21 @@ def require(module: str, extra: str):  # noqa: ANN201 - returns a module
         return importlib.import_module(module)
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise MissingExtraError(module, extra) from exc
+
+
+def require_installed(requirements: Iterable[tuple[str, str]]) -> None:
+    """Check that every ``(module, extra)`` is installed, without importing it: the cheap first check of
+    a command, before it generates data or starts a long step.
+
+    Raises:
+        MissingExtraError: the first module that is missing, naming ``pip install "oxbench[extra]"``.
+    """
+    import importlib.util
+
+    for module, extra in requirements:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a module set to None
+            found = False
+        if not found:
+            raise MissingExtraError(module, extra)

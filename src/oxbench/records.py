@@ -33,7 +33,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -146,6 +146,82 @@ def new_run_id() -> str:
     from datetime import UTC, datetime
 
     return f"{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+# --- the run's label -----------------------------------------------------------------------------
+
+#: Longest run label accepted (characters): a table row, a legend, one line of ``runs``.
+MAX_LABEL_CHARS = 120
+_PRESET_KEYS = ("name", "family")
+
+
+def check_label(text: object, *, source: str = "--label") -> str:
+    """A run label as given (``--label TEXT``, ``record.json`` ``"label"``), checked.
+
+    A label is one line of printable text, not blank, at most :data:`MAX_LABEL_CHARS` characters:
+    it becomes a table row, a legend entry and a line of ``oxbench runs``.
+
+    Raises:
+        InputError: not text, blank, a newline or another control character, or too long (one line
+            naming ``source``).
+    """
+    if not isinstance(text, str):
+        raise InputError(f"a run label is text, got {_show(text)}", source)
+    bad = next((c for c in text if not c.isprintable()), None)
+    if bad is not None:
+        raise InputError(f"a run label is one line of printable text; it holds {bad!r} at position {text.index(bad)}", source)
+    if not text.strip():
+        raise InputError("a run label must not be blank", source)
+    if len(text) > MAX_LABEL_CHARS:
+        raise InputError(f"a run label is at most {MAX_LABEL_CHARS} characters, got {len(text):,}", source)
+    return text
+
+
+def flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A method's settings (``MethodConfig.to_dict()``) as dotted names: ``{"features.max_side": 1024}``."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, Mapping):
+            out.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def default_label(
+    method: str, settings: Mapping[str, Any] | None, preset: Mapping[str, Any] | None, *, inputs: Collection[str] = ()
+) -> str:
+    """The label of a run that was given none: the preset name plus the settings that differ from it.
+
+    ``default_label("features-alpha-qe", run_settings, preset_settings)`` ->
+    ``"features-alpha-qe [whitening=pca]"``; the name alone when nothing differs or either side is
+    unknown. ``inputs`` (dotted names) are left out: settings that say which files are read, not
+    what the method does. Longer than :data:`MAX_LABEL_CHARS`, it ends in ``...]``.
+    """
+    if not settings or not preset:
+        return method
+    ours, theirs = flat_settings(settings), flat_settings(preset)
+    changed = [
+        f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+        for k, v in ours.items()
+        if k not in _PRESET_KEYS and k not in inputs and (k not in theirs or theirs[k] != v)
+    ]
+    label = f"{method} [{', '.join(changed)}]" if changed else method
+    label = "".join(c if c.isprintable() else "?" for c in label)
+    return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 4] + "...]"
+
+
+def preset_label(method: str, settings: Mapping[str, Any] | None) -> str:
+    """:func:`default_label` against the registered preset ``method`` (its input settings left out);
+    the name alone when no preset of that name is registered."""
+    from oxbench.pipelines.method import METHODS
+    from oxbench.schema import describe
+
+    if method not in METHODS:
+        return method
+    preset = METHODS.get(method)
+    inputs = {row.name for row in describe(preset) if row.input}
+    return default_label(method, settings, preset.to_dict(), inputs=inputs)
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -614,6 +690,8 @@ class RunRecord:
         _need(isinstance(command, list) and all(isinstance(c, str) for c in command), "'command' must be a list of strings", rec_path)
         for key in ("host", "versions", "cache"):
             _need(key not in record or isinstance(record[key], dict), f"{key!r} must be an object", rec_path)
+        if record.get("label") is not None:
+            check_label(record["label"], source=f"{rec_path}: 'label'")
         ds_path = folder / "dataset.json"
         dataset = read_record_json(ds_path)
         _need(isinstance(dataset, dict), "expected a JSON object", ds_path)
@@ -664,6 +742,17 @@ class RunRecord:
         return str(self.record["method"])
 
     @property
+    def label(self) -> str:
+        """The run's label: the one recorded (``--label``, or the default the runner derived), or for a
+        record written before labels, the preset name plus the settings that differ from the preset
+        (:func:`default_label`)."""
+        recorded = self.record.get("label")
+        if recorded is not None:
+            return str(recorded)
+        method = self.config.get("method")
+        return preset_label(self.method, method if isinstance(method, dict) else None)
+
+    @property
     def started(self) -> str:
         """The UTC start time as recorded (ISO 8601)."""
         return str(self.record["started"])
@@ -699,9 +788,9 @@ class RunRecord:
         return tuple(self._per_query)
 
     def describe(self) -> str:
-        """``<method> on <dataset>[+N distractors] (<run folder>)``, for messages and legends."""
+        """``<label> on <dataset>[+N distractors] (<run folder>)``, for messages and legends."""
         extra = f"+{self.n_distractors} distractors" if self.n_distractors else ""
-        return f"{self.method} on {self.dataset_id}{extra} ({self.path})"
+        return f"{self.label} on {self.dataset_id}{extra} ({self.path})"
 
     def headline(self) -> str:
         """The numbers ``oxbench runs`` prints: ``mAP E 84.81 M 64.67 H 38.47``, ``mAP 80.10``, ``score 3.5``."""
@@ -832,6 +921,7 @@ class RunSummary:
     method: str
     started: str
     headline: str
+    label: str = ""
 
 
 def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
@@ -854,5 +944,5 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
             except InputError as exc:
                 log.warning("skipped a run record: %s", exc)
                 continue
-            out.append(RunSummary(run_dir, rec.run_id, rec.dataset_id, rec.method, rec.started, rec.headline()))
+            out.append(RunSummary(run_dir, rec.run_id, rec.dataset_id, rec.method, rec.started, rec.headline(), rec.label))
     return sorted(out, key=lambda r: (r.started, str(r.run_dir)))

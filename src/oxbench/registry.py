@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
-from oxbench.errors import InputError
+from oxbench.errors import InputError, close_matches
 
 T = TypeVar("T")
 
@@ -47,7 +47,9 @@ class Registry(Generic[T]):
             return self._entries[name]
         except KeyError:
             known = ", ".join(sorted(self._entries))
-            raise InputError(f"unknown {self.kind} {name!r}; known: {known}") from None
+            near = close_matches(name, self._entries)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise InputError(f"unknown {self.kind} {name!r}; known: {known}{hint}") from None
 
     def names(self) -> list[str]:
         self._ensure_loaded()

@@ -52,6 +52,8 @@ __all__ = [
 SPEC_KEY = "oxbench.spec"
 #: Key of a field's metadata that holds its one-line description.
 DOC_KEY = "oxbench.doc"
+#: Key of a field's metadata that marks a setting naming or laying out an input (see :func:`setting`).
+INPUT_KEY = "oxbench.input"
 
 _INT_TEXT = re.compile(r"[+-]?[0-9]+\Z")
 # Python's float() also takes "1_0", "nan", " inf ", "infinity": only the plain decimal forms here
@@ -432,15 +434,19 @@ class FloatTuple(Spec):
 # --- dataclass fields ---------------------------------------------------------------------------
 
 
-def setting(default: Any = dataclasses.MISSING, spec: Spec | None = None, *, doc: str = "", **kwargs: Any) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING, spec: Spec | None = None, *, doc: str = "", input: bool = False, **kwargs: Any
+) -> Any:
     """A dataclass field whose metadata holds ``spec`` and ``doc``.
 
-    ``qe_alpha: float = setting(3.0, Float(lo=0), doc="weight exponent of alpha-QE")``. Further
-    keyword arguments go to :func:`dataclasses.field` (``default_factory``, ``compare`` ...).
+    ``qe_alpha: float = setting(3.0, Float(lo=0), doc="weight exponent of alpha-QE")``. ``input``
+    marks a setting that says where or how an input is read (a descriptor file, the array inside
+    it), not what the method does: a run's default label leaves it out. Further keyword arguments go
+    to :func:`dataclasses.field` (``default_factory``, ``compare`` ...).
     """
     if spec is None:
         raise TypeError("setting() needs a spec")
-    metadata = {**kwargs.pop("metadata", {}), SPEC_KEY: spec, DOC_KEY: doc}
+    metadata = {**kwargs.pop("metadata", {}), SPEC_KEY: spec, DOC_KEY: doc, INPUT_KEY: input}
     if default is dataclasses.MISSING:
         return dataclasses.field(metadata=metadata, **kwargs)
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
@@ -534,6 +540,7 @@ class SettingInfo:
     default: Any
     range: str
     doc: str
+    input: bool = False
 
 
 def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
@@ -551,6 +558,7 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 rows.extend(describe(value, prefix=f"{prefix}{name}."))
             continue
-        rows.append(SettingInfo(f"{prefix}{name}", spec.kind, value, spec.describe(), f.metadata.get(DOC_KEY, "")))
+        rows.append(SettingInfo(f"{prefix}{name}", spec.kind, value, spec.describe(), f.metadata.get(DOC_KEY, ""),
+                                bool(f.metadata.get(INPUT_KEY, False))))
     return rows
 

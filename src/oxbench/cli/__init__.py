@@ -28,7 +28,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
-    "settings": ("oxbench.cli.run", "settings", "A method preset's settings: type, value, accepted range, meaning."),
+    "methods": ("oxbench.cli.run", "methods", "The method families and presets; a preset's settings (type, default, range, meaning)."),
     "compare": ("oxbench.cli.report", "compare", "Compare runs query by query: CI and p-value per setup."),
     "report": ("oxbench.cli.report", "report", "The paper table of runs (md, latex, csv, html)."),
     "plot": ("oxbench.cli.report", "plot", "Per-query AP, precision-recall and A-vs-B figures of runs."),
@@ -40,11 +40,16 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: Earlier names of commands, still accepted but not listed: ``oxbench settings NAME`` is ``oxbench methods NAME``.
+_ALIASES = {"settings": "methods"}
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_SUBCOMMANDS)
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        name = _ALIASES.get(name, name)
         if name not in _SUBCOMMANDS:
             return None
         module, attr, _ = _SUBCOMMANDS[name]

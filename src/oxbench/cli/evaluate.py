@@ -149,6 +149,21 @@ def _features(
     return q, x
 
 
+def _warn_not_unit_norm(path: str, features: Any) -> None:
+    """One line on stderr when descriptors are not unit vectors: ranking by their dot product is then
+    not ranking by cosine similarity, which global descriptors are compared by."""
+    import numpy as np
+
+    if not features.size:
+        return
+    norms = np.sqrt(np.einsum("ij,ij->i", features, features, dtype=np.float64))
+    lo, hi = float(norms.min()), float(norms.max())
+    if lo < 1 - 1e-3 or hi > 1 + 1e-3:
+        click.echo(f"{path}: warning: the features are not unit-norm (norms {lo:.3g} .. {hi:.3g}); they are "
+                   "scored by their dot product as given: pass --normalize to L2-normalise them (cosine)",
+                   err=True)  # fmt: skip
+
+
 def _score(
     gt: Any,
     *,
@@ -195,7 +210,11 @@ def _score(
         gt, db_features, query_features, key=key, query_key=query_key, layout=layout, normalize=normalize,
         n_distractors=n_distractors,
     )
-    return evaluate_features(gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}")
+    result = evaluate_features(gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}")
+    if not normalize:  # after scoring: a refusal stays one line
+        _warn_not_unit_norm(db_features, x)
+        _warn_not_unit_norm(query_features, q)
+    return result
 
 
 def _check_output(per_query: str | None) -> None:
@@ -317,24 +336,35 @@ def _input_args(inputs: dict[str, Any]) -> dict[str, Any]:
 def oxford(gt_dir: str | None, ranked_dir: str | None, gnd: str | None, dataset: str | None, root: str | None,
            ks: str | None, as_json: bool, per_query: str | None, **inputs: Any) -> None:
     """Original Oxford 5K / Paris 6K: good+ok positive, junk ignored (compute_ap.cpp). Works for the
-    Paris files too. Per-query results are keyed by the query id (all_souls_1)."""
+    Paris files too. Per-query results are keyed by the query id (all_souls_1).
+
+    Ranked lists of image names (--ranked-dir) are scored against --gt-dir, or against an installed
+    --dataset (oxford5k, paris6k), whose images are the database: then the lists' coverage of it is
+    reported (the gt files alone name only the images they label)."""
     k = _parse_ks(ks)
     _check_output(per_query)
     args = _input_args(inputs)
     if gt_dir is not None or ranked_dir is not None:
-        if gt_dir is None or ranked_dir is None:
-            raise InputError("--gt-dir and --ranked-dir go together")
+        if ranked_dir is None or (gt_dir is None and dataset is None):
+            raise InputError("--ranked-dir goes with --gt-dir or --dataset (whose gt files and images it reads)")
         arrays = ("ranks", "scores", "db_features", "query_features")
-        if gnd is not None or dataset is not None or any(args[a] is not None for a in arrays):
-            raise InputError("--gt-dir/--ranked-dir cannot be combined with --gnd, --dataset or array inputs")
+        if gnd is not None or any(args[a] is not None for a in arrays):
+            raise InputError("--gt-dir/--ranked-dir cannot be combined with --gnd or array inputs")
         from oxbench.evaluation import evaluate as evaluate_ranks
         from oxbench.formats.oxford_gt import read_gt_dir, read_ranked_dir
 
-        gt = read_gt_dir(gt_dir)
+        if dataset is not None:  # the database is the dataset's images, not the names the gt files cite
+            gt = _load_gt(None, dataset, root, "original")
+            if gt_dir is not None:
+                gt = read_gt_dir(gt_dir, db_names=gt.db_names, dataset=gt.dataset)
+        else:
+            assert gt_dir is not None
+            gt = read_gt_dir(gt_dir)
         gt2, internal = read_ranked_dir(ranked_dir, gt)  # shorter lists are padded with -1
         n_distractors = args["n_distractors"]
         result = evaluate_ranks(gt2, internal, ks=k, n_distractors=n_distractors, padding=-1, source=str(ranked_dir))
-        _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
+        if dataset is not None:  # the gt files alone name only some images: no database size to compare with
+            _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
     else:
         gt = _load_gt(gnd, dataset, root, "original")
         result = _score(gt, ks=k, **args)

@@ -19,8 +19,10 @@ from oxbench.cli.options import (
 @click.option("--dataset", default="synthetic", show_default=True,
               help="Dataset id; 'synthetic' is built on first use.")
 @click.option("--method", default=None,
-              help="Method preset (default rootsift-bow-sv-qe); `oxbench run --list-methods` lists them.")
-@click.option("--list-methods", is_flag=True, help="List the method presets of every family and exit.")
+              help="Method preset (default rootsift-bow-sv-qe); `oxbench methods` lists them, "
+                   "`oxbench methods NAME` a preset's settings.")
+@click.option("--list-methods", is_flag=True, hidden=True,
+              help="The presets as 'name<TAB>family' lines (for scripts; `oxbench methods` is the listing).")
 @method_options
 @click.option("--out", type=click.Path(file_okay=False), default=None,
               help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
@@ -38,13 +40,16 @@ from oxbench.cli.options import (
               help="Accept a dataset with fewer images than the official count (recorded; not comparable).")
 @click.option("--overwrite", is_flag=True,
               help="Replace the earlier runs of this config folder (and a folder of another config).")
+@click.option("--label", default=None,
+              help="The run's name in runs, compare, report, plot and view (default: the preset name plus "
+                   "the settings that differ from it, e.g. 'features-alpha-qe [whitening=pca]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
     dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
     cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
     max_side: int | None, top_r: int | None, workers: int | None, engine: str, distractors: str | None, top_k: int,
-    allow_partial: bool, overwrite: bool, as_json: bool, no_progress: bool,
+    allow_partial: bool, overwrite: bool, label: str | None, as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
 
@@ -74,12 +79,13 @@ def run(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
         overrides=overrides, workers=parse_workers(workers), engine=engine, overwrite=overwrite, top_k=top_k,
         progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
-        strict=not allow_partial, command=["oxbench", *sys.argv[1:]],
+        strict=not allow_partial, command=["oxbench", *sys.argv[1:]], label=label,
     )  # fmt: skip
     cfg = outcome.config
     if as_json:
         payload = outcome.result.to_dict()
         payload["run_dir"] = str(outcome.run_dir)
+        payload["label"] = outcome.record.get("label")
         payload["trained_on"] = cfg.train_dataset
         payload["trained_on_test_set"] = cfg.trained_on_test_set
         payload["timings"] = dict(outcome.timings)
@@ -97,6 +103,7 @@ def run(
     elif cfg.train_dataset:
         click.echo(f"trained on: {cfg.train_dataset}")
     total = outcome.timings.get("total", 0.0)
+    click.echo(f"label: {outcome.record.get('label')}")
     click.echo(f"run folder: {outcome.run_dir}  ({total:.1f} s)")
 
 
@@ -110,7 +117,8 @@ def runs(runs_dir: str, as_json: bool) -> None:
     found = find_runs(runs_dir)
     if as_json:
         click.echo(json.dumps([{"run_dir": str(r.run_dir), "run_id": r.run_id, "dataset": r.dataset,
-                                "method": r.method, "started": r.started, "headline": r.headline}
+                                "method": r.method, "label": r.label, "started": r.started,
+                                "headline": r.headline}
                                for r in found], indent=1))
         return
     if not found:
@@ -118,30 +126,46 @@ def runs(runs_dir: str, as_json: bool) -> None:
         return
     from oxbench.report.tables import text_table
 
-    rows = [[r.started[:19].replace("T", " "), r.dataset, r.method, r.headline, str(r.run_dir)] for r in found]
-    click.echo(text_table(["started (UTC)", "dataset", "method", "headline", "run folder"], rows))
+    rows = [[r.started[:19].replace("T", " "), r.dataset, r.label, r.headline, str(r.run_dir)] for r in found]
+    click.echo(text_table(["started (UTC)", "dataset", "label", "headline", "run folder"], rows))
 
 
-@click.command("settings")
-@click.argument("method")
-@click.option("--json", "as_json", is_flag=True, help="Print the settings as JSON.")
-def settings(method: str, as_json: bool) -> None:
-    """The settings of METHOD (a preset name): what `oxbench run --set KEY=VALUE` takes.
+@click.command("methods")
+@click.argument("name", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
+def methods(name: str | None, as_json: bool) -> None:
+    """The method families and their presets; with NAME, every setting of that preset.
 
-    One row per setting (nested ones as dotted names, e.g. features.max_side): its kind, the
-    preset's value, the values it accepts and what it means.
+    A preset's settings are what `oxbench run --method NAME --set KEY=VALUE` takes: one row per
+    setting (nested ones as dotted names, e.g. features.max_side) with its type, the preset's
+    value, the values it accepts and what it means, read from the schema the values are checked with.
     """
-    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.method import METHODS, method_families
+
+    if name is None:
+        families = method_families()
+        if as_json:
+            click.echo(json.dumps([{"family": f.name, "about": f.about, "presets": list(f.presets)} for f in families],
+                                  indent=1))  # fmt: skip
+            return
+        n = sum(len(f.presets) for f in families)
+        click.echo(f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings")
+        for f in families:
+            click.echo(f"\n{f.name}: {f.about}")
+            for preset in f.presets:
+                click.echo(f"  {preset}")
+        return
     from oxbench.schema import describe
 
-    config = METHODS.get(method)
+    config = METHODS.get(name)
     rows = describe(config)
     if as_json:
-        click.echo(json.dumps([{"name": r.name, "kind": r.kind, "value": r.default, "accepts": r.range, "doc": r.doc}
-                               for r in rows], indent=1, default=str))  # fmt: skip
+        click.echo(json.dumps([{"name": r.name, "type": r.kind, "default": r.default, "accepts": r.range,
+                                "meaning": r.doc} for r in rows], indent=1, default=str))  # fmt: skip
         return
     click.echo(f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE")
-    width = max((len(r.name) for r in rows), default=0)
-    for r in rows:
-        accepts = f" [{r.range}]" if r.range else ""
-        click.echo(f"  {r.name:<{width}}  {r.kind:<14} {r.default!s:<12} {r.doc}{accepts}")
+    table = [["setting", "type", "default", "meaning [accepts]"]]
+    table += [[r.name, r.kind, str(r.default), r.doc + (f" [{r.range}]" if r.range else "")] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[3])

@@ -64,6 +64,11 @@ def train(out: str | None, root: str | None, restart: bool, no_progress: bool, t
     from pathlib import Path
 
     from oxbench.datasets.paths import data_root
+    from oxbench.errors import require_installed
+
+    # cheap checks first: the extra, every option, the backbone and the initial weights, before a
+    # training set is loaded (or the synthetic city rendered into the data root)
+    require_installed([("torch", "deep"), ("torchvision", "deep")])
     from oxbench.train.loop import DEFAULT_MODEL, benchmark_training_set
     from oxbench.train.loop import train as run_training
 

@@ -92,6 +92,21 @@ def range_text(n_db: int, n_index: int) -> str:
     return f"database indices are 0..{n_db - 1} and distractors {n_db}..{n_index - 1}"
 
 
+def out_of_range_text(value: int, n_db: int, n_index: int, *, minus_one: bool = False) -> str:
+    """``holds index V, but <the valid range>`` and what to do: the -1 remark only where -1 is
+    accepted (padding or gaps asked for), a hint to ``--distractors`` for an index past the end."""
+    text = f"holds index {value}, but {range_text(n_db, n_index)}"
+    if minus_one:
+        text += " (-1 marks a gap)"
+    if value >= n_index:
+        if n_index == n_db:
+            text += ("; ranks of an index with distractors after the database (R1M) need their number: "
+                     "--distractors N")  # fmt: skip
+        else:
+            text += f"; does the index hold more than the {n_index - n_db:,} distractors --distractors gives?"
+    return text
+
+
 def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, source: str | None) -> np.ndarray:
     """Convert a block of ranks to int64, refusing non-integer values (with their position)."""
     if blk.dtype == np.int64:
@@ -167,8 +182,9 @@ class _RowScanner:
     """
 
     def __init__(self, labels: Sequence[Labels], n_index: int, n_db: int, k: int,
-                 names: Sequence[str] | None, source: str | None, segment: int) -> None:
+                 names: Sequence[str] | None, source: str | None, segment: int, minus_one: bool = False) -> None:
         self.labels, self.n_index, self.n_db, self.k = labels, n_index, n_db, k
+        self.minus_one = minus_one
         self.names, self.source, self.segment = names, source, segment
         self.table = np.zeros(n_index + 1, dtype=np.uint8)  # last slot: the -1 sentinel
         self.q = -1
@@ -187,8 +203,8 @@ class _RowScanner:
     def _out_of_range(self, seg: np.ndarray, at: int) -> None:
         c = int(np.flatnonzero((seg < -1) | (seg >= self.n_index))[0])
         raise InputError(
-            f"{qname(self.names, self.q)}: rank position {at + c} holds index {seg[c]}, "
-            f"but {range_text(self.n_db, self.n_index)} (-1 marks a gap)",
+            f"{qname(self.names, self.q)}: rank position {at + c} "
+            f"{out_of_range_text(int(seg[c]), self.n_db, self.n_index, minus_one=self.minus_one)}",
             self.source,
         )
 
@@ -266,6 +282,7 @@ def labelled_positions_from_ranks(
     budget_fraction: float = 0.2,
     group: int | None = None,
     block_elems: int | None = None,
+    minus_one: bool = False,
 ) -> list[Found]:
     """Positions and codes of each query's labelled images in its ranked list, with validation.
 
@@ -288,6 +305,7 @@ def labelled_positions_from_ranks(
             table; reading more together means fewer passes over the revisitop rows).
         block_elems: numpy path: positions per chunk and segment (for tests; default from the
             budget). Giving ``group`` or ``block_elems`` selects the numpy path.
+        minus_one: whether -1 entries were accepted (padding or gaps), for error messages.
 
     Returns:
         Per query ``(positions, codes)``, positions strictly increasing.
@@ -310,7 +328,7 @@ def labelled_positions_from_ranks(
     out: list[Found] = []
     rows_contiguous = ranks.dtype == np.int64 and (k <= 1 or ranks.strides[1] == ranks.itemsize)
     if rows_contiguous:
-        scanner = _RowScanner(labels, n_index, n_db, k, names, source, segment)
+        scanner = _RowScanner(labels, n_index, n_db, k, names, source, segment, minus_one)
         for q in range(nq):
             row = ranks[q]
             scanner.start(q)
@@ -323,7 +341,7 @@ def labelled_positions_from_ranks(
     chunk = block_elems or max(_SLAB, int(budget - g * table_len) // (8 * g))
     chunk = min(chunk, max(k, 1))
     buf = np.empty((g, chunk), dtype=np.int64)
-    scanners = [_RowScanner(labels, n_index, n_db, k, names, source, segment) for _ in range(g)]
+    scanners = [_RowScanner(labels, n_index, n_db, k, names, source, segment, minus_one) for _ in range(g)]
     for g0 in range(0, nq, g):
         g1 = min(nq, g0 + g)
         for r in range(g1 - g0):

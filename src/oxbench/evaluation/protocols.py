@@ -284,8 +284,8 @@ def check_rank_values(
     if hi >= n_index:
         q, j = _find_entry(ranks, lambda row: row >= n_index)
         raise InputError(
-            f"{K.qname(names, q)}: rank position {j} holds index {ranks[q, j]}, but "
-            f"{K.range_text(n_db, n_index)}",
+            f"{K.qname(names, q)}: rank position {j} "
+            f"{K.out_of_range_text(int(ranks[q, j]), n_db, n_index, minus_one=padding == -1 or gaps)}",
             source,
         )
     return int(hi) + 1
@@ -364,7 +364,8 @@ def evaluate(
     labels = query_labels(gt)
     # The scan's tables cover the indices present (all valid, checked above), not the declared count.
     found = K.labelled_positions_from_ranks(
-        arr, labels, max(gt.n_db, top), n_db=gt.n_db, names=gt.query_names, source=source
+        arr, labels, max(gt.n_db, top), n_db=gt.n_db, names=gt.query_names, source=source,
+        minus_one=padding == -1 or gaps,
     )
     return score_found(gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source)
 

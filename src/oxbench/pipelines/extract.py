@@ -29,7 +29,7 @@ import numpy as np
 
 from oxbench.datasets import load
 from oxbench.datasets.paths import data_root
-from oxbench.errors import InputError
+from oxbench.errors import InputError, require_installed
 from oxbench.execution import available_cores, make_executor
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
 from oxbench.pipelines.families.global_descriptors import GlobalConfig, GlobalDescriptors
@@ -105,10 +105,12 @@ def extract_descriptors(
     m = resolve_method(method, **dict(overrides or {}))
     if not isinstance(m, GlobalConfig):
         raise InputError(f"oxbench extract writes global descriptors; {m.name} is a {m.family} method")
+    require_installed(m.requires)  # before any data is loaded or generated
     out = Path(out)
     for name in EXTRACT_FILES:
         check_output_path(out / name)
     root_path = data_root(root)
+    m.check_inputs(root_path)
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     train = None
     if m.needs_training:

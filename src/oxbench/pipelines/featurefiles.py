@@ -2,7 +2,10 @@
 
 ``GlobalConfig(descriptor="features", db_features=..., query_features=...)`` (presets ``features``,
 ``features-aqe``, ``features-alpha-qe``, ``features-dba``, ``features-diffusion``; the paths come
-with ``--set db_features=PATH --set query_features=PATH``) skips description: the database and query
+with ``--set db_features=PATH --set query_features=PATH``; ``query_key`` / ``query_layout`` when the
+query array is named or laid out otherwise, as revisitop's one ``.mat`` holding ``X`` and ``Q``:
+``--set db_features=f.mat --set key=X --set query_features=f.mat --set query_key=Q --set layout=d-n``)
+skips description: the database and query
 descriptors are read from the files, one row per database image / query in the dataset's order
 (database then distractors), L2-normalised, and go through the same whitening, DBA, search, query
 expansion and diffusion as any global method, through the same runner and run folder.
@@ -53,6 +56,12 @@ class FileSettings(Protocol):
     def key(self) -> str | None: ...
 
     @property
+    def query_key(self) -> str | None: ...
+
+    @property
+    def query_layout(self) -> Literal["n-d", "d-n"] | None: ...
+
+    @property
     def whitening(self) -> str: ...
 
     @property
@@ -68,6 +77,10 @@ class FileSettings(Protocol):
 def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32]:
     if not path:
         raise InputError(f"method {m.name} reads descriptor files: set {setting}=PATH (--set {setting}=...)")
+    if setting == "query_features":  # its own key and layout when given: revisitop's one .mat holds X and Q
+        layout = m.query_layout or m.layout
+        key = m.query_key if m.query_key is not None else m.key
+        return read_features(path, layout=layout, key=key, normalize=True)
     return read_features(path, layout=m.layout, key=m.key, normalize=True)
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.errors import InputError
+from oxbench.errors import InputError, close_matches
 from oxbench.execution import Executor, SerialExecutor, available_cores, cpu_seconds
 from oxbench.fileio import json_digest
 from oxbench.registry import Registry
@@ -164,6 +164,22 @@ class MethodConfig(ABC):
         """Whether any step reads the benchmark's pixels (else the ground truth is enough)."""
         return True
 
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """The optional modules the method's steps import, as ``(module, extra)``: the runner checks
+        them (:func:`oxbench.errors.require_installed`) before it loads or generates any data."""
+        return ()
+
+    def check_inputs(self, root: Path | None = None) -> None:
+        """Refuse, before any data is loaded or generated, an input file the settings name that is
+        not there (a model file, descriptor files); ``root`` is the data root (``models:`` files).
+        Nothing is read but the files' metadata; a family with such settings overrides this.
+
+        Raises:
+            InputError: one line naming the setting and the file.
+        """
+        return None  # no setting of the base names a file
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting as JSON-able data (nested configs as dicts), plus the family."""
         assert dataclasses.is_dataclass(self)
@@ -247,6 +263,30 @@ def register_method(config: MethodConfig) -> MethodConfig:
     return METHODS.register(config.name, config)
 
 
+@dataclass(frozen=True)
+class MethodFamily:
+    """A family of presets, as ``oxbench methods`` lists it: its name, its one-line description
+    (the first line of its module's docstring) and its presets in registration order."""
+
+    name: str
+    about: str
+    presets: tuple[str, ...]
+
+
+def method_families() -> list[MethodFamily]:
+    """Every family with its presets, in the order the families registered their first preset."""
+    import sys
+
+    grouped: dict[str, list[str]] = {}
+    about: dict[str, str] = {}
+    for name in METHODS.names():
+        config = METHODS.get(name)
+        grouped.setdefault(config.family, []).append(name)
+        doc = sys.modules[type(config).__module__].__doc__ or ""
+        about.setdefault(config.family, doc.strip().split("\n", 1)[0] if doc.strip() else "")
+    return [MethodFamily(f, about[f], tuple(names)) for f, names in grouped.items()]
+
+
 def list_methods(family: str | None = None) -> list[str]:
     """Names of the registered presets (of one ``family`` when given: ``"bow"``, ``"global"``)."""
     return [n for n in METHODS.names() if family is None or METHODS.get(n).family == family]
@@ -274,15 +314,14 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
             continue
         head, _, sub = key.partition(".")
         if head not in fields or head == "name":
-            known = ", ".join(sorted(n for n in fields if n != "name"))
-            raise InputError(f"unknown method setting {key!r} for {config.name} ({config.family}); its settings: {known}")
+            raise _unknown_setting(config, key)
         current = getattr(config, head)
         if sub:
             if not dataclasses.is_dataclass(current):
                 raise InputError(f"unknown method setting {key!r}: {head} has no sub-settings")
             sub_fields = {f.name: f for f in dataclasses.fields(current)}
             if sub not in sub_fields:
-                raise InputError(f"unknown {head} setting {sub!r}; its settings: {', '.join(sorted(sub_fields))}")
+                raise _unknown_setting(config, key)
             nested.setdefault(head, {})[sub] = _typed(sub_fields[sub], key, value)
         elif dataclasses.is_dataclass(current):
             raise InputError(f"method setting {key!r} takes sub-settings ({key}.<name>=...)")
@@ -293,6 +332,23 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
     if not top:
         return config
     return _replace(config, top, f"method {config.name}")
+
+
+def _unknown_setting(config: MethodConfig, key: str) -> InputError:
+    """One line: the setting ``key`` is not one of ``config``'s; the close matches, else every setting."""
+    known = []
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            known += [f"{f.name}.{g.name}" for g in dataclasses.fields(value)]
+        elif f.name != "name":
+            known.append(f.name)
+    near = close_matches(key, known)
+    where = f"unknown method setting {key!r} for {config.name} ({config.family})"
+    if near:
+        return InputError(f"{where}; did you mean {' or '.join(near)}? (`oxbench methods {config.name}` lists "
+                          f"its {len(known)} settings)")  # fmt: skip
+    return InputError(f"{where}; its settings: {', '.join(sorted(known))}")
 
 
 def _typed(f: dataclasses.Field[Any], key: str, value: object) -> object:

@@ -47,7 +47,7 @@ from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
-from oxbench.errors import InputError
+from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
@@ -74,10 +74,12 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     RECORD_FORMAT,
     RUN_FILES,
     RunSummary,
+    check_label,
     find_runs,
     jsonable,
     list_runs,
     new_run_id,
+    preset_label,
     read_record_json,
     retrieved_document,
     write_run_files,
@@ -283,8 +285,13 @@ def retrieved_records(
 # --- run folders ----------------------------------------------------------------------------------
 
 
-def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite: bool = False) -> None:
+def prepare_config_folder(
+    config_dir: Path, config: dict[str, Any], *, overwrite: bool = False, only: tuple[str, ...] | None = None
+) -> None:
     """Check that ``config_dir`` may hold runs of ``config`` (it is created when a run completes).
+
+    ``only`` compares just those keys of the configs: the runner's check before any data is loaded,
+    when the dataset and the method are known but not the ground truth's digest.
 
     Raises:
         InputError: the folder holds another config, or is not an oxbench config folder, or is
@@ -301,6 +308,8 @@ def prepare_config_folder(config_dir: Path, config: dict[str, Any], *, overwrite
                 raise InputError(f"unreadable run config ({exc.problem}); use --overwrite to replace it", cfg_path) from None
             if not isinstance(found, dict):
                 raise InputError("run config is not a JSON object; use --overwrite to replace it", cfg_path)
+            if only is not None:
+                found, config = {k: found.get(k) for k in only}, {k: config.get(k) for k in only}
             if found != config:
                 diff = sorted(k for k in set(found) | set(config) if found.get(k) != config.get(k))
                 raise InputError(
@@ -381,6 +390,7 @@ def run(
     top_k: int = 100,
     overwrite: bool = False,
     command: Sequence[str] | None = None,
+    label: str | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -410,6 +420,9 @@ def run(
             scores).
         overwrite: replace earlier runs in the config folder (and a folder of another config).
         command: the command line to record (default ``sys.argv``).
+        label: the run's name in ``runs``, ``compare``, ``report``, ``plot`` and ``view``
+            (:func:`oxbench.records.check_label`); default: the preset name plus the settings that
+            differ from the preset (``features-alpha-qe [whitening=pca]``).
 
     Returns:
         A :class:`RunOutcome`.
@@ -420,16 +433,27 @@ def run(
 
     if top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
+    if label is not None:
+        check_label(label)
     started = datetime.now(UTC)
     t_start, cpu_start = time.perf_counter(), cpu_seconds()
+    # what ran is what was installed when the run began (a package upgraded meanwhile is not it)
+    libraries, commit, host = versions(), git_commit(), host_facts()
     executor = make_executor(engine, workers)
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
+    require_installed(m.requires)  # a missing extra or input is one line before any data is loaded or generated
+    m.check_inputs(root_path)
+    if label is None:
+        label = preset_label(m.name, m.to_dict())
     train_id: str | None = None
     if m.needs_training:
         train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
+    if out is not None:  # a folder of another method or dataset is refused before data is loaded or generated
+        prepare_config_folder(Path(out), {"dataset": dataset, "method": m.to_dict()}, overwrite=overwrite,
+                              only=("dataset", "method"))  # fmt: skip
     t0, c0 = time.perf_counter(), cpu_seconds()
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
     train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
@@ -473,9 +497,9 @@ def run(
             "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
             "command": list(command if command is not None else sys.argv),
             "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
-            "oxbench_version": versions()["oxbench"], "git_commit": git_commit(), "host": host_facts(),
-            "versions": versions(), "accel": _accel_used(), "cache": dict(ctx.steps),
-            "method": m.name, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
+            "oxbench_version": libraries["oxbench"], "git_commit": commit, "host": host,
+            "versions": libraries, "accel": _accel_used(), "cache": dict(ctx.steps),
+            "method": m.name, "label": label, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
             "execution": executor.describe(),
         }  # fmt: skip
         _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,

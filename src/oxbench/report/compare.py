@@ -101,7 +101,7 @@ class Comparison:
         """The ``--json`` object: fractions at full precision, one entry per compared run."""
 
         def run_info(r: RunRecord) -> dict[str, Any]:
-            return {"path": str(r.path), "run_id": r.run_id, "method": r.method}
+            return {"path": str(r.path), "run_id": r.run_id, "method": r.method, "label": r.label}
 
         return {
             "baseline": run_info(self.baseline),

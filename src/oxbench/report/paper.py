@@ -1,12 +1,14 @@
 """``oxbench report``: the paper table of several runs, with significance marks.
 
-Rows are methods (``record.json`` ``method``), columns are grouped by dataset: the revisited sets
+Rows are runs by label (``record.json`` ``label``: the preset name plus the settings that differ
+from it, or the run's ``--label``), so several runs of one preset that differ in a setting are the
+rows of an ablation table; columns are grouped by dataset: the revisited sets
 first in the field's layout -- Medium then Hard, each with ROxf, ROxf+1M, RPar, RPar+1M, and mAP and
 mP@10 under each -- then every other dataset (its own setups) by dataset id. A run goes to the +1M
 group of its dataset when its ``dataset.json`` ``n_distractors`` is positive.
 
-In each column, every method is compared with the first method that has a run there (the
-baseline, the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
+In each column, every row is compared with the first row that has a run there (the baseline,
+the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
 the per-query values (AP for mAP columns, P@10 for mP@10 columns); p-values are Holm-adjusted over
 the methods compared in that column, and a dagger marks adjusted p < ``alpha``. A footnote states
 all of it.
@@ -66,9 +68,9 @@ class Cell:
 class PaperTable:
     """What :func:`paper_table` returns; render it with :meth:`render`."""
 
-    methods: tuple[str, ...]
+    methods: tuple[str, ...]  # the row labels (run labels), in order of first appearance
     columns: tuple[Column, ...]
-    cells: tuple[tuple[Cell, ...], ...]  # [method][column]
+    cells: tuple[tuple[Cell, ...], ...]  # [row][column]
     alpha: float
     n_resamples: int
     seed: int
@@ -76,10 +78,10 @@ class PaperTable:
 
     def footnote(self) -> str:
         return (
-            f"{MARK} differs from the column's first method ({self.methods[0]} where it has a number) at "
+            f"{MARK} differs from the column's first row ({self.methods[0]} where it has a number) at "
             f"p < {self.alpha:g}: two-sided paired randomization test over the queries (sign flips of the "
             f"per-query AP for mAP, P@10 for mP@10; exact when 2^n <= {self.n_resamples:,}, else "
-            f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the methods "
+            f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the rows "
             f"compared in each column. +1M: with distractors. Numbers in percent."
         )
 
@@ -183,10 +185,10 @@ def paper_table(
     seed: int = DEFAULT_SEED,
     decimals: int = 1,
 ) -> PaperTable:
-    """Build the paper table of ``runs`` (rows = methods in order of first appearance).
+    """Build the paper table of ``runs`` (rows = run labels in order of first appearance).
 
     Raises:
-        InputError: no runs; two runs of one method on one dataset group; runs of one dataset
+        InputError: no runs; two runs with one label on one dataset group; runs of one dataset
             group with different ground truth (see :func:`oxbench.report.runs.check_comparable`).
     """
     if not runs:
@@ -196,17 +198,18 @@ def paper_table(
     methods: list[str] = []
     by_group: dict[tuple[str, bool], dict[str, RunRecord]] = {}
     for r in runs:
-        if r.method not in methods:
-            methods.append(r.method)
+        label = r.label
+        if label not in methods:
+            methods.append(label)
         g = (r.dataset_id, r.n_distractors > 0)
-        if r.method in by_group.setdefault(g, {}):
-            other = by_group[g][r.method]
+        if label in by_group.setdefault(g, {}):
+            other = by_group[g][label]
             raise InputError(
-                f"two runs of method {r.method!r} on {g[0]}{'+distractors' if g[1] else ''} "
-                f"(also {other.path}): give one run per method and dataset",
+                f"two runs labelled {label!r} on {g[0]}{'+distractors' if g[1] else ''} "
+                f"(also {other.path}): give one run per label and dataset (oxbench run --label names a run)",
                 r.path,
             )
-        by_group[g][r.method] = r
+        by_group[g][label] = r
     for group_runs in by_group.values():
         check_comparable(list(group_runs.values()))
     revisited = [g for g in by_group if g[0] in _REVISITED_ORDER]

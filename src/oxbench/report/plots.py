@@ -88,7 +88,7 @@ def _save(fig: Any, path: Path, fmt: str) -> Path:
 
 
 def _short(run: RunRecord) -> str:
-    return f"{run.method} ({run.run_id})"
+    return f"{run.label} ({run.run_id})"
 
 
 def plot_runs(run: RunRecord, out: str | Path, *, other: RunRecord | None = None, fmt: str = "png") -> list[Path]:

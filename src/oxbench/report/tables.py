@@ -38,10 +38,17 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
+_TEX_SPECIAL = {
+    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+    "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
+}  # fmt: skip
+
+
 def _tex(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"), ("@", "@")):
-        s = s.replace(a, b)
-    return s
+    """``s`` as LaTeX text: every special character escaped (a run label is the user's text), and a
+    leading ``[`` braced so that the ``\\`` ending the row before does not read it as an option."""
+    out = "".join(_TEX_SPECIAL.get(c, c) for c in s)
+    return "{[}" + out[1:] if out.startswith("[") else out
 
 
 def latex_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

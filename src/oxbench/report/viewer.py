@@ -174,7 +174,7 @@ def _run_data(run: RunRecord, cache: ThumbnailCache, top: int, size: int) -> dic
             })
         lists.append(entries)
     return {
-        "method": run.method, "run_id": run.run_id, "path": str(run.path), "k": run.k,
+        "method": run.method, "label": run.label, "run_id": run.run_id, "path": str(run.path), "k": run.k,
         "ap": {s: [None if v != v else float(v) for v in run.per_query(s)] for s in run.setups},
         "map": {s: run.mean(s) for s in run.setups},
         "lists": lists,
@@ -253,7 +253,7 @@ def build_viewer(
         where = ", ".join(map(str, roots)) if roots else "none recorded"
         log.warning("%d image paths of the run are not regular files under its image folders (%s) and were not "
                     "opened: placeholders shown", cache.outside, where)
-    title = " vs ".join(f"{r.method} {r.run_id}" for r in runs) + f" on {run.dataset_id}"
+    title = " vs ".join(f"{r.label} {r.run_id}" for r in runs) + f" on {run.dataset_id}"
     page = _PAGE.replace("@TITLE@", html.escape(title)).replace("@CSS@", _CSS).replace("@JS@", _JS)
     page = page.replace("@DATA@", _script_json(data))
     index = atomic_write_text(out / "index.html", page)
@@ -276,7 +276,7 @@ _PAGE = """<!DOCTYPE html>
  <p id="count"></p>
  <ol id="queries"></ol>
 </aside>
-<main id="main"><p id="hint">Pick a query.</p></main>
+<main id="main"></main>
 <div id="overlay" hidden><div id="overlay-box"><button id="close" type="button">close</button>
 <p id="overlay-title"></p><div id="overlay-body"></div></div></div>
 <script type="application/json" id="data">@DATA@</script>
@@ -305,7 +305,7 @@ body{margin:0;font:13px/1.35 system-ui,sans-serif;display:flex;height:100vh;colo
 .res.m{cursor:pointer;outline:2px dashed #36c}.legend span{display:inline-block;margin-right:8px}
 .legend i{display:inline-block;width:10px;height:10px;margin-right:3px;vertical-align:middle}
 #overlay{position:fixed;inset:0;background:rgba(0,0,0,.55);display:flex;align-items:center;justify-content:center}
-#overlay[hidden]{display:none}#overlay-box{background:#fff;padding:10px;max-width:95vw;max-height:95vh;overflow:auto}
+#overlay[hidden]{display:none}.summary td,.summary th{padding:2px 8px;text-align:left}#overlay-box{background:#fff;padding:10px;max-width:95vw;max-height:95vh;overflow:auto}
 """
 
 _JS = r"""
@@ -322,7 +322,7 @@ let current = null;
 
 function init() {
   $("title").textContent = D.dataset + (D.n_distractors ? " +" + D.n_distractors + " distractors" : "") +
-    ": " + D.runs.map((r) => r.method).join(" vs ");
+    ": " + D.runs.map((r) => r.label).join(" vs ");
   for (const s of D.setups) { const o = el("option", "", s); o.value = s; $("setup").appendChild(o); }
   $("setup").value = D.default_setup;
   const orders = [["index", "query order"], ["worst0", "worst first" + (D.runs.length > 1 ? " (A)" : "")]];
@@ -335,7 +335,27 @@ function init() {
   renderList();
   // "#q=N" (0-based query index) opens that query: links to one query can be shared
   const m = /^#q=(\d+)$/.exec(location.hash);
-  if (m && Number(m[1]) < D.queries.length) show(Number(m[1]));
+  if (m && Number(m[1]) < D.queries.length) show(Number(m[1])); else summary();
+}
+
+// the first pane: what each run is and its mAP per setup, before any query is picked
+function summary() {
+  const main = $("main");
+  main.replaceChildren();
+  main.appendChild(el("h2", "", "Run summary"));
+  const table = el("table", "summary");
+  const head = el("tr");
+  for (const h of ["", "label", "method", "run"].concat(D.setups.map((s) => "mAP " + s))) head.appendChild(el("th", "", h));
+  table.appendChild(head);
+  D.runs.forEach((r, ri) => {
+    const tr = el("tr");
+    for (const v of [D.runs.length > 1 ? "ABCD"[ri] : "", r.label, r.method, r.run_id].concat(D.setups.map((s) => pct(r.map[s])))) {
+      tr.appendChild(el("td", "", v));
+    }
+    table.appendChild(tr);
+  });
+  main.appendChild(table);
+  main.appendChild(el("p", "hint", "Pick a query on the left to see its ranked list."));
 }
 
 function renderList() {
@@ -385,7 +405,7 @@ function show(i) {
   head.appendChild(box);
   const info = el("div", "qinfo");
   info.appendChild(el("h2", "", q.name));
-  info.appendChild(el("p", "", "setup " + setup + ": AP " + D.runs.map((r) => r.method + " " + pct(r.ap[setup][i])).join(", ")));
+  info.appendChild(el("p", "", "setup " + setup + ": AP " + D.runs.map((r) => r.label + " " + pct(r.ap[setup][i])).join(", ")));
   info.appendChild(el("p", "", "labelled: " + Object.entries(q.n_labelled).map(([k, v]) => k + " " + v).join(", ")));
   const legend = el("p", "legend");
   for (const lab of D.labels) { const s = el("span"); const sw = el("i"); sw.style.background = D.colours[lab];
@@ -396,7 +416,7 @@ function show(i) {
   const cols = el("div", "cols");
   D.runs.forEach((r, ri) => {
     const col = el("section", "col");
-    col.appendChild(el("h2", "", (D.runs.length > 1 ? "ABCD"[ri] + ": " : "") + r.method + " (" + r.run_id +
+    col.appendChild(el("h2", "", (D.runs.length > 1 ? "ABCD"[ri] + ": " : "") + r.label + " (" + r.run_id +
       ") mAP " + pct(r.map[setup])));
     const grid = el("div", "grid");
     grid.dataset.run = String(ri);

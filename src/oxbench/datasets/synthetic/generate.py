@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from oxbench.datasets.fetch import check_free_space
 from oxbench.datasets.synthetic.config import GENERATOR_VERSION, SynthConfig
 from oxbench.datasets.synthetic.plan import (
     db_name,
@@ -29,7 +30,7 @@ from oxbench.datasets.synthetic.plan import (
     render_db_image,
     render_query_image,
 )
-from oxbench.errors import InputError
+from oxbench.errors import InputError, require_installed
 from oxbench.execution import ProcessExecutor, SerialExecutor, available_cores
 from oxbench.fileio import (
     atomic_write_bytes,
@@ -158,6 +159,11 @@ def generate(
                 out,
             )
         clear(out)
+    # cheap checks before anything is written: the renderer's extras, room for the JPEGs (at most
+    # about half a byte per pixel at the qualities used)
+    require_installed([("cv2", "classic"), ("PIL", "images")])
+    w, h = config.image_size
+    check_free_space(out, (config.db_size + len(query_specs(config))) * w * h // 2, margin=10_000_000)
     partial = out / _PARTIAL
     state_path = partial / "config.json"
     if state_path.exists():

@@ -72,6 +72,11 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
 
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """SIFT (OpenCV), the codebook's k-means (faiss) and the ``asmk`` package's kernels."""
+        return (("cv2", "classic"), ("faiss", "classic"), ("asmk", "asmk"))
+
     def build(self) -> Asmk:
         return Asmk(self)
 

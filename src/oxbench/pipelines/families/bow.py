@@ -78,6 +78,11 @@ class BowConfig(MethodConfig, LocalQuantisation):
         if self.qe != "none" and not self.spatial:
             raise InputError(f"method {self.name}: query expansion needs spatial verification")
 
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """SIFT (OpenCV) and the vocabulary's k-means and assignment (faiss)."""
+        return (("cv2", "classic"), ("faiss", "classic"))
+
     def build(self) -> BagOfWords:
         return BagOfWords(self)
 

@@ -85,6 +85,10 @@ from oxbench.train.pairs import matching_pairs
 log = logging.getLogger(__name__)
 
 
+def _no_model_file(path: Path) -> InputError:
+    return InputError("no model file here: train it with oxbench train, or pass --set weights=PATH", path)
+
+
 @dataclass(frozen=True)
 class GlobalConfig(MethodConfig):
     """A global-descriptor retrieval method.
@@ -158,6 +162,8 @@ class GlobalConfig(MethodConfig):
         layout: ``"n-d"`` (``[n, d]``, one row per image) or ``"d-n"`` (``[d, n]``, revisitop's
             MATLAB files) in the files, as ``oxbench evaluate --layout`` reads them.
         key: the array inside an ``.npz`` / ``.mat`` file.
+        query_key, query_layout: the query file's own array name and layout (default: ``key``,
+            ``layout``), so one revisitop ``.mat`` holding ``X`` and ``Q`` serves both files.
     """
 
     family: ClassVar[str] = "global"
@@ -221,12 +227,16 @@ class GlobalConfig(MethodConfig):
                                                               doc="diffusion: graph normalisation")  # fmt: skip
     diffusion_mode: Literal["online", "offline"] = setting("online", S.Choice("online", "offline"),
                                                           doc="diffusion: per query, or precomputed")  # fmt: skip
-    db_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: database descriptor file")
-    query_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: query descriptor file")
-    train_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: training descriptors")
-    train_pairs: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)")
-    layout: Literal["n-d", "d-n"] = setting("n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image")
-    key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)), doc="features: array in .npz/.mat")
+    db_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True)
+    query_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: query descriptor file", input=True)
+    train_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: training descriptors", input=True)
+    train_pairs: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)", input=True)
+    layout: Literal["n-d", "d-n"] = setting("n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image", input=True)
+    key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)), doc="features: array in .npz/.mat", input=True)
+    query_key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)),
+                                    doc="features: query array in .npz/.mat (default: key; revisitop .mat: Q)", input=True)
+    query_layout: Literal["n-d", "d-n"] | None = setting(None, S.Optional(S.Choice("n-d", "d-n")),
+                                                         doc="features: query file's layout (default: layout)", input=True)
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
@@ -257,6 +267,40 @@ class GlobalConfig(MethodConfig):
     def reads_images(self) -> bool:
         """User feature files replace every step that reads pixels."""
         return self.descriptor != "features"
+
+    def check_inputs(self, root: Path | None = None) -> None:
+        """A model file that is neither there nor to be trained (``fit_network``), and descriptor
+        files that are not regular files, are refused before any data is loaded."""
+        from oxbench.fileio import require_regular_file
+
+        if self.descriptor == "cnn" and self.weights not in (None, "random", "imagenet") and not self.trains_network:
+            assert self.weights is not None
+            path = resolve_weights_path(self.weights, root)
+            if not path.exists():
+                raise _no_model_file(path)
+            require_regular_file(path)
+        if self.descriptor == "features":
+            for name in ("db_features", "query_features", "train_features", "train_pairs"):
+                value = getattr(self, name)
+                if value is not None:
+                    try:
+                        require_regular_file(value)
+                    except InputError as exc:
+                        raise InputError(f"{name}: {exc.problem}", value) from None
+
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """A CNN's torch and torchvision (timm for a ``timm:`` trunk), VLAD's SIFT and k-means, a FAISS index."""
+        out: list[tuple[str, str]] = []
+        if self.descriptor == "cnn":
+            out += [("torch", "deep"), ("torchvision", "deep")]
+            if self.backbone.startswith("timm:"):
+                out.append(("timm", "deep"))
+        elif self.descriptor == "vlad":
+            out += [("cv2", "classic"), ("faiss", "classic")]
+        if self.search.startswith("faiss") and ("faiss", "classic") not in out:
+            out.append(("faiss", "classic"))
+        return tuple(out)
 
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
@@ -441,9 +485,7 @@ class GlobalDescriptors(RetrievalMethod):
             if m.weights not in ("random", "imagenet"):
                 weights = resolve_weights_path(m.weights, ctx.root)
                 if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
-                    raise InputError(
-                        "no model file here: train it with oxbench train, or pass --set weights=PATH", weights
-                    )
+                    raise _no_model_file(weights)
             self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
             if m.pooling == "rmac":
                 self.model_.net.pool.grid = m.rmac_grid
