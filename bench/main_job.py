@@ -103,8 +103,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        print("main_job: interrupted", file=sys.stderr)
-        sys.exit(130)
+    from interrupt import run_script
+
+    run_script(main)
