@@ -52,6 +52,7 @@ from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
 from oxbench.execution import Executor, make_executor
+from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import (
     TEMP_PREFIX,
     atomic_write_json,
@@ -373,6 +374,8 @@ def run(
     overrides: Mapping[str, object] | None = None,
     workers: int | None = 1,
     engine: str = "processes",
+    cluster: str | None = None,
+    shard_size: int | None = None,
     progress: bool = True,
     distractors: str | int | None = None,
     strict: bool = True,
@@ -397,7 +400,10 @@ def run(
             spatial verification, VLAD aggregation), run by the ``engine`` executor (``None``:
             one per available core).
         engine: the execution backend (:data:`oxbench.execution.EXECUTORS`: ``processes``,
-            ``serial``).
+            ``serial``, ``dask``).
+        cluster: with ``engine="dask"``, the scheduler of an existing cluster
+            (``tcp://host:8786``; default ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
+        shard_size: images per write-once shard of the local-feature stores (default 64).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
             of generated distractors for the synthetic set).
@@ -421,89 +427,94 @@ def run(
         raise InputError(f"top_k must be >= 1, got {top_k}")
     started = datetime.now(UTC)
     t_start = time.perf_counter()
-    executor = make_executor(engine, workers)
-    root_path = data_root(root)
-    m = resolve_method(method, **dict(overrides or {}))
-    train_id: str | None = None
-    if m.needs_training:
-        train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
-        if train_id is None:
-            raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
-    t0 = time.perf_counter()
-    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
-    train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
-    t_load = time.perf_counter() - t0
-    trained_on_test = train_id == dataset
-    if trained_on_test:
-        log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
-    config = RunConfig(
-        dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
-        dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
-        n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
-    )  # fmt: skip
-    config_dict = config.to_dict()
-    config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
-    prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
-    run_id = new_run_id()
-    # assembled beside the config folder, which appears only when a run completes
-    tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
-    try:
-        with _log_to(tmp / "run.log"):
-            log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
-            cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
-                                                   allow_partial=not strict, root=root_path)
-            ctx.timings["load"] = t_load
-            keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
-            search = search.top(keep)
-            with ctx.timed("evaluate"):
-                result = evaluate(bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(config_dir))
-            timings = {**ctx.timings, "total": time.perf_counter() - t_start}
-            info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
-            for step, state in ctx.steps.items():
-                log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
-            log.info("%s", " | ".join(result.lines()))
-        record = {
-            "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
-            "command": list(command if command is not None else sys.argv),
-            "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
-            "oxbench_version": versions()["oxbench"], "git_commit": git_commit(), "host": host_facts(),
-            "versions": versions(), "accel": _accel_used(), "cache": dict(ctx.steps),
-            "method": m.name, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
-            "execution": executor.describe(),
-        }  # fmt: skip
-        _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
-                         timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
-        run_dir = config_dir / run_id
+    executor = make_executor(engine, workers, cluster=cluster)
+    try:  # a cluster the executor started stops with the run, whatever happens
+        root_path = data_root(root)
+        m = resolve_method(method, **dict(overrides or {}))
+        train_id: str | None = None
+        if m.needs_training:
+            train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
+            if train_id is None:
+                raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
+        t0 = time.perf_counter()
+        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
+        train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
+        t_load = time.perf_counter() - t0
+        trained_on_test = train_id == dataset
+        if trained_on_test:
+            log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
+        config = RunConfig(
+            dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
+            dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
+            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
+        )  # fmt: skip
+        config_dict = config.to_dict()
+        config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
+        prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
+        run_id = new_run_id()
+        # assembled beside the config folder, which appears only when a run completes
+        tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
         try:
-            config_dir.mkdir(exist_ok=True)
+            tmp.mkdir(parents=True)
         except OSError as exc:
-            raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
-        with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
-            if overwrite:
-                for old in list_runs(config_dir):
-                    shutil.rmtree(old, ignore_errors=True)
-            atomic_write_json(config_dir / "config.json", config_dict)
-            os.replace(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
+            raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
+        try:
+            with _log_to(tmp / "run.log"):
+                log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
+                cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+                executor.check_paths({"data root": root_path, "cache": cache_dir})
+                impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
+                                                       allow_partial=not strict, root=root_path,
+                                                       shard_size=shard_size)
+                ctx.timings["load"] = t_load
+                keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
+                search = search.top(keep)
+                with ctx.timed("evaluate"):
+                    result = evaluate(bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(config_dir))
+                timings = {**ctx.timings, "total": time.perf_counter() - t_start}
+                info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
+                for step, state in ctx.steps.items():
+                    log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
+                log.info("%s", " | ".join(result.lines()))
+            record = {
+                "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
+                "command": list(command if command is not None else sys.argv),
+                "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
+                "oxbench_version": versions()["oxbench"], "git_commit": git_commit(), "host": host_facts(),
+                "versions": versions(), "accel": _accel_used(), "cache": dict(ctx.steps),
+                "method": m.name, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
+                "execution": executor.describe(),
+            }  # fmt: skip
+            _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
+                             timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
+            run_dir = config_dir / run_id
+            try:
+                config_dir.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
+            with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
+                if overwrite:
+                    for old in list_runs(config_dir):
+                        shutil.rmtree(old, ignore_errors=True)
+                atomic_write_json(config_dir / "config.json", config_dict)
+                os.replace(tmp, run_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
+    finally:
+        executor.close()
 
 
 def _fit_index_search(
     m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, executor: Executor, progress: bool,
-    allow_partial: bool = False, root: Path | None = None,
+    allow_partial: bool = False, root: Path | None = None, shard_size: int | None = None,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
     for full_check in (False, True):
         ctx = RunContext(cache, executor=executor, progress=progress, full_check=full_check,
-                         allow_partial=allow_partial, root=root)
+                         allow_partial=allow_partial, root=root, shard_size=shard_size or DEFAULT_SHARD_SIZE)
         impl = m.build()
         try:
             impl.fit(train, ctx).index(bench, ctx)
