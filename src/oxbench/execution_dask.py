@@ -15,9 +15,10 @@ the optional extra ``oxbench[dask]`` (imported only when the backend is used):
   worker and path that fail. An unreachable scheduler fails within :data:`CONNECT_TIMEOUT_S`,
   naming the address.
 
-What a stage hands over is the same job as for local processes: it is scattered once to every
-worker (one copy per worker process, never pickled per item), each item is one Dask task, and the
-results come back in item order. The heavy stages write their data themselves, as write-once shards
+What a stage hands over is the same job as for local processes: a worker plugin installs it once in
+every worker process (also in workers that are restarted or join later; never pickled per item),
+each item is one Dask task, and the results come back in item order. A result is fetched as soon as
+its task ends and then released, so a worker that dies later costs no finished work. The heavy stages write their data themselves, as write-once shards
 (:mod:`oxbench.features.store`), and return receipts.
 
 Failures: a task whose worker dies (``kill -9``, out of memory, a lost node) is run again on another
@@ -92,15 +93,42 @@ def _dask_modules() -> tuple[Any, Any]:
 
 
 # ------------------------------------------------------------------ what runs on a worker
-def _run_item(job: Callable[[Any], Any], item: Any, per_host: Mapping[str, int]) -> Any:
-    """One task: cap this worker's threads (once per worker process), then run the job."""
+#: The jobs installed in this worker process, by the token of the stage that installed them.
+_JOBS: dict[str, Callable[[Any], Any]] = {}
+
+
+def _job_installer(token: str, job: Callable[[Any], Any]) -> Any:
+    """A worker plugin that installs ``job`` in every worker, including workers that join or are
+    restarted later (a worker killed and restarted by its nanny gets it again)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class InstallJob(WorkerPlugin):
+        def __init__(self) -> None:
+            self.token, self.job = token, job
+
+        # this class travels by value: the registry is reached through the worker's own module
+        def setup(self, worker: Any) -> None:
+            import oxbench.execution_dask as here
+
+            here._JOBS[self.token] = self.job
+
+        def teardown(self, worker: Any) -> None:
+            import oxbench.execution_dask as here
+
+            here._JOBS.pop(self.token, None)
+
+    return InstallJob()
+
+
+def _run_item(token: str, item: Any, per_host: Mapping[str, int]) -> Any:
+    """One task: cap this worker's threads (once per worker process), then run the installed job."""
     from distributed import get_worker
 
     host = get_worker().address.rsplit(":", 1)[0].split("://")[-1]
     threads = max(1, available_cores() // max(1, per_host.get(host, 1)))
     if thread_cap() != threads:
         limit_threads(threads)
-    return job(item)
+    return _JOBS[token](item)
 
 
 def _worker_facts(dask_worker: Any) -> dict[str, Any]:
@@ -263,42 +291,68 @@ class DaskExecutor(Executor):
     ) -> Generator[R, None, None]:  # fmt: skip
         if not items:
             return
-        from distributed import KilledWorker
+        from distributed import KilledWorker, as_completed
 
         client = self.client
         t0 = time.perf_counter()
         stage = desc or "stage"
         token = uuid.uuid4().hex[:8]
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", stage)[:40]
-        [job_future] = client.scatter([job], broadcast=True, hash=False)
-        futures = [client.submit(_run_item, job_future, item, self._per_host, key=f"oxbench-{slug}-{token}-{i}",
+        plugin = f"oxbench-job-{slug}-{token}"
+        client.register_plugin(_job_installer(token, job), name=plugin)
+        futures = [client.submit(_run_item, token, item, self._per_host, key=f"oxbench-{slug}-{token}-{i}",
                                  retries=self.retries, pure=False) for i, item in enumerate(items)]  # fmt: skip
-        keys = [f.key for f in futures]
+        index = {f.key: i for i, f in enumerate(futures)}
+        results: dict[int, Any] = {}
+        fetched: list[Any] = []  # futures whose result is here, released in batches after their attempts are counted
+        retried = 0
         bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
         done = False
+        last_release = time.monotonic()
+        nxt = 0
         try:
-            for i, future in enumerate(futures):
+            for future in as_completed(futures):
+                i = index[future.key]
                 try:
-                    result = future.result()
+                    results[i] = future.result()
                 except KilledWorker:
                     raise InputError(f"{stage}: {items[i]} failed on every attempt: a worker died under each of its "
                                      f"{self.retries + 1} attempts (out of memory? a crashing library?)") from None  # fmt: skip
-                yield result
                 bar.update(1)
+                fetched.append(future)
+                if len(fetched) >= 64 or time.monotonic() - last_release > 2.0:
+                    retried += self._release(fetched, futures)
+                    last_release = time.monotonic()
+                while nxt in results:  # in item order, as soon as the next one is here
+                    yield results.pop(nxt)
+                    nxt += 1
             done = True
         finally:
             bar.close()
-            retried = 0
-            with contextlib.suppress(Exception):
-                retried = int(client.run_on_scheduler(_task_attempts, keys=keys, retries=self.retries))
+            retried += self._release(fetched, futures)
             if not done:
-                client.cancel(futures)
-            client.cancel([job_future])
+                client.cancel([f for f in futures if f is not None])
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin(plugin)
             self.retried += retried
             self.stages.append({"stage": stage, "tasks": len(items), "retried": retried, "complete": done,
                                 "seconds": round(time.perf_counter() - t0, 3)})  # fmt: skip
             if retried:
                 log.warning("%s: %d task attempt(s) retried (a worker died, or a task failed)", stage, retried)
+
+    def _release(self, fetched: list[Any], futures: list[Any]) -> int:
+        """Count the extra attempts of the tasks in ``fetched`` (on the scheduler), then release
+        them: a result the driver holds is not recomputed when its worker dies later."""
+        if not fetched:
+            return 0
+        keys = [f.key for f in fetched]
+        extra = 0
+        with contextlib.suppress(Exception):
+            extra = int(self.client.run_on_scheduler(_task_attempts, keys=keys, retries=self.retries))
+        for f in fetched:
+            f.release()
+        fetched.clear()
+        return extra
 
     @property
     def threads_per_worker(self) -> int:

@@ -118,6 +118,21 @@ def extract_descriptors(
     for name in EXTRACT_FILES:
         check_output_path(out / name)
     root_path = data_root(root)
+    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+    executor = make_executor(engine, workers, cluster=cluster)
+    try:
+        executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
+        return _extract(m, dataset, out, root_path, cache_dir, executor, train_dataset=train_dataset,
+                        distractors=distractors, strict=strict, decode_threads=decode_threads, progress=progress)
+    finally:
+        executor.close()
+
+
+def _extract(
+    m: GlobalConfig, dataset: str, out: Path, root_path: Path, cache_dir: Path, executor: Executor, *,
+    train_dataset: str | None, distractors: str | int | None, strict: bool, decode_threads: int | None,
+    progress: bool,
+) -> ExtractOutcome:  # fmt: skip
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     train = None
     if m.needs_training:
@@ -125,17 +140,14 @@ def extract_descriptors(
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
         train = load(train_id, root_path, strict=strict, progress=progress)
-    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    with make_executor(engine, workers, cluster=cluster) as executor:
-        executor.check_paths({"data root": root_path, "cache": cache_dir})
-        ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
-                         root=root_path, decode_threads=decode_threads or available_cores())
-        impl = m.build()
-        assert isinstance(impl, GlobalDescriptors)
-        impl.fit(train, ctx)
-        parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
-        db = np.concatenate([impl.describe(bench, p, ctx) for p in parts])
-        queries = impl.describe(bench, "queries", ctx)
+    ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
+                     root=root_path, decode_threads=decode_threads or available_cores())
+    impl = m.build()
+    assert isinstance(impl, GlobalDescriptors)
+    impl.fit(train, ctx)
+    parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
+    db = np.concatenate([impl.describe(bench, p, ctx) for p in parts])
+    queries = impl.describe(bench, "queries", ctx)
     db, queries = impl.finish(db), impl.finish(queries)
     db_names = [n for p in parts for n in part_names(bench, p)]
     info: dict[str, Any] = {
@@ -209,13 +221,13 @@ def extract_partition(
                          "(a CNN's descriptors are extracted by one process: run without --partition)")  # fmt: skip
     root_path = data_root(root)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     executor: Executor = make_executor(engine, workers, cluster=cluster)
     done: dict[str, int] = {}
     from oxbench.features.store import extract_to_store
 
     with executor:
-        executor.check_paths({"data root": root_path, "cache": cache_dir})
+        executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
+        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
         for part in parts_of(bench):
             job, n, _ = extraction_job(bench, part, features)
             store = open_store(cache_dir, bench, features, part, create=True)

@@ -431,6 +431,8 @@ def run(
     try:  # a cluster the executor started stops with the run, whatever happens
         root_path = data_root(root)
         m = resolve_method(method, **dict(overrides or {}))
+        # a cluster's workers must see the data and the cache: asked before anything is loaded
+        executor.check_paths({"data root": root_path, "cache": Path(cache) if cache is not None else root_path / "_cache"})
         train_id: str | None = None
         if m.needs_training:
             train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
@@ -462,7 +464,6 @@ def run(
             with _log_to(tmp / "run.log"):
                 log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
                 cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-                executor.check_paths({"data root": root_path, "cache": cache_dir})
                 impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
                                                        allow_partial=not strict, root=root_path,
                                                        shard_size=shard_size)
