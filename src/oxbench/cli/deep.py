@@ -57,7 +57,7 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
 def extract(
     dataset: str, method: str, out: str | None, partition: str | None, root: str | None, cache: str | None,
     train_dataset: str | None, settings: tuple[str, ...], distractors: str | None, workers: int | None,
-    engine: str, cluster: str | None, decode_threads: int | None, allow_partial: bool, no_progress: bool,
+    engine: str, cluster: str | None, shard_size: int | None, decode_threads: int | None, allow_partial: bool, no_progress: bool,
 ) -> None:
     """Write the global descriptors of DATASET (database, distractors, query crops) to .npy files.
 
@@ -72,7 +72,7 @@ def extract(
         done = extract_partition(
             dataset, method, part, root=root, cache=cache, overrides=dict(parse_setting(s) for s in settings),
             distractors=parse_distractors(distractors), strict=not allow_partial, workers=parse_workers(workers),
-            engine=engine, cluster=cluster, progress=not no_progress,
+            engine=engine, cluster=cluster, shard_size=shard_size, progress=not no_progress,
         )  # fmt: skip
         counts = ", ".join(f"{n} {p}" for p, n in done.items())
         click.echo(f"partition {part[0]}/{part[1]} of {dataset}: described {counts} image(s); "
@@ -84,7 +84,7 @@ def extract(
         dataset, method, out, root=root, cache=cache, train_dataset=train_dataset,
         overrides=dict(parse_setting(s) for s in settings), distractors=parse_distractors(distractors),
         strict=not allow_partial, workers=parse_workers(workers), engine=engine, cluster=cluster,
-        decode_threads=decode_threads, progress=not no_progress,
+        shard_size=shard_size, decode_threads=decode_threads, progress=not no_progress,
     )  # fmt: skip
     click.echo(f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
                f"{outcome.n_queries} query descriptors, {outcome.dim}-D")

@@ -48,12 +48,15 @@ WORKERS_HELP = ("Workers of the parallel stages (local-feature extraction, word 
 
 
 def execution_options(f: Any) -> Any:
-    """``--workers``, ``--engine`` and ``--cluster``: where the parallel stages run
-    (:mod:`oxbench.execution`)."""
+    """``--workers``, ``--engine``, ``--cluster`` and ``--shard-size``: where and in which units the
+    parallel stages run (:mod:`oxbench.execution`)."""
     f = click.option("--cluster", default=None, metavar="tcp://HOST:PORT",
                      help="With --engine dask: the scheduler of an existing Dask cluster, whose workers "
                           "see the data root and cache at the same paths (default: $OXBENCH_CLUSTER, "
                           "else an embedded LocalCluster on 127.0.0.1).")(f)  # fmt: skip
+    f = click.option("--shard-size", type=click.IntRange(1, 1_000_000), default=None,
+                     help="Images per write-once shard of the local-feature stores (default 64): the "
+                          "unit of work of a worker and of --partition.")(f)  # fmt: skip
     f = click.option("--engine", default="processes", show_default=True,
                      help="Execution backend of the parallel stages: processes, serial, or dask "
                           '(pip install "oxbench[dask]").')(f)  # fmt: skip

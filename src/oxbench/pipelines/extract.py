@@ -38,6 +38,7 @@ from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError
 from oxbench.execution import Executor, available_cores, make_executor
 from oxbench.features.local import LocalExtractor
+from oxbench.features.store import DEFAULT_SHARD_SIZE, check_partition, extract_to_store
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
 from oxbench.pipelines.families.global_descriptors import GlobalConfig, GlobalDescriptors
 from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
@@ -82,6 +83,7 @@ def extract_descriptors(
     workers: int | None = 1,
     engine: str = "processes",
     cluster: str | None = None,
+    shard_size: int | None = None,
     decode_threads: int | None = None,
     progress: bool = True,
 ) -> ExtractOutcome:
@@ -104,6 +106,7 @@ def extract_descriptors(
             the ``engine`` executor (:mod:`oxbench.execution`).
         engine: the execution backend (``processes``, ``serial``, ``dask``).
         cluster: with ``engine="dask"``, an existing scheduler (default: a LocalCluster).
+        shard_size: images per write-once shard of the local-feature stores (default 64).
         decode_threads: threads that decode images for a CNN (default: the available cores).
         progress: progress bars.
 
@@ -123,7 +126,8 @@ def extract_descriptors(
     try:
         executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
         return _extract(m, dataset, out, root_path, cache_dir, executor, train_dataset=train_dataset,
-                        distractors=distractors, strict=strict, decode_threads=decode_threads, progress=progress)
+                        distractors=distractors, strict=strict, decode_threads=decode_threads, progress=progress,
+                        shard_size=shard_size)
     finally:
         executor.close()
 
@@ -131,7 +135,7 @@ def extract_descriptors(
 def _extract(
     m: GlobalConfig, dataset: str, out: Path, root_path: Path, cache_dir: Path, executor: Executor, *,
     train_dataset: str | None, distractors: str | int | None, strict: bool, decode_threads: int | None,
-    progress: bool,
+    progress: bool, shard_size: int | None,
 ) -> ExtractOutcome:  # fmt: skip
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     train = None
@@ -141,7 +145,8 @@ def _extract(
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
         train = load(train_id, root_path, strict=strict, progress=progress)
     ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
-                     root=root_path, decode_threads=decode_threads or available_cores())
+                     root=root_path, decode_threads=decode_threads or available_cores(),
+                     shard_size=shard_size or DEFAULT_SHARD_SIZE)
     impl = m.build()
     assert isinstance(impl, GlobalDescriptors)
     impl.fit(train, ctx)
@@ -211,8 +216,6 @@ def extract_partition(
         InputError: a method without local features (a CNN's descriptors are computed in one
             process), a bad partition, missing data.
     """
-    from oxbench.features.store import DEFAULT_SHARD_SIZE, check_partition
-
     partition = check_partition(partition)  # type: ignore[assignment]
     m = resolve_method(method, **dict(overrides or {}))
     features = local_features_of(m)
@@ -223,8 +226,6 @@ def extract_partition(
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     executor: Executor = make_executor(engine, workers, cluster=cluster)
     done: dict[str, int] = {}
-    from oxbench.features.store import extract_to_store
-
     with executor:
         executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
         bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
