@@ -311,13 +311,17 @@ class DaskExecutor(Executor):
         last_release = time.monotonic()
         nxt = 0
         try:
-            for future in as_completed(futures):
+            for future, result in as_completed(futures, with_results=True, raise_errors=False):
                 i = index[future.key]
-                try:
-                    results[i] = future.result()
-                except KilledWorker:
-                    raise InputError(f"{stage}: {items[i]} failed on every attempt: a worker died under each of its "
-                                     f"{self.retries + 1} attempts (out of memory? a crashing library?)") from None  # fmt: skip
+                if future.status != "finished":
+                    exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
+                    if isinstance(exc, KilledWorker):
+                        raise InputError(f"{stage}: {items[i]} failed on every attempt: a worker died under each of "
+                                         f"its {self.retries + 1} attempts (out of memory? a crashing library?)") from None  # fmt: skip
+                    if isinstance(exc, BaseException):
+                        raise exc.with_traceback(result[2] if isinstance(result, tuple) else None)
+                    raise InputError(f"{stage}: {items[i]} ended as {future.status}")
+                results[i] = result
                 bar.update(1)
                 fetched.append(future)
                 if len(fetched) >= 64 or time.monotonic() - last_release > 2.0:
