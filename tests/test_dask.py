@@ -343,6 +343,9 @@ def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, se
                                 progress=False) == n  # fmt: skip
         facts = executor.describe()
     assert facts["cluster"] == "address" and facts["scheduler"] == address_cluster and facts["workers"] == 2
+    with pytest.raises(InputError, match=r"the Dask scheduler at tcp://127\.0\.0\.1:\d+ has 2 worker\(s\) after 2 s, "
+                                         r"fewer than --workers 5"):  # fmt: skip
+        DaskExecutor(5, address=address_cluster, connect_timeout_s=2).client  # noqa: B018
     _assert_same_features(FeatureStore.open(tmp_path / "s", CFG), serial_store, names)
 
 
@@ -369,10 +372,10 @@ def test_an_unreachable_scheduler_fails_within_seconds_naming_it(tmp_path: Path,
     assert err.startswith(f"oxbench: error: cannot reach the Dask scheduler at {address} within 10 s")
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
     t0 = time.monotonic()
-    with pytest.raises(InputError, match=f"cannot reach the Dask scheduler at {address} within 10 s") as err2:
-        with DaskExecutor(1, address=address) as executor:
+    with pytest.raises(InputError, match=f"cannot reach the Dask scheduler at {address} within 2 s") as err2:
+        with DaskExecutor(1, address=address, connect_timeout_s=2) as executor:
             executor.check_paths({"cache": tmp_path})
-    assert "\n" not in str(err2.value) and time.monotonic() - t0 < 20
+    assert "\n" not in str(err2.value) and time.monotonic() - t0 < 10
 
 
 @pytest.mark.parametrize("address, problem", [
@@ -399,6 +402,20 @@ def test_a_bad_cluster_address_is_one_line(address: str, problem: str, monkeypat
 def test_a_bad_retry_bound_is_one_line(retries: object) -> None:
     with pytest.raises(InputError, match="retries must be a whole number from 0 to 100"):
         DaskExecutor(1, retries=retries)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("timeout", [0.0, float("nan"), float("inf"), -1.0])
+def test_a_bad_connect_timeout_is_one_line(timeout: float) -> None:
+    with pytest.raises(InputError, match="connect_timeout_s must be 0.1 .. 3600 seconds"):
+        DaskExecutor(1, connect_timeout_s=timeout)
+
+
+def test_a_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    from oxbench.errors import MissingExtraError
+
+    monkeypatch.setitem(sys.modules, "distributed", None)  # as if not installed
+    with pytest.raises(MissingExtraError, match=r'pip install "oxbench\[dask\]"'):
+        DaskExecutor(1).client  # noqa: B018
 
 
 def test_dask_is_not_imported_by_oxbench_or_its_help() -> None:

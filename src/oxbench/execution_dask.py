@@ -174,6 +174,7 @@ class DaskExecutor(Executor):
         cores: LocalCluster: the cores its workers share (default: this process's).
         address: an existing scheduler (default ``$OXBENCH_CLUSTER``; unset: a LocalCluster).
         retries: attempts of a task beyond the first (``0 .. MAX_RETRIES``).
+        connect_timeout_s: how long to wait for the scheduler (and the workers) before failing.
 
     Use it as a context manager, or call :meth:`close`: the LocalCluster stops there.
     """
@@ -181,7 +182,7 @@ class DaskExecutor(Executor):
     backend = "dask"
 
     def __init__(self, workers: int = 1, *, cores: int | None = None, address: str | None = None,
-                 retries: int = DEFAULT_RETRIES) -> None:  # fmt: skip
+                 retries: int = DEFAULT_RETRIES, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:  # fmt: skip
         super().__init__(workers, cores=cores)
         if address is None and os.environ.get(CLUSTER_ENV):
             address = check_cluster_address(os.environ[CLUSTER_ENV], what=CLUSTER_ENV)
@@ -189,6 +190,9 @@ class DaskExecutor(Executor):
         if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
             raise InputError(f"retries must be a whole number from 0 to {MAX_RETRIES}, got {retries!r}")
         self.retries = retries
+        if not 0.1 <= connect_timeout_s <= 3600:  # also refuses NaN
+            raise InputError(f"connect_timeout_s must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}")
+        self.connect_timeout_s = float(connect_timeout_s)
         self.retried = 0  # attempts beyond the first, over every stage so far
         self.stages: list[dict[str, Any]] = []
         self._client: Any = None
@@ -207,7 +211,7 @@ class DaskExecutor(Executor):
     def _connect(self) -> None:
         dask, distributed = _dask_modules()
         config = {"distributed.scheduler.allowed-failures": self.retries,
-                  "distributed.comm.timeouts.connect": f"{CONNECT_TIMEOUT_S}s",
+                  "distributed.comm.timeouts.connect": f"{self.connect_timeout_s}s",
                   "distributed.worker.daemon": True, "distributed.admin.system-monitor.gil.enabled": False}  # fmt: skip
         t0 = time.perf_counter()
         with dask.config.set(config):
@@ -218,7 +222,7 @@ class DaskExecutor(Executor):
                     memory_limit=0, silence_logs=logging.ERROR,
                 )  # fmt: skip
                 try:
-                    self._client = distributed.Client(self._cluster, timeout=CONNECT_TIMEOUT_S)
+                    self._client = distributed.Client(self._cluster, timeout=self.connect_timeout_s)
                 except BaseException:
                     self._cluster.close()
                     self._cluster = None
@@ -226,16 +230,16 @@ class DaskExecutor(Executor):
             else:
                 shown = safe_address(self.address)
                 try:
-                    self._client = distributed.Client(self.address, timeout=CONNECT_TIMEOUT_S)
+                    self._client = distributed.Client(self.address, timeout=self.connect_timeout_s)
                 except (OSError, TimeoutError) as exc:
-                    raise InputError(f"cannot reach the Dask scheduler at {shown} within {CONNECT_TIMEOUT_S:g} s "
+                    raise InputError(f"cannot reach the Dask scheduler at {shown} within {self.connect_timeout_s:g} s "
                                      f"({type(exc).__name__}); is it running, and reachable from here?") from None  # fmt: skip
                 try:
-                    self._client.wait_for_workers(self.workers, timeout=CONNECT_TIMEOUT_S)
+                    self._client.wait_for_workers(self.workers, timeout=self.connect_timeout_s)
                 except (OSError, TimeoutError):
                     n = len(self._client.scheduler_info().get("workers", {}))
                     self.close()
-                    raise InputError(f"the Dask scheduler at {shown} has {n} worker(s) after {CONNECT_TIMEOUT_S:g} s, "
+                    raise InputError(f"the Dask scheduler at {shown} has {n} worker(s) after {self.connect_timeout_s:g} s, "
                                      f"fewer than --workers {self.workers}") from None  # fmt: skip
         self._facts = self._client.run(_worker_facts)
         hosts: dict[str, int] = {}
@@ -380,10 +384,10 @@ class DaskExecutor(Executor):
         self._client = self._cluster = None
         if client is not None:
             with contextlib.suppress(Exception):
-                client.close(timeout=CONNECT_TIMEOUT_S)
+                client.close(timeout=self.connect_timeout_s)
         if cluster is not None:
             with contextlib.suppress(Exception):
-                cluster.close(timeout=CONNECT_TIMEOUT_S)
+                cluster.close(timeout=self.connect_timeout_s)
 
 
 EXECUTORS.register(DaskExecutor.backend, DaskExecutor)
