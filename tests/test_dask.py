@@ -250,6 +250,35 @@ def test_two_attempts_of_one_shard_at_once_commit_once(tmp_path: Path, cluster: 
     store.refresh()
     for name in names:
         np.testing.assert_array_equal(store.get_raw(name)[2], serial_store.get_raw(name)[2])
+    # each worker ran with its share of the cores: 2 workers x 1 thread on 2 cores
+    from oxbench.execution import thread_cap
+
+    assert cluster.threads_per_worker == 1 and set(cluster.client.run(thread_cap).values()) == {1}
+
+
+def test_a_shard_tampered_with_after_its_commit_is_described_again(tmp_path: Path, cluster: DaskExecutor,
+                                                                   serial_store: FeatureStore,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    import logging
+
+    n, size = 6, 2
+    names = [NoiseImages(n).name(i) for i in range(n)]
+    job = DescribeImages(NoiseImages(n), CFG)
+    folder = tmp_path / "s"
+    extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, executor=cluster, progress=False)
+    (raw,) = folder.glob("shard-000001-*/raw.npy")
+    data = bytearray(raw.read_bytes())
+    data[200] ^= 0xFF  # inside the sampled first page: seen when the store is opened
+    raw.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING)
+    store = FeatureStore.open(folder, CFG)
+    assert store.bad_shards == [1]
+    assert extract_to_store(job, n, store, shard_size=size, executor=cluster, progress=False) == size
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and str(raw) in r.getMessage()]
+    assert len(warned) == 1 and "does not match its recorded digest" in warned[0]  # one warning
+    _assert_clean_store(folder, n, n // size)
+    for name in names:
+        np.testing.assert_array_equal(FeatureStore.open(folder, CFG).get_raw(name)[2], serial_store.get_raw(name)[2])
 
 
 # ---------------------------------------------------------------------- partitions

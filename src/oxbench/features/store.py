@@ -53,6 +53,7 @@ into the descriptors it matches with (RootSIFT) by its ``finish`` on read.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -261,6 +262,7 @@ class FeatureStore:
         self._where: dict[str, tuple[int, int]] = {}
         self._found: dict[str, dict[str, Path]] = {}  # shard id -> its files, complete or not
         self._bad: list[str] = []
+        self._warned: set[str] = set()
         self._next_number = 0
 
     @property
@@ -401,8 +403,9 @@ class FeatureStore:
                 continue  # an earlier version's unfinished shard (deleted by :meth:`writing`)
             try:
                 shard = self._read_shard(self._number(sid), paths, full=full)
-            except CorruptCache as exc:
-                log.warning("%s; its images will be described again", exc)
+            except CorruptCache as exc:  # said once per shard, however often the store is re-read
+                (log.debug if sid in self._warned else log.warning)("%s; its images will be described again", exc)
+                self._warned.add(sid)
                 self.bad_shards.append(self._number(sid))
                 self._bad.append(sid)
                 continue
@@ -659,7 +662,7 @@ class DescribeShard:
         items = [self.describe(i) for i in task.items]
         receipt = write_shard_folder(self.directory, task.number, items, self.config, plan=self.plan, tag=self.tag,
                                      folder=task.folder)  # fmt: skip
-        return ShardReceipt(**{**receipt.__dict__, "seconds": time.perf_counter() - t0})
+        return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
 
 
 def plan_shards(names: Sequence[str], shard_size: int, have: Iterable[str] = ()) -> list[ShardTask]:
