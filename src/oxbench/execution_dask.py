@@ -154,6 +154,11 @@ def _missing_paths(paths: Mapping[str, str], probe: tuple[str, str] | None) -> s
     return None
 
 
+def _allowed_failures(dask_scheduler: Any) -> int:
+    """On the scheduler: how many workers may die under one task before it is given up."""
+    return int(dask_scheduler.allowed_failures)
+
+
 def _task_attempts(dask_scheduler: Any, keys: Sequence[str], retries: int) -> int:
     """On the scheduler: how many attempts beyond the first the tasks ``keys`` took."""
     extra = 0
@@ -194,6 +199,7 @@ class DaskExecutor(Executor):
             raise InputError(f"connect_timeout_s must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}")
         self.connect_timeout_s = float(connect_timeout_s)
         self.retried = 0  # attempts beyond the first, over every stage so far
+        self.allowed_failures = retries  # deaths of a task's worker tolerated (the scheduler's own, with an address)
         self.stages: list[dict[str, Any]] = []
         self._client: Any = None
         self._cluster: Any = None
@@ -241,6 +247,9 @@ class DaskExecutor(Executor):
                     self.close()
                     raise InputError(f"the Dask scheduler at {shown} has {n} worker(s) after {self.connect_timeout_s:g} s, "
                                      f"fewer than --workers {self.workers}") from None  # fmt: skip
+        if self.address is not None:  # a running scheduler keeps its own bound for dead workers
+            with contextlib.suppress(Exception):
+                self.allowed_failures = int(self._client.run_on_scheduler(_allowed_failures))
         self._facts = self._client.run(_worker_facts)
         hosts: dict[str, int] = {}
         for addr, facts in self._facts.items():
@@ -321,7 +330,8 @@ class DaskExecutor(Executor):
                     exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
                     if isinstance(exc, KilledWorker):
                         raise InputError(f"{stage}: {items[i]} failed on every attempt: a worker died under each of "
-                                         f"its {self.retries + 1} attempts (out of memory? a crashing library?)") from None  # fmt: skip
+                                         f"its {self.allowed_failures + 1} attempts (out of memory? a crashing "
+                                         "library?)") from None  # fmt: skip
                     if isinstance(exc, BaseException):
                         raise exc.with_traceback(result[2] if isinstance(result, tuple) else None)
                     raise InputError(f"{stage}: {items[i]} ended as {future.status}")
@@ -339,7 +349,8 @@ class DaskExecutor(Executor):
             bar.close()
             retried += self._release(fetched, futures)
             if not done:
-                client.cancel([f for f in futures if f is not None])
+                with contextlib.suppress(Exception):
+                    client.cancel(futures)
             with contextlib.suppress(Exception):
                 client.unregister_worker_plugin(plugin)
             self.retried += retried
@@ -370,11 +381,14 @@ class DaskExecutor(Executor):
         return super().threads_per_worker
 
     def describe(self) -> dict[str, Any]:
-        """Backend, cluster kind, scheduler address (no credentials), workers, retries, stages."""
+        """Backend, cluster kind, scheduler address (no credentials), workers, the retry bounds
+        (``retries`` of a task that raises, ``allowed_failures`` of a task whose worker dies), the
+        attempts ``retried`` beyond the first, and per stage its tasks, retries and wall time."""
         return {
             "backend": self.backend, "cluster": "local" if self.address is None else "address",
             "scheduler": self.scheduler, "workers": len(self._facts) if self._facts else self.workers,
-            "threads_per_worker": self.threads_per_worker, "retries": self.retries, "retried": self.retried,
+            "threads_per_worker": self.threads_per_worker, "retries": self.retries,
+            "allowed_failures": self.allowed_failures, "retried": self.retried,
             "stages": list(self.stages),
         }  # fmt: skip
 

@@ -550,7 +550,8 @@ def _check_execution(execution: Any, path: Path) -> None:
 
     ``backend`` (``serial``, ``processes``, ``dask``), ``workers`` and ``threads_per_worker``
     (positive integers); with Dask also ``cluster`` (``local`` or ``address``), ``scheduler`` (an
-    address without credentials, or null), ``retries`` (the bound) and ``retried`` (task attempts
+    address without credentials, or null), ``retries`` and ``allowed_failures`` (the bounds for a
+    task that raises and for one whose worker dies) and ``retried`` (task attempts
     beyond the first, over the run), and ``stages``: per parallel stage its ``stage`` name, ``tasks``,
     ``retried``, ``complete`` and wall ``seconds``.
     """
@@ -558,7 +559,7 @@ def _check_execution(execution: Any, path: Path) -> None:
     _need(_is_text(execution.get("backend")), "'execution.backend' must be a non-empty string", path)
     for key in ("workers", "threads_per_worker"):
         _need(_is_int(execution.get(key)) and execution[key] >= 1, f"'execution.{key}' must be a positive integer", path)
-    for key in ("retries", "retried"):
+    for key in ("retries", "allowed_failures", "retried"):
         _need(key not in execution or (_is_int(execution[key]) and execution[key] >= 0),
               f"'execution.{key}' must be a non-negative integer", path)  # fmt: skip
     _need("cluster" not in execution or execution["cluster"] in ("local", "address"),
