@@ -59,6 +59,15 @@ class DieOnRead(NoiseImages):
         return super().read(i)
 
 
+class NeedsGpu:
+    """A job that asks for a GPU (as a CNN's would) and says which process ran it."""
+
+    resources = {"GPU": 1}
+
+    def __call__(self, i: int) -> int:
+        return os.getpid()
+
+
 def _drive(store_dir: str, n: int, shard_size: int, delay: float) -> None:
     from oxbench.execution_dask import DaskExecutor
     from oxbench.features.store import DescribeImages, FeatureStore, extract_to_store

@@ -30,7 +30,7 @@ pytest.importorskip("cv2")
 psutil = pytest.importorskip("psutil")
 
 import oxbench  # noqa: E402
-from dask_jobs import CFG, DieOnRead, NoiseImages  # noqa: E402
+from dask_jobs import CFG, DieOnRead, NeedsGpu, NoiseImages  # noqa: E402
 from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
 from oxbench.execution import SerialExecutor, make_executor  # noqa: E402
@@ -343,9 +343,9 @@ def address_cluster(tmp_path: Path) -> Iterator[str]:
         while not info.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         address = json.loads(info.read_text())["address"]
-        for _ in range(2):
+        for extra in (["--resources", "GPU=1"], []):  # one worker offers a (pretend) GPU
             procs.append(subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                                           "--no-dashboard", "--no-nanny"], env=_env(),
+                                           "--no-dashboard", "--no-nanny", *extra], env=_env(),
                                           stderr=subprocess.DEVNULL))  # fmt: skip
         yield address
     finally:
@@ -371,6 +371,11 @@ def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, se
         assert extract_to_store(DescribeImages(NoiseImages(n), CFG), n, store, executor=executor, shard_size=2,
                                 progress=False) == n  # fmt: skip
         facts = executor.describe()
+        # a job that asks for a GPU runs on the worker that offers one, and only there
+        gpu_pids = set(executor.map(NeedsGpu(), list(range(6))))
+        gpu_worker = [pid for addr, pid in executor.worker_pids.items()
+                      if executor.client.scheduler_info()["workers"][addr]["resources"].get("GPU")]  # fmt: skip
+        assert gpu_pids == set(gpu_worker) and len(gpu_worker) == 1
     assert facts["cluster"] == "address" and facts["scheduler"] == address_cluster and facts["workers"] == 2
     with pytest.raises(InputError, match=r"the Dask scheduler at tcp://127\.0\.0\.1:\d+ has 2 worker\(s\) after 2 s, "
                                          r"fewer than --workers 5"):  # fmt: skip

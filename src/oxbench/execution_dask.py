@@ -26,6 +26,9 @@ worker -- at most :attr:`DaskExecutor.retries` times, Dask's ``allowed-failures`
 that raises (``retries=``); the retries of each stage are counted and recorded in the run record. A
 task that fails on every attempt stops the run with one line naming the item (the shard).
 
+Resources: a job with a ``resources`` attribute (``{"GPU": 1}``) has its tasks run only on workers
+that offer it (``dask worker --resources GPU=1``), as many at once as they offer.
+
 Threads: each task caps the numeric libraries of its worker process to ``cores of its machine //
 task slots on that machine`` (:func:`oxbench.execution.limit_threads`), so ``workers x threads``
 never exceeds the cores.
@@ -313,8 +316,12 @@ class DaskExecutor(Executor):
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", stage)[:40]
         plugin = f"oxbench-job-{slug}-{token}"
         client.register_plugin(_job_installer(token, job), name=plugin)
+        # a job that needs a scarce resource says so (``resources = {"GPU": 1}``): its tasks then run
+        # only on workers started with it (``dask worker --resources GPU=1``), one per unit
+        resources = getattr(job, "resources", None) or None
         futures = [client.submit(_run_item, token, item, self._per_host, key=f"oxbench-{slug}-{token}-{i}",
-                                 retries=self.retries, pure=False) for i, item in enumerate(items)]  # fmt: skip
+                                 retries=self.retries, pure=False, resources=resources)
+                   for i, item in enumerate(items)]  # fmt: skip
         index = {f.key: i for i, f in enumerate(futures)}
         results: dict[int, Any] = {}
         fetched: list[Any] = []  # futures whose result is here, released in batches after their attempts are counted
