@@ -285,8 +285,8 @@ class DaskExecutor(Executor):
         """
         if self.address is None or not paths:
             return
-        folders = {what: str(Path(p).resolve()) for what, p in paths.items()}
-        last = make_folder(list(folders.values())[-1])
+        folders = {what: str(make_folder(Path(p).resolve())) for what, p in paths.items()}  # the driver's side
+        last = Path(list(folders.values())[-1])
         token = uuid.uuid4().hex
         probe = last / f"{TEMP_PREFIX}probe-{token}"
         atomic_write_text(probe, token)
