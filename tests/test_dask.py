@@ -358,15 +358,20 @@ def address_cluster(tmp_path: Path) -> Iterator[str]:
                 p.kill()
 
 
-def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, serial_store: FeatureStore) -> None:
+def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, serial_store: FeatureStore,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    import oxbench.execution_dask as dask_backend
+
     n = 12
     names = [NoiseImages(n).name(i) for i in range(n)]
     with make_executor("dask", 2, cluster=address_cluster) as executor:
         assert isinstance(executor, DaskExecutor)
         executor.check_paths({"data root": tmp_path, "cache": tmp_path / "cache"})
-        with pytest.raises(InputError, match=r"dask worker tcp://127\.0\.0\.1:\d+ \(host .*\) cannot see the data root "
-                                             r".*nowhere; the workers need the data root and the cache"):
-            executor.check_paths({"data root": tmp_path / "nowhere", "cache": tmp_path / "cache"})
+        with monkeypatch.context() as patch:  # a folder this process has and the workers do not
+            patch.setattr(dask_backend, "make_folder", Path)
+            with pytest.raises(InputError, match=r"dask worker tcp://127\.0\.0\.1:\d+ \(host .*\) cannot see the data "
+                                                 r"root .*nowhere; the workers need the data root and the cache"):
+                executor.check_paths({"data root": tmp_path / "nowhere", "cache": tmp_path / "cache"})
         store = FeatureStore.open(tmp_path / "s", CFG)
         assert extract_to_store(DescribeImages(NoiseImages(n), CFG), n, store, executor=executor, shard_size=2,
                                 progress=False) == n  # fmt: skip
