@@ -285,7 +285,7 @@ def test_executors_return_results_in_item_order() -> None:
     items = list(range(23))
     assert list(SerialExecutor().map(_square, items)) == [x * x for x in items]
     assert list(ProcessExecutor(2).map(_square, items)) == [x * x for x in items]
-    assert sorted(EXECUTORS.names()) == ["processes", "serial"]
+    assert sorted(EXECUTORS.names()) == ["dask", "processes", "serial"]
     assert ProcessExecutor(2, cores=2).threads_per_worker == 1
     assert ProcessExecutor(3, cores=2).threads_per_worker == 1
     assert ProcessExecutor(1, cores=8).threads_per_worker == 8
@@ -323,7 +323,7 @@ def test_a_bad_worker_count_is_one_line(workers: object) -> None:
 
 
 def test_an_unknown_backend_is_one_line() -> None:
-    with pytest.raises(InputError, match="unknown execution backend 'mpi'; known: processes, serial"):
+    with pytest.raises(InputError, match="unknown execution backend .mpi.; known: dask, processes, serial"):
         make_executor("mpi", 2)
 
 

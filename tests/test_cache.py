@@ -56,6 +56,12 @@ SRC = ArrayImages([textured_image(40 + i, 160, 120) for i in range(7)])
 CFG = SiftConfig(n_features=100)
 
 
+def _shard_file(folder: Path, number: int, name: str) -> Path:
+    """A file of committed shard ``number`` (its folder is ``shard-<number>-<digest of its names>``)."""
+    (found,) = folder.glob(f"shard-{number:06d}-*/{name}")
+    return found
+
+
 def _fill(folder: Path, **kwargs: Any) -> FeatureStore:
     store = FeatureStore.open(folder, CFG)
     extract_to_store(DescribeImages(SRC, CFG), len(SRC), store, shard_size=3, progress=False, **kwargs)
@@ -82,13 +88,15 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> FeatureStore:
 def test_truncated_shard_is_described_again(tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture) -> None:
     """Before: ``mmap length is greater than file size`` (a traceback) on the first read."""
     _fill(tmp_path / "s")
-    raw = tmp_path / "s" / "shard-000001.raw.npy"
+    raw = _shard_file(tmp_path / "s", 1, "raw.npy")
     _truncate(raw)
     store = FeatureStore.open(tmp_path / "s", CFG)
     assert str(raw) in _warnings(caplog) and "truncated" in _warnings(caplog)
     assert len(store) == 4 and store.bad_shards == [1]  # the damaged shard is never read
     extract_to_store(DescribeImages(SRC, CFG), len(SRC), store, shard_size=3, progress=False)
-    assert not (tmp_path / "s" / "shard-000001.index.npz").exists()  # the bad shard is gone
+    # the bad shard was replaced by a new commit of the same images
+    assert raw.stat().st_size == _shard_file(clean.directory, 1, "raw.npy").stat().st_size
+    assert FeatureStore.open(tmp_path / "s", CFG).bad_shards == []
     _assert_same(FeatureStore.open(tmp_path / "s", CFG), clean)
 
 
@@ -96,24 +104,25 @@ def test_flipped_bytes_of_the_right_size_are_never_used(tmp_path: Path, clean: F
                                                         caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """Before: the wrong features were used silently (E 93.07 became 81.13)."""
     _fill(tmp_path / "s")
-    raw = tmp_path / "s" / "shard-000000.raw.npy"
+    raw = _shard_file(tmp_path / "s", 0, "raw.npy")
     size = raw.stat().st_size
     assert 4096 < size // 4 < size // 2 - 2048  # the flip lies outside the sampled first/middle/last 4 KiB
     _flip(raw, size // 4)
     store = FeatureStore.open(tmp_path / "s", CFG)
     assert len(store) == 7  # the cheap open-time check cannot see it ...
-    with pytest.raises(CorruptCache, match=r"shard-000000\.raw\.npy: corrupt cache file: the features of image"):
+    with pytest.raises(CorruptCache, match=r"shard-000000-[0-9a-f]{12}/raw\.npy: corrupt cache file: the features of image"):
         for name in SRC.names[:3]:  # ... the per-image checksum on read does
             store.get_raw(name)
     # the full check (what the pipeline runs after such a find) drops the shard; it is redone
     store = _fill(tmp_path / "s", full_check=True)
-    assert "shard-000000.raw.npy" in _warnings(caplog)
+    assert str(raw) in _warnings(caplog)
     _assert_same(store, clean)
     # a flip inside a sampled page is caught when the store is opened
     caplog.clear()
-    _flip(tmp_path / "s" / "shard-000002.kp.npy", 200)
+    kp = _shard_file(tmp_path / "s", 2, "kp.npy")
+    _flip(kp, 200)
     assert FeatureStore.open(tmp_path / "s", CFG).bad_shards == [2]
-    assert "shard-000002.kp.npy" in _warnings(caplog) and "sampled" in _warnings(caplog)
+    assert str(kp) in _warnings(caplog) and "sampled" in _warnings(caplog)
     _assert_same(_fill(tmp_path / "s"), clean)
 
 
@@ -121,7 +130,7 @@ def test_corrupt_index_and_metadata_are_rebuilt(tmp_path: Path, clean: FeatureSt
                                                 caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """Before: ``BadZipFile`` / a JSON error as a traceback or "delete the folder"."""
     _fill(tmp_path / "s")
-    index = tmp_path / "s" / "shard-000001.index.npz"
+    index = _shard_file(tmp_path / "s", 1, "index.npz")
     index.write_bytes(b"PK\x03\x04" + b"\0" * 40)
     assert FeatureStore.open(tmp_path / "s", CFG).bad_shards == [1]
     assert f"{index}: corrupt cache file: unreadable feature-shard index" in _warnings(caplog)
@@ -211,8 +220,8 @@ def test_corrupt_caches_are_recomputed_to_the_same_numbers(tiny: dict[str, Any],
     _run(method, bench, train, cache)
     vocab = steps.vocabulary_path(cache, method.vocabulary(), train)
     words = cache / steps.dataset_key(bench) / "words" / f"{vocab.stem}-k1"
-    db_raw = steps.features_dir(cache, bench, method.features, "database") / "shard-000000.raw.npy"
-    q_raw = steps.features_dir(cache, bench, method.features, "queries") / "shard-000000.raw.npy"
+    db_raw = _shard_file(steps.features_dir(cache, bench, method.features, "database"), 0, "raw.npy")
+    q_raw = _shard_file(steps.features_dir(cache, bench, method.features, "queries"), 0, "raw.npy")
     _truncate(db_raw)  # caught when the store is opened
     _flip(vocab, vocab.stat().st_size // 2)  # caught by the vocabulary's digest
     _truncate(words / "database.npz")  # caught by the words file's digest
@@ -257,7 +266,7 @@ def test_a_second_writer_waits_then_reuses(tmp_path: Path, clean: FeatureStore, 
     worker.join(60)
     assert not errors and not worker.is_alive()
     assert "describing" not in caplog.text  # it reused the other's shards
-    assert len(list(folder.glob("*.index.npz"))) == 3
+    assert len(list(folder.glob("shard-*/index.npz"))) == 3
     _assert_same(FeatureStore.open(folder, CFG), clean)
 
 
@@ -368,7 +377,7 @@ SYNTH = ["--landmarks", "2", "--queries-per-landmark", "1", "--db-size", "4", "-
 
 
 def _nothing_complete(folder: Path) -> None:
-    assert not list(folder.rglob("manifest.json")) and not list(folder.rglob("*.index.npz"))
+    assert not list(folder.rglob("manifest.json")) and not list(folder.rglob("*index.npz"))
     assert not [p for p in folder.rglob(f"{fileio.TEMP_PREFIX}*") if p.is_file()]
 
 

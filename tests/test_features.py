@@ -261,3 +261,24 @@ def test_store_refuses_duplicate_names(tmp_path: Path) -> None:
     cfg = SiftConfig(n_features=10)
     with pytest.raises(InputError, match="appears twice"):
         extract_to_store(DescribeImages(src, cfg), 2, FeatureStore.open(tmp_path / "s", cfg), progress=False)
+
+
+def test_a_store_of_flat_shard_files_stays_warm(tmp_path: Path) -> None:
+    """Stores written before shard folders (``shard-000000.{kp.npy,raw.npy,index.npz}``) are read
+    as they are: nothing is described again, and the features are the same."""
+    src = ArrayImages([textured_image(50 + i, 160, 120) for i in range(5)])
+    cfg = SiftConfig(n_features=60)
+    store = FeatureStore.open(tmp_path / "s", cfg)
+    extract_to_store(DescribeImages(src, cfg), len(src), store, shard_size=2, progress=False)
+    before = _all(FeatureStore.open(tmp_path / "s", cfg), src.names)
+    for number, folder in enumerate(sorted((tmp_path / "s").glob("shard-*"))):
+        for name in ("kp.npy", "raw.npy", "index.npz"):
+            (folder / name).rename(tmp_path / "s" / f"shard-{number:06d}.{name}")
+        folder.rmdir()
+    flat = FeatureStore.open(tmp_path / "s", cfg)
+    assert len(flat) == 5 and flat.bad_shards == []
+    assert extract_to_store(DescribeImages(src, cfg), len(src), flat, shard_size=2, progress=False) == 0
+    for a, b in zip(before, _all(FeatureStore.open(tmp_path / "s", cfg), src.names), strict=True):
+        assert a[0] == b[0] and a[3] == b[3]
+        np.testing.assert_array_equal(a[2], b[2])
+    assert not list((tmp_path / "s").glob("shard-*/"))  # no shard was written again

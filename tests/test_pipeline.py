@@ -151,10 +151,10 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         assert scores == sorted(scores, reverse=True)
 
     # the same config again: a second record beside the first, caches reused (no new shards)
-    shards = sorted(cache.rglob("*.index.npz"))
+    shards = sorted(cache.rglob("shard-*/index.npz"))
     second = run("synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
                  overrides={"vocab_size": 200, **TINY}, progress=False)
-    assert sorted(cache.rglob("*.index.npz")) == shards
+    assert sorted(cache.rglob("shard-*/index.npz")) == shards
     assert second.run_dir != rd and rd.is_dir() and len(list_runs(out)) == 2
     second_record = json.loads((second.run_dir / "record.json").read_text())
     assert second_record["cache"]["vocabulary"] == "hit"

@@ -171,6 +171,15 @@ REGRESSIONS = {
         '"name": "q00"', '"name": "q\\u0000"')), "'name' must be a non-empty string without NUL"),
     "command-not-list": (lambda run: _edit(run / "record.json", command="oxbench run"), "'command' must be a list"),
     "timings-not-numbers": (lambda run: _edit(run / "timings.json", total="1 s"), "seconds per stage"),
+    "execution-credentials": (lambda run: _edit(run / "record.json", execution={
+        "backend": "dask", "workers": 2, "threads_per_worker": 1, "scheduler": "tcp://u:pw@host:8786"}),
+        "'execution.scheduler' must be an address without credentials"),
+    "execution-negative-retries": (lambda run: _edit(run / "record.json", execution={
+        "backend": "dask", "workers": 2, "threads_per_worker": 1, "retried": -1}),
+        "'execution.retried' must be a non-negative integer"),
+    "execution-stage-without-seconds": (lambda run: _edit(run / "record.json", execution={
+        "backend": "dask", "workers": 2, "threads_per_worker": 1, "stages": [{"stage": "x", "tasks": 1}]}),
+        "'execution.stages' entries need"),
 }
 
 

@@ -16,7 +16,12 @@ Backends (:data:`EXECUTORS`; one module each, registered by name):
 
 - ``serial`` -- every item in this process, in order;
 - ``processes`` -- ``workers`` spawned processes of :mod:`oxbench.workers` (they die with this
-  process and stop with it on Ctrl-C or an error).
+  process and stop with it on Ctrl-C or an error);
+- ``dask`` -- Dask distributed (:mod:`oxbench.execution_dask`, the extra ``oxbench[dask]``): an
+  embedded LocalCluster, or an existing cluster's scheduler (``address``).
+
+An executor may hold resources across stages (a cluster): use it as a context manager, or call
+:meth:`Executor.close` when the run ends.
 
 Threads: a worker runs BLAS / OpenMP / OpenCV / faiss / torch with :attr:`Executor.threads_per_worker`
 threads, so that ``workers x threads`` never exceeds the cores the executor was given
@@ -29,7 +34,7 @@ import logging
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 from oxbench.errors import InputError
@@ -191,6 +196,22 @@ class Executor(ABC):
         """What the run record says about where the work ran."""
         return {"backend": self.backend, "workers": self.workers, "threads_per_worker": self.threads_per_worker}
 
+    def check_paths(self, paths: Mapping[str, str | os.PathLike[str]]) -> None:  # noqa: B027 - optional hook
+        """Make sure the workers see ``paths`` (``{what: folder}``: the data root, the cache).
+
+        Local backends share this process's file system and check nothing; a cluster's workers
+        may not (:class:`oxbench.execution_dask.DaskExecutor`).
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the executor holds across stages (a cluster); local backends hold nothing."""
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class SerialExecutor(Executor):
     """Every item in this process, in order (the numeric libraries keep their own thread counts)."""
@@ -266,7 +287,11 @@ class ProcessExecutor(Executor):
 
 
 #: Execution backends by name; a new backend is one module that registers its class here.
-EXECUTORS: Registry[type[Executor]] = Registry("execution backend")
+def _load_backends() -> None:
+    import oxbench.execution_dask  # noqa: F401 - registers "dask"; imports no dask until used
+
+
+EXECUTORS: Registry[type[Executor]] = Registry("execution backend", loader=_load_backends)
 EXECUTORS.register(SerialExecutor.backend, SerialExecutor)
 EXECUTORS.register(ProcessExecutor.backend, ProcessExecutor)
 
@@ -278,11 +303,27 @@ def check_workers(workers: object) -> int:
     return workers
 
 
-def make_executor(backend: str = "processes", workers: int | None = None, *, cores: int | None = None) -> Executor:
+def make_executor(
+    backend: str = "processes", workers: int | None = None, *, cores: int | None = None, cluster: str | None = None
+) -> Executor:
     """The executor of ``backend`` with ``workers`` workers (default: one per available core).
 
+    Args:
+        backend: a name of :data:`EXECUTORS`.
+        workers: how many items run at once (with an existing Dask cluster: how many of its
+            workers to wait for; default there: 1).
+        cores: the cores the executor may use.
+        cluster: the scheduler address of an existing cluster (``dask`` only).
+
     Raises:
-        InputError: an unknown backend, or a worker count that is not 1 .. :data:`MAX_WORKERS`.
+        InputError: an unknown backend, a worker count that is not 1 .. :data:`MAX_WORKERS`, a
+            cluster address with a backend that has none.
     """
     cls = EXECUTORS.get(backend)
+    if cluster is not None:
+        if backend != "dask":
+            raise InputError(f"a cluster address needs the dask engine (--engine dask), not {backend!r}")
+        return cls(1 if workers is None else workers, cores=cores, address=cluster)  # type: ignore[call-arg]
+    if backend == "dask" and workers is None and os.environ.get("OXBENCH_CLUSTER"):
+        workers = 1  # an existing cluster's workers are its own
     return cls(available_cores() if workers is None else workers, cores=cores)

@@ -224,6 +224,64 @@ def atomic_copy(src: str | Path, dest: str | Path, *, link: bool = False) -> Pat
     return dest
 
 
+def make_temp_folder(final: str | Path, *, tag: str = "") -> Path:
+    """A new, uniquely named, empty temporary folder beside ``final`` (user's umask mode), to be
+    filled and then committed by :func:`commit_folder`.
+
+    Its name starts with :data:`TEMP_PREFIX` and the name of ``final``, then ``tag`` (e.g. the
+    token of the run that owns it, so that run can clean up its own dead attempts).
+
+    Raises:
+        InputError: the parent cannot be created or written.
+    """
+    final = Path(final)
+    _make_parent(final)
+    try:
+        tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.{tag}{'.' if tag else ''}", dir=final.parent)
+        file_mode()  # reads the umask once
+        os.chmod(tmp, 0o777 & ~(_UMASK or 0))  # mkdtemp makes 0700; a shared cache needs the umask's
+    except OSError as exc:
+        raise InputError(f"cannot create a folder: {os_reason(exc)}", final.parent) from None
+    return Path(tmp)
+
+
+def commit_folder(tmp: str | Path, final: str | Path) -> bool:
+    """Commit the complete folder ``tmp`` as ``final`` by one rename; the first commit wins.
+
+    Returns ``True`` when this call committed it, ``False`` when ``final`` already existed (another
+    attempt committed first): then ``tmp`` is removed and ``final`` is left as it is. Either way
+    ``tmp`` is gone afterwards. ``final`` must never be a link.
+
+    Raises:
+        InputError: the OS refuses the rename for another reason (names the path and the reason).
+    """
+    tmp, final = Path(tmp), Path(final)
+    try:
+        if os.path.lexists(final):  # rename(2) would replace an empty folder, or a link's target
+            raise FileExistsError(errno.EEXIST, "exists")
+        os.rename(tmp, final)
+        return True
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) or isinstance(exc, FileExistsError):
+            return False
+        raise InputError(f"cannot commit: {os_reason(exc)}", final) from None
+
+
+def discard_folder(folder: str | Path) -> None:
+    """Remove a committed folder so that it disappears at once (renamed to a temporary name, then
+    deleted): a reader sees it whole or not at all."""
+    folder = Path(folder)
+    trash = folder.with_name(f"{TEMP_PREFIX}{folder.name}.discarded.{os.getpid()}.{time.monotonic_ns()}")
+    try:
+        os.rename(folder, trash)
+    except FileNotFoundError:
+        return
+    except OSError:
+        trash = folder
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def remove_stale_temps(
     folder: str | Path, *, older_than_s: float = 3600.0, patterns: tuple[str, ...] = ()
 ) -> int:

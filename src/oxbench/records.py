@@ -621,6 +621,37 @@ def _cross_check(metrics: Mapping[str, Any], protocol: str, per_query: Mapping[s
 _RECORD_TEXT = ("run_id", "method", "dataset", "started")
 
 
+def _check_execution(execution: Any, path: Path) -> None:
+    """``record.json``'s ``execution``: where the parallel stages ran.
+
+    ``backend`` (``serial``, ``processes``, ``dask``), ``workers`` and ``threads_per_worker``
+    (positive integers); with Dask also ``cluster`` (``local`` or ``address``), ``scheduler`` (an
+    address without credentials, or null), ``retries`` and ``allowed_failures`` (the bounds for a
+    task that raises and for one whose worker dies) and ``retried`` (task attempts
+    beyond the first, over the run), and ``stages``: per parallel stage its ``stage`` name, ``tasks``,
+    ``retried``, ``complete`` and wall ``seconds``.
+    """
+    _need(isinstance(execution, dict), "'execution' must be an object", path)
+    _need(_is_text(execution.get("backend")), "'execution.backend' must be a non-empty string", path)
+    for key in ("workers", "threads_per_worker"):
+        _need(_is_int(execution.get(key)) and execution[key] >= 1, f"'execution.{key}' must be a positive integer", path)
+    for key in ("retries", "allowed_failures", "retried"):
+        _need(key not in execution or (_is_int(execution[key]) and execution[key] >= 0),
+              f"'execution.{key}' must be a non-negative integer", path)  # fmt: skip
+    _need("cluster" not in execution or execution["cluster"] in ("local", "address"),
+          "'execution.cluster' must be 'local' or 'address'", path)  # fmt: skip
+    scheduler = execution.get("scheduler")
+    _need(scheduler is None or (_is_text(scheduler) and "@" not in scheduler),
+          "'execution.scheduler' must be an address without credentials, or null", path)  # fmt: skip
+    stages = execution.get("stages", [])
+    _need(isinstance(stages, list), "'execution.stages' must be a list", path)
+    for st in stages:
+        ok = (isinstance(st, dict) and _is_text(st.get("stage")) and _is_int(st.get("tasks"))
+              and _is_int(st.get("retried")) and isinstance(st.get("complete"), bool)
+              and isinstance(st.get("seconds"), int | float) and not isinstance(st.get("seconds"), bool))  # fmt: skip
+        _need(ok, "'execution.stages' entries need stage, tasks, retried, complete, seconds", path)
+
+
 @dataclass(frozen=True, eq=False)
 class RunRecord:
     """One run (a run-id folder), read and checked. Build it with :meth:`load`.
@@ -692,6 +723,8 @@ class RunRecord:
             _need(key not in record or isinstance(record[key], dict), f"{key!r} must be an object", rec_path)
         if record.get("label") is not None:
             check_label(record["label"], source=f"{rec_path}: 'label'")
+        if "execution" in record:
+            _check_execution(record["execution"], rec_path)
         ds_path = folder / "dataset.json"
         dataset = read_record_json(ds_path)
         _need(isinstance(dataset, dict), "expected a JSON object", ds_path)

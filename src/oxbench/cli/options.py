@@ -42,15 +42,40 @@ def parse_setting(text: str) -> tuple[str, object]:
 
 #: The help of ``--workers``, the same on every command that runs parallel stages.
 WORKERS_HELP = ("Workers of the parallel stages (local-feature extraction, word assignment, spatial "
-                "verification, aggregation, image rendering): processes with --engine processes. "
+                "verification, aggregation, image rendering): processes with --engine processes, "
+                "LocalCluster workers with --engine dask, the workers to wait for with --cluster. "
                 "Default: one per available core.")  # fmt: skip
 
 
 def execution_options(f: Any) -> Any:
-    """``--workers`` and ``--engine``: where the parallel stages run (:mod:`oxbench.execution`)."""
+    """``--workers``, ``--engine``, ``--cluster`` and ``--shard-size``: where and in which units the
+    parallel stages run (:mod:`oxbench.execution`)."""
+    f = click.option("--cluster", default=None, metavar="tcp://HOST:PORT",
+                     help="With --engine dask: the scheduler of an existing Dask cluster, whose workers "
+                          "see the data root and cache at the same paths (default: $OXBENCH_CLUSTER, "
+                          "else an embedded LocalCluster on 127.0.0.1).")(f)  # fmt: skip
+    f = click.option("--shard-size", type=click.IntRange(1, 1_000_000), default=None,
+                     help="Images per write-once shard of the local-feature stores (default 64): the "
+                          "unit of work of a worker and of --partition.")(f)  # fmt: skip
     f = click.option("--engine", default="processes", show_default=True,
-                     help="Execution backend of the parallel stages: processes or serial.")(f)  # fmt: skip
+                     help="Execution backend of the parallel stages: processes, serial, or dask "
+                          '(pip install "oxbench[dask]").')(f)  # fmt: skip
     return click.option("--workers", type=int, default=None, help=WORKERS_HELP)(f)
+
+
+def parse_partition(text: str | None) -> tuple[int, int] | None:
+    """``--partition I/N`` (``0 <= I < N``) as ``(I, N)``, else one line."""
+    if text is None:
+        return None
+    i, sep, n = text.partition("/")
+    if not sep or not i.isdigit() or not n.isdigit():
+        raise InputError(f"--partition takes I/N (0 <= I < N, e.g. 0/4 for $SLURM_ARRAY_TASK_ID/4), got {text!r}")
+    from oxbench.features.store import check_partition
+
+    try:
+        return check_partition((int(i), int(n)))
+    except InputError:
+        raise InputError(f"--partition: I/N needs 0 <= I < N <= 1000000, got {text!r}") from None
 
 
 def parse_workers(n: int | None) -> int | None:

@@ -48,7 +48,7 @@ from oxbench.cli.options import (
 def run(
     dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
     cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
-    max_side: int | None, top_r: int | None, workers: int | None, engine: str, distractors: str | None, top_k: int,
+    max_side: int | None, top_r: int | None, workers: int | None, engine: str, cluster: str | None, shard_size: int | None, distractors: str | None, top_k: int,
     allow_partial: bool, overwrite: bool, label: str | None, as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
@@ -77,7 +77,7 @@ def run(
         overrides["spatial_top_r"] = top_r
     outcome = run_method(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
-        overrides=overrides, workers=parse_workers(workers), engine=engine, overwrite=overwrite, top_k=top_k,
+        overrides=overrides, workers=parse_workers(workers), engine=engine, cluster=cluster, shard_size=shard_size, overwrite=overwrite, top_k=top_k,
         progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
         strict=not allow_partial, command=["oxbench", *sys.argv[1:]], label=label,
     )  # fmt: skip

@@ -1,33 +1,49 @@
-"""A resumable on-disk store of local features, keyed by image name.
+"""A resumable on-disk store of local features, keyed by image name, written in write-once shards.
 
 Layout of one store folder (one per dataset part and extraction config)::
 
-    <dir>/meta.json                    config that built it (refused when it differs), with its digest
-    <dir>/shard-000000.kp.npy          float32 [n_features, 4] keypoints of the shard's images
-    <dir>/shard-000000.raw.npy         [n_features, dim] descriptors as the extractor stores them
-                                       (uint8 SIFT histograms for SIFT / RootSIFT)
-    <dir>/shard-000000.index.npz       names, per-image feature counts and image sizes, checksums
-    <dir>/.lock                        held by the one process that writes the store
+    <dir>/meta.json                        config that built it (refused when it differs), with its digest
+    <dir>/plan.json                        the shard plan of the last extraction (size, count, digest)
+    <dir>/shard-000000-<items digest>/     one committed shard (a folder that appears whole, by one rename):
+        kp.npy                             float32 [n_features, 4] keypoints of the shard's images
+        raw.npy                            [n_features, dim] descriptors as the extractor stores them
+                                           (uint8 SIFT histograms for SIFT / RootSIFT)
+        index.npz                          names, per-image feature counts and image sizes, checksums
+    <dir>/.lock                            held by the process that drives an extraction
 
-A shard is complete when its ``.index.npz`` exists: every file is written through a uniquely named
-temporary file and a rename (:mod:`oxbench.fileio`), the index last, so an interrupted extraction
-leaves no shard that looks complete, and the next run simply describes the images whose names are in
-no complete shard. Data files are memory-mapped on read so that fetching one image's features
-(spatial verification) costs one slice, not a shard load.
+The shard protocol (the same whatever executes it: this process, local worker processes, a Dask
+cluster, or independent ``--partition`` processes):
+
+- the *plan* cuts the images, in benchmark order, into shards of a fixed size (``shard_size``);
+  its digest (of the names and the size) is recorded in ``plan.json`` and in every shard;
+- shard ``k`` describes the images of planned shard ``k`` that the store does not hold yet -- a pure
+  function of those images and the config -- into a uniquely named temporary folder, and commits it
+  by renaming the folder to ``shard-<k>-<digest of its image names>``. Two attempts of the same
+  shard (a retried task whose first worker was only slow, two partition processes) race for the
+  same name: the first rename wins, the loser removes its temporary folder;
+- the task returns a small :class:`ShardReceipt` (counts, digest), never features; the driver
+  submits only the shards with missing images, then re-reads the store and assembles in shard order.
+
+So an interrupted extraction leaves no shard that looks complete, and the next run describes only
+the images whose names are in no committed shard. Data files are memory-mapped on read so that
+fetching one image's features (spatial verification) costs one slice, not a shard load. Stores
+written by earlier oxbench versions (flat ``shard-000000.{kp.npy,raw.npy,index.npz}`` files) are
+still read, so their caches stay warm.
 
 The store cannot lie (:mod:`oxbench.cache`). What is checked, and when:
 
-- ``meta.json`` and each ``.index.npz``: a full SHA-256 of their content, on every open;
-- each ``.kp.npy`` / ``.raw.npy``: its size and a *sampled* digest (:func:`oxbench.fileio.
+- ``meta.json`` and each ``index.npz``: a full SHA-256 of their content, on every open;
+- each ``kp.npy`` / ``raw.npy``: its size and a *sampled* digest (:func:`oxbench.fileio.
   sampled_digest` of its first, middle and last 4 KiB) on every open -- cheap enough for a million
   images, and it catches truncation exactly -- and, with ``full=True`` (after a corruption was found
   late), its full SHA-256;
 - every image's keypoints and descriptors: a CRC-32 recorded per image, checked on every read, so
   a flipped byte anywhere is caught before the features are used.
 
-A shard that fails an open-time check is logged as a warning naming the file and left out (its
-images are described again by the next extraction, which deletes it); a failed per-image check
-raises :class:`~oxbench.cache.CorruptCache`, which the pipeline turns into the same recomputation.
+A shard that fails an open-time check (tampered with after its commit) is logged as a warning
+naming the file and left out (its images are described again by the next extraction, which deletes
+it); a failed per-image check raises :class:`~oxbench.cache.CorruptCache`, which the pipeline turns
+into the same recomputation.
 
 Descriptors are stored as the extractor stores them (:class:`~oxbench.features.local.LocalExtractor`:
 its ``stored_dtype`` and ``dim``; raw SIFT histograms, exactly representable as ``uint8``) and turned
@@ -37,10 +53,13 @@ into the descriptors it matches with (RootSIFT) by its ``finish`` on read.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import re
+import time
+import uuid
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,25 +69,33 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import CorruptCache, entry_lock, load_npz, save_npz
+from oxbench.cache import DIGEST_KEY, CorruptCache, entry_lock, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.execution import Executor, SerialExecutor
 from oxbench.features.local import LocalExtractor, LocalFeatures
 from oxbench.fileio import (
+    TEMP_PREFIX,
     atomic_write_json,
     atomic_write_npy,
+    commit_folder,
+    discard_folder,
     file_sha256,
     json_digest,
     make_folder,
+    make_temp_folder,
     read_input_bytes,
     remove_stale_temps,
     sampled_digest,
+    text_digest,
 )
 
 log = logging.getLogger(__name__)
 
 STORE_FORMAT = 1
-_SHARD_RE = re.compile(r"^shard-(\d{6})\.(index\.npz|kp\.npy|raw\.npy)$")
+#: Images per planned shard unless the caller says otherwise.
+DEFAULT_SHARD_SIZE = 64
+_LEGACY_RE = re.compile(r"^shard-(\d{6})\.(index\.npz|kp\.npy|raw\.npy)$")
+_SHARD_DIR_RE = re.compile(r"^shard-(\d{6})-([0-9a-f]{12})$")
 
 # (name, keypoints, stored descriptors, (width, height))
 RawFeatures = tuple[str, NDArray[np.float32], NDArray[Any], tuple[int, int]]
@@ -86,13 +113,131 @@ def _crc(array: NDArray) -> int:
 @dataclass
 class _Shard:
     number: int
+    paths: dict[str, Path]  # "index.npz", "kp.npy", "raw.npy" -> file
     names: NDArray[np.str_]
     offsets: NDArray[np.int64]  # [n_images + 1]
     sizes: NDArray[np.int32]  # [n_images, 2]
     kp_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's keypoint rows
     raw_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's descriptor rows
+    digest: str = ""  # content digest of its index (what a receipt names)
     _kp: NDArray[np.float32] | None = None
     _raw: NDArray[Any] | None = None
+
+
+@dataclass(frozen=True)
+class ShardTask:
+    """One planned shard to describe: its number and the indices of the images it still lacks.
+
+    Attributes:
+        number: the shard's place in the plan (``0 ..``); results are assembled in this order.
+        items: image indices (benchmark order) that this shard describes.
+        folder: the committed folder's name, ``shard-<number>-<digest of the image names>``.
+    """
+
+    number: int
+    items: tuple[int, ...]
+    folder: str
+
+    def __str__(self) -> str:
+        return f"shard {self.number} ({self.folder}, {len(self.items)} images from #{self.items[0]})"
+
+
+@dataclass(frozen=True)
+class ShardReceipt:
+    """What a shard task returns instead of its data (small enough for any scheduler).
+
+    Attributes:
+        number: the shard.
+        folder: its committed folder name.
+        images: images described.
+        features: keypoints in all.
+        digest: content digest of the shard's ``index.npz`` (identical for identical features).
+        committed: this attempt's rename won (``False``: another attempt had committed first).
+        seconds: wall time of the task.
+    """
+
+    number: int
+    folder: str
+    images: int
+    features: int
+    digest: str
+    committed: bool
+    seconds: float = 0.0
+
+
+def shard_folder_name(number: int, names: Sequence[str]) -> str:
+    """``shard-<number>-<12 hex of the digest of its image names>``: the same images, the same name."""
+    return f"shard-{number:06d}-{text_digest(chr(10).join(names), 12)}"
+
+
+def plan_digest(names: Sequence[str], shard_size: int) -> str:
+    """Digest of a shard plan: the image names in order and the shard size."""
+    return json_digest({"names": list(names), "shard_size": int(shard_size)})
+
+
+def write_shard_folder(
+    directory: Path, number: int, items: Sequence[RawFeatures], config: LocalExtractor, *,
+    plan: str = "", tag: str = "", folder: str | None = None,
+) -> ShardReceipt:  # fmt: skip
+    """Write one shard into a unique temporary folder of ``directory`` and commit it by one rename.
+
+    The first commit of a folder name wins; a later attempt of the same shard removes its temporary
+    folder and reports ``committed=False``. Nothing outside the temporary folder is touched before
+    the rename, so a killed attempt leaves only a temporary folder (removed by the run that owns
+    ``tag``, or after an hour by anyone).
+
+    Args:
+        directory: the store folder.
+        number: the shard's number in the plan.
+        items: its images' raw features, in plan order.
+        config: the extraction config (the descriptors' dtype and dimension).
+        plan: the plan's digest, recorded in the shard.
+        tag: put in the temporary folder's name (the owning run's token).
+        folder: the committed name (default :func:`shard_folder_name`).
+
+    Raises:
+        ValueError: no items, or descriptors of another dtype / dimension than the config's.
+    """
+    t0 = time.perf_counter()
+    if not items:
+        raise ValueError("empty shard")
+    names = np.array([it[0] for it in items])
+    final = Path(directory) / (folder or shard_folder_name(number, names.tolist()))
+    counts = np.array([len(it[1]) for it in items], np.int64)
+    sizes = np.array([it[3] for it in items], np.int32).reshape(-1, 2)
+    kps = [np.asarray(it[1], np.float32).reshape(-1, 4) for it in items]
+    dtype, dim = np.dtype(config.stored_dtype), config.dim
+    raws = []
+    for it in items:
+        raw = np.asarray(it[2])
+        if raw.dtype != dtype or raw.ndim != 2 or raw.shape[1] != dim:
+            raise ValueError(f"image {it[0]!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]")
+        raws.append(raw)
+    tmp = make_temp_folder(final, tag=tag)
+    try:
+        files = {}
+        for suffix, parts in (("kp.npy", kps), ("raw.npy", raws)):
+            path = tmp / suffix
+            atomic_write_npy(path, np.concatenate(parts))
+            files[suffix] = {
+                "size": path.stat().st_size,
+                "sampled_sha256": sampled_digest(path, sample=_SAMPLE),
+                "sha256": file_sha256(path),
+            }
+        arrays = {
+            "names": names, "counts": counts, "sizes": sizes,
+            "kp_crc": np.array([_crc(k) for k in kps], np.uint32),
+            "raw_crc": np.array([_crc(r) for r in raws], np.uint32),
+            "files": np.array(json.dumps(files, sort_keys=True)), "plan": np.array(plan),
+        }  # fmt: skip
+        save_npz(tmp / "index.npz", arrays)
+        digest = str(load_npz(tmp / "index.npz", what="feature-shard index")[DIGEST_KEY])
+    except BaseException:
+        discard_folder(tmp)
+        raise
+    committed = commit_folder(tmp, final)
+    return ShardReceipt(number, final.name, len(items), int(counts.sum()), digest, committed,
+                        time.perf_counter() - t0)  # fmt: skip
 
 
 class FeatureStore:
@@ -115,7 +260,9 @@ class FeatureStore:
         self.bad_shards: list[int] = []
         self._shards: list[_Shard] = []
         self._where: dict[str, tuple[int, int]] = {}
-        self._numbers: set[int] = set()
+        self._found: dict[str, dict[str, Path]] = {}  # shard id -> its files, complete or not
+        self._bad: list[str] = []
+        self._warned: set[str] = set()
         self._next_number = 0
 
     @property
@@ -166,7 +313,8 @@ class FeatureStore:
                 problem = store._check_meta()  # another process may have made it meanwhile
                 if isinstance(problem, CorruptCache):
                     log.warning("%s; emptying the store and describing its images again", problem)
-                    store._remove_shards(store._shard_numbers())
+                    store._scan()
+                    store._remove_shards(store._found)
                 if problem is not None:
                     atomic_write_json(directory / "meta.json", {**expected, "digest": json_digest(expected)})
         store.refresh()
@@ -200,19 +348,43 @@ class FeatureStore:
             )
         return None
 
-    def _shard_numbers(self) -> set[int]:
-        """Numbers of every shard file in the folder, complete or not."""
+    def _scan(self) -> None:
+        """Find every shard in the folder, complete or not: committed shard folders, and the flat
+        ``shard-NNNNNN.*`` files of stores written by earlier oxbench versions."""
+        found: dict[str, dict[str, Path]] = {}
         try:
             entries = os.listdir(self.directory)
         except FileNotFoundError:
-            return set()
-        return {int(m.group(1)) for m in map(_SHARD_RE.match, entries) if m}
+            entries = []
+        numbers = []
+        for entry in entries:
+            if m := _SHARD_DIR_RE.match(entry):
+                folder = self.directory / entry
+                found[entry] = {s: folder / s for s in ("index.npz", *_DATA_FILES)}
+                numbers.append(int(m.group(1)))
+            elif m := _LEGACY_RE.match(entry):
+                stem = f"shard-{m.group(1)}"
+                found[stem] = {s: self.directory / f"{stem}.{s}" for s in ("index.npz", *_DATA_FILES)}
+                numbers.append(int(m.group(1)))
+        # earlier versions' flat shards first: a shard folder holding the same image wins
+        self._found = dict(sorted(found.items(), key=lambda kv: (kv[1]["index.npz"].parent != self.directory, kv[0])))
+        self._next_number = max(numbers) + 1 if numbers else 0
 
-    def _remove_shards(self, numbers: Iterable[int]) -> None:
-        """Delete shards' files, index first (call with the store's lock held)."""
-        for number in sorted(numbers):
-            for suffix in ("index.npz", *_DATA_FILES):
-                self._path(number, suffix).unlink(missing_ok=True)
+    @staticmethod
+    def _number(shard_id: str) -> int:
+        return int(shard_id[6:12])
+
+    def _remove_shards(self, shard_ids: Iterable[str]) -> None:
+        """Delete shards (call with the store's lock held, or for shards only this process writes)."""
+        for sid in sorted(shard_ids):
+            paths = self._found.get(sid)
+            if paths is None:
+                continue
+            if paths["index.npz"].parent == self.directory:  # an earlier version's flat files, index first
+                for suffix in ("index.npz", *_DATA_FILES):
+                    paths[suffix].unlink(missing_ok=True)
+            else:
+                discard_folder(paths["index.npz"].parent)
 
     def refresh(self, *, full: bool = False) -> None:
         """Re-read the list of complete shards (after another process wrote some).
@@ -223,30 +395,38 @@ class FeatureStore:
         self._shards.clear()
         self._where.clear()
         self.bad_shards = []
-        self._numbers = self._shard_numbers()
-        for number in sorted(self._numbers):
-            if not self._path(number, "index.npz").exists():
-                continue
+        self._bad = []
+        self._scan()
+        for sid, paths in self._found.items():
+            legacy = paths["index.npz"].parent == self.directory
+            if legacy and not paths["index.npz"].exists():
+                continue  # an earlier version's unfinished shard (deleted by :meth:`writing`)
             try:
-                shard = self._read_shard(number, full=full)
-            except CorruptCache as exc:
-                log.warning("%s; its images will be described again", exc)
-                self.bad_shards.append(number)
+                shard = self._read_shard(self._number(sid), paths, full=full)
+            except CorruptCache as exc:  # said once per shard, however often the store is re-read
+                (log.debug if sid in self._warned else log.warning)("%s; its images will be described again", exc)
+                self._warned.add(sid)
+                self.bad_shards.append(self._number(sid))
+                self._bad.append(sid)
                 continue
-            si = len(self._shards)
-            self._shards.append(shard)
-            for j, name in enumerate(shard.names.tolist()):
-                self._where[name] = (si, j)
-        self._next_number = (max(self._numbers) + 1) if self._numbers else 0
+            self._add(shard)
 
-    def _corrupt(self, number: int, problem: str, path: Path) -> CorruptCache:
+    def _add(self, shard: _Shard) -> None:
+        si = len(self._shards)
+        self._shards.append(shard)
+        for j, name in enumerate(shard.names.tolist()):
+            self._where[name] = (si, j)
+
+    def _corrupt(self, number: int, paths: dict[str, Path], problem: str, path: Path) -> CorruptCache:
         """The error for a damaged shard: deleting it makes its images be described again."""
-        files = tuple(self._path(number, s) for s in ("index.npz", *_DATA_FILES))
+        files = tuple(paths[s] for s in ("index.npz", *_DATA_FILES))
         return CorruptCache(problem, path, discard=files, lock=self.lock_path)
 
-    def _read_shard(self, number: int, *, full: bool) -> _Shard:
-        index_path = self._path(number, "index.npz")
-        bad = self._corrupt(number, "", index_path)
+    def _read_shard(self, number: int, paths: dict[str, Path], *, full: bool) -> _Shard:
+        index_path = paths["index.npz"]
+        bad = self._corrupt(number, paths, "", index_path)
+        if not index_path.exists():
+            raise self._corrupt(number, paths, "committed feature shard without its index", index_path)
         z = load_npz(index_path, what="feature-shard index", discard=bad.discard, lock=bad.lock)
         try:
             names, counts, sizes = z["names"], z["counts"], z["sizes"]
@@ -256,28 +436,44 @@ class FeatureStore:
             if not (counts.shape == kp_crc.shape == raw_crc.shape == (n,) and sizes.shape == (n, 2)):
                 raise ValueError("arrays of different lengths")
         except (KeyError, ValueError, TypeError) as exc:
-            raise self._corrupt(number, f"malformed feature-shard index ({exc})", index_path) from None
+            raise self._corrupt(number, paths, f"malformed feature-shard index ({exc})", index_path) from None
+        folder = index_path.parent
+        if folder != self.directory and folder.name != shard_folder_name(number, names.tolist()):
+            raise self._corrupt(number, paths, "feature shard holds other images than its name says", index_path)
         for suffix in _DATA_FILES:
-            path = self._path(number, suffix)
+            path = paths[suffix]
             rec = files.get(suffix, {}) if isinstance(files, dict) else {}
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
-                raise self._corrupt(number, "feature shard data file missing", path) from None
+                raise self._corrupt(number, paths, "feature shard data file missing", path) from None
             if size != rec.get("size"):
                 raise self._corrupt(
-                    number, f"feature shard is {size:,} bytes, {rec.get('size')} were written (truncated?)", path
+                    number, paths, f"feature shard is {size:,} bytes, {rec.get('size')} were written (truncated?)", path
                 )
             if sampled_digest(path, sample=_SAMPLE) != rec.get("sampled_sha256"):
-                raise self._corrupt(number, "feature shard does not match its recorded digest (sampled)", path)
+                raise self._corrupt(number, paths, "feature shard does not match its recorded digest (sampled)", path)
             if full and file_sha256(path) != rec.get("sha256"):
-                raise self._corrupt(number, "feature shard does not match its recorded digest", path)
+                raise self._corrupt(number, paths, "feature shard does not match its recorded digest", path)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return _Shard(number, names, offsets, sizes, kp_crc, raw_crc)
+        return _Shard(number, paths, names, offsets, sizes, kp_crc, raw_crc, str(z[DIGEST_KEY]))
 
-    def _path(self, number: int, suffix: str) -> Path:
-        return self.directory / f"shard-{number:06d}.{suffix}"
+    def shard_digests(self) -> dict[str, str]:
+        """``{committed shard folder name: content digest of its index}`` (flat shards left out)."""
+        return {s.paths["index.npz"].parent.name: s.digest for s in self._shards
+                if s.paths["index.npz"].parent != self.directory}  # fmt: skip
+
+    def clean(self) -> None:
+        """Re-read the store and delete its corrupt shards and earlier versions' unfinished ones
+        (call with the lock held, or where no other process reads the store)."""
+        self.refresh()
+        stale = set(self._bad) | {sid for sid, p in self._found.items()
+                                  if p["index.npz"].parent == self.directory and not p["index.npz"].exists()}  # fmt: skip
+        if stale:
+            self._remove_shards(stale)
+            for sid in stale:
+                self._found.pop(sid, None)
 
     @contextlib.contextmanager
     def writing(self, *, full: bool = False) -> Iterator[FeatureStore]:
@@ -287,12 +483,10 @@ class FeatureStore:
         sees its shards. ``full``: check the data files in full (see :meth:`refresh`).
         """
         with entry_lock(self.lock_path, what=f"the feature store {self.directory}"):
-            self.refresh(full=full)
-            stale = set(self.bad_shards) | {n for n in self._numbers if not self._path(n, "index.npz").exists()}
-            if stale:
-                self._remove_shards(stale)
-                self._numbers -= stale
-                self._next_number = (max(self._numbers) + 1) if self._numbers else 0
+            if full:
+                self.refresh(full=True)
+                self._remove_shards(self._bad)
+            self.clean()
             yield self
 
     # ------------------------------------------------------------------ reading
@@ -320,13 +514,13 @@ class FeatureStore:
         if shard._kp is None or shard._raw is None:
             arrays = []
             for suffix, cols in zip(_DATA_FILES, (4, self.config.dim), strict=True):
-                path = self._path(shard.number, suffix)
+                path = shard.paths[suffix]
                 try:
                     a = np.load(path, mmap_mode="r", allow_pickle=False)
                     if a.ndim != 2 or a.shape != (int(shard.offsets[-1]), cols):
                         raise ValueError(f"shape {a.shape}")
                 except Exception as exc:  # noqa: BLE001 - any failure to map a damaged file
-                    raise self._corrupt(shard.number, f"unreadable feature shard ({exc})", path) from None
+                    raise self._corrupt(shard.number, shard.paths, f"unreadable feature shard ({exc})", path) from None
                 arrays.append(a)
             shard._kp, shard._raw = arrays
         return shard._kp, shard._raw
@@ -351,8 +545,8 @@ class FeatureStore:
         for suffix, arr, want in (("kp.npy", kp_i, shard.kp_crc[j]), ("raw.npy", raw_i, shard.raw_crc[j])):
             if _crc(arr) != int(want):
                 raise self._corrupt(
-                    shard.number, f"the features of image {name!r} do not match their recorded checksum",
-                    self._path(shard.number, suffix),
+                    shard.number, shard.paths, f"the features of image {name!r} do not match their recorded checksum",
+                    shard.paths[suffix],
                 )
         w, h = (int(v) for v in shard.sizes[j])
         return name, kp_i, raw_i, (w, h)
@@ -391,49 +585,19 @@ class FeatureStore:
 
     # ------------------------------------------------------------------ writing
     def write_shard(self, items: Sequence[RawFeatures]) -> Path:
-        """Append one complete shard; the index file is written last (its presence = complete).
+        """Commit one more shard of ``items`` (numbered after every shard in the folder) and add it.
 
-        Call it inside :meth:`writing` when other processes may write the same store.
+        Call it inside :meth:`writing` when other processes may write the same store;
+        :func:`extract_to_store` writes planned shards instead.
         """
-        if not items:
-            raise ValueError("empty shard")
         number = self._next_number
         self._next_number += 1
-        self._numbers.add(number)
-        names = np.array([it[0] for it in items])
-        counts = np.array([len(it[1]) for it in items], np.int64)
-        sizes = np.array([it[3] for it in items], np.int32).reshape(-1, 2)
-        kps = [np.asarray(it[1], np.float32).reshape(-1, 4) for it in items]
-        dtype, dim = np.dtype(self.config.stored_dtype), self.config.dim
-        raws = []
-        for it in items:
-            raw = np.asarray(it[2])
-            if raw.dtype != dtype or raw.ndim != 2 or raw.shape[1] != dim:
-                raise ValueError(f"image {it[0]!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]")
-            raws.append(raw)
-        files = {}
-        for suffix, parts in (("kp.npy", kps), ("raw.npy", raws)):
-            path = self._path(number, suffix)
-            atomic_write_npy(path, np.concatenate(parts))
-            files[suffix] = {
-                "size": path.stat().st_size,
-                "sampled_sha256": sampled_digest(path, sample=_SAMPLE),
-                "sha256": file_sha256(path),
-            }
-        kp_crc = np.array([_crc(k) for k in kps], np.uint32)
-        raw_crc = np.array([_crc(r) for r in raws], np.uint32)
-        index_path = self._path(number, "index.npz")
-        save_npz(index_path, {
-            "names": names, "counts": counts, "sizes": sizes, "kp_crc": kp_crc, "raw_crc": raw_crc,
-            "files": np.array(json.dumps(files, sort_keys=True)),
-        })  # fmt: skip
-        offsets = np.zeros(len(names) + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        si = len(self._shards)
-        self._shards.append(_Shard(number, names, offsets, sizes, kp_crc, raw_crc))
-        for j, name in enumerate(names.tolist()):
-            self._where[name] = (si, j)
-        return index_path
+        receipt = write_shard_folder(self.directory, number, items, self.config)
+        folder = self.directory / receipt.folder
+        paths = {s: folder / s for s in ("index.npz", *_DATA_FILES)}
+        self._found[receipt.folder] = paths
+        self._add(self._read_shard(number, paths, full=False))
+        return paths["index.npz"]
 
 
 # ---------------------------------------------------------------------- extraction jobs
@@ -481,58 +645,154 @@ class DescribeQueries:
         return self.queries.name(i), kp, raw, (int(w), int(h))
 
 
+class DescribeShard:
+    """Picklable job of the shard protocol: describe one planned shard's images, commit the shard,
+    return its :class:`ShardReceipt` (the features stay on disk)."""
+
+    def __init__(self, describe: DescribeImages | DescribeQueries, directory: Path, config: LocalExtractor, *,
+                 plan: str, tag: str) -> None:  # fmt: skip
+        self.describe = describe
+        self.directory = Path(directory)
+        self.config = config
+        self.plan = plan
+        self.tag = tag
+
+    def __call__(self, task: ShardTask) -> ShardReceipt:
+        t0 = time.perf_counter()
+        items = [self.describe(i) for i in task.items]
+        receipt = write_shard_folder(self.directory, task.number, items, self.config, plan=self.plan, tag=self.tag,
+                                     folder=task.folder)  # fmt: skip
+        return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
+
+
+def plan_shards(names: Sequence[str], shard_size: int, have: Iterable[str] = ()) -> list[ShardTask]:
+    """The shard plan of ``names`` (benchmark order, ``shard_size`` images per shard), as the tasks
+    of the shards that still lack images (those not in ``have``); a shard done in full is left out."""
+    done = set(have)
+    tasks = []
+    for number, start in enumerate(range(0, len(names), shard_size)):
+        items = tuple(i for i in range(start, min(start + shard_size, len(names))) if names[i] not in done)
+        if items:
+            tasks.append(ShardTask(number, items, shard_folder_name(number, [names[i] for i in items])))
+    return tasks
+
+
+def check_partition(partition: object) -> tuple[int, int] | None:
+    """``(i, n)``: this process computes the planned shards whose number is ``i`` modulo ``n``
+    (``0 <= i < n``, as SLURM array and Kubernetes indexed-job indices count), else one line."""
+    if partition is None:
+        return None
+    ok = (isinstance(partition, tuple) and len(partition) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in partition))  # fmt: skip
+    if not ok or not (1 <= partition[1] <= 1_000_000 and 0 <= partition[0] < partition[1]):  # type: ignore[index]
+        raise InputError(f"partition must be I/N with 0 <= I < N <= 1000000, got {partition!r}")
+    return partition  # type: ignore[return-value]
+
+
 def extract_to_store(
     job: DescribeImages | DescribeQueries,
     n_items: int,
     store: FeatureStore,
     *,
     executor: Executor | None = None,
-    shard_size: int = 64,
+    shard_size: int = DEFAULT_SHARD_SIZE,
     progress: bool = True,
     desc: str = "features",
     stop_after: int | None = None,
     full_check: bool = False,
+    partition: tuple[int, int] | None = None,
 ) -> int:
-    """Describe every item the store does not hold yet, writing complete shards as it goes.
+    """Describe every item the store does not hold yet, by the shard protocol (module docstring).
 
     Resumable: items whose name is already in a complete, intact shard are skipped, so an
     interrupted call repeated gives the same store as an uninterrupted one. Corrupt and incomplete
     shards are deleted and their images described again. The store's lock is held throughout: a
-    second process extracting into the same store waits, then finds the work done.
+    second process extracting into the same store waits, then finds the work done -- except with
+    ``partition``, where processes run side by side on disjoint shards and the commit protocol
+    alone keeps them apart.
 
     Args:
         job: what to run per item index (``DescribeImages`` / ``DescribeQueries``).
         n_items: items ``0 .. n_items - 1`` are described.
         store: where the features go.
-        executor: where the items are described (:mod:`oxbench.execution`; default: this process).
-        shard_size: images per shard (one shard is lost at most on interruption).
-        progress: show a tqdm bar.
+        executor: where the shards are described (:mod:`oxbench.execution`; default: this process).
+        shard_size: images per planned shard (one shard's work is lost at most on interruption).
+        progress: show a tqdm bar (one step per shard).
         desc: the bar's label.
         stop_after: stop after this many shards (tests use it to simulate an interruption).
         full_check: hash the existing shards' data files in full, not only sampled.
+        partition: ``(i, n)``: describe only the planned shards numbered ``i`` modulo ``n``
+            (:func:`check_partition`).
 
     Returns:
         How many images were described (0: every image came from the store).
+
+    Raises:
+        InputError: duplicate names, a bad shard size or partition, or shards whose images are
+            missing after their tasks returned.
     """
     names = [job.name(i) for i in range(n_items)]
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise InputError(f"image name {dup!r} appears twice; the store is keyed by name")
-    with store.writing(full=full_check):
-        todo = [i for i in range(n_items) if names[i] not in store]
-        if not todo:
+    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or not 1 <= shard_size <= 1_000_000:
+        raise InputError(f"shard_size must be a whole number from 1 to 1000000, got {shard_size!r}")
+    partition = check_partition(partition)
+    what = f"the feature store {store.directory}"
+    with contextlib.ExitStack() as stack:
+        if partition is None:
+            stack.enter_context(store.writing(full=full_check))
+        else:  # only the clean-up is exclusive: partitions compute side by side
+            with entry_lock(store.lock_path, what=what):
+                if full_check:
+                    store.refresh(full=True)
+                    store._remove_shards(store._bad)
+                store.clean()
+        tasks = plan_shards(names, shard_size, store.names)
+        if partition is not None:
+            tasks = [t for t in tasks if t.number % partition[1] == partition[0]]
+        if not tasks:
             return 0
-        log.info("describing %d of %d images into %s", len(todo), n_items, store.directory)
         if stop_after is not None:
-            todo = todo[: stop_after * shard_size]
-        shard: list[RawFeatures] = []
-        run = (executor or SerialExecutor()).map(job, todo, desc=desc, unit="img", progress=progress)
+            tasks = tasks[:stop_after]
+        plan = plan_digest(names, shard_size)
+        n_plan = -(-n_items // shard_size)
+        atomic_write_json(store.directory / "plan.json", {"images": n_items, "shard_size": shard_size,
+                                                         "shards": n_plan, "digest": plan})  # fmt: skip
+        n_todo = sum(len(t.items) for t in tasks)
+        log.info("describing %d of %d images (%d of %d shards) into %s", n_todo, n_items, len(tasks), n_plan,
+                 store.directory)  # fmt: skip
+        tag = uuid.uuid4().hex[:12]
+        shard_job = DescribeShard(job, store.directory, store.config, plan=plan, tag=tag)
+        run = (executor or SerialExecutor()).map(shard_job, tasks, desc=desc, unit="shard", progress=progress)
         with contextlib.closing(run):  # an error here stops the workers at once
-            for features in run:
-                shard.append(features)
-                if len(shard) == shard_size:
-                    store.write_shard(shard)
-                    shard = []
-        if shard:
-            store.write_shard(shard)
-    return len(todo)
+            receipts = list(run)
+        dead = _remove_own_temps(store.directory, tag)
+        if dead:
+            log.info("%d attempt(s) of a shard died before committing; their temporary folders are removed", dead)
+        store.refresh()
+        _check_receipts(store, tasks, receipts, names)
+    return n_todo
+
+
+def _remove_own_temps(directory: Path, tag: str) -> int:
+    """Delete the temporary folders of this extraction's attempts that died before their commit."""
+    dead = list(directory.glob(f"{TEMP_PREFIX}shard-*.{tag}.*"))
+    for path in dead:
+        discard_folder(path)
+    return len(dead)
+
+
+def _check_receipts(store: FeatureStore, tasks: Sequence[ShardTask], receipts: Sequence[ShardReceipt],
+                    names: Sequence[str]) -> None:  # fmt: skip
+    """Every task's images are in the store, under the folder its receipt names, with its digest."""
+    digests = store.shard_digests()
+    for task, receipt in zip(tasks, receipts, strict=True):
+        missing = [names[i] for i in task.items if names[i] not in store]
+        if missing or receipt.folder != task.folder or receipt.folder not in digests:
+            raise InputError(f"{task}: {len(missing) or len(task.items)} image(s) missing from the store after "
+                             f"the shard was committed, e.g. {(missing or [names[task.items[0]]])[0]!r}",
+                             store.directory)  # fmt: skip
+        if digests[receipt.folder] != receipt.digest:
+            log.warning("%s: the committed copy differs from a later attempt's (is the extractor deterministic?)",
+                        task)  # fmt: skip

@@ -15,6 +15,12 @@ written as::
 which is what ``oxbench evaluate revisited --dataset ID --db-features <out>/db.npy
 --query-features <out>/queries.npy [--distractors N]`` reads. Every file is written atomically and
 ``extract.json`` last, after every descriptor has been computed.
+
+The partition mode (:func:`extract_partition`, ``oxbench extract --partition I/N``) is for array
+jobs without a scheduler (SLURM arrays, Kubernetes indexed jobs): each of N processes describes
+only its share of the local-feature shards of a dataset (the write-once shards of
+:mod:`oxbench.features.store`; partitions run side by side on the same cache), and the same
+command without ``--partition`` (or ``oxbench run``) then finds every shard committed and combines.
 """
 
 from __future__ import annotations
@@ -30,12 +36,14 @@ import numpy as np
 from oxbench.datasets import load
 from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError, require_installed
-from oxbench.execution import available_cores, make_executor
+from oxbench.execution import Executor, available_cores, make_executor
+from oxbench.features.local import LocalExtractor
+from oxbench.features.store import DEFAULT_SHARD_SIZE, check_partition, extract_to_store
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
 from oxbench.pipelines.families.global_descriptors import GlobalConfig, GlobalDescriptors
 from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
 from oxbench.pipelines.runner import DEFAULT_TRAIN_DATASET
-from oxbench.pipelines.steps import part_names
+from oxbench.pipelines.steps import extraction_job, open_store, part_names, parts_of
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,8 @@ def extract_descriptors(
     strict: bool = True,
     workers: int | None = 1,
     engine: str = "processes",
+    cluster: str | None = None,
+    shard_size: int | None = None,
     decode_threads: int | None = None,
     progress: bool = True,
 ) -> ExtractOutcome:
@@ -94,7 +104,9 @@ def extract_descriptors(
             warnings and ``extract.json``, zero descriptors).
         workers: workers of the parallel stages (SIFT extraction, VLAD aggregation), through
             the ``engine`` executor (:mod:`oxbench.execution`).
-        engine: the execution backend (``processes``, ``serial``).
+        engine: the execution backend (``processes``, ``serial``, ``dask``).
+        cluster: with ``engine="dask"``, an existing scheduler (default: a LocalCluster).
+        shard_size: images per write-once shard of the local-feature stores (default 64).
         decode_threads: threads that decode images for a CNN (default: the available cores).
         progress: progress bars.
 
@@ -111,6 +123,22 @@ def extract_descriptors(
         check_output_path(out / name)
     root_path = data_root(root)
     m.check_inputs(root_path)
+    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+    executor = make_executor(engine, workers, cluster=cluster)
+    try:
+        executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
+        return _extract(m, dataset, out, root_path, cache_dir, executor, train_dataset=train_dataset,
+                        distractors=distractors, strict=strict, decode_threads=decode_threads, progress=progress,
+                        shard_size=shard_size)
+    finally:
+        executor.close()
+
+
+def _extract(
+    m: GlobalConfig, dataset: str, out: Path, root_path: Path, cache_dir: Path, executor: Executor, *,
+    train_dataset: str | None, distractors: str | int | None, strict: bool, decode_threads: int | None,
+    progress: bool, shard_size: int | None,
+) -> ExtractOutcome:  # fmt: skip
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     train = None
     if m.needs_training:
@@ -118,9 +146,9 @@ def extract_descriptors(
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
         train = load(train_id, root_path, strict=strict, progress=progress)
-    ctx = RunContext(Path(cache) if cache is not None else root_path / "_cache",
-                     executor=make_executor(engine, workers), progress=progress, allow_partial=not strict,
-                     root=root_path, decode_threads=decode_threads or available_cores())
+    ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
+                     root=root_path, decode_threads=decode_threads or available_cores(),
+                     shard_size=shard_size or DEFAULT_SHARD_SIZE)
     impl = m.build()
     assert isinstance(impl, GlobalDescriptors)
     impl.fit(train, ctx)
@@ -148,3 +176,65 @@ def extract_descriptors(
     atomic_write_json(out / "extract.json", info)
     log.info("wrote %d database and %d query descriptors (%d-D) to %s", db.shape[0], queries.shape[0], db.shape[1], out)
     return ExtractOutcome(out, bench.gt.n_db, bench.n_distractors, int(queries.shape[0]), int(db.shape[1]), info)
+
+
+def local_features_of(m: MethodConfig) -> LocalExtractor | None:
+    """The local features a method extracts (bag of words, ASMK, VLAD), or ``None`` (a CNN, files)."""
+    features = getattr(m, "features", None)
+    if not isinstance(features, LocalExtractor):
+        return None
+    if isinstance(m, GlobalConfig) and m.descriptor != "vlad":
+        return None
+    return features
+
+
+def extract_partition(
+    dataset: str,
+    method: str | MethodConfig,
+    partition: tuple[int, int],
+    *,
+    root: str | Path | None = None,
+    cache: str | Path | None = None,
+    overrides: Mapping[str, object] | None = None,
+    distractors: str | int | None = None,
+    strict: bool = True,
+    workers: int | None = 1,
+    engine: str = "processes",
+    cluster: str | None = None,
+    shard_size: int | None = None,
+    progress: bool = True,
+) -> dict[str, int]:
+    """Describe partition ``I`` of ``N`` of a dataset's local-feature shards (every part), and stop.
+
+    Each planned shard belongs to the partition ``shard number % N``; shards already committed are
+    skipped, so a partition re-run after a failure does only what is missing. Run every partition
+    (at the same time or not, on any machines sharing the cache), then the command without a
+    partition: it finds the shards committed and goes on.
+
+    Returns:
+        ``{part: images described}``.
+
+    Raises:
+        InputError: a method without local features (a CNN's descriptors are computed in one
+            process), a bad partition, missing data.
+    """
+    partition = check_partition(partition)  # type: ignore[assignment]
+    m = resolve_method(method, **dict(overrides or {}))
+    features = local_features_of(m)
+    if features is None:
+        raise InputError(f"--partition splits local-feature extraction; {m.name} extracts none "
+                         "(a CNN's descriptors are extracted by one process: run without --partition)")  # fmt: skip
+    root_path = data_root(root)
+    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+    executor: Executor = make_executor(engine, workers, cluster=cluster)
+    done: dict[str, int] = {}
+    with executor:
+        executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
+        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
+        for part in parts_of(bench):
+            job, n, _ = extraction_job(bench, part, features)
+            store = open_store(cache_dir, bench, features, part, create=True)
+            done[part] = extract_to_store(job, n, store, executor=executor, progress=progress,
+                                          desc=f"{bench.id} {part} {partition[0]}/{partition[1]}",
+                                          shard_size=shard_size or DEFAULT_SHARD_SIZE, partition=partition)  # fmt: skip
+    return done

@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, close_matches
 from oxbench.execution import Executor, SerialExecutor, available_cores, cpu_seconds
+from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import json_digest
 from oxbench.registry import Registry
 from oxbench.schema import SPEC_KEY
@@ -66,6 +67,8 @@ class RunContext:
             attempt after a corrupt cache file was met), not only the cheap open-time checks.
         allow_partial: the user accepts partial image sets: an image that cannot be decoded is
             named in a warning and skipped (recorded) instead of stopping the run.
+        shard_size: images per write-once shard of the local-feature stores
+            (:mod:`oxbench.features.store`; the shard plan, and so the resume granularity).
         root: the data root of the run, where ``models:<file>`` weights are found
             (:func:`oxbench.features.deep.models_dir`); ``None``: ``$OXBENCH_DATA`` or the per-user
             default.
@@ -80,6 +83,7 @@ class RunContext:
     full_check: bool = False
     allow_partial: bool = False
     root: Path | None = None
+    shard_size: int = DEFAULT_SHARD_SIZE
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
 

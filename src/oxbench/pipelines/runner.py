@@ -52,6 +52,7 @@ from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
 from oxbench.execution import Executor, cpu_seconds, make_executor
+from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import (
     TEMP_PREFIX,
     atomic_write_json,
@@ -383,6 +384,8 @@ def run(
     overrides: Mapping[str, object] | None = None,
     workers: int | None = 1,
     engine: str = "processes",
+    cluster: str | None = None,
+    shard_size: int | None = None,
     progress: bool = True,
     distractors: str | int | None = None,
     strict: bool = True,
@@ -408,7 +411,10 @@ def run(
             spatial verification, VLAD aggregation), run by the ``engine`` executor (``None``:
             one per available core).
         engine: the execution backend (:data:`oxbench.execution.EXECUTORS`: ``processes``,
-            ``serial``).
+            ``serial``, ``dask``).
+        cluster: with ``engine="dask"``, the scheduler of an existing cluster
+            (``tcp://host:8786``; default ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
+        shard_size: images per write-once shard of the local-feature stores (default 64).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
             of generated distractors for the synthetic set).
@@ -439,7 +445,6 @@ def run(
     t_start, cpu_start = time.perf_counter(), cpu_seconds()
     # what ran is what was installed when the run began (a package upgraded meanwhile is not it)
     libraries, commit, host = versions(), git_commit(), host_facts()
-    executor = make_executor(engine, workers)
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
     require_installed(m.requires)  # a missing extra or input is one line before any data is loaded or generated
@@ -454,82 +459,89 @@ def run(
     if out is not None:  # a folder of another method or dataset is refused before data is loaded or generated
         prepare_config_folder(Path(out), {"dataset": dataset, "method": m.to_dict()}, overwrite=overwrite,
                               only=("dataset", "method"))  # fmt: skip
-    t0, c0 = time.perf_counter(), cpu_seconds()
-    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
-    train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
-    t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
-    trained_on_test = train_id == dataset
-    if trained_on_test:
-        log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
-    config = RunConfig(
-        dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
-        dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
-        n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
-    )  # fmt: skip
-    config_dict = config.to_dict()
-    config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
-    prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
-    run_id = new_run_id()
-    # assembled beside the config folder, which appears only when a run completes
-    tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as exc:
-        raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
-    try:
-        with _log_to(tmp / "run.log"):
-            log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
-            cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-            impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
-                                                   allow_partial=not strict, root=root_path)
-            ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
-            keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
-            search = search.top(keep)
-            with ctx.timed("evaluate"):
-                result = evaluate(bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(config_dir))
-            timings = {**ctx.timings, "total": time.perf_counter() - t_start,
-                       f"total{CPU_SUFFIX}": cpu_seconds() - cpu_start}
-            info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
-            for step, state in ctx.steps.items():
-                log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
-            log.info("%s", " | ".join(result.lines()))
-        record = {
-            "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
-            "command": list(command if command is not None else sys.argv),
-            "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
-            "oxbench_version": libraries["oxbench"], "git_commit": commit, "host": host,
-            "versions": libraries, "accel": _accel_used(), "cache": dict(ctx.steps),
-            "method": m.name, "label": label, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
-            "execution": executor.describe(),
-        }  # fmt: skip
-        _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
-                         timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
-        run_dir = config_dir / run_id
+    executor = make_executor(engine, workers, cluster=cluster)
+    try:  # a cluster the executor started stops with the run, whatever happens
+        # a cluster's workers must see the data and the cache: asked before anything is loaded
+        executor.check_paths({"data root": root_path, "cache": Path(cache) if cache is not None else root_path / "_cache"})
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
+        train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
+        t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
+        trained_on_test = train_id == dataset
+        if trained_on_test:
+            log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
+        config = RunConfig(
+            dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
+            dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
+            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
+        )  # fmt: skip
+        config_dict = config.to_dict()
+        config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
+        prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
+        run_id = new_run_id()
+        # assembled beside the config folder, which appears only when a run completes
+        tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
         try:
-            config_dir.mkdir(exist_ok=True)
+            tmp.mkdir(parents=True)
         except OSError as exc:
-            raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
-        with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
-            if overwrite:
-                for old in list_runs(config_dir):
-                    shutil.rmtree(old, ignore_errors=True)
-            atomic_write_json(config_dir / "config.json", config_dict)
-            os.replace(tmp, run_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
+            raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
+        try:
+            with _log_to(tmp / "run.log"):
+                log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
+                cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+                impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
+                                                       allow_partial=not strict, root=root_path,
+                                                       shard_size=shard_size)
+                ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
+                keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
+                search = search.top(keep)
+                with ctx.timed("evaluate"):
+                    result = evaluate(bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(config_dir))
+                timings = {**ctx.timings, "total": time.perf_counter() - t_start,
+                           f"total{CPU_SUFFIX}": cpu_seconds() - cpu_start}
+                info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
+                for step, state in ctx.steps.items():
+                    log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
+                log.info("%s", " | ".join(result.lines()))
+            record = {
+                "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
+                "command": list(command if command is not None else sys.argv),
+                "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
+                "oxbench_version": libraries["oxbench"], "git_commit": commit, "host": host,
+                "versions": libraries, "accel": _accel_used(), "cache": dict(ctx.steps),
+                "method": m.name, "label": label, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
+                "execution": executor.describe(),
+            }  # fmt: skip
+            _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
+                             timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
+            run_dir = config_dir / run_id
+            try:
+                config_dir.mkdir(exist_ok=True)
+            except OSError as exc:
+                raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
+            with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
+                if overwrite:
+                    for old in list_runs(config_dir):
+                        shutil.rmtree(old, ignore_errors=True)
+                atomic_write_json(config_dir / "config.json", config_dict)
+                os.replace(tmp, run_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
+    finally:
+        executor.close()
 
 
 def _fit_index_search(
     m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, executor: Executor, progress: bool,
-    allow_partial: bool = False, root: Path | None = None,
+    allow_partial: bool = False, root: Path | None = None, shard_size: int | None = None,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
     for full_check in (False, True):
         ctx = RunContext(cache, executor=executor, progress=progress, full_check=full_check,
-                         allow_partial=allow_partial, root=root)
+                         allow_partial=allow_partial, root=root, shard_size=shard_size or DEFAULT_SHARD_SIZE)
         impl = m.build()
         try:
             impl.fit(train, ctx).index(bench, ctx)

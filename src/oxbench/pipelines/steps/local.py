@@ -71,6 +71,7 @@ def step_features(
         job, n, _ = extraction_job(bench, part, extractor)
         store = open_store(ctx.cache, bench, extractor, part, create=True)
         described = extract_to_store(job, n, store, executor=ctx.executor, progress=ctx.progress,
-                                     desc=f"{bench.id} {part}", full_check=ctx.full_check)  # fmt: skip
+                                     desc=f"{bench.id} {part}", full_check=ctx.full_check,
+                                     shard_size=ctx.shard_size)  # fmt: skip
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
     return out

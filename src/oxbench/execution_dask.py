@@ -1,0 +1,423 @@
+"""The Dask backend of the execution seam: the same stages on a Dask cluster.
+
+``--engine dask`` runs the parallel stages of a run (:mod:`oxbench.execution`) on Dask distributed,
+the optional extra ``oxbench[dask]`` (imported only when the backend is used):
+
+- without an address: an embedded ``LocalCluster`` of ``workers`` worker processes with one thread
+  each, listening on 127.0.0.1 only, without a dashboard, started on the first stage that needs it
+  and stopped when the run ends (:meth:`DaskExecutor.close`; the worker processes also end when
+  this process dies, as Dask's nannies hold a pipe to their parent) -- the zero-setup way to use one
+  big machine;
+- with ``address`` (``--cluster tcp://host:8786`` or ``$OXBENCH_CLUSTER``): the scheduler of an
+  existing cluster (started by hand, by dask-jobqueue on SLURM / PBS, by a Kubernetes operator).
+  Its workers must see the data root and the cache at the same paths (a shared file system):
+  :meth:`DaskExecutor.check_paths` asks every worker at the start of the run and names the first
+  worker and path that fail. An unreachable scheduler fails within :data:`CONNECT_TIMEOUT_S`,
+  naming the address.
+
+What a stage hands over is the same job as for local processes: a worker plugin installs it once in
+every worker process (also in workers that are restarted or join later; never pickled per item),
+each item is one Dask task, and the results come back in item order. A result is fetched as soon as
+its task ends and then released, so a worker that dies later costs no finished work. The heavy stages write their data themselves, as write-once shards
+(:mod:`oxbench.features.store`), and return receipts.
+
+Failures: a task whose worker dies (``kill -9``, out of memory, a lost node) is run again on another
+worker -- at most :attr:`DaskExecutor.retries` times, Dask's ``allowed-failures`` -- and so is a task
+that raises (``retries=``); the retries of each stage are counted and recorded in the run record. A
+task that fails on every attempt stops the run with one line naming the item (the shard).
+
+Resources: a job with a ``resources`` attribute (``{"GPU": 1}``) has its tasks run only on workers
+that offer it (``dask worker --resources GPU=1``), as many at once as they offer.
+
+Threads: each task caps the numeric libraries of its worker process to ``cores of its machine //
+task slots on that machine`` (:func:`oxbench.execution.limit_threads`), so ``workers x threads``
+never exceeds the cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import socket
+import time
+import uuid
+from collections.abc import Callable, Generator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from oxbench.errors import InputError, require
+from oxbench.execution import (
+    EXECUTORS,
+    Executor,
+    available_cores,
+    keep_freed_memory,
+    limit_threads,
+    thread_cap,
+)
+from oxbench.fileio import TEMP_PREFIX, atomic_write_text, make_folder, progress_bar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Environment variable naming the scheduler of an existing cluster (as ``--cluster``).
+CLUSTER_ENV = "OXBENCH_CLUSTER"
+#: Seconds to wait for a scheduler (and, with ``--workers``, for that many workers) before failing.
+CONNECT_TIMEOUT_S = 10.0
+#: Attempts of a task beyond the first (a worker that died under it, or an exception).
+DEFAULT_RETRIES = 3
+#: How many retries one may ask for.
+MAX_RETRIES = 100
+
+_ADDRESS_RE = re.compile(r"^(tcp|tls)://(?:[^@/\s]*@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
+
+
+def check_cluster_address(text: object, *, what: str = "--cluster") -> str:
+    """A scheduler address ``tcp://host:port`` (or ``tls://``), else one line naming ``what``.
+
+    Credentials written into the address (``tcp://user:secret@host:port``) are refused: Dask
+    authenticates with TLS certificates, and an address is recorded in the run record.
+    """
+    if not isinstance(text, str) or not (m := _ADDRESS_RE.match(text.strip())):
+        raise InputError(f"{what}: expected a scheduler address tcp://HOST:PORT (or tls://), got {text!r}")
+    if "@" in text:
+        raise InputError(f"{what}: a scheduler address carries no credentials (use TLS certificates), "
+                         f"got {safe_address(text)!r}")  # fmt: skip
+    port = int(m.group(3))
+    if not 1 <= port <= 65535:
+        raise InputError(f"{what}: port must be 1 .. 65535, got {port}")
+    return text.strip()
+
+
+def safe_address(address: str) -> str:
+    """``address`` without any ``user:password@`` part (what a record or a message may show)."""
+    return re.sub(r"^([a-z]+://)[^@/]*@", r"\1", address)
+
+
+def _dask_modules() -> tuple[Any, Any]:
+    """``dask`` and ``distributed``, or one line naming the pip command."""
+    return require("dask", "dask"), require("distributed", "dask")
+
+
+# ------------------------------------------------------------------ what runs on a worker
+#: The jobs installed in this worker process, by the token of the stage that installed them.
+_JOBS: dict[str, Callable[[Any], Any]] = {}
+
+
+def _job_installer(token: str, job: Callable[[Any], Any]) -> Any:
+    """A worker plugin that installs ``job`` in every worker, including workers that join or are
+    restarted later (a worker killed and restarted by its nanny gets it again)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class InstallJob(WorkerPlugin):
+        def __init__(self) -> None:
+            self.token, self.job = token, job
+
+        # this class travels by value: the registry is reached through the worker's own module
+        def setup(self, worker: Any) -> None:
+            import oxbench.execution_dask as here
+
+            here._JOBS[self.token] = self.job
+
+        def teardown(self, worker: Any) -> None:
+            import oxbench.execution_dask as here
+
+            here._JOBS.pop(self.token, None)
+
+    return InstallJob()
+
+
+def _run_item(token: str, item: Any, per_host: Mapping[str, int]) -> Any:
+    """One task: cap this worker's threads and keep its freed buffers (once per worker process),
+    then run the installed job."""
+    from distributed import get_worker
+
+    host = get_worker().address.rsplit(":", 1)[0].split("://")[-1]
+    threads = max(1, available_cores() // max(1, per_host.get(host, 1)))
+    if thread_cap() != threads:
+        keep_freed_memory()
+        limit_threads(threads)
+    return _JOBS[token](item)
+
+
+def _worker_facts(dask_worker: Any) -> dict[str, Any]:
+    """On a worker (``Client.run`` passes it): its pid, host name, cores and task slots."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "cores": available_cores(),
+            "nthreads": int(dask_worker.state.nthreads)}  # fmt: skip
+
+
+def _missing_paths(paths: Mapping[str, str], probe: tuple[str, str] | None) -> str | None:
+    """On a worker: the first of ``paths`` it cannot see, or a probe file with other content."""
+    for what, path in paths.items():
+        if not os.path.isdir(path):
+            return f"the {what} {path}"
+    if probe is not None:
+        path, token = probe
+        try:
+            with open(path, encoding="utf-8") as fh:
+                if fh.read() == token:
+                    return None
+        except OSError:
+            pass
+        return f"the file {path} this process just wrote there (not the same file system)"
+    return None
+
+
+def _allowed_failures(dask_scheduler: Any) -> int:
+    """On the scheduler: how many workers may die under one task before it is given up."""
+    return int(dask_scheduler.allowed_failures)
+
+
+def _task_attempts(dask_scheduler: Any, keys: Sequence[str], retries: int) -> int:
+    """On the scheduler: how many attempts beyond the first the tasks ``keys`` took."""
+    extra = 0
+    for key in keys:
+        ts = dask_scheduler.tasks.get(key)
+        if ts is not None:
+            extra += int(ts.suspicious) + max(0, retries - int(ts.retries))
+    return extra
+
+
+# ------------------------------------------------------------------ the executor
+class DaskExecutor(Executor):
+    """Runs the items of a stage as Dask tasks, on an embedded LocalCluster or an existing one.
+
+    Args:
+        workers: LocalCluster: its worker processes. Existing cluster: wait (up to
+            :data:`CONNECT_TIMEOUT_S`) until at least this many workers are connected.
+        cores: LocalCluster: the cores its workers share (default: this process's).
+        address: an existing scheduler (default ``$OXBENCH_CLUSTER``; unset: a LocalCluster).
+        retries: attempts of a task beyond the first (``0 .. MAX_RETRIES``).
+        connect_timeout_s: how long to wait for the scheduler (and the workers) before failing.
+
+    Use it as a context manager, or call :meth:`close`: the LocalCluster stops there.
+    """
+
+    backend = "dask"
+
+    def __init__(self, workers: int = 1, *, cores: int | None = None, address: str | None = None,
+                 retries: int = DEFAULT_RETRIES, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:  # fmt: skip
+        super().__init__(workers, cores=cores)
+        if address is None and os.environ.get(CLUSTER_ENV):
+            address = check_cluster_address(os.environ[CLUSTER_ENV], what=CLUSTER_ENV)
+        self.address = None if address is None else check_cluster_address(address)
+        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
+            raise InputError(f"retries must be a whole number from 0 to {MAX_RETRIES}, got {retries!r}")
+        self.retries = retries
+        if not 0.1 <= connect_timeout_s <= 3600:  # also refuses NaN
+            raise InputError(f"connect_timeout_s must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}")
+        self.connect_timeout_s = float(connect_timeout_s)
+        self.retried = 0  # attempts beyond the first, over every stage so far
+        self.allowed_failures = retries  # deaths of a task's worker tolerated (the scheduler's own, with an address)
+        self.stages: list[dict[str, Any]] = []
+        self._client: Any = None
+        self._cluster: Any = None
+        self._per_host: dict[str, int] = {}
+        self._facts: dict[str, dict[str, Any]] = {}
+
+    # ---------------------------------------------------------------- connecting
+    @property
+    def client(self) -> Any:
+        """The ``distributed.Client`` (the cluster is started or reached on first use)."""
+        if self._client is None:
+            self._connect()
+        return self._client
+
+    def _connect(self) -> None:
+        dask, distributed = _dask_modules()
+        config = {"distributed.scheduler.allowed-failures": self.retries,
+                  "distributed.comm.timeouts.connect": f"{self.connect_timeout_s}s",
+                  "distributed.worker.daemon": True, "distributed.admin.system-monitor.gil.enabled": False}  # fmt: skip
+        t0 = time.perf_counter()
+        with dask.config.set(config):
+            if self.address is None:
+                self._cluster = distributed.LocalCluster(
+                    n_workers=self.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                    scheduler_port=0, dashboard_address=None, worker_dashboard_address=None,
+                    memory_limit=0, silence_logs=logging.ERROR,
+                )  # fmt: skip
+                try:
+                    self._client = distributed.Client(self._cluster, timeout=self.connect_timeout_s)
+                except BaseException:
+                    self._cluster.close()
+                    self._cluster = None
+                    raise
+            else:
+                shown = safe_address(self.address)
+                try:
+                    self._client = distributed.Client(self.address, timeout=self.connect_timeout_s)
+                except (OSError, TimeoutError) as exc:
+                    raise InputError(f"cannot reach the Dask scheduler at {shown} within {self.connect_timeout_s:g} s "
+                                     f"({type(exc).__name__}); is it running, and reachable from here?") from None  # fmt: skip
+                try:
+                    self._client.wait_for_workers(self.workers, timeout=self.connect_timeout_s)
+                except (OSError, TimeoutError):
+                    n = len(self._client.scheduler_info().get("workers", {}))
+                    self.close()
+                    raise InputError(f"the Dask scheduler at {shown} has {n} worker(s) after {self.connect_timeout_s:g} s, "
+                                     f"fewer than --workers {self.workers}") from None  # fmt: skip
+        if self.address is not None:  # a running scheduler keeps its own bound for dead workers
+            with contextlib.suppress(Exception):
+                self.allowed_failures = int(self._client.run_on_scheduler(_allowed_failures))
+        self._facts = self._client.run(_worker_facts)
+        hosts: dict[str, int] = {}
+        for addr, facts in self._facts.items():
+            host = addr.rsplit(":", 1)[0].split("://")[-1]
+            hosts[host] = hosts.get(host, 0) + int(facts["nthreads"])
+        self._per_host = hosts
+        log.info("dask: %d worker(s) at %s, ready in %.1f s", len(self._facts), self.scheduler, time.perf_counter() - t0)
+
+    @property
+    def scheduler(self) -> str | None:
+        """The scheduler's address, without credentials (``None`` before the first connection)."""
+        if self._client is None:
+            return None if self.address is None else safe_address(self.address)
+        return safe_address(str(self._client.scheduler.address))
+
+    @property
+    def worker_pids(self) -> dict[str, int]:
+        """``{worker address: pid}`` of the connected workers (asks them now)."""
+        return {addr: int(f["pid"]) for addr, f in self.client.run(_worker_facts).items()}
+
+    def check_paths(self, paths: Mapping[str, str | os.PathLike[str]]) -> None:
+        """With an existing cluster: make sure every worker sees ``paths`` (``{what: folder}``).
+
+        The last folder also gets a probe file, which each worker must read back, so a worker with
+        an empty local folder of the same name is caught too. Nothing is checked for a
+        LocalCluster, whose workers share this machine's file system.
+
+        Raises:
+            InputError: one line naming the first worker and the path it cannot see.
+        """
+        if self.address is None or not paths:
+            return
+        folders = {what: str(make_folder(Path(p).resolve())) for what, p in paths.items()}  # the driver's side
+        last = Path(list(folders.values())[-1])
+        token = uuid.uuid4().hex
+        probe = last / f"{TEMP_PREFIX}probe-{token}"
+        atomic_write_text(probe, token)
+        try:
+            answers = self.client.run(_missing_paths, folders, (str(probe), token))
+        finally:
+            probe.unlink(missing_ok=True)
+        for addr, missing in sorted(answers.items()):
+            if missing is not None:
+                host = self._facts.get(addr, {}).get("host", "?")
+                raise InputError(f"dask worker {addr} (host {host}) cannot see {missing}; the workers need the "
+                                 "data root and the cache at the same paths, on a shared file system")  # fmt: skip
+
+    # ---------------------------------------------------------------- running
+    def map(
+        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        progress: bool = False,
+    ) -> Generator[R, None, None]:  # fmt: skip
+        if not items:
+            return
+        from distributed import KilledWorker, as_completed
+
+        client = self.client
+        t0 = time.perf_counter()
+        stage = desc or "stage"
+        token = uuid.uuid4().hex[:8]
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", stage)[:40]
+        plugin = f"oxbench-job-{slug}-{token}"
+        client.register_plugin(_job_installer(token, job), name=plugin)
+        # a job that needs a scarce resource says so (``resources = {"GPU": 1}``): its tasks then run
+        # only on workers started with it (``dask worker --resources GPU=1``), one per unit
+        resources = getattr(job, "resources", None) or None
+        futures = [client.submit(_run_item, token, item, self._per_host, key=f"oxbench-{slug}-{token}-{i}",
+                                 retries=self.retries, pure=False, resources=resources)
+                   for i, item in enumerate(items)]  # fmt: skip
+        index = {f.key: i for i, f in enumerate(futures)}
+        results: dict[int, Any] = {}
+        fetched: list[Any] = []  # futures whose result is here, released in batches after their attempts are counted
+        retried = 0
+        bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
+        done = False
+        last_release = time.monotonic()
+        nxt = 0
+        try:
+            for future, result in as_completed(futures, with_results=True, raise_errors=False):
+                i = index[future.key]
+                if future.status != "finished":
+                    exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
+                    if isinstance(exc, KilledWorker):
+                        raise InputError(f"{stage}: {items[i]} failed on every attempt: a worker died under each of "
+                                         f"its {self.allowed_failures + 1} attempts (out of memory? a crashing "
+                                         "library?)") from None  # fmt: skip
+                    if isinstance(exc, BaseException):
+                        raise exc.with_traceback(result[2] if isinstance(result, tuple) else None)
+                    raise InputError(f"{stage}: {items[i]} ended as {future.status}")
+                results[i] = result
+                bar.update(1)
+                fetched.append(future)
+                if len(fetched) >= 64 or time.monotonic() - last_release > 2.0:
+                    retried += self._release(fetched, futures)
+                    last_release = time.monotonic()
+                while nxt in results:  # in item order, as soon as the next one is here
+                    yield results.pop(nxt)
+                    nxt += 1
+            done = True
+        finally:
+            bar.close()
+            retried += self._release(fetched, futures)
+            if not done:
+                with contextlib.suppress(Exception):
+                    client.cancel(futures)
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin(plugin)
+            self.retried += retried
+            self.stages.append({"stage": stage, "tasks": len(items), "retried": retried, "complete": done,
+                                "seconds": round(time.perf_counter() - t0, 3)})  # fmt: skip
+            if retried:
+                log.warning("%s: %d task attempt(s) retried (a worker died, or a task failed)", stage, retried)
+
+    def _release(self, fetched: list[Any], futures: list[Any]) -> int:
+        """Count the extra attempts of the tasks in ``fetched`` (on the scheduler), then release
+        them: a result the driver holds is not recomputed when its worker dies later."""
+        if not fetched:
+            return 0
+        keys = [f.key for f in fetched]
+        extra = 0
+        with contextlib.suppress(Exception):
+            extra = int(self.client.run_on_scheduler(_task_attempts, keys=keys, retries=self.retries))
+        for f in fetched:
+            f.release()
+        fetched.clear()
+        return extra
+
+    @property
+    def threads_per_worker(self) -> int:
+        if self._per_host and self._facts:
+            return min(max(1, int(f["cores"]) // self._per_host.get(a.rsplit(":", 1)[0].split("://")[-1], 1))
+                       for a, f in self._facts.items())  # fmt: skip
+        return super().threads_per_worker
+
+    def describe(self) -> dict[str, Any]:
+        """Backend, cluster kind, scheduler address (no credentials), workers, the retry bounds
+        (``retries`` of a task that raises, ``allowed_failures`` of a task whose worker dies), the
+        attempts ``retried`` beyond the first, and per stage its tasks, retries and wall time."""
+        return {
+            "backend": self.backend, "cluster": "local" if self.address is None else "address",
+            "scheduler": self.scheduler, "workers": len(self._facts) if self._facts else self.workers,
+            "threads_per_worker": self.threads_per_worker, "retries": self.retries,
+            "allowed_failures": self.allowed_failures, "retried": self.retried,
+            "stages": list(self.stages),
+        }  # fmt: skip
+
+    def close(self) -> None:
+        """Disconnect, and stop the LocalCluster (its worker processes end)."""
+        client, cluster = self._client, self._cluster
+        self._client = self._cluster = None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close(timeout=self.connect_timeout_s)
+        if cluster is not None:
+            with contextlib.suppress(Exception):
+                cluster.close(timeout=self.connect_timeout_s)
+
+
+EXECUTORS.register(DaskExecutor.backend, DaskExecutor)
