@@ -291,6 +291,57 @@ def test_executors_return_results_in_item_order() -> None:
     assert ProcessExecutor(1, cores=8).threads_per_worker == 8
 
 
+class _Burn:
+    """A job that spends about ``seconds`` of CPU per item and says which process ran it, and how much CPU it used."""
+
+    def __init__(self, seconds: float, tag: str) -> None:
+        self.seconds, self.tag = seconds, tag
+
+    def __call__(self, item: int) -> tuple[str, int, float]:
+        import os
+        import time
+
+        t0 = time.process_time()
+        x = 0
+        while time.process_time() - t0 < self.seconds:
+            x += 1
+        return self.tag, os.getpid(), time.process_time() - t0
+
+
+def test_one_pool_serves_every_stage_and_its_cpu_is_counted_while_it_lives() -> None:
+    """ProcessExecutor keeps its workers across map calls (each worker imports the libraries once
+    per run), installs each stage's job in them, counts their CPU while they live, and stops them
+    on close."""
+    import os
+
+    from oxbench.execution import cpu_seconds
+
+    executor = ProcessExecutor(2, cores=2)
+    try:
+        c0 = cpu_seconds()
+        first = list(executor.map(_Burn(0.2, "first"), list(range(6))))
+        used = cpu_seconds() - c0
+        second = list(executor.map(_Burn(0.0, "second"), list(range(6))))
+        assert {t for t, _, _ in first} == {"first"} and {t for t, _, _ in second} == {"second"}
+        pids = {p for _, p, _ in first}
+        assert {p for _, p, _ in second} <= pids and os.getpid() not in pids and len(pids) <= 2
+        burned = sum(c for _, _, c in first)
+        assert burned >= 1.0 and used >= 0.9 * burned, (used, burned)  # the live workers' CPU is in the reading
+        jobs = executor._jobs
+        assert jobs is not None and jobs.is_dir() and not list(jobs.iterdir())  # finished stages leave no job file
+        # leaving a stage early keeps the pool for the next one
+        stage = executor.map(_Burn(0.0, "early"), list(range(20)))
+        assert next(stage)[0] == "early"
+        stage.close()
+        assert {t for t, _, _ in executor.map(_Burn(0.0, "after"), [1, 2, 3])} == {"after"}
+    finally:
+        executor.close()
+    assert not jobs.exists()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
 def _page_faults_of_freed_buffers(_: int) -> tuple[int, int]:
     """Minor page faults of the first of 20 buffers of 40 MiB, each freed before the next, and of
     the 19 others (above glibc's largest adaptive mmap threshold, 32 MiB: by default each buffer

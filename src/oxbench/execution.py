@@ -8,8 +8,8 @@ results back in item order::
         ...
 
 The executor decides where the items run, as scikit-learn's ``n_jobs`` lets joblib pick the
-backend. The job travels once per worker (it is installed in each worker process when the worker
-starts, never pickled per item), and results come back in the order of ``items``, so what a stage
+backend. The job travels once per worker (it is installed in each worker process the first time
+that worker meets it, never pickled per item), and results come back in the order of ``items``, so what a stage
 writes does not depend on the backend or the number of workers.
 
 Backends (:data:`EXECUTORS`; one module each, registered by name):
@@ -32,15 +32,21 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import shutil
 import sys
+import tempfile
+import uuid
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from oxbench.errors import InputError
 from oxbench.fileio import progress_bar
 from oxbench.registry import Registry
-from oxbench.workers import worker_pool
+from oxbench.workers import WorkerPool, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +69,16 @@ def available_cores() -> int:
 
 
 def cpu_seconds() -> float:
-    """CPU seconds (user + system) of this process and of its finished child processes.
+    """CPU seconds (user + system) of this process, its finished child processes and the live
+    workers of its :class:`ProcessExecutor` pools.
 
-    A stage's CPU cost is the difference of two readings around it; worker processes count once
-    they have exited (every pool of :mod:`oxbench.workers` is joined when its stage ends).
+    A stage's CPU cost is the difference of two readings around it. Other live children (a Dask
+    LocalCluster's workers) count once they have exited.
     """
     import resource
 
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _live_workers_cpu()
 
 
 #: glibc malloc settings of :func:`keep_freed_memory`: buffers up to this size come from the heap...
@@ -88,12 +95,11 @@ def keep_freed_memory() -> bool:
     glibc serves a large allocation (above 128 KiB, raised adaptively) with fresh pages from the
     kernel and unmaps it when freed. Image pyramids (SIFT's scale space) and blocked distance
     products allocate megabytes per image and per pair, so every image paid for page faults and
-    the kernel zeroing new pages: a third of extraction's CPU time was system time
-    (bench/README.md, "The main job"). With :data:`MALLOC_MMAP_THRESHOLD` and
-    :data:`MALLOC_TRIM_THRESHOLD` the same memory is reused, at the price of up to the trim
-    threshold of freed memory staying with the process. Called by the command line and in every
-    worker; left alone where the environment sets ``MALLOC_MMAP_THRESHOLD_`` /
-    ``MALLOC_TRIM_THRESHOLD_`` and where the C library is not glibc.
+    the kernel zeroing new pages (measured in bench/README.md, "The main job"). With
+    :data:`MALLOC_MMAP_THRESHOLD` and :data:`MALLOC_TRIM_THRESHOLD` the same memory is reused, at
+    the price of up to the trim threshold of freed memory staying with the process. Called by the
+    command line and in every worker; left alone where the environment sets
+    ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` and where the C library is not glibc.
 
     Returns:
         Whether the settings are in effect (applied now or before).
@@ -239,30 +245,94 @@ class SerialExecutor(Executor):
 
 
 _JOB: Callable[[Any], Any] | None = None
+_JOB_TOKEN: str | None = None
 
 
-def _install(job: Callable[[Any], Any], threads: int) -> None:
-    """Worker start-up: cap the numeric libraries' threads, keep freed buffers for reuse, then keep
-    the job for every item."""
-    global _JOB
+def _start_worker(threads: int) -> None:
+    """Worker start-up: cap the numeric libraries' threads and keep freed buffers for reuse."""
     keep_freed_memory()
     limit_threads(threads)
-    _JOB = job
 
 
-def _call(item: Any) -> Any:
-    assert _JOB is not None, "the worker has no job installed"
+def _call(token: str, path: str, item: Any) -> Any:
+    """Run one item of the job ``token`` (read from ``path`` the first time this worker meets it)."""
+    global _JOB, _JOB_TOKEN
+    if token != _JOB_TOKEN:
+        _JOB = None  # the previous stage's job (a vocabulary, open stores) goes first
+        with open(path, "rb") as fh:
+            _JOB = pickle.load(fh)  # written by this worker's parent into its private folder
+        _JOB_TOKEN = token
+    assert _JOB is not None
     return _JOB(item)
+
+
+#: Pools whose workers are alive: :func:`cpu_seconds` reads their CPU time from ``/proc``.
+_LIVE_POOLS: weakref.WeakSet[WorkerPool] = weakref.WeakSet()
+
+
+def _live_workers_cpu() -> float:
+    """CPU seconds (user + system) of the live workers of every open pool (Linux ``/proc``; 0 elsewhere)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for pool in list(_LIVE_POOLS):
+        for pid in list((getattr(pool, "_processes", None) or {}).keys()):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, IndexError, ValueError):
+                continue  # not Linux, or the worker has just exited (then it counts as a child)
+    return total
+
+
+def _close_pool(pool: WorkerPool, jobs: Path, *, abort: bool = False) -> None:
+    """Stop a pool's workers (at once with ``abort``), then forget it and its job files."""
+    try:
+        if abort:
+            pool.abort()
+        else:
+            pool.shutdown(wait=True, cancel_futures=True)
+    finally:
+        _LIVE_POOLS.discard(pool)  # its workers are reaped now: they count as finished children
+        shutil.rmtree(jobs, ignore_errors=True)
 
 
 class ProcessExecutor(Executor):
     """``workers`` spawned local processes that die with this one (:mod:`oxbench.workers`).
 
-    One item, or one worker, runs in this process instead (no pool to start for nothing), with the
-    thread count of a single worker.
+    The pool starts with the first stage that has work for more than one worker and serves every
+    later stage until :meth:`close` (or until the executor is garbage-collected): each worker
+    imports the libraries once per run, not once per stage. A stage's job is pickled once into a
+    private temporary folder and read by each worker the first time it meets it. One item, or one
+    worker, runs in this process instead, with the thread count of a single worker.
     """
 
     backend = "processes"
+
+    def __init__(self, workers: int = 1, *, cores: int | None = None) -> None:
+        super().__init__(workers, cores=cores)
+        self._pool: WorkerPool | None = None
+        self._jobs: Path | None = None
+        self._finalizer: weakref.finalize[Any, ProcessExecutor] | None = None
+
+    def _started(self) -> tuple[WorkerPool, Path]:
+        if self._pool is None or self._jobs is None:
+            self._jobs = Path(tempfile.mkdtemp(prefix="oxbench-jobs-"))
+            self._pool = worker_pool(self.workers, initializer=_start_worker, initargs=(self.threads_per_worker,))
+            _LIVE_POOLS.add(self._pool)
+            self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._jobs)
+        return self._pool, self._jobs
+
+    def _stop(self, *, abort: bool = False) -> None:
+        if self._finalizer is not None:
+            self._finalizer.detach()
+        if self._pool is not None and self._jobs is not None:
+            _close_pool(self._pool, self._jobs, abort=abort)
+        self._pool = self._jobs = self._finalizer = None
+
+    def close(self) -> None:
+        """Stop the workers (they also stop when this process ends)."""
+        self._stop()
 
     def map(
         self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
@@ -271,19 +341,28 @@ class ProcessExecutor(Executor):
         if self.workers == 1 or len(items) <= 1:
             yield from SerialExecutor(cores=self.cores).map(job, items, desc=desc, unit=unit, progress=progress)
             return
-        n = min(self.workers, len(items))
+        pool, jobs = self._started()
+        token = uuid.uuid4().hex
+        path = jobs / f"{token}.pickle"
+        path.write_bytes(pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL))
         bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
-        pool = worker_pool(n, initializer=_install, initargs=(job, max(1, self.cores // n)))
+        futures = [pool.submit(_call, token, str(path), item) for item in items]
+        finished = False
         try:
-            for result in pool.map(_call, items, chunksize=1):
-                yield result
+            for future in futures:
+                yield future.result()
                 bar.update(1)
-        except BaseException:
-            pool.abort()  # an error or Ctrl-C / SIGTERM: stop the workers now, not after the queue
+            finished = True
+        except BaseException as exc:
+            if not isinstance(exc, GeneratorExit):
+                self._stop(abort=True)  # an error or Ctrl-C / SIGTERM: stop the workers now, not after the queue
             raise
         finally:
             bar.close()
-            pool.shutdown(cancel_futures=True)
+            for future in futures:
+                future.cancel()
+            if finished:  # a worker may still read the file of a map left early (until close)
+                path.unlink(missing_ok=True)
 
 
 #: Execution backends by name; a new backend is one module that registers its class here.

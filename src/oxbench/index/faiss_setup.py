@@ -12,8 +12,8 @@ earlier and keeps its own, correctly detected, kernels.
 
 faiss's OpenMP threads wait for work *passively* (``OMP_WAIT_POLICY=PASSIVE``, set the same way,
 unless the user set it): by default they spin between parallel regions, and k-means runs thousands
-of short regions, so on a machine shared with other work the spinning threads took three to four
-times the CPU of the work itself (bench/README.md, "The main job").
+of short regions, so on a machine shared with other work the spinning threads took several times
+the CPU of the work itself (measured in bench/README.md, "The main job").
 """
 
 from __future__ import annotations

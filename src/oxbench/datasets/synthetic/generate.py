@@ -65,8 +65,8 @@ def _task(args: tuple[SynthConfig, str, int, str]) -> dict[str, Any]:
 def _run_tasks(tasks: list[tuple[SynthConfig, str, int, str]], workers: int) -> Iterator[dict[str, Any]]:
     # a daemonic process (e.g. a multiprocessing.Pool worker) may not start children
     serial = multiprocessing.current_process().daemon
-    executor = SerialExecutor() if serial else ProcessExecutor(workers)
-    yield from executor.map(_task, tasks)
+    with SerialExecutor() if serial else ProcessExecutor(workers) as executor:
+        yield from executor.map(_task, tasks)
 
 
 def _read_records(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
