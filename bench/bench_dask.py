@@ -122,4 +122,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from interrupt import run_script
+
+    run_script(main)
