@@ -365,11 +365,20 @@ class ProcessExecutor(Executor):
                 path.unlink(missing_ok=True)
 
 
-#: Execution backends by name; a new backend is one module that registers its class here.
+#: Modules of the backends that live outside this module, imported (by name, as plugins) the first
+#: time :data:`EXECUTORS` is asked for a name; each registers its class. They import this module,
+#: never the other way round.
+BACKEND_MODULES = ("oxbench.execution_dask",)
+
+
 def _load_backends() -> None:
-    import oxbench.execution_dask  # noqa: F401 - registers "dask"; imports no dask until used
+    import importlib
+
+    for module in BACKEND_MODULES:
+        importlib.import_module(module)  # registers its backend; imports no dask until used
 
 
+#: Execution backends by name; a new backend is one module that registers its class here.
 EXECUTORS: Registry[type[Executor]] = Registry("execution backend", loader=_load_backends)
 EXECUTORS.register(SerialExecutor.backend, SerialExecutor)
 EXECUTORS.register(ProcessExecutor.backend, ProcessExecutor)
