@@ -349,13 +349,14 @@ def address_cluster(tmp_path: Path) -> Iterator[str]:
                                           stderr=subprocess.DEVNULL))  # fmt: skip
         yield address
     finally:
-        for p in procs:
+        # workers first, while their scheduler still answers (a worker without one retries for a while)
+        for p in reversed(procs):
             p.terminate()
-        for p in procs:
             try:
-                p.wait(20)
+                p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(5)
 
 
 def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, serial_store: FeatureStore,
