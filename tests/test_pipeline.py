@@ -360,6 +360,18 @@ def _slow_descriptor_matches(q: np.ndarray, d: np.ndarray, ratio: float) -> list
     return out
 
 
+def _matches_in_blocks_of(rows: int, q: np.ndarray, d: np.ndarray, ratio: float) -> list[list[int]]:
+    """descriptor_matches with blocks of ``rows`` query rows."""
+    from oxbench.rerank import spatial
+
+    old = spatial._MATCH_ROWS
+    spatial._MATCH_ROWS = rows
+    try:
+        return spatial.descriptor_matches(q, d, ratio=ratio).tolist()
+    finally:
+        spatial._MATCH_ROWS = old
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     n_q=st.integers(1, 40), n_d=st.integers(2, 40), dim=st.integers(1, 6), high=st.integers(1, 6),
@@ -370,18 +382,11 @@ def test_descriptor_matches_equal_the_definition(
 ) -> None:
     """Small integer descriptors make every distance exact and ties frequent: the blocked in-place
     reduction must give the brute-force answer, ties included, for any block size."""
-    from oxbench.rerank import spatial
 
     rng = np.random.default_rng(seed)
     q = rng.integers(0, high, size=(n_q, dim)).astype(np.float32)
     d = rng.integers(0, high, size=(n_d, dim)).astype(np.float32)
-    old = spatial._MATCH_ROWS
-    spatial._MATCH_ROWS = rows
-    try:
-        got = spatial.descriptor_matches(q, d, ratio=ratio)
-    finally:
-        spatial._MATCH_ROWS = old
-    assert got.tolist() == _slow_descriptor_matches(q, d, ratio)
+    assert _matches_in_blocks_of(rows, q, d, ratio) == _slow_descriptor_matches(q, d, ratio)
 
 
 @settings(max_examples=150, deadline=None)
@@ -401,13 +406,7 @@ def test_descriptor_matches_of_equal_length_descriptors_equal_the_definition(
     q = np.stack([rng.permutation(base) for _ in range(n_q)]) * scale
     d = np.stack([rng.permutation(base) for _ in range(n_d)])
     assert spatial._constant(0.5 * (q * q).sum(axis=1)) and spatial._constant(0.5 * (d * d).sum(axis=1))
-    old = spatial._MATCH_ROWS
-    spatial._MATCH_ROWS = rows
-    try:
-        got = spatial.descriptor_matches(q, d, ratio=ratio)
-    finally:
-        spatial._MATCH_ROWS = old
-    assert got.tolist() == _slow_descriptor_matches(q, d, ratio)
+    assert _matches_in_blocks_of(rows, q, d, ratio) == _slow_descriptor_matches(q, d, ratio)
 
 
 @pytest.mark.slow
