@@ -382,7 +382,6 @@ def test_descriptor_matches_equal_the_definition(
 ) -> None:
     """Small integer descriptors make every distance exact and ties frequent: the blocked in-place
     reduction must give the brute-force answer, ties included, for any block size."""
-
     rng = np.random.default_rng(seed)
     q = rng.integers(0, high, size=(n_q, dim)).astype(np.float32)
     d = rng.integers(0, high, size=(n_d, dim)).astype(np.float32)
