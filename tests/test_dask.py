@@ -40,10 +40,9 @@ from oxbench.features.store import (  # noqa: E402
     DescribeShard,
     FeatureStore,
     extract_to_store,
-    plan_digest,
-    plan_shards,
 )
 from oxbench.fileio import TEMP_PREFIX  # noqa: E402
+from oxbench.shards import plan_digest, plan_shards  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -70,7 +70,7 @@ def parse_partition(text: str | None) -> tuple[int, int] | None:
     i, sep, n = text.partition("/")
     if not sep or not i.isdigit() or not n.isdigit():
         raise InputError(f"--partition takes I/N (0 <= I < N, e.g. 0/4 for $SLURM_ARRAY_TASK_ID/4), got {text!r}")
-    from oxbench.features.store import check_partition
+    from oxbench.shards import check_partition
 
     try:
         return check_partition((int(i), int(n)))

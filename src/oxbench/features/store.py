@@ -71,10 +71,9 @@ from numpy.typing import NDArray
 
 from oxbench.cache import DIGEST_KEY, CorruptCache, entry_lock, load_npz, save_npz
 from oxbench.errors import InputError
-from oxbench.execution import Executor, SerialExecutor
+from oxbench.execution import Executor
 from oxbench.features.local import LocalExtractor, LocalFeatures
 from oxbench.fileio import (
-    TEMP_PREFIX,
     atomic_write_json,
     atomic_write_npy,
     commit_folder,
@@ -86,7 +85,18 @@ from oxbench.fileio import (
     read_input_bytes,
     remove_stale_temps,
     sampled_digest,
-    text_digest,
+)
+from oxbench.shards import (
+    SHARD_DIR_RE,
+    ShardReceipt,
+    ShardTask,
+    check_partition,
+    check_shard_size,
+    in_partition,
+    plan_digest,
+    plan_shards,
+    run_shard_tasks,
+    shard_folder_name,
 )
 
 log = logging.getLogger(__name__)
@@ -95,7 +105,6 @@ STORE_FORMAT = 1
 #: Images per planned shard unless the caller says otherwise.
 DEFAULT_SHARD_SIZE = 64
 _LEGACY_RE = re.compile(r"^shard-(\d{6})\.(index\.npz|kp\.npy|raw\.npy)$")
-_SHARD_DIR_RE = re.compile(r"^shard-(\d{6})-([0-9a-f]{12})$")
 
 # (name, keypoints, stored descriptors, (width, height))
 RawFeatures = tuple[str, NDArray[np.float32], NDArray[Any], tuple[int, int]]
@@ -122,57 +131,6 @@ class _Shard:
     digest: str = ""  # content digest of its index (what a receipt names)
     _kp: NDArray[np.float32] | None = None
     _raw: NDArray[Any] | None = None
-
-
-@dataclass(frozen=True)
-class ShardTask:
-    """One planned shard to describe: its number and the indices of the images it still lacks.
-
-    Attributes:
-        number: the shard's place in the plan (``0 ..``); results are assembled in this order.
-        items: image indices (benchmark order) that this shard describes.
-        folder: the committed folder's name, ``shard-<number>-<digest of the image names>``.
-    """
-
-    number: int
-    items: tuple[int, ...]
-    folder: str
-
-    def __str__(self) -> str:
-        return f"shard {self.number} ({self.folder}, {len(self.items)} images from #{self.items[0]})"
-
-
-@dataclass(frozen=True)
-class ShardReceipt:
-    """What a shard task returns instead of its data (small enough for any scheduler).
-
-    Attributes:
-        number: the shard.
-        folder: its committed folder name.
-        images: images described.
-        features: keypoints in all.
-        digest: content digest of the shard's ``index.npz`` (identical for identical features).
-        committed: this attempt's rename won (``False``: another attempt had committed first).
-        seconds: wall time of the task.
-    """
-
-    number: int
-    folder: str
-    images: int
-    features: int
-    digest: str
-    committed: bool
-    seconds: float = 0.0
-
-
-def shard_folder_name(number: int, names: Sequence[str]) -> str:
-    """``shard-<number>-<12 hex of the digest of its image names>``: the same images, the same name."""
-    return f"shard-{number:06d}-{text_digest(chr(10).join(names), 12)}"
-
-
-def plan_digest(names: Sequence[str], shard_size: int) -> str:
-    """Digest of a shard plan: the image names in order and the shard size."""
-    return json_digest({"names": list(names), "shard_size": int(shard_size)})
 
 
 def write_shard_folder(
@@ -358,7 +316,7 @@ class FeatureStore:
             entries = []
         numbers = []
         for entry in entries:
-            if m := _SHARD_DIR_RE.match(entry):
+            if m := SHARD_DIR_RE.match(entry):
                 folder = self.directory / entry
                 found[entry] = {s: folder / s for s in ("index.npz", *_DATA_FILES)}
                 numbers.append(int(m.group(1)))
@@ -665,30 +623,6 @@ class DescribeShard:
         return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
 
 
-def plan_shards(names: Sequence[str], shard_size: int, have: Iterable[str] = ()) -> list[ShardTask]:
-    """The shard plan of ``names`` (benchmark order, ``shard_size`` images per shard), as the tasks
-    of the shards that still lack images (those not in ``have``); a shard done in full is left out."""
-    done = set(have)
-    tasks = []
-    for number, start in enumerate(range(0, len(names), shard_size)):
-        items = tuple(i for i in range(start, min(start + shard_size, len(names))) if names[i] not in done)
-        if items:
-            tasks.append(ShardTask(number, items, shard_folder_name(number, [names[i] for i in items])))
-    return tasks
-
-
-def check_partition(partition: object) -> tuple[int, int] | None:
-    """``(i, n)``: this process computes the planned shards whose number is ``i`` modulo ``n``
-    (``0 <= i < n``, as SLURM array and Kubernetes indexed-job indices count), else one line."""
-    if partition is None:
-        return None
-    ok = (isinstance(partition, tuple) and len(partition) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in partition))  # fmt: skip
-    if not ok or not (1 <= partition[1] <= 1_000_000 and 0 <= partition[0] < partition[1]):  # type: ignore[index]
-        raise InputError(f"partition must be I/N with 0 <= I < N <= 1000000, got {partition!r}")
-    return partition  # type: ignore[return-value]
-
-
 def extract_to_store(
     job: DescribeImages | DescribeQueries,
     n_items: int,
@@ -735,8 +669,7 @@ def extract_to_store(
     if len(set(names)) != len(names):
         dup = next(n for n in names if names.count(n) > 1)
         raise InputError(f"image name {dup!r} appears twice; the store is keyed by name")
-    if isinstance(shard_size, bool) or not isinstance(shard_size, int) or not 1 <= shard_size <= 1_000_000:
-        raise InputError(f"shard_size must be a whole number from 1 to 1000000, got {shard_size!r}")
+    check_shard_size(shard_size)
     partition = check_partition(partition)
     what = f"the feature store {store.directory}"
     with contextlib.ExitStack() as stack:
@@ -749,8 +682,7 @@ def extract_to_store(
                     store._remove_shards(store._bad)
                 store.clean()
         tasks = plan_shards(names, shard_size, store.names)
-        if partition is not None:
-            tasks = [t for t in tasks if t.number % partition[1] == partition[0]]
+        tasks = in_partition(tasks, partition)
         if not tasks:
             return 0
         if stop_after is not None:
@@ -764,23 +696,11 @@ def extract_to_store(
                  store.directory)  # fmt: skip
         tag = uuid.uuid4().hex[:12]
         shard_job = DescribeShard(job, store.directory, store.config, plan=plan, tag=tag)
-        run = (executor or SerialExecutor()).map(shard_job, tasks, desc=desc, unit="shard", progress=progress)
-        with contextlib.closing(run):  # an error here stops the workers at once
-            receipts = list(run)
-        dead = _remove_own_temps(store.directory, tag)
-        if dead:
-            log.info("%d attempt(s) of a shard died before committing; their temporary folders are removed", dead)
+        receipts = run_shard_tasks(shard_job, tasks, store.directory, tag, executor=executor, desc=desc,
+                                   progress=progress)  # fmt: skip
         store.refresh()
         _check_receipts(store, tasks, receipts, names)
     return n_todo
-
-
-def _remove_own_temps(directory: Path, tag: str) -> int:
-    """Delete the temporary folders of this extraction's attempts that died before their commit."""
-    dead = list(directory.glob(f"{TEMP_PREFIX}shard-*.{tag}.*"))
-    for path in dead:
-        discard_folder(path)
-    return len(dead)
 
 
 def _check_receipts(store: FeatureStore, tasks: Sequence[ShardTask], receipts: Sequence[ShardReceipt],

@@ -38,12 +38,13 @@ from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError, require_installed
 from oxbench.execution import Executor, available_cores, make_executor
 from oxbench.features.local import LocalExtractor
-from oxbench.features.store import DEFAULT_SHARD_SIZE, check_partition, extract_to_store
+from oxbench.features.store import DEFAULT_SHARD_SIZE, extract_to_store
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
 from oxbench.pipelines.families.global_descriptors import GlobalConfig, GlobalDescriptors
 from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
 from oxbench.pipelines.runner import DEFAULT_TRAIN_DATASET
 from oxbench.pipelines.steps import extraction_job, open_store, part_names, parts_of
+from oxbench.shards import check_partition
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ from oxbench.pipelines.steps.vocabulary import (
     vocabulary_path,
 )
 from oxbench.pipelines.steps.words import (
-    AssignBatch,
+    AssignShard,
     WordedParts,
     Words,
     describe_and_assign,
@@ -53,7 +53,7 @@ from oxbench.pipelines.steps.words import (
 )
 
 __all__ = [
-    "CLASSIC_FEATURES", "MATCHES_FOR_VIEWERS", "PARTS", "AssignBatch", "LocalQuantisation", "QuantisingMethod",
+    "CLASSIC_FEATURES", "MATCHES_FOR_VIEWERS", "PARTS", "AssignShard", "LocalQuantisation", "QuantisingMethod",
     "ShortListVerifier",
     "StepResult", "VerifiedList", "VerifySettings", "VocabularySpec", "WordedParts", "Words", "dataset_key",
     "describe_and_assign", "extraction_job", "features_dir", "gt_digest", "last_if_empty", "load_vocabulary",

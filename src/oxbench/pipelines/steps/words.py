@@ -1,14 +1,16 @@
 """Step: visual words of every local feature of a benchmark's parts.
 
 ``<cache>/<dataset-key>/words/<vocabulary>-k<k>/<part>.npz`` holds the ``k`` nearest words (and
-squared distances) of every feature of one part, assigned in batches of images through the run's
-executor. :func:`describe_and_assign` is what a family that quantises local features runs at index
+squared distances) of every feature of one part, assigned in write-once shards of images through
+the run's executor (:mod:`oxbench.shards`). :func:`describe_and_assign` is what a family that quantises local features runs at index
 time: the features of every part, then the words of the indexed parts (:class:`WordedParts`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +23,24 @@ from oxbench.cache import CorruptCache, entry_lock, load_npz, lock_path, save_np
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
-from oxbench.features.store import FeatureStore
-from oxbench.fileio import remove_stale_temps
+from oxbench.features.store import DEFAULT_SHARD_SIZE, FeatureStore
+from oxbench.fileio import discard_folder, remove_stale_temps
 from oxbench.index.vocabulary import Vocabulary
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.keys import StepResult, dataset_key, part_names, parts_of
 from oxbench.pipelines.steps.local import open_store, step_features
 from oxbench.pipelines.steps.vocabulary import load_vocabulary
+from oxbench.shards import (
+    ShardReceipt,
+    ShardTask,
+    check_receipts,
+    committed_folders,
+    in_partition,
+    plan_digest,
+    read_npz_shards,
+    run_shard_tasks,
+    write_npz_shard,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,28 +108,34 @@ def reopen_store(spec: tuple[Path, LocalExtractor, dict[str, object]]) -> Featur
     return FeatureStore.open(directory, config, extra=extra, create=False)
 
 
-class AssignBatch:
-    """Picklable job: the ``k`` nearest words of every feature of a batch of images.
+class AssignShard:
+    """Picklable job of the shard protocol (:mod:`oxbench.shards`): the ``k`` nearest words of every
+    feature of one planned shard's images, committed as a shard; returns its receipt.
 
     Pickled, it carries the vocabulary's arrays and the store's folder (reopened where it runs);
     faiss there runs with the executor's threads per worker.
     """
 
-    def __init__(self, voc: Vocabulary, store: FeatureStore, k: int) -> None:
+    def __init__(self, voc: Vocabulary, store: FeatureStore, k: int, names: Sequence[str], directory: Path, *,
+                 plan: str, tag: str) -> None:  # fmt: skip
         self.voc = voc
         self.store = store
         self.k = k
+        self.names = list(names)
+        self.directory = Path(directory)
+        self.plan = plan
+        self.tag = tag
 
     def __getstate__(self) -> dict[str, object]:
-        return {"voc": self.voc, "k": self.k, "store": store_spec(self.store)}
+        return {**self.__dict__, "store": store_spec(self.store)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.voc = state["voc"]
+        self.__dict__.update(state)
         self.voc.threads = None  # the worker's thread cap (oxbench.execution.limit_threads)
-        self.k = int(state["k"])
         self.store = reopen_store(state["store"])
 
-    def __call__(self, chunk: Sequence[str]) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
+    def assign(self, chunk: Sequence[str]) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
+        """``(features per image, words [n, k], squared distances [n, k])`` of the images ``chunk``."""
         raws = [self.store.get_raw(n)[2] for n in chunk]
         counts = np.array([len(r) for r in raws], np.int64)
         cfg = self.store.config
@@ -127,10 +146,33 @@ class AssignBatch:
             d, w = np.zeros((0, self.k), np.float32), np.zeros((0, self.k), np.int64)
         return counts, w.astype(np.int32), d.astype(np.float32)
 
+    def __call__(self, task: ShardTask) -> ShardReceipt:
+        t0 = time.perf_counter()
+        chunk = [self.names[i] for i in task.items]
+        counts, words, sq_dists = self.assign(chunk)
+        arrays = {"names": np.array(chunk), "counts": counts, "words": words, "sq_dists": sq_dists,
+                  "vocabulary": np.array(self.voc.file_digest_)}  # fmt: skip
+        return write_npz_shard(self.directory, task, arrays, plan=self.plan, tag=self.tag, rows=len(words),
+                               seconds_from=t0)  # fmt: skip
+
 
 def words_path(cache: Path, bench: Benchmark, vocab_path: Path, k: int, part: str) -> Path:
     """Where the words of one part, assigned ``k`` per feature with ``vocab_path``, are cached."""
     return Path(cache) / dataset_key(bench) / "words" / f"{vocab_path.stem}-k{k}" / f"{part}.npz"
+
+
+def _shard_checker(vocabulary: str, k: int):  # noqa: ANN202 - the check of read_npz_shards
+    def check(z: dict[str, NDArray[Any]], names: list[str]) -> str | None:
+        try:
+            counts, words, dists = z["counts"], z["words"], z["sq_dists"]
+            ok = (z["names"].tolist() == names and str(z["vocabulary"]) == vocabulary
+                  and counts.shape == (len(names),) and words.dtype == np.int32 and dists.dtype == np.float32
+                  and words.shape == dists.shape == (int(counts.sum()), k))  # fmt: skip
+        except (KeyError, AttributeError, ValueError):
+            ok = False
+        return None if ok else "is for other images, another vocabulary or another k"
+
+    return check
 
 
 def step_assign(
@@ -141,12 +183,20 @@ def step_assign(
     ctx: RunContext,
     *,
     k: int = 1,
-    batch_images: int = 256,
+    shard_size: int = DEFAULT_SHARD_SIZE,
+    partition: tuple[int, int] | None = None,
 ) -> StepResult:
     """Assign every feature of ``names`` to its ``k`` nearest words; skipped when done.
 
-    Batches of images go through ``ctx.executor`` (every worker gets work even when all images
-    fit one batch); the file is the same whatever the executor.
+    The images go through ``ctx.executor`` as write-once shards of ``shard_size`` images
+    (:mod:`oxbench.shards`, in ``<out_path stem>.shards/``): each task commits its shard and returns
+    a receipt, an interrupted step resumes with the shards not committed, and a shard tampered with
+    is assigned again with a warning. The shards are then assembled into ``out_path``, the same
+    file whatever the executor, and deleted.
+
+    Args:
+        partition: ``(i, n)``: commit only the planned shards numbered ``i`` modulo ``n`` and
+            assemble nothing (an array job's share; a later call without it completes the step).
 
     Returns:
         ``StepResult(out_path, hit)``: an ``.npz`` with ``names``, ``offsets``, ``words``,
@@ -155,6 +205,7 @@ def step_assign(
         computed again, with a warning.
     """
     out_path = Path(out_path)
+    shards = out_path.with_suffix(".shards")
     remove_stale_temps(out_path.parent)
     voc = load_vocabulary(vocab_path, store.config)
     with entry_lock(lock_path(out_path), what=f"the visual words {out_path}"):
@@ -169,23 +220,35 @@ def step_assign(
             except CorruptCache as exc:
                 log.warning("%s; assigning the words again", exc)
         store.require_all(names)
-        size = max(1, min(batch_images, -(-len(names) // ctx.executor.workers)))
-        batches = [list(names[s : s + size]) for s in range(0, len(names), size)]
-        results = list(ctx.executor.map(AssignBatch(voc, store, k), batches, desc="assign", unit="batch",
-                                        progress=ctx.progress))  # fmt: skip
-        _save_words(voc, names, results, out_path, k=k)
-        return StepResult(out_path, hit=False, computed=len(names))
+        if shards.is_dir():
+            remove_stale_temps(shards)
+        check = _shard_checker(voc.file_digest_, k)
+        done, todo = read_npz_shards(shards, names, shard_size, what="visual-words shard", check=check)
+        todo = in_partition(todo, partition)
+        if todo:
+            tag = uuid.uuid4().hex[:12]
+            job = AssignShard(voc, store, k, names, shards, plan=plan_digest(names, shard_size), tag=tag)
+            receipts = run_shard_tasks(job, todo, shards, tag, executor=ctx.executor, desc="assign",
+                                       progress=ctx.progress)  # fmt: skip
+            check_receipts(todo, receipts, (p.name for f in committed_folders(shards).values() for p in f), shards)
+        computed = sum(len(t.items) for t in todo)
+        if partition is not None:
+            return StepResult(out_path, hit=False, computed=computed)
+        done, todo = read_npz_shards(shards, names, shard_size, what="visual-words shard", check=check)
+        if todo:
+            raise InputError(f"{todo[0]}: visual words missing after its task returned", shards)
+        _save_words(voc, names, [done[n] for n in sorted(done)], out_path, k=k)
+        discard_folder(shards)
+        return StepResult(out_path, hit=False, computed=computed)
 
 
-def _save_words(
-    voc: Vocabulary, names: Sequence[str],
-    results: Sequence[tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]], out_path: Path, *, k: int,
-) -> Path:  # fmt: skip
+def _save_words(voc: Vocabulary, names: Sequence[str], shards: Sequence[dict[str, NDArray[Any]]], out_path: Path, *,
+                k: int) -> Path:  # fmt: skip
     offsets = np.zeros(len(names) + 1, np.int64)
-    if results:
-        np.cumsum(np.concatenate([r[0] for r in results]), out=offsets[1:])
-    words_parts = [r[1] for r in results]
-    dist_parts = [r[2] for r in results]
+    if shards:
+        np.cumsum(np.concatenate([z["counts"] for z in shards]), out=offsets[1:])
+    words_parts = [z["words"] for z in shards]
+    dist_parts = [z["sq_dists"] for z in shards]
     return save_npz(out_path, {
         "names": np.array(list(names)),
         "offsets": offsets,
@@ -232,7 +295,8 @@ class WordedParts:
     def assign(self, bench: Benchmark, part: str, ctx: RunContext) -> Words:
         """The words of one part (computed through :func:`step_assign` or read from the cache)."""
         out = words_path(ctx.cache, bench, self.vocab_path, self.k, part)
-        res = step_assign(self.vocab_path, self.stores[part], self.names[part], out, ctx, k=self.k)
+        res = step_assign(self.vocab_path, self.stores[part], self.names[part], out, ctx, k=self.k,
+                          shard_size=ctx.shard_size)
         ctx.record_step(f"words.{part}", hit=res.hit)
         self.words[part] = Words.load(out)
         self.words_paths[part] = out
