@@ -142,3 +142,51 @@ def test_shards_of_another_plan_or_beyond_it_are_discarded(tmp_path: Path) -> No
     assert sorted(done) == [0, 1] and not todo
     assert sorted(committed_folders(tmp_path)) == [0, 1]
     assert len(committed_folders(tmp_path)[0]) == 1
+
+
+class _CountingVerifier:
+    """A stand-in for ShortListVerifier: 'verifies' the first two candidates, counting its calls."""
+
+    def __init__(self, n_index: int) -> None:
+        from oxbench.pipelines.steps.verify import VerifySettings
+
+        self.stores: dict = {}
+        self.words: dict = {}
+        self.settings = VerifySettings()
+        self.index_parts = [("database", f"db{i}") for i in range(n_index)]
+        self.calls: list[str] = []
+
+    def __call__(self, item: tuple[int, str, np.ndarray]):  # noqa: ANN204
+        from oxbench.pipelines.steps.verify import VerifiedList
+
+        _, qname, order = item
+        self.calls.append(qname)
+        head = np.asarray(order, np.int64)
+        return VerifiedList(head, head[:2], np.array([9, 5], np.int64), {int(head[0]): np.ones((3, 4), np.float32)})
+
+
+def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_rest(tmp_path: Path) -> None:
+    from oxbench.pipelines.steps.verify import VerificationCache, VerifyBlock, verify_short_lists
+
+    job = _CountingVerifier(30)
+    rng = np.random.default_rng(0)
+    items = [(q, f"q{q}", rng.permutation(30)[:6]) for q in range(20)]
+    ctx = RunContext(tmp_path, progress=False)
+    first = verify_short_lists(job, items[:7], ctx)  # an earlier, interrupted run got this far
+    assert job.calls == [f"q{q}" for q in range(7)] and ctx.steps["spatial"] == "computed"
+    job.calls.clear()
+    every = verify_short_lists(job, items, ctx)
+    assert job.calls == [f"q{q}" for q in range(7, 20)]  # only the lists not in the cache
+    for got, (_, _, order) in zip(every, items, strict=True):
+        assert np.array_equal(got.head, order) and np.array_equal(got.inliers, [9, 5])
+        assert np.array_equal(got.matches[int(order[0])], np.ones((3, 4)))
+    assert all(np.array_equal(a.head, b.head) for a, b in zip(first, every[:7], strict=True))
+    job.calls.clear()
+    verify_short_lists(job, items, ctx)
+    assert not job.calls and ctx.steps["spatial"] == "hit"
+    # a second attempt of a block (a retried task) finds its entries and writes nothing
+    cache = VerificationCache.for_job(job, tmp_path)
+    block = [(q, n, o, cache.path(n, [job.index_parts[int(j)] for j in o]).name) for q, n, o in items[:3]]
+    before = {p: p.stat().st_mtime_ns for p in cache.folder.iterdir()}
+    assert VerifyBlock(job, cache.folder)(block) == [(b[3], False) for b in block]
+    assert not job.calls and before == {p: p.stat().st_mtime_ns for p in cache.folder.iterdir()}

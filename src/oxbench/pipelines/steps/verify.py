@@ -9,6 +9,7 @@ local features in stores uses it, through :func:`verify_short_lists`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -18,6 +19,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.cache import CorruptCache, load_npz, save_npz
+from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.features.store import FeatureStore
 from oxbench.fileio import json_digest, remove_stale_temps
@@ -260,6 +262,35 @@ def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) ->
     return VerifiedList(order[head], order[verified], inliers, matches)
 
 
+class VerifyBlock:
+    """Picklable job: verify a block of short lists and write each one's cache entry where it runs.
+
+    A task returns receipts ``(entry file name, computed)``, never the lists; the driver reads
+    the entries back from the :class:`VerificationCache` (digest-checked). An entry is a pure
+    function of its query, short list, stores, words and settings, so an attempt that finds the
+    entry already written (a retried task whose first worker was only slow) leaves it as it is.
+    """
+
+    def __init__(self, verifier: ShortListVerifier, folder: Path) -> None:
+        self.verifier = verifier
+        self.folder = Path(folder)
+
+    def __call__(self, block: Sequence[tuple[int, str, NDArray[np.int64], str]]) -> list[tuple[str, bool]]:
+        cache = VerificationCache(self.folder)
+        receipts = []
+        for qi, qname, order, entry in block:
+            path = self.folder / entry
+            computed = not path.is_file()
+            if computed:
+                cache.save(path, np.asarray(order, np.int64), self.verifier((qi, qname, order)))
+            receipts.append((entry, computed))
+        return receipts
+
+
+#: Most short lists one verification task holds (a task of a few seconds; a worker's lost work).
+BLOCK_QUERIES = 8
+
+
 def verify_short_lists(
     job: ShortListVerifier, items: Sequence[tuple[int, str, NDArray[np.int64]]], ctx: RunContext, *,
     desc: str = "spatial",
@@ -267,22 +298,38 @@ def verify_short_lists(
     """Verify every ``(query index, query name, short list)``; results in the order of ``items``.
 
     Lists verified before with the same features, words and settings come from the
-    :class:`VerificationCache` under ``ctx.cache``; the others run through ``ctx.executor`` and are
-    stored as each one finishes (an interrupted run keeps what it verified). Records the step
-    ``desc`` (spaces as ``_``) as a cache hit when every list was found.
+    :class:`VerificationCache` under ``ctx.cache``; the others run through ``ctx.executor`` in
+    blocks of queries (:class:`VerifyBlock`), each task writing its lists' entries as it goes, so an
+    interrupted or killed run keeps what it verified and the rerun verifies only the rest. Records
+    the step ``desc`` (spaces as ``_``) as a cache hit when every list was found.
+
+    Raises:
+        InputError: an entry is missing after its task returned (workers that do not share the
+            cache folder).
     """
     items = list(items)
     cache = VerificationCache.for_job(job, Path(ctx.cache))
     if cache.folder.is_dir():
         remove_stale_temps(cache.folder)
     paths = [cache.path(qname, [job.index_parts[int(j)] for j in order]) for _, qname, order in items]
-    results: list[VerifiedList | None] = [cache.load(p, np.asarray(it[2], np.int64)) for p, it in zip(paths, items, strict=True)]
+    orders = [np.asarray(it[2], np.int64) for it in items]
+    results: list[VerifiedList | None] = [cache.load(p, o) for p, o in zip(paths, orders, strict=True)]
     todo = [i for i, r in enumerate(results) if r is None]
     log.info("%s: %d of %d short lists from the cache", desc, len(items) - len(todo), len(items))
-    done = ctx.executor.map(job, [items[i] for i in todo], desc=desc, unit="query", progress=ctx.progress)
-    for i, res in zip(todo, done, strict=True):
-        cache.save(paths[i], np.asarray(items[i][2], np.int64), res)
-        results[i] = res
+    if todo:
+        cache.folder.mkdir(parents=True, exist_ok=True)
+        size = max(1, min(BLOCK_QUERIES, -(-len(todo) // (2 * ctx.executor.workers))))
+        blocks = [[(items[i][0], items[i][1], orders[i], paths[i].name) for i in todo[s : s + size]]
+                  for s in range(0, len(todo), size)]  # fmt: skip
+        run = ctx.executor.map(VerifyBlock(job, cache.folder), blocks, desc=desc, unit="block", progress=ctx.progress)
+        with contextlib.closing(run):
+            for _ in run:
+                pass
+        for i in todo:
+            results[i] = cache.load(paths[i], orders[i])
+            if results[i] is None:
+                raise InputError(f"{desc}: the verified short list of query {items[i][1]!r} is missing after its "
+                                 "task returned (do the workers see the cache folder?)", paths[i])  # fmt: skip
     ctx.record_step(desc.replace(" ", "_"), hit=not todo)
     return [r for r in results if r is not None]
 
