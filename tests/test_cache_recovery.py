@@ -17,6 +17,7 @@ from oxbench.features.descstore import DescriptorStore, fill_store
 from oxbench.formats.arrays import read_ranks
 from oxbench.report.export import export_run
 from oxbench.report.runs import RunRecord
+from oxbench.shards import NPZ_NAME, committed_folders
 from run_layout import random_ranks, tiny_gt, write_run
 
 
@@ -37,14 +38,15 @@ def test_a_flipped_byte_in_a_descriptor_shard_is_recomputed_with_one_warning(tmp
 
     store = DescriptorStore.open(tmp_path / "s", {"kind": "test"})
     fill_store(store, names, compute, shard_size=3, progress=False)
-    shard = tmp_path / "s" / "shard-000000.npz"
+    (folder,) = committed_folders(tmp_path / "s")[0]
+    shard = folder / NPZ_NAME
     size = shard.stat().st_size
     _flip(shard, {"central-directory": size - 30, "header": 2, "middle": size // 2}[where])
     with caplog.at_level(logging.WARNING):
         again = DescriptorStore.open(tmp_path / "s", {"kind": "test"})
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and str(shard) in warnings[0] and "described again" in warnings[0], warnings
-    assert not shard.exists() and again.missing(names) == names[:3]
+    assert len(warnings) == 1 and str(folder) in warnings[0] and "described again" in warnings[0], warnings
+    assert not folder.exists() and again.missing(names) == names[:3]
     calls.clear()
     fill_store(again, names, compute, progress=False)
     assert calls == [[0, 1, 2]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
@@ -24,7 +25,8 @@ from oxbench.features.deep.model import (  # noqa: E402
     save_model,
 )
 from oxbench.features.descstore import DescriptorStore, fill_store  # noqa: E402
-from test_pipeline import make_tiny_root  # noqa: E402
+from oxbench.shards import NPZ_NAME, committed_folders  # noqa: E402
+from test_pipeline import load_tiny, make_tiny_root  # noqa: E402
 
 
 def _images(seed: int, shapes: list[tuple[int, int]]) -> list[np.ndarray]:
@@ -263,17 +265,17 @@ def test_descriptor_store_resumes_and_checks_digests(tmp_path: Path, caplog: pyt
     store = DescriptorStore.open(tmp_path / "s", {"k": 1})  # a new process resumes
     calls.clear()
     assert fill_store(store, names, compute, shard_size=2, progress=False) == []
-    assert calls == [[5, 6]]
+    assert calls == [[5], [6]]  # the plan of 7 in shards of 2: shard 2 lacks img5, shard 3 is img6
     np.testing.assert_array_equal(store.get(names), vectors)
     # a corrupted shard is detected, deleted, and its images described again
-    shard = tmp_path / "s" / "shard-000001.npz"
-    with np.load(shard) as z:
+    (folder,) = committed_folders(tmp_path / "s")[1]
+    with np.load(folder / NPZ_NAME) as z:
         data = dict(z)
     data["descriptors"] = data["descriptors"] + 1.0
-    np.savez(shard, **data)
+    np.savez(folder / NPZ_NAME, **data)
     with caplog.at_level(logging.WARNING):
         store = DescriptorStore.open(tmp_path / "s", {"k": 1})
-    assert "fails its digest check" in caplog.text and not shard.exists()
+    assert "does not match its recorded digest" in caplog.text and not folder.exists()
     assert store.missing(names) == ["img2", "img3"]
     with pytest.raises(InputError, match="no descriptor for image 'img2'"):
         store.get(names)
@@ -507,31 +509,55 @@ def test_query_crop_keeps_the_scale_of_its_full_image(full_hw: tuple[int, int], 
                                                        max_side: int) -> None:
     import math
 
-    from oxbench.pipelines.families.global_descriptors import GlobalConfig, query_reader
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig, QueryCrops
 
     bench = _query_bench(full_hw, bbox)
     crop = bench.query_crop(0)
     ch, cw = crop.shape[:2]
     m = GlobalConfig("g", descriptor="cnn", max_side=max_side)
     assert m.query_resize == "full-image"
-    got = query_reader(bench, m)(0)
+    got = QueryCrops(bench, m.query_resize, m.max_side)(0)
     side = math.floor(max_side * max(ch, cw) / max(full_hw))  # imsize * max(crop) / max(full)
     assert max(got.shape[:2]) == side
     short = min(ch, cw) * side / max(ch, cw)  # the aspect kept (Pillow rounds to the closer aspect)
     assert abs(min(got.shape[:2]) - short) <= 1 and (got.shape[0] >= got.shape[1]) == (ch >= cw)
     # the other convention: the crop as cut, which the extractor then shrinks to max side itself
-    as_cut = query_reader(bench, GlobalConfig("g", descriptor="cnn", max_side=max_side, query_resize="crop"))(0)
+    as_cut = QueryCrops(bench, "crop", max_side)(0)
     assert as_cut.shape == crop.shape
     assert max(resize_max_side(as_cut, max_side).shape[:2]) == min(max_side, max(ch, cw))
 
 
 def test_query_crop_of_an_image_within_max_side_is_the_same_either_way() -> None:
-    from oxbench.pipelines.families.global_descriptors import GlobalConfig, query_reader
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig, QueryCrops
 
     bench = _query_bench((480, 640), (10.0, 20.0, 300.0, 400.0))
-    full = query_reader(bench, GlobalConfig("g", descriptor="cnn", max_side=1024))(0)
-    crop = query_reader(bench, GlobalConfig("g", descriptor="cnn", max_side=1024, query_resize="crop"))(0)
+    full = QueryCrops(bench, GlobalConfig("g", descriptor="cnn", max_side=1024).query_resize, 1024)(0)
+    crop = QueryCrops(bench, "crop", 1024)(0)
     np.testing.assert_array_equal(full, crop)
     np.testing.assert_array_equal(resize_max_side(crop, 1024), full)
     with pytest.raises(InputError, match="setting query_resize: expected one of full-image, crop"):
         GlobalConfig("g", descriptor="cnn", query_resize="box")  # type: ignore[arg-type]
+
+
+def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(tiny_root: Path, tmp_path: Path) -> None:
+    """The shard tasks rebuild the network where they run (once per worker) and commit their
+    shards; the driver reads the store. A CUDA device makes the task ask for a GPU resource."""
+    from oxbench.execution import ProcessExecutor
+    from oxbench.features.descstore import DescribeGlobalShard
+    from oxbench.pipelines.families.global_descriptors import CnnShard
+    from oxbench.pipelines.method import RunContext, resolve_method
+
+    bench = load_tiny(tiny_root)
+    m = resolve_method("gem-r50-imagenet", **TINY_CNN)
+    here = m.build().describe(bench, "database", RunContext(tmp_path / "serial", progress=False))
+    with ProcessExecutor(2) as ex:
+        ctx = RunContext(tmp_path / "pool", executor=ex, progress=False)
+        impl = m.build()
+        compute = impl._cnn_compute(bench, "database", [bench.database.name(i) for i in range(3)], ctx)
+        assert isinstance(compute, CnnShard) and compute._model is None  # built again in each worker
+        pooled = impl.describe(bench, "database", ctx)
+    np.testing.assert_allclose(pooled, here, rtol=1e-4, atol=1e-5)
+    assert compute.resources is None
+    gpu = CnnShard(compute.spec, dataclasses.replace(compute.options, device="cuda"), compute.read, compute.names,
+                   allow_partial=False)  # fmt: skip
+    assert DescribeGlobalShard(gpu, gpu.names, tmp_path, plan="", tag="t").resources == {"GPU": 1}

@@ -396,6 +396,68 @@ class VladImage:
         return vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
 
 
+class VladShard:
+    """Picklable :data:`~oxbench.features.descstore.Compute`: the VLAD vectors of some images."""
+
+    def __init__(self, image: VladImage) -> None:
+        self.image = image
+
+    def __call__(self, positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
+        rows = [self.image(i) for i in positions]
+        return positions, np.stack(rows) if rows else np.zeros((0, self.image.dim), np.float32)
+
+
+@dataclass(frozen=True)
+class NetSpec:
+    """What builds a method's network again where a task runs (another process, a GPU worker)."""
+
+    backbone: str
+    pooling: str
+    weights: str | Path
+    p: float
+    seed: int
+    rmac_grid: Any
+
+    def build(self) -> Any:
+        """The :class:`~oxbench.features.deep.model.LoadedModel`."""
+        from oxbench.features.deep.model import build_net
+
+        model = build_net(self.backbone, self.pooling, weights=self.weights, p=self.p, seed=self.seed)
+        if self.pooling == "rmac":
+            model.net.pool.grid = self.rmac_grid
+        return model
+
+
+class CnnShard:
+    """Picklable :data:`~oxbench.features.descstore.Compute`: CNN descriptors of some images.
+
+    The network is built once per process that runs it, on its first task (here the driver's
+    network is reused). With a CUDA device it asks for a ``GPU`` resource, so that a Dask cluster
+    runs it only on a worker that offers one (``dask worker --resources GPU=1``).
+    """
+
+    def __init__(self, spec: NetSpec, options: Any, read: Callable[[int], NDArray[np.uint8]], names: list[str], *,
+                 allow_partial: bool, model: Any = None) -> None:  # fmt: skip
+        self.spec, self.options, self.read, self.names = spec, options, read, names
+        self.allow_partial = allow_partial
+        self.resources = {"GPU": 1} if str(options.device).startswith("cuda") else None
+        self._model = model
+        self._extractor: Any = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_model": None, "_extractor": None}
+
+    def __call__(self, positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
+        if self._extractor is None:
+            from oxbench.execution import available_cores
+            from oxbench.features.deep.extract import Extractor
+
+            model = self._model if self._model is not None else self.spec.build()
+            threads = min(self.options.decode_threads, available_cores())
+            self._extractor = Extractor(model.net, dataclasses.replace(self.options, decode_threads=threads))
+        return self._extractor.describe_sources(self.read, positions, self.names, allow_undecodable=self.allow_partial)
+
+
 class GlobalDescriptors(RetrievalMethod):
     """Runs a :class:`GlobalConfig`: codebook and whitening on the training set, exact search, QE."""
 
@@ -407,7 +469,6 @@ class GlobalDescriptors(RetrievalMethod):
         self._chain: SearchChain | None = None
         self._indexed: str | None = None
         self.model_: Any = None  # cnn: oxbench.features.deep.model.LoadedModel
-        self._extractor: Any = None
         self.undecodable_: dict[str, list[str]] = {}
 
     # --- descriptors -----------------------------------------------------------------------
@@ -447,8 +508,8 @@ class GlobalDescriptors(RetrievalMethod):
             if not hit:
                 kind = self.config.descriptor
                 compute = self._cnn_compute(bench, part, names, ctx) if kind == "cnn" else self._vlad_compute(bench, part, names, ctx)
-                failed = fill_store(store, names, compute, shard_size=512 if kind == "cnn" else 2048,
-                                    progress=ctx.progress, desc=f"{kind} {bench.id} {part}")
+                failed = fill_store(store, names, compute, executor=ctx.executor, shard_size=512 if kind == "cnn" else 2048,
+                                    progress=ctx.progress, desc=f"{kind} {bench.id} {part}")  # fmt: skip
         ctx.record_step(f"descriptors.{part}", hit=hit)
         if failed:
             self.undecodable_[f"{bench.id}/{part}"] = failed
@@ -457,58 +518,52 @@ class GlobalDescriptors(RetrievalMethod):
             x = self._model_whitening(ctx, x)
         return x
 
-    def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
+    def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext) -> VladShard:
         assert self.codebook_path_ is not None
         store = self._store(bench, part, ctx)
-        job = VladImage(self.config, store_spec(store), load_vocabulary(self.codebook_path_, self.config.features),
-                        names, f"{bench.id} {part}")  # fmt: skip
-
-        def compute(positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
-            rows = list(ctx.executor.map(job, positions, desc=f"vlad {bench.id} {part}", unit="img"))
-            return positions, np.stack(rows) if rows else np.zeros((0, job.dim), np.float32)
-
-        return compute
+        return VladShard(VladImage(self.config, store_spec(store), load_vocabulary(self.codebook_path_, self.config.features),
+                                   names, f"{bench.id} {part}"))  # fmt: skip
 
     # --- deep descriptors ----------------------------------------------------------------------
+    def _net_spec(self, ctx: RunContext) -> NetSpec:
+        """What builds the network (weights resolved; the model file must exist)."""
+        m = self.config
+        if m.weights is None:
+            raise InputError(
+                f"method {m.name} needs a model file: pass --set weights=MODEL.pt (e.g. the published "
+                "cirtorch weights converted with oxbench import-checkpoint CHECKPOINT --out MODEL.pt)"
+            )
+        weights: str | Path = m.weights
+        if m.weights not in ("random", "imagenet"):
+            weights = resolve_weights_path(m.weights, ctx.root)
+            if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
+                raise _no_model_file(weights)
+        return NetSpec(m.backbone, m.pooling, weights, m.gem_p, m.seed, m.rmac_grid)
+
     def _model(self, ctx: RunContext) -> Any:
         """The network (built once per method; weights loaded here, never in a constructor)."""
         if self.model_ is None:
-            from oxbench.features.deep.model import build_net
-
-            m = self.config
-            if m.weights is None:
-                raise InputError(
-                    f"method {m.name} needs a model file: pass --set weights=MODEL.pt (e.g. the published "
-                    "cirtorch weights converted with oxbench import-checkpoint CHECKPOINT --out MODEL.pt)"
-                )
-            weights: str | Path = m.weights
-            if m.weights not in ("random", "imagenet"):
-                weights = resolve_weights_path(m.weights, ctx.root)
-                if m.weights.startswith(MODELS_PREFIX) and not weights.exists():
-                    raise _no_model_file(weights)
-            self.model_ = build_net(m.backbone, m.pooling, weights=weights, p=m.gem_p, seed=m.seed)
-            if m.pooling == "rmac":
-                self.model_.net.pool.grid = m.rmac_grid
+            self.model_ = self._net_spec(ctx).build()
         return self.model_
 
-    def _cnn_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext):  # noqa: ANN202
-        from oxbench.features.deep.extract import ExtractOptions, Extractor
+    def _cnn_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext) -> CnnShard:
+        from oxbench.features.deep.extract import ExtractOptions
 
         m = self.config
-        if self._extractor is None:
-            opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision,
-                                  batch_size=m.batch_size, device=m.device, decode_threads=ctx.decode_threads)
-            self._extractor = Extractor(self._model(ctx).net, opts)
-        read = {"database": bench.database.read, "queries": query_reader(bench, m)}.get(part)
-        if read is None:
+        workers = max(1, ctx.workers)
+        opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision, batch_size=m.batch_size,
+                              device=m.device, decode_threads=max(1, ctx.decode_threads // workers))  # fmt: skip
+        read: Callable[[int], NDArray[np.uint8]]
+        if part == "database":
+            read = bench.database.read
+        elif part == "queries":
+            read = QueryCrops(bench, m.query_resize, m.max_side)
+        else:
             assert bench.distractors is not None
             read = bench.distractors.read
-        ext = self._extractor
-
-        def compute(positions: list[int]) -> tuple[list[int], NDArray[np.float32]]:
-            return ext.describe_sources(read, positions, names, allow_undecodable=ctx.allow_partial)
-
-        return compute
+        here = ctx.executor.backend == "serial"  # the driver's network, unless the tasks run elsewhere
+        return CnnShard(self._net_spec(ctx), opts, read, names, allow_partial=ctx.allow_partial,
+                        model=self._model(ctx) if here else None)  # fmt: skip
 
     def _model_whitening(self, ctx: RunContext, x: NDArray[np.float32]) -> NDArray[np.float32]:
         lw = self._model(ctx).whitening(multiscale=len(self.config.scales) > 1)
@@ -627,19 +682,22 @@ class GlobalDescriptors(RetrievalMethod):
         return out
 
 
-def query_reader(bench: Benchmark, m: GlobalConfig) -> Callable[[int], NDArray[np.uint8]]:
-    """Query ``i``'s crop as the CNN describes it: with ``query_resize="full-image"`` already
-    shrunk by its full image's factor (:func:`~oxbench.features.deep.extract.resize_query_crop`),
-    with ``"crop"`` as cut (the extractor shrinks it to ``max_side``)."""
-    if m.query_resize == "crop":
-        return bench.query_crop
-    from oxbench.features.deep.extract import resize_query_crop
+class QueryCrops:
+    """Picklable reader of query ``i``'s crop as the CNN describes it: with
+    ``query_resize="full-image"`` already shrunk by its full image's factor
+    (:func:`~oxbench.features.deep.extract.resize_query_crop`), with ``"crop"`` as cut (the
+    extractor shrinks it to ``max_side``)."""
 
-    def read(i: int) -> NDArray[np.uint8]:
-        crop, full_hw = bench.query_crop_and_size(i)
-        return resize_query_crop(crop, full_hw, m.max_side)
+    def __init__(self, bench: Benchmark, query_resize: str, max_side: int) -> None:
+        self.bench, self.query_resize, self.max_side = bench, query_resize, max_side
 
-    return read
+    def __call__(self, i: int) -> NDArray[np.uint8]:
+        if self.query_resize == "crop":
+            return self.bench.query_crop(i)
+        from oxbench.features.deep.extract import resize_query_crop
+
+        crop, full_hw = self.bench.query_crop_and_size(i)
+        return resize_query_crop(crop, full_hw, self.max_side)
 
 
 # --- presets -------------------------------------------------------------------------------------
