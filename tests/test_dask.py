@@ -312,17 +312,65 @@ def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFix
     first = extract_partition("synthetic", "rootsift-bow", (0, 2), shard_size=8, **kwargs)  # type: ignore[arg-type]
     second = extract_partition("synthetic", "rootsift-bow", (1, 2), shard_size=8, **kwargs)  # type: ignore[arg-type]
     bench = oxbench.load("synthetic", root)
-    assert first["database"] + second["database"] == bench.gt.n_db and first["database"] == 24
-    assert first["queries"] + second["queries"] == bench.gt.n_queries
+    db, q = "synthetic/database", "synthetic/queries"
+    assert first[db] + second[db] == bench.gt.n_db and first[db] == 24
+    assert first[q] + second[q] == bench.gt.n_queries
     assert extract_partition("synthetic", "rootsift-bow", (1, 2), shard_size=8, **kwargs) == {  # type: ignore[arg-type]
-        "database": 0, "queries": 0}
+        db: 0, q: 0}
     with pytest.raises(SystemExit) as exc:
         main(["extract", "--method", "rootsift-bow", "--partition", "2/2", "--root", str(root)])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err.strip() == "oxbench: error: --partition: I/N needs 0 <= I < N <= 1000000, got '2/2'"
-    with pytest.raises(InputError, match="extracts none"):
+    with pytest.raises(InputError, match="describes none"):
         extract_partition("synthetic", "features", (0, 2), **{**kwargs, "overrides": {}})  # type: ignore[arg-type]
+
+
+def test_run_partitions_describe_the_training_set_too_and_the_plain_run_describes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_pipeline import TINY, make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    cache = tmp_path / "cache"
+    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    common = ["run", "--method", "rootsift-bow", "--root", str(root), "--cache", str(cache), "--vocab-size", "50",
+              "--engine", "serial", "--shard-size", "8", "--no-progress", *sets]  # fmt: skip
+    described: dict[str, int] = {}
+    def cli(args: list[str]) -> None:
+        with pytest.raises(SystemExit) as exc:
+            main(args)
+        assert exc.value.code == 0
+
+    for i in range(3):
+        cli([*common, "--partition", f"{i}/3", "--json"])
+        for key, n in json.loads(capsys.readouterr().out)["described"].items():
+            described[key] = described.get(key, 0) + n
+    bench, train = oxbench.load("synthetic", root), oxbench.load("synthetic-train", root)
+    assert described["synthetic/database"] == bench.gt.n_db and described["synthetic/queries"] == bench.gt.n_queries
+    assert described["synthetic-train/database"] == train.gt.n_db  # the vocabulary's training images
+    cli([*common, "--out", str(tmp_path / "out")])
+    assert "mAP" in capsys.readouterr().out
+    (record,) = (tmp_path / "out").glob("*/record.json")
+    assert json.loads(record.read_text())["cache"]["features"] == "hit"  # every image came from the partitions
+
+
+def test_cnn_descriptors_by_partition(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from oxbench.pipelines.extract import extract_partition
+    from oxbench.pipelines.method import RunContext, resolve_method
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    tiny = {"weights": "random", "backbone": "resnet18", "max_side": 64, "scales": [1.0]}
+    kwargs = {"root": root, "cache": tmp_path / "cache", "overrides": tiny, "engine": "serial", "progress": False}
+    first = extract_partition("synthetic", "gem-r50-imagenet", (0, 2), **kwargs)  # type: ignore[arg-type]
+    second = extract_partition("synthetic", "gem-r50-imagenet", (1, 2), **kwargs)  # type: ignore[arg-type]
+    bench = oxbench.load("synthetic", root)
+    assert first["synthetic/database"] == bench.gt.n_db and second["synthetic/database"] == 0  # one shard: 0 of 2
+    ctx = RunContext(tmp_path / "cache", progress=False, root=root)
+    resolve_method("gem-r50-imagenet", **tiny).build().describe(bench, "database", ctx)
+    assert ctx.steps["descriptors.database"] == "hit"
 
 
 # ---------------------------------------------------------------------- an existing cluster
@@ -483,3 +531,12 @@ def test_the_slurm_recipe_makes_a_job_script_without_slurm() -> None:
     assert "#SBATCH --cpus-per-task=16" in script and "#SBATCH -t 04:00:00" in script
     assert "--nworkers 16" in script and "--nthreads 1" in script
     assert "export OXBENCH_DATA=" in script and "tcp://10.0.0.1:8786" in script
+
+
+def test_the_embedded_cluster_listens_on_loopback_ports_the_system_picks(cluster: DaskExecutor) -> None:
+    """No dashboard on the well-known port 8787 (nor anything on another interface)."""
+    cluster.client  # noqa: B018 - started
+    pids = [os.getpid(), *cluster.worker_pids.values()]
+    listening = [c.laddr for p in pids for c in psutil.Process(p).net_connections(kind="inet") if c.status == "LISTEN"]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening)
+    assert 8787 not in {a.port for a in listening}

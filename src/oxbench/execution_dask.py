@@ -4,8 +4,8 @@
 the optional extra ``oxbench[dask]`` (imported only when the backend is used):
 
 - without an address: an embedded ``LocalCluster`` of ``workers`` worker processes with one thread
-  each, listening on 127.0.0.1 only, without a dashboard, started on the first stage that needs it
-  and stopped when the run ends (:meth:`DaskExecutor.close`; the worker processes also end when
+  each, listening on 127.0.0.1 only (ports the system picks), without a dashboard, started on the
+  first stage that needs it and stopped when the run ends (:meth:`DaskExecutor.close`; the worker processes also end when
   this process dies, as Dask's nannies hold a pipe to their parent) -- the zero-setup way to use one
   big machine;
 - with ``address`` (``--cluster tcp://host:8786`` or ``$OXBENCH_CLUSTER``): the scheduler of an
@@ -236,8 +236,8 @@ class DaskExecutor(Executor):
             if self.address is None:
                 self._cluster = distributed.LocalCluster(
                     n_workers=self.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                    scheduler_port=0, dashboard_address=None, worker_dashboard_address=None,
-                    memory_limit=0, silence_logs=logging.ERROR,
+                    scheduler_port=0, dashboard_address="127.0.0.1:0", worker_dashboard_address=None,
+                    memory_limit=0, silence_logs=logging.ERROR, scheduler_kwargs={"dashboard": False},
                 )  # fmt: skip
                 try:
                     self._client = distributed.Client(self._cluster, timeout=self.connect_timeout_s)

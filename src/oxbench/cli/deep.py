@@ -44,9 +44,9 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
               help="Output folder: db.npy, db_names.txt, queries.npy, query_names.txt, extract.json "
                    "(required unless --partition).")
 @click.option("--partition", default=None, metavar="I/N",
-              help="Describe only partition I of N (0 <= I < N) of the local-feature shards, into the "
-                   "cache, and stop (an array job's task: $SLURM_ARRAY_TASK_ID/N). Any method with local "
-                   "features (bag of words, ASMK, VLAD). Then run without --partition to combine.")
+              help="Describe only partition I of N (0 <= I < N) of the extraction shards (local features, or "
+                   "a CNN's descriptors), into the cache, and stop (an array job's task: "
+                   "$SLURM_ARRAY_TASK_ID/N). Then run without --partition to combine.")
 @method_options
 @execution_options
 @click.option("--decode-threads", type=click.IntRange(1, 1024), default=None,

@@ -10,6 +10,7 @@ from oxbench.cli.options import (
     execution_options,
     method_options,
     parse_distractors,
+    parse_partition,
     parse_setting,
     parse_workers,
 )
@@ -43,13 +44,17 @@ from oxbench.cli.options import (
 @click.option("--label", default=None,
               help="The run's name in runs, compare, report, plot and view (default: the preset name plus "
                    "the settings that differ from it, e.g. 'features-alpha-qe [whitening=pca]').")
+@click.option("--partition", default=None, metavar="I/N",
+              help="Only compute partition I of N (0 <= I < N) of the run's extraction shards (local features "
+                   "or CNN descriptors of the training set and the dataset) into the cache, and stop: an array "
+                   "job's task ($SLURM_ARRAY_TASK_ID/N). The same command without --partition then combines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
     dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
     cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
     max_side: int | None, top_r: int | None, workers: int | None, engine: str, cluster: str | None, shard_size: int | None, distractors: str | None, top_k: int,
-    allow_partial: bool, overwrite: bool, label: str | None, as_json: bool, no_progress: bool,
+    allow_partial: bool, overwrite: bool, label: str | None, partition: str | None, as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
 
@@ -75,6 +80,26 @@ def run(
         overrides["max_side" if deep else "features.max_side"] = max_side
     if top_r is not None:
         overrides["spatial_top_r"] = top_r
+    part = parse_partition(partition)
+    if part is not None:
+        from oxbench.pipelines.extract import extract_partition
+        from oxbench.pipelines.method import resolve_method
+        from oxbench.pipelines.runner import training_set_of
+
+        m = resolve_method(method or DEFAULT_METHOD, **overrides)
+        done = extract_partition(
+            dataset, m, part, root=root, cache=cache, distractors=parse_distractors(distractors),
+            strict=not allow_partial, workers=parse_workers(workers), engine=engine, cluster=cluster,
+            shard_size=shard_size, progress=not no_progress and not as_json,
+            train_dataset=training_set_of(m, dataset, train_dataset),
+        )  # fmt: skip
+        if as_json:
+            click.echo(json.dumps({"partition": list(part), "described": done}, indent=1))
+            return
+        counts = ", ".join(f"{n} {p}" for p, n in done.items())
+        click.echo(f"partition {part[0]}/{part[1]}: described {counts} image(s); when every partition is done, "
+                   "the same command without --partition combines them")  # fmt: skip
+        return
     outcome = run_method(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
         overrides=overrides, workers=parse_workers(workers), engine=engine, cluster=cluster, shard_size=shard_size, overwrite=overwrite, top_k=top_k,

@@ -204,38 +204,57 @@ def extract_partition(
     cluster: str | None = None,
     shard_size: int | None = None,
     progress: bool = True,
+    train_dataset: str | None = None,
 ) -> dict[str, int]:
-    """Describe partition ``I`` of ``N`` of a dataset's local-feature shards (every part), and stop.
+    """Compute partition ``I`` of ``N`` of a run's extraction shards, and stop.
 
-    Each planned shard belongs to the partition ``shard number % N``; shards already committed are
-    skipped, so a partition re-run after a failure does only what is missing. Run every partition
-    (at the same time or not, on any machines sharing the cache), then the command without a
-    partition: it finds the shards committed and goes on.
+    The extraction is what a method describes images with: the local features of every part (bag
+    of words, ASMK, VLAD), or a CNN's descriptors of every part. With ``train_dataset`` the
+    training set is described too (what ``oxbench run --partition`` does: everything the run
+    will read). Each planned shard belongs to the partition ``shard number % N``; shards already
+    committed are skipped, so a partition re-run after a failure does only what is missing. Run
+    every partition (at the same time or not, on any machines sharing the cache), then the command
+    without a partition: it finds the shards committed and goes on.
 
     Returns:
-        ``{part: images described}``.
+        ``{"<dataset id>/<part>": images described}``.
 
     Raises:
-        InputError: a method without local features (a CNN's descriptors are computed in one
-            process), a bad partition, missing data.
+        InputError: a method that describes no images (descriptor files), a bad partition,
+            missing data.
     """
     partition = check_partition(partition)  # type: ignore[assignment]
     m = resolve_method(method, **dict(overrides or {}))
     features = local_features_of(m)
-    if features is None:
-        raise InputError(f"--partition splits local-feature extraction; {m.name} extracts none "
-                         "(a CNN's descriptors are extracted by one process: run without --partition)")  # fmt: skip
+    cnn = isinstance(m, GlobalConfig) and m.descriptor == "cnn"
+    if features is None and not cnn:
+        raise InputError(f"--partition splits the extraction of images; {m.name} describes none")
+    require_installed(m.requires)
     root_path = data_root(root)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     executor: Executor = make_executor(engine, workers, cluster=cluster)
+    size = shard_size or DEFAULT_SHARD_SIZE
     done: dict[str, int] = {}
     with executor:
         executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
-        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
-        for part in parts_of(bench):
-            job, n, _ = extraction_job(bench, part, features)
-            store = open_store(cache_dir, bench, features, part, create=True)
-            done[part] = extract_to_store(job, n, store, executor=executor, progress=progress,
-                                          desc=f"{bench.id} {part} {partition[0]}/{partition[1]}",
-                                          shard_size=shard_size or DEFAULT_SHARD_SIZE, partition=partition)  # fmt: skip
+        ids = ([train_dataset] if train_dataset and train_dataset != dataset else []) + [dataset]
+        for ds in ids:
+            bench = load(ds, root_path, distractors=None if ds != dataset else distractors, strict=strict,
+                         progress=progress)  # fmt: skip
+            if features is None:  # a CNN: the descriptor stores, through the method's own describing
+                impl = m.build()
+                assert isinstance(impl, GlobalDescriptors)
+                ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
+                                 root=root_path, shard_size=size)  # fmt: skip
+                parts = parts_of(bench) if ds == dataset else ["database"]
+                for part in parts:
+                    done[f"{bench.id}/{part}"] = impl.describe_partition(bench, part, ctx, partition)
+                continue
+            for part in parts_of(bench):
+                job, n, _ = extraction_job(bench, part, features)
+                store = open_store(cache_dir, bench, features, part, create=True)
+                done[f"{bench.id}/{part}"] = extract_to_store(
+                    job, n, store, executor=executor, progress=progress,
+                    desc=f"{bench.id} {part} {partition[0]}/{partition[1]}", shard_size=size, partition=partition,
+                )  # fmt: skip
     return done

@@ -372,6 +372,21 @@ def _write_run_files(
 # --- the one way to run a method -----------------------------------------------------------------
 
 
+def training_set_of(m: MethodConfig, dataset: str, train_dataset: str | None = None) -> str | None:
+    """The dataset ``m`` learns on when run on ``dataset``: ``train_dataset``, else the default (the
+    other city), or ``None`` when it learns nothing.
+
+    Raises:
+        InputError: it learns and ``dataset`` has no default training set.
+    """
+    if not m.needs_training:
+        return None
+    train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
+    if train_id is None:
+        raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
+    return train_id
+
+
 def run(
     dataset: str = "synthetic",
     method: str | MethodConfig = DEFAULT_METHOD,
@@ -451,11 +466,7 @@ def run(
     m.check_inputs(root_path)
     if label is None:
         label = preset_label(m.name, m.to_dict())
-    train_id: str | None = None
-    if m.needs_training:
-        train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
-        if train_id is None:
-            raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
+    train_id = training_set_of(m, dataset, train_dataset)
     if out is not None:  # a folder of another method or dataset is refused before data is loaded or generated
         prepare_config_folder(Path(out), {"dataset": dataset, "method": m.to_dict()}, overwrite=overwrite,
                               only=("dataset", "method"))  # fmt: skip

@@ -396,6 +396,12 @@ class VladImage:
         return vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
 
 
+#: Images per descriptor shard: a CNN task of a minute or more on a GPU (the plan is fixed by it).
+CNN_SHARD_SIZE = 512
+#: Images per VLAD descriptor shard.
+VLAD_SHARD_SIZE = 2048
+
+
 class VladShard:
     """Picklable :data:`~oxbench.features.descstore.Compute`: the VLAD vectors of some images."""
 
@@ -508,7 +514,8 @@ class GlobalDescriptors(RetrievalMethod):
             if not hit:
                 kind = self.config.descriptor
                 compute = self._cnn_compute(bench, part, names, ctx) if kind == "cnn" else self._vlad_compute(bench, part, names, ctx)
-                failed = fill_store(store, names, compute, executor=ctx.executor, shard_size=512 if kind == "cnn" else 2048,
+                failed = fill_store(store, names, compute, executor=ctx.executor,
+                                    shard_size=CNN_SHARD_SIZE if kind == "cnn" else VLAD_SHARD_SIZE,
                                     progress=ctx.progress, desc=f"{kind} {bench.id} {part}")  # fmt: skip
         ctx.record_step(f"descriptors.{part}", hit=hit)
         if failed:
@@ -517,6 +524,20 @@ class GlobalDescriptors(RetrievalMethod):
         if self.config.model_whitening:
             x = self._model_whitening(ctx, x)
         return x
+
+    def describe_partition(self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int]) -> int:
+        """Describe only the planned descriptor shards of ``partition`` (``(i, n)``: shard numbers
+        ``i`` modulo ``n``) of one part with the CNN, for an array job; returns images described."""
+        if self.config.descriptor != "cnn":
+            raise InputError(f"method {self.config.name}: only CNN descriptors are described by partition")
+        names = part_names(bench, part)
+        path = self._descriptor_path(bench, part, ctx)
+        store = DescriptorStore.open(path, self._store_settings(ctx, part))
+        before = len(store)
+        fill_store(store, names, self._cnn_compute(bench, part, names, ctx), executor=ctx.executor,
+                   shard_size=CNN_SHARD_SIZE, progress=ctx.progress, desc=f"cnn {bench.id} {part}",
+                   partition=partition)  # fmt: skip
+        return len(store) - before
 
     def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext) -> VladShard:
         assert self.codebook_path_ is not None
