@@ -436,3 +436,60 @@ def test_verify_refuses_a_fifo_as_lock_file(capsys: pytest.CaptureFixture[str], 
     os.mkfifo(root / "oxbench.lock.json")
     code, _, err = run(capsys, "verify", "roxford5k", "--root", str(root), "--no-decode", "--no-progress")
     assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+def _serve_r1m(server: Server, tmp_path: Path, per_archive: int = 2) -> list[str]:
+    """A miniature R1M in its published layout: ``revisitop1m.txt`` and the 100 archives
+    ``jpg/revisitop1m.{1..100}.tar.gz``, each holding ``jpg/<entry>.jpg`` for its entries (some list
+    entries without the ``.jpg``, as the official list has them)."""
+    from test_datasets import write_jpeg
+
+    entries = [f"{i % 7:02x}/{i % 5:02x}/{i:08x}" + (".jpg" if i % 3 else "") for i in range(100 * per_archive)]
+    server.paths["/revisitop/revisitop1m/revisitop1m.txt"] = Behaviour(("\n".join(entries) + "\n").encode())
+    src = tmp_path / "r1m-src"
+    for a in range(100):
+        archive = tmp_path / f"revisitop1m.{a + 1}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tf:
+            for j, e in enumerate(entries[a * per_archive : (a + 1) * per_archive]):
+                rel = e if e.endswith(".jpg") else e + ".jpg"
+                tf.add(write_jpeg(src / rel, seed=1000 + a * per_archive + j), arcname=f"jpg/{rel}")
+        server.paths[f"/revisitop/revisitop1m/jpg/revisitop1m.{a + 1}.tar.gz"] = Behaviour(archive.read_bytes())
+    return entries
+
+
+def test_revisitop1m_through_a_mirror_resumes_and_attaches_as_distractors(
+    capsys: pytest.CaptureFixture[str], server: Server, tmp_path: Path
+) -> None:
+    """R1M as users get it: the list and 100 archives from a mirror, a dropped connection resumed,
+    an archive the mirror lacks named in one line (the rest kept, nothing recorded for it), then
+    the rerun fetches only that archive; verify, and ROxford with R1M as its distractors."""
+    from oxbench.datasets import load
+
+    entries = _serve_r1m(server, tmp_path)
+    server.paths["/revisitop/revisitop1m/jpg/revisitop1m.7.tar.gz"].mode = "drop"
+    server.paths["/revisitop/revisitop1m/jpg/revisitop1m.7.tar.gz"].drop_times = 1
+    missing = server.paths.pop("/revisitop/revisitop1m/jpg/revisitop1m.42.tar.gz")
+    root = tmp_path / "root"
+    args = ["fetch", "revisitop1m", "--root", str(root), "--mirror", server.base, "--accept-terms", "--no-progress",
+            "--jobs", "4"]  # fmt: skip
+    code, _, err = run(capsys, *args)
+    assert code == 2 and "revisitop1m.42.tar.gz" in err and "HTTP 404" in err
+    assert "revisitop1m.42.tar.gz" not in LockFile(root).read()["files"]
+    assert server.paths["/revisitop/revisitop1m/jpg/revisitop1m.7.tar.gz"].ranges[-1] is not None  # resumed
+    served = {p: b.served for p, b in server.paths.items()}
+    server.paths["/revisitop/revisitop1m/jpg/revisitop1m.42.tar.gz"] = missing
+    code, out, err = run(capsys, *args)
+    assert code == 0, err
+    assert missing.served == 1 and all(server.paths[p].served == n for p, n in served.items())  # only the 42nd
+    ddir = root / "revisitop1m"
+    assert len(list((ddir / "jpg").rglob("*.jpg"))) == len(entries) and not (ddir / "downloads").exists()
+    assert len(LockFile(root).read()["files"]) == 101  # the list and every archive, with their sizes and digests
+    code, out, _ = run(capsys, "verify", "revisitop1m", "--root", str(root), "--no-progress")
+    assert code == 1 and "count images: found 200, expected 1001001" in out  # a miniature, said so
+    from test_datasets import make_revisited
+
+    make_revisited(root / "roxford5k")
+    bench = load("roxford5k", root, distractors="revisitop1m", strict=False)
+    assert bench.n_distractors == len(entries) and bench.n_index == bench.gt.n_db + len(entries)
+    assert bench.distractors is not None and bench.distractors.name(0) == entries[0]
+    assert bench.distractors.read(len(entries) - 1).shape == (16, 24, 3)

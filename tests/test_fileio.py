@@ -137,3 +137,20 @@ def test_stale_temps_are_removed_fresh_ones_kept(tmp_path: Path) -> None:
     os.utime(old, (1, 1))
     assert fileio.remove_stale_temps(tmp_path) == 1
     assert not old.exists() and new.exists() and keep.exists()
+
+
+def test_an_input_replaced_by_a_rename_while_opened_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock file is replaced atomically by other threads' updates: a reader that stat'ed the
+    old file and opened the new one reads the new one whole (it used to say 'file grew')."""
+    path = tmp_path / "lock.json"
+    path.write_bytes(b"{}")
+    real_stat = fileio.require_regular_file
+
+    def stat_then_replace(p):  # noqa: ANN001, ANN202
+        st = real_stat(p)
+        (tmp_path / "new").write_bytes(b'{"a": 1}')
+        os.replace(tmp_path / "new", path)
+        return st
+
+    monkeypatch.setattr(fileio, "require_regular_file", stat_then_replace)
+    assert fileio.read_input_bytes(path) == b'{"a": 1}'

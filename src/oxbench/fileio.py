@@ -345,11 +345,17 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
     Raises:
         InputError: missing, unreadable, not a regular file, or larger than ``limit``.
     """
-    st = require_regular_file(path)
+    st = require_regular_file(path)  # before opening: opening a FIFO would block
     if st.st_size > limit:
         raise InputError(f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path)
     try:
         with open(path, "rb") as fh:
+            # the file opened may be a newer one than the file stat'ed (replaced by a rename meanwhile)
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise InputError("not a regular file (FIFO, device or socket); give a file", path)
+            if st.st_size > limit:
+                raise InputError(f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path)
             # read(n) allocates n bytes up front: ask for the size seen (+1 to notice growth), not the limit
             data = fh.read(min(st.st_size, limit) + 1)
             if len(data) > st.st_size:
