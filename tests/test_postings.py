@@ -1,0 +1,87 @@
+"""The compressed, memory-mapped inverted file (oxbench.index.postings) against the in-RAM one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oxbench.errors import InputError
+from oxbench.index.inverted import InvertedFile, bow_matrix
+from oxbench.index.postings import CompressedPostings, vbyte_decode, vbyte_encode
+
+
+def _slow_vbyte(values: list[int]) -> list[int]:
+    """The byte code by its definition: 7-bit groups, low first, high bit on all but the last."""
+    out = []
+    for v in values:
+        while True:
+            group, v = v & 0x7F, v >> 7
+            out.append(group | (0x80 if v else 0))
+            if not v:
+                break
+    return out
+
+
+@given(st.lists(st.integers(0, 2**62), max_size=50))
+@settings(max_examples=200, deadline=None)
+def test_vbyte_is_the_definition_and_decodes_back(values: list[int]) -> None:
+    code = vbyte_encode(np.array(values, np.uint64))
+    assert code.tolist() == _slow_vbyte(values)
+    assert vbyte_decode(code).tolist() == values
+
+
+def test_a_code_cut_inside_a_value_is_refused() -> None:
+    with pytest.raises(InputError, match="ends inside a value"):
+        vbyte_decode(vbyte_encode(np.array([300]))[:1])
+
+
+def _index(seed: int, n_db: int = 300, n_words: int = 500) -> tuple[InvertedFile, sp.csr_matrix]:
+    rng = np.random.default_rng(seed)
+    words = [rng.integers(0, n_words, rng.integers(0, 60)) for _ in range(n_db)]
+    ivf = InvertedFile(n_words).fit(bow_matrix(words, n_words))
+    queries = bow_matrix([rng.integers(0, n_words, 40) for _ in range(6)], n_words)
+    return ivf, ivf.transform(queries)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_float32_postings_give_the_in_ram_files_scores_exactly(tmp_path: Path, seed: int) -> None:
+    ivf, q = _index(seed)
+    cp = CompressedPostings.write(ivf.postings_, tmp_path / "ivf")
+    again = CompressedPostings.open(tmp_path / "ivf")  # a new process maps the files
+    assert np.array_equal(again.scores_of_vectors(q), ivf.scores_of_vectors(q))
+    assert np.array_equal(again.search(q, 50), ranks_of(ivf, q, 50))
+    for word in (0, 7, 499):
+        ids, w = cp.posting(word)
+        row = ivf.postings_[word]
+        assert ids.tolist() == row.indices.tolist() and np.array_equal(w, row.data)
+    # one copy of the posting lists, ids in about 1-2 bytes: smaller than the two CSR copies in RAM
+    csr = ivf.postings_.data.nbytes + ivf.postings_.indices.nbytes + ivf.postings_.indptr.nbytes
+    assert cp.nbytes < 2 * csr * 0.5
+
+
+def ranks_of(ivf: InvertedFile, q: sp.csr_matrix, k: int) -> np.ndarray:
+    from oxbench.evaluation.ranking import ranks_from_scores
+
+    return ranks_from_scores(ivf.scores_of_vectors(q).T, k)
+
+
+def test_float16_postings_are_within_half_precision(tmp_path: Path) -> None:
+    ivf, q = _index(2)
+    cp = CompressedPostings.write(ivf.postings_, tmp_path / "ivf", weights="float16")
+    np.testing.assert_allclose(cp.scores_of_vectors(q), ivf.scores_of_vectors(q), atol=2e-3)
+
+
+def test_damaged_files_are_refused_in_one_line(tmp_path: Path) -> None:
+    ivf, q = _index(3)
+    CompressedPostings.write(ivf.postings_, tmp_path / "ivf")
+    ids = tmp_path / "ivf" / "ids.bin"
+    ids.write_bytes(ids.read_bytes()[:-3])
+    with pytest.raises(InputError, match="does not agree with its meta.json"):
+        CompressedPostings.open(tmp_path / "ivf")
+    with pytest.raises(InputError, match="float32 or float16"):
+        CompressedPostings.write(ivf.postings_, tmp_path / "x", weights="int8")  # type: ignore[arg-type]
