@@ -16,11 +16,12 @@ which is what ``oxbench evaluate revisited --dataset ID --db-features <out>/db.n
 --query-features <out>/queries.npy [--distractors N]`` reads. Every file is written atomically and
 ``extract.json`` last, after every descriptor has been computed.
 
-The partition mode (:func:`extract_partition`, ``oxbench extract --partition I/N``) is for array
-jobs without a scheduler (SLURM arrays, Kubernetes indexed jobs): each of N processes describes
-only its share of the local-feature shards of a dataset (the write-once shards of
-:mod:`oxbench.features.store`; partitions run side by side on the same cache), and the same
-command without ``--partition`` (or ``oxbench run``) then finds every shard committed and combines.
+The partition mode (:func:`extract_partition`, ``oxbench extract --partition I/N`` and
+``oxbench run --partition I/N``) is for array jobs without a scheduler (SLURM arrays, Kubernetes
+indexed jobs): each of N processes describes only its share of the extraction shards (local
+features or CNN descriptors; the write-once shards of :mod:`oxbench.shards`; partitions run side
+by side on the same cache), and the same command without ``--partition`` then finds every shard
+committed and combines.
 """
 
 from __future__ import annotations
