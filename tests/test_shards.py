@@ -166,7 +166,7 @@ class _CountingVerifier:
 
 
 def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_rest(tmp_path: Path) -> None:
-    from oxbench.pipelines.steps.verify import VerificationCache, VerifyBlock, verify_short_lists
+    from oxbench.pipelines.steps.verify import QueryBlock, VerificationCache, VerifyBlock, verify_short_lists
 
     job = _CountingVerifier(30)
     rng = np.random.default_rng(0)
@@ -186,7 +186,9 @@ def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_re
     assert not job.calls and ctx.steps["spatial"] == "hit"
     # a second attempt of a block (a retried task) finds its entries and writes nothing
     cache = VerificationCache.for_job(job, tmp_path)
-    block = [(q, n, o, cache.path(n, [job.index_parts[int(j)] for j in o]).name) for q, n, o in items[:3]]
+    block = QueryBlock(tuple((q, n, o, cache.path(n, [job.index_parts[int(j)] for j in o]).name)
+                             for q, n, o in items[:3]))  # fmt: skip
+    assert str(block) == "the short lists of 3 queries (q0 .. q2)"  # how a failing task is named
     before = {p: p.stat().st_mtime_ns for p in cache.folder.iterdir()}
-    assert VerifyBlock(job, cache.folder)(block) == [(b[3], False) for b in block]
+    assert VerifyBlock(job, cache.folder)(block) == [(b[3], False) for b in block.lists]
     assert not job.calls and before == {p: p.stat().st_mtime_ns for p in cache.folder.iterdir()}

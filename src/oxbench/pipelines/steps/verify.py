@@ -262,6 +262,18 @@ def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) ->
     return VerifiedList(order[head], order[verified], inliers, matches)
 
 
+@dataclass(frozen=True)
+class QueryBlock:
+    """The short lists one verification task holds: ``(query index, query name, short list, entry
+    file name)`` each (named by its queries in messages)."""
+
+    lists: tuple[tuple[int, str, NDArray[np.int64], str], ...]
+
+    def __str__(self) -> str:
+        names = [q for _, q, _, _ in self.lists]
+        return f"the short lists of {len(names)} queries ({names[0]} .. {names[-1]})"
+
+
 class VerifyBlock:
     """Picklable job: verify a block of short lists and write each one's cache entry where it runs.
 
@@ -275,10 +287,10 @@ class VerifyBlock:
         self.verifier = verifier
         self.folder = Path(folder)
 
-    def __call__(self, block: Sequence[tuple[int, str, NDArray[np.int64], str]]) -> list[tuple[str, bool]]:
+    def __call__(self, block: QueryBlock) -> list[tuple[str, bool]]:
         cache = VerificationCache(self.folder)
         receipts = []
-        for qi, qname, order, entry in block:
+        for qi, qname, order, entry in block.lists:
             path = self.folder / entry
             computed = not path.is_file()
             if computed:
@@ -319,7 +331,7 @@ def verify_short_lists(
     if todo:
         cache.folder.mkdir(parents=True, exist_ok=True)
         size = max(1, min(BLOCK_QUERIES, -(-len(todo) // (2 * ctx.executor.workers))))
-        blocks = [[(items[i][0], items[i][1], orders[i], paths[i].name) for i in todo[s : s + size]]
+        blocks = [QueryBlock(tuple((items[i][0], items[i][1], orders[i], paths[i].name) for i in todo[s : s + size]))
                   for s in range(0, len(todo), size)]  # fmt: skip
         run = ctx.executor.map(VerifyBlock(job, cache.folder), blocks, desc=desc, unit="block", progress=ctx.progress)
         with contextlib.closing(run):
