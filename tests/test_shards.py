@@ -166,7 +166,12 @@ class _CountingVerifier:
 
 
 def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_rest(tmp_path: Path) -> None:
-    from oxbench.pipelines.steps.verify import QueryBlock, VerificationCache, VerifyBlock, verify_short_lists
+    from oxbench.pipelines.steps.verify import (
+        QueryBlock,
+        VerificationCache,
+        VerifyBlock,
+        verify_short_lists,
+    )
 
     job = _CountingVerifier(30)
     rng = np.random.default_rng(0)
