@@ -18,6 +18,8 @@ Layout (one config folder per resolved config; one run folder per execution)::
             summary.txt        the printed lines and table
             run.log            the run's log lines
             matches.json       spatially verified correspondences, when the method has them
+            boxes.json         the box of the query's object predicted in each image that has
+                               correspondences (:func:`predicted_boxes`)
 
 A run folder is assembled under a temporary name and renamed into place when complete, so a
 crashed run never leaves a folder that looks finished. A rerun of the same config adds a new run
@@ -283,6 +285,49 @@ def retrieved_records(
                               query_image=query_image)
 
 
+def _image_size(bench: Benchmark, idx: int) -> tuple[int, int] | None:
+    from oxbench.imaging import open_image
+
+    n_db = bench.gt.n_db
+    if idx < n_db:
+        path = bench.database.path(idx)
+    else:
+        path = None if bench.distractors is None else bench.distractors.path(idx - n_db)
+    if path is None:
+        return None
+    with open_image(path) as im:
+        return int(im.size[0]), int(im.size[1])
+
+
+#: The predictor :func:`predicted_boxes` records in ``boxes.json``.
+BOX_PREDICTOR = "sv-projected-query-box"
+
+
+def predicted_boxes(bench: Benchmark, matches: Mapping[int, Mapping[int, Any]]) -> dict[str, Any]:
+    """``boxes.json`` of a run: the query box projected into each verified image with stored
+    correspondences (:func:`oxbench.rerank.localize.predict_box`; the inlier box where the fit fails).
+
+    Images whose size cannot be read without decoding (generated distractors) are not clipped.
+    """
+    from oxbench.rerank.localize import predict_box
+
+    sizes: dict[int, tuple[int, int] | None] = {}
+    queries: dict[str, dict[str, Any]] = {}
+    for qi, per in sorted(matches.items()):
+        bbox = bench.gt.queries[qi].bbox
+        row: dict[str, Any] = {}
+        for idx, pairs in per.items():
+            if idx not in sizes:
+                sizes[idx] = _image_size(bench, idx)
+            size = sizes[idx] or (1 << 30, 1 << 30)
+            found = predict_box(pairs, bbox, size)
+            if found is not None:
+                row[str(idx)] = {"box": list(found[0]), "how": found[1]}
+        if row:
+            queries[str(qi)] = row
+    return {"predictor": BOX_PREDICTOR, "queries": queries}
+
+
 # --- run folders ----------------------------------------------------------------------------------
 
 
@@ -365,7 +410,7 @@ def _write_run_files(
         tmp, record=record, config=config, dataset=dataset, ranks_revisitop=to_revisitop(search.ranks),
         metrics=metrics, per_query=result.per_query_rows(), retrieved=retrieved, timings=timings,
         summary=summary, scores=None if search.scores is None else search.scores[:, :k].astype(np.float32),
-        matches=search.matches,
+        matches=search.matches, boxes=predicted_boxes(bench, search.matches) if search.matches else None,
     )
 
 
