@@ -120,6 +120,8 @@ class RunConfig:
         n_distractors: how many were added to the index.
         strict: official image counts enforced.
         ranks_top: the length of each kept ranked list (``None``: all).
+        dataset_options: the dataset's options (Holidays' ``orientation``); only written when set,
+            so configs without options keep their digest.
     """
 
     dataset: str
@@ -132,15 +134,19 @@ class RunConfig:
     n_distractors: int
     strict: bool
     ranks_top: int | None
+    dataset_options: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, the method nested."""
-        return {
+        out = {
             "dataset": self.dataset, "method": self.method.to_dict(), "train_dataset": self.train_dataset,
             "trained_on_test_set": self.trained_on_test_set, "dataset_gt_sha256": self.dataset_gt_sha256,
             "crop": self.crop, "distractors": self.distractors, "n_distractors": self.n_distractors,
             "strict": self.strict, "ranks_top": self.ranks_top,
         }  # fmt: skip
+        if self.dataset_options:
+            out["dataset_options"] = dict(sorted(self.dataset_options.items()))
+        return out
 
     def digest(self) -> str:
         """Short stable hash: the config folder's suffix."""
@@ -454,6 +460,7 @@ def run(
     overwrite: bool = False,
     command: Sequence[str] | None = None,
     label: str | None = None,
+    dataset_options: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -489,6 +496,8 @@ def run(
         label: the run's name in ``runs``, ``compare``, ``report``, ``plot`` and ``view``
             (:func:`oxbench.records.check_label`); default: the preset name plus the settings that
             differ from the preset (``features-alpha-qe [whitening=pca]``).
+        dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
+            ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
 
     Returns:
         A :class:`RunOutcome`.
@@ -520,7 +529,10 @@ def run(
         # a cluster's workers must see the data and the cache: asked before anything is loaded
         executor.check_paths({"data root": root_path, "cache": Path(cache) if cache is not None else root_path / "_cache"})
         t0, c0 = time.perf_counter(), cpu_seconds()
-        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
+        ds_options = {k: str(v) for k, v in (dataset_options or {}).items()}
+        extra: dict[str, Any] = dict(ds_options)  # load(**options) validates the keys and values
+        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress,
+                     images=m.reads_images, **extra)  # fmt: skip
         train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         trained_on_test = train_id == dataset
@@ -529,7 +541,7 @@ def run(
         config = RunConfig(
             dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
             dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
-            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
+            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top, dataset_options=ds_options,
         )  # fmt: skip
         config_dict = config.to_dict()
         config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
