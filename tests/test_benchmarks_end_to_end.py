@@ -274,3 +274,51 @@ def test_smoke_on_the_real_holidays_and_ukbench_images(
                              "--out", str(tmp_path / dataset), "--cache", str(root / "_cache"), *CLASSIC)  # fmt: skip
         assert code == 0, err
         assert line.match(out.splitlines()[0]), out
+
+
+def real_oxford_query_subset(shared_data: Path, root: Path) -> int:
+    """``<root>/oxford5k/``: the ten real full-size Oxford query images (pitt_rivers_1..5 and
+    radcliffe_camera_1..5) as the database, and their real text ground truth restricted to them."""
+    src = shared_data / "oxford5k"
+    names = sorted(p.stem for p in (src / "images_demo").glob("*.jpg"))
+    ddir = root / "oxford5k"
+    (ddir / "jpg").mkdir(parents=True)
+    (ddir / "gt_files_170407").mkdir()
+    for n in names:
+        shutil.copy(src / "images_demo" / f"{n}.jpg", ddir / "jpg" / f"{n}.jpg")
+    kept = set(names)
+    n_queries = 0
+    for qfile in sorted((src / "gt_files_170407").glob("*_query.txt")):
+        if qfile.read_text().split()[0].removeprefix("oxc1_") not in kept:
+            continue
+        n_queries += 1
+        qid = qfile.name.removesuffix("_query.txt")
+        shutil.copy(qfile, ddir / "gt_files_170407" / qfile.name)
+        for kind in ("good", "ok", "junk"):
+            lines = (src / "gt_files_170407" / f"{qid}_{kind}.txt").read_text().split()
+            (ddir / "gt_files_170407" / f"{qid}_{kind}.txt").write_text("".join(f"{n}\n" for n in lines if n in kept))
+    return n_queries
+
+
+@pytest.mark.shared_data
+@pytest.mark.slow
+def test_localization_on_the_real_oxford_query_images(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Tolias et al.'s protocol on real photographs: each query's crop located in the other four
+    query images of its landmark, scored against their real boxes."""
+    root = tmp_path / "data"
+    make_tiny_root(root)  # the vocabulary's training city
+    assert real_oxford_query_subset(shared_data, root) == 10
+    code, out, err = cli(capsys, "run", "--dataset", "oxford5k", "--root", str(root), "--allow-partial", "--no-progress",
+                         "--train-dataset", "synthetic-train", "--out", str(tmp_path / "run"), "--method", "rootsift-bow-sv",
+                         "--vocab-size", "1000")  # fmt: skip
+    assert code == 0, err
+    assert LINES["oxford5k"].match(out.splitlines()[0]), out
+    run_dir = str(next((tmp_path / "run").glob("2*")))
+    code, out, err = cli(capsys, "evaluate", "localization", run_dir, "--root", str(root), "--json")
+    assert code == 0, err
+    payload = json.loads(out)
+    assert payload["n_pairs"] == 40 and payload["truth"] == "other queries"
+    assert payload["miou"] > 0.4, payload  # real photographs: most boxes found, not all
+    print(cli(capsys, "evaluate", "localization", run_dir, "--root", str(root))[1])

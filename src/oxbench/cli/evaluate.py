@@ -490,4 +490,5 @@ def localization(run_dir: str, root: str | None, as_json: bool) -> None:
         return
     for line in result.lines():
         click.echo(line)
-    click.echo(f"predictor: {predictor}; ground truth: {truth.kind} boxes")
+    where = {"other queries": "the other queries' boxes (Tolias et al. 2016)", "generated": "boxes known by construction"}
+    click.echo(f"predictor: {predictor}; ground truth: {where.get(truth.kind, truth.kind)}")
