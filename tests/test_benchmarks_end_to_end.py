@@ -103,6 +103,12 @@ def build_layouts(root: Path) -> Path:
                 lists = {"good": [], "ok": lists["good"] + lists["ok"], "junk": lists["junk"]}
             for kind, items in lists.items():
                 (ddir / gt_dir / f"{qid}_{kind}.txt").write_text("".join(f"{n}\n" for n in items))
+
+    # Oxford 100K: photographs of the training city, in a nested folder as the archive has them
+    for i, src in enumerate(sorted((root / "synthetic-train" / "jpg").glob("*.jpg"))[:12]):
+        dest = root / "oxford100k" / "jpg" / f"oxc2_{i % 3}" / src.name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, dest)
     return root
 
 
@@ -140,6 +146,20 @@ def test_each_benchmark_runs_end_to_end_and_prints_its_line(
         assert value == pytest.approx(100 * metrics["map"], abs=0.006) and metrics["map"] > 0.5, first
     boxes = list((tmp_path / "run").glob("2*/boxes.json"))
     assert bool(boxes) == (preset == "classic")  # spatial verification predicts boxes
+
+
+@pytest.mark.slow
+def test_oxford5k_with_the_oxford100k_distractors(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "run", "--dataset", "oxford5k", "--distractors", "oxford100k", "--root", str(root),
+                         "--allow-partial", "--no-progress", "--out", str(tmp_path / "d"), "--cache", str(root / "_cache"),
+                         *CLASSIC)  # fmt: skip
+    assert code == 0, err
+    assert LINES["oxford5k"].match(out.splitlines()[0]), out
+    config = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert config["distractors"] == "oxford100k" and config["n_distractors"] == 12
+    retrieved = json.loads(next((tmp_path / "d").glob("2*/retrieved.json")).read_text())
+    n_db = len(list((root / "oxford5k" / "jpg").glob("*.jpg")))
+    assert any(t["index"] >= n_db for q in retrieved["queries"] for t in q["top"])  # distractors are ranked
 
 
 @pytest.mark.slow
