@@ -22,7 +22,9 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=None, help="data root (default: a temporary folder)")
+    ap.add_argument(
+        "--root", type=Path, default=None, help="data root (default: a temporary folder)"
+    )
     ap.add_argument("--method", default="rootsift-bow-sv-qe")
     ap.add_argument("--workers", type=int, default=None)
     args = ap.parse_args(argv)

@@ -27,7 +27,16 @@ pytest.importorskip("cv2")
 pytest.importorskip("faiss")
 pytest.importorskip("PIL.Image")
 
-CLASSIC = ["--method", "rootsift-bow-sv", "--vocab-size", "200", "--max-side", "320", "--top-r", "20"]
+CLASSIC = [
+    "--method",
+    "rootsift-bow-sv",
+    "--vocab-size",
+    "200",
+    "--max-side",
+    "320",
+    "--top-r",
+    "20",
+]
 GLOBAL = ["--method", "rootsift-vlad", "--set", "vlad_k=8", "--max-side", "320"]
 
 
@@ -94,7 +103,11 @@ def build_layouts(root: Path) -> Path:
             x1, y1, x2, y2 = q.bbox
             written = rename[q.name] if ds == "paris6k" else f"oxc1_{rename[q.name]}"
             (ddir / gt_dir / f"{qid}_query.txt").write_text(f"{written} {x1} {y1} {x2} {y2}\n")
-            others = [rename[o.name] for o in cg.queries if o.name != q.name and o.name.rsplit("_", 1)[0] == q.name.rsplit("_", 1)[0]]
+            others = [
+                rename[o.name]
+                for o in cg.queries
+                if o.name != q.name and o.name.rsplit("_", 1)[0] == q.name.rsplit("_", 1)[0]
+            ]
             # as in Oxford 5K, a query's own photograph is one of its good images
             good = [rename[q.name], *(rename[cg.db_names[i]] for i in q.easy.tolist()), *others]
             lists = {"good": good, "ok": [rename[cg.db_names[i]] for i in q.hard.tolist()],
@@ -143,13 +156,17 @@ def test_each_benchmark_runs_end_to_end_and_prints_its_line(
         assert metrics["score"] > 2.0 and f"score {metrics['score']:.4f} (of 4)" in first, first
     else:
         value = float(re.search(r"mAP (\d+\.\d\d)", first).group(1))  # type: ignore[union-attr]
-        assert value == pytest.approx(100 * metrics["map"], abs=0.006) and metrics["map"] > 0.5, first
+        assert value == pytest.approx(100 * metrics["map"], abs=0.006) and metrics["map"] > 0.5, (
+            first
+        )
     boxes = list((tmp_path / "run").glob("2*/boxes.json"))
     assert bool(boxes) == (preset == "classic")  # spatial verification predicts boxes
 
 
 @pytest.mark.slow
-def test_oxford5k_with_the_oxford100k_distractors(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_oxford5k_with_the_oxford100k_distractors(
+    root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out, err = cli(capsys, "run", "--dataset", "oxford5k", "--distractors", "oxford100k", "--root", str(root),
                          "--allow-partial", "--no-progress", "--out", str(tmp_path / "d"), "--cache", str(root / "_cache"),
                          *CLASSIC)  # fmt: skip
@@ -159,7 +176,9 @@ def test_oxford5k_with_the_oxford100k_distractors(root: Path, tmp_path: Path, ca
     assert config["distractors"] == "oxford100k" and config["n_distractors"] == 12
     retrieved = json.loads(next((tmp_path / "d").glob("2*/retrieved.json")).read_text())
     n_db = len(list((root / "oxford5k" / "jpg").glob("*.jpg")))
-    assert any(t["index"] >= n_db for q in retrieved["queries"] for t in q["top"])  # distractors are ranked
+    assert any(
+        t["index"] >= n_db for q in retrieved["queries"] for t in q["top"]
+    )  # distractors are ranked
 
 
 @pytest.mark.slow
@@ -168,7 +187,9 @@ def test_holidays_rotated_copy_is_an_option_and_recorded(
 ) -> None:
     common = ["run", "--dataset", "holidays", "--root", str(root), "--allow-partial", "--no-progress",
               "--cache", str(root / "_cache"), *CLASSIC]  # fmt: skip
-    code, out, err = cli(capsys, *common, "--dataset-option", "orientation=rotated", "--out", str(tmp_path / "rot"))
+    code, out, err = cli(
+        capsys, *common, "--dataset-option", "orientation=rotated", "--out", str(tmp_path / "rot")
+    )
     assert code == 0, err
     assert out.startswith("holidays: mAP ")
     config = json.loads((tmp_path / "rot" / "config.json").read_text())
@@ -200,15 +221,27 @@ def test_localization_of_the_classic_default_on_oxford_layout_and_refusals(
     code, out, err = cli(capsys, "evaluate", "localization", run_dir, "--root", str(root))
     assert code == 0, err
     # 2 queries per landmark: each query has one pair, the other query's photograph
-    assert re.match(r"oxford5k: localization mIoU: \d+\.\d\d, IoU>=0\.5: \d+\.\d\d \(4 pairs over 4 queries", out), out
-    payload = json.loads(cli(capsys, "evaluate", "localization", run_dir, "--root", str(root), "--json")[1])
+    assert re.match(
+        r"oxford5k: localization mIoU: \d+\.\d\d, IoU>=0\.5: \d+\.\d\d \(4 pairs over 4 queries",
+        out,
+    ), out
+    payload = json.loads(
+        cli(capsys, "evaluate", "localization", run_dir, "--root", str(root), "--json")[1]
+    )
     assert payload["truth"] == "other queries" and payload["miou"] > 0.5, payload
 
     # Holidays has no query boxes: one line, exit 2
     code, _, err = cli(capsys, "run", "--dataset", "holidays", "--root", str(root), "--allow-partial", "--no-progress",
                        "--out", str(tmp_path / "hol"), "--cache", str(root / "_cache"), *CLASSIC)  # fmt: skip
     assert code == 0, err
-    code, _, err = cli(capsys, "evaluate", "localization", str(next((tmp_path / "hol").glob("2*"))), "--root", str(root))
+    code, _, err = cli(
+        capsys,
+        "evaluate",
+        "localization",
+        str(next((tmp_path / "hol").glob("2*"))),
+        "--root",
+        str(root),
+    )
     assert code == 2 and "has no box" in err and one_error(err), err
 
     # a predicted box outside its image, a malformed boxes.json: one line, exit 2
@@ -222,9 +255,11 @@ def test_localization_of_the_classic_default_on_oxford_layout_and_refusals(
     boxes_path.write_text(json.dumps(doc))
     code, _, err = cli(capsys, "evaluate", "localization", run_dir, "--root", str(root))
     assert code == 2 and "lies outside the 320x240 image" in err and one_error(err), err
-    boxes_path.write_text(json.dumps({"predictor": "x", "queries": {q: {d: {"box": [0, 0, "a", 1]}}}}))
+    boxes_path.write_text(
+        json.dumps({"predictor": "x", "queries": {q: {d: {"box": [0, 0, "a", 1]}}}})
+    )
     code, _, err = cli(capsys, "evaluate", "localization", run_dir, "--root", str(root))
-    assert code == 2 and "expected {\"box\": [x1, y1, x2, y2]}" in err and one_error(err), err
+    assert code == 2 and 'expected {"box": [x1, y1, x2, y2]}' in err and one_error(err), err
 
 
 @pytest.mark.slow
@@ -235,9 +270,13 @@ def test_localization_of_the_classic_default_on_the_synthetic_set(
                        "--cache", str(root / "_cache"), "--vocab-size", "200", "--max-side", "320", "--top-r", "20")  # fmt: skip
     assert code == 0, err
     run_dir = str(next((tmp_path / "syn").glob("2*")))
-    payload = json.loads(cli(capsys, "evaluate", "localization", run_dir, "--root", str(root), "--json")[1])
+    payload = json.loads(
+        cli(capsys, "evaluate", "localization", run_dir, "--root", str(root), "--json")[1]
+    )
     gt = load("synthetic", root, progress=False).gt
-    assert payload["truth"] == "generated" and payload["n_pairs"] == sum(q.positives.size for q in gt.queries)
+    assert payload["truth"] == "generated" and payload["n_pairs"] == sum(
+        q.positives.size for q in gt.queries
+    )
     assert payload["miou"] > 0.6 and payload["n_predicted"] > payload["n_pairs"] // 2, payload
 
 
@@ -250,7 +289,9 @@ def test_synthetic_region_boxes_use_the_rendered_homography(tmp_path: Path) -> N
     from oxbench.datasets.synthetic.rand import rng_for
     from oxbench.datasets.synthetic.scene import homography, project, render_view
 
-    config = SynthConfig(db_size=12, landmarks=2, queries_per_landmark=2, image_size=(320, 240), generic_buildings=4)
+    config = SynthConfig(
+        db_size=12, landmarks=2, queries_per_landmark=2, image_size=(320, 240), generic_buildings=4
+    )
     shown = [i for i in range(12) if plan_db_image(config, i).kind == "landmark"]
     assert shown
     for i in shown[:2]:
@@ -258,17 +299,24 @@ def test_synthetic_region_boxes_use_the_rendered_homography(tmp_path: Path) -> N
         rendered = render_view(config.city_seed, "landmark", plan.building, plan.view, config.image_size,
                                rng_for(config.city_seed, config.seed, "db-scene", i))  # fmt: skip
         fw, fh = _facade_size(config, "landmark", plan.building)
-        np.testing.assert_array_equal(rendered.hom, homography(plan.view, (fw, fh), config.image_size))
+        np.testing.assert_array_equal(
+            rendered.hom, homography(plan.view, (fw, fh), config.image_size)
+        )
         for name, box in query_region_boxes(config, i).items():
             assert 0 <= box[0] < box[2] <= 320 and 0 <= box[1] < box[3] <= 240, (name, box)
             if not plan.view.mirror:  # a box inside the frame holds the region's projected corners
                 from oxbench.datasets.synthetic.plan import query_specs
 
                 rect = next(q.rect for q in query_specs(config) if q.name == name)
-                pts, front = project(rendered.hom, np.array([[rect[0], rect[1]], [rect[2], rect[3]]]))
+                pts, front = project(
+                    rendered.hom, np.array([[rect[0], rect[1]], [rect[2], rect[3]]])
+                )
                 for (x, y), f in zip(pts, front, strict=True):
                     if f and 0 <= x <= 320 and 0 <= y <= 240:
-                        assert box[0] - 0.01 <= x <= box[2] + 0.01 and box[1] - 0.01 <= y <= box[3] + 0.01
+                        assert (
+                            box[0] - 0.01 <= x <= box[2] + 0.01
+                            and box[1] - 0.01 <= y <= box[3] + 0.01
+                        )
 
 
 @pytest.mark.shared_data
@@ -288,7 +336,9 @@ def test_smoke_on_the_real_holidays_and_ukbench_images(
     uk = root / "ukbench" / "jpg"
     uk.mkdir(parents=True)
     for i in range(8):
-        shutil.copy(shared_data / "ukbench" / "images" / f"ukbench{i:05d}.jpg", uk / f"ukbench{i:05d}.jpg")
+        shutil.copy(
+            shared_data / "ukbench" / "images" / f"ukbench{i:05d}.jpg", uk / f"ukbench{i:05d}.jpg"
+        )
     for dataset, line in (("holidays", LINES["holidays"]), ("ukbench", LINES["ukbench"])):
         code, out, err = cli(capsys, "run", "--dataset", dataset, "--root", str(root), "--allow-partial", "--no-progress",
                              "--out", str(tmp_path / dataset), "--cache", str(root / "_cache"), *CLASSIC)  # fmt: skip
@@ -316,7 +366,9 @@ def real_oxford_query_subset(shared_data: Path, root: Path) -> int:
         shutil.copy(qfile, ddir / "gt_files_170407" / qfile.name)
         for kind in ("good", "ok", "junk"):
             lines = (src / "gt_files_170407" / f"{qid}_{kind}.txt").read_text().split()
-            (ddir / "gt_files_170407" / f"{qid}_{kind}.txt").write_text("".join(f"{n}\n" for n in lines if n in kept))
+            (ddir / "gt_files_170407" / f"{qid}_{kind}.txt").write_text(
+                "".join(f"{n}\n" for n in lines if n in kept)
+            )
     return n_queries
 
 

@@ -34,14 +34,16 @@ def pixel_iou(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> flo
 
 
 def int_box() -> st.SearchStrategy[tuple[int, int, int, int]]:
-    return st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(1, 20), st.integers(1, 20)).map(
-        lambda t: (t[0], t[1], t[0] + t[2], t[1] + t[3])
-    )
+    return st.tuples(
+        st.integers(0, 30), st.integers(0, 30), st.integers(1, 20), st.integers(1, 20)
+    ).map(lambda t: (t[0], t[1], t[0] + t[2], t[1] + t[3]))
 
 
 @given(a=int_box(), b=int_box())
 @settings(max_examples=200, deadline=None)
-def test_iou_is_the_pixel_count_and_symmetric(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> None:
+def test_iou_is_the_pixel_count_and_symmetric(
+    a: tuple[int, int, int, int], b: tuple[int, int, int, int]
+) -> None:
     assert box_iou(a, b) == pytest.approx(pixel_iou(a, b), abs=1e-12)
     assert box_iou(a, b) == pytest.approx(box_iou(b, a), abs=1e-15)
     assert box_iou(a, a) == 1.0 and 0.0 <= box_iou(a, b) <= 1.0
@@ -53,8 +55,12 @@ def oxford_like() -> GroundTruth:
     positive for b_1 (a shows in the background), image 5 is a negative."""
     q = [
         dataclasses.replace(make_query("img0", (0, 0, 10, 10), good=[0, 1, 2, 3]), query_id="a_1"),
-        dataclasses.replace(make_query("img1", (10, 10, 30, 30), good=[0, 1, 2, 3]), query_id="a_2"),
-        dataclasses.replace(make_query("img2", (0, 0, 40, 20), ok=[0, 1, 3], junk=[2]), query_id="a_3"),
+        dataclasses.replace(
+            make_query("img1", (10, 10, 30, 30), good=[0, 1, 2, 3]), query_id="a_2"
+        ),
+        dataclasses.replace(
+            make_query("img2", (0, 0, 40, 20), ok=[0, 1, 3], junk=[2]), query_id="a_3"
+        ),
         dataclasses.replace(make_query("img4", (5, 5, 15, 15), good=[1, 4]), query_id="b_1"),
     ]
     return GroundTruth("toy", "original", tuple(f"img{i}" for i in range(6)), tuple(q))
@@ -89,11 +95,20 @@ def test_known_ious_missing_boxes_score_zero_and_queries_are_averaged() -> None:
     np.testing.assert_allclose(r.per_query_iou[:3], per_query)
     assert math.isnan(r.per_query_iou[3]) and r.per_query_pairs.tolist() == [2, 2, 2, 0]
     assert r.miou == pytest.approx(sum(per_query) / 3)
-    assert r.correct == pytest.approx((1.0 + 0.0 + 0.5) / 3)  # IoU >= 0.5: (1, .5), (1/3, 0), (0, 1)
+    assert r.correct == pytest.approx(
+        (1.0 + 0.0 + 0.5) / 3
+    )  # IoU >= 0.5: (1, .5), (1/3, 0), (0, 1)
     assert r.n_pairs == 6 and r.n_predicted == 5 and r.n_scored_queries == 3
-    assert r.lines()[0].startswith(f"toy: localization mIoU: {100 * r.miou:.2f}, IoU>=0.5: 50.00 (6 pairs over 3 queries")
+    assert r.miou_boxed == pytest.approx(
+        ((1 + 0.5) / 2 + 1 / 3 + (0 + 1) / 2) / 3
+    )  # (1, 2) unboxed: left out
+    assert r.lines()[0].startswith(
+        f"toy: localization mIoU: {100 * r.miou:.2f}, IoU>=0.5: 50.00 (6 pairs over 3 queries"
+    )
     d = r.to_dict()
-    assert d["per_query"][3] == {"iou": None, "correct": None, "pairs": 0} and d["miou"] == pytest.approx(r.miou)
+    assert d["per_query"][3] == {"iou": None, "correct": None, "pairs": 0} and d[
+        "miou"
+    ] == pytest.approx(r.miou)
 
 
 def test_several_boxes_in_one_image_the_best_counts() -> None:
@@ -106,7 +121,12 @@ def test_several_boxes_in_one_image_the_best_counts() -> None:
 def test_permuting_queries_permutes_the_per_query_scores(perm: list[int]) -> None:
     gt = oxford_like()
     moved = dataclasses.replace(gt, queries=tuple(gt.queries[i] for i in perm))
-    boxes = {(0, 1): (10, 12, 30, 30), (1, 0): (0, 0, 9, 9), (2, 0): (1, 1, 10, 10), (0, 2): (0, 0, 30, 20)}
+    boxes = {
+        (0, 1): (10, 12, 30, 30),
+        (1, 0): (0, 0, 9, 9),
+        (2, 0): (1, 1, 10, 10),
+        (0, 2): (0, 0, 30, 20),
+    }
     base = evaluate_localization(truth_from_queries(gt), boxes)
     where = {old: new for new, old in enumerate(perm)}
     moved_boxes = {(where[q], d): b for (q, d), b in boxes.items()}
@@ -117,7 +137,9 @@ def test_permuting_queries_permutes_the_per_query_scores(perm: list[int]) -> Non
 
 def test_landmarks_without_ids_come_from_mutual_positives() -> None:
     gt = oxford_like()
-    no_ids = dataclasses.replace(gt, queries=tuple(dataclasses.replace(q, query_id=None) for q in gt.queries))
+    no_ids = dataclasses.replace(
+        gt, queries=tuple(dataclasses.replace(q, query_id=None) for q in gt.queries)
+    )
     # a_1, a_2 and a_3 are each other's positives; b_1's image 4 is no positive of the a queries
     assert landmark_groups(no_ids) == [0, 0, 0, 3]
     assert landmark_groups(gt) == [0, 0, 0, 1]
@@ -125,7 +147,9 @@ def test_landmarks_without_ids_come_from_mutual_positives() -> None:
 
 def test_bad_input_is_refused() -> None:
     gt = oxford_like()
-    no_box = dataclasses.replace(gt, queries=(dataclasses.replace(gt.queries[0], bbox=None), *gt.queries[1:]))
+    no_box = dataclasses.replace(
+        gt, queries=(dataclasses.replace(gt.queries[0], bbox=None), *gt.queries[1:])
+    )
     with pytest.raises(InputError, match="query img0 has no box"):
         truth_from_queries(no_box)
     with pytest.raises(InputError, match=r"lies outside the 20x20 image"):
@@ -137,7 +161,9 @@ def test_bad_input_is_refused() -> None:
             evaluate_localization(t, {(0, 1): box})
     with pytest.raises(InputError, match="there are 4 queries"):
         evaluate_localization(t, {(9, 1): (0, 0, 1, 1)})
-    revisited_like = GroundTruth("r", "revisited", ("x", "y"), (make_query("qa", (0, 0, 1, 1), easy=[0, 1]),))
+    revisited_like = GroundTruth(
+        "r", "revisited", ("x", "y"), (make_query("qa", (0, 0, 1, 1), easy=[0, 1]),)
+    )
     with pytest.raises(InputError, match="no localisation pairs"):
         truth_from_queries(revisited_like)
 
@@ -174,7 +200,11 @@ def test_fallbacks_clip_and_nothing() -> None:
     line = [[0, 0, 1, 1], [1, 1, 2, 2], [2, 2, 3, 3], [3, 3, 4, 4]]  # collinear: no affine
     assert affine_from_pairs(line) is None
     assert predict_box(line, (0, 0, 5, 5), (100, 100)) == ((1.0, 1.0, 4.0, 4.0), "inliers")
-    shift = [[0, 0, 50, 50], [10, 0, 60, 50], [0, 10, 50, 60]]  # translation by 50: box leaves a 70x70 image
+    shift = [
+        [0, 0, 50, 50],
+        [10, 0, 60, 50],
+        [0, 10, 50, 60],
+    ]  # translation by 50: box leaves a 70x70 image
     assert predict_box(shift, (0, 0, 40, 40), (70, 70)) == ((50.0, 50.0, 70.0, 70.0), "projected")
     assert predict_box(shift, None, (70, 70)) == ((50.0, 50.0, 60.0, 60.0), "inliers")
     assert predict_box(np.zeros((0, 4)), (0, 0, 1, 1), (10, 10)) is None

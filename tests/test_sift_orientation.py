@@ -23,7 +23,9 @@ def textured(seed: int = 3, size: int = 240) -> np.ndarray:
         if rng.random() < 0.5:
             cv2.circle(img, (x, y), int(rng.integers(3, 12)), colour, -1)
         else:
-            cv2.rectangle(img, (x, y), (x + int(rng.integers(4, 20)), y + int(rng.integers(2, 8))), colour, -1)
+            cv2.rectangle(
+                img, (x, y), (x + int(rng.integers(4, 20)), y + int(rng.integers(2, 8))), colour, -1
+            )
     return cv2.GaussianBlur(img, (3, 3), 0.8)
 
 
@@ -33,7 +35,9 @@ def consistent_matches(config: SiftConfig) -> int:
     turned = np.ascontiguousarray(np.rot90(img))  # (x, y) -> (y, W - 1 - x)
     kp_a, raw_a = extract_raw_sift(img, config)
     kp_b, raw_b = extract_raw_sift(turned, config)
-    pairs = descriptor_matches(finish_descriptors(raw_a, config.descriptor), finish_descriptors(raw_b, config.descriptor))
+    pairs = descriptor_matches(
+        finish_descriptors(raw_a, config.descriptor), finish_descriptors(raw_b, config.descriptor)
+    )
     w = img.shape[1]
     expected = np.column_stack([kp_a[pairs[:, 0], 1], w - 1 - kp_a[pairs[:, 0], 0]])
     return int((np.linalg.norm(kp_b[pairs[:, 1], :2] - expected, axis=1) < 2.0).sum())

@@ -203,6 +203,8 @@ class LocalizationResult:
         per_query_pairs: ``int64 [n_queries]`` its number of pairs.
         n_pairs: pairs scored; ``n_predicted``: of them, with a predicted box.
         iou: ``{(query, database index): IoU}`` of every scored pair.
+        miou_boxed: the same two means over the pairs *with* a predicted box only (how good the
+            boxes are where the method gave one; ``nan`` when it gave none).
     """
 
     dataset: str
@@ -214,6 +216,7 @@ class LocalizationResult:
     n_pairs: int
     n_predicted: int
     iou: Mapping[tuple[int, int], float]
+    miou_boxed: float = float("nan")
 
     @property
     def n_scored_queries(self) -> int:
@@ -223,7 +226,8 @@ class LocalizationResult:
         """The printed line: ``oxford5k: localization mIoU: 61.20, IoU>=0.5: 70.00 (...)``."""
         return [
             f"{self.dataset}: localization mIoU: {100 * self.miou:.2f}, IoU>={CORRECT_IOU:g}: {100 * self.correct:.2f} "
-            f"({self.n_pairs} pairs over {self.n_scored_queries} queries, {self.n_predicted} with a predicted box)"
+            f"({self.n_pairs} pairs over {self.n_scored_queries} queries, {self.n_predicted} with a predicted box, "
+            f"mIoU of those {100 * self.miou_boxed:.2f})"
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,6 +239,7 @@ class LocalizationResult:
         return {
             "dataset": self.dataset, "miou": num(self.miou), "correct": num(self.correct),
             "correct_iou": CORRECT_IOU, "n_pairs": self.n_pairs, "n_predicted": self.n_predicted,
+            "miou_boxed": num(self.miou_boxed),
             "per_query": [{"iou": num(i), "correct": num(c), "pairs": int(p)}
                           for i, c, p in zip(self.per_query_iou, self.per_query_correct, self.per_query_pairs, strict=True)],
         }  # fmt: skip
@@ -272,6 +277,7 @@ def evaluate_localization(
             box, truth.sizes.get(int(d)), f"query {qi}, image {d}: predicted box", source
         )
     sums, hits, counts = np.zeros(n_q), np.zeros(n_q), np.zeros(n_q, np.int64)
+    boxed_sums, boxed_counts = np.zeros(n_q), np.zeros(n_q, np.int64)
     iou: dict[tuple[int, int], float] = {}
     n_predicted = 0
     for (qi, d), gt_boxes in sorted(truth.boxes.items()):
@@ -280,6 +286,8 @@ def evaluate_localization(
         if pred is not None:
             n_predicted += 1
             value = max(box_iou(pred, g) for g in gt_boxes)
+            boxed_sums[qi] += value
+            boxed_counts[qi] += 1
         iou[(qi, d)] = value
         sums[qi] += value
         hits[qi] += value >= CORRECT_IOU
@@ -290,5 +298,9 @@ def evaluate_localization(
         per_correct = np.where(has, hits / np.maximum(counts, 1), np.nan)
     miou = float(per_iou[has].mean()) if has.any() else float("nan")
     correct = float(per_correct[has].mean()) if has.any() else float("nan")
+    boxed = boxed_counts > 0
+    miou_boxed = (
+        float((boxed_sums[boxed] / boxed_counts[boxed]).mean()) if boxed.any() else float("nan")
+    )
     return LocalizationResult(truth.dataset, miou, correct, per_iou, per_correct, counts, int(counts.sum()),
-                              n_predicted, iou)  # fmt: skip
+                              n_predicted, iou, miou_boxed)  # fmt: skip
