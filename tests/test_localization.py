@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -208,3 +209,34 @@ def test_fallbacks_clip_and_nothing() -> None:
     assert predict_box(shift, (0, 0, 40, 40), (70, 70)) == ((50.0, 50.0, 70.0, 70.0), "projected")
     assert predict_box(shift, None, (70, 70)) == ((50.0, 50.0, 60.0, 60.0), "inliers")
     assert predict_box(np.zeros((0, 4)), (0, 0, 1, 1), (10, 10)) is None
+
+
+# --- boxes.json in a run record ----------------------------------------------------------------
+
+
+def test_run_record_boxes_are_read_and_checked(tmp_path) -> None:  # noqa: ANN001
+    import json
+
+    from oxbench.records import RunRecord
+    from run_layout import random_ranks, tiny_gt, write_run
+
+    gt = tiny_gt()
+    run = write_run(tmp_path / "runs", gt, random_ranks(gt, 1))
+    assert RunRecord.load(run).boxes() is None  # no boxes.json: none predicted
+    path = run / "boxes.json"
+    path.write_text(
+        json.dumps(
+            {"predictor": "p", "queries": {"0": {"3": {"box": [1, 2, 3, 4.5], "how": "inliers"}}}}
+        )
+    )
+    assert RunRecord.load(run).boxes() == ("p", {(0, 3): (1.0, 2.0, 3.0, 4.5)})
+    for doc, words in (
+        ({"queries": {}}, 'expected {"predictor"'),
+        ({"predictor": "p", "queries": {"99": {}}}, "is not a query index"),
+        ({"predictor": "p", "queries": {"0": {"x": {"box": [0, 0, 1, 1]}}}}, "is not an index"),
+        ({"predictor": "p", "queries": {"0": {"3": {"box": [0, 0, 1]}}}}, 'expected {"box"'),
+        ({"predictor": "p", "queries": {"0": {"3": [0, 0, 1, 1]}}}, 'expected {"box"'),
+    ):
+        path.write_text(json.dumps(doc))
+        with pytest.raises(InputError, match=re.escape(words)):
+            RunRecord.load(run).boxes()
