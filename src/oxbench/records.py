@@ -7,7 +7,7 @@ A run record is the folder one execution of ``oxbench run`` writes (format :data
         <run id>/                                one execution: UTC "YYYYMMDDTHHMMSSZ-<4 hex>"
             record.json  config.json  dataset.json  ranks.npy  [scores.npy]  metrics.json
             per_query.json  per_query.csv  retrieved.json  timings.json  summary.txt  run.log
-            [matches.json]
+            [matches.json]  [boxes.json]
 
 Everything about that layout lives here, so the writer (:mod:`oxbench.pipelines.runner`), the readers
 (``runs``, ``compare``, ``report``, ``plot``, ``view``, ``export``) and the tests agree: the file list,
@@ -58,7 +58,7 @@ RUN_FILES = (
     "per_query.csv", "retrieved.json", "timings.json", "summary.txt", "run.log",
 )  # fmt: skip
 #: Files a run folder may hold besides :data:`RUN_FILES`.
-OPTIONAL_FILES = ("scores.npy", "matches.json")
+OPTIONAL_FILES = ("scores.npy", "matches.json", "boxes.json")
 
 #: A run id: UTC start time to the second and 4 random hex digits.
 RUN_ID_PATTERN = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{4}")
@@ -89,6 +89,7 @@ SETUP_LABELS: dict[str, dict[str, tuple[frozenset[str], frozenset[str]]]] = {
 FILE_LIMITS: dict[str, int] = {
     "record.json": 16 << 20, "config.json": 16 << 20, "dataset.json": 64 << 20, "metrics.json": 256 << 20,
     "per_query.json": 256 << 20, "timings.json": 1 << 20, "retrieved.json": 1 << 30, "matches.json": 1 << 30,
+    "boxes.json": 1 << 30,
     "ranks.npy": 1 << 36, "scores.npy": 1 << 36,
 }  # fmt: skip
 #: Deepest nesting of lists and objects a record's JSON may have (the writer's deepest is 6).
@@ -296,13 +297,17 @@ def write_run_files(
     summary: str,
     scores: NDArray[np.floating] | None = None,
     matches: Mapping[int, Mapping[int, Any]] | None = None,
+    boxes: Mapping[str, Any] | None = None,
     log_text: str | None = None,
 ) -> None:
     """Write every file of a run folder into ``folder``, each atomically, ``record.json`` last.
 
     ``folder`` is the run's temporary folder (renamed into place by the caller when complete);
     ``record.json``'s presence marks a complete run. ``run.log`` is the caller's (the runner logs
-    into it while running); ``log_text`` writes it here instead.
+    into it while running); ``log_text`` writes it here instead. ``boxes`` is ``boxes.json``:
+    ``{"predictor": name, "queries": {query: {db index: {"box": [x1, y1, x2, y2], "how": ...}}}}``,
+    the predicted box of the query's object in each retrieved image that has one
+    (:meth:`RunRecord.boxes` reads it).
     """
     folder = Path(folder)
     atomic_write_json(folder / "config.json", dict(config))
@@ -325,6 +330,8 @@ def write_run_files(
             str(q): {str(i): np.asarray(m, np.float32).round(2).tolist() for i, m in per.items()}
             for q, per in matches.items()
         }}, indent=None)  # fmt: skip
+    if boxes is not None:
+        atomic_write_json(folder / "boxes.json", jsonable(dict(boxes)), indent=None)
     atomic_write_json(folder / "timings.json", dict(timings))
     atomic_write_text(folder / "summary.txt", summary if summary.endswith("\n") else summary + "\n")
     if log_text is not None:
@@ -919,6 +926,36 @@ class RunRecord:
                 inner[int(dk)] = [[float(v) for v in p] for p in pairs]
             out[int(qk)] = inner
         return out
+
+    def boxes(self) -> tuple[str, dict[tuple[int, int], tuple[float, float, float, float]]] | None:
+        """The predicted boxes, ``(predictor, {(query index, db index): (x1, y1, x2, y2)})``, or
+        ``None`` when the run predicted none (``boxes.json`` absent).
+
+        Raises:
+            InputError: a malformed, oversized or special ``boxes.json``.
+        """
+        path = self.path / "boxes.json"
+        if not os.path.lexists(path):
+            return None
+        obj = read_record_json(path)
+        _need(
+            isinstance(obj, dict) and isinstance(obj.get("queries"), dict) and isinstance(obj.get("predictor"), str),
+            'expected {"predictor": name, "queries": {...}}', path,
+        )  # fmt: skip
+        out: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        for qk, per_db in obj["queries"].items():
+            _need(bool(_INDEX_KEY.match(qk)) and int(qk) < self.n_queries, f"query key {_show(qk)} is not a query index", path)
+            _need(isinstance(per_db, dict), f"query {qk}: expected an object", path)
+            for dk, entry in per_db.items():
+                _need(bool(_INDEX_KEY.match(dk)), f"query {qk}: database key {_show(dk)} is not an index", path)
+                box = entry.get("box") if isinstance(entry, dict) else None
+                _need(
+                    isinstance(box, list) and len(box) == 4 and all(_is_num(v) for v in box),
+                    f"query {qk}, image {dk}: expected {{\"box\": [x1, y1, x2, y2]}}", path,
+                )  # fmt: skip
+                assert isinstance(box, list)
+                out[(int(qk), int(dk))] = (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+        return obj["predictor"], out
 
 
 def _regular(path: Path) -> None:

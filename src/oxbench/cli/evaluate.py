@@ -10,6 +10,7 @@ and a table are printed)::
     oxbench evaluate oxford --gnd gnd_oxford5k.pkl --ranks RANKS [--json]
     oxbench evaluate holidays --results FILE [--images holidays_images.dat] [--ks 1,5,10] [--json]
     oxbench evaluate ukbench --ranks RANKS [--ks 4] [--json]
+    oxbench evaluate localization RUN_DIR [--root DIR] [--json]
 
 Inputs are read by :mod:`oxbench.formats.arrays`: ``.npy``, ``.npz`` and MATLAB ``.mat`` (``--key``
 picks an array), texmex ``.fvecs/.bvecs`` features and ``.ivecs`` ranks, text rank files (one query
@@ -301,7 +302,7 @@ def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group("evaluate")
 def evaluate() -> None:
-    """Score a ranking with an official protocol (revisited, oxford, holidays, ukbench)."""
+    """Score a ranking with an official protocol (revisited, oxford, holidays, ukbench), or a run's boxes (localization)."""
 
 
 @evaluate.command("revisited")
@@ -448,3 +449,46 @@ def ukbench(ranks: str | None, scores: str | None, key: str | None, padding: str
     else:
         result = evaluate_scores(gt, arr, ks=k, source=path)
     _emit(result, as_json, per_query)
+
+
+@evaluate.command("localization")
+@click.argument("run_dir", type=click.Path())
+@click.option("--root", type=click.Path(), help="Data root of the run's dataset (default $OXBENCH_DATA).")
+@click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
+def localization(run_dir: str, root: str | None, as_json: bool) -> None:
+    """Localisation of a run: its predicted boxes (boxes.json) scored by IoU.
+
+    For each query, the box predicted in each positive image where the ground truth knows where the
+    object lies (the other queries' boxes of the same landmark, Tolias et al. 2016; on the synthetic
+    set every positive image's), IoU against that box; a pair without a predicted box scores 0;
+    each query's mean, then the mean over queries (mIoU), and the share of pairs with IoU >= 0.5.
+    """
+    from oxbench.datasets.localization import localization_truth
+    from oxbench.evaluation.localization import evaluate_localization
+    from oxbench.pipelines.steps import gt_digest
+    from oxbench.records import RunRecord
+
+    run = RunRecord.load(run_dir)
+    found = run.boxes()
+    if found is None:
+        raise InputError("the run predicted no boxes (no boxes.json; methods with spatial verification write it)", run_dir)
+    predictor, boxes = found
+    strict = run.config.get("strict", True) is not False
+    truth = localization_truth(run.dataset_id, root, strict=strict)
+    from oxbench.datasets import load_ground_truth
+
+    digest = gt_digest(load_ground_truth(run.dataset_id, root, strict=strict))
+    if digest != run.dataset.get("gt_sha256"):
+        raise InputError(f"the ground truth of {run.dataset_id} on disk is not the one the run was made on", run_dir)
+    result = evaluate_localization(truth, boxes, source=run_dir)
+    if as_json:
+        payload = result.to_dict()
+        payload["predictor"] = predictor
+        payload["run_dir"] = str(run.path)
+        payload["truth"] = truth.kind
+        click.echo(json.dumps(payload, indent=1, sort_keys=True))
+        return
+    for line in result.lines():
+        click.echo(line)
+    where = {"other queries": "the other queries' boxes (Tolias et al. 2016)", "generated": "boxes known by construction"}
+    click.echo(f"predictor: {predictor}; ground truth: {where.get(truth.kind, truth.kind)}")

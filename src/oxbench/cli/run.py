@@ -14,6 +14,7 @@ from oxbench.cli.options import (
     parse_setting,
     parse_workers,
 )
+from oxbench.errors import InputError
 
 
 @click.command("run")
@@ -37,6 +38,9 @@ from oxbench.cli.options import (
 @execution_options
 @click.option("--top-k", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
               help="Retrieved images per query recorded with names, labels and scores.")
+@click.option("--dataset-option", "dataset_options", multiple=True, metavar="KEY=VALUE",
+              help="A dataset option, e.g. orientation=rotated for Holidays' hand-rotated copy in jpg_rotated/ "
+                   "(`oxbench data info DATASET` lists them); recorded in the config.")
 @click.option("--allow-partial", is_flag=True,
               help="Accept a dataset with fewer images than the official count (recorded; not comparable).")
 @click.option("--overwrite", is_flag=True,
@@ -54,7 +58,8 @@ def run(
     dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
     cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
     max_side: int | None, top_r: int | None, workers: int | None, engine: str, cluster: str | None, shard_size: int | None, distractors: str | None, top_k: int,
-    allow_partial: bool, overwrite: bool, label: str | None, partition: str | None, as_json: bool, no_progress: bool,
+    dataset_options: tuple[str, ...], allow_partial: bool, overwrite: bool, label: str | None, partition: str | None,
+    as_json: bool, no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
 
@@ -73,6 +78,12 @@ def run(
             click.echo(f"{name}\t{METHODS.get(name).family}")
         return
     overrides: dict[str, object] = dict(parse_setting(s) for s in settings)
+    ds_options: dict[str, str] = {}
+    for text in dataset_options:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--dataset-option takes KEY=VALUE, got {text!r}")
+        ds_options[key.strip()] = value.strip()
     if vocab_size is not None:
         overrides["vocab_size"] = vocab_size
     if max_side is not None:  # the CNN descriptors' own setting, the local features' otherwise
@@ -81,6 +92,8 @@ def run(
     if top_r is not None:
         overrides["spatial_top_r"] = top_r
     part = parse_partition(partition)
+    if part is not None and ds_options:
+        raise InputError("--dataset-option does not apply to --partition yet; describe the partitions without it")
     if part is not None:
         from oxbench.pipelines.extract import extract_partition
         from oxbench.pipelines.method import resolve_method
@@ -104,7 +117,7 @@ def run(
         dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
         overrides=overrides, workers=parse_workers(workers), engine=engine, cluster=cluster, shard_size=shard_size, overwrite=overwrite, top_k=top_k,
         progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
-        strict=not allow_partial, command=["oxbench", *sys.argv[1:]], label=label,
+        strict=not allow_partial, command=["oxbench", *sys.argv[1:]], label=label, dataset_options=ds_options,
     )  # fmt: skip
     cfg = outcome.config
     if as_json:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +42,11 @@ class SiftConfig:
         n_features: keep at most this many keypoints, the strongest by response (``0`` = all).
         contrast_threshold, edge_threshold, sigma, n_octave_layers: OpenCV ``SIFT_create``
             parameters (OpenCV defaults).
+        orientation: ``"invariant"`` (default): each keypoint is described along its dominant
+            gradient orientation, so a photo turned by a quarter (Holidays' sideways images) gives
+            the same descriptors and spatial verification's similarity / affine model absorbs the
+            turn; ``"upright"``: every keypoint described at angle 0 (no rotation invariance, one
+            descriptor per location: the better choice for sets whose photos are all upright).
     """
 
     descriptor: DescriptorType = setting("rootsift", S.Choice(*DESCRIPTOR_TYPES), doc="rootsift or sift")
@@ -51,6 +56,10 @@ class SiftConfig:
     edge_threshold: float = setting(10.0, S.Float(lo=0, lo_open=True, hi=1000), doc="OpenCV SIFT edge threshold")
     sigma: float = setting(1.6, S.Float(lo=0, lo_open=True, hi=100), doc="OpenCV SIFT sigma")
     n_octave_layers: int = setting(3, S.Int(lo=1, hi=16), doc="OpenCV SIFT layers per octave")
+    orientation: str = setting(
+        "invariant", S.Choice("invariant", "upright"),
+        doc="invariant: along each keypoint's dominant orientation (rotated photos match); upright: angle 0",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         validate(self)
@@ -74,8 +83,15 @@ class SiftConfig:
         return finish_descriptors(stored, self.descriptor)
 
     def to_dict(self) -> dict[str, object]:
-        """The configuration as JSON-able data, including the descriptor dimension."""
-        return {"kind": "opencv-sift", **asdict(self), "dim": self.dim}
+        """The configuration as JSON-able data, including the descriptor dimension.
+
+        ``orientation`` appears only when it is not the default, so the features (and caches) of
+        configs from before the setting existed keep their digest.
+        """
+        out: dict[str, object] = {"kind": "opencv-sift", **asdict(self), "dim": self.dim}
+        if self.orientation == "invariant":
+            del out["orientation"]
+        return out
 
     def digest(self) -> str:
         """A short stable hash of :meth:`to_dict` (names feature-store folders)."""
@@ -162,7 +178,16 @@ def extract_raw_sift(
         edgeThreshold=config.edge_threshold,
         sigma=config.sigma,
     )
-    kps, desc = sift.detectAndCompute(gray, None)
+    if config.orientation == "upright":
+        # one keypoint per location and scale (OpenCV repeats a location for each strong
+        # orientation), described at angle 0
+        seen: dict[tuple[float, float, float, int], Any] = {}
+        for k in sift.detect(gray, None):
+            seen.setdefault((round(k.pt[0], 3), round(k.pt[1], 3), round(k.size, 3), k.octave), k)
+        upright = [cv2.KeyPoint(k.pt[0], k.pt[1], k.size, 0.0, k.response, k.octave, k.class_id) for k in seen.values()]
+        kps, desc = sift.compute(gray, upright) if upright else ((), None)
+    else:
+        kps, desc = sift.detectAndCompute(gray, None)
     if not kps or desc is None:
         return np.zeros((0, 4), np.float32), np.zeros((0, 128), np.uint8)
     kp = np.array([(k.pt[0], k.pt[1], k.size, k.angle) for k in kps], dtype=np.float32)

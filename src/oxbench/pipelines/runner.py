@@ -18,6 +18,8 @@ Layout (one config folder per resolved config; one run folder per execution)::
             summary.txt        the printed lines and table
             run.log            the run's log lines
             matches.json       spatially verified correspondences, when the method has them
+            boxes.json         the box of the query's object predicted in each image that has
+                               correspondences (:func:`predicted_boxes`)
 
 A run folder is assembled under a temporary name and renamed into place when complete, so a
 crashed run never leaves a folder that looks finished. A rerun of the same config adds a new run
@@ -118,6 +120,8 @@ class RunConfig:
         n_distractors: how many were added to the index.
         strict: official image counts enforced.
         ranks_top: the length of each kept ranked list (``None``: all).
+        dataset_options: the dataset's options (Holidays' ``orientation``); only written when set,
+            so configs without options keep their digest.
     """
 
     dataset: str
@@ -130,15 +134,19 @@ class RunConfig:
     n_distractors: int
     strict: bool
     ranks_top: int | None
+    dataset_options: Mapping[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, the method nested."""
-        return {
+        out = {
             "dataset": self.dataset, "method": self.method.to_dict(), "train_dataset": self.train_dataset,
             "trained_on_test_set": self.trained_on_test_set, "dataset_gt_sha256": self.dataset_gt_sha256,
             "crop": self.crop, "distractors": self.distractors, "n_distractors": self.n_distractors,
             "strict": self.strict, "ranks_top": self.ranks_top,
         }  # fmt: skip
+        if self.dataset_options:
+            out["dataset_options"] = dict(sorted(self.dataset_options.items()))
+        return out
 
     def digest(self) -> str:
         """Short stable hash: the config folder's suffix."""
@@ -283,6 +291,49 @@ def retrieved_records(
                               query_image=query_image)
 
 
+def _image_size(bench: Benchmark, idx: int) -> tuple[int, int] | None:
+    from oxbench.imaging import open_image
+
+    n_db = bench.gt.n_db
+    if idx < n_db:
+        path = bench.database.path(idx)
+    else:
+        path = None if bench.distractors is None else bench.distractors.path(idx - n_db)
+    if path is None:
+        return None
+    with open_image(path) as im:
+        return int(im.size[0]), int(im.size[1])
+
+
+#: The predictor :func:`predicted_boxes` records in ``boxes.json``.
+BOX_PREDICTOR = "sv-projected-query-box"
+
+
+def predicted_boxes(bench: Benchmark, matches: Mapping[int, Mapping[int, Any]]) -> dict[str, Any]:
+    """``boxes.json`` of a run: the query box projected into each verified image with stored
+    correspondences (:func:`oxbench.rerank.localize.predict_box`; the inlier box where the fit fails).
+
+    Images whose size cannot be read without decoding (generated distractors) are not clipped.
+    """
+    from oxbench.rerank.localize import predict_box
+
+    sizes: dict[int, tuple[int, int] | None] = {}
+    queries: dict[str, dict[str, Any]] = {}
+    for qi, per in sorted(matches.items()):
+        bbox = bench.gt.queries[qi].bbox
+        row: dict[str, Any] = {}
+        for idx, pairs in per.items():
+            if idx not in sizes:
+                sizes[idx] = _image_size(bench, idx)
+            size = sizes[idx] or (1 << 30, 1 << 30)
+            found = predict_box(pairs, bbox, size)
+            if found is not None:
+                row[str(idx)] = {"box": list(found[0]), "how": found[1]}
+        if row:
+            queries[str(qi)] = row
+    return {"predictor": BOX_PREDICTOR, "queries": queries}
+
+
 # --- run folders ----------------------------------------------------------------------------------
 
 
@@ -365,7 +416,7 @@ def _write_run_files(
         tmp, record=record, config=config, dataset=dataset, ranks_revisitop=to_revisitop(search.ranks),
         metrics=metrics, per_query=result.per_query_rows(), retrieved=retrieved, timings=timings,
         summary=summary, scores=None if search.scores is None else search.scores[:, :k].astype(np.float32),
-        matches=search.matches,
+        matches=search.matches, boxes=predicted_boxes(bench, search.matches) if search.matches else None,
     )
 
 
@@ -409,6 +460,7 @@ def run(
     overwrite: bool = False,
     command: Sequence[str] | None = None,
     label: str | None = None,
+    dataset_options: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -444,6 +496,8 @@ def run(
         label: the run's name in ``runs``, ``compare``, ``report``, ``plot`` and ``view``
             (:func:`oxbench.records.check_label`); default: the preset name plus the settings that
             differ from the preset (``features-alpha-qe [whitening=pca]``).
+        dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
+            ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
 
     Returns:
         A :class:`RunOutcome`.
@@ -475,7 +529,10 @@ def run(
         # a cluster's workers must see the data and the cache: asked before anything is loaded
         executor.check_paths({"data root": root_path, "cache": Path(cache) if cache is not None else root_path / "_cache"})
         t0, c0 = time.perf_counter(), cpu_seconds()
-        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress, images=m.reads_images)
+        ds_options = {k: str(v) for k, v in (dataset_options or {}).items()}
+        extra: dict[str, Any] = dict(ds_options)  # load(**options) validates the keys and values
+        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress,
+                     images=m.reads_images, **extra)  # fmt: skip
         train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         trained_on_test = train_id == dataset
@@ -484,7 +541,7 @@ def run(
         config = RunConfig(
             dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
             dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
-            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top,
+            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top, dataset_options=ds_options,
         )  # fmt: skip
         config_dict = config.to_dict()
         config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"

@@ -363,3 +363,39 @@ def render_distractor(config: SynthConfig, j: int) -> NDArray[np.uint8]:
     pil = require("PIL.Image", "images")
     with pil.open(io.BytesIO(encode_jpeg(rendered.image, view.jpeg))) as im:
         return np.asarray(im.convert("RGB"))
+
+
+def query_region_boxes(config: SynthConfig, i: int) -> dict[str, tuple[float, float, float, float]]:
+    """Where each query's region lies in database image ``i``: ``{query name: (x1, y1, x2, y2)}``.
+
+    The region (facade pixels, :attr:`QuerySpec.rect`) is mapped into the image with the view's
+    homography -- from the plan alone, nothing rendered -- and boxed: the bounding box of a grid of
+    its points that are in front of the camera and inside the frame (occluded points count: the
+    object is there behind the occluder). Only queries of the landmark the image shows, and only
+    when some of the region is in the frame; other images get ``{}``.
+    """
+    from oxbench.datasets.synthetic.scene import homography
+
+    plan = plan_db_image(config, i)
+    if plan.kind != "landmark":
+        return {}
+    fw, fh = _facade_size(config, "landmark", plan.building)
+    hom = homography(plan.view, (fw, fh), config.image_size)
+    w, h = config.image_size
+    out: dict[str, tuple[float, float, float, float]] = {}
+    for q in query_specs(config):
+        if q.landmark != plan.building:
+            continue
+        x1, y1, x2, y2 = q.rect
+        if plan.view.mirror:  # the facade is seen flipped left-right
+            x1, x2 = fw - x2, fw - x1
+        us, vs = np.meshgrid(np.linspace(x1, x2, 48), np.linspace(y1, y2, 48))
+        pts, front = project(hom, np.column_stack([us.ravel(), vs.ravel()]))
+        inside = front & (pts[:, 0] >= 0) & (pts[:, 0] <= w) & (pts[:, 1] >= 0) & (pts[:, 1] <= h)
+        if inside.sum() < 2:
+            continue
+        lo, hi = pts[inside].min(0), pts[inside].max(0)
+        if hi[0] - lo[0] < 1 or hi[1] - lo[1] < 1:
+            continue
+        out[q.name] = (round(float(lo[0]), 2), round(float(lo[1]), 2), round(float(hi[0]), 2), round(float(hi[1]), 2))
+    return out
