@@ -165,6 +165,7 @@ class SearchChain:
             self.info["dba"] = {"k": m.dba, "alpha": m.dba_alpha}
         self.db = database
         self.faiss: FaissIndex | None = None
+        self.index_path: Path | None = None  # the persisted FAISS index, when there is one
         with ctx.timed("index"):
             if m.search == "exact":
                 self.info["search"] = {"kind": "exact"}
@@ -182,6 +183,7 @@ class SearchChain:
         if cache_dir is not None:
             key = json_digest({**settings.to_dict(), "db": _array_digest(self.db)}, 12)
             path = cache_dir / f"index-{settings.kind}-{key}.npz"
+            self.index_path = path
             if path.exists():
                 try:
                     index = FaissIndex.load(path)
@@ -198,6 +200,23 @@ class SearchChain:
             self.info["index_path"] = str(path)
         ctx.record_step("search_index", hit=False)
         return index
+
+    def footprint(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Measured ``(ram, fixed_ram)`` of the database side: the vectors the chain keeps (exact
+        search and query expansion read them) and the FAISS index as FAISS serialises it, its
+        trained-but-empty copy (coarse quantiser, codebooks) counted as fixed."""
+        from oxbench.index.footprint import array_bytes, faiss_bytes
+
+        ram = {"vectors": array_bytes(self.db)}
+        fixed: dict[str, int] = {}
+        if self.faiss is not None:
+            from oxbench.index.faiss_setup import load_faiss
+
+            empty = load_faiss().clone_index(self.faiss.index_)
+            empty.reset()
+            fixed["faiss_trained"] = faiss_bytes(empty)
+            ram["faiss_index"] = faiss_bytes(self.faiss.index_) - fixed["faiss_trained"]
+        return ram, fixed
 
     def list_length(self) -> int:
         """How many images each ranked list holds."""
