@@ -82,6 +82,16 @@ def varbyte_decode(code: NDArray[np.uint8]) -> NDArray[np.int64]:
     return np.add.reduceat(parts, starts)
 
 
+def _ranges(starts: NDArray[np.int64], stops: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The positions ``start .. stop - 1`` of every range, one range after the other."""
+    lens = (stops - starts).astype(np.int64)
+    total = int(lens.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    first = np.cumsum(lens) - lens
+    return np.repeat(starts.astype(np.int64) - first, lens) + np.arange(total, dtype=np.int64)
+
+
 class CompressedInvertedFile:
     """Posting lists in delta + variable-byte code with ``float32`` weights (module docstring).
 
@@ -145,12 +155,25 @@ class CompressedInvertedFile:
         q.sort_indices()
         out = np.zeros((q.shape[0], self.n_images), np.float32)
         for qi in range(q.shape[0]):
-            row = out[qi]
             a, b = q.indptr[qi], q.indptr[qi + 1]
-            for w, qw in zip(q.indices[a:b].tolist(), q.data[a:b], strict=True):
-                ids, wts = self.postings(w)
-                row[ids] += qw * wts  # float32 products added in word order, as scipy's product does
+            words = q.indices[a:b].astype(np.int64)
+            ids, wts, counts = self._lists(words)
+            # float32 products added one by one in word order (ufunc.at is unbuffered and sequential),
+            # as scipy's sparse product adds them: the same sums to the last bit
+            np.add.at(out[qi], ids, np.repeat(q.data[a:b], counts) * wts)
         return out
+
+    def _lists(self, words: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.float32], NDArray[np.int64]]:
+        """The lists of ``words`` one after the other: ``(ids, weights, postings per word)``."""
+        counts = (self.offsets[words + 1] - self.offsets[words]).astype(np.int64)
+        code = np.asarray(self.codes[_ranges(self.byte_offsets[words], self.byte_offsets[words + 1])])
+        gaps = varbyte_decode(code)
+        total = np.cumsum(gaps)
+        first = np.cumsum(counts) - counts  # where each list starts among the decoded gaps
+        before = np.where(first > 0, total[np.maximum(first - 1, 0)], 0) if total.size else first
+        ids = total - np.repeat(before, counts)
+        wts = np.asarray(self.weights[_ranges(self.offsets[words], self.offsets[words + 1])])
+        return ids, wts, counts
 
     def search(self, vectors: sp.spmatrix, k: int | None = None) -> NDArray[np.int64]:
         """Ranked image ids ``[n_queries, k]``, ties to the lower id (as ``InvertedFile.search``)."""
