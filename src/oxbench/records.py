@@ -659,6 +659,24 @@ def _check_execution(execution: Any, path: Path) -> None:
         _need(ok, "'execution.stages' entries need stage, tasks, retried, complete, seconds", path)
 
 
+def _check_footprint(footprint: Any, path: Path) -> None:
+    """``record.json``'s ``footprint`` (:meth:`oxbench.index.footprint.Footprint.to_dict`), or null:
+    ``n_index`` and the byte totals non-negative integers, the per-image figures non-negative
+    numbers, ``ram``/``disk``/``fixed_ram``/``fixed_disk`` objects of non-negative integers."""
+    if footprint is None:
+        return
+    _need(isinstance(footprint, dict), "'footprint' must be an object or null", path)
+    for key in ("n_index", "ram_bytes", "disk_bytes"):
+        _need(_is_int(footprint.get(key)) and footprint[key] >= 0, f"'footprint.{key}' must be a non-negative integer", path)
+    for key in ("ram_bytes_per_image", "disk_bytes_per_image"):
+        v = footprint.get(key)
+        _need(_is_num(v) and math.isfinite(v) and v >= 0, f"'footprint.{key}' must be a non-negative number", path)
+    for key in ("ram", "disk", "fixed_ram", "fixed_disk"):
+        parts = footprint.get(key)
+        _need(isinstance(parts, dict) and all(_is_int(v) and v >= 0 for v in parts.values()),
+              f"'footprint.{key}' must map parts to non-negative byte counts", path)  # fmt: skip
+
+
 @dataclass(frozen=True, eq=False)
 class RunRecord:
     """One run (a run-id folder), read and checked. Build it with :meth:`load`.
@@ -732,6 +750,8 @@ class RunRecord:
             check_label(record["label"], source=f"{rec_path}: 'label'")
         if "execution" in record:
             _check_execution(record["execution"], rec_path)
+        if "footprint" in record:
+            _check_footprint(record["footprint"], rec_path)
         ds_path = folder / "dataset.json"
         dataset = read_record_json(ds_path)
         _need(isinstance(dataset, dict), "expected a JSON object", ds_path)
@@ -804,6 +824,12 @@ class RunRecord:
     @property
     def gt_sha256(self) -> str:
         return str(self.dataset["gt_sha256"])
+
+    @property
+    def footprint(self) -> Mapping[str, Any] | None:
+        """The index's measured RAM and disk (``record.json`` ``footprint``), when recorded."""
+        fp = self.record.get("footprint")
+        return fp if isinstance(fp, dict) else None
 
     @property
     def n_distractors(self) -> int:

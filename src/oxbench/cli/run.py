@@ -127,6 +127,7 @@ def run(
         payload["trained_on"] = cfg.train_dataset
         payload["trained_on_test_set"] = cfg.trained_on_test_set
         payload["timings"] = dict(outcome.timings)
+        payload["footprint"] = outcome.record.get("footprint")
         click.echo(json.dumps(payload, indent=1, sort_keys=True, default=str))
         return
     for line in outcome.result.lines():
@@ -140,6 +141,10 @@ def run(
         click.echo(f"vocabulary: {voc['n_words']} words trained on {cfg.train_dataset}")
     elif cfg.train_dataset:
         click.echo(f"trained on: {cfg.train_dataset}")
+    fp = outcome.record.get("footprint")
+    if isinstance(fp, dict):
+        click.echo(f"index: {fp['n_index']:,} images ({cfg.n_distractors:,} distractors), per image "
+                   f"{fp['ram_bytes_per_image'] / 1024:.1f} KiB RAM, {fp['disk_bytes_per_image'] / 1024:.1f} KiB disk")
     total = outcome.timings.get("total", 0.0)
     click.echo(f"label: {outcome.record.get('label')}")
     click.echo(f"run folder: {outcome.run_dir}  ({total:.1f} s)")

@@ -176,9 +176,13 @@ class _OnDisk(DatasetFamily):
         dspec = get_spec(str(distractors))
         if not isinstance(dspec.family, Distractors):
             raise not_a_distractor_set(dspec)
-        if spec.id not in dspec.distractors_for:
-            log.warning(
-                "%s is usually paired with %s, not %s", dspec.id, ", ".join(dspec.distractors_for), spec.id
+        if spec.id not in dspec.distractors_for:  # another benchmark's distractors give numbers no paper has
+            try:
+                right = f"; {spec.id}'s is {_default_distractors(spec)}"
+            except InputError:
+                right = ""
+            raise InputError(
+                f"{dspec.id} holds the distractors of {', '.join(dspec.distractors_for)}, not of {spec.id}{right}"
             )
         dimgs = dspec.family.images(dspec, ddir.parent / dspec.id, strict=strict, limit=limit)
         recorded["distractors"] = dspec.id if limit is None else f"{dspec.id}[:{limit}]"

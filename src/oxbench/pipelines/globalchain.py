@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -28,7 +29,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
-from oxbench.index.search import FaissIndex, IndexSettings, exact_search
+from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall_at
 from oxbench.pipelines.method import RunContext, SearchResult
 from oxbench.pipelines.rerankers import Ranking, build_stages, prepare_stages, run_stages
 from oxbench.pipelines.steps.verify import VerifiedList
@@ -165,6 +166,7 @@ class SearchChain:
             self.info["dba"] = {"k": m.dba, "alpha": m.dba_alpha}
         self.db = database
         self.faiss: FaissIndex | None = None
+        self.index_path: Path | None = None  # the persisted FAISS index, when there is one
         with ctx.timed("index"):
             if m.search == "exact":
                 self.info["search"] = {"kind": "exact"}
@@ -182,6 +184,7 @@ class SearchChain:
         if cache_dir is not None:
             key = json_digest({**settings.to_dict(), "db": _array_digest(self.db)}, 12)
             path = cache_dir / f"index-{settings.kind}-{key}.npz"
+            self.index_path = path
             if path.exists():
                 try:
                     index = FaissIndex.load(path)
@@ -192,12 +195,36 @@ class SearchChain:
                 else:
                     ctx.record_step("search_index", hit=True)
                     return index
-        index = FaissIndex(settings).fit(self.db)
+        if settings.kind == "ivfpq":  # trained once, added by shards through the executor, merged by FAISS
+            from oxbench.index.sharded import build_ivfpq
+
+            shards = (cache_dir or Path(ctx.cache)) / f"shards-{json_digest(settings.to_dict(), 8)}-{_array_digest(self.db)}"
+            index = build_ivfpq(self.db, settings, shards, executor=ctx.executor, progress=ctx.progress)
+            shutil.rmtree(shards, ignore_errors=True)
+        else:
+            index = FaissIndex(settings).fit(self.db)
         if path is not None:
             index.save(path)
             self.info["index_path"] = str(path)
         ctx.record_step("search_index", hit=False)
         return index
+
+    def footprint(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Measured ``(ram, fixed_ram)`` of the database side: the vectors the chain keeps (exact
+        search and query expansion read them) and the FAISS index as FAISS serialises it, its
+        trained-but-empty copy (coarse quantiser, codebooks) counted as fixed."""
+        from oxbench.index.footprint import array_bytes, faiss_bytes
+
+        ram = {"vectors": array_bytes(self.db)}
+        fixed: dict[str, int] = {}
+        if self.faiss is not None:
+            from oxbench.index.faiss_setup import load_faiss
+
+            empty = load_faiss().clone_index(self.faiss.index_)
+            empty.reset()
+            fixed["faiss_trained"] = faiss_bytes(empty)
+            ram["faiss_index"] = faiss_bytes(self.faiss.index_) - fixed["faiss_trained"]
+        return ram, fixed
 
     def list_length(self) -> int:
         """How many images each ranked list holds."""
@@ -212,6 +239,8 @@ class SearchChain:
         if self.faiss is None:
             return exact_search(q, self.db, None if k == self.db.shape[0] else k)
         scores, ids = self.faiss.search(q, k)
+        if self.faiss.settings.kind == "ivfpq" and "recall_vs_exact" not in self.info:
+            self.info["recall_vs_exact"] = self._recall(q, ids)
         complete = int((ids >= 0).sum(axis=1).min()) if len(ids) else k
         if complete < k:
             log.info("IVF-PQ returned %d or more of %d per query (nprobe %d of %d cells); lists cut to %d",
@@ -221,6 +250,15 @@ class SearchChain:
         if complete == 0:
             raise InputError(f"method {self.m.name}: IVF-PQ found nothing for some query; raise nprobe")
         return scores, ids
+
+    def _recall(self, q: NDArray[np.float32], ids: NDArray[np.int64]) -> dict[str, float]:
+        """Recall@k of the approximate first ranking against exact search of the same vectors
+        (``k`` in 1, 10, 100 up to the list length): how much of the exact top k IVF-PQ finds."""
+        ks = [k for k in (1, 10, 100) if k <= ids.shape[1]]
+        if not ks or not len(q):
+            return {}
+        _, truth = exact_search(q, self.db, max(ks))
+        return {f"recall@{k}": recall_at(ids, truth, k) for k in ks}
 
     def search(self, q: NDArray[np.float32], ctx: RunContext) -> SearchResult:
         """Rank, then run the re-ranking stages (query expansion, diffusion); the facts of the index

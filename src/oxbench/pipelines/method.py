@@ -47,6 +47,7 @@ from oxbench.schema import SPEC_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets.base import Benchmark
+    from oxbench.index.footprint import Footprint
 
 
 #: ``timings[stage + CPU_SUFFIX]``: the stage's CPU seconds over all processes (wall time: ``timings[stage]``).
@@ -184,6 +185,12 @@ class MethodConfig(ABC):
         """
         return None  # no setting of the base names a file
 
+    def ram_bytes_per_image(self) -> int | None:
+        """An upper bound of the index's RAM per database image from the settings alone, for the
+        runner's pre-flight check (:func:`oxbench.index.footprint.check_ram`); ``None``: unknown,
+        nothing is checked. A family overrides it."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting as JSON-able data (nested configs as dicts), plus the family."""
         assert dataclasses.is_dataclass(self)
@@ -233,6 +240,11 @@ class RetrievalMethod(ABC):
     def provenance(self) -> dict[str, Any]:
         """What was learned and from what (recorded in the run); empty by default."""
         return {}
+
+    def footprint(self) -> Footprint | None:
+        """The measured RAM and disk of the index (after :meth:`index`), recorded in every run
+        (``record.json`` ``"footprint"``); ``None`` when the method does not measure it."""
+        return None
 
 
 # --- the preset registry -------------------------------------------------------------------------

@@ -535,6 +535,7 @@ def run(
                      images=m.reads_images, **extra)  # fmt: skip
         train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
+        preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
         trained_on_test = train_id == dataset
         if trained_on_test:
             log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
@@ -578,7 +579,7 @@ def run(
                 "oxbench_version": libraries["oxbench"], "git_commit": commit, "host": host,
                 "versions": libraries, "accel": _accel_used(), "cache": dict(ctx.steps),
                 "method": m.name, "label": label, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
-                "execution": executor.describe(),
+                "execution": executor.describe(), "footprint": _footprint(impl),
             }  # fmt: skip
             _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
                              timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
@@ -620,6 +621,22 @@ def _fit_index_search(
             log.warning("%s; deleting it and running the steps again, checking every cached file in full", exc)
             exc.remove()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def preflight_ram(m: MethodConfig, n_index: int) -> None:
+    """Refuse (one line) a run whose index is projected, from the method's settings, to need more
+    RAM than this machine has available (:func:`oxbench.index.footprint.check_ram`)."""
+    from oxbench.index.footprint import check_ram
+
+    per_image = m.ram_bytes_per_image()
+    if per_image is not None:
+        check_ram(per_image * n_index, n_index, basis=f"at most {per_image:,} bytes per image by {m.name}'s settings")
+
+
+def _footprint(impl: RetrievalMethod) -> dict[str, Any] | None:
+    """``record.json``'s ``footprint``: the index's measured RAM and disk (``None``: not measured)."""
+    fp = impl.footprint()
+    return None if fp is None else fp.to_dict()
 
 
 def _accel_used() -> bool:

@@ -33,9 +33,11 @@ from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, last_if_empty
+from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
@@ -79,6 +81,14 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
 
     def build(self) -> Asmk:
         return Asmk(self)
+
+    def ram_bytes_per_image(self) -> int | None:
+        """At most: every image at the features cap, each feature its own word (a 16-byte binary
+        residual and an ``int64`` image id in the inverted file), plus its words and distances."""
+        cap = getattr(self.features, "n_features", 0)
+        if not cap:
+            return None
+        return local_ram_per_image(cap, max(self.asmk_query_ma, 1), 16 + 8)
 
 
 def aggregate_residuals(
@@ -170,6 +180,16 @@ class Asmk(QuantisingMethod):
             self._asmk = (ivf, hamming, centroids)
             self._n_index = offset
         return self
+
+    def footprint(self) -> Footprint | None:
+        """The ``asmk`` inverted file's arrays as allocated (binary residuals, image ids, counts,
+        norms) and the words in RAM; feature stores and words files on disk."""
+        if self._asmk is None or self._parts is None:
+            return None
+        ivf = self._asmk[0]
+        ram = {"inverted_file": array_bytes([ivf.ivf_vecs, ivf.ivf_image_ids, ivf.norm_factor])}
+        fixed = {"counts_idf": array_bytes([ivf.counts, ivf.idf])}
+        return local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram=fixed)
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)

@@ -24,10 +24,12 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
+from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, Words, last_if_empty
+from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,17 @@ class BowConfig(MethodConfig, LocalQuantisation):
     def build(self) -> BagOfWords:
         return BagOfWords(self)
 
+    def ram_bytes_per_image(self) -> int | None:
+        """At most: every image at the features cap, each feature a posting in both sparse copies
+        (database rows and posting lists: ``float32`` value + ``int32`` index) per assigned word,
+        plus its words and distances."""
+        cap = getattr(self.features, "n_features", 0)
+        if not cap:
+            return None
+        soft = self.soft_k if self.assignment == "soft" else 1
+        ma = self.spatial_query_ma if self.spatial and self.spatial_matching == "words" else 1
+        return local_ram_per_image(cap, max(soft, ma), 16 * soft)
+
 
 def _tf(method: BowConfig, words: Words, names: list[str], n_words: int):  # noqa: ANN202
     ws, wts = [], []
@@ -128,6 +141,15 @@ class BagOfWords(QuantisingMethod):
                 db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
         return self
+
+    def footprint(self) -> Footprint | None:
+        """The inverted file's two sparse copies (database rows, posting lists) and the words in
+        RAM; feature stores and words files on disk; idf and vocabulary fixed."""
+        if self._ivf is None or self._parts is None:
+            return None
+        ivf = self._ivf
+        ram = {"postings": array_bytes(ivf.postings_), "db_vectors": array_bytes(ivf.db_vectors_)}
+        return local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram={"idf": array_bytes(ivf.idf_)})
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)

@@ -51,6 +51,7 @@ from oxbench.features.descstore import DescriptorStore, fill_store
 from oxbench.features.sift import SiftConfig
 from oxbench.features.store import FeatureStore
 from oxbench.fileio import file_lock, json_digest
+from oxbench.index.footprint import Footprint, array_bytes, disk_bytes
 from oxbench.index.vocabulary import Vocabulary
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening, l2_normalize, load_whitening
 from oxbench.pipelines.featurefiles import (
@@ -305,6 +306,17 @@ class GlobalConfig(MethodConfig):
     def build(self) -> GlobalDescriptors:
         return GlobalDescriptors(self)
 
+    def ram_bytes_per_image(self) -> int | None:
+        """The raw descriptors and the searched (whitened) vectors, both ``float32`` while the index
+        is built, plus an IVF-PQ code and id; ``None`` when the dimension is unknown from the
+        settings (a CNN or the user's files)."""
+        if self.descriptor != "vlad":
+            return None
+        raw = self.vlad_k * 128
+        out = min(self.whitening_dim or raw, raw) if self.whitening != "none" else raw
+        code = self.pq_m * self.pq_nbits // 8 + 8 if self.search == "faiss-ivfpq" else 0
+        return 4 * (raw + out) + code
+
 
     def codebook(self) -> VocabularySpec:
         """The flat k-means vocabulary VLAD uses (the shared vocabulary step trains it)."""
@@ -476,6 +488,7 @@ class GlobalDescriptors(RetrievalMethod):
         self._indexed: str | None = None
         self.model_: Any = None  # cnn: oxbench.features.deep.model.LoadedModel
         self.undecodable_: dict[str, list[str]] = {}
+        self._index_stores: dict[str, list[Path]] = {}  # what the index keeps on disk, by kind
 
     # --- descriptors -----------------------------------------------------------------------
     def _store(self, bench: Benchmark, part: str, ctx: RunContext) -> FeatureStore:
@@ -677,7 +690,33 @@ class GlobalDescriptors(RetrievalMethod):
         cache_dir = Path(ctx.cache) / dataset_key(bench) / "global" / "index"
         self._chain = SearchChain(self.config, db, ctx, cache_dir)
         self._indexed = bench.id
+        self._index_stores = self._stores_on_disk(bench, parts, ctx)
         return self
+
+    def _stores_on_disk(self, bench: Benchmark, parts: list[str], ctx: RunContext) -> dict[str, list[Path]]:
+        m = self.config
+        if m.descriptor == "features":
+            return {"descriptor_files": [Path(m.db_features)] if m.db_features else []}
+        out = {"descriptors": [self._descriptor_path(bench, p, ctx) for p in parts]}
+        if m.descriptor == "vlad":  # the local features VLAD was aggregated from stay in the cache
+            out["local_features"] = [open_store(ctx.cache, bench, m.features, p).directory for p in parts]
+        return out
+
+    def footprint(self) -> Footprint | None:
+        """The vectors and FAISS index in RAM; descriptor stores (and VLAD's local-feature stores,
+        or the user's database file) and the FAISS index file on disk; codebook, whitening and the
+        trained quantisers fixed."""
+        chain = self._chain
+        if chain is None:
+            return None
+        ram, fixed = chain.footprint()
+        disk = {kind: sum(disk_bytes(p) for p in paths) for kind, paths in self._index_stores.items()}
+        if chain.index_path is not None:
+            disk["faiss_index"] = disk_bytes(chain.index_path)
+        if self.whitening_ is not None:
+            fixed["whitening"] = array_bytes([getattr(self.whitening_, a, None) for a in vars(self.whitening_)])
+        fixed_disk = {"codebook": disk_bytes(self.codebook_path_)} if self.codebook_path_ is not None else {}
+        return Footprint(chain.db.shape[0], ram=ram, disk=disk, fixed_ram=fixed, fixed_disk=fixed_disk)
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         if self._chain is None or self._indexed != bench.id:

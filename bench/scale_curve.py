@@ -1,0 +1,197 @@
+"""The scale curve: mAP, query time and bytes per image as generated distractors grow the index.
+
+    python bench/scale_curve.py [--root DIR] [--sizes 0,1000,5000] [--workers 2]
+        [--methods rootsift-bow,rootsift-bow-sv,rootsift-asmk,rootsift-vlad] [--set [METHOD:]KEY=VALUE ...]
+        [--json scale.json] [--plot scale.png] [--project 1001001]
+
+Runs each method through ``oxbench.run`` on the synthetic benchmark (the default test city,
+generated on first use, and its training city) with 0, 1K, 5K ... generated distractors of the same
+city (``--distractors N``: never stored as images; their features are cached by name, so a larger
+size reuses the features of a smaller one -- sizes run in ascending order). For every run it
+reports mAP Easy / Medium / Hard, the query time (ranking the index plus re-ranking, per query: wall
+and CPU seconds from the run's own ``timings.json``; the query's own feature extraction is left
+out, it does not depend on the size), the measured RAM and disk per indexed image
+(``record.json`` ``footprint``) and the CPU seconds of the whole run.
+
+The projection to ``--project`` images (R1M: 1,001,001 distractors) is a least-squares line through
+the measured points of each method for RAM and disk (``fixed + n * per_image``); the ranking time
+grows in proportion to the index from the largest size measured (the time of a few milliseconds at
+small sizes is too noisy for a line); re-ranking is taken as constant per query (it verifies a
+fixed short list). It
+assumes that the distractors' bags of words are the size of the generated ones (real photos at
+1024 px have more features) and that nothing switches data structure on the way; it does not
+project accuracy.
+
+``--plot`` draws mAP (Medium, Hard) and RAM per image against the index size, log x (matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+#: Stages of a run that are not the answering of a query (left out of the query time).
+NOT_QUERY = {"load", "features", "train_features", "assign", "index", "evaluate", "total", "vocabulary", "codebook",
+             "whitening", "network", "dba"}  # fmt: skip
+DEFAULT_METHODS = "rootsift-bow,rootsift-bow-sv,rootsift-asmk,rootsift-vlad"
+R1M = 1_001_001
+
+
+def query_seconds(timings: dict[str, float], n_queries: int) -> dict[str, float]:
+    """Per query: ``rank`` (the search stage) and ``rerank`` (every other query stage), wall and CPU."""
+    stages = [k for k in timings if not k.endswith("_cpu") and k not in NOT_QUERY]
+    rerank = [k for k in stages if k != "search"]
+    out = {
+        "rank_s": timings.get("search", 0.0) / n_queries,
+        "rank_cpu_s": timings.get("search_cpu", 0.0) / n_queries,
+        "rerank_s": sum(timings[k] for k in rerank) / n_queries,
+        "rerank_cpu_s": sum(timings.get(f"{k}_cpu", 0.0) for k in rerank) / n_queries,
+    }
+    out["query_s"] = out["rank_s"] + out["rerank_s"]
+    return out
+
+
+def one_point(method: str, size: int, args: argparse.Namespace, overrides: dict[str, object]) -> dict[str, Any]:
+    import oxbench
+
+    t0 = time.perf_counter()
+    outcome = oxbench.run(
+        "synthetic", method, root=args.root, runs_dir=args.runs, cache=args.cache, distractors=size or None,
+        overrides=overrides, workers=args.workers, progress=False,
+    )  # fmt: skip
+    res, fp = outcome.result, outcome.record["footprint"]
+    timings = dict(outcome.timings)
+    return {
+        "method": method, "distractors": size, "n_index": fp["n_index"],
+        "map": {s: 100 * res.setups[s].map for s in ("easy", "medium", "hard")},
+        **query_seconds(timings, len(res.setups["medium"].ap)),
+        "ram_bytes_per_image": fp["ram_bytes_per_image"], "disk_bytes_per_image": fp["disk_bytes_per_image"],
+        "ram_bytes": fp["ram_bytes"], "disk_bytes": fp["disk_bytes"],
+        "fixed_ram_bytes": sum(fp["fixed_ram"].values()), "fixed_disk_bytes": sum(fp["fixed_disk"].values()),
+        "run_cpu_s": timings.get("total_cpu", 0.0), "run_wall_s": time.perf_counter() - t0,
+        "features_cpu_s": timings.get("features_cpu", 0.0), "run_dir": str(outcome.run_dir),
+    }  # fmt: skip
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares ``(intercept, slope)`` (one point: slope through the origin)."""
+    import numpy as np
+
+    if len(xs) == 1:
+        return 0.0, ys[0] / xs[0]
+    slope, intercept = np.polyfit(np.asarray(xs, float), np.asarray(ys, float), 1)
+    return float(intercept), float(slope)
+
+
+def project(points: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """The linear projection of one method's points to ``n`` indexed images (module docstring)."""
+    xs = [float(p["n_index"]) for p in points]
+    out: dict[str, Any] = {"n_index": n}
+    for key in ("ram", "disk"):
+        growing = [p[f"{key}_bytes"] - p[f"fixed_{key}_bytes"] for p in points]
+        a, b = fit_line(xs, growing)
+        out[f"{key}_bytes_per_image"] = b
+        out[f"{key}_bytes"] = points[-1][f"fixed_{key}_bytes"] + max(a, 0.0) + b * n
+    largest = max(points, key=lambda p: p["n_index"])  # small sizes' times are too short to fit a line
+    out["rank_s"] = largest["rank_s"] * n / largest["n_index"]
+    out["rerank_s"] = sum(p["rerank_s"] for p in points) / len(points)
+    out["query_s"] = out["rank_s"] + out["rerank_s"]
+    return out
+
+
+def table(points: list[dict[str, Any]], projections: dict[str, dict[str, Any]]) -> str:
+    rows = ["| method | distractors | images | mAP E | mAP M | mAP H | query ms (rank + rerank) | RAM KiB/img | "
+            "disk KiB/img | run CPU s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for p in points:
+        m = p["map"]
+        rows.append(
+            f"| {p['method']} | {p['distractors']:,} | {p['n_index']:,} | {m['easy']:.2f} | {m['medium']:.2f} | "
+            f"{m['hard']:.2f} | {1e3 * p['query_s']:.1f} ({1e3 * p['rank_s']:.2f} + {1e3 * p['rerank_s']:.1f}) | "
+            f"{p['ram_bytes_per_image'] / 1024:.1f} | {p['disk_bytes_per_image'] / 1024:.1f} | {p['run_cpu_s']:.0f} |"
+        )
+    rows += ["", "| method | projected images | RAM GiB | disk GiB | query ms (rank + rerank) |", "|---|---|---|---|---|"]
+    for method, pr in projections.items():
+        rows.append(
+            f"| {method} | {pr['n_index']:,} | {pr['ram_bytes'] / 2**30:.2f} | {pr['disk_bytes'] / 2**30:.1f} | "
+            f"{1e3 * pr['query_s']:.0f} ({1e3 * pr['rank_s']:.0f} + {1e3 * pr['rerank_s']:.0f}) |"
+        )
+    return "\n".join(rows)
+
+
+def plot(points: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_map, ax_ram) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in dict.fromkeys(p["method"] for p in points):
+        pts = [p for p in points if p["method"] == method]
+        xs = [p["n_index"] for p in pts]
+        (line,) = ax_map.plot(xs, [p["map"]["medium"] for p in pts], "o-", label=f"{method} (M)")
+        ax_map.plot(xs, [p["map"]["hard"] for p in pts], "s--", color=line.get_color(), label=f"{method} (H)")
+        ax_ram.plot(xs, [p["ram_bytes"] / 2**20 for p in pts], "o-", color=line.get_color(), label=method)
+    for ax, label in ((ax_map, "mAP (%)"), (ax_ram, "index RAM (MiB)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("indexed images (database + distractors)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="both", alpha=0.3)
+    ax_ram.set_yscale("log")
+    ax_map.legend(fontsize=7)
+    ax_ram.legend(fontsize=7)
+    fig.suptitle("synthetic benchmark with generated distractors")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)")
+    ap.add_argument("--cache", default=None, help="cache (default: <root>/_cache)")
+    ap.add_argument("--runs", default="runs", help="parent of the run folders")
+    ap.add_argument("--sizes", default="0,1000,5000", help="distractor counts, comma-separated")
+    ap.add_argument("--methods", default=DEFAULT_METHODS, help="presets, comma-separated")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--set", dest="settings", action="append", default=[],
+                    help="KEY=VALUE for every method, or METHOD:KEY=VALUE for one")  # fmt: skip
+    ap.add_argument("--project", type=int, default=R1M, help="distractors of the projection (default R1M)")
+    ap.add_argument("--json", type=Path, default=None, help="write every point and projection here")
+    ap.add_argument("--plot", type=Path, default=None, help="write the figure here (needs matplotlib)")
+    args = ap.parse_args()
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    overrides: dict[str, dict[str, object]] = {m: {} for m in methods}
+    for text in args.settings:
+        key, _, value = text.partition("=")
+        target, _, key = key.rpartition(":")
+        for m in [target] if target else methods:
+            overrides.setdefault(m, {})[key] = value
+    points: list[dict[str, Any]] = []
+    for size in sizes:  # ascending: a larger size reuses the smaller one's distractor features
+        for method in methods:
+            p = one_point(method, size, args, overrides[method])
+            points.append(p)
+            print(f"{method} +{size:,}: mAP M {p['map']['medium']:.2f} H {p['map']['hard']:.2f}, "
+                  f"query {1e3 * p['query_s']:.1f} ms, RAM {p['ram_bytes_per_image'] / 1024:.1f} KiB/img, "
+                  f"run {p['run_cpu_s']:.0f} CPU-s", flush=True)  # fmt: skip
+            if args.json is not None:
+                args.json.write_text(json.dumps({"points": points}, indent=1))
+    n_db = points[0]["n_index"] - points[0]["distractors"] if points else 0
+    projections = {m: project([p for p in points if p["method"] == m], n_db + args.project) for m in methods}
+    print(table(points, projections))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"points": points, "projections": projections}, indent=1))
+    if args.plot is not None:
+        plot(points, args.plot)
+        print(f"plot: {args.plot}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    from interrupt import run_script
+
+    run_script(main)
