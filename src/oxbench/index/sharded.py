@@ -5,10 +5,12 @@ inverted lists in RAM. The index is built the way FAISS's own large-scale recipe
 
 1. :func:`train_ivfpq` -- the coarse quantiser and the product quantiser are trained once, on the
    database or a sample of it, giving a trained *empty* index;
-2. :class:`ShardAdder` -- a picklable job: each shard (a contiguous range of database positions)
-   adds its vectors, with their positions as ids (``add_with_ids``), to its own copy of the trained
-   index and writes it to a file (temporary name, then rename), returning a small receipt; shards
-   run through any :class:`~oxbench.execution.Executor`;
+2. :class:`ShardAdder` -- a picklable job of the write-once shard protocol (:mod:`oxbench.shards`):
+   each planned shard (a contiguous range of database positions) adds its vectors, with their
+   positions as ids (``add_with_ids``), to its own copy of the trained index, writes it into a
+   temporary folder and commits the folder by one rename, returning a small receipt; shards run
+   through any :class:`~oxbench.execution.Executor`, and an interrupted build reuses the shards it
+   committed;
 3. :func:`merge_shards` -- the shard files are merged in shard order into a copy of the trained
    index with FAISS's ``merge_from`` (in RAM), or with ``faiss.contrib.ondisk.merge_ondisk`` into
    on-disk inverted lists (memory-mapped at search time) when they would not fit.
@@ -21,8 +23,9 @@ the same.
 
 from __future__ import annotations
 
-import hashlib
-import os
+import logging
+import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +35,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import TEMP_PREFIX, make_folder
+from oxbench.fileio import commit_folder, discard_folder, file_sha256, make_folder, make_temp_folder
+from oxbench.shards import (
+    ShardReceipt,
+    ShardTask,
+    check_shard_size,
+    plan_digest,
+    plan_shards,
+    run_shard_tasks,
+)
+
+log = logging.getLogger(__name__)
 
 #: Database vectors per shard when none is given.
 DEFAULT_SHARD_VECTORS = 65536
@@ -76,49 +89,60 @@ def serialize(index: Any) -> NDArray[np.uint8]:
     return np.asarray(_faiss().serialize_index(index), dtype=np.uint8)
 
 
+#: The file of a committed IVF-PQ shard folder.
+SHARD_FILE = "index.faiss"
+
+
 @dataclass(frozen=True)
-class ShardReceipt:
-    """What a shard job returns: its file, its first position, its vector count and the file's digest."""
+class AddTask:
+    """One planned shard of vectors to add: its plan entry (item indices = database positions) and
+    the vectors (named by its shard in messages, never by its data)."""
 
-    path: str
-    start: int
-    count: int
-    sha256: str
+    task: ShardTask
+    vectors: NDArray[np.float32]
 
-
-def _sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    def __str__(self) -> str:
+        return str(self.task)
 
 
 @dataclass(frozen=True)
 class ShardAdder:
-    """The job of one shard: add ``(start, vectors)`` to a copy of the trained index, write it.
+    """The job of one shard (:mod:`oxbench.shards` protocol): add its vectors, with their database
+    positions as ids, to a copy of the trained index, write it into a temporary folder and commit
+    the folder by one rename (the first commit wins); return the receipt (the file's digest).
 
     Attributes:
         trained: :func:`serialize` of the trained empty index.
-        folder: where the shard files go (``shard-<start>-<count>.faiss``).
+        folder: the shard folders' parent.
+        plan: the plan's digest; tag: this build's token (in temporary folder names).
     """
 
     trained: NDArray[np.uint8]
     folder: str
+    plan: str = ""
+    tag: str = ""
 
-    def __call__(self, item: tuple[int, NDArray[np.float32]]) -> ShardReceipt:
-        start, x = item
+    def __call__(self, item: AddTask) -> ShardReceipt:
+        t0 = time.perf_counter()
+        task, x = item.task, np.ascontiguousarray(item.vectors, dtype=np.float32)
         faiss = _faiss()
         index = faiss.deserialize_index(self.trained)
         if index.ntotal:
             raise InputError("a shard must start from the trained, empty index")
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        index.add_with_ids(x, np.arange(start, start + x.shape[0], dtype=np.int64))
-        final = Path(self.folder) / f"shard-{start:012d}-{x.shape[0]}.faiss"
-        tmp = final.with_name(f"{TEMP_PREFIX}{final.name}-{os.getpid()}")
-        faiss.write_index(index, str(tmp))
-        os.replace(tmp, final)  # a killed job leaves a temporary file, never a partial shard
-        return ShardReceipt(str(final), int(start), int(x.shape[0]), _sha256(final))
+        if x.shape[0] != len(task.items):
+            raise InputError(f"{task}: {x.shape[0]} vectors for {len(task.items)} positions")
+        index.add_with_ids(x, np.asarray(task.items, dtype=np.int64))
+        final = Path(self.folder) / task.folder
+        tmp = make_temp_folder(final, tag=self.tag)
+        try:
+            faiss.write_index(index, str(tmp / SHARD_FILE))
+            digest = file_sha256(tmp / SHARD_FILE)
+        except BaseException:
+            discard_folder(tmp)
+            raise
+        committed = commit_folder(tmp, final)
+        return ShardReceipt(task.number, task.folder, len(task.items), len(task.items), digest, committed,
+                            time.perf_counter() - t0)  # fmt: skip
 
 
 def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int]]:
@@ -133,68 +157,107 @@ def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int]]:
     return [(s, min(s + shard_size, n)) for s in range(0, n, shard_size)]
 
 
+def _committed_receipt(folder: Path, task: ShardTask) -> ShardReceipt | None:
+    """The receipt of a shard committed by an earlier, interrupted build, if it holds exactly the
+    task's positions (else it is deleted, with a warning, to be added again)."""
+    path = folder / task.folder / SHARD_FILE
+    if not path.is_file():
+        return None
+    try:
+        ids, _ = list_contents(_faiss().read_index(str(path)))
+        ok = sorted(np.concatenate(ids).tolist()) == list(task.items)
+    except Exception:  # noqa: BLE001 - whatever FAISS raises on a damaged file
+        ok = False
+    if not ok:
+        log.warning("%s: IVF-PQ shard does not hold its positions (damaged?); adding it again", path)
+        discard_folder(path.parent)
+        return None
+    return ShardReceipt(task.number, task.folder, len(task.items), len(task.items), file_sha256(path), False)
+
+
 def build_shards(
     trained: Any, vectors: NDArray[np.float32], folder: str | Path, *, shard_size: int = DEFAULT_SHARD_VECTORS,
     executor: Any = None, progress: bool = False,
 ) -> list[ShardReceipt]:  # fmt: skip
-    """Add ``vectors`` (ids: their positions) shard by shard to copies of ``trained``, one file each.
+    """Add ``vectors`` (ids: their positions) shard by shard to copies of ``trained``, one committed
+    shard folder each (:mod:`oxbench.shards`): shards committed by an earlier, interrupted build
+    of the same folder are reused, the others run through ``executor``.
 
     Args:
         trained: the trained, empty index (:func:`train_ivfpq`).
         vectors: ``float32 [n, d]``.
-        folder: where the shard files are written.
+        folder: the shard folders' parent (one per trained index and database).
         shard_size: vectors per shard.
         executor: where the shards run (:mod:`oxbench.execution`; default: this process).
 
     Returns:
         The receipts, in shard order.
     """
-    from oxbench.execution import SerialExecutor
-
     make_folder(folder)
-    job = ShardAdder(serialize(trained), str(folder))
-    items = [(a, vectors[a:b]) for a, b in shard_ranges(vectors.shape[0], shard_size)]
-    ex = executor or SerialExecutor()
-    return list(ex.map(job, items, desc="IVF-PQ shards", unit="shard", progress=progress))
+    folder = Path(folder)
+    names = [str(i) for i in range(vectors.shape[0])]
+    tasks = plan_shards(names, check_shard_size(shard_size))
+    receipts: dict[int, ShardReceipt] = {}
+    todo = []
+    for task in tasks:
+        found = _committed_receipt(folder, task)
+        if found is None:
+            todo.append(task)
+        else:
+            receipts[task.number] = found
+    if todo:
+        tag = uuid.uuid4().hex[:12]
+        job = ShardAdder(serialize(trained), str(folder), plan=plan_digest(names, shard_size), tag=tag)
+        items = [AddTask(t, vectors[t.items[0] : t.items[-1] + 1]) for t in todo]
+        done = run_shard_tasks(job, items, folder, tag, executor=executor, desc="IVF-PQ shards",  # type: ignore[arg-type]
+                               progress=progress)  # fmt: skip
+        receipts.update({r.number: r for r in done})
+    return [receipts[t.number] for t in tasks]
 
 
-def merge_shards(trained: Any, receipts: Sequence[ShardReceipt], *, ondisk: str | Path | None = None) -> Any:
+def merge_shards(trained: Any, receipts: Sequence[ShardReceipt], folder: str | Path, *,
+                 ondisk: str | Path | None = None) -> Any:  # fmt: skip
     """The shards merged, in receipt order, into a copy of the trained index.
 
     Args:
         trained: the trained, empty index the shards started from.
         receipts: :func:`build_shards`'s receipts.
+        folder: the shard folders' parent.
         ondisk: a file for on-disk inverted lists (``faiss.contrib.ondisk.merge_ondisk``; the
             index then reads its lists from that file, memory-mapped); ``None``: lists in RAM
             (``merge_from``).
 
     Raises:
         InputError: a shard file missing or changed since it was written, shards that do not
-            follow each other (a gap or an overlap of positions).
+            follow each other (a gap or a repeat).
     """
     faiss = _faiss()
-    expected = 0
+    expected, total = 0, 0
+    paths = []
     for r in receipts:
-        if not Path(r.path).is_file():
-            raise InputError("IVF-PQ shard file is missing (deleted since it was written?); rebuild the index", r.path)
-        if r.start != expected:
-            raise InputError(f"IVF-PQ shards do not follow each other: expected position {expected}, got {r.start}", r.path)
-        if _sha256(r.path) != r.sha256:
-            raise InputError("IVF-PQ shard file changed since it was written; rebuild the index", r.path)
-        expected += r.count
+        path = Path(folder) / r.folder / SHARD_FILE
+        if not path.is_file():
+            raise InputError("IVF-PQ shard file is missing (deleted since it was written?); rebuild the index", path)
+        if r.number != expected:
+            raise InputError(f"IVF-PQ shards do not follow each other: expected shard {expected}, got {r.number}", path)
+        if file_sha256(path) != r.digest:
+            raise InputError("IVF-PQ shard file changed since it was written; rebuild the index", path)
+        expected += 1
+        total += r.images
+        paths.append(path)
     out = faiss.clone_index(trained)
     if out.ntotal:
         raise InputError("the shards must be merged into the trained, empty index")
     if ondisk is not None:
         from faiss.contrib.ondisk import merge_ondisk
 
-        merge_ondisk(out, [r.path for r in receipts], str(ondisk))
+        merge_ondisk(out, [str(p) for p in paths], str(ondisk))
     else:
-        for r in receipts:
-            shard = faiss.read_index(r.path)
+        for path in paths:
+            shard = faiss.read_index(str(path))
             out.merge_from(shard, 0)  # add_id 0: the ids the shard was given (positions) are kept
-    if out.ntotal != expected:
-        raise InputError(f"merged IVF-PQ index holds {out.ntotal} vectors, the shards {expected}")
+    if out.ntotal != total:
+        raise InputError(f"merged IVF-PQ index holds {out.ntotal} vectors, the shards {total}")
     return out
 
 
@@ -237,9 +300,9 @@ def build_ivfpq(
                           what="the database")  # fmt: skip
     size = shard_size or DEFAULT_SHARD_VECTORS
     receipts = build_shards(trained, x, folder, shard_size=size, executor=executor, progress=progress)
-    merged = merge_shards(trained, receipts, ondisk=Path(folder) / "lists.ivfdata" if ondisk else None)
+    merged = merge_shards(trained, receipts, folder, ondisk=Path(folder) / "lists.ivfdata" if ondisk else None)
     for r in receipts:
-        Path(r.path).unlink(missing_ok=True)
+        discard_folder(Path(folder) / r.folder)
     merged.nprobe = settings.nprobe
     out = FaissIndex(settings)
     out.index_, out.dim_, out.ntotal_ = merged, int(x.shape[1]), int(x.shape[0])
