@@ -85,3 +85,13 @@ def test_damaged_files_are_refused_in_one_line(tmp_path: Path) -> None:
         CompressedPostings.open(tmp_path / "ivf")
     with pytest.raises(InputError, match="float32 or float16"):
         CompressedPostings.write(ivf.postings_, tmp_path / "x", weights="int8")  # type: ignore[arg-type]
+
+
+def test_empty_lists_an_empty_index_and_a_query_of_another_vocabulary(tmp_path: Path) -> None:
+    cp = CompressedPostings.write(sp.csr_matrix((3, 5), dtype=np.float32), tmp_path / "empty")
+    assert cp.posting(1)[0].size == 0
+    assert cp.scores_of_vectors(sp.csr_matrix(np.ones((1, 3), np.float32))).tolist() == [[0.0] * 5]
+    with pytest.raises(InputError, match="query vectors have 2 words, the index 3"):
+        cp.scores_of_vectors(sp.csr_matrix(np.ones((1, 2), np.float32)))
+    none = CompressedPostings.write(sp.csr_matrix((4, 0), dtype=np.float32), tmp_path / "none")
+    assert none.scores_of_vectors(sp.csr_matrix((2, 4), dtype=np.float32)).shape == (2, 0)
