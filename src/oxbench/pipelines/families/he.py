@@ -146,7 +146,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
     def __init__(self, config: HeConfig) -> None:
         super().__init__(config)
         self.embedding_: HammingEmbedding | None = None
-        self._index: HammingIndex | None = None
+        self.index_: HammingIndex | None = None
         self._ivf: InvertedFile | None = None
 
     def fit(self, train: Benchmark | None, ctx: RunContext) -> HammingEmbeddingMethod:
@@ -176,7 +176,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
             ctx.record_step("hamming_embedding", hit=False)
         return self
 
-    def _features(self, part: str, name: str) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+    def features_of(self, part: str, name: str) -> tuple[NDArray, NDArray, NDArray, NDArray]:
         """``(words, signatures, angles, log2 scales)`` of one image's features."""
         assert self._parts is not None and self.embedding_ is not None
         store = self._parts.stores[part]
@@ -191,7 +191,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
         parts = self.index_parts(bench, ctx)
         n_words = parts.vocabulary.n_words
         with ctx.timed("index"):
-            feats = [self._features(part, name) for part, name in parts.index_parts]
+            feats = [self.features_of(part, name) for part, name in parts.index_parts]
             n = len(feats)
 
             def column(j: int, dtype: type) -> NDArray:
@@ -202,7 +202,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 )
 
             images = np.repeat(np.arange(n, dtype=np.int64), [len(f[0]) for f in feats])
-            self._index = HammingIndex(n_words, idf=self.config.idf).fit(
+            self.index_ = HammingIndex(n_words, idf=self.config.idf).fit(
                 column(0, np.int64),
                 images,
                 column(1, np.uint64),
@@ -218,7 +218,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
-        m, index, ivf = self.config, self._index, self._ivf
+        m, index, ivf = self.config, self.index_, self._ivf
         assert index is not None and ivf is not None
         with ctx.timed("assign"):
             q_words = parts.assign(bench, "queries", ctx)
@@ -226,7 +226,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
         scores = np.zeros((len(names), index.n_images), np.float32)
         with ctx.timed("search"):
             for qi, name in enumerate(names):
-                w, sig, ang, ls = self._features("queries", name)
+                w, sig, ang, ls = self.features_of("queries", name)
                 if len(w):
                     scores[qi] = index.scores(
                         w, sig, ang, ls, ht=m.he_ht, sigma=m.he_sigma if m.he_weighting == "gaussian" else None,
