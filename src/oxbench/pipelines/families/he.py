@@ -12,11 +12,11 @@ both images (:class:`oxbench.index.hamming.HammingIndex`).
 
 ``fit`` trains (or reuses) the vocabulary of the shared step and learns the embedding on the
 training set's database features (cached under ``<cache>/hamming``, keyed by the vocabulary
-file); ``index`` signs every database feature and builds the postings; ``search`` scores the query crops. The re-ranking stages are the
-shared ones: spatial verification of the short list, and query expansion from verified images,
-which expands and ranks again in the tf-idf space of the same words (the family offers the tf-idf
-vectors as its ``vectors``; the expanded query has no signatures). Presets are registered at the end
-of this module.
+file); ``index`` signs every database feature and builds the postings; ``search`` scores the
+query crops. The re-ranking stages are the shared ones: spatial verification of the short list,
+and query expansion from verified images, which expands and ranks again in the tf-idf space of
+the same words (the family offers the tf-idf vectors as its ``vectors``; the expanded query has
+no signatures). Presets are registered at the end of this module.
 """
 
 from __future__ import annotations
