@@ -251,3 +251,32 @@ def test_he_presets_run_on_the_tiny_city(tmp_path: Path) -> None:
             assert sorted(res.ranks[qi].tolist()) == list(range(40))
     assert (tmp_path / "cache" / "hamming").is_dir()
     assert maps["rootsift-he-wgc-sv-qe"] >= maps["rootsift-he-wgc"] - 0.05
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), min_size=3, max_size=3))
+def test_hamming_distance_is_a_metric(values: list[int]) -> None:
+    a, b, c = (np.array([v], np.uint64) for v in values)
+    ab, bc, ac = (int(hamming_distances(x, y)[0]) for x, y in ((a, b), (b, c), (a, c)))
+    assert ab == int(hamming_distances(b, a)[0]) and 0 <= ab <= 64
+    assert (ab == 0) == (values[0] == values[1])
+    assert ac <= ab + bc
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 40), st.integers(1, 12), st.integers(1, 12))
+def test_wgc_never_exceeds_the_sum_of_votes_and_ignores_their_order(
+    seed: int, m: int, angle_bins: int, scale_bins: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    image = rng.integers(0, 3, m)
+    weight = rng.uniform(0, 2, m)
+    ab, sb = rng.integers(0, angle_bins, m), rng.integers(0, scale_bins, m)
+    got = wgc_scores(image, weight, ab, sb, 3, angle_bins, scale_bins)
+    assert np.all(got <= np.bincount(image, weight, minlength=3) + 1e-9) and np.all(got >= 0)
+    p = rng.permutation(m)
+    assert np.allclose(
+        wgc_scores(image[p], weight[p], ab[p], sb[p], 3, angle_bins, scale_bins), got
+    )
+    if angle_bins == scale_bins == 1:  # one bin each: WGC is the plain sum
+        assert np.allclose(got, np.bincount(image, weight, minlength=3))
