@@ -71,6 +71,8 @@ class BowConfig(MethodConfig, LocalQuantisation):
             database image is searched for among the others, its top ``spatial_top_r`` are
             spatially verified against it (the same verification as the queries'), and its tf-idf
             vector is replaced by the normalised sum of its own and its verified neighbours'.
+            It costs ``spatial_top_r`` verifications per index image at index time (cached like
+            the queries' verifications, in a folder of their own).
     """
 
     family: ClassVar[str] = "bow"
