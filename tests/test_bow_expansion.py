@@ -122,7 +122,9 @@ def test_dqe_trains_on_the_verified_images_against_the_bottom_of_the_ranking(
 def test_dqe_is_refused_without_verification_and_dba_too() -> None:
     with pytest.raises(InputError, match="query expansion needs spatial verification"):
         resolve_method("rootsift-bow", qe="dqe")
-    with pytest.raises(InputError, match="dba .database-side augmentation. needs spatial verification"):
+    with pytest.raises(
+        InputError, match="dba .database-side augmentation. needs spatial verification"
+    ):
         resolve_method("rootsift-bow", dba=True)
 
 
