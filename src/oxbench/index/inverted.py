@@ -170,6 +170,17 @@ class InvertedFile:
         self.postings_ = self.db_vectors_.T.tocsr()
         return self
 
+    def use_database(self, vectors: sp.spmatrix) -> InvertedFile:
+        """Search ``vectors [n_db, n_words]`` (already weighted, e.g. augmented) instead of the fitted ones."""
+        if self.idf_ is None or self.db_vectors_ is None:
+            raise InputError("the inverted file is not built (call fit)")
+        v = sp.csr_matrix(vectors, dtype=np.float32)
+        if v.shape != self.db_vectors_.shape:
+            raise InputError(f"database vectors of shape {v.shape}, the index holds {self.db_vectors_.shape}")
+        self.db_vectors_ = v
+        self.postings_ = v.T.tocsr()
+        return self
+
     def transform(self, tf: sp.spmatrix) -> sp.csr_matrix:
         """Weighted, L2-normalised vectors ``[n, n_words]`` of term-frequency rows."""
         if self.idf_ is None:

@@ -2,6 +2,7 @@
 
 - :mod:`~oxbench.pipelines.families.bow` -- RootSIFT bag of words (tf-idf, spatial re-ranking, QE);
 - :mod:`~oxbench.pipelines.families.asmk` -- aggregated selective match kernels over RootSIFT;
+- :mod:`~oxbench.pipelines.families.he` -- Hamming embedding and weak geometric consistency over RootSIFT;
 - :mod:`~oxbench.pipelines.families.global_descriptors` -- one vector per image (VLAD, CNN
   descriptors, your own files), whitening, exact or FAISS search, QE, DBA, diffusion.
 

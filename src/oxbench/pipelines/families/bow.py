@@ -30,6 +30,7 @@ from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, reg
 from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, Words, last_if_empty
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
+from oxbench.rerank.qe import database_side_augmentation
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
@@ -44,13 +45,18 @@ class BowConfig(MethodConfig, LocalQuantisation):
 
     Attributes:
         name: preset name.
-        assignment: ``hard`` or ``soft`` (k nearest words with Gaussian weights, both sides).
-        soft_k, soft_sigma2: soft-assignment neighbours and ``sigma^2`` (unit-norm RootSIFT units;
+        assignment: ``hard`` or ``soft``: each database feature counts for its ``soft_k`` nearest
+            words with Gaussian weights ``exp(-d^2 / (2 soft_sigma2))`` summing to 1, and tf-idf is
+            computed on these soft counts; query features stay hard-assigned (Philbin et al. 2008).
+        soft_k, soft_sigma2: soft-assignment neighbours and ``sigma^2`` (unit-norm RootSIFT units).
             Philbin et al. 2008 used ``k = 3`` and ``sigma^2 = 6250`` for SIFT vectors of norm ~512,
-            i.e. about 0.024 of the squared norm; 0.02 here).
+            about 0.024 of the squared norm; the default was chosen on the training city of the
+            real subset (bench/README.md, issue 23) from a grid that holds that value.
         burst: ``sqrt`` (damp repeated words) or ``none``.
         idf: tf-idf weighting.
-        qe: ``none`` or ``aqe`` (average query expansion over the spatially verified images).
+        qe: ``none``, ``aqe`` (average query expansion over the spatially verified images) or
+            ``dqe`` (discriminative query expansion: a linear SVM with the query and the verified
+            images as positives, Arandjelovic & Zisserman 2012).
         qe_max_verified: at most this many verified images are averaged.
         qe_min_inliers: only verified images with at least this many inliers expand the query
             (a stricter test than re-ranking's ``spatial_min_inliers``, as in Chum et al. 2007:
@@ -60,25 +66,40 @@ class BowConfig(MethodConfig, LocalQuantisation):
             hold are verified against the query, and those that pass join the verified images
             (ordered by inliers) above the expanded query's order. 0 keeps the expanded query's
             order below the first verified images, unverified.
+        dqe_negatives: DQE's negatives: this many images from the bottom of the first ranking
+            (200 in the paper).
+        dqe_c: DQE's SVM ``C``.
+        dba: database-side augmentation (Arandjelovic & Zisserman 2012): at index time each
+            database image is searched for among the others, its top ``spatial_top_r`` are
+            spatially verified against it (the same verification as the queries'), and its tf-idf
+            vector is replaced by the normalised sum of its own and its verified neighbours'.
+            It costs ``spatial_top_r`` verifications per index image at index time (cached like
+            the queries' verifications, in a folder of their own).
     """
 
     family: ClassVar[str] = "bow"
 
     name: str
-    assignment: Literal["hard", "soft"] = setting("hard", S.Choice("hard", "soft"), doc="words per feature: 1 or soft_k")
+    assignment: Literal["hard", "soft"] = setting("hard", S.Choice("hard", "soft"), doc="database words per feature: 1 or soft_k")
     soft_k: int = setting(3, S.Int(lo=1, hi=64), doc="soft assignment: nearest words")
-    soft_sigma2: float = setting(0.02, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2")
+    soft_sigma2: float = setting(0.005, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2")
     burst: Literal["none", "sqrt"] = setting("sqrt", S.Choice("sqrt", "none"), doc="burstiness damping")
     idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
-    qe: Literal["none", "aqe"] = setting("none", S.Choice("none", "aqe"), doc="query expansion from verified images")
+    qe: Literal["none", "aqe", "dqe"] = setting(
+        "none", S.Choice("none", "aqe", "dqe"), doc="query expansion from verified images (average or SVM)")
     qe_max_verified: int = setting(50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images")
     qe_min_inliers: int = setting(8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand")
     qe_verify_top: int = setting(100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)")
+    dqe_negatives: int = setting(200, S.Int(lo=1, hi=1 << 24), doc="DQE: negatives from the bottom of the ranking")
+    dqe_c: float = setting(1.0, S.Float(lo=0, lo_open=True, hi=1e6), doc="DQE: the linear SVM's C")
+    dba: bool = setting(False, S.Bool(), doc="database-side augmentation from verified neighbours")
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
         if self.qe != "none" and not self.spatial:
             raise InputError(f"method {self.name}: query expansion needs spatial verification")
+        if self.dba and not self.spatial:
+            raise InputError(f"method {self.name}: dba (database-side augmentation) needs spatial verification")
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -100,11 +121,20 @@ class BowConfig(MethodConfig, LocalQuantisation):
         return local_ram_per_image(cap, max(soft, ma), 16 * soft)
 
 
-def _tf(method: BowConfig, words: Words, names: list[str], n_words: int):  # noqa: ANN202
+def term_frequencies(  # noqa: ANN201
+    method: BowConfig, words: Words, names: list[str], n_words: int, *, side: Literal["database", "query"]
+):
+    """Term frequencies ``[n_images, n_words]`` of images on one ``side`` (``database`` or ``query``).
+
+    With ``assignment="soft"`` a database feature counts for its ``soft_k`` nearest words with
+    Gaussian weights summing to 1 (:func:`~oxbench.index.inverted.soft_assignment_weights`); the
+    query's features stay hard-assigned, as in Philbin et al. 2008 (soft-assigning one side already
+    recovers the matches across cell borders, and the query's vector stays as sparse as it was).
+    """
     ws, wts = [], []
     for n in names:
         w, d = words.of(n)
-        if method.assignment == "soft":
+        if method.assignment == "soft" and side == "database":
             k = min(method.soft_k, w.shape[1])
             ws.append(w[:, :k])
             wts.append(soft_assignment_weights(d[:, :k], method.soft_sigma2))
@@ -122,6 +152,7 @@ class BagOfWords(QuantisingMethod):
     def __init__(self, config: BowConfig) -> None:
         super().__init__(config)
         self._ivf: InvertedFile | None = None
+        self.dba_neighbours_: NDArray[np.int64] | None = None
 
     @property
     def k(self) -> int:
@@ -135,11 +166,14 @@ class BagOfWords(QuantisingMethod):
         parts = self.index_parts(bench, ctx)
         n_words = parts.vocabulary.n_words
         with ctx.timed("index"):
-            db_tf = _tf(m, parts.words["database"], parts.names["database"], n_words)
+            db_tf = term_frequencies(m, parts.words["database"], parts.names["database"], n_words, side="database")
             if "distractors" in parts.names:
-                dis_tf = _tf(m, parts.words["distractors"], parts.names["distractors"], n_words)
+                dis_tf = term_frequencies(m, parts.words["distractors"], parts.names["distractors"], n_words,
+                                          side="database")  # fmt: skip
                 db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
+        if m.dba:
+            self._augment_database(ctx)
         return self
 
     def footprint(self) -> Footprint | None:
@@ -151,6 +185,42 @@ class BagOfWords(QuantisingMethod):
         ram = {"postings": array_bytes(ivf.postings_), "db_vectors": array_bytes(ivf.db_vectors_)}
         return local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram={"idf": array_bytes(ivf.idf_)})
 
+    def verified_neighbours(self, ctx: RunContext, *, block: int = 1024) -> NDArray[np.int64]:
+        """``[n_index, spatial_top_r]`` each index image's spatially verified neighbours (``-1``: none).
+
+        Each image's vector ranks the others (itself and featureless images excluded, ties to the
+        lower index); its top ``spatial_top_r`` are verified with the image as the query.
+        """
+        assert self._ivf is not None and self._parts is not None and self.empty_ is not None
+        db = self._ivf.db_vectors_
+        assert db is not None
+        n, r = db.shape[0], min(self.config.spatial_top_r, max(db.shape[0] - 1, 1))
+        top = np.zeros((n, r), np.int64)
+        for a in range(0, n, block):
+            s = self._ivf.scores_of_vectors(db[a : a + block])
+            s[np.arange(s.shape[0]), np.arange(a, a + s.shape[0])] = -np.inf
+            s[:, self.empty_] = -np.inf
+            top[a : a + s.shape[0]] = np.argsort(-s, axis=1, kind="stable")[:, :r]
+        out = np.full((n, r), -1, np.int64)
+        offset = 0
+        for part in ("database", "distractors"):
+            names = self._parts.names.get(part)
+            if not names:
+                continue
+            rows = {j: top[offset + j] for j in range(len(names)) if not self.empty_[offset + j]}
+            done = self.verify(top, 0, ctx, rows=rows, stage=f"dba_spatial_{part}", query_part=part)
+            for j, res in zip(rows, done, strict=True):
+                out[offset + j, : len(res.verified)] = res.verified
+            offset += len(names)
+        return out
+
+    def _augment_database(self, ctx: RunContext) -> None:
+        assert self._ivf is not None and self._ivf.db_vectors_ is not None
+        neighbours = self.verified_neighbours(ctx)
+        with ctx.timed("dba"):
+            self._ivf.use_database(database_side_augmentation(self._ivf.db_vectors_, neighbours))
+        self.dba_neighbours_ = neighbours
+
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
         m, ivf = self.config, self._ivf
@@ -158,7 +228,8 @@ class BagOfWords(QuantisingMethod):
         with ctx.timed("assign"):
             q_words = parts.assign(bench, "queries", ctx)
         with ctx.timed("search"):
-            q_vecs = ivf.transform(_tf(m, q_words, parts.names["queries"], parts.vocabulary.n_words))
+            q_tf = term_frequencies(m, q_words, parts.names["queries"], parts.vocabulary.n_words, side="query")
+            q_vecs = ivf.transform(q_tf)
             scores, ranks = self.rank(q_vecs)
         self.warn_empty_queries(parts)
         info: dict[str, object] = {
@@ -174,7 +245,7 @@ class BagOfWords(QuantisingMethod):
     def stages(self) -> list[Reranker]:
         """Spatial verification of the top R, then query expansion from verified images."""
         m = self.config
-        names = (["spatial"] if m.spatial else []) + (["aqe-verified"] if m.qe == "aqe" else [])
+        names = (["spatial"] if m.spatial else []) + ([f"{m.qe}-verified"] if m.qe != "none" else [])
         return build_stages(m, names, self.capabilities)
 
     @property
@@ -197,6 +268,8 @@ class BagOfWords(QuantisingMethod):
 register_method(BowConfig("rootsift-bow"))
 register_method(BowConfig("rootsift-bow-sv", spatial=True))
 register_method(BowConfig("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
+register_method(BowConfig("rootsift-bow-sv-dqe", spatial=True, qe="dqe"))
+register_method(BowConfig("rootsift-bow-dba-sv-dqe", spatial=True, qe="dqe", dba=True))
 register_method(BowConfig("rootsift-bow-sa", assignment="soft"))
 register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", spatial=True))
 register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))

@@ -14,7 +14,9 @@ imported on first lookup, and a module elsewhere may call :func:`register_rerank
 - ``diffusion`` -- Iscen et al.'s diffusion over the database graph (:mod:`.diffusion`);
 - ``spatial`` -- spatial verification of the top ``spatial_top_r`` (:mod:`.spatial`);
 - ``aqe-verified`` -- average query expansion from spatially verified images, whose new results
-  are verified in turn (Chum et al. 2007; :mod:`.verified_qe`).
+  are verified in turn (Chum et al. 2007; :mod:`.verified_qe`);
+- ``dqe-verified`` -- the same with discriminative query expansion, a linear SVM's weight vector
+  (Arandjelovic & Zisserman 2012; :mod:`.verified_qe`).
 
 A new re-ranker is one module: a :class:`Reranker` subclass (its ``needs``, and ``from_config``
 reading the settings it knows from a method config) and ``register_reranker(name, cls)``.

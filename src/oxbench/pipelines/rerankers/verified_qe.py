@@ -6,6 +6,10 @@ ranked again. The expanded query's new results -- the images of its top ``qe_ver
 first short list did not hold -- are verified against the query, and those that pass join the
 verified images (ordered by inliers) above the expanded query's order. Settings: the config's
 ``qe_max_verified``, ``qe_min_inliers``, ``qe_verify_top`` (0: no second verification).
+
+``dqe-verified`` is the same stage with discriminative query expansion (Arandjelovic & Zisserman
+2012): the expanded query is a linear SVM's weight vector, trained with the query and its verified
+images as positives and the bottom ``dqe_negatives`` of the ranking as negatives (``dqe_c``).
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ from oxbench.pipelines.rerankers import (
     register_reranker,
 )
 from oxbench.pipelines.steps.verify import VerifiedList, joined, verified_first
-from oxbench.rerank.qe import average_query_expansion
+from oxbench.rerank.qe import average_query_expansion, discriminative_query_expansion
 
 
 class VerifiedQueryExpansion(Reranker):
     """AQE from verified images, with verification of the expanded query's new results."""
+
+    name = "aqe-verified"
 
     needs = frozenset({"vectors", "local"})
 
@@ -40,17 +46,21 @@ class VerifiedQueryExpansion(Reranker):
     def from_config(cls, config: Any) -> VerifiedQueryExpansion:
         return cls(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top)
 
+    def expand(self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace) -> Any:
+        """The expanded query ``qi`` from its verified ``positives`` (``None``: leave it as it is)."""
+        return average_query_expansion(ranking.queries[qi], space.database[positives])
+
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         if ranking.verified is None:
-            raise InputError("aqe-verified expands from verified images: put the spatial stage before it")
+            raise InputError(f"{self.name or 'aqe-verified'} expands from verified images: put the spatial stage before it")
         n_index = ranking.ranks.shape[1]
         first = ranking.verified
         expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] = {}
         with ctx.timed("query_expansion"):
             for qi, res in enumerate(first):
                 use = res.verified[res.inliers >= self.min_inliers][: self.max_verified]
-                if len(use):
-                    q_new = average_query_expansion(ranking.queries[qi], space.database[use])
+                q_new = self.expand(ranking, qi, use, space) if len(use) else None
+                if q_new is not None:
                     scores, order = space.rank(q_new)
                     expanded[qi] = aligned_to_index(order, scores, n_index)[0], order[0]
         rows: dict[int, NDArray[np.int64]] = {}
@@ -79,4 +89,38 @@ class VerifiedQueryExpansion(Reranker):
         return Ranking(final, scores, ranking.queries, ranking.verified, info, matches)
 
 
+class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
+    """DQE (Arandjelovic & Zisserman 2012): the new query is the weight vector of a linear SVM.
+
+    Positives: the query and its verified images (those :class:`VerifiedQueryExpansion` would
+    average); negatives: the ``negatives`` images at the bottom of the ranking (below the verified
+    short list), as in the paper (:func:`oxbench.rerank.qe.discriminative_query_expansion`, L2-SVM
+    with classes balanced, ``C = c``). A query whose ranking has no image below its short list
+    keeps its first ranking. The expanded query's new results are verified as with AQE.
+    """
+
+    name = "dqe-verified"
+
+    def __init__(self, max_verified: int, min_inliers: int, verify_top: int, negatives: int, c: float) -> None:
+        super().__init__(max_verified, min_inliers, verify_top)
+        self.negatives, self.c = negatives, c
+
+    @classmethod
+    def from_config(cls, config: Any) -> DiscriminativeVerifiedQueryExpansion:
+        return cls(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top, config.dqe_negatives,
+                   config.dqe_c)  # fmt: skip
+
+    def expand(self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace) -> Any:
+        assert ranking.verified is not None
+        row = ranking.ranks[qi]
+        below = row[~np.isin(row, ranking.verified[qi].head)]
+        negatives = below[-self.negatives :]
+        if len(negatives) == 0:
+            return None
+        return discriminative_query_expansion(
+            ranking.queries[qi], space.database[positives], space.database[negatives], c=self.c
+        )
+
+
 register_reranker("aqe-verified", VerifiedQueryExpansion)
+register_reranker("dqe-verified", DiscriminativeVerifiedQueryExpansion)

@@ -103,15 +103,19 @@ class QuantisingMethod(RetrievalMethod):
 
     def verify(
         self, ranks: NDArray[np.int64], r: int, ctx: RunContext, *, rows: dict[int, NDArray[np.int64]] | None = None,
-        stage: str = "spatial",
+        stage: str = "spatial", query_part: str = "queries",
     ) -> list[VerifiedList]:  # fmt: skip
-        """Spatially verify each query's top ``r`` (or, with ``rows``, those lists only, in order)."""
+        """Spatially verify each query's top ``r`` (or, with ``rows``, those lists only, in order).
+
+        ``query_part``: whose images the rows of ``ranks`` are (``database``: database images
+        against their neighbours).
+        """
         assert self._parts is not None
-        names = self._parts.names["queries"]
+        names = self._parts.names[query_part]
         if rows is None:
             items = [(qi, names[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])]
         else:
             items = [(qi, names[qi], order) for qi, order in rows.items()]
-        job = short_list_verifier(self._parts, self.config.verification())
+        job = short_list_verifier(self._parts, self.config.verification(), query_part)
         with ctx.timed(stage):
             return verify_short_lists(job, items, ctx, desc=stage.replace("_", " "))

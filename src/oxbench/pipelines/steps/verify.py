@@ -99,6 +99,8 @@ class ShortListVerifier:
         words: ``{part: words file}``.
         index_parts: ``(part, image name)`` of every index position.
         settings: the verification settings.
+        query_part: the part the short lists' queries come from (``database`` when database
+            images are verified against their own neighbours, as database-side augmentation does).
     """
 
     def __init__(
@@ -108,11 +110,13 @@ class ShortListVerifier:
         words: dict[str, Path],
         index_parts: list[tuple[str, str]],
         settings: VerifySettings,
+        query_part: str = "queries",
     ) -> None:
         self.stores = stores
         self.words = words
         self.index_parts = index_parts
         self.settings = settings
+        self.query_part = query_part
         self._open: tuple[dict[str, FeatureStore], dict[str, Words]] | None = None
 
     def __getstate__(self) -> dict[str, object]:
@@ -128,9 +132,9 @@ class ShortListVerifier:
         _, qname, order = item
         stores, words = self._opened()
         st = self.settings
-        _, q_kp, q_raw, q_size = stores["queries"].get_raw(qname)
-        q_words = words["queries"].of(qname)[0][:, : st.query_ma]
-        finish = stores["queries"].config.finish
+        _, q_kp, q_raw, q_size = stores[self.query_part].get_raw(qname)
+        q_words = words[self.query_part].of(qname)[0][:, : st.query_ma]
+        finish = stores[self.query_part].config.finish
         q_desc = finish(q_raw) if st.matching == "descriptors" else None
         cands, tentative = [], []
         for idx in order.tolist():
@@ -156,11 +160,11 @@ class ShortListVerifier:
         return VerifiedList(np.asarray(res.order, np.int64), verified, inliers, matches)
 
 
-def short_list_verifier(parts: WordedParts, settings: VerifySettings) -> ShortListVerifier:
-    """The verification job over a benchmark's stores and words (the query words assigned)."""
+def short_list_verifier(parts: WordedParts, settings: VerifySettings, query_part: str = "queries") -> ShortListVerifier:
+    """The verification job over a benchmark's stores and words (``query_part``'s words assigned)."""
     return ShortListVerifier(
         stores={p: store_spec(s) for p, s in parts.stores.items()}, words=dict(parts.words_paths),
-        index_parts=parts.index_parts, settings=settings,
+        index_parts=parts.index_parts, settings=settings, query_part=query_part,
     )  # fmt: skip
 
 
@@ -182,7 +186,7 @@ class VerificationCache:
 
     @classmethod
     def for_job(cls, job: ShortListVerifier, cache: Path) -> VerificationCache:
-        """The cache folder of ``job``'s stores, words and settings under the cache root ``cache``."""
+        """The cache folder of ``job``'s stores, words, settings (and query part) under the cache root ``cache``."""
 
         def rel(path: Path) -> str:
             path = Path(path)
@@ -193,6 +197,8 @@ class VerificationCache:
             "words": {p: rel(w) for p, w in sorted(job.words.items())},
             "settings": asdict(job.settings), "viewer_matches": MATCHES_FOR_VIEWERS,
         }  # fmt: skip
+        if job.query_part != "queries":  # database images as queries: entries of their own
+            key["query_part"] = job.query_part
         return cls(Path(cache) / "verification" / json_digest(key, 16))
 
     def path(self, query: str, candidates: Sequence[tuple[str, str]]) -> Path:

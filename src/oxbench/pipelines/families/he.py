@@ -1,0 +1,290 @@
+"""Hamming embedding with weak geometric consistency over RootSIFT (Jegou, Douze & Schmid, ECCV 2008).
+
+A bag of words whose matches are filtered inside each word: every feature carries a 64-bit
+signature of where it lies in its word's cell (:class:`oxbench.index.hamming.HammingEmbedding`:
+a seeded random orthogonal projection and per-word medians learned on the training set), two
+features match when they share a word and their signatures are within ``he_ht`` bits, and a match
+weighs ``idf^2 exp(-h^2 / he_sigma^2)`` (Jegou et al., IJCV 2010; ``he_weighting="none"``: idf^2
+only). Weak geometric consistency (``wgc``) then keeps, per image, only the matches that agree on
+one rotation and one scale change (the smaller maximum of the orientation- and log-scale-difference
+histograms, :func:`oxbench.index.hamming.wgc_scores`). Scores are normalised by the tf-idf norms of
+both images (:class:`oxbench.index.hamming.HammingIndex`).
+
+``fit`` trains (or reuses) the vocabulary of the shared step and learns the embedding on the
+training set's database features (cached under ``<cache>/hamming``, keyed by the vocabulary
+file); ``index`` signs every database feature and builds the postings; ``search`` scores the
+query crops. The re-ranking stages are the shared ones: spatial verification of the short list,
+and query expansion from verified images, which expands and ranks again in the tf-idf space of
+the same words (the family offers the tf-idf vectors as its ``vectors``; the expanded query has
+no signatures). Presets are registered at the end of this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench import schema as S
+from oxbench.cache import CorruptCache, entry_lock, lock_path
+from oxbench.datasets.base import Benchmark
+from oxbench.errors import InputError
+from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.fileio import json_digest, remove_stale_temps
+from oxbench.index.hamming import HammingEmbedding, HammingIndex
+from oxbench.index.inverted import InvertedFile, bow_matrix
+from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
+from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.steps import (
+    LocalQuantisation,
+    QuantisingMethod,
+    dataset_key,
+    last_if_empty,
+    load_vocabulary,
+    open_store,
+    part_names,
+    training_descriptors,
+)
+from oxbench.schema import setting
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HeConfig(MethodConfig, LocalQuantisation):
+    """Hamming embedding (+ weak geometric consistency) over RootSIFT; features, vocabulary and
+    spatial verification are the shared :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`
+    settings.
+
+    Attributes:
+        name: preset name.
+        he_ht: Hamming threshold ``h_t`` (``0 .. 64`` bits; Jegou et al. 2010 use 24 of 64).
+        he_weighting: ``gaussian`` (``exp(-h^2 / he_sigma^2)``) or ``none`` (every match counts 1).
+        he_sigma: the Gaussian's ``sigma`` in bits (16 in Jegou et al. 2010).
+        he_seed: seed of the random orthogonal projection.
+        he_train_max: at most this many training descriptors (a seeded sample) learn the medians
+            (``None``: all of them).
+        idf: tf-idf weighting (``idf^2`` per match).
+        wgc: weak geometric consistency on orientation and log-scale differences.
+        wgc_angle_bins: bins of the orientation-difference histogram over 360 degrees.
+        wgc_scale_bins: bins of the log2-scale-difference histogram.
+        wgc_scale_range: that histogram spans ``+-wgc_scale_range`` octaves (beyond: end bins).
+        qe, qe_max_verified, qe_min_inliers, qe_verify_top: query expansion from verified images,
+            as in :class:`~oxbench.pipelines.families.bow.BowConfig` (in tf-idf space).
+    """
+
+    family: ClassVar[str] = "he"
+
+    name: str
+    he_ht: int = setting(24, S.Int(lo=0, hi=64), doc="Hamming threshold (bits of 64)")
+    he_weighting: Literal["gaussian", "none"] = setting(
+        "gaussian", S.Choice("gaussian", "none"), doc="match weights exp(-h^2/sigma^2) or 1"
+    )
+    he_sigma: float = setting(
+        16.0, S.Float(lo=0, lo_open=True, hi=64), doc="Gaussian weighting: sigma (bits)"
+    )
+    he_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="seed of the random projection")
+    he_train_max: int | None = setting(
+        1_000_000,
+        S.Optional(S.Int(lo=1, hi=1 << 30)),
+        doc="training descriptors for the medians (none: all)",
+    )
+    idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
+    wgc: bool = setting(False, S.Bool(), doc="weak geometric consistency")
+    wgc_angle_bins: int = setting(8, S.Int(lo=1, hi=360), doc="WGC: orientation bins")
+    wgc_scale_bins: int = setting(8, S.Int(lo=1, hi=256), doc="WGC: log-scale bins")
+    wgc_scale_range: float = setting(
+        4.0, S.Float(lo=0, lo_open=True, hi=64), doc="WGC: log2-scale half-range"
+    )
+    qe: Literal["none", "aqe"] = setting(
+        "none", S.Choice("none", "aqe"), doc="query expansion from verified images"
+    )
+    qe_max_verified: int = setting(
+        50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images"
+    )
+    qe_min_inliers: int = setting(
+        8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand"
+    )
+    qe_verify_top: int = setting(
+        100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)"
+    )
+
+    def __post_init__(self) -> None:
+        self.check_local_settings(self.name)
+        if self.qe != "none" and not self.spatial:
+            raise InputError(f"method {self.name}: query expansion needs spatial verification")
+
+    @property
+    def requires(self) -> tuple[tuple[str, str], ...]:
+        """SIFT (OpenCV) and the vocabulary's k-means and assignment (faiss)."""
+        return (("cv2", "classic"), ("faiss", "classic"))
+
+    def build(self) -> HammingEmbeddingMethod:
+        return HammingEmbeddingMethod(self)
+
+
+def embedding_path(cache: Path, vocab_path: Path, config: HeConfig, train: Benchmark) -> Path:
+    """Where the embedding learned for ``vocab_path`` on ``train`` is cached."""
+    key = {"vocabulary": vocab_path.name, "train": dataset_key(train), "seed": config.he_seed,
+           "max": config.he_train_max, "features": config.features.to_dict()}  # fmt: skip
+    return Path(cache) / "hamming" / f"{vocab_path.stem}-he-{json_digest(key, 12)}.npz"
+
+
+def _log2_scales(kp: NDArray[np.float32]) -> NDArray[np.float32]:
+    return np.log2(np.maximum(kp[:, 2].astype(np.float64), 1e-6)).astype(np.float32)
+
+
+class HammingEmbeddingMethod(QuantisingMethod):
+    """A :class:`HeConfig` through the method interface (see the module docstring)."""
+
+    config: HeConfig
+
+    def __init__(self, config: HeConfig) -> None:
+        super().__init__(config)
+        self.embedding_: HammingEmbedding | None = None
+        self.index_: HammingIndex | None = None
+        self._ivf: InvertedFile | None = None
+
+    def fit(self, train: Benchmark | None, ctx: RunContext) -> HammingEmbeddingMethod:
+        super().fit(train, ctx)
+        assert train is not None and self.vocab_path_ is not None
+        path = embedding_path(ctx.cache, self.vocab_path_, self.config, train)
+        remove_stale_temps(path.parent)
+        with entry_lock(lock_path(path), what=f"the Hamming embedding {path}"):
+            if path.exists():
+                try:
+                    self.embedding_ = HammingEmbedding.load(path)
+                    ctx.record_step("hamming_embedding", hit=True)
+                    return self
+                except CorruptCache as exc:
+                    log.warning("%s; learning it again", exc)
+            with ctx.timed("hamming_embedding"):
+                m = self.config
+                store = open_store(ctx.cache, train, m.features, "database")
+                x = training_descriptors(
+                    store, part_names(train, "database"), m.he_train_max, seed=m.he_seed
+                )
+                voc = load_vocabulary(self.vocab_path_, m.features)
+                words = voc.kneighbors(x, 1)[1][:, 0]
+                self.embedding_ = HammingEmbedding(voc.n_words, seed=m.he_seed).fit(x, words)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self.embedding_.save(path)
+            ctx.record_step("hamming_embedding", hit=False)
+        return self
+
+    def features_of(self, part: str, name: str) -> tuple[NDArray, NDArray, NDArray, NDArray]:
+        """``(words, signatures, angles, log2 scales)`` of one image's features."""
+        assert self._parts is not None and self.embedding_ is not None
+        store = self._parts.stores[part]
+        _, kp, raw, _ = store.get_raw(name)
+        w = self._parts.words[part].of(name)[0][:, 0].astype(np.int64)
+        sig = self.embedding_.signatures(store.config.finish(raw), w)
+        return w, sig, kp[:, 3].astype(np.float32), _log2_scales(kp)
+
+    def index(self, bench: Benchmark, ctx: RunContext) -> HammingEmbeddingMethod:
+        if self.embedding_ is None:
+            raise InputError(f"method {self.config.name}: fit before index")
+        parts = self.index_parts(bench, ctx)
+        n_words = parts.vocabulary.n_words
+        with ctx.timed("index"):
+            feats = [self.features_of(part, name) for part, name in parts.index_parts]
+            n = len(feats)
+
+            def column(j: int, dtype: type) -> NDArray:
+                return (
+                    np.concatenate([f[j] for f in feats]).astype(dtype)
+                    if feats
+                    else np.zeros(0, dtype)
+                )
+
+            images = np.repeat(np.arange(n, dtype=np.int64), [len(f[0]) for f in feats])
+            self.index_ = HammingIndex(n_words, idf=self.config.idf).fit(
+                column(0, np.int64),
+                images,
+                column(1, np.uint64),
+                column(2, np.float32),
+                column(3, np.float32),
+                n,
+            )
+            tf = bow_matrix(
+                [parts.words[p].of(nm)[0][:, 0] for p, nm in parts.index_parts], n_words
+            )
+            self._ivf = InvertedFile(n_words, idf=self.config.idf, burst="none").fit(tf)
+        return self
+
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        parts = self.indexed_parts(bench)
+        m, index, ivf = self.config, self.index_, self._ivf
+        assert index is not None and ivf is not None
+        with ctx.timed("assign"):
+            q_words = parts.assign(bench, "queries", ctx)
+        names = parts.names["queries"]
+        scores = np.zeros((len(names), index.n_images), np.float32)
+        with ctx.timed("search"):
+            for qi, name in enumerate(names):
+                w, sig, ang, ls = self.features_of("queries", name)
+                if len(w):
+                    scores[qi] = index.scores(
+                        w, sig, ang, ls, ht=m.he_ht, sigma=m.he_sigma if m.he_weighting == "gaussian" else None,
+                        wgc=m.wgc, angle_bins=m.wgc_angle_bins, scale_bins=m.wgc_scale_bins,
+                        scale_range=m.wgc_scale_range,
+                    )  # fmt: skip
+            scores = (
+                np.stack([last_if_empty(row, self.empty_) for row in scores])
+                if len(scores)
+                else scores
+            )
+            ranks = ranks_from_scores(scores.T)
+            q_vecs = ivf.transform(
+                bow_matrix([q_words.of(n)[0][:, 0] for n in names], parts.vocabulary.n_words)
+            )
+        self.warn_empty_queries(parts)
+        info: dict[str, object] = {
+            "n_index": len(parts.index_parts),
+            "he_ht": m.he_ht,
+            "wgc": m.wgc,
+        }
+        ranking = Ranking(
+            ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), q_vecs, info=info
+        )
+        return run_stages(ranking, self.stages, self, ctx).result()
+
+    # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
+    capabilities = frozenset({"vectors", "local"})
+
+    @property
+    def stages(self) -> list[Reranker]:
+        """Spatial verification of the top R, then query expansion from verified images."""
+        m = self.config
+        names = (["spatial"] if m.spatial else []) + (["aqe-verified"] if m.qe == "aqe" else [])
+        return build_stages(m, names, self.capabilities)
+
+    @property
+    def database(self) -> Any:
+        """The tf-idf database vectors (sparse rows) that query expansion averages."""
+        assert self._ivf is not None and self._ivf.db_vectors_ is not None
+        return self._ivf.db_vectors_
+
+    def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+        """``(scores, ranks)`` of tf-idf query vectors (an expanded query) by cosine similarity."""
+        assert self._ivf is not None
+        scores = self._ivf.scores_of_vectors(queries)
+        scores = (
+            np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
+        )
+        ranks = ranks_from_scores(scores.T)
+        return np.take_along_axis(scores, ranks, axis=1).astype(np.float32), ranks
+
+
+# --- presets -------------------------------------------------------------------------------------
+
+register_method(HeConfig("rootsift-he"))
+register_method(HeConfig("rootsift-he-sv", spatial=True))
+register_method(HeConfig("rootsift-he-sv-qe", spatial=True, qe="aqe"))
+register_method(HeConfig("rootsift-he-wgc", wgc=True))
+register_method(HeConfig("rootsift-he-wgc-sv", wgc=True, spatial=True))
+register_method(HeConfig("rootsift-he-wgc-sv-qe", wgc=True, spatial=True, qe="aqe"))
