@@ -95,3 +95,24 @@ def test_empty_lists_an_empty_index_and_a_query_of_another_vocabulary(tmp_path: 
         cp.scores_of_vectors(sp.csr_matrix(np.ones((1, 2), np.float32)))
     none = CompressedPostings.write(sp.csr_matrix((4, 0), dtype=np.float32), tmp_path / "none")
     assert none.scores_of_vectors(sp.csr_matrix((2, 4), dtype=np.float32)).shape == (2, 0)
+
+
+@pytest.mark.slow
+def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_bytes_are(tmp_path: Path) -> None:
+    pytest.importorskip("faiss")
+    from oxbench.pipelines import RunContext, resolve_method
+    from test_pipeline import TINY, load_tiny, make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    out, prints = {}, {}
+    for name in ("rootsift-bow-sv", "rootsift-bow-sv-compact"):
+        m = resolve_method(name, vocab_size=100, **TINY)
+        impl = m.build().fit(train, ctx).index(bench, ctx)
+        out[name] = impl.search(bench, ctx)
+        prints[name] = (impl.footprint(), m.ram_bytes_per_image())
+    assert np.array_equal(out["rootsift-bow-sv"].ranks, out["rootsift-bow-sv-compact"].ranks)
+    (ram_fp, ram_bound), (cp_fp, cp_bound) = prints["rootsift-bow-sv"], prints["rootsift-bow-sv-compact"]
+    assert "postings" in ram_fp.ram and "postings" not in cp_fp.ram and cp_fp.disk["postings"] > 0
+    assert cp_fp.ram_bytes_per_image < ram_fp.ram_bytes_per_image and cp_bound < ram_bound

@@ -188,6 +188,11 @@ class CompressedPostings:
         return cls(folder, n_words, n_db, wdt, offsets, ids, weights)
 
     @property
+    def offsets_bytes(self) -> int:
+        """Bytes of the offsets (read into RAM on open; the lists stay mapped)."""
+        return int(self._offsets.nbytes)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the posting lists on disk (ids, weights and offsets)."""
         return int(self._ids.nbytes + self._weights.nbytes + self._offsets.nbytes)

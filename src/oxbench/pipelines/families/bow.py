@@ -11,8 +11,10 @@ are registered at the end of this module.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -24,11 +26,19 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
+from oxbench.fileio import json_digest
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
+from oxbench.index.postings import CompressedPostings
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
-from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, Words, last_if_empty
+from oxbench.pipelines.steps import (
+    LocalQuantisation,
+    QuantisingMethod,
+    Words,
+    dataset_key,
+    last_if_empty,
+)
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.rerank.qe import database_side_augmentation
 from oxbench.schema import setting
@@ -69,6 +79,11 @@ class BowConfig(MethodConfig, LocalQuantisation):
         dqe_negatives: DQE's negatives: this many images from the bottom of the first ranking
             (200 in the paper).
         dqe_c: DQE's SVM ``C``.
+        inverted_file: ``memory`` (the scipy inverted file, its two sparse copies in RAM) or
+            ``compressed``: the posting lists written to the cache as delta + variable-byte ids
+            and ``float32`` weights (:class:`~oxbench.index.postings.CompressedPostings`) and
+            memory-mapped at query time, the same scores exactly; the database vectors stay in
+            RAM only when query expansion needs them.
         dba: database-side augmentation (Arandjelovic & Zisserman 2012): at index time each
             database image is searched for among the others, its top ``spatial_top_r`` are
             spatially verified against it (the same verification as the queries'), and its tf-idf
@@ -93,6 +108,8 @@ class BowConfig(MethodConfig, LocalQuantisation):
     dqe_negatives: int = setting(200, S.Int(lo=1, hi=1 << 24), doc="DQE: negatives from the bottom of the ranking")
     dqe_c: float = setting(1.0, S.Float(lo=0, lo_open=True, hi=1e6), doc="DQE: the linear SVM's C")
     dba: bool = setting(False, S.Bool(), doc="database-side augmentation from verified neighbours")
+    inverted_file: Literal["memory", "compressed"] = setting(
+        "memory", S.Choice("memory", "compressed"), doc="posting lists in RAM, or compressed on disk (memory-mapped)")
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
@@ -118,7 +135,8 @@ class BowConfig(MethodConfig, LocalQuantisation):
             return None
         soft = self.soft_k if self.assignment == "soft" else 1
         ma = self.spatial_query_ma if self.spatial and self.spatial_matching == "words" else 1
-        return local_ram_per_image(cap, max(soft, ma), 16 * soft)
+        copies = 2 if self.inverted_file == "memory" else (1 if self.qe != "none" else 0)
+        return local_ram_per_image(cap, max(soft, ma), 8 * copies * soft)
 
 
 def term_frequencies(  # noqa: ANN201
@@ -152,6 +170,7 @@ class BagOfWords(QuantisingMethod):
     def __init__(self, config: BowConfig) -> None:
         super().__init__(config)
         self._ivf: InvertedFile | None = None
+        self._postings: CompressedPostings | None = None
         self.dba_neighbours_: NDArray[np.int64] | None = None
 
     @property
@@ -174,7 +193,24 @@ class BagOfWords(QuantisingMethod):
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
         if m.dba:
             self._augment_database(ctx)
+        self._postings = None
+        if m.inverted_file == "compressed":
+            self._compress(bench, parts, ctx)
         return self
+
+    def _compress(self, bench: Benchmark, parts: Any, ctx: RunContext) -> None:
+        """Write the posting lists compressed and memory-map them; drop the sparse copies (the
+        database vectors are kept when query expansion reads them)."""
+        ivf = self._ivf
+        assert ivf is not None and ivf.postings_ is not None
+        key = json_digest({"method": self.config.digest(), "vocabulary": parts.vocabulary.file_digest_,
+                           "index": [list(p) for p in parts.index_parts]}, 16)  # fmt: skip
+        folder = Path(ctx.cache) / dataset_key(bench) / "postings" / key
+        with ctx.timed("index"):
+            self._postings = CompressedPostings.write(ivf.postings_, folder)
+        ivf.postings_ = None
+        if self.config.qe == "none":
+            ivf.db_vectors_ = None
 
     def footprint(self) -> Footprint | None:
         """The inverted file's two sparse copies (database rows, posting lists) and the words in
@@ -183,7 +219,13 @@ class BagOfWords(QuantisingMethod):
             return None
         ivf = self._ivf
         ram = {"postings": array_bytes(ivf.postings_), "db_vectors": array_bytes(ivf.db_vectors_)}
-        return local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram={"idf": array_bytes(ivf.idf_)})
+        out = local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram={"idf": array_bytes(ivf.idf_)})
+        if self._postings is not None:  # the lists on disk, memory-mapped; only their offsets in RAM (fixed)
+            cp = self._postings
+            out = dataclasses.replace(out, ram={k: v for k, v in out.ram.items() if k != "postings"},
+                                      disk={**out.disk, "postings": cp.nbytes - cp.offsets_bytes},
+                                      fixed_ram={**out.fixed_ram, "postings offsets": cp.offsets_bytes})  # fmt: skip
+        return out
 
     def verified_neighbours(self, ctx: RunContext, *, block: int = 1024) -> NDArray[np.int64]:
         """``[n_index, spatial_top_r]`` each index image's spatially verified neighbours (``-1``: none).
@@ -257,7 +299,10 @@ class BagOfWords(QuantisingMethod):
     def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         """``(scores, ranks)`` of tf-idf query vectors over the whole index (featureless images last)."""
         assert self._ivf is not None
-        scores = self._ivf.scores_of_vectors(queries)
+        if self._postings is not None:
+            scores = self._postings.scores_of_vectors(queries)
+        else:
+            scores = self._ivf.scores_of_vectors(queries)
         scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
         ranks = ranks_from_scores(scores.T)
         return np.take_along_axis(scores, ranks, axis=1).astype(np.float32), ranks
@@ -267,6 +312,8 @@ class BagOfWords(QuantisingMethod):
 
 register_method(BowConfig("rootsift-bow"))
 register_method(BowConfig("rootsift-bow-sv", spatial=True))
+# the same ranking from compressed, memory-mapped posting lists: the +1M-sized variant (docs/scale.md)
+register_method(BowConfig("rootsift-bow-sv-compact", spatial=True, inverted_file="compressed"))
 register_method(BowConfig("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
 register_method(BowConfig("rootsift-bow-sv-dqe", spatial=True, qe="dqe"))
 register_method(BowConfig("rootsift-bow-dba-sv-dqe", spatial=True, qe="dqe", dba=True))
