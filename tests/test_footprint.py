@@ -171,6 +171,8 @@ def test_ivfpq_footprint_is_codes_and_ids_with_the_quantisers_fixed(tiny_root: P
     assert fp["ram"]["faiss_index"] >= 70 * per_entry and fp["ram"]["faiss_index"] <= 70 * per_entry + 4 * 64
     assert fp["fixed_ram"]["faiss_trained"] > 4 * 8192 * 4  # the coarse centroids at least
     assert fp["disk"]["faiss_index"] > fp["ram"]["faiss_index"]
+    # the float vectors are memory-mapped from the cache, not held: on disk, not in RAM
+    assert fp["ram"]["vectors"] == 0 and fp["disk"]["vectors"] == 70 * 64 * 128 * 4 + 128
 
 
 def test_a_run_that_would_not_fit_is_refused_before_anything_is_made(

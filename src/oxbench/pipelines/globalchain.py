@@ -175,6 +175,8 @@ class SearchChain:
                 self.faiss = self._faiss_index(ctx, cache_dir)
                 self.info["search"] = self.faiss.describe()
                 self.info["bytes_per_image"] = self.faiss.bytes_per_vector
+                if self.faiss.settings.kind == "ivfpq" and cache_dir is not None:
+                    self.db = self._mapped(cache_dir)
         self.stages = build_stages(m, stage_names(m), self.capabilities)
         self.info.update(prepare_stages(self.stages, self, ctx))
 
@@ -209,13 +211,29 @@ class SearchChain:
         ctx.record_step("search_index", hit=False)
         return index
 
-    def footprint(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Measured ``(ram, fixed_ram)`` of the database side: the vectors the chain keeps (exact
-        search and query expansion read them) and the FAISS index as FAISS serialises it, its
-        trained-but-empty copy (coarse quantiser, codebooks) counted as fixed."""
-        from oxbench.index.footprint import array_bytes, faiss_bytes
+    def _mapped(self, cache_dir: Path) -> NDArray[np.float32]:
+        """The database vectors as a read-only memory map of a cached ``.npy``: with IVF-PQ the
+        codes are the index, and the float vectors (read by query expansion, diffusion and the
+        recall check) are paged in from disk, not held in RAM."""
+        from oxbench.fileio import atomic_write_npy
 
-        ram = {"vectors": array_bytes(self.db)}
+        path = cache_dir / f"vectors-{self.db.shape[0]}x{self.db.shape[1]}-{_array_digest(self.db)}.npy"
+        if not path.is_file():
+            atomic_write_npy(path, np.ascontiguousarray(self.db, dtype=np.float32))
+        mapped = np.load(path, mmap_mode="r")
+        if mapped.shape != self.db.shape or mapped.dtype != np.float32:
+            raise InputError(f"cached vectors hold {mapped.shape} {mapped.dtype}, expected {self.db.shape} float32", path)
+        return mapped
+
+    def footprint(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        """Measured ``(ram, fixed_ram, disk)`` of the database side: the vectors the chain keeps
+        (in RAM, or on disk when memory-mapped) and the FAISS index as FAISS serialises it, its
+        trained-but-empty copy (coarse quantiser, codebooks) counted as fixed."""
+        from oxbench.index.footprint import array_bytes, disk_bytes, faiss_bytes
+
+        filename = self.db.filename if isinstance(self.db, np.memmap) else None
+        ram = {"vectors": 0 if filename else array_bytes(self.db)}
+        disk = {"vectors": disk_bytes(filename) if filename else 0}
         fixed: dict[str, int] = {}
         if self.faiss is not None:
             from oxbench.index.faiss_setup import load_faiss
@@ -224,7 +242,7 @@ class SearchChain:
             empty.reset()
             fixed["faiss_trained"] = faiss_bytes(empty)
             ram["faiss_index"] = faiss_bytes(self.faiss.index_) - fixed["faiss_trained"]
-        return ram, fixed
+        return ram, fixed, disk
 
     def list_length(self) -> int:
         """How many images each ranked list holds."""

@@ -709,8 +709,9 @@ class GlobalDescriptors(RetrievalMethod):
         chain = self._chain
         if chain is None:
             return None
-        ram, fixed = chain.footprint()
+        ram, fixed, chain_disk = chain.footprint()
         disk = {kind: sum(disk_bytes(p) for p in paths) for kind, paths in self._index_stores.items()}
+        disk.update({k: v for k, v in chain_disk.items() if v})
         if chain.index_path is not None:
             disk["faiss_index"] = disk_bytes(chain.index_path)
         if self.whitening_ is not None:
