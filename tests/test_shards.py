@@ -154,6 +154,7 @@ class _CountingVerifier:
         self.words: dict = {}
         self.settings = VerifySettings()
         self.index_parts = [("database", f"db{i}") for i in range(n_index)]
+        self.query_part = "queries"
         self.calls: list[str] = []
 
     def __call__(self, item: tuple[int, str, np.ndarray]):  # noqa: ANN204
