@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -30,13 +29,6 @@ import numpy as np
 
 _SHARED = os.environ.get("OXBENCH_SHARED_DATA")
 SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
-
-
-def _value(text: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
 
 
 def main() -> int:
@@ -48,6 +40,7 @@ def main() -> int:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pixel_subset import candidate_map, load_subset_city
+    from real_subset import _value  # a --set value as JSON, else the text
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=SUBSET)
