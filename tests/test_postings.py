@@ -115,4 +115,5 @@ def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_b
     assert np.array_equal(out["rootsift-bow-sv"].ranks, out["rootsift-bow-sv-compact"].ranks)
     (ram_fp, ram_bound), (cp_fp, cp_bound) = prints["rootsift-bow-sv"], prints["rootsift-bow-sv-compact"]
     assert "postings" in ram_fp.ram and "postings" not in cp_fp.ram and cp_fp.disk["postings"] > 0
-    assert cp_fp.ram_bytes_per_image < ram_fp.ram_bytes_per_image and cp_bound < ram_bound
+    # what the index holds is smaller; the build's peak (the bound checked before a run) is the same
+    assert cp_fp.ram_bytes_per_image < ram_fp.ram_bytes_per_image and cp_bound == ram_bound

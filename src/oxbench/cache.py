@@ -8,8 +8,11 @@ steps catch it, log a warning naming the file, delete it and compute it again. A
 gives a traceback and is never used.
 
 ``.npz`` artifacts written by :func:`save_npz` carry the SHA-256 of all their arrays (names, dtypes,
-shapes and bytes) as one more entry; :func:`load_npz` reads them whole and checks it (a full hash:
-these files are read whole anyway).
+shapes and bytes) as one more entry; :func:`load_npz` reads them and checks it (a full hash). Large
+members can be memory-mapped instead of read (``mapped=``: the archive is uncompressed, each member
+an ``.npy`` at a known offset), and a process that opens a file another process has already checked
+can skip the hash when the file is still the one checked (:class:`FileIdentity`: same inode, size,
+modification time and recorded digest).
 
 Writers of one cache entry are serialised by a file lock (:func:`entry_lock`, on
 ``<entry>.lock``): a second process that wants the same entry waits, says so in the log, and then
@@ -22,14 +25,19 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterator, Mapping
+import os
+import struct
+import zipfile
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import LockBusy, atomic_write_npz, file_lock, require_regular_file
+from oxbench.fileio import LockBusy, atomic_open, atomic_write_npz, file_lock, require_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -108,9 +116,78 @@ def save_npz(path: str | Path, arrays: Mapping[str, NDArray]) -> Path:
     return atomic_write_npz(path, {**arrays, DIGEST_KEY: np.array(arrays_digest(arrays))})
 
 
+#: Bytes written (and hashed) at a time by :func:`save_npz_pieces`.
+_CHUNK = 1 << 24
+
+
+def save_npz_pieces(path: str | Path, arrays: Mapping[str, NDArray | Sequence[NDArray]]) -> Path:
+    """:func:`save_npz` of arrays given in pieces, never held whole: a member given as a sequence
+    of arrays is their concatenation along the first axis, written (and hashed) piece by piece.
+    The file is the one :func:`save_npz` writes for the concatenated arrays (same members, same
+    digest), uncompressed, so :func:`load_npz` can memory-map its members.
+
+    Raises:
+        ValueError: pieces of one member differ in dtype or trailing shape.
+        InputError: the file cannot be written (see :func:`~oxbench.fileio.atomic_open`).
+    """
+    if DIGEST_KEY in arrays:
+        raise ValueError(f"{DIGEST_KEY!r} is reserved for the digest")
+    members: dict[str, list[NDArray]] = {
+        k: [np.asarray(a) for a in v] if isinstance(v, list | tuple) else [np.asarray(v)] for k, v in arrays.items()
+    }  # fmt: skip
+    h = hashlib.sha256()
+    with atomic_open(path) as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for name in sorted(members):
+            pieces = members[name]
+            if not pieces:
+                raise ValueError(f"member {name!r} has no pieces (give an empty array)")
+            first = pieces[0]
+            if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.ndim == 0 for p in pieces[1:]):
+                raise ValueError(f"the pieces of member {name!r} differ in dtype or trailing shape")
+            shape = (sum(int(p.shape[0]) for p in pieces), *map(int, first.shape[1:])) if first.ndim else ()
+            hashed_shape = shape or (1,)  # as arrays_digest sees it: np.ascontiguousarray makes 0-d 1-d
+            h.update(f"{name}\0{first.dtype.str}\0{hashed_shape}\0".encode())
+            with zf.open(f"{name}.npy", "w", force_zip64=True) as out:
+                header = {"descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False, "shape": shape}
+                np.lib.format.write_array_header_1_0(out, header)
+                for piece in pieces:
+                    flat = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
+                    for i in range(0, len(flat), _CHUNK):
+                        chunk = flat[i : i + _CHUNK].data
+                        out.write(chunk)
+                        h.update(chunk)
+        with zf.open(f"{DIGEST_KEY}.npy", "w") as out:
+            np.lib.format.write_array(out, np.array(h.hexdigest()), allow_pickle=False)
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """A cache file as one process checked it: what lets another process trust it without hashing.
+
+    Attributes:
+        inode, size, mtime_ns: of the file when it was checked (an atomic replacement or any write
+            changes one of them).
+        digest: the content digest it recorded and matched.
+    """
+
+    inode: int
+    size: int
+    mtime_ns: int
+    digest: str
+
+    @classmethod
+    def of(cls, st: os.stat_result, digest: str) -> FileIdentity:
+        return cls(int(st.st_ino), int(st.st_size), int(st.st_mtime_ns), digest)
+
+    def same_file(self, st: os.stat_result) -> bool:
+        return (self.inode, self.size, self.mtime_ns) == (int(st.st_ino), int(st.st_size), int(st.st_mtime_ns))
+
+
 def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = None,
-             lock: Path | None = None) -> dict[str, NDArray]:  # fmt: skip
-    """Read a ``.npz`` written by :func:`save_npz`, all of it, and check its digest.
+             lock: Path | None = None, mapped: Collection[str] = (),
+             trusted: FileIdentity | None = None) -> dict[str, NDArray]:  # fmt: skip
+    """Read a ``.npz`` written by :func:`save_npz` and check its digest.
 
     The returned arrays include the verified digest under :data:`DIGEST_KEY` (an identity of the
     content, e.g. to record which vocabulary other artifacts were computed with).
@@ -119,27 +196,81 @@ def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = 
         path: the file.
         what: what it holds, for messages (``"vocabulary"``).
         discard, lock: passed to :class:`CorruptCache` (what to delete on corruption).
+        mapped: members returned as read-only memory maps of the file instead of read into memory
+            (each must be stored uncompressed, C-ordered, of a plain numeric dtype).
+        trusted: the file as another process checked it: when the file is still that one (same
+            inode, size, modification time and recorded digest) the content is not hashed again.
 
     Raises:
         InputError: the file is missing or not a regular file.
-        CorruptCache: unreadable, no digest, or the digest does not match the content.
+        CorruptCache: unreadable, no digest, the digest does not match the content, or a mapped
+            member that cannot be mapped (compressed, truncated, objects).
     """
     path = Path(path)
     try:
-        require_regular_file(path)
+        before = require_regular_file(path)
     except InputError as exc:
         raise InputError(f"{what}: {exc.problem}", path) from None
+
+    def corrupt(problem: str) -> CorruptCache:
+        return CorruptCache(problem, path, discard=discard, lock=lock)
+
     try:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            arrays = {k: z[k] for k in z.files if k not in mapped}
+            missing = [k for k in mapped if k not in z.files]
+        if mapped:
+            with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
+                infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
+                arrays.update({k: _map_member(path, fh, infos[k], corrupt) for k in mapped if k in infos})
+    except CorruptCache:
+        raise
     except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises (BadZipFile, EOFError...)
-        raise CorruptCache(f"unreadable {what} ({type(exc).__name__}: {exc})", path,
-                           discard=discard, lock=lock) from None  # fmt: skip
+        raise corrupt(f"unreadable {what} ({type(exc).__name__}: {exc})") from None
+    if missing:
+        raise corrupt(f"{what} without {', '.join(map(repr, missing))}")
     stored = arrays.pop(DIGEST_KEY, None)
     if stored is None:
-        raise CorruptCache(f"{what} without a content digest (written by an older oxbench?)", path,
-                           discard=discard, lock=lock)  # fmt: skip
-    if str(stored) != arrays_digest(arrays):
-        raise CorruptCache(f"{what} does not match its recorded digest", path, discard=discard, lock=lock)
+        raise corrupt(f"{what} without a content digest (written by an older oxbench?)")
+    after = os.stat(path)
+    if (before.st_ino, before.st_size, before.st_mtime_ns) != (after.st_ino, after.st_size, after.st_mtime_ns):
+        raise corrupt(f"{what} changed while it was being read")
+    if not (trusted is not None and trusted.same_file(after) and trusted.digest == str(stored)):
+        if str(stored) != arrays_digest(arrays):
+            raise corrupt(f"{what} does not match its recorded digest")
     arrays[DIGEST_KEY] = stored
     return arrays
+
+
+#: A zip local file header: signature, ..., name length, extra length (the last two at 26:30).
+_LOCAL_HEADER = 30
+
+
+def _map_member(path: Path, fh: BinaryIO, info: zipfile.ZipInfo, corrupt: Callable[[str], CorruptCache]) -> NDArray:
+    """A read-only memory map of one uncompressed ``.npy`` member of an archive (checked to fit)."""
+    name = info.filename
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise corrupt(f"member {name} is compressed and cannot be memory-mapped")
+    fh.seek(info.header_offset)
+    head = fh.read(_LOCAL_HEADER)
+    if len(head) != _LOCAL_HEADER or head[:4] != b"PK\x03\x04":
+        raise corrupt(f"member {name}: no local file header at its recorded offset")
+    n_name, n_extra = struct.unpack("<HH", head[26:30])
+    start = info.header_offset + _LOCAL_HEADER + n_name + n_extra
+    fh.seek(start)
+    version = np.lib.format.read_magic(fh)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise corrupt(f"member {name}: .npy format {version} cannot be memory-mapped")
+    if fortran or dtype.hasobject or dtype.kind not in "biufU":
+        raise corrupt(f"member {name}: a {'Fortran-ordered ' if fortran else ''}{dtype} array cannot be mapped")
+    data = fh.tell()
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if data - start + nbytes != info.file_size or data + nbytes > os.fstat(fh.fileno()).st_size:
+        raise corrupt(f"member {name}: {nbytes:,} bytes of {dtype} {shape} do not fit its stored size")
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=data, shape=shape)

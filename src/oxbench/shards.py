@@ -237,7 +237,7 @@ def committed_folders(directory: Path) -> dict[int, list[Path]]:
 
 def read_npz_shards(
     directory: Path, names: Sequence[str], shard_size: int, *, what: str,
-    check: Callable[[dict[str, NDArray[Any]], list[str]], str | None] | None = None,
+    check: Callable[[dict[str, NDArray[Any]], list[str]], str | None] | None = None, mapped: Sequence[str] = (),
 ) -> tuple[dict[int, dict[str, NDArray[Any]]], list[ShardTask]]:  # fmt: skip
     """The intact committed shards of a plan, and the tasks of the planned shards still to compute.
 
@@ -251,6 +251,7 @@ def read_npz_shards(
         shard_size: the plan's shard size.
         what: what the shards hold, for messages (``"visual-words shard"``).
         check: a further test of a shard's arrays against its items.
+        mapped: members returned memory-mapped, not read (:func:`oxbench.cache.load_npz`).
 
     Returns:
         ``({shard number: arrays}, tasks)``: every planned shard is in exactly one of the two.
@@ -266,7 +267,7 @@ def read_npz_shards(
                 discard_folder(folder)  # a shard of another plan (other items): useless here
                 continue
             try:
-                arrays = load_npz(folder / NPZ_NAME, what=what)
+                arrays = load_npz(folder / NPZ_NAME, what=what, mapped=mapped)
                 problem = check(arrays, item_names) if check is not None else None
                 if problem is not None:
                     raise CorruptCache(f"{what} {problem}", folder / NPZ_NAME)

@@ -84,11 +84,11 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
 
     def ram_bytes_per_image(self) -> int | None:
         """At most: every image at the features cap, each feature its own word (a 16-byte binary
-        residual and an ``int64`` image id in the inverted file), plus its words and distances."""
+        residual and an ``int64`` image id in the inverted file); the words are memory-mapped."""
         cap = getattr(self.features, "n_features", 0)
         if not cap:
             return None
-        return local_ram_per_image(cap, max(self.asmk_query_ma, 1), 16 + 8)
+        return local_ram_per_image(cap, 16 + 8)
 
 
 def aggregate_residuals(

@@ -127,16 +127,16 @@ class BowConfig(MethodConfig, LocalQuantisation):
         return BagOfWords(self)
 
     def ram_bytes_per_image(self) -> int | None:
-        """At most: every image at the features cap, each feature a posting in both sparse copies
-        (database rows and posting lists: ``float32`` value + ``int32`` index) per assigned word,
-        plus its words and distances."""
+        """At most, at the build's peak: every image at the features cap, each feature a posting
+        (``float32`` value + ``int32`` index) per assigned word in the sparse copies the build holds
+        at once -- term frequencies, weighted database rows, posting lists -- of which the in-RAM
+        inverted file keeps two and the compressed one none (one with query expansion). The words
+        are memory-mapped."""
         cap = getattr(self.features, "n_features", 0)
         if not cap:
             return None
         soft = self.soft_k if self.assignment == "soft" else 1
-        ma = self.spatial_query_ma if self.spatial and self.spatial_matching == "words" else 1
-        copies = 2 if self.inverted_file == "memory" else (1 if self.qe != "none" else 0)
-        return local_ram_per_image(cap, max(soft, ma), 8 * copies * soft)
+        return local_ram_per_image(cap, 8 * 3 * soft)
 
 
 def term_frequencies(  # noqa: ANN201

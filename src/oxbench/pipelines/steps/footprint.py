@@ -1,15 +1,18 @@
-"""The measured footprint a quantising family shares: words in RAM, feature stores and words on disk.
+"""The measured footprint a quantising family shares: words files and feature stores on disk.
 
-A family over local features and a vocabulary (bag of words, ASMK) holds, besides its own index,
-the visual words of every indexed image in RAM (``int32`` words and ``float32`` distances, read
-from the words files) and keeps on disk the feature stores of the database and distractors (what
-spatial verification reads) and their words files; the vocabulary is a fixed cost.
+A family over local features and a vocabulary (bag of words, ASMK) keeps, besides its own index,
+the visual words of every indexed image (``int32`` words and ``float32`` distances) in words files
+that it memory-maps (:class:`~oxbench.pipelines.steps.words.Words`: only the per-image offsets are
+held in RAM; verification reads the pages of its short lists) and the feature stores of the
+database and distractors (what spatial verification reads); the vocabulary is a fixed cost.
 :func:`local_footprint` measures those parts; a family adds its own index structures.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import numpy as np
 
 from oxbench.index.footprint import Footprint, array_bytes, disk_bytes
 from oxbench.index.vocabulary import Vocabulary
@@ -31,12 +34,14 @@ def local_footprint(
         fixed_ram: the family's own fixed structures.
 
     Returns:
-        ``ram`` plus the words in RAM; on disk the feature stores and words files of the index
+        ``ram`` plus the words held in RAM (their offsets; the words and distances too where
+        they are not memory-mapped); on disk the feature stores and words files of the index
         parts; the vocabulary's centroids (RAM) and file (disk) as fixed costs.
     """
     indexed = [p for p in INDEX_PARTS if p in parts.names]
     words = {p: parts.words[p] for p in indexed if p in parts.words}
-    words_ram = sum(array_bytes([w.offsets, w.words, w.sq_dists]) for w in words.values())
+    words_ram = sum(array_bytes([a for a in (w.offsets, w.words, w.sq_dists) if not isinstance(a, np.memmap)])
+                    for w in words.values())  # fmt: skip
     disk = {
         "features": sum(disk_bytes(parts.stores[p].directory) for p in indexed if p in parts.stores),
         "words": sum(disk_bytes(parts.words_paths[p]) for p in indexed if p in parts.words_paths),
@@ -53,8 +58,8 @@ def vocabulary_bytes(voc: Vocabulary) -> int:
     return array_bytes([voc.centroids_, voc.coarse_, voc.cell_offsets_])
 
 
-def local_ram_per_image(n_features: int, words_per_feature: int, index_bytes_per_feature: float) -> int:
+def local_ram_per_image(n_features: int, index_bytes_per_feature: float) -> int:
     """An upper bound of a quantising index's RAM per image from its settings: every image with
-    ``n_features`` features (the extractor's cap), each holding ``words_per_feature`` words and
-    distances (8 bytes each) and ``index_bytes_per_feature`` bytes of the family's own index."""
-    return int(n_features * (8 * words_per_feature + index_bytes_per_feature))
+    ``n_features`` features (the extractor's cap), each holding ``index_bytes_per_feature`` bytes of
+    the family's own index, plus the image's words offset (the words are memory-mapped)."""
+    return int(n_features * index_bytes_per_feature) + 8

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import CorruptCache, load_npz, save_npz
+from oxbench.cache import CorruptCache, FileIdentity, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.features.store import FeatureStore
@@ -101,6 +101,8 @@ class ShortListVerifier:
         settings: the verification settings.
         query_part: the part the short lists' queries come from (``database`` when database
             images are verified against their own neighbours, as database-side augmentation does).
+        trusted: ``{part: FileIdentity}`` of the words files as the driver checked them: a worker
+            that finds the same files memory-maps them without hashing them again.
     """
 
     def __init__(
@@ -111,9 +113,11 @@ class ShortListVerifier:
         index_parts: list[tuple[str, str]],
         settings: VerifySettings,
         query_part: str = "queries",
+        trusted: dict[str, FileIdentity] | None = None,
     ) -> None:
         self.stores = stores
         self.words = words
+        self.trusted = dict(trusted or {})
         self.index_parts = index_parts
         self.settings = settings
         self.query_part = query_part
@@ -125,7 +129,7 @@ class ShortListVerifier:
     def _opened(self) -> tuple[dict[str, FeatureStore], dict[str, Words]]:
         if self._open is None:
             stores = {p: reopen_store(spec) for p, spec in self.stores.items()}
-            self._open = stores, {p: Words.load(w) for p, w in self.words.items()}
+            self._open = stores, {p: Words.load(w, trusted=self.trusted.get(p)) for p, w in self.words.items()}
         return self._open
 
     def __call__(self, item: tuple[int, str, NDArray[np.int64]]) -> VerifiedList:
@@ -165,6 +169,7 @@ def short_list_verifier(parts: WordedParts, settings: VerifySettings, query_part
     return ShortListVerifier(
         stores={p: store_spec(s) for p, s in parts.stores.items()}, words=dict(parts.words_paths),
         index_parts=parts.index_parts, settings=settings, query_part=query_part,
+        trusted={p: w.source for p, w in parts.words.items() if w.source is not None},
     )  # fmt: skip
 
 

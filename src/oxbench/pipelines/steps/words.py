@@ -9,6 +9,7 @@ time: the features of every part, then the words of the indexed parts (:class:`W
 from __future__ import annotations
 
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -19,7 +20,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import CorruptCache, entry_lock, load_npz, lock_path, save_npz
+from oxbench.cache import (
+    DIGEST_KEY,
+    CorruptCache,
+    FileIdentity,
+    entry_lock,
+    load_npz,
+    lock_path,
+    save_npz_pieces,
+)
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
@@ -55,6 +64,11 @@ class Words:
         words: ``int32 [n_features, k]`` nearest words, nearest first.
         sq_dists: ``float32 [n_features, k]`` squared distances to them.
         vocabulary: the content digest of the vocabulary file they were assigned with.
+        source: the words file as :meth:`load` checked it (what lets another process open it
+            without hashing it again); ``None`` when built in memory.
+
+    :meth:`load` memory-maps ``words`` and ``sq_dists`` (read-only): an index over a million images
+    keeps only the offsets in RAM, and a verification worker reads the pages of its short lists.
     """
 
     names: tuple[str, ...]
@@ -62,9 +76,14 @@ class Words:
     words: NDArray[np.int32]
     sq_dists: NDArray[np.float32]
     vocabulary: str = ""
+    source: FileIdentity | None = field(default=None, compare=False)
     _index: dict[str, int] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        o, n = self.offsets, len(self.words)
+        if (o.ndim != 1 or len(o) != len(self.names) + 1 or (len(o) and (o[0] != 0 or o[-1] != n))
+                or bool(np.any(np.diff(o) < 0)) or self.sq_dists.shape != self.words.shape):  # fmt: skip
+            raise InputError(f"visual words: offsets do not partition {n:,} features among {len(self.names):,} images")
         self._index.update({n: i for i, n in enumerate(self.names)})
 
     def of(self, name: str) -> tuple[NDArray[np.int32], NDArray[np.float32]]:
@@ -82,18 +101,24 @@ class Words:
         return np.diff(self.offsets)
 
     @classmethod
-    def load(cls, path: Path) -> Words:
-        """Read a words file written by :func:`step_assign`, checking its digest (in full).
+    def load(cls, path: Path, *, trusted: FileIdentity | None = None) -> Words:
+        """Open a words file written by :func:`step_assign`, checking its digest (in full, unless
+        ``trusted`` names this very file as another process checked it); ``words`` and
+        ``sq_dists`` are memory-mapped.
 
         Raises:
             InputError: the file is missing.
             CorruptCache: the file is damaged or does not match its digest.
         """
-        z = load_npz(path, what="visual-words file")
+        path = Path(path)
+        z = load_npz(path, what="visual-words file", mapped=("words", "sq_dists"), trusted=trusted)
         try:
-            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"], str(z["vocabulary"]))
+            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"], str(z["vocabulary"]),
+                       source=FileIdentity.of(os.stat(path), str(z[DIGEST_KEY])))  # fmt: skip
         except KeyError as exc:
             raise CorruptCache(f"visual-words file without {exc}", path) from None
+        except InputError as exc:
+            raise CorruptCache(exc.problem, path) from None
 
 
 def store_spec(store: FeatureStore) -> tuple[Path, LocalExtractor, dict[str, object]]:
@@ -234,7 +259,8 @@ def step_assign(
         computed = sum(len(t.items) for t in todo)
         if partition is not None:
             return StepResult(out_path, hit=False, computed=computed)
-        done, todo = read_npz_shards(shards, names, shard_size, what="visual-words shard", check=check)
+        done, todo = read_npz_shards(shards, names, shard_size, what="visual-words shard", check=check,
+                                     mapped=("words", "sq_dists"))  # fmt: skip
         if todo:
             raise InputError(f"{todo[0]}: visual words missing after its task returned", shards)
         _save_words(voc, names, [done[n] for n in sorted(done)], out_path, k=k)
@@ -244,16 +270,16 @@ def step_assign(
 
 def _save_words(voc: Vocabulary, names: Sequence[str], shards: Sequence[dict[str, NDArray[Any]]], out_path: Path, *,
                 k: int) -> Path:  # fmt: skip
+    """The shards (memory-mapped) written one after another into the words file, never concatenated
+    in memory: at a million images the words alone are gigabytes."""
     offsets = np.zeros(len(names) + 1, np.int64)
     if shards:
         np.cumsum(np.concatenate([z["counts"] for z in shards]), out=offsets[1:])
-    words_parts = [z["words"] for z in shards]
-    dist_parts = [z["sq_dists"] for z in shards]
-    return save_npz(out_path, {
+    return save_npz_pieces(out_path, {
         "names": np.array(list(names)),
         "offsets": offsets,
-        "words": np.concatenate(words_parts) if words_parts else np.zeros((0, k), np.int32),
-        "sq_dists": np.concatenate(dist_parts) if dist_parts else np.zeros((0, k), np.float32),
+        "words": [np.zeros((0, k), np.int32)] + [z["words"] for z in shards],
+        "sq_dists": [np.zeros((0, k), np.float32)] + [z["sq_dists"] for z in shards],
         "vocabulary": np.array(voc.file_digest_),
     })  # fmt: skip
 
