@@ -20,6 +20,7 @@ from oxbench.evaluation import (
 )
 from oxbench.evaluation.kernels import labelled_positions_from_ranks, labelled_ranks_from_scores
 from oxbench.evaluation.protocols import query_labels
+from oxbench.evaluation.ranking import descending_order
 from oxbench.groundtruth import GroundTruth, make_query
 
 # ---------------------------------------------------------------------------------------------
@@ -419,6 +420,20 @@ def test_permuting_queries_permutes_results(case, rnd):
         np.testing.assert_array_equal(b.setups[s].ap, a.setups[s].ap[perm])
         np.testing.assert_array_equal(b.setups[s].p_at_k, a.setups[s].p_at_k[perm])
         assert b.setups[s].map == pytest.approx(a.setups[s].map, abs=1e-12)
+
+
+_SPECIAL = [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, 0.5, 1e-40, -1e-40, 3.4e38, -3.4e38, 2.0**-149]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from(_SPECIAL), st.floats(-1e6, 1e6, width=32)), max_size=80))
+def test_descending_order_is_the_stable_float_sort(values):
+    """The key sort of float32 scores is exactly ``argsort(-s, kind="stable")``: ties (``-0.0`` is
+    ``0.0``), infinities and subnormals included."""
+    col = np.array(values, np.float32)
+    assert np.array_equal(descending_order(col), np.argsort(-col, kind="stable"))
+    col64 = col.astype(np.float64)
+    assert np.array_equal(descending_order(col64), np.argsort(-col64, kind="stable"))
 
 
 @settings(max_examples=40, deadline=None)

@@ -83,6 +83,30 @@ def ranks_from_scores(scores: ArrayLike, k: int | None = None, *, source: str | 
         col = np.ascontiguousarray(s[:, q])
         if not np.issubdtype(col.dtype, np.floating):
             col = col.astype(np.float64)  # exact below 2**53; avoids negating unsigned integers
-        order = np.argsort(-col, kind="stable")
-        out[q] = order[: out.shape[1]]
+        out[q] = descending_order(col)[: out.shape[1]]
     return out
+
+
+#: Order-preserving map of ``float32`` bits to ``uint32``: flip every bit of a negative number,
+#: only the sign bit of a non-negative one.
+_SIGN = np.uint32(0x80000000)
+
+
+def descending_order(col: NDArray[np.floating]) -> NDArray[np.int64]:
+    """``np.argsort(-col, kind="stable")`` of one float column (NaN-free): best first, ties in
+    index order.
+
+    For ``float32`` (the search's scores) this is one sort of unique ``uint64`` keys -- the
+    score's bits mapped to an unsigned integer that orders as the float does (``-0.0`` as
+    ``0.0``), then the index -- which sorts several times faster than a stable float sort and gives
+    the very same order (the keys are distinct, so any sort is stable on them).
+    """
+    n = len(col)
+    if col.dtype != np.float32 or n >= 2**32:
+        return np.argsort(-col, kind="stable")
+    u = (-col + np.float32(0.0)).view(np.uint32)  # + 0.0: -0.0 becomes 0.0, so equal scores stay equal
+    key = np.where(u & _SIGN, ~u, u | _SIGN).astype(np.uint64)
+    key <<= np.uint64(32)
+    key |= np.arange(n, dtype=np.uint64)
+    key.sort()
+    return (key & np.uint64(0xFFFFFFFF)).astype(np.int64)
