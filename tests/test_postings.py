@@ -98,10 +98,15 @@ def test_empty_lists_an_empty_index_and_a_query_of_another_vocabulary(tmp_path: 
 
 
 @pytest.mark.slow
-def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_bytes_are(tmp_path: Path) -> None:
+def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_bytes_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("faiss")
+    import oxbench.pipelines.families.bow as bow
     from oxbench.pipelines import RunContext, resolve_method
     from test_pipeline import TINY, load_tiny, make_tiny_root
+
+    monkeypatch.setattr(bow, "BUILD_CHUNK_IMAGES", 7)  # the streamed build in several chunks
 
     root = make_tiny_root(tmp_path / "data")
     bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
@@ -115,5 +120,33 @@ def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_b
     assert np.array_equal(out["rootsift-bow-sv"].ranks, out["rootsift-bow-sv-compact"].ranks)
     (ram_fp, ram_bound), (cp_fp, cp_bound) = prints["rootsift-bow-sv"], prints["rootsift-bow-sv-compact"]
     assert "postings" in ram_fp.ram and "postings" not in cp_fp.ram and cp_fp.disk["postings"] > 0
-    # what the index holds is smaller; the build's peak (the bound checked before a run) is the same
-    assert cp_fp.ram_bytes_per_image < ram_fp.ram_bytes_per_image and cp_bound == ram_bound
+    # what the index holds is smaller, and so is the build's peak (the bound checked before a run)
+    assert cp_fp.ram_bytes_per_image < ram_fp.ram_bytes_per_image and cp_bound < ram_bound
+    assert cp_fp.ram_bytes_per_image < 16  # the words' offsets; the lists and the words are mapped
+    assert np.array_equal(out["rootsift-bow-sv"].scores, out["rootsift-bow-sv-compact"].scores)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(0, 40), n_words=st.integers(1, 30), density=st.floats(0.0, 0.6), block=st.integers(1, 20),
+       cuts=st.lists(st.integers(0, 40), max_size=4), seed=st.integers(0, 2**16))  # fmt: skip
+def test_the_streamed_build_writes_the_files_of_the_whole_matrix(tmp_path_factory: pytest.TempPathFactory, n: int,
+                                                                 n_words: int, density: float, block: int,
+                                                                 cuts: list[int], seed: int) -> None:  # fmt: skip
+    """Chunks of database rows merged through temporary runs give byte for byte the files that
+    :meth:`CompressedPostings.write` gives for the whole matrix, whatever the chunks and blocks."""
+    import oxbench.index.postings as P
+
+    d = tmp_path_factory.mktemp("streamed")
+    m = sp.random(n, n_words, density=density, format="csr", dtype=np.float32, random_state=seed)
+    bounds = [0, *sorted(min(c, n) for c in cuts), n]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(P, "BLOCK_POSTINGS", block)
+        whole = CompressedPostings.write(m.T.tocsr(), d / "whole")
+        streamed = CompressedPostings.build((m[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)), n_words, d / "streamed")
+    for name in ("ids.bin", "weights.npy", "offsets.npy", "meta.json"):
+        assert (d / "whole" / name).read_bytes() == (d / "streamed" / name).read_bytes(), name
+    assert sorted(p.name for p in (d / "streamed").iterdir()) == ["ids.bin", "meta.json", "offsets.npy", "weights.npy"]
+    q = sp.random(3, n_words, density=0.5, format="csr", dtype=np.float32, random_state=seed + 1)
+    assert np.array_equal(streamed.scores_of_vectors(q), whole.scores_of_vectors(q))
+    with pytest.raises(InputError, match="words"):
+        CompressedPostings.build([sp.csr_matrix((2, n_words + 1), dtype=np.float32)], n_words, d / "bad")

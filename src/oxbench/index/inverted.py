@@ -14,7 +14,7 @@ Rankings are stable: equal scores are ordered by lower database index.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -157,17 +157,31 @@ class InvertedFile:
             self.
         """
         tf = self._check_tf(db_tf)
-        n = tf.shape[0]
+        self.fit_idf([tf])
+        self.db_vectors_ = self.transform(tf)
+        self.postings_ = self.db_vectors_.T.tocsr()
+        return self
+
+    def fit_idf(self, db_tf_chunks: Iterable[sp.spmatrix]) -> InvertedFile:
+        """Learn idf from the database's term frequencies given in chunks of rows (all of them,
+        in any order); build no posting lists (:meth:`fit` does both; a streamed build writes the
+        lists itself, :meth:`oxbench.index.postings.CompressedPostings.build`).
+
+        ``idf_w = log(n / df_w)``, ``df_w`` the database images holding word ``w`` (0 for a word
+        in no image); all ones when ``idf=False``.
+        """
+        n, df = 0, np.zeros(self.n_words, np.int64)
+        for chunk in db_tf_chunks:
+            tf = self._check_tf(chunk)
+            n += tf.shape[0]
+            df += np.bincount(tf.indices[tf.data > 0], minlength=self.n_words)
         if self.idf:
-            df = np.bincount(tf.indices[tf.data > 0], minlength=self.n_words).astype(np.float64)
             idf = np.zeros(self.n_words, np.float64)
             nz = df > 0
-            idf[nz] = np.log(n / df[nz])
+            idf[nz] = np.log(n / df[nz].astype(np.float64))
             self.idf_ = idf.astype(np.float32)
         else:
             self.idf_ = np.ones(self.n_words, np.float32)
-        self.db_vectors_ = self.transform(tf)
-        self.postings_ = self.db_vectors_.T.tocsr()
         return self
 
     def use_database(self, vectors: sp.spmatrix) -> InvertedFile:

@@ -22,6 +22,7 @@ scores: the work is the length of those lists, as for the in-RAM file.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -32,10 +33,12 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.fileio import (
-    atomic_write_bytes,
+    atomic_open,
     atomic_write_json,
     atomic_write_npy,
+    discard_folder,
     make_folder,
+    make_temp_folder,
     read_input_bytes,
 )
 
@@ -93,6 +96,27 @@ def vbyte_decode(code: NDArray[np.uint8]) -> NDArray[np.int64]:
     return np.add.reduceat(parts, starts)
 
 
+#: Postings encoded at a time by the writers (bounds their temporary arrays, not the result).
+BLOCK_POSTINGS = 1 << 20
+
+
+def _check_weight_dtype(weights: str) -> None:
+    if weights not in ("float32", "float16"):
+        raise InputError(f"posting weights must be float32 or float16, got {weights!r}")
+
+
+def _word_blocks(counts: NDArray[np.int64], budget: int | None = None) -> Iterator[tuple[int, int]]:
+    """Consecutive word ranges ``[w0, w1)`` of about ``budget`` postings each (at least one word)."""
+    budget = BLOCK_POSTINGS if budget is None else budget
+    cum = np.cumsum(counts)
+    w0, n = 0, len(counts)
+    while w0 < n:
+        base = int(cum[w0 - 1]) if w0 else 0
+        w1 = min(max(int(np.searchsorted(cum, base + budget, side="right")), w0 + 1), n)
+        yield w0, w1
+        w0 = w1
+
+
 def _ranges(starts: NDArray[np.int64], ends: NDArray[np.int64]) -> NDArray[np.int64]:
     """The concatenation of ``arange(s, e)`` for each pair, without a Python loop."""
     lens = ends - starts
@@ -131,34 +155,110 @@ class CompressedPostings:
         Raises:
             InputError: an unknown weight dtype, or non-finite weights.
         """
-        if weights not in ("float32", "float16"):
-            raise InputError(f"posting weights must be float32 or float16, got {weights!r}")
+        _check_weight_dtype(weights)
         m = sp.csr_matrix(postings, dtype=np.float32)
         m.sort_indices()
         m.sum_duplicates()
         if m.nnz and not np.isfinite(m.data).all():
             raise InputError("posting weights must be finite")
+        counts = np.diff(m.indptr).astype(np.int64)
+
+        def blocks() -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]]:
+            for w0, w1 in _word_blocks(counts):
+                a, b = int(m.indptr[w0]), int(m.indptr[w1])
+                yield counts[w0:w1], m.indices[a:b].astype(np.int64), m.data[a:b]
+
+        return cls._write(Path(folder), int(m.shape[0]), int(m.shape[1]), int(m.nnz), blocks(), weights)
+
+    @classmethod
+    def build(cls, rows: Iterable[sp.spmatrix], n_words: int, folder: str | Path, *,
+              weights: WeightDtype = "float32") -> CompressedPostings:  # fmt: skip
+        """Compress the posting lists of database vectors given in chunks of rows, never holding
+        them whole: the same files as :meth:`write` of the whole matrix's transpose.
+
+        Each chunk (``[n_i, n_words]`` weighted vectors of the next ``n_i`` images, in index
+        order) is transposed and written to a temporary run under ``folder``; the runs are then
+        merged word block by word block (each word's list: its run pieces in run order, ids
+        increasing). The memory used is a chunk and a block, whatever the number of images.
+
+        Raises:
+            InputError: an unknown weight dtype, a chunk of another width, or non-finite weights.
+        """
+        _check_weight_dtype(weights)
         folder = make_folder(Path(folder))
-        ids = m.indices.astype(np.int64)
-        row_of = np.repeat(np.arange(m.shape[0]), np.diff(m.indptr))
-        gaps = np.diff(ids, prepend=0)
-        first = m.indptr[:-1][np.diff(m.indptr) > 0]
-        gaps[first] = ids[first]  # each list starts from 0
-        code_len = np.ones(m.nnz, np.int64)
-        rest = gaps >> 7
-        while rest.any():
-            code_len += rest > 0
-            rest >>= 7
-        byte_offsets = np.zeros(m.shape[0] + 1, np.int64)
-        np.add.at(byte_offsets, row_of + 1, code_len)
-        np.cumsum(byte_offsets, out=byte_offsets)
-        offsets = np.stack([byte_offsets, m.indptr.astype(np.int64)], axis=1)
-        atomic_write_bytes(folder / "ids.bin", vbyte_encode(gaps).tobytes())
-        atomic_write_npy(folder / "weights.npy", m.data.astype(weights))
+        runs_dir = make_temp_folder(folder / "runs")
+        try:
+            runs: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]] = []
+            n_db = 0
+            for k, chunk in enumerate(rows):
+                c = sp.csr_matrix(chunk, dtype=np.float32)
+                if c.shape[1] != n_words:
+                    raise InputError(f"database vectors of {c.shape[1]} words, the index has {n_words}")
+                c.sum_duplicates()
+                if c.nnz and not np.isfinite(c.data).all():
+                    raise InputError("posting weights must be finite")
+                t = c.T.tocsr()
+                t.sort_indices()
+                for name, arr in (("indptr", t.indptr.astype(np.int64)), ("ids", t.indices.astype(np.int64) + n_db),
+                                  ("data", t.data)):  # fmt: skip
+                    np.save(runs_dir / f"{k}.{name}.npy", arr, allow_pickle=False)
+                runs.append(tuple(np.load(runs_dir / f"{k}.{name}.npy", mmap_mode="r")  # type: ignore[misc]
+                                  for name in ("indptr", "ids", "data")))  # fmt: skip
+                n_db += c.shape[0]
+            counts = np.zeros(n_words, np.int64)
+            for indptr, _, _ in runs:
+                counts += np.diff(indptr)
+
+            def blocks() -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]]:
+                for w0, w1 in _word_blocks(counts):
+                    ids, data, word = [], [], []
+                    for indptr, run_ids, run_data in runs:
+                        a, b = int(indptr[w0]), int(indptr[w1])
+                        ids.append(np.asarray(run_ids[a:b]))
+                        data.append(np.asarray(run_data[a:b]))
+                        word.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
+                    order = np.argsort(np.concatenate(word), kind="stable")  # by word; runs (ids) in order
+                    yield counts[w0:w1], np.concatenate(ids)[order], np.concatenate(data)[order]
+
+            return cls._write(folder, n_words, n_db, int(counts.sum()), blocks(), weights)
+        finally:
+            discard_folder(runs_dir)
+
+    @classmethod
+    def _write(cls, folder: Path, n_words: int, n_db: int, nnz: int,
+               blocks: Iterable[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]],
+               weights: WeightDtype) -> CompressedPostings:  # fmt: skip
+        """Write the lists given word block by word block: ``(postings per word, ids, weights)``
+        of consecutive words, each word's ids increasing."""
+        folder = make_folder(folder)
+        offsets = np.zeros((n_words + 1, 2), np.int64)
+        w = 0
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(weights)), "fortran_order": False, "shape": (nnz,)}
+        with atomic_open(folder / "ids.bin") as f_ids, atomic_open(folder / "weights.npy") as f_wts:
+            np.lib.format.write_array_header_1_0(f_wts, header)
+            for counts, ids, data in blocks:
+                k = len(counts)
+                starts = np.cumsum(counts) - counts
+                gaps = np.diff(ids, prepend=0)
+                first = starts[counts > 0]
+                gaps[first] = ids[first]  # each list starts from 0
+                code_len = np.ones(len(gaps), np.int64)
+                rest = gaps >> 7
+                while rest.any():
+                    code_len += rest > 0
+                    rest >>= 7
+                ends = np.concatenate(([0], np.cumsum(code_len)))
+                offsets[w + 1 : w + k + 1, 0] = offsets[w, 0] + np.cumsum(ends[starts + counts] - ends[starts])
+                offsets[w + 1 : w + k + 1, 1] = offsets[w, 1] + np.cumsum(counts)
+                f_ids.write(vbyte_encode(gaps).tobytes())
+                f_wts.write(np.ascontiguousarray(data, dtype=weights).tobytes())
+                w += k
+            if w != n_words or int(offsets[-1, 1]) != nnz:
+                raise AssertionError(f"posting blocks cover {w} of {n_words} words, {offsets[-1, 1]} of {nnz} postings")
         atomic_write_npy(folder / "offsets.npy", offsets)
         atomic_write_json(folder / "meta.json", {
-            "format": FORMAT, "n_words": int(m.shape[0]), "n_db": int(m.shape[1]), "nnz": int(m.nnz),
-            "weights": weights, "ids_bytes": int(byte_offsets[-1]),
+            "format": FORMAT, "n_words": n_words, "n_db": n_db, "nnz": nnz,
+            "weights": weights, "ids_bytes": int(offsets[-1, 0]),
         })  # fmt: skip
         return cls.open(folder)
 

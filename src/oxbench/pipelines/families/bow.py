@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -44,6 +45,10 @@ from oxbench.rerank.qe import database_side_augmentation
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
+
+#: Images whose term frequencies and vectors a streamed build (``inverted_file=compressed``
+#: without query expansion or augmentation) holds at once.
+BUILD_CHUNK_IMAGES = 2048
 
 
 @dataclass(frozen=True)
@@ -128,15 +133,22 @@ class BowConfig(MethodConfig, LocalQuantisation):
 
     def ram_bytes_per_image(self) -> int | None:
         """At most, at the build's peak: every image at the features cap, each feature a posting
-        (``float32`` value + ``int32`` index) per assigned word in the sparse copies the build holds
-        at once -- term frequencies, weighted database rows, posting lists -- of which the in-RAM
-        inverted file keeps two and the compressed one none (one with query expansion). The words
-        are memory-mapped."""
+        per assigned word in the arrays the in-RAM build holds at once (term-frequency triplets,
+        term frequencies, weighted rows, norms, posting lists: up to eight 8-byte copies of every
+        posting; bench/README.md measures 7.5), of which the in-RAM inverted file keeps two. The
+        streamed compressed build holds one chunk of images at a time: nothing per image but its
+        words' offset. The words are memory-mapped."""
         cap = getattr(self.features, "n_features", 0)
         if not cap:
             return None
         soft = self.soft_k if self.assignment == "soft" else 1
-        return local_ram_per_image(cap, 8 * 3 * soft)
+        return local_ram_per_image(cap, 0 if self.streamed_build else 8 * 8 * soft)
+
+    @property
+    def streamed_build(self) -> bool:
+        """The index is built in chunks of images into compressed lists (nothing reads the
+        database vectors: no query expansion, no augmentation)."""
+        return self.inverted_file == "compressed" and self.qe == "none" and not self.dba
 
 
 def term_frequencies(  # noqa: ANN201
@@ -184,6 +196,10 @@ class BagOfWords(QuantisingMethod):
         m = self.config
         parts = self.index_parts(bench, ctx)
         n_words = parts.vocabulary.n_words
+        self._postings = None
+        if m.streamed_build:
+            self._index_streamed(bench, parts, ctx)  # nothing reads the database vectors: never hold them
+            return self
         with ctx.timed("index"):
             db_tf = term_frequencies(m, parts.words["database"], parts.names["database"], n_words, side="database")
             if "distractors" in parts.names:
@@ -193,21 +209,41 @@ class BagOfWords(QuantisingMethod):
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
         if m.dba:
             self._augment_database(ctx)
-        self._postings = None
         if m.inverted_file == "compressed":
             self._compress(bench, parts, ctx)
         return self
+
+    def _postings_folder(self, bench: Benchmark, parts: Any, ctx: RunContext) -> Path:
+        key = json_digest({"method": self.config.digest(), "vocabulary": parts.vocabulary.file_digest_,
+                           "index": [list(p) for p in parts.index_parts]}, 16)  # fmt: skip
+        return Path(ctx.cache) / dataset_key(bench) / "postings" / key
+
+    def _index_streamed(self, bench: Benchmark, parts: Any, ctx: RunContext) -> None:
+        """The compressed inverted file built from the words in chunks of :data:`BUILD_CHUNK_IMAGES`
+        images, twice over (idf, then the weighted vectors' posting lists): what it holds at once
+        is one chunk's term frequencies and vectors and one block of lists, at any index size."""
+        m, n_words = self.config, parts.vocabulary.n_words
+
+        def chunks() -> Iterator[Any]:
+            for part in ("database", "distractors"):
+                names = parts.names.get(part, [])
+                for a in range(0, len(names), BUILD_CHUNK_IMAGES):
+                    yield term_frequencies(m, parts.words[part], names[a : a + BUILD_CHUNK_IMAGES], n_words,
+                                           side="database")  # fmt: skip
+
+        with ctx.timed("index"):
+            ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit_idf(chunks())
+            self._postings = CompressedPostings.build((ivf.transform(tf) for tf in chunks()), n_words,
+                                                      self._postings_folder(bench, parts, ctx))  # fmt: skip
+        self._ivf = ivf
 
     def _compress(self, bench: Benchmark, parts: Any, ctx: RunContext) -> None:
         """Write the posting lists compressed and memory-map them; drop the sparse copies (the
         database vectors are kept when query expansion reads them)."""
         ivf = self._ivf
         assert ivf is not None and ivf.postings_ is not None
-        key = json_digest({"method": self.config.digest(), "vocabulary": parts.vocabulary.file_digest_,
-                           "index": [list(p) for p in parts.index_parts]}, 16)  # fmt: skip
-        folder = Path(ctx.cache) / dataset_key(bench) / "postings" / key
         with ctx.timed("index"):
-            self._postings = CompressedPostings.write(ivf.postings_, folder)
+            self._postings = CompressedPostings.write(ivf.postings_, self._postings_folder(bench, parts, ctx))
         ivf.postings_ = None
         if self.config.qe == "none":
             ivf.db_vectors_ = None
