@@ -21,6 +21,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from scale_curve import counts
+
 DEFAULT_METHODS = "rootsift-bow-sv,rootsift-bow-sv-compact"
 
 
@@ -62,13 +64,13 @@ def main() -> int:
     ap.add_argument("--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)")
     ap.add_argument("--runs", default="runs", help="parent of the run folders")
     ap.add_argument("--methods", default=DEFAULT_METHODS, help="bag-of-words presets, comma-separated")
-    ap.add_argument("--distractors", default="0", help="distractor counts, comma-separated")
+    ap.add_argument("--distractors", type=counts, default="0", help="distractor counts, comma-separated")
     ap.add_argument("--set", dest="settings", action="append", default=[], help="KEY=VALUE for every method")
     ap.add_argument("--json", type=Path, default=None, help="write the points here")
     args = ap.parse_args()
     overrides: dict[str, object] = dict(s.partition("=")[::2] for s in args.settings)
     points = []
-    for n in [int(x) for x in args.distractors.split(",") if x.strip()]:
+    for n in args.distractors:
         for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
             p = measure(method, n, args, overrides)
             points.append(p)

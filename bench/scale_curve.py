@@ -77,6 +77,17 @@ def one_point(method: str, size: int, args: argparse.Namespace, overrides: dict[
     }  # fmt: skip
 
 
+def counts(text: str) -> list[int]:
+    """An argparse type: comma-separated non-negative counts (``0,1000,5000``), ascending, unique."""
+    try:
+        values = sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+    if not values or values[0] < 0 or values[-1] > 10 * R1M:
+        raise argparse.ArgumentTypeError(f"expected counts between 0 and {10 * R1M:,}, got {text!r}")
+    return values
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares ``(intercept, slope)`` (one point: slope through the origin)."""
     import numpy as np
@@ -153,7 +164,7 @@ def main() -> int:
     ap.add_argument("--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)")
     ap.add_argument("--cache", default=None, help="cache (default: <root>/_cache)")
     ap.add_argument("--runs", default="runs", help="parent of the run folders")
-    ap.add_argument("--sizes", default="0,1000,5000", help="distractor counts, comma-separated")
+    ap.add_argument("--sizes", type=counts, default="0,1000,5000", help="distractor counts, comma-separated")
     ap.add_argument("--methods", default=DEFAULT_METHODS, help="presets, comma-separated")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--set", dest="settings", action="append", default=[],
@@ -162,7 +173,7 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every point and projection here")
     ap.add_argument("--plot", type=Path, default=None, help="write the figure here (needs matplotlib)")
     args = ap.parse_args()
-    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    sizes = args.sizes
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     overrides: dict[str, dict[str, object]] = {m: {} for m in methods}
     for text in args.settings:

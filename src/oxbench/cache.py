@@ -37,7 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import LockBusy, atomic_open, atomic_write_npz, file_lock, require_regular_file
+from oxbench.fileio import LockBusy, atomic_open, file_lock, require_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +110,8 @@ def arrays_digest(arrays: Mapping[str, NDArray]) -> str:
 
 
 def save_npz(path: str | Path, arrays: Mapping[str, NDArray]) -> Path:
-    """Write named arrays as ``.npz`` with their digest, atomically (no pickles)."""
-    if DIGEST_KEY in arrays:
-        raise ValueError(f"{DIGEST_KEY!r} is reserved for the digest")
-    return atomic_write_npz(path, {**arrays, DIGEST_KEY: np.array(arrays_digest(arrays))})
+    """Write named arrays as ``.npz`` with their digest, atomically (no pickles, uncompressed)."""
+    return save_npz_pieces(path, {k: [np.asarray(v)] for k, v in arrays.items()})
 
 
 #: Bytes written (and hashed) at a time by :func:`save_npz_pieces`.
@@ -142,6 +140,8 @@ def save_npz_pieces(path: str | Path, arrays: Mapping[str, NDArray | Sequence[ND
             if not pieces:
                 raise ValueError(f"member {name!r} has no pieces (give an empty array)")
             first = pieces[0]
+            if first.dtype.hasobject:
+                raise ValueError(f"member {name!r} holds Python objects (no pickles in cache files)")
             if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.ndim == 0 for p in pieces[1:]):
                 raise ValueError(f"the pieces of member {name!r} differ in dtype or trailing shape")
             shape = (sum(int(p.shape[0]) for p in pieces), *map(int, first.shape[1:])) if first.ndim else ()

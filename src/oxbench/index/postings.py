@@ -57,11 +57,7 @@ def vbyte_encode(values: NDArray[np.integer]) -> NDArray[np.uint8]:
     v = np.asarray(values, np.uint64).ravel()
     if v.size == 0:
         return np.zeros(0, np.uint8)
-    n_bytes = np.ones(v.size, np.int64)
-    rest = v >> np.uint64(7)
-    while rest.any():
-        n_bytes += rest > 0
-        rest >>= np.uint64(7)
+    n_bytes = vbyte_lengths(v)
     starts = np.zeros(v.size, np.int64)
     np.cumsum(n_bytes[:-1], out=starts[1:])
     out = np.zeros(int(n_bytes.sum()), np.uint8)
@@ -71,6 +67,17 @@ def vbyte_encode(values: NDArray[np.integer]) -> NDArray[np.uint8]:
     more = group < n_bytes[value_of] - 1
     out[:] = payload.astype(np.uint8) | (more.astype(np.uint8) << 7)
     return out
+
+
+def vbyte_lengths(values: NDArray[np.integer]) -> NDArray[np.int64]:
+    """Bytes of each non-negative integer's variable-byte code (:func:`vbyte_encode`)."""
+    v = np.asarray(values, np.uint64).ravel()
+    n_bytes = np.ones(v.size, np.int64)
+    rest = v >> np.uint64(7)
+    while rest.any():
+        n_bytes += rest > 0
+        rest >>= np.uint64(7)
+    return n_bytes
 
 
 def vbyte_decode(code: NDArray[np.uint8]) -> NDArray[np.int64]:
@@ -242,12 +249,7 @@ class CompressedPostings:
                 gaps = np.diff(ids, prepend=0)
                 first = starts[counts > 0]
                 gaps[first] = ids[first]  # each list starts from 0
-                code_len = np.ones(len(gaps), np.int64)
-                rest = gaps >> 7
-                while rest.any():
-                    code_len += rest > 0
-                    rest >>= 7
-                ends = np.concatenate(([0], np.cumsum(code_len)))
+                ends = np.concatenate(([0], np.cumsum(vbyte_lengths(gaps))))
                 offsets[w + 1 : w + k + 1, 0] = offsets[w, 0] + np.cumsum(ends[starts + counts] - ends[starts])
                 offsets[w + 1 : w + k + 1, 1] = offsets[w, 1] + np.cumsum(counts)
                 f_ids.write(vbyte_encode(gaps).tobytes())
