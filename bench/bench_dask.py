@@ -62,8 +62,14 @@ def extraction(executor, n: int, shard_size: int, work: Path) -> float:  # noqa:
     folder = work / f"store-{time.monotonic_ns()}"
     store = FeatureStore.open(folder, cfg)
     t0 = time.perf_counter()
-    described = extract_to_store(DescribeImages(BenchImages(n), cfg), n, store, executor=executor,
-                                 shard_size=shard_size, progress=False)  # fmt: skip
+    described = extract_to_store(
+        DescribeImages(BenchImages(n), cfg),
+        n,
+        store,
+        executor=executor,
+        shard_size=shard_size,
+        progress=False,
+    )
     seconds = time.perf_counter() - t0
     assert described == n
     shutil.rmtree(folder)
@@ -92,7 +98,9 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        extraction(SerialExecutor(), args.shard_size, args.shard_size, work)  # imports, OpenCV warm-up
+        extraction(
+            SerialExecutor(), args.shard_size, args.shard_size, work
+        )  # imports, OpenCV warm-up
         serial_ms = overhead(SerialExecutor(), args.tasks)
         for w in counts:
             pool = ProcessExecutor(w)
@@ -104,19 +112,31 @@ def main() -> None:
                 startup = time.perf_counter() - t0
                 t_dask = extraction(dask, args.images, args.shard_size, work)
                 dask_ms = overhead(dask, args.tasks)
-            rows.append({"workers": w, "images": args.images, "shards": -(-args.images // args.shard_size),
-                         "processes_img_s": args.images / t_pool, "dask_img_s": args.images / t_dask,
-                         "ratio": t_pool / t_dask, "dask_startup_s": startup,
-                         "overhead_ms": {"serial": serial_ms, "processes": pool_ms, "dask": dask_ms}})  # fmt: skip
+            rows.append(
+                {
+                    "workers": w,
+                    "images": args.images,
+                    "shards": -(-args.images // args.shard_size),
+                    "processes_img_s": args.images / t_pool,
+                    "dask_img_s": args.images / t_dask,
+                    "ratio": t_pool / t_dask,
+                    "dask_startup_s": startup,
+                    "overhead_ms": {"serial": serial_ms, "processes": pool_ms, "dask": dask_ms},
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     print()
-    print("| workers | processes img/s | dask img/s | dask / processes | LocalCluster start | "
-          "per task: serial / processes / dask |")  # fmt: skip
+    print(
+        "| workers | processes img/s | dask img/s | dask / processes | LocalCluster start | "
+        "per task: serial / processes / dask |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         o = r["overhead_ms"]
-        print(f"| {r['workers']} | {r['processes_img_s']:.2f} | {r['dask_img_s']:.2f} | {r['ratio']:.2f} | "
-              f"{r['dask_startup_s']:.1f} s | {o['serial']:.3f} / {o['processes']:.2f} / {o['dask']:.2f} ms |")
+        print(
+            f"| {r['workers']} | {r['processes_img_s']:.2f} | {r['dask_img_s']:.2f} | {r['ratio']:.2f} | "
+            f"{r['dask_startup_s']:.1f} s | {o['serial']:.3f} / {o['processes']:.2f} / {o['dask']:.2f} ms |"
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(rows, indent=1))
 

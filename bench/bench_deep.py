@@ -40,12 +40,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     w, h = args.size
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 256, (h, w, 3), dtype=np.uint8) for _ in range(args.images)]
-    print(f"{args.arch} GeM, {args.images} images {w}x{h}, 3 scales, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} thread(s), {'wall' if args.wall else 'CPU'} time")
+    print(
+        f"{args.arch} GeM, {args.images} images {w}x{h}, 3 scales, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} thread(s), {'wall' if args.wall else 'CPU'} time"
+    )
     modes = {
-        mode: Extractor(net, ExtractOptions(max_side=max(w, h), batch_size=batch, precision=precision, device="cpu"))  # type: ignore[arg-type]
-        for mode, batch, precision in (("loop", 1, "fp32"), ("batched-fp32", args.batch, "fp32"),
-                                       ("batched-bf16", args.batch, "bf16"))
+        mode: Extractor(
+            net,
+            ExtractOptions(max_side=max(w, h), batch_size=batch, precision=precision, device="cpu"),
+        )  # type: ignore[arg-type]
+        for mode, batch, precision in (
+            ("loop", 1, "fp32"),
+            ("batched-fp32", args.batch, "fp32"),
+            ("batched-bf16", args.batch, "bf16"),
+        )
     }
     for ext in modes.values():
         ext.describe(images[: ext.batch_size])  # warm-up (oneDNN primitives for these shapes)
@@ -58,7 +66,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             best[mode] = max(best.get(mode, 0.0), len(images) / (clock() - t0))
     for mode, ips in best.items():
         cos = float((out["loop"] * out[mode]).sum(axis=1).min())
-        print(f"{mode:>13}: {ips:6.2f} images/s  ({ips / best['loop']:.2f}x the loop; min cosine to it {cos:.5f})")
+        print(
+            f"{mode:>13}: {ips:6.2f} images/s  ({ips / best['loop']:.2f}x the loop; min cosine to it {cos:.5f})"
+        )
     return best
 
 

@@ -126,7 +126,12 @@ def roxford_counts(rng: np.random.Generator) -> np.ndarray:
         gt = read_gnd(shared)
         return np.array([[q.easy.size, q.hard.size, q.junk.size] for q in gt.queries])
     counts = np.stack(
-        [rng.integers(1, 86, N_QUERIES), rng.integers(1, 71, N_QUERIES), rng.integers(0, 39, N_QUERIES)], axis=1
+        [
+            rng.integers(1, 86, N_QUERIES),
+            rng.integers(1, 71, N_QUERIES),
+            rng.integers(0, 39, N_QUERIES),
+        ],
+        axis=1,
     )
     counts[:2, 0] = 0
     return counts
@@ -144,7 +149,9 @@ def build_case(n_distractors: int, seed: int = 0):
     n = N_DB + n_distractors
     # cosine-like scores: negatives ~ N(0.30, 0.08); easy +0.25, hard +0.10, junk +0.12 (sd 0.12),
     # so many positives sit deep among the million negatives.
-    scores = (0.30 + 0.08 * rng.standard_normal((n, N_QUERIES), dtype=np.float32)).astype(np.float32)
+    scores = (0.30 + 0.08 * rng.standard_normal((n, N_QUERIES), dtype=np.float32)).astype(
+        np.float32
+    )
     for q, query in enumerate(gt.queries):
         for idx, shift in ((query.easy, 0.25), (query.hard, 0.10), (query.junk, 0.12)):
             scores[idx, q] = 0.30 + shift + 0.12 * rng.standard_normal(idx.size)
@@ -198,7 +205,9 @@ def kernel_path(name: str):
 def report(label_off: str, label_ox: str, t_off, t_ox, same: bool) -> None:
     print(f"    official  {label_off:30s} {t_off[0]:8.3f} s wall  {t_off[1]:8.3f} s CPU")
     print(f"    oxbench   {label_ox:30s} {t_ox[0]:8.3f} s wall  {t_ox[1]:8.3f} s CPU")
-    print(f"    speed-up  {t_off[0] / t_ox[0]:6.1f}x wall, {t_off[1] / t_ox[1]:6.1f}x CPU   identical numbers: {same}")
+    print(
+        f"    speed-up  {t_off[0] / t_ox[0]:6.1f}x wall, {t_off[1] / t_ox[1]:6.1f}x CPU   identical numbers: {same}"
+    )
 
 
 def oxbench_paths(args) -> list[str]:
@@ -234,19 +243,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=3, help="runs of oxbench's path (best taken)")
     ap.add_argument("--repeat-official", type=int, default=2, help="runs of the official path")
-    ap.add_argument("--no-numpy", action="store_true",
-                    help="time only the compiled kernels (default: compiled and numpy fallback)")
+    ap.add_argument(
+        "--no-numpy",
+        action="store_true",
+        help="time only the compiled kernels (default: compiled and numpy fallback)",
+    )
     args = ap.parse_args(argv)
-    print(f"kernels: compiled extension {'built and used' if kernels.accelerated() else 'NOT available'}"
-          f" (oxbench.evaluation.kernels.ACCELERATED = {kernels.ACCELERATED}); timing: {', '.join(oxbench_paths(args))}")
+    print(
+        f"kernels: compiled extension {'built and used' if kernels.accelerated() else 'NOT available'}"
+        f" (oxbench.evaluation.kernels.ACCELERATED = {kernels.ACCELERATED}); timing: {', '.join(oxbench_paths(args))}"
+    )
     n_distr = 95_007 if args.small else 1_000_000
     t0 = time.perf_counter()
     gt, scores = build_case(n_distr, args.seed)
     n = scores.shape[0]
-    print(f"case: {n:,} ranked items x {N_QUERIES} queries (built in {time.perf_counter() - t0:.1f} s); "
-          f"best of {args.repeat} (oxbench) / {args.repeat_official} (official) runs")
-    print(f"      positives/query: easy {np.mean([q.easy.size for q in gt.queries]):.1f}, "
-          f"hard {np.mean([q.hard.size for q in gt.queries]):.1f}, junk {np.mean([q.junk.size for q in gt.queries]):.1f}")
+    print(
+        f"case: {n:,} ranked items x {N_QUERIES} queries (built in {time.perf_counter() - t0:.1f} s); "
+        f"best of {args.repeat} (oxbench) / {args.repeat_official} (official) runs"
+    )
+    print(
+        f"      positives/query: easy {np.mean([q.easy.size for q in gt.queries]):.1f}, "
+        f"hard {np.mean([q.hard.size for q in gt.queries]):.1f}, junk {np.mean([q.junk.size for q in gt.queries]):.1f}"
+    )
 
     ok = True
     # (a) scores
@@ -254,14 +272,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\n(a) float32 scores -> E/M/H mAP + mP@1,5,10")
     for path in oxbench_paths(args):
         with kernel_path(path):
-            res_a, t_ox_a = timed(evaluate_scores, gt, scores, n_distractors=n_distr, repeat=args.repeat)
+            res_a, t_ox_a = timed(
+                evaluate_scores, gt, scores, n_distractors=n_distr, repeat=args.repeat
+            )
             peak_a = peak_extra(evaluate_scores, gt, scores, n_distractors=n_distr)
         same_a = same_numbers(res_a, off_a)
         ok &= same_a
         print(f"  [{path} kernels]")
         report("argsort + per-query scan", "evaluate_scores", t_off_a, t_ox_a, same_a)
-        print(f"    oxbench peak extra memory {peak_a / 2**20:.1f} MiB ({100 * peak_a / scores.nbytes:.1f}% of the "
-              f"{scores.nbytes / 2**20:.0f} MiB score matrix)")
+        print(
+            f"    oxbench peak extra memory {peak_a / 2**20:.1f} MiB ({100 * peak_a / scores.nbytes:.1f}% of the "
+            f"{scores.nbytes / 2**20:.0f} MiB score matrix)"
+        )
     print("    " + res_a.lines()[0])
 
     # (b) ranks in the revisitop layout
@@ -272,14 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     print("\n(b) ranks (revisitop layout) -> the same numbers")
     for path in oxbench_paths(args):
         with kernel_path(path):
-            res_b, t_ox_b = timed(evaluate, gt, from_revisitop(ranks), n_distractors=n_distr, repeat=args.repeat)
+            res_b, t_ox_b = timed(
+                evaluate, gt, from_revisitop(ranks), n_distractors=n_distr, repeat=args.repeat
+            )
             peak_b = peak_extra(evaluate, gt, from_revisitop(ranks), n_distractors=n_distr)
         same_b = same_numbers(res_b, off_b) and same_numbers(res_b, off_a)
         ok &= same_b
         print(f"  [{path} kernels]")
         report("per-query scan", "evaluate(from_revisitop)", t_off_b, t_ox_b, same_b)
-        print(f"    oxbench peak extra memory {peak_b / 2**20:.1f} MiB = {100 * peak_b / ranks.nbytes:.1f}% of the "
-              f"{ranks.nbytes / 2**20:.0f} MiB ranks array (target <= 25%)")
+        print(
+            f"    oxbench peak extra memory {peak_b / 2**20:.1f} MiB = {100 * peak_b / ranks.nbytes:.1f}% of the "
+            f"{ranks.nbytes / 2**20:.0f} MiB ranks array (target <= 25%)"
+        )
     # (b') the same ranks in oxbench's internal layout [n_queries, k] (rows contiguous: no copy)
     internal = np.ascontiguousarray(ranks.T)
     del ranks

@@ -66,7 +66,10 @@ def bench_features(n_images: int, root: Path | None) -> None:
 
         test_dir, _ = ensure_default(root)
         bench = load_synthetic(test_dir)
-        images = [cv2.resize(bench.database.read(i), (1024, 768), interpolation=cv2.INTER_CUBIC) for i in range(n_images)]
+        images = [
+            cv2.resize(bench.database.read(i), (1024, 768), interpolation=cv2.INTER_CUBIC)
+            for i in range(n_images)
+        ]
         what = f"{len(images)} synthetic images upscaled to 1024 px"
     print(f"\n== local features, one core, {what}")
     extract_features(images[0], SiftConfig())  # warm-up (OpenCV initialisation)
@@ -74,7 +77,10 @@ def bench_features(n_images: int, root: Path | None) -> None:
     for label, cfg in (
         ("SIFT 1024 px (baseline)", SiftConfig(descriptor="sift", max_side=1024, n_features=0)),
         ("RootSIFT 1024 px", SiftConfig(descriptor="rootsift", max_side=1024, n_features=0)),
-        ("RootSIFT 512 px, <=1000", SiftConfig(descriptor="rootsift", max_side=512, n_features=1000)),
+        (
+            "RootSIFT 512 px, <=1000",
+            SiftConfig(descriptor="rootsift", max_side=512, n_features=1000),
+        ),
     ):
         t, feats = cpu(lambda cfg=cfg: [extract_features(im, cfg) for im in images], repeat=2)
         n = sum(len(f) for f in feats)
@@ -85,11 +91,15 @@ def bench_features(n_images: int, root: Path | None) -> None:
     raws = [extract_raw_sift(im, SiftConfig(max_side=1024, n_features=0))[1] for im in images]
     t_root, _ = cpu(lambda: [rootsift(r) for r in raws], repeat=3)
     base = rows[0][1]
-    print(f"  RootSIFT transform alone: {1e3 * t_root / len(images):.2f} ms/image = "
-          f"{100 * (t_root / len(images)) * base:.2f}% of a SIFT 1024 px extraction")
+    print(
+        f"  RootSIFT transform alone: {1e3 * t_root / len(images):.2f} ms/image = "
+        f"{100 * (t_root / len(images)) * base:.2f}% of a SIFT 1024 px extraction"
+    )
     for label, ips, fpi, fps in rows:
-        print(f"  {label:26s} {ips:6.2f} images/s/core  {fps:8.0f} features/s/core  {fpi:6.0f} features/image"
-              f"  x{ips / base:5.2f} images/s vs SIFT 1024")
+        print(
+            f"  {label:26s} {ips:6.2f} images/s/core  {fps:8.0f} features/s/core  {fpi:6.0f} features/image"
+            f"  x{ips / base:5.2f} images/s vs SIFT 1024"
+        )
 
 
 def zipf_bows(rng: np.random.Generator, n: int, n_words: int, per_image: int):  # noqa: ANN201
@@ -109,10 +119,15 @@ def bench_inverted_file(n_queries: int) -> None:
 
     rng = np.random.default_rng(0)
     n_words, per_image = 16384, 800
-    print(f"\n== inverted file, {n_words} words, {per_image} features/image, {n_queries} queries, one core")
+    print(
+        f"\n== inverted file, {n_words} words, {per_image} features/image, {n_queries} queries, one core"
+    )
     q_tf = zipf_bows(rng, n_queries, n_words, per_image)
     for n_db in (10_000, 100_000):
-        parts = [zipf_bows(rng, min(10_000, n_db - s), n_words, per_image) for s in range(0, n_db, 10_000)]
+        parts = [
+            zipf_bows(rng, min(10_000, n_db - s), n_words, per_image)
+            for s in range(0, n_db, 10_000)
+        ]
         db_tf = sp.vstack(parts).tocsr()
         t_fit, ivf = cpu(lambda db_tf=db_tf: InvertedFile(n_words).fit(db_tf))
         q_vecs = ivf.transform(q_tf)
@@ -121,8 +136,10 @@ def bench_inverted_file(n_queries: int) -> None:
         q_dense = q_vecs.toarray().astype(np.float32)
         t_fwd, s_fwd = cpu(lambda fwd=fwd, q=q_dense: np.asarray(fwd @ q.T).T, repeat=3)
         assert np.allclose(s_ivf, s_fwd, atol=1e-5)
-        line = (f"  n_db {n_db:>7,}: build {t_fit:5.2f} s; per query: inverted file {1e3 * t_ivf / n_queries:7.2f} ms, "
-                f"forward-index brute force {1e3 * t_fwd / n_queries:7.2f} ms (x{t_fwd / t_ivf:4.1f})")
+        line = (
+            f"  n_db {n_db:>7,}: build {t_fit:5.2f} s; per query: inverted file {1e3 * t_ivf / n_queries:7.2f} ms, "
+            f"forward-index brute force {1e3 * t_fwd / n_queries:7.2f} ms (x{t_fwd / t_ivf:4.1f})"
+        )
         if n_db <= 10_000:
             dense = fwd.toarray()
             t_dense, s_dense = cpu(lambda dense=dense, q=q_dense: q @ dense.T, repeat=3)
@@ -141,7 +158,9 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
     test_dir, train_dir = ensure_default(root)
     bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
     cache = test_dir.parent / "_cache"
-    print(f"\n== spatial verification per query, synthetic default ({bench.gt.n_queries} queries), one core")
+    print(
+        f"\n== spatial verification per query, synthetic default ({bench.gt.n_queries} queries), one core"
+    )
     base = None
     for r in (100, 500):
         m = resolve_method("rootsift-bow-sv", spatial_top_r=r)
@@ -153,9 +172,11 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
         per_query_sv = timings["spatial"] / n_queries
         per_query_bow = timings["search"] / n_queries
         base = base or per_query_sv
-        print(f"  R = {r:3d}: {1e3 * per_query_sv:7.1f} ms/query spatial (x{per_query_sv / base:4.2f} vs R=100), "
-              f"BoW search {1e3 * per_query_bow:6.2f} ms/query, "
-              f"verified {np.mean(out.info['verified_per_query']):.1f} images/query")
+        print(
+            f"  R = {r:3d}: {1e3 * per_query_sv:7.1f} ms/query spatial (x{per_query_sv / base:4.2f} vs R=100), "
+            f"BoW search {1e3 * per_query_bow:6.2f} ms/query, "
+            f"verified {np.mean(out.info['verified_per_query']):.1f} images/query"
+        )
 
 
 def ablation(root: Path | None, sizes: list[int]) -> None:
@@ -169,12 +190,16 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
     bench, train = load_synthetic(test_dir), load_synthetic(train_dir)
     cache = test_dir.parent / "_cache"
     print("\n== ablation on the synthetic default (vocabulary trained on synthetic-train)")
-    print(f"{'method':22s} {'words':>6s} {'structure':9s}   {'E':>6s} {'M':>6s} {'H':>6s}   "
-          f"{'E@10':>6s} {'M@10':>6s} {'H@10':>6s}")
+    print(
+        f"{'method':22s} {'words':>6s} {'structure':9s}   {'E':>6s} {'M':>6s} {'H':>6s}   "
+        f"{'E@10':>6s} {'M@10':>6s} {'H@10':>6s}"
+    )
     for k in sizes:
         for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
             m = resolve_method(name, vocab_size=k)
-            ctx = RunContext(cache, executor=ProcessExecutor(len(os.sched_getaffinity(0))), progress=False)
+            ctx = RunContext(
+                cache, executor=ProcessExecutor(len(os.sched_getaffinity(0))), progress=False
+            )
             out = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
             res = evaluate(bench.gt, out.ranks).setups
             maps = " ".join(f"{100 * res[s].map:6.2f}" for s in ("easy", "medium", "hard"))
@@ -221,14 +246,25 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
     for label, (n_words, per_image, _) in setups.items():
         q_tf = zipf_bows(rng, n_queries, n_words, per_image)
         for n_db in (10_000, 100_000):
-            parts = [zipf_bows(rng, min(2_000, n_db - s), n_words, per_image) for s in range(0, n_db, 2_000)]
+            parts = [
+                zipf_bows(rng, min(2_000, n_db - s), n_words, per_image)
+                for s in range(0, n_db, 2_000)
+            ]
             ivf = InvertedFile(n_words).fit(sp.vstack(parts).tocsr())
             q_vecs = ivf.transform(q_tf)
             t, _ = cpu(lambda ivf=ivf, q=q_vecs: ivf.scores_of_vectors(q), repeat=2)
             search[label, n_db] = t / n_queries
             del ivf, parts
-    stores = sorted(p.parent for p in CACHE.glob("*-pixel-subset-*/features/*/database/meta.json")) if CACHE else []
-    stores = [d for d in stores if json.loads((d / "meta.json").read_text())["config"]["n_features"] == 4000]
+    stores = (
+        sorted(p.parent for p in CACHE.glob("*-pixel-subset-*/features/*/database/meta.json"))
+        if CACHE
+        else []
+    )
+    stores = [
+        d
+        for d in stores
+        if json.loads((d / "meta.json").read_text())["config"]["n_features"] == 4000
+    ]
     if not stores:
         print("  (no cached real-subset features under --cache: run bench/real_subset.py first)")
         return
@@ -236,41 +272,76 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
     from oxbench.features.sift import SiftConfig
 
     cfg = {k: v for k, v in meta["config"].items() if k not in ("kind", "dim")}
-    store = FeatureStore.open(stores[0], SiftConfig(**cfg), extra={k: v for k, v in meta.items()
-                                                                     if k not in ("format", "config", "digest")},
-                              create=False)  # fmt: skip
+    store = FeatureStore.open(
+        stores[0],
+        SiftConfig(**cfg),
+        extra={k: v for k, v in meta.items() if k not in ("format", "config", "digest")},
+        create=False,
+    )
     names = store.names
     feats = [store.get(n) for n in names[: 2 * n_pairs]]
     words = [rng.integers(0, 65536, len(f)) for f in feats]
-    pairs = [(feats[2 * i], feats[2 * i + 1], words[2 * i], words[2 * i + 1]) for i in range(n_pairs)]
+    pairs = [
+        (feats[2 * i], feats[2 * i + 1], words[2 * i], words[2 * i + 1]) for i in range(n_pairs)
+    ]
 
     def today() -> None:
         for qf, df, qw, dw in pairs:
             m = tentative_matches(qw % 16384, dw % 16384)
-            verify_pair(qf.keypoints, df.keypoints, m, model="affine", method="magsac", min_inliers=8,
-                        q_size=qf.image_size, d_size=df.image_size)  # fmt: skip
+            verify_pair(
+                qf.keypoints,
+                df.keypoints,
+                m,
+                model="affine",
+                method="magsac",
+                min_inliers=8,
+                q_size=qf.image_size,
+                d_size=df.image_size,
+            )
 
     def chosen(match=descriptor_matches) -> None:  # noqa: ANN001
         for qf, df, _, _ in pairs:
             m = match(qf.descriptors, df.descriptors)
-            verify_pair(qf.keypoints, df.keypoints, m, model="similarity", method="fsm", min_inliers=4,
-                        q_size=qf.image_size, d_size=df.image_size)  # fmt: skip
+            verify_pair(
+                qf.keypoints,
+                df.keypoints,
+                m,
+                model="similarity",
+                method="fsm",
+                min_inliers=4,
+                q_size=qf.image_size,
+                d_size=df.image_size,
+            )
 
-    same = all(np.array_equal(descriptor_matches(q.descriptors, d.descriptors),
-                              full_matrix_matches(q.descriptors, d.descriptors)) for q, d, _, _ in pairs)  # fmt: skip
+    same = all(
+        np.array_equal(
+            descriptor_matches(q.descriptors, d.descriptors),
+            full_matrix_matches(q.descriptors, d.descriptors),
+        )
+        for q, d, _, _ in pairs
+    )
     print(f"  blocked matching == full-matrix matching on every pair: {same}")
-    per_pair = {"today": cpu(today)[0] / n_pairs, "chosen, full matrix": cpu(lambda: chosen(full_matrix_matches))[0] / n_pairs,
-                "chosen": cpu(chosen)[0] / n_pairs}  # fmt: skip
+    per_pair = {
+        "today": cpu(today)[0] / n_pairs,
+        "chosen, full matrix": cpu(lambda: chosen(full_matrix_matches))[0] / n_pairs,
+        "chosen": cpu(chosen)[0] / n_pairs,
+    }
     print(f"  features per image in the pairs: {np.mean([len(f) for f in feats]):.0f}")
-    print(f"  {'':19s} {'words':>6s} {'feat/img':>8s} {'R':>4s} {'SV ms/pair':>10s} {'SV s/query':>10s} "
-          f"{'search 10K':>10s} {'search 100K':>11s} {'total 10K':>9s} {'total 100K':>10s}")
+    print(
+        f"  {'':19s} {'words':>6s} {'feat/img':>8s} {'R':>4s} {'SV ms/pair':>10s} {'SV s/query':>10s} "
+        f"{'search 10K':>10s} {'search 100K':>11s} {'total 10K':>9s} {'total 100K':>10s}"
+    )
     for label, pair_s in per_pair.items():
-        setup = label.split(",")[0]  # "chosen, full matrix" is the chosen setup with the baseline matching
+        setup = label.split(",")[
+            0
+        ]  # "chosen, full matrix" is the chosen setup with the baseline matching
         n_words, per_image, r = setups[setup]
         sv = pair_s * r
         s10, s100 = search[setup, 10_000], search[setup, 100_000]
-        print(f"  {label:19s} {n_words:6d} {per_image:8d} {r:4d} {1e3 * pair_s:10.2f} {sv:10.2f} "
-              f"{1e3 * s10:8.1f}ms {1e3 * s100:9.1f}ms {sv + s10:8.2f}s {sv + s100:9.2f}s")
+        print(
+            f"  {label:19s} {n_words:6d} {per_image:8d} {r:4d} {1e3 * pair_s:10.2f} {sv:10.2f} "
+            f"{1e3 * s10:8.1f}ms {1e3 * s100:9.1f}ms {sv + s10:8.2f}s {sv + s100:9.2f}s"
+        )
 
 
 def worker_scaling(workers: list[int]) -> None:
@@ -294,8 +365,10 @@ def worker_scaling(workers: list[int]) -> None:
         return
     ox, pa = load_subset_city(SUBSET, "roxford5k"), load_subset_city(SUBSET, "rparis6k")
     method = resolve_method("rootsift-bow-sv")
-    print(f"\n== worker scaling: rootsift-bow-sv, {ox.bench.gt.n_queries} queries, "
-          f"{ox.bench.gt.n_db} images; wall seconds (os.cpu_count() = {os.cpu_count()})")
+    print(
+        f"\n== worker scaling: rootsift-bow-sv, {ox.bench.gt.n_queries} queries, "
+        f"{ox.bench.gt.n_db} images; wall seconds (os.cpu_count() = {os.cpu_count()})"
+    )
     base: dict[str, float] = {}
     for n in workers:
         with tempfile.TemporaryDirectory() as tmp:
@@ -307,22 +380,50 @@ def worker_scaling(workers: list[int]) -> None:
             method.build().fit(pa.bench, ctx).index(ox.bench, ctx).search(ox.bench, ctx)
         t = {k: ctx.timings.get(k, 0.0) for k in ("assign", "spatial")}
         base = base or t
-        print(f"  {n:2d} workers: " + ", ".join(f"{k} {v:6.1f} s ({base[k] / v:.2f}x)" for k, v in t.items()))
+        print(
+            f"  {n:2d} workers: "
+            + ", ".join(f"{k} {v:6.1f} s ({base[k] / v:.2f}x)" for k, v in t.items())
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", type=Path, default=None, help="data root holding (or receiving) the synthetic default")
+    ap.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="data root holding (or receiving) the synthetic default",
+    )
     ap.add_argument("--images", type=int, default=12)
     ap.add_argument("--queries", type=int, default=10)
     ap.add_argument("--skip", default="", help="comma-separated: features, ivf, sv")
-    ap.add_argument("--cost", action="store_true", help="cost per query, today's default vs the chosen one, instead")
-    ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset",
-                    help="--cost: the cache of bench/real_subset.py (real features)")
-    ap.add_argument("--scaling", type=int, nargs="*", default=None, metavar="N",
-                    help="worker scaling of word assignment and verification (default: 1 and every core)")
-    ap.add_argument("--ablation", type=int, nargs="*", default=None, metavar="WORDS",
-                    help="run the BoW/+SV/+QE ablation at these vocabulary sizes instead (default 4096 16384)")
+    ap.add_argument(
+        "--cost",
+        action="store_true",
+        help="cost per query, today's default vs the chosen one, instead",
+    )
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=Path("runs") / "cache-real-subset",
+        help="--cost: the cache of bench/real_subset.py (real features)",
+    )
+    ap.add_argument(
+        "--scaling",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="N",
+        help="worker scaling of word assignment and verification (default: 1 and every core)",
+    )
+    ap.add_argument(
+        "--ablation",
+        type=int,
+        nargs="*",
+        default=None,
+        metavar="WORDS",
+        help="run the BoW/+SV/+QE ablation at these vocabulary sizes instead (default 4096 16384)",
+    )
     args = ap.parse_args()
     if args.ablation is not None:
         from oxbench.datasets.paths import data_root

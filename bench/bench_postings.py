@@ -43,10 +43,14 @@ def main() -> None:
     ap.add_argument("--queries", type=int, default=20)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    ivf = InvertedFile(args.words).fit(bow_matrix(bags(rng, args.images, args.features, args.words), args.words))
+    ivf = InvertedFile(args.words).fit(
+        bow_matrix(bags(rng, args.images, args.features, args.words), args.words)
+    )
     q = ivf.transform(bow_matrix(bags(rng, args.queries, args.features, args.words), args.words))
     assert ivf.db_vectors_ is not None and ivf.postings_ is not None
-    ram = sum(m.data.nbytes + m.indices.nbytes + m.indptr.nbytes for m in (ivf.db_vectors_, ivf.postings_))
+    ram = sum(
+        m.data.nbytes + m.indices.nbytes + m.indptr.nbytes for m in (ivf.db_vectors_, ivf.postings_)
+    )
     with tempfile.TemporaryDirectory() as tmp:
         rows = []
         for dtype in ("float32", "float16"):
@@ -58,15 +62,27 @@ def main() -> None:
             c0 = time.process_time()
             want = ivf.scores_of_vectors(q)
             t_ram = (time.process_time() - c0) / args.queries
-            same = "identical" if np.array_equal(got, want) else f"max diff {np.abs(got - want).max():.2e}"
-            rows.append((dtype, cp.nbytes / args.images, ram / args.images, t_cp * 1e3, t_ram * 1e3, same))
-    print(f"{args.images} images x {args.features} words of {args.words}; {ivf.postings_.nnz:,} postings; "
-          f"{args.queries} queries")  # fmt: skip
-    print("| weights | compressed B/image | in-RAM B/image | ratio | compressed ms/query | in-RAM ms/query | ratio | scores |")
+            same = (
+                "identical"
+                if np.array_equal(got, want)
+                else f"max diff {np.abs(got - want).max():.2e}"
+            )
+            rows.append(
+                (dtype, cp.nbytes / args.images, ram / args.images, t_cp * 1e3, t_ram * 1e3, same)
+            )
+    print(
+        f"{args.images} images x {args.features} words of {args.words}; {ivf.postings_.nnz:,} postings; "
+        f"{args.queries} queries"
+    )
+    print(
+        "| weights | compressed B/image | in-RAM B/image | ratio | compressed ms/query | in-RAM ms/query | ratio | scores |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---|")
     for dtype, b_cp, b_ram, t_cp, t_ram, same in rows:
-        print(f"| {dtype} | {b_cp:,.0f} | {b_ram:,.0f} | {b_cp / b_ram:.2f} | {t_cp:.1f} | {t_ram:.1f} | "
-              f"{t_cp / t_ram:.2f} | {same} |")
+        print(
+            f"| {dtype} | {b_cp:,.0f} | {b_ram:,.0f} | {b_cp / b_ram:.2f} | {t_cp:.1f} | {t_ram:.1f} | "
+            f"{t_cp / t_ram:.2f} | {same} |"
+        )
 
 
 if __name__ == "__main__":

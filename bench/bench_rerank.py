@@ -111,13 +111,17 @@ def main() -> None:
     cv2.setNumThreads(1)  # per-core numbers
     rng = np.random.default_rng(args.seed)
     probs = zipf_probabilities()
-    print(f"vocabulary {VOCAB}, 1000-2000 keypoints per image, {args.queries} queries per setting;"
-          " CPU time of one thread (ms per query)")
+    print(
+        f"vocabulary {VOCAB}, 1000-2000 keypoints per image, {args.queries} queries per setting;"
+        " CPU time of one thread (ms per query)"
+    )
     for r in args.r:
         data = [make_query_and_shortlist(rng, probs, r) for _ in range(args.queries)]
         n_matches = [len(tentative_matches(q, c[1])) for _, q, cands, _ in data for c in cands]
-        print(f"\n== R = {r}: tentative matches per pair: mean {np.mean(n_matches):.0f}, "
-              f"median {np.median(n_matches):.0f}, max {np.max(n_matches)}")
+        print(
+            f"\n== R = {r}: tentative matches per pair: mean {np.mean(n_matches):.0f}, "
+            f"median {np.median(n_matches):.0f}, max {np.max(n_matches)}"
+        )
 
         def all_matches(fn, data=data):
             for _, q_words, cands, _ in data:
@@ -135,31 +139,54 @@ def main() -> None:
         t_grouped, _ = timed(grouped_matches, repeat=2)
         t_naive, _ = timed(lambda: all_matches(naive_tentative_matches))
         nq = len(data)
-        print(f"tentative matching ms/query: python loops {1e3 * t_naive / nq:.1f}, "
-              f"tentative_matches() {1e3 * t_fast / nq:.1f} (x{t_naive / t_fast:.1f}), "
-              f"query grouped once {1e3 * t_grouped / nq:.1f} (x{t_naive / t_grouped:.1f})")
+        print(
+            f"tentative matching ms/query: python loops {1e3 * t_naive / nq:.1f}, "
+            f"tentative_matches() {1e3 * t_fast / nq:.1f} (x{t_naive / t_fast:.1f}), "
+            f"query grouped once {1e3 * t_grouped / nq:.1f} (x{t_naive / t_grouped:.1f})"
+        )
 
         rows = []
-        for model, method in [("affine", "magsac"), ("affine", "accurate"), ("affine", "ransac"),
-                              ("homography", "magsac"), ("affine", "fsm"), ("homography", "fsm")]:
+        for model, method in [
+            ("affine", "magsac"),
+            ("affine", "accurate"),
+            ("affine", "ransac"),
+            ("homography", "magsac"),
+            ("affine", "fsm"),
+            ("homography", "fsm"),
+        ]:
+
             def run(model=model, method=method, data=data, r=r):
                 res = []
                 for q_kp, q_words, cands, _ in data:
-                    res.append(spatial_rerank(q_kp, q_words, cands, np.arange(r), top_r=r,
-                                              model=model, method=method))
+                    res.append(
+                        spatial_rerank(
+                            q_kp, q_words, cands, np.arange(r), top_r=r, model=model, method=method
+                        )
+                    )
                 return res
 
             t, results = timed(run)
-            recall = np.mean([np.isin(np.flatnonzero(rel), res.verified).mean()
-                              for res, (_, _, _, rel) in zip(results, data, strict=True)])
-            false_pos = np.mean([(~rel[res.verified]).sum()
-                                 for res, (_, _, _, rel) in zip(results, data, strict=True)])
-            neg_inliers = np.concatenate([res.inliers[~rel]
-                                          for res, (_, _, _, rel) in zip(results, data, strict=True)])
+            recall = np.mean(
+                [
+                    np.isin(np.flatnonzero(rel), res.verified).mean()
+                    for res, (_, _, _, rel) in zip(results, data, strict=True)
+                ]
+            )
+            false_pos = np.mean(
+                [
+                    (~rel[res.verified]).sum()
+                    for res, (_, _, _, rel) in zip(results, data, strict=True)
+                ]
+            )
+            neg_inliers = np.concatenate(
+                [res.inliers[~rel] for res, (_, _, _, rel) in zip(results, data, strict=True)]
+            )
             rows.append((f"{model}/{method}", 1e3 * t / nq, recall, false_pos, neg_inliers.max()))
         base = rows[0][1]
-        print(f"{'spatial_rerank':20s} {'ms/query':>9s} {'ratio':>6s} {'recall':>7s} {'false+':>7s}"
-              f" {'max inliers of a non-match':>27s}")
+        print(
+            f"{'spatial_rerank':20s} {'ms/query':>9s} {'ratio':>6s} {'recall':>7s} {'false+':>7s}"
+            f" {'max inliers of a non-match':>27s}"
+        )
         for name, ms, recall, fp, neg_max in rows:
             print(f"{name:20s} {ms:9.1f} {ms / base:6.2f} {recall:7.3f} {fp:7.2f} {neg_max:27d}")
 

@@ -34,9 +34,13 @@ def data(n: int, n_q: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndar
     x = np.empty((n, dim), np.float32)
     for s in range(0, n, 100_000):
         m = min(100_000, n - s)
-        x[s : s + m] = centres[rng.integers(0, len(centres), m)] + 0.5 * rng.normal(size=(m, dim)).astype(np.float32)
+        x[s : s + m] = centres[rng.integers(0, len(centres), m)] + 0.5 * rng.normal(
+            size=(m, dim)
+        ).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
-    q = centres[rng.integers(0, len(centres), n_q)] + 0.5 * rng.normal(size=(n_q, dim)).astype(np.float32)
+    q = centres[rng.integers(0, len(centres), n_q)] + 0.5 * rng.normal(size=(n_q, dim)).astype(
+        np.float32
+    )
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     return x, q.astype(np.float32)
 
@@ -62,28 +66,40 @@ def bench_size(n: int, n_q: int, dim: int, nlist: int, m: int, nprobes: list[int
     naive, t_naive = timed(naive_topk, q, x, 100)
     assert (naive == truth).mean() > 0.999
     ms_exact = 1000 * t_exact / n_q
-    print(f"exact blocked top-100: {ms_exact:.2f} ms/query; naive full argsort {1000 * t_naive / n_q:.2f} "
-          f"ms/query -> {t_naive / t_exact:.1f}x; {4 * dim} bytes/image")  # fmt: skip
-    index, t_train = timed(FaissIndex(IndexSettings("ivfpq", nlist=nlist, m=m, nprobe=nprobes[0])).fit, x)
-    print(f"IVF-PQ nlist {nlist}, m {m} x 8 bits: train + add {t_train:.1f} s, {index.bytes_per_vector} bytes/image "
-          f"({4 * dim / index.bytes_per_vector:.1f}x smaller)")  # fmt: skip
+    print(
+        f"exact blocked top-100: {ms_exact:.2f} ms/query; naive full argsort {1000 * t_naive / n_q:.2f} "
+        f"ms/query -> {t_naive / t_exact:.1f}x; {4 * dim} bytes/image"
+    )
+    index, t_train = timed(
+        FaissIndex(IndexSettings("ivfpq", nlist=nlist, m=m, nprobe=nprobes[0])).fit, x
+    )
+    print(
+        f"IVF-PQ nlist {nlist}, m {m} x 8 bits: train + add {t_train:.1f} s, {index.bytes_per_vector} bytes/image "
+        f"({4 * dim / index.bytes_per_vector:.1f}x smaller)"
+    )
     for nprobe in nprobes:
         index.index_.nprobe = nprobe
         index.search(q[:10], 100)  # warm
         (_, found), t = timed(index.search, q, 100)
         one = np.mean([t_[0] in f for f, t_ in zip(found, truth, strict=True)])
-        print(f"  nprobe {nprobe}: {1000 * t / n_q:.3f} ms/query ({t_exact / t:.1f}x faster than exact), "
-              f"recall@100 {recall_at(found, truth, 100):.3f}, 1-recall@100 {one:.3f}")  # fmt: skip
+        print(
+            f"  nprobe {nprobe}: {1000 * t / n_q:.3f} ms/query ({t_exact / t:.1f}x faster than exact), "
+            f"recall@100 {recall_at(found, truth, 100):.3f}, 1-recall@100 {one:.3f}"
+        )
 
 
 def bench_diffusion(n: int, n_q: int, dim: int) -> None:
     from oxbench.rerank.diffusion import Diffusion, DiffusionSettings, diffuse, normalize_affinity
 
     x, q = data(n, n_q, dim, seed=1)
-    print(f"\n## diffusion, n = {n:,}, d = {dim}, {n_q} queries (k 50, query_k 10, R 1000, 20 CG iterations)")
+    print(
+        f"\n## diffusion, n = {n:,}, d = {dim}, {n_q} queries (k 50, query_k 10, R 1000, 20 CG iterations)"
+    )
     d, t_graph = timed(Diffusion(DiffusionSettings()).fit, x)
     assert d.affinity_ is not None
-    print(f"offline mutual 50-NN graph (FAISS flat): {t_graph:.1f} s, {d.affinity_.nnz // 2:,} edges")
+    print(
+        f"offline mutual 50-NN graph (FAISS flat): {t_graph:.1f} s, {d.affinity_.nnz // 2:,} edges"
+    )
     (_, ranks), t_search = timed(exact_search, q, x, 1000)
     _, t_diff = timed(d.rerank, q, ranks)
     w = normalize_affinity(d.affinity_)
@@ -94,9 +110,11 @@ def bench_diffusion(n: int, n_q: int, dim: int) -> None:
         y[top] = np.clip(x[top] @ q[qi], 0, None) ** 3
         diffuse(w, y, alpha=0.99, iterations=20)
     t_full = time.perf_counter() - t0
-    print(f"online truncated diffusion: {1000 * t_diff / n_q:.2f} ms/query; on the whole graph "
-          f"{1000 * t_full / n_q:.2f} ms/query -> truncation {t_full / t_diff:.1f}x faster; initial exact "
-          f"search {1000 * t_search / n_q:.2f} ms/query (diffusion costs {t_diff / t_search:.1f}x the search)")  # fmt: skip
+    print(
+        f"online truncated diffusion: {1000 * t_diff / n_q:.2f} ms/query; on the whole graph "
+        f"{1000 * t_full / n_q:.2f} ms/query -> truncation {t_full / t_diff:.1f}x faster; initial exact "
+        f"search {1000 * t_search / n_q:.2f} ms/query (diffusion costs {t_diff / t_search:.1f}x the search)"
+    )
 
 
 def main() -> None:

@@ -66,10 +66,16 @@ def speed(n: int, size: tuple[int, int], workers: int) -> None:
     distr = len(stream) / (time.perf_counter() - t0)
     print(f"image size {size[0]}x{size[1]}, {n} database images + {n_images - n} queries")
     print(f"generate(), 1 process (cold):         {serial:7.1f} images/s")
-    print(f"generate(), {workers} workers (cold):         {pooled:7.1f} images/s   ratio pool/serial {pooled / serial:.2f}   ({pool_s:.1f} s)")
+    print(
+        f"generate(), {workers} workers (cold):         {pooled:7.1f} images/s   ratio pool/serial {pooled / serial:.2f}   ({pool_s:.1f} s)"
+    )
     print(f"render only, warm facade cache:       {warm:7.1f} images/s")
-    print(f"JPEG encode only (floor):             {encode_only:7.1f} images/s   render costs {encode_only / warm:.1f}x an encode")
-    print(f"distractor stream, sequential read:   {distr:7.1f} images/s   ratio to warm render {distr / warm:.2f}")
+    print(
+        f"JPEG encode only (floor):             {encode_only:7.1f} images/s   render costs {encode_only / warm:.1f}x an encode"
+    )
+    print(
+        f"distractor stream, sequential read:   {distr:7.1f} images/s   ratio to warm render {distr / warm:.2f}"
+    )
 
 
 def _thumb(img: np.ndarray, side: tuple[int, int] = (8, 6)) -> np.ndarray:
@@ -91,11 +97,21 @@ def baselines(root: Path, repeats: int) -> dict[str, object]:
     print(f"{gt.dataset}: {gt.n_db} database images, {gt.n_queries} queries")
     for field in ("easy", "hard", "junk"):
         c = counts[field]
-        print(f"  {field:5s} per query: min {c['min']}, mean {c['mean']}, max {c['max']} (total {c['total']})")
+        print(
+            f"  {field:5s} per query: min {c['min']}, mean {c['mean']}, max {c['max']} (total {c['total']})"
+        )
     # expected AP of a random ranking ~ positives / (images left after removing the ignored ones)
     rates = {}
-    for setup, pos, ign in (("easy", ("easy",), ("hard", "junk")), ("medium", ("easy", "hard"), ("junk",)), ("hard", ("hard",), ("easy", "junk"))):
-        r = [sum(getattr(q, f).size for f in pos) / (gt.n_db - sum(getattr(q, f).size for f in ign)) for q in gt.queries if sum(getattr(q, f).size for f in pos)]
+    for setup, pos, ign in (
+        ("easy", ("easy",), ("hard", "junk")),
+        ("medium", ("easy", "hard"), ("junk",)),
+        ("hard", ("hard",), ("easy", "junk")),
+    ):
+        r = [
+            sum(getattr(q, f).size for f in pos) / (gt.n_db - sum(getattr(q, f).size for f in ign))
+            for q in gt.queries
+            if sum(getattr(q, f).size for f in pos)
+        ]
         rates[setup] = float(np.mean(r))
     print("positive rate (E/M/H): " + ", ".join(f"{100 * v:.2f}" for v in rates.values()))
 
@@ -106,7 +122,9 @@ def baselines(root: Path, repeats: int) -> dict[str, object]:
         res = evaluate(gt, ranks)
         maps.append([res.setups[s].map for s in ("easy", "medium", "hard")])
     rnd = np.mean(maps, axis=0)
-    print(f"random ranking (mean of {repeats}): mAP E: {100 * rnd[0]:.2f}, M: {100 * rnd[1]:.2f}, H: {100 * rnd[2]:.2f}")
+    print(
+        f"random ranking (mean of {repeats}): mAP E: {100 * rnd[0]:.2f}, M: {100 * rnd[1]:.2f}, H: {100 * rnd[2]:.2f}"
+    )
 
     t0 = time.perf_counter()
     q = np.stack([_thumb(bench.query_crop(i)) for i in range(gt.n_queries)])
@@ -144,23 +162,34 @@ def matchcheck(root: Path, n_queries: int, per_label: int) -> None:
         q = gt.queries[qi]
         kq, dq = features(bench.query_crop(qi))
         neg = np.setdiff1d(np.arange(gt.n_db), np.concatenate([q.easy, q.hard, q.junk]))
-        for label, pool in (("easy", q.easy), ("hard", q.hard), ("junk", q.junk), ("negative", neg)):
+        for label, pool in (
+            ("easy", q.easy),
+            ("hard", q.hard),
+            ("junk", q.junk),
+            ("negative", neg),
+        ):
             for i in rng.choice(pool, min(per_label, len(pool)), replace=False).tolist():
                 kd, dd = features(bench.database.read(i))
                 inliers = 0
                 if dq is not None and dd is not None and len(kd) >= 2:
-                    good = [a for a, b in matcher.knnMatch(dq, dd, k=2) if a.distance < 0.8 * b.distance]
+                    good = [
+                        a for a, b in matcher.knnMatch(dq, dd, k=2) if a.distance < 0.8 * b.distance
+                    ]
                     if len(good) >= 8:
                         src = np.float32([kq[a.queryIdx].pt for a in good])
                         dst = np.float32([kd[a.trainIdx].pt for a in good])
                         _, mask = cv2.findHomography(src, dst, cv2.RANSAC, 6.0)
                         inliers = int(mask.sum()) if mask is not None else 0
                 out[label].append(inliers)
-    print(f"SIFT (2000 features) + ratio test 0.8 + RANSAC homography, {n_queries} queries x {per_label} images per label")
+    print(
+        f"SIFT (2000 features) + ratio test 0.8 + RANSAC homography, {n_queries} queries x {per_label} images per label"
+    )
     print(f"{'label':<9} {'median':>7} {'p10':>5} {'p90':>5}  inliers")
     for label, vals in out.items():
         v = np.asarray(vals)
-        print(f"{label:<9} {np.median(v):7.0f} {np.percentile(v, 10):5.0f} {np.percentile(v, 90):5.0f}")
+        print(
+            f"{label:<9} {np.median(v):7.0f} {np.percentile(v, 10):5.0f} {np.percentile(v, 90):5.0f}"
+        )
 
 
 def samples(root: Path, out: Path) -> None:
@@ -187,7 +216,9 @@ def samples(root: Path, out: Path) -> None:
     for field, k in (("easy", 3), ("hard", 4), ("junk", 2)):
         for i in by[field][:k].tolist():
             why = recs[gt.db_names[i]]["labels"][query.name]["why"]
-            tiles.append((f"{field}: " + (", ".join(why[:2]) if why else "ok"), bench.database.read(i)))
+            tiles.append(
+                (f"{field}: " + (", ".join(why[:2]) if why else "ok"), bench.database.read(i))
+            )
     negs = [i for i, n in enumerate(gt.db_names) if recs[n]["building"] != "bank"]
     for i in negs[:6]:
         tiles.append((f"negative: {recs[gt.db_names[i]]['building']}", bench.database.read(i)))
@@ -196,18 +227,29 @@ def samples(root: Path, out: Path) -> None:
     for caption, im in tiles:
         im = cv2.resize(im, tile, interpolation=cv2.INTER_AREA)
         cv2.rectangle(im, (0, 0), (tile[0], 18), (0, 0, 0), -1)
-        cv2.putText(im, caption[:34], (4, 13), cv2.FONT_HERSHEY_SIMPLEX, 0.42, (255, 255, 255), 1, cv2.LINE_AA)
+        cv2.putText(
+            im,
+            caption[:34],
+            (4, 13),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            0.42,
+            (255, 255, 255),
+            1,
+            cv2.LINE_AA,
+        )
         cells.append(im)
     while len(cells) % 4:
         cells.append(np.full((tile[1], tile[0], 3), 255, np.uint8))
-    grid = np.vstack([np.hstack(cells[i:i + 4]) for i in range(0, len(cells), 4)])
+    grid = np.vstack([np.hstack(cells[i : i + 4]) for i in range(0, len(cells), 4)])
     out.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid).save(out, quality=80)
     print(f"wrote {out} ({out.stat().st_size // 1024} KB)")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("speed")
     p.add_argument("--n", type=int, default=300)

@@ -57,25 +57,36 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     ap.add_argument("--threshold", type=float, default=8.0)
     ap.add_argument("--min-inliers", type=int, default=4)
     ap.add_argument("--max-per-word", type=int, default=8)
-    ap.add_argument("--query-ma", type=int, default=1, help="words per query feature for tentative matches")
+    ap.add_argument(
+        "--query-ma", type=int, default=1, help="words per query feature for tentative matches"
+    )
     ap.add_argument("--ratio", type=float, default=0.8)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset")
     args = ap.parse_args()
     if args.data is None or not args.data.is_dir():
-        print(f"skipped: {args.data or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent")
+        print(
+            f"skipped: {args.data or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent"
+        )
         return 0
     method = resolve_method(
-        "rootsift-bow-sv", vocab_size=args.vocab_size,
+        "rootsift-bow-sv",
+        vocab_size=args.vocab_size,
         **{"features.max_side": args.max_side, "features.n_features": args.n_features},
     )
     cities = {d: load_subset_city(args.data, d) for d in ("roxford5k", "rparis6k")}
-    print(f"features: RootSIFT {args.max_side} px, <= {args.n_features or 'all'}; {args.vocab_size} words from the "
-          f"other city; tentative: cap {args.max_per_word}/word, query MA {args.query_ma}; verification "
-          f"{args.model}/{args.method}, {args.threshold} px, >= {args.min_inliers} inliers; exhaustive: mutual NN + "
-          f"ratio {args.ratio}")
-    verify_kw = {"model": args.model, "method": args.method, "threshold_px": args.threshold,
-                 "min_inliers": args.min_inliers}
+    print(
+        f"features: RootSIFT {args.max_side} px, <= {args.n_features or 'all'}; {args.vocab_size} words from the "
+        f"other city; tentative: cap {args.max_per_word}/word, query MA {args.query_ma}; verification "
+        f"{args.model}/{args.method}, {args.threshold} px, >= {args.min_inliers} inliers; exhaustive: mutual NN + "
+        f"ratio {args.ratio}"
+    )
+    verify_kw = {
+        "model": args.model,
+        "method": args.method,
+        "threshold_px": args.threshold,
+        "min_inliers": args.min_inliers,
+    }
     rows = []
     for dataset, city in cities.items():
         other = cities["rparis6k" if dataset == "roxford5k" else "roxford5k"].bench
@@ -83,16 +94,31 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
         ctx = RunContext(args.cache, executor=ProcessExecutor(args.workers), progress=False)
         vocab = steps.step_vocabulary(method.vocabulary(), other, ctx).path
         steps.step_features(bench, method.features, ctx)
-        stores = {p: steps.open_store(args.cache, bench, method.features, p) for p in ("database", "queries")}
+        stores = {
+            p: steps.open_store(args.cache, bench, method.features, p)
+            for p in ("database", "queries")
+        }
         words = {}
         k = max(1, args.query_ma)
         for p in ("database", "queries"):
             out = steps.words_path(args.cache, bench, vocab, k, p)
             steps.step_assign(vocab, stores[p], steps.part_names(bench, p), out, ctx, k=k)
             words[p] = steps.Words.load(out)
-        stat: dict[str, list[float]] = {key: [] for key in (
-            "feat", "words", "tent_pos", "tent_neg", "inl_pos", "inl_neg", "ex_pos", "ex_neg", "exinl_pos",
-            "exinl_neg")}
+        stat: dict[str, list[float]] = {
+            key: []
+            for key in (
+                "feat",
+                "words",
+                "tent_pos",
+                "tent_neg",
+                "inl_pos",
+                "inl_neg",
+                "ex_pos",
+                "ex_neg",
+                "exinl_pos",
+                "exinl_neg",
+            )
+        }
         ranked = {"tent": [], "inl": [], "ex": [], "exinl": []}
         for qi, cand in enumerate(city.candidates):
             qn = bench.queries.name(qi)
@@ -110,11 +136,23 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
                 tm = tentative_matches(q_words, dw, max_per_word=args.max_per_word)
                 tm[:, 0] = q_index[tm[:, 0]]
                 tm = np.unique(tm, axis=0)
-                res = verify_pair(qf.keypoints, df.keypoints, tm, q_size=qf.image_size, d_size=df.image_size,
-                                  **verify_kw)
+                res = verify_pair(
+                    qf.keypoints,
+                    df.keypoints,
+                    tm,
+                    q_size=qf.image_size,
+                    d_size=df.image_size,
+                    **verify_kw,
+                )
                 ex = descriptor_matches(qf.descriptors, df.descriptors, ratio=args.ratio)
-                exres = verify_pair(qf.keypoints, df.keypoints, ex, q_size=qf.image_size, d_size=df.image_size,
-                                    **verify_kw)
+                exres = verify_pair(
+                    qf.keypoints,
+                    df.keypoints,
+                    ex,
+                    q_size=qf.image_size,
+                    d_size=df.image_size,
+                    **verify_kw,
+                )
                 tag = "pos" if idx in positives else "neg"
                 stat[f"tent_{tag}"].append(len(tm))
                 stat[f"inl_{tag}"].append(res.n_inliers)
@@ -125,26 +163,42 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
                 counts["ex"][j] = len(ex)
                 counts["exinl"][j] = exres.n_inliers if exres.verified else 0
             for key in ranked:
-                score = counts[key] + 1e-3 * counts["tent"] / max(1.0, counts["tent"].max())  # ties: by matches
+                score = counts[key] + 1e-3 * counts["tent"] / max(
+                    1.0, counts["tent"].max()
+                )  # ties: by matches
                 ranked[key].append(cand[np.argsort(-score, kind="stable")])
         maps = {key: candidate_map(city, r)[0] for key, r in ranked.items()}
-        q_feat = np.mean([stores["queries"].count(bench.queries.name(i)) for i in range(bench.gt.n_queries)])
+        q_feat = np.mean(
+            [stores["queries"].count(bench.queries.name(i)) for i in range(bench.gt.n_queries)]
+        )
         rows.append((dataset, stat, maps, q_feat))
-    print("\n| city | feat/img (db, query) | words/img | tentative pos / neg | inliers pos / neg | "
-          "exhaustive pos / neg | exh. inliers pos / neg |")
+    print(
+        "\n| city | feat/img (db, query) | words/img | tentative pos / neg | inliers pos / neg | "
+        "exhaustive pos / neg | exh. inliers pos / neg |"
+    )
     print("|---|---|---|---|---|---|---|")
     for dataset, s, _, q_feat in rows:
+
         def pn(key: str, s: dict = s) -> str:
             return f"{np.median(s[key + '_pos']):.0f} / {np.median(s[key + '_neg']):.0f}"
-        print(f"| {dataset} | {np.mean(s['feat']):.0f}, {q_feat:.0f} | {np.mean(s['words']):.0f} | {pn('tent')} | "
-              f"{pn('inl')} | {pn('ex')} | {pn('exinl')} |")
+
+        print(
+            f"| {dataset} | {np.mean(s['feat']):.0f}, {q_feat:.0f} | {np.mean(s['words']):.0f} | {pn('tent')} | "
+            f"{pn('inl')} | {pn('ex')} | {pn('exinl')} |"
+        )
     print("\n(medians per pair) mAP of ranking the 20 candidates by:")
-    print("| city | tentative count | verified inliers | exhaustive count | exhaustive + verification |")
+    print(
+        "| city | tentative count | verified inliers | exhaustive count | exhaustive + verification |"
+    )
     print("|---|---|---|---|---|")
     for dataset, _, m, _ in rows:
-        print(f"| {dataset} | {100 * m['tent']:.1f} | {100 * m['inl']:.1f} | {100 * m['ex']:.1f} | {100 * m['exinl']:.1f} |")
+        print(
+            f"| {dataset} | {100 * m['tent']:.1f} | {100 * m['inl']:.1f} | {100 * m['ex']:.1f} | {100 * m['exinl']:.1f} |"
+        )
     avg = {key: np.mean([r[2][key] for r in rows]) for key in rows[0][2]}
-    print(f"| both | {100 * avg['tent']:.1f} | {100 * avg['inl']:.1f} | {100 * avg['ex']:.1f} | {100 * avg['exinl']:.1f} |")
+    print(
+        f"| both | {100 * avg['tent']:.1f} | {100 * avg['inl']:.1f} | {100 * avg['ex']:.1f} | {100 * avg['exinl']:.1f} |"
+    )
     return 0
 
 

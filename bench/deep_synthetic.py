@@ -55,8 +55,15 @@ def main() -> None:
     rows = []
     for label, method, extra in ROWS:
         t0 = time.perf_counter()
-        out = run("synthetic", method, root=args.root, runs_dir=work / "runs", cache=work / "cache",
-                  overrides={**common, **extra}, progress=False)  # fmt: skip
+        out = run(
+            "synthetic",
+            method,
+            root=args.root,
+            runs_dir=work / "runs",
+            cache=work / "cache",
+            overrides={**common, **extra},
+            progress=False,
+        )
         s = out.result.setups
         cells = [f"{100 * s[k].map:.2f}" for k in ("easy", "medium", "hard")]
         cells += [f"{100 * s[k].mp_at_k[10]:.2f}" for k in ("easy", "medium", "hard")]

@@ -32,11 +32,15 @@ from pathlib import Path
 import numpy as np
 
 
-def images_per_second(extractor, images: list[np.ndarray], *, min_seconds: float = 0.0) -> tuple[float, np.ndarray]:  # noqa: ANN001
+def images_per_second(
+    extractor, images: list[np.ndarray], *, min_seconds: float = 0.0
+) -> tuple[float, np.ndarray]:  # noqa: ANN001
     """Images/s of ``extractor.describe`` on ``images`` (one warm-up pass first), and the descriptors."""
     import torch
 
-    extractor.describe(images[: max(1, extractor.batch_size)])  # warm-up: cudnn autotuning, allocations
+    extractor.describe(
+        images[: max(1, extractor.batch_size)]
+    )  # warm-up: cudnn autotuning, allocations
     sync = torch.cuda.synchronize if extractor.device.type == "cuda" else (lambda: None)
     done, t0 = 0, time.perf_counter()
     out = None
@@ -51,17 +55,30 @@ def images_per_second(extractor, images: list[np.ndarray], *, min_seconds: float
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for gpu_check.json (default $OUT)")
+    ap.add_argument(
+        "--out", default=os.environ.get("OUT", "."), help="folder for gpu_check.json (default $OUT)"
+    )
     ap.add_argument("--arch", default="resnet101")
     ap.add_argument("--size", type=int, nargs=2, default=(1024, 768), metavar=("W", "H"))
     ap.add_argument("--images", type=int, default=64, help="images per timed pass")
     ap.add_argument("--batch", type=int, default=32, help="images per forward pass (batched modes)")
     ap.add_argument("--check", type=int, default=4, help="images compared with CPU fp32")
-    ap.add_argument("--min-seconds", type=float, default=5.0, help="repeat each timing at least this long")
-    ap.add_argument("--tiny", action="store_true", help="resnet18, 64x48, 4 images: a quick run on any machine")
+    ap.add_argument(
+        "--min-seconds", type=float, default=5.0, help="repeat each timing at least this long"
+    )
+    ap.add_argument(
+        "--tiny", action="store_true", help="resnet18, 64x48, 4 images: a quick run on any machine"
+    )
     args = ap.parse_args(argv)
     if args.tiny:
-        args.arch, args.size, args.images, args.batch, args.check, args.min_seconds = "resnet18", (64, 48), 4, 4, 2, 0.0
+        args.arch, args.size, args.images, args.batch, args.check, args.min_seconds = (
+            "resnet18",
+            (64, 48),
+            4,
+            4,
+            2,
+            0.0,
+        )
 
     import torch
 
@@ -79,30 +96,50 @@ def main(argv: list[str] | None = None) -> dict:
         opts = ExtractOptions(max_side=max(w, h), batch_size=batch, precision=precision, device=dev)  # type: ignore[arg-type]
         return Extractor(net, opts)
 
-    modes = {"loop": (1, "fp32"), "batched-fp32": (args.batch, "fp32"), "batched-bf16": (args.batch, "bf16")}
+    modes = {
+        "loop": (1, "fp32"),
+        "batched-fp32": (args.batch, "fp32"),
+        "batched-bf16": (args.batch, "bf16"),
+    }
     speed: dict[str, float] = {}
     descriptors: dict[str, np.ndarray] = {}
     for mode, (batch, precision) in modes.items():
         subset = images if mode != "loop" else images[: max(args.batch, min(len(images), 16))]
-        speed[mode], descs = images_per_second(extractor(batch, precision, device), subset, min_seconds=args.min_seconds)
+        speed[mode], descs = images_per_second(
+            extractor(batch, precision, device), subset, min_seconds=args.min_seconds
+        )
         descriptors[mode] = descs[: args.check]
         print(f"{mode:>13}: {speed[mode]:8.1f} images/s", flush=True)
     reference = extractor(1, "fp32", "cpu").describe(images[: args.check])
     cosines = {mode: float((reference * d).sum(axis=1).min()) for mode, d in descriptors.items()}
     result = {
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__, "python": sys.version.split()[0], "arch": args.arch, "image_size": [w, h],
-        "scales": [1.0, 2**-0.5, 0.5], "batch": args.batch, "images_per_pass": args.images,
+        "device": torch.cuda.get_device_name(0)
+        if device == "cuda"
+        else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "arch": args.arch,
+        "image_size": [w, h],
+        "scales": [1.0, 2**-0.5, 0.5],
+        "batch": args.batch,
+        "images_per_pass": args.images,
         "images_per_second": speed,
         "speedup_over_loop": {m: speed[m] / speed["loop"] for m in speed if m != "loop"},
         "min_cosine_to_cpu_fp32": cosines,
         "agree": {m: c > (0.99 if "bf16" in m else 0.999) for m, c in cosines.items()},
         "tiny": bool(args.tiny),
-    }  # fmt: skip
+    }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("device", "speedup_over_loop", "min_cosine_to_cpu_fp32", "agree")}))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in ("device", "speedup_over_loop", "min_cosine_to_cpu_fp32", "agree")
+            }
+        )
+    )
     return result
 
 

@@ -80,11 +80,22 @@ def main() -> int:
                 feature, posting, _ = index.matches(w, sig, ht)
                 image = index.images_[posting]
                 if key == "he":
-                    ab, sb = wgc_bins(index.angles_[posting] - ang[feature], index.log_scales_[posting] - ls[feature],
-                                      angle_bins=config.wgc_angle_bins, scale_bins=config.wgc_scale_bins,
-                                      scale_range=config.wgc_scale_range)  # fmt: skip
-                    peak = wgc_scores(image, np.ones(len(image)), ab, sb, index.n_images, config.wgc_angle_bins,
-                                      config.wgc_scale_bins)  # fmt: skip
+                    ab, sb = wgc_bins(
+                        index.angles_[posting] - ang[feature],
+                        index.log_scales_[posting] - ls[feature],
+                        angle_bins=config.wgc_angle_bins,
+                        scale_bins=config.wgc_scale_bins,
+                        scale_range=config.wgc_scale_range,
+                    )
+                    peak = wgc_scores(
+                        image,
+                        np.ones(len(image)),
+                        ab,
+                        sb,
+                        index.n_images,
+                        config.wgc_angle_bins,
+                        config.wgc_scale_bins,
+                    )
                     counts["wgc"].append(peak[cand])
                 counts[key].append(
                     np.bincount(image, minlength=index.n_images)[cand].astype(np.float64)

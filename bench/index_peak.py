@@ -26,7 +26,9 @@ from scale_curve import counts
 DEFAULT_METHODS = "rootsift-bow-sv,rootsift-bow-sv-compact"
 
 
-def measure(method: str, distractors: int, args: argparse.Namespace, overrides: dict[str, object]) -> dict[str, Any]:
+def measure(
+    method: str, distractors: int, args: argparse.Namespace, overrides: dict[str, object]
+) -> dict[str, Any]:
     import oxbench
     from oxbench.pipelines.families import bow
 
@@ -44,28 +46,52 @@ def measure(method: str, distractors: int, args: argparse.Namespace, overrides: 
     bow.BagOfWords.index = index  # type: ignore[method-assign]
     tracemalloc.start()
     try:
-        outcome = oxbench.run("synthetic", method, root=args.root, runs_dir=args.runs, distractors=distractors or None,
-                              overrides=overrides, workers=1, progress=False)  # fmt: skip
+        outcome = oxbench.run(
+            "synthetic",
+            method,
+            root=args.root,
+            runs_dir=args.runs,
+            distractors=distractors or None,
+            overrides=overrides,
+            workers=1,
+            progress=False,
+        )
     finally:
         tracemalloc.stop()
         bow.BagOfWords.index = original  # type: ignore[method-assign]
     if not seen:
-        raise SystemExit(f"{method} is not a bag-of-words method (its index stage was not measured)")
+        raise SystemExit(
+            f"{method} is not a bag-of-words method (its index stage was not measured)"
+        )
     fp = outcome.record["footprint"]
     n = int(fp["n_index"])
-    return {"method": method, "distractors": distractors, "n_index": n, "peak_bytes": seen["peak"],
-            "kept_bytes": seen["kept"], "peak_bytes_per_image": seen["peak"] / n,
-            "ram_bytes_per_image": fp["ram_bytes_per_image"],
-            "map": {s: 100 * outcome.result.setups[s].map for s in ("easy", "medium", "hard")}}  # fmt: skip
+    return {
+        "method": method,
+        "distractors": distractors,
+        "n_index": n,
+        "peak_bytes": seen["peak"],
+        "kept_bytes": seen["kept"],
+        "peak_bytes_per_image": seen["peak"] / n,
+        "ram_bytes_per_image": fp["ram_bytes_per_image"],
+        "map": {s: 100 * outcome.result.setups[s].map for s in ("easy", "medium", "hard")},
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)")
+    ap.add_argument(
+        "--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)"
+    )
     ap.add_argument("--runs", default="runs", help="parent of the run folders")
-    ap.add_argument("--methods", default=DEFAULT_METHODS, help="bag-of-words presets, comma-separated")
-    ap.add_argument("--distractors", type=counts, default="0", help="distractor counts, comma-separated")
-    ap.add_argument("--set", dest="settings", action="append", default=[], help="KEY=VALUE for every method")
+    ap.add_argument(
+        "--methods", default=DEFAULT_METHODS, help="bag-of-words presets, comma-separated"
+    )
+    ap.add_argument(
+        "--distractors", type=counts, default="0", help="distractor counts, comma-separated"
+    )
+    ap.add_argument(
+        "--set", dest="settings", action="append", default=[], help="KEY=VALUE for every method"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write the points here")
     args = ap.parse_args()
     overrides: dict[str, object] = dict(s.partition("=")[::2] for s in args.settings)
@@ -74,10 +100,13 @@ def main() -> int:
         for method in [m.strip() for m in args.methods.split(",") if m.strip()]:
             p = measure(method, n, args, overrides)
             points.append(p)
-            print(f"{method} +{n:,} ({p['n_index']:,} images): build peak {p['peak_bytes'] / 1e6:,.0f} MB "
-                  f"({p['peak_bytes_per_image'] / 1e3:.1f} KB/img), kept {p['kept_bytes'] / 1e6:,.0f} MB, "
-                  f"record RAM {p['ram_bytes_per_image']:,.0f} B/img, mAP M {p['map']['medium']:.2f} "
-                  f"H {p['map']['hard']:.2f}", flush=True)  # fmt: skip
+            print(
+                f"{method} +{n:,} ({p['n_index']:,} images): build peak {p['peak_bytes'] / 1e6:,.0f} MB "
+                f"({p['peak_bytes_per_image'] / 1e3:.1f} KB/img), kept {p['kept_bytes'] / 1e6:,.0f} MB, "
+                f"record RAM {p['ram_bytes_per_image']:,.0f} B/img, mAP M {p['map']['medium']:.2f} "
+                f"H {p['map']['hard']:.2f}",
+                flush=True,
+            )
             if args.json is not None:
                 args.json.write_text(json.dumps(points, indent=1))
     return 0

@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp) / "data"
-        outcome = run("synthetic", args.method, root=root, runs_dir=Path(tmp) / "runs", workers=args.workers,
-                      progress=False)  # fmt: skip
+        outcome = run(
+            "synthetic",
+            args.method,
+            root=root,
+            runs_dir=Path(tmp) / "runs",
+            workers=args.workers,
+            progress=False,
+        )
         print("\n".join(outcome.result.lines()))
         found = RunRecord.load(outcome.run_dir).boxes()
         if found is None:
@@ -45,8 +51,11 @@ def main(argv: list[str] | None = None) -> None:
             return
         result = evaluate_localization(localization_truth("synthetic", root), found[1])
         print("\n".join(result.lines()))
-        how = Counter(e["how"] for per in json.loads((outcome.run_dir / "boxes.json").read_text())["queries"].values()
-                      for e in per.values())  # fmt: skip
+        how = Counter(
+            e["how"]
+            for per in json.loads((outcome.run_dir / "boxes.json").read_text())["queries"].values()
+            for e in per.values()
+        )
         print(f"predicted boxes: {dict(how)}; {outcome.timings.get('total', 0.0):.1f} s")
 
 

@@ -76,20 +76,30 @@ def load_subset_city(folder: str | Path, dataset: str) -> SubsetCity:
         junk = [index[r["image_file"]] for r in qrows if r["gnd_class"] == "junk"]
         queries.append(make_query(qf, None, hard=hard, junk=junk))
         candidates.append(cand)
-    gt = GroundTruth(dataset, "revisited", db_names, tuple(queries), source=str(manifest)).validate()
+    gt = GroundTruth(
+        dataset, "revisited", db_names, tuple(queries), source=str(manifest)
+    ).validate()
     database = FileImages(db_names, tuple(folder / "db_images" / f for f in db_files))
-    qimages = FileImages(tuple(q_folders), tuple(folder / "queries" / q / "query.jpg" for q in q_folders))
+    qimages = FileImages(
+        tuple(q_folders), tuple(folder / "queries" / q / "query.jpg" for q in q_folders)
+    )
     for p in (*database.paths, *qimages.paths):
         if not p.is_file():
             raise InputError("subset image missing", p)
     bench = Benchmark(
-        id=f"{dataset}-pixel-subset", gt=gt, database=database, queries=qimages,
-        protocols=("revisited",), root=folder,
+        id=f"{dataset}-pixel-subset",
+        gt=gt,
+        database=database,
+        queries=qimages,
+        protocols=("revisited",),
+        root=folder,
     )
     return SubsetCity(bench, tuple(candidates))
 
 
-def candidate_map(city: SubsetCity, ranked: list[NDArray[np.int64]]) -> tuple[float, NDArray[np.float64]]:
+def candidate_map(
+    city: SubsetCity, ranked: list[NDArray[np.int64]]
+) -> tuple[float, NDArray[np.float64]]:
     """mAP of per-query rankings of the candidates (TP positive, junk ignored), and per-query AP.
 
     Scored by :func:`oxbench.evaluation.evaluate` under the original protocol's rule (good = the
@@ -97,8 +107,11 @@ def candidate_map(city: SubsetCity, ranked: list[NDArray[np.int64]]) -> tuple[fl
     """
     gt = city.bench.gt
     old = GroundTruth(
-        gt.dataset, "original", gt.db_names,
-        tuple(make_query(q.name, good=q.hard, junk=q.junk) for q in gt.queries), gt.source,
+        gt.dataset,
+        "original",
+        gt.db_names,
+        tuple(make_query(q.name, good=q.hard, junk=q.junk) for q in gt.queries),
+        gt.source,
     )
     width = max((len(r) for r in ranked), default=0)
     ranks = np.full((len(ranked), width), -1, dtype=np.int64)
@@ -134,8 +147,15 @@ def rank_subset_city(
     out = method.build().fit(train, ctx).index(city.bench, ctx).search(city.bench, ctx)
     ranked = [row[np.isin(row, cand)] for row, cand in zip(out.ranks, city.candidates, strict=True)]
     m, ap = candidate_map(city, ranked)
-    verified = [int(np.isin(row[:n], cand).sum()) for row, cand, n in
-                zip(out.ranks, city.candidates, out.info.get("verified_per_query", [0] * len(ranked)), strict=True)]
+    verified = [
+        int(np.isin(row[:n], cand).sum())
+        for row, cand, n in zip(
+            out.ranks,
+            city.candidates,
+            out.info.get("verified_per_query", [0] * len(ranked)),
+            strict=True,
+        )
+    ]
     return {"map": m, "ap": ap.tolist(), "verified": verified, "trained_on": train.id}
 
 
@@ -166,9 +186,13 @@ def load_subset_all(folder: str | Path, dataset: str, gnd_root: str | Path) -> B
             continue
         db_index, _, name = Path(f).stem.partition("_")
         if full.db_names[int(db_index)] != name:
-            raise InputError(f"{f}: index {db_index} is {full.db_names[int(db_index)]!r} in the revisited list")
+            raise InputError(
+                f"{f}: index {db_index} is {full.db_names[int(db_index)]!r} in the revisited list"
+            )
         position[int(db_index)] = i
-    q_folders = sorted({r["query_folder"] for r in rows if r["dataset"] == dataset}, key=lambda q: int(q[1:]))
+    q_folders = sorted(
+        {r["query_folder"] for r in rows if r["dataset"] == dataset}, key=lambda q: int(q[1:])
+    )
     queries = []
     for qf in q_folders:
         q = full.queries[int(qf[1:])]
@@ -176,12 +200,18 @@ def load_subset_all(folder: str | Path, dataset: str, gnd_root: str | Path) -> B
         def keep(idx: NDArray[np.int64]) -> list[int]:
             return sorted(position[i] for i in idx.tolist() if i in position)
 
-        queries.append(make_query(qf, None, easy=keep(q.easy), hard=keep(q.hard), junk=keep(q.junk)))
+        queries.append(
+            make_query(qf, None, easy=keep(q.easy), hard=keep(q.hard), junk=keep(q.junk))
+        )
     names = tuple(Path(f).stem for f in files)
     gt = GroundTruth(dataset, "revisited", names, tuple(queries), source=str(folder)).validate()
     return Benchmark(
-        id=f"{dataset}-pixel-subset-all", gt=gt,
+        id=f"{dataset}-pixel-subset-all",
+        gt=gt,
         database=FileImages(names, tuple(folder / "db_images" / f for f in files)),
-        queries=FileImages(tuple(q_folders), tuple(folder / "queries" / q / "query.jpg" for q in q_folders)),
-        protocols=("revisited",), root=folder,
+        queries=FileImages(
+            tuple(q_folders), tuple(folder / "queries" / q / "query.jpg" for q in q_folders)
+        ),
+        protocols=("revisited",),
+        root=folder,
     )

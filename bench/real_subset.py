@@ -64,24 +64,40 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=DATA, help="the real data folder")
-    ap.add_argument("--methods", nargs="+", default=["rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"])
+    ap.add_argument(
+        "--methods", nargs="+", default=["rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"]
+    )
     ap.add_argument("--train", choices=("other", "synthetic"), default="other")
-    ap.add_argument("--deep", action="store_true", help="the rows of the synthetic deep table (deep_synthetic.ROWS)")
-    ap.add_argument("--root", type=Path, default=None,
-                    help="data root of the synthetic sets (--train synthetic) and of oxbench train's models")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="method overrides (ablations)")
+    ap.add_argument(
+        "--deep",
+        action="store_true",
+        help="the rows of the synthetic deep table (deep_synthetic.ROWS)",
+    )
+    ap.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="data root of the synthetic sets (--train synthetic) and of oxbench train's models",
+    )
+    ap.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="method overrides (ablations)"
+    )
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset")
     args = ap.parse_args()
     subset = args.data / "revisited_pixel_retrieval_subset" if args.data else None
     if subset is None or not subset.is_dir():
-        print(f"skipped: {subset or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent")
+        print(
+            f"skipped: {subset or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent"
+        )
         return 0
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cities = {d: load_subset_city(subset, d) for d in ("roxford5k", "rparis6k")}
     from oxbench.datasets.paths import data_root
 
-    root = data_root(args.root)  # the synthetic sets and oxbench train's models (models:<file> weights)
+    root = data_root(
+        args.root
+    )  # the synthetic sets and oxbench train's models (models:<file> weights)
     synth_train = None
     if args.train == "synthetic":
         from oxbench.datasets.synthetic import ensure_default, load_synthetic
@@ -96,8 +112,10 @@ def main() -> int:
 
         rows = ROWS
     width = max(22, *(len(label) for label, _, _ in rows))
-    print(f"{'method':{width}s} {'city':10s} {'trained on':26s} {'20 cand.':>8s} {'all-280 M':>9s} {'H':>6s}  "
-          f"verified/q  time")
+    print(
+        f"{'method':{width}s} {'city':10s} {'trained on':26s} {'20 cand.':>8s} {'all-280 M':>9s} {'H':>6s}  "
+        f"verified/q  time"
+    )
     table = []
     for label, name, extra in rows:
         method = resolve_method(name, **{**extra, **{k: _value(v) for k, v in overrides.items()}})
@@ -107,9 +125,13 @@ def main() -> int:
             train = synth_train if synth_train is not None else cities[other].bench
             t0 = time.perf_counter()
             try:
-                cand = rank_subset_city(city, train, args.cache, method, workers=args.workers, root=root)
+                cand = rank_subset_city(
+                    city, train, args.cache, method, workers=args.workers, root=root
+                )
                 bench_all = load_subset_all(subset, dataset, args.data)
-                ctx = RunContext(args.cache, executor=ProcessExecutor(args.workers), progress=False, root=root)
+                ctx = RunContext(
+                    args.cache, executor=ProcessExecutor(args.workers), progress=False, root=root
+                )
                 out = method.build().fit(train, ctx).index(bench_all, ctx).search(bench_all, ctx)
             except InputError as exc:  # e.g. a learned whitening the training set is too small for
                 print(f"{label:{width}s} {dataset:10s} {train.id:26s} n/a: {exc}", flush=True)
@@ -118,13 +140,19 @@ def main() -> int:
             setups = evaluate(bench_all.gt, out.ranks).setups
             dt = time.perf_counter() - t0
             verified = sum(cand["verified"]) / len(cand["verified"])  # type: ignore[arg-type]
-            cells += [f"{100 * cand['map']:.2f}",  # type: ignore[operator]
-                      f"{100 * setups['medium'].map:.2f} / {100 * setups['hard'].map:.2f}"]
-            print(f"{label:{width}s} {dataset:10s} {train.id:26s} {100 * cand['map']:8.2f} "  # type: ignore[operator]
-                  f"{100 * setups['medium'].map:9.2f} {100 * setups['hard'].map:6.2f}  {verified:10.2f}  {dt:4.0f} s",
-                  flush=True)
+            cells += [
+                f"{100 * cand['map']:.2f}",  # type: ignore[operator]
+                f"{100 * setups['medium'].map:.2f} / {100 * setups['hard'].map:.2f}",
+            ]
+            print(
+                f"{label:{width}s} {dataset:10s} {train.id:26s} {100 * cand['map']:8.2f} "  # type: ignore[operator]
+                f"{100 * setups['medium'].map:9.2f} {100 * setups['hard'].map:6.2f}  {verified:10.2f}  {dt:4.0f} s",
+                flush=True,
+            )
         table.append(f"| {label} | " + " | ".join(cells) + " |")
-    print("\n| method | ROxford 20 cand. | ROxford all-280 M / H | RParis 20 cand. | RParis all-280 M / H |")
+    print(
+        "\n| method | ROxford 20 cand. | ROxford all-280 M / H | RParis 20 cand. | RParis all-280 M / H |"
+    )
     print("|---|---|---|---|---|")
     print("\n".join(table))
     return 0

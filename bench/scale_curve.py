@@ -35,8 +35,20 @@ from pathlib import Path
 from typing import Any
 
 #: Stages of a run that are not the answering of a query (left out of the query time).
-NOT_QUERY = {"load", "features", "train_features", "assign", "index", "evaluate", "total", "vocabulary", "codebook",
-             "whitening", "network", "dba"}  # fmt: skip
+NOT_QUERY = {
+    "load",
+    "features",
+    "train_features",
+    "assign",
+    "index",
+    "evaluate",
+    "total",
+    "vocabulary",
+    "codebook",
+    "whitening",
+    "network",
+    "dba",
+}
 DEFAULT_METHODS = "rootsift-bow,rootsift-bow-sv,rootsift-asmk,rootsift-vlad"
 R1M = 1_001_001
 
@@ -55,26 +67,42 @@ def query_seconds(timings: dict[str, float], n_queries: int) -> dict[str, float]
     return out
 
 
-def one_point(method: str, size: int, args: argparse.Namespace, overrides: dict[str, object]) -> dict[str, Any]:
+def one_point(
+    method: str, size: int, args: argparse.Namespace, overrides: dict[str, object]
+) -> dict[str, Any]:
     import oxbench
 
     t0 = time.perf_counter()
     outcome = oxbench.run(
-        "synthetic", method, root=args.root, runs_dir=args.runs, cache=args.cache, distractors=size or None,
-        overrides=overrides, workers=args.workers, progress=False,
-    )  # fmt: skip
+        "synthetic",
+        method,
+        root=args.root,
+        runs_dir=args.runs,
+        cache=args.cache,
+        distractors=size or None,
+        overrides=overrides,
+        workers=args.workers,
+        progress=False,
+    )
     res, fp = outcome.result, outcome.record["footprint"]
     timings = dict(outcome.timings)
     return {
-        "method": method, "distractors": size, "n_index": fp["n_index"],
+        "method": method,
+        "distractors": size,
+        "n_index": fp["n_index"],
         "map": {s: 100 * res.setups[s].map for s in ("easy", "medium", "hard")},
         **query_seconds(timings, len(res.setups["medium"].ap)),
-        "ram_bytes_per_image": fp["ram_bytes_per_image"], "disk_bytes_per_image": fp["disk_bytes_per_image"],
-        "ram_bytes": fp["ram_bytes"], "disk_bytes": fp["disk_bytes"],
-        "fixed_ram_bytes": sum(fp["fixed_ram"].values()), "fixed_disk_bytes": sum(fp["fixed_disk"].values()),
-        "run_cpu_s": timings.get("total_cpu", 0.0), "run_wall_s": time.perf_counter() - t0,
-        "features_cpu_s": timings.get("features_cpu", 0.0), "run_dir": str(outcome.run_dir),
-    }  # fmt: skip
+        "ram_bytes_per_image": fp["ram_bytes_per_image"],
+        "disk_bytes_per_image": fp["disk_bytes_per_image"],
+        "ram_bytes": fp["ram_bytes"],
+        "disk_bytes": fp["disk_bytes"],
+        "fixed_ram_bytes": sum(fp["fixed_ram"].values()),
+        "fixed_disk_bytes": sum(fp["fixed_disk"].values()),
+        "run_cpu_s": timings.get("total_cpu", 0.0),
+        "run_wall_s": time.perf_counter() - t0,
+        "features_cpu_s": timings.get("features_cpu", 0.0),
+        "run_dir": str(outcome.run_dir),
+    }
 
 
 def counts(text: str) -> list[int]:
@@ -82,9 +110,13 @@ def counts(text: str) -> list[int]:
     try:
         values = sorted({int(s) for s in text.split(",") if s.strip()})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated whole numbers, got {text!r}"
+        ) from None
     if not values or values[0] < 0 or values[-1] > 10 * R1M:
-        raise argparse.ArgumentTypeError(f"expected counts between 0 and {10 * R1M:,}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected counts between 0 and {10 * R1M:,}, got {text!r}"
+        )
     return values
 
 
@@ -107,7 +139,9 @@ def project(points: list[dict[str, Any]], n: int) -> dict[str, Any]:
         a, b = fit_line(xs, growing)
         out[f"{key}_bytes_per_image"] = b
         out[f"{key}_bytes"] = points[-1][f"fixed_{key}_bytes"] + max(a, 0.0) + b * n
-    largest = max(points, key=lambda p: p["n_index"])  # small sizes' times are too short to fit a line
+    largest = max(
+        points, key=lambda p: p["n_index"]
+    )  # small sizes' times are too short to fit a line
     out["rank_s"] = largest["rank_s"] * n / largest["n_index"]
     out["rerank_s"] = sum(p["rerank_s"] for p in points) / len(points)
     out["query_s"] = out["rank_s"] + out["rerank_s"]
@@ -115,8 +149,11 @@ def project(points: list[dict[str, Any]], n: int) -> dict[str, Any]:
 
 
 def table(points: list[dict[str, Any]], projections: dict[str, dict[str, Any]]) -> str:
-    rows = ["| method | distractors | images | mAP E | mAP M | mAP H | query ms (rank + rerank) | RAM KiB/img | "
-            "disk KiB/img | run CPU s |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = [
+        "| method | distractors | images | mAP E | mAP M | mAP H | query ms (rank + rerank) | RAM KiB/img | "
+        "disk KiB/img | run CPU s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for p in points:
         m = p["map"]
         rows.append(
@@ -124,7 +161,11 @@ def table(points: list[dict[str, Any]], projections: dict[str, dict[str, Any]]) 
             f"{m['hard']:.2f} | {1e3 * p['query_s']:.1f} ({1e3 * p['rank_s']:.2f} + {1e3 * p['rerank_s']:.1f}) | "
             f"{p['ram_bytes_per_image'] / 1024:.1f} | {p['disk_bytes_per_image'] / 1024:.1f} | {p['run_cpu_s']:.0f} |"
         )
-    rows += ["", "| method | projected images | RAM GiB | disk GiB | query ms (rank + rerank) |", "|---|---|---|---|---|"]
+    rows += [
+        "",
+        "| method | projected images | RAM GiB | disk GiB | query ms (rank + rerank) |",
+        "|---|---|---|---|---|",
+    ]
     for method, pr in projections.items():
         rows.append(
             f"| {method} | {pr['n_index']:,} | {pr['ram_bytes'] / 2**30:.2f} | {pr['disk_bytes'] / 2**30:.1f} | "
@@ -144,8 +185,16 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
         pts = [p for p in points if p["method"] == method]
         xs = [p["n_index"] for p in pts]
         (line,) = ax_map.plot(xs, [p["map"]["medium"] for p in pts], "o-", label=f"{method} (M)")
-        ax_map.plot(xs, [p["map"]["hard"] for p in pts], "s--", color=line.get_color(), label=f"{method} (H)")
-        ax_ram.plot(xs, [p["ram_bytes"] / 2**20 for p in pts], "o-", color=line.get_color(), label=method)
+        ax_map.plot(
+            xs,
+            [p["map"]["hard"] for p in pts],
+            "s--",
+            color=line.get_color(),
+            label=f"{method} (H)",
+        )
+        ax_ram.plot(
+            xs, [p["ram_bytes"] / 2**20 for p in pts], "o-", color=line.get_color(), label=method
+        )
     for ax, label in ((ax_map, "mAP (%)"), (ax_ram, "index RAM (MiB)")):
         ax.set_xscale("log")
         ax.set_xlabel("indexed images (database + distractors)")
@@ -161,17 +210,30 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)")
+    ap.add_argument(
+        "--root", default=None, help="data root (default: $OXBENCH_DATA or the per-user default)"
+    )
     ap.add_argument("--cache", default=None, help="cache (default: <root>/_cache)")
     ap.add_argument("--runs", default="runs", help="parent of the run folders")
-    ap.add_argument("--sizes", type=counts, default="0,1000,5000", help="distractor counts, comma-separated")
+    ap.add_argument(
+        "--sizes", type=counts, default="0,1000,5000", help="distractor counts, comma-separated"
+    )
     ap.add_argument("--methods", default=DEFAULT_METHODS, help="presets, comma-separated")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--set", dest="settings", action="append", default=[],
-                    help="KEY=VALUE for every method, or METHOD:KEY=VALUE for one")  # fmt: skip
-    ap.add_argument("--project", type=int, default=R1M, help="distractors of the projection (default R1M)")
+    ap.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        help="KEY=VALUE for every method, or METHOD:KEY=VALUE for one",
+    )
+    ap.add_argument(
+        "--project", type=int, default=R1M, help="distractors of the projection (default R1M)"
+    )
     ap.add_argument("--json", type=Path, default=None, help="write every point and projection here")
-    ap.add_argument("--plot", type=Path, default=None, help="write the figure here (needs matplotlib)")
+    ap.add_argument(
+        "--plot", type=Path, default=None, help="write the figure here (needs matplotlib)"
+    )
     args = ap.parse_args()
     sizes = args.sizes
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -186,13 +248,18 @@ def main() -> int:
         for method in methods:
             p = one_point(method, size, args, overrides[method])
             points.append(p)
-            print(f"{method} +{size:,}: mAP M {p['map']['medium']:.2f} H {p['map']['hard']:.2f}, "
-                  f"query {1e3 * p['query_s']:.1f} ms, RAM {p['ram_bytes_per_image'] / 1024:.1f} KiB/img, "
-                  f"run {p['run_cpu_s']:.0f} CPU-s", flush=True)  # fmt: skip
+            print(
+                f"{method} +{size:,}: mAP M {p['map']['medium']:.2f} H {p['map']['hard']:.2f}, "
+                f"query {1e3 * p['query_s']:.1f} ms, RAM {p['ram_bytes_per_image'] / 1024:.1f} KiB/img, "
+                f"run {p['run_cpu_s']:.0f} CPU-s",
+                flush=True,
+            )
             if args.json is not None:
                 args.json.write_text(json.dumps({"points": points}, indent=1))
     n_db = points[0]["n_index"] - points[0]["distractors"] if points else 0
-    projections = {m: project([p for p in points if p["method"] == m], n_db + args.project) for m in methods}
+    projections = {
+        m: project([p for p in points if p["method"] == m], n_db + args.project) for m in methods
+    }
     print(table(points, projections))
     if args.json is not None:
         args.json.write_text(json.dumps({"points": points, "projections": projections}, indent=1))

@@ -43,7 +43,9 @@ class NoiseImages:
             time.sleep(self.delay)
         rng = np.random.default_rng(self.seed * 100_003 + i)
         small = rng.integers(0, 256, (30, 40, 3), dtype=np.uint8)
-        return np.repeat(np.repeat(small, 4, axis=0), 4, axis=1)  # 160 x 120 blocks: corners for SIFT
+        return np.repeat(
+            np.repeat(small, 4, axis=0), 4, axis=1
+        )  # 160 x 120 blocks: corners for SIFT
 
 
 class DieOnRead(NoiseImages):
@@ -76,8 +78,14 @@ def _drive(store_dir: str, n: int, shard_size: int, delay: float) -> None:
     with DaskExecutor(2, cores=2) as executor:
         print(" ".join(str(p) for p in executor.worker_pids.values()), flush=True)
         print(os.getpid(), flush=True)
-        extract_to_store(DescribeImages(NoiseImages(n, delay=delay), CFG), n, store, executor=executor,
-                         shard_size=shard_size, progress=False)  # fmt: skip
+        extract_to_store(
+            DescribeImages(NoiseImages(n, delay=delay), CFG),
+            n,
+            store,
+            executor=executor,
+            shard_size=shard_size,
+            progress=False,
+        )
     print("done", flush=True)
 
 

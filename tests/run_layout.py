@@ -20,7 +20,12 @@ from oxbench.records import RECORD_FORMAT, retrieved_document, sequential_mean, 
 
 
 def tiny_gt(
-    seed: int = 0, *, n_db: int = 30, n_queries: int = 8, dataset: str = "roxford5k", protocol: str = "revisited"
+    seed: int = 0,
+    *,
+    n_db: int = 30,
+    n_queries: int = 8,
+    dataset: str = "roxford5k",
+    protocol: str = "revisited",
 ) -> GroundTruth:
     """A small random ground truth; every query has easy and hard images (good/ok for original)."""
     rng = np.random.default_rng(seed)
@@ -69,21 +74,40 @@ def write_run(
     run.mkdir(parents=True)
     (cfg_dir / "config.json").write_text(json.dumps(config))
     record = {
-        "format": RECORD_FORMAT, "run_id": run_id, "command": ["oxbench", "run"], "started": "2024-01-01T00:00:00Z",
-        "ended": "2024-01-01T00:00:05Z", "oxbench_version": "0.1.0", "git_commit": None,
+        "format": RECORD_FORMAT,
+        "run_id": run_id,
+        "command": ["oxbench", "run"],
+        "started": "2024-01-01T00:00:00Z",
+        "ended": "2024-01-01T00:00:05Z",
+        "oxbench_version": "0.1.0",
+        "git_commit": None,
         "host": {"cpu": "test", "cores": 1, "gpu": None, "platform": "linux", "python": "3.11"},
-        "versions": {"numpy": np.__version__}, "accel": False, "cache": {}, "method": method,
-        "dataset": gt.dataset, "status": "complete",
-    }  # fmt: skip
+        "versions": {"numpy": np.__version__},
+        "accel": False,
+        "cache": {},
+        "method": method,
+        "dataset": gt.dataset,
+        "status": "complete",
+    }
     record.update(record_overrides or {})
     dataset = {
-        "id": gt.dataset, "gt_sha256": gt_sha256 or gt_digest(gt), "files_sha256": {}, "n_db": gt.n_db,
-        "n_queries": gt.n_queries, "n_distractors": n_distractors, "protocols": [gt.protocol],
-        "crop": True, "root": None if root is None else str(root), "distractors_root": None,
-    }  # fmt: skip
+        "id": gt.dataset,
+        "gt_sha256": gt_sha256 or gt_digest(gt),
+        "files_sha256": {},
+        "n_db": gt.n_db,
+        "n_queries": gt.n_queries,
+        "n_distractors": n_distractors,
+        "protocols": [gt.protocol],
+        "crop": True,
+        "root": None if root is None else str(root),
+        "distractors_root": None,
+    }
     names = list(db_names or gt.db_names) + [f"distractor{j:06d}" for j in range(n_distractors)]
     retrieved = retrieved_document(
-        gt, ranks, None if scores is None else np.asarray(scores, dtype=np.float32), k,
+        gt,
+        ranks,
+        None if scores is None else np.asarray(scores, dtype=np.float32),
+        k,
         image_name=lambda i: names[i],
         image_path=lambda i: None if db_images is None else db_images.get(i),
         query_image=lambda q: None if query_images is None else query_images.get(q),
@@ -91,15 +115,26 @@ def write_run(
     metrics = result.to_dict()
     metrics["run"] = {}
     write_run_files(
-        run, record=record, config=config, dataset=dataset, ranks_revisitop=to_revisitop(ranks), metrics=metrics,
-        per_query=result.per_query_rows(), retrieved=retrieved, timings={"search": 1.0, "total": 1.0},
-        summary="\n".join(result.lines()), scores=None if scores is None else np.asarray(scores, dtype=np.float32),
-        matches=matches, log_text="INFO done\n",
+        run,
+        record=record,
+        config=config,
+        dataset=dataset,
+        ranks_revisitop=to_revisitop(ranks),
+        metrics=metrics,
+        per_query=result.per_query_rows(),
+        retrieved=retrieved,
+        timings={"search": 1.0, "total": 1.0},
+        summary="\n".join(result.lines()),
+        scores=None if scores is None else np.asarray(scores, dtype=np.float32),
+        matches=matches,
+        log_text="INFO done\n",
     )
     return run
 
 
-def random_ranks(gt: GroundTruth, seed: int, *, n_distractors: int = 0, depth: int | None = None) -> np.ndarray:
+def random_ranks(
+    gt: GroundTruth, seed: int, *, n_distractors: int = 0, depth: int | None = None
+) -> np.ndarray:
     """A random full ranking per query (internal layout ``[n_queries, n_db + n_distractors]``)."""
     rng = np.random.default_rng(seed)
     n = gt.n_db + n_distractors
@@ -125,7 +160,9 @@ def resync_metrics(run: Path) -> None:
     metrics = json.loads((run / "metrics.json").read_text())
 
     def mean(setup: str, column: str) -> float | None:
-        values = np.array([np.nan if r[column] is None else r[column] for r in rows if r["setup"] == setup])
+        values = np.array(
+            [np.nan if r[column] is None else r[column] for r in rows if r["setup"] == setup]
+        )
         v = sequential_mean(values)
         return None if np.isnan(v) else v
 

@@ -98,11 +98,15 @@ def test_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_ranks_random_layouts(monkeypatch: pytest.MonkeyPatch, seed: int) -> None:
     rng = np.random.default_rng(seed)
     nq, n_db = int(rng.integers(1, 9)), int(rng.integers(5, 300))
-    n_index = n_db + int(rng.integers(0, 2)) * int(rng.integers(0, 2000))  # with/without distractors
+    n_index = n_db + int(rng.integers(0, 2)) * int(
+        rng.integers(0, 2000)
+    )  # with/without distractors
     k = int(rng.integers(1, n_index + 1))  # truncated lists
     labels = _labels(rng, nq, n_db, 40)
     r = _ranks(rng, nq, n_index, k, gaps=float(rng.choice([0.0, 0.05, 0.5])))
-    ref = _with_env(monkeypatch, True, K.labelled_positions_from_ranks, r, labels, n_index, n_db=n_db)
+    ref = _with_env(
+        monkeypatch, True, K.labelled_positions_from_ranks, r, labels, n_index, n_db=n_db
+    )
     assert ref[0] == "ok"
     # the compiled kernel accepts clean int64/int32 input (it does not silently decline)
     assert K._accel_positions_from_ranks(r, labels, n_index, 0.2) is not None
@@ -133,8 +137,16 @@ def test_ranks_errors_identical(monkeypatch: pytest.MonkeyPatch, seed: int) -> N
     for arr in _layouts(r).values():
         if arr.dtype == np.uint16 or (arr.dtype == np.int16 and kind == 3):
             continue
-        got = _both(monkeypatch, K.labelled_positions_from_ranks, arr, labels, n_index, n_db=n_db,
-                    names=names, source="r.npy")
+        got = _both(
+            monkeypatch,
+            K.labelled_positions_from_ranks,
+            arr,
+            labels,
+            n_index,
+            n_db=n_db,
+            names=names,
+            source="r.npy",
+        )
         assert got[0] == "err" and "r.npy" in got[2]
 
 
@@ -154,26 +166,47 @@ def test_ranks_group_budget(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs_accel
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_ranks_hypothesis(monkeypatch: pytest.MonkeyPatch, data: st.DataObject) -> None:
     n_index = data.draw(st.integers(1, 30))
     nq = data.draw(st.integers(1, 4))
     k = data.draw(st.integers(0, 35))
     ranks = np.array(
-        data.draw(st.lists(st.lists(st.integers(-3, n_index + 1), min_size=k, max_size=k),
-                           min_size=nq, max_size=nq)),
+        data.draw(
+            st.lists(
+                st.lists(st.integers(-3, n_index + 1), min_size=k, max_size=k),
+                min_size=nq,
+                max_size=nq,
+            )
+        ),
         dtype=np.int64,
     ).reshape(nq, k)
     labels = []
     for _ in range(nq):
-        idx = np.array(sorted(data.draw(st.sets(st.integers(0, n_index - 1), max_size=6))), np.int64)
-        labels.append((idx, np.array(data.draw(st.lists(st.integers(1, 3), min_size=idx.size,
-                                                        max_size=idx.size)), np.uint8)))
+        idx = np.array(
+            sorted(data.draw(st.sets(st.integers(0, n_index - 1), max_size=6))), np.int64
+        )
+        labels.append(
+            (
+                idx,
+                np.array(
+                    data.draw(st.lists(st.integers(1, 3), min_size=idx.size, max_size=idx.size)),
+                    np.uint8,
+                ),
+            )
+        )
     layout = data.draw(st.sampled_from(["internal", "revisitop", "int32"]))
-    arr = {"internal": ranks, "revisitop": from_revisitop(np.ascontiguousarray(ranks.T)),
-           "int32": ranks.astype(np.int32)}[layout]
-    _both(monkeypatch, K.labelled_positions_from_ranks, arr, labels, n_index, names=None, source="x")
+    arr = {
+        "internal": ranks,
+        "revisitop": from_revisitop(np.ascontiguousarray(ranks.T)),
+        "int32": ranks.astype(np.int32),
+    }[layout]
+    _both(
+        monkeypatch, K.labelled_positions_from_ranks, arr, labels, n_index, names=None, source="x"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,16 +262,23 @@ def test_scores_random_with_ties(monkeypatch: pytest.MonkeyPatch, seed: int, dty
 @needs_accel
 @pytest.mark.parametrize("where", ["labelled", "other"])
 @pytest.mark.parametrize("order", ["C", "F"])
-def test_scores_nan_refused_identically(monkeypatch: pytest.MonkeyPatch, where: str, order: str) -> None:
+def test_scores_nan_refused_identically(
+    monkeypatch: pytest.MonkeyPatch, where: str, order: str
+) -> None:
     rng = np.random.default_rng(3)
     s = rng.random((500, 4)).astype(np.float32)
     labels = _labels(rng, 4, 500, 20)
     q = next(i for i, (idx, _) in enumerate(labels) if idx.size)
-    row = int(labels[q][0][0]) if where == "labelled" else int(
-        np.setdiff1d(np.arange(500), labels[q][0])[-1])
+    row = (
+        int(labels[q][0][0])
+        if where == "labelled"
+        else int(np.setdiff1d(np.arange(500), labels[q][0])[-1])
+    )
     s[row, q] = np.nan
     arr = np.asfortranarray(s) if order == "F" else s
-    got = _both(monkeypatch, K.labelled_ranks_from_scores, arr, labels, names=list("abcd"), source="s")
+    got = _both(
+        monkeypatch, K.labelled_ranks_from_scores, arr, labels, names=list("abcd"), source="s"
+    )
     assert got[0] == "err" and "NaN" in got[2]
 
 
@@ -253,13 +293,17 @@ def test_scores_other_dtypes_fall_back(monkeypatch: pytest.MonkeyPatch, dtype) -
 
 
 @needs_accel
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_scores_hypothesis(monkeypatch: pytest.MonkeyPatch, data: st.DataObject) -> None:
     n = data.draw(st.integers(1, 40))
     nq = data.draw(st.integers(1, 9))  # 4 and more contiguous float32 queries: the SSE2 bin map
     pool = st.sampled_from([0.0, -0.0, 0.5, -0.5, 1.0, 1e30, -1e30, np.inf, -np.inf, 3e-39, 0.25])
-    vals = data.draw(st.lists(st.one_of(pool, st.floats(-2, 2, width=32)), min_size=n * nq, max_size=n * nq))
+    vals = data.draw(
+        st.lists(st.one_of(pool, st.floats(-2, 2, width=32)), min_size=n * nq, max_size=n * nq)
+    )
     dtype = data.draw(st.sampled_from([np.float32, np.float64]))
     s = np.array(vals, dtype=dtype).reshape(n, nq)
     if data.draw(st.booleans()):
@@ -308,11 +352,32 @@ def test_ranks_several_query_groups_and_blocks(monkeypatch: pytest.MonkeyPatch) 
     rng = np.random.default_rng(21)
     n_db, n_index, nq, k = 300, 3_000_000, 5, 40
     labels = _labels(rng, nq, n_db, 30)
-    r = np.stack([np.concatenate([rng.permutation(n_db)[: k // 2], rng.choice(n_index - n_db, k // 2, replace=False) + n_db])
-                  for _ in range(nq)]).astype(np.int64)
+    r = np.stack(
+        [
+            np.concatenate(
+                [
+                    rng.permutation(n_db)[: k // 2],
+                    rng.choice(n_index - n_db, k // 2, replace=False) + n_db,
+                ]
+            )
+            for _ in range(nq)
+        ]
+    ).astype(np.int64)
     rev = np.ascontiguousarray(r.T)
-    got = _both(monkeypatch, K.labelled_positions_from_ranks, from_revisitop(rev), labels, n_index, n_db=n_db)
-    _same(got, _with_env(monkeypatch, True, K.labelled_positions_from_ranks, r, labels, n_index, n_db=n_db))
+    got = _both(
+        monkeypatch,
+        K.labelled_positions_from_ranks,
+        from_revisitop(rev),
+        labels,
+        n_index,
+        n_db=n_db,
+    )
+    _same(
+        got,
+        _with_env(
+            monkeypatch, True, K.labelled_positions_from_ranks, r, labels, n_index, n_db=n_db
+        ),
+    )
     # tiny group and block budgets: one query and 16 positions at a time
     out: list[np.ndarray] = []
     sizes = np.array([idx.size for idx, _ in labels])
@@ -320,14 +385,27 @@ def test_ranks_several_query_groups_and_blocks(monkeypatch: pytest.MonkeyPatch) 
     tables = np.zeros((nq, n_db), np.uint8)
     for q, (idx, codes) in enumerate(labels):
         tables[q, idx] = codes
-    pos, code, count = np.empty(off[-1], np.int64), np.empty(off[-1], np.uint8), np.zeros(nq, np.int64)
-    assert K._accel.scan_ranks(from_revisitop(rev), tables, n_index, off, pos, code, count, 1, 1) == 0
+    pos, code, count = (
+        np.empty(off[-1], np.int64),
+        np.empty(off[-1], np.uint8),
+        np.zeros(nq, np.int64),
+    )
+    assert (
+        K._accel.scan_ranks(from_revisitop(rev), tables, n_index, off, pos, code, count, 1, 1) == 0
+    )
     for q in range(nq):
         out.append(pos[off[q] : off[q] + count[q]])
         np.testing.assert_array_equal(out[q], got[1][q][0])
     # a duplicate in the last group is still found
     rev[30, 4] = rev[31, 4]
-    bad = _both(monkeypatch, K.labelled_positions_from_ranks, from_revisitop(rev), labels, n_index, n_db=n_db)
+    bad = _both(
+        monkeypatch,
+        K.labelled_positions_from_ranks,
+        from_revisitop(rev),
+        labels,
+        n_index,
+        n_db=n_db,
+    )
     assert bad[0] == "err" and "more than once" in bad[2]
 
 
@@ -350,7 +428,7 @@ def test_scores_several_query_groups(monkeypatch: pytest.MonkeyPatch, ties: bool
 # ---------------------------------------------------------------------------------------------
 # The C entry points themselves, called directly with hostile arguments: a ValueError, never a crash.
 
-_HOSTILE = r'''
+_HOSTILE = r"""
 import numpy as np
 from oxbench.evaluation import _accel
 
@@ -393,7 +471,7 @@ for kind, over in cases:
         continue
     raise SystemExit(f"accepted {kind} {over}")
 print("ok", len(cases))
-'''
+"""
 
 
 @needs_accel
@@ -407,6 +485,8 @@ def test_c_entry_points_refuse_hostile_sizes_and_offsets():
     import sys
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    res = subprocess.run([sys.executable, "-c", _HOSTILE], capture_output=True, text=True, env=env, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", _HOSTILE], capture_output=True, text=True, env=env, timeout=120
+    )
     assert res.returncode == 0, (res.returncode, res.stdout, res.stderr[-2000:])
     assert res.stdout.startswith("ok 24")

@@ -176,7 +176,9 @@ def toy_family(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]
     METHODS._entries.pop("toy-reverse-names", None)  # other tests list the built-in presets only
 
 
-def test_a_family_from_one_file_runs_through_oxbench_run(toy_family: ModuleType, tmp_path: Path) -> None:
+def test_a_family_from_one_file_runs_through_oxbench_run(
+    toy_family: ModuleType, tmp_path: Path
+) -> None:
     pytest.importorskip("cv2")
     pytest.importorskip("PIL.Image")
     from oxbench.evaluation import evaluate
@@ -184,11 +186,16 @@ def test_a_family_from_one_file_runs_through_oxbench_run(toy_family: ModuleType,
 
     root = make_tiny_root(tmp_path / "data")
     assert "toy-reverse-names" in oxbench.list_methods()
-    outcome = oxbench.run("synthetic", "toy-reverse-names", root=root, runs_dir=tmp_path / "runs", progress=False)
+    outcome = oxbench.run(
+        "synthetic", "toy-reverse-names", root=root, runs_dir=tmp_path / "runs", progress=False
+    )
     bench = oxbench.load("synthetic", root)
     names = list(bench.gt.db_names)
     expected = np.tile(np.argsort(names, kind="stable")[::-1], (bench.gt.n_queries, 1))
-    assert outcome.result.to_dict() == evaluate(bench.gt, expected, source=str(outcome.config_dir)).to_dict()
+    assert (
+        outcome.result.to_dict()
+        == evaluate(bench.gt, expected, source=str(outcome.config_dir)).to_dict()
+    )
     record = json.loads((outcome.run_dir / "record.json").read_text())
     assert record["family"] == "toy" and record["cache"] == {"toy-index": "computed"}
     assert json.loads((outcome.run_dir / "metrics.json").read_text())["run"]["toy"] is True
@@ -219,7 +226,9 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     assert isinstance(grid, LocalExtractor)
     root = make_tiny_root(tmp_path / "data")
     config = BowConfig("grid-bow-sv", features=grid, vocab_size=32, spatial=True, spatial_top_r=10)
-    outcome = oxbench.run("synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False)
+    outcome = oxbench.run(
+        "synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False
+    )
     assert outcome.result.to_dict()["setups"]["easy"]["map"] > 0
     record = json.loads((outcome.run_dir / "record.json").read_text())
     assert record["cache"]["features"] == "computed"
@@ -232,7 +241,9 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     # a rerun takes every step from the cache
     again = oxbench.run("synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False)
     assert set(json.loads((again.run_dir / "record.json").read_text())["cache"].values()) == {"hit"}
-    assert np.array_equal(np.load(again.run_dir / "ranks.npy"), np.load(outcome.run_dir / "ranks.npy"))
+    assert np.array_equal(
+        np.load(again.run_dir / "ranks.npy"), np.load(outcome.run_dir / "ranks.npy")
+    )
 
 
 def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
@@ -250,18 +261,40 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
         np.save(tmp_path / "db.npy", db)
         np.save(tmp_path / "q.npy", q)
         files = {"db_features": str(tmp_path / "db.npy"), "query_features": str(tmp_path / "q.npy")}
-        plain = oxbench.run(bench.id, "features", root=root, runs_dir=tmp_path / "runs", overrides=files,
-                            progress=False)  # fmt: skip
-        toy = oxbench.run(bench.id, "features", root=root, runs_dir=tmp_path / "runs",
-                          overrides={**files, "rerank": "reverse-top"}, progress=False)  # fmt: skip
+        plain = oxbench.run(
+            bench.id,
+            "features",
+            root=root,
+            runs_dir=tmp_path / "runs",
+            overrides=files,
+            progress=False,
+        )
+        toy = oxbench.run(
+            bench.id,
+            "features",
+            root=root,
+            runs_dir=tmp_path / "runs",
+            overrides={**files, "rerank": "reverse-top"},
+            progress=False,
+        )
         before, after = np.load(plain.run_dir / "ranks.npy").T, np.load(toy.run_dir / "ranks.npy").T
-        assert np.array_equal(after[:, :3], before[:, 2::-1]) and np.array_equal(after[:, 3:], before[:, 3:])
-        assert json.loads((toy.run_dir / "record.json").read_text())["cache"]["toy-rerank"] == "computed"
+        assert np.array_equal(after[:, :3], before[:, 2::-1]) and np.array_equal(
+            after[:, 3:], before[:, 3:]
+        )
+        assert (
+            json.loads((toy.run_dir / "record.json").read_text())["cache"]["toy-rerank"]
+            == "computed"
+        )
         assert json.loads((toy.run_dir / "metrics.json").read_text())["run"]["reversed"] == 3
         # a stage the family cannot serve, or an unknown one, is one line when the method is resolved
-        with pytest.raises(InputError, match="re-ranker 'needs-local' needs local features, which the global"):
+        with pytest.raises(
+            InputError, match="re-ranker 'needs-local' needs local features, which the global"
+        ):
             resolve_method("features", rerank="needs-local")
-        with pytest.raises(InputError, match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, diffusion, reverse-top"):
+        with pytest.raises(
+            InputError,
+            match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, diffusion, reverse-top",
+        ):
             resolve_method("features", rerank="nope")
     finally:
         for name in ("reverse-top", "needs-local"):
@@ -326,9 +359,14 @@ def test_one_pool_serves_every_stage_and_its_cpu_is_counted_while_it_lives() -> 
         pids = {p for _, p, _ in first}
         assert {p for _, p, _ in second} <= pids and os.getpid() not in pids and len(pids) <= 2
         burned = sum(c for _, _, c in first)
-        assert burned >= 1.0 and used >= 0.9 * burned, (used, burned)  # the live workers' CPU is in the reading
+        assert burned >= 1.0 and used >= 0.9 * burned, (
+            used,
+            burned,
+        )  # the live workers' CPU is in the reading
         jobs = executor._jobs
-        assert jobs is not None and jobs.is_dir() and not list(jobs.iterdir())  # finished stages leave no job file
+        assert (
+            jobs is not None and jobs.is_dir() and not list(jobs.iterdir())
+        )  # finished stages leave no job file
         # leaving a stage early keeps the pool for the next one
         stage = executor.map(_Burn(0.0, "early"), list(range(20)))
         assert next(stage)[0] == "early"
@@ -359,12 +397,16 @@ def _page_faults_of_freed_buffers(_: int) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - start
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only"
+)
 def test_workers_reuse_freed_buffers_instead_of_faulting_fresh_pages() -> None:
     """keep_freed_memory() in every worker: the pages of a freed buffer serve the next ones (by
     default the 19 buffers fault about 10,000 times with huge pages, 194,560 without)."""
     for faults in ProcessExecutor(2).map(_page_faults_of_freed_buffers, [0, 1, 2, 3]):
-        assert faults < (40 << 20) // 4096 // 4, faults  # under a quarter of one buffer's 4 KiB pages
+        assert faults < (40 << 20) // 4096 // 4, (
+            faults
+        )  # under a quarter of one buffer's 4 KiB pages
 
 
 @pytest.mark.parametrize("workers", [0, -1, 1.5, True, "2", 10**6])
@@ -375,7 +417,9 @@ def test_a_bad_worker_count_is_one_line(workers: object) -> None:
 
 
 def test_an_unknown_backend_is_one_line() -> None:
-    with pytest.raises(InputError, match="unknown execution backend .mpi.; known: dask, processes, serial"):
+    with pytest.raises(
+        InputError, match="unknown execution backend .mpi.; known: dask, processes, serial"
+    ):
         make_executor("mpi", 2)
 
 
@@ -403,8 +447,9 @@ def test_pipelines_import_no_module_in_a_circle() -> None:
     src = Path(oxbench.__file__).parent
     modules = {
         ".".join(p.relative_to(src.parent).with_suffix("").parts): p
-        for p in (src / "pipelines").rglob("*.py") if p.name != "__init__.py"
-    }  # fmt: skip
+        for p in (src / "pipelines").rglob("*.py")
+        if p.name != "__init__.py"
+    }
     edges: dict[str, set[str]] = {m: set() for m in modules}
     for m, path in modules.items():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -439,17 +484,31 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
 
     root = make_tiny_root(tmp_path / "data")
     model = root / "_models" / "gem-r18-synthetic.pt"
-    first = oxbench.run("synthetic", "gem-r18-synthetic", root=root, runs_dir=tmp_path / "runs",
-                        overrides={"train_epochs": 1}, progress=False)  # fmt: skip
+    first = oxbench.run(
+        "synthetic",
+        "gem-r18-synthetic",
+        root=root,
+        runs_dir=tmp_path / "runs",
+        overrides={"train_epochs": 1},
+        progress=False,
+    )
     assert model.is_file()
     training = load_model(model).source["training"]
     assert training["config"]["dataset"] == "synthetic-train" and training["config"]["epochs"] == 1
     assert json.loads((first.run_dir / "record.json").read_text())["cache"]["network"] == "computed"
     # the file is what the next run (and `oxbench train`'s users) load; nothing is trained again
-    again = oxbench.run("synthetic", "gem-r18-synthetic", root=root, runs_dir=tmp_path / "runs",
-                        overrides={"train_epochs": 1}, progress=False)  # fmt: skip
+    again = oxbench.run(
+        "synthetic",
+        "gem-r18-synthetic",
+        root=root,
+        runs_dir=tmp_path / "runs",
+        overrides={"train_epochs": 1},
+        progress=False,
+    )
     assert json.loads((again.run_dir / "record.json").read_text())["cache"]["network"] == "hit"
-    assert np.array_equal(np.load(again.run_dir / "ranks.npy"), np.load(first.run_dir / "ranks.npy"))
+    assert np.array_equal(
+        np.load(again.run_dir / "ranks.npy"), np.load(first.run_dir / "ranks.npy")
+    )
     # the random floor trains nothing
     floor = oxbench.pipelines.resolve_method("gem-r18-synthetic", weights="random")
     assert not floor.needs_training  # type: ignore[attr-defined]

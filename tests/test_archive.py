@@ -29,7 +29,9 @@ from oxbench.fileio import TEMP_PREFIX, file_mode
 # --- building archives ---------------------------------------------------------------------------
 
 
-def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz") -> Path:
+def _tar(
+    path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz"
+) -> Path:
     with tarfile.open(path, mode) as tf:
         for info, data in members:
             if data is not None:
@@ -84,7 +86,10 @@ def _chain_tar(path: Path, *, hardlink: bool = False) -> Path:
         (_file(f"{_V}/escaped.txt"), b"pwned"),
     ]
     if hardlink:  # a hard link to the victim through the chain, then a file of the same name
-        members += [(_link("hard", f"{_V}/victim.txt", tarfile.LNKTYPE), None), (_file("hard"), b"overwritten")]
+        members += [
+            (_link("hard", f"{_V}/victim.txt", tarfile.LNKTYPE), None),
+            (_file("hard"), b"overwritten"),
+        ]
     return _tar(path, members, mode="w")
 
 
@@ -92,9 +97,12 @@ def _chain_zip(path: Path) -> Path:
     lnk = stat.S_IFLNK | 0o777
     return _zip(
         path,
-        [(_U, _U_TARGET.encode(), lnk), (_V, _V_TARGET.encode(), lnk),
-         (f"{_V}/escaped.txt", b"pwned", stat.S_IFREG | 0o644)],
-    )  # fmt: skip
+        [
+            (_U, _U_TARGET.encode(), lnk),
+            (_V, _V_TARGET.encode(), lnk),
+            (f"{_V}/escaped.txt", b"pwned", stat.S_IFREG | 0o644),
+        ],
+    )
 
 
 def _snapshot(base: Path, skip: Path | None = None) -> dict[str, tuple[str, int, str]]:
@@ -106,7 +114,13 @@ def _snapshot(base: Path, skip: Path | None = None) -> dict[str, tuple[str, int,
             if skip is not None and (p == skip or skip in p.parents):
                 continue
             st = os.lstat(p)
-            kind = "dir" if stat.S_ISDIR(st.st_mode) else "link" if stat.S_ISLNK(st.st_mode) else "file"
+            kind = (
+                "dir"
+                if stat.S_ISDIR(st.st_mode)
+                else "link"
+                if stat.S_ISLNK(st.st_mode)
+                else "file"
+            )
             digest = hashlib.sha256(p.read_bytes()).hexdigest() if kind == "file" else ""
             out[str(p.relative_to(base))] = (kind, st.st_size if kind == "file" else 0, digest)
     return out
@@ -126,20 +140,28 @@ def site(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
 
 
 def test_extract_good_tar_and_zip(tmp_path: Path) -> None:
-    t = _tar(tmp_path / "ok.tgz", [(_file("a/b.jpg"), b"123"), (_file("a/sub/"), None), (_file("c.jpg"), b"")])
+    t = _tar(
+        tmp_path / "ok.tgz",
+        [(_file("a/b.jpg"), b"123"), (_file("a/sub/"), None), (_file("c.jpg"), b"")],
+    )
     out = archive.extract_archive(t, tmp_path / "out")
     assert (out / "a" / "b.jpg").read_bytes() == b"123" and (out / "c.jpg").read_bytes() == b""
     # the private folder became the target with the user's umask, not 0700
     assert stat.S_IMODE(out.stat().st_mode) == archive._dir_mode()
     assert stat.S_IMODE((out / "a" / "b.jpg").stat().st_mode) == file_mode()
-    z = _zip(tmp_path / "ok.zip", [("full/ukbench00000.jpg", b"zz", None), ("full/x.jpg", b"y", stat.S_IFREG | 0o600)])
+    z = _zip(
+        tmp_path / "ok.zip",
+        [("full/ukbench00000.jpg", b"zz", None), ("full/x.jpg", b"y", stat.S_IFREG | 0o600)],
+    )
     out2 = archive.extract_archive(z, tmp_path / "out2")
     assert (out2 / "full" / "ukbench00000.jpg").read_bytes() == b"zz"
     assert (out2 / "full" / "x.jpg").read_bytes() == b"y"
 
 
 def test_a_file_given_twice_in_a_tar_keeps_the_later_copy(tmp_path: Path) -> None:
-    t = _tar(tmp_path / "twice.tar", [(_file("x.jpg"), b"first"), (_file("x.jpg"), b"second")], mode="w")
+    t = _tar(
+        tmp_path / "twice.tar", [(_file("x.jpg"), b"first"), (_file("x.jpg"), b"second")], mode="w"
+    )
     out = archive.extract_archive(t, tmp_path / "out")
     assert (out / "x.jpg").read_bytes() == b"second"
 
@@ -170,7 +192,9 @@ def test_the_chain_really_escapes_without_the_fix(site: tuple[Path, Path, Path])
     out = parent / "naive"
     out.mkdir()
     with tarfile.open(src) as tf:
-        for m in tf.getmembers():  # what the old code did: links created, files written through them
+        for (
+            m
+        ) in tf.getmembers():  # what the old code did: links created, files written through them
             dest = out / m.name
             dest.parent.mkdir(parents=True, exist_ok=True)
             if m.issym():
@@ -193,7 +217,10 @@ def test_the_chain_really_escapes_without_the_fix(site: tuple[Path, Path, Path])
         ((_file("C:/evil"), b"x"), "absolute path"),
         ((_file("../evil"), b"x"), r"'\.\.'"),
         ((_file("a/../../evil"), b"x"), r"'\.\.'"),
-        ((_link("a/ln", "b", tarfile.SYMTYPE), None), "symbolic link"),  # even one that stays inside
+        (
+            (_link("a/ln", "b", tarfile.SYMTYPE), None),
+            "symbolic link",
+        ),  # even one that stays inside
         ((_link("ln", "/etc/passwd", tarfile.SYMTYPE), None), "symbolic link"),
         ((_link("a/hard", "ok.jpg", tarfile.LNKTYPE), None), "hard link"),
         ((_link("a/hard", "../outside", tarfile.LNKTYPE), None), "hard link"),
@@ -202,7 +229,9 @@ def test_the_chain_really_escapes_without_the_fix(site: tuple[Path, Path, Path])
         ((_special("fifo", tarfile.FIFOTYPE), None), "FIFO"),
     ],
 )
-def test_malicious_tar_is_refused_and_nothing_written(site: tuple[Path, Path, Path], member: tuple, match: str) -> None:
+def test_malicious_tar_is_refused_and_nothing_written(
+    site: tuple[Path, Path, Path], member: tuple, match: str
+) -> None:
     base, parent, _ = site
     t = _tar(base.parent / f"{base.name}-evil.tgz", [(_file("ok.jpg"), b"fine"), member])
     before = _snapshot(base)
@@ -224,9 +253,13 @@ def test_malicious_tar_is_refused_and_nothing_written(site: tuple[Path, Path, Pa
         ("sock", stat.S_IFSOCK | 0o644, "special member"),
     ],
 )
-def test_malicious_zip_is_refused(site: tuple[Path, Path, Path], name: str, mode: int | None, match: str) -> None:
+def test_malicious_zip_is_refused(
+    site: tuple[Path, Path, Path], name: str, mode: int | None, match: str
+) -> None:
     base, parent, _ = site
-    z = _zip(base.parent / f"{base.name}-evil.zip", [("ok.jpg", b"fine", None), (name, b"target", mode)])
+    z = _zip(
+        base.parent / f"{base.name}-evil.zip", [("ok.jpg", b"fine", None), (name, b"target", mode)]
+    )
     before = _snapshot(base)
     with pytest.raises(InputError, match=match):
         archive.extract_archive(z, parent / "out")
@@ -258,7 +291,9 @@ def test_corrupt_and_truncated_archives(tmp_path: Path) -> None:
 # --- the private folder --------------------------------------------------------------------------
 
 
-def test_extraction_goes_through_a_fresh_private_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_extraction_goes_through_a_fresh_private_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: list[tuple[str, int, list[str]]] = []
     real = archive._extract_tar
 
@@ -279,7 +314,9 @@ def test_stale_private_folders_of_killed_processes_are_removed(tmp_path: Path) -
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     dead_pid = int(dead.stdout)  # that process has exited (its pid is not reused this quickly)
     stale = tmp_path / f"{TEMP_PREFIX}out.{dead_pid}.abcd1234.extracting"
     live = tmp_path / f"{TEMP_PREFIX}out.{os.getppid()}.abcd1234.extracting"
@@ -302,9 +339,13 @@ _parts = st.lists(st.sampled_from(["a", "b", "..", ".", "", "u"]), min_size=1, m
 _kinds = st.sampled_from(["file", "dir", "sym", "hard"])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(members=st.lists(st.tuples(_parts, _kinds, _parts), min_size=1, max_size=6))
-def test_any_archive_extracts_inside_or_is_refused(tmp_path_factory: pytest.TempPathFactory, members: list) -> None:
+def test_any_archive_extracts_inside_or_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, members: list
+) -> None:
     base = tmp_path_factory.mktemp("prop")
     parent = base / "p1" / "p2"
     parent.mkdir(parents=True)
@@ -317,7 +358,9 @@ def test_any_archive_extracts_inside_or_is_refused(tmp_path_factory: pytest.Temp
         elif kind == "dir":
             entries.append((_special(name, tarfile.DIRTYPE), None))
         else:
-            entries.append((_link(name, target, tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), None))
+            entries.append(
+                (_link(name, target, tarfile.SYMTYPE if kind == "sym" else tarfile.LNKTYPE), None)
+            )
     src = base.parent / f"{base.name}.tar"
     _tar(src, entries, mode="w")
     before = _snapshot(base, skip=parent / "out")
@@ -337,7 +380,10 @@ def test_any_archive_extracts_inside_or_is_refused(tmp_path_factory: pytest.Temp
 
 @pytest.mark.parametrize("kind", ["tar", "tar-hardlink", "zip"])
 def test_fetch_from_a_malicious_mirror_writes_nothing_outside_the_root(
-    site: tuple[Path, Path, Path], kind: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    site: tuple[Path, Path, Path],
+    kind: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from oxbench.cli import main
     from oxbench.datasets import fetch as fetch_mod
@@ -364,8 +410,19 @@ def test_fetch_from_a_malicious_mirror_writes_nothing_outside_the_root(
         )
         before = _snapshot(base, skip=root)
         with pytest.raises(SystemExit) as exc:
-            main(["data", "fetch", "roxford5k", "--root", str(root), "--mirror", server.base,
-                  "--accept-terms", "--no-progress"])  # fmt: skip
+            main(
+                [
+                    "data",
+                    "fetch",
+                    "roxford5k",
+                    "--root",
+                    str(root),
+                    "--mirror",
+                    server.base,
+                    "--accept-terms",
+                    "--no-progress",
+                ]
+            )
     finally:
         server.close()
     err = capsys.readouterr().err

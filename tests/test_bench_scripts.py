@@ -30,7 +30,9 @@ def test_every_bench_script_runs_its_main_through_run_script() -> None:
     for path in scripts:
         guard = _main_guard(path)
         assert guard is not None
-        assert "run_script(main)" in ast.unparse(guard), f"{path.name}: end with run_script(main) (bench/interrupt.py)"
+        assert "run_script(main)" in ast.unparse(guard), (
+            f"{path.name}: end with run_script(main) (bench/interrupt.py)"
+        )
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -45,22 +47,36 @@ def test_an_interrupted_script_prints_one_line_and_exits_130(signum: int, tmp_pa
         "    time.sleep(60)\n"
         "run_script(main)\n"
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "started"
     time.sleep(0.2)
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
-    assert err.strip().splitlines() == [f"slow_bench.py: interrupted by {signal.Signals(signum).name}"], err
+    assert err.strip().splitlines() == [
+        f"slow_bench.py: interrupted by {signal.Signals(signum).name}"
+    ], err
 
 
 def test_the_return_value_of_main_is_the_exit_code(tmp_path: Path) -> None:
     for body, code in (("return 3", 3), ("return {'x': 1.0}", 0), ("return None", 0)):
         script = tmp_path / "ret.py"
-        script.write_text(f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nfrom interrupt import run_script\n"
-                          f"def main():\n    {body}\nrun_script(main)\n")  # fmt: skip
+        script.write_text(
+            f"import sys\nsys.path.insert(0, {str(BENCH)!r})\nfrom interrupt import run_script\n"
+            f"def main():\n    {body}\nrun_script(main)\n"
+        )
         env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-        assert subprocess.run([sys.executable, str(script)], env=env, check=False).returncode == code
+        assert (
+            subprocess.run([sys.executable, str(script)], env=env, check=False).returncode == code
+        )

@@ -87,8 +87,10 @@ def build_layouts(root: Path) -> Path:
             i += 1
 
     # Oxford 5K / Paris 6K: text ground truth; the query photographs are database images
-    for ds, gt_dir, prefix, city in (("oxford5k", "gt_files_170407", "", "synthetic"),
-                                     ("paris6k", "paris_120310", "paris_", "synthetic-train")):  # fmt: skip
+    for ds, gt_dir, prefix, city in (
+        ("oxford5k", "gt_files_170407", "", "synthetic"),
+        ("paris6k", "paris_120310", "paris_", "synthetic-train"),
+    ):
         bench = load(city, root, progress=False)
         cg, src_dir = bench.gt, root / city / "jpg"
         ddir = root / ds
@@ -110,8 +112,11 @@ def build_layouts(root: Path) -> Path:
             ]
             # as in Oxford 5K, a query's own photograph is one of its good images
             good = [rename[q.name], *(rename[cg.db_names[i]] for i in q.easy.tolist()), *others]
-            lists = {"good": good, "ok": [rename[cg.db_names[i]] for i in q.hard.tolist()],
-                     "junk": [rename[cg.db_names[i]] for i in q.junk.tolist()]}  # fmt: skip
+            lists = {
+                "good": good,
+                "ok": [rename[cg.db_names[i]] for i in q.hard.tolist()],
+                "junk": [rename[cg.db_names[i]] for i in q.junk.tolist()],
+            }
             if ds == "paris6k":  # as published: every positive in ok, empty good files
                 lists = {"good": [], "ok": lists["good"] + lists["ok"], "junk": lists["junk"]}
             for kind, items in lists.items():
@@ -145,8 +150,21 @@ def test_each_benchmark_runs_end_to_end_and_prints_its_line(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], dataset: str, preset: str
 ) -> None:
     args = CLASSIC if preset == "classic" else GLOBAL
-    code, out, err = cli(capsys, "run", "--dataset", dataset, "--root", str(root), "--allow-partial", "--no-progress",
-                         "--out", str(tmp_path / "run"), "--cache", str(root / "_cache"), *args)  # fmt: skip
+    code, out, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        dataset,
+        "--root",
+        str(root),
+        "--allow-partial",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "run"),
+        "--cache",
+        str(root / "_cache"),
+        *args,
+    )
     assert code == 0, err
     first = out.splitlines()[0]
     assert LINES[dataset].match(first), first
@@ -167,9 +185,23 @@ def test_each_benchmark_runs_end_to_end_and_prints_its_line(
 def test_oxford5k_with_the_oxford100k_distractors(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = cli(capsys, "run", "--dataset", "oxford5k", "--distractors", "oxford100k", "--root", str(root),
-                         "--allow-partial", "--no-progress", "--out", str(tmp_path / "d"), "--cache", str(root / "_cache"),
-                         *CLASSIC)  # fmt: skip
+    code, out, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        "oxford5k",
+        "--distractors",
+        "oxford100k",
+        "--root",
+        str(root),
+        "--allow-partial",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "d"),
+        "--cache",
+        str(root / "_cache"),
+        *CLASSIC,
+    )
     assert code == 0, err
     assert LINES["oxford5k"].match(out.splitlines()[0]), out
     config = json.loads((tmp_path / "d" / "config.json").read_text())
@@ -185,8 +217,18 @@ def test_oxford5k_with_the_oxford100k_distractors(
 def test_holidays_rotated_copy_is_an_option_and_recorded(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    common = ["run", "--dataset", "holidays", "--root", str(root), "--allow-partial", "--no-progress",
-              "--cache", str(root / "_cache"), *CLASSIC]  # fmt: skip
+    common = [
+        "run",
+        "--dataset",
+        "holidays",
+        "--root",
+        str(root),
+        "--allow-partial",
+        "--no-progress",
+        "--cache",
+        str(root / "_cache"),
+        *CLASSIC,
+    ]
     code, out, err = cli(
         capsys, *common, "--dataset-option", "orientation=rotated", "--out", str(tmp_path / "rot")
     )
@@ -201,11 +243,27 @@ def test_holidays_rotated_copy_is_an_option_and_recorded(
     shutil.copytree(root / "holidays", broken / "holidays")
     next((broken / "holidays" / "jpg_rotated").glob("*.jpg")).unlink()
     (broken / "synthetic-train").symlink_to(root / "synthetic-train")
-    code, _, err = cli(capsys, "run", "--dataset", "holidays", "--root", str(broken), "--allow-partial", "--no-progress",
-                       "--dataset-option", "orientation=rotated", "--out", str(tmp_path / "b"), *CLASSIC)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        "holidays",
+        "--root",
+        str(broken),
+        "--allow-partial",
+        "--no-progress",
+        "--dataset-option",
+        "orientation=rotated",
+        "--out",
+        str(tmp_path / "b"),
+        *CLASSIC,
+    )
     assert code == 2 and "1 of 8 image(s) of holidays are missing" in err and one_error(err)
-    for bad, words in (("orientation=sideways", "must be one of original, rotated"), ("colour=red", "has no option"),
-                       ("novalue", "--dataset-option takes KEY=VALUE")):  # fmt: skip
+    for bad, words in (
+        ("orientation=sideways", "must be one of original, rotated"),
+        ("colour=red", "has no option"),
+        ("novalue", "--dataset-option takes KEY=VALUE"),
+    ):
         code, _, err = cli(capsys, *common, "--dataset-option", bad, "--out", str(tmp_path / "x"))
         assert code == 2 and words in err and one_error(err), err
 
@@ -214,8 +272,21 @@ def test_holidays_rotated_copy_is_an_option_and_recorded(
 def test_localization_of_the_classic_default_on_oxford_layout_and_refusals(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = cli(capsys, "run", "--dataset", "oxford5k", "--root", str(root), "--allow-partial", "--no-progress",
-                       "--out", str(tmp_path / "ox"), "--cache", str(root / "_cache"), *CLASSIC)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        "oxford5k",
+        "--root",
+        str(root),
+        "--allow-partial",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "ox"),
+        "--cache",
+        str(root / "_cache"),
+        *CLASSIC,
+    )
     assert code == 0, err
     run_dir = str(next((tmp_path / "ox").glob("2*")))
     code, out, err = cli(capsys, "evaluate", "localization", run_dir, "--root", str(root))
@@ -231,8 +302,21 @@ def test_localization_of_the_classic_default_on_oxford_layout_and_refusals(
     assert payload["truth"] == "other queries" and payload["miou"] > 0.5, payload
 
     # Holidays has no query boxes: one line, exit 2
-    code, _, err = cli(capsys, "run", "--dataset", "holidays", "--root", str(root), "--allow-partial", "--no-progress",
-                       "--out", str(tmp_path / "hol"), "--cache", str(root / "_cache"), *CLASSIC)  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        "holidays",
+        "--root",
+        str(root),
+        "--allow-partial",
+        "--no-progress",
+        "--out",
+        str(tmp_path / "hol"),
+        "--cache",
+        str(root / "_cache"),
+        *CLASSIC,
+    )
     assert code == 0, err
     code, _, err = cli(
         capsys,
@@ -266,8 +350,23 @@ def test_localization_of_the_classic_default_on_oxford_layout_and_refusals(
 def test_localization_of_the_classic_default_on_the_synthetic_set(
     root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = cli(capsys, "run", "--root", str(root), "--no-progress", "--out", str(tmp_path / "syn"),
-                       "--cache", str(root / "_cache"), "--vocab-size", "200", "--max-side", "320", "--top-r", "20")  # fmt: skip
+    code, _, err = cli(
+        capsys,
+        "run",
+        "--root",
+        str(root),
+        "--no-progress",
+        "--out",
+        str(tmp_path / "syn"),
+        "--cache",
+        str(root / "_cache"),
+        "--vocab-size",
+        "200",
+        "--max-side",
+        "320",
+        "--top-r",
+        "20",
+    )
     assert code == 0, err
     run_dir = str(next((tmp_path / "syn").glob("2*")))
     payload = json.loads(
@@ -296,8 +395,14 @@ def test_synthetic_region_boxes_use_the_rendered_homography(tmp_path: Path) -> N
     assert shown
     for i in shown[:2]:
         plan = plan_db_image(config, i)
-        rendered = render_view(config.city_seed, "landmark", plan.building, plan.view, config.image_size,
-                               rng_for(config.city_seed, config.seed, "db-scene", i))  # fmt: skip
+        rendered = render_view(
+            config.city_seed,
+            "landmark",
+            plan.building,
+            plan.view,
+            config.image_size,
+            rng_for(config.city_seed, config.seed, "db-scene", i),
+        )
         fw, fh = _facade_size(config, "landmark", plan.building)
         np.testing.assert_array_equal(
             rendered.hom, homography(plan.view, (fw, fh), config.image_size)
@@ -340,8 +445,21 @@ def test_smoke_on_the_real_holidays_and_ukbench_images(
             shared_data / "ukbench" / "images" / f"ukbench{i:05d}.jpg", uk / f"ukbench{i:05d}.jpg"
         )
     for dataset, line in (("holidays", LINES["holidays"]), ("ukbench", LINES["ukbench"])):
-        code, out, err = cli(capsys, "run", "--dataset", dataset, "--root", str(root), "--allow-partial", "--no-progress",
-                             "--out", str(tmp_path / dataset), "--cache", str(root / "_cache"), *CLASSIC)  # fmt: skip
+        code, out, err = cli(
+            capsys,
+            "run",
+            "--dataset",
+            dataset,
+            "--root",
+            str(root),
+            "--allow-partial",
+            "--no-progress",
+            "--out",
+            str(tmp_path / dataset),
+            "--cache",
+            str(root / "_cache"),
+            *CLASSIC,
+        )
         assert code == 0, err
         assert line.match(out.splitlines()[0]), out
 
@@ -382,9 +500,24 @@ def test_localization_on_the_real_oxford_query_images(
     root = tmp_path / "data"
     make_tiny_root(root)  # the vocabulary's training city
     assert real_oxford_query_subset(shared_data, root) == 10
-    code, out, err = cli(capsys, "run", "--dataset", "oxford5k", "--root", str(root), "--allow-partial", "--no-progress",
-                         "--train-dataset", "synthetic-train", "--out", str(tmp_path / "run"), "--method", "rootsift-bow-sv",
-                         "--vocab-size", "1000")  # fmt: skip
+    code, out, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        "oxford5k",
+        "--root",
+        str(root),
+        "--allow-partial",
+        "--no-progress",
+        "--train-dataset",
+        "synthetic-train",
+        "--out",
+        str(tmp_path / "run"),
+        "--method",
+        "rootsift-bow-sv",
+        "--vocab-size",
+        "1000",
+    )
     assert code == 0, err
     assert LINES["oxford5k"].match(out.splitlines()[0]), out
     run_dir = str(next((tmp_path / "run").glob("2*")))

@@ -64,7 +64,9 @@ def _shard_file(folder: Path, number: int, name: str) -> Path:
 
 def _fill(folder: Path, **kwargs: Any) -> FeatureStore:
     store = FeatureStore.open(folder, CFG)
-    extract_to_store(DescribeImages(SRC, CFG), len(SRC), store, shard_size=3, progress=False, **kwargs)
+    extract_to_store(
+        DescribeImages(SRC, CFG), len(SRC), store, shard_size=3, progress=False, **kwargs
+    )
     return FeatureStore.open(folder, CFG)
 
 
@@ -85,7 +87,9 @@ def clean(tmp_path_factory: pytest.TempPathFactory) -> FeatureStore:
 # ---------------------------------------------------------------------- feature store
 
 
-def test_truncated_shard_is_described_again(tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture) -> None:
+def test_truncated_shard_is_described_again(
+    tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before: ``mmap length is greater than file size`` (a traceback) on the first read."""
     _fill(tmp_path / "s")
     raw = _shard_file(tmp_path / "s", 1, "raw.npy")
@@ -100,17 +104,23 @@ def test_truncated_shard_is_described_again(tmp_path: Path, clean: FeatureStore,
     _assert_same(FeatureStore.open(tmp_path / "s", CFG), clean)
 
 
-def test_flipped_bytes_of_the_right_size_are_never_used(tmp_path: Path, clean: FeatureStore,
-                                                        caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_flipped_bytes_of_the_right_size_are_never_used(
+    tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before: the wrong features were used silently (E 93.07 became 81.13)."""
     _fill(tmp_path / "s")
     raw = _shard_file(tmp_path / "s", 0, "raw.npy")
     size = raw.stat().st_size
-    assert 4096 < size // 4 < size // 2 - 2048  # the flip lies outside the sampled first/middle/last 4 KiB
+    assert (
+        4096 < size // 4 < size // 2 - 2048
+    )  # the flip lies outside the sampled first/middle/last 4 KiB
     _flip(raw, size // 4)
     store = FeatureStore.open(tmp_path / "s", CFG)
     assert len(store) == 7  # the cheap open-time check cannot see it ...
-    with pytest.raises(CorruptCache, match=r"shard-000000-[0-9a-f]{12}/raw\.npy: corrupt cache file: the features of image"):
+    with pytest.raises(
+        CorruptCache,
+        match=r"shard-000000-[0-9a-f]{12}/raw\.npy: corrupt cache file: the features of image",
+    ):
         for name in SRC.names[:3]:  # ... the per-image checksum on read does
             store.get_raw(name)
     # the full check (what the pipeline runs after such a find) drops the shard; it is redone
@@ -126,8 +136,9 @@ def test_flipped_bytes_of_the_right_size_are_never_used(tmp_path: Path, clean: F
     _assert_same(_fill(tmp_path / "s"), clean)
 
 
-def test_corrupt_index_and_metadata_are_rebuilt(tmp_path: Path, clean: FeatureStore,
-                                                caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_corrupt_index_and_metadata_are_rebuilt(
+    tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
     """Before: ``BadZipFile`` / a JSON error as a traceback or "delete the folder"."""
     _fill(tmp_path / "s")
     index = _shard_file(tmp_path / "s", 1, "index.npz")
@@ -170,13 +181,17 @@ def test_vocabulary_digest_is_checked(tmp_path: Path, rng: np.random.Generator) 
     path = Vocabulary(20, structure="flat").fit(x).save(tmp_path / "v.npz")
     good = path.read_bytes()
     _flip(path, len(good) // 2)  # inside the centroids: the zip itself may not notice
-    with pytest.raises(CorruptCache, match=rf"{path}: corrupt cache file: (vocabulary does not match|unreadable)"):
+    with pytest.raises(
+        CorruptCache, match=rf"{path}: corrupt cache file: (vocabulary does not match|unreadable)"
+    ):
         Vocabulary.load(path)
     _truncate(path)
     with pytest.raises(CorruptCache, match="unreadable vocabulary"):
         Vocabulary.load(path)
     with np.load(io.BytesIO(good)) as z:
-        np.savez(path, **{k: z[k] for k in z.files if k != "content_sha256"})  # an older oxbench's file
+        np.savez(
+            path, **{k: z[k] for k in z.files if k != "content_sha256"}
+        )  # an older oxbench's file
     with pytest.raises(CorruptCache, match="without a content digest"):
         Vocabulary.load(path)
     path.write_bytes(good)
@@ -192,7 +207,9 @@ def _run(method: Any, bench: Any, train: Any, cache: Path) -> Any:
     """The runner's fit / index / search (with its one retry after a corrupt cache file)."""
     from oxbench.pipelines.runner import _fit_index_search
 
-    return _fit_index_search(method, train, bench, cache, executor=SerialExecutor(), progress=False)[1]
+    return _fit_index_search(
+        method, train, bench, cache, executor=SerialExecutor(), progress=False
+    )[1]
 
 
 @pytest.fixture(scope="module")
@@ -203,15 +220,19 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from test_pipeline import TINY, make_tiny_root
 
     root = make_tiny_root(tmp_path_factory.mktemp("data"))
-    bench, train = load("synthetic", root, progress=False), load("synthetic-train", root, progress=False)
+    bench, train = (
+        load("synthetic", root, progress=False),
+        load("synthetic-train", root, progress=False),
+    )
     method = resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
     clean = _run(method, bench, train, tmp_path_factory.mktemp("cache"))
     return {"root": root, "bench": bench, "train": train, "method": method, "clean": clean}
 
 
 @pytest.mark.slow
-def test_corrupt_caches_are_recomputed_to_the_same_numbers(tiny: dict[str, Any], tmp_path: Path,
-                                                           caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_corrupt_caches_are_recomputed_to_the_same_numbers(
+    tiny: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from oxbench.evaluation import evaluate
     from oxbench.pipelines import steps
 
@@ -220,7 +241,9 @@ def test_corrupt_caches_are_recomputed_to_the_same_numbers(tiny: dict[str, Any],
     _run(method, bench, train, cache)
     vocab = steps.vocabulary_path(cache, method.vocabulary(), train)
     words = cache / steps.dataset_key(bench) / "words" / f"{vocab.stem}-k1"
-    db_raw = _shard_file(steps.features_dir(cache, bench, method.features, "database"), 0, "raw.npy")
+    db_raw = _shard_file(
+        steps.features_dir(cache, bench, method.features, "database"), 0, "raw.npy"
+    )
     q_raw = _shard_file(steps.features_dir(cache, bench, method.features, "queries"), 0, "raw.npy")
     _truncate(db_raw)  # caught when the store is opened
     _flip(vocab, vocab.stat().st_size // 2)  # caught by the vocabulary's digest
@@ -235,10 +258,14 @@ def test_corrupt_caches_are_recomputed_to_the_same_numbers(tiny: dict[str, Any],
     assert "running the steps again" in said
     np.testing.assert_array_equal(again.ranks, tiny["clean"].ranks)
     a, b = evaluate(bench.gt, again.ranks), evaluate(bench.gt, tiny["clean"].ranks)
-    assert [a.setups[s].map for s in ("easy", "medium", "hard")] == [b.setups[s].map for s in ("easy", "medium", "hard")]
+    assert [a.setups[s].map for s in ("easy", "medium", "hard")] == [
+        b.setups[s].map for s in ("easy", "medium", "hard")
+    ]
 
 
-def test_a_second_writer_waits_then_reuses(tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_second_writer_waits_then_reuses(
+    tmp_path: Path, clean: FeatureStore, caplog: pytest.LogCaptureFixture
+) -> None:
     """The lock is held by "another process" (another open file description); the step waits,
     says so, and afterwards finds the work done instead of doing it again."""
     caplog.set_level(logging.INFO)
@@ -249,7 +276,9 @@ def test_a_second_writer_waits_then_reuses(tmp_path: Path, clean: FeatureStore, 
 
     def fill_second() -> None:
         try:
-            extract_to_store(DescribeImages(SRC, CFG), len(SRC), second, shard_size=3, progress=False)
+            extract_to_store(
+                DescribeImages(SRC, CFG), len(SRC), second, shard_size=3, progress=False
+            )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test thread
             errors.append(exc)
 
@@ -257,12 +286,18 @@ def test_a_second_writer_waits_then_reuses(tmp_path: Path, clean: FeatureStore, 
         worker = threading.Thread(target=fill_second)
         worker.start()
         deadline = time.monotonic() + 30
-        while "waiting for another oxbench process" not in caplog.text and time.monotonic() < deadline:
+        while (
+            "waiting for another oxbench process" not in caplog.text and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        assert "waiting for another oxbench process that is writing the feature store" in caplog.text
+        assert (
+            "waiting for another oxbench process that is writing the feature store" in caplog.text
+        )
         assert len(FeatureStore.open(folder, CFG)) == 0  # it wrote nothing meanwhile
         for start in range(0, len(SRC), 3):  # the "other process" does the work
-            first.write_shard([DescribeImages(SRC, CFG)(i) for i in range(start, min(start + 3, len(SRC)))])
+            first.write_shard(
+                [DescribeImages(SRC, CFG)(i) for i in range(start, min(start + 3, len(SRC)))]
+            )
     worker.join(60)
     assert not errors and not worker.is_alive()
     assert "describing" not in caplog.text  # it reused the other's shards
@@ -295,8 +330,13 @@ def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
-    procs = [ctx.Process(target=_fill_cache_in_a_process, args=(str(tiny["root"]), str(shared), str(log), barrier))
-             for log in logs]  # fmt: skip
+    procs = [
+        ctx.Process(
+            target=_fill_cache_in_a_process,
+            args=(str(tiny["root"]), str(shared), str(log), barrier),
+        )
+        for log in logs
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -306,8 +346,15 @@ def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -
     # one process did each piece of work, the other waited and reused it: no mixed folder
     assert sum(s.count("describing") for s in said) == 1
     assert sum(s.count("training") for s in said) == 1
-    rel = sorted(p.relative_to(single) for p in single.rglob("*") if p.is_file() and p.suffix != ".lock")
-    assert sorted(p.relative_to(shared) for p in shared.rglob("*") if p.is_file() and p.suffix != ".lock") == rel
+    rel = sorted(
+        p.relative_to(single) for p in single.rglob("*") if p.is_file() and p.suffix != ".lock"
+    )
+    assert (
+        sorted(
+            p.relative_to(shared) for p in shared.rglob("*") if p.is_file() and p.suffix != ".lock"
+        )
+        == rel
+    )
     a = Vocabulary.load(steps.vocabulary_path(single, method.vocabulary(), train))
     b = Vocabulary.load(steps.vocabulary_path(shared, method.vocabulary(), train))
     np.testing.assert_array_equal(a.centroids_, b.centroids_)
@@ -372,8 +419,19 @@ def _one_line(err: str, *needles: str) -> None:
         assert needle in err, (needle, err)
 
 
-SYNTH = ["--landmarks", "2", "--queries-per-landmark", "1", "--db-size", "4", "--image-size", "96x72", "-j", "1",
-         "--no-progress"]  # fmt: skip
+SYNTH = [
+    "--landmarks",
+    "2",
+    "--queries-per-landmark",
+    "1",
+    "--db-size",
+    "4",
+    "--image-size",
+    "96x72",
+    "-j",
+    "1",
+    "--no-progress",
+]
 
 
 def _nothing_complete(folder: Path) -> None:
@@ -381,8 +439,9 @@ def _nothing_complete(folder: Path) -> None:
     assert not [p for p in folder.rglob(f"{fileio.TEMP_PREFIX}*") if p.is_file()]
 
 
-def test_synth_out_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_synth_out_that_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before: a traceback (FileExistsError / OSError) for each case."""
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -405,12 +464,32 @@ def test_synth_out_that_cannot_be_written(tmp_path: Path, capsys: pytest.Capture
 
 
 @pytest.mark.slow
-def test_run_cache_that_cannot_be_written(tiny: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_run_cache_that_cannot_be_written(
+    tiny: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    args = ["run", "--dataset", "synthetic", "--method", "rootsift-bow", "--root", str(tiny["root"]), "--out", str(tmp_path / "run"),
-            "--vocab-size", "50", "--max-side", "320", "--workers", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "run",
+        "--dataset",
+        "synthetic",
+        "--method",
+        "rootsift-bow",
+        "--root",
+        str(tiny["root"]),
+        "--out",
+        str(tmp_path / "run"),
+        "--vocab-size",
+        "50",
+        "--max-side",
+        "320",
+        "--workers",
+        "1",
+        "--no-progress",
+    ]
     code, err = _cli(capsys, *args, "--cache", str(blocker / "cache"))
     assert code == 2
     _one_line(err, str(blocker / "cache"), "is a file")
@@ -424,8 +503,9 @@ def test_run_cache_that_cannot_be_written(tiny: dict[str, Any], tmp_path: Path, 
     assert not (tmp_path / "run").exists()
 
 
-def test_verify_report_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_verify_report_that_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("PIL.Image")
     from test_datasets import make_paris_archives
 
@@ -458,13 +538,17 @@ def test_verify_report_that_cannot_be_written(tmp_path: Path, capsys: pytest.Cap
 
     monkeypatch.setattr(fileio, "atomic_open", read_only_root)
     code, err = _cli(capsys, *verify)
-    assert code == 1 and "paris6k.verify.json" in err and (tmp_path / "paris6k.verify.json").is_file()
+    assert (
+        code == 1 and "paris6k.verify.json" in err and (tmp_path / "paris6k.verify.json").is_file()
+    )
 
 
 # ---------------------------------------------------------------------- umask
 
 
-def test_data_and_cache_files_follow_the_umask(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_and_cache_files_follow_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before: 0600 for the images, ground truth and manifests written through ``mkstemp``."""
     from oxbench.datasets.synthetic.config import SynthConfig
     from oxbench.datasets.synthetic.generate import generate
@@ -472,12 +556,16 @@ def test_data_and_cache_files_follow_the_umask(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setattr(fileio, "_UMASK", None)
     old = os.umask(0o027)
     try:
-        generate(tmp_path / "set", SynthConfig(landmarks=2, queries_per_landmark=1, db_size=4, image_size=(96, 72)),
-                 workers=1, progress=False)  # fmt: skip
-        _fill(tmp_path / "store")
-        Vocabulary(5, structure="flat").fit(np.random.default_rng(0).random((50, 4), dtype=np.float32)).save(
-            tmp_path / "v.npz"
+        generate(
+            tmp_path / "set",
+            SynthConfig(landmarks=2, queries_per_landmark=1, db_size=4, image_size=(96, 72)),
+            workers=1,
+            progress=False,
         )
+        _fill(tmp_path / "store")
+        Vocabulary(5, structure="flat").fit(
+            np.random.default_rng(0).random((50, 4), dtype=np.float32)
+        ).save(tmp_path / "v.npz")
     finally:
         os.umask(old)
     files = [p for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".lock"]

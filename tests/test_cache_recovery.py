@@ -28,7 +28,9 @@ def _flip(path: Path, offset: int) -> None:
 
 
 @pytest.mark.parametrize("where", ["central-directory", "header", "middle"])
-def test_a_flipped_byte_in_a_descriptor_shard_is_recomputed_with_one_warning(tmp_path, caplog, where):
+def test_a_flipped_byte_in_a_descriptor_shard_is_recomputed_with_one_warning(
+    tmp_path, caplog, where
+):
     names = [f"im{i}" for i in range(6)]
     calls = []
 
@@ -45,7 +47,9 @@ def test_a_flipped_byte_in_a_descriptor_shard_is_recomputed_with_one_warning(tmp
     with caplog.at_level(logging.WARNING):
         again = DescriptorStore.open(tmp_path / "s", {"kind": "test"})
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and str(folder) in warnings[0] and "described again" in warnings[0], warnings
+    assert len(warnings) == 1 and str(folder) in warnings[0] and "described again" in warnings[0], (
+        warnings
+    )
     assert not folder.exists() and again.missing(names) == names[:3]
     calls.clear()
     fill_store(again, names, compute, progress=False)
@@ -73,8 +77,14 @@ def _faiss_file(path: Path, vectors: np.ndarray) -> Path:
     index = faiss.IndexFlatIP(vectors.shape[1])
     index.add(vectors)
     blob = np.asarray(faiss.serialize_index(index), np.uint8)
-    np.savez(path, faiss=blob, sha256=np.array(hashlib.sha256(blob.tobytes()).hexdigest()),
-             dim=np.array(vectors.shape[1]), ntotal=np.array(len(vectors)), setting_kind=np.array("flat"))
+    np.savez(
+        path,
+        faiss=blob,
+        sha256=np.array(hashlib.sha256(blob.tobytes()).hexdigest()),
+        dim=np.array(vectors.shape[1]),
+        ntotal=np.array(len(vectors)),
+        setting_kind=np.array("flat"),
+    )
     return path
 
 
@@ -106,7 +116,11 @@ def test_a_damaged_cached_faiss_index_is_rebuilt_with_one_warning(tmp_path, capl
     with caplog.at_level(logging.WARNING):
         second = SearchChain(m, db, ctx2, tmp_path / "idx")
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and str(path) in warnings[0] and "building the index again" in warnings[0]
+    assert (
+        len(warnings) == 1
+        and str(path) in warnings[0]
+        and "building the index again" in warnings[0]
+    )
     assert ctx2.steps["search_index"] == "computed"
     q = db[:3]
     np.testing.assert_array_equal(first.rank(q)[1], second.rank(q)[1])
@@ -143,15 +157,22 @@ def test_oxford_export_is_all_or_nothing(tmp_path, monkeypatch):
     fresh = tmp_path / "fresh"
     with pytest.raises(InputError, match="No space left"):
         export_run(rec, "oxford", fresh)
-    assert not fresh.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".oxbench-tmp-")]
+    assert not fresh.exists() and not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".oxbench-tmp-")
+    ]
     monkeypatch.setattr(export_mod, "atomic_write_text", real)
     files = export_run(rec, "oxford", fresh)
-    assert sorted(p.name for p in fresh.iterdir()) == sorted(f"q{i:02d}.txt" for i in range(6)) == sorted(
-        p.name for p in files)
+    assert (
+        sorted(p.name for p in fresh.iterdir())
+        == sorted(f"q{i:02d}.txt" for i in range(6))
+        == sorted(p.name for p in files)
+    )
     # into an existing folder: every file replaced, other files left alone
     (fresh / "notes.md").write_text("mine")
     export_run(rec, "oxford", fresh, top=3)
-    assert (fresh / "notes.md").read_text() == "mine" and len((fresh / "q00.txt").read_text().splitlines()) == 3
+    assert (fresh / "notes.md").read_text() == "mine" and len(
+        (fresh / "q00.txt").read_text().splitlines()
+    ) == 3
 
 
 # -- smaller boundary cases --------------------------------------------------------------------
@@ -174,15 +195,25 @@ def test_a_nul_in_a_query_name_is_one_line(tmp_path, capsys):
     gt = tiny_gt(0)
     queries = list(gt.queries)
     queries[2] = dataclasses.replace(queries[2], name="q\x00evil")
-    write_gnd(GroundTruth(gt.dataset, gt.protocol, gt.db_names, tuple(queries)), tmp_path / "gnd_roxford5k.pkl")
+    write_gnd(
+        GroundTruth(gt.dataset, gt.protocol, gt.db_names, tuple(queries)),
+        tmp_path / "gnd_roxford5k.pkl",
+    )
     np.save(tmp_path / "ranks.npy", np.tile(np.arange(gt.n_db), (gt.n_queries, 1)).T)
     with pytest.raises(SystemExit) as exc:
-        main(["evaluate", "revisited", "--gnd", str(tmp_path / "gnd_roxford5k.pkl"), "--ranks",
-              str(tmp_path / "ranks.npy")])
+        main(
+            [
+                "evaluate",
+                "revisited",
+                "--gnd",
+                str(tmp_path / "gnd_roxford5k.pkl"),
+                "--ranks",
+                str(tmp_path / "ranks.npy"),
+            ]
+        )
     _, err = capsys.readouterr()
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
     assert "query 2 has a name with a NUL character" in err
-
 
 
 def test_a_verified_short_list_round_trips_and_a_well_formed_lie_is_refused(tmp_path, caplog):
@@ -193,12 +224,16 @@ def test_a_verified_short_list_round_trips_and_a_well_formed_lie_is_refused(tmp_
 
     order = np.array([7, 3, 9, 1], np.int64)
     found = VerifiedList(
-        head=np.array([9, 7, 3, 1], np.int64), verified=np.array([9, 7], np.int64),
-        inliers=np.array([12, 5], np.int64), matches={9: np.arange(48, dtype=np.float32).reshape(12, 4)},
-    )  # fmt: skip
+        head=np.array([9, 7, 3, 1], np.int64),
+        verified=np.array([9, 7], np.int64),
+        inliers=np.array([12, 5], np.int64),
+        matches={9: np.arange(48, dtype=np.float32).reshape(12, 4)},
+    )
     cache = VerificationCache(tmp_path / "verification" / "k")
     path = cache.path("q0", [("database", f"im{i}") for i in order.tolist()])
-    assert path != cache.path("q0", [("database", f"im{i}") for i in order[::-1].tolist()])  # order matters
+    assert path != cache.path(
+        "q0", [("database", f"im{i}") for i in order[::-1].tolist()]
+    )  # order matters
     cache.save(path, order, found)
     back = cache.load(path, order)
     assert back is not None
@@ -225,5 +260,8 @@ def test_a_verified_short_list_round_trips_and_a_well_formed_lie_is_refused(tmp_
         caplog.clear()
         with caplog.at_level(logging.WARNING):
             assert cache.load(path, order) is None, name
-        assert len(caplog.records) == 1 and "verifying that short list again" in caplog.records[0].getMessage()
+        assert (
+            len(caplog.records) == 1
+            and "verifying that short list again" in caplog.records[0].getMessage()
+        )
         assert not path.exists()

@@ -215,7 +215,9 @@ def test_fetch_bad_input(
     )  # a bad file is never recorded
     assert not (root / "roxford5k" / "downloads" / "oxbuild_images-v1.tgz").exists()
     assert not list((root / "roxford5k").glob(".extract-*"))
-    assert not list((root / "roxford5k").glob(".oxbench-tmp-*"))  # nor a temporary extraction folder
+    assert not list(
+        (root / "roxford5k").glob(".oxbench-tmp-*")
+    )  # nor a temporary extraction folder
     # a connection that always drops half-way: exit 2, only a .part file (kept for resume)
     _serve_roxford(server, tmp_path)
     server.paths["/revisitop/data/datasets/roxford5k/gnd_roxford5k.pkl"].mode = "drop"
@@ -342,7 +344,9 @@ def test_import_leaves_out_files_that_are_none_of_the_datasets_images(
     write_jpeg(src / "jpg" / "all_souls_999999.jpg", seed=1)  # an Oxford-style name, not in the gnd
     write_jpeg(src / "jpg" / "holiday_snap.jpg", seed=2)
     root = tmp_path / "root"
-    code, out, err = run(capsys, "import", "roxford5k", "--from", str(src), "--root", str(root), "--no-progress")
+    code, out, err = run(
+        capsys, "import", "roxford5k", "--from", str(src), "--root", str(root), "--no-progress"
+    )
     assert code == 0, err
     assert "11 file(s) laid out" in out  # 10 images + the pickle
     assert "left out: 2 file(s) that match no image of roxford5k (not copied)" in out
@@ -356,18 +360,30 @@ def test_import_leaves_out_files_that_are_none_of_the_datasets_images(
     code, out, _ = run(capsys, "import", "rparis6k", "--from", str(strays), "--root", str(root))
     assert code == 2 and "found no file of rparis6k" in _ and "2 .jpg file(s) match no image" in _
     assert not (root / "rparis6k" / "jpg").exists()
-    code, out, _ = run(capsys, "import", "roxford5k", "--from", str(strays / "keble_000123.jpg"), "--root", str(root))
+    code, out, _ = run(
+        capsys,
+        "import",
+        "roxford5k",
+        "--from",
+        str(strays / "keble_000123.jpg"),
+        "--root",
+        str(root),
+    )
     assert code == 2 and "found no file" in _  # keble_000123 is not in the gnd that is now there
     # UKBench: the names are known without a list (ukbench00000 .. ukbench10199)
     uk = tmp_path / "uk"
     for name in ("ukbench00004", "ukbench10200", "ukbench99999"):
         write_jpeg(uk / f"{name}.jpg", seed=5)
-    code, out, err = run(capsys, "import", "ukbench", "--from", str(uk), "--root", str(root), "--no-progress")
+    code, out, err = run(
+        capsys, "import", "ukbench", "--from", str(uk), "--root", str(root), "--no-progress"
+    )
     assert code == 0 and "1 file(s) laid out" in out and "left out: 2 file(s)" in out
     assert sorted(p.name for p in (root / "ukbench" / "jpg").iterdir()) == ["ukbench00004.jpg"]
 
 
-def test_verify_json_counts_what_was_found(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_verify_json_counts_what_was_found(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     root = tmp_path / "root"
     make_revisited(root / "roxford5k")
     (root / "roxford5k" / "jpg" / "all_souls_000002.jpg").unlink()
@@ -390,7 +406,9 @@ def test_verify_synthetic_command(capsys: pytest.CaptureFixture[str], tmp_path: 
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte: still decodes, no longer what was generated
     victim.write_bytes(bytes(data))
-    code, out, _ = run(capsys, "verify", "synthetic-train", "--root", str(root), "--no-progress", "--no-decode")
+    code, out, _ = run(
+        capsys, "verify", "synthetic-train", "--root", str(root), "--no-progress", "--no-decode"
+    )
     assert code == 1 and f"changed since generation: 1 image(s), e.g. {victim.stem}" in out
     report = json.loads((root / "synthetic-train" / "verify.json").read_text())
     assert report["changed"] == [victim.stem] and report["ok"] is False
@@ -423,17 +441,26 @@ def test_verify_and_fetch_refuse_a_malformed_lock_file(
     (root / "roxford5k").mkdir(parents=True)
     (root / "oxbench.lock.json").write_bytes(content.encode("utf-8", "surrogateescape"))
     common = ["roxford5k", "--root", str(root), "--no-progress"]
-    for args in (["verify", *common, "--no-decode"], ["fetch", *common, "--accept-terms", "--mirror", "http://127.0.0.1:9"]):
+    for args in (
+        ["verify", *common, "--no-decode"],
+        ["fetch", *common, "--accept-terms", "--mirror", "http://127.0.0.1:9"],
+    ):
         code, _, err = run(capsys, *args)
         lines = [line for line in err.splitlines() if line.strip()]
-        assert code == 2 and "lock file" in lines[-1] and "fix or delete it" in lines[-1], (args, err)
+        assert code == 2 and "lock file" in lines[-1] and "fix or delete it" in lines[-1], (
+            args,
+            err,
+        )
         assert lines[-1].startswith("oxbench: error:") and "Traceback" not in err
 
 
-def test_verify_refuses_a_fifo_as_lock_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_verify_refuses_a_fifo_as_lock_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
     root = tmp_path / "root"
     (root / "roxford5k").mkdir(parents=True)
     os.mkfifo(root / "oxbench.lock.json")
-    code, _, err = run(capsys, "verify", "roxford5k", "--root", str(root), "--no-decode", "--no-progress")
+    code, _, err = run(
+        capsys, "verify", "roxford5k", "--root", str(root), "--no-decode", "--no-progress"
+    )
     assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1
-

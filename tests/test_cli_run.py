@@ -38,7 +38,15 @@ def test_run_prints_lines_and_writes_a_loadable_run_folder(
 ) -> None:
     out = tmp_path / "run"
     code, stdout, stderr = run(
-        capsys, "run", "--root", str(tiny_root), "--out", str(out), "--cache", str(tmp_path / "c"), *TINY_ARGS
+        capsys,
+        "run",
+        "--root",
+        str(tiny_root),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "c"),
+        *TINY_ARGS,
     )
     assert code == 0, stderr
     lines = stdout.splitlines()
@@ -50,14 +58,24 @@ def test_run_prints_lines_and_writes_a_loadable_run_folder(
 
     # the ranks are in the revisitop layout and `oxbench evaluate revisited` reproduces the lines
     gnd = next((tiny_root / "synthetic").glob("gnd_*.pkl"))
-    code, ev_out, ev_err = run(capsys, "evaluate", "revisited", "--gnd", str(gnd), "--ranks", str(first / "ranks.npy"))
+    code, ev_out, ev_err = run(
+        capsys, "evaluate", "revisited", "--gnd", str(gnd), "--ranks", str(first / "ranks.npy")
+    )
     assert code == 0, ev_err
     assert ev_out.splitlines()[0].split("mAP")[1] == lines[0].split("mAP")[1]
 
     # --json: machine-readable, same numbers, a second record beside the first
     code, js, _ = run(
-        capsys, "run", "--root", str(tiny_root), "--out", str(out), "--cache", str(tmp_path / "c"),
-        "--json", *TINY_ARGS,
+        capsys,
+        "run",
+        "--root",
+        str(tiny_root),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "c"),
+        "--json",
+        *TINY_ARGS,
     )
     assert code == 0
     payload = json.loads(js)
@@ -67,27 +85,55 @@ def test_run_prints_lines_and_writes_a_loadable_run_folder(
 
     # `oxbench runs` lists both records with their headline numbers
     code, listing, _ = run(capsys, "runs", str(tmp_path))
-    assert code == 0 and listing.count("rootsift-bow-sv-qe") == 2 and re.search(r"mAP E [\d.]+ M [\d.]+ H [\d.]+", listing)
+    assert (
+        code == 0
+        and listing.count("rootsift-bow-sv-qe") == 2
+        and re.search(r"mAP E [\d.]+ M [\d.]+ H [\d.]+", listing)
+    )
     code, listing, _ = run(capsys, "runs", str(tmp_path), "--json")
     assert {r["run_dir"] for r in json.loads(listing)} == {str(p) for p in list_runs(out)}
 
     # another method into the same folder: one line, exit 2, nothing changed
     before = (out / "config.json").read_text()
     code, _, err = run(
-        capsys, "run", "--root", str(tiny_root), "--out", str(out), "--cache", str(tmp_path / "c"),
-        "--method", "rootsift-bow", *TINY_ARGS,
+        capsys,
+        "run",
+        "--root",
+        str(tiny_root),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "c"),
+        "--method",
+        "rootsift-bow",
+        *TINY_ARGS,
     )
     assert code == 2
-    assert err.startswith("oxbench: error: ") and "another config" in err and len(err.strip().splitlines()) == 1
+    assert (
+        err.startswith("oxbench: error: ")
+        and "another config" in err
+        and len(err.strip().splitlines()) == 1
+    )
     assert (out / "config.json").read_text() == before and len(list_runs(out)) == 2
 
 
-def test_run_bad_input_is_one_line(tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_bad_input_is_one_line(
+    tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code, _, err = run(capsys, "run", "--root", str(tiny_root), "--method", "nope", "--no-progress")
     assert code == 2 and "unknown method 'nope'" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(
-        capsys, "run", "--root", str(tiny_root), "--train-dataset", "synthetic-train", "--dataset", "holidays",
-        "--out", str(tmp_path / "r"), "--no-progress",
+        capsys,
+        "run",
+        "--root",
+        str(tiny_root),
+        "--train-dataset",
+        "synthetic-train",
+        "--dataset",
+        "holidays",
+        "--out",
+        str(tmp_path / "r"),
+        "--no-progress",
     )
     assert code == 2 and len(err.strip().splitlines()) == 1
     for args, words in (
@@ -136,33 +182,65 @@ def make_revisited_from_subset(subset: Path, root: Path) -> None:
             with Image.open(subset / "queries" / q / "query.jpg") as im:
                 w, h = im.size
             tp = [index[x["image_file"]] for x in qr if x["gnd_class"] == "hard"]
-            gnd.append({
-                # all TPs are revisited hard positives; two become "easy" so that every setup
-                # has positives (an all-empty setup is refused by the evaluator)
-                "bbx": [0.0, 0.0, float(w), float(h)], "easy": tp[:2], "hard": tp[2:],
-                "junk": [index[x["image_file"]] for x in qr if x["gnd_class"] == "junk"],
-            })
+            gnd.append(
+                {
+                    # all TPs are revisited hard positives; two become "easy" so that every setup
+                    # has positives (an all-empty setup is refused by the evaluator)
+                    "bbx": [0.0, 0.0, float(w), float(h)],
+                    "easy": tp[:2],
+                    "hard": tp[2:],
+                    "junk": [index[x["image_file"]] for x in qr if x["gnd_class"] == "junk"],
+                }
+            )
             qnames.append(qn)
             os.symlink(subset / "queries" / q / "query.jpg", d / "jpg" / f"{qn}.jpg")
         for f, n in zip(files, names, strict=True):
             os.symlink(subset / "db_images" / f, d / "jpg" / f"{n}.jpg")
-        (d / f"gnd_{ds}.pkl").write_bytes(pickle.dumps({"imlist": names, "qimlist": qnames, "gnd": gnd}, protocol=2))
+        (d / f"gnd_{ds}.pkl").write_bytes(
+            pickle.dumps({"imlist": names, "qimlist": qnames, "gnd": gnd}, protocol=2)
+        )
 
 
 @pytest.mark.slow
 @pytest.mark.shared_data
-def test_run_on_real_revisited_layout(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_on_real_revisited_layout(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`oxbench run --dataset roxford5k` on real images: vocabulary from rparis6k by default."""
     subset = shared_data / "revisited_pixel_retrieval_subset"
     if not subset.is_dir():
         pytest.skip("revisited_pixel_retrieval_subset is absent")
     make_revisited_from_subset(subset, tmp_path / "data")
-    code, _, err = run(capsys, "run", "--dataset", "roxford5k", "--root", str(tmp_path / "data"),
-                       "--out", str(tmp_path / "run"), "--no-progress", *TINY_ARGS[:-1])
+    code, _, err = run(
+        capsys,
+        "run",
+        "--dataset",
+        "roxford5k",
+        "--root",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "run"),
+        "--no-progress",
+        *TINY_ARGS[:-1],
+    )
     assert code == 2 and "expected 4993" in err  # partial data is refused unless asked for
     code, out, err = run(
-        capsys, "run", "--dataset", "roxford5k", "--root", str(tmp_path / "data"), "--out", str(tmp_path / "run"),
-        "--allow-partial", "--vocab-size", "256", "--max-side", "256", "--top-r", "20", "--no-progress",
+        capsys,
+        "run",
+        "--dataset",
+        "roxford5k",
+        "--root",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "run"),
+        "--allow-partial",
+        "--vocab-size",
+        "256",
+        "--max-side",
+        "256",
+        "--top-r",
+        "20",
+        "--no-progress",
     )
     assert code == 0, err
     assert out.startswith("roxford5k: mAP E: ")
@@ -195,8 +273,23 @@ def test_a_config_folder_whose_config_is_a_fifo_or_a_deep_file_is_one_line(
             os.mkfifo(out / "config.json")  # a plain read would hang
         else:
             (out / "config.json").write_text("[" * 100_000 if kind == "deep" else "[1, 2]")
-        code, _, err = run(capsys, "run", "--root", str(tiny_root), "--method", "rootsift-bow", "--out", str(out),
-                           "--vocab-size", "50", "--no-progress")  # fmt: skip
-        words = "not an oxbench run folder" if kind == "fifo" else ("unreadable run config" if kind == "deep" else "not a JSON object")
+        code, _, err = run(
+            capsys,
+            "run",
+            "--root",
+            str(tiny_root),
+            "--method",
+            "rootsift-bow",
+            "--out",
+            str(out),
+            "--vocab-size",
+            "50",
+            "--no-progress",
+        )
+        words = (
+            "not an oxbench run folder"
+            if kind == "fifo"
+            else ("unreadable run config" if kind == "deep" else "not a JSON object")
+        )
         assert code == 2 and words in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

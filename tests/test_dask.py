@@ -25,7 +25,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("distributed", reason='the Dask tests need the extra: pip install "oxbench[dask]"')
+pytest.importorskip(
+    "distributed", reason='the Dask tests need the extra: pip install "oxbench[dask]"'
+)
 pytest.importorskip("cv2")
 psutil = pytest.importorskip("psutil")
 
@@ -59,7 +61,11 @@ def _assert_gone(pids: list[int], timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     alive = pids
     while time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         if not alive:
             return
         time.sleep(0.2)
@@ -116,10 +122,17 @@ def test_dask_equals_the_process_pool_and_the_serial_path(tmp_path: Path) -> Non
     outcomes = {}
     for engine in ("serial", "processes", "dask"):
         outcomes[engine] = oxbench.run(
-            "synthetic", "rootsift-bow-sv", root=root, runs_dir=tmp_path / f"runs-{engine}",
-            cache=tmp_path / f"cache-{engine}", overrides={"vocab_size": 100, **TINY}, workers=2, engine=engine,
-            shard_size=8, progress=False,
-        )  # fmt: skip
+            "synthetic",
+            "rootsift-bow-sv",
+            root=root,
+            runs_dir=tmp_path / f"runs-{engine}",
+            cache=tmp_path / f"cache-{engine}",
+            overrides={"vocab_size": 100, **TINY},
+            workers=2,
+            engine=engine,
+            shard_size=8,
+            progress=False,
+        )
     serial = outcomes["serial"]
     ranks = np.load(serial.run_dir / "ranks.npy")
     bench = oxbench.load("synthetic", root)
@@ -130,15 +143,26 @@ def test_dask_equals_the_process_pool_and_the_serial_path(tmp_path: Path) -> Non
         assert other.result.to_dict() == serial.result.to_dict()
         for part in ("database", "queries"):
             names = steps.part_names(bench, part)
-            _assert_same_features(steps.open_store(tmp_path / "cache-serial", bench, method.features, part),
-                                  steps.open_store(tmp_path / f"cache-{engine}", bench, method.features, part),
-                                  names)  # fmt: skip
+            _assert_same_features(
+                steps.open_store(tmp_path / "cache-serial", bench, method.features, part),
+                steps.open_store(tmp_path / f"cache-{engine}", bench, method.features, part),
+                names,
+            )
     record = oxbench.records.RunRecord.load(outcomes["dask"].run_dir).record
     execution = record["execution"]
-    assert execution["backend"] == "dask" and execution["cluster"] == "local" and execution["workers"] == 2
+    assert (
+        execution["backend"] == "dask"
+        and execution["cluster"] == "local"
+        and execution["workers"] == 2
+    )
     assert execution["scheduler"].startswith("tcp://127.0.0.1:") and execution["retried"] == 0
     # every distributed stage ran on the cluster: features, words, verification
-    assert {s["stage"] for s in execution["stages"]} >= {"synthetic database", "synthetic queries", "assign", "spatial"}
+    assert {s["stage"] for s in execution["stages"]} >= {
+        "synthetic database",
+        "synthetic queries",
+        "assign",
+        "spatial",
+    }
     timings = json.loads((outcomes["dask"].run_dir / "timings.json").read_text())
     assert timings["features"] > 0 and timings["total"] >= timings["features"]
 
@@ -146,7 +170,9 @@ def test_dask_equals_the_process_pool_and_the_serial_path(tmp_path: Path) -> Non
 # ---------------------------------------------------------------------- (b) a worker killed
 
 
-def test_a_worker_killed_mid_extraction_is_retried(tmp_path: Path, serial_store: FeatureStore) -> None:
+def test_a_worker_killed_mid_extraction_is_retried(
+    tmp_path: Path, serial_store: FeatureStore
+) -> None:
     import threading
 
     n, size = 12, 2
@@ -170,15 +196,23 @@ def test_a_worker_killed_mid_extraction_is_retried(tmp_path: Path, serial_store:
 
         killer = threading.Thread(target=kill_one_after_the_first_commit)
         killer.start()
-        described = extract_to_store(job, n, store, executor=executor, shard_size=size, progress=False)
+        described = extract_to_store(
+            job, n, store, executor=executor, shard_size=size, progress=False
+        )
         killer.join(30)
         facts = executor.describe()
         all_pids = first_pids + list(executor.worker_pids.values())
     assert killed == first_pids[:1] and pids  # the kill happened, while shards were still to do
     assert described == n
-    assert facts["retried"] >= 1 and facts["stages"][-1]["retried"] >= 1  # what the run record shows
+    assert (
+        facts["retried"] >= 1 and facts["stages"][-1]["retried"] >= 1
+    )  # what the run record shows
     _assert_clean_store(store.directory, n, n // size)
-    _assert_same_features(FeatureStore.open(tmp_path / "s", CFG), serial_store, [NoiseImages(n).name(i) for i in range(n)])
+    _assert_same_features(
+        FeatureStore.open(tmp_path / "s", CFG),
+        serial_store,
+        [NoiseImages(n).name(i) for i in range(n)],
+    )
     _assert_gone(all_pids)  # (e) the restarted worker too
 
 
@@ -188,8 +222,11 @@ def test_a_task_whose_worker_dies_every_time_stops_the_run_naming_its_shard(tmp_
     with DaskExecutor(2, cores=2, retries=1) as executor:
         pids = list(executor.worker_pids.values())
         t0 = time.monotonic()
-        with pytest.raises(InputError, match=r"shard 1 \(shard-000001-[0-9a-f]{12}, 3 images from #3\) failed on "
-                                             r"every attempt: a worker died under each of its 2 attempts") as err:
+        with pytest.raises(
+            InputError,
+            match=r"shard 1 \(shard-000001-[0-9a-f]{12}, 3 images from #3\) failed on "
+            r"every attempt: a worker died under each of its 2 attempts",
+        ) as err:
             extract_to_store(job, 6, store, executor=executor, shard_size=3, progress=False)
         assert "\n" not in str(err.value) and time.monotonic() - t0 < 90
     _assert_gone(pids)
@@ -201,11 +238,17 @@ def test_a_task_whose_worker_dies_every_time_stops_the_run_naming_its_shard(tmp_
 # ---------------------------------------------------------------------- (c) the driver killed
 
 
-def test_a_killed_driver_reruns_only_the_missing_shards(tmp_path: Path, serial_store: FeatureStore) -> None:
+def test_a_killed_driver_reruns_only_the_missing_shards(
+    tmp_path: Path, serial_store: FeatureStore
+) -> None:
     n, size = 12, 2
     folder = tmp_path / "s"
-    driver = subprocess.Popen([sys.executable, str(TESTS / "dask_jobs.py"), str(folder), str(n), str(size), "0.4"],
-                              stdout=subprocess.PIPE, text=True, env=_env())  # fmt: skip
+    driver = subprocess.Popen(
+        [sys.executable, str(TESTS / "dask_jobs.py"), str(folder), str(n), str(size), "0.4"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=_env(),
+    )
     try:
         assert driver.stdout is not None
         worker_pids = [int(p) for p in driver.stdout.readline().split()]
@@ -224,28 +267,47 @@ def test_a_killed_driver_reruns_only_the_missing_shards(tmp_path: Path, serial_s
     assert 2 <= len(committed) < n // size
     store = FeatureStore.open(folder, CFG)
     done = len(store)
-    described = extract_to_store(DescribeImages(NoiseImages(n), CFG), n, store, executor=SerialExecutor(),
-                                 shard_size=size, progress=False)  # fmt: skip
+    described = extract_to_store(
+        DescribeImages(NoiseImages(n), CFG),
+        n,
+        store,
+        executor=SerialExecutor(),
+        shard_size=size,
+        progress=False,
+    )
     assert described == n - done  # only the missing shards
-    assert {p.name: p.stat().st_ino for p in folder.glob("shard-*") if p.name in committed} == committed
+    assert {
+        p.name: p.stat().st_ino for p in folder.glob("shard-*") if p.name in committed
+    } == committed
     _assert_clean_store(folder, n, n // size)
-    _assert_same_features(FeatureStore.open(folder, CFG), serial_store, [NoiseImages(n).name(i) for i in range(n)])
+    _assert_same_features(
+        FeatureStore.open(folder, CFG), serial_store, [NoiseImages(n).name(i) for i in range(n)]
+    )
 
 
 # ---------------------------------------------------------------------- (d) two attempts at once
 
 
-def test_two_attempts_of_one_shard_at_once_commit_once(tmp_path: Path, cluster: DaskExecutor,
-                                                       serial_store: FeatureStore) -> None:  # fmt: skip
+def test_two_attempts_of_one_shard_at_once_commit_once(
+    tmp_path: Path, cluster: DaskExecutor, serial_store: FeatureStore
+) -> None:
     n = 4
     store = FeatureStore.open(tmp_path / "s", CFG)
     names = [NoiseImages(n).name(i) for i in range(n)]
     (task,) = plan_shards(names, n)
-    job = DescribeShard(DescribeImages(NoiseImages(n, delay=0.1), CFG), store.directory, CFG,
-                        plan=plan_digest(names, n), tag="race")  # fmt: skip
+    job = DescribeShard(
+        DescribeImages(NoiseImages(n, delay=0.1), CFG),
+        store.directory,
+        CFG,
+        plan=plan_digest(names, n),
+        tag="race",
+    )
     receipts = list(cluster.map(job, [task, task]))  # one on each worker, at the same time
     assert sorted(r.committed for r in receipts) == [False, True]
-    assert receipts[0].digest == receipts[1].digest and receipts[0].folder == receipts[1].folder == task.folder
+    assert (
+        receipts[0].digest == receipts[1].digest
+        and receipts[0].folder == receipts[1].folder == task.folder
+    )
     _assert_clean_store(store.directory, n, 1)
     store.refresh()
     for name in names:
@@ -256,16 +318,21 @@ def test_two_attempts_of_one_shard_at_once_commit_once(tmp_path: Path, cluster: 
     assert cluster.threads_per_worker == 1 and set(cluster.client.run(thread_cap).values()) == {1}
 
 
-def test_a_shard_tampered_with_after_its_commit_is_described_again(tmp_path: Path, cluster: DaskExecutor,
-                                                                   serial_store: FeatureStore,
-                                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_a_shard_tampered_with_after_its_commit_is_described_again(
+    tmp_path: Path,
+    cluster: DaskExecutor,
+    serial_store: FeatureStore,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     import logging
 
     n, size = 6, 2
     names = [NoiseImages(n).name(i) for i in range(n)]
     job = DescribeImages(NoiseImages(n), CFG)
     folder = tmp_path / "s"
-    extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, executor=cluster, progress=False)
+    extract_to_store(
+        job, n, FeatureStore.open(folder, CFG), shard_size=size, executor=cluster, progress=False
+    )
     (raw,) = folder.glob("shard-000001-*/raw.npy")
     data = bytearray(raw.read_bytes())
     data[200] ^= 0xFF  # inside the sampled first page: seen when the store is opened
@@ -273,32 +340,55 @@ def test_a_shard_tampered_with_after_its_commit_is_described_again(tmp_path: Pat
     caplog.set_level(logging.WARNING)
     store = FeatureStore.open(folder, CFG)
     assert store.bad_shards == [1]
-    assert extract_to_store(job, n, store, shard_size=size, executor=cluster, progress=False) == size
-    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and str(raw) in r.getMessage()]
+    assert (
+        extract_to_store(job, n, store, shard_size=size, executor=cluster, progress=False) == size
+    )
+    warned = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and str(raw) in r.getMessage()
+    ]
     assert len(warned) == 1 and "does not match its recorded digest" in warned[0]  # one warning
     _assert_clean_store(folder, n, n // size)
     for name in names:
-        np.testing.assert_array_equal(FeatureStore.open(folder, CFG).get_raw(name)[2], serial_store.get_raw(name)[2])
+        np.testing.assert_array_equal(
+            FeatureStore.open(folder, CFG).get_raw(name)[2], serial_store.get_raw(name)[2]
+        )
 
 
 # ---------------------------------------------------------------------- partitions
 
 
-def test_partitions_describe_their_shards_and_a_plain_run_combines(tmp_path: Path, cluster: DaskExecutor,
-                                                                   serial_store: FeatureStore) -> None:  # fmt: skip
+def test_partitions_describe_their_shards_and_a_plain_run_combines(
+    tmp_path: Path, cluster: DaskExecutor, serial_store: FeatureStore
+) -> None:
     n, size = 12, 2
     names = [NoiseImages(n).name(i) for i in range(n)]
     job = DescribeImages(NoiseImages(n), CFG)
     folder = tmp_path / "s"
-    one = extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, partition=(1, 3),
-                           executor=cluster, progress=False)  # fmt: skip
+    one = extract_to_store(
+        job,
+        n,
+        FeatureStore.open(folder, CFG),
+        shard_size=size,
+        partition=(1, 3),
+        executor=cluster,
+        progress=False,
+    )
     assert one == 4 and sorted(int(p.name[6:12]) for p in folder.glob("shard-*")) == [1, 4]
-    zero = extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, partition=(0, 3),
-                            progress=False)  # fmt: skip
+    zero = extract_to_store(
+        job, n, FeatureStore.open(folder, CFG), shard_size=size, partition=(0, 3), progress=False
+    )
     assert zero == 4
     # the combining run describes only the last partition's shards
-    assert extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, progress=False) == 4
-    assert extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, progress=False) == 0
+    assert (
+        extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, progress=False)
+        == 4
+    )
+    assert (
+        extract_to_store(job, n, FeatureStore.open(folder, CFG), shard_size=size, progress=False)
+        == 0
+    )
     _assert_clean_store(folder, n, n // size)
     _assert_same_features(FeatureStore.open(folder, CFG), serial_store, names)
     assert json.loads((folder / "plan.json").read_text())["digest"] == plan_digest(names, size)
@@ -309,7 +399,13 @@ def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFix
     from test_pipeline import TINY, make_tiny_root
 
     root = make_tiny_root(tmp_path / "data")
-    kwargs = {"root": root, "cache": tmp_path / "cache", "overrides": TINY, "engine": "serial", "progress": False}
+    kwargs = {
+        "root": root,
+        "cache": tmp_path / "cache",
+        "overrides": TINY,
+        "engine": "serial",
+        "progress": False,
+    }
     first = extract_partition("synthetic", "rootsift-bow", (0, 2), shard_size=8, **kwargs)  # type: ignore[arg-type]
     second = extract_partition("synthetic", "rootsift-bow", (1, 2), shard_size=8, **kwargs)  # type: ignore[arg-type]
     bench = oxbench.load("synthetic", root)
@@ -317,7 +413,9 @@ def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFix
     assert first[db] + second[db] == bench.gt.n_db and first[db] == 24
     assert first[q] + second[q] == bench.gt.n_queries
     assert extract_partition("synthetic", "rootsift-bow", (1, 2), shard_size=8, **kwargs) == {  # type: ignore[arg-type]
-        db: 0, q: 0}
+        db: 0,
+        q: 0,
+    }
     with pytest.raises(SystemExit) as exc:
         main(["extract", "--method", "rootsift-bow", "--partition", "2/2", "--root", str(root)])
     assert exc.value.code == 2
@@ -335,9 +433,25 @@ def test_run_partitions_describe_the_training_set_too_and_the_plain_run_describe
     root = make_tiny_root(tmp_path / "data")
     cache = tmp_path / "cache"
     sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
-    common = ["run", "--method", "rootsift-bow", "--root", str(root), "--cache", str(cache), "--vocab-size", "50",
-              "--engine", "serial", "--shard-size", "8", "--no-progress", *sets]  # fmt: skip
+    common = [
+        "run",
+        "--method",
+        "rootsift-bow",
+        "--root",
+        str(root),
+        "--cache",
+        str(cache),
+        "--vocab-size",
+        "50",
+        "--engine",
+        "serial",
+        "--shard-size",
+        "8",
+        "--no-progress",
+        *sets,
+    ]
     described: dict[str, int] = {}
+
     def cli(args: list[str]) -> None:
         with pytest.raises(SystemExit) as exc:
             main(args)
@@ -348,12 +462,19 @@ def test_run_partitions_describe_the_training_set_too_and_the_plain_run_describe
         for key, n in json.loads(capsys.readouterr().out)["described"].items():
             described[key] = described.get(key, 0) + n
     bench, train = oxbench.load("synthetic", root), oxbench.load("synthetic-train", root)
-    assert described["synthetic/database"] == bench.gt.n_db and described["synthetic/queries"] == bench.gt.n_queries
-    assert described["synthetic-train/database"] == train.gt.n_db  # the vocabulary's training images
+    assert (
+        described["synthetic/database"] == bench.gt.n_db
+        and described["synthetic/queries"] == bench.gt.n_queries
+    )
+    assert (
+        described["synthetic-train/database"] == train.gt.n_db
+    )  # the vocabulary's training images
     cli([*common, "--out", str(tmp_path / "out")])
     assert "mAP" in capsys.readouterr().out
     (record,) = (tmp_path / "out").glob("*/record.json")
-    assert json.loads(record.read_text())["cache"]["features"] == "hit"  # every image came from the partitions
+    assert (
+        json.loads(record.read_text())["cache"]["features"] == "hit"
+    )  # every image came from the partitions
 
 
 def test_cnn_descriptors_by_partition(tmp_path: Path) -> None:
@@ -364,11 +485,19 @@ def test_cnn_descriptors_by_partition(tmp_path: Path) -> None:
 
     root = make_tiny_root(tmp_path / "data")
     tiny = {"weights": "random", "backbone": "resnet18", "max_side": 64, "scales": [1.0]}
-    kwargs = {"root": root, "cache": tmp_path / "cache", "overrides": tiny, "engine": "serial", "progress": False}
+    kwargs = {
+        "root": root,
+        "cache": tmp_path / "cache",
+        "overrides": tiny,
+        "engine": "serial",
+        "progress": False,
+    }
     first = extract_partition("synthetic", "gem-r50-imagenet", (0, 2), **kwargs)  # type: ignore[arg-type]
     second = extract_partition("synthetic", "gem-r50-imagenet", (1, 2), **kwargs)  # type: ignore[arg-type]
     bench = oxbench.load("synthetic", root)
-    assert first["synthetic/database"] == bench.gt.n_db and second["synthetic/database"] == 0  # one shard: 0 of 2
+    assert (
+        first["synthetic/database"] == bench.gt.n_db and second["synthetic/database"] == 0
+    )  # one shard: 0 of 2
     ctx = RunContext(tmp_path / "cache", progress=False, root=root)
     resolve_method("gem-r50-imagenet", **tiny).build().describe(bench, "database", ctx)
     assert ctx.steps["descriptors.database"] == "hit"
@@ -384,17 +513,47 @@ def address_cluster(tmp_path: Path) -> Iterator[str]:
     if dask_cli is None:
         pytest.skip("the dask command is not installed")
     info = tmp_path / "scheduler.json"
-    procs = [subprocess.Popen([dask_cli, "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                               "--scheduler-file", str(info)], env=_env(), stderr=subprocess.DEVNULL)]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [
+                dask_cli,
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--no-dashboard",
+                "--scheduler-file",
+                str(info),
+            ],
+            env=_env(),
+            stderr=subprocess.DEVNULL,
+        )
+    ]
     try:
         deadline = time.monotonic() + 60
         while not info.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         address = json.loads(info.read_text())["address"]
         for extra in (["--resources", "GPU=1"], []):  # one worker offers a (pretend) GPU
-            procs.append(subprocess.Popen([dask_cli, "worker", address, "--nthreads", "1", "--host", "127.0.0.1",
-                                           "--no-dashboard", "--no-nanny", *extra], env=_env(),
-                                          stderr=subprocess.DEVNULL))  # fmt: skip
+            procs.append(
+                subprocess.Popen(
+                    [
+                        dask_cli,
+                        "worker",
+                        address,
+                        "--nthreads",
+                        "1",
+                        "--host",
+                        "127.0.0.1",
+                        "--no-dashboard",
+                        "--no-nanny",
+                        *extra,
+                    ],
+                    env=_env(),
+                    stderr=subprocess.DEVNULL,
+                )
+            )
         yield address
     finally:
         # workers first, while their scheduler still answers (a worker without one retries for a while)
@@ -407,8 +566,12 @@ def address_cluster(tmp_path: Path) -> Iterator[str]:
                 p.wait(5)
 
 
-def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, serial_store: FeatureStore,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_an_existing_cluster_by_address(
+    tmp_path: Path,
+    address_cluster: str,
+    serial_store: FeatureStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     import oxbench.execution_dask as dask_backend
 
     n = 12
@@ -418,21 +581,45 @@ def test_an_existing_cluster_by_address(tmp_path: Path, address_cluster: str, se
         executor.check_paths({"data root": tmp_path, "cache": tmp_path / "cache"})
         with monkeypatch.context() as patch:  # a folder this process has and the workers do not
             patch.setattr(dask_backend, "make_folder", Path)
-            with pytest.raises(InputError, match=r"dask worker tcp://127\.0\.0\.1:\d+ \(host .*\) cannot see the data "
-                                                 r"root .*nowhere; the workers need the data root and the cache"):
-                executor.check_paths({"data root": tmp_path / "nowhere", "cache": tmp_path / "cache"})
+            with pytest.raises(
+                InputError,
+                match=r"dask worker tcp://127\.0\.0\.1:\d+ \(host .*\) cannot see the data "
+                r"root .*nowhere; the workers need the data root and the cache",
+            ):
+                executor.check_paths(
+                    {"data root": tmp_path / "nowhere", "cache": tmp_path / "cache"}
+                )
         store = FeatureStore.open(tmp_path / "s", CFG)
-        assert extract_to_store(DescribeImages(NoiseImages(n), CFG), n, store, executor=executor, shard_size=2,
-                                progress=False) == n  # fmt: skip
+        assert (
+            extract_to_store(
+                DescribeImages(NoiseImages(n), CFG),
+                n,
+                store,
+                executor=executor,
+                shard_size=2,
+                progress=False,
+            )
+            == n
+        )
         facts = executor.describe()
         # a job that asks for a GPU runs on the worker that offers one, and only there
         gpu_pids = set(executor.map(NeedsGpu(), list(range(6))))
-        gpu_worker = [pid for addr, pid in executor.worker_pids.items()
-                      if executor.client.scheduler_info()["workers"][addr]["resources"].get("GPU")]  # fmt: skip
+        gpu_worker = [
+            pid
+            for addr, pid in executor.worker_pids.items()
+            if executor.client.scheduler_info()["workers"][addr]["resources"].get("GPU")
+        ]
         assert gpu_pids == set(gpu_worker) and len(gpu_worker) == 1
-    assert facts["cluster"] == "address" and facts["scheduler"] == address_cluster and facts["workers"] == 2
-    with pytest.raises(InputError, match=r"the Dask scheduler at tcp://127\.0\.0\.1:\d+ has 2 worker\(s\) after 2 s, "
-                                         r"fewer than --workers 5"):  # fmt: skip
+    assert (
+        facts["cluster"] == "address"
+        and facts["scheduler"] == address_cluster
+        and facts["workers"] == 2
+    )
+    with pytest.raises(
+        InputError,
+        match=r"the Dask scheduler at tcp://127\.0\.0\.1:\d+ has 2 worker\(s\) after 2 s, "
+        r"fewer than --workers 5",
+    ):
         DaskExecutor(5, address=address_cluster, connect_timeout_s=2).client  # noqa: B018
     _assert_same_features(FeatureStore.open(tmp_path / "s", CFG), serial_store, names)
 
@@ -448,19 +635,36 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_an_unreachable_scheduler_fails_within_seconds_naming_it(tmp_path: Path,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+def test_an_unreachable_scheduler_fails_within_seconds_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     address = f"tcp://127.0.0.1:{_free_port()}"
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--engine", "dask", "--cluster", address, "--root", str(tmp_path / "data"), "--no-progress",
-              "--out", str(tmp_path / "runs")])
+        main(
+            [
+                "run",
+                "--engine",
+                "dask",
+                "--cluster",
+                address,
+                "--root",
+                str(tmp_path / "data"),
+                "--no-progress",
+                "--out",
+                str(tmp_path / "runs"),
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and time.monotonic() - t0 < 20, err
-    assert err.startswith(f"oxbench: error: cannot reach the Dask scheduler at {address} within 10 s")
+    assert err.startswith(
+        f"oxbench: error: cannot reach the Dask scheduler at {address} within 10 s"
+    )
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
     t0 = time.monotonic()
-    with pytest.raises(InputError, match=f"cannot reach the Dask scheduler at {address} within 2 s") as err2:
+    with pytest.raises(
+        InputError, match=f"cannot reach the Dask scheduler at {address} within 2 s"
+    ) as err2:
         with DaskExecutor(1, address=address, connect_timeout_s=2) as executor:
             executor.check_paths({"cache": tmp_path})
     assert "\n" not in str(err2.value) and time.monotonic() - t0 < 10
@@ -475,7 +679,9 @@ def test_an_unreachable_scheduler_fails_within_seconds_naming_it(tmp_path: Path,
     ("tcp://host:8786; rm -rf /", "expected a scheduler address"),
     ("", "expected a scheduler address"),
 ])  # fmt: skip
-def test_a_bad_cluster_address_is_one_line(address: str, problem: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_cluster_address_is_one_line(
+    address: str, problem: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(InputError, match=problem) as err:
         check_cluster_address(address)
     assert "\n" not in str(err.value) and "secret" not in str(err.value)
@@ -507,11 +713,15 @@ def test_a_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_dask_is_not_imported_by_oxbench_or_its_help() -> None:
-    code = ("import sys, oxbench, oxbench.cli, oxbench.execution, oxbench.execution_dask\n"
-            "from click.testing import CliRunner\n"
-            "assert CliRunner().invoke(oxbench.cli.cli, ['run', '--help']).exit_code == 0\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed', 'dask_jobqueue')))")  # fmt: skip
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True)
+    code = (
+        "import sys, oxbench, oxbench.cli, oxbench.execution, oxbench.execution_dask\n"
+        "from click.testing import CliRunner\n"
+        "assert CliRunner().invoke(oxbench.cli.cli, ['run', '--help']).exit_code == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed', 'dask_jobqueue')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), check=True
+    )
     assert out.stdout.strip() == "[]", out.stderr
 
 
@@ -534,10 +744,17 @@ def test_the_slurm_recipe_makes_a_job_script_without_slurm() -> None:
     assert "export OXBENCH_DATA=" in script and "tcp://10.0.0.1:8786" in script
 
 
-def test_the_embedded_cluster_listens_on_loopback_ports_the_system_picks(cluster: DaskExecutor) -> None:
+def test_the_embedded_cluster_listens_on_loopback_ports_the_system_picks(
+    cluster: DaskExecutor,
+) -> None:
     """No dashboard on the well-known port 8787 (nor anything on another interface)."""
     cluster.client  # noqa: B018 - started
     pids = [os.getpid(), *cluster.worker_pids.values()]
-    listening = [c.laddr for p in pids for c in psutil.Process(p).net_connections(kind="inet") if c.status == "LISTEN"]
+    listening = [
+        c.laddr
+        for p in pids
+        for c in psutil.Process(p).net_connections(kind="inet")
+        if c.status == "LISTEN"
+    ]
     assert listening and all(a.ip == "127.0.0.1" for a in listening)
     assert 8787 not in {a.port for a in listening}

@@ -105,16 +105,31 @@ def test_catalog_has_every_benchmark_with_spec_counts() -> None:
     from oxbench.datasets.spec import DatasetFamily
 
     ids = set(DATASETS.names())
-    assert {"oxford5k", "paris6k", "roxford5k", "rparis6k", "revisitop1m", "oxford100k", "holidays",
-            "ukbench", "synthetic", "synthetic-train"} <= ids  # fmt: skip
+    assert {
+        "oxford5k",
+        "paris6k",
+        "roxford5k",
+        "rparis6k",
+        "revisitop1m",
+        "oxford100k",
+        "holidays",
+        "ukbench",
+        "synthetic",
+        "synthetic-train",
+    } <= ids
     counts = {
         i: (get_spec(i).n_images, get_spec(i).n_queries) for i in ids if not get_spec(i).synthetic
     }
     assert counts == {
-        "oxford5k": (5063, 55), "paris6k": (6392, 55), "roxford5k": (4993, 70), "rparis6k": (6322, 70),
-        "revisitop1m": (1_001_001, 0), "oxford100k": (99_782, 0), "holidays": (1491, 500),
+        "oxford5k": (5063, 55),
+        "paris6k": (6392, 55),
+        "roxford5k": (4993, 70),
+        "rparis6k": (6322, 70),
+        "revisitop1m": (1_001_001, 0),
+        "oxford100k": (99_782, 0),
+        "holidays": (1491, 500),
         "ukbench": (10_200, 10_200),
-    }  # fmt: skip
+    }
     r1m = get_spec("revisitop1m")
     archives = [f.name for f in r1m.files if f.archive]
     assert archives == [f"revisitop1m.{i}.tar.gz" for i in range(1, 101)]
@@ -448,7 +463,9 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(
 
     calls: list[tuple] = []
     monkeypatch.setattr(
-        synth, "ensure_default", lambda root, progress: calls.append(("ensure", Path(root), progress))
+        synth,
+        "ensure_default",
+        lambda root, progress: calls.append(("ensure", Path(root), progress)),
     )
     monkeypatch.setattr(
         synth,
@@ -457,7 +474,9 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(
             calls.append(("load", d, distractors, crop)) or "bench"
         ),
     )
-    assert load("synthetic-train", tmp_path, distractors=50, crop="matlab", progress=False) == "bench"
+    assert (
+        load("synthetic-train", tmp_path, distractors=50, crop="matlab", progress=False) == "bench"
+    )
     assert calls == [
         ("ensure", tmp_path, False),
         ("load", tmp_path / "synthetic-train", 50, "matlab"),

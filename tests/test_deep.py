@@ -64,7 +64,9 @@ def test_batched_extraction_equals_one_image_per_forward(r18: RetrievalNet) -> N
 def test_bf16_autocast_agrees_with_fp32(r18: RetrievalNet) -> None:
     images = _images(1, [(80, 112)] * 3)
     fp32 = Extractor(r18, ExtractOptions(max_side=112, batch_size=3, device="cpu")).describe(images)
-    bf16 = Extractor(r18, ExtractOptions(max_side=112, batch_size=3, device="cpu", precision="bf16")).describe(images)
+    bf16 = Extractor(
+        r18, ExtractOptions(max_side=112, batch_size=3, device="cpu", precision="bf16")
+    ).describe(images)
     cos = (fp32 * bf16).sum(axis=1)
     assert (cos > 0.99).all(), cos
     assert not np.array_equal(fp32, bf16)  # autocast did run in bf16
@@ -77,11 +79,14 @@ def test_resize_never_enlarges_and_keeps_aspect() -> None:
     assert resize_max_side(im, 1024) is im
 
 
-def test_out_of_memory_halves_the_batch(r18: RetrievalNet, monkeypatch: pytest.MonkeyPatch,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_out_of_memory_halves_the_batch(
+    r18: RetrievalNet, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     images = _images(3, [(64, 64)] * 4)
     ext = Extractor(r18, ExtractOptions(max_side=64, batch_size=4, device="cpu", scales=(1.0,)))
-    want = Extractor(r18, ExtractOptions(max_side=64, batch_size=1, device="cpu", scales=(1.0,))).describe(images)
+    want = Extractor(
+        r18, ExtractOptions(max_side=64, batch_size=1, device="cpu", scales=(1.0,))
+    ).describe(images)
     real = ext.net.forward
 
     def forward(x):  # noqa: ANN001, ANN202
@@ -95,12 +100,16 @@ def test_out_of_memory_halves_the_batch(r18: RetrievalNet, monkeypatch: pytest.M
     np.testing.assert_allclose(got, want, atol=1e-5)
     assert ext.batch_size == 1 and "out of GPU memory" in caplog.text
 
-    monkeypatch.setattr(ext.net, "forward", lambda x: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("oom")))
+    monkeypatch.setattr(
+        ext.net, "forward", lambda x: (_ for _ in ()).throw(torch.cuda.OutOfMemoryError("oom"))
+    )
     with pytest.raises(InputError, match="out of GPU memory describing image b.jpg"):
         ext.describe(images[:1], ["b.jpg"])
 
 
-def test_undecodable_image_stops_unless_allowed(r18: RetrievalNet, caplog: pytest.LogCaptureFixture) -> None:
+def test_undecodable_image_stops_unless_allowed(
+    r18: RetrievalNet, caplog: pytest.LogCaptureFixture
+) -> None:
     images = _images(4, [(40, 40)] * 3)
 
     def read(i: int) -> np.ndarray:
@@ -121,9 +130,20 @@ def test_vit_patch_tokens_become_a_map() -> None:
     from timm.models.vision_transformer import VisionTransformer
 
     torch.manual_seed(0)
-    vit = VisionTransformer(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_classes=0,
-                            dynamic_img_size=True, dynamic_img_pad=True, reg_tokens=2)
-    net = RetrievalNet(Trunk("timm:tiny-vit", vit, 16, (0.5,) * 3, (0.5,) * 3, "timm-tokens"), "mac").eval()
+    vit = VisionTransformer(
+        img_size=32,
+        patch_size=8,
+        embed_dim=16,
+        depth=1,
+        num_heads=2,
+        num_classes=0,
+        dynamic_img_size=True,
+        dynamic_img_pad=True,
+        reg_tokens=2,
+    )
+    net = RetrievalNet(
+        Trunk("timm:tiny-vit", vit, 16, (0.5,) * 3, (0.5,) * 3, "timm-tokens"), "mac"
+    ).eval()
     x = torch.randn(2, 3, 40, 24)
     fmap = net.feature_map(x)
     assert tuple(fmap.shape) == (2, 16, 5, 3)
@@ -131,11 +151,15 @@ def test_vit_patch_tokens_become_a_map() -> None:
     assert tokens.shape[1] == vit.num_prefix_tokens + 15  # class + 2 register tokens dropped
     # token (row 1, col 2) of the patch grid is channel vector fmap[:, :, 1, 2]
     torch.testing.assert_close(fmap[:, :, 1, 2], tokens[:, vit.num_prefix_tokens + 1 * 3 + 2, :])
-    out = Extractor(net, ExtractOptions(max_side=64, device="cpu", scales=(1.0, 0.5))).describe(_images(5, [(37, 50)]))
+    out = Extractor(net, ExtractOptions(max_side=64, device="cpu", scales=(1.0, 0.5))).describe(
+        _images(5, [(37, 50)])
+    )
     assert out.shape == (1, 16) and np.isfinite(out).all()
 
 
-def test_unknown_backbone_and_unavailable_imagenet_weights(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_unknown_backbone_and_unavailable_imagenet_weights(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     with pytest.raises(InputError, match="unknown backbone 'resnet7'"):
         build_net("resnet7", "gem", weights="random")
     with pytest.raises(InputError, match="unknown pooling"):
@@ -155,8 +179,9 @@ def test_unknown_backbone_and_unavailable_imagenet_weights(monkeypatch: pytest.M
 # --- model files and the cirtorch import -------------------------------------------------------------
 
 
-def _cirtorch_checkpoint(path: Path, *, architecture: str = "resnet18", p: float = 2.75,
-                         state_from: str = "resnet18") -> tuple[torch.nn.Module, dict]:
+def _cirtorch_checkpoint(
+    path: Path, *, architecture: str = "resnet18", p: float = 2.75, state_from: str = "resnet18"
+) -> tuple[torch.nn.Module, dict]:
     """A tiny random checkpoint in cirtorch's layout: {'meta', 'state_dict', ...}, keys features.N.*
     (the torchvision model's children up to layer4), pool.p, Lw as numpy arrays."""
     import torchvision
@@ -167,12 +192,23 @@ def _cirtorch_checkpoint(path: Path, *, architecture: str = "resnet18", p: float
     sd = {f"features.{k}": v for k, v in features.state_dict().items()}
     sd["pool.p"] = torch.tensor([p])
     rng = np.random.default_rng(7)
-    lw = {"retrieval-SfM-120k": {
-        "ss": {"m": rng.standard_normal((512, 1)), "P": rng.standard_normal((512, 512))},
-        "ms": {"m": rng.standard_normal((512, 1)), "P": rng.standard_normal((512, 512))}}}
-    meta = {"architecture": architecture, "local_whitening": False, "pooling": "gem", "regional": False,
-            "whitening": False, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225],
-            "outputdim": 512, "Lw": lw}
+    lw = {
+        "retrieval-SfM-120k": {
+            "ss": {"m": rng.standard_normal((512, 1)), "P": rng.standard_normal((512, 512))},
+            "ms": {"m": rng.standard_normal((512, 1)), "P": rng.standard_normal((512, 512))},
+        }
+    }
+    meta = {
+        "architecture": architecture,
+        "local_whitening": False,
+        "pooling": "gem",
+        "regional": False,
+        "whitening": False,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+        "outputdim": 512,
+        "Lw": lw,
+    }
     torch.save({"epoch": 3, "meta": meta, "state_dict": sd, "min_loss": 0.5}, path)
     return features.eval(), lw
 
@@ -188,7 +224,9 @@ def _cirtorch_forward(features: torch.nn.Module, image: np.ndarray, p: float) ->
     return v / np.linalg.norm(v)
 
 
-def test_cirtorch_checkpoint_round_trips_through_import(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cirtorch_checkpoint_round_trips_through_import(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt = tmp_path / "retrievalSfM120k-resnet18-gem.pth"
     features, lw = _cirtorch_checkpoint(ckpt)
     code, out, err = _cli(["import-checkpoint", str(ckpt), "--out", str(tmp_path / "m.pt")], capsys)
@@ -200,14 +238,18 @@ def test_cirtorch_checkpoint_round_trips_through_import(tmp_path: Path, capsys: 
     np.testing.assert_allclose(m, lw["retrieval-SfM-120k"]["ms"]["m"].ravel())
     np.testing.assert_allclose(proj, lw["retrieval-SfM-120k"]["ms"]["P"])
     images = _images(8, [(70, 90), (90, 70)])
-    got = Extractor(model.net, ExtractOptions(max_side=128, scales=(1.0,), device="cpu")).describe(images)
+    got = Extractor(model.net, ExtractOptions(max_side=128, scales=(1.0,), device="cpu")).describe(
+        images
+    )
     for i, im in enumerate(images):
         np.testing.assert_allclose(got[i], _cirtorch_forward(features, im, 2.75), atol=2e-5)
     # the model file's p drives the multi-scale power mean
     assert model.net.multiscale_power == pytest.approx(2.75)
 
 
-def test_checkpoint_of_another_architecture_names_the_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_checkpoint_of_another_architecture_names_the_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt = tmp_path / "wrong.pth"
     _cirtorch_checkpoint(ckpt, architecture="resnet34")  # resnet18 weights, resnet34 meta
     code, out, err = _cli(["import-checkpoint", str(ckpt), "--out", str(tmp_path / "m.pt")], capsys)
@@ -218,7 +260,9 @@ def test_checkpoint_of_another_architecture_names_the_keys(tmp_path: Path, capsy
     assert not (tmp_path / "m.pt").exists() and list(tmp_path.iterdir()) == [ckpt]
     # a file that is not a checkpoint, and a model file given where a checkpoint was expected
     (tmp_path / "junk.pth").write_bytes(b"not a zip")
-    code, _, err = _cli(["import-checkpoint", str(tmp_path / "junk.pth"), "--out", str(tmp_path / "m.pt")], capsys)
+    code, _, err = _cli(
+        ["import-checkpoint", str(tmp_path / "junk.pth"), "--out", str(tmp_path / "m.pt")], capsys
+    )
     assert code == 2 and "not a readable torch checkpoint" in err
 
 
@@ -228,7 +272,9 @@ def test_model_file_round_trip_and_refusals(tmp_path: Path, r18: RetrievalNet) -
     for k, v in r18.state_dict().items():
         torch.testing.assert_close(loaded.net.state_dict()[k], v)
     assert loaded.source == {"format": "test"} and loaded.whitening(multiscale=False) is None
-    with pytest.raises(InputError, match="model file is resnet18 with gem pooling; the method asks for resnet50"):
+    with pytest.raises(
+        InputError, match="model file is resnet18 with gem pooling; the method asks for resnet50"
+    ):
         build_net("resnet50", "gem", weights=tmp_path / "r18.pt")
     ckpt = tmp_path / "c.pth"
     _cirtorch_checkpoint(ckpt)
@@ -241,7 +287,9 @@ def test_model_file_round_trip_and_refusals(tmp_path: Path, r18: RetrievalNet) -
 def test_building_a_net_does_no_io(monkeypatch: pytest.MonkeyPatch) -> None:
     import torch.hub
 
-    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda *a, **k: pytest.fail("download attempted"))
+    monkeypatch.setattr(
+        torch.hub, "load_state_dict_from_url", lambda *a, **k: pytest.fail("download attempted")
+    )
     trunk = build_trunk("vgg11")
     assert trunk.dim == 512 and trunk.kind == "map"
     assert not isinstance(list(trunk.module.children())[-1], torch.nn.MaxPool2d)  # ends with a ReLU
@@ -250,7 +298,9 @@ def test_building_a_net_does_no_io(monkeypatch: pytest.MonkeyPatch) -> None:
 # --- the descriptor store ------------------------------------------------------------------------------
 
 
-def test_descriptor_store_resumes_and_checks_digests(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_descriptor_store_resumes_and_checks_digests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     names = [f"img{i}" for i in range(7)]
     vectors = np.random.default_rng(0).standard_normal((7, 4)).astype(np.float32)
     calls: list[list[int]] = []
@@ -290,7 +340,13 @@ def test_descriptor_store_resumes_and_checks_digests(tmp_path: Path, caplog: pyt
 
 # --- through the method interface, the CLI and the runner ---------------------------------------------
 
-TINY_CNN = {"weights": "random", "backbone": "resnet18", "max_side": 96, "scales": [1.0, 0.5], "batch_size": 8}
+TINY_CNN = {
+    "weights": "random",
+    "backbone": "resnet18",
+    "max_side": 96,
+    "scales": [1.0, 0.5],
+    "batch_size": 8,
+}
 
 
 @pytest.fixture(scope="module")
@@ -301,49 +357,118 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_gem_preset_runs_end_to_end_with_random_weights(tiny_root: Path, tmp_path: Path) -> None:
     import oxbench
 
-    out = oxbench.run("synthetic", "gem-r50-imagenet+w+alpha-qe", root=tiny_root, runs_dir=tmp_path / "runs",
-                      cache=tmp_path / "cache", overrides={**TINY_CNN, "whitening_dim": 16}, progress=False)
-    assert out.info["model"]["architecture"] == "resnet18" and out.info["model"]["weights"] == "random:seed=0"
+    out = oxbench.run(
+        "synthetic",
+        "gem-r50-imagenet+w+alpha-qe",
+        root=tiny_root,
+        runs_dir=tmp_path / "runs",
+        cache=tmp_path / "cache",
+        overrides={**TINY_CNN, "whitening_dim": 16},
+        progress=False,
+    )
+    assert (
+        out.info["model"]["architecture"] == "resnet18"
+        and out.info["model"]["weights"] == "random:seed=0"
+    )
     assert out.info["dim"] == 16 and out.config.train_dataset == "synthetic-train"
     assert 0.0 <= out.result.setups["medium"].map <= 1.0
     assert out.timings["features"] > 0
     # a rerun reads every descriptor from the store
-    again = oxbench.run("synthetic", "gem-r50-imagenet+w+alpha-qe", root=tiny_root, runs_dir=tmp_path / "runs",
-                        cache=tmp_path / "cache", overrides={**TINY_CNN, "whitening_dim": 16}, progress=False)
+    again = oxbench.run(
+        "synthetic",
+        "gem-r50-imagenet+w+alpha-qe",
+        root=tiny_root,
+        runs_dir=tmp_path / "runs",
+        cache=tmp_path / "cache",
+        overrides={**TINY_CNN, "whitening_dim": 16},
+        progress=False,
+    )
     record = json.loads((again.run_dir / "record.json").read_text())
-    assert record["cache"]["descriptors.database"] == "hit" and record["cache"]["descriptors.queries"] == "hit"
+    assert (
+        record["cache"]["descriptors.database"] == "hit"
+        and record["cache"]["descriptors.queries"] == "hit"
+    )
     assert again.result.setups["medium"].map == out.result.setups["medium"].map
 
 
-def test_gem_without_whitening_needs_no_training_set_and_weights_are_required(tiny_root: Path, tmp_path: Path) -> None:
+def test_gem_without_whitening_needs_no_training_set_and_weights_are_required(
+    tiny_root: Path, tmp_path: Path
+) -> None:
     import oxbench
     from oxbench.pipelines.method import resolve_method
 
     assert not resolve_method("gem-r50-imagenet").needs_training
     assert resolve_method("gem-r50-imagenet+w").needs_training
-    with pytest.raises(InputError, match=r"gem-r101 needs a model file: pass --set weights=MODEL.pt"):
-        oxbench.run("synthetic", "gem-r101", root=tiny_root, runs_dir=tmp_path / "runs", cache=tmp_path / "c",
-                    progress=False)
+    with pytest.raises(
+        InputError, match=r"gem-r101 needs a model file: pass --set weights=MODEL.pt"
+    ):
+        oxbench.run(
+            "synthetic",
+            "gem-r101",
+            root=tiny_root,
+            runs_dir=tmp_path / "runs",
+            cache=tmp_path / "c",
+            progress=False,
+        )
     with pytest.raises(InputError, match=r"setting scales: item 2: must be in \(0, 4\]"):
         resolve_method("gem-r50-imagenet", scales=[1, -1])
     with pytest.raises(InputError, match="model_whitening needs a model file"):
         resolve_method("gem-r50-imagenet", model_whitening=True)
 
 
-def test_extract_writes_what_evaluate_reads(tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_extract_writes_what_evaluate_reads(
+    tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "desc"
-    sets = [a for k, v in TINY_CNN.items() for a in ("--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")]
-    code, stdout, err = _cli(["extract", "--dataset", "synthetic", "--method", "gem-r50-imagenet", "--root", str(tiny_root),
-                              "--cache", str(tmp_path / "cache"), "--out", str(out), "--no-progress", *sets], capsys)
+    sets = [
+        a
+        for k, v in TINY_CNN.items()
+        for a in ("--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")
+    ]
+    code, stdout, err = _cli(
+        [
+            "extract",
+            "--dataset",
+            "synthetic",
+            "--method",
+            "gem-r50-imagenet",
+            "--root",
+            str(tiny_root),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--out",
+            str(out),
+            "--no-progress",
+            *sets,
+        ],
+        capsys,
+    )
     assert code == 0, err
     db, q = np.load(out / "db.npy"), np.load(out / "queries.npy")
     info = json.loads((out / "extract.json").read_text())
-    assert db.dtype == np.float32 and db.shape == (info["n_db"], 512) and q.shape == (info["n_queries"], 512)
+    assert (
+        db.dtype == np.float32
+        and db.shape == (info["n_db"], 512)
+        and q.shape == (info["n_queries"], 512)
+    )
     assert len((out / "db_names.txt").read_text().splitlines()) == db.shape[0]
     np.testing.assert_allclose(np.linalg.norm(db, axis=1), 1.0, rtol=1e-5)
-    code, stdout, err = _cli(["evaluate", "revisited", "--dataset", "synthetic", "--root", str(tiny_root),
-                              "--db-features", str(out / "db.npy"), "--query-features", str(out / "queries.npy"),
-                              "--json"], capsys)
+    code, stdout, err = _cli(
+        [
+            "evaluate",
+            "revisited",
+            "--dataset",
+            "synthetic",
+            "--root",
+            str(tiny_root),
+            "--db-features",
+            str(out / "db.npy"),
+            "--query-features",
+            str(out / "queries.npy"),
+            "--json",
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert 0.0 <= json.loads(stdout)["setups"]["medium"]["map"] <= 1.0
 
@@ -361,16 +486,35 @@ def test_extract_names_an_undecodable_image_and_allow_partial_skips_it(
     assert victim in images
     victim.write_bytes(b"\xff\xd8 truncated")
     out = tmp_path / "desc"
-    sets = [a for k, v in TINY_CNN.items() for a in ("--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")]
-    base = ["extract", "--dataset", "synthetic", "--method", "gem-r50-imagenet", "--root", str(root),
-            "--cache", str(tmp_path / "cache"), "--out", str(out), "--no-progress", *sets]
+    sets = [
+        a
+        for k, v in TINY_CNN.items()
+        for a in ("--set", f"{k}={json.dumps(v) if not isinstance(v, str) else v}")
+    ]
+    base = [
+        "extract",
+        "--dataset",
+        "synthetic",
+        "--method",
+        "gem-r50-imagenet",
+        "--root",
+        str(root),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--out",
+        str(out),
+        "--no-progress",
+        *sets,
+    ]
     code, stdout, err = _cli(base, capsys)
     assert code == 2 and stdout == "" and "\n" not in err.strip()
     assert victim.name in err and "cannot decode" in err and not out.exists()
     code, stdout, err = _cli([*base, "--allow-partial"], capsys)
     assert code == 0, err
     info = json.loads((out / "extract.json").read_text())
-    assert info["provenance"]["undecodable_images"] == {"synthetic/database": [bench.database.name(3)]}
+    assert info["provenance"]["undecodable_images"] == {
+        "synthetic/database": [bench.database.name(3)]
+    }
     assert not np.load(out / "db.npy")[3].any()
 
 
@@ -386,17 +530,30 @@ def test_gpu_check_script_runs_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert saved["agree"] == {"loop": True, "batched-fp32": True, "batched-bf16": True}
 
 
-def test_model_whitening_applies_the_files_lw(tiny_root: Path, tmp_path: Path, r18: RetrievalNet) -> None:
+def test_model_whitening_applies_the_files_lw(
+    tiny_root: Path, tmp_path: Path, r18: RetrievalNet
+) -> None:
     from oxbench.pipelines.extract import extract_descriptors
 
     rng = np.random.default_rng(3)
     m, proj = rng.standard_normal(512) * 0.01, rng.standard_normal((64, 512))
     save_model(tmp_path / "r18.pt", r18, lw={"sfm": {"ss": (m, proj), "ms": (m + 1.0, proj)}})
-    common = {"root": tiny_root, "cache": tmp_path / "cache", "progress": False,
-              "overrides": {"backbone": "resnet18", "weights": str(tmp_path / "r18.pt"), "max_side": 96, "scales": [1.0, 0.5]}}
+    common = {
+        "root": tiny_root,
+        "cache": tmp_path / "cache",
+        "progress": False,
+        "overrides": {
+            "backbone": "resnet18",
+            "weights": str(tmp_path / "r18.pt"),
+            "max_side": 96,
+            "scales": [1.0, 0.5],
+        },
+    }
     plain = extract_descriptors("synthetic", "gem-r101", tmp_path / "plain", **common)
     white = extract_descriptors("synthetic", "gem-r101+w", tmp_path / "white", **common)
-    assert white.info["steps"]["descriptors.database"] == "hit"  # the store holds the unwhitened ones
+    assert (
+        white.info["steps"]["descriptors.database"] == "hit"
+    )  # the store holds the unwhitened ones
     x = np.load(tmp_path / "plain" / "db.npy").astype(np.float64)
     want = (x - (m + 1.0)) @ proj.T  # multi-scale: the "ms" whitening
     want /= np.linalg.norm(want, axis=1, keepdims=True)
@@ -408,28 +565,61 @@ def test_cli_help_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys\nfrom oxbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "try:\n    main(['extract', '--help'])\nexcept SystemExit:\n    pass\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n")
-    env = {**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False)
+    code = (
+        "import sys\nfrom oxbench.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "try:\n    main(['extract', '--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    env = {
+        **__import__("os").environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src"),
+    }
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
     assert res.returncode == 0, res.stderr
     assert "extract" in res.stdout and "import-checkpoint" in res.stdout
 
 
-def test_run_cli_max_side_sets_the_cnn_setting(tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _cli(["run", "--dataset", "synthetic", "--method", "gem-r50-imagenet", "--root", str(tiny_root),
-                           "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "r"), "--max-side", "64",
-                           "--set", "weights=random", "--set", "backbone=resnet18", "--set", "scales=[1]",
-                           "--no-progress", "--workers", "1"], capsys)
+def test_run_cli_max_side_sets_the_cnn_setting(
+    tiny_root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _cli(
+        [
+            "run",
+            "--dataset",
+            "synthetic",
+            "--method",
+            "gem-r50-imagenet",
+            "--root",
+            str(tiny_root),
+            "--cache",
+            str(tmp_path / "c"),
+            "--out",
+            str(tmp_path / "r"),
+            "--max-side",
+            "64",
+            "--set",
+            "weights=random",
+            "--set",
+            "backbone=resnet18",
+            "--set",
+            "scales=[1]",
+            "--no-progress",
+            "--workers",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 0, err
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["method"]["max_side"] == 64 and config["method"]["features"]["max_side"] != 64
     assert "mAP" in out
 
 
-def test_trained_preset_without_its_model_file_says_how_to_get_it(tiny_root: Path, tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_trained_preset_without_its_model_file_says_how_to_get_it(
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import oxbench
     from oxbench.features.deep import models_dir
 
@@ -438,10 +628,19 @@ def test_trained_preset_without_its_model_file_says_how_to_get_it(tiny_root: Pat
     # without fit_network (the preset's fit trains the file, tests/test_architecture.py), the
     # missing file is one line saying how to get it
     with pytest.raises(InputError) as exc:
-        oxbench.run("synthetic", "gem-r18-synthetic", root=tiny_root, runs_dir=tmp_path / "runs",
-                    cache=tmp_path / "c", progress=False, overrides={"fit_network": False})
-    assert str(exc.value) == (f"{tiny_root / '_models' / 'gem-r18-synthetic.pt'}: no model file here: "
-                              "train it with oxbench train, or pass --set weights=PATH")
+        oxbench.run(
+            "synthetic",
+            "gem-r18-synthetic",
+            root=tiny_root,
+            runs_dir=tmp_path / "runs",
+            cache=tmp_path / "c",
+            progress=False,
+            overrides={"fit_network": False},
+        )
+    assert str(exc.value) == (
+        f"{tiny_root / '_models' / 'gem-r18-synthetic.pt'}: no model file here: "
+        "train it with oxbench train, or pass --set weights=PATH"
+    )
     monkeypatch.setenv("OXBENCH_MODELS", str(tmp_path / "m"))
     assert models_dir(tiny_root) == tmp_path / "m"
 
@@ -461,11 +660,17 @@ def test_model_files_are_found_in_the_runs_data_root_not_beside_the_dataset(
     elsewhere = tmp_path / "data root"
     with pytest.raises(InputError) as exc:
         impl.describe(bench, "database", RunContext(tmp_path / "c", progress=False, root=elsewhere))
-    assert str(exc.value).startswith(f"{elsewhere / '_models' / 'gem-r18-synthetic.pt'}: no model file here")
+    assert str(exc.value).startswith(
+        f"{elsewhere / '_models' / 'gem-r18-synthetic.pt'}: no model file here"
+    )
     monkeypatch.setenv("OXBENCH_DATA", str(tmp_path / "env root"))
     with pytest.raises(InputError) as exc:
-        resolve_method("gem-r18-synthetic").build().describe(bench, "database", RunContext(tmp_path / "c", progress=False))
-    assert str(exc.value).startswith(f"{tmp_path / 'env root' / '_models' / 'gem-r18-synthetic.pt'}: no model")
+        resolve_method("gem-r18-synthetic").build().describe(
+            bench, "database", RunContext(tmp_path / "c", progress=False)
+        )
+    assert str(exc.value).startswith(
+        f"{tmp_path / 'env root' / '_models' / 'gem-r18-synthetic.pt'}: no model"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,8 +710,9 @@ def _query_bench(full_hw: tuple[int, int], bbox: tuple[float, float, float, floa
     ((1800, 2400), (0.0, 100.0, 1600.0, 700.0), 1024),    # crop wider than max side
     ((3000, 2000), (50.0, 0.0, 550.0, 2999.0), 512),      # portrait, crop taller than max side
 ])  # fmt: skip
-def test_query_crop_keeps_the_scale_of_its_full_image(full_hw: tuple[int, int], bbox: tuple[float, float, float, float],
-                                                       max_side: int) -> None:
+def test_query_crop_keeps_the_scale_of_its_full_image(
+    full_hw: tuple[int, int], bbox: tuple[float, float, float, float], max_side: int
+) -> None:
     import math
 
     from oxbench.pipelines.families.global_descriptors import GlobalConfig, QueryCrops
@@ -531,7 +737,9 @@ def test_query_crop_of_an_image_within_max_side_is_the_same_either_way() -> None
     from oxbench.pipelines.families.global_descriptors import GlobalConfig, QueryCrops
 
     bench = _query_bench((480, 640), (10.0, 20.0, 300.0, 400.0))
-    full = QueryCrops(bench, GlobalConfig("g", descriptor="cnn", max_side=1024).query_resize, 1024)(0)
+    full = QueryCrops(bench, GlobalConfig("g", descriptor="cnn", max_side=1024).query_resize, 1024)(
+        0
+    )
     crop = QueryCrops(bench, "crop", 1024)(0)
     np.testing.assert_array_equal(full, crop)
     np.testing.assert_array_equal(resize_max_side(crop, 1024), full)
@@ -539,7 +747,9 @@ def test_query_crop_of_an_image_within_max_side_is_the_same_either_way() -> None
         GlobalConfig("g", descriptor="cnn", query_resize="box")  # type: ignore[arg-type]
 
 
-def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(tiny_root: Path, tmp_path: Path) -> None:
+def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(
+    tiny_root: Path, tmp_path: Path
+) -> None:
     """The shard tasks rebuild the network where they run (once per worker) and commit their
     shards; the driver reads the store. A CUDA device makes the task ask for a GPU resource."""
     from oxbench.execution import ProcessExecutor
@@ -553,11 +763,20 @@ def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(tiny_
     with ProcessExecutor(2) as ex:
         ctx = RunContext(tmp_path / "pool", executor=ex, progress=False)
         impl = m.build()
-        compute = impl._cnn_compute(bench, "database", [bench.database.name(i) for i in range(3)], ctx)
-        assert isinstance(compute, CnnShard) and compute._model is None  # built again in each worker
+        compute = impl._cnn_compute(
+            bench, "database", [bench.database.name(i) for i in range(3)], ctx
+        )
+        assert (
+            isinstance(compute, CnnShard) and compute._model is None
+        )  # built again in each worker
         pooled = impl.describe(bench, "database", ctx)
     np.testing.assert_allclose(pooled, here, rtol=1e-4, atol=1e-5)
     assert compute.resources is None
-    gpu = CnnShard(compute.spec, dataclasses.replace(compute.options, device="cuda"), compute.read, compute.names,
-                   allow_partial=False)  # fmt: skip
+    gpu = CnnShard(
+        compute.spec,
+        dataclasses.replace(compute.options, device="cuda"),
+        compute.read,
+        compute.names,
+        allow_partial=False,
+    )
     assert DescribeGlobalShard(gpu, gpu.names, tmp_path, plan="", tag="t").resources == {"GPU": 1}

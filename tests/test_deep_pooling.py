@@ -24,13 +24,20 @@ def ref_mac(x: np.ndarray) -> np.ndarray:
 
 def ref_spoc(x: np.ndarray) -> np.ndarray:
     c, h, w = x.shape
-    return np.array([sum(x[k, i, j] for i in range(h) for j in range(w)) / (h * w) for k in range(c)])
+    return np.array(
+        [sum(x[k, i, j] for i in range(h) for j in range(w)) / (h * w) for k in range(c)]
+    )
 
 
 def ref_gem(x: np.ndarray, p: float, eps: float = 1e-6) -> np.ndarray:
     c, h, w = x.shape
-    return np.array([(sum(max(x[k, i, j], eps) ** p for i in range(h) for j in range(w)) / (h * w)) ** (1 / p)
-                     for k in range(c)])
+    return np.array(
+        [
+            (sum(max(x[k, i, j], eps) ** p for i in range(h) for j in range(w)) / (h * w))
+            ** (1 / p)
+            for k in range(c)
+        ]
+    )
 
 
 def ref_regions(h: int, w: int, levels: int = 3, ovr: float = 0.4) -> list[tuple[int, int, int]]:
@@ -85,7 +92,12 @@ def _maps(seed: int, shape: tuple[int, ...]) -> np.ndarray:
 def test_heads_equal_their_references(shape: tuple[int, ...]) -> None:
     x = _maps(sum(shape), shape)
     t = torch.from_numpy(x)
-    for head, ref in ((MAC(), ref_mac), (SPoC(), ref_spoc), (GeM(2.5), lambda a: ref_gem(a, 2.5)), (RMAC(), ref_rmac)):
+    for head, ref in (
+        (MAC(), ref_mac),
+        (SPoC(), ref_spoc),
+        (GeM(2.5), lambda a: ref_gem(a, 2.5)),
+        (RMAC(), ref_rmac),
+    ):
         got = head.double()(t).detach().numpy()
         want = np.stack([ref(x[b]) for b in range(shape[0])])
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=type(head).__name__)
@@ -93,11 +105,17 @@ def test_heads_equal_their_references(shape: tuple[int, ...]) -> None:
 
 def test_rmac_regions_hand_worked() -> None:
     # 8x8: one 8x8 region, 4 of 5x5 at offsets 0/3, 9 of 4x4 at offsets 0/2/4
-    assert rmac_regions(8, 8) == ([(0, 0, 8)] + [(t, s, 5) for t in (0, 3) for s in (0, 3)]
-                                  + [(t, s, 4) for t in (0, 2, 4) for s in (0, 2, 4)])
+    assert rmac_regions(8, 8) == (
+        [(0, 0, 8)]
+        + [(t, s, 5) for t in (0, 3) for s in (0, 3)]
+        + [(t, s, 4) for t in (0, 2, 4) for s in (0, 2, 4)]
+    )
     # 6x10 (wider than tall): one extra region along the width (overlap 1/3 is closest to 0.4)
-    assert rmac_regions(6, 10) == ([(0, 0, 6), (0, 4, 6)] + [(t, s, 4) for t in (0, 2) for s in (0, 3, 6)]
-                                   + [(t, s, 3) for t in (0, 1, 3) for s in (0, 2, 4, 7)])
+    assert rmac_regions(6, 10) == (
+        [(0, 0, 6), (0, 4, 6)]
+        + [(t, s, 4) for t in (0, 2) for s in (0, 3, 6)]
+        + [(t, s, 3) for t in (0, 1, 3) for s in (0, 2, 4, 7)]
+    )
     # the transpose gives the transposed regions
     assert sorted(rmac_regions(10, 6)) == sorted((s, t, side) for t, s, side in rmac_regions(6, 10))
 
@@ -119,7 +137,11 @@ def test_gem_p_is_learnable_and_bridges_spoc_and_mac() -> None:
     gem = GeM(3.0)
     assert gem.p.requires_grad and tuple(gem.p.shape) == (1,)
     gem.double()(x).sum().backward()
-    assert gem.p.grad is not None and torch.isfinite(gem.p.grad).all() and float(gem.p.grad.abs().sum()) > 0
+    assert (
+        gem.p.grad is not None
+        and torch.isfinite(gem.p.grad).all()
+        and float(gem.p.grad.abs().sum()) > 0
+    )
     np.testing.assert_allclose(GeM(1.0).double()(x).detach(), SPoC()(x), rtol=1e-9)
     big = GeM(80.0).double()(x).detach()
     np.testing.assert_allclose(big, MAC()(x), rtol=0.05)
@@ -132,7 +154,9 @@ def test_gem_p_is_learnable_and_bridges_spoc_and_mac() -> None:
 
 def test_gem_clamps_at_eps() -> None:
     x = torch.zeros(1, 2, 3, 3, dtype=torch.float64)
-    np.testing.assert_allclose(GeM(3.0, eps=1e-6).double()(x).detach(), np.full((1, 2), 1e-6), rtol=1e-9)
+    np.testing.assert_allclose(
+        GeM(3.0, eps=1e-6).double()(x).detach(), np.full((1, 2), 1e-6), rtol=1e-9
+    )
 
 
 # --- the multi-scale combination -----------------------------------------------------------------
@@ -144,29 +168,42 @@ def test_multiscale_power_mean_equals_slow_reference() -> None:
     from oxbench.features.deep.model import RetrievalNet
 
     torch.manual_seed(0)
-    trunk_module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
-                                       torch.nn.Conv2d(8, 16, 3, stride=2, padding=1), torch.nn.ReLU())
+    trunk_module = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+        torch.nn.ReLU(),
+    )
     trunk = Trunk("tiny", trunk_module, 16, (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), "map")
     net = RetrievalNet(trunk, "gem", p=2.5).eval()
     scales = (1.0, 2**-0.5, 0.5)
     ext = Extractor(net, ExtractOptions(max_side=64, scales=scales, batch_size=3, device="cpu"))
     rng = np.random.default_rng(1)
     images = [rng.integers(0, 256, (20, 28, 3), dtype=np.uint8) for _ in range(4)] + [
-        rng.integers(0, 256, (31, 17, 3), dtype=np.uint8)]
+        rng.integers(0, 256, (31, 17, 3), dtype=np.uint8)
+    ]
     got = ext.describe(images)
 
     mean = np.array([0.5, 0.4, 0.3]).reshape(3, 1, 1)
     std = np.array([0.2, 0.25, 0.3]).reshape(3, 1, 1)
     for i, im in enumerate(images):
-        x = torch.from_numpy(((im.transpose(2, 0, 1) / 255.0 - mean) / std)[None].astype(np.float32))
+        x = torch.from_numpy(
+            ((im.transpose(2, 0, 1) / 255.0 - mean) / std)[None].astype(np.float32)
+        )
         per_scale = []
         for s in scales:
-            xs = x if s == 1 else torch.nn.functional.interpolate(x, scale_factor=s, mode="bilinear", align_corners=False)
+            xs = (
+                x
+                if s == 1
+                else torch.nn.functional.interpolate(
+                    x, scale_factor=s, mode="bilinear", align_corners=False
+                )
+            )
             with torch.no_grad():
                 fmap = trunk_module(xs)[0].double().numpy()
             v = ref_gem(fmap, 2.5)
             per_scale.append(v / np.linalg.norm(v))
-        combined = np.mean([v ** 2.5 for v in per_scale], axis=0) ** (1 / 2.5)
+        combined = np.mean([v**2.5 for v in per_scale], axis=0) ** (1 / 2.5)
         want = combined / np.linalg.norm(combined)
         np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-5)
     assert math.isclose(net.multiscale_power, 2.5)
@@ -215,14 +252,32 @@ def ref_regions32(h: int, w: int, levels: int = 3, ovr: float = 0.4) -> list[tup
 def test_rmac_float32_grid_on_the_sizes_where_rounding_decides() -> None:
     # 5 x 9: e = 1 and e = 2 tie in exact arithmetic (cost 0.2); float32 picks 1, float64 picks 2
     assert rmac_regions(5, 9, grid="float32") == [
-        (0, 0, 5), (0, 4, 5),
-        (0, 0, 3), (0, 3, 3), (0, 6, 3), (2, 0, 3), (2, 3, 3), (2, 6, 3),
-        (0, 0, 2), (0, 2, 2), (0, 4, 2), (0, 7, 2), (1, 0, 2), (1, 2, 2), (1, 4, 2), (1, 7, 2),
-        (3, 0, 2), (3, 2, 2), (3, 4, 2), (3, 7, 2),
-    ]  # fmt: skip
+        (0, 0, 5),
+        (0, 4, 5),
+        (0, 0, 3),
+        (0, 3, 3),
+        (0, 6, 3),
+        (2, 0, 3),
+        (2, 3, 3),
+        (2, 6, 3),
+        (0, 0, 2),
+        (0, 2, 2),
+        (0, 4, 2),
+        (0, 7, 2),
+        (1, 0, 2),
+        (1, 2, 2),
+        (1, 4, 2),
+        (1, 7, 2),
+        (3, 0, 2),
+        (3, 2, 2),
+        (3, 4, 2),
+        (3, 7, 2),
+    ]
     assert len(rmac_regions(5, 9)) == 26
     # 2 x 32, level 2 (side 1, 8 along the width): 7 * (31 / 7) lands just below 31 in float32
-    level2 = [left for top, left, side in rmac_regions(2, 32, grid="float32") if side == 1 and top == 0][:8]
+    level2 = [
+        left for top, left, side in rmac_regions(2, 32, grid="float32") if side == 1 and top == 0
+    ][:8]
     assert level2 == [0, 4, 8, 13, 17, 22, 26, 30]
     assert [left for top, left, side in rmac_regions(2, 32) if side == 1 and top == 0][:8][-1] == 31
     with pytest.raises(ValueError, match="unknown R-MAC grid"):
@@ -263,9 +318,18 @@ def test_method_setting_reaches_the_rmac_head() -> None:
     from oxbench.pipelines.families.global_descriptors import GlobalConfig
     from oxbench.pipelines.method import RunContext
 
-    m = GlobalConfig("r", descriptor="cnn", backbone="resnet18", pooling="rmac", weights="random", rmac_grid="float32")
+    m = GlobalConfig(
+        "r",
+        descriptor="cnn",
+        backbone="resnet18",
+        pooling="rmac",
+        weights="random",
+        rmac_grid="float32",
+    )
     assert m.descriptor_settings()["rmac_grid"] == "float32"
-    assert "rmac_grid" not in GlobalConfig("g", descriptor="cnn").descriptor_settings()  # other heads' keys unchanged
+    assert (
+        "rmac_grid" not in GlobalConfig("g", descriptor="cnn").descriptor_settings()
+    )  # other heads' keys unchanged
     impl = m.build()
     assert impl._model(RunContext(cache=Path("."))).net.pool.grid == "float32"
     with pytest.raises(InputError, match="setting rmac_grid: expected one of float64, float32"):

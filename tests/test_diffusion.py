@@ -56,7 +56,9 @@ def test_diffusion_follows_the_manifold() -> None:
 def test_truncation_keeps_the_tail_of_the_initial_ranking() -> None:
     v, _ = two_spirals(n=100)
     _, ranks = exact_search(v[:3], v)
-    new_ranks, scores = Diffusion(DiffusionSettings(k=10, truncation=50)).fit(v).rerank(v[:3], ranks)
+    new_ranks, scores = (
+        Diffusion(DiffusionSettings(k=10, truncation=50)).fit(v).rerank(v[:3], ranks)
+    )
     np.testing.assert_array_equal(new_ranks[:, 50:], ranks[:, 50:])
     assert np.all(scores[:, 50:] == 0)
     for a, b in zip(new_ranks[:, :50], ranks[:, :50], strict=True):
@@ -91,7 +93,9 @@ def test_affinity_is_mutual_knn_with_cubed_similarity() -> None:
 
 
 def test_bad_settings_and_inputs() -> None:
-    with pytest.raises(InputError, match="diffusion_alpha must be a number in \\(0, 1\\), got 'high'"):
+    with pytest.raises(
+        InputError, match="diffusion_alpha must be a number in \\(0, 1\\), got 'high'"
+    ):
         DiffusionSettings(alpha="high")  # type: ignore[arg-type]
     with pytest.raises(InputError, match="diffusion_k must be an integer >= 2"):
         DiffusionSettings(k=1)
@@ -107,7 +111,9 @@ def test_bad_settings_and_inputs() -> None:
     with pytest.raises(InputError, match="diffusion_mode must be online or offline"):
         DiffusionSettings(mode="batch")  # type: ignore[arg-type]
     v, _ = two_spirals(n=20)
-    with pytest.raises(InputError, match="diffusion_k=41 is larger than the database \\(40 images\\)"):
+    with pytest.raises(
+        InputError, match="diffusion_k=41 is larger than the database \\(40 images\\)"
+    ):
         Diffusion(DiffusionSettings(k=41)).fit(v)
     d = Diffusion(DiffusionSettings(k=3))
     with pytest.raises(InputError, match="fit the database graph"):
@@ -119,7 +125,9 @@ def test_bad_settings_and_inputs() -> None:
         d.rerank(v[:2], np.full((2, 5), 40))
 
 
-def test_database_side_augmentation_averages_each_vector_with_its_neighbours(rng: np.random.Generator) -> None:
+def test_database_side_augmentation_averages_each_vector_with_its_neighbours(
+    rng: np.random.Generator,
+) -> None:
     x = rng.normal(size=(30, 4))
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
     out = augment_database(x, 3, alpha=0.0)
@@ -158,7 +166,9 @@ def ref_normalise(a: np.ndarray) -> np.ndarray:
     return inv[:, None] * a * inv[None, :]
 
 
-def ref_query_vector(x: np.ndarray, q: np.ndarray, nodes: np.ndarray, query_k: int, gamma: float = 3.0) -> np.ndarray:
+def ref_query_vector(
+    x: np.ndarray, q: np.ndarray, nodes: np.ndarray, query_k: int, gamma: float = 3.0
+) -> np.ndarray:
     sims = x[nodes].astype(np.float64) @ q.astype(np.float64)
     y = np.zeros(len(nodes))
     seeds = np.argsort(-sims, kind="stable")[:query_k]
@@ -170,11 +180,15 @@ def unit(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def clusters(n_clusters: int = 6, size: int = 40, dim: int = 16, spread: float = 0.15, seed: int = 0):
+def clusters(
+    n_clusters: int = 6, size: int = 40, dim: int = 16, spread: float = 0.15, seed: int = 0
+):
     """Tight clusters around orthogonal directions: their mutual k-NN graphs are separate."""
     rng = np.random.default_rng(seed)
     centres = np.eye(dim)[:n_clusters]
-    x = np.repeat(centres, size, axis=0) + spread * rng.normal(size=(n_clusters * size, dim)) / np.sqrt(dim)
+    x = np.repeat(centres, size, axis=0) + spread * rng.normal(
+        size=(n_clusters * size, dim)
+    ) / np.sqrt(dim)
     return unit(x), np.repeat(np.arange(n_clusters), size)
 
 
@@ -207,10 +221,16 @@ def test_truncated_diffusion_against_the_formula(normalise: str, rng: np.random.
         w = w_full[np.ix_(top, top)] if normalise == "full" else ref_normalise(a[np.ix_(top, top)])
         f = np.linalg.solve(np.eye(50) - 0.99 * w, ref_query_vector(x, queries[qi], top, 4))
         by_image = dict(zip(new_ranks[qi, :50].tolist(), scores[qi, :50].tolist(), strict=True))
-        np.testing.assert_allclose([by_image[i] for i in top], np.clip(f, 0, None), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            [by_image[i] for i in top], np.clip(f, 0, None), rtol=1e-4, atol=1e-6
+        )
     # the two normalisations are different systems on this graph (the top R cuts edges)
     other = "subgraph" if normalise == "full" else "full"
-    _, scores2 = Diffusion(DiffusionSettings(k=9, query_k=4, truncation=50, normalise=other, **EXACT)).fit(x).rerank(queries, ranks)  # type: ignore[arg-type]
+    _, scores2 = (
+        Diffusion(DiffusionSettings(k=9, query_k=4, truncation=50, normalise=other, **EXACT))
+        .fit(x)
+        .rerank(queries, ranks)
+    )  # type: ignore[arg-type]
     assert np.abs(np.sort(scores2[:, :50], axis=1) - np.sort(scores[:, :50], axis=1)).max() > 1e-3
 
 
@@ -256,10 +276,18 @@ def test_offline_is_the_online_diffusion_without_truncation(rng: np.random.Gener
     np.testing.assert_allclose(got["online"][1], got["offline"][1], rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize(("mode", "normalise", "truncation"),
-                         [("online", "full", 600), ("online", "full", 200), ("online", "subgraph", 200),
-                          ("offline", "full", 200)])  # fmt: skip
-def test_diffusion_is_never_below_the_baseline_on_the_manifold(mode: str, normalise: str, truncation: int) -> None:
+@pytest.mark.parametrize(
+    ("mode", "normalise", "truncation"),
+    [
+        ("online", "full", 600),
+        ("online", "full", 200),
+        ("online", "subgraph", 200),
+        ("offline", "full", 200),
+    ],
+)
+def test_diffusion_is_never_below_the_baseline_on_the_manifold(
+    mode: str, normalise: str, truncation: int
+) -> None:
     v, labels = two_spirals()
     queries = np.random.default_rng(1).choice(len(v), 20, replace=False)
     _, ranks = exact_search(v[queries], v)

@@ -70,9 +70,14 @@ def read_blocks(path: Path) -> list[Block]:
         prev = next((ln.strip() for ln in reversed(lines[:start]) if ln.strip()), "")
         skip = SKIP_RE.match(prev)
         blocks.append(
-            Block(path, start + 1, lang, "\n".join(lines[start + 1 : j]) + "\n",
-                  skip.group("why") if skip else None)
-        )  # fmt: skip
+            Block(
+                path,
+                start + 1,
+                lang,
+                "\n".join(lines[start + 1 : j]) + "\n",
+                skip.group("why") if skip else None,
+            )
+        )
         i = j + 1
     return blocks
 
@@ -109,7 +114,9 @@ def _rox_gnd() -> dict[str, object]:
     for q in range(NQ_ROX):
         idx = rng.choice(N_ROX, size=30, replace=False).tolist()
         easy = [] if q < 2 else idx[:10]  # as in ROxford: two queries without Easy images
-        gnd.append({"bbx": [4.0, 3.0, 50.0, 40.0], "easy": easy, "hard": idx[10:22], "junk": idx[22:]})
+        gnd.append(
+            {"bbx": [4.0, 3.0, 50.0, 40.0], "easy": easy, "hard": idx[10:22], "junk": idx[22:]}
+        )
     return {
         "imlist": [f"rox_{i:06d}" for i in range(N_ROX)],
         "qimlist": [f"rox_query_{q:02d}" for q in range(NQ_ROX)],
@@ -141,24 +148,42 @@ def make_query_features(path: Path) -> None:
 def _oxford() -> tuple[list[str], list[dict[str, object]]]:
     """A small original-protocol set: 2 landmarks x 2 queries, 40 images (sorted, as the old-protocol
     pickles), the query images in the database."""
-    names = sorted([f"all_souls_{i:06d}" for i in range(12)] + [f"ashmolean_{i:06d}" for i in range(12)]
-                   + [f"oxford_{i:06d}" for i in range(16)])  # fmt: skip
+    names = sorted(
+        [f"all_souls_{i:06d}" for i in range(12)]
+        + [f"ashmolean_{i:06d}" for i in range(12)]
+        + [f"oxford_{i:06d}" for i in range(16)]
+    )
     queries = []
     for landmark, n in OXFORD_QUERIES:
         own = [i for i, s in enumerate(names) if s.startswith(landmark)]
         good, ok, junk = own[:5], own[5:8], own[8:10]
-        queries.append({"id": f"{landmark}_{n}", "image": names[good[n - 1]],
-                        "bbx": [10.0, 12.0, 300.0, 400.0], "good": good, "ok": ok, "junk": junk})
+        queries.append(
+            {
+                "id": f"{landmark}_{n}",
+                "image": names[good[n - 1]],
+                "bbx": [10.0, 12.0, 300.0, 400.0],
+                "good": good,
+                "ok": ok,
+                "junk": junk,
+            }
+        )
     return names, queries
 
 
 def make_gnd_oxford5k(path: Path) -> None:
     names, queries = _oxford()
-    path.write_bytes(pickle.dumps({
-        "imlist": names,
-        "qimlist": [q["image"] for q in queries],
-        "gnd": [{"bbx": q["bbx"], "ok": sorted(q["good"] + q["ok"]), "junk": q["junk"]} for q in queries],
-    }))  # fmt: skip
+    path.write_bytes(
+        pickle.dumps(
+            {
+                "imlist": names,
+                "qimlist": [q["image"] for q in queries],
+                "gnd": [
+                    {"bbx": q["bbx"], "ok": sorted(q["good"] + q["ok"]), "junk": q["junk"]}
+                    for q in queries
+                ],
+            }
+        )
+    )
 
 
 def make_oxford_ranks(path: Path) -> None:
@@ -202,7 +227,9 @@ def make_holidays_results(path: Path) -> None:
     lines = []
     for q in (n for n in names if n[-6:-4] == "00"):
         group = [n for n in names if n[:4] == q[:4]]
-        others = [names[i] for i in rng.choice(len(names), 8, replace=False) if names[i][:4] != q[:4]]
+        others = [
+            names[i] for i in rng.choice(len(names), 8, replace=False) if names[i][:4] != q[:4]
+        ]
         ranked = group[:1] + others[:3] + group[1:] + others[3:]
         lines.append(" ".join([q] + [f"{r} {n}" for r, n in enumerate(ranked)]))
     path.write_text("\n".join(lines) + "\n")
@@ -215,7 +242,9 @@ def make_ukbench_ranks(path: Path) -> None:
     top = np.stack([own + (np.arange(n) + s) % 4 for s in range(4)])  # the object's 4 images
     swap = rng.random(n) < 0.3  # some columns lose their last image to a random other one
     top[3, swap] = rng.integers(0, n, swap.sum())
-    top[3, swap] = np.where(top[3, swap] // 4 == own[swap] // 4, (top[3, swap] + 4) % n, top[3, swap])
+    top[3, swap] = np.where(
+        top[3, swap] // 4 == own[swap] // 4, (top[3, swap] + 4) % n, top[3, swap]
+    )
     np.save(path, top)
 
 
@@ -256,7 +285,9 @@ def _revisited_download(folder: Path, dataset: str, n_db: int, seed: int) -> Non
         img.save(buf, format="JPEG", quality=80)
         return buf.getvalue()
 
-    noise = [jpeg(Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))) for _ in range(16)]
+    noise = [
+        jpeg(Image.fromarray(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8))) for _ in range(16)
+    ]
     grey = jpeg(Image.new("RGB", (32, 24), (128, 128, 128)))
     names = [f"{dataset}_{i:06d}" for i in range(n_db)]
     qnames = [f"{dataset}_query_{q:02d}" for q in range(NQ_ROX)]
@@ -264,12 +295,18 @@ def _revisited_download(folder: Path, dataset: str, n_db: int, seed: int) -> Non
     for _ in range(NQ_ROX):
         idx = rng.choice(n_db, size=30, replace=False).tolist()
         labelled.update(idx[:22])
-        gnd.append({"bbx": [4.0, 3.0, 50.0, 40.0], "easy": idx[:10], "hard": idx[10:22], "junk": idx[22:]})
+        gnd.append(
+            {"bbx": [4.0, 3.0, 50.0, 40.0], "easy": idx[:10], "hard": idx[10:22], "junk": idx[22:]}
+        )
     for i, name in enumerate(names):
-        (folder / "jpg" / f"{name}.jpg").write_bytes(noise[i % 16] if i in labelled and i % 4 == 0 else grey)
+        (folder / "jpg" / f"{name}.jpg").write_bytes(
+            noise[i % 16] if i in labelled and i % 4 == 0 else grey
+        )
     for q, name in enumerate(qnames):
         (folder / "jpg" / f"{name}.jpg").write_bytes(noise[q % 16])
-    (folder / f"gnd_{dataset}.pkl").write_bytes(pickle.dumps({"imlist": names, "qimlist": qnames, "gnd": gnd}))
+    (folder / f"gnd_{dataset}.pkl").write_bytes(
+        pickle.dumps({"imlist": names, "qimlist": qnames, "gnd": gnd})
+    )
 
 
 def make_downloads(folder: Path) -> None:
@@ -283,8 +320,13 @@ def make_features_mat(path: Path) -> None:
     from scipy.io import savemat
 
     rng = _rng(path.name)
-    savemat(path, {"X": rng.standard_normal((16, N_ROX)).astype(np.float32),
-                   "Q": rng.standard_normal((16, NQ_ROX)).astype(np.float32)})  # fmt: skip
+    savemat(
+        path,
+        {
+            "X": rng.standard_normal((16, N_ROX)).astype(np.float32),
+            "Q": rng.standard_normal((16, NQ_ROX)).astype(np.float32),
+        },
+    )
 
 
 STAND_INS: dict[str, Callable[[Path], None]] = {
@@ -310,7 +352,11 @@ def prepare_workspace(folder: Path, code: str | None = None) -> dict[str, str]:
     """Write the stand-ins (those named in ``code``, all when None; the data root ``$OXBENCH_DATA``
     always) and the ``oxbench``/``python`` shims; return the blocks' environment."""
     for name, make in STAND_INS.items():
-        if code is None or name == "data" or re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", code):
+        if (
+            code is None
+            or name == "data"
+            or re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", code)
+        ):
             make(folder / name)
     return block_env(folder)
 
@@ -330,7 +376,10 @@ def block_env(folder: Path) -> dict[str, str]:
     import oxbench
 
     package_parent = str(Path(oxbench.__file__).resolve().parents[1])
-    pythonpath = [package_parent, *(str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    pythonpath = [
+        package_parent,
+        *(str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p),
+    ]
     env.update(
         PYTHONPATH=os.pathsep.join(pythonpath),
         PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -345,8 +394,9 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
         cmd = ["bash", "-e", "-o", "pipefail", "-c", block.code]
     else:
         cmd = [sys.executable, "-c", block.code]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=BLOCK_TIMEOUT_S, check=False)  # fmt: skip
+    proc = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False
+    )
     if proc.returncode != 0:
         pytest.fail(
             f"{block.where}: the {block.lang} block exits {proc.returncode}\n"
@@ -363,7 +413,9 @@ def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
 def test_every_block_is_tagged_and_every_skip_is_explained() -> None:
     for path in DOCS:
         for b in read_blocks(path):
-            assert b.lang in KNOWN_LANGS, f"{b.where}: fence the block as bash, python or text, not {b.lang!r}"
+            assert b.lang in KNOWN_LANGS, (
+                f"{b.where}: fence the block as bash, python or text, not {b.lang!r}"
+            )
             if b.skip is not None:
                 assert b.lang in RUN_LANGS, f"{b.where}: a skip comment before a {b.lang} block"
     readme = read_blocks(REPO / "README.md")
@@ -372,8 +424,9 @@ def test_every_block_is_tagged_and_every_skip_is_explained() -> None:
     for path in DOCS:
         lines = path.read_text(encoding="utf-8").splitlines()
         for i, ln in enumerate(lines):
-            if "docs-test" in ln and not (SKIP_RE.match(ln.strip()) and i + 1 < len(lines)
-                                          and lines[i + 1].startswith("```")):  # fmt: skip
+            if "docs-test" in ln and not (
+                SKIP_RE.match(ln.strip()) and i + 1 < len(lines) and lines[i + 1].startswith("```")
+            ):
                 inside = sum(1 for x in lines[:i] if x.startswith("```")) % 2 == 1
                 assert inside, f"{path.name}:{i + 1}: malformed docs-test comment: {ln!r}"
 
@@ -386,15 +439,21 @@ def test_block_reader_honours_fences_and_skip_comments(tmp_path: Path) -> None:
     )
     blocks = read_blocks(md)
     assert [(b.line, b.lang, b.skip) for b in blocks] == [
-        (1, "bash", None), (6, "python", "needs the network"), (9, "text", None)
-    ]  # fmt: skip
+        (1, "bash", None),
+        (6, "python", "needs the network"),
+        (9, "text", None),
+    ]
     assert blocks[2].code == "```bash\nnot a block\n```\n"
 
 
 @pytest.mark.parametrize(
     ("lang", "code", "code_out"),
     [
-        ("bash", "oxbench --version\noxbench evaluate revisited --gnd missing.pkl --ranks x.npy\n", 2),
+        (
+            "bash",
+            "oxbench --version\noxbench evaluate revisited --gnd missing.pkl --ranks x.npy\n",
+            2,
+        ),
         ("bash", "true\nfalse\ntrue\n", 1),  # a failure before the last line counts
         ("bash", "oxbench evaluate ukbench --ranks x.npy | cat\n", 2),  # and inside a pipe
         ("python", "import oxbench\nraise SystemExit(3)\n", 3),
@@ -402,7 +461,17 @@ def test_block_reader_honours_fences_and_skip_comments(tmp_path: Path) -> None:
 )
 def test_a_failing_block_fails(lang: str, code: str, code_out: int, tmp_path: Path) -> None:
     env = block_env(tmp_path)
-    run_block(Block(REPO / "README.md", 1, lang, "oxbench --help\n" if lang == "bash" else "import oxbench\n", None), tmp_path, env)
+    run_block(
+        Block(
+            REPO / "README.md",
+            1,
+            lang,
+            "oxbench --help\n" if lang == "bash" else "import oxbench\n",
+            None,
+        ),
+        tmp_path,
+        env,
+    )
     with pytest.raises(pytest.fail.Exception, match=f"exits {code_out}"):
         run_block(Block(REPO / "README.md", 1, lang, code, None), tmp_path, env)
 
@@ -436,14 +505,17 @@ def _required_extras(folder: Path) -> dict[str, str]:
 
 
 def test_synthetic_generator_extra_is_the_one_documented() -> None:
-    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     needed = _required_extras(REPO / "src" / "oxbench" / "datasets" / "synthetic")
     assert {"cv2", "PIL"} <= set(needed), needed
     # one extra covers everything the generator imports, and every require() names an extra that has it
     covering = [
-        name for name, reqs in extras.items()
+        name
+        for name, reqs in extras.items()
         if all(any(r.startswith(DISTRIBUTIONS[m]) for r in reqs) for m in needed)
-    ]  # fmt: skip
+    ]
     assert "classic" in covering, extras
     for mod, extra in needed.items():
         assert any(r.startswith(DISTRIBUTIONS[mod]) for r in extras[extra]), (mod, extra)
@@ -457,25 +529,42 @@ def test_synthetic_generator_extra_is_the_one_documented() -> None:
 # What docs/development.md promises about the test suite itself
 
 
-def _pytest_in(folder: Path, tests: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def _pytest_in(
+    folder: Path, tests: str, env_extra: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
     """Run pytest on ``tests`` in ``folder`` under this repository's conftest.py."""
     (folder / "conftest.py").write_text((REPO / "tests" / "conftest.py").read_text())
     (folder / "test_x.py").write_text(tests)
     (folder / "pytest.ini").write_text("[pytest]\nmarkers =\n    shared_data: real data\n")
     env = {k: v for k, v in os.environ.items() if k != "OXBENCH_SHARED_DATA"} | env_extra
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "--doctest-modules", "."],
-        cwd=folder, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-rs",
+            "-p",
+            "no:cacheprovider",
+            "--doctest-modules",
+            ".",
+        ],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
-MARKED = '''
+MARKED = """
 import pytest
 
 @pytest.mark.shared_data
 def test_reads_real_data(shared_data):
     assert (shared_data / "here.txt").read_text() == "real"
-'''
+"""
 
 
 def test_shared_data_marker_skips_with_the_hint_or_runs(tmp_path: Path) -> None:
@@ -521,16 +610,24 @@ def broken():
 def test_nothing_in_the_project_refers_to_files_outside_it() -> None:
     """Docs, sources and benchmarks name no file beside the checkout (CI's own script may)."""
     try:
-        listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+        listed = subprocess.run(
+            ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     outside = re.compile(r"\.\./shared|/work/shared|shared/data|SPEC\.md")
     offenders = []
     for rel in listed.splitlines():
         path = REPO / rel
-        if rel.startswith(("tests/", ".ci/")) or not path.is_file() or path.suffix in {".jpg", ".so"}:
+        if (
+            rel.startswith(("tests/", ".ci/"))
+            or not path.is_file()
+            or path.suffix in {".jpg", ".so"}
+        ):
             continue
-        for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        for n, line in enumerate(
+            path.read_text(encoding="utf-8", errors="replace").splitlines(), 1
+        ):
             if outside.search(line):
                 offenders.append(f"{rel}:{n}: {line.strip()}")
     assert not offenders, "\n".join(offenders)

@@ -115,7 +115,9 @@ def assert_matches_reference(gt, ranks, result, ks=None):
 # Random cases
 
 
-def random_gt(rng: np.random.Generator, protocol: str, n_db: int, nq: int, *, allow_empty=True) -> GroundTruth:
+def random_gt(
+    rng: np.random.Generator, protocol: str, n_db: int, nq: int, *, allow_empty=True
+) -> GroundTruth:
     queries = []
     for q in range(nq):
         perm = rng.permutation(n_db)
@@ -186,8 +188,12 @@ def test_differential_blocks_and_groups():
             labelled_positions_from_ranks(ranks, labels, n_index, n_db=gt.n_db, block_elems=1),
             labelled_positions_from_ranks(f, labels, n_index, n_db=gt.n_db),  # whole lists
             labelled_positions_from_ranks(f, labels, n_index, n_db=gt.n_db, group=3, block_elems=7),
-            labelled_positions_from_ranks(f.astype(np.int32), labels, n_index, n_db=gt.n_db, group=2),
-            labelled_positions_from_ranks(ranks.astype(float), labels, n_index, n_db=gt.n_db, block_elems=5),
+            labelled_positions_from_ranks(
+                f.astype(np.int32), labels, n_index, n_db=gt.n_db, group=2
+            ),
+            labelled_positions_from_ranks(
+                ranks.astype(float), labels, n_index, n_db=gt.n_db, block_elems=5
+            ),
         ]
         for other in others:
             for x, y in zip(a, other, strict=True):
@@ -210,18 +216,27 @@ def worked_gt(junk_as: str | None) -> GroundTruth:
             lab = "good"
         if lab in labels:
             labels[lab].append(i)
-    return GroundTruth("worked", "original", tuple(f"im{i}" for i in range(9)), (make_query("q", **labels),))
+    return GroundTruth(
+        "worked", "original", tuple(f"im{i}" for i in range(9)), (make_query("q", **labels),)
+    )
 
 
-@pytest.mark.parametrize(("junk_as", "expected"), [(None, 0.835), ("negative", 0.569), ("positive", 0.918)])
+@pytest.mark.parametrize(
+    ("junk_as", "expected"), [(None, 0.835), ("negative", 0.569), ("positive", 0.918)]
+)
 def test_worked_example(junk_as, expected):
     gt = worked_gt(junk_as)
     ranks = np.arange(9)[None, :]
     res = evaluate(gt, ranks)
     assert round(res.setups["original"].map, 3) == expected
     # the same ranking expressed as scores (strictly decreasing), and as a revisitop column
-    assert evaluate_scores(gt, np.linspace(1, 0, 9)[:, None]).setups["original"].map == res.setups["original"].map
-    assert evaluate(gt, from_revisitop(ranks.T)).setups["original"].map == res.setups["original"].map
+    assert (
+        evaluate_scores(gt, np.linspace(1, 0, 9)[:, None]).setups["original"].map
+        == res.setups["original"].map
+    )
+    assert (
+        evaluate(gt, from_revisitop(ranks.T)).setups["original"].map == res.setups["original"].map
+    )
 
 
 def test_revisited_lines_and_dict():
@@ -262,9 +277,13 @@ def test_truncated_list_without_positives_scores_zero():
 
 def test_ukbench_score():
     names = tuple(f"ukbench{i:05d}" for i in range(8))
-    queries = tuple(make_query(n, good=range(4 * (i // 4), 4 * (i // 4) + 4)) for i, n in enumerate(names))
+    queries = tuple(
+        make_query(n, good=range(4 * (i // 4), 4 * (i // 4) + 4)) for i, n in enumerate(names)
+    )
     gt = GroundTruth("ukbench", "ukbench", names, queries)
-    ranks = np.array([[q, *[j for j in range(8) if j != q]] for q in range(8)])  # self first, then order
+    ranks = np.array(
+        [[q, *[j for j in range(8) if j != q]] for q in range(8)]
+    )  # self first, then order
     res = evaluate(gt, ranks)
     exp = [sum(1 for j in ranks[q, :4] if j // 4 == q // 4) for q in range(8)]
     assert res.setups["ukbench"].score == pytest.approx(sum(exp) / 8)
@@ -358,7 +377,9 @@ def cases(draw):
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     protocol = draw(st.sampled_from(["revisited", "original", "holidays"]))
-    gt = random_gt(rng, protocol, draw(st.integers(12, 30)), draw(st.integers(1, 4)), allow_empty=False)
+    gt = random_gt(
+        rng, protocol, draw(st.integers(12, 30)), draw(st.integers(1, 4)), allow_empty=False
+    )
     return gt, random_ranks(rng, gt, gt.n_db)
 
 
@@ -441,7 +462,9 @@ def test_descending_order_is_the_stable_float_sort(values):
 def test_scores_path_equals_ranks_path_property(seed, n_values, dtype):
     """Few distinct score values = many ties: the stable order decides, both paths agree."""
     rng = np.random.default_rng(seed)
-    gt = random_gt(rng, "revisited", int(rng.integers(12, 80)), int(rng.integers(1, 4)), allow_empty=False)
+    gt = random_gt(
+        rng, "revisited", int(rng.integers(12, 80)), int(rng.integers(1, 4)), allow_empty=False
+    )
     scores = rng.integers(0, n_values, size=(gt.n_db, gt.n_queries)).astype(dtype)
     a = evaluate_scores(gt, scores)
     b = evaluate(gt, ranks_from_scores(scores))
@@ -469,7 +492,10 @@ def small_gt() -> GroundTruth:
         "small",
         "revisited",
         tuple(f"im{i}" for i in range(10)),
-        (make_query("qa", easy=[0, 1], hard=[2], junk=[3]), make_query("qb", easy=[4], hard=[5, 6])),
+        (
+            make_query("qa", easy=[0, 1], hard=[2], junk=[3]),
+            make_query("qb", easy=[4], hard=[5, 6]),
+        ),
     )
 
 
@@ -484,7 +510,10 @@ def full(q0, q1=None):
     ("ranks", "match"),
     [
         (full([0, 1, 2, 2, 4, 5, 6, 7, 8, 9]), r"query 0 \(qa\): image 2 appears more than once"),
-        (full([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9]), r"query 1 \(qb\): image 9"),
+        (
+            full([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [9, 8, 7, 6, 5, 4, 3, 2, 1, 9]),
+            r"query 1 \(qb\): image 9",
+        ),
         (full([0, 1, -2, 3, 4, 5, 6, 7, 8, 9]), r"query 0 \(qa\): rank position 2 holds index -2"),
         (full([0, 1, 2, 3, 4, 5, 6, 7, 8, 10]), r"holds index 10, but database indices are 0..9"),
         (full([0, 1, 2, 3, 4, 5, 6, 7, 8, 9.5]), r"these look like scores: use --scores"),
@@ -505,7 +534,12 @@ def test_duplicates_across_blocks_and_inside_one(small_gt):
     labels = query_labels(small_gt)
     bad = full([0, 1, 2, 3, 4, 5, 6, 7, 8, 0])
     for arr in (bad, np.asfortranarray(bad)):
-        for kw in ({"block_elems": 1}, {"block_elems": 1 << 20}, {"group": 1, "block_elems": 3}, {}):
+        for kw in (
+            {"block_elems": 1},
+            {"block_elems": 1 << 20},
+            {"group": 1, "block_elems": 3},
+            {},
+        ):
             with pytest.raises(InputError, match="image 0 appears more than once"):
                 labelled_positions_from_ranks(arr, labels, 10, **kw)
     # a repeated unlabelled image is an error too, and -1 gaps are not duplicates
@@ -520,7 +554,9 @@ def test_distractors(small_gt):
     with pytest.raises(InputError, match="holds index 12, but database indices are 0..9"):
         evaluate(small_gt, ranks, padding=-1)
     res = evaluate(small_gt, ranks, n_distractors=3, padding=-1)
-    assert res.setups["easy"].ap[0] == pytest.approx((1 / 2 * (0 + 1 / 2) + 1 / 2 * (1 / 2 + 2 / 3)) / 2)
+    assert res.setups["easy"].ap[0] == pytest.approx(
+        (1 / 2 * (0 + 1 / 2) + 1 / 2 * (1 / 2 + 2 / 3)) / 2
+    )
     with pytest.raises(InputError, match="distractors 10..12"):
         evaluate(small_gt, full([13]), n_distractors=3, padding=-1)
 
@@ -557,7 +593,9 @@ def test_inconsistent_ground_truth():
 
 
 def test_every_query_empty_in_a_setup():
-    gt = GroundTruth("x", "revisited", ("a", "b", "c"), (make_query("q", hard=[1]), make_query("r", hard=[2])))
+    gt = GroundTruth(
+        "x", "revisited", ("a", "b", "c"), (make_query("q", hard=[1]), make_query("r", hard=[2]))
+    )
     with pytest.raises(InputError, match="no query has positives in the 'easy' setup"):
         evaluate(gt, np.array([[0, 1, 2], [0, 1, 2]]))
 
@@ -622,7 +660,11 @@ def test_table_exporters():
     assert md[0] == "| setup | queries | mAP | mP@1 | mP@5 | mP@10 |"
     assert md[2].startswith("| original | 1/1 | 83.54 |")
     tex = res.latex()
-    assert tex.startswith(r"\begin{tabular}{lrrrrr}") and r"mAP & mP@1" in tex and r"\bottomrule" in tex
+    assert (
+        tex.startswith(r"\begin{tabular}{lrrrrr}")
+        and r"mAP & mP@1" in tex
+        and r"\bottomrule" in tex
+    )
     csv = csv_text(res.per_query_rows()).splitlines()
     assert csv[0] == "setup,query_index,query,n_positives,ap,p@1,p@5,p@10"
     assert csv[1].startswith("original,0,q,4,0.8354166666666666,1.0,0.6,")
@@ -660,7 +702,12 @@ def test_exported_ap_and_pk_equal_evaluate_bit_for_bit(labels, missing, ks):
     if not good:
         return
     junk = [i for i, c in enumerate(labels) if c == "j"]
-    gt = GroundTruth("x", "original", tuple(f"i{i}" for i in range(n + missing)), (make_query("q", good=good, junk=junk),))
+    gt = GroundTruth(
+        "x",
+        "original",
+        tuple(f"i{i}" for i in range(n + missing)),
+        (make_query("q", good=good, junk=junk),),
+    )
     res = evaluate(gt, np.arange(n)[None, :], ks=ks).setups["original"]
     kept = [c for c in labels if c != "j"]
     positions = [r for r, c in enumerate(kept) if c == "p"]
@@ -675,4 +722,7 @@ def test_declared_distractor_counts_are_bounded(small_gt):
     for bad in (2**63 - 1, MAX_DISTRACTORS + 1, -1, 2.5, True):
         with pytest.raises(InputError, match="n_distractors"):
             evaluate(small_gt, ranks, n_distractors=bad, padding=-1)
-    assert evaluate(small_gt, ranks, n_distractors=MAX_DISTRACTORS, padding=-1).n_distractors == MAX_DISTRACTORS
+    assert (
+        evaluate(small_gt, ranks, n_distractors=MAX_DISTRACTORS, padding=-1).n_distractors
+        == MAX_DISTRACTORS
+    )

@@ -101,13 +101,19 @@ def test_every_entry_names_a_family_object_and_no_string_dispatch_is_left() -> N
     from oxbench.datasets.spec import DatasetFamily
 
     fields = {f.name for f in dataclasses.fields(DatasetSpec)}
-    assert "family" in fields and "loader" not in fields and not hasattr(DatasetSpec, "resolve_loader")
+    assert (
+        "family" in fields and "loader" not in fields and not hasattr(DatasetSpec, "resolve_loader")
+    )
     assert set(BUILDERS) | {"synthetic", "synthetic-train"} == set(DATASETS.names())
     for i in DATASETS:
         assert isinstance(get_spec(i).family, DatasetFamily)
     # R1M's listed order vs Oxford 100K's sorted names is a declared property of the entry
     r1m, ox100k = get_spec("revisitop1m").family, get_spec("oxford100k").family
-    assert isinstance(r1m, Distractors) and r1m.order == "listed" and r1m.list_file == "revisitop1m.txt"
+    assert (
+        isinstance(r1m, Distractors)
+        and r1m.order == "listed"
+        and r1m.list_file == "revisitop1m.txt"
+    )
     assert isinstance(ox100k, Distractors) and ox100k.order == "sorted"
     for path in sorted(SRC.rglob("*.py")):
         text = path.read_text()
@@ -164,7 +170,9 @@ def test_ukbench_ground_truth_from_the_count_alone(tmp_path: Path) -> None:
 # --- synthetic: crop, progress, and evaluation that never generates -----------------------------
 
 
-def test_synthetic_load_keeps_crop_and_progress_off(synth_root: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_synthetic_load_keeps_crop_and_progress_off(
+    synth_root: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     py = load("synthetic", synth_root, progress=False)
     ml = load("synthetic", synth_root, crop="matlab", progress=False)
     assert py.crop == "python" and ml.crop == "matlab" and ml.describe()["crop"] == "matlab"
@@ -181,16 +189,26 @@ def _tiny_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     from oxbench.datasets.synthetic import loader
     from oxbench.datasets.synthetic.config import SynthConfig
 
-    common = {"landmarks": 2, "image_size": (160, 120), "generic_buildings": 4, "queries_per_landmark": 1}
+    common = {
+        "landmarks": 2,
+        "image_size": (160, 120),
+        "generic_buildings": 4,
+        "queries_per_landmark": 1,
+    }
     monkeypatch.setattr(loader, "DEFAULT_TEST", SynthConfig(db_size=24, **common))
     monkeypatch.setattr(
-        loader, "DEFAULT_TRAIN", SynthConfig(name="synthetic-train", city="southbridge", seed=1, db_size=12, **common)
+        loader,
+        "DEFAULT_TRAIN",
+        SynthConfig(name="synthetic-train", city="southbridge", seed=1, db_size=12, **common),
     )
 
 
 @pytest.mark.parametrize("progress", [False, True])
 def test_load_builds_the_default_on_first_use_with_progress_as_asked(
-    progress: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+    progress: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     _tiny_defaults(monkeypatch)
     b = load("synthetic", tmp_path, progress=progress, crop="matlab")
@@ -204,7 +222,9 @@ def test_ground_truth_of_an_absent_synthetic_set_says_how_to_make_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _tiny_defaults(monkeypatch)
-    with pytest.raises(InputError, match=r"not generated here; make it with `oxbench data synth .*oxbench run"):
+    with pytest.raises(
+        InputError, match=r"not generated here; make it with `oxbench data synth .*oxbench run"
+    ):
         load_ground_truth("synthetic", tmp_path)
     assert list(tmp_path.iterdir()) == []
 
@@ -220,7 +240,18 @@ def test_evaluate_on_an_empty_root_generates_nothing(
     ranks = tmp_path / "r.npy"
     np.save(ranks, np.zeros((5, 3), dtype=np.int64))
     with pytest.raises(SystemExit) as exc:
-        main(["evaluate", "revisited", "--dataset", "synthetic", "--root", str(empty), "--ranks", str(ranks)])
+        main(
+            [
+                "evaluate",
+                "revisited",
+                "--dataset",
+                "synthetic",
+                "--root",
+                str(empty),
+                "--ranks",
+                str(ranks),
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err.count("\n") == 1 and "oxbench data synth" in err
     assert list(empty.iterdir()) == []
@@ -259,7 +290,9 @@ def test_verify_synthetic_against_its_manifest(synth_root: Path, tmp_path: Path)
         assert len(rep.checksums) == 1 and "gnd_synthetic.pkl" in rep.checksums[0]
         found = rep.counts["database images"]["found"] + rep.counts["query images"]["found"]
         assert found == 43
-        assert any(line.startswith("  changed since generation: 1 image(s)") for line in rep.summary())
+        assert any(
+            line.startswith("  changed since generation: 1 image(s)") for line in rep.summary()
+        )
 
 
 def test_verify_an_absent_synthetic_set_says_how_to_make_it(tmp_path: Path) -> None:

@@ -33,14 +33,18 @@ def textured_image(seed: int, w: int = 320, h: int = 240) -> np.ndarray:
         if rng.random() < 0.5:
             cv2.circle(img, (x, y), int(rng.integers(3, 20)), color, -1)
         else:
-            cv2.rectangle(img, (x, y), (x + int(rng.integers(4, 30)), y + int(rng.integers(4, 30))), color, -1)
+            cv2.rectangle(
+                img, (x, y), (x + int(rng.integers(4, 30)), y + int(rng.integers(4, 30))), color, -1
+            )
     return cv2.GaussianBlur(img, (0, 0), 1.0)
 
 
 class ArrayImages:
     """In-memory image source (picklable, for the process pool)."""
 
-    def __init__(self, images: list[np.ndarray], names: list[str] | None = None, bad: int | None = None) -> None:
+    def __init__(
+        self, images: list[np.ndarray], names: list[str] | None = None, bad: int | None = None
+    ) -> None:
         self.images = images
         self.names = names or [f"img{i:03d}" for i in range(len(images))]
         self.bad = bad
@@ -200,7 +204,9 @@ def test_store_resumes_to_the_same_result(tmp_path: Path) -> None:
     full = FeatureStore.open(tmp_path / "full", cfg)
     extract_to_store(DescribeImages(src, cfg), len(src), full, shard_size=3, progress=False)
     part = FeatureStore.open(tmp_path / "part", cfg)
-    extract_to_store(DescribeImages(src, cfg), len(src), part, shard_size=3, progress=False, stop_after=1)
+    extract_to_store(
+        DescribeImages(src, cfg), len(src), part, shard_size=3, progress=False, stop_after=1
+    )
     assert len(part) == 3
     # a leftover temporary file (crash mid-write) does not count as a shard
     (tmp_path / "part" / "shard-000001.kp.npy.tmp").write_bytes(b"garbage")
@@ -208,7 +214,9 @@ def test_store_resumes_to_the_same_result(tmp_path: Path) -> None:
     assert len(reopened) == 3
     extract_to_store(DescribeImages(src, cfg), len(src), reopened, shard_size=3, progress=False)
     names = src.names
-    for a, b in zip(_all(full, names), _all(FeatureStore.open(tmp_path / "part", cfg), names), strict=True):
+    for a, b in zip(
+        _all(full, names), _all(FeatureStore.open(tmp_path / "part", cfg), names), strict=True
+    ):
         assert a[0] == b[0] and a[3] == b[3]
         np.testing.assert_array_equal(a[1], b[1])
         np.testing.assert_array_equal(a[2], b[2])
@@ -223,8 +231,14 @@ def test_store_with_process_pool_equals_serial(tmp_path: Path) -> None:
     serial = FeatureStore.open(tmp_path / "s", cfg)
     extract_to_store(DescribeImages(src, cfg), len(src), serial, progress=False)
     pooled = FeatureStore.open(tmp_path / "p", cfg)
-    extract_to_store(DescribeImages(src, cfg), len(src), pooled, executor=ProcessExecutor(2), shard_size=2,
-                     progress=False)
+    extract_to_store(
+        DescribeImages(src, cfg),
+        len(src),
+        pooled,
+        executor=ProcessExecutor(2),
+        shard_size=2,
+        progress=False,
+    )
     for a, b in zip(_all(serial, src.names), _all(pooled, src.names), strict=True):
         np.testing.assert_array_equal(a[2], b[2])
 
@@ -260,7 +274,9 @@ def test_store_refuses_duplicate_names(tmp_path: Path) -> None:
     src = ArrayImages([textured_image(1, 80, 80)] * 2, names=["a", "a"])
     cfg = SiftConfig(n_features=10)
     with pytest.raises(InputError, match="appears twice"):
-        extract_to_store(DescribeImages(src, cfg), 2, FeatureStore.open(tmp_path / "s", cfg), progress=False)
+        extract_to_store(
+            DescribeImages(src, cfg), 2, FeatureStore.open(tmp_path / "s", cfg), progress=False
+        )
 
 
 def test_a_store_of_flat_shard_files_stays_warm(tmp_path: Path) -> None:
@@ -277,7 +293,10 @@ def test_a_store_of_flat_shard_files_stays_warm(tmp_path: Path) -> None:
         folder.rmdir()
     flat = FeatureStore.open(tmp_path / "s", cfg)
     assert len(flat) == 5 and flat.bad_shards == []
-    assert extract_to_store(DescribeImages(src, cfg), len(src), flat, shard_size=2, progress=False) == 0
+    assert (
+        extract_to_store(DescribeImages(src, cfg), len(src), flat, shard_size=2, progress=False)
+        == 0
+    )
     for a, b in zip(before, _all(FeatureStore.open(tmp_path / "s", cfg), src.names), strict=True):
         assert a[0] == b[0] and a[3] == b[3]
         np.testing.assert_array_equal(a[2], b[2])

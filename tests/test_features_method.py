@@ -28,7 +28,9 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_root(tmp_path_factory.mktemp("data"))
 
 
-def write_features(root: Path, dataset: str, folder: Path, *, noise: float, seed: int) -> tuple[Path, Path]:
+def write_features(
+    root: Path, dataset: str, folder: Path, *, noise: float, seed: int
+) -> tuple[Path, Path]:
     """Descriptors that know the labels: each landmark a direction, its images near it, others random."""
     gt = load(dataset, root, progress=False).gt
     rng = np.random.default_rng(seed)
@@ -50,27 +52,50 @@ def files(tiny_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     tdb, tq = write_features(tiny_root, "synthetic-train", folder / "train", noise=0.5, seed=1)
     train = np.vstack([np.load(tdb), np.load(tq)])
     np.save(folder / "train.npy", train)
-    np.save(folder / "pairs.npy", matching_pairs(load("synthetic-train", tiny_root, progress=False).gt))
+    np.save(
+        folder / "pairs.npy", matching_pairs(load("synthetic-train", tiny_root, progress=False).gt)
+    )
     return {"db": db, "q": q, "train": folder / "train.npy", "pairs": folder / "pairs.npy"}
 
 
-def go(root: Path, tmp: Path, method: str, files: dict[str, Path], cache: Path | None = None, **overrides: object):
+def go(
+    root: Path,
+    tmp: Path,
+    method: str,
+    files: dict[str, Path],
+    cache: Path | None = None,
+    **overrides: object,
+):
     sets = {"db_features": str(files["db"]), "query_features": str(files["q"]), **overrides}
-    return run("synthetic", method, root=root, out=tmp / method, cache=cache or tmp / "cache", overrides=sets,
-               progress=False)  # fmt: skip
+    return run(
+        "synthetic",
+        method,
+        root=root,
+        out=tmp / method,
+        cache=cache or tmp / "cache",
+        overrides=sets,
+        progress=False,
+    )
 
 
 def test_presets_and_settings() -> None:
-    m = resolve_method("features-diffusion", db_features="a.npy", query_features="b.npy", diffusion_k=7)
+    m = resolve_method(
+        "features-diffusion", db_features="a.npy", query_features="b.npy", diffusion_k=7
+    )
     assert isinstance(m, GlobalConfig) and m.descriptor == "features" and m.rerank == "diffusion"
     assert not m.needs_training and m.to_dict()["diffusion_k"] == 7
-    with pytest.raises(InputError, match="setting search: expected one of exact, faiss-flat, faiss-ivfpq, got 'annoy'"):
+    with pytest.raises(
+        InputError,
+        match="setting search: expected one of exact, faiss-flat, faiss-ivfpq, got 'annoy'",
+    ):
         resolve_method("features", search="annoy")
     with pytest.raises(InputError, match="nprobe 9 is larger than nlist 8"):
         resolve_method("features-ivfpq", nlist=8, nprobe=9)
 
 
-def test_own_features_through_the_runner(tiny_root: Path, tmp_path: Path, files: dict[str, Path]) -> None:
+def test_own_features_through_the_runner(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path]
+) -> None:
     out = go(tiny_root, tmp_path, "features", files)
     assert out.config.train_dataset is None and out.info["feature_files"]["db"] == str(files["db"])
     assert out.info["bytes_per_image"] == D * 4 and out.info["search"] == {"kind": "exact"}
@@ -86,38 +111,72 @@ def test_own_features_through_the_runner(tiny_root: Path, tmp_path: Path, files:
         ("features-diffusion", {"diffusion_k": 5, "diffusion_query_k": 3}, "diffusion"),
         ("features", {"search": "faiss-flat"}, "search"),
         ("features", {"whitening": "pca", "train_features": str(files["train"])}, "whitening"),
-        ("features", {"whitening": "learned", "train_features": str(files["train"]),
-                      "train_pairs": str(files["pairs"])}, "whitening"),
-    ):  # fmt: skip
+        (
+            "features",
+            {
+                "whitening": "learned",
+                "train_features": str(files["train"]),
+                "train_pairs": str(files["pairs"]),
+            },
+            "whitening",
+        ),
+    ):
         res = go(tiny_root, tmp_path / f"{method}-{len(extra)}-{key}", method, files, **extra)
         assert 0.0 < res.result.setups["medium"].map <= 1.0
         if key is not None:
             assert key in res.info, (method, key)
-    flat = go(tiny_root, tmp_path / "flat", "features", files, cache=tmp_path / "c", search="faiss-flat")
+    flat = go(
+        tiny_root, tmp_path / "flat", "features", files, cache=tmp_path / "c", search="faiss-flat"
+    )
     np.testing.assert_allclose(flat.result.setups["medium"].map, base, atol=1e-9)
-    assert flat.info["search"]["kind"] == "flat" and flat.record["cache"]["search_index"] == "computed"
-    again = go(tiny_root, tmp_path / "flat2", "features", files, cache=tmp_path / "c", search="faiss-flat")
+    assert (
+        flat.info["search"]["kind"] == "flat" and flat.record["cache"]["search_index"] == "computed"
+    )
+    again = go(
+        tiny_root, tmp_path / "flat2", "features", files, cache=tmp_path / "c", search="faiss-flat"
+    )
     assert again.record["cache"]["search_index"] == "hit"
 
 
 def test_offline_diffusion_records_its_memory_and_matches_online_without_truncation(
     tiny_root: Path, tmp_path: Path, files: dict[str, Path]
 ) -> None:
-    kw = {"diffusion_k": 5, "diffusion_query_k": 3, "diffusion_truncation": 40, "diffusion_iterations": 200}
+    kw = {
+        "diffusion_k": 5,
+        "diffusion_query_k": 3,
+        "diffusion_truncation": 40,
+        "diffusion_iterations": 200,
+    }
     online = go(tiny_root, tmp_path / "on", "features-diffusion", files, **kw)
-    offline = go(tiny_root, tmp_path / "off", "features-diffusion", files, diffusion_mode="offline", **kw)
+    offline = go(
+        tiny_root, tmp_path / "off", "features-diffusion", files, diffusion_mode="offline", **kw
+    )
     info = offline.info["diffusion"]
     assert info["mode"] == "offline" and info["normalise"] == "full" and info["k"] == 5
     assert info["offline_nnz_per_image"] == 40 and info["offline_bytes_per_image"] >= 40 * 8
     assert "offline_bytes_per_image" not in online.info["diffusion"]
     assert offline.config.method.to_dict()["diffusion_mode"] == "offline"
-    np.testing.assert_allclose(offline.result.setups["medium"].map, online.result.setups["medium"].map, atol=1e-9)
+    np.testing.assert_allclose(
+        offline.result.setups["medium"].map, online.result.setups["medium"].map, atol=1e-9
+    )
 
 
-def test_learned_whitening_kind_and_provenance(tiny_root: Path, tmp_path: Path, files: dict[str, Path]) -> None:
-    res = go(tiny_root, tmp_path, "features", files, whitening="learned", train_features=str(files["train"]),
-             train_pairs=str(files["pairs"]))  # fmt: skip
-    assert res.info["whitening"]["kind"] == "learned" and str(files["train"]) in res.info["whitening"]["fitted_on"]
+def test_learned_whitening_kind_and_provenance(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    res = go(
+        tiny_root,
+        tmp_path,
+        "features",
+        files,
+        whitening="learned",
+        train_features=str(files["train"]),
+        train_pairs=str(files["pairs"]),
+    )
+    assert (
+        res.info["whitening"]["kind"] == "learned"
+        and str(files["train"]) in res.info["whitening"]["fitted_on"]
+    )
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -126,10 +185,26 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return int(exc.value.code or 0), capsys.readouterr().err
 
 
-@pytest.mark.parametrize("case", ["dim", "rows", "no-train", "ivf-nlist", "few-images", "diffusion-k",
-                                  "diffusion-truncation", "diffusion-alpha", "diffusion-alpha-text"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dim",
+        "rows",
+        "no-train",
+        "ivf-nlist",
+        "few-images",
+        "diffusion-k",
+        "diffusion-truncation",
+        "diffusion-alpha",
+        "diffusion-alpha-text",
+    ],
+)
 def test_bad_input_is_one_line_exit_2_and_no_run(
-    case: str, tiny_root: Path, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+    case: str,
+    tiny_root: Path,
+    tmp_path: Path,
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     db, q = files["db"], files["q"]
     extra: list[str] = []
@@ -162,12 +237,34 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
     else:
         few = tmp_path / "few.npy"
         np.save(few, np.load(files["train"])[:6])
-        extra = ["--set", "whitening=learned", "--set", f"train_features={few}", "--set", f"train_pairs={files['pairs']}"]
+        extra = [
+            "--set",
+            "whitening=learned",
+            "--set",
+            f"train_features={few}",
+            "--set",
+            f"train_pairs={files['pairs']}",
+        ]
         want = "needs more than 8 images and at least 8 matching pairs; got 6 images"
     out = tmp_path / "run"
-    code, err = cli(capsys, "run", "--method", "features", "--root", str(tiny_root), "--out", str(out),
-                    "--cache", str(tmp_path / "c"), "--no-progress", "--set", f"db_features={db}",
-                    "--set", f"query_features={q}", *extra)  # fmt: skip
+    code, err = cli(
+        capsys,
+        "run",
+        "--method",
+        "features",
+        "--root",
+        str(tiny_root),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "c"),
+        "--no-progress",
+        "--set",
+        f"db_features={db}",
+        "--set",
+        f"query_features={q}",
+        *extra,
+    )
     assert code == 2 and want in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert list_runs(out) == []
@@ -183,12 +280,30 @@ def test_corrupt_cached_index_is_rebuilt_with_one_warning(
     data[len(data) // 2] ^= 0x01
     index.write_bytes(bytes(data))
     out = tmp_path / "again"
-    code, err = cli(capsys, "run", "--method", "features", "--root", str(tiny_root), "--out", str(out),
-                    "--cache", str(tmp_path / "cache"), "--no-progress", "--set", f"db_features={files['db']}",
-                    "--set", f"query_features={files['q']}", "--set", "search=faiss-flat")  # fmt: skip
+    code, err = cli(
+        capsys,
+        "run",
+        "--method",
+        "features",
+        "--root",
+        str(tiny_root),
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "cache"),
+        "--no-progress",
+        "--set",
+        f"db_features={files['db']}",
+        "--set",
+        f"query_features={files['q']}",
+        "--set",
+        "search=faiss-flat",
+    )
     assert code == 0, err
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and str(index) in lines[0] and "building the index again" in lines[0], err
+    assert len(lines) == 1 and str(index) in lines[0] and "building the index again" in lines[0], (
+        err
+    )
     (run_dir,) = list_runs(out)
     assert json.loads((run_dir / "record.json").read_text())["cache"]["search_index"] == "computed"
 
@@ -203,23 +318,47 @@ def _gnd_only_root(root: Path, n_db: int = 30, n_q: int = 3) -> Path:
 
     d = root / "roxford5k"
     d.mkdir(parents=True)
-    gnd = [{"bbx": [0.0, 0.0, 10.0, 10.0], "easy": [3 * q], "hard": [3 * q + 1], "junk": [3 * q + 2]} for q in range(n_q)]
+    gnd = [
+        {"bbx": [0.0, 0.0, 10.0, 10.0], "easy": [3 * q], "hard": [3 * q + 1], "junk": [3 * q + 2]}
+        for q in range(n_q)
+    ]
     names = [f"img_{i:03d}" for i in range(n_db)]
-    (d / "gnd_roxford5k.pkl").write_bytes(pickle.dumps({"imlist": names, "qimlist": [f"q{q}" for q in range(n_q)], "gnd": gnd}))
+    (d / "gnd_roxford5k.pkl").write_bytes(
+        pickle.dumps({"imlist": names, "qimlist": [f"q{q}" for q in range(n_q)], "gnd": gnd})
+    )
     return root
 
 
-def test_features_run_from_ground_truth_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_features_run_from_ground_truth_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = _gnd_only_root(tmp_path / "data")
     rng = np.random.default_rng(0)
     db = rng.normal(size=(30, D)).astype(np.float32)
     np.save(tmp_path / "db.npy", db)
     np.save(tmp_path / "q.npy", db[[0, 3, 6]] + 0.01)
-    args = ["run", "--dataset", "roxford5k", "--method", "features-diffusion", "--root", str(root), "--no-progress",
-            "--cache", str(tmp_path / "c"), "--set", f"db_features={tmp_path / 'db.npy'}",
-            "--set", f"query_features={tmp_path / 'q.npy'}", "--set", "diffusion_k=5"]  # fmt: skip
+    args = [
+        "run",
+        "--dataset",
+        "roxford5k",
+        "--method",
+        "features-diffusion",
+        "--root",
+        str(root),
+        "--no-progress",
+        "--cache",
+        str(tmp_path / "c"),
+        "--set",
+        f"db_features={tmp_path / 'db.npy'}",
+        "--set",
+        f"query_features={tmp_path / 'q.npy'}",
+        "--set",
+        "diffusion_k=5",
+    ]
     code, err = cli(capsys, *args, "--out", str(tmp_path / "strict"))
-    assert code == 2 and "expected 4993" in err and len(err.strip().splitlines()) == 1  # counts still checked
+    assert (
+        code == 2 and "expected 4993" in err and len(err.strip().splitlines()) == 1
+    )  # counts still checked
     with pytest.raises(SystemExit) as exc:
         main([*args, "--out", str(tmp_path / "run"), "--allow-partial"])
     out, err = capsys.readouterr()
@@ -227,15 +366,33 @@ def test_features_run_from_ground_truth_alone(tmp_path: Path, capsys: pytest.Cap
     assert out.startswith("roxford5k: mAP E: ")
     (run_dir,) = list_runs(tmp_path / "run")
     texts = {p.name: p.read_text() for p in run_dir.iterdir() if p.suffix == ".json"}
-    assert any('"images": "not used"' in t or '"option.images": "not used"' in t for t in texts.values()), list(texts)
+    assert any(
+        '"images": "not used"' in t or '"option.images": "not used"' in t for t in texts.values()
+    ), list(texts)
     # a method that reads pixels still needs the images, and says so
-    code, err = cli(capsys, "run", "--dataset", "roxford5k", "--method", "rootsift-bow", "--root", str(root),
-                    "--out", str(tmp_path / "bow"), "--allow-partial", "--no-progress", "--train-dataset", "roxford5k")  # fmt: skip
+    code, err = cli(
+        capsys,
+        "run",
+        "--dataset",
+        "roxford5k",
+        "--method",
+        "rootsift-bow",
+        "--root",
+        str(root),
+        "--out",
+        str(tmp_path / "bow"),
+        "--allow-partial",
+        "--no-progress",
+        "--train-dataset",
+        "roxford5k",
+    )
     assert code == 2 and "image(s) of roxford5k are missing" in err, err
 
 
 @pytest.mark.shared_data
-def test_real_lopq_diffusion_beats_cosine(shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_real_lopq_diffusion_beats_cosine(
+    shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """`oxbench run --method features-diffusion` on the lopq ROxford descriptors (Iscen et al.'s 5K
     global settings: k 50, query k 10, alpha 0.99, gamma 3, R 1000), ground truth only, no images:
     above the cosine baseline E/M/H 28.89 / 21.13 / 4.60 on every setup."""
@@ -249,13 +406,32 @@ def test_real_lopq_diffusion_beats_cosine(shared_data: Path, tmp_path: Path, cap
     np.save(tmp_path / "db.npy", x[[row[n] for n in rev.db_names]])
     np.save(tmp_path / "q.npy", x[[row[n] for n in rev.query_names]])
     (tmp_path / "data" / "roxford5k").mkdir(parents=True)
-    (tmp_path / "data" / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(shared_data / "roxford5k/gnd_roxford5k.pkl")
+    (tmp_path / "data" / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(
+        shared_data / "roxford5k/gnd_roxford5k.pkl"
+    )
     maps = {}
     for method in ("features", "features-diffusion"):
         with pytest.raises(SystemExit) as exc:
-            main(["run", "--dataset", "roxford5k", "--method", method, "--root", str(tmp_path / "data"),
-                  "--out", str(tmp_path / method), "--cache", str(tmp_path / "c"), "--no-progress",
-                  "--set", f"db_features={tmp_path / 'db.npy'}", "--set", f"query_features={tmp_path / 'q.npy'}"])  # fmt: skip
+            main(
+                [
+                    "run",
+                    "--dataset",
+                    "roxford5k",
+                    "--method",
+                    method,
+                    "--root",
+                    str(tmp_path / "data"),
+                    "--out",
+                    str(tmp_path / method),
+                    "--cache",
+                    str(tmp_path / "c"),
+                    "--no-progress",
+                    "--set",
+                    f"db_features={tmp_path / 'db.npy'}",
+                    "--set",
+                    f"query_features={tmp_path / 'q.npy'}",
+                ]
+            )
         out, err = capsys.readouterr()
         assert exc.value.code in (0, None), err
         maps[method] = out.splitlines()[0]
@@ -280,24 +456,66 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
     root, db, q = _gnd_only_features(tmp_path)
     np.save(tmp_path / "db.npy", db)
     np.save(tmp_path / "q.npy", q)
-    sio.savemat(tmp_path / "feats.mat", {"X": db.T, "Q": q.T})  # revisitop: [d, n] columns per image
+    sio.savemat(
+        tmp_path / "feats.mat", {"X": db.T, "Q": q.T}
+    )  # revisitop: [d, n] columns per image
     common = {"root": root, "cache": tmp_path / "c", "strict": False, "progress": False}
-    plain = run("roxford5k", "features", out=tmp_path / "npy", **common,
-                overrides={"db_features": str(tmp_path / "db.npy"), "query_features": str(tmp_path / "q.npy")})
-    mat = run("roxford5k", "features", out=tmp_path / "mat", **common, overrides={
-        "db_features": str(tmp_path / "feats.mat"), "key": "X", "query_features": str(tmp_path / "feats.mat"),
-        "query_key": "Q", "layout": "d-n"})  # fmt: skip
+    plain = run(
+        "roxford5k",
+        "features",
+        out=tmp_path / "npy",
+        **common,
+        overrides={
+            "db_features": str(tmp_path / "db.npy"),
+            "query_features": str(tmp_path / "q.npy"),
+        },
+    )
+    mat = run(
+        "roxford5k",
+        "features",
+        out=tmp_path / "mat",
+        **common,
+        overrides={
+            "db_features": str(tmp_path / "feats.mat"),
+            "key": "X",
+            "query_features": str(tmp_path / "feats.mat"),
+            "query_key": "Q",
+            "layout": "d-n",
+        },
+    )
     assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(mat.run_dir / "ranks.npy"))
     # the layout per file: the query array stored as rows while the database is columns
     sio.savemat(tmp_path / "q_rows.mat", {"Q": q})
-    rows = run("roxford5k", "features", out=tmp_path / "rows", **common, overrides={
-        "db_features": str(tmp_path / "feats.mat"), "key": "X", "layout": "d-n",
-        "query_features": str(tmp_path / "q_rows.mat"), "query_key": "Q", "query_layout": "n-d"})  # fmt: skip
+    rows = run(
+        "roxford5k",
+        "features",
+        out=tmp_path / "rows",
+        **common,
+        overrides={
+            "db_features": str(tmp_path / "feats.mat"),
+            "key": "X",
+            "layout": "d-n",
+            "query_features": str(tmp_path / "q_rows.mat"),
+            "query_key": "Q",
+            "query_layout": "n-d",
+        },
+    )
     assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(rows.run_dir / "ranks.npy"))
-    with pytest.raises(InputError, match="Q"):  # without query_key the query file is read with key X
-        run("roxford5k", "features", out=tmp_path / "nokey", **common, overrides={
-            "db_features": str(tmp_path / "feats.mat"), "key": "X", "query_features": str(tmp_path / "q_rows.mat"),
-            "layout": "d-n"})  # fmt: skip
+    with pytest.raises(
+        InputError, match="Q"
+    ):  # without query_key the query file is read with key X
+        run(
+            "roxford5k",
+            "features",
+            out=tmp_path / "nokey",
+            **common,
+            overrides={
+                "db_features": str(tmp_path / "feats.mat"),
+                "key": "X",
+                "query_features": str(tmp_path / "q_rows.mat"),
+                "layout": "d-n",
+            },
+        )
 
 
 def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
@@ -309,9 +527,23 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     root, db, q = _gnd_only_features(tmp_path)
     np.save(tmp_path / "db.npy", db)
     np.save(tmp_path / "q.npy", q)
-    args = ["run", "--dataset", "roxford5k", "--method", "features-alpha-qe", "--root", str(root), "--no-progress",
-            "--cache", str(tmp_path / "c"), "--allow-partial", "--set", f"db_features={tmp_path / 'db.npy'}",
-            "--set", f"query_features={tmp_path / 'q.npy'}"]  # fmt: skip
+    args = [
+        "run",
+        "--dataset",
+        "roxford5k",
+        "--method",
+        "features-alpha-qe",
+        "--root",
+        str(root),
+        "--no-progress",
+        "--cache",
+        str(tmp_path / "c"),
+        "--allow-partial",
+        "--set",
+        f"db_features={tmp_path / 'db.npy'}",
+        "--set",
+        f"query_features={tmp_path / 'q.npy'}",
+    ]
     folders = []
     for i, extra in enumerate(([], ["--set", "qe_k=2"], ["--set", "qe_k=10"])):
         code, out = cli_out(capsys, *args, *extra, "--out", str(tmp_path / "runs" / f"r{i}"))
@@ -331,7 +563,9 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     code, listing = cli_out(capsys, "runs", str(tmp_path / "runs"), "--json")
     assert code == 0 and sorted(r["label"] for r in json.loads(listing)) == sorted(labels)
     pytest.importorskip("matplotlib")
-    code, paths = cli_out(capsys, "plot", folders[0], folders[1], "--out", str(tmp_path / "fig"), "--format", "svg")
+    code, paths = cli_out(
+        capsys, "plot", folders[0], folders[1], "--out", str(tmp_path / "fig"), "--format", "svg"
+    )
     assert code == 0
     svg = "".join(Path(p).read_text() for p in paths.split())
     assert "qe_k=2" in svg
@@ -340,7 +574,9 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     assert code == 0 and "label: mine" in out
     for bad in ("two\nlines", "tab\there", "x" * 10_000, " "):
         code, err = cli(capsys, *args, "--label", bad, "--out", str(tmp_path / "bad"))
-        assert code == 2 and "--label: a run label" in err and len(err.strip().splitlines()) == 1, err
+        assert code == 2 and "--label: a run label" in err and len(err.strip().splitlines()) == 1, (
+            err
+        )
         assert not (tmp_path / "bad").exists()
 
 
@@ -351,7 +587,9 @@ def cli_out(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     return int(exc.value.code or 0), out if exc.value.code in (0, None) else err
 
 
-def test_library_versions_are_recorded_when_the_run_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_library_versions_are_recorded_when_the_run_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What ran is what was installed when the run began: versions are read before any data is loaded."""
     from oxbench.pipelines import runner
 
@@ -371,9 +609,19 @@ def test_library_versions_are_recorded_when_the_run_starts(tmp_path: Path, monke
     root, db, q = _gnd_only_features(tmp_path)
     np.save(tmp_path / "db.npy", db)
     np.save(tmp_path / "q.npy", q)
-    outcome = run("roxford5k", "features", root=root, out=tmp_path / "r", cache=tmp_path / "c", strict=False,
-                  progress=False, overrides={"db_features": str(tmp_path / "db.npy"),
-                                             "query_features": str(tmp_path / "q.npy")})  # fmt: skip
+    outcome = run(
+        "roxford5k",
+        "features",
+        root=root,
+        out=tmp_path / "r",
+        cache=tmp_path / "c",
+        strict=False,
+        progress=False,
+        overrides={
+            "db_features": str(tmp_path / "db.npy"),
+            "query_features": str(tmp_path / "q.npy"),
+        },
+    )
     assert events[0] == "versions" and events.count("versions") == 1 and "load" in events
     record = json.loads((outcome.run_dir / "record.json").read_text())
     assert record["versions"]["numpy"] == "seen at call 1"

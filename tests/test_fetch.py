@@ -325,7 +325,9 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_with_a_mirror_the_owners_are_not_contacted_unless_asked(server: Server, tmp_path: Path) -> None:
+def test_with_a_mirror_the_owners_are_not_contacted_unless_asked(
+    server: Server, tmp_path: Path
+) -> None:
     owners = Server()
     try:
         body = _payload(5_000)
@@ -333,7 +335,9 @@ def test_with_a_mirror_the_owners_are_not_contacted_unless_asked(server: Server,
         server.paths["/mirror/data/f.bin"] = Behaviour(body, mode="404")
         urls = candidate_urls([owners.url("/data/f.bin")], server.url("/mirror"))
         assert urls == [server.url("/mirror/data/f.bin")]
-        with pytest.raises(InputError, match=f"from 127.0.0.1:{server.httpd.server_address[1]}: .*HTTP 404"):
+        with pytest.raises(
+            InputError, match=f"from 127.0.0.1:{server.httpd.server_address[1]}: .*HTTP 404"
+        ):
             download_file(urls, tmp_path / "f.bin", **FAST)
         assert owners.paths["/data/f.bin"].served == 0
         asked = candidate_urls([owners.url("/data/f.bin")], server.url("/mirror"), also_owners=True)
@@ -345,7 +349,16 @@ def test_with_a_mirror_the_owners_are_not_contacted_unless_asked(server: Server,
 
 
 @pytest.mark.parametrize(
-    "mirror", ["lab.example/mirror", "127.0.0.1:8000/m", "/srv/mirror", "file:///srv/m", "http://", "http://[::1/x", ""]
+    "mirror",
+    [
+        "lab.example/mirror",
+        "127.0.0.1:8000/m",
+        "/srv/mirror",
+        "file:///srv/m",
+        "http://",
+        "http://[::1/x",
+        "",
+    ],
 )
 def test_a_mirror_without_scheme_and_host_is_refused(mirror: str) -> None:
     with pytest.raises(InputError, match="must be a URL with a scheme and a host"):
@@ -364,7 +377,10 @@ def test_connection_refused_fails_within_seconds_naming_the_host(tmp_path: Path)
     took = time.monotonic() - t0
     msg = str(exc.value)
     assert took < 5, took
-    assert f"cannot connect to 127.0.0.1:{port}: connection refused" in msg and "after 2 attempt(s)" in msg
+    assert (
+        f"cannot connect to 127.0.0.1:{port}: connection refused" in msg
+        and "after 2 attempt(s)" in msg
+    )
     assert "\n" not in msg and not list(tmp_path.iterdir())
 
 
@@ -395,12 +411,27 @@ def test_fetch_cli_with_a_refused_mirror_contacts_nobody_else(
     port = _closed_port()
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as exc:
-        main(["data", "fetch", "roxford5k", "--root", str(tmp_path / "root"), "--mirror",
-              f"http://127.0.0.1:{port}/m", "--accept-terms", "--no-progress"])  # fmt: skip
+        main(
+            [
+                "data",
+                "fetch",
+                "roxford5k",
+                "--root",
+                str(tmp_path / "root"),
+                "--mirror",
+                f"http://127.0.0.1:{port}/m",
+                "--accept-terms",
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and time.monotonic() - t0 < 10
     errors = [line for line in err.splitlines() if line.startswith("oxbench: error:")]
-    assert len(errors) == 1 and f"127.0.0.1:{port}: connection refused" in errors[0] and "Traceback" not in err
+    assert (
+        len(errors) == 1
+        and f"127.0.0.1:{port}: connection refused" in errors[0]
+        and "Traceback" not in err
+    )
     assert contacted and set(contacted) == {"127.0.0.1"}  # the owners' hosts were not tried
 
 
@@ -415,9 +446,23 @@ def test_fetch_cli_refuses_a_mirror_without_scheme_before_writing(
         else:
             monkeypatch.setenv("OXBENCH_MIRROR", env)
         with pytest.raises(SystemExit) as exc:
-            main(["data", "fetch", "roxford5k", "--root", str(tmp_path / "root"), *args,
-                  "--accept-terms", "--no-progress"])  # fmt: skip
-        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("oxbench: error:")]
+            main(
+                [
+                    "data",
+                    "fetch",
+                    "roxford5k",
+                    "--root",
+                    str(tmp_path / "root"),
+                    *args,
+                    "--accept-terms",
+                    "--no-progress",
+                ]
+            )
+        err = [
+            line
+            for line in capsys.readouterr().err.splitlines()
+            if line.startswith("oxbench: error:")
+        ]
         assert exc.value.code == 2 and len(err) == 1
         assert ("OXBENCH_MIRROR" if env else "--mirror") + " must be a URL with a scheme" in err[0]
         assert not (tmp_path / "root").exists()

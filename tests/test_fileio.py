@@ -50,7 +50,11 @@ def test_symlink_fifo_and_folder_are_never_replaced(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     (tmp_path / "dir").mkdir()
-    for path, words in ((link, "symbolic link"), (fifo, "special file"), (tmp_path / "dir", "folder")):
+    for path, words in (
+        (link, "symbolic link"),
+        (fifo, "special file"),
+        (tmp_path / "dir", "folder"),
+    ):
         with pytest.raises(InputError, match=words):
             fileio.atomic_write_text(path, "new")
     assert link.is_symlink() and victim.read_text() == "keep"
@@ -96,7 +100,10 @@ def test_digests_and_checksum_comparison(tmp_path: Path) -> None:
     p.write_bytes(b"abc")
     d = fileio.file_digests(p, ("sha256", "md5"))
     assert d["sha256"].startswith("ba7816bf") and d["md5"] == "900150983cd24fb0d6963f7d28e17f72"
-    assert fileio.checksum_mismatch({"size": 3, "sha256": d["sha256"].upper()}, {"size": 3, **d}) is None
+    assert (
+        fileio.checksum_mismatch({"size": 3, "sha256": d["sha256"].upper()}, {"size": 3, **d})
+        is None
+    )
     assert "size" in (fileio.checksum_mismatch({"size": 4}, {"size": 3}) or "")
     assert "md5" in (fileio.checksum_mismatch({"md5": "0" * 32}, d) or "")
     assert fileio.checksum_mismatch({"sha256": None}, d) is None
@@ -119,7 +126,10 @@ def test_file_lock_excludes_a_second_process(tmp_path: Path) -> None:
     proc.start()
     try:
         assert ready.wait(30)
-        with pytest.raises(fileio.LockBusy, match="another oxbench process"), fileio.file_lock(lock, wait=0.2):
+        with (
+            pytest.raises(fileio.LockBusy, match="another oxbench process"),
+            fileio.file_lock(lock, wait=0.2),
+        ):
             pass
     finally:
         release.set()
@@ -139,7 +149,9 @@ def test_stale_temps_are_removed_fresh_ones_kept(tmp_path: Path) -> None:
     assert not old.exists() and new.exists() and keep.exists()
 
 
-def test_an_input_replaced_by_a_rename_while_opened_is_read_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_input_replaced_by_a_rename_while_opened_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The lock file is replaced atomically by other threads' updates: a reader that stat'ed the
     old file and opened the new one reads the new one whole (it used to say 'file grew')."""
     path = tmp_path / "lock.json"

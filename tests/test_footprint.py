@@ -41,7 +41,9 @@ def test_disk_bytes_sums_regular_files_without_following_links(tmp_path: Path) -
     (tmp_path / "a" / "sub").mkdir()
     (tmp_path / "a" / "sub" / "y.bin").write_bytes(b"2" * 24)
     (tmp_path / "big").write_bytes(b"3" * 5000)
-    os.symlink(tmp_path / "big", tmp_path / "a" / "link")  # a link into elsewhere is not the store's
+    os.symlink(
+        tmp_path / "big", tmp_path / "a" / "link"
+    )  # a link into elsewhere is not the store's
     assert disk_bytes(tmp_path / "a") == 1024
     assert disk_bytes(tmp_path / "big") == 5000 and disk_bytes(tmp_path / "missing") == 0
 
@@ -53,13 +55,17 @@ def test_disk_bytes_sums_regular_files_without_following_links(tmp_path: Path) -
     fixed=st.integers(0, 1 << 30),
     scale=st.integers(1, 100),
 )
-def test_projection_is_fixed_plus_linear_and_reproduces_the_measured_size(n, ram, fixed, scale) -> None:
+def test_projection_is_fixed_plus_linear_and_reproduces_the_measured_size(
+    n, ram, fixed, scale
+) -> None:
     fp = Footprint(n, ram=ram, fixed_ram={"vocabulary": fixed})
     assert fp.projected_ram(n) == pytest.approx(fp.ram_bytes, abs=1)
     grown = fp.projected_ram(n * scale) - fixed
     assert grown == pytest.approx(sum(ram.values()) * scale, rel=1e-9, abs=1)
     d = fp.to_dict()
-    assert d["ram_bytes"] == sum(ram.values()) + fixed and d["ram_bytes_per_image"] == pytest.approx(sum(ram.values()) / n)
+    assert d["ram_bytes"] == sum(ram.values()) + fixed and d[
+        "ram_bytes_per_image"
+    ] == pytest.approx(sum(ram.values()) / n)
 
 
 def test_footprint_refuses_negative_sizes() -> None:
@@ -68,12 +74,19 @@ def test_footprint_refuses_negative_sizes() -> None:
     assert Footprint(0).ram_bytes_per_image == 0.0
 
 
-def test_check_ram_refuses_in_one_line_and_the_override_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_check_ram_refuses_in_one_line_and_the_override_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     check_ram(100, 10, basis="b", available=100)  # exactly what is there fits
     with pytest.raises(InputError) as exc:
         check_ram(3 << 30, 1000, basis="at most 3 MiB per image", available=1 << 30)
     text = str(exc.value)
-    assert "3.00 GiB" in text and "1.00 GiB available" in text and "1,000 images" in text and "\n" not in text
+    assert (
+        "3.00 GiB" in text
+        and "1.00 GiB available" in text
+        and "1,000 images" in text
+        and "\n" not in text
+    )
     monkeypatch.setenv(RAM_ENV, "12345")
     assert available_ram() == 12345
     for bad in ("lots", "0", "-5"):
@@ -105,8 +118,17 @@ def _run(root: Path, tmp: Path, method: str, distractors: int | None, **more: ob
         overrides = {k: v for k, v in TINY.items() if k != "spatial_top_r"} | more
     else:
         overrides = {**TINY, "vocab_size": 256, **more}
-    return oxbench.run("synthetic", method, root=root, runs_dir=tmp / "runs", cache=tmp / "cache", overrides=overrides,
-                       distractors=distractors, workers=1, progress=False)  # fmt: skip
+    return oxbench.run(
+        "synthetic",
+        method,
+        root=root,
+        runs_dir=tmp / "runs",
+        cache=tmp / "cache",
+        overrides=overrides,
+        distractors=distractors,
+        workers=1,
+        progress=False,
+    )
 
 
 def _stored_bytes(folder: Path) -> int:
@@ -114,7 +136,9 @@ def _stored_bytes(folder: Path) -> int:
     return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def test_bow_footprint_is_the_size_of_its_postings_words_and_stores(tiny_root: Path, tmp_path: Path) -> None:
+def test_bow_footprint_is_the_size_of_its_postings_words_and_stores(
+    tiny_root: Path, tmp_path: Path
+) -> None:
     from oxbench.pipelines.steps import Words
 
     out = _run(tiny_root, tmp_path, "rootsift-bow", 7)
@@ -124,12 +148,16 @@ def test_bow_footprint_is_the_size_of_its_postings_words_and_stores(tiny_root: P
     assert rec.footprint == fp  # the checked reader keeps it
     # independent count: one posting per distinct (image, word) pair of the database and distractors
     cache = tmp_path / "cache"
-    word_files = sorted(p for p in cache.rglob("words/*/*.npz") if p.stem in ("database", "distractors"))
+    word_files = sorted(
+        p for p in cache.rglob("words/*/*.npz") if p.stem in ("database", "distractors")
+    )
     assert len(word_files) == 2, word_files
     pairs, words_ram = 0, 0
     for wf in word_files:
         w = Words.load(wf)
-        assert isinstance(w.words, np.memmap) and isinstance(w.sq_dists, np.memmap)  # on disk, paged in on demand
+        assert isinstance(w.words, np.memmap) and isinstance(
+            w.sq_dists, np.memmap
+        )  # on disk, paged in on demand
         words_ram += w.offsets.nbytes
         for i in range(len(w.names)):
             pairs += len(set(w.words[w.offsets[i] : w.offsets[i + 1], 0].tolist()))
@@ -138,15 +166,23 @@ def test_bow_footprint_is_the_size_of_its_postings_words_and_stores(tiny_root: P
     assert fp["ram"]["postings"] == pairs * 8 + (n_words + 1) * 4
     assert fp["ram"]["db_vectors"] == pairs * 8 + (fp["n_index"] + 1) * 4
     assert fp["ram"]["words"] == words_ram
-    assert fp["ram_bytes_per_image"] == pytest.approx((2 * pairs * 8 + (n_words + 1 + 48) * 4 + words_ram) / 47)
+    assert fp["ram_bytes_per_image"] == pytest.approx(
+        (2 * pairs * 8 + (n_words + 1 + 48) * 4 + words_ram) / 47
+    )
     test_set = word_files[0].parents[2]  # <cache>/<the test set's key>/words/<vocabulary>/
-    stores = [d for d in test_set.rglob("meta.json") if d.parent.name in ("database", "distractors")]
-    assert len(stores) == 2 and fp["disk"]["features"] == sum(_stored_bytes(s.parent) for s in stores)
+    stores = [
+        d for d in test_set.rglob("meta.json") if d.parent.name in ("database", "distractors")
+    ]
+    assert len(stores) == 2 and fp["disk"]["features"] == sum(
+        _stored_bytes(s.parent) for s in stores
+    )
     assert fp["disk"]["words"] == sum(p.stat().st_size for p in word_files)
     assert fp["fixed_ram"]["vocabulary"] == n_words * 128 * 4
 
 
-def test_every_family_records_a_footprint_that_grows_with_distractors(tiny_root: Path, tmp_path: Path) -> None:
+def test_every_family_records_a_footprint_that_grows_with_distractors(
+    tiny_root: Path, tmp_path: Path
+) -> None:
     methods = ["rootsift-bow-sv", "rootsift-vlad"]
     try:
         import asmk  # noqa: F401
@@ -158,18 +194,39 @@ def test_every_family_records_a_footprint_that_grows_with_distractors(tiny_root:
         small = _run(tiny_root, tmp_path, method, None).record["footprint"]
         large = _run(tiny_root, tmp_path, method, 12).record["footprint"]
         assert (small["n_index"], large["n_index"]) == (40, 52), method
-        assert large["disk_bytes"] > small["disk_bytes"] and large["ram_bytes"] > small["ram_bytes"], method
-        assert small["fixed_disk"] == large["fixed_disk"], method  # the vocabulary / codebook does not grow
+        assert (
+            large["disk_bytes"] > small["disk_bytes"] and large["ram_bytes"] > small["ram_bytes"]
+        ), method
+        assert small["fixed_disk"] == large["fixed_disk"], (
+            method
+        )  # the vocabulary / codebook does not grow
     vlad = _run(tiny_root, tmp_path, "rootsift-vlad", 12).record["footprint"]
-    assert vlad["ram"]["vectors"] == 52 * 64 * 128 * 4 and vlad["ram_bytes_per_image"] == 64 * 128 * 4
+    assert (
+        vlad["ram"]["vectors"] == 52 * 64 * 128 * 4 and vlad["ram_bytes_per_image"] == 64 * 128 * 4
+    )
 
 
-def test_ivfpq_footprint_is_codes_and_ids_with_the_quantisers_fixed(tiny_root: Path, tmp_path: Path) -> None:
-    out = _run(tiny_root, tmp_path, "rootsift-vlad", 30, search="faiss-ivfpq", nlist=4, pq_m=8, pq_nbits=4, nprobe=4)
+def test_ivfpq_footprint_is_codes_and_ids_with_the_quantisers_fixed(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    out = _run(
+        tiny_root,
+        tmp_path,
+        "rootsift-vlad",
+        30,
+        search="faiss-ivfpq",
+        nlist=4,
+        pq_m=8,
+        pq_nbits=4,
+        nprobe=4,
+    )
     fp = out.record["footprint"]
     # an IVF-PQ list entry: m * nbits / 8 bytes of code + an int64 id; serialised lists add a size per list
     per_entry = 8 * 4 // 8 + 8
-    assert fp["ram"]["faiss_index"] >= 70 * per_entry and fp["ram"]["faiss_index"] <= 70 * per_entry + 4 * 64
+    assert (
+        fp["ram"]["faiss_index"] >= 70 * per_entry
+        and fp["ram"]["faiss_index"] <= 70 * per_entry + 4 * 64
+    )
     assert fp["fixed_ram"]["faiss_trained"] > 4 * 8192 * 4  # the coarse centroids at least
     assert fp["disk"]["faiss_index"] > fp["ram"]["faiss_index"]
     # the float vectors are memory-mapped from the cache, not held: on disk, not in RAM
@@ -177,7 +234,10 @@ def test_ivfpq_footprint_is_codes_and_ids_with_the_quantisers_fixed(tiny_root: P
 
 
 def test_a_run_that_would_not_fit_is_refused_before_anything_is_made(
-    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tiny_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     from oxbench.cli import main
 
@@ -187,10 +247,29 @@ def test_a_run_that_would_not_fit_is_refused_before_anything_is_made(
         _run(tiny_root, tmp_path, "rootsift-bow", 5)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--root", str(tiny_root), "--method", "rootsift-bow", "--distractors", "5", "--no-progress",
-              "--cache", str(tmp_path / "c2"), "--out", str(tmp_path / "o2")])  # fmt: skip
+        main(
+            [
+                "run",
+                "--root",
+                str(tiny_root),
+                "--method",
+                "rootsift-bow",
+                "--distractors",
+                "5",
+                "--no-progress",
+                "--cache",
+                str(tmp_path / "c2"),
+                "--out",
+                str(tmp_path / "o2"),
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and RAM_ENV in err, err
     assert not (tmp_path / "o2").exists()
     monkeypatch.setenv(RAM_ENV, str(1 << 40))
-    assert json.loads(json.dumps(_run(tiny_root, tmp_path, "rootsift-bow", 5).record["footprint"]))["n_index"] == 45
+    assert (
+        json.loads(json.dumps(_run(tiny_root, tmp_path, "rootsift-bow", 5).record["footprint"]))[
+            "n_index"
+        ]
+        == 45
+    )

@@ -31,7 +31,9 @@ def test_every_feature_format_reads_the_same_vectors(tmp_path, x):
     np.save(tmp_path / "x.npy", x)
     np.savez(tmp_path / "one.npz", feats=x)
     np.savez(tmp_path / "two.npz", X=x.T, Q=x[:2].T)
-    scipy.io.savemat(tmp_path / "rev.mat", {"X": x.T.astype(np.float64), "Q": x[:2].T})  # revisitop: d x n
+    scipy.io.savemat(
+        tmp_path / "rev.mat", {"X": x.T.astype(np.float64), "Q": x[:2].T}
+    )  # revisitop: d x n
     write_vecs(tmp_path / "x.fvecs", x, "<f4")
     for path, kw in [
         ("x.npy", {}),
@@ -78,7 +80,9 @@ def test_ranks_formats_give_the_internal_layout(tmp_path):
         assert np.issubdtype(got.dtype, np.integer), name
         np.testing.assert_array_equal(got, internal)
     (tmp_path / "short.txt").write_text("3 1 0 2\n0 2\n")
-    np.testing.assert_array_equal(read_ranks(tmp_path / "short.txt"), [[3, 1, 0, 2], [0, 2, -1, -1]])
+    np.testing.assert_array_equal(
+        read_ranks(tmp_path / "short.txt"), [[3, 1, 0, 2], [0, 2, -1, -1]]
+    )
 
 
 def test_keys_choose_and_ambiguity_is_refused(tmp_path, x):
@@ -111,22 +115,32 @@ def _malformed(tmp_path, x):
     (t / "empty.npy").write_bytes(b"")
     (t / "text.npy").write_text("1 2 3\n")
     np.save(t / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
-    cases += [("trunc.npy", "not a readable .npy"), ("empty.npy", "empty file"),
-              ("text.npy", "no numpy header"), ("obj.npy", "Python objects")]
+    cases += [
+        ("trunc.npy", "not a readable .npy"),
+        ("empty.npy", "empty file"),
+        ("text.npy", "no numpy header"),
+        ("obj.npy", "Python objects"),
+    ]
     np.savez(t / "ok.npz", a=x)
     z = (t / "ok.npz").read_bytes()
     (t / "trunc.npz").write_bytes(z[: len(z) // 2])
     (t / "empty.npz").write_bytes(b"")
     (t / "text.npz").write_text("not a zip\n")
-    cases += [("trunc.npz", "not a readable .npz"), ("empty.npz", "not a readable .npz"),
-              ("text.npz", "not a readable .npz")]
+    cases += [
+        ("trunc.npz", "not a readable .npz"),
+        ("empty.npz", "not a readable .npz"),
+        ("text.npz", "not a readable .npz"),
+    ]
     scipy.io.savemat(t / "ok.mat", {"X": x})
     m = (t / "ok.mat").read_bytes()
     (t / "trunc.mat").write_bytes(m[: len(m) - 40])
     (t / "empty.mat").write_bytes(b"")
     (t / "text.mat").write_text("MATLAB? no\n" * 20)
-    cases += [("trunc.mat", "not a readable MATLAB"), ("empty.mat", "not a readable MATLAB"),
-              ("text.mat", "not a readable MATLAB")]
+    cases += [
+        ("trunc.mat", "not a readable MATLAB"),
+        ("empty.mat", "not a readable MATLAB"),
+        ("text.mat", "not a readable MATLAB"),
+    ]
     write_vecs(t / "ok.fvecs", x, "<f4")
     f = (t / "ok.fvecs").read_bytes()
     (t / "trunc.fvecs").write_bytes(f[:-3])
@@ -137,9 +151,14 @@ def _malformed(tmp_path, x):
     (t / "dim.fvecs").write_bytes(bytes(bad_dim[: len(f) - 4]) + np.float32(0).tobytes())
     (t / "neg.fvecs").write_bytes(np.int32(-4).tobytes() + b"\x00" * 16)
     (t / "text.fvecs").write_text("1.0 2.0 3.0\n")
-    cases += [("trunc.fvecs", "not a multiple of the record size"), ("empty.fvecs", "empty file"),
-              ("tiny.fvecs", "truncated"), ("dim.fvecs", "record 1 has dimension header 6"),
-              ("neg.fvecs", "dimension header -4"), ("text.fvecs", "dimension header")]
+    cases += [
+        ("trunc.fvecs", "not a multiple of the record size"),
+        ("empty.fvecs", "empty file"),
+        ("tiny.fvecs", "truncated"),
+        ("dim.fvecs", "record 1 has dimension header 6"),
+        ("neg.fvecs", "dimension header -4"),
+        ("text.fvecs", "dimension header"),
+    ]
     write_vecs(t / "ok.bvecs", np.arange(12).reshape(3, 4), "u1")
     (t / "trunc.bvecs").write_bytes((t / "ok.bvecs").read_bytes()[:-1])
     cases += [("trunc.bvecs", "not a multiple of the record size")]
@@ -155,13 +174,20 @@ def _malformed(tmp_path, x):
     (t / "float.txt").write_text("1 2.5 3\n")
     (t / "neg.txt").write_text("1 -1 3\n")
     (t / "bin.txt").write_bytes(b"1 2 \xff\n")
-    ranks = [("trunc.ivecs", "not a multiple of the record size"), ("empty.ivecs", "empty file"),
-             ("dim.ivecs", "record 1 has dimension header 9"), ("empty.txt", "empty file"),
-             ("blank.txt", "empty file"), ("word.txt", "line 2: 'five' is not an integer index"),
-             ("float.txt", "line 1: '2.5' is not an integer index"),
-             ("neg.txt", "line 1: -1 is not an index"), ("bin.txt", "not ASCII"),
-             ("trunc.npy", "not a readable .npy"), ("trunc.npz", "not a readable .npz"),
-             ("trunc.mat", "not a readable MATLAB")]
+    ranks = [
+        ("trunc.ivecs", "not a multiple of the record size"),
+        ("empty.ivecs", "empty file"),
+        ("dim.ivecs", "record 1 has dimension header 9"),
+        ("empty.txt", "empty file"),
+        ("blank.txt", "empty file"),
+        ("word.txt", "line 2: 'five' is not an integer index"),
+        ("float.txt", "line 1: '2.5' is not an integer index"),
+        ("neg.txt", "line 1: -1 is not an index"),
+        ("bin.txt", "not ASCII"),
+        ("trunc.npy", "not a readable .npy"),
+        ("trunc.npz", "not a readable .npz"),
+        ("trunc.mat", "not a readable MATLAB"),
+    ]
     return features + [(n, read_ranks, msg) for n, msg in ranks]
 
 
@@ -182,7 +208,9 @@ def test_other_file_types_name_what_is_accepted(tmp_path):
         ("noext", read_matrix, ".npy, .npz, .mat"),
     ]:
         (tmp_path / name).write_text("1\n")
-        with pytest.raises(InputError, match=f"unsupported file type .*: .* are read from {accepted}"):
+        with pytest.raises(
+            InputError, match=f"unsupported file type .*: .* are read from {accepted}"
+        ):
             reader(tmp_path / name)
     with pytest.raises(InputError, match="file not found"):
         read_features(tmp_path / "missing.npy")
@@ -196,14 +224,18 @@ def _mat73(path, arrays):
         for k, v in arrays.items():
             f[k] = np.asarray(v).T
     with open(path, "r+b") as fh:
-        fh.write(b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 HDF5 schema 1.00 .")
+        fh.write(
+            b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: Mon Jan  1 00:00:00 2024 HDF5 schema 1.00 ."
+        )
 
 
 def test_mat_v73_through_h5py(tmp_path, x):
     pytest.importorskip("h5py")
     _mat73(tmp_path / "rev73.mat", {"X": x.T, "Q": x[:2].T})  # revisitop's d x n, as MATLAB sees it
     np.testing.assert_array_equal(read_features(tmp_path / "rev73.mat", key="X", layout="d-n"), x)
-    np.testing.assert_array_equal(read_features(tmp_path / "rev73.mat", key="Q", layout="d-n"), x[:2])
+    np.testing.assert_array_equal(
+        read_features(tmp_path / "rev73.mat", key="Q", layout="d-n"), x[:2]
+    )
     raw = (tmp_path / "rev73.mat").read_bytes()
     (tmp_path / "trunc73.mat").write_bytes(raw[: len(raw) // 2])
     with pytest.raises(InputError, match="not a readable MATLAB v7.3"):
@@ -211,14 +243,19 @@ def test_mat_v73_through_h5py(tmp_path, x):
 
 
 def test_mat_v73_without_h5py_names_the_extra(tmp_path, monkeypatch):
-    (tmp_path / "v73.mat").write_bytes(b"MATLAB 7.3 MAT-file".ljust(512, b" ") + b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
+    (tmp_path / "v73.mat").write_bytes(
+        b"MATLAB 7.3 MAT-file".ljust(512, b" ") + b"\x89HDF\r\n\x1a\n" + b"\0" * 64
+    )
     monkeypatch.setitem(sys.modules, "h5py", None)  # import h5py now fails
     with pytest.raises(MissingExtraError, match=r'pip install "oxbench\[mat\]"'):
         read_features(tmp_path / "v73.mat")
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.binary(max_size=200), st.sampled_from([".npy", ".npz", ".mat", ".fvecs", ".bvecs", ".ivecs", ".txt"]))
+@given(
+    st.binary(max_size=200),
+    st.sampled_from([".npy", ".npz", ".mat", ".fvecs", ".bvecs", ".ivecs", ".txt"]),
+)
 def test_fuzz_any_bytes_give_an_array_or_one_line(tmp_path_factory, data, suffix):
     """Whatever the bytes: a valid array or one InputError line, never another exception."""
     path = tmp_path_factory.mktemp("fuzz") / f"f{suffix}"
@@ -230,4 +267,3 @@ def test_fuzz_any_bytes_give_an_array_or_one_line(tmp_path_factory, data, suffix
         assert "\n" not in str(exc)
     else:
         assert out.ndim == 2
-

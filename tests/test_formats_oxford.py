@@ -100,7 +100,9 @@ def test_labels_that_agree_are_one_positive(tmp_path):
     """good + ok (or a name twice in one file) is one positive, as compute_ap's sets count it."""
     from oxbench.evaluation import evaluate
 
-    _write_query(tmp_path, "c_1", good=["x", "y", "x"], ok=["y", "z"], junk=["w"], query="oxc1_x 0 0 1 1")
+    _write_query(
+        tmp_path, "c_1", good=["x", "y", "x"], ok=["y", "z"], junk=["w"], query="oxc1_x 0 0 1 1"
+    )
     gt = read_gt_dir(tmp_path)
     q = gt.queries[0]
     names = [gt.db_names[i] for i in q.positives]

@@ -44,6 +44,7 @@ def fuzz(max_examples: int) -> settings:
     """The fuzzing settings with ``max_examples`` cases."""
     return settings(FUZZ, max_examples=max_examples)
 
+
 # --- running the CLI -------------------------------------------------------------------------------
 
 
@@ -101,7 +102,9 @@ def _check_result(result: Any) -> None:
     """Every AP / mAP / precision / N-S score in a JSON result is a finite number in range."""
     if isinstance(result, dict):
         for key, value in result.items():
-            if isinstance(value, float) and any(w in key.lower() for w in ("ap", "precision", "p@")):
+            if isinstance(value, float) and any(
+                w in key.lower() for w in ("ap", "precision", "p@")
+            ):
                 assert 0.0 <= value <= 1.0 or np.isnan(value), (key, value)
             _check_result(value)
     elif isinstance(result, list):
@@ -134,7 +137,9 @@ _scalars = st.one_of(
 _values = st.recursive(
     _scalars,
     lambda inner: st.one_of(
-        st.lists(inner, max_size=5), st.tuples(inner, inner), st.dictionaries(st.text(max_size=3), inner, max_size=2)
+        st.lists(inner, max_size=5),
+        st.tuples(inner, inner),
+        st.dictionaries(st.text(max_size=3), inner, max_size=2),
     ),
     max_leaves=12,
 )
@@ -157,7 +162,11 @@ def _split(draw: st.DrawFn, n: int, parts: int) -> list[list[int]]:
     """A random permutation of ``range(n)`` cut into ``parts`` disjoint lists (the rest unlabelled)."""
     perm = draw(st.permutations(range(n)))
     if n > parts and draw(st.booleans()):  # every list non-empty (so every setup has queries)
-        inner = sorted(draw(st.lists(st.integers(1, n - 1), min_size=parts - 1, max_size=parts - 1, unique=True)))
+        inner = sorted(
+            draw(
+                st.lists(st.integers(1, n - 1), min_size=parts - 1, max_size=parts - 1, unique=True)
+            )
+        )
         cuts = [0, *inner, draw(st.integers((inner or [0])[-1] + 1, n))]
     else:
         cuts = sorted(draw(st.lists(st.integers(0, n), min_size=parts + 1, max_size=parts + 1)))
@@ -175,7 +184,11 @@ def revisitop_dicts(draw: st.DrawFn) -> Any:
         x, y = draw(st.floats(0, 500)), draw(st.floats(0, 500))
         entry["bbx"] = [x, y, x + draw(st.floats(0, 100)), y + draw(st.floats(0, 100))]
         entries.append(entry)
-    obj: Any = {"imlist": [f"img{i}" for i in range(n_db)], "qimlist": [f"q{i}" for i in range(n_q)], "gnd": entries}
+    obj: Any = {
+        "imlist": [f"img{i}" for i in range(n_db)],
+        "qimlist": [f"q{i}" for i in range(n_q)],
+        "gnd": entries,
+    }
     qi, key = draw(st.integers(0, n_q - 1)), draw(st.sampled_from(keys))
     mutation = draw(st.integers(0, 11))
     if mutation == 1:
@@ -218,7 +231,11 @@ def _ranks_for(obj: Any, draw_seed: int) -> np.ndarray:
 
 
 @fuzz(800)
-@given(obj=revisitop_dicts(), protocol=st.integers(0, pickle.HIGHEST_PROTOCOL), seed=st.integers(0, 2**16))
+@given(
+    obj=revisitop_dicts(),
+    protocol=st.integers(0, pickle.HIGHEST_PROTOCOL),
+    seed=st.integers(0, 2**16),
+)
 def test_fuzz_revisitop_pickles(workdir: Path, obj: Any, protocol: int, seed: int) -> None:
     case = _case_dir(workdir)
     try:
@@ -229,28 +246,61 @@ def test_fuzz_revisitop_pickles(workdir: Path, obj: Any, protocol: int, seed: in
     np.save(case / "ranks.npy", _ranks_for(obj, seed))
     per_query = case / "per_query.csv"
     entries = obj.get("gnd") if isinstance(obj, dict) else None
-    old_protocol = isinstance(entries, list) and any(isinstance(e, dict) and "ok" in e for e in entries)
+    old_protocol = isinstance(entries, list) and any(
+        isinstance(e, dict) and "ok" in e for e in entries
+    )
     cmd = "oxford" if old_protocol else "revisited"
-    run_cli(["evaluate", cmd, "--gnd", str(case / "gnd_x.pkl"), "--ranks", str(case / "ranks.npy"), "--json",
-             "--per-query", str(per_query)], case, per_query)  # fmt: skip
+    run_cli(
+        [
+            "evaluate",
+            cmd,
+            "--gnd",
+            str(case / "gnd_x.pkl"),
+            "--ranks",
+            str(case / "ranks.npy"),
+            "--json",
+            "--per-query",
+            str(per_query),
+        ],
+        case,
+        per_query,
+    )
 
 
 @fuzz(400)
 @given(
     data=st.one_of(
         st.binary(max_size=200),
-        st.builds(lambda b, p: pickle.dumps({"imlist": ["a"], "qimlist": ["q"], "gnd": [{}]}, protocol=p)[:b],
-                  st.integers(0, 60), st.integers(0, 5)),  # truncated pickles  # fmt: skip
-        st.builds(lambda pre, b: pre + b, st.sampled_from([b"\x80\x04\x95", b"\x80\x02}q\x00(", b"(lp0\n", b"cos\nsystem\n"]),
-                  st.binary(max_size=60)),  # fmt: skip
+        st.builds(
+            lambda b, p: pickle.dumps({"imlist": ["a"], "qimlist": ["q"], "gnd": [{}]}, protocol=p)[
+                :b
+            ],
+            st.integers(0, 60),
+            st.integers(0, 5),
+        ),  # truncated pickles
+        st.builds(
+            lambda pre, b: pre + b,
+            st.sampled_from([b"\x80\x04\x95", b"\x80\x02}q\x00(", b"(lp0\n", b"cos\nsystem\n"]),
+            st.binary(max_size=60),
+        ),
     )
 )
 def test_fuzz_pickle_bytes(workdir: Path, data: bytes) -> None:
     case = _case_dir(workdir)
     (case / "gnd_x.pkl").write_bytes(data)
     np.save(case / "ranks.npy", np.zeros((3, 1), dtype=np.int64))
-    code, _, _ = run_cli(["evaluate", "revisited", "--gnd", str(case / "gnd_x.pkl"), "--ranks", str(case / "ranks.npy"),
-                          "--json"], case)  # fmt: skip
+    code, _, _ = run_cli(
+        [
+            "evaluate",
+            "revisited",
+            "--gnd",
+            str(case / "gnd_x.pkl"),
+            "--ranks",
+            str(case / "ranks.npy"),
+            "--json",
+        ],
+        case,
+    )
     assert code == 2  # random bytes never make a valid ground truth with these ranks
 
 
@@ -258,12 +308,43 @@ def test_fuzz_pickle_bytes(workdir: Path, data: bytes) -> None:
 
 _line_pieces = st.one_of(
     _names,
-    st.sampled_from(["", " ", "\t", "img1.jpg", "oxc1_img0", "img 1", "\r", "\x00", "é", "٣", "1" * 5000, ".jpg"]),
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "\t",
+            "img1.jpg",
+            "oxc1_img0",
+            "img 1",
+            "\r",
+            "\x00",
+            "é",
+            "٣",
+            "1" * 5000,
+            ".jpg",
+        ]
+    ),
     st.text(max_size=6),
 )
 _lines = st.lists(_line_pieces, max_size=6).map(lambda parts: "\n".join(parts))
 _numbers = st.one_of(
-    st.sampled_from(["0", "1.5", "100", "-3", "nan", "inf", "1e400", "1" * 5000, "0x10", "١٢", "", "1,5", "True"]),
+    st.sampled_from(
+        [
+            "0",
+            "1.5",
+            "100",
+            "-3",
+            "nan",
+            "inf",
+            "1e400",
+            "1" * 5000,
+            "0x10",
+            "١٢",
+            "",
+            "1,5",
+            "True",
+        ]
+    ),
     st.floats(allow_nan=True).map(repr),
     st.integers(-(2**70), 2**70).map(str),
 )
@@ -283,7 +364,9 @@ def oxford_folders(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, str]]:
         for kind, labels in (("good", good), ("ok", ok), ("junk", junk)):
             gt[f"{stem}_{kind}.txt"] = "".join(f"{names[i]}\n" for i in labels)
         x, y = draw(st.integers(0, 500)), draw(st.integers(0, 500))
-        gt[f"{stem}_query.txt"] = f"oxc1_{query} {x}.0 {y}.0 {x + draw(st.integers(0, 99))}.5 {y + 1}.0\n"
+        gt[f"{stem}_query.txt"] = (
+            f"oxc1_{query} {x}.0 {y}.0 {x + draw(st.integers(0, 99))}.5 {y + 1}.0\n"
+        )
         order = draw(st.permutations(names))[: draw(st.integers(0, n_db))]
         ranked[f"{stem}.txt"] = "\n".join(order)
     mutation = draw(st.integers(0, 5))
@@ -305,23 +388,59 @@ def oxford_folders(draw: st.DrawFn) -> tuple[dict[str, str], dict[str, str]]:
 
 @fuzz(500)
 @given(folders=oxford_folders(), encoding=st.sampled_from(["utf-8", "utf-16", "latin-1"]))
-def test_fuzz_oxford_gt_and_ranked_lists(workdir: Path, folders: tuple[dict[str, str], dict[str, str]], encoding: str) -> None:
+def test_fuzz_oxford_gt_and_ranked_lists(
+    workdir: Path, folders: tuple[dict[str, str], dict[str, str]], encoding: str
+) -> None:
     case = _case_dir(workdir)
     gt, ranked = folders
     for sub, files in (("gt", gt), ("ranked", ranked)):
         (case / sub).mkdir()
         for name, text in files.items():
-            (case / sub / name).write_bytes(text.encode(encoding, "replace" if encoding == "latin-1" else "surrogatepass"))
+            (case / sub / name).write_bytes(
+                text.encode(encoding, "replace" if encoding == "latin-1" else "surrogatepass")
+            )
     per_query = case / "pq.csv"
-    run_cli(["evaluate", "oxford", "--gt-dir", str(case / "gt"), "--ranked-dir", str(case / "ranked"), "--json",
-             "--per-query", str(per_query)], case, per_query)  # fmt: skip
+    run_cli(
+        [
+            "evaluate",
+            "oxford",
+            "--gt-dir",
+            str(case / "gt"),
+            "--ranked-dir",
+            str(case / "ranked"),
+            "--json",
+            "--per-query",
+            str(per_query),
+        ],
+        case,
+        per_query,
+    )
 
 
 # --- Holidays image lists and result files ---------------------------------------------------------
 
 _holiday_names = st.one_of(
-    st.sampled_from(["100000.jpg", "100001.jpg", "100002", "100100.jpg", "100101.jpg", "100000.JPG", "100000.png"]),
-    st.sampled_from(["1" * 5000, "1" * 5000 + ".jpg", "0" * 4400 + "100000.jpg", "٣٣٣٣٣٣.jpg", "-100000.jpg", ""]),
+    st.sampled_from(
+        [
+            "100000.jpg",
+            "100001.jpg",
+            "100002",
+            "100100.jpg",
+            "100101.jpg",
+            "100000.JPG",
+            "100000.png",
+        ]
+    ),
+    st.sampled_from(
+        [
+            "1" * 5000,
+            "1" * 5000 + ".jpg",
+            "0" * 4400 + "100000.jpg",
+            "٣٣٣٣٣٣.jpg",
+            "-100000.jpg",
+            "",
+        ]
+    ),
     st.integers(0, 10**7).map(lambda n: f"{n}.jpg"),
     st.text(max_size=8),
 )
@@ -342,9 +461,20 @@ def holidays_files(draw: st.DrawFn) -> tuple[list[str], list[list[str]]]:
     lines: list[list[str]] = []
     for q in (n for n in _HOLIDAYS if int(n) % 100 == 0):
         order = draw(st.permutations(_HOLIDAYS))[: draw(st.integers(0, len(_HOLIDAYS)))]
-        ranks = sorted(draw(st.lists(st.integers(0, len(_HOLIDAYS) - 1), min_size=len(order),
-                                     max_size=len(order), unique=True)))  # fmt: skip
-        lines.append([f"{q}.jpg"] + [t for r, n in zip(ranks, order, strict=True) for t in (str(r), f"{n}.jpg")])
+        ranks = sorted(
+            draw(
+                st.lists(
+                    st.integers(0, len(_HOLIDAYS) - 1),
+                    min_size=len(order),
+                    max_size=len(order),
+                    unique=True,
+                )
+            )
+        )
+        lines.append(
+            [f"{q}.jpg"]
+            + [t for r, n in zip(ranks, order, strict=True) for t in (str(r), f"{n}.jpg")]
+        )
     mutation = draw(st.integers(0, 6))
     li = draw(st.integers(0, len(lines) - 1))
     if mutation == 1:
@@ -369,17 +499,50 @@ def test_fuzz_holidays_files(workdir: Path, files: tuple[list[str], list[list[st
     case = _case_dir(workdir)
     images, lines = files
     (case / "images.dat").write_text("\n".join(images), encoding="utf-8", errors="surrogatepass")
-    (case / "results.dat").write_text("\n".join(" ".join(t) for t in lines), encoding="utf-8", errors="surrogatepass")
+    (case / "results.dat").write_text(
+        "\n".join(" ".join(t) for t in lines), encoding="utf-8", errors="surrogatepass"
+    )
     per_query = case / "pq.csv"
-    run_cli(["evaluate", "holidays", "--images", str(case / "images.dat"), "--results", str(case / "results.dat"),
-             "--json", "--per-query", str(per_query)], case, per_query)  # fmt: skip
+    run_cli(
+        [
+            "evaluate",
+            "holidays",
+            "--images",
+            str(case / "images.dat"),
+            "--results",
+            str(case / "results.dat"),
+            "--json",
+            "--per-query",
+            str(per_query),
+        ],
+        case,
+        per_query,
+    )
 
 
 # --- .npy inputs -----------------------------------------------------------------------------------
 
 _dtypes = st.sampled_from(
-    ["int64", "int32", "int8", "uint64", "uint8", "float64", "float32", "float16", "bool", "complex64",
-     "U3", "S2", "datetime64[s]", "timedelta64[s]", "V4", "i4,f4", ">i8", "<f8"]  # fmt: skip
+    [
+        "int64",
+        "int32",
+        "int8",
+        "uint64",
+        "uint8",
+        "float64",
+        "float32",
+        "float16",
+        "bool",
+        "complex64",
+        "U3",
+        "S2",
+        "datetime64[s]",
+        "timedelta64[s]",
+        "V4",
+        "i4,f4",
+        ">i8",
+        "<f8",
+    ]
 )
 _shapes = st.one_of(
     st.lists(st.integers(0, 6), min_size=0, max_size=3).map(tuple),
@@ -401,9 +564,13 @@ def npy_arrays(draw: st.DrawFn) -> np.ndarray:
             good = np.stack([rng.permutation(12)[:k] for _ in range(12)], axis=1)
         if draw(st.booleans()):  # one hostile value
             flat = good.reshape(-1).astype(np.float64)
-            flat[draw(st.integers(0, flat.size - 1))] = draw(st.sampled_from([-1, 12, 15, 2**62, np.nan, 0.5]))
+            flat[draw(st.integers(0, flat.size - 1))] = draw(
+                st.sampled_from([-1, 12, 15, 2**62, np.nan, 0.5])
+            )
             with np.errstate(all="ignore"):
-                good = flat.reshape(good.shape).astype(good.dtype if draw(st.booleans()) else np.float64)
+                good = flat.reshape(good.shape).astype(
+                    good.dtype if draw(st.booleans()) else np.float64
+                )
         return good
     dtype = np.dtype(draw(_dtypes))
     shape = draw(_shapes)
@@ -418,7 +585,9 @@ def npy_arrays(draw: st.DrawFn) -> np.ndarray:
         elif special in ("nan", "inf") and dtype.kind in "fc":
             vals[:: max(1, size // 3)] = np.nan if special == "nan" else np.inf
         with np.errstate(all="ignore"):
-            arr = vals.astype(dtype).reshape(shape) if dtype.kind not in "VUS" or dtype.names else arr
+            arr = (
+                vals.astype(dtype).reshape(shape) if dtype.kind not in "VUS" or dtype.names else arr
+            )
     return arr
 
 
@@ -426,7 +595,10 @@ def _good_gnd(case: Path, n_db: int = 12, n_q: int = 2) -> Path:
     from oxbench.formats.revisitop import write_gnd
     from oxbench.groundtruth import GroundTruth, make_query
 
-    queries = tuple(make_query(f"q{i}", (0.0, 0.0, 5.0, 5.0), easy=[i], hard=[i + 2], junk=[i + 4]) for i in range(n_q))
+    queries = tuple(
+        make_query(f"q{i}", (0.0, 0.0, 5.0, 5.0), easy=[i], hard=[i + 2], junk=[i + 4])
+        for i in range(n_q)
+    )
     gt = GroundTruth("x", "revisited", tuple(f"img{i}" for i in range(n_db)), queries)
     return write_gnd(gt, case / "gnd_x.pkl")
 
@@ -434,11 +606,15 @@ def _good_gnd(case: Path, n_db: int = 12, n_q: int = 2) -> Path:
 @fuzz(800)
 @given(
     arr=npy_arrays(),
-    option=st.sampled_from(["--ranks", "--scores", "features", "ukbench-ranks", "ukbench-scores", "raw"]),
+    option=st.sampled_from(
+        ["--ranks", "--scores", "features", "ukbench-ranks", "ukbench-scores", "raw"]
+    ),
     raw=st.binary(max_size=120),
     distractors=st.sampled_from(["0", "0", "3"]),
 )
-def test_fuzz_npy_inputs(workdir: Path, arr: np.ndarray, option: str, raw: bytes, distractors: str) -> None:
+def test_fuzz_npy_inputs(
+    workdir: Path, arr: np.ndarray, option: str, raw: bytes, distractors: str
+) -> None:
     case = _case_dir(workdir)
     npy = case / "input.npy"
     if option == "raw":  # bytes that start like a .npy file, then anything
@@ -448,14 +624,41 @@ def test_fuzz_npy_inputs(workdir: Path, arr: np.ndarray, option: str, raw: bytes
         np.save(npy, arr, allow_pickle=False)
     gnd = _good_gnd(case)
     if option.startswith("ukbench"):
-        args = ["evaluate", "ukbench", "--ranks" if option.endswith("ranks") else "--scores", str(npy), "--json"]
+        args = [
+            "evaluate",
+            "ukbench",
+            "--ranks" if option.endswith("ranks") else "--scores",
+            str(npy),
+            "--json",
+        ]
     elif option == "features":
         q = case / "q.npy"
         np.save(q, arr[:2] if arr.ndim else arr)
-        args = ["evaluate", "revisited", "--gnd", str(gnd), "--db-features", str(npy), "--query-features", str(q),
-                "--json", "--distractors", distractors]  # fmt: skip
+        args = [
+            "evaluate",
+            "revisited",
+            "--gnd",
+            str(gnd),
+            "--db-features",
+            str(npy),
+            "--query-features",
+            str(q),
+            "--json",
+            "--distractors",
+            distractors,
+        ]
     else:
-        args = ["evaluate", "revisited", "--gnd", str(gnd), option, str(npy), "--json", "--distractors", distractors]
+        args = [
+            "evaluate",
+            "revisited",
+            "--gnd",
+            str(gnd),
+            option,
+            str(npy),
+            "--json",
+            "--distractors",
+            distractors,
+        ]
     run_cli(args, case)
 
 
@@ -469,7 +672,9 @@ def _special_inputs(case: Path) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("kind", ["fifo", "zero", "folder"])
-@pytest.mark.parametrize("where", ["gnd", "ranks", "scores", "images", "results", "gt-file", "ranked-file"])
+@pytest.mark.parametrize(
+    "where", ["gnd", "ranks", "scores", "images", "results", "gt-file", "ranked-file"]
+)
 def test_special_files_as_inputs_are_refused(workdir: Path, kind: str, where: str) -> None:
     case = _case_dir(workdir)
     special = _special_inputs(case)[kind]
@@ -500,7 +705,14 @@ def test_special_files_as_inputs_are_refused(workdir: Path, kind: str, where: st
         "images": ["evaluate", "holidays", "--images", str(special), "--results", str(results)],
         "results": ["evaluate", "holidays", "--images", str(images), "--results", str(special)],
         "gt-file": ["evaluate", "oxford", "--gt-dir", str(gt_dir), "--ranked-dir", str(ranked_dir)],
-        "ranked-file": ["evaluate", "oxford", "--gt-dir", str(gt_dir), "--ranked-dir", str(ranked_dir)],
+        "ranked-file": [
+            "evaluate",
+            "oxford",
+            "--gt-dir",
+            str(gt_dir),
+            "--ranked-dir",
+            str(ranked_dir),
+        ],
     }[where]
     code, _, err = run_cli([*args, "--json"], case)
     assert code == 2, err

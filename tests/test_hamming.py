@@ -164,8 +164,12 @@ def test_index_scores_follow_the_definition(ht: int, sigma: float | None, wgc: b
     scales = rng.uniform(-3, 3, n).astype(np.float32)
     index = HammingIndex(n_words).fit(words, images, sigs, angles, scales, n_images)
     qn = 15
-    query = (rng.integers(0, n_words, qn), base[rng.integers(0, 3, qn)], rng.uniform(0, 360, qn).astype(np.float32),
-             rng.uniform(-3, 3, qn).astype(np.float32))  # fmt: skip
+    query = (
+        rng.integers(0, n_words, qn),
+        base[rng.integers(0, 3, qn)],
+        rng.uniform(0, 360, qn).astype(np.float32),
+        rng.uniform(-3, 3, qn).astype(np.float32),
+    )
     got = index.scores(*query, ht=ht, sigma=sigma, wgc=wgc)
     assert index.idf_ is not None
     df = np.array(
@@ -199,8 +203,14 @@ def test_all_bits_threshold_without_weights_is_the_tf_idf_cosine() -> None:
     words = np.concatenate(per_image)
     images = np.concatenate([np.full(len(w), i) for i, w in enumerate(per_image)])
     n = len(words)
-    index = HammingIndex(n_words).fit(words, images, rng.integers(0, 2**63, n, dtype=np.uint64), np.zeros(n),
-                                      np.zeros(n), n_images)  # fmt: skip
+    index = HammingIndex(n_words).fit(
+        words,
+        images,
+        rng.integers(0, 2**63, n, dtype=np.uint64),
+        np.zeros(n),
+        np.zeros(n),
+        n_images,
+    )
     q = rng.integers(0, n_words, 8)
     got = index.scores(
         q, rng.integers(0, 2**63, 8, dtype=np.uint64), np.zeros(8), np.zeros(8), ht=64, sigma=None
@@ -222,8 +232,9 @@ def test_bad_settings_are_one_line(
     err = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and "\n" not in err and setting in err
     with pytest.raises(InputError, match="Hamming threshold"):
-        HammingIndex(2).fit(np.zeros(0, int), np.zeros(0, int), np.zeros(0, np.uint64), np.zeros(0), np.zeros(0),
-                            1).matches(np.zeros(1, int), np.zeros(1, np.uint64), 65)  # fmt: skip
+        HammingIndex(2).fit(
+            np.zeros(0, int), np.zeros(0, int), np.zeros(0, np.uint64), np.zeros(0), np.zeros(0), 1
+        ).matches(np.zeros(1, int), np.zeros(1, np.uint64), 65)
 
 
 @pytest.mark.slow

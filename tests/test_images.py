@@ -27,18 +27,28 @@ PIL = pytest.importorskip("PIL.Image")
 
 def png_header(path: Path, width: int, height: int) -> Path:
     """A PNG that declares ``width x height`` pixels and holds one scanline: tiny on disk, huge when decoded."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        return (
+            struct.pack(">I", len(data))
+            + kind
+            + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+        )
 
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     idat = zlib.compress(b"\x00" + b"\x00" * 3 * min(width, 64))
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+    )
     return path
 
 
 def small_jpeg(path: Path, seed: int = 0, size: tuple[int, int] = (64, 48)) -> Path:
     rng = np.random.default_rng(seed)
-    PIL.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(path, quality=85)
+    PIL.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(
+        path, quality=85
+    )
     return path
 
 
@@ -46,7 +56,9 @@ def small_jpeg(path: Path, seed: int = 0, size: tuple[int, int] = (64, 48)) -> P
 def test_an_image_over_the_budget_is_refused_by_name_before_it_is_decoded(tmp_path, side):
     path = png_header(tmp_path / f"big{side}.png", side, side)
     assert path.stat().st_size < 10_000
-    with warnings.catch_warnings():  # Pillow warns above its own lower limit; the CLI drops that warning
+    with (
+        warnings.catch_warnings()
+    ):  # Pillow warns above its own lower limit; the CLI drops that warning
         warnings.simplefilter("ignore", PIL.DecompressionBombWarning)
         with pytest.raises(InputError) as exc:
             read_image(path)
@@ -89,15 +101,21 @@ def test_allow_partial_skips_an_over_budget_image_and_names_it(tmp_path, caplog)
     from oxbench.features.deep.extract import ExtractOptions, Extractor
     from oxbench.features.deep.model import build_net
 
-    paths = [small_jpeg(tmp_path / "a.jpg"), png_header(tmp_path / "big.png", 30_000, 30_000),
-             small_jpeg(tmp_path / "c.jpg", 1)]
-    ext = Extractor(build_net("resnet18", "gem", weights="random").net,
-                    ExtractOptions(max_side=64, device="cpu", scales=(1.0,)))
+    paths = [
+        small_jpeg(tmp_path / "a.jpg"),
+        png_header(tmp_path / "big.png", 30_000, 30_000),
+        small_jpeg(tmp_path / "c.jpg", 1),
+    ]
+    ext = Extractor(
+        build_net("resnet18", "gem", weights="random").net,
+        ExtractOptions(max_side=64, device="cpu", scales=(1.0,)),
+    )
     with pytest.raises(InputError, match=r"image big: .*big.png: image is .* over the budget"):
         ext.describe_sources(lambda i: read_image(paths[i]), [0, 1, 2], ["a", "big", "c"])
     with caplog.at_level(logging.WARNING):
-        done, x = ext.describe_sources(lambda i: read_image(paths[i]), [0, 1, 2], ["a", "big", "c"],
-                                       allow_undecodable=True)
+        done, x = ext.describe_sources(
+            lambda i: read_image(paths[i]), [0, 1, 2], ["a", "big", "c"], allow_undecodable=True
+        )
     assert done == [0, 2] and x.shape[0] == 2 and "image big cannot be decoded" in caplog.text
 
 
@@ -116,17 +134,30 @@ def _hostile_run(tmp_path: Path):
     secret = small_jpeg(private / "secret.jpg", 99)
     os.symlink(secret, data / "escape.jpg")
     hostile = {
-        4: str(secret), 5: "/etc/passwd", 6: "/proc/self/environ", 7: str(fifo), 8: str(data / "escape.jpg"),
-        9: str(data / ".." / "private" / "secret.jpg"), 10: str(png_header(data / "bomb.png", 12_000, 12_000)),
+        4: str(secret),
+        5: "/etc/passwd",
+        6: "/proc/self/environ",
+        7: str(fifo),
+        8: str(data / "escape.jpg"),
+        9: str(data / ".." / "private" / "secret.jpg"),
+        10: str(png_header(data / "bomb.png", 12_000, 12_000)),
         11: "relative/secret.jpg",
     }
     ranks = np.tile(np.arange(12), (3, 1))
-    run = write_run(tmp_path / "runs", gt, ranks, db_images={**good, **hostile}, root=data,
-                    query_images={0: str(secret), 1: "/etc/shadow", 2: str(small_jpeg(data / "q2.jpg", 7))})
+    run = write_run(
+        tmp_path / "runs",
+        gt,
+        ranks,
+        db_images={**good, **hostile},
+        root=data,
+        query_images={0: str(secret), 1: "/etc/shadow", 2: str(small_jpeg(data / "q2.jpg", 7))},
+    )
     return run, good, secret
 
 
-@pytest.mark.filterwarnings("ignore:Image size")  # Pillow's own warning below oxbench's budget check
+@pytest.mark.filterwarnings(
+    "ignore:Image size"
+)  # Pillow's own warning below oxbench's budget check
 def test_viewer_shows_only_regular_images_under_the_recorded_root(tmp_path, caplog):
     run, good, secret = _hostile_run(tmp_path)
     with time_limit(30):
@@ -144,24 +175,34 @@ def test_viewer_shows_only_regular_images_under_the_recorded_root(tmp_path, capl
     assert all(p.read_bytes() != secret_bytes for p in (tmp_path / "v").rglob("*") if p.is_file())
 
 
-def test_view_cli_on_a_hostile_record_is_one_warning_line_per_problem_no_pil_warning(tmp_path, capsys):
+def test_view_cli_on_a_hostile_record_is_one_warning_line_per_problem_no_pil_warning(
+    tmp_path, capsys
+):
     run, _, _ = _hostile_run(tmp_path)
     with time_limit(30), pytest.raises(SystemExit) as exc:
         main(["view", str(run), "--out", str(tmp_path / "v"), "--top", "12"])
     out, err = capsys.readouterr()
     assert exc.value.code == 0 and "index.html" in out
-    assert "DecompressionBombWarning" not in err and "Traceback" not in err and "warnings.warn" not in err
+    assert (
+        "DecompressionBombWarning" not in err
+        and "Traceback" not in err
+        and "warnings.warn" not in err
+    )
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert all(ln.startswith("WARNING ") for ln in lines), lines
     bomb = [ln for ln in lines if "bomb.png" in ln]
-    assert len(bomb) == 1 and "over the budget" in bomb[0], lines  # in every query's list, named once
+    assert len(bomb) == 1 and "over the budget" in bomb[0], (
+        lines
+    )  # in every query's list, named once
     assert any("were not opened: placeholders shown" in ln for ln in lines), lines
 
 
 def test_run_without_a_recorded_root_shows_placeholders_only(tmp_path):
     gt = tiny_gt(0, n_db=4, n_queries=2)
     img = small_jpeg(tmp_path / "a.jpg")
-    run = write_run(tmp_path / "runs", gt, random_ranks(gt, 0), db_images=dict.fromkeys(range(4), str(img)))
+    run = write_run(
+        tmp_path / "runs", gt, random_ranks(gt, 0), db_images=dict.fromkeys(range(4), str(img))
+    )
     _, cache = build_viewer(RunRecord.load(run), tmp_path / "v")
     assert cache.made == 0 and cache.outside > 0
 

@@ -20,7 +20,9 @@ from oxbench.index.vocabulary import Vocabulary, _allocate
 pytest.importorskip("faiss")
 
 
-def blobs(rng: np.random.Generator, n_clusters: int = 8, per: int = 200, dim: int = 16) -> tuple[np.ndarray, np.ndarray]:
+def blobs(
+    rng: np.random.Generator, n_clusters: int = 8, per: int = 200, dim: int = 16
+) -> tuple[np.ndarray, np.ndarray]:
     centres = rng.normal(size=(n_clusters, dim)).astype(np.float32) * 10
     labels = np.repeat(np.arange(n_clusters), per)
     x = centres[labels] + rng.normal(size=(len(labels), dim)).astype(np.float32) * 0.3
@@ -37,7 +39,9 @@ def brute_nearest(x: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 def test_flat_vocabulary_recovers_clusters_and_predicts_exactly(rng: np.random.Generator) -> None:
     x, labels = blobs(rng)
-    voc = Vocabulary(16, structure="flat", n_iter=20, descriptor="test", seed=1).fit(x, trained_on="blobs")
+    voc = Vocabulary(16, structure="flat", n_iter=20, descriptor="test", seed=1).fit(
+        x, trained_on="blobs"
+    )
     words = voc.predict(x)
     # k-means may split a cluster but never mixes two well-separated ones in one word
     for w in np.unique(words):
@@ -67,7 +71,12 @@ def test_training_sample_limit_is_explicit(rng: np.random.Generator) -> None:
 def test_two_level_vocabulary(rng: np.random.Generator) -> None:
     x = rng.random((6000, 8), dtype=np.float32)
     voc = Vocabulary(
-        100, structure="two-level", n_iter=5, max_points_per_centroid=40, n_probe=3, descriptor="test"
+        100,
+        structure="two-level",
+        n_iter=5,
+        max_points_per_centroid=40,
+        n_probe=3,
+        descriptor="test",
     ).fit(x)
     assert voc.centroids_.shape == (100, 8)
     assert voc.cell_offsets_[0] == 0 and voc.cell_offsets_[-1] == 100
@@ -101,7 +110,9 @@ def test_allocate_words_over_cells(counts: list[int], total: int) -> None:
 def test_vocabulary_save_load_and_refusals(tmp_path: Path, rng: np.random.Generator) -> None:
     x = rng.random((3000, 8), dtype=np.float32)
     for structure in ("flat", "two-level"):
-        voc = Vocabulary(30, structure=structure, descriptor="rootsift").fit(x, trained_on="train-city")
+        voc = Vocabulary(30, structure=structure, descriptor="rootsift").fit(
+            x, trained_on="train-city"
+        )
         path = voc.save(tmp_path / f"{structure}.npz")
         back = Vocabulary.load(path, descriptor="rootsift", dim=8)
         np.testing.assert_array_equal(back.predict(x[:200]), voc.predict(x[:200]))
@@ -121,7 +132,9 @@ def test_vocabulary_save_load_and_refusals(tmp_path: Path, rng: np.random.Genera
 
 
 @pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_faiss_threads_wait_passively_unless_the_user_says_otherwise(given: str | None, expected: str) -> None:
+def test_faiss_threads_wait_passively_unless_the_user_says_otherwise(
+    given: str | None, expected: str
+) -> None:
     """Spinning OpenMP threads burn the CPU other work needs (bench/README.md, "The main job")."""
     import subprocess
     import sys
@@ -130,12 +143,17 @@ def test_faiss_threads_wait_passively_unless_the_user_says_otherwise(given: str 
     if given is not None:
         env["OMP_WAIT_POLICY"] = given
     code = "import os; from oxbench.index.faiss_setup import load_faiss; load_faiss(); print(os.environ['OMP_WAIT_POLICY'])"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == expected
 
 
 def test_suggested_coretype() -> None:
-    assert suggested_coretype({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"}) == "SkylakeX"
+    assert (
+        suggested_coretype({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"})
+        == "SkylakeX"
+    )
     assert suggested_coretype({"avx2", "fma"}) == "Haswell"
     assert suggested_coretype({"sse2"}) is None
 
@@ -159,6 +177,7 @@ def test_soft_assignment_weights() -> None:
 
 def dense_reference(db_words, q_words, n_words, burst, db_w=None, q_w=None):  # noqa: ANN001, ANN201
     """Plain dense tf-idf with explicit loops: the specification the inverted file must match."""
+
     def tf(words_list, weights):  # noqa: ANN001, ANN202
         m = np.zeros((len(words_list), n_words))
         for i, ws in enumerate(words_list):
@@ -203,7 +222,9 @@ def test_inverted_file_with_soft_assignment_equals_dense(rng: np.random.Generato
     q_w = [soft_assignment_weights(np.sort(rng.random(w.shape), axis=1), 0.05) for w in q_words]
     ivf = InvertedFile(n_words).fit(bow_matrix(db_words, n_words, db_w))
     got = ivf.scores(bow_matrix(q_words, n_words, q_w))
-    np.testing.assert_allclose(got, dense_reference(db_words, q_words, n_words, "sqrt", db_w, q_w), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        got, dense_reference(db_words, q_words, n_words, "sqrt", db_w, q_w), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_ranking_is_stable_and_self_retrieval_first(rng: np.random.Generator) -> None:
@@ -214,7 +235,9 @@ def test_ranking_is_stable_and_self_retrieval_first(rng: np.random.Generator) ->
     np.testing.assert_array_equal(ranks[:, 0], np.arange(20))
     assert ranks.shape == (20, 20)
     assert np.all(np.sort(ranks, axis=1) == np.arange(20))
-    np.testing.assert_array_equal(ranks_from_scores(np.array([[0.5, 1.0, 0.5, 1.0, 0.0]]).T), [[1, 3, 0, 2, 4]])
+    np.testing.assert_array_equal(
+        ranks_from_scores(np.array([[0.5, 1.0, 0.5, 1.0, 0.0]]).T), [[1, 3, 0, 2, 4]]
+    )
     np.testing.assert_array_equal(ranks_from_scores(np.array([[0.0, -0.0, 0.0]]).T, 2), [[0, 1]])
 
 
@@ -230,7 +253,9 @@ def test_bad_words_and_unfitted_index() -> None:
         InvertedFile(10, burst="log")  # type: ignore[arg-type]
 
 
-def test_every_training_descriptor_when_the_sample_limit_is_none(tmp_path: Path, rng: np.random.Generator) -> None:
+def test_every_training_descriptor_when_the_sample_limit_is_none(
+    tmp_path: Path, rng: np.random.Generator
+) -> None:
     """``max_points_per_centroid=None``: the k-means sees every descriptor, as the asmk package's
     codebook does (one faiss k-means over all training vectors)."""
     import faiss
@@ -238,23 +263,46 @@ def test_every_training_descriptor_when_the_sample_limit_is_none(tmp_path: Path,
     from oxbench.pipelines import resolve_method
 
     x = rng.random((5000, 8), dtype=np.float32)
-    voc = Vocabulary(10, structure="flat", n_iter=7, max_points_per_centroid=None, descriptor="test", seed=3).fit(x)
+    voc = Vocabulary(
+        10, structure="flat", n_iter=7, max_points_per_centroid=None, descriptor="test", seed=3
+    ).fit(x)
     assert voc.n_train_ == 5000 and voc.describe()["max_points_per_centroid"] is None
-    km = faiss.Kmeans(8, 10, niter=7, seed=3, max_points_per_centroid=10**6, min_points_per_centroid=1)
+    km = faiss.Kmeans(
+        8, 10, niter=7, seed=3, max_points_per_centroid=10**6, min_points_per_centroid=1
+    )
     km.train(x)
     np.testing.assert_allclose(voc.centroids_, km.centroids, rtol=1e-5, atol=1e-6)
-    two = Vocabulary(100, structure="two-level", n_iter=3, max_points_per_centroid=None, descriptor="test").fit(x)
+    two = Vocabulary(
+        100, structure="two-level", n_iter=3, max_points_per_centroid=None, descriptor="test"
+    ).fit(x)
     assert two.n_train_ == 5000
     back = Vocabulary.load(voc.save(tmp_path / "all.npz"), descriptor="test")
     assert back.max_points_per_centroid is None
     for bad in (0, -1, "all", True, 2.5):
-        with pytest.raises(InputError, match="max_points_per_centroid must be an integer >= 1 or null"):
+        with pytest.raises(
+            InputError, match="max_points_per_centroid must be an integer >= 1 or null"
+        ):
             Vocabulary(10, max_points_per_centroid=bad)  # type: ignore[arg-type]
     # ASMK trains on all by default (recorded in its vocabulary settings); bag of words keeps 32 per word
     asmk = resolve_method("rootsift-asmk")
-    assert asmk.vocab_max_points_per_centroid is None and asmk.vocabulary().settings()["max_points_per_centroid"] is None
+    assert (
+        asmk.vocab_max_points_per_centroid is None
+        and asmk.vocabulary().settings()["max_points_per_centroid"] is None
+    )
     assert resolve_method("rootsift-bow").vocab_max_points_per_centroid == 32
-    assert resolve_method("rootsift-asmk", vocab_max_points_per_centroid=32).vocabulary().settings()["max_points_per_centroid"] == 32
-    with pytest.raises(InputError, match=r"setting vocab_max_points_per_centroid: must be in \[1, 1048576\], got 0"):
+    assert (
+        resolve_method("rootsift-asmk", vocab_max_points_per_centroid=32)
+        .vocabulary()
+        .settings()["max_points_per_centroid"]
+        == 32
+    )
+    with pytest.raises(
+        InputError, match=r"setting vocab_max_points_per_centroid: must be in \[1, 1048576\], got 0"
+    ):
         resolve_method("rootsift-asmk", vocab_max_points_per_centroid=0)
-    assert resolve_method("rootsift-asmk", vocab_max_points_per_centroid="none").vocab_max_points_per_centroid is None
+    assert (
+        resolve_method(
+            "rootsift-asmk", vocab_max_points_per_centroid="none"
+        ).vocab_max_points_per_centroid
+        is None
+    )

@@ -73,10 +73,13 @@ def test_pairs_are_the_other_queries_boxes_in_positive_images() -> None:
     # a_1: images 1 and 2 (a_2's and a_3's boxes); not its own image 0, not image 3 (no query there)
     # a_2: images 0 and 2; a_3: image 0 and 1 (2 is its own); b_1: no other query of landmark b
     assert dict(t.boxes) == {
-        (0, 1): ((10.0, 10.0, 30.0, 30.0),), (0, 2): ((0.0, 0.0, 40.0, 20.0),),
-        (1, 0): ((0.0, 0.0, 10.0, 10.0),), (1, 2): ((0.0, 0.0, 40.0, 20.0),),
-        (2, 0): ((0.0, 0.0, 10.0, 10.0),), (2, 1): ((10.0, 10.0, 30.0, 30.0),),
-    }  # fmt: skip
+        (0, 1): ((10.0, 10.0, 30.0, 30.0),),
+        (0, 2): ((0.0, 0.0, 40.0, 20.0),),
+        (1, 0): ((0.0, 0.0, 10.0, 10.0),),
+        (1, 2): ((0.0, 0.0, 40.0, 20.0),),
+        (2, 0): ((0.0, 0.0, 10.0, 10.0),),
+        (2, 1): ((10.0, 10.0, 30.0, 30.0),),
+    }
 
 
 def test_known_ious_missing_boxes_score_zero_and_queries_are_averaged() -> None:
@@ -156,8 +159,12 @@ def test_bad_input_is_refused() -> None:
     with pytest.raises(InputError, match=r"lies outside the 20x20 image"):
         truth_from_queries(gt, {2: (20, 20)})  # a_3's box (0, 0, 40, 20) in image 2
     t = truth_from_queries(gt, {0: (50, 50), 1: (50, 50), 2: (50, 50)})
-    for box, words in (((0, 0, 60, 10), "outside the 50x50 image"), ((5, 5, 5, 9), "empty"),
-                       ((0, 0, float("nan"), 3), "finite"), ((0, 0, 1), "four finite numbers")):  # fmt: skip
+    for box, words in (
+        ((0, 0, 60, 10), "outside the 50x50 image"),
+        ((5, 5, 5, 9), "empty"),
+        ((0, 0, float("nan"), 3), "finite"),
+        ((0, 0, 1), "four finite numbers"),
+    ):
         with pytest.raises(InputError, match=words):
             evaluate_localization(t, {(0, 1): box})
     with pytest.raises(InputError, match="there are 4 queries"):

@@ -35,14 +35,26 @@ def _pieces(rng: np.random.Generator, rows: list[int], k: int, dtype: type) -> l
 
 
 @settings(max_examples=40, deadline=None)
-@given(rows=st.lists(st.integers(0, 9), min_size=1, max_size=5), k=st.integers(1, 4), seed=st.integers(0, 2**16))
-def test_pieces_write_the_file_the_whole_arrays_write(tmp_path_factory: pytest.TempPathFactory, rows: list[int],
-                                                      k: int, seed: int) -> None:  # fmt: skip
+@given(
+    rows=st.lists(st.integers(0, 9), min_size=1, max_size=5),
+    k=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+)
+def test_pieces_write_the_file_the_whole_arrays_write(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[int], k: int, seed: int
+) -> None:
     d = tmp_path_factory.mktemp("pieces")
     rng = np.random.default_rng(seed)
     words, dists = _pieces(rng, rows, k, np.int32), _pieces(rng, rows, k, np.float32)
-    small = {"names": np.array([f"im{i}" for i in range(len(rows))]), "tag": np.array("vocab"), "n": np.int64(7)}
-    whole = save_npz(d / "whole.npz", {**small, "words": np.concatenate(words), "sq_dists": np.concatenate(dists)})
+    small = {
+        "names": np.array([f"im{i}" for i in range(len(rows))]),
+        "tag": np.array("vocab"),
+        "n": np.int64(7),
+    }
+    whole = save_npz(
+        d / "whole.npz",
+        {**small, "words": np.concatenate(words), "sq_dists": np.concatenate(dists)},
+    )
     piecewise = save_npz_pieces(d / "pieces.npz", {**small, "words": words, "sq_dists": dists})
     a = load_npz(whole, what="t")
     b = load_npz(piecewise, what="t", mapped=("words", "sq_dists"))
@@ -59,9 +71,13 @@ def test_pieces_write_the_file_the_whole_arrays_write(tmp_path_factory: pytest.T
 
 def test_pieces_that_do_not_stack_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="differ"):
-        save_npz_pieces(tmp_path / "x.npz", {"w": [np.zeros((2, 3), np.int32), np.zeros((2, 4), np.int32)]})
+        save_npz_pieces(
+            tmp_path / "x.npz", {"w": [np.zeros((2, 3), np.int32), np.zeros((2, 4), np.int32)]}
+        )
     with pytest.raises(ValueError, match="differ"):
-        save_npz_pieces(tmp_path / "x.npz", {"w": [np.zeros((2, 3), np.int32), np.zeros((2, 3), np.int64)]})
+        save_npz_pieces(
+            tmp_path / "x.npz", {"w": [np.zeros((2, 3), np.int32), np.zeros((2, 3), np.int64)]}
+        )
     with pytest.raises(ValueError, match="Python objects"):
         save_npz(tmp_path / "x.npz", {"o": np.array([{"a": 1}], dtype=object)})
     assert not list(tmp_path.iterdir())  # nothing half-written
@@ -71,11 +87,16 @@ def _words_file(path: Path, n_images: int = 3, k: int = 2) -> Path:
     counts = np.array([2, 0, 3][:n_images], np.int64)
     offsets = np.concatenate([[0], np.cumsum(counts)])
     n = int(offsets[-1])
-    return save_npz_pieces(path, {
-        "names": np.array([f"im{i}" for i in range(n_images)]), "offsets": offsets,
-        "words": np.arange(n * k, dtype=np.int32).reshape(n, k), "sq_dists": np.ones((n, k), np.float32),
-        "vocabulary": np.array("v"),
-    })  # fmt: skip
+    return save_npz_pieces(
+        path,
+        {
+            "names": np.array([f"im{i}" for i in range(n_images)]),
+            "offsets": offsets,
+            "words": np.arange(n * k, dtype=np.int32).reshape(n, k),
+            "sq_dists": np.ones((n, k), np.float32),
+            "vocabulary": np.array("v"),
+        },
+    )
 
 
 def test_flipped_byte_in_a_mapped_member_fails_the_digest(tmp_path: Path) -> None:
@@ -107,22 +128,32 @@ def test_members_that_cannot_be_mapped_are_refused(tmp_path: Path) -> None:
         load_npz(trunc, what="t", mapped=("words",))
     fortran = tmp_path / "f.npz"
     f_arr = {"words": np.asfortranarray(np.arange(12, dtype=np.int32).reshape(3, 4))}
-    np.savez(fortran, **f_arr, **{DIGEST_KEY: np.array(cache.arrays_digest(f_arr))})  # save_npz writes C order
+    np.savez(
+        fortran, **f_arr, **{DIGEST_KEY: np.array(cache.arrays_digest(f_arr))}
+    )  # save_npz writes C order
     with pytest.raises(CorruptCache, match="Fortran"):
         load_npz(fortran, what="t", mapped=("words",))
 
 
 def test_offsets_that_do_not_partition_the_features_are_corrupt(tmp_path: Path) -> None:
     path = tmp_path / "w.npz"
-    save_npz(path, {"names": np.array(["a", "b"]), "offsets": np.array([0, 3, 2]),
-                    "words": np.zeros((2, 1), np.int32), "sq_dists": np.zeros((2, 1), np.float32),
-                    "vocabulary": np.array("v")})  # fmt: skip
+    save_npz(
+        path,
+        {
+            "names": np.array(["a", "b"]),
+            "offsets": np.array([0, 3, 2]),
+            "words": np.zeros((2, 1), np.int32),
+            "sq_dists": np.zeros((2, 1), np.float32),
+            "vocabulary": np.array("v"),
+        },
+    )
     with pytest.raises(CorruptCache, match="offsets do not partition"):
         Words.load(path)
 
 
-def test_a_checked_file_is_trusted_only_while_it_is_the_same_file(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_checked_file_is_trusted_only_while_it_is_the_same_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = _words_file(tmp_path / "w.npz")
     checked = Words.load(path)  # what the driver does: a full check
     ident = checked.source
@@ -141,7 +172,9 @@ def test_a_checked_file_is_trusted_only_while_it_is_the_same_file(tmp_path: Path
     Words.load(path, trusted=ident)
     assert hashed
     hashed.clear()
-    forged = FileIdentity(ident.inode, ident.size, ident.mtime_ns, "0" * 64)  # a digest the file does not record
+    forged = FileIdentity(
+        ident.inode, ident.size, ident.mtime_ns, "0" * 64
+    )  # a digest the file does not record
     Words.load(path, trusted=forged)
     assert hashed
 

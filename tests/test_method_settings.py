@@ -17,8 +17,25 @@ from oxbench.errors import InputError
 from oxbench.pipelines import list_methods, resolve_method
 from oxbench.schema import SPEC_KEY
 
-HOSTILE = ("NaN", "nan", "inf", "-inf", "-1", "0", "1e30", "10" * 20, "abc", "true", "", "1.5", "1_0", "[1, 2]",
-           "none", " 3 ", "\x00")  # fmt: skip
+HOSTILE = (
+    "NaN",
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "1e30",
+    "10" * 20,
+    "abc",
+    "true",
+    "",
+    "1.5",
+    "1_0",
+    "[1, 2]",
+    "none",
+    " 3 ",
+    "\x00",
+)
 
 
 def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.Field]]:
@@ -54,7 +71,12 @@ def test_every_setting_of_every_preset_takes_hostile_text_in_one_line() -> None:
                 except InputError as exc:
                     refused += 1
                     message = str(exc)
-                    assert "\n" not in message and name.rsplit(".", 1)[-1] in message, (preset, name, raw, message)
+                    assert "\n" not in message and name.rsplit(".", 1)[-1] in message, (
+                        preset,
+                        name,
+                        raw,
+                        message,
+                    )
                     continue
                 value = _value(resolved, name)
                 assert spec.check(name, value) == value, (preset, name, raw)
@@ -64,14 +86,42 @@ def test_every_setting_of_every_preset_takes_hostile_text_in_one_line() -> None:
     assert cases > 3000 and refused > cases // 2, (cases, refused)
 
 
-@pytest.mark.parametrize("setting", ["qe_alpha=abc", "whitening_power=abc", "dba=true", "qe_k=1.5", "whitening_dim=NaN",
-                                     "max_side=NaN", "diffusion_gamma=NaN", "dba_alpha=abc", "gem_p=-50",
-                                     "scales=1,nan", "whitening_dim=1e30"])  # fmt: skip
-def test_the_reported_settings_are_one_line_exit_2(setting: str, capsys: pytest.CaptureFixture[str], tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "qe_alpha=abc",
+        "whitening_power=abc",
+        "dba=true",
+        "qe_k=1.5",
+        "whitening_dim=NaN",
+        "max_side=NaN",
+        "diffusion_gamma=NaN",
+        "dba_alpha=abc",
+        "gem_p=-50",
+        "scales=1,nan",
+        "whitening_dim=1e30",
+    ],
+)
+def test_the_reported_settings_are_one_line_exit_2(
+    setting: str, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:  # noqa: ANN001
     with pytest.raises(SystemExit) as exit_:
-        main(["run", "--method", "features-diffusion", "--root", str(tmp_path), "--set", setting, "--no-progress"])
+        main(
+            [
+                "run",
+                "--method",
+                "features-diffusion",
+                "--root",
+                str(tmp_path),
+                "--set",
+                setting,
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err.strip()
-    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and setting.split("=")[0] in err, err
+    assert exit_.value.code == 2 and len(err.splitlines()) == 1 and setting.split("=")[0] in err, (
+        err
+    )
     assert "Traceback" not in err and not (tmp_path / "runs").exists()
 
 
@@ -87,11 +137,18 @@ def test_no_range_check_in_the_package_lets_nan_through() -> None:
     slips = []
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.body[0], ast.Raise):
+            if (
+                isinstance(node, ast.If)
+                and isinstance(node.test, ast.Compare)
+                and isinstance(node.body[0], ast.Raise)
+            ):
                 test = node.test
                 if any(isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in test.ops):
                     names = [n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)]
-                    if any(n.startswith(("qe_", "diffusion_", "whitening_", "gem_", "dba")) for n in names):
+                    if any(
+                        n.startswith(("qe_", "diffusion_", "whitening_", "gem_", "dba"))
+                        for n in names
+                    ):
                         slips.append(f"{path.name}:{node.lineno}")
     assert not slips, f"range checks of float settings outside the schema: {slips}"
 
@@ -112,14 +169,20 @@ def test_methods_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[s
     config = resolve_method("gem-r18-synthetic")
     assert set(rows) == {name for name, _ in _settings(config)}
     assert rows["max_side"]["default"] == 160 and rows["max_side"]["type"] == "int"
-    assert rows["diffusion_alpha"]["accepts"] == "in (0, 1)" and rows["fit_network"]["default"] is True
+    assert (
+        rows["diffusion_alpha"]["accepts"] == "in (0, 1)" and rows["fit_network"]["default"] is True
+    )
     code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
     assert code == 0 and "features.max_side" in out and "spatial_top_r" in out
-    code, alias, _ = _cli(capsys, "settings", "rootsift-bow-sv-qe")  # the earlier name of the command
+    code, alias, _ = _cli(
+        capsys, "settings", "rootsift-bow-sv-qe"
+    )  # the earlier name of the command
     assert code == 0 and alias == out
 
 
-def test_every_preset_setting_appears_in_methods_with_a_type_and_a_default(capsys: pytest.CaptureFixture[str]) -> None:
+def test_every_preset_setting_appears_in_methods_with_a_type_and_a_default(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """`oxbench methods NAME` shows every setting `--set` takes, each with its type and the preset's value."""
     for preset in list_methods():
         code, out, _ = _cli(capsys, "methods", preset)
@@ -143,7 +206,9 @@ def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixt
     assert sorted(p for f in families.values() for p in f["presets"]) == sorted(list_methods())
     assert all(f["about"] for f in families.values())
     code, text, _ = _cli(capsys, "methods")
-    assert code == 0 and "rootsift-bow-sv-qe" in text and text.startswith(f"{len(families)} families")
+    assert (
+        code == 0 and "rootsift-bow-sv-qe" in text and text.startswith(f"{len(families)} families")
+    )
 
 
 @pytest.mark.parametrize(("args", "words"), [
@@ -152,20 +217,27 @@ def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixt
     (["run", "--method", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
     (["methods", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
 ])  # fmt: skip
-def test_an_unknown_name_lists_the_close_matches(args: list[str], words: str, capsys: pytest.CaptureFixture[str],
-                                                 tmp_path) -> None:  # noqa: ANN001
-    code, out, err = _cli(capsys, *args, "--root", str(tmp_path)) if args[0] == "run" else _cli(capsys, *args)
+def test_an_unknown_name_lists_the_close_matches(
+    args: list[str], words: str, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:  # noqa: ANN001
+    code, out, err = (
+        _cli(capsys, *args, "--root", str(tmp_path)) if args[0] == "run" else _cli(capsys, *args)
+    )
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and words in err, err
     assert not (tmp_path / "runs").exists()
 
 
-def test_the_methods_listing_in_the_docs_is_the_commands_output(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_methods_listing_in_the_docs_is_the_commands_output(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """docs/your-data.md shows `oxbench methods rootsift-bow-sv-qe` in full: it is what the command prints."""
     import re
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "your-data.md").read_text()
-    m = re.search(r"```bash\noxbench methods rootsift-bow-sv-qe\n```\n\n```text\n(.*?)```", doc, re.S)
+    m = re.search(
+        r"```bash\noxbench methods rootsift-bow-sv-qe\n```\n\n```text\n(.*?)```", doc, re.S
+    )
     assert m is not None, "docs/your-data.md: the methods block and its output"
     code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
     assert code == 0 and m.group(1) == out

@@ -24,7 +24,9 @@ from oxbench.features.deep.model import build_net, load_model, save_model  # noq
 def payload(tmp_path_factory) -> dict:
     """The plain data of a valid ResNet-18 + GeM model file."""
     path = tmp_path_factory.mktemp("m") / "r18.pt"
-    save_model(path, build_net("resnet18", "gem", weights="random", seed=0).net, source={"format": "test"})
+    save_model(
+        path, build_net("resnet18", "gem", weights="random", seed=0).net, source={"format": "test"}
+    )
     return torch.load(path, weights_only=True)
 
 
@@ -49,12 +51,15 @@ def test_a_valid_model_file_loads(tmp_path, payload):
     assert model.net.architecture == "resnet18" and model.net.multiscale_power == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize("p, expect", [
-    (float("nan"), "model file setting p: expected a finite number, got nan"),
-    (-50.0, "model file setting p: must be in (0, 1000], got -50.0"),
-    (float("inf"), "setting p: expected a finite number"),
-    ("3", "setting p: expected a finite number, got '3'"),
-])
+@pytest.mark.parametrize(
+    "p, expect",
+    [
+        (float("nan"), "model file setting p: expected a finite number, got nan"),
+        (-50.0, "model file setting p: must be in (0, 1000], got -50.0"),
+        (float("inf"), "setting p: expected a finite number"),
+        ("3", "setting p: expected a finite number, got '3'"),
+    ],
+)
 def test_p_must_be_a_positive_finite_number(tmp_path, payload, p, expect):
     _refused(_save(tmp_path / "p.pt", payload, p=p), expect)
 
@@ -72,15 +77,25 @@ def test_nan_weights_are_refused_when_the_file_is_read(tmp_path, payload):
     w = sd["features.0.weight"].clone()
     w[0, 0, 0, 0] = float("nan")
     sd["features.0.weight"] = w
-    _refused(_save(tmp_path / "nan.pt", payload, state_dict=sd), "weight 'features.0.weight' holds NaN or infinite values")
+    _refused(
+        _save(tmp_path / "nan.pt", payload, state_dict=sd),
+        "weight 'features.0.weight' holds NaN or infinite values",
+    )
 
 
 def test_a_huge_whiten_dim_allocates_nothing(tmp_path, payload, monkeypatch):
     built = []
-    monkeypatch.setattr(torch.nn, "Linear", lambda *a, **k: built.append(a) or pytest.fail("a layer was built"))
-    _refused(_save(tmp_path / "w.pt", payload, whiten_dim=10**12), "setting whiten_dim: must be in [1, 65536]")
+    monkeypatch.setattr(
+        torch.nn, "Linear", lambda *a, **k: built.append(a) or pytest.fail("a layer was built")
+    )
+    _refused(
+        _save(tmp_path / "w.pt", payload, whiten_dim=10**12),
+        "setting whiten_dim: must be in [1, 65536]",
+    )
     # a plausible size that the weights do not have
-    _refused(_save(tmp_path / "w2.pt", payload, whiten_dim=256), "whiten_dim and its whitening layer")
+    _refused(
+        _save(tmp_path / "w2.pt", payload, whiten_dim=256), "whiten_dim and its whitening layer"
+    )
     assert built == []
 
 
@@ -116,11 +131,21 @@ def test_a_300k_deep_architecture_is_one_line_not_a_recursion_error(tmp_path, pa
     _refused(_deep_architecture_file(tmp_path / "deep.pt", payload, 300_000), "nested deeper than")
 
 
-@pytest.mark.parametrize("arch", [
-    "timm:hf-hub:timm/resnet18.a1_in1k", "timm:local-dir:/tmp/model", "timm:../../etc/passwd", "timm:/abs/path",
-    "timm:no_such_model_xyz", "resnet7", "x" * 100_000,
-])
-def test_architecture_names_come_from_the_known_list_and_cause_no_io(tmp_path, payload, monkeypatch, arch):
+@pytest.mark.parametrize(
+    "arch",
+    [
+        "timm:hf-hub:timm/resnet18.a1_in1k",
+        "timm:local-dir:/tmp/model",
+        "timm:../../etc/passwd",
+        "timm:/abs/path",
+        "timm:no_such_model_xyz",
+        "resnet7",
+        "x" * 100_000,
+    ],
+)
+def test_architecture_names_come_from_the_known_list_and_cause_no_io(
+    tmp_path, payload, monkeypatch, arch
+):
     timm = pytest.importorskip("timm")
 
     def no_io(*args, **kwargs):
@@ -129,7 +154,13 @@ def test_architecture_names_come_from_the_known_list_and_cause_no_io(tmp_path, p
     monkeypatch.setattr(timm, "create_model", no_io)
     hub = pytest.importorskip("huggingface_hub")
     monkeypatch.setattr(hub, "hf_hub_download", no_io)
-    expect = "timm does not know" if "no_such" in arch else "text value of" if len(arch) > 4096 else "unknown backbone"
+    expect = (
+        "timm does not know"
+        if "no_such" in arch
+        else "text value of"
+        if len(arch) > 4096
+        else "unknown backbone"
+    )
     _refused(_save(tmp_path / "a.pt", payload, architecture=arch), expect)
     with pytest.raises(InputError):
         build_trunk(arch)  # the same rule for a method's backbone setting
@@ -149,20 +180,33 @@ def test_pickled_objects_are_refused_without_torchs_weights_only_advice(tmp_path
     assert "could run code" in msg
 
 
-@pytest.mark.parametrize("changes, expect", [
-    ({"pooling": "vlad"}, "unknown pooling 'vlad'"),
-    ({"mean": [0.5, float("nan"), 0.5]}, "setting mean: item 2: expected a finite number"),
-    ({"std": [0.2, 0.0, 0.2]}, "setting std: item 2: must be in (0, 10]"),
-    ({"std": [0.2, 0.2]}, "setting std: expected 3 to 3 numbers"),
-    ({"whiten_dim": True}, "setting whiten_dim: expected a whole number"),
-    ({"version": 1.0}, "model file version 1.0"),
-    ({"extra": 1}, "unknown entries 'extra'"),
-    ({"state_dict": [1, 2]}, "state_dict is not a mapping"),
-    ({"state_dict": {"a": 1}}, "weight 'a' is a int, not a tensor"),
-    ({"source": {"note": "x" * 5000}}, "text value of 5,000 characters"),
-    ({"lw": {"sfm": {"ss": {"m": torch.zeros(512), "P": torch.full((4, 512), float("nan"))}}}}, "holds NaN"),
-    ({"lw": {"sfm": {"ss": {"m": torch.zeros(512), "P": torch.zeros(4, 3)}}}}, "do not fit 512-D"),
-])
+@pytest.mark.parametrize(
+    "changes, expect",
+    [
+        ({"pooling": "vlad"}, "unknown pooling 'vlad'"),
+        ({"mean": [0.5, float("nan"), 0.5]}, "setting mean: item 2: expected a finite number"),
+        ({"std": [0.2, 0.0, 0.2]}, "setting std: item 2: must be in (0, 10]"),
+        ({"std": [0.2, 0.2]}, "setting std: expected 3 to 3 numbers"),
+        ({"whiten_dim": True}, "setting whiten_dim: expected a whole number"),
+        ({"version": 1.0}, "model file version 1.0"),
+        ({"extra": 1}, "unknown entries 'extra'"),
+        ({"state_dict": [1, 2]}, "state_dict is not a mapping"),
+        ({"state_dict": {"a": 1}}, "weight 'a' is a int, not a tensor"),
+        ({"source": {"note": "x" * 5000}}, "text value of 5,000 characters"),
+        (
+            {
+                "lw": {
+                    "sfm": {"ss": {"m": torch.zeros(512), "P": torch.full((4, 512), float("nan"))}}
+                }
+            },
+            "holds NaN",
+        ),
+        (
+            {"lw": {"sfm": {"ss": {"m": torch.zeros(512), "P": torch.zeros(4, 3)}}}},
+            "do not fit 512-D",
+        ),
+    ],
+)
 def test_other_schema_refusals(tmp_path, payload, changes, expect):
     _refused(_save(tmp_path / "x.pt", payload, **changes), expect)
 
@@ -175,7 +219,17 @@ def test_whitening_projection_is_bounded():
 def test_cli_reading_a_hostile_model_file_is_one_line(tmp_path, payload, capsys):
     bad = _save(tmp_path / "bad.pt", payload, p=float("nan"))
     with pytest.raises(SystemExit) as exc:
-        main(["train", "--root", str(tmp_path / "root"), "--init", str(bad), "--out", str(tmp_path / "m.pt")])
+        main(
+            [
+                "train",
+                "--root",
+                str(tmp_path / "root"),
+                "--init",
+                str(bad),
+                "--out",
+                str(tmp_path / "m.pt"),
+            ]
+        )
     _, err = capsys.readouterr()
     assert exc.value.code == 2 and len(err.strip().splitlines()) == 1 and "setting p" in err, err
     assert not (tmp_path / "root").exists()  # refused before the training data was loaded

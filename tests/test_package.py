@@ -18,5 +18,7 @@ def test_import_needs_only_core():
 def test_cli_help_and_unknown_command():
     ok = subprocess.run([sys.executable, "-m", "oxbench", "--help"], capture_output=True, text=True)
     assert ok.returncode == 0 and "evaluate" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "oxbench", "no-such-command"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "oxbench", "no-such-command"], capture_output=True, text=True
+    )
     assert bad.returncode == 2

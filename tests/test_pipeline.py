@@ -40,10 +40,22 @@ def make_tiny_root(root: Path) -> Path:
     from oxbench.datasets.synthetic.generate import generate
 
     common = {"landmarks": 2, "image_size": (320, 240), "generic_buildings": 4}
-    generate(root / "synthetic", SynthConfig(db_size=40, queries_per_landmark=2, **common), workers=1, progress=False)
+    generate(
+        root / "synthetic",
+        SynthConfig(db_size=40, queries_per_landmark=2, **common),
+        workers=1,
+        progress=False,
+    )
     generate(
         root / "synthetic-train",
-        SynthConfig(name="synthetic-train", city="southbridge", seed=1, db_size=30, queries_per_landmark=1, **common),
+        SynthConfig(
+            name="synthetic-train",
+            city="southbridge",
+            seed=1,
+            db_size=30,
+            queries_per_landmark=1,
+            **common,
+        ),
         workers=1,
         progress=False,
     )
@@ -76,7 +88,9 @@ def test_presets_are_data() -> None:
         resolve_method("nope")
     with pytest.raises(InputError, match="unknown method setting"):
         resolve_method("rootsift-bow", colour="red")
-    with pytest.raises(InputError, match="unknown method setting .features.colour. for rootsift-bow"):
+    with pytest.raises(
+        InputError, match="unknown method setting .features.colour. for rootsift-bow"
+    ):
         resolve_method("rootsift-bow", **{"features.colour": "red"})
     with pytest.raises(InputError, match="takes sub-settings"):
         resolve_method("rootsift-bow", features=3)
@@ -99,12 +113,23 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
 
     out = tmp_path / "run"
     cache = tmp_path / "cache"
-    outcome = run("synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
-                  overrides={"vocab_size": 200, **TINY}, progress=False, top_k=10, command=["oxbench", "run"])
+    outcome = run(
+        "synthetic",
+        "rootsift-bow-sv-qe",
+        root=tiny_root,
+        out=out,
+        cache=cache,
+        overrides={"vocab_size": 200, **TINY},
+        progress=False,
+        top_k=10,
+        command=["oxbench", "run"],
+    )
     rd = outcome.run_dir
     assert rd.parent == out and outcome.config_dir == out
     assert set(RUN_FILES) <= {p.name for p in rd.iterdir()}
-    assert json.loads((out / "config.json").read_text()) == json.loads((rd / "config.json").read_text())
+    assert json.loads((out / "config.json").read_text()) == json.loads(
+        (rd / "config.json").read_text()
+    )
     bench = load_tiny(tiny_root)
     ranks = np.load(rd / "ranks.npy")
     assert ranks.shape == (40, 4)  # revisitop layout (n_db, n_queries)
@@ -123,12 +148,23 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     assert record["started"] <= record["ended"] and record["status"] == "complete"
     assert {"cpu", "cores", "gpu", "platform", "python"} <= set(record["host"])
     assert {"python", "numpy", "opencv", "faiss", "oxbench"} <= set(record["versions"])
-    assert isinstance(record["accel"], bool) and record["git_commit"] in (None, record["git_commit"])
+    assert isinstance(record["accel"], bool) and record["git_commit"] in (
+        None,
+        record["git_commit"],
+    )
     assert record["cache"]["vocabulary"] == "computed" and record["cache"]["features"] == "computed"
     dataset = json.loads((rd / "dataset.json").read_text())
     assert dataset["gt_sha256"] == steps.gt_digest(bench.gt) and dataset["files_sha256"]
     timings = json.loads((rd / "timings.json").read_text())
-    assert {"features", "vocabulary", "assign", "search", "spatial", "query_expansion", "total"} <= set(timings)
+    assert {
+        "features",
+        "vocabulary",
+        "assign",
+        "search",
+        "spatial",
+        "query_expansion",
+        "total",
+    } <= set(timings)
     assert timings["total_cpu"] > 0 and timings["features_cpu"] > 0  # CPU seconds beside wall time
     assert record["cache"]["spatial"] == record["cache"]["spatial_after_qe"] == "computed"
     assert len((rd / "per_query.csv").read_text().splitlines()) >= 5
@@ -143,8 +179,15 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         assert q["name"] == gq.name and len(q["top"]) == 10
         assert [t["index"] for t in q["top"]] == ranks[:10, qi].tolist()
         for t in q["top"]:
-            want = ("easy" if t["index"] in gq.easy else "hard" if t["index"] in gq.hard
-                    else "junk" if t["index"] in gq.junk else "negative")
+            want = (
+                "easy"
+                if t["index"] in gq.easy
+                else "hard"
+                if t["index"] in gq.hard
+                else "junk"
+                if t["index"] in gq.junk
+                else "negative"
+            )
             assert t["label"] == want and t["name"] == bench.gt.db_names[t["index"]]
             assert Path(t["image"]).is_file()
         scores = [t["score"] for t in q["top"]]
@@ -152,8 +195,15 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
 
     # the same config again: a second record beside the first, caches reused (no new shards)
     shards = sorted(cache.rglob("shard-*/index.npz"))
-    second = run("synthetic", "rootsift-bow-sv-qe", root=tiny_root, out=out, cache=cache,
-                 overrides={"vocab_size": 200, **TINY}, progress=False)
+    second = run(
+        "synthetic",
+        "rootsift-bow-sv-qe",
+        root=tiny_root,
+        out=out,
+        cache=cache,
+        overrides={"vocab_size": 200, **TINY},
+        progress=False,
+    )
     assert sorted(cache.rglob("shard-*/index.npz")) == shards
     assert second.run_dir != rd and rd.is_dir() and len(list_runs(out)) == 2
     second_record = json.loads((second.run_dir / "record.json").read_text())
@@ -169,11 +219,26 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     # another config into the same folder: refused, folder untouched; --overwrite replaces
     before = (out / "config.json").read_text()
     with pytest.raises(InputError, match="another config"):
-        run("synthetic", "rootsift-bow", root=tiny_root, out=out, cache=cache,
-            overrides={"vocab_size": 200, **TINY}, progress=False)
+        run(
+            "synthetic",
+            "rootsift-bow",
+            root=tiny_root,
+            out=out,
+            cache=cache,
+            overrides={"vocab_size": 200, **TINY},
+            progress=False,
+        )
     assert (out / "config.json").read_text() == before and len(list_runs(out)) == 2
-    third = run("synthetic", "rootsift-bow", root=tiny_root, out=out, cache=cache,
-                overrides={"vocab_size": 200, **TINY}, progress=False, overwrite=True)
+    third = run(
+        "synthetic",
+        "rootsift-bow",
+        root=tiny_root,
+        out=out,
+        cache=cache,
+        overrides={"vocab_size": 200, **TINY},
+        progress=False,
+        overwrite=True,
+    )
     assert json.loads((out / "config.json").read_text())["method"]["name"] == "rootsift-bow"
     assert list_runs(out) == [third.run_dir]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".oxbench-tmp")]
@@ -207,9 +272,17 @@ def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> No
                 assert sorted(shown) == sorted(res.ranks[qi, : min(k, 20)].tolist())
                 for j, idx in enumerate(res.ranks[qi, : min(k, 20)].tolist()):
                     xy = shown[idx]
-                    assert xy.dtype == np.float32 and xy.shape[1] == 4 and len(xy) >= res.scores[qi, j]
-                    qw, qh = bench.gt.queries[qi].bbox[2:] if bench.gt.queries[qi].bbox else (1e9, 1e9)
-                    assert np.all(xy >= -1) and np.all(xy[:, 0] <= qw + 1) and np.all(xy[:, 1] <= qh + 1)
+                    assert (
+                        xy.dtype == np.float32 and xy.shape[1] == 4 and len(xy) >= res.scores[qi, j]
+                    )
+                    qw, qh = (
+                        bench.gt.queries[qi].bbox[2:] if bench.gt.queries[qi].bbox else (1e9, 1e9)
+                    )
+                    assert (
+                        np.all(xy >= -1)
+                        and np.all(xy[:, 0] <= qw + 1)
+                        and np.all(xy[:, 1] <= qh + 1)
+                    )
         for qi in range(len(res.ranks)):
             assert len(set(res.ranks[qi].tolist())) == 40  # still a permutation
     assert maps["rootsift-bow-sv"] >= maps["rootsift-bow"] - 1e-9
@@ -217,11 +290,25 @@ def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_global_descriptor_family_runs_through_the_same_runner(tiny_root: Path, tmp_path: Path) -> None:
-    vlad_tiny = {"features.max_side": 320, "features.n_features": 300, "vlad_k": 8,
-                 "whitening_dim": 16, "vlad_max_points_per_centroid": 64}
-    out = run("synthetic", "rootsift-vlad-w-alpha-qe", root=tiny_root, runs_dir=tmp_path / "runs",
-              cache=tmp_path / "cache", overrides=vlad_tiny, progress=False)
+def test_global_descriptor_family_runs_through_the_same_runner(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    vlad_tiny = {
+        "features.max_side": 320,
+        "features.n_features": 300,
+        "vlad_k": 8,
+        "whitening_dim": 16,
+        "vlad_max_points_per_centroid": 64,
+    }
+    out = run(
+        "synthetic",
+        "rootsift-vlad-w-alpha-qe",
+        root=tiny_root,
+        runs_dir=tmp_path / "runs",
+        cache=tmp_path / "cache",
+        overrides=vlad_tiny,
+        progress=False,
+    )
     assert set(RUN_FILES) <= {p.name for p in out.run_dir.iterdir()}
     # random ranking on this set gives Medium ~0.25 (about 10 positives in 40)
     assert out.result.setups["medium"].map > 0.4
@@ -232,11 +319,22 @@ def test_global_descriptor_family_runs_through_the_same_runner(tiny_root: Path, 
 
 
 def test_trained_on_test_set_is_marked(tiny_root: Path, tmp_path: Path) -> None:
-    outcome = run("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
-                  train_dataset="synthetic", overrides={"vocab_size": 100, **TINY}, progress=False)
+    outcome = run(
+        "synthetic",
+        "rootsift-bow",
+        root=tiny_root,
+        out=tmp_path / "r",
+        cache=tmp_path / "c",
+        train_dataset="synthetic",
+        overrides={"vocab_size": 100, **TINY},
+        progress=False,
+    )
     assert outcome.config.trained_on_test_set is True
     assert "trained on the test set" in (outcome.run_dir / "summary.txt").read_text()
-    assert json.loads((outcome.run_dir / "metrics.json").read_text())["run"]["trained_on_test_set"] is True
+    assert (
+        json.loads((outcome.run_dir / "metrics.json").read_text())["run"]["trained_on_test_set"]
+        is True
+    )
 
 
 def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path) -> None:
@@ -248,7 +346,9 @@ def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path
     rng = np.random.default_rng(0)
     # a vocabulary file for SIFT sitting where the RootSIFT one is expected is refused
     path = steps.vocabulary_path(tmp_path, m.vocabulary(), train)
-    Vocabulary(50, structure="flat", descriptor="sift").fit(rng.random((500, 128), dtype=np.float32)).save(path)
+    Vocabulary(50, structure="flat", descriptor="sift").fit(
+        rng.random((500, 128), dtype=np.float32)
+    ).save(path)
     with pytest.raises(InputError, match="not 'rootsift'"):
         steps.step_vocabulary(m.vocabulary(), train, RunContext(tmp_path, progress=False))
     path.unlink()
@@ -259,7 +359,9 @@ def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path
         method.search(bench, RunContext(tmp_path, progress=False))
 
 
-def test_half_written_run_folder_is_not_left(tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_half_written_run_folder_is_not_left(
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from oxbench.pipelines import runner
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -267,8 +369,15 @@ def test_half_written_run_folder_is_not_left(tiny_root: Path, tmp_path: Path, mo
 
     monkeypatch.setattr(runner, "dataset_checksums", broken)
     with pytest.raises(RuntimeError):
-        run("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
-            overrides={"vocab_size": 100, **TINY}, progress=False)
+        run(
+            "synthetic",
+            "rootsift-bow",
+            root=tiny_root,
+            out=tmp_path / "r",
+            cache=tmp_path / "c",
+            overrides={"vocab_size": 100, **TINY},
+            progress=False,
+        )
     assert not (tmp_path / "r").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".oxbench-tmp")]
 
@@ -290,8 +399,15 @@ def test_run_folder_refuses_foreign_folder(tmp_path: Path) -> None:
 
 
 def _run_into(root: str, out: str, cache: str) -> str:
-    outcome = run("synthetic", "rootsift-bow", root=root, out=out, cache=cache,
-                  overrides={"vocab_size": 100, **TINY}, progress=False)
+    outcome = run(
+        "synthetic",
+        "rootsift-bow",
+        root=root,
+        out=out,
+        cache=cache,
+        overrides={"vocab_size": 100, **TINY},
+        progress=False,
+    )
     return str(outcome.run_dir)
 
 
@@ -309,7 +425,9 @@ def test_two_processes_into_one_run_folder(tiny_root: Path, tmp_path: Path) -> N
     assert m[0]["setups"] == m[1]["setups"]
 
 
-def test_matches_of_a_search_are_recorded(tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_matches_of_a_search_are_recorded(
+    tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A method that returns correspondences gets them written as matches.json (for viewers)."""
     import dataclasses
 
@@ -323,8 +441,15 @@ def test_matches_of_a_search_are_recorded(tiny_root: Path, tmp_path: Path, monke
         return dataclasses.replace(res, matches=m)
 
     monkeypatch.setattr(BagOfWords, "search", with_matches)
-    out = run("synthetic", "rootsift-bow", root=tiny_root, out=tmp_path / "r", cache=tmp_path / "c",
-              overrides={"vocab_size": 100, **TINY}, progress=False)
+    out = run(
+        "synthetic",
+        "rootsift-bow",
+        root=tiny_root,
+        out=tmp_path / "r",
+        cache=tmp_path / "c",
+        overrides={"vocab_size": 100, **TINY},
+        progress=False,
+    )
     matches = json.loads((out.run_dir / "matches.json").read_text())
     first = str(int(np.load(out.run_dir / "ranks.npy")[0, 0]))
     assert matches == {"queries": {"0": {first: [[1.0, 2.0, 3.0, 4.0]]}}}
@@ -404,17 +529,23 @@ def test_descriptor_matches_of_equal_length_descriptors_equal_the_definition(
     base = np.array([0, 1, 1, 2, 3, 0], np.float32)
     q = np.stack([rng.permutation(base) for _ in range(n_q)]) * scale
     d = np.stack([rng.permutation(base) for _ in range(n_d)])
-    assert spatial._constant(0.5 * (q * q).sum(axis=1)) and spatial._constant(0.5 * (d * d).sum(axis=1))
+    assert spatial._constant(0.5 * (q * q).sum(axis=1)) and spatial._constant(
+        0.5 * (d * d).sum(axis=1)
+    )
     assert _matches_in_blocks_of(rows, q, d, ratio) == _slow_descriptor_matches(q, d, ratio)
 
 
 @pytest.mark.slow
-def test_verification_and_assignment_in_two_processes_give_the_same_result(tiny_root: Path, tmp_path: Path) -> None:
+def test_verification_and_assignment_in_two_processes_give_the_same_result(
+    tiny_root: Path, tmp_path: Path
+) -> None:
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **TINY)
     out = {}
     for workers in (1, 2):
-        ctx = RunContext(tmp_path / f"cache{workers}", executor=ProcessExecutor(workers), progress=False)
+        ctx = RunContext(
+            tmp_path / f"cache{workers}", executor=ProcessExecutor(workers), progress=False
+        )
         out[workers] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     assert np.array_equal(out[1].ranks, out[2].ranks)
     assert out[1].matches is not None and out[2].matches is not None
@@ -425,7 +556,9 @@ def test_verification_and_assignment_in_two_processes_give_the_same_result(tiny_
 
 
 @pytest.mark.slow
-def test_asmk_presets_run_and_verification_keeps_a_permutation(tiny_root: Path, tmp_path: Path) -> None:
+def test_asmk_presets_run_and_verification_keeps_a_permutation(
+    tiny_root: Path, tmp_path: Path
+) -> None:
     pytest.importorskip("asmk")
     from oxbench.evaluation import evaluate
 
@@ -433,7 +566,13 @@ def test_asmk_presets_run_and_verification_keeps_a_permutation(tiny_root: Path, 
     maps = {}
     for name in ("rootsift-bow", "rootsift-asmk", "rootsift-asmk-sv"):
         ctx = RunContext(tmp_path / "cache", progress=False)
-        res = resolve_method(name, vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
+        res = (
+            resolve_method(name, vocab_size=200, **TINY)
+            .build()
+            .fit(train, ctx)
+            .index(bench, ctx)
+            .search(bench, ctx)
+        )
         maps[name] = evaluate(bench.gt, res.ranks).setups["medium"].map
         for qi in range(len(res.ranks)):
             assert sorted(res.ranks[qi].tolist()) == list(range(40))
@@ -503,12 +642,17 @@ def test_an_image_without_features_ranks_last_with_a_warning(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rootsift-bow-sv", "rootsift-asmk"])
-def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(name: str, tiny_root: Path, tmp_path: Path) -> None:
+def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(
+    name: str, tiny_root: Path, tmp_path: Path
+) -> None:
     from oxbench.index.vocabulary import Vocabulary
 
     bench = load_tiny(tiny_root)
     x = np.random.default_rng(0).random((400, 64), dtype=np.float32)
-    for descriptor, message in (("sift", "trained on 'sift' descriptors"), ("rootsift", "dimension 64, expected 128")):
+    for descriptor, message in (
+        ("sift", "trained on 'sift' descriptors"),
+        ("rootsift", "dimension 64, expected 128"),
+    ):
         path = Vocabulary(8, descriptor=descriptor).fit(x).save(tmp_path / f"{descriptor}.npz")
         method = resolve_method(name, vocab_size=8, **TINY).build().use_vocabulary(path)
         with pytest.raises(InputError, match=message):
@@ -519,7 +663,12 @@ def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(name: str, t
 def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_path: Path) -> None:
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     ctx = RunContext(tmp_path / "cache", progress=False)
-    sv = resolve_method("rootsift-bow-sv", vocab_size=200, **TINY).build().fit(train, ctx).index(bench, ctx)
+    sv = (
+        resolve_method("rootsift-bow-sv", vocab_size=200, **TINY)
+        .build()
+        .fit(train, ctx)
+        .index(bench, ctx)
+    )
     plain = sv.search(bench, ctx)
     runs = {}
     for qe_min in (1, 10**6):
@@ -558,7 +707,7 @@ def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_p
 @pytest.mark.slow
 def test_verified_short_lists_are_cached_and_a_corrupt_entry_is_verified_again(
     tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:  # fmt: skip
+) -> None:
     """Warm is warm: a rerun reads each query's verified short list back (keyed by the short list,
     the stores, the words and the settings); a damaged entry is verified again, with one warning."""
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")

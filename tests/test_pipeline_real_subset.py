@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # the fixture lives in bench/
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1] / "bench")
+)  # the fixture lives in bench/
 from pixel_subset import candidate_map, load_subset_city  # noqa: E402
 
 pytestmark = pytest.mark.shared_data
@@ -33,9 +35,15 @@ def test_subset_cities_and_their_labels(subset: Path) -> None:
             assert len(cand) == 20 and len(set(cand.tolist())) == 20
             assert len(q.hard) == 5 and set(q.hard.tolist()) <= set(cand.tolist())
     # a perfect ranking scores 1, the positives last scores low
-    perfect = [np.concatenate([q.hard, np.setdiff1d(c, q.hard)]) for q, c in zip(ox.bench.gt.queries, ox.candidates, strict=True)]
+    perfect = [
+        np.concatenate([q.hard, np.setdiff1d(c, q.hard)])
+        for q, c in zip(ox.bench.gt.queries, ox.candidates, strict=True)
+    ]
     assert candidate_map(ox, perfect)[0] == pytest.approx(1.0)
-    worst = [np.concatenate([np.setdiff1d(c, np.union1d(q.hard, q.junk)), q.hard]) for q, c in zip(ox.bench.gt.queries, ox.candidates, strict=True)]
+    worst = [
+        np.concatenate([np.setdiff1d(c, np.union1d(q.hard, q.junk)), q.hard])
+        for q, c in zip(ox.bench.gt.queries, ox.candidates, strict=True)
+    ]
     assert candidate_map(ox, worst)[0] < 0.3
 
 
@@ -47,7 +55,9 @@ def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path:
 
     ox = load_subset_city(subset, "roxford5k")
     pa = load_subset_city(subset, "rparis6k")
-    m = resolve_method("rootsift-bow-sv", vocab_size=512, **{"features.max_side": 256, "features.n_features": 300})
+    m = resolve_method(
+        "rootsift-bow-sv", vocab_size=512, **{"features.max_side": 256, "features.n_features": 300}
+    )
     res = rank_subset_city(ox, pa.bench, tmp_path, m)
     assert res["trained_on"] == "rparis6k-pixel-subset"
     assert 0.0 < res["map"] <= 1.0
@@ -64,7 +74,9 @@ def test_all_280_setting_has_the_full_revisited_labels(subset: Path, shared_data
         bench = load_subset_all(subset, dataset, shared_data)
         full = read_gnd(shared_data / dataset / f"gnd_{dataset}.pkl", dataset=dataset)
         assert bench.gt.n_db == 280 and bench.gt.n_queries == 8
-        for q, cq, cand in zip(bench.gt.queries, city.bench.gt.queries, city.candidates, strict=True):
+        for q, cq, cand in zip(
+            bench.gt.queries, city.bench.gt.queries, city.candidates, strict=True
+        ):
             # the candidates' labelled positives are among the query's hard positives in the 280
             tp = {city.bench.gt.db_names[i] for i in cq.hard.tolist()}
             assert tp <= {bench.gt.db_names[i] for i in q.hard.tolist()}
@@ -74,7 +86,15 @@ def test_all_280_setting_has_the_full_revisited_labels(subset: Path, shared_data
                 assert full.db_names[int(index)] == name
             assert len(cand) == 20
         # a ranking with the positives first scores 1 in Medium
-        perfect = np.array([np.concatenate([np.union1d(q.easy, q.hard),
-                                            np.setdiff1d(np.arange(280), np.union1d(q.easy, q.hard))])
-                            for q in bench.gt.queries])
+        perfect = np.array(
+            [
+                np.concatenate(
+                    [
+                        np.union1d(q.easy, q.hard),
+                        np.setdiff1d(np.arange(280), np.union1d(q.easy, q.hard)),
+                    ]
+                )
+                for q in bench.gt.queries
+            ]
+        )
         assert evaluate(bench.gt, perfect).setups["medium"].map == pytest.approx(1.0)

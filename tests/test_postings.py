@@ -118,7 +118,10 @@ def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_b
         out[name] = impl.search(bench, ctx)
         prints[name] = (impl.footprint(), m.ram_bytes_per_image())
     assert np.array_equal(out["rootsift-bow-sv"].ranks, out["rootsift-bow-sv-compact"].ranks)
-    (ram_fp, ram_bound), (cp_fp, cp_bound) = prints["rootsift-bow-sv"], prints["rootsift-bow-sv-compact"]
+    (ram_fp, ram_bound), (cp_fp, cp_bound) = (
+        prints["rootsift-bow-sv"],
+        prints["rootsift-bow-sv-compact"],
+    )
     assert "postings" in ram_fp.ram and "postings" not in cp_fp.ram and cp_fp.disk["postings"] > 0
     # what the index holds is smaller, and so is the build's peak (the bound checked before a run)
     assert cp_fp.ram_bytes_per_image < ram_fp.ram_bytes_per_image and cp_bound < ram_bound
@@ -127,11 +130,23 @@ def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_b
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(0, 40), n_words=st.integers(1, 30), density=st.floats(0.0, 0.6), block=st.integers(1, 20),
-       cuts=st.lists(st.integers(0, 40), max_size=4), seed=st.integers(0, 2**16))  # fmt: skip
-def test_the_streamed_build_writes_the_files_of_the_whole_matrix(tmp_path_factory: pytest.TempPathFactory, n: int,
-                                                                 n_words: int, density: float, block: int,
-                                                                 cuts: list[int], seed: int) -> None:  # fmt: skip
+@given(
+    n=st.integers(0, 40),
+    n_words=st.integers(1, 30),
+    density=st.floats(0.0, 0.6),
+    block=st.integers(1, 20),
+    cuts=st.lists(st.integers(0, 40), max_size=4),
+    seed=st.integers(0, 2**16),
+)
+def test_the_streamed_build_writes_the_files_of_the_whole_matrix(
+    tmp_path_factory: pytest.TempPathFactory,
+    n: int,
+    n_words: int,
+    density: float,
+    block: int,
+    cuts: list[int],
+    seed: int,
+) -> None:
     """Chunks of database rows merged through temporary runs give byte for byte the files that
     :meth:`CompressedPostings.write` gives for the whole matrix, whatever the chunks and blocks."""
     import oxbench.index.postings as P
@@ -142,11 +157,20 @@ def test_the_streamed_build_writes_the_files_of_the_whole_matrix(tmp_path_factor
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(P, "BLOCK_POSTINGS", block)
         whole = CompressedPostings.write(m.T.tocsr(), d / "whole")
-        streamed = CompressedPostings.build((m[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)), n_words, d / "streamed")
+        streamed = CompressedPostings.build(
+            (m[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)), n_words, d / "streamed"
+        )
     for name in ("ids.bin", "weights.npy", "offsets.npy", "meta.json"):
         assert (d / "whole" / name).read_bytes() == (d / "streamed" / name).read_bytes(), name
-    assert sorted(p.name for p in (d / "streamed").iterdir()) == ["ids.bin", "meta.json", "offsets.npy", "weights.npy"]
+    assert sorted(p.name for p in (d / "streamed").iterdir()) == [
+        "ids.bin",
+        "meta.json",
+        "offsets.npy",
+        "weights.npy",
+    ]
     q = sp.random(3, n_words, density=0.5, format="csr", dtype=np.float32, random_state=seed + 1)
     assert np.array_equal(streamed.scores_of_vectors(q), whole.scores_of_vectors(q))
     with pytest.raises(InputError, match="words"):
-        CompressedPostings.build([sp.csr_matrix((2, n_words + 1), dtype=np.float32)], n_words, d / "bad")
+        CompressedPostings.build(
+            [sp.csr_matrix((2, n_words + 1), dtype=np.float32)], n_words, d / "bad"
+        )

@@ -44,7 +44,7 @@ def test_train_without_torch_fails_before_rendering_or_writing_anything(
     root = tmp_path / "data"
     code, out, err = _cli(capsys, "train", "--root", str(root), "--no-progress")
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
-    assert "'torch'" in err and 'oxbench[deep]' in err
+    assert "'torch'" in err and "oxbench[deep]" in err
     assert _written(root) == []  # the synthetic training city was not rendered
     assert _written(tmp_path) == []
 
@@ -61,17 +61,38 @@ def test_run_of_a_cnn_preset_without_torch_fails_before_loading_data(
     method: str, no_torch: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "data"
-    code, _, err = _cli(capsys, "run", "--method", method, "--root", str(root), "--out", str(tmp_path / "r"),
-                        "--no-progress")  # fmt: skip
+    code, _, err = _cli(
+        capsys,
+        "run",
+        "--method",
+        method,
+        "--root",
+        str(root),
+        "--out",
+        str(tmp_path / "r"),
+        "--no-progress",
+    )
     assert code == 2 and "oxbench[deep]" in err and len(err.strip().splitlines()) == 1, err
     assert _written(tmp_path) == []
 
 
-def test_run_checks_settings_and_label_before_loading_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_checks_settings_and_label_before_loading_data(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     root = tmp_path / "data"
     for extra, words in ((["--set", "qe_k=0"], "qe_k"), (["--label", "a\nb"], "--label")):
-        code, _, err = _cli(capsys, "run", "--method", "features-alpha-qe", "--root", str(root), "--no-progress",
-                            "--out", str(tmp_path / "r"), *extra)  # fmt: skip
+        code, _, err = _cli(
+            capsys,
+            "run",
+            "--method",
+            "features-alpha-qe",
+            "--root",
+            str(root),
+            "--no-progress",
+            "--out",
+            str(tmp_path / "r"),
+            *extra,
+        )
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
         assert _written(tmp_path) == []
 
@@ -79,8 +100,16 @@ def test_run_checks_settings_and_label_before_loading_data(tmp_path: Path, capsy
 def test_extract_of_a_cnn_preset_without_torch_fails_before_loading_data(
     no_torch: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = _cli(capsys, "extract", "--method", "gem-r18-synthetic", "--root", str(tmp_path / "data"),
-                        "--out", str(tmp_path / "x"))  # fmt: skip
+    code, _, err = _cli(
+        capsys,
+        "extract",
+        "--method",
+        "gem-r18-synthetic",
+        "--root",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "x"),
+    )
     assert code == 2 and "oxbench[deep]" in err and len(err.strip().splitlines()) == 1, err
     assert _written(tmp_path) == []
 
@@ -94,7 +123,9 @@ def test_synthetic_generation_without_opencv_fails_before_writing(
     assert _written(tmp_path) == []
 
 
-def test_synthetic_generation_checks_free_space_first(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_synthetic_generation_checks_free_space_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from oxbench.datasets import fetch
     from oxbench.datasets.synthetic.config import DEFAULT_TRAIN
     from oxbench.datasets.synthetic.generate import generate
@@ -116,9 +147,15 @@ def test_run_into_a_folder_of_another_method_is_refused_before_the_data_is_gener
     root = tmp_path / "data"  # no synthetic city: loading it would render one
     other = tmp_path / "other"
     other.mkdir()
-    (other / "config.json").write_text(json.dumps({"dataset": "synthetic", "method": resolve_method("rootsift-bow").to_dict()}))
+    (other / "config.json").write_text(
+        json.dumps({"dataset": "synthetic", "method": resolve_method("rootsift-bow").to_dict()})
+    )
     code, _, err = _cli(capsys, "run", "--root", str(root), "--out", str(other), "--no-progress")
-    assert code == 2 and "another config (differs in: method)" in err and len(err.strip().splitlines()) == 1, err
+    assert (
+        code == 2
+        and "another config (differs in: method)" in err
+        and len(err.strip().splitlines()) == 1
+    ), err
     assert _written(root) == []
 
 
@@ -129,7 +166,11 @@ def test_run_into_a_folder_of_another_method_is_refused_before_the_data_is_gener
     ("features", ["db_features=.", "query_features=q.npy"], "db_features: is a folder"),
 ])  # fmt: skip
 def test_run_refuses_a_missing_input_file_before_the_synthetic_city_is_rendered(
-    method: str, settings: list[str], words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    method: str,
+    settings: list[str],
+    words: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     if method.startswith("gem"):
@@ -137,6 +178,8 @@ def test_run_refuses_a_missing_input_file_before_the_synthetic_city_is_rendered(
     monkeypatch.chdir(tmp_path)
     root = tmp_path / "data"
     sets = [a for s in settings for a in ("--set", s)]
-    code, _, err = _cli(capsys, "run", "--method", method, "--root", str(root), *sets, "--no-progress")
+    code, _, err = _cli(
+        capsys, "run", "--method", method, "--root", str(root), *sets, "--no-progress"
+    )
     assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err
     assert _written(tmp_path) == []

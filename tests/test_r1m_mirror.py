@@ -41,12 +41,16 @@ def _archive(i: int, tmp: Path) -> bytes:
 
 @pytest.fixture
 def mirror(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
-    monkeypatch.setattr(fetch, "disk_free", lambda p: 10**13)  # the catalog's sizes are the real ones (300 GB)
+    monkeypatch.setattr(
+        fetch, "disk_free", lambda p: 10**13
+    )  # the catalog's sizes are the real ones (300 GB)
     monkeypatch.delenv("OXBENCH_MIRROR", raising=False)
     s = Server()
     src = tmp_path / "archives"
     src.mkdir()
-    s.paths[f"{R1M_PATH}/revisitop1m.txt"] = Behaviour("\n".join(_entry(i) for i in range(1, N_ARCHIVES + 1)).encode())
+    s.paths[f"{R1M_PATH}/revisitop1m.txt"] = Behaviour(
+        "\n".join(_entry(i) for i in range(1, N_ARCHIVES + 1)).encode()
+    )
     for i in range(1, N_ARCHIVES + 1):
         s.paths[f"{R1M_PATH}/jpg/revisitop1m.{i}.tar.gz"] = Behaviour(_archive(i, src))
     yield s
@@ -57,8 +61,21 @@ def _fetch(capsys: pytest.CaptureFixture[str], root: Path, server: Server) -> tu
     from oxbench.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["data", "fetch", "revisitop1m", "--root", str(root), "--mirror", server.base, "--accept-terms",
-              "--no-progress", "--jobs", "4"])  # fmt: skip
+        main(
+            [
+                "data",
+                "fetch",
+                "revisitop1m",
+                "--root",
+                str(root),
+                "--mirror",
+                server.base,
+                "--accept-terms",
+                "--no-progress",
+                "--jobs",
+                "4",
+            ]
+        )
     return int(exc.value.code or 0), capsys.readouterr().err
 
 
@@ -72,8 +89,17 @@ def test_r1m_from_a_mirror_through_fetch_loader_and_run(
     dropped.mode, dropped.drop_times = "drop", 1  # cut half-way once: resumed with a Range request
     code, err = _fetch(capsys, root, mirror)
     errors = [ln for ln in err.splitlines() if ln.startswith("oxbench: error:")]
-    assert code == 2 and len(errors) == 1 and "revisitop1m.42.tar.gz" in errors[0] and "404" in errors[0], err
-    assert dropped.served == 2 and dropped.ranges[1] is not None and dropped.ranges[1].startswith("bytes=")
+    assert (
+        code == 2
+        and len(errors) == 1
+        and "revisitop1m.42.tar.gz" in errors[0]
+        and "404" in errors[0]
+    ), err
+    assert (
+        dropped.served == 2
+        and dropped.ranges[1] is not None
+        and dropped.ranges[1].startswith("bytes=")
+    )
     make_revisited(root / "roxford5k")
     with pytest.raises(InputError, match="missing"):
         load("roxford5k", root, distractors="revisitop1m", strict=False)
@@ -85,11 +111,17 @@ def test_r1m_from_a_mirror_through_fetch_loader_and_run(
     again = [p for p, b in mirror.paths.items() if b.served != served_before[p]]
     assert again == [f"{R1M_PATH}/jpg/revisitop1m.42.tar.gz"], again
     listed = (root / "revisitop1m" / "revisitop1m.txt").read_text().split()
-    assert len(listed) == N_ARCHIVES and all((root / "revisitop1m" / "jpg" / f"{e}.jpg").is_file() for e in listed)
-    assert not list((root / "revisitop1m").glob("downloads/*.tar.gz"))  # archives removed once laid out
+    assert len(listed) == N_ARCHIVES and all(
+        (root / "revisitop1m" / "jpg" / f"{e}.jpg").is_file() for e in listed
+    )
+    assert not list(
+        (root / "revisitop1m").glob("downloads/*.tar.gz")
+    )  # archives removed once laid out
     rep = verify("revisitop1m", root, progress=False)
     assert not rep.missing and not rep.corrupt and rep.n_images_checked == N_ARCHIVES
-    assert rep.count_problems == [f"images: found {N_ARCHIVES}, expected 1001001"]  # a partial R1M, said so
+    assert rep.count_problems == [
+        f"images: found {N_ARCHIVES}, expected 1001001"
+    ]  # a partial R1M, said so
     bench = load("roxford5k", root, distractors="revisitop1m", strict=False)
     assert bench.n_distractors == N_ARCHIVES and bench.distractors is not None
     assert [bench.distractors.name(j) for j in (0, 41, 99)] == [_entry(1), _entry(42), _entry(100)]
@@ -103,10 +135,28 @@ def test_r1m_from_a_mirror_through_fetch_loader_and_run(
     from oxbench.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--dataset", "roxford5k", "--distractors", "revisitop1m", "--allow-partial", "--root", str(root),
-              "--method", "features", "--set", f"db_features={tmp_path / 'db.npy'}",
-              "--set", f"query_features={tmp_path / 'q.npy'}", "--out", str(tmp_path / "run"), "--json",
-              "--no-progress"])  # fmt: skip
+        main(
+            [
+                "run",
+                "--dataset",
+                "roxford5k",
+                "--distractors",
+                "revisitop1m",
+                "--allow-partial",
+                "--root",
+                str(root),
+                "--method",
+                "features",
+                "--set",
+                f"db_features={tmp_path / 'db.npy'}",
+                "--set",
+                f"query_features={tmp_path / 'q.npy'}",
+                "--out",
+                str(tmp_path / "run"),
+                "--json",
+                "--no-progress",
+            ]
+        )
     out, err = capsys.readouterr()
     assert exc.value.code in (0, None), err
     payload = json.loads(out)

@@ -22,8 +22,16 @@ from oxbench.errors import InputError
 from oxbench.records import PROTOCOL_LABELS, RunRecord, find_runs, is_run_folder, list_runs
 from run_layout import random_ranks, tiny_gt, write_run
 
-JSON_FILES = ("record.json", "config.json", "dataset.json", "metrics.json", "per_query.json", "retrieved.json",
-              "timings.json", "matches.json")
+JSON_FILES = (
+    "record.json",
+    "config.json",
+    "dataset.json",
+    "metrics.json",
+    "per_query.json",
+    "retrieved.json",
+    "timings.json",
+    "matches.json",
+)
 
 
 class Hang(BaseException):
@@ -154,32 +162,86 @@ def _edit(path: Path, **changes) -> None:
 
 REGRESSIONS = {
     "deep-nesting": (lambda run: _write(run / "metrics.json", "[" * 200_000), "nested deeper than"),
-    "deep-but-valid-json": (lambda run: _write(run / "config.json", "[" * 40 + "]" * 40), "nested deeper than 32"),
-    "metrics-a-list": (lambda run: _write(run / "metrics.json", "[1, 2]"), "expected a JSON object"),
-    "started-a-number": (lambda run: _edit(run / "record.json", started=12345), "'started' must be a non-empty string"),
+    "deep-but-valid-json": (
+        lambda run: _write(run / "config.json", "[" * 40 + "]" * 40),
+        "nested deeper than 32",
+    ),
+    "metrics-a-list": (
+        lambda run: _write(run / "metrics.json", "[1, 2]"),
+        "expected a JSON object",
+    ),
+    "started-a-number": (
+        lambda run: _edit(run / "record.json", started=12345),
+        "'started' must be a non-empty string",
+    ),
     "edited-metrics": (
-        lambda run: _edit(run / "metrics.json", setups={
-            **json.loads((run / "metrics.json").read_text())["setups"],
-            "medium": {**json.loads((run / "metrics.json").read_text())["setups"]["medium"], "map": 0.99}}),
+        lambda run: _edit(
+            run / "metrics.json",
+            setups={
+                **json.loads((run / "metrics.json").read_text())["setups"],
+                "medium": {
+                    **json.loads((run / "metrics.json").read_text())["setups"]["medium"],
+                    "map": 0.99,
+                },
+            },
+        ),
         "run record is inconsistent: metrics.json medium map is 0.99",
     ),
-    "matches-superscript-key": (lambda run: _write(run / "matches.json", json.dumps({"queries": {"²": {}}})),
-                                "query key '²' is not a query index"),
-    "huge-integer": (lambda run: _write(run / "timings.json", '{"x": 1' + "0" * 5000 + "}"), "not valid JSON"),
+    "matches-superscript-key": (
+        lambda run: _write(run / "matches.json", json.dumps({"queries": {"²": {}}})),
+        "query key '²' is not a query index",
+    ),
+    "huge-integer": (
+        lambda run: _write(run / "timings.json", '{"x": 1' + "0" * 5000 + "}"),
+        "not valid JSON",
+    ),
     "not-utf8": (lambda run: (run / "dataset.json").write_bytes(b"\xff\xfe{}"), "not UTF-8"),
-    "nul-in-name": (lambda run: _write(run / "retrieved.json", (run / "retrieved.json").read_text().replace(
-        '"name": "q00"', '"name": "q\\u0000"')), "'name' must be a non-empty string without NUL"),
-    "command-not-list": (lambda run: _edit(run / "record.json", command="oxbench run"), "'command' must be a list"),
-    "timings-not-numbers": (lambda run: _edit(run / "timings.json", total="1 s"), "seconds per stage"),
-    "execution-credentials": (lambda run: _edit(run / "record.json", execution={
-        "backend": "dask", "workers": 2, "threads_per_worker": 1, "scheduler": "tcp://u:pw@host:8786"}),
-        "'execution.scheduler' must be an address without credentials"),
-    "execution-negative-retries": (lambda run: _edit(run / "record.json", execution={
-        "backend": "dask", "workers": 2, "threads_per_worker": 1, "retried": -1}),
-        "'execution.retried' must be a non-negative integer"),
-    "execution-stage-without-seconds": (lambda run: _edit(run / "record.json", execution={
-        "backend": "dask", "workers": 2, "threads_per_worker": 1, "stages": [{"stage": "x", "tasks": 1}]}),
-        "'execution.stages' entries need"),
+    "nul-in-name": (
+        lambda run: _write(
+            run / "retrieved.json",
+            (run / "retrieved.json").read_text().replace('"name": "q00"', '"name": "q\\u0000"'),
+        ),
+        "'name' must be a non-empty string without NUL",
+    ),
+    "command-not-list": (
+        lambda run: _edit(run / "record.json", command="oxbench run"),
+        "'command' must be a list",
+    ),
+    "timings-not-numbers": (
+        lambda run: _edit(run / "timings.json", total="1 s"),
+        "seconds per stage",
+    ),
+    "execution-credentials": (
+        lambda run: _edit(
+            run / "record.json",
+            execution={
+                "backend": "dask",
+                "workers": 2,
+                "threads_per_worker": 1,
+                "scheduler": "tcp://u:pw@host:8786",
+            },
+        ),
+        "'execution.scheduler' must be an address without credentials",
+    ),
+    "execution-negative-retries": (
+        lambda run: _edit(
+            run / "record.json",
+            execution={"backend": "dask", "workers": 2, "threads_per_worker": 1, "retried": -1},
+        ),
+        "'execution.retried' must be a non-negative integer",
+    ),
+    "execution-stage-without-seconds": (
+        lambda run: _edit(
+            run / "record.json",
+            execution={
+                "backend": "dask",
+                "workers": 2,
+                "threads_per_worker": 1,
+                "stages": [{"stage": "x", "tasks": 1}],
+            },
+        ),
+        "'execution.stages' entries need",
+    ),
 }
 
 
@@ -216,24 +278,90 @@ def test_runs_and_report_agree_on_an_edited_record(template, capsys):
 # -- the fuzz: each JSON file's shape, through every reading command ------------------------------
 
 JSON_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats(allow_nan=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**20), 10**20)
+    | st.floats(allow_nan=False)
     | st.text(max_size=6),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4)
+    ),
     max_leaves=12,
 )
 
 
 def _mutations():
     whole = st.tuples(st.just("whole"), JSON_VALUES)
-    key = st.tuples(st.just("key"), st.tuples(st.sampled_from(
-        ["format", "run_id", "method", "dataset", "started", "status", "n_queries", "n_db", "n_distractors", "id",
-         "gt_sha256", "setups", "map", "k", "protocol", "labels", "queries", "total", "root"]), JSON_VALUES))
-    item = st.tuples(st.just("item"), st.tuples(st.integers(0, 30), st.sampled_from(
-        ["index", "name", "image", "bbox", "top", "n_labelled", "ap", "setup", "query_index", "rank", "label",
-         "score", "p@10"]), JSON_VALUES))
-    raw = st.tuples(st.just("raw"), st.sampled_from(
-        ["", "[" * 5000, "{" * 100000, "nul\x00", "1e999", "NaN", "-Infinity", '{"a": 1' + "0" * 6000 + "}",
-         "\ufeff{}", "[" * 33 + "]" * 33]))
+    key = st.tuples(
+        st.just("key"),
+        st.tuples(
+            st.sampled_from(
+                [
+                    "format",
+                    "run_id",
+                    "method",
+                    "dataset",
+                    "started",
+                    "status",
+                    "n_queries",
+                    "n_db",
+                    "n_distractors",
+                    "id",
+                    "gt_sha256",
+                    "setups",
+                    "map",
+                    "k",
+                    "protocol",
+                    "labels",
+                    "queries",
+                    "total",
+                    "root",
+                ]
+            ),
+            JSON_VALUES,
+        ),
+    )
+    item = st.tuples(
+        st.just("item"),
+        st.tuples(
+            st.integers(0, 30),
+            st.sampled_from(
+                [
+                    "index",
+                    "name",
+                    "image",
+                    "bbox",
+                    "top",
+                    "n_labelled",
+                    "ap",
+                    "setup",
+                    "query_index",
+                    "rank",
+                    "label",
+                    "score",
+                    "p@10",
+                ]
+            ),
+            JSON_VALUES,
+        ),
+    )
+    raw = st.tuples(
+        st.just("raw"),
+        st.sampled_from(
+            [
+                "",
+                "[" * 5000,
+                "{" * 100000,
+                "nul\x00",
+                "1e999",
+                "NaN",
+                "-Infinity",
+                '{"a": 1' + "0" * 6000 + "}",
+                "\ufeff{}",
+                "[" * 33 + "]" * 33,
+            ]
+        ),
+    )
     return whole | key | item | raw
 
 
@@ -251,22 +379,48 @@ def _apply(path: Path, mutation) -> None:
             obj[name] = value
     else:  # one entry of the list inside (rows, queries, a query's top)
         i, name, value = arg
-        seq = obj if isinstance(obj, list) else obj.get("queries") if isinstance(obj, dict) else None
+        seq = (
+            obj if isinstance(obj, list) else obj.get("queries") if isinstance(obj, dict) else None
+        )
         if isinstance(seq, list) and seq:
             entry = seq[i % len(seq)]
             if isinstance(entry, dict):
-                if name in ("rank", "label", "score") and isinstance(entry.get("top"), list) and entry["top"]:
+                if (
+                    name in ("rank", "label", "score")
+                    and isinstance(entry.get("top"), list)
+                    and entry["top"]
+                ):
                     entry["top"][i % len(entry["top"])][name] = value
                 else:
                     entry[name] = value
     path.write_text(json.dumps(obj))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
-          derandomize=True)
-@given(name=st.sampled_from(JSON_FILES), mutation=_mutations(), cmd=st.sampled_from(
-    ["runs", "compare", "report", "plot", "view", "export-oxford", "export-revisitop", "export-hloc"]))
-def test_fuzz_run_record_reader_through_every_reading_command(template, capsys, name, mutation, cmd):
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(
+    name=st.sampled_from(JSON_FILES),
+    mutation=_mutations(),
+    cmd=st.sampled_from(
+        [
+            "runs",
+            "compare",
+            "report",
+            "plot",
+            "view",
+            "export-oxford",
+            "export-revisitop",
+            "export-hloc",
+        ]
+    ),
+)
+def test_fuzz_run_record_reader_through_every_reading_command(
+    template, capsys, name, mutation, cmd
+):
     with damaged_copy(template) as (run, other, out):
         _apply(run / name, mutation)
         code, so, se = cli(commands(run, other, out)[cmd], capsys)
@@ -293,7 +447,11 @@ def test_the_test_writer_is_the_real_writer_holidays_labels(tmp_path):
     gt = tiny_gt(0, dataset="holidays", protocol="holidays")
     run = write_run(tmp_path, gt, random_ranks(gt, 1))
     retrieved = json.loads((run / "retrieved.json").read_text())
-    assert tuple(retrieved["labels"]) == PROTOCOL_LABELS["holidays"] == ("positive", "junk", "negative")
+    assert (
+        tuple(retrieved["labels"])
+        == PROTOCOL_LABELS["holidays"]
+        == ("positive", "junk", "negative")
+    )
     rec = RunRecord.load(run)
     assert rec.protocol == "holidays" and rec.headline().startswith("mAP ")
 
@@ -317,9 +475,13 @@ def test_size_limit_is_checked_before_reading(tmp_path, monkeypatch):
 
 def test_writer_writes_every_listed_file(tmp_path):
     gt = tiny_gt(0)
-    run = write_run(tmp_path, gt, random_ranks(gt, 1), scores=np.ones((gt.n_queries, 100), np.float32))
+    run = write_run(
+        tmp_path, gt, random_ranks(gt, 1), scores=np.ones((gt.n_queries, 100), np.float32)
+    )
     names = {p.name for p in run.iterdir()}
-    assert set(records.RUN_FILES) <= names and names <= set(records.RUN_FILES) | set(records.OPTIONAL_FILES)
+    assert set(records.RUN_FILES) <= names and names <= set(records.RUN_FILES) | set(
+        records.OPTIONAL_FILES
+    )
     assert not [n for n in names if n.startswith(".oxbench-tmp-")]
 
 
@@ -344,11 +506,15 @@ def test_a_record_without_a_label_derives_it_from_its_config_against_the_preset(
     # nothing changed, or a preset this oxbench does not know: the name alone
     config_file.write_text(json.dumps({"method": resolve_method("features-alpha-qe").to_dict()}))
     assert RunRecord.load(run).label == "features-alpha-qe"
-    other = write_run(tmp_path, gt, random_ranks(gt, 2), method="someone-elses", config_name="other")
+    other = write_run(
+        tmp_path, gt, random_ranks(gt, 2), method="someone-elses", config_name="other"
+    )
     assert RunRecord.load(other).label == "someone-elses"
 
 
-@pytest.mark.parametrize("bad", ["a\nb", "a\rb", "tab\t", "nul\x00", "\x1b[31mred", "", "  ", "x" * 121, 7])
+@pytest.mark.parametrize(
+    "bad", ["a\nb", "a\rb", "tab\t", "nul\x00", "\x1b[31mred", "", "  ", "x" * 121, 7]
+)
 def test_check_label_refuses_what_is_not_one_short_printable_line(bad):
     with pytest.raises(InputError, match="run label") as exc:
         records.check_label(bad)

@@ -21,7 +21,9 @@ def test_precision_recall_by_hand(tmp_path):
     r = RunRecord.load(write_run(tmp_path, gt, np.array([[0, 1, 4, 3, 2, 5, 6, 7, 8, 9]]), k=4))
     rec, prec, n = precision_recall(r, "easy")
     assert n == 1 and np.array_equal(rec, RECALL_LEVELS)
-    expected = np.where(RECALL_LEVELS <= 1 / 3 + 1e-12, 1.0, np.where(RECALL_LEVELS <= 2 / 3 + 1e-12, 0.5, 0.0))
+    expected = np.where(
+        RECALL_LEVELS <= 1 / 3 + 1e-12, 1.0, np.where(RECALL_LEVELS <= 2 / 3 + 1e-12, 0.5, 0.0)
+    )
     assert np.allclose(prec, expected)
     # medium: 4 positives; list easy, neg, neg, easy -> same precisions, recall in quarters
     _, prec_m, _ = precision_recall(r, "medium")
@@ -47,7 +49,9 @@ def test_plot_cli_writes_figures(tmp_path, capsys, fmt, magic):
         main(["plot", str(a), "--out", str(tmp_path / "one"), "--format", fmt])
     assert exc.value.code == 0
     names = sorted(p.name for p in (tmp_path / "one").iterdir())
-    assert names == sorted(f"{n}.{fmt}" for n in ("ap_per_query", "ap_vs_positives", "precision_recall"))
+    assert names == sorted(
+        f"{n}.{fmt}" for n in ("ap_per_query", "ap_vs_positives", "precision_recall")
+    )
     with pytest.raises(SystemExit) as exc:
         main(["plot", str(a), str(b), "--out", str(tmp_path / "two"), "--format", fmt])
     assert exc.value.code == 0
@@ -64,7 +68,11 @@ def test_plot_without_matplotlib_names_the_extra(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as exc:
         main(["plot", str(a), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and 'pip install "oxbench[plots]"' in err and len(err.strip().splitlines()) == 1
+    assert (
+        exc.value.code == 2
+        and 'pip install "oxbench[plots]"' in err
+        and len(err.strip().splitlines()) == 1
+    )
     assert not (tmp_path / "o").exists()
 
 

@@ -34,8 +34,20 @@ def test_load_run_and_numbers_match_metrics(tmp_path, gt):
 
 def test_config_folder_gives_latest_run(tmp_path, gt):
     write_run(tmp_path, gt, random_ranks(gt, 1), run_id="20240101T000000Z-aaaa")
-    newest = write_run(tmp_path, gt, random_ranks(gt, 2), run_id="20240301T000000Z-0001", config_name="roxford5k-bow-0123456789")
-    write_run(tmp_path, gt, random_ranks(gt, 3), run_id="20240201T120000Z-ffff", config_name="roxford5k-bow-0123456789")
+    newest = write_run(
+        tmp_path,
+        gt,
+        random_ranks(gt, 2),
+        run_id="20240301T000000Z-0001",
+        config_name="roxford5k-bow-0123456789",
+    )
+    write_run(
+        tmp_path,
+        gt,
+        random_ranks(gt, 3),
+        run_id="20240201T120000Z-ffff",
+        config_name="roxford5k-bow-0123456789",
+    )
     (tmp_path / "roxford5k-bow-0123456789" / "not-a-run").mkdir()
     assert RunRecord.load(tmp_path / "roxford5k-bow-0123456789").path == newest
     with pytest.raises(InputError, match="no run-id folder"):
@@ -56,11 +68,21 @@ def _one_line(exc: pytest.ExceptionInfo) -> str:
         (lambda run: _edit(run / "record.json", format=2), "format 2"),
         (lambda run: _edit(run / "record.json", status="running"), "did not complete"),
         (lambda run: (run / "metrics.json").write_text("{"), "not valid JSON"),
-        (lambda run: _edit(run / "dataset.json", n_queries=3), "holds 8 queries but dataset.json says 3"),
+        (
+            lambda run: _edit(run / "dataset.json", n_queries=3),
+            "holds 8 queries but dataset.json says 3",
+        ),
         (lambda run: _edit(run / "dataset.json", gt_sha256=""), "gt_sha256"),
-        (lambda run: (run / "per_query.json").write_text(json.dumps(json.loads((run / "per_query.json").read_text())[:-1])),
-         "rows for 7 of the 8"),
-        (lambda run: np.save(run / "ranks.npy", np.zeros((3, 2), np.int64)), "one column per query"),
+        (
+            lambda run: (run / "per_query.json").write_text(
+                json.dumps(json.loads((run / "per_query.json").read_text())[:-1])
+            ),
+            "rows for 7 of the 8",
+        ),
+        (
+            lambda run: np.save(run / "ranks.npy", np.zeros((3, 2), np.int64)),
+            "one column per query",
+        ),
     ],
 )
 def test_broken_folders_are_one_line_errors(tmp_path, gt, damage, expect):
@@ -108,7 +130,9 @@ def test_check_comparable_refusals(tmp_path, gt):
     b = RunRecord.load(write_run(tmp_path / "b", other_gt, random_ranks(other_gt, 1)))
     with pytest.raises(InputError, match="ground truth differs"):
         check_comparable([a, b])
-    c = RunRecord.load(write_run(tmp_path / "c", gt, random_ranks(gt, 1, n_distractors=4), n_distractors=4))
+    c = RunRecord.load(
+        write_run(tmp_path / "c", gt, random_ranks(gt, 1, n_distractors=4), n_distractors=4)
+    )
     with pytest.raises(InputError, match="distractors"):
         check_comparable([a, c])
     d_gt = tiny_gt(0, dataset="rparis6k")

@@ -36,7 +36,9 @@ def test_identical_runs_p_one_ci_zero(rng):
 def test_constant_shift_ci_is_the_shift(rng):
     a = rng.uniform(0, 0.9, 70)
     t = paired_test(a, a + 0.05)
-    assert t.ci_low == pytest.approx(0.05, abs=1e-12) and t.ci_high == pytest.approx(0.05, abs=1e-12)
+    assert t.ci_low == pytest.approx(0.05, abs=1e-12) and t.ci_high == pytest.approx(
+        0.05, abs=1e-12
+    )
     assert t.diff == pytest.approx(0.05, abs=1e-12)
     assert t.n_better == 70
     # 70 same-sign differences: no random flip is as extreme (chance 2^-69), so each tail is the
@@ -57,7 +59,9 @@ def test_hand_computed_exact_p_value():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.lists(st.floats(-1, 1, allow_nan=False).map(lambda v: round(v, 3)), min_size=2, max_size=9))
+@given(
+    st.lists(st.floats(-1, 1, allow_nan=False).map(lambda v: round(v, 3)), min_size=2, max_size=9)
+)
 def test_exact_p_matches_enumeration(diffs):
     d = np.array(diffs)
     t = paired_test(np.zeros_like(d), d)

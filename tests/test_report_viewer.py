@@ -36,7 +36,9 @@ def facade(path: Path, seed: int, size=(320, 240)) -> Path:
     hue = rng.integers(90, 220, 3)
     x0, y0 = int(rng.integers(10, 60)), int(rng.integers(20, 70))
     d.rectangle([x0, y0, w - x0, h], fill=tuple(int(v) for v in hue))
-    d.polygon([(x0 - 8, y0), (w // 2, y0 - 25), (w - x0 + 8, y0)], fill=tuple(int(v * 0.6) for v in hue))
+    d.polygon(
+        [(x0 - 8, y0), (w // 2, y0 - 25), (w - x0 + 8, y0)], fill=tuple(int(v * 0.6) for v in hue)
+    )
     for gx in range(x0 + 10, w - x0 - 20, 28):
         for gy in range(y0 + 12, h - 20, 34):
             d.rectangle([gx, gy, gx + 14, gy + 20], fill=(40, 50, 70))
@@ -47,7 +49,10 @@ def facade(path: Path, seed: int, size=(320, 240)) -> Path:
 @pytest.fixture
 def viewer_runs(tmp_path):
     base = tiny_gt(0, n_queries=10)
-    queries = [dataclasses.replace(q, bbox=(60.0 + 3 * i, 40.0, 340.0, 290.0)) for i, q in enumerate(base.queries)]
+    queries = [
+        dataclasses.replace(q, bbox=(60.0 + 3 * i, 40.0, 340.0, 290.0))
+        for i, q in enumerate(base.queries)
+    ]
     queries[1] = dataclasses.replace(queries[1], name=HOSTILE_QUERY)
     gt = GroundTruth(base.dataset, base.protocol, base.db_names, tuple(queries))
     db_names = list(gt.db_names)
@@ -55,14 +60,31 @@ def viewer_runs(tmp_path):
     img = tmp_path / "img"
     img.mkdir()
     db_images = {i: str(facade(img / f"db{i}.jpg", i)) for i in range(gt.n_db)}
-    db_images[3] = None                      # generated distractor-like: no image
+    db_images[3] = None  # generated distractor-like: no image
     db_images[4] = str(img / "missing.jpg")  # a path that does not exist
     q_images = {q: str(facade(img / f"q{q}.jpg", 100 + q, (400, 300))) for q in range(gt.n_queries)}
     ra, rb = random_ranks(gt, 1), better_ranks(gt, 1, 2)
-    matches = {0: {int(rb[0, 0]): [[30.0, 40.0, 50.0, 60.0], [100.0, 120.0, 90.0, 100.0], [200, 150, 210, 160]]}}
+    matches = {
+        0: {
+            int(rb[0, 0]): [
+                [30.0, 40.0, 50.0, 60.0],
+                [100.0, 120.0, 90.0, 100.0],
+                [200, 150, 210, 160],
+            ]
+        }
+    }
     common = {"db_images": db_images, "query_images": q_images, "db_names": db_names, "root": img}
-    a = write_run(tmp_path / "runs", gt, ra, method="bow", scores=np.sort(np.random.default_rng(0).random(ra.shape))[:, ::-1], **common)
-    b = write_run(tmp_path / "runs", gt, rb, method="bow-sv-qe", config_name="b", matches=matches, **common)
+    a = write_run(
+        tmp_path / "runs",
+        gt,
+        ra,
+        method="bow",
+        scores=np.sort(np.random.default_rng(0).random(ra.shape))[:, ::-1],
+        **common,
+    )
+    b = write_run(
+        tmp_path / "runs", gt, rb, method="bow-sv-qe", config_name="b", matches=matches, **common
+    )
     return gt, a, b, img
 
 
@@ -78,11 +100,15 @@ def test_names_are_never_markup(viewer_runs, tmp_path):
     index, _ = build_viewer(RunRecord.load(a), tmp_path / "v", other=RunRecord.load(b))
     text = index.read_text()
     assert HOSTILE_DB not in text and "<img src=x" not in text and "alert(1)</script>" not in text
-    assert "<script>" not in text.replace("<script>@", "").split('id="data">')[1].split("</script>")[0]
+    assert (
+        "<script>" not in text.replace("<script>@", "").split('id="data">')[1].split("</script>")[0]
+    )
     data = page_data(index)  # the escaped JSON decodes back to the exact names
     assert data["queries"][1]["name"] == HOSTILE_QUERY
     assert HOSTILE_DB in {t["name"] for lst in data["runs"][0]["lists"] for t in lst}
-    assert "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
+    assert (
+        "http://" not in text.replace("http://www.w3.org/2000/svg", "") and "https://" not in text
+    )
 
 
 def test_placeholders_cache_and_matches(viewer_runs, tmp_path):
@@ -92,7 +118,10 @@ def test_placeholders_cache_and_matches(viewer_runs, tmp_path):
     data = page_data(index)
     by_index = {t["index"]: t for lst in data["runs"][0]["lists"] for t in lst}
     assert by_index[3]["thumb"] is None and by_index[4]["thumb"] is None
-    assert by_index[0]["thumb"]["src"].startswith("thumbs/") and (out / by_index[0]["thumb"]["src"]).is_file()
+    assert (
+        by_index[0]["thumb"]["src"].startswith("thumbs/")
+        and (out / by_index[0]["thumb"]["src"]).is_file()
+    )
     assert (by_index[0]["thumb"]["w"], by_index[0]["thumb"]["h"]) == (320, 240)
     n_images = (gt.n_db - 2) + gt.n_queries
     assert cache.made == n_images and cache.unreadable > 0
@@ -112,7 +141,9 @@ def test_view_cli_and_refusals(viewer_runs, tmp_path, capsys):
         main(["view", str(a), "--out", str(tmp_path / "v"), "--top", "5"])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "index.html" in out and "thumbnails:" in out
-    assert all(len(lst) == 5 for lst in page_data(tmp_path / "v" / "index.html")["runs"][0]["lists"])
+    assert all(
+        len(lst) == 5 for lst in page_data(tmp_path / "v" / "index.html")["runs"][0]["lists"]
+    )
     other = tiny_gt(3, n_queries=10)
     c = write_run(tmp_path / "o", other, random_ranks(other, 1))
     with pytest.raises(InputError, match="ground truth differs"):
@@ -131,10 +162,14 @@ def _browser():
         import selenium  # noqa: F401
     except ImportError:
         pytest.skip("selenium is not installed (pip install -e '.[test]')")
-    chrome = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+    chrome = next(
+        (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+    )
     driver = shutil.which("chromedriver")
     if chrome is None or driver is None:
-        pytest.skip("no chromium/chromedriver found (Debian: apt-get install chromium chromium-driver)")
+        pytest.skip(
+            "no chromium/chromedriver found (Debian: apt-get install chromium chromium-driver)"
+        )
     return chrome, driver
 
 
@@ -146,9 +181,18 @@ def browser(tmp_path):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                 f"--user-data-dir={tmp_path / 'chrome-profile'}", "--window-size=1280,860"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={tmp_path / 'chrome-profile'}",
+        "--window-size=1280,860",
+    ):
         opts.add_argument(flag)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     drv = webdriver.Chrome(service=Service(driver_path), options=opts)
@@ -175,8 +219,10 @@ def test_viewer_in_headless_chromium(viewer_runs, tmp_path, browser):
 
     # the first pane is the runs' summary: label, method, run id and mAP per setup (issue 24)
     assert browser.find_element(By.CSS_SELECTOR, "#main h2").text == "Run summary"
-    cells = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
-             for tr in browser.find_elements(By.CSS_SELECTOR, "#main table.summary tr")[1:]]
+    cells = [
+        [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#main table.summary tr")[1:]
+    ]
     ra_, rb_ = RunRecord.load(a), RunRecord.load(b)
     assert [c[1:4] for c in cells] == [[r.label, r.method, r.run_id] for r in (ra_, rb_)]
     assert cells[1][4:] == [f"{100 * rb_.mean(s):.2f}" for s in rb_.setups]
@@ -197,7 +243,8 @@ def test_viewer_in_headless_chromium(viewer_runs, tmp_path, browser):
     assert shown == [t["name"] for t in rec_a.queries[0].top[:12]]
     assert browser.find_elements(By.CSS_SELECTOR, ".qimg svg rect")  # the query box is drawn
     broken = browser.execute_script(
-        "return [...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src)")
+        "return [...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src)"
+    )
     assert broken == []
     # verified matches: the first result of run B has three
     browser.find_element(By.CSS_SELECTOR, '.grid[data-run="1"] .res.m').click()
@@ -205,7 +252,9 @@ def test_viewer_in_headless_chromium(viewer_runs, tmp_path, browser):
     assert len(browser.find_elements(By.CSS_SELECTOR, "#overlay-body line")) == 3
     shot = tmp_path / "viewer.png"
     browser.find_element(By.ID, "close").click()
-    browser.find_element(By.CSS_SELECTOR, '#queries .q[data-index="1"]').click()  # the hostile query
+    browser.find_element(
+        By.CSS_SELECTOR, '#queries .q[data-index="1"]'
+    ).click()  # the hostile query
     assert browser.find_element(By.CSS_SELECTOR, ".qinfo h2").text == HOSTILE_QUERY
     browser.find_element(By.CSS_SELECTOR, '#queries .q[data-index="0"]').click()
     browser.save_screenshot(str(shot))

@@ -76,8 +76,9 @@ def test_homography_recovers_ground_truth(graf, features, k, min_inl, method):
     d_kp, d_des = features[k]
     q_words, d_words = words_by_matching(q_des, d_des)
     matches = tentative_matches(q_words, d_words)
-    res = verify_pair(q_kp, d_kp, matches, model="homography", method=method, q_size=(800, 640),
-                      d_size=(800, 640))
+    res = verify_pair(
+        q_kp, d_kp, matches, model="homography", method=method, q_size=(800, 640), d_size=(800, 640)
+    )
     assert res.verified
     assert res.n_inliers >= min_inl
     h_true = np.loadtxt(graf / f"H1to{k}p")
@@ -117,8 +118,16 @@ def test_tiny_vocabulary_reranks_graf(features):
     q_kp, q_des = features[1]
     candidates = [(features[k][0], words(features[k][1])) for k in ("noise", 2)]
     order = np.array([0, 1])  # 0 = noise, 1 = graf2: the noise image is ranked first
-    res = spatial_rerank(q_kp, words(q_des), candidates, order, top_r=2, model="affine", method="magsac",
-                         min_inliers=8)
+    res = spatial_rerank(
+        q_kp,
+        words(q_des),
+        candidates,
+        order,
+        top_r=2,
+        model="affine",
+        method="magsac",
+        min_inliers=8,
+    )
     np.testing.assert_array_equal(res.order, [1, 0])
     np.testing.assert_array_equal(res.verified, [1])
     assert res.inliers[1] >= 40 and res.inliers[0] < 8
@@ -155,8 +164,9 @@ def test_real_paris_query_verifies_only_true_positives(shared_data):
         candidates.append((kp, d_words, size))
         positive.append(row["repo_label"] == "TP")
     positive = np.array(positive)
-    res = spatial_rerank(q_kp, np.arange(len(q_kp)), candidates, np.arange(20), top_r=20,
-                         query_size=q_size)
+    res = spatial_rerank(
+        q_kp, np.arange(len(q_kp)), candidates, np.arange(20), top_r=20, query_size=q_size
+    )
     assert len(res.verified) >= 1
     assert positive[res.verified].all()
     # The two candidates with most inliers are true positives (the negatives reach ~5).

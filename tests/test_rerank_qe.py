@@ -28,7 +28,9 @@ def dense(x) -> np.ndarray:
 def test_aqe_hand_example():
     q = np.array([1.0, 0.0, 0.0])
     v = np.array([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
-    np.testing.assert_allclose(average_query_expansion(q, v, normalize=False), [1 / 3, 1 / 3, 2 / 3])
+    np.testing.assert_allclose(
+        average_query_expansion(q, v, normalize=False), [1 / 3, 1 / 3, 2 / 3]
+    )
     # Normalised: v rows become unit vectors, the mean [1,1,1]/3 is normalised.
     np.testing.assert_allclose(average_query_expansion(q, v), np.ones(3) / np.sqrt(3))
 
@@ -80,24 +82,36 @@ def test_alpha_qe_hand_example():
     x = np.array([[0.6, 0.8], [0.0, 1.0], [-1.0, 0.0]])
     # sims 0.6, 0, -1 -> weights 0.36, 0, 0 (negative similarities are clipped).
     total = np.array([1.0, 0.0]) + 0.36 * np.array([0.6, 0.8])
-    np.testing.assert_allclose(alpha_query_expansion(q, x, alpha=2.0, normalize=False), total / 1.36)
-    np.testing.assert_allclose(alpha_query_expansion(q, x, alpha=2.0), total / np.linalg.norm(total))
-    given_sims = alpha_query_expansion(q, x, alpha=1.0, similarities=[1.0, 1.0, 0.0],
-                                       normalize=False)
+    np.testing.assert_allclose(
+        alpha_query_expansion(q, x, alpha=2.0, normalize=False), total / 1.36
+    )
+    np.testing.assert_allclose(
+        alpha_query_expansion(q, x, alpha=2.0), total / np.linalg.norm(total)
+    )
+    given_sims = alpha_query_expansion(
+        q, x, alpha=1.0, similarities=[1.0, 1.0, 0.0], normalize=False
+    )
     np.testing.assert_allclose(given_sims, (q + x[0] + x[1]) / 3)
 
 
-vectors = arrays(np.float64, st.tuples(st.integers(1, 6), st.just(5)),
-                 elements=st.floats(0.0, 10.0, allow_subnormal=False))
+vectors = arrays(
+    np.float64,
+    st.tuples(st.integers(1, 6), st.just(5)),
+    elements=st.floats(0.0, 10.0, allow_subnormal=False),
+)
 
 
 @settings(max_examples=40, deadline=None)
 @given(v=vectors, q=arrays(np.float64, 5, elements=st.floats(0.1, 10.0)))
 def test_alpha_zero_is_average_qe(v, q):
-    np.testing.assert_allclose(alpha_query_expansion(q, v, alpha=0.0), average_query_expansion(q, v),
-                               atol=1e-12)
-    np.testing.assert_allclose(dense(alpha_query_expansion(sp.csr_matrix(q), sp.csr_matrix(v))),
-                               alpha_query_expansion(q, v)[None, :], atol=1e-12)
+    np.testing.assert_allclose(
+        alpha_query_expansion(q, v, alpha=0.0), average_query_expansion(q, v), atol=1e-12
+    )
+    np.testing.assert_allclose(
+        dense(alpha_query_expansion(sp.csr_matrix(q), sp.csr_matrix(v))),
+        alpha_query_expansion(q, v)[None, :],
+        atol=1e-12,
+    )
 
 
 # ------------------------------------------------------------------ DBA
@@ -153,8 +167,9 @@ def test_dqe_one_dimensional_exact_solution():
     """Points +1 (positive) and -1 (negative): b = 0 by symmetry, w minimises
     w^2/2 + 2c(1 - w)^2, so w = 4c / (1 + 4c)."""
     for c in (0.1, 1.0, 5.0):
-        w = discriminative_query_expansion(np.array([1.0]), np.zeros((0, 1)), np.array([[-1.0]]),
-                                           c=c, normalize=False)
+        w = discriminative_query_expansion(
+            np.array([1.0]), np.zeros((0, 1)), np.array([[-1.0]]), c=c, normalize=False
+        )
         np.testing.assert_allclose(w, [4 * c / (1 + 4 * c)], rtol=1e-6)
 
 
@@ -170,8 +185,9 @@ def test_dqe_separates_linearly_separable_toy(rng):
     unit = lambda m: m / np.linalg.norm(m, axis=1, keepdims=True)  # noqa: E731
     assert (unit(pos) @ w).min() > (unit(neg) @ w).max()
     # Sparse input gives the same weight vector, as a CSR row.
-    ws = discriminative_query_expansion(sp.csr_matrix(q), sp.csr_matrix(pos[1:]),
-                                        sp.csr_matrix(neg), c=10.0)
+    ws = discriminative_query_expansion(
+        sp.csr_matrix(q), sp.csr_matrix(pos[1:]), sp.csr_matrix(neg), c=10.0
+    )
     assert sp.issparse(ws) and ws.shape == (1, d)
     np.testing.assert_allclose(dense(ws).ravel(), w, atol=1e-5)
 
@@ -192,8 +208,9 @@ def test_dqe_sparse_weights_live_on_the_training_support():
 def test_aqe_ignores_the_order_of_verified_images(v, seed):
     q = np.arange(1.0, 6.0)
     perm = np.random.default_rng(seed).permutation(len(v))
-    np.testing.assert_allclose(average_query_expansion(q, v[perm]), average_query_expansion(q, v),
-                               atol=1e-12)
+    np.testing.assert_allclose(
+        average_query_expansion(q, v[perm]), average_query_expansion(q, v), atol=1e-12
+    )
 
 
 @settings(max_examples=30, deadline=None)

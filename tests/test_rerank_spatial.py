@@ -30,6 +30,7 @@ pytest.importorskip("cv2")
 #: Philbin's fast spatial matching of a similarity, which needs keypoint scale and orientation).
 AFFINE: dict[str, Any] = {"model": "affine", "method": "magsac", "min_inliers": 8}
 
+
 def naive_tentative_matches(q_words, d_words, max_per_word):
     """Deliberately simple Python-loop reference of :func:`tentative_matches`."""
     q_pos, d_pos = defaultdict(list), defaultdict(list)
@@ -152,8 +153,13 @@ def test_verify_pair_recovers_affine_with_outliers(rng, model, method):
 
 def test_verify_pair_similarity_model(rng):
     ang = np.deg2rad(30.0)
-    t = np.array([[1.5 * np.cos(ang), -1.5 * np.sin(ang), 100.0],
-                  [1.5 * np.sin(ang), 1.5 * np.cos(ang), -50.0], [0, 0, 1]])
+    t = np.array(
+        [
+            [1.5 * np.cos(ang), -1.5 * np.sin(ang), 100.0],
+            [1.5 * np.sin(ang), 1.5 * np.cos(ang), -50.0],
+            [0, 0, 1],
+        ]
+    )
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=60, n_outliers=60, transform=t)
     res = verify_pair(q_kp, d_kp, matches, model="similarity", min_inliers=10)
     assert res.verified and res.n_inliers >= 58
@@ -198,8 +204,12 @@ def test_fsm_uses_orientation_and_scale(rng):
     """Keypoint angles that do not follow the geometry give fsm no good hypothesis."""
     q_kp, d_kp, matches, _ = oriented_pair(rng, n_inliers=30, n_outliers=270)
     d_kp[:30, 3] = (d_kp[:30, 3] + 180.0) % 360  # wrong by half a turn
-    assert not verify_pair(q_kp, d_kp, matches, model="affine", method="fsm", min_inliers=15).verified
-    assert verify_pair(q_kp, d_kp, matches, model="affine", method="magsac", min_inliers=15).verified
+    assert not verify_pair(
+        q_kp, d_kp, matches, model="affine", method="fsm", min_inliers=15
+    ).verified
+    assert verify_pair(
+        q_kp, d_kp, matches, model="affine", method="magsac", min_inliers=15
+    ).verified
     with pytest.raises(InputError, match="size and angle"):
         verify_pair(q_kp[:, :2], d_kp, matches, method="fsm")
 
@@ -213,8 +223,9 @@ def test_threshold_is_relative_to_image_size(rng):
     b = verify_pair(q_kp, big, matches, d_size=(4000, 4000), q_size=(1000, 1000), **AFFINE)
     assert a.n_inliers == b.n_inliers > 0
     np.testing.assert_array_equal(a.inlier_mask, b.inlier_mask)
-    np.testing.assert_allclose(b.transform, np.diag([4.0, 4.0, 1.0]) @ a.transform, rtol=1e-4,
-                               atol=1e-3)
+    np.testing.assert_allclose(
+        b.transform, np.diag([4.0, 4.0, 1.0]) @ a.transform, rtol=1e-4, atol=1e-3
+    )
 
 
 def test_pure_outliers_do_not_verify(rng):
@@ -240,8 +251,16 @@ def test_extreme_scale_is_rejected(rng):
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=100, n_outliers=0, transform=shrink)
     res = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000), **AFFINE)
     assert res.status == "degenerate"
-    relaxed = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000), **AFFINE,
-                          max_scale=100.0, threshold_px=1.0)
+    relaxed = verify_pair(
+        q_kp,
+        d_kp,
+        matches,
+        q_size=(1000, 1000),
+        d_size=(1000, 1000),
+        **AFFINE,
+        max_scale=100.0,
+        threshold_px=1.0,
+    )
     assert relaxed.verified
 
 
@@ -302,8 +321,13 @@ def make_database(rng, n_images=40, n_relevant=(3, 7, 15, 30), vocab=3000, n_fea
             k = 60 + 5 * i  # number of the query's features visible, differs per image
             ang = rng.uniform(-0.3, 0.3)
             s = rng.uniform(0.7, 1.4)
-            t = np.array([[s * np.cos(ang), -s * np.sin(ang), rng.uniform(-50, 50)],
-                          [s * np.sin(ang), s * np.cos(ang), rng.uniform(-50, 50)], [0, 0, 1]])
+            t = np.array(
+                [
+                    [s * np.cos(ang), -s * np.sin(ang), rng.uniform(-50, 50)],
+                    [s * np.sin(ang), s * np.cos(ang), rng.uniform(-50, 50)],
+                    [0, 0, 1],
+                ]
+            )
             idx = rng.choice(n_feat, k, replace=False)
             xy[:k] = project(t, q_xy[idx]) + rng.normal(0, 0.7, (k, 2))
             words[:k] = q_words[idx]
@@ -408,13 +432,17 @@ def test_spatial_rerank_returns_inliers_and_takes_given_or_multiple_word_matches
     res = spatial_rerank(q_kp, q_words, cands, order, top_r=25, min_inliers=15)
     for pos, pairs in enumerate(res.inlier_matches):
         assert (pairs is not None) == (order[pos] in (30, 15))
-        if pairs is not None:  # inlier correspondences: query and candidate points agree with the model
+        if (
+            pairs is not None
+        ):  # inlier correspondences: query and candidate points agree with the model
             t = res.transforms[pos]
             d_xy = cands[pos][0][pairs[:, 1], :2]
             assert np.abs(project(t, q_kp[pairs[:, 0], :2]) - d_xy).max() < 8.0 * 1000 / 1024 + 1
     # precomputed tentative matches: the same ranking as from the words they came from
     given = [_matches_from_groups(_group_words(q_words), c[1], 8) for c in cands]
-    res2 = spatial_rerank(q_kp, np.zeros(0, np.int64), cands, order, top_r=25, min_inliers=15, tentative=given)
+    res2 = spatial_rerank(
+        q_kp, np.zeros(0, np.int64), cands, order, top_r=25, min_inliers=15, tentative=given
+    )
     np.testing.assert_array_equal(res2.order, res.order)
     np.testing.assert_array_equal(res2.inliers, res.inliers)
     # [n, k] query words: a second word per feature that matches nothing changes nothing
@@ -422,6 +450,8 @@ def test_spatial_rerank_returns_inliers_and_takes_given_or_multiple_word_matches
     res3 = spatial_rerank(q_kp, two, cands, order, top_r=25, min_inliers=15)
     np.testing.assert_array_equal(res3.order, res.order)
     words, feature = expand_query_words(two)
-    assert words.size == 2 * q_words.size and np.array_equal(np.bincount(feature), np.full(q_words.size, 2))
+    assert words.size == 2 * q_words.size and np.array_equal(
+        np.bincount(feature), np.full(q_words.size, 2)
+    )
     with pytest.raises(InputError, match="tentative match arrays"):
         spatial_rerank(q_kp, q_words, cands, order, top_r=25, tentative=given[:3])

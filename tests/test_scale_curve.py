@@ -26,9 +26,22 @@ def curve():  # noqa: ANN201 - the bench module
 
 
 def test_query_time_is_ranking_plus_the_query_stages_per_query(curve) -> None:
-    timings = {"load": 9.0, "features": 50.0, "features_cpu": 90.0, "assign": 3.0, "index": 2.0, "search": 0.5,
-               "search_cpu": 0.4, "spatial": 10.0, "spatial_cpu": 18.0, "aqe-verified": 2.0, "total": 99.0,
-               "vocabulary": 7.0, "train_features": 20.0, "evaluate": 0.1}  # fmt: skip
+    timings = {
+        "load": 9.0,
+        "features": 50.0,
+        "features_cpu": 90.0,
+        "assign": 3.0,
+        "index": 2.0,
+        "search": 0.5,
+        "search_cpu": 0.4,
+        "spatial": 10.0,
+        "spatial_cpu": 18.0,
+        "aqe-verified": 2.0,
+        "total": 99.0,
+        "vocabulary": 7.0,
+        "train_features": 20.0,
+        "evaluate": 0.1,
+    }
     q = curve.query_seconds(timings, 10)
     assert q["rank_s"] == 0.05 and q["rank_cpu_s"] == pytest.approx(0.04)
     assert q["rerank_s"] == pytest.approx(1.2) and q["rerank_cpu_s"] == pytest.approx(1.8)
@@ -36,20 +49,49 @@ def test_query_time_is_ranking_plus_the_query_stages_per_query(curve) -> None:
 
 
 def _point(n: int, ram: float, disk: float, rank: float) -> dict:
-    return {"n_index": n, "ram_bytes": 1000 + ram * n, "fixed_ram_bytes": 1000, "disk_bytes": 50 + disk * n,
-            "fixed_disk_bytes": 50, "rank_s": rank, "rerank_s": 0.2}  # fmt: skip
+    return {
+        "n_index": n,
+        "ram_bytes": 1000 + ram * n,
+        "fixed_ram_bytes": 1000,
+        "disk_bytes": 50 + disk * n,
+        "fixed_disk_bytes": 50,
+        "rank_s": rank,
+        "rerank_s": 0.2,
+    }
 
 
-def test_projection_is_fixed_plus_the_fitted_bytes_per_image_and_time_from_the_largest_size(curve) -> None:
-    points = [_point(1000, 300.0, 40_000.0, 0.001), _point(2000, 300.0, 40_000.0, 0.0015), _point(6000, 300.0, 40_000.0, 0.006)]
+def test_projection_is_fixed_plus_the_fitted_bytes_per_image_and_time_from_the_largest_size(
+    curve,
+) -> None:
+    points = [
+        _point(1000, 300.0, 40_000.0, 0.001),
+        _point(2000, 300.0, 40_000.0, 0.0015),
+        _point(6000, 300.0, 40_000.0, 0.006),
+    ]
     pr = curve.project(points, 1_001_000)
     assert pr["ram_bytes_per_image"] == pytest.approx(300.0)
     assert pr["ram_bytes"] == pytest.approx(1000 + 300.0 * 1_001_000, rel=1e-9)
     assert pr["disk_bytes"] == pytest.approx(50 + 40_000.0 * 1_001_000, rel=1e-9)
-    assert pr["rank_s"] == pytest.approx(0.006 * 1_001_000 / 6000) and pr["rerank_s"] == pytest.approx(0.2)
+    assert pr["rank_s"] == pytest.approx(0.006 * 1_001_000 / 6000) and pr[
+        "rerank_s"
+    ] == pytest.approx(0.2)
     one = curve.project([_point(500, 10.0, 20.0, 0.01)], 5000)
-    assert one["ram_bytes"] == pytest.approx(1000 + 10.0 * 5000) and one["rank_s"] == pytest.approx(0.1)
-    text = curve.table([{**points[0], "method": "m", "distractors": 0, "map": {"easy": 1, "medium": 2, "hard": 3},
-                         "query_s": 0.2, "ram_bytes_per_image": 300.0, "disk_bytes_per_image": 4e4,
-                         "run_cpu_s": 5.0}], {"m": pr})  # fmt: skip
+    assert one["ram_bytes"] == pytest.approx(1000 + 10.0 * 5000) and one["rank_s"] == pytest.approx(
+        0.1
+    )
+    text = curve.table(
+        [
+            {
+                **points[0],
+                "method": "m",
+                "distractors": 0,
+                "map": {"easy": 1, "medium": 2, "hard": 3},
+                "query_s": 0.2,
+                "ram_bytes_per_image": 300.0,
+                "disk_bytes_per_image": 4e4,
+                "run_cpu_s": 5.0,
+            }
+        ],
+        {"m": pr},
+    )
     assert "| m | 0 | 1,000 | 1.00 | 2.00 | 3.00 |" in text and "| m | 1,001,000 | 0.28 |" in text

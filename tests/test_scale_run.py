@@ -39,8 +39,23 @@ def test_every_family_runs_with_generated_distractors(
     if "asmk" in method:
         pytest.importorskip("asmk")
     out = tmp_path / "run"
-    code, stdout, err = run(capsys, "run", "--root", str(tiny_root), "--method", method, "--distractors", "25",
-                            "--out", str(out), "--cache", str(tmp_path / "c"), "--json", *TINY, *FAMILIES[method])  # fmt: skip
+    code, stdout, err = run(
+        capsys,
+        "run",
+        "--root",
+        str(tiny_root),
+        "--method",
+        method,
+        "--distractors",
+        "25",
+        "--out",
+        str(out),
+        "--cache",
+        str(tmp_path / "c"),
+        "--json",
+        *TINY,
+        *FAMILIES[method],
+    )
     assert code == 0, err
     payload = json.loads(stdout)
     run_dir = Path(payload["run_dir"])
@@ -53,10 +68,21 @@ def test_every_family_runs_with_generated_distractors(
     assert ranks.shape[0] == 65 and sorted(ranks[:, 0].tolist()) == list(range(65))
     retrieved = json.loads((run_dir / "retrieved.json").read_text())
     names = {t["name"] for q in retrieved["queries"] for t in q["top"] if t["index"] >= 40}
-    assert names and all(n.startswith("northford_x") for n in names)  # the generated distractors' names
+    assert names and all(
+        n.startswith("northford_x") for n in names
+    )  # the generated distractors' names
     gnd = next((tiny_root / "synthetic").glob("gnd_*.pkl"))
-    code, ev_out, ev_err = run(capsys, "evaluate", "revisited", "--gnd", str(gnd), "--ranks", str(run_dir / "ranks.npy"),
-                               "--distractors", "25")  # fmt: skip
+    code, ev_out, ev_err = run(
+        capsys,
+        "evaluate",
+        "revisited",
+        "--gnd",
+        str(gnd),
+        "--ranks",
+        str(run_dir / "ranks.npy"),
+        "--distractors",
+        "25",
+    )
     assert code == 0, ev_err
     lines = (run_dir / "summary.txt").read_text().splitlines()
     assert ev_out.splitlines()[0].split("mAP")[1] == lines[0].split("mAP")[1]
@@ -80,17 +106,47 @@ def test_bad_distractor_input_is_one_line_exit_2_and_nothing_recorded(
     (root / "oxford100k" / "jpg").mkdir(parents=True)
     write_jpeg(root / "oxford100k" / "jpg" / "x.jpg", seed=1)
     cases = [
-        (root, ["--dataset", "roxford5k", "--distractors", "oxford100k"],
-         "oxford100k holds the distractors of oxford5k, paris6k, not of roxford5k; roxford5k's is revisitop1m"),
-        (root, ["--dataset", "roxford5k", "--distractors", "4"], "asked for 4 distractors but revisitop1m has 3"),
-        (root, ["--dataset", "roxford5k", "--distractors", "roxford5k"], "roxford5k is not a distractor set"),
-        (tiny_root, ["--distractors", "revisitop1m"], "the synthetic benchmark takes a number of generated distractors"),
+        (
+            root,
+            ["--dataset", "roxford5k", "--distractors", "oxford100k"],
+            "oxford100k holds the distractors of oxford5k, paris6k, not of roxford5k; roxford5k's is revisitop1m",
+        ),
+        (
+            root,
+            ["--dataset", "roxford5k", "--distractors", "4"],
+            "asked for 4 distractors but revisitop1m has 3",
+        ),
+        (
+            root,
+            ["--dataset", "roxford5k", "--distractors", "roxford5k"],
+            "roxford5k is not a distractor set",
+        ),
+        (
+            tiny_root,
+            ["--distractors", "revisitop1m"],
+            "the synthetic benchmark takes a number of generated distractors",
+        ),
         (tiny_root, ["--distractors", "-3"], "distractors"),
-    ]  # fmt: skip
+    ]
     for data, args, words in cases:
         out = tmp_path / "out"
-        code, _, err = run(capsys, "run", "--root", str(data), "--method", "rootsift-bow", "--allow-partial",
-                           "--out", str(out), "--cache", str(tmp_path / "c"), *args, *TINY)  # fmt: skip
-        errors = [ln for ln in err.strip().splitlines() if not ln.startswith("WARNING")]  # partial-set warnings
+        code, _, err = run(
+            capsys,
+            "run",
+            "--root",
+            str(data),
+            "--method",
+            "rootsift-bow",
+            "--allow-partial",
+            "--out",
+            str(out),
+            "--cache",
+            str(tmp_path / "c"),
+            *args,
+            *TINY,
+        )
+        errors = [
+            ln for ln in err.strip().splitlines() if not ln.startswith("WARNING")
+        ]  # partial-set warnings
         assert code == 2 and len(errors) == 1 and words in errors[0], (args, err)
         assert not out.exists(), args

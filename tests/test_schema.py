@@ -49,7 +49,9 @@ class Toy:
     qe: str = setting("none", Choice("none", "aqe", "alpha-qe"))
     label: str = setting("x", Str(min_len=1, max_len=8))
     weights: str | None = setting(None, Optional(PathSetting()))
-    scales: tuple[float, ...] = setting((1.0,), FloatTuple(Float(lo=0.1, hi=4), min_len=1, max_len=4))
+    scales: tuple[float, ...] = setting(
+        (1.0,), FloatTuple(Float(lo=0.1, hi=4), min_len=1, max_len=4)
+    )
     neg_num: int = setting(5, Size(lo=1, hi=1000))
     features: Inner = dataclasses.field(default_factory=Inner)
     free: int = 0  # no spec: not validated, not described
@@ -59,15 +61,69 @@ class Toy:
 
 
 SPECS = [
-    Int(), Int(lo=0, hi=10), Int(lo=0, lo_open=True), Size(lo=1, hi=100), Float(), Float(lo=0, lo_open=True),
-    Float(lo=0, hi=1, hi_open=True), Float(allow_inf=True), Float(lo=0, allow_inf=True), Bool(),
-    Choice("none", "aqe"), Str(), Str(min_len=1, max_len=3), PathSetting(), Optional(Int(lo=0)),
-    Optional(Float(lo=0)), Optional(Choice("a")), FloatTuple(), FloatTuple(Float(lo=0), min_len=2, max_len=2),
+    Int(),
+    Int(lo=0, hi=10),
+    Int(lo=0, lo_open=True),
+    Size(lo=1, hi=100),
+    Float(),
+    Float(lo=0, lo_open=True),
+    Float(lo=0, hi=1, hi_open=True),
+    Float(allow_inf=True),
+    Float(lo=0, allow_inf=True),
+    Bool(),
+    Choice("none", "aqe"),
+    Str(),
+    Str(min_len=1, max_len=3),
+    PathSetting(),
+    Optional(Int(lo=0)),
+    Optional(Float(lo=0)),
+    Optional(Choice("a")),
+    FloatTuple(),
+    FloatTuple(Float(lo=0), min_len=2, max_len=2),
 ]
-HOSTILE_TEXT = ["NaN", "nan", "inf", "-inf", "-1", "0", "1e30", "abc", "true", "", "1_0", "1.5", " 2 ", "null",
-                "[1, 2]", "0x10", "1e999", "\x00", "9" * 400, "１"]
-HOSTILE_VALUES = [math.nan, math.inf, -math.inf, -1, 0, 1e30, "abc", "true", "", True, None, 1.5, 10**400,
-                  np.float32("nan"), np.int64(3), [1.0, 2.0], (0.5,), {"a": 1}, object()]
+HOSTILE_TEXT = [
+    "NaN",
+    "nan",
+    "inf",
+    "-inf",
+    "-1",
+    "0",
+    "1e30",
+    "abc",
+    "true",
+    "",
+    "1_0",
+    "1.5",
+    " 2 ",
+    "null",
+    "[1, 2]",
+    "0x10",
+    "1e999",
+    "\x00",
+    "9" * 400,
+    "１",
+]
+HOSTILE_VALUES = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    -1,
+    0,
+    1e30,
+    "abc",
+    "true",
+    "",
+    True,
+    None,
+    1.5,
+    10**400,
+    np.float32("nan"),
+    np.int64(3),
+    [1.0, 2.0],
+    (0.5,),
+    {"a": 1},
+    object(),
+]
 
 
 def _one_line_or_value(call):
@@ -104,10 +160,18 @@ def test_property_any_text_gives_a_value_or_one_line(spec, raw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(spec=st.sampled_from(SPECS), value=st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.booleans(), st.none(), st.text(max_size=8),
-    st.lists(st.floats(allow_nan=True), max_size=5), st.tuples(st.integers()),
-))
+@given(
+    spec=st.sampled_from(SPECS),
+    value=st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(),
+        st.booleans(),
+        st.none(),
+        st.text(max_size=8),
+        st.lists(st.floats(allow_nan=True), max_size=5),
+        st.tuples(st.integers()),
+    ),
+)
 def test_property_any_value_gives_a_value_or_one_line(spec, value):
     out = _one_line_or_value(lambda: spec.check("s", value))
     if isinstance(out, float):
@@ -151,7 +215,14 @@ def test_message_names_the_setting_and_the_value():
 
 
 def test_bools_choices_strings_paths_optionals_tuples():
-    assert [Bool().parse("b", t) for t in ("true", "FALSE", "1", "0", "yes", "No")] == [True, False, True, False, True, False]
+    assert [Bool().parse("b", t) for t in ("true", "FALSE", "1", "0", "yes", "No")] == [
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
     with pytest.raises(InputError, match="expected true or false"):
         Bool().check("b", 1)
     assert Choice("none", "aqe").parse("q", "aqe") == "aqe"
@@ -178,7 +249,9 @@ def test_bools_choices_strings_paths_optionals_tuples():
 
 
 def test_size_names_the_memory_bound():
-    with pytest.raises(InputError, match=r"setting neg_num: must be in \[1, 1000\] \(a bound that keeps memory"):
+    with pytest.raises(
+        InputError, match=r"setting neg_num: must be in \[1, 1000\] \(a bound that keeps memory"
+    ):
         parse(Toy, "neg_num", "1000000000")
     with pytest.raises(TypeError):
         Size(lo=1)
@@ -217,7 +290,11 @@ def test_describe_lists_every_setting_with_type_default_range_and_doc():
     rows = {r.name: r for r in describe(Toy)}
     assert list(rows)[:2] == ["qe_k", "qe_alpha"]
     assert "free" not in rows and "features" not in rows
-    assert rows["qe_k"].kind == "int" and rows["qe_k"].default == 10 and rows["qe_k"].range == "in [1, 10000]"
+    assert (
+        rows["qe_k"].kind == "int"
+        and rows["qe_k"].default == 10
+        and rows["qe_k"].range == "in [1, 10000]"
+    )
     assert rows["qe_k"].doc == "neighbours averaged"
     assert rows["ratio"].range == "in (0, 1]"
     assert rows["gamma"].range == "> 0, inf allowed"

@@ -20,7 +20,9 @@ def unit(x: np.ndarray) -> np.ndarray:
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def clustered(seed: int, n: int = 20000, d: int = 64, n_q: int = 50) -> tuple[np.ndarray, np.ndarray]:
+def clustered(
+    seed: int, n: int = 20000, d: int = 64, n_q: int = 50
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     centres = rng.normal(size=(50, d))
     x = unit(centres[rng.integers(0, 50, n)] + 0.5 * rng.normal(size=(n, d)))
@@ -29,9 +31,16 @@ def clustered(seed: int, n: int = 20000, d: int = 64, n_q: int = 50) -> tuple[np
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 300), k=st.integers(1, 320),
-       block=st.integers(1, 128), coarse=st.booleans())  # fmt: skip
-def test_exact_search_equals_a_full_stable_sort(seed: int, n: int, k: int, block: int, coarse: bool) -> None:
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    n=st.integers(1, 300),
+    k=st.integers(1, 320),
+    block=st.integers(1, 128),
+    coarse=st.booleans(),
+)
+def test_exact_search_equals_a_full_stable_sort(
+    seed: int, n: int, k: int, block: int, coarse: bool
+) -> None:
     rng = np.random.default_rng(seed)
     # values on a dyadic grid: every dot product is exact in float32, whatever the BLAS kernel, so
     # the lists must be identical; the coarse grid makes many exact ties (the lower index must win,

@@ -63,9 +63,15 @@ def _same_index(a: object, b: object, q: np.ndarray, n: int = N) -> None:
 
 def test_shards_merged_in_ram_are_the_index_built_in_one_piece(data, tmp_path: Path) -> None:
     x, q, trained = data
-    receipts = build_shards(trained, x, tmp_path / "shards", shard_size=7_000)  # uneven: the last is shorter
+    receipts = build_shards(
+        trained, x, tmp_path / "shards", shard_size=7_000
+    )  # uneven: the last is shorter
     assert [r.images for r in receipts] == [b - a for a, b in shard_ranges(N, 7_000)]
-    assert len(receipts) == 15 and receipts[-1].images == N - 14 * 7_000 and all(r.committed for r in receipts)
+    assert (
+        len(receipts) == 15
+        and receipts[-1].images == N - 14 * 7_000
+        and all(r.committed for r in receipts)
+    )
     merged = merge_shards(trained, receipts, tmp_path / "shards")
     one = _one_piece(trained, x)
     _same_index(merged, one, q)
@@ -80,18 +86,28 @@ def test_shards_merged_into_on_disk_lists_answer_the_same(data, tmp_path: Path) 
     _same_index(merged, _one_piece(trained, x), q)
 
 
-def test_the_shard_job_is_picklable_commits_once_and_starts_from_the_empty_index(data, tmp_path: Path) -> None:
+def test_the_shard_job_is_picklable_commits_once_and_starts_from_the_empty_index(
+    data, tmp_path: Path
+) -> None:
     from oxbench.shards import ShardTask
 
     x, _, trained = data
     job = pickle.loads(pickle.dumps(ShardAdder(serialize(trained), str(tmp_path), tag="t")))
     task = ShardTask(5, tuple(range(500, 600)), "shard-000005-000000000000")
     r = job(AddTask(task, x[500:600]))
-    assert (r.number, r.images, r.committed) == (5, 100, True) and str(AddTask(task, x)) == str(task)
+    assert (r.number, r.images, r.committed) == (5, 100, True) and str(AddTask(task, x)) == str(
+        task
+    )
     ids, _ = list_contents(load_faiss().read_index(str(tmp_path / task.folder / SHARD_FILE)))
     assert sorted(np.concatenate(ids).tolist()) == list(range(500, 600))
-    again = job(AddTask(task, x[500:600]))  # a second attempt (a retried task): the first commit stays
-    assert not again.committed and again.digest == r.digest and [p.name for p in tmp_path.iterdir()] == [task.folder]
+    again = job(
+        AddTask(task, x[500:600])
+    )  # a second attempt (a retried task): the first commit stays
+    assert (
+        not again.committed
+        and again.digest == r.digest
+        and [p.name for p in tmp_path.iterdir()] == [task.folder]
+    )
     full = _one_piece(trained, x[:10])
     with pytest.raises(InputError, match="trained, empty index"):
         ShardAdder(serialize(full), str(tmp_path))(AddTask(task, x[:100]))
@@ -111,15 +127,23 @@ def test_an_interrupted_build_reuses_its_committed_shards(data, tmp_path: Path) 
     first = build_shards(trained, x[:5000], tmp_path / "s", shard_size=1000)
     for r in first[1:]:  # the build was killed after its first shard
         shutil.rmtree(tmp_path / "s" / r.folder)
-    (tmp_path / "s" / first[0].folder / SHARD_FILE).write_bytes(b"junk")  # ... and that shard damaged
+    (tmp_path / "s" / first[0].folder / SHARD_FILE).write_bytes(
+        b"junk"
+    )  # ... and that shard damaged
     calls.clear()
     again = build_shards(trained, x[:5000], tmp_path / "s", shard_size=1000, executor=Counting())
     assert calls == [0, 1, 2, 3, 4] and [r.digest for r in again] == [r.digest for r in first]
     calls.clear()
-    assert [r.digest for r in build_shards(trained, x[:5000], tmp_path / "s", shard_size=1000,
-                                           executor=Counting())] == [r.digest for r in first]  # fmt: skip
+    assert [
+        r.digest
+        for r in build_shards(
+            trained, x[:5000], tmp_path / "s", shard_size=1000, executor=Counting()
+        )
+    ] == [r.digest for r in first]
     assert calls == []
-    _same_index(merge_shards(trained, again, tmp_path / "s"), _one_piece(trained, x[:5000]), q, 5000)
+    _same_index(
+        merge_shards(trained, again, tmp_path / "s"), _one_piece(trained, x[:5000]), q, 5000
+    )
 
 
 def test_a_missing_changed_or_misplaced_shard_is_refused_in_one_line(data, tmp_path: Path) -> None:
@@ -157,7 +181,9 @@ def test_the_global_family_builds_ivfpq_by_shards_and_reports_recall_against_exa
     q = db[:25] + 0.1 * rng.normal(size=(25, D)).astype(np.float32)
     m = resolve_method("features-ivfpq", nlist=16, pq_m=4, pq_nbits=8, nprobe=4, search_k=100)
     chain = SearchChain(m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index")
-    assert chain.faiss is not None and not list((tmp_path / "index").glob("shards-*"))  # shard files removed
+    assert chain.faiss is not None and not list(
+        (tmp_path / "index").glob("shards-*")
+    )  # shard files removed
     ref = FaissIndex(chain.faiss.settings).fit(db)
     ids_a, codes_a = list_contents(chain.faiss.index_)
     ids_b, codes_b = list_contents(ref.index_)

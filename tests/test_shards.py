@@ -49,7 +49,9 @@ def _vocabulary(tmp_path: Path) -> Path:
     return Vocabulary(12, structure="flat", descriptor="rootsift").fit(x).save(tmp_path / "voc.npz")
 
 
-def _reference_words(store: FeatureStore, names: list[str], voc_path: Path, k: int) -> tuple[list, list]:
+def _reference_words(
+    store: FeatureStore, names: list[str], voc_path: Path, k: int
+) -> tuple[list, list]:
     """The definition: each feature's k nearest centroids by squared Euclidean distance."""
     voc = Vocabulary.load(voc_path)
     words, dists = [], []
@@ -63,14 +65,18 @@ def _reference_words(store: FeatureStore, names: list[str], voc_path: Path, k: i
 
 
 @pytest.mark.parametrize("k", [1, 3])
-def test_words_by_shards_are_the_nearest_centroids_whatever_the_shard_size(tmp_path: Path, k: int) -> None:
+def test_words_by_shards_are_the_nearest_centroids_whatever_the_shard_size(
+    tmp_path: Path, k: int
+) -> None:
     store, names = _store(tmp_path)
     voc = _vocabulary(tmp_path)
     ref_w, ref_d = _reference_words(store, names, voc, k)
     files = {}
     for size in (1, 3, 64):
         out = tmp_path / f"words-{size}.npz"
-        res = step_assign(voc, store, names, out, RunContext(tmp_path, progress=False), k=k, shard_size=size)
+        res = step_assign(
+            voc, store, names, out, RunContext(tmp_path, progress=False), k=k, shard_size=size
+        )
         assert not res.hit and res.computed == len(names)
         assert not out.with_suffix(".shards").exists()  # assembled, then the shards are gone
         words = Words.load(out)
@@ -104,7 +110,9 @@ def test_words_resume_from_a_partition_and_recompute_a_tampered_shard(
     with caplog.at_level(logging.WARNING):
         rest = step_assign(voc, store, names, out, ctx, shard_size=2)
     assert "does not match" in caplog.text and "computing that shard again" in caplog.text
-    assert rest.computed == 6  # shards 0, 2 and the tampered 1 (two images each); shard 3 was reused
+    assert (
+        rest.computed == 6
+    )  # shards 0, 2 and the tampered 1 (two images each); shard 3 was reused
     assert np.load(out)[DIGEST_KEY] == np.load(clean)[DIGEST_KEY]
     assert step_assign(voc, store, names, out, ctx, shard_size=2).hit
 
@@ -113,11 +121,24 @@ def test_words_through_worker_processes_equal_this_processs(tmp_path: Path) -> N
     store, names = _store(tmp_path, n_images=9)
     voc = _vocabulary(tmp_path)
     serial = tmp_path / "serial.npz"
-    step_assign(voc, store, names, serial, RunContext(tmp_path, executor=SerialExecutor(), progress=False),
-                shard_size=2)  # fmt: skip
+    step_assign(
+        voc,
+        store,
+        names,
+        serial,
+        RunContext(tmp_path, executor=SerialExecutor(), progress=False),
+        shard_size=2,
+    )
     with ProcessExecutor(2) as ex:
         pooled = tmp_path / "pool.npz"
-        step_assign(voc, store, names, pooled, RunContext(tmp_path, executor=ex, progress=False), shard_size=2)
+        step_assign(
+            voc,
+            store,
+            names,
+            pooled,
+            RunContext(tmp_path, executor=ex, progress=False),
+            shard_size=2,
+        )
     assert np.load(serial)[DIGEST_KEY] == np.load(pooled)[DIGEST_KEY]
 
 
@@ -127,7 +148,9 @@ def test_two_attempts_of_one_shard_commit_once(tmp_path: Path) -> None:
     first = write_npz_shard(tmp_path, task, {"x": np.arange(3)}, tag="one")
     second = write_npz_shard(tmp_path, task, {"x": np.arange(3) * 2}, tag="two")
     assert first.committed and not second.committed
-    assert [p.name for p in tmp_path.iterdir()] == [task.folder]  # the loser's temporary folder is gone
+    assert [p.name for p in tmp_path.iterdir()] == [
+        task.folder
+    ]  # the loser's temporary folder is gone
     done, todo = read_npz_shards(tmp_path, names, 3, what="test shard")
     assert not todo and np.array_equal(done[0]["x"], np.arange(3))
 
@@ -137,7 +160,9 @@ def test_shards_of_another_plan_or_beyond_it_are_discarded(tmp_path: Path) -> No
     write_npz_shard(tmp_path, ShardTask(0, (0, 1), "shard-000000-000000000000"), {"x": np.zeros(1)})
     for task in plan_shards(names + ["e", "f"], 2):
         write_npz_shard(tmp_path, task, {"x": np.zeros(1)})
-    (tmp_path / f"{TEMP_PREFIX}shard-000001-x.dead.1").mkdir()  # a fresh temporary folder: left alone
+    (
+        tmp_path / f"{TEMP_PREFIX}shard-000001-x.dead.1"
+    ).mkdir()  # a fresh temporary folder: left alone
     done, todo = read_npz_shards(tmp_path, names, 2, what="test shard")
     assert sorted(done) == [0, 1] and not todo
     assert sorted(committed_folders(tmp_path)) == [0, 1]
@@ -163,10 +188,14 @@ class _CountingVerifier:
         _, qname, order = item
         self.calls.append(qname)
         head = np.asarray(order, np.int64)
-        return VerifiedList(head, head[:2], np.array([9, 5], np.int64), {int(head[0]): np.ones((3, 4), np.float32)})
+        return VerifiedList(
+            head, head[:2], np.array([9, 5], np.int64), {int(head[0]): np.ones((3, 4), np.float32)}
+        )
 
 
-def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_rest(tmp_path: Path) -> None:
+def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_rest(
+    tmp_path: Path,
+) -> None:
     from oxbench.pipelines.steps.verify import (
         QueryBlock,
         VerificationCache,
@@ -192,8 +221,12 @@ def test_verification_tasks_write_their_entries_and_a_rerun_verifies_only_the_re
     assert not job.calls and ctx.steps["spatial"] == "hit"
     # a second attempt of a block (a retried task) finds its entries and writes nothing
     cache = VerificationCache.for_job(job, tmp_path)
-    block = QueryBlock(tuple((q, n, o, cache.path(n, [job.index_parts[int(j)] for j in o]).name)
-                             for q, n, o in items[:3]))  # fmt: skip
+    block = QueryBlock(
+        tuple(
+            (q, n, o, cache.path(n, [job.index_parts[int(j)] for j in o]).name)
+            for q, n, o in items[:3]
+        )
+    )
     assert str(block) == "the short lists of 3 queries (q0 .. q2)"  # how a failing task is named
     before = {p: p.stat().st_mtime_ns for p in cache.folder.iterdir()}
     assert VerifyBlock(job, cache.folder)(block) == [(b[3], False) for b in block.lists]

@@ -111,10 +111,16 @@ def test_cli_says_the_default_reproduces_and_other_seeds_are_another_sample():
 
     runner = CliRunner()
     res = runner.invoke(cli, ["simulate"])
-    assert res.exit_code == 0 and "every mean lies inside the reference per-seed [min, max] range" in res.output
+    assert (
+        res.exit_code == 0
+        and "every mean lies inside the reference per-seed [min, max] range" in res.output
+    )
     res = runner.invoke(cli, ["simulate", "--seeds", "3"])
     assert res.exit_code == 0 and "means outside" not in res.output
-    assert "note: the reference numbers are the mean of seeds 0..9; over these 3 seed(s) from 0" in res.output
+    assert (
+        "note: the reference numbers are the mean of seeds 0..9; over these 3 seed(s) from 0"
+        in res.output
+    )
 
 
 def test_cli_bad_seed_count_exits_2():

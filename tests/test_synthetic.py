@@ -22,7 +22,9 @@ from oxbench.datasets.synthetic import (  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
 from oxbench.formats.revisitop import read_gnd  # noqa: E402
 
-TINY = SynthConfig(name="synthetic", landmarks=3, queries_per_landmark=3, db_size=40, image_size=(160, 120))
+TINY = SynthConfig(
+    name="synthetic", landmarks=3, queries_per_landmark=3, db_size=40, image_size=(160, 120)
+)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _files(root: Path) -> dict[str, bytes]:
     return {
-        str(p.relative_to(root)): p.read_bytes()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
     }
 
 
@@ -60,7 +60,9 @@ def test_other_seed_or_city_differs(tmp_path: Path) -> None:
     small = SynthConfig(landmarks=2, db_size=8, image_size=(96, 72))
     a, _ = render_db_image(small, 3)
     b, _ = render_db_image(SynthConfig(landmarks=2, db_size=8, image_size=(96, 72), seed=1), 3)
-    c, _ = render_db_image(SynthConfig(landmarks=2, db_size=8, image_size=(96, 72), city="elsewhere"), 3)
+    c, _ = render_db_image(
+        SynthConfig(landmarks=2, db_size=8, image_size=(96, 72), city="elsewhere"), 3
+    )
     assert a != b and a != c
 
 
@@ -183,4 +185,8 @@ def test_the_synth_command_defaults_to_the_default_sets_image_size() -> None:
     from oxbench.datasets.synthetic.config import DEFAULT_TEST, DEFAULT_TRAIN
 
     option = next(p for p in synth.params if p.name == "image_size")
-    assert option.default == "{}x{}".format(*DEFAULT_TEST.image_size) == "{}x{}".format(*DEFAULT_TRAIN.image_size)
+    assert (
+        option.default
+        == "{}x{}".format(*DEFAULT_TEST.image_size)
+        == "{}x{}".format(*DEFAULT_TRAIN.image_size)
+    )

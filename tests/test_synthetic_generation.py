@@ -27,7 +27,9 @@ class _Stop(Exception):
 
 
 def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
 
 
 def test_interrupted_run_never_looks_complete_and_resumes(tmp_path: Path) -> None:
@@ -68,7 +70,9 @@ def test_complete_set_is_kept_other_config_refused(tmp_path: Path) -> None:
     stamp = (out / "manifest.json").stat().st_mtime_ns
     generate(out, SMALL, workers=1, progress=False)  # nothing to do
     assert (out / "manifest.json").stat().st_mtime_ns == stamp
-    other = SynthConfig(landmarks=2, queries_per_landmark=2, db_size=12, image_size=(96, 72), seed=5)
+    other = SynthConfig(
+        landmarks=2, queries_per_landmark=2, db_size=12, image_size=(96, 72), seed=5
+    )
     with pytest.raises(InputError, match="another config"):
         generate(out, other, workers=1, progress=False)
     generate(out, other, workers=1, progress=False, overwrite=True)
@@ -82,7 +86,9 @@ def test_interrupted_run_of_other_config_is_cleared(tmp_path: Path) -> None:
             raise _Stop
 
     out = tmp_path / "s"
-    other = SynthConfig(landmarks=2, queries_per_landmark=2, db_size=12, image_size=(96, 72), seed=9)
+    other = SynthConfig(
+        landmarks=2, queries_per_landmark=2, db_size=12, image_size=(96, 72), seed=9
+    )
     with pytest.raises(_Stop):
         generate(out, other, workers=1, progress=False, on_image=stop_after)
     generate(out, SMALL, workers=1, progress=False)
@@ -108,7 +114,13 @@ def test_bad_config_refused(kwargs: dict) -> None:
 
 
 def test_config_round_trip() -> None:
-    cfg = SynthConfig(name="x", city="y", seed=3, image_size=(320, 200), labels=LabelThresholds(easy_max_angle_deg=30))
+    cfg = SynthConfig(
+        name="x",
+        city="y",
+        seed=3,
+        image_size=(320, 200),
+        labels=LabelThresholds(easy_max_angle_deg=30),
+    )
     assert SynthConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(InputError):
         SynthConfig.from_dict({**cfg.to_dict(), "bogus": 1})
@@ -129,8 +141,25 @@ def test_cli_synth(tmp_path: Path) -> None:
     from oxbench.cli import cli
 
     out = tmp_path / "cli"
-    args = ["data", "synth", "--out", str(out), "--landmarks", "2", "--queries-per-landmark", "1",
-            "--db-size", "6", "--image-size", "96x72", "-j", "1", "--no-progress", "--distractors", "3"]  # fmt: skip
+    args = [
+        "data",
+        "synth",
+        "--out",
+        str(out),
+        "--landmarks",
+        "2",
+        "--queries-per-landmark",
+        "1",
+        "--db-size",
+        "6",
+        "--image-size",
+        "96x72",
+        "-j",
+        "1",
+        "--no-progress",
+        "--distractors",
+        "3",
+    ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     assert "6 database images, 2 queries" in res.output
@@ -139,8 +168,25 @@ def test_cli_synth(tmp_path: Path) -> None:
     res = CliRunner().invoke(cli, ["data", "synth", "--out", str(out), "--image-size", "big"])
     assert res.exit_code != 0
     train = tmp_path / "train"
-    args = ["data", "synth", "--out", str(train), "--name", "synthetic-train", "--landmarks", "2",
-            "--queries-per-landmark", "1", "--db-size", "6", "--image-size", "96x72", "-j", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "data",
+        "synth",
+        "--out",
+        str(train),
+        "--name",
+        "synthetic-train",
+        "--landmarks",
+        "2",
+        "--queries-per-landmark",
+        "1",
+        "--db-size",
+        "6",
+        "--image-size",
+        "96x72",
+        "-j",
+        "1",
+        "--no-progress",
+    ]
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     manifest = read_manifest(train)
@@ -153,7 +199,19 @@ def test_registry_load(tmp_path: Path) -> None:
     loaders = pytest.importorskip("oxbench.datasets.loaders")
     assert loaders is not None
     for name, city in (("synthetic", "northford"), ("synthetic-train", "southbridge")):
-        generate(tmp_path / name, SynthConfig(name=name, city=city, landmarks=2, queries_per_landmark=1, db_size=6, image_size=(96, 72)), workers=1, progress=False)
+        generate(
+            tmp_path / name,
+            SynthConfig(
+                name=name,
+                city=city,
+                landmarks=2,
+                queries_per_landmark=1,
+                db_size=6,
+                image_size=(96, 72),
+            ),
+            workers=1,
+            progress=False,
+        )
     bench = load("synthetic", tmp_path)
     assert bench.id == "synthetic" and bench.gt.n_db == 6
     train = load("synthetic-train", tmp_path, distractors=4)
@@ -204,8 +262,16 @@ def test_less_visible_is_never_easier(facts: PairFacts, less: float) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(facts_strategy, st.floats(0, 30), st.floats(1, 3))
-def test_stronger_view_change_is_never_easier(facts: PairFacts, more_angle: float, more_scale: float) -> None:
-    worse = PairFacts(**{**facts.__dict__, "angle": min(89.0, facts.angle + more_angle), "scale_change": facts.scale_change * more_scale})
+def test_stronger_view_change_is_never_easier(
+    facts: PairFacts, more_angle: float, more_scale: float
+) -> None:
+    worse = PairFacts(
+        **{
+            **facts.__dict__,
+            "angle": min(89.0, facts.angle + more_angle),
+            "scale_change": facts.scale_change * more_scale,
+        }
+    )
     assert _ORDER[decide_label(worse, T)] >= _ORDER[decide_label(facts, T)]
 
 
@@ -213,8 +279,17 @@ def test_stronger_view_change_is_never_easier(facts: PairFacts, more_angle: floa
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.floats(-60, 60), st.floats(-10, 20), st.floats(-40, 40), st.floats(0.2, 2.5), st.floats(0.1, 0.9), st.floats(0.1, 0.9))
-def test_camera_aims_at_target(yaw: float, pitch: float, roll: float, zoom: float, tu: float, tv: float) -> None:
+@given(
+    st.floats(-60, 60),
+    st.floats(-10, 20),
+    st.floats(-40, 40),
+    st.floats(0.2, 2.5),
+    st.floats(0.1, 0.9),
+    st.floats(0.1, 0.9),
+)
+def test_camera_aims_at_target(
+    yaw: float, pitch: float, roll: float, zoom: float, tu: float, tv: float
+) -> None:
     view = View(yaw=yaw, pitch=pitch, roll=roll, zoom=zoom, target=(tu, tv))
     hom = homography(view, (800, 600), (640, 480))
     pt, front = project(hom, np.array([[tu * 800, tv * 600]]))
@@ -231,7 +306,14 @@ def test_head_on_scale_is_zoom() -> None:
 
 
 def test_training_city_without_queries(tmp_path: Path) -> None:
-    cfg = SynthConfig(name="train", city="southbridge", landmarks=2, queries_per_landmark=0, db_size=5, image_size=(96, 72))
+    cfg = SynthConfig(
+        name="train",
+        city="southbridge",
+        landmarks=2,
+        queries_per_landmark=0,
+        db_size=5,
+        image_size=(96, 72),
+    )
     out = generate(tmp_path / "train", cfg, workers=1, progress=False)
     bench = load_synthetic(out)
     assert bench.gt.n_queries == 0 and bench.gt.n_db == 5 and len(bench.queries) == 0
@@ -260,7 +342,12 @@ def test_visible_fraction_geometry() -> None:
     part = Rendered(clear.image, hom, half, 0.5)
     assert 0.4 <= visible_fraction(part, (0, 0, 800, 600), size) <= 0.6
     # a close-up shows only part of the facade
-    close = Rendered(clear.image, homography(View(zoom=2.0), (800, 600), size), np.zeros((480, 640), np.uint8), 0.0)
+    close = Rendered(
+        clear.image,
+        homography(View(zoom=2.0), (800, 600), size),
+        np.zeros((480, 640), np.uint8),
+        0.0,
+    )
     assert visible_fraction(close, (0, 0, 800, 600), size) < 0.3
 
 

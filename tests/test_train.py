@@ -41,7 +41,9 @@ def test_pairs_landmarks_and_clusters() -> None:
 def test_hard_negatives_skip_the_landmark_and_take_one_per_cluster() -> None:
     gt = small_gt()
     cluster, maybe = image_clusters(gt)
-    ts = TrainingSet(lambda i: np.zeros((1, 1, 3), np.uint8), 12, matching_pairs(gt), cluster, maybe)
+    ts = TrainingSet(
+        lambda i: np.zeros((1, 1, 3), np.uint8), 12, matching_pairs(gt), cluster, maybe
+    )
     pool = np.arange(12)
     # similarity to the anchor (query 9) decreases with the index, except image 7 is the most similar
     anchor = np.array([[1.0, 0.0]], np.float32)
@@ -51,7 +53,9 @@ def test_hard_negatives_skip_the_landmark_and_take_one_per_cluster() -> None:
     negs = mine_negatives(anchor, pool_desc, pool, np.array([9]), ts, 3)
     # 7 (hardest), then 5 (landmark b; 6 is the same cluster, skipped), then 8; never 0-4 / 9 / 10
     assert negs.tolist() == [[7, 5, 8]]
-    assert mine_negatives(anchor, pool_desc, pool, np.array([9]), ts, 5).tolist() == [[7, 5, 8, -1, -1]]
+    assert mine_negatives(anchor, pool_desc, pool, np.array([9]), ts, 5).tolist() == [
+        [7, 5, 8, -1, -1]
+    ]
 
 
 def test_contrastive_loss_formula() -> None:
@@ -77,8 +81,10 @@ def write_fake_sfm(folder: Path) -> tuple[Path, Path]:
         path = cid_path(folder / "ims", cid)
         path.parent.mkdir(parents=True, exist_ok=True)
         Image.fromarray(rng.integers(0, 255, (30, 40, 3), dtype=np.uint8)).save(path, format="JPEG")
-    db = {"train": {"cids": cids, "qidxs": [0, 3], "pidxs": [1, 4], "cluster": [0, 0, 0, 1, 1, 2]},
-          "val": {"cids": [], "qidxs": [], "pidxs": [], "cluster": []}}  # fmt: skip
+    db = {
+        "train": {"cids": cids, "qidxs": [0, 3], "pidxs": [1, 4], "cluster": [0, 0, 0, 1, 1, 2]},
+        "val": {"cids": [], "qidxs": [], "pidxs": [], "cluster": []},
+    }
     pkl = folder / "retrieval-SfM-120k.pkl"
     pkl.write_bytes(pickle.dumps(db))
     return pkl, folder / "ims"
@@ -91,10 +97,20 @@ def test_sfm120k_pickle(tmp_path: Path) -> None:
     assert cid_path("ims", "abcdef123456") == Path("ims/56/34/12/abcdef123456")
     pkl, ims = write_fake_sfm(tmp_path)
     ts = sfm_training_set(pkl, ims, 20)
-    assert ts.n == 6 and ts.pairs.tolist() == [[0, 1], [3, 4]] and ts.cluster.tolist() == [0, 0, 0, 1, 1, 2]
-    assert ts.read(2).shape == (15, 20, 3) and [e.tolist() for e in ts.exclude] == [[0, 1, 2], [3, 4], [5]]
+    assert (
+        ts.n == 6
+        and ts.pairs.tolist() == [[0, 1], [3, 4]]
+        and ts.cluster.tolist() == [0, 0, 0, 1, 1, 2]
+    )
+    assert ts.read(2).shape == (15, 20, 3) and [e.tolist() for e in ts.exclude] == [
+        [0, 1, 2],
+        [3, 4],
+        [5],
+    ]
     bad = tmp_path / "bad.pkl"
-    bad.write_bytes(pickle.dumps({"train": {"cids": ["a"], "qidxs": [0], "pidxs": [3], "cluster": [0]}}))
+    bad.write_bytes(
+        pickle.dumps({"train": {"cids": ["a"], "qidxs": [0], "pidxs": [3], "cluster": [0]}})
+    )
     with pytest.raises(InputError, match="indices outside 0..0"):
         sfm_training_set(bad, ims, 20)
     bad.write_bytes(pickle.dumps({"train": {"cids": ["a"]}}))
@@ -109,23 +125,35 @@ def test_sfm120k_pickle(tmp_path: Path) -> None:
 def toy_training_set(n_clusters: int = 4, per: int = 4) -> TrainingSet:
     rng = np.random.default_rng(0)
     base = rng.integers(0, 255, (n_clusters, 32, 32, 3))
-    images = [np.clip(base[c] + rng.integers(-20, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
-              for c in range(n_clusters) for _ in range(per)]  # fmt: skip
+    images = [
+        np.clip(base[c] + rng.integers(-20, 20, (32, 32, 3)), 0, 255).astype(np.uint8)
+        for c in range(n_clusters)
+        for _ in range(per)
+    ]
     cluster = np.repeat(np.arange(n_clusters), per)
     pairs = np.array([(c * per, c * per + j) for c in range(n_clusters) for j in range(1, per)])
     exclude = [np.nonzero(cluster == c)[0] for c in range(n_clusters)]
     return TrainingSet(images.__getitem__, len(images), pairs, cluster, exclude, source="toy")
 
 
-def test_tiny_training_resumes_and_writes_the_model_file_run_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_tiny_training_resumes_and_writes_the_model_file_run_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch = pytest.importorskip("torch")
     from oxbench.features.deep.model import build_net
     from oxbench.train import loop
     from oxbench.train.loop import describe, train
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(epochs=2, tuples=4, neg_num=2, batch_size=2, image_size=32, random_negative_epochs=1,
-                      lr_decay=0.5)  # fmt: skip
+    cfg = TrainConfig(
+        epochs=2,
+        tuples=4,
+        neg_num=2,
+        batch_size=2,
+        image_size=32,
+        random_negative_epochs=1,
+        lr_decay=0.5,
+    )
     ts = toy_training_set()
     out = tmp_path / "m.pt"
     saved = loop._save_partial
@@ -141,30 +169,57 @@ def test_tiny_training_resumes_and_writes_the_model_file_run_loads(tmp_path: Pat
     assert not out.exists() and (tmp_path / "m.pt.partial").is_file()
     monkeypatch.setattr(loop, "_save_partial", saved)
     with pytest.raises(InputError, match="partial training of another configuration"):
-        train(TrainConfig(epochs=3, tuples=4, neg_num=2, batch_size=2, image_size=32), ts, out, progress=False)
+        train(
+            TrainConfig(epochs=3, tuples=4, neg_num=2, batch_size=2, image_size=32),
+            ts,
+            out,
+            progress=False,
+        )
     record = train(cfg, ts, out, progress=False)
     assert [h["epoch"] for h in record["history"]] == [1, 2]  # epoch 1 kept from before the crash
     assert [h["negatives"] for h in record["history"]] == ["random", "hard"]
     # the learning-rate schedule follows the epoch, also across the resume
-    assert [h["lr"] for h in record["history"]] == pytest.approx([1e-3, 1e-3 * np.exp(-0.5)], rel=1e-9)
+    assert [h["lr"] for h in record["history"]] == pytest.approx(
+        [1e-3, 1e-3 * np.exp(-0.5)], rel=1e-9
+    )
     assert not (tmp_path / "m.pt.partial").exists()
     # one model format: the deep pipeline's model file, which build_net loads as the run does
     loaded = build_net("resnet18", "gem", weights=out)
-    assert loaded.source["format"] == "oxbench train" and loaded.source["training"]["config"]["epochs"] == 2
+    assert (
+        loaded.source["format"] == "oxbench train"
+        and loaded.source["training"]["config"]["epochs"] == 2
+    )
     assert loaded.net.describe()["p"] == pytest.approx(record["history"][-1]["p"], abs=1e-6)
-    assert record["lw"].startswith("not learned: learned whitening of 512-dimensional descriptors needs more")
+    assert record["lw"].startswith(
+        "not learned: learned whitening of 512-dimensional descriptors needs more"
+    )
     assert loaded.lw == {}
     images = [ts.read(i) for i in range(3)]
     a = describe(loaded.net, images)
     assert np.allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
-    assert not np.allclose(a, describe(build_net("resnet18", "gem", weights="random").net, images), atol=1e-3)
-    assert train(cfg, ts, out, progress=False)["history"] == record["history"]  # done: nothing to do
+    assert not np.allclose(
+        a, describe(build_net("resnet18", "gem", weights="random").net, images), atol=1e-3
+    )
+    assert (
+        train(cfg, ts, out, progress=False)["history"] == record["history"]
+    )  # done: nothing to do
     with pytest.raises(InputError, match="model file is resnet18 with gem pooling"):
         build_net("resnet34", "gem", weights=out)
     (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(InputError, match="not a readable torch checkpoint"):
-        train(TrainConfig(epochs=1, tuples=2, neg_num=1, batch_size=2, image_size=32, init=str(tmp_path / "junk.pt")),
-              ts, tmp_path / "n.pt", progress=False)  # fmt: skip
+        train(
+            TrainConfig(
+                epochs=1,
+                tuples=2,
+                neg_num=1,
+                batch_size=2,
+                image_size=32,
+                init=str(tmp_path / "junk.pt"),
+            ),
+            ts,
+            tmp_path / "n.pt",
+            progress=False,
+        )
 
 
 def test_training_from_scratch_learns_the_toy_clusters() -> None:
@@ -187,7 +242,9 @@ def test_training_from_scratch_learns_the_toy_clusters() -> None:
     from oxbench.features.deep.model import build_net
 
     before = margin_of(build_net("resnet18", "gem", weights="random").net)
-    cfg = TrainConfig(epochs=3, tuples=12, neg_num=2, batch_size=4, image_size=32, random_negative_epochs=3)
+    cfg = TrainConfig(
+        epochs=3, tuples=12, neg_num=2, batch_size=4, image_size=32, random_negative_epochs=3
+    )
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -198,7 +255,10 @@ def test_training_from_scratch_learns_the_toy_clusters() -> None:
 
 def test_random_negatives_by_default_only_from_a_random_initialisation() -> None:
     assert TrainConfig().random_epochs == TrainConfig().epochs == 40
-    assert TrainConfig(init="model.pt").random_epochs == 0 and TrainConfig(init="imagenet").random_epochs == 0
+    assert (
+        TrainConfig(init="model.pt").random_epochs == 0
+        and TrainConfig(init="imagenet").random_epochs == 0
+    )
     assert TrainConfig(random_negative_epochs=2).random_epochs == 2
     with pytest.raises(InputError, match=r"option --random-negative-epochs: must be in \[0, "):
         TrainConfig(random_negative_epochs=-1)
@@ -211,13 +271,17 @@ def test_random_negatives_and_augmentation() -> None:
 
     gt = small_gt()
     cluster, maybe = image_clusters(gt)
-    ts = TrainingSet(lambda i: np.zeros((1, 1, 3), np.uint8), 12, matching_pairs(gt), cluster, maybe)
+    ts = TrainingSet(
+        lambda i: np.zeros((1, 1, 3), np.uint8), 12, matching_pairs(gt), cluster, maybe
+    )
     negs = random_negatives(np.arange(12), np.array([9, 11]), ts, 3, np.random.default_rng(0))
     assert not set(negs[0].tolist()) & set(maybe[0].tolist())  # never an image landmark a may show
     assert not set(negs[1].tolist()) & {5, 6, 11}
     assert len({int(cluster[i]) for i in negs[0]}) == 3  # one per landmark / cluster
     # anchor 9 (landmark a) has 5, 6 (b, one cluster), 7, 8: three clusters, so no -1; a fourth is -1
-    assert (random_negatives(np.arange(12), np.array([9]), ts, 4, np.random.default_rng(1))[0] == -1).sum() == 1
+    assert (
+        random_negatives(np.arange(12), np.array([9]), ts, 4, np.random.default_rng(1))[0] == -1
+    ).sum() == 1
     im = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
     a, b = augment_image(im, np.random.default_rng(5)), augment_image(im, np.random.default_rng(5))
     assert a.shape == im.shape and a.dtype == np.uint8 and np.array_equal(a, b)
@@ -233,23 +297,47 @@ def test_easy_positives_from_the_labels(tmp_path: Path) -> None:
     root = make_tiny_root(tmp_path / "data")
     bench = load("synthetic-train", root, progress=False)
     ts = benchmark_training_set(bench, 32, progress=False)
-    assert ts.easy is not None and len(ts.easy) == len(ts.pairs) and ts.n == bench.gt.n_db + bench.gt.n_queries
+    assert (
+        ts.easy is not None
+        and len(ts.easy) == len(ts.pairs)
+        and ts.n == bench.gt.n_db + bench.gt.n_queries
+    )
     for (a, p), e in zip(ts.pairs.tolist(), ts.easy.tolist(), strict=True):
         q = bench.gt.queries[a - bench.gt.n_db]
         assert e == (p in q.easy.tolist()) and (e or p in q.hard.tolist())
     easy = _training_pairs(TrainConfig(positives="easy"), ts)
-    assert len(easy) == int(ts.easy.sum()) and len(_training_pairs(TrainConfig(positives="all"), ts)) == len(ts.pairs)
+    assert len(easy) == int(ts.easy.sum()) and len(
+        _training_pairs(TrainConfig(positives="all"), ts)
+    ) == len(ts.pairs)
     assert ts.read(0).shape == (24, 32, 3)
 
 
-def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_oxbench_train_cli_on_the_tiny_training_city(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("torch")
     from oxbench.cli import main
     from test_pipeline import make_tiny_root
 
     root = make_tiny_root(tmp_path / "data")
-    args = ["train", "--root", str(root), "--epochs", "1", "--tuples", "2", "--neg-num", "1", "--batch-size", "2",
-            "--image-size", "32", "--threads", "1", "--no-progress"]  # fmt: skip
+    args = [
+        "train",
+        "--root",
+        str(root),
+        "--epochs",
+        "1",
+        "--tuples",
+        "2",
+        "--neg-num",
+        "1",
+        "--batch-size",
+        "2",
+        "--image-size",
+        "32",
+        "--threads",
+        "1",
+        "--no-progress",
+    ]
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert exc.value.code in (0, None), capsys.readouterr().err
@@ -258,13 +346,26 @@ def test_oxbench_train_cli_on_the_tiny_training_city(tmp_path: Path, capsys: pyt
     import oxbench
 
     # the file oxbench train writes is exactly what the gem-r18-synthetic preset loads
-    res = oxbench.run("synthetic", "gem-r18-synthetic", root=root, runs_dir=tmp_path / "runs", cache=tmp_path / "c",
-                      overrides={"max_side": 64, "scales": [1.0]}, progress=False)  # fmt: skip
-    assert res.info["model"]["weights"].startswith("file:sha256=") and res.info["model"]["architecture"] == "resnet18"
+    res = oxbench.run(
+        "synthetic",
+        "gem-r18-synthetic",
+        root=root,
+        runs_dir=tmp_path / "runs",
+        cache=tmp_path / "c",
+        overrides={"max_side": 64, "scales": [1.0]},
+        progress=False,
+    )
+    assert (
+        res.info["model"]["weights"].startswith("file:sha256=")
+        and res.info["model"]["architecture"] == "resnet18"
+    )
     assert 0.0 <= res.result.setups["medium"].map <= 1.0
     with pytest.raises(SystemExit) as exc:
         main([*args, "--pooling", "mac"])
-    assert exc.value.code == 2 and "option --pooling: expected one of gem, got 'mac'" in capsys.readouterr().err
+    assert (
+        exc.value.code == 2
+        and "option --pooling: expected one of gem, got 'mac'" in capsys.readouterr().err
+    )
 
 
 def test_synthetic_presets_describe_at_the_default_training_size() -> None:
@@ -277,11 +378,18 @@ def test_synthetic_presets_describe_at_the_default_training_size() -> None:
 
 
 def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:
-    code = ("import sys, oxbench, oxbench.pipelines, oxbench.train.pairs, oxbench.index.search, "
-            "oxbench.rerank.diffusion, oxbench.cli.train; "
-            "print(sorted(m for m in ('torch', 'faiss', 'torchvision') if m in sys.modules))")  # fmt: skip
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})  # fmt: skip
+    code = (
+        "import sys, oxbench, oxbench.pipelines, oxbench.train.pairs, oxbench.index.search, "
+        "oxbench.rerank.diffusion, oxbench.cli.train; "
+        "print(sorted(m for m in ('torch', 'faiss', 'torchvision') if m in sys.modules))"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+    )
     assert res.stdout.strip() == "[]"
 
 
@@ -292,11 +400,15 @@ def test_batchnorm_calibration_estimates_the_statistics_of_the_images() -> None:
 
     net = build_net("resnet18", "gem", weights="random").net
     images = [toy_training_set().read(i) for i in range(10)]
-    calibrate_batchnorm(net, images, batch=5)  # two batches: their average, not the last batch alone
+    calibrate_batchnorm(
+        net, images, batch=5
+    )  # two batches: their average, not the last batch alone
     with torch.no_grad():
         z = net.features[0](_to_tensor(net, images))  # conv1: the input of the first batch norm
     bn = net.features[1]
-    np.testing.assert_allclose(bn.running_mean.numpy(), z.mean(dim=(0, 2, 3)).numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        bn.running_mean.numpy(), z.mean(dim=(0, 2, 3)).numpy(), rtol=1e-4, atol=1e-5
+    )
     assert not net.training and bn.momentum == 0.1
 
 
@@ -311,7 +423,12 @@ def test_pretrained_init_keeps_batchnorm_frozen(tmp_path: Path) -> None:
     cfg = TrainConfig(epochs=1, tuples=4, neg_num=2, batch_size=2, image_size=32, init=str(start))
     record = train(cfg, toy_training_set(), tmp_path / "tuned.pt", progress=False)
     assert [h["negatives"] for h in record["history"]] == ["hard"]  # the published recipe
-    before, after = load_model(start).net.state_dict(), load_model(tmp_path / "tuned.pt").net.state_dict()
+    before, after = (
+        load_model(start).net.state_dict(),
+        load_model(tmp_path / "tuned.pt").net.state_dict(),
+    )
     stats = [k for k in before if k.endswith(("running_mean", "running_var"))]
     assert stats and all(torch.equal(before[k], after[k]) for k in stats)  # frozen, as published
-    assert not torch.equal(before["features.0.weight"], after["features.0.weight"])  # the weights trained
+    assert not torch.equal(
+        before["features.0.weight"], after["features.0.weight"]
+    )  # the weights trained

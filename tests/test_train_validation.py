@@ -22,29 +22,45 @@ def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return int(exc.value.code or 0), out, err
 
 
-@pytest.mark.parametrize("argv, expect", [
-    (["--lr", "nan"], "option --lr: expected a finite number, got 'nan'"),
-    (["--lr", "0"], "option --lr: must be in (0, 10], got 0.0"),
-    (["--lr", "abc"], "option --lr: expected a finite number, got 'abc'"),
-    (["--margin", "nan"], "option --margin: expected a finite number"),
-    (["--margin", "-1"], "option --margin: must be in (0, 2]"),
-    (["--weight-decay", "nan"], "option --weight-decay: expected a finite number"),
-    (["--lr-decay", "inf"], "option --lr-decay: expected a finite number, got 'inf'"),
-    (["--neg-num", "1000000000"], "option --neg-num: must be in [1, 1000] (a bound that keeps memory in reach)"),
-    (["--tuples", "1e30"], "option --tuples: expected a whole number, got '1e30'"),
-    (["--epochs", "1.5"], "option --epochs: expected a whole number, got '1.5'"),
-    (["--epochs", "1_0"], "option --epochs: expected a whole number, got '1_0'"),
-    (["--epochs", "0"], "option --epochs: must be in [1, 100000]"),
-    (["--batch-size", "1000", "--neg-num", "1000"], "images per step; at most 4,096"),
-    (["--image-size", "-1"], "option --image-size: must be in [32, 2048]"),
-    (["--random-negative-epochs", "nan"], "option --random-negative-epochs: expected a whole number"),
-    (["--seed", "-1"], "option --seed: must be in"),
-    (["--threads", "abc"], "option --threads: expected a whole number"),
-    (["--backbone", "timm:hf-hub:timm/resnet18"], "unknown backbone 'timm:hf-hub:timm/resnet18'"),
-])
-def test_bad_training_arguments_are_one_line_before_anything_is_loaded(tmp_path, capsys, argv, expect):
+@pytest.mark.parametrize(
+    "argv, expect",
+    [
+        (["--lr", "nan"], "option --lr: expected a finite number, got 'nan'"),
+        (["--lr", "0"], "option --lr: must be in (0, 10], got 0.0"),
+        (["--lr", "abc"], "option --lr: expected a finite number, got 'abc'"),
+        (["--margin", "nan"], "option --margin: expected a finite number"),
+        (["--margin", "-1"], "option --margin: must be in (0, 2]"),
+        (["--weight-decay", "nan"], "option --weight-decay: expected a finite number"),
+        (["--lr-decay", "inf"], "option --lr-decay: expected a finite number, got 'inf'"),
+        (
+            ["--neg-num", "1000000000"],
+            "option --neg-num: must be in [1, 1000] (a bound that keeps memory in reach)",
+        ),
+        (["--tuples", "1e30"], "option --tuples: expected a whole number, got '1e30'"),
+        (["--epochs", "1.5"], "option --epochs: expected a whole number, got '1.5'"),
+        (["--epochs", "1_0"], "option --epochs: expected a whole number, got '1_0'"),
+        (["--epochs", "0"], "option --epochs: must be in [1, 100000]"),
+        (["--batch-size", "1000", "--neg-num", "1000"], "images per step; at most 4,096"),
+        (["--image-size", "-1"], "option --image-size: must be in [32, 2048]"),
+        (
+            ["--random-negative-epochs", "nan"],
+            "option --random-negative-epochs: expected a whole number",
+        ),
+        (["--seed", "-1"], "option --seed: must be in"),
+        (["--threads", "abc"], "option --threads: expected a whole number"),
+        (
+            ["--backbone", "timm:hf-hub:timm/resnet18"],
+            "unknown backbone 'timm:hf-hub:timm/resnet18'",
+        ),
+    ],
+)
+def test_bad_training_arguments_are_one_line_before_anything_is_loaded(
+    tmp_path, capsys, argv, expect
+):
     root = tmp_path / "root"
-    code, out, err = _cli(["train", "--root", str(root), "--out", str(tmp_path / "m.pt"), *argv], capsys)
+    code, out, err = _cli(
+        ["train", "--root", str(root), "--out", str(tmp_path / "m.pt"), *argv], capsys
+    )
     assert code == 2 and out == "", (code, err)
     assert len(err.strip().splitlines()) == 1 and expect in err, err
     assert "Traceback" not in err
@@ -69,7 +85,9 @@ def test_a_nan_loss_stops_the_epoch_and_keeps_the_last_good_checkpoint(tmp_path,
     from oxbench.train import loop
 
     torch.set_num_threads(1)
-    cfg = TrainConfig(epochs=3, tuples=4, neg_num=2, batch_size=2, image_size=32, random_negative_epochs=3)
+    cfg = TrainConfig(
+        epochs=3, tuples=4, neg_num=2, batch_size=2, image_size=32, random_negative_epochs=3
+    )
     ts = toy_training_set()
     out = tmp_path / "m.pt"
     real_loss = loop.contrastive_loss
@@ -84,12 +102,15 @@ def test_a_nan_loss_stops_the_epoch_and_keeps_the_last_good_checkpoint(tmp_path,
     with pytest.raises(InputError) as exc:
         loop.train(cfg, ts, out, progress=False)
     msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith("training diverged in epoch 2: the loss is nan at batch 1"), msg
+    assert "\n" not in msg and msg.startswith(
+        "training diverged in epoch 2: the loss is nan at batch 1"
+    ), msg
     assert "the checkpoint of epoch 1" in msg and "is kept" in msg
     assert not out.exists()
     state = torch.load(tmp_path / "m.pt.partial", weights_only=True)
-    assert state["epoch"] == 0 and all(bool(torch.isfinite(v).all()) for v in state["model"].values()
-                                       if v.is_floating_point())
+    assert state["epoch"] == 0 and all(
+        bool(torch.isfinite(v).all()) for v in state["model"].values() if v.is_floating_point()
+    )
     monkeypatch.setattr(loop, "contrastive_loss", real_loss)
     record = loop.train(cfg, ts, out, progress=False)  # the rerun resumes from the good epoch
     assert [h["epoch"] for h in record["history"]] == [1, 2, 3]
@@ -117,7 +138,19 @@ def test_init_with_nan_weights_is_refused_before_data_is_loaded(tmp_path, capsys
         next(net.parameters()).fill_(float("nan"))
     save_model(tmp_path / "nan.pt", net)
     root = tmp_path / "root"
-    code, out, err = _cli(["train", "--root", str(root), "--init", str(tmp_path / "nan.pt"),
-                           "--out", str(tmp_path / "m.pt")], capsys)
-    assert code == 2 and len(err.strip().splitlines()) == 1 and "holds NaN or infinite values" in err, err
+    code, out, err = _cli(
+        [
+            "train",
+            "--root",
+            str(root),
+            "--init",
+            str(tmp_path / "nan.pt"),
+            "--out",
+            str(tmp_path / "m.pt"),
+        ],
+        capsys,
+    )
+    assert (
+        code == 2 and len(err.strip().splitlines()) == 1 and "holds NaN or infinite values" in err
+    ), err
     assert not root.exists() and not Path(tmp_path / "m.pt").exists()

@@ -13,13 +13,17 @@ from oxbench.errors import InputError
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening, load_whitening
 
 
-def clustered(rng: np.random.Generator, n_classes: int = 30, per_class: int = 8, d: int = 12, mix=None):
+def clustered(
+    rng: np.random.Generator, n_classes: int = 30, per_class: int = 8, d: int = 12, mix=None
+):
     """Vectors of ``n_classes`` classes with correlated intra-class noise, and their pairs."""
     centres = rng.normal(size=(n_classes, d)) * 3.0
     mix = rng.normal(size=(d, d)) if mix is None else mix
     labels = np.repeat(np.arange(n_classes), per_class)
     x = centres[labels] + rng.normal(size=(len(labels), d)) @ mix
-    pairs = np.array([(i, j) for i in range(len(x)) for j in range(i + 1, len(x)) if labels[i] == labels[j]])
+    pairs = np.array(
+        [(i, j) for i in range(len(x)) for j in range(i + 1, len(x)) if labels[i] == labels[j]]
+    )
     return x, labels, pairs
 
 
@@ -29,7 +33,9 @@ def cov(y: np.ndarray) -> np.ndarray:
 
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), d=st.integers(2, 10), extra=st.integers(1, 40))
-def test_pca_whitening_makes_the_training_covariance_the_identity(seed: int, d: int, extra: int) -> None:
+def test_pca_whitening_makes_the_training_covariance_the_identity(
+    seed: int, d: int, extra: int
+) -> None:
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(d + extra + 1, d)) @ rng.normal(size=(d, d)) + rng.normal(size=d) * 5
     w = PCAWhitening().fit(x)
@@ -89,16 +95,24 @@ def test_fewer_images_than_dimensions_is_refused_in_one_line(rng: np.random.Gene
     pairs = np.stack([np.arange(19), np.arange(1, 20)], axis=1)
     with pytest.raises(InputError) as exc:
         LearnedWhitening().fit(x, pairs)
-    assert "needs more than 32 images and at least 32 matching pairs; got 20 images and 19 pairs" in str(exc.value)
+    assert (
+        "needs more than 32 images and at least 32 matching pairs; got 20 images and 19 pairs"
+        in str(exc.value)
+    )
     assert "\n" not in str(exc.value)
-    with pytest.raises(InputError, match="whitening to 32 dimensions needs more than 32 training vectors"):
+    with pytest.raises(
+        InputError, match="whitening to 32 dimensions needs more than 32 training vectors"
+    ):
         PCAWhitening(32).fit(x)
     # pairs that do not span every dimension: refused, with the remedy
     x2 = rng.normal(size=(200, 8))
     same = np.stack([np.arange(100), np.arange(100)], axis=1)
     with pytest.raises(InputError, match="span only 0 of 8 dimensions"):
         LearnedWhitening().fit(x2, same)
-    assert LearnedWhitening(shrinkage=0.5).fit(x2, np.vstack([same, [[0, 1]] * 8])).components_ is not None
+    assert (
+        LearnedWhitening(shrinkage=0.5).fit(x2, np.vstack([same, [[0, 1]] * 8])).components_
+        is not None
+    )
 
 
 def test_bad_pairs_are_refused(rng: np.random.Generator) -> None:

@@ -43,17 +43,41 @@ def _alive(pid: int) -> bool:
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return ""
 
 
 def _start_synth(out: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
-    args = [sys.executable, "-m", "oxbench", "data", "synth", "-j", "2", "--out", str(out),
-            "--db-size", "5000", "--landmarks", "2", "--queries-per-landmark", "1",
-            "--image-size", "320x240", "--no-progress"]  # fmt: skip
-    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = [
+        sys.executable,
+        "-m",
+        "oxbench",
+        "data",
+        "synth",
+        "-j",
+        "2",
+        "--out",
+        str(out),
+        "--db-size",
+        "5000",
+        "--landmarks",
+        "2",
+        "--queries-per-landmark",
+        "1",
+        "--image-size",
+        "320x240",
+        "--no-progress",
+    ]
+    return subprocess.Popen(
+        args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_workers(proc: subprocess.Popen[str], out: Path, timeout: float = 60.0) -> set[int]:
@@ -109,7 +133,9 @@ def test_kill_9_of_the_parent_leaves_no_worker(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_sigterm_and_sigint_stop_the_whole_job_with_exit_130(tmp_path: Path, sig: signal.Signals) -> None:
+def test_sigterm_and_sigint_stop_the_whole_job_with_exit_130(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
     out = tmp_path / "synth"
     proc = _start_synth(out)
     workers: set[int] = set()

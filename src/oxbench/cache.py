@@ -131,24 +131,43 @@ def save_npz_pieces(path: str | Path, arrays: Mapping[str, NDArray | Sequence[ND
     if DIGEST_KEY in arrays:
         raise ValueError(f"{DIGEST_KEY!r} is reserved for the digest")
     members: dict[str, list[NDArray]] = {
-        k: [np.asarray(a) for a in v] if isinstance(v, list | tuple) else [np.asarray(v)] for k, v in arrays.items()
-    }  # fmt: skip
+        k: [np.asarray(a) for a in v] if isinstance(v, list | tuple) else [np.asarray(v)]
+        for k, v in arrays.items()
+    }
     h = hashlib.sha256()
-    with atomic_open(path) as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
+    with (
+        atomic_open(path) as fh,
+        zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as zf,
+    ):
         for name in sorted(members):
             pieces = members[name]
             if not pieces:
                 raise ValueError(f"member {name!r} has no pieces (give an empty array)")
             first = pieces[0]
             if first.dtype.hasobject:
-                raise ValueError(f"member {name!r} holds Python objects (no pickles in cache files)")
-            if any(p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.ndim == 0 for p in pieces[1:]):
+                raise ValueError(
+                    f"member {name!r} holds Python objects (no pickles in cache files)"
+                )
+            if any(
+                p.dtype != first.dtype or p.shape[1:] != first.shape[1:] or p.ndim == 0
+                for p in pieces[1:]
+            ):
                 raise ValueError(f"the pieces of member {name!r} differ in dtype or trailing shape")
-            shape = (sum(int(p.shape[0]) for p in pieces), *map(int, first.shape[1:])) if first.ndim else ()
-            hashed_shape = shape or (1,)  # as arrays_digest sees it: np.ascontiguousarray makes 0-d 1-d
+            shape = (
+                (sum(int(p.shape[0]) for p in pieces), *map(int, first.shape[1:]))
+                if first.ndim
+                else ()
+            )
+            hashed_shape = shape or (
+                1,
+            )  # as arrays_digest sees it: np.ascontiguousarray makes 0-d 1-d
             h.update(f"{name}\0{first.dtype.str}\0{hashed_shape}\0".encode())
             with zf.open(f"{name}.npy", "w", force_zip64=True) as out:
-                header = {"descr": np.lib.format.dtype_to_descr(first.dtype), "fortran_order": False, "shape": shape}
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(first.dtype),
+                    "fortran_order": False,
+                    "shape": shape,
+                }
                 np.lib.format.write_array_header_1_0(out, header)
                 for piece in pieces:
                     flat = np.ascontiguousarray(piece).reshape(-1).view(np.uint8)
@@ -181,12 +200,22 @@ class FileIdentity:
         return cls(int(st.st_ino), int(st.st_size), int(st.st_mtime_ns), digest)
 
     def same_file(self, st: os.stat_result) -> bool:
-        return (self.inode, self.size, self.mtime_ns) == (int(st.st_ino), int(st.st_size), int(st.st_mtime_ns))
+        return (self.inode, self.size, self.mtime_ns) == (
+            int(st.st_ino),
+            int(st.st_size),
+            int(st.st_mtime_ns),
+        )
 
 
-def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = None,
-             lock: Path | None = None, mapped: Collection[str] = (),
-             trusted: FileIdentity | None = None) -> dict[str, NDArray]:  # fmt: skip
+def load_npz(
+    path: str | Path,
+    *,
+    what: str,
+    discard: tuple[Path, ...] | None = None,
+    lock: Path | None = None,
+    mapped: Collection[str] = (),
+    trusted: FileIdentity | None = None,
+) -> dict[str, NDArray]:
     """Read a ``.npz`` written by :func:`save_npz` and check its digest.
 
     The returned arrays include the verified digest under :data:`DIGEST_KEY` (an identity of the
@@ -222,7 +251,9 @@ def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = 
         if mapped:
             with zipfile.ZipFile(path) as zf, open(path, "rb") as fh:
                 infos = {i.filename.removesuffix(".npy"): i for i in zf.infolist()}
-                arrays.update({k: _map_member(path, fh, infos[k], corrupt) for k in mapped if k in infos})
+                arrays.update(
+                    {k: _map_member(path, fh, infos[k], corrupt) for k in mapped if k in infos}
+                )
     except CorruptCache:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever a damaged file raises (BadZipFile, EOFError...)
@@ -233,7 +264,11 @@ def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = 
     if stored is None:
         raise corrupt(f"{what} without a content digest (written by an older oxbench?)")
     after = os.stat(path)
-    if (before.st_ino, before.st_size, before.st_mtime_ns) != (after.st_ino, after.st_size, after.st_mtime_ns):
+    if (before.st_ino, before.st_size, before.st_mtime_ns) != (
+        after.st_ino,
+        after.st_size,
+        after.st_mtime_ns,
+    ):
         raise corrupt(f"{what} changed while it was being read")
     if not (trusted is not None and trusted.same_file(after) and trusted.digest == str(stored)):
         if str(stored) != arrays_digest(arrays):
@@ -246,7 +281,9 @@ def load_npz(path: str | Path, *, what: str, discard: tuple[Path, ...] | None = 
 _LOCAL_HEADER = 30
 
 
-def _map_member(path: Path, fh: BinaryIO, info: zipfile.ZipInfo, corrupt: Callable[[str], CorruptCache]) -> NDArray:
+def _map_member(
+    path: Path, fh: BinaryIO, info: zipfile.ZipInfo, corrupt: Callable[[str], CorruptCache]
+) -> NDArray:
     """A read-only memory map of one uncompressed ``.npy`` member of an archive (checked to fit)."""
     name = info.filename
     if info.compress_type != zipfile.ZIP_STORED:
@@ -266,11 +303,15 @@ def _map_member(path: Path, fh: BinaryIO, info: zipfile.ZipInfo, corrupt: Callab
     else:
         raise corrupt(f"member {name}: .npy format {version} cannot be memory-mapped")
     if fortran or dtype.hasobject or dtype.kind not in "biufU":
-        raise corrupt(f"member {name}: a {'Fortran-ordered ' if fortran else ''}{dtype} array cannot be mapped")
+        raise corrupt(
+            f"member {name}: a {'Fortran-ordered ' if fortran else ''}{dtype} array cannot be mapped"
+        )
     data = fh.tell()
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if data - start + nbytes != info.file_size or data + nbytes > os.fstat(fh.fileno()).st_size:
-        raise corrupt(f"member {name}: {nbytes:,} bytes of {dtype} {shape} do not fit its stored size")
+        raise corrupt(
+            f"member {name}: {nbytes:,} bytes of {dtype} {shape} do not fit its stored size"
+        )
     if nbytes == 0:
         return np.zeros(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=data, shape=shape)

@@ -57,8 +57,14 @@ R = TypeVar("R")
 MAX_WORKERS = 1024
 
 #: Environment variables that size the thread pools of BLAS / OpenMP libraries loaded after them.
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
-              "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")  # fmt: skip
+THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "BLIS_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 def available_cores() -> int:
@@ -77,7 +83,10 @@ def cpu_seconds() -> float:
     """
     import resource
 
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    own, children = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + _live_workers_cpu()
 
 
@@ -184,9 +193,14 @@ class Executor(ABC):
 
     @abstractmethod
     def map(
-        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        self,
+        job: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        desc: str | None = None,
+        unit: str = "item",
         progress: bool = False,
-    ) -> Generator[R, None, None]:  # fmt: skip
+    ) -> Generator[R, None, None]:
         """``job(item)`` for every item, yielded in the order of ``items``.
 
         Args:
@@ -200,7 +214,11 @@ class Executor(ABC):
 
     def describe(self) -> dict[str, Any]:
         """What the run record says about where the work ran."""
-        return {"backend": self.backend, "workers": self.workers, "threads_per_worker": self.threads_per_worker}
+        return {
+            "backend": self.backend,
+            "workers": self.workers,
+            "threads_per_worker": self.threads_per_worker,
+        }
 
     def check_paths(self, paths: Mapping[str, str | os.PathLike[str]]) -> None:  # noqa: B027 - optional hook
         """Make sure the workers see ``paths`` (``{what: folder}``: the data root, the cache).
@@ -232,9 +250,14 @@ class SerialExecutor(Executor):
         return self.cores
 
     def map(
-        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        self,
+        job: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        desc: str | None = None,
+        unit: str = "item",
         progress: bool = False,
-    ) -> Generator[R, None, None]:  # fmt: skip
+    ) -> Generator[R, None, None]:
         bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
         try:
             for item in items:
@@ -318,7 +341,9 @@ class ProcessExecutor(Executor):
     def _started(self) -> tuple[WorkerPool, Path]:
         if self._pool is None or self._jobs is None:
             self._jobs = Path(tempfile.mkdtemp(prefix="oxbench-jobs-"))
-            self._pool = worker_pool(self.workers, initializer=_start_worker, initargs=(self.threads_per_worker,))
+            self._pool = worker_pool(
+                self.workers, initializer=_start_worker, initargs=(self.threads_per_worker,)
+            )
             _LIVE_POOLS.add(self._pool)
             self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._jobs)
         return self._pool, self._jobs
@@ -335,11 +360,18 @@ class ProcessExecutor(Executor):
         self._stop()
 
     def map(
-        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        self,
+        job: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        desc: str | None = None,
+        unit: str = "item",
         progress: bool = False,
-    ) -> Generator[R, None, None]:  # fmt: skip
+    ) -> Generator[R, None, None]:
         if self.workers == 1 or len(items) <= 1:
-            yield from SerialExecutor(cores=self.cores).map(job, items, desc=desc, unit=unit, progress=progress)
+            yield from SerialExecutor(cores=self.cores).map(
+                job, items, desc=desc, unit=unit, progress=progress
+            )
             return
         pool, jobs = self._started()
         token = uuid.uuid4().hex
@@ -355,7 +387,9 @@ class ProcessExecutor(Executor):
             finished = True
         except BaseException as exc:
             if not isinstance(exc, GeneratorExit):
-                self._stop(abort=True)  # an error or Ctrl-C / SIGTERM: stop the workers now, not after the queue
+                self._stop(
+                    abort=True
+                )  # an error or Ctrl-C / SIGTERM: stop the workers now, not after the queue
             raise
         finally:
             bar.close()
@@ -392,7 +426,11 @@ def check_workers(workers: object) -> int:
 
 
 def make_executor(
-    backend: str = "processes", workers: int | None = None, *, cores: int | None = None, cluster: str | None = None
+    backend: str = "processes",
+    workers: int | None = None,
+    *,
+    cores: int | None = None,
+    cluster: str | None = None,
 ) -> Executor:
     """The executor of ``backend`` with ``workers`` workers (default: one per available core).
 
@@ -410,7 +448,9 @@ def make_executor(
     cls = EXECUTORS.get(backend)
     if cluster is not None:
         if backend != "dask":
-            raise InputError(f"a cluster address needs the dask engine (--engine dask), not {backend!r}")
+            raise InputError(
+                f"a cluster address needs the dask engine (--engine dask), not {backend!r}"
+            )
         return cls(1 if workers is None else workers, cores=cores, address=cluster)  # type: ignore[call-arg]
     if backend == "dask" and workers is None and os.environ.get("OXBENCH_CLUSTER"):
         workers = 1  # an existing cluster's workers are its own

@@ -72,7 +72,9 @@ DEFAULT_RETRIES = 3
 #: How many retries one may ask for.
 MAX_RETRIES = 100
 
-_ADDRESS_RE = re.compile(r"^(tcp|tls)://(?:[^@/\s]*@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$")
+_ADDRESS_RE = re.compile(
+    r"^(tcp|tls)://(?:[^@/\s]*@)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):([0-9]{1,5})$"
+)
 
 
 def check_cluster_address(text: object, *, what: str = "--cluster") -> str:
@@ -82,10 +84,14 @@ def check_cluster_address(text: object, *, what: str = "--cluster") -> str:
     authenticates with TLS certificates, and an address is recorded in the run record.
     """
     if not isinstance(text, str) or not (m := _ADDRESS_RE.match(text.strip())):
-        raise InputError(f"{what}: expected a scheduler address tcp://HOST:PORT (or tls://), got {text!r}")
+        raise InputError(
+            f"{what}: expected a scheduler address tcp://HOST:PORT (or tls://), got {text!r}"
+        )
     if "@" in text:
-        raise InputError(f"{what}: a scheduler address carries no credentials (use TLS certificates), "
-                         f"got {safe_address(text)!r}")  # fmt: skip
+        raise InputError(
+            f"{what}: a scheduler address carries no credentials (use TLS certificates), "
+            f"got {safe_address(text)!r}"
+        )
     port = int(m.group(3))
     if not 1 <= port <= 65535:
         raise InputError(f"{what}: port must be 1 .. 65535, got {port}")
@@ -145,8 +151,12 @@ def _run_item(token: str, item: Any, per_host: Mapping[str, int]) -> Any:
 
 def _worker_facts(dask_worker: Any) -> dict[str, Any]:
     """On a worker (``Client.run`` passes it): its pid, host name, cores and task slots."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "cores": available_cores(),
-            "nthreads": int(dask_worker.state.nthreads)}  # fmt: skip
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "cores": available_cores(),
+        "nthreads": int(dask_worker.state.nthreads),
+    }
 
 
 def _missing_paths(paths: Mapping[str, str], probe: tuple[str, str] | None) -> str | None:
@@ -198,20 +208,37 @@ class DaskExecutor(Executor):
 
     backend = "dask"
 
-    def __init__(self, workers: int = 1, *, cores: int | None = None, address: str | None = None,
-                 retries: int = DEFAULT_RETRIES, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        workers: int = 1,
+        *,
+        cores: int | None = None,
+        address: str | None = None,
+        retries: int = DEFAULT_RETRIES,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         super().__init__(workers, cores=cores)
         if address is None and os.environ.get(CLUSTER_ENV):
             address = check_cluster_address(os.environ[CLUSTER_ENV], what=CLUSTER_ENV)
         self.address = None if address is None else check_cluster_address(address)
-        if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= MAX_RETRIES:
-            raise InputError(f"retries must be a whole number from 0 to {MAX_RETRIES}, got {retries!r}")
+        if (
+            isinstance(retries, bool)
+            or not isinstance(retries, int)
+            or not 0 <= retries <= MAX_RETRIES
+        ):
+            raise InputError(
+                f"retries must be a whole number from 0 to {MAX_RETRIES}, got {retries!r}"
+            )
         self.retries = retries
         if not 0.1 <= connect_timeout_s <= 3600:  # also refuses NaN
-            raise InputError(f"connect_timeout_s must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}")
+            raise InputError(
+                f"connect_timeout_s must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}"
+            )
         self.connect_timeout_s = float(connect_timeout_s)
         self.retried = 0  # attempts beyond the first, over every stage so far
-        self.allowed_failures = retries  # deaths of a task's worker tolerated (the scheduler's own, with an address)
+        self.allowed_failures = (
+            retries  # deaths of a task's worker tolerated (the scheduler's own, with an address)
+        )
         self.stages: list[dict[str, Any]] = []
         self._client: Any = None
         self._cluster: Any = None
@@ -228,17 +255,27 @@ class DaskExecutor(Executor):
 
     def _connect(self) -> None:
         dask, distributed = _dask_modules()
-        config = {"distributed.scheduler.allowed-failures": self.retries,
-                  "distributed.comm.timeouts.connect": f"{self.connect_timeout_s}s",
-                  "distributed.worker.daemon": True, "distributed.admin.system-monitor.gil.enabled": False}  # fmt: skip
+        config = {
+            "distributed.scheduler.allowed-failures": self.retries,
+            "distributed.comm.timeouts.connect": f"{self.connect_timeout_s}s",
+            "distributed.worker.daemon": True,
+            "distributed.admin.system-monitor.gil.enabled": False,
+        }
         t0 = time.perf_counter()
         with dask.config.set(config):
             if self.address is None:
                 self._cluster = distributed.LocalCluster(
-                    n_workers=self.workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                    scheduler_port=0, dashboard_address="127.0.0.1:0", worker_dashboard_address=None,
-                    memory_limit=0, silence_logs=logging.ERROR, scheduler_kwargs={"dashboard": False},
-                )  # fmt: skip
+                    n_workers=self.workers,
+                    threads_per_worker=1,
+                    processes=True,
+                    host="127.0.0.1",
+                    scheduler_port=0,
+                    dashboard_address="127.0.0.1:0",
+                    worker_dashboard_address=None,
+                    memory_limit=0,
+                    silence_logs=logging.ERROR,
+                    scheduler_kwargs={"dashboard": False},
+                )
                 try:
                     self._client = distributed.Client(self._cluster, timeout=self.connect_timeout_s)
                 except BaseException:
@@ -250,15 +287,19 @@ class DaskExecutor(Executor):
                 try:
                     self._client = distributed.Client(self.address, timeout=self.connect_timeout_s)
                 except (OSError, TimeoutError) as exc:
-                    raise InputError(f"cannot reach the Dask scheduler at {shown} within {self.connect_timeout_s:g} s "
-                                     f"({type(exc).__name__}); is it running, and reachable from here?") from None  # fmt: skip
+                    raise InputError(
+                        f"cannot reach the Dask scheduler at {shown} within {self.connect_timeout_s:g} s "
+                        f"({type(exc).__name__}); is it running, and reachable from here?"
+                    ) from None
                 try:
                     self._client.wait_for_workers(self.workers, timeout=self.connect_timeout_s)
                 except (OSError, TimeoutError):
                     n = len(self._client.scheduler_info().get("workers", {}))
                     self.close()
-                    raise InputError(f"the Dask scheduler at {shown} has {n} worker(s) after {self.connect_timeout_s:g} s, "
-                                     f"fewer than --workers {self.workers}") from None  # fmt: skip
+                    raise InputError(
+                        f"the Dask scheduler at {shown} has {n} worker(s) after {self.connect_timeout_s:g} s, "
+                        f"fewer than --workers {self.workers}"
+                    ) from None
         if self.address is not None:  # a running scheduler keeps its own bound for dead workers
             with contextlib.suppress(Exception):
                 self.allowed_failures = int(self._client.run_on_scheduler(_allowed_failures))
@@ -268,7 +309,12 @@ class DaskExecutor(Executor):
             host = addr.rsplit(":", 1)[0].split("://")[-1]
             hosts[host] = hosts.get(host, 0) + int(facts["nthreads"])
         self._per_host = hosts
-        log.info("dask: %d worker(s) at %s, ready in %.1f s", len(self._facts), self.scheduler, time.perf_counter() - t0)
+        log.info(
+            "dask: %d worker(s) at %s, ready in %.1f s",
+            len(self._facts),
+            self.scheduler,
+            time.perf_counter() - t0,
+        )
 
     @property
     def scheduler(self) -> str | None:
@@ -294,7 +340,9 @@ class DaskExecutor(Executor):
         """
         if self.address is None or not paths:
             return
-        folders = {what: str(make_folder(Path(p).resolve())) for what, p in paths.items()}  # the driver's side
+        folders = {
+            what: str(make_folder(Path(p).resolve())) for what, p in paths.items()
+        }  # the driver's side
         last = Path(list(folders.values())[-1])
         token = uuid.uuid4().hex
         probe = last / f"{TEMP_PREFIX}probe-{token}"
@@ -306,14 +354,21 @@ class DaskExecutor(Executor):
         for addr, missing in sorted(answers.items()):
             if missing is not None:
                 host = self._facts.get(addr, {}).get("host", "?")
-                raise InputError(f"dask worker {addr} (host {host}) cannot see {missing}; the workers need the "
-                                 "data root and the cache at the same paths, on a shared file system")  # fmt: skip
+                raise InputError(
+                    f"dask worker {addr} (host {host}) cannot see {missing}; the workers need the "
+                    "data root and the cache at the same paths, on a shared file system"
+                )
 
     # ---------------------------------------------------------------- running
     def map(
-        self, job: Callable[[T], R], items: Sequence[T], *, desc: str | None = None, unit: str = "item",
+        self,
+        job: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        desc: str | None = None,
+        unit: str = "item",
         progress: bool = False,
-    ) -> Generator[R, None, None]:  # fmt: skip
+    ) -> Generator[R, None, None]:
         if not items:
             return
         from distributed import KilledWorker, as_completed
@@ -328,12 +383,24 @@ class DaskExecutor(Executor):
         # a job that needs a scarce resource says so (``resources = {"GPU": 1}``): its tasks then run
         # only on workers started with it (``dask worker --resources GPU=1``), one per unit
         resources = getattr(job, "resources", None) or None
-        futures = [client.submit(_run_item, token, item, self._per_host, key=f"oxbench-{slug}-{token}-{i}",
-                                 retries=self.retries, pure=False, resources=resources)
-                   for i, item in enumerate(items)]  # fmt: skip
+        futures = [
+            client.submit(
+                _run_item,
+                token,
+                item,
+                self._per_host,
+                key=f"oxbench-{slug}-{token}-{i}",
+                retries=self.retries,
+                pure=False,
+                resources=resources,
+            )
+            for i, item in enumerate(items)
+        ]
         index = {f.key: i for i, f in enumerate(futures)}
         results: dict[int, Any] = {}
-        fetched: list[Any] = []  # futures whose result is here, released in batches after their attempts are counted
+        fetched: list[
+            Any
+        ] = []  # futures whose result is here, released in batches after their attempts are counted
         retried = 0
         bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
         done = False
@@ -345,9 +412,11 @@ class DaskExecutor(Executor):
                 if future.status != "finished":
                     exc = result[1] if isinstance(result, tuple) and len(result) == 3 else result
                     if isinstance(exc, KilledWorker):
-                        raise InputError(f"{stage}: {items[i]} failed on every attempt: a worker died under each of "
-                                         f"its {self.allowed_failures + 1} attempts (out of memory? a crashing "
-                                         "library?)") from None  # fmt: skip
+                        raise InputError(
+                            f"{stage}: {items[i]} failed on every attempt: a worker died under each of "
+                            f"its {self.allowed_failures + 1} attempts (out of memory? a crashing "
+                            "library?)"
+                        ) from None
                     if isinstance(exc, BaseException):
                         raise exc.with_traceback(result[2] if isinstance(result, tuple) else None)
                     raise InputError(f"{stage}: {items[i]} ended as {future.status}")
@@ -370,10 +439,21 @@ class DaskExecutor(Executor):
             with contextlib.suppress(Exception):
                 client.unregister_worker_plugin(plugin)
             self.retried += retried
-            self.stages.append({"stage": stage, "tasks": len(items), "retried": retried, "complete": done,
-                                "seconds": round(time.perf_counter() - t0, 3)})  # fmt: skip
+            self.stages.append(
+                {
+                    "stage": stage,
+                    "tasks": len(items),
+                    "retried": retried,
+                    "complete": done,
+                    "seconds": round(time.perf_counter() - t0, 3),
+                }
+            )
             if retried:
-                log.warning("%s: %d task attempt(s) retried (a worker died, or a task failed)", stage, retried)
+                log.warning(
+                    "%s: %d task attempt(s) retried (a worker died, or a task failed)",
+                    stage,
+                    retried,
+                )
 
     def _release(self, fetched: list[Any], futures: list[Any]) -> int:
         """Count the extra attempts of the tasks in ``fetched`` (on the scheduler), then release
@@ -383,7 +463,9 @@ class DaskExecutor(Executor):
         keys = [f.key for f in fetched]
         extra = 0
         with contextlib.suppress(Exception):
-            extra = int(self.client.run_on_scheduler(_task_attempts, keys=keys, retries=self.retries))
+            extra = int(
+                self.client.run_on_scheduler(_task_attempts, keys=keys, retries=self.retries)
+            )
         for f in fetched:
             f.release()
         fetched.clear()
@@ -392,8 +474,13 @@ class DaskExecutor(Executor):
     @property
     def threads_per_worker(self) -> int:
         if self._per_host and self._facts:
-            return min(max(1, int(f["cores"]) // self._per_host.get(a.rsplit(":", 1)[0].split("://")[-1], 1))
-                       for a, f in self._facts.items())  # fmt: skip
+            return min(
+                max(
+                    1,
+                    int(f["cores"]) // self._per_host.get(a.rsplit(":", 1)[0].split("://")[-1], 1),
+                )
+                for a, f in self._facts.items()
+            )
         return super().threads_per_worker
 
     def describe(self) -> dict[str, Any]:
@@ -401,12 +488,16 @@ class DaskExecutor(Executor):
         (``retries`` of a task that raises, ``allowed_failures`` of a task whose worker dies), the
         attempts ``retried`` beyond the first, and per stage its tasks, retries and wall time."""
         return {
-            "backend": self.backend, "cluster": "local" if self.address is None else "address",
-            "scheduler": self.scheduler, "workers": len(self._facts) if self._facts else self.workers,
-            "threads_per_worker": self.threads_per_worker, "retries": self.retries,
-            "allowed_failures": self.allowed_failures, "retried": self.retried,
+            "backend": self.backend,
+            "cluster": "local" if self.address is None else "address",
+            "scheduler": self.scheduler,
+            "workers": len(self._facts) if self._facts else self.workers,
+            "threads_per_worker": self.threads_per_worker,
+            "retries": self.retries,
+            "allowed_failures": self.allowed_failures,
+            "retried": self.retried,
             "stages": list(self.stages),
-        }  # fmt: skip
+        }
 
     def close(self) -> None:
         """Disconnect, and stop the LocalCluster (its worker processes end)."""

@@ -116,7 +116,9 @@ def make_folder(folder: str | Path) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise InputError("cannot create this folder: it, or one of its parents, is a file", folder) from None
+        raise InputError(
+            "cannot create this folder: it, or one of its parents, is a file", folder
+        ) from None
     except OSError as exc:
         raise InputError(f"cannot create this folder: {os_reason(exc)}", folder) from None
     return folder
@@ -183,7 +185,9 @@ def atomic_write_npy(path: str | Path, array: np.ndarray) -> Path:
     return Path(path)
 
 
-def atomic_write_npz(path: str | Path, arrays: Mapping[str, np.ndarray], *, compress: bool = False) -> Path:
+def atomic_write_npz(
+    path: str | Path, arrays: Mapping[str, np.ndarray], *, compress: bool = False
+) -> Path:
     """Write named arrays as ``.npz`` (no pickles) to ``path`` atomically."""
     buf = io.BytesIO()
     save = np.savez_compressed if compress else np.savez
@@ -237,9 +241,13 @@ def make_temp_folder(final: str | Path, *, tag: str = "") -> Path:
     final = Path(final)
     _make_parent(final)
     try:
-        tmp = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.{tag}{'.' if tag else ''}", dir=final.parent)
+        tmp = tempfile.mkdtemp(
+            prefix=f"{TEMP_PREFIX}{final.name}.{tag}{'.' if tag else ''}", dir=final.parent
+        )
         file_mode()  # reads the umask once
-        os.chmod(tmp, 0o777 & ~(_UMASK or 0))  # mkdtemp makes 0700; a shared cache needs the umask's
+        os.chmod(
+            tmp, 0o777 & ~(_UMASK or 0)
+        )  # mkdtemp makes 0700; a shared cache needs the umask's
     except OSError as exc:
         raise InputError(f"cannot create a folder: {os_reason(exc)}", final.parent) from None
     return Path(tmp)
@@ -272,7 +280,9 @@ def discard_folder(folder: str | Path) -> None:
     """Remove a committed folder so that it disappears at once (renamed to a temporary name, then
     deleted): a reader sees it whole or not at all."""
     folder = Path(folder)
-    trash = folder.with_name(f"{TEMP_PREFIX}{folder.name}.discarded.{os.getpid()}.{time.monotonic_ns()}")
+    trash = folder.with_name(
+        f"{TEMP_PREFIX}{folder.name}.discarded.{os.getpid()}.{time.monotonic_ns()}"
+    )
     try:
         os.rename(folder, trash)
     except FileNotFoundError:
@@ -299,7 +309,10 @@ def remove_stale_temps(
     except OSError:
         return 0
     for entry in entries:
-        if not (entry.name.startswith(TEMP_PREFIX) or any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)):
+        if not (
+            entry.name.startswith(TEMP_PREFIX)
+            or any(fnmatch.fnmatchcase(entry.name, p) for p in patterns)
+        ):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
@@ -347,7 +360,9 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
     """
     st = require_regular_file(path)  # before opening: opening a FIFO would block
     if st.st_size > limit:
-        raise InputError(f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path)
+        raise InputError(
+            f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path
+        )
     try:
         with open(path, "rb") as fh:
             # the file opened may be a newer one than the file stat'ed (replaced by a rename meanwhile)
@@ -355,7 +370,9 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
             if not stat.S_ISREG(st.st_mode):
                 raise InputError("not a regular file (FIFO, device or socket); give a file", path)
             if st.st_size > limit:
-                raise InputError(f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path)
+                raise InputError(
+                    f"file is {st.st_size:,} bytes; the limit for this input is {limit:,}", path
+                )
             # read(n) allocates n bytes up front: ask for the size seen (+1 to notice growth), not the limit
             data = fh.read(min(st.st_size, limit) + 1)
             if len(data) > st.st_size:
@@ -372,7 +389,9 @@ def read_input_bytes(path: str | Path, *, limit: int = DEFAULT_INPUT_LIMIT) -> b
 # --- digests and checksums -----------------------------------------------------------------------
 
 
-def file_digests(path: str | Path, algorithms: tuple[str, ...] = ("sha256",), *, block: int = 1 << 20) -> dict[str, str]:
+def file_digests(
+    path: str | Path, algorithms: tuple[str, ...] = ("sha256",), *, block: int = 1 << 20
+) -> dict[str, str]:
     """Hex digests of a file's bytes, read once in blocks: ``{"sha256": ..., "md5": ...}``."""
     hashers = {a: hashlib.new(a) for a in algorithms}
     with open(path, "rb") as fh:
@@ -488,13 +507,24 @@ def file_lock(path: str | Path, *, wait: float = 0.0, what: str = "this folder")
 
 
 def progress_bar(
-    iterable: Any = None, *, enabled: bool = True, total: int | None = None, desc: str | None = None,
-    unit: str = "it", initial: int = 0, leave: bool = True,
+    iterable: Any = None,
+    *,
+    enabled: bool = True,
+    total: int | None = None,
+    desc: str | None = None,
+    unit: str = "it",
+    initial: int = 0,
+    leave: bool = True,
 ) -> Tqdm:
     """The package's progress bar: ``tqdm`` (``disable=True`` when not ``enabled``)."""
     from tqdm.auto import tqdm
 
     return tqdm(
-        iterable, total=total, desc=desc, unit=unit, initial=initial, leave=leave, disable=not enabled
+        iterable,
+        total=total,
+        desc=desc,
+        unit=unit,
+        initial=initial,
+        leave=leave,
+        disable=not enabled,
     )
-

@@ -44,10 +44,16 @@ _INT64 = np.iinfo(np.int64)
 def short_repr(value: object, limit: int = 40) -> str:
     """``repr(value)`` cut to about ``limit`` characters (a 5,000-digit number stays one line)."""
     text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-8:]} ({len(text)} characters)"
+    return (
+        text
+        if len(text) <= limit
+        else f"{text[: limit // 2]}...{text[-8:]} ({len(text)} characters)"
+    )
 
 
-def as_index_array(values: Iterable[int] | NDArray[np.integer], *, what: str, source: str | None = None) -> IndexArray:
+def as_index_array(
+    values: Iterable[int] | NDArray[np.integer], *, what: str, source: str | None = None
+) -> IndexArray:
     """Convert label values to a sorted unique int64 array, refusing anything but integers.
 
     Booleans, floats (even ``2.0``), strings, nested or ragged lists, 2-D arrays and integers
@@ -59,21 +65,27 @@ def as_index_array(values: Iterable[int] | NDArray[np.integer], *, what: str, so
         if values.size == 0:
             return _empty()
         if values.ndim != 1:
-            raise InputError(f"{what}: labels must be a flat list of indices, got shape {values.shape}", source)
+            raise InputError(
+                f"{what}: labels must be a flat list of indices, got shape {values.shape}", source
+            )
         if values.dtype == bool or not np.issubdtype(values.dtype, np.integer):
             raise InputError(f"{what}: labels must be integer indices, got {values.dtype}", source)
         if values.dtype == np.uint64 and int(values.max()) > _INT64.max:
             raise InputError(f"{what}: label {int(values.max())} is beyond 64-bit integers", source)
         return np.unique(values.astype(np.int64))
     if isinstance(values, str | bytes):
-        raise InputError(f"{what}: labels must be a list of integer indices, got {short_repr(values)}", source)
+        raise InputError(
+            f"{what}: labels must be a list of integer indices, got {short_repr(values)}", source
+        )
     items = list(values)
     for v in items:
         if isinstance(v, bool | np.bool_) or not isinstance(v, int | np.integer):
             kind = "a nested list" if isinstance(v, list | tuple) else short_repr(v)
             raise InputError(f"{what}: labels must be integer indices, got {kind}", source)
         if not _INT64.min <= int(v) <= _INT64.max:
-            raise InputError(f"{what}: label {short_repr(int(v))} is beyond 64-bit integers", source)
+            raise InputError(
+                f"{what}: label {short_repr(int(v))} is beyond 64-bit integers", source
+            )
     if not items:
         return _empty()
     return np.unique(np.asarray(items, dtype=np.int64))
@@ -85,7 +97,9 @@ def as_bbox(values: Sequence[float], *, what: str, source: str | None = None) ->
         raise InputError(f"{what}: bbox must be 4 numbers, got {short_repr(values)}", source)
     vals: list[float] = []
     for v in values:
-        if isinstance(v, bool | np.bool_) or not isinstance(v, int | float | np.integer | np.floating):
+        if isinstance(v, bool | np.bool_) or not isinstance(
+            v, int | float | np.integer | np.floating
+        ):
             raise InputError(f"{what}: bbox must be 4 numbers, got {short_repr(v)}", source)
         try:
             vals.append(float(v))
@@ -179,7 +193,9 @@ class GroundTruth:
         for what, names in (("query", self.query_names), ("database image", self.db_names)):
             bad = next((i for i, name in enumerate(names) if "\x00" in name), None)
             if bad is not None:
-                raise InputError(f"{what} {bad} has a name with a NUL character ({names[bad]!r})", self.source)
+                raise InputError(
+                    f"{what} {bad} has a name with a NUL character ({names[bad]!r})", self.source
+                )
         n = self.n_db
         for qi, q in enumerate(self.queries):
             seen: dict[int, str] = {}
@@ -216,6 +232,8 @@ def make_query(
     unknown = set(labels) - set(_LABEL_FIELDS)
     if unknown:
         raise InputError(f"query {name}: unknown label field(s) {sorted(unknown)}", source)
-    arrays: dict[str, Any] = {k: as_index_array(v, what=f"query {name} {k}", source=source) for k, v in labels.items()}
+    arrays: dict[str, Any] = {
+        k: as_index_array(v, what=f"query {name} {k}", source=source) for k, v in labels.items()
+    }
     box = None if bbox is None else as_bbox(bbox, what=f"query {name}", source=source)
     return Query(name=name, bbox=box, **arrays)

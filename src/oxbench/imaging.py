@@ -49,8 +49,10 @@ def max_pixels(value: int | str | None = None) -> int:
 
 def over_budget_message(width: int, height: int, budget: int) -> str:
     """The one-line refusal of a ``width x height`` image over ``budget`` pixels."""
-    return (f"image is {width:,} x {height:,} = {width * height / 1e6:,.1f} megapixels, over the budget of "
-            f"{budget / 1e6:,.1f} (set {MAX_PIXELS_ENV} to allow larger images)")
+    return (
+        f"image is {width:,} x {height:,} = {width * height / 1e6:,.1f} megapixels, over the budget of "
+        f"{budget / 1e6:,.1f} (set {MAX_PIXELS_ENV} to allow larger images)"
+    )
 
 
 @contextlib.contextmanager
@@ -73,18 +75,28 @@ def open_image(path: str | Path, *, budget: int | None = None) -> Iterator[Any]:
         raise InputError("not a regular file (a folder, FIFO or device); expected an image", path)
     try:
         im = image_mod.open(path)
-    except image_mod.DecompressionBombError as exc:  # over Pillow's own limit, which oxbench leaves alone
+    except (
+        image_mod.DecompressionBombError
+    ) as exc:  # over Pillow's own limit, which oxbench leaves alone
         found = _PIL_PIXELS.search(str(exc))
         n = int(found.group(1)) if found else limit + 1
         if n > limit:
-            raise InputError(f"image is {n / 1e6:,.1f} megapixels, over the budget of {limit / 1e6:,.1f} "
-                             f"(set {MAX_PIXELS_ENV} to allow larger images)", path) from None
-        raise InputError(f"image is {n / 1e6:,.1f} megapixels, more than Pillow opens "
-                         "(PIL.Image.MAX_IMAGE_PIXELS)", path) from None
+            raise InputError(
+                f"image is {n / 1e6:,.1f} megapixels, over the budget of {limit / 1e6:,.1f} "
+                f"(set {MAX_PIXELS_ENV} to allow larger images)",
+                path,
+            ) from None
+        raise InputError(
+            f"image is {n / 1e6:,.1f} megapixels, more than Pillow opens "
+            "(PIL.Image.MAX_IMAGE_PIXELS)",
+            path,
+        ) from None
     except FileNotFoundError:
         raise InputError("image file not found", path) from None
     except (OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"cannot decode image ({' '.join(str(exc).split())[:200]})", path) from None
+        raise InputError(
+            f"cannot decode image ({' '.join(str(exc).split())[:200]})", path
+        ) from None
     try:
         w, h = im.size
         if w * h > limit:

@@ -136,7 +136,8 @@ def latest_run(config_dir: str | Path) -> Path:
     runs = list_runs(config_dir)
     if not runs:
         raise InputError(
-            "not a run folder: no run-id folder (YYYYMMDDTHHMMSSZ-xxxx) with a record.json inside", config_dir
+            "not a run folder: no run-id folder (YYYYMMDDTHHMMSSZ-xxxx) with a record.json inside",
+            config_dir,
         )
     return runs[-1]
 
@@ -170,11 +171,16 @@ def check_label(text: object, *, source: str = "--label") -> str:
         raise InputError(f"a run label is text, got {_show(text)}", source)
     bad = next((c for c in text if not c.isprintable()), None)
     if bad is not None:
-        raise InputError(f"a run label is one line of printable text; it holds {bad!r} at position {text.index(bad)}", source)
+        raise InputError(
+            f"a run label is one line of printable text; it holds {bad!r} at position {text.index(bad)}",
+            source,
+        )
     if not text.strip():
         raise InputError("a run label must not be blank", source)
     if len(text) > MAX_LABEL_CHARS:
-        raise InputError(f"a run label is at most {MAX_LABEL_CHARS} characters, got {len(text):,}", source)
+        raise InputError(
+            f"a run label is at most {MAX_LABEL_CHARS} characters, got {len(text):,}", source
+        )
     return text
 
 
@@ -190,7 +196,11 @@ def flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, An
 
 
 def default_label(
-    method: str, settings: Mapping[str, Any] | None, preset: Mapping[str, Any] | None, *, inputs: Collection[str] = ()
+    method: str,
+    settings: Mapping[str, Any] | None,
+    preset: Mapping[str, Any] | None,
+    *,
+    inputs: Collection[str] = (),
 ) -> str:
     """The label of a run that was given none: the preset name plus the settings that differ from it.
 
@@ -274,13 +284,33 @@ def retrieved_document(
             if idx < 0:  # padding of a short list
                 break
             score = None if scores is None else float(scores[qi, r])
-            top.append({"rank": r + 1, "index": idx, "name": image_name(idx), "image": image_path(idx),
-                        "score": score, "label": label_of.get(idx, "negative")})  # fmt: skip
-        queries.append({
-            "index": qi, "name": q.name, "id": q.query_id, "image": query_image(qi),
-            "bbox": None if q.bbox is None else [float(v) for v in q.bbox], "n_labelled": counts, "top": top,
-        })  # fmt: skip
-    return {"k": k, "protocol": gt.protocol, "labels": list(PROTOCOL_LABELS[gt.protocol]), "queries": queries}
+            top.append(
+                {
+                    "rank": r + 1,
+                    "index": idx,
+                    "name": image_name(idx),
+                    "image": image_path(idx),
+                    "score": score,
+                    "label": label_of.get(idx, "negative"),
+                }
+            )
+        queries.append(
+            {
+                "index": qi,
+                "name": q.name,
+                "id": q.query_id,
+                "image": query_image(qi),
+                "bbox": None if q.bbox is None else [float(v) for v in q.bbox],
+                "n_labelled": counts,
+                "top": top,
+            }
+        )
+    return {
+        "k": k,
+        "protocol": gt.protocol,
+        "labels": list(PROTOCOL_LABELS[gt.protocol]),
+        "queries": queries,
+    }
 
 
 def write_run_files(
@@ -326,17 +356,27 @@ def write_run_files(
     atomic_write_text(folder / "per_query.csv", buf.getvalue())
     atomic_write_json(folder / "retrieved.json", dict(retrieved), indent=None)
     if matches:
-        atomic_write_json(folder / "matches.json", {"queries": {
-            str(q): {str(i): np.asarray(m, np.float32).round(2).tolist() for i, m in per.items()}
-            for q, per in matches.items()
-        }}, indent=None)  # fmt: skip
+        atomic_write_json(
+            folder / "matches.json",
+            {
+                "queries": {
+                    str(q): {
+                        str(i): np.asarray(m, np.float32).round(2).tolist() for i, m in per.items()
+                    }
+                    for q, per in matches.items()
+                }
+            },
+            indent=None,
+        )
     if boxes is not None:
         atomic_write_json(folder / "boxes.json", jsonable(dict(boxes)), indent=None)
     atomic_write_json(folder / "timings.json", dict(timings))
     atomic_write_text(folder / "summary.txt", summary if summary.endswith("\n") else summary + "\n")
     if log_text is not None:
         atomic_write_text(folder / "run.log", log_text)
-    atomic_write_json(folder / "record.json", dict(record))  # last: its presence marks a complete run
+    atomic_write_json(
+        folder / "record.json", dict(record)
+    )  # last: its presence marks a complete run
 
 
 # --- reading: bounded, typed --------------------------------------------------------------------
@@ -352,19 +392,26 @@ def read_record_bytes(path: Path, limit: int) -> bytes:
         InputError: missing, a link, not a regular file, larger than ``limit``, or unreadable.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(
+            path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        )
     except FileNotFoundError:
         raise InputError("file not found", path) from None
     except OSError as exc:
         if os.path.islink(path):
-            raise InputError("a run record's files are regular files; this one is a symbolic link", path) from None
+            raise InputError(
+                "a run record's files are regular files; this one is a symbolic link", path
+            ) from None
         raise InputError(f"cannot read: {os_reason(exc)}", path) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise InputError("not a regular file (a folder, FIFO, device or socket)", path)
         if st.st_size > limit:
-            raise InputError(f"file is {st.st_size:,} bytes; the limit for this file of a run record is {limit:,}", path)
+            raise InputError(
+                f"file is {st.st_size:,} bytes; the limit for this file of a run record is {limit:,}",
+                path,
+            )
         chunks = []
         size = 0
         while size <= limit:
@@ -398,7 +445,9 @@ def _too_deep(obj: Any, max_depth: int) -> bool:
     return False
 
 
-def read_record_json(path: Path, *, limit: int | None = None, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def read_record_json(
+    path: Path, *, limit: int | None = None, max_depth: int = MAX_JSON_DEPTH
+) -> Any:
     """One JSON file of a record: bounded read (:func:`read_record_bytes`), UTF-8, at most
     ``max_depth`` levels of lists and objects.
 
@@ -411,7 +460,9 @@ def read_record_json(path: Path, *, limit: int | None = None, max_depth: int = M
     except UnicodeDecodeError as exc:
         raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
     except json.JSONDecodeError as exc:
-        raise InputError(f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", path) from None
+        raise InputError(
+            f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})", path
+        ) from None
     except RecursionError:
         raise InputError(f"JSON nested deeper than {max_depth} levels", path) from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
@@ -473,14 +524,24 @@ class QueryRetrieved:
     id: str | None = None
 
 
-def _parse_retrieved(obj: Any, n_queries: int, path: Path) -> tuple[str, int, tuple[str, ...], tuple[QueryRetrieved, ...]]:
+def _parse_retrieved(
+    obj: Any, n_queries: int, path: Path
+) -> tuple[str, int, tuple[str, ...], tuple[QueryRetrieved, ...]]:
     _need(isinstance(obj, dict), "expected a JSON object", path)
     protocol = obj.get("protocol")
-    _need(isinstance(protocol, str) and protocol in SETUP_LABELS, f"unknown protocol {_show(protocol)}", path)
+    _need(
+        isinstance(protocol, str) and protocol in SETUP_LABELS,
+        f"unknown protocol {_show(protocol)}",
+        path,
+    )
     k = obj.get("k")
     _need(_is_int(k) and k >= 1, f"'k' must be a positive integer, got {_show(k)}", path)
     labels = obj.get("labels")
-    _need(isinstance(labels, list) and all(isinstance(x, str) for x in labels), "'labels' must be a list of strings", path)
+    _need(
+        isinstance(labels, list) and all(isinstance(x, str) for x in labels),
+        "'labels' must be a list of strings",
+        path,
+    )
     _need(
         set(labels) <= set(PROTOCOL_LABELS[protocol]),
         f"labels {labels} are not of the {protocol} vocabulary {list(PROTOCOL_LABELS[protocol])}",
@@ -488,58 +549,105 @@ def _parse_retrieved(obj: Any, n_queries: int, path: Path) -> tuple[str, int, tu
     )
     queries = obj.get("queries")
     _need(isinstance(queries, list), "'queries' must be a list", path)
-    _need(len(queries) == n_queries, f"holds {len(queries)} queries but dataset.json says {n_queries}", path)
+    _need(
+        len(queries) == n_queries,
+        f"holds {len(queries)} queries but dataset.json says {n_queries}",
+        path,
+    )
     vocab = set(labels)
     out: list[QueryRetrieved] = []
     for qi, q in enumerate(queries):
         where = f"query {qi}"
         _need(isinstance(q, dict), f"{where}: expected an object", path)
-        _need(q.get("index") == qi and _is_int(q.get("index")), f"{where}: 'index' is {_show(q.get('index'))}, expected {qi}", path)
+        _need(
+            q.get("index") == qi and _is_int(q.get("index")),
+            f"{where}: 'index' is {_show(q.get('index'))}, expected {qi}",
+            path,
+        )
         name = q.get("name")
         _need(_is_text(name), f"{where}: 'name' must be a non-empty string without NUL", path)
         image = q.get("image")
         _need(image is None or _is_text(image), f"{where}: 'image' must be a path or null", path)
         bbox = q.get("bbox")
         _need(
-            bbox is None or (isinstance(bbox, list) and len(bbox) == 4 and all(_is_num(v) for v in bbox)),
+            bbox is None
+            or (isinstance(bbox, list) and len(bbox) == 4 and all(_is_num(v) for v in bbox)),
             f"{where}: 'bbox' must be [x1, y1, x2, y2] or null",
             path,
         )
         n_lab = q.get("n_labelled", {})
         _need(
-            isinstance(n_lab, dict) and all(isinstance(a, str) and _is_int(b) and b >= 0 for a, b in n_lab.items()),
+            isinstance(n_lab, dict)
+            and all(isinstance(a, str) and _is_int(b) and b >= 0 for a, b in n_lab.items()),
             f"{where}: 'n_labelled' must map labels to counts",
             path,
         )
         qid = q.get("id")
         _need(qid is None or _is_text(qid), f"{where}: 'id' must be a string or null", path)
         top = q.get("top")
-        _need(isinstance(top, list) and len(top) <= k, f"{where}: 'top' must be a list of at most k={k} entries", path)
+        _need(
+            isinstance(top, list) and len(top) <= k,
+            f"{where}: 'top' must be a list of at most k={k} entries",
+            path,
+        )
         seen: set[int] = set()
         for j, t in enumerate(top):
             tw = f"{where}, rank {j + 1}"
             _need(isinstance(t, dict), f"{tw}: expected an object", path)
-            _need(t.get("rank") == j + 1 and _is_int(t.get("rank")), f"{tw}: 'rank' is {_show(t.get('rank'))}, expected {j + 1}", path)
+            _need(
+                t.get("rank") == j + 1 and _is_int(t.get("rank")),
+                f"{tw}: 'rank' is {_show(t.get('rank'))}, expected {j + 1}",
+                path,
+            )
             idx = t.get("index")
-            _need(_is_int(idx) and idx >= 0 and idx not in seen, f"{tw}: 'index' must be a new non-negative integer", path)
+            _need(
+                _is_int(idx) and idx >= 0 and idx not in seen,
+                f"{tw}: 'index' must be a new non-negative integer",
+                path,
+            )
             seen.add(idx)
-            _need(_is_text(t.get("name")), f"{tw}: 'name' must be a non-empty string without NUL", path)
-            _need(t.get("image") is None or _is_text(t.get("image")), f"{tw}: 'image' must be a path or null", path)
-            _need(t.get("score") is None or _is_num(t.get("score")), f"{tw}: 'score' must be a number or null", path)
-            _need(isinstance(t.get("label"), str) and t["label"] in vocab,
-                  f"{tw}: label {_show(t.get('label'))} is not one of {labels}", path)
-        out.append(QueryRetrieved(
-            index=qi, name=name, image=image,
-            bbox=None if bbox is None else (float(bbox[0]), float(bbox[1]), float(bbox[2]), float(bbox[3])),
-            n_labelled=dict(n_lab), top=tuple(top), id=qid,
-        ))  # fmt: skip
+            _need(
+                _is_text(t.get("name")),
+                f"{tw}: 'name' must be a non-empty string without NUL",
+                path,
+            )
+            _need(
+                t.get("image") is None or _is_text(t.get("image")),
+                f"{tw}: 'image' must be a path or null",
+                path,
+            )
+            _need(
+                t.get("score") is None or _is_num(t.get("score")),
+                f"{tw}: 'score' must be a number or null",
+                path,
+            )
+            _need(
+                isinstance(t.get("label"), str) and t["label"] in vocab,
+                f"{tw}: label {_show(t.get('label'))} is not one of {labels}",
+                path,
+            )
+        out.append(
+            QueryRetrieved(
+                index=qi,
+                name=name,
+                image=image,
+                bbox=None
+                if bbox is None
+                else (float(bbox[0]), float(bbox[1]), float(bbox[2]), float(bbox[3])),
+                n_labelled=dict(n_lab),
+                top=tuple(top),
+                id=qid,
+            )
+        )
     return str(protocol), int(k), tuple(labels), tuple(out)
 
 
 _TEXT_COLUMNS = ("setup", "query_index", "query", "query_id")
 
 
-def _parse_per_query(rows: Any, n_queries: int, path: Path) -> dict[str, dict[str, NDArray[np.float64]]]:
+def _parse_per_query(
+    rows: Any, n_queries: int, path: Path
+) -> dict[str, dict[str, NDArray[np.float64]]]:
     """setup -> column ("ap", "p@10", "n_positives", ...) -> array over queries (nan for null)."""
     _need(isinstance(rows, list) and len(rows) > 0, "expected a non-empty list of rows", path)
     out: dict[str, dict[str, NDArray[np.float64]]] = {}
@@ -549,25 +657,51 @@ def _parse_per_query(rows: Any, n_queries: int, path: Path) -> dict[str, dict[st
         _need(isinstance(row, dict), f"{where}: expected an object", path)
         setup, qi = row.get("setup"), row.get("query_index")
         _need(isinstance(setup, str), f"{where}: 'setup' must be a string", path)
-        _need(_is_int(qi) and 0 <= qi < n_queries, f"{where}: 'query_index' must be 0..{n_queries - 1}", path)
-        _need((setup, qi) not in seen, f"{where}: setup {_show(setup)} query {qi} is listed twice", path)
+        _need(
+            _is_int(qi) and 0 <= qi < n_queries,
+            f"{where}: 'query_index' must be 0..{n_queries - 1}",
+            path,
+        )
+        _need(
+            (setup, qi) not in seen,
+            f"{where}: setup {_show(setup)} query {qi} is listed twice",
+            path,
+        )
         seen.add((setup, qi))
         _need("ap" in row, f"{where}: no 'ap'", path)
         cols = out.setdefault(setup, {})
         for key, v in row.items():
             if key in _TEXT_COLUMNS:
-                _need(key != "query" or isinstance(v, str), f"{where}: 'query' must be a string", path)
-                _need(key != "query_id" or isinstance(v, str), f"{where}: 'query_id' must be a string", path)
+                _need(
+                    key != "query" or isinstance(v, str), f"{where}: 'query' must be a string", path
+                )
+                _need(
+                    key != "query_id" or isinstance(v, str),
+                    f"{where}: 'query_id' must be a string",
+                    path,
+                )
                 continue
-            _need(v is None or _is_num(v), f"{where}: {_show(key)} must be a number or null, got {_show(v)}", path)
+            _need(
+                v is None or _is_num(v),
+                f"{where}: {_show(key)} must be a number or null, got {_show(v)}",
+                path,
+            )
             col = cols.setdefault(key, np.full(n_queries, np.nan))
             col[qi] = np.nan if v is None else float(v)
     for setup, cols in out.items():
         n = sum(1 for s, _ in seen if s == setup)
-        _need(n == n_queries, f"setup {_show(setup)} has rows for {n} of the {n_queries} queries", path)
+        _need(
+            n == n_queries,
+            f"setup {_show(setup)} has rows for {n} of the {n_queries} queries",
+            path,
+        )
         ap = cols["ap"]
         # the official summation order can land a perfect list one ulp above 1 (1.0000000000000002)
-        _need(bool(np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1 + 1e-9)))), f"setup {_show(setup)}: an AP outside [0, 1]", path)
+        _need(
+            bool(np.all(np.isnan(ap) | ((ap >= 0) & (ap <= 1 + 1e-9)))),
+            f"setup {_show(setup)}: an AP outside [0, 1]",
+            path,
+        )
     return out
 
 
@@ -580,11 +714,19 @@ def sequential_mean(values: NDArray[np.float64]) -> float:
 def _same(stored: Any, recomputed: float) -> bool:
     if stored is None:
         return math.isnan(recomputed)
-    return _is_num(stored) and not math.isnan(recomputed) and abs(float(stored) - recomputed) <= _CROSS_CHECK_TOL
+    return (
+        _is_num(stored)
+        and not math.isnan(recomputed)
+        and abs(float(stored) - recomputed) <= _CROSS_CHECK_TOL
+    )
 
 
-def _cross_check(metrics: Mapping[str, Any], protocol: str, per_query: Mapping[str, Mapping[str, NDArray[np.float64]]],
-                 folder: Path) -> None:
+def _cross_check(
+    metrics: Mapping[str, Any],
+    protocol: str,
+    per_query: Mapping[str, Mapping[str, NDArray[np.float64]]],
+    folder: Path,
+) -> None:
     """``metrics.json``'s means must be those of ``per_query.json`` (one line naming the record)."""
     path = folder / "metrics.json"
 
@@ -599,14 +741,21 @@ def _cross_check(metrics: Mapping[str, Any], protocol: str, per_query: Mapping[s
         setups = metrics.get("setups")
         if not isinstance(setups, dict):
             raise InputError("expected 'setups' (an object per setup)", path)
-        _need(set(setups) == set(per_query), f"setups {sorted(setups)} differ from per_query.json's {sorted(per_query)}", path)
+        _need(
+            set(setups) == set(per_query),
+            f"setups {sorted(setups)} differ from per_query.json's {sorted(per_query)}",
+            path,
+        )
         for name, s in setups.items():
             _need(isinstance(s, dict), f"setup {name!r}: expected an object", path)
             cols = per_query[name]
             for key, stored in s.items():
                 if key == "ap":
-                    _need(isinstance(stored, list) and len(stored) == len(cols["ap"]),
-                          f"setup {name!r}: 'ap' must list one value per query", path)
+                    _need(
+                        isinstance(stored, list) and len(stored) == len(cols["ap"]),
+                        f"setup {name!r}: 'ap' must list one value per query",
+                        path,
+                    )
                     continue
                 column = "ap" if key == "map" else (key[1:] if key.startswith("mp@") else None)
                 if column is None or column not in cols:
@@ -639,23 +788,44 @@ def _check_execution(execution: Any, path: Path) -> None:
     ``retried``, ``complete`` and wall ``seconds``.
     """
     _need(isinstance(execution, dict), "'execution' must be an object", path)
-    _need(_is_text(execution.get("backend")), "'execution.backend' must be a non-empty string", path)
+    _need(
+        _is_text(execution.get("backend")), "'execution.backend' must be a non-empty string", path
+    )
     for key in ("workers", "threads_per_worker"):
-        _need(_is_int(execution.get(key)) and execution[key] >= 1, f"'execution.{key}' must be a positive integer", path)
+        _need(
+            _is_int(execution.get(key)) and execution[key] >= 1,
+            f"'execution.{key}' must be a positive integer",
+            path,
+        )
     for key in ("retries", "allowed_failures", "retried"):
-        _need(key not in execution or (_is_int(execution[key]) and execution[key] >= 0),
-              f"'execution.{key}' must be a non-negative integer", path)  # fmt: skip
-    _need("cluster" not in execution or execution["cluster"] in ("local", "address"),
-          "'execution.cluster' must be 'local' or 'address'", path)  # fmt: skip
+        _need(
+            key not in execution or (_is_int(execution[key]) and execution[key] >= 0),
+            f"'execution.{key}' must be a non-negative integer",
+            path,
+        )
+    _need(
+        "cluster" not in execution or execution["cluster"] in ("local", "address"),
+        "'execution.cluster' must be 'local' or 'address'",
+        path,
+    )
     scheduler = execution.get("scheduler")
-    _need(scheduler is None or (_is_text(scheduler) and "@" not in scheduler),
-          "'execution.scheduler' must be an address without credentials, or null", path)  # fmt: skip
+    _need(
+        scheduler is None or (_is_text(scheduler) and "@" not in scheduler),
+        "'execution.scheduler' must be an address without credentials, or null",
+        path,
+    )
     stages = execution.get("stages", [])
     _need(isinstance(stages, list), "'execution.stages' must be a list", path)
     for st in stages:
-        ok = (isinstance(st, dict) and _is_text(st.get("stage")) and _is_int(st.get("tasks"))
-              and _is_int(st.get("retried")) and isinstance(st.get("complete"), bool)
-              and isinstance(st.get("seconds"), int | float) and not isinstance(st.get("seconds"), bool))  # fmt: skip
+        ok = (
+            isinstance(st, dict)
+            and _is_text(st.get("stage"))
+            and _is_int(st.get("tasks"))
+            and _is_int(st.get("retried"))
+            and isinstance(st.get("complete"), bool)
+            and isinstance(st.get("seconds"), int | float)
+            and not isinstance(st.get("seconds"), bool)
+        )
         _need(ok, "'execution.stages' entries need stage, tasks, retried, complete, seconds", path)
 
 
@@ -667,14 +837,25 @@ def _check_footprint(footprint: Any, path: Path) -> None:
         return
     _need(isinstance(footprint, dict), "'footprint' must be an object or null", path)
     for key in ("n_index", "ram_bytes", "disk_bytes"):
-        _need(_is_int(footprint.get(key)) and footprint[key] >= 0, f"'footprint.{key}' must be a non-negative integer", path)
+        _need(
+            _is_int(footprint.get(key)) and footprint[key] >= 0,
+            f"'footprint.{key}' must be a non-negative integer",
+            path,
+        )
     for key in ("ram_bytes_per_image", "disk_bytes_per_image"):
         v = footprint.get(key)
-        _need(_is_num(v) and math.isfinite(v) and v >= 0, f"'footprint.{key}' must be a non-negative number", path)
+        _need(
+            _is_num(v) and math.isfinite(v) and v >= 0,
+            f"'footprint.{key}' must be a non-negative number",
+            path,
+        )
     for key in ("ram", "disk", "fixed_ram", "fixed_disk"):
         parts = footprint.get(key)
-        _need(isinstance(parts, dict) and all(_is_int(v) and v >= 0 for v in parts.values()),
-              f"'footprint.{key}' must map parts to non-negative byte counts", path)  # fmt: skip
+        _need(
+            isinstance(parts, dict) and all(_is_int(v) and v >= 0 for v in parts.values()),
+            f"'footprint.{key}' must map parts to non-negative byte counts",
+            path,
+        )
 
 
 @dataclass(frozen=True, eq=False)
@@ -737,15 +918,35 @@ class RunRecord:
         )
         missing = [n for n in RUN_FILES if not os.path.lexists(folder / n)]
         _need(not missing, f"incomplete run folder: missing {', '.join(missing)}", folder)
-        _need(record.get("status") == "complete", f"the run did not complete (status {_show(record.get('status'))})", rec_path)
+        _need(
+            record.get("status") == "complete",
+            f"the run did not complete (status {_show(record.get('status'))})",
+            rec_path,
+        )
         for key in _RECORD_TEXT:
-            _need(_is_text(record.get(key)), f"{key!r} must be a non-empty string, got {_show(record.get(key))}", rec_path)
+            _need(
+                _is_text(record.get(key)),
+                f"{key!r} must be a non-empty string, got {_show(record.get(key))}",
+                rec_path,
+            )
         for key in ("ended",):
-            _need(key not in record or record[key] is None or isinstance(record[key], str), f"{key!r} must be a string", rec_path)
+            _need(
+                key not in record or record[key] is None or isinstance(record[key], str),
+                f"{key!r} must be a string",
+                rec_path,
+            )
         command = record.get("command", [])
-        _need(isinstance(command, list) and all(isinstance(c, str) for c in command), "'command' must be a list of strings", rec_path)
+        _need(
+            isinstance(command, list) and all(isinstance(c, str) for c in command),
+            "'command' must be a list of strings",
+            rec_path,
+        )
         for key in ("host", "versions", "cache"):
-            _need(key not in record or isinstance(record[key], dict), f"{key!r} must be an object", rec_path)
+            _need(
+                key not in record or isinstance(record[key], dict),
+                f"{key!r} must be an object",
+                rec_path,
+            )
         if record.get("label") is not None:
             check_label(record["label"], source=f"{rec_path}: 'label'")
         if "execution" in record:
@@ -758,21 +959,39 @@ class RunRecord:
         for key in ("id", "gt_sha256"):
             _need(_is_text(dataset.get(key)), f"{key!r} must be a non-empty string", ds_path)
         for key in ("n_db", "n_queries", "n_distractors"):
-            _need(_is_int(dataset.get(key)) and dataset[key] >= 0, f"{key!r} must be a non-negative integer", ds_path)
+            _need(
+                _is_int(dataset.get(key)) and dataset[key] >= 0,
+                f"{key!r} must be a non-negative integer",
+                ds_path,
+            )
         _need(dataset["n_queries"] >= 1, "'n_queries' must be at least 1", ds_path)
         for key in ("root", "distractors_root"):
-            _need(dataset.get(key) is None or _is_text(dataset[key]), f"{key!r} must be a path or null", ds_path)
+            _need(
+                dataset.get(key) is None or _is_text(dataset[key]),
+                f"{key!r} must be a path or null",
+                ds_path,
+            )
         nq = int(dataset["n_queries"])
         config = read_record_json(folder / "config.json")
         metrics = read_record_json(folder / "metrics.json")
         timings = read_record_json(folder / "timings.json")
-        for name, obj in (("config.json", config), ("metrics.json", metrics), ("timings.json", timings)):
+        for name, obj in (
+            ("config.json", config),
+            ("metrics.json", metrics),
+            ("timings.json", timings),
+        ):
             _need(isinstance(obj, dict), "expected a JSON object", folder / name)
-        _need(all(isinstance(v, int | float) and not isinstance(v, bool) for v in timings.values()),
-              "expected seconds per stage (numbers)", folder / "timings.json")
-        protocol, k, labels, queries = _parse_retrieved(read_record_json(folder / "retrieved.json"), nq,
-                                                        folder / "retrieved.json")
-        per_query = _parse_per_query(read_record_json(folder / "per_query.json"), nq, folder / "per_query.json")
+        _need(
+            all(isinstance(v, int | float) and not isinstance(v, bool) for v in timings.values()),
+            "expected seconds per stage (numbers)",
+            folder / "timings.json",
+        )
+        protocol, k, labels, queries = _parse_retrieved(
+            read_record_json(folder / "retrieved.json"), nq, folder / "retrieved.json"
+        )
+        per_query = _parse_per_query(
+            read_record_json(folder / "per_query.json"), nq, folder / "per_query.json"
+        )
         expected = set(SETUP_LABELS[protocol])
         _need(
             set(per_query) == expected,
@@ -786,10 +1005,18 @@ class RunRecord:
             if os.path.lexists(folder / name):
                 _regular(folder / name)
         return cls(
-            path=folder, record=record, config=config, dataset=dataset, metrics=metrics,
-            timings=timings, protocol=protocol, k=k, labels=labels, queries=queries,
+            path=folder,
+            record=record,
+            config=config,
+            dataset=dataset,
+            metrics=metrics,
+            timings=timings,
+            protocol=protocol,
+            k=k,
+            labels=labels,
+            queries=queries,
             _per_query={s: per_query[s] for s in SETUP_LABELS[protocol]},
-        )  # fmt: skip
+        )
 
     # -- identity ------------------------------------------------------------------------------
     @property
@@ -838,7 +1065,9 @@ class RunRecord:
     @property
     def image_roots(self) -> tuple[Path, ...]:
         """The folders the run's images were read from (dataset root, distractor root), as recorded."""
-        return tuple(Path(self.dataset[k]) for k in ("root", "distractors_root") if self.dataset.get(k))
+        return tuple(
+            Path(self.dataset[k]) for k in ("root", "distractors_root") if self.dataset.get(k)
+        )
 
     @property
     def n_queries(self) -> int:
@@ -860,6 +1089,7 @@ class RunRecord:
 
     def headline(self) -> str:
         """The numbers ``oxbench runs`` prints: ``mAP E 84.81 M 64.67 H 38.47``, ``mAP 80.10``, ``score 3.5``."""
+
         def pct(v: float) -> str:
             return "nan" if math.isnan(v) else f"{100 * v:.2f}"
 
@@ -875,7 +1105,9 @@ class RunRecord:
     # -- per-query numbers -------------------------------------------------------------------
     def _setup(self, setup: str) -> str:
         if setup not in self._per_query:
-            raise InputError(f"no setup {setup!r} in this run (setups: {', '.join(self.setups)})", self.path)
+            raise InputError(
+                f"no setup {setup!r} in this run (setups: {', '.join(self.setups)})", self.path
+            )
         return setup
 
     def per_query(self, setup: str, metric: str = "ap") -> NDArray[np.float64]:
@@ -914,7 +1146,9 @@ class RunRecord:
         try:
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError, EOFError, TypeError) as exc:
-            raise InputError(f"not a readable .npy array ({(str(exc).splitlines() or [''])[0][:120]})", path) from None
+            raise InputError(
+                f"not a readable .npy array ({(str(exc).splitlines() or [''])[0][:120]})", path
+            ) from None
         _need(isinstance(arr, np.ndarray) and arr.ndim == 2, "expected a 2-D array", path)
         _need(np.issubdtype(arr.dtype, np.integer), f"expected integers, got {arr.dtype}", path)
         _need(
@@ -935,17 +1169,32 @@ class RunRecord:
         if not os.path.lexists(path):
             return None
         obj = read_record_json(path)
-        _need(isinstance(obj, dict) and isinstance(obj.get("queries"), dict), "expected {\"queries\": {...}}", path)
+        _need(
+            isinstance(obj, dict) and isinstance(obj.get("queries"), dict),
+            'expected {"queries": {...}}',
+            path,
+        )
         out: dict[int, dict[int, list[list[float]]]] = {}
         for qk, per_db in obj["queries"].items():
-            _need(bool(_INDEX_KEY.match(qk)) and int(qk) < self.n_queries, f"query key {_show(qk)} is not a query index", path)
+            _need(
+                bool(_INDEX_KEY.match(qk)) and int(qk) < self.n_queries,
+                f"query key {_show(qk)} is not a query index",
+                path,
+            )
             _need(isinstance(per_db, dict), f"query {qk}: expected an object", path)
             inner: dict[int, list[list[float]]] = {}
             for dk, pairs in per_db.items():
-                _need(bool(_INDEX_KEY.match(dk)), f"query {qk}: database key {_show(dk)} is not an index", path)
+                _need(
+                    bool(_INDEX_KEY.match(dk)),
+                    f"query {qk}: database key {_show(dk)} is not an index",
+                    path,
+                )
                 _need(
                     isinstance(pairs, list)
-                    and all(isinstance(p, list) and len(p) == 4 and all(_is_num(v) for v in p) for p in pairs),
+                    and all(
+                        isinstance(p, list) and len(p) == 4 and all(_is_num(v) for v in p)
+                        for p in pairs
+                    ),
                     f"query {qk}, image {dk}: expected a list of [xq, yq, xd, yd]",
                     path,
                 )
@@ -965,22 +1214,39 @@ class RunRecord:
             return None
         obj = read_record_json(path)
         _need(
-            isinstance(obj, dict) and isinstance(obj.get("queries"), dict) and isinstance(obj.get("predictor"), str),
-            'expected {"predictor": name, "queries": {...}}', path,
-        )  # fmt: skip
+            isinstance(obj, dict)
+            and isinstance(obj.get("queries"), dict)
+            and isinstance(obj.get("predictor"), str),
+            'expected {"predictor": name, "queries": {...}}',
+            path,
+        )
         out: dict[tuple[int, int], tuple[float, float, float, float]] = {}
         for qk, per_db in obj["queries"].items():
-            _need(bool(_INDEX_KEY.match(qk)) and int(qk) < self.n_queries, f"query key {_show(qk)} is not a query index", path)
+            _need(
+                bool(_INDEX_KEY.match(qk)) and int(qk) < self.n_queries,
+                f"query key {_show(qk)} is not a query index",
+                path,
+            )
             _need(isinstance(per_db, dict), f"query {qk}: expected an object", path)
             for dk, entry in per_db.items():
-                _need(bool(_INDEX_KEY.match(dk)), f"query {qk}: database key {_show(dk)} is not an index", path)
+                _need(
+                    bool(_INDEX_KEY.match(dk)),
+                    f"query {qk}: database key {_show(dk)} is not an index",
+                    path,
+                )
                 box = entry.get("box") if isinstance(entry, dict) else None
                 _need(
                     isinstance(box, list) and len(box) == 4 and all(_is_num(v) for v in box),
-                    f"query {qk}, image {dk}: expected {{\"box\": [x1, y1, x2, y2]}}", path,
-                )  # fmt: skip
+                    f'query {qk}, image {dk}: expected {{"box": [x1, y1, x2, y2]}}',
+                    path,
+                )
                 assert isinstance(box, list)
-                out[(int(qk), int(dk))] = (float(box[0]), float(box[1]), float(box[2]), float(box[3]))
+                out[(int(qk), int(dk))] = (
+                    float(box[0]),
+                    float(box[1]),
+                    float(box[2]),
+                    float(box[3]),
+                )
         return obj["predictor"], out
 
 
@@ -991,12 +1257,17 @@ def _regular(path: Path) -> None:
     except OSError:
         raise InputError("file not found", path) from None
     if stat.S_ISLNK(st.st_mode):
-        raise InputError("a run record's files are regular files; this one is a symbolic link", path)
+        raise InputError(
+            "a run record's files are regular files; this one is a symbolic link", path
+        )
     if not stat.S_ISREG(st.st_mode):
         raise InputError("not a regular file (a folder, FIFO, device or socket)", path)
     limit = FILE_LIMITS.get(path.name)
     if limit is not None and st.st_size > limit:
-        raise InputError(f"file is {st.st_size:,} bytes; the limit for this file of a run record is {limit:,}", path)
+        raise InputError(
+            f"file is {st.st_size:,} bytes; the limit for this file of a run record is {limit:,}",
+            path,
+        )
 
 
 def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
@@ -1031,7 +1302,9 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
         children = sorted(runs_dir.iterdir())
     except OSError:
         return []
-    candidates = [runs_dir] + [p for p in children if not p.name.startswith(".") and not is_run_folder(p) and p.is_dir()]
+    candidates = [runs_dir] + [
+        p for p in children if not p.name.startswith(".") and not is_run_folder(p) and p.is_dir()
+    ]
     out: list[RunSummary] = []
     for cfg in candidates:
         for run_dir in list_runs(cfg):
@@ -1040,5 +1313,15 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
             except InputError as exc:
                 log.warning("skipped a run record: %s", exc)
                 continue
-            out.append(RunSummary(run_dir, rec.run_id, rec.dataset_id, rec.method, rec.started, rec.headline(), rec.label))
+            out.append(
+                RunSummary(
+                    run_dir,
+                    rec.run_id,
+                    rec.dataset_id,
+                    rec.method,
+                    rec.started,
+                    rec.headline(),
+                    rec.label,
+                )
+            )
     return sorted(out, key=lambda r: (r.started, str(r.run_dir)))

@@ -44,8 +44,23 @@ import numpy as np
 from oxbench.errors import InputError
 
 __all__ = [
-    "Bool", "Choice", "Float", "FloatTuple", "Int", "Optional", "PathSetting", "SettingInfo", "Size",
-    "Spec", "Str", "coerce", "describe", "parse", "setting", "spec_of", "validate",
+    "Bool",
+    "Choice",
+    "Float",
+    "FloatTuple",
+    "Int",
+    "Optional",
+    "PathSetting",
+    "SettingInfo",
+    "Size",
+    "Spec",
+    "Str",
+    "coerce",
+    "describe",
+    "parse",
+    "setting",
+    "spec_of",
+    "validate",
 ]
 
 #: Key of a field's metadata that holds its :class:`Spec`.
@@ -126,7 +141,11 @@ class Spec:
 
     def coerce(self, name: str, value: Any, *, what: str = "setting") -> Any:
         """:meth:`parse` for a string, :meth:`check` for anything else."""
-        return self.parse(name, value, what=what) if isinstance(value, str) else self.check(name, value, what=what)
+        return (
+            self.parse(name, value, what=what)
+            if isinstance(value, str)
+            else self.check(name, value, what=what)
+        )
 
     def meta(self, doc: str = "") -> dict[str, Any]:
         """Field metadata holding this spec: ``field(default=3.0, metadata=Float(lo=0).meta())``."""
@@ -149,7 +168,9 @@ class _Refusal:
     message: str
 
 
-def _range_refusal(x: float, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> _Refusal | None:
+def _range_refusal(
+    x: float, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool
+) -> _Refusal | None:
     # written so that NaN fails every bound: "not (lo < x)" is true for NaN
     if lo is not None and (not (lo < x) if lo_open else not (lo <= x)):
         return _Refusal(f"must be {_range_words(lo, hi, lo_open, hi_open)}")
@@ -246,7 +267,9 @@ class Float(Spec):
         return _Refusal(self._expected())
 
     def _check(self, value: Any) -> Any:
-        if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
+        if isinstance(value, bool | np.bool_) or not isinstance(
+            value, int | float | np.integer | np.floating
+        ):
             return _Refusal(self._expected())
         try:
             x = float(value)
@@ -259,7 +282,11 @@ class Float(Spec):
 
     def describe(self) -> str:
         words = _range_words(self.lo, self.hi, self.lo_open, self.hi_open)
-        return f"{words}, inf allowed" if self.allow_inf and words else ("inf allowed" if self.allow_inf else words)
+        return (
+            f"{words}, inf allowed"
+            if self.allow_inf and words
+            else ("inf allowed" if self.allow_inf else words)
+        )
 
 
 _TRUE = frozenset({"true", "1", "yes"})
@@ -435,7 +462,12 @@ class FloatTuple(Spec):
 
 
 def setting(
-    default: Any = dataclasses.MISSING, spec: Spec | None = None, *, doc: str = "", input: bool = False, **kwargs: Any
+    default: Any = dataclasses.MISSING,
+    spec: Spec | None = None,
+    *,
+    doc: str = "",
+    input: bool = False,
+    **kwargs: Any,
 ) -> Any:
     """A dataclass field whose metadata holds ``spec`` and ``doc``.
 
@@ -467,7 +499,11 @@ def _default(f: dataclasses.Field[Any]) -> Any:
 
 
 def validate(
-    instance: Any, *, what: str = "setting", normalize: bool = True, label: Callable[[str], str] | None = None
+    instance: Any,
+    *,
+    what: str = "setting",
+    normalize: bool = True,
+    label: Callable[[str], str] | None = None,
 ) -> None:
     """Check every field of the dataclass ``instance`` that has a spec (call from ``__post_init__``).
 
@@ -501,7 +537,9 @@ def spec_of(cls_or_instance: Any, name: str) -> Spec:
         raise InputError(f"unknown setting {name!r}")
     f = fields[head]
     if rest:
-        nested = getattr(cls_or_instance, head) if not isinstance(cls_or_instance, type) else _default(f)
+        nested = (
+            getattr(cls_or_instance, head) if not isinstance(cls_or_instance, type) else _default(f)
+        )
         if not dataclasses.is_dataclass(nested):
             raise InputError(f"unknown setting {name!r}: {head} has no sub-settings")
         try:
@@ -514,7 +552,9 @@ def spec_of(cls_or_instance: Any, name: str) -> Spec:
     return spec
 
 
-def parse(cls_or_instance: Any, name: str, raw: str, *, what: str = "setting", label: str | None = None) -> Any:
+def parse(
+    cls_or_instance: Any, name: str, raw: str, *, what: str = "setting", label: str | None = None
+) -> Any:
     """The typed value of setting ``name`` of a dataclass from the string ``raw``.
 
     ``parse(QeConfig, "qe_k", "10") == 10``; dotted names reach nested configs. ``label`` is the
@@ -526,7 +566,9 @@ def parse(cls_or_instance: Any, name: str, raw: str, *, what: str = "setting", l
     return spec_of(cls_or_instance, name).parse(label or name, raw, what=what)
 
 
-def coerce(cls_or_instance: Any, name: str, value: Any, *, what: str = "setting", label: str | None = None) -> Any:
+def coerce(
+    cls_or_instance: Any, name: str, value: Any, *, what: str = "setting", label: str | None = None
+) -> Any:
     """:func:`parse` for a string, the spec's check for a typed value (a preset's, JSON's)."""
     return spec_of(cls_or_instance, name).coerce(label or name, value, what=what)
 
@@ -558,7 +600,14 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
             if dataclasses.is_dataclass(value) and not isinstance(value, type):
                 rows.extend(describe(value, prefix=f"{prefix}{name}."))
             continue
-        rows.append(SettingInfo(f"{prefix}{name}", spec.kind, value, spec.describe(), f.metadata.get(DOC_KEY, ""),
-                                bool(f.metadata.get(INPUT_KEY, False))))
+        rows.append(
+            SettingInfo(
+                f"{prefix}{name}",
+                spec.kind,
+                value,
+                spec.describe(),
+                f.metadata.get(DOC_KEY, ""),
+                bool(f.metadata.get(INPUT_KEY, False)),
+            )
+        )
     return rows
-

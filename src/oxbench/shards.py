@@ -143,8 +143,11 @@ def check_partition(partition: object) -> tuple[int, int] | None:
     (``0 <= i < n``, as SLURM array and Kubernetes indexed-job indices count), else one line."""
     if partition is None:
         return None
-    ok = (isinstance(partition, tuple) and len(partition) == 2
-          and all(isinstance(v, int) and not isinstance(v, bool) for v in partition))  # fmt: skip
+    ok = (
+        isinstance(partition, tuple)
+        and len(partition) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in partition)
+    )
     if not ok or not (1 <= partition[1] <= 1_000_000 and 0 <= partition[0] < partition[1]):  # type: ignore[index]
         raise InputError(f"partition must be I/N with 0 <= I < N <= 1000000, got {partition!r}")
     return partition  # type: ignore[return-value]
@@ -166,9 +169,15 @@ def remove_own_temps(directory: Path, tag: str) -> int:
 
 
 def run_shard_tasks(
-    job: Callable[[ShardTask], ShardReceipt], tasks: Sequence[ShardTask], directory: Path, tag: str, *,
-    executor: Executor | None = None, desc: str = "shards", progress: bool = True,
-) -> list[ShardReceipt]:  # fmt: skip
+    job: Callable[[ShardTask], ShardReceipt],
+    tasks: Sequence[ShardTask],
+    directory: Path,
+    tag: str,
+    *,
+    executor: Executor | None = None,
+    desc: str = "shards",
+    progress: bool = True,
+) -> list[ShardReceipt]:
     """Run shard tasks through ``executor`` (default: this process); their receipts in task order.
 
     Afterwards the temporary folders of attempts that died before committing (a killed worker) are
@@ -190,9 +199,15 @@ def run_shard_tasks(
 
 # ---------------------------------------------------------------------- shards of one .npz each
 def write_npz_shard(
-    directory: Path, task: ShardTask, arrays: Mapping[str, NDArray[Any]], *, plan: str = "", tag: str = "",
-    rows: int = 0, seconds_from: float | None = None,
-) -> ShardReceipt:  # fmt: skip
+    directory: Path,
+    task: ShardTask,
+    arrays: Mapping[str, NDArray[Any]],
+    *,
+    plan: str = "",
+    tag: str = "",
+    rows: int = 0,
+    seconds_from: float | None = None,
+) -> ShardReceipt:
     """Write ``arrays`` (plus the plan digest) as the shard ``task.folder`` of ``directory``.
 
     Written into a unique temporary folder, committed by one rename (the first commit wins; a later
@@ -236,9 +251,14 @@ def committed_folders(directory: Path) -> dict[int, list[Path]]:
 
 
 def read_npz_shards(
-    directory: Path, names: Sequence[str], shard_size: int, *, what: str,
-    check: Callable[[dict[str, NDArray[Any]], list[str]], str | None] | None = None, mapped: Sequence[str] = (),
-) -> tuple[dict[int, dict[str, NDArray[Any]]], list[ShardTask]]:  # fmt: skip
+    directory: Path,
+    names: Sequence[str],
+    shard_size: int,
+    *,
+    what: str,
+    check: Callable[[dict[str, NDArray[Any]], list[str]], str | None] | None = None,
+    mapped: Sequence[str] = (),
+) -> tuple[dict[int, dict[str, NDArray[Any]]], list[ShardTask]]:
     """The intact committed shards of a plan, and the tasks of the planned shards still to compute.
 
     A committed folder that is not the plan's (other items), or whose ``shard.npz`` fails its
@@ -286,8 +306,12 @@ def read_npz_shards(
     return done, todo
 
 
-def check_receipts(tasks: Sequence[ShardTask], receipts: Sequence[ShardReceipt], committed: Iterable[str],
-                   what: Path) -> None:  # fmt: skip
+def check_receipts(
+    tasks: Sequence[ShardTask],
+    receipts: Sequence[ShardReceipt],
+    committed: Iterable[str],
+    what: Path,
+) -> None:
     """Every task's receipt names its own folder, and that folder is committed in ``what``.
 
     Raises:

@@ -62,7 +62,9 @@ def _die_with(parent_pid: int) -> None:
     threading.Thread(target=watch, name="oxbench-parent-watchdog", daemon=True).start()
 
 
-def _init_worker(parent_pid: int, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
+def _init_worker(
+    parent_pid: int, initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]
+) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with(parent_pid)
     if initializer is not None:
@@ -77,7 +79,11 @@ class WorkerPool(ProcessPoolExecutor):
     """
 
     def __init__(
-        self, workers: int, *, initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = ()
+        self,
+        workers: int,
+        *,
+        initializer: Callable[..., Any] | None = None,
+        initargs: tuple[Any, ...] = (),
     ) -> None:
         super().__init__(
             max_workers=workers,
@@ -102,7 +108,10 @@ class WorkerPool(ProcessPoolExecutor):
                     p.join(1.0)
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> bool | None:
         if exc_type is not None:
             self.abort()

@@ -24,19 +24,51 @@ from oxbench.errors import InputError, MissingExtraError
 # name -> (module, attribute, short help). Each module defines one click command or group.
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "evaluate": ("oxbench.cli.evaluate", "evaluate", "Score a ranking with an official protocol."),
-    "simulate": ("oxbench.cli.simulate", "simulate", "Run the synthetic protocol-sensitivity study."),
+    "simulate": (
+        "oxbench.cli.simulate",
+        "simulate",
+        "Run the synthetic protocol-sensitivity study.",
+    ),
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
-    "methods": ("oxbench.cli.run", "methods", "The method families and presets; a preset's settings (type, default, range, meaning)."),
-    "compare": ("oxbench.cli.report", "compare", "Compare runs query by query: CI and p-value per setup."),
+    "methods": (
+        "oxbench.cli.run",
+        "methods",
+        "The method families and presets; a preset's settings (type, default, range, meaning).",
+    ),
+    "compare": (
+        "oxbench.cli.report",
+        "compare",
+        "Compare runs query by query: CI and p-value per setup.",
+    ),
     "report": ("oxbench.cli.report", "report", "The paper table of runs (md, latex, csv, html)."),
-    "plot": ("oxbench.cli.report", "plot", "Per-query AP, precision-recall and A-vs-B figures of runs."),
+    "plot": (
+        "oxbench.cli.report",
+        "plot",
+        "Per-query AP, precision-recall and A-vs-B figures of runs.",
+    ),
     "view": ("oxbench.cli.report", "view", "A static HTML viewer of a run's ranked lists."),
-    "export": ("oxbench.cli.report", "export", "Export ranked lists: Oxford lists, revisitop ranks, hloc pairs."),
-    "extract": ("oxbench.cli.deep", "extract", "Write a dataset's global descriptors to .npy files."),
-    "import-checkpoint": ("oxbench.cli.deep", "import_checkpoint", "Convert a cirtorch checkpoint into a model file."),
-    "train": ("oxbench.cli.train", "train", "Fine-tune a backbone + GeM on a training city (contrastive, hard negatives)."),
+    "export": (
+        "oxbench.cli.report",
+        "export",
+        "Export ranked lists: Oxford lists, revisitop ranks, hloc pairs.",
+    ),
+    "extract": (
+        "oxbench.cli.deep",
+        "extract",
+        "Write a dataset's global descriptors to .npy files.",
+    ),
+    "import-checkpoint": (
+        "oxbench.cli.deep",
+        "import_checkpoint",
+        "Convert a cirtorch checkpoint into a model file.",
+    ),
+    "train": (
+        "oxbench.cli.train",
+        "train",
+        "Fine-tune a backbone + GeM on a training city (contrastive, hard negatives).",
+    ),
 }
 
 
@@ -134,10 +166,18 @@ def warnings_as_log_lines() -> Iterator[None]:
 
     previous = warnings.showwarning
 
-    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-             file: Any = None, line: str | None = None) -> None:
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
         text = " ".join(str(message).split())
-        logging.getLogger(getattr(category, "__module__", "py.warnings")).warning("%s: %s", category.__name__, text)
+        logging.getLogger(getattr(category, "__module__", "py.warnings")).warning(
+            "%s: %s", category.__name__, text
+        )
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"Image size \(\d+ pixels\) exceeds limit")

@@ -95,11 +95,20 @@ def list_cmd(root: Path | None, as_json: bool) -> None:
     status = {name: dataset_status(name, base) for name in DATASETS}
     for name in DATASETS:
         s, st = DATASETS.get(name), status[name]
-        rows.append({
-            "id": s.id, "title": s.title, "images": s.n_images, "queries": s.n_queries,
-            "protocols": list(s.protocols), "download": s.download_size, "path": str(st.path),
-            "state": st.state, "image_files": st.image_files, "size_on_disk": st.size_bytes,
-        })  # fmt: skip
+        rows.append(
+            {
+                "id": s.id,
+                "title": s.title,
+                "images": s.n_images,
+                "queries": s.n_queries,
+                "protocols": list(s.protocols),
+                "download": s.download_size,
+                "path": str(st.path),
+                "state": st.state,
+                "image_files": st.image_files,
+                "size_on_disk": st.size_bytes,
+            }
+        )
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
@@ -182,7 +191,9 @@ def info_cmd(dataset_id: str, root: Path | None) -> None:
 @click.argument("dataset_id")
 @click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
 @click.option(
-    "--missing-ok", is_flag=True, help="Print the folder even when the dataset is not there (exit 0)."
+    "--missing-ok",
+    is_flag=True,
+    help="Print the folder even when the dataset is not there (exit 0).",
 )
 def path_cmd(dataset_id: str, root: Path | None, missing_ok: bool) -> None:
     """Print the folder of a dataset (<root>/<id>), for scripts: `cd "$(oxbench data path roxford5k)"`.
@@ -241,7 +252,9 @@ def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
     help="Base URL replacing the owners' host (default: $OXBENCH_MIRROR); only the mirror is contacted.",
 )
 @click.option(
-    "--also-owners", is_flag=True, help="With a mirror: try the owners' hosts too when the mirror fails."
+    "--also-owners",
+    is_flag=True,
+    help="With a mirror: try the owners' hosts too when the mirror fails.",
 )
 @click.option(
     "--jobs", type=click.IntRange(1, 32), default=4, show_default=True, help="Parallel downloads."
@@ -252,9 +265,16 @@ def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
 @click.option("--force", is_flag=True, help="Download again files already installed.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def fetch_cmd(
-    dataset_id: str, root: Path | None, accept_terms: bool, mirror: str | None, also_owners: bool,
-    jobs: int, keep_archives: bool, force: bool, no_progress: bool,
-) -> None:  # fmt: skip
+    dataset_id: str,
+    root: Path | None,
+    accept_terms: bool,
+    mirror: str | None,
+    also_owners: bool,
+    jobs: int,
+    keep_archives: bool,
+    force: bool,
+    no_progress: bool,
+) -> None:
     """Download, check and lay out a dataset from its owners (resumable, verified)."""
     from oxbench.datasets.paths import data_root
     from oxbench.datasets.prepare import fetch_dataset
@@ -265,9 +285,16 @@ def fetch_cmd(
     if not _accept_terms_interactively(spec.id, base, accept_terms):
         raise InputError(f"terms of use of {spec.id} not accepted; nothing downloaded")
     report = fetch_dataset(
-        spec.id, base, accept_terms=True, mirror=mirror, also_owners=also_owners, jobs=jobs,
-        keep_archives=keep_archives, force=force, progress=not no_progress,
-    )  # fmt: skip
+        spec.id,
+        base,
+        accept_terms=True,
+        mirror=mirror,
+        also_owners=also_owners,
+        jobs=jobs,
+        keep_archives=keep_archives,
+        force=force,
+        progress=not no_progress,
+    )
     for f in report.files:
         if f.get("reused"):
             click.echo(
@@ -342,9 +369,14 @@ def import_cmd(
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 @click.pass_context
 def verify_cmd(
-    ctx: click.Context, dataset_id: str, root: Path | None, report_path: Path | None,
-    no_decode: bool, jobs: int, no_progress: bool,
-) -> None:  # fmt: skip
+    ctx: click.Context,
+    dataset_id: str,
+    root: Path | None,
+    report_path: Path | None,
+    no_decode: bool,
+    jobs: int,
+    no_progress: bool,
+) -> None:
     """Decode every image and check counts, ground truth and checksums; exit 1 if anything is off."""
     from oxbench.datasets.verify import verify
 
@@ -360,7 +392,9 @@ def verify_cmd(
             raise
         # A read-only (shared) data root: put the default report in the working directory.
         fallback = Path.cwd() / f"{report.dataset}.verify.json"
-        click.echo(f"note: cannot write {out} ({exc.problem}); writing the report to {fallback}", err=True)
+        click.echo(
+            f"note: cannot write {out} ({exc.problem}); writing the report to {fallback}", err=True
+        )
         out = report.write_json(fallback)
     click.echo(f"report: {out}")
     ctx.exit(0 if report.ok else 1)

@@ -17,8 +17,12 @@ from oxbench.cli.options import (
 
 @click.command("import-checkpoint")
 @click.argument("checkpoint", type=click.Path(dir_okay=False))
-@click.option("--out", required=True, type=click.Path(dir_okay=False),
-              help="The model file to write (.pt), for --set weights=MODEL.pt.")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The model file to write (.pt), for --set weights=MODEL.pt.",
+)
 def import_checkpoint(checkpoint: str, out: str) -> None:
     """Convert a local cirtorch CHECKPOINT (e.g. retrievalSfM120k-resnet101-gem-*.pth) into a model file.
 
@@ -38,26 +42,57 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
 
 @click.command("extract")
 @click.option("--dataset", default="synthetic", show_default=True, help="Dataset id.")
-@click.option("--method", required=True,
-              help="A global-descriptor preset (gem-r50-imagenet, gem-r101 --set weights=MODEL.pt, rootsift-vlad ...).")
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Output folder: db.npy, db_names.txt, queries.npy, query_names.txt, extract.json "
-                   "(required unless --partition).")
-@click.option("--partition", default=None, metavar="I/N",
-              help="Describe only partition I of N (0 <= I < N) of the extraction shards (local features, or "
-                   "a CNN's descriptors), into the cache, and stop (an array job's task: "
-                   "$SLURM_ARRAY_TASK_ID/N). Then run without --partition to combine.")
+@click.option(
+    "--method",
+    required=True,
+    help="A global-descriptor preset (gem-r50-imagenet, gem-r101 --set weights=MODEL.pt, rootsift-vlad ...).",
+)
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output folder: db.npy, db_names.txt, queries.npy, query_names.txt, extract.json "
+    "(required unless --partition).",
+)
+@click.option(
+    "--partition",
+    default=None,
+    metavar="I/N",
+    help="Describe only partition I of N (0 <= I < N) of the extraction shards (local features, or "
+    "a CNN's descriptors), into the cache, and stop (an array job's task: "
+    "$SLURM_ARRAY_TASK_ID/N). Then run without --partition to combine.",
+)
 @method_options
 @execution_options
-@click.option("--decode-threads", type=click.IntRange(1, 1024), default=None,
-              help="Threads decoding images for a CNN (default: one per available core).")
-@click.option("--allow-partial", is_flag=True,
-              help="Accept partial image sets: undecodable images are named, skipped and get zero descriptors.")
+@click.option(
+    "--decode-threads",
+    type=click.IntRange(1, 1024),
+    default=None,
+    help="Threads decoding images for a CNN (default: one per available core).",
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Accept partial image sets: undecodable images are named, skipped and get zero descriptors.",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def extract(
-    dataset: str, method: str, out: str | None, partition: str | None, root: str | None, cache: str | None,
-    train_dataset: str | None, settings: tuple[str, ...], distractors: str | None, workers: int | None,
-    engine: str, cluster: str | None, shard_size: int | None, decode_threads: int | None, allow_partial: bool, no_progress: bool,
+    dataset: str,
+    method: str,
+    out: str | None,
+    partition: str | None,
+    root: str | None,
+    cache: str | None,
+    train_dataset: str | None,
+    settings: tuple[str, ...],
+    distractors: str | None,
+    workers: int | None,
+    engine: str,
+    cluster: str | None,
+    shard_size: int | None,
+    decode_threads: int | None,
+    allow_partial: bool,
+    no_progress: bool,
 ) -> None:
     """Write the global descriptors of DATASET (database, distractors, query crops) to .npy files.
 
@@ -70,24 +105,49 @@ def extract(
     part = parse_partition(partition)
     if part is not None:
         done = extract_partition(
-            dataset, method, part, root=root, cache=cache, overrides=dict(parse_setting(s) for s in settings),
-            distractors=parse_distractors(distractors), strict=not allow_partial, workers=parse_workers(workers),
-            engine=engine, cluster=cluster, shard_size=shard_size, progress=not no_progress,
-        )  # fmt: skip
+            dataset,
+            method,
+            part,
+            root=root,
+            cache=cache,
+            overrides=dict(parse_setting(s) for s in settings),
+            distractors=parse_distractors(distractors),
+            strict=not allow_partial,
+            workers=parse_workers(workers),
+            engine=engine,
+            cluster=cluster,
+            shard_size=shard_size,
+            progress=not no_progress,
+        )
         counts = ", ".join(f"{n} {p}" for p, n in done.items())
-        click.echo(f"partition {part[0]}/{part[1]} of {dataset}: described {counts} image(s); "
-                   "the other partitions and a run without --partition complete it")  # fmt: skip
+        click.echo(
+            f"partition {part[0]}/{part[1]} of {dataset}: described {counts} image(s); "
+            "the other partitions and a run without --partition complete it"
+        )
         return
     if out is None:
         raise InputError("oxbench extract needs --out (or --partition I/N)")
     outcome = extract_descriptors(
-        dataset, method, out, root=root, cache=cache, train_dataset=train_dataset,
-        overrides=dict(parse_setting(s) for s in settings), distractors=parse_distractors(distractors),
-        strict=not allow_partial, workers=parse_workers(workers), engine=engine, cluster=cluster,
-        shard_size=shard_size, decode_threads=decode_threads, progress=not no_progress,
-    )  # fmt: skip
-    click.echo(f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
-               f"{outcome.n_queries} query descriptors, {outcome.dim}-D")
+        dataset,
+        method,
+        out,
+        root=root,
+        cache=cache,
+        train_dataset=train_dataset,
+        overrides=dict(parse_setting(s) for s in settings),
+        distractors=parse_distractors(distractors),
+        strict=not allow_partial,
+        workers=parse_workers(workers),
+        engine=engine,
+        cluster=cluster,
+        shard_size=shard_size,
+        decode_threads=decode_threads,
+        progress=not no_progress,
+    )
+    click.echo(
+        f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
+        f"{outcome.n_queries} query descriptors, {outcome.dim}-D"
+    )
     hint = outcome.info.get("evaluate")
     if hint:
         click.echo(f"evaluate with: {hint}")

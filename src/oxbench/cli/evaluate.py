@@ -79,7 +79,9 @@ def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str
     return gt
 
 
-def _read_rank_file(path: str, key: str | None, padding: int | None, n_queries: int) -> tuple[Any, int | None]:
+def _read_rank_file(
+    path: str, key: str | None, padding: int | None, n_queries: int
+) -> tuple[Any, int | None]:
     """Ranks in the internal layout, and the padding to evaluate them with."""
     from oxbench.formats.arrays import read_ranks
 
@@ -99,7 +101,12 @@ def _read_rank_file(path: str, key: str | None, padding: int | None, n_queries: 
             f"layout: rows = ranked positions, columns = queries{hint if ranks.shape[1] == n_queries else ''})",
             path,
         )
-    if Path(path).suffix.lower() == ".txt" and padding is None and ranks.size and int(ranks.min()) == -1:
+    if (
+        Path(path).suffix.lower() == ".txt"
+        and padding is None
+        and ranks.size
+        and int(ranks.min()) == -1
+    ):
         padding = -1  # lines of different lengths: the reader padded them
     return ranks, padding
 
@@ -127,7 +134,12 @@ def _features(
     other = "n-d" if layout == "d-n" else "d-n"
     lay = cast(Layout, layout)
     x = read_features(db_features, layout=lay, key=key, normalize=normalize)
-    q = read_features(query_features, layout=lay, key=query_key if query_key is not None else key, normalize=normalize)
+    q = read_features(
+        query_features,
+        layout=lay,
+        key=query_key if query_key is not None else key,
+        normalize=normalize,
+    )
     n_index = gt.n_db + n_distractors
     if x.shape[0] != n_index and x.shape[1] == n_index:
         raise InputError(
@@ -160,9 +172,11 @@ def _warn_not_unit_norm(path: str, features: Any) -> None:
     norms = np.sqrt(np.einsum("ij,ij->i", features, features, dtype=np.float64))
     lo, hi = float(norms.min()), float(norms.max())
     if lo < 1 - 1e-3 or hi > 1 + 1e-3:
-        click.echo(f"{path}: warning: the features are not unit-norm (norms {lo:.3g} .. {hi:.3g}); they are "
-                   "scored by their dot product as given: pass --normalize to L2-normalise them (cosine)",
-                   err=True)  # fmt: skip
+        click.echo(
+            f"{path}: warning: the features are not unit-norm (norms {lo:.3g} .. {hi:.3g}); they are "
+            "scored by their dot product as given: pass --normalize to L2-normalise them (cosine)",
+            err=True,
+        )
 
 
 def _score(
@@ -186,10 +200,18 @@ def _score(
     if n_distractors < 0:
         raise InputError(f"--distractors must be >= 0, got {n_distractors}")
     if n_distractors > MAX_DISTRACTORS:
-        raise InputError(f"--distractors {n_distractors} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)")
-    given = [ranks is not None, scores is not None, db_features is not None or query_features is not None]
+        raise InputError(
+            f"--distractors {n_distractors} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)"
+        )
+    given = [
+        ranks is not None,
+        scores is not None,
+        db_features is not None or query_features is not None,
+    ]
     if sum(given) != 1:
-        raise InputError("give exactly one of --ranks, --scores, or --db-features with --query-features")
+        raise InputError(
+            "give exactly one of --ranks, --scores, or --db-features with --query-features"
+        )
     if ranks is None and padding is not None:
         raise InputError("--padding applies to --ranks")
     if (layout != "n-d" or normalize) and db_features is None:
@@ -204,14 +226,24 @@ def _score(
 
         if not Path(scores).exists():
             raise InputError("scores file not found", scores)
-        return evaluate_scores(gt, read_matrix(scores, key=key), ks=ks, n_distractors=n_distractors, source=scores)
+        return evaluate_scores(
+            gt, read_matrix(scores, key=key), ks=ks, n_distractors=n_distractors, source=scores
+        )
     if db_features is None or query_features is None:
         raise InputError("--db-features and --query-features go together")
     q, x = _features(
-        gt, db_features, query_features, key=key, query_key=query_key, layout=layout, normalize=normalize,
+        gt,
+        db_features,
+        query_features,
+        key=key,
+        query_key=query_key,
+        layout=layout,
+        normalize=normalize,
         n_distractors=n_distractors,
     )
-    result = evaluate_features(gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}")
+    result = evaluate_features(
+        gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}"
+    )
     if not normalize:  # after scoring: a refusal stays one line
         _warn_not_unit_norm(db_features, x)
         _warn_not_unit_norm(query_features, q)
@@ -243,7 +275,9 @@ def _emit(result: Any, as_json: bool, per_query: str | None) -> None:
 
 
 def _common(f: Callable[..., Any]) -> Callable[..., Any]:
-    f = click.option("--per-query", type=click.Path(), help="Also write per-query AP/P@K as CSV.")(f)
+    f = click.option("--per-query", type=click.Path(), help="Also write per-query AP/P@K as CSV.")(
+        f
+    )
     f = click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)(f)
     return f
 
@@ -255,34 +289,48 @@ def _ks_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., A
 def _key_options(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option("--padding", type=click.Choice(["-1"]), default=None, help=_PADDING_HELP)(f)
     f = click.option(
-        "--key", help="Name of the array inside an .npz or .mat file holding several (revisitop .mat: X)."
+        "--key",
+        help="Name of the array inside an .npz or .mat file holding several (revisitop .mat: X).",
     )(f)
     return f
 
 
 def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
     f = click.option(
-        "--normalize", is_flag=True,
+        "--normalize",
+        is_flag=True,
         help="L2-normalise the descriptors first. Off by default: cosine similarity needs it.",
     )(f)
     f = click.option(
-        "--layout", type=click.Choice(["n-d", "d-n"]), default="n-d", show_default=True,
+        "--layout",
+        type=click.Choice(["n-d", "d-n"]),
+        default="n-d",
+        show_default=True,
         help="Descriptor files: n-d = one vector a row (numpy, FAISS, .fvecs); d-n = one a column "
         "(revisitop's .mat X and Q).",
     )(f)
-    f = click.option("--query-key", help="Name of the query array in the --query-features file (default: --key; revisitop .mat: Q).")(f)
     f = click.option(
-        "--query-features", type=click.Path(), help="Query descriptors [n_queries, d]: .npy .npz .mat .fvecs .bvecs."
+        "--query-key",
+        help="Name of the query array in the --query-features file (default: --key; revisitop .mat: Q).",
     )(f)
     f = click.option(
-        "--db-features", type=click.Path(),
+        "--query-features",
+        type=click.Path(),
+        help="Query descriptors [n_queries, d]: .npy .npz .mat .fvecs .bvecs.",
+    )(f)
+    f = click.option(
+        "--db-features",
+        type=click.Path(),
         help="Database descriptors [n_db (+ distractors), d] (.npy .npz .mat .fvecs .bvecs); dot product.",
     )(f)
     f = click.option(
-        "--scores", type=click.Path(), help="Similarities [n_db (+ distractors), n_queries]: .npy .npz .mat."
+        "--scores",
+        type=click.Path(),
+        help="Similarities [n_db (+ distractors), n_queries]: .npy .npz .mat.",
     )(f)
     f = click.option(
-        "--ranks", type=click.Path(),
+        "--ranks",
+        type=click.Path(),
         help="Ranks: .npy/.npz/.mat in the revisitop layout (rows = ranked positions, columns = queries), "
         ".ivecs or text (one query per line).",
     )(f)
@@ -296,7 +344,9 @@ def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
         help="Admit indices n_db .. n_db+N-1 as distractors (R1M: 1001001).",
     )(f)
     f = click.option("--root", type=click.Path(), help="Data root for --dataset.")(f)
-    f = click.option("--dataset", help="Take the ground truth of an installed dataset instead of --gnd.")(f)
+    f = click.option(
+        "--dataset", help="Take the ground truth of an installed dataset instead of --gnd."
+    )(f)
     return f
 
 
@@ -310,8 +360,15 @@ def evaluate() -> None:
 @_inputs
 @_ks_option(_KS_HELP)
 @_common
-def revisited(gnd: str | None, dataset: str | None, root: str | None, ks: str | None, as_json: bool,
-              per_query: str | None, **inputs: Any) -> None:
+def revisited(
+    gnd: str | None,
+    dataset: str | None,
+    root: str | None,
+    ks: str | None,
+    as_json: bool,
+    per_query: str | None,
+    **inputs: Any,
+) -> None:
     """Revisited Oxford/Paris: mAP and capped mP@K for the Easy, Medium and Hard setups (revisitop's
     compute_map, exactly)."""
     k = _parse_ks(ks)
@@ -328,14 +385,33 @@ def _input_args(inputs: dict[str, Any]) -> dict[str, Any]:
 
 
 @evaluate.command("oxford")
-@click.option("--gt-dir", type=click.Path(), help="Original ground-truth folder (gt_files_170407, paris_120310).")
-@click.option("--ranked-dir", type=click.Path(), help="Folder of <query>.txt ranked lists (one image name per line).")
-@click.option("--gnd", type=click.Path(), help="Old-protocol pickle (gnd_oxford5k.pkl, gnd_paris6k.pkl).")
+@click.option(
+    "--gt-dir",
+    type=click.Path(),
+    help="Original ground-truth folder (gt_files_170407, paris_120310).",
+)
+@click.option(
+    "--ranked-dir",
+    type=click.Path(),
+    help="Folder of <query>.txt ranked lists (one image name per line).",
+)
+@click.option(
+    "--gnd", type=click.Path(), help="Old-protocol pickle (gnd_oxford5k.pkl, gnd_paris6k.pkl)."
+)
 @_inputs
 @_ks_option(_KS_HELP)
 @_common
-def oxford(gt_dir: str | None, ranked_dir: str | None, gnd: str | None, dataset: str | None, root: str | None,
-           ks: str | None, as_json: bool, per_query: str | None, **inputs: Any) -> None:
+def oxford(
+    gt_dir: str | None,
+    ranked_dir: str | None,
+    gnd: str | None,
+    dataset: str | None,
+    root: str | None,
+    ks: str | None,
+    as_json: bool,
+    per_query: str | None,
+    **inputs: Any,
+) -> None:
     """Original Oxford 5K / Paris 6K: good+ok positive, junk ignored (compute_ap.cpp). Works for the
     Paris files too. Per-query results are keyed by the query id (all_souls_1).
 
@@ -347,14 +423,18 @@ def oxford(gt_dir: str | None, ranked_dir: str | None, gnd: str | None, dataset:
     args = _input_args(inputs)
     if gt_dir is not None or ranked_dir is not None:
         if ranked_dir is None or (gt_dir is None and dataset is None):
-            raise InputError("--ranked-dir goes with --gt-dir or --dataset (whose gt files and images it reads)")
+            raise InputError(
+                "--ranked-dir goes with --gt-dir or --dataset (whose gt files and images it reads)"
+            )
         arrays = ("ranks", "scores", "db_features", "query_features")
         if gnd is not None or any(args[a] is not None for a in arrays):
             raise InputError("--gt-dir/--ranked-dir cannot be combined with --gnd or array inputs")
         from oxbench.evaluation import evaluate as evaluate_ranks
         from oxbench.formats.oxford_gt import read_gt_dir, read_ranked_dir
 
-        if dataset is not None:  # the database is the dataset's images, not the names the gt files cite
+        if (
+            dataset is not None
+        ):  # the database is the dataset's images, not the names the gt files cite
             gt = _load_gt(None, dataset, root, "original")
             if gt_dir is not None:
                 gt = read_gt_dir(gt_dir, db_names=gt.db_names, dataset=gt.dataset)
@@ -363,8 +443,12 @@ def oxford(gt_dir: str | None, ranked_dir: str | None, gnd: str | None, dataset:
             gt = read_gt_dir(gt_dir)
         gt2, internal = read_ranked_dir(ranked_dir, gt)  # shorter lists are padded with -1
         n_distractors = args["n_distractors"]
-        result = evaluate_ranks(gt2, internal, ks=k, n_distractors=n_distractors, padding=-1, source=str(ranked_dir))
-        if dataset is not None:  # the gt files alone name only some images: no database size to compare with
+        result = evaluate_ranks(
+            gt2, internal, ks=k, n_distractors=n_distractors, padding=-1, source=str(ranked_dir)
+        )
+        if (
+            dataset is not None
+        ):  # the gt files alone name only some images: no database size to compare with
             _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
     else:
         gt = _load_gt(gnd, dataset, root, "original")
@@ -373,15 +457,27 @@ def oxford(gt_dir: str | None, ranked_dir: str | None, gnd: str | None, dataset:
 
 
 @evaluate.command("holidays")
-@click.option("--results", required=True, type=click.Path(), help="Result file: 'query.jpg r0 name0 r1 name1 ...'.")
 @click.option(
-    "--images", type=click.Path(), help="holidays_images.dat (default: the installed holidays dataset)."
+    "--results",
+    required=True,
+    type=click.Path(),
+    help="Result file: 'query.jpg r0 name0 r1 name1 ...'.",
+)
+@click.option(
+    "--images",
+    type=click.Path(),
+    help="holidays_images.dat (default: the installed holidays dataset).",
 )
 @click.option("--root", type=click.Path(), help="Data root of the installed dataset.")
 @_ks_option(_KS_OPT_HELP)
 @_common
 def holidays(
-    results: str, images: str | None, root: str | None, ks: str | None, as_json: bool, per_query: str | None
+    results: str,
+    images: str | None,
+    root: str | None,
+    ks: str | None,
+    as_json: bool,
+    per_query: str | None,
 ) -> None:
     """INRIA Holidays: mAP; the query image is ignored, written rank numbers count (holidays_map.py)."""
     from oxbench.evaluation import evaluate as evaluate_ranks
@@ -401,16 +497,26 @@ def holidays(
 
 @evaluate.command("ukbench")
 @click.option(
-    "--ranks", type=click.Path(),
+    "--ranks",
+    type=click.Path(),
     help="Ranks: >= 4 rows (ranked positions), one column per image (.npy .npz .mat), or .ivecs / text "
     "(one image's list per line).",
 )
-@click.option("--scores", type=click.Path(), help="Similarities [n_images, n_images]: .npy .npz .mat.")
+@click.option(
+    "--scores", type=click.Path(), help="Similarities [n_images, n_images]: .npy .npz .mat."
+)
 @_key_options
 @_ks_option(_KS_OPT_HELP)
 @_common
-def ukbench(ranks: str | None, scores: str | None, key: str | None, padding: str | None, ks: str | None,
-            as_json: bool, per_query: str | None) -> None:
+def ukbench(
+    ranks: str | None,
+    scores: str | None,
+    key: str | None,
+    padding: str | None,
+    ks: str | None,
+    as_json: bool,
+    per_query: str | None,
+) -> None:
     """UKBench: N-S score = mean number of the object's 4 images in the top 4 (query i = image i)."""
     from oxbench.evaluation import evaluate as evaluate_ranks
     from oxbench.evaluation import evaluate_scores
@@ -432,8 +538,15 @@ def ukbench(ranks: str | None, scores: str | None, key: str | None, padding: str
         arr = read_ranks(path, key=key, padding=pad)  # internal layout: one row per image
         n_images = int(arr.shape[0])
         if arr.shape[1] < 4:
-            raise InputError(f"UKBench needs at least the top 4 of each list (rows), got {arr.shape[1]}", path)
-        if Path(path).suffix.lower() == ".txt" and pad is None and arr.size and int(arr.min()) == -1:
+            raise InputError(
+                f"UKBench needs at least the top 4 of each list (rows), got {arr.shape[1]}", path
+            )
+        if (
+            Path(path).suffix.lower() == ".txt"
+            and pad is None
+            and arr.size
+            and int(arr.min()) == -1
+        ):
             pad = -1
     else:
         arr = read_matrix(path, key=key)
@@ -453,7 +566,9 @@ def ukbench(ranks: str | None, scores: str | None, key: str | None, padding: str
 
 @evaluate.command("localization")
 @click.argument("run_dir", type=click.Path())
-@click.option("--root", type=click.Path(), help="Data root of the run's dataset (default $OXBENCH_DATA).")
+@click.option(
+    "--root", type=click.Path(), help="Data root of the run's dataset (default $OXBENCH_DATA)."
+)
 @click.option("--json", "as_json", is_flag=True, help=_JSON_HELP)
 def localization(run_dir: str, root: str | None, as_json: bool) -> None:
     """Localisation of a run: its predicted boxes (boxes.json) scored by IoU.
@@ -471,7 +586,10 @@ def localization(run_dir: str, root: str | None, as_json: bool) -> None:
     run = RunRecord.load(run_dir)
     found = run.boxes()
     if found is None:
-        raise InputError("the run predicted no boxes (no boxes.json; methods with spatial verification write it)", run_dir)
+        raise InputError(
+            "the run predicted no boxes (no boxes.json; methods with spatial verification write it)",
+            run_dir,
+        )
     predictor, boxes = found
     strict = run.config.get("strict", True) is not False
     truth = localization_truth(run.dataset_id, root, strict=strict)
@@ -479,7 +597,10 @@ def localization(run_dir: str, root: str | None, as_json: bool) -> None:
 
     digest = gt_digest(load_ground_truth(run.dataset_id, root, strict=strict))
     if digest != run.dataset.get("gt_sha256"):
-        raise InputError(f"the ground truth of {run.dataset_id} on disk is not the one the run was made on", run_dir)
+        raise InputError(
+            f"the ground truth of {run.dataset_id} on disk is not the one the run was made on",
+            run_dir,
+        )
     result = evaluate_localization(truth, boxes, source=run_dir)
     if as_json:
         payload = result.to_dict()
@@ -490,5 +611,8 @@ def localization(run_dir: str, root: str | None, as_json: bool) -> None:
         return
     for line in result.lines():
         click.echo(line)
-    where = {"other queries": "the other queries' boxes (Tolias et al. 2016)", "generated": "boxes known by construction"}
+    where = {
+        "other queries": "the other queries' boxes (Tolias et al. 2016)",
+        "generated": "boxes known by construction",
+    }
     click.echo(f"predictor: {predictor}; ground truth: {where.get(truth.kind, truth.kind)}")

@@ -14,19 +14,40 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def method_options(f: F) -> F:
     """--root, --cache, --train-dataset, --set and --distractors, with one wording everywhere."""
-    for decorator in reversed((
-        click.option("--root", type=click.Path(file_okay=False), default=None,
-                     help="Data root (default: $OXBENCH_DATA or ~/.local/share/oxbench)."),
-        click.option("--cache", type=click.Path(file_okay=False), default=None,
-                     help="Cache of features, vocabularies and descriptors (default: <root>/_cache)."),
-        click.option("--train-dataset", default=None,
-                     help="What the method learns on (default: the other city, or synthetic-train)."),
-        click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-                     help="Change a method setting (repeatable), e.g. --set vocab_size=4096 "
-                          "--set features.max_side=512 --set whitening=pca --set weights=MODEL.pt."),
-        click.option("--distractors", default=None,
-                     help="Distractor set id (revisitop1m), or a number of generated synthetic distractors."),
-    )):  # fmt: skip
+    for decorator in reversed(
+        (
+            click.option(
+                "--root",
+                type=click.Path(file_okay=False),
+                default=None,
+                help="Data root (default: $OXBENCH_DATA or ~/.local/share/oxbench).",
+            ),
+            click.option(
+                "--cache",
+                type=click.Path(file_okay=False),
+                default=None,
+                help="Cache of features, vocabularies and descriptors (default: <root>/_cache).",
+            ),
+            click.option(
+                "--train-dataset",
+                default=None,
+                help="What the method learns on (default: the other city, or synthetic-train).",
+            ),
+            click.option(
+                "--set",
+                "settings",
+                multiple=True,
+                metavar="KEY=VALUE",
+                help="Change a method setting (repeatable), e.g. --set vocab_size=4096 "
+                "--set features.max_side=512 --set whitening=pca --set weights=MODEL.pt.",
+            ),
+            click.option(
+                "--distractors",
+                default=None,
+                help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.",
+            ),
+        )
+    ):
         f = decorator(f)
     return f
 
@@ -41,25 +62,39 @@ def parse_setting(text: str) -> tuple[str, object]:
 
 
 #: The help of ``--workers``, the same on every command that runs parallel stages.
-WORKERS_HELP = ("Workers of the parallel stages (local-feature extraction, word assignment, spatial "
-                "verification, aggregation, image rendering): processes with --engine processes, "
-                "LocalCluster workers with --engine dask, the workers to wait for with --cluster. "
-                "Default: one per available core.")  # fmt: skip
+WORKERS_HELP = (
+    "Workers of the parallel stages (local-feature extraction, word assignment, spatial "
+    "verification, aggregation, image rendering): processes with --engine processes, "
+    "LocalCluster workers with --engine dask, the workers to wait for with --cluster. "
+    "Default: one per available core."
+)
 
 
 def execution_options(f: Any) -> Any:
     """``--workers``, ``--engine``, ``--cluster`` and ``--shard-size``: where and in which units the
     parallel stages run (:mod:`oxbench.execution`)."""
-    f = click.option("--cluster", default=None, metavar="tcp://HOST:PORT",
-                     help="With --engine dask: the scheduler of an existing Dask cluster, whose workers "
-                          "see the data root and cache at the same paths (default: $OXBENCH_CLUSTER, "
-                          "else an embedded LocalCluster on 127.0.0.1).")(f)  # fmt: skip
-    f = click.option("--shard-size", type=click.IntRange(1, 1_000_000), default=None,
-                     help="Images per write-once shard of the local-feature stores (default 64): the "
-                          "unit of work of a worker and of --partition.")(f)  # fmt: skip
-    f = click.option("--engine", default="processes", show_default=True,
-                     help="Execution backend of the parallel stages: processes, serial, or dask "
-                          '(pip install "oxbench[dask]").')(f)  # fmt: skip
+    f = click.option(
+        "--cluster",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="With --engine dask: the scheduler of an existing Dask cluster, whose workers "
+        "see the data root and cache at the same paths (default: $OXBENCH_CLUSTER, "
+        "else an embedded LocalCluster on 127.0.0.1).",
+    )(f)
+    f = click.option(
+        "--shard-size",
+        type=click.IntRange(1, 1_000_000),
+        default=None,
+        help="Images per write-once shard of the local-feature stores (default 64): the "
+        "unit of work of a worker and of --partition.",
+    )(f)
+    f = click.option(
+        "--engine",
+        default="processes",
+        show_default=True,
+        help="Execution backend of the parallel stages: processes, serial, or dask "
+        '(pip install "oxbench[dask]").',
+    )(f)
     return click.option("--workers", type=int, default=None, help=WORKERS_HELP)(f)
 
 
@@ -69,7 +104,9 @@ def parse_partition(text: str | None) -> tuple[int, int] | None:
         return None
     i, sep, n = text.partition("/")
     if not sep or not i.isdigit() or not n.isdigit():
-        raise InputError(f"--partition takes I/N (0 <= I < N, e.g. 0/4 for $SLURM_ARRAY_TASK_ID/4), got {text!r}")
+        raise InputError(
+            f"--partition takes I/N (0 <= I < N, e.g. 0/4 for $SLURM_ARRAY_TASK_ID/4), got {text!r}"
+        )
     from oxbench.shards import check_partition
 
     try:
@@ -96,5 +133,7 @@ def parse_distractors(text: str | None) -> str | int | None:
         return text
     n = int(text)
     if n > 100_000_000:
-        raise InputError(f"--distractors {text}: more than 100 million generated distractors is not supported")
+        raise InputError(
+            f"--distractors {text}: more than 100 million generated distractors is not supported"
+        )
     return n

@@ -18,42 +18,104 @@ _RUN = click.Path(file_okay=False)
 
 @click.command("compare")
 @click.argument("runs", nargs=-1, required=True, type=_RUN)
-@click.option("--metric", default="ap", show_default=True, help="Per-query value compared: ap, p@1, p@5, p@10.")
-@click.option("--setup", "setups", multiple=True, help="Only these setups (repeatable; default: all).")
-@click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, help="Bootstrap resamples / random sign flips.")
+@click.option(
+    "--metric",
+    default="ap",
+    show_default=True,
+    help="Per-query value compared: ap, p@1, p@5, p@10.",
+)
+@click.option(
+    "--setup", "setups", multiple=True, help="Only these setups (repeatable; default: all)."
+)
+@click.option(
+    "--resamples",
+    default=DEFAULT_RESAMPLES,
+    show_default=True,
+    help="Bootstrap resamples / random sign flips.",
+)
 @click.option("--seed", default=DEFAULT_SEED, show_default=True, help="Seed of the resampling.")
-@click.option("--confidence", default=DEFAULT_CONFIDENCE, show_default=True, help="Level of the bootstrap interval.")
-@click.option("--top", "top_changes", default=10, show_default=True, help="Queries listed with the largest changes.")
+@click.option(
+    "--confidence",
+    default=DEFAULT_CONFIDENCE,
+    show_default=True,
+    help="Level of the bootstrap interval.",
+)
+@click.option(
+    "--top",
+    "top_changes",
+    default=10,
+    show_default=True,
+    help="Queries listed with the largest changes.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (fractions at full precision).")
-def compare(runs: tuple[str, ...], metric: str, setups: tuple[str, ...], resamples: int, seed: int,
-            confidence: float, top_changes: int, as_json: bool) -> None:
+def compare(
+    runs: tuple[str, ...],
+    metric: str,
+    setups: tuple[str, ...],
+    resamples: int,
+    seed: int,
+    confidence: float,
+    top_changes: int,
+    as_json: bool,
+) -> None:
     """Compare RUN_B [RUN_C ...] with RUN_A, query by query: mAP difference, bootstrap CI,
     randomization-test p-value (Holm-adjusted when several runs are compared)."""
     from oxbench.report.compare import compare_runs
     from oxbench.report.runs import load_runs
 
-    result = compare_runs(load_runs(runs), metric=metric, setups=setups or None, n_resamples=resamples,
-                          seed=seed, confidence=confidence, top_changes=top_changes)
+    result = compare_runs(
+        load_runs(runs),
+        metric=metric,
+        setups=setups or None,
+        n_resamples=resamples,
+        seed=seed,
+        confidence=confidence,
+        top_changes=top_changes,
+    )
     click.echo(json.dumps(result.to_dict(), indent=1) if as_json else result.text())
 
 
 @click.command("report")
 @click.argument("runs", nargs=-1, required=True, type=_RUN)
-@click.option("--format", "fmt", type=click.Choice(["md", "latex", "csv", "html"]), default="md", show_default=True)
-@click.option("--out", type=click.Path(dir_okay=False), help="Write to this file instead of printing.")
-@click.option("--alpha", default=0.05, show_default=True, help="Significance level of the dagger marks.")
-@click.option("--resamples", default=DEFAULT_RESAMPLES, show_default=True, help="Random sign flips (when not exact).")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["md", "latex", "csv", "html"]),
+    default="md",
+    show_default=True,
+)
+@click.option(
+    "--out", type=click.Path(dir_okay=False), help="Write to this file instead of printing."
+)
+@click.option(
+    "--alpha", default=0.05, show_default=True, help="Significance level of the dagger marks."
+)
+@click.option(
+    "--resamples",
+    default=DEFAULT_RESAMPLES,
+    show_default=True,
+    help="Random sign flips (when not exact).",
+)
 @click.option("--seed", default=DEFAULT_SEED, show_default=True, help="Seed of the resampling.")
 @click.option("--decimals", default=1, show_default=True, help="Decimals of the percentages.")
-def report(runs: tuple[str, ...], fmt: str, out: str | None, alpha: float, resamples: int, seed: int,
-           decimals: int) -> None:
+def report(
+    runs: tuple[str, ...],
+    fmt: str,
+    out: str | None,
+    alpha: float,
+    resamples: int,
+    seed: int,
+    decimals: int,
+) -> None:
     """The paper table of RUN...: rows = methods, columns = ROxf / RPar (+1M) x Medium / Hard x
     mAP / mP@10, then other datasets; daggers mark significant differences from the first run."""
     from oxbench.fileio import atomic_write_text
     from oxbench.report.paper import paper_table
     from oxbench.report.runs import load_runs
 
-    table = paper_table(load_runs(runs), alpha=alpha, n_resamples=resamples, seed=seed, decimals=decimals)
+    table = paper_table(
+        load_runs(runs), alpha=alpha, n_resamples=resamples, seed=seed, decimals=decimals
+    )
     text = table.render(fmt)
     if out is None:
         click.echo(text, nl=False)
@@ -65,8 +127,12 @@ def report(runs: tuple[str, ...], fmt: str, out: str | None, alpha: float, resam
 @click.command("plot")
 @click.argument("run", type=_RUN)
 @click.argument("run_b", required=False, type=_RUN)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for the figures.")
-@click.option("--format", "fmt", type=click.Choice(["png", "svg"]), default="png", show_default=True)
+@click.option(
+    "--out", required=True, type=click.Path(file_okay=False), help="Folder for the figures."
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["png", "svg"]), default="png", show_default=True
+)
 def plot(run: str, run_b: str | None, out: str, fmt: str) -> None:
     """Figures of RUN (and RUN_B): per-query AP, AP vs positives, precision-recall, A-vs-B scatter."""
     from oxbench.report.plots import plot_runs
@@ -80,25 +146,45 @@ def plot(run: str, run_b: str | None, out: str, fmt: str) -> None:
 @click.command("view")
 @click.argument("run", type=_RUN)
 @click.argument("run_b", required=False, type=_RUN)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for index.html and thumbs/.")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder for index.html and thumbs/.",
+)
 @click.option("--top", default=20, show_default=True, help="Results shown per query.")
-@click.option("--thumb-size", default=160, show_default=True, help="Longest side of result thumbnails (px).")
+@click.option(
+    "--thumb-size", default=160, show_default=True, help="Longest side of result thumbnails (px)."
+)
 def view(run: str, run_b: str | None, out: str, top: int, thumb_size: int) -> None:
     """A static HTML viewer of RUN's ranked lists (RUN_B side by side); open OUT/index.html."""
     from oxbench.report.runs import RunRecord
     from oxbench.report.viewer import build_viewer
 
     other = RunRecord.load(run_b) if run_b else None
-    index, cache = build_viewer(RunRecord.load(run), out, other=other, top=top, thumb_size=thumb_size)
-    click.echo(f"{index}  (thumbnails: {cache.made} made, {cache.reused} reused, {cache.unreadable} images unreadable)")
+    index, cache = build_viewer(
+        RunRecord.load(run), out, other=other, top=top, thumb_size=thumb_size
+    )
+    click.echo(
+        f"{index}  (thumbnails: {cache.made} made, {cache.reused} reused, {cache.unreadable} images unreadable)"
+    )
 
 
 @click.command("export")
 @click.argument("run", type=_RUN)
 @click.option("--format", "fmt", type=click.Choice(["oxford", "revisitop", "hloc"]), required=True)
-@click.option("--out", required=True, type=click.Path(), help="Folder (oxford) or file (revisitop .npy, hloc .txt).")
-@click.option("--top", type=int, default=None, help="Keep the top K of each list (default: all stored).")
-@click.option("--suffix", default=".jpg", show_default=True, help="hloc: file suffix added to image names.")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(),
+    help="Folder (oxford) or file (revisitop .npy, hloc .txt).",
+)
+@click.option(
+    "--top", type=int, default=None, help="Keep the top K of each list (default: all stored)."
+)
+@click.option(
+    "--suffix", default=".jpg", show_default=True, help="hloc: file suffix added to image names."
+)
 def export(run: str, fmt: str, out: str, top: int | None, suffix: str) -> None:
     """Export RUN's ranked lists: Oxford-style <query>.txt lists, the revisitop ranks array, or
     hloc retrieval pairs."""

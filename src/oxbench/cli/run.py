@@ -18,48 +18,117 @@ from oxbench.errors import InputError
 
 
 @click.command("run")
-@click.option("--dataset", default="synthetic", show_default=True,
-              help="Dataset id; 'synthetic' is built on first use.")
-@click.option("--method", default=None,
-              help="Method preset (default rootsift-bow-sv-qe); `oxbench methods` lists them, "
-                   "`oxbench methods NAME` a preset's settings.")
-@click.option("--list-methods", is_flag=True, hidden=True,
-              help="The presets as 'name<TAB>family' lines (for scripts; `oxbench methods` is the listing).")
+@click.option(
+    "--dataset",
+    default="synthetic",
+    show_default=True,
+    help="Dataset id; 'synthetic' is built on first use.",
+)
+@click.option(
+    "--method",
+    default=None,
+    help="Method preset (default rootsift-bow-sv-qe); `oxbench methods` lists them, "
+    "`oxbench methods NAME` a preset's settings.",
+)
+@click.option(
+    "--list-methods",
+    is_flag=True,
+    hidden=True,
+    help="The presets as 'name<TAB>family' lines (for scripts; `oxbench methods` is the listing).",
+)
 @method_options
-@click.option("--out", type=click.Path(file_okay=False), default=None,
-              help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
-                   "a timestamped run folder inside it.")
-@click.option("--vocab-size", type=click.IntRange(2, 1 << 24), default=None,
-              help="Bag of words: the number of visual words.")
-@click.option("--max-side", type=click.IntRange(16, 1 << 16), default=None,
-              help="Resize images to this longer side (px) before extracting features.")
-@click.option("--top-r", type=click.IntRange(1, 1 << 24), default=None,
-              help="Bag of words: how many images are spatially verified.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Config folder (default: ./runs/<dataset>-<method>-<config digest>); each run adds "
+    "a timestamped run folder inside it.",
+)
+@click.option(
+    "--vocab-size",
+    type=click.IntRange(2, 1 << 24),
+    default=None,
+    help="Bag of words: the number of visual words.",
+)
+@click.option(
+    "--max-side",
+    type=click.IntRange(16, 1 << 16),
+    default=None,
+    help="Resize images to this longer side (px) before extracting features.",
+)
+@click.option(
+    "--top-r",
+    type=click.IntRange(1, 1 << 24),
+    default=None,
+    help="Bag of words: how many images are spatially verified.",
+)
 @execution_options
-@click.option("--top-k", type=click.IntRange(1, 1_000_000), default=100, show_default=True,
-              help="Retrieved images per query recorded with names, labels and scores.")
-@click.option("--dataset-option", "dataset_options", multiple=True, metavar="KEY=VALUE",
-              help="A dataset option, e.g. orientation=rotated for Holidays' hand-rotated copy in jpg_rotated/ "
-                   "(`oxbench data info DATASET` lists them); recorded in the config.")
-@click.option("--allow-partial", is_flag=True,
-              help="Accept a dataset with fewer images than the official count (recorded; not comparable).")
-@click.option("--overwrite", is_flag=True,
-              help="Replace the earlier runs of this config folder (and a folder of another config).")
-@click.option("--label", default=None,
-              help="The run's name in runs, compare, report, plot and view (default: the preset name plus "
-                   "the settings that differ from it, e.g. 'features-alpha-qe [whitening=pca]').")
-@click.option("--partition", default=None, metavar="I/N",
-              help="Only compute partition I of N (0 <= I < N) of the run's extraction shards (local features "
-                   "or CNN descriptors of the training set and the dataset) into the cache, and stop: an array "
-                   "job's task ($SLURM_ARRAY_TASK_ID/N). The same command without --partition then combines.")
+@click.option(
+    "--top-k",
+    type=click.IntRange(1, 1_000_000),
+    default=100,
+    show_default=True,
+    help="Retrieved images per query recorded with names, labels and scores.",
+)
+@click.option(
+    "--dataset-option",
+    "dataset_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A dataset option, e.g. orientation=rotated for Holidays' hand-rotated copy in jpg_rotated/ "
+    "(`oxbench data info DATASET` lists them); recorded in the config.",
+)
+@click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Accept a dataset with fewer images than the official count (recorded; not comparable).",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace the earlier runs of this config folder (and a folder of another config).",
+)
+@click.option(
+    "--label",
+    default=None,
+    help="The run's name in runs, compare, report, plot and view (default: the preset name plus "
+    "the settings that differ from it, e.g. 'features-alpha-qe [whitening=pca]').",
+)
+@click.option(
+    "--partition",
+    default=None,
+    metavar="I/N",
+    help="Only compute partition I of N (0 <= I < N) of the run's extraction shards (local features "
+    "or CNN descriptors of the training set and the dataset) into the cache, and stop: an array "
+    "job's task ($SLURM_ARRAY_TASK_ID/N). The same command without --partition then combines.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
-    dataset: str, method: str | None, list_methods: bool, root: str | None, out: str | None,
-    cache: str | None, train_dataset: str | None, settings: tuple[str, ...], vocab_size: int | None,
-    max_side: int | None, top_r: int | None, workers: int | None, engine: str, cluster: str | None, shard_size: int | None, distractors: str | None, top_k: int,
-    dataset_options: tuple[str, ...], allow_partial: bool, overwrite: bool, label: str | None, partition: str | None,
-    as_json: bool, no_progress: bool,
+    dataset: str,
+    method: str | None,
+    list_methods: bool,
+    root: str | None,
+    out: str | None,
+    cache: str | None,
+    train_dataset: str | None,
+    settings: tuple[str, ...],
+    vocab_size: int | None,
+    max_side: int | None,
+    top_r: int | None,
+    workers: int | None,
+    engine: str,
+    cluster: str | None,
+    shard_size: int | None,
+    distractors: str | None,
+    top_k: int,
+    dataset_options: tuple[str, ...],
+    allow_partial: bool,
+    overwrite: bool,
+    label: str | None,
+    partition: str | None,
+    as_json: bool,
+    no_progress: bool,
 ) -> None:
     """Run METHOD on DATASET (default: the synthetic benchmark) and evaluate it.
 
@@ -93,7 +162,9 @@ def run(
         overrides["spatial_top_r"] = top_r
     part = parse_partition(partition)
     if part is not None and ds_options:
-        raise InputError("--dataset-option does not apply to --partition yet; describe the partitions without it")
+        raise InputError(
+            "--dataset-option does not apply to --partition yet; describe the partitions without it"
+        )
     if part is not None:
         from oxbench.pipelines.extract import extract_partition
         from oxbench.pipelines.method import resolve_method
@@ -101,24 +172,50 @@ def run(
 
         m = resolve_method(method or DEFAULT_METHOD, **overrides)
         done = extract_partition(
-            dataset, m, part, root=root, cache=cache, distractors=parse_distractors(distractors),
-            strict=not allow_partial, workers=parse_workers(workers), engine=engine, cluster=cluster,
-            shard_size=shard_size, progress=not no_progress and not as_json,
+            dataset,
+            m,
+            part,
+            root=root,
+            cache=cache,
+            distractors=parse_distractors(distractors),
+            strict=not allow_partial,
+            workers=parse_workers(workers),
+            engine=engine,
+            cluster=cluster,
+            shard_size=shard_size,
+            progress=not no_progress and not as_json,
             train_dataset=training_set_of(m, dataset, train_dataset),
-        )  # fmt: skip
+        )
         if as_json:
             click.echo(json.dumps({"partition": list(part), "described": done}, indent=1))
             return
         counts = ", ".join(f"{n} {p}" for p, n in done.items())
-        click.echo(f"partition {part[0]}/{part[1]}: described {counts} image(s); when every partition is done, "
-                   "the same command without --partition combines them")  # fmt: skip
+        click.echo(
+            f"partition {part[0]}/{part[1]}: described {counts} image(s); when every partition is done, "
+            "the same command without --partition combines them"
+        )
         return
     outcome = run_method(
-        dataset, method or DEFAULT_METHOD, root=root, out=out, cache=cache, train_dataset=train_dataset,
-        overrides=overrides, workers=parse_workers(workers), engine=engine, cluster=cluster, shard_size=shard_size, overwrite=overwrite, top_k=top_k,
-        progress=not no_progress and not as_json, distractors=parse_distractors(distractors),
-        strict=not allow_partial, command=["oxbench", *sys.argv[1:]], label=label, dataset_options=ds_options,
-    )  # fmt: skip
+        dataset,
+        method or DEFAULT_METHOD,
+        root=root,
+        out=out,
+        cache=cache,
+        train_dataset=train_dataset,
+        overrides=overrides,
+        workers=parse_workers(workers),
+        engine=engine,
+        cluster=cluster,
+        shard_size=shard_size,
+        overwrite=overwrite,
+        top_k=top_k,
+        progress=not no_progress and not as_json,
+        distractors=parse_distractors(distractors),
+        strict=not allow_partial,
+        command=["oxbench", *sys.argv[1:]],
+        label=label,
+        dataset_options=ds_options,
+    )
     cfg = outcome.config
     if as_json:
         payload = outcome.result.to_dict()
@@ -143,8 +240,10 @@ def run(
         click.echo(f"trained on: {cfg.train_dataset}")
     fp = outcome.record.get("footprint")
     if isinstance(fp, dict):
-        click.echo(f"index: {fp['n_index']:,} images ({cfg.n_distractors:,} distractors), per image "
-                   f"{fp['ram_bytes_per_image'] / 1024:.1f} KiB RAM, {fp['disk_bytes_per_image'] / 1024:.1f} KiB disk")
+        click.echo(
+            f"index: {fp['n_index']:,} images ({cfg.n_distractors:,} distractors), per image "
+            f"{fp['ram_bytes_per_image'] / 1024:.1f} KiB RAM, {fp['disk_bytes_per_image'] / 1024:.1f} KiB disk"
+        )
     total = outcome.timings.get("total", 0.0)
     click.echo(f"label: {outcome.record.get('label')}")
     click.echo(f"run folder: {outcome.run_dir}  ({total:.1f} s)")
@@ -159,17 +258,33 @@ def runs(runs_dir: str, as_json: bool) -> None:
 
     found = find_runs(runs_dir)
     if as_json:
-        click.echo(json.dumps([{"run_dir": str(r.run_dir), "run_id": r.run_id, "dataset": r.dataset,
-                                "method": r.method, "label": r.label, "started": r.started,
-                                "headline": r.headline}
-                               for r in found], indent=1))
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "run_dir": str(r.run_dir),
+                        "run_id": r.run_id,
+                        "dataset": r.dataset,
+                        "method": r.method,
+                        "label": r.label,
+                        "started": r.started,
+                        "headline": r.headline,
+                    }
+                    for r in found
+                ],
+                indent=1,
+            )
+        )
         return
     if not found:
         click.echo(f"no runs under {runs_dir}")
         return
     from oxbench.report.tables import text_table
 
-    rows = [[r.started[:19].replace("T", " "), r.dataset, r.label, r.headline, str(r.run_dir)] for r in found]
+    rows = [
+        [r.started[:19].replace("T", " "), r.dataset, r.label, r.headline, str(r.run_dir)]
+        for r in found
+    ]
     click.echo(text_table(["started (UTC)", "dataset", "label", "headline", "run folder"], rows))
 
 
@@ -188,11 +303,20 @@ def methods(name: str | None, as_json: bool) -> None:
     if name is None:
         families = method_families()
         if as_json:
-            click.echo(json.dumps([{"family": f.name, "about": f.about, "presets": list(f.presets)} for f in families],
-                                  indent=1))  # fmt: skip
+            click.echo(
+                json.dumps(
+                    [
+                        {"family": f.name, "about": f.about, "presets": list(f.presets)}
+                        for f in families
+                    ],
+                    indent=1,
+                )
+            )
             return
         n = sum(len(f.presets) for f in families)
-        click.echo(f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings")
+        click.echo(
+            f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings"
+        )
         for f in families:
             click.echo(f"\n{f.name}: {f.about}")
             for preset in f.presets:
@@ -203,12 +327,35 @@ def methods(name: str | None, as_json: bool) -> None:
     config = METHODS.get(name)
     rows = describe(config)
     if as_json:
-        click.echo(json.dumps([{"name": r.name, "type": r.kind, "default": r.default, "accepts": r.range,
-                                "meaning": r.doc} for r in rows], indent=1, default=str))  # fmt: skip
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": r.name,
+                        "type": r.kind,
+                        "default": r.default,
+                        "accepts": r.range,
+                        "meaning": r.doc,
+                    }
+                    for r in rows
+                ],
+                indent=1,
+                default=str,
+            )
+        )
         return
-    click.echo(f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE")
+    click.echo(
+        f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE"
+    )
     table = [["setting", "type", "default", "meaning [accepts]"]]
-    table += [[r.name, r.kind, str(r.default), r.doc + (f" [{r.range}]" if r.range else "")] for r in rows]
+    table += [
+        [r.name, r.kind, str(r.default), r.doc + (f" [{r.range}]" if r.range else "")] for r in rows
+    ]
     widths = [max(len(row[i]) for row in table) for i in range(3)]
     for row in table:
-        click.echo("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[3])
+        click.echo(
+            "  "
+            + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
+            + "  "
+            + row[3]
+        )

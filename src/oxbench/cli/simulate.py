@@ -38,9 +38,11 @@ def simulate(seeds: int, first_seed: int, as_json: bool) -> None:
     outside = [f"{r['system']} {r['column']}" for r in result.spec_comparison() if not r["inside"]]
     comparable = seeds == SPEC_SEEDS and first_seed == 0
     if outside and not comparable:  # a few other seeds: another sample, not a failed reproduction
-        click.echo(f"\nnote: the reference numbers are the mean of seeds 0..{SPEC_SEEDS - 1}; over these {seeds} "
-                   f"seed(s) from {first_seed}, {len(outside)} mean(s) fall outside its per-seed range "
-                   f"({', '.join(outside)}); run the default 10 seeds to compare")  # fmt: skip
+        click.echo(
+            f"\nnote: the reference numbers are the mean of seeds 0..{SPEC_SEEDS - 1}; over these {seeds} "
+            f"seed(s) from {first_seed}, {len(outside)} mean(s) fall outside its per-seed range "
+            f"({', '.join(outside)}); run the default 10 seeds to compare"
+        )
     elif outside:
         click.echo(f"\nmeans outside the reference per-seed range: {', '.join(outside)}")
     else:

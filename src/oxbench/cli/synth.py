@@ -21,24 +21,82 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 
 @click.command("synth")
-@click.option("--out", type=click.Path(path_type=Path), help="Output folder (default: <root>/<name>).")
-@click.option("--root", type=click.Path(path_type=Path), help="Data root used when --out is not given (default: $OXBENCH_DATA, else ~/.local/share/oxbench).")
-@click.option("--name", default="synthetic", show_default=True, help="Dataset id (gnd_<name>.pkl, printed result lines).")
-@click.option("--seed", type=int, default=None, help="Photograph seed: views, light, occluders (default 0; 1 for synthetic-train).")
-@click.option("--city", default=None, help="City: style and buildings; another city shares no building (default northford; southbridge for synthetic-train).")
+@click.option(
+    "--out", type=click.Path(path_type=Path), help="Output folder (default: <root>/<name>)."
+)
+@click.option(
+    "--root",
+    type=click.Path(path_type=Path),
+    help="Data root used when --out is not given (default: $OXBENCH_DATA, else ~/.local/share/oxbench).",
+)
+@click.option(
+    "--name",
+    default="synthetic",
+    show_default=True,
+    help="Dataset id (gnd_<name>.pkl, printed result lines).",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=None,
+    help="Photograph seed: views, light, occluders (default 0; 1 for synthetic-train).",
+)
+@click.option(
+    "--city",
+    default=None,
+    help="City: style and buildings; another city shares no building (default northford; southbridge for synthetic-train).",
+)
 @click.option("--landmarks", type=int, default=11, show_default=True, help="Number of landmarks.")
-@click.option("--queries-per-landmark", type=int, default=5, show_default=True, help="Query images per landmark (not in the database).")
-@click.option("--db-size", type=int, default=None, help="Number of database images (default 1000; 500 for synthetic-train).")
-@click.option("--image-size", default="512x384", show_default=True, help="Image size WIDTHxHEIGHT (the default sets' size).")
-@click.option("--distractors", type=int, default=0, show_default=True, help="Default number of on-demand distractors recorded for loading (never stored).")
-@click.option("--workers", "-j", type=int, default=None, help="Processes rendering images (default: one per available core).")
+@click.option(
+    "--queries-per-landmark",
+    type=int,
+    default=5,
+    show_default=True,
+    help="Query images per landmark (not in the database).",
+)
+@click.option(
+    "--db-size",
+    type=int,
+    default=None,
+    help="Number of database images (default 1000; 500 for synthetic-train).",
+)
+@click.option(
+    "--image-size",
+    default="512x384",
+    show_default=True,
+    help="Image size WIDTHxHEIGHT (the default sets' size).",
+)
+@click.option(
+    "--distractors",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Default number of on-demand distractors recorded for loading (never stored).",
+)
+@click.option(
+    "--workers",
+    "-j",
+    type=int,
+    default=None,
+    help="Processes rendering images (default: one per available core).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace a complete set made with another config.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def synth(
-    out: Path | None, root: Path | None, name: str, seed: int | None, city: str | None,
-    landmarks: int, queries_per_landmark: int, db_size: int | None, image_size: str, distractors: int,
-    workers: int | None, overwrite: bool, no_progress: bool,
-) -> None:  # fmt: skip
+    out: Path | None,
+    root: Path | None,
+    name: str,
+    seed: int | None,
+    city: str | None,
+    landmarks: int,
+    queries_per_landmark: int,
+    db_size: int | None,
+    image_size: str,
+    distractors: int,
+    workers: int | None,
+    overwrite: bool,
+    no_progress: bool,
+) -> None:
     """Generate a synthetic landmark benchmark with Easy/Hard/Unclear labels by construction.
 
     Writes jpg/, gnd_<name>.pkl, gt_files/ and manifest.json (last) into the output folder;

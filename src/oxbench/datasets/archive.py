@@ -62,7 +62,9 @@ def _safe_rel(name: str, source: Path) -> PurePosixPath:
     """The member name as a relative path that stays inside the target, or InputError."""
     norm = name.replace("\\", "/")
     if "\x00" in norm:
-        raise InputError(f"archive member {name!r} has a NUL byte in its name; refusing to extract", source)
+        raise InputError(
+            f"archive member {name!r} has a NUL byte in its name; refusing to extract", source
+        )
     if norm.startswith("/") or (len(norm) > 1 and norm[1] == ":"):
         raise InputError(
             f"archive member {name!r} has an absolute path; refusing to extract", source
@@ -294,7 +296,9 @@ def extract_archive(archive: str | Path, target: str | Path) -> Path:
         remove_stale_extractions(target.parent)
         tmp = Path(
             tempfile.mkdtemp(
-                prefix=f"{TEMP_PREFIX}{target.name}.{os.getpid()}.", suffix=_SUFFIX, dir=target.parent
+                prefix=f"{TEMP_PREFIX}{target.name}.{os.getpid()}.",
+                suffix=_SUFFIX,
+                dir=target.parent,
             )
         )
     except OSError as exc:
@@ -318,7 +322,9 @@ def extract_archive(archive: str | Path, target: str | Path) -> Path:
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if exc.errno == errno.ENAMETOOLONG:
-            raise InputError(f"an archive member's name is too long ({exc.strerror})", archive) from None
+            raise InputError(
+                f"an archive member's name is too long ({exc.strerror})", archive
+            ) from None
         if exc.errno is not None:  # a real I/O problem (disk full, permissions), not bad data
             raise InputError(
                 f"cannot extract: {exc.strerror}; free space or fix permissions", target
@@ -327,8 +333,15 @@ def extract_archive(archive: str | Path, target: str | Path) -> Path:
             f"corrupt or truncated archive ({type(exc).__name__}: {exc}); delete it and fetch again",
             archive,
         ) from None
-    except (tarfile.TarError, zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError,
-            NotImplementedError, ValueError) as exc:  # fmt: skip
+    except (
+        tarfile.TarError,
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        zlib.error,
+        EOFError,
+        NotImplementedError,
+        ValueError,
+    ) as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(
             f"corrupt or truncated archive ({type(exc).__name__}: {exc}); delete it and fetch again",

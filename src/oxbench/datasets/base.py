@@ -64,7 +64,9 @@ def read_image(path: str | Path, *, exif_transpose: bool = False) -> NDArray[np.
     except (OSError, SyntaxError, ValueError) as exc:
         if isinstance(exc, InputError):
             raise
-        raise InputError(f"cannot decode image ({' '.join(str(exc).split())[:200]})", path) from None
+        raise InputError(
+            f"cannot decode image ({' '.join(str(exc).split())[:200]})", path
+        ) from None
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,14 +112,18 @@ class UnreadImages:
         return None
 
     def read(self, i: int) -> NDArray[np.uint8]:
-        raise InputError(f"image {self.names[i]} of {self.dataset} was not loaded: this run was set up to read no pixels")
+        raise InputError(
+            f"image {self.names[i]} of {self.dataset} was not loaded: this run was set up to read no pixels"
+        )
 
 
 def _round_half_away(x: float) -> int:
     return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
 
 
-def crop_box(bbox: BBox, width: int, height: int, convention: CropConvention = "python") -> tuple[int, int, int, int]:
+def crop_box(
+    bbox: BBox, width: int, height: int, convention: CropConvention = "python"
+) -> tuple[int, int, int, int]:
     """Integer pixel box ``(left, top, right, bottom)``, right/bottom exclusive, for a query bbox.
 
     Two official conventions exist for turning the float ``bbx`` into pixels:

@@ -101,8 +101,6 @@ _PARIS_IMAGES = tuple(
 )
 
 
-
-
 # --- original Oxford / Paris ------------------------------------------------------------------
 
 register(DatasetSpec(
@@ -365,20 +363,22 @@ register(DatasetSpec(
 # --- synthetic (implemented in oxbench.datasets.synthetic) ------------------------------------
 
 for _sid, _what in (("synthetic", "test city"), ("synthetic-train", "training city (other seed)")):
-    register(DatasetSpec(
-        id=_sid,
-        title=f"Synthetic city ({_what})",
-        homepage="",
-        description=(
-            f"A generated {_what} in the ROxford layout (revisited labels, boxes, on-demand "
-            "distractors), for tests and demos without any download. Made by `oxbench data synth` "
-            "or on first load."
-        ),
-        n_images=0,
-        n_queries=0,
-        counts_note="set by the generator's parameters",
-        protocols=("revisited",),
-        files=(),
+    register(
+        DatasetSpec(
+            id=_sid,
+            title=f"Synthetic city ({_what})",
+            homepage="",
+            description=(
+                f"A generated {_what} in the ROxford layout (revisited labels, boxes, on-demand "
+                "distractors), for tests and demos without any download. Made by `oxbench data synth` "
+                "or on first load."
+            ),
+            n_images=0,
+            n_queries=0,
+            counts_note="set by the generator's parameters",
+            protocols=("revisited",),
+            files=(),
             terms="Generated locally by oxbench; no terms apply.",
-        family=Synthetic(),
-    ))  # fmt: skip
+            family=Synthetic(),
+        )
+    )

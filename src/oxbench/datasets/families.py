@@ -88,7 +88,12 @@ def _image_files(names: Sequence[str], folder: str = IMAGE_DIR) -> tuple[str, ..
 
 
 def _images(
-    spec: DatasetSpec, ddir: Path, names: Sequence[str], folder: str = IMAGE_DIR, *, check: bool = True
+    spec: DatasetSpec,
+    ddir: Path,
+    names: Sequence[str],
+    folder: str = IMAGE_DIR,
+    *,
+    check: bool = True,
 ) -> FileImages:
     img_dir = ddir / folder
     paths = tuple(img_dir / f"{n}{IMAGE_EXT}" for n in names)
@@ -109,7 +114,9 @@ def _check_count(
     if found != expected:
         msg = f"{spec.id} has {found} {what}, expected {expected} ({spec.counts_note})"
         if strict:
-            raise InputError(f"{msg}; run `oxbench data verify {spec.id}` to see what is off", where)
+            raise InputError(
+                f"{msg}; run `oxbench data verify {spec.id}` to see what is off", where
+            )
         log.warning("%s: %s", where, msg)
 
 
@@ -122,7 +129,9 @@ def jpg_stems(img_dir: Path) -> list[str]:
     )
 
 
-def _names_test(names: frozenset[str] | None, pattern: re.Pattern[str] | None) -> Callable[[str], bool]:
+def _names_test(
+    names: frozenset[str] | None, pattern: re.Pattern[str] | None
+) -> Callable[[str], bool]:
     """``image_test`` from a set of image names (preferred) or a name pattern (else all taken)."""
 
     def test(rel: str) -> bool:
@@ -150,19 +159,37 @@ class _OnDisk(DatasetFamily):
     check_database: ClassVar[bool] = True
 
     def _benchmark(
-        self, spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: Mapping[str, str]
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
     ) -> Benchmark:
         """Ground truth plus ``jpg/<name>.jpg`` for database and query images."""
         gt = self.ground_truth(spec, ddir, strict=strict)
         return Benchmark(
-            id=spec.id, gt=gt, database=_images(spec, ddir, gt.db_names, check=self.check_database),
-            queries=_images(spec, ddir, gt.query_names), protocols=spec.protocols, root=ddir, crop=crop,
-        )  # fmt: skip
+            id=spec.id,
+            gt=gt,
+            database=_images(spec, ddir, gt.db_names, check=self.check_database),
+            queries=_images(spec, ddir, gt.query_names),
+            protocols=spec.protocols,
+            root=ddir,
+            crop=crop,
+        )
 
     def load(
-        self, spec: DatasetSpec, ddir: Path, *, distractors: str | int | None, crop: CropConvention,
-        strict: bool, options: Mapping[str, str], progress: bool,
-    ) -> Benchmark:  # fmt: skip
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        distractors: str | int | None,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
+        progress: bool,
+    ) -> Benchmark:
         require_dir(spec, ddir)
         bench = self._benchmark(spec, ddir, crop=crop, strict=strict, options=options)
         recorded = dict(bench.options)
@@ -176,7 +203,9 @@ class _OnDisk(DatasetFamily):
         dspec = get_spec(str(distractors))
         if not isinstance(dspec.family, Distractors):
             raise not_a_distractor_set(dspec)
-        if spec.id not in dspec.distractors_for:  # another benchmark's distractors give numbers no paper has
+        if (
+            spec.id not in dspec.distractors_for
+        ):  # another benchmark's distractors give numbers no paper has
             try:
                 right = f"; {spec.id}'s is {_default_distractors(spec)}"
             except InputError:
@@ -231,13 +260,16 @@ class Revisited(_OnDisk):
     def _read(self, spec: DatasetSpec, ddir: Path) -> GroundTruth:
         from oxbench.formats.revisitop import read_gnd
 
-        return read_gnd(_require_file(spec, ddir, self._gnd(spec), "the ground truth"), dataset=spec.id)
+        return read_gnd(
+            _require_file(spec, ddir, self._gnd(spec), "the ground truth"), dataset=spec.id
+        )
 
     def ground_truth(self, spec: DatasetSpec, ddir: Path, *, strict: bool) -> GroundTruth:
         gt = self._read(spec, ddir)
         if gt.protocol != "revisited":
             raise InputError(
-                f"expected the revisited ground truth (easy/hard/junk), got {gt.protocol}", gt.source
+                f"expected the revisited ground truth (easy/hard/junk), got {gt.protocol}",
+                gt.source,
             )
         _check_count(spec, "database images", gt.n_db, spec.n_images, strict, ddir)
         _check_count(spec, "queries", gt.n_queries, spec.n_queries, strict, ddir)
@@ -253,7 +285,9 @@ class Revisited(_OnDisk):
         if overlap:
             problems.append(f"{len(overlap)} query image(s) are in the database, e.g. {overlap[0]}")
         if gt.protocol != "revisited":
-            problems.append(f"{self._gnd(spec)} holds {gt.protocol}-protocol labels, not revisited ones")
+            problems.append(
+                f"{self._gnd(spec)} holds {gt.protocol}-protocol labels, not revisited ones"
+            )
         db, queries = _image_files(gt.db_names), _image_files(gt.query_names)
         return VerifyPlan(
             tuple(dict.fromkeys(db + queries)),
@@ -319,11 +353,14 @@ class Original(_OnDisk):
         gt_dir = ddir / self.gt_dir
         if not gt_dir.is_dir():
             raise InputError(
-                f"the ground-truth folder of {spec.id} is missing; {remedy(spec, ddir.parent)}", gt_dir
+                f"the ground-truth folder of {spec.id} is missing; {remedy(spec, ddir.parent)}",
+                gt_dir,
             )
         names = self._usable(spec, ddir)
         if not names:
-            raise InputError(f"no images of {spec.id}; {remedy(spec, ddir.parent)}", ddir / IMAGE_DIR)
+            raise InputError(
+                f"no images of {spec.id}; {remedy(spec, ddir.parent)}", ddir / IMAGE_DIR
+            )
         _check_count(spec, "usable images", len(names), spec.n_images, strict, ddir / IMAGE_DIR)
         gt = read_gt_dir(gt_dir, db_names=names, dataset=spec.id)
         _check_count(spec, "queries", gt.n_queries, spec.n_queries, strict, gt_dir)
@@ -384,7 +421,13 @@ class Holidays(_OnDisk):
         return gt
 
     def _benchmark(
-        self, spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: Mapping[str, str]
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
     ) -> Benchmark:
         orientation = str(options.get("orientation", "original"))
         folder = _HOLIDAYS_FOLDERS[orientation]
@@ -398,9 +441,15 @@ class Holidays(_OnDisk):
         images = _images(spec, ddir, gt.db_names, folder)
         queries = _images(spec, ddir, gt.query_names, folder, check=False)
         return Benchmark(
-            id=spec.id, gt=gt, database=images, queries=queries, protocols=spec.protocols, root=ddir,
-            crop=crop, options={"orientation": orientation},
-        )  # fmt: skip
+            id=spec.id,
+            gt=gt,
+            database=images,
+            queries=queries,
+            protocols=spec.protocols,
+            root=ddir,
+            crop=crop,
+            options={"orientation": orientation},
+        )
 
     def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
         try:
@@ -410,7 +459,9 @@ class Holidays(_OnDisk):
         images = _image_files(gt.db_names)
         counts = [
             CountCheck("images", spec.n_images, images, listed=gt.n_db),
-            CountCheck("query images", spec.n_queries, _image_files(gt.query_names), listed=gt.n_queries),
+            CountCheck(
+                "query images", spec.n_queries, _image_files(gt.query_names), listed=gt.n_queries
+            ),
         ]
         rotated = _HOLIDAYS_FOLDERS["rotated"]
         if (ddir / rotated).is_dir():  # the hand-rotated copy must hold the same images
@@ -438,7 +489,9 @@ class UKBench(_OnDisk):
 
     def layout(self, spec: DatasetSpec) -> tuple[Placement, ...]:
         # the archive holds full/ and thumbnails/ copies under the same names
-        return (Placement("ukbench[0-9][0-9][0-9][0-9][0-9].jpg", IMAGE_DIR, exclude="*thumbnails/*"),)
+        return (
+            Placement("ukbench[0-9][0-9][0-9][0-9][0-9].jpg", IMAGE_DIR, exclude="*thumbnails/*"),
+        )
 
     def ground_truth(self, spec: DatasetSpec, ddir: Path, *, strict: bool) -> GroundTruth:
         """No file is read with ``strict`` (the official 10,200 images); else the images in
@@ -450,17 +503,31 @@ class UKBench(_OnDisk):
         if not strict:
             n = len(jpg_stems(ddir / IMAGE_DIR))
             if n == 0 or n % 4:
-                raise InputError(f"found {n} UKBench images; need a positive multiple of 4", ddir / IMAGE_DIR)
+                raise InputError(
+                    f"found {n} UKBench images; need a positive multiple of 4", ddir / IMAGE_DIR
+                )
             _check_count(spec, "images", n, spec.n_images, False, ddir / IMAGE_DIR)
         return ukbench_ground_truth(n)
 
     def _benchmark(
-        self, spec: DatasetSpec, ddir: Path, *, crop: CropConvention, strict: bool, options: Mapping[str, str]
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
     ) -> Benchmark:
         gt = self.ground_truth(spec, ddir, strict=strict)
         images = _images(spec, ddir, gt.db_names)
         return Benchmark(
-            id=spec.id, gt=gt, database=images, queries=images, protocols=spec.protocols, root=ddir, crop=crop
+            id=spec.id,
+            gt=gt,
+            database=images,
+            queries=images,
+            protocols=spec.protocols,
+            root=ddir,
+            crop=crop,
         )
 
     def _names(self, spec: DatasetSpec) -> list[str]:
@@ -554,7 +621,9 @@ class Distractors(_OnDisk):
         img_dir = ddir / IMAGE_DIR
         if self.list_file is None:
             require_dir(spec, ddir)
-            files = tuple(sorted(p.relative_to(img_dir).as_posix() for p in img_dir.rglob(f"*{IMAGE_EXT}")))
+            files = tuple(
+                sorted(p.relative_to(img_dir).as_posix() for p in img_dir.rglob(f"*{IMAGE_EXT}"))
+            )
             return ListedImages(img_dir, files)
         lst = _require_file(spec, ddir, self.list_file, "the image list")
         entries = [ln.strip() for ln in lst.read_text(encoding="utf-8").splitlines() if ln.strip()]
@@ -563,7 +632,9 @@ class Distractors(_OnDisk):
             raise InputError("the image list names an image twice", lst)
         return ListedImages(img_dir, files)
 
-    def images(self, spec: DatasetSpec, ddir: Path, *, strict: bool = True, limit: int | None = None) -> ListedImages:
+    def images(
+        self, spec: DatasetSpec, ddir: Path, *, strict: bool = True, limit: int | None = None
+    ) -> ListedImages:
         """The images in their official order, for attaching after a database.
 
         Only a deterministic sample of about 1,000 files is checked for presence here (a million
@@ -578,7 +649,9 @@ class Distractors(_OnDisk):
         _check_count(spec, "images", len(imgs), spec.n_images, strict, ddir)
         if limit is not None:
             if limit < 0 or limit > len(imgs):
-                raise InputError(f"asked for {limit} distractors but {spec.id} has {len(imgs)}", ddir)
+                raise InputError(
+                    f"asked for {limit} distractors but {spec.id} has {len(imgs)}", ddir
+                )
             imgs = imgs.head(limit)
         step = max(1, len(imgs) // 1000)
         missing = [i for i in range(0, len(imgs), step) if not imgs.path(i).is_file()]
@@ -594,9 +667,16 @@ class Distractors(_OnDisk):
         raise InputError(f"{spec.id} is a distractor set; it has no ground truth")
 
     def load(
-        self, spec: DatasetSpec, ddir: Path, *, distractors: str | int | None, crop: CropConvention,
-        strict: bool, options: Mapping[str, str], progress: bool,
-    ) -> Benchmark:  # fmt: skip
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        distractors: str | int | None,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
+        progress: bool,
+    ) -> Benchmark:
         paired = spec.distractors_for[0] if spec.distractors_for else "roxford5k"
         raise InputError(
             f"{spec.id} is a distractor set; load it with load({paired!r}, distractors={spec.id!r})"
@@ -609,7 +689,9 @@ class Distractors(_OnDisk):
             return VerifyPlan((), ground_truth=(str(exc),))
         files = tuple(f"{IMAGE_DIR}/{f}" for f in imgs.files)
         listed = len(files) if self.list_file is not None else None
-        return VerifyPlan(files, counts=(CountCheck("images", spec.n_images, files, listed=listed),))
+        return VerifyPlan(
+            files, counts=(CountCheck("images", spec.n_images, files, listed=listed),)
+        )
 
     def image_test(self, spec: DatasetSpec, ddir: Path) -> Callable[[str], bool]:
         if self.list_file is None or not (ddir / self.list_file).is_file():
@@ -619,7 +701,9 @@ class Distractors(_OnDisk):
         except InputError:
             return super().image_test(spec, ddir)
         prefix = f"{IMAGE_DIR}/"
-        return lambda rel: not (rel.startswith(prefix) and rel.endswith(IMAGE_EXT)) or rel[len(prefix) :] in listed
+        return lambda rel: (
+            not (rel.startswith(prefix) and rel.endswith(IMAGE_EXT)) or rel[len(prefix) :] in listed
+        )
 
 
 # --- synthetic ---------------------------------------------------------------------------------
@@ -649,7 +733,10 @@ class Synthetic(DatasetFamily):
 
         manifest = read_manifest(ddir) if ddir.is_dir() else None
         if manifest is None:
-            raise InputError(f"the synthetic set {spec.id} is not generated here; {remedy(spec, ddir.parent)}", ddir)
+            raise InputError(
+                f"the synthetic set {spec.id} is not generated here; {remedy(spec, ddir.parent)}",
+                ddir,
+            )
         return manifest
 
     def expected_image_files(self, spec: DatasetSpec, ddir: Path) -> int:
@@ -666,12 +753,21 @@ class Synthetic(DatasetFamily):
         return _read_ground_truth(ddir / str(manifest["gnd"]), str(manifest["dataset"]))
 
     def load(
-        self, spec: DatasetSpec, ddir: Path, *, distractors: str | int | None, crop: CropConvention,
-        strict: bool, options: Mapping[str, str], progress: bool,
-    ) -> Benchmark:  # fmt: skip
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        distractors: str | int | None,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
+        progress: bool,
+    ) -> Benchmark:
         from oxbench.datasets import synthetic
 
-        if distractors is not None and (not isinstance(distractors, int) or isinstance(distractors, bool)):
+        if distractors is not None and (
+            not isinstance(distractors, int) or isinstance(distractors, bool)
+        ):
             raise InputError("the synthetic benchmark takes a number of generated distractors")
         synthetic.ensure_default(ddir.parent, progress=progress)  # a no-op once both cities exist
         return synthetic.load_synthetic(ddir, distractors=distractors, crop=crop)
@@ -691,18 +787,24 @@ class Synthetic(DatasetFamily):
             checks = dict(manifest["checksums"])
             gnd_name = str(manifest["gnd"])
         except (KeyError, TypeError, ValueError):
-            raise InputError("malformed synthetic manifest; regenerate the set", ddir / "manifest.json") from None
+            raise InputError(
+                "malformed synthetic manifest; regenerate the set", ddir / "manifest.json"
+            ) from None
         db_files, q_files = _image_files([n for n, _ in db]), _image_files([n for n, _ in qs])
         sha = dict(zip(q_files + db_files, [h for _, h in qs + db], strict=True))
         checksums, ok, problems = [], [], []
         images_hash = hashlib.sha256("".join(h for _, h in qs + db).encode()).hexdigest()
         if images_hash != checks.get("images_sha256"):
-            checksums.append("the manifest's per-image checksums do not add up to its images_sha256")
+            checksums.append(
+                "the manifest's per-image checksums do not add up to its images_sha256"
+            )
         gnd = ddir / gnd_name
         if not gnd.is_file():
             problems.append(f"{gnd_name} is missing; regenerate the set")
         elif file_sha256(gnd) != checks.get("gnd_sha256"):
-            checksums.append(f"{gnd}: sha256 differs from the one recorded in the manifest; regenerate the set")
+            checksums.append(
+                f"{gnd}: sha256 differs from the one recorded in the manifest; regenerate the set"
+            )
         else:
             ok.append(gnd_name)
         listed_db: int | None = None

@@ -130,7 +130,9 @@ def check_mirror(mirror: str, what: str = "--mirror") -> str:
     return text
 
 
-def candidate_urls(urls: Sequence[str], mirror: str | None, *, also_owners: bool = False) -> list[str]:
+def candidate_urls(
+    urls: Sequence[str], mirror: str | None, *, also_owners: bool = False
+) -> list[str]:
     """The URLs to try, in order.
 
     Without a mirror: the owners' URLs. With a mirror: only the mirror's copies, so the owners'
@@ -267,7 +269,9 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
         if isinstance(reason, ConnectionRefusedError):
             raise _Unreachable(f"cannot connect to {_host(url)}: connection refused") from None
         if isinstance(reason, socket.gaierror):
-            raise _Unreachable(f"cannot resolve the host {_host(url)} ({reason.strerror})") from None
+            raise _Unreachable(
+                f"cannot resolve the host {_host(url)} ({reason.strerror})"
+            ) from None
         raise DownloadError(f"cannot connect to {_host(url)} ({reason})") from None
 
     with resp:
@@ -420,7 +424,9 @@ def download_file(
                 part.unlink(missing_ok=True)
                 _validator_path(part).unlink(missing_ok=True)
                 problems.append(f"{url}: {problem}")
-                log.info("%s from %s does not match: %s", dest.name, url, problem)  # the final error says it
+                log.info(
+                    "%s from %s does not match: %s", dest.name, url, problem
+                )  # the final error says it
                 break
             os.replace(part, dest)
             _validator_path(part).unlink(missing_ok=True)

@@ -64,7 +64,9 @@ def load(
             known = ", ".join(sorted(spec.options)) or "none"
             raise InputError(f"{spec.id} has no option {key!r} (options: {known})")
         if str(value) not in allowed:
-            raise InputError(f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}")
+            raise InputError(
+                f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}"
+            )
     ddir = data_root(root) / spec.id
     if not images and not spec.synthetic and distractors is None:
         gt = spec.family.ground_truth(spec, ddir, strict=strict)
@@ -73,13 +75,24 @@ def load(
         if not strict:
             recorded["strict"] = "false"
         return Benchmark(
-            id=spec.id, gt=gt, database=UnreadImages(gt.db_names, spec.id), queries=UnreadImages(gt.query_names, spec.id),
-            protocols=spec.protocols, root=ddir, crop=crop, options=recorded,
-        )  # fmt: skip
+            id=spec.id,
+            gt=gt,
+            database=UnreadImages(gt.db_names, spec.id),
+            queries=UnreadImages(gt.query_names, spec.id),
+            protocols=spec.protocols,
+            root=ddir,
+            crop=crop,
+            options=recorded,
+        )
     return spec.family.load(
-        spec, ddir, distractors=distractors, crop=crop, strict=strict,
-        options={k: str(v) for k, v in options.items()}, progress=progress,
-    )  # fmt: skip
+        spec,
+        ddir,
+        distractors=distractors,
+        crop=crop,
+        strict=strict,
+        options={k: str(v) for k, v in options.items()},
+        progress=progress,
+    )
 
 
 def load_ground_truth(

@@ -96,7 +96,9 @@ class LockFile:
             data = json.loads(raw.decode("utf-8"))
         except (ValueError, RecursionError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(f"unreadable lock file ({reason}); fix or delete it", self.path) from None
+            raise InputError(
+                f"unreadable lock file ({reason}); fix or delete it", self.path
+            ) from None
         problem = _layout_problem(data)
         if problem is not None:
             raise InputError(f"malformed lock file: {problem}; fix or delete it", self.path)

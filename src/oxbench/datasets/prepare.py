@@ -375,8 +375,18 @@ def fetch_dataset(
             if n:
                 todo.remove(f)
                 report.placed += n
-                report.files.append({"name": f.name, "url": None, "size": 0, "sha256": "", "skipped": True,
-                                     "resumed": False, "placed": n, "reused": True})  # fmt: skip
+                report.files.append(
+                    {
+                        "name": f.name,
+                        "url": None,
+                        "size": 0,
+                        "sha256": "",
+                        "skipped": True,
+                        "resumed": False,
+                        "placed": n,
+                        "reused": True,
+                    }
+                )
                 report.notes.append(
                     f"{f.name}: reused {n} file(s) another dataset installed from it (hard links)"
                 )
@@ -420,9 +430,16 @@ def fetch_dataset(
         lock.mark_installed(spec.id, f.name)
         with report_guard:
             report.files.append(
-                {"name": f.name, "url": res.url, "size": res.size, "sha256": res.sha256,
-                 "skipped": res.skipped, "resumed": res.resumed, "placed": placed}
-            )  # fmt: skip
+                {
+                    "name": f.name,
+                    "url": res.url,
+                    "size": res.size,
+                    "sha256": res.sha256,
+                    "skipped": res.skipped,
+                    "resumed": res.resumed,
+                    "placed": placed,
+                }
+            )
             report.placed += placed
 
     tasks = [
@@ -460,7 +477,8 @@ def _check_against_lock(
             return
         exp = Expected(rec.get("size"), rec.get("sha256"), rec.get("md5"))
     problem = checksum_mismatch(
-        {"size": exp.size, "sha256": exp.sha256, "md5": exp.md5}, {"size": size, "sha256": sha, "md5": md5}
+        {"size": exp.size, "sha256": exp.sha256, "md5": exp.md5},
+        {"size": size, "sha256": sha, "md5": md5},
     )
     if problem is not None:
         raise InputError(
@@ -505,13 +523,17 @@ def import_dataset(
     known = {f.name: f for f in spec.files}
     seen: dict[str, Path] = {}
     archives: list[Path] = []
-    with progress_bar(desc=f"import {spec.id}", unit=" files", enabled=progress, leave=False) as bar:
+    with progress_bar(
+        desc=f"import {spec.id}", unit=" files", enabled=progress, leave=False
+    ) as bar:
         _import_sources(spec, src, ddir, lock, report, known, seen, archives, link=link, bar=bar)
     if report.not_images:
         log.warning(
             "%d file(s) match no image of %s and were not laid out, e.g. %s",
-            len(report.not_images), spec.id, report.not_images[0],
-        )  # fmt: skip
+            len(report.not_images),
+            spec.id,
+            report.not_images[0],
+        )
     if report.placed == 0:
         others = (
             f" ({len(report.not_images)} .jpg file(s) match no image of {spec.id}, e.g. "
@@ -529,9 +551,18 @@ def import_dataset(
 
 
 def _import_sources(
-    spec: DatasetSpec, src: Path, ddir: Path, lock: LockFile, report: PrepareReport,
-    known: dict[str, RemoteFile], seen: dict[str, Path], archives: list[Path], *, link: bool, bar: Any,
-) -> None:  # fmt: skip
+    spec: DatasetSpec,
+    src: Path,
+    ddir: Path,
+    lock: LockFile,
+    report: PrepareReport,
+    known: dict[str, RemoteFile],
+    seen: dict[str, Path],
+    archives: list[Path],
+    *,
+    link: bool,
+    bar: Any,
+) -> None:
     """The body of :func:`import_dataset`: place ``src`` (file, folder, archives) into ``ddir``."""
 
     def check(name: str, path: Path) -> None:  # before a catalogued plain file is laid out
@@ -540,12 +571,30 @@ def _import_sources(
 
     keep = _ImageTest(spec, ddir)
 
-    def place_tree(tree: Path, source: Path, *, link: bool, move: bool, nested: list[Path] | None,
-                   where: Callable[[str], str]) -> None:  # fmt: skip
+    def place_tree(
+        tree: Path,
+        source: Path,
+        *,
+        link: bool,
+        move: bool,
+        nested: list[Path] | None,
+        where: Callable[[str], str],
+    ) -> None:
         """Lay out a folder (or an extracted archive) and record what was placed and left out."""
         left_out: list[str] = []
-        n = _place_tree(tree, spec.layout, ddir, link=link, move=move, seen=seen, nested=nested, bar=bar,
-                        before_place=check, keep=keep, left_out=left_out)  # fmt: skip
+        n = _place_tree(
+            tree,
+            spec.layout,
+            ddir,
+            link=link,
+            move=move,
+            seen=seen,
+            nested=nested,
+            bar=bar,
+            before_place=check,
+            keep=keep,
+            left_out=left_out,
+        )
         report.not_images += [where(rel) for rel in left_out]
         report.placed += n
         report.files.append({"name": source.name, "source": str(source), "placed": n})
@@ -566,7 +615,9 @@ def _import_sources(
         report.placed += 1
         report.files.append({"name": src.name, "source": str(src), "placed": 1})
     else:
-        place_tree(src, src, link=link, move=False, nested=archives, where=lambda rel: str(src / rel))
+        place_tree(
+            src, src, link=link, move=False, nested=archives, where=lambda rel: str(src / rel)
+        )
 
     for arch in archives:
         if arch.name in known:
@@ -574,7 +625,14 @@ def _import_sources(
         tmp = _extraction_target(ddir, arch.name)
         extract_archive(arch, tmp)
         try:
-            place_tree(tmp, arch, link=False, move=True, nested=None, where=functools.partial("{}:{}".format, arch))
+            place_tree(
+                tmp,
+                arch,
+                link=False,
+                move=True,
+                nested=None,
+                where=functools.partial("{}:{}".format, arch),
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         if arch.name in known:

@@ -200,9 +200,16 @@ class DatasetFamily(ABC):
 
     @abstractmethod
     def load(
-        self, spec: DatasetSpec, ddir: Path, *, distractors: str | int | None, crop: CropConvention,
-        strict: bool, options: Mapping[str, str], progress: bool,
-    ) -> Benchmark:  # fmt: skip
+        self,
+        spec: DatasetSpec,
+        ddir: Path,
+        *,
+        distractors: str | int | None,
+        crop: CropConvention,
+        strict: bool,
+        options: Mapping[str, str],
+        progress: bool,
+    ) -> Benchmark:
         """The benchmark (see :func:`oxbench.datasets.load`; options are already validated)."""
 
     @abstractmethod

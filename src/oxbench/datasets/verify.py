@@ -178,8 +178,14 @@ def _check_lock(spec: DatasetSpec, base: Path, ddir: Path, report: VerifyReport)
         exp_md5 = f.md5 if f.checksum_policy == "published" else (rec or {}).get("md5")
         if not (exp_sha or exp_md5 or exp_size is not None):
             continue
-        found: dict[str, str | int | None] = {"size": path.stat().st_size, **file_digests(path, ("sha256", "md5"))}
-        if checksum_mismatch({"size": exp_size, "sha256": exp_sha, "md5": exp_md5}, found) is not None:
+        found: dict[str, str | int | None] = {
+            "size": path.stat().st_size,
+            **file_digests(path, ("sha256", "md5")),
+        }
+        if (
+            checksum_mismatch({"size": exp_size, "sha256": exp_sha, "md5": exp_md5}, found)
+            is not None
+        ):
             report.checksums.append(
                 f"{path}: sha256 {found['sha256']} ({found['size']} bytes) differs from the "
                 f"{'published' if f.checksum_policy == 'published' else 'recorded'} one; fetch it again "

@@ -22,7 +22,9 @@ def _positions(pos_ranks: ArrayLike) -> NDArray[np.int64]:
     if r.ndim != 1:
         r = r.ravel()
     if r.dtype != np.int64:
-        if r.size and not (np.issubdtype(r.dtype, np.integer) or np.issubdtype(r.dtype, np.floating)):
+        if r.size and not (
+            np.issubdtype(r.dtype, np.integer) or np.issubdtype(r.dtype, np.floating)
+        ):
             raise ValueError(f"positive ranks must be integers, got dtype {r.dtype}")
         if r.size and np.issubdtype(r.dtype, np.floating) and not np.array_equal(r, np.floor(r)):
             raise ValueError("positive ranks must be integers")
@@ -70,7 +72,9 @@ def average_precision(pos_ranks: ArrayLike, n_positives: int) -> float:
         return 0.0
     j = np.arange(r.size, dtype=np.float64)
     rf = r.astype(np.float64)
-    p0 = j / rf if r[0] else np.concatenate(([1.0], j[1:] / rf[1:]))  # p0 = 1 at rank 0 (only first)
+    p0 = (
+        j / rf if r[0] else np.concatenate(([1.0], j[1:] / rf[1:]))
+    )  # p0 = 1 at rank 0 (only first)
     p1 = (j + 1.0) / (rf + 1.0)
     terms = (p0 + p1) * (1.0 / n_positives) / 2.0
     return float(np.cumsum(terms)[-1])  # sequential, like the official loop

@@ -70,6 +70,7 @@ def accelerated() -> bool:
     """
     return _accel is not None and os.environ.get("OXBENCH_NO_ACCEL", "") in ("", "0")
 
+
 # Label codes in the per-query tables. 0 = unlabelled (negative).
 EASY = 1  # revisited easy; also the single positive class of the other protocols
 HARD = 2  # revisited hard
@@ -100,21 +101,32 @@ def out_of_range_text(value: int, n_db: int, n_index: int, *, minus_one: bool = 
         text += " (-1 marks a gap)"
     if value >= n_index:
         if n_index == n_db:
-            text += ("; ranks of an index with distractors after the database (R1M) need their number: "
-                     "--distractors N")  # fmt: skip
+            text += (
+                "; ranks of an index with distractors after the database (R1M) need their number: "
+                "--distractors N"
+            )
         else:
             text += f"; does the index hold more than the {n_index - n_db:,} distractors --distractors gives?"
     return text
 
 
-def _int_block(blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, source: str | None) -> np.ndarray:
+def _int_block(
+    blk: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, source: str | None
+) -> np.ndarray:
     """Convert a block of ranks to int64, refusing non-integer values (with their position)."""
     if blk.dtype == np.int64:
         return blk
     if np.issubdtype(blk.dtype, np.integer):
-        if np.issubdtype(blk.dtype, np.unsignedinteger) and blk.size and blk.max() > np.iinfo(np.int64).max:
+        if (
+            np.issubdtype(blk.dtype, np.unsignedinteger)
+            and blk.size
+            and blk.max() > np.iinfo(np.int64).max
+        ):
             r, c = np.unravel_index(int(np.argmax(blk)), blk.shape)
-            raise InputError(f"{qname(names, g0 + int(r))}: rank position {j0 + c} holds {blk[r, c]}, not an index", source)
+            raise InputError(
+                f"{qname(names, g0 + int(r))}: rank position {j0 + c} holds {blk[r, c]}, not an index",
+                source,
+            )
         return blk.astype(np.int64)
     if np.issubdtype(blk.dtype, np.floating):
         bad = ~np.isfinite(blk)
@@ -137,7 +149,9 @@ def check_ranks_dtype(ranks: np.ndarray, source: str | None) -> None:
         raise InputError(f"ranks must hold integer indices, got dtype {ranks.dtype}", source)
 
 
-def _raise_duplicate(row: np.ndarray, q: int, names: Sequence[str] | None, source: str | None) -> None:
+def _raise_duplicate(
+    row: np.ndarray, q: int, names: Sequence[str] | None, source: str | None
+) -> None:
     valid = row[row >= 0]
     vals, first, counts = np.unique(valid, return_index=True, return_counts=True)
     dup = vals[counts > 1]
@@ -151,7 +165,12 @@ def _raise_duplicate(row: np.ndarray, q: int, names: Sequence[str] | None, sourc
 
 
 def _transposed_chunk(
-    src: np.ndarray, out: np.ndarray, g0: int, j0: int, names: Sequence[str] | None, source: str | None
+    src: np.ndarray,
+    out: np.ndarray,
+    g0: int,
+    j0: int,
+    names: Sequence[str] | None,
+    source: str | None,
 ) -> np.ndarray:
     """Copy ``src`` ``[G, L]`` (any strides, any numeric dtype) into ``out[:, :L]`` as int64.
 
@@ -181,8 +200,17 @@ class _RowScanner:
     reused for every query (about 1 MB at R1M scale: it stays in cache while a list is scanned).
     """
 
-    def __init__(self, labels: Sequence[Labels], n_index: int, n_db: int, k: int,
-                 names: Sequence[str] | None, source: str | None, segment: int, minus_one: bool = False) -> None:
+    def __init__(
+        self,
+        labels: Sequence[Labels],
+        n_index: int,
+        n_db: int,
+        k: int,
+        names: Sequence[str] | None,
+        source: str | None,
+        segment: int,
+        minus_one: bool = False,
+    ) -> None:
         self.labels, self.n_index, self.n_db, self.k = labels, n_index, n_db, k
         self.minus_one = minus_one
         self.names, self.source, self.segment = names, source, segment
@@ -341,7 +369,9 @@ def labelled_positions_from_ranks(
     chunk = block_elems or max(_SLAB, int(budget - g * table_len) // (8 * g))
     chunk = min(chunk, max(k, 1))
     buf = np.empty((g, chunk), dtype=np.int64)
-    scanners = [_RowScanner(labels, n_index, n_db, k, names, source, segment, minus_one) for _ in range(g)]
+    scanners = [
+        _RowScanner(labels, n_index, n_db, k, names, source, segment, minus_one) for _ in range(g)
+    ]
     for g0 in range(0, nq, g):
         g1 = min(nq, g0 + g)
         for r in range(g1 - g0):
@@ -424,7 +454,11 @@ def _accel_ranks_from_scores(scores: np.ndarray, labels: Sequence[Labels]) -> li
     cnt_off = np.zeros(nq + 1, dtype=np.int64)
     np.cumsum(2 * d + 1, out=cnt_off[1:])
     u_all = np.concatenate(us) if us else np.zeros(0)
-    ev_row = np.concatenate([labels[q][0] for q in range(nq)]).astype(np.int64) if nq else np.zeros(0, np.int64)
+    ev_row = (
+        np.concatenate([labels[q][0] for q in range(nq)]).astype(np.int64)
+        if nq
+        else np.zeros(0, np.int64)
+    )
     ev_q = np.repeat(np.arange(nq, dtype=np.int64), [labels[q][0].size for q in range(nq)])
     ev_key = np.concatenate(keys).astype(np.int64) if nq else np.zeros(0, np.int64)
     # Loop order = memory order: database rows outer for a C-ordered [n, nq] matrix.
@@ -437,8 +471,9 @@ def _accel_ranks_from_scores(scores: np.ndarray, labels: Sequence[Labels]) -> li
     ev_row, ev_q, ev_key = ev_row[order], ev_q[order], ev_key[order]
     snap = np.zeros(ev_row.size, dtype=np.int64)
     cnt = np.zeros(int(cnt_off[-1]), dtype=np.int64)
-    if _accel.score_ranks(scores, row_outer, u_all, u_off, ev_row, ev_q, ev_key, snap, cnt, cnt_off,
-                          n_bins, group):
+    if _accel.score_ranks(
+        scores, row_outer, u_all, u_off, ev_row, ev_q, ev_key, snap, cnt, cnt_off, n_bins, group
+    ):
         return None
     rank = np.empty(ev_row.size, dtype=np.int64)
     rank[order] = snap
@@ -587,10 +622,16 @@ def labelled_ranks_from_scores(
         length = i1 - i0
         dst = buf[:, :length]
         for s0 in range(0, length, _SLAB):  # slab-wise transposed copy: cache friendly
-            np.copyto(dst[:, s0 : s0 + _SLAB], scores[i0 + s0 : min(i1, i0 + s0 + _SLAB)].T, casting="unsafe")
+            np.copyto(
+                dst[:, s0 : s0 + _SLAB],
+                scores[i0 + s0 : min(i1, i0 + s0 + _SLAB)].T,
+                casting="unsafe",
+            )
         if wd.kind == "f" and np.isnan(dst.min()):
             r, c = np.argwhere(np.isnan(dst))[0]
-            raise InputError(f"{qname(names, int(r))}: score of database image {i0 + c} is NaN", source)
+            raise InputError(
+                f"{qname(names, int(r))}: score of database image {i0 + c} is NaN", source
+            )
         y = ybuf[:length]
         b = bbuf[:length]
         for q in np.flatnonzero(fast & ~heavy).tolist():
@@ -635,7 +676,9 @@ def labelled_ranks_from_scores(
             if np.count_nonzero(is_lab) != idx.size:  # cannot happen: labelled bins are marked
                 raise AssertionError("labelled image missing from its own bin")
         else:
-            log.debug("query %d: %s, exact fallback", q, "huge ties" if heavy[q] else "non-finite labels")
+            log.debug(
+                "query %d: %s, exact fallback", q, "huge ties" if heavy[q] else "non-finite labels"
+            )
             col = np.ascontiguousarray(scores[:, q]).astype(wd)
             if np.isnan(col).any():
                 bad = int(np.flatnonzero(np.isnan(col))[0])

@@ -237,12 +237,20 @@ class LocalizationResult:
             return None if math.isnan(v) else float(v)
 
         return {
-            "dataset": self.dataset, "miou": num(self.miou), "correct": num(self.correct),
-            "correct_iou": CORRECT_IOU, "n_pairs": self.n_pairs, "n_predicted": self.n_predicted,
+            "dataset": self.dataset,
+            "miou": num(self.miou),
+            "correct": num(self.correct),
+            "correct_iou": CORRECT_IOU,
+            "n_pairs": self.n_pairs,
+            "n_predicted": self.n_predicted,
             "miou_boxed": num(self.miou_boxed),
-            "per_query": [{"iou": num(i), "correct": num(c), "pairs": int(p)}
-                          for i, c, p in zip(self.per_query_iou, self.per_query_correct, self.per_query_pairs, strict=True)],
-        }  # fmt: skip
+            "per_query": [
+                {"iou": num(i), "correct": num(c), "pairs": int(p)}
+                for i, c, p in zip(
+                    self.per_query_iou, self.per_query_correct, self.per_query_pairs, strict=True
+                )
+            ],
+        }
 
 
 def evaluate_localization(
@@ -302,5 +310,15 @@ def evaluate_localization(
     miou_boxed = (
         float((boxed_sums[boxed] / boxed_counts[boxed]).mean()) if boxed.any() else float("nan")
     )
-    return LocalizationResult(truth.dataset, miou, correct, per_iou, per_correct, counts, int(counts.sum()),
-                              n_predicted, iou, miou_boxed)  # fmt: skip
+    return LocalizationResult(
+        truth.dataset,
+        miou,
+        correct,
+        per_iou,
+        per_correct,
+        counts,
+        int(counts.sum()),
+        n_predicted,
+        iou,
+        miou_boxed,
+    )

@@ -184,7 +184,9 @@ def score_found(
         ks=ks,
         query_names=gt.query_names,
         n_distractors=n_distractors,
-        query_ids=gt.query_ids if gt.protocol == "original" and any(q.query_id for q in gt.queries) else (),
+        query_ids=gt.query_ids
+        if gt.protocol == "original" and any(q.query_id for q in gt.queries)
+        else (),
         padding=padding,
     )
 
@@ -360,14 +362,23 @@ def evaluate(
         arr, gt.n_db, n_index, padding=padding, gaps=gaps, names=gt.query_names, source=source
     )
     if gt.protocol == "ukbench" and arr.shape[1] < 4:
-        raise InputError(f"UKBench needs at least the top 4 of each list, got {arr.shape[1]}", source)
+        raise InputError(
+            f"UKBench needs at least the top 4 of each list, got {arr.shape[1]}", source
+        )
     labels = query_labels(gt)
     # The scan's tables cover the indices present (all valid, checked above), not the declared count.
     found = K.labelled_positions_from_ranks(
-        arr, labels, max(gt.n_db, top), n_db=gt.n_db, names=gt.query_names, source=source,
+        arr,
+        labels,
+        max(gt.n_db, top),
+        n_db=gt.n_db,
+        names=gt.query_names,
+        source=source,
         minus_one=padding == -1 or gaps,
     )
-    return score_found(gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source)
+    return score_found(
+        gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source
+    )
 
 
 def _check_scores(gt: GroundTruth, scores: np.ndarray, n_distractors: int, source: str) -> None:
@@ -464,18 +475,29 @@ def evaluate_features(
     for what, a in (("query features", q), ("database features", x)):
         if a.ndim != 2:
             raise InputError(f"{what} must be 2-D [n, d], got shape {a.shape}", source)
-        if not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)) or a.dtype == bool:
+        if (
+            not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer))
+            or a.dtype == bool
+        ):
             raise InputError(f"{what} must be numbers, got dtype {a.dtype}", source)
     if q.shape[1] != x.shape[1]:
-        raise InputError(f"query features have dimension {q.shape[1]} but database features {x.shape[1]}", source)
+        raise InputError(
+            f"query features have dimension {q.shape[1]} but database features {x.shape[1]}", source
+        )
     if q.shape[0] != gt.n_queries:
-        raise InputError(f"{q.shape[0]} query descriptors but {gt.source} has {gt.n_queries} queries", source)
+        raise InputError(
+            f"{q.shape[0]} query descriptors but {gt.source} has {gt.n_queries} queries", source
+        )
     n_distractors = _check_distractors(n_distractors)
     if x.shape[0] != gt.n_db + n_distractors:
         raise InputError(
             f"{x.shape[0]} database descriptors but the database has {gt.n_db} images"
             + (f" + {n_distractors} distractors" if n_distractors else "")
-            + (" (declare the extra rows as distractors)" if x.shape[0] > gt.n_db and not n_distractors else ""),
+            + (
+                " (declare the extra rows as distractors)"
+                if x.shape[0] > gt.n_db and not n_distractors
+                else ""
+            ),
             source,
         )
     qf = np.ascontiguousarray(q, dtype=np.float32)

@@ -46,7 +46,9 @@ def from_revisitop(ranks: ArrayLike, *, source: str | None = None) -> NDArray[np
         >>> to_revisitop(from_revisitop(revisitop)).tolist()
         [[2, 0], [0, 1], [1, 2]]
     """
-    return _as_2d(ranks, "ranks (revisitop layout: rows = ranked positions, columns = queries)", source).T
+    return _as_2d(
+        ranks, "ranks (revisitop layout: rows = ranked positions, columns = queries)", source
+    ).T
 
 
 def to_revisitop(ranks: ArrayLike) -> NDArray[np.int64]:
@@ -54,7 +56,9 @@ def to_revisitop(ranks: ArrayLike) -> NDArray[np.int64]:
     return _as_2d(ranks, "ranks", None).T
 
 
-def ranks_from_scores(scores: ArrayLike, k: int | None = None, *, source: str | None = None) -> NDArray[np.int64]:
+def ranks_from_scores(
+    scores: ArrayLike, k: int | None = None, *, source: str | None = None
+) -> NDArray[np.int64]:
     """Rank a database by score, best first, in the internal layout.
 
     The order is a *stable* descending sort: equal scores keep database order, so ties go to the
@@ -104,7 +108,9 @@ def descending_order(col: NDArray[np.floating]) -> NDArray[np.int64]:
     n = len(col)
     if col.dtype != np.float32 or n >= 2**32:
         return np.argsort(-col, kind="stable")
-    u = (-col + np.float32(0.0)).view(np.uint32)  # + 0.0: -0.0 becomes 0.0, so equal scores stay equal
+    u = (-col + np.float32(0.0)).view(
+        np.uint32
+    )  # + 0.0: -0.0 becomes 0.0, so equal scores stay equal
     key = np.where(u & _SIGN, ~u, u | _SIGN).astype(np.uint64)
     key <<= np.uint64(32)
     key |= np.arange(n, dtype=np.uint64)

@@ -112,13 +112,17 @@ class EvaluationResult:
             return "[" + " ".join(_pct(s.mp_at_k[k]) for k in self.ks) + "]"
 
         if self.protocol == "revisited":
-            maps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {_pct(s.map)}" for n, s in self.setups.items())
+            maps = ", ".join(
+                f"{SETUP_LETTERS.get(n, n)}: {_pct(s.map)}" for n, s in self.setups.items()
+            )
             mps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {mp(s)}" for n, s in self.setups.items())
             return [f"{name}: mAP {maps}"] + ([f"{name}: mP@k[{kstr}] {mps}"] if self.ks else [])
         out = []
         for s in self.setups.values():
-            line = f"{name}: score {s.score:.4f} (of 4), mAP {_pct(s.map)}" if s.score is not None else (
-                f"{name}: mAP {_pct(s.map)}"
+            line = (
+                f"{name}: score {s.score:.4f} (of 4), mAP {_pct(s.map)}"
+                if s.score is not None
+                else (f"{name}: mAP {_pct(s.map)}")
             )
             out.append(line + (f", mP@k[{kstr}] {mp(s)}" if self.ks else ""))
         return out
@@ -187,7 +191,10 @@ class EvaluationResult:
         if self.protocol == "ukbench":
             return {"score": _json_float(s.score if s.score is not None else math.nan)}
         names = self.query_ids or self.query_names or tuple(str(i) for i in range(len(s.ap)))
-        return {"map": _json_float(s.map), "ap": {q: _json_float(v) for q, v in zip(names, s.ap, strict=True)}}
+        return {
+            "map": _json_float(s.map),
+            "ap": {q: _json_float(v) for q, v in zip(names, s.ap, strict=True)},
+        }
 
     def per_query_rows(self) -> list[dict[str, Any]]:
         """One dict per (setup, query): ``setup, query_index, [query_id,] query, n_positives, ap, p@K...``.

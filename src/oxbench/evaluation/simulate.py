@@ -278,7 +278,10 @@ def score_rankings(bench: SyntheticBenchmark, ranks: NDArray[np.int64]) -> dict[
     Scored by :func:`oxbench.evaluation.evaluate` against :func:`ground_truths`.
     """
     gts = ground_truths(bench)
-    out = {name: evaluate(gts[name], ranks, ks=()).setups["original"].map for name in ("oxford", "oxford_junk_neg")}
+    out = {
+        name: evaluate(gts[name], ranks, ks=()).setups["original"].map
+        for name in ("oxford", "oxford_junk_neg")
+    }
     rev = evaluate(gts["revisited"], ranks, ks=(10,))
     for name in ("easy", "medium", "hard"):
         out[name] = rev.setups[name].map

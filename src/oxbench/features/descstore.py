@@ -114,7 +114,9 @@ class DescriptorStore:
         self._next_number = 0
 
     @classmethod
-    def open(cls, directory: str | Path, settings: dict[str, Any], *, create: bool = True) -> DescriptorStore:
+    def open(
+        cls, directory: str | Path, settings: dict[str, Any], *, create: bool = True
+    ) -> DescriptorStore:
         """Open (or create) a store and read its intact shards.
 
         Args:
@@ -134,7 +136,9 @@ class DescriptorStore:
             try:
                 found = json.loads(read_input_bytes(meta_path, limit=1 << 24))
             except (ValueError, InputError) as exc:
-                raise InputError(f"unreadable descriptor-store metadata ({exc}); delete the folder", meta_path) from None
+                raise InputError(
+                    f"unreadable descriptor-store metadata ({exc}); delete the folder", meta_path
+                ) from None
             if found != expected:
                 raise InputError(
                     "descriptor store was built with other settings; use another cache folder or delete it",
@@ -170,7 +174,10 @@ class DescriptorStore:
             if not names:
                 continue
             if self.dim is not None and x.shape[1] != self.dim:
-                raise InputError(f"shard has {x.shape[1]}-D descriptors, others {self.dim}-D; delete the folder", path)
+                raise InputError(
+                    f"shard has {x.shape[1]}-D descriptors, others {self.dim}-D; delete the folder",
+                    path,
+                )
             self.dim = int(x.shape[1])
             for i, name in enumerate(names):
                 self._vectors[name] = x[i]
@@ -190,7 +197,9 @@ class DescriptorStore:
             if x.ndim == 2 and x.shape[0] == len(names) and shard_digest(names, x) == digest:
                 return names, x, []
             reason = "fails its digest check"
-        log.warning("%s: descriptor shard %s; deleting it, its images will be described again", path, reason)
+        log.warning(
+            "%s: descriptor shard %s; deleting it, its images will be described again", path, reason
+        )
         path.unlink(missing_ok=True)
         return None
 
@@ -201,11 +210,21 @@ class DescriptorStore:
             z = load_npz(folder / NPZ_NAME, what="descriptor shard")
             names = [str(n) for n in z["names"].tolist()]
             x, failed = z["descriptors"], [str(n) for n in z["failed"].tolist()]
-            if x.dtype != np.float32 or x.ndim != 2 or x.shape[0] != len(names) or not np.isfinite(x).all():
-                raise CorruptCache(f"descriptor shard holds {x.dtype} {x.shape} for {len(names)} names", folder)
+            if (
+                x.dtype != np.float32
+                or x.ndim != 2
+                or x.shape[0] != len(names)
+                or not np.isfinite(x).all()
+            ):
+                raise CorruptCache(
+                    f"descriptor shard holds {x.dtype} {x.shape} for {len(names)} names", folder
+                )
         except (CorruptCache, InputError, KeyError) as exc:
-            log.warning("%s: descriptor shard %s; deleting it, its images will be described again", folder,
-                        exc if not isinstance(exc, KeyError) else f"without {exc}")  # fmt: skip
+            log.warning(
+                "%s: descriptor shard %s; deleting it, its images will be described again",
+                folder,
+                exc if not isinstance(exc, KeyError) else f"without {exc}",
+            )
             discard_folder(folder)
             return None
         return names, x, failed
@@ -235,7 +254,9 @@ class DescriptorStore:
         """
         x = check_descriptors(names, descriptors, self.dim)
         task = plan_shards(list(names), max(1, len(names)))[0]
-        task = ShardTask(self._next_number, task.items, f"shard-{self._next_number:06d}{task.folder[12:]}")
+        task = ShardTask(
+            self._next_number, task.items, f"shard-{self._next_number:06d}{task.folder[12:]}"
+        )
         write_npz_shard(self.directory, task, shard_arrays(names, x, []))
         self._next_number += 1
         self.dim = int(x.shape[1])
@@ -263,11 +284,15 @@ class DescriptorStore:
             if v is not None:
                 out[i] = v
             elif not missing_as_zero:
-                raise InputError(f"no descriptor for image {name!r} (extraction incomplete?)", self.directory)
+                raise InputError(
+                    f"no descriptor for image {name!r} (extraction incomplete?)", self.directory
+                )
         return out
 
 
-def check_descriptors(names: Sequence[str], descriptors: NDArray[np.floating], dim: int | None) -> NDArray[np.float32]:
+def check_descriptors(
+    names: Sequence[str], descriptors: NDArray[np.floating], dim: int | None
+) -> NDArray[np.float32]:
     """``descriptors`` as ``float32 [len(names), D]``, refused (``ValueError``) when not finite or
     of another dimension than ``dim`` (``None``: any)."""
     x = np.ascontiguousarray(descriptors, np.float32)
@@ -280,10 +305,15 @@ def check_descriptors(names: Sequence[str], descriptors: NDArray[np.floating], d
     return x
 
 
-def shard_arrays(names: Sequence[str], x: NDArray[np.float32], failed: Sequence[str]) -> dict[str, NDArray[Any]]:
+def shard_arrays(
+    names: Sequence[str], x: NDArray[np.float32], failed: Sequence[str]
+) -> dict[str, NDArray[Any]]:
     """What one descriptor shard holds."""
-    return {"names": np.array(list(names), dtype=str).reshape(-1), "descriptors": x,
-            "failed": np.array(list(failed), dtype=str).reshape(-1)}  # fmt: skip
+    return {
+        "names": np.array(list(names), dtype=str).reshape(-1),
+        "descriptors": x,
+        "failed": np.array(list(failed), dtype=str).reshape(-1),
+    }
 
 
 class DescribeGlobalShard:
@@ -294,7 +324,9 @@ class DescribeGlobalShard:
     cluster runs the task only on a worker that offers it.
     """
 
-    def __init__(self, compute: Compute, names: Sequence[str], directory: Path, *, plan: str, tag: str) -> None:
+    def __init__(
+        self, compute: Compute, names: Sequence[str], directory: Path, *, plan: str, tag: str
+    ) -> None:
         self.compute = compute
         self.names = list(names)
         self.directory = Path(directory)
@@ -311,8 +343,15 @@ class DescribeGlobalShard:
         failed = [self.names[i] for i in task.items if i not in described]
         names = [self.names[i] for i in done]
         arrays = shard_arrays(names, check_descriptors(names, x, None), failed)
-        return write_npz_shard(self.directory, task, arrays, plan=self.plan, tag=self.tag, rows=len(names),
-                               seconds_from=t0)  # fmt: skip
+        return write_npz_shard(
+            self.directory,
+            task,
+            arrays,
+            plan=self.plan,
+            tag=self.tag,
+            rows=len(names),
+            seconds_from=t0,
+        )
 
 
 def fill_store(
@@ -349,16 +388,32 @@ def fill_store(
         check_shard_size(shard_size)
     except InputError as exc:
         raise ValueError(exc.problem) from None
-    tasks = in_partition(plan_shards(names, shard_size, have=set(store.names()) | store.failed), partition)
+    tasks = in_partition(
+        plan_shards(names, shard_size, have=set(store.names()) | store.failed), partition
+    )
     if tasks:
         tag = uuid.uuid4().hex[:12]
-        job = DescribeGlobalShard(compute, names, store.directory, plan=plan_digest(names, shard_size), tag=tag)
-        run_shard_tasks(job, tasks, store.directory, tag, executor=executor, desc=desc or "descriptors",
-                        progress=progress)  # fmt: skip
+        job = DescribeGlobalShard(
+            compute, names, store.directory, plan=plan_digest(names, shard_size), tag=tag
+        )
+        run_shard_tasks(
+            job,
+            tasks,
+            store.directory,
+            tag,
+            executor=executor,
+            desc=desc or "descriptors",
+            progress=progress,
+        )
         store.refresh()
     planned = {i for t in tasks for i in t.items}
-    missing = [names[i] for i in sorted(planned) if names[i] not in store and names[i] not in store.failed]
+    missing = [
+        names[i] for i in sorted(planned) if names[i] not in store and names[i] not in store.failed
+    ]
     if missing:
-        raise InputError(f"{len(missing)} image(s) have no descriptor after their shard's task returned, e.g. "
-                         f"{missing[0]!r} (do the workers see this folder?)", store.directory)  # fmt: skip
+        raise InputError(
+            f"{len(missing)} image(s) have no descriptor after their shard's task returned, e.g. "
+            f"{missing[0]!r} (do the workers see this folder?)",
+            store.directory,
+        )
     return [n for n in names if n in store.failed]

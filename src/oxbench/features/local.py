@@ -48,9 +48,7 @@ class LocalFeatures:
         if kp.ndim != 2 or kp.shape[1] != 4:
             raise InputError(f"keypoints must have shape [n, 4], got {kp.shape}")
         if desc.ndim != 2 or desc.shape[0] != kp.shape[0]:
-            raise InputError(
-                f"descriptors must have shape [n={kp.shape[0]}, d], got {desc.shape}"
-            )
+            raise InputError(f"descriptors must have shape [n={kp.shape[0]}, d], got {desc.shape}")
         if kp.dtype != np.float32 or desc.dtype != np.float32:
             raise InputError(
                 f"keypoints and descriptors must be float32, got {kp.dtype} and {desc.dtype}"
@@ -70,7 +68,9 @@ class LocalFeatures:
     def empty(cls, image_size: tuple[int, int], dim: int = 128) -> LocalFeatures:
         """Features of an image where nothing was detected."""
         return cls(
-            np.zeros((0, 4), np.float32), np.zeros((0, dim), np.float32), (int(image_size[0]), int(image_size[1]))
+            np.zeros((0, 4), np.float32),
+            np.zeros((0, dim), np.float32),
+            (int(image_size[0]), int(image_size[1])),
         )
 
     def subset(self, index: NDArray[np.integer] | slice) -> LocalFeatures:

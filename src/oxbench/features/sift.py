@@ -49,17 +49,28 @@ class SiftConfig:
             descriptor per location: the better choice for sets whose photos are all upright).
     """
 
-    descriptor: DescriptorType = setting("rootsift", S.Choice(*DESCRIPTOR_TYPES), doc="rootsift or sift")
-    max_side: int = setting(512, S.Int(lo=0, hi=1 << 16), doc="longer image side described (0: as is)")
-    n_features: int = setting(1000, S.Int(lo=0, hi=1 << 20), doc="strongest keypoints kept (0: all)")
-    contrast_threshold: float = setting(0.04, S.Float(lo=0, hi=1), doc="OpenCV SIFT contrast threshold")
-    edge_threshold: float = setting(10.0, S.Float(lo=0, lo_open=True, hi=1000), doc="OpenCV SIFT edge threshold")
+    descriptor: DescriptorType = setting(
+        "rootsift", S.Choice(*DESCRIPTOR_TYPES), doc="rootsift or sift"
+    )
+    max_side: int = setting(
+        512, S.Int(lo=0, hi=1 << 16), doc="longer image side described (0: as is)"
+    )
+    n_features: int = setting(
+        1000, S.Int(lo=0, hi=1 << 20), doc="strongest keypoints kept (0: all)"
+    )
+    contrast_threshold: float = setting(
+        0.04, S.Float(lo=0, hi=1), doc="OpenCV SIFT contrast threshold"
+    )
+    edge_threshold: float = setting(
+        10.0, S.Float(lo=0, lo_open=True, hi=1000), doc="OpenCV SIFT edge threshold"
+    )
     sigma: float = setting(1.6, S.Float(lo=0, lo_open=True, hi=100), doc="OpenCV SIFT sigma")
     n_octave_layers: int = setting(3, S.Int(lo=1, hi=16), doc="OpenCV SIFT layers per octave")
     orientation: str = setting(
-        "invariant", S.Choice("invariant", "upright"),
+        "invariant",
+        S.Choice("invariant", "upright"),
         doc="invariant: along each keypoint's dominant orientation (rotated photos match); upright: angle 0",
-    )  # fmt: skip
+    )
 
     def __post_init__(self) -> None:
         validate(self)
@@ -184,7 +195,10 @@ def extract_raw_sift(
         seen: dict[tuple[float, float, float, int], Any] = {}
         for k in sift.detect(gray, None):
             seen.setdefault((round(k.pt[0], 3), round(k.pt[1], 3), round(k.size, 3), k.octave), k)
-        upright = [cv2.KeyPoint(k.pt[0], k.pt[1], k.size, 0.0, k.response, k.octave, k.class_id) for k in seen.values()]
+        upright = [
+            cv2.KeyPoint(k.pt[0], k.pt[1], k.size, 0.0, k.response, k.octave, k.class_id)
+            for k in seen.values()
+        ]
         kps, desc = sift.compute(gray, upright) if upright else ((), None)
     else:
         kps, desc = sift.detectAndCompute(gray, None)

@@ -134,9 +134,15 @@ class _Shard:
 
 
 def write_shard_folder(
-    directory: Path, number: int, items: Sequence[RawFeatures], config: LocalExtractor, *,
-    plan: str = "", tag: str = "", folder: str | None = None,
-) -> ShardReceipt:  # fmt: skip
+    directory: Path,
+    number: int,
+    items: Sequence[RawFeatures],
+    config: LocalExtractor,
+    *,
+    plan: str = "",
+    tag: str = "",
+    folder: str | None = None,
+) -> ShardReceipt:
     """Write one shard into a unique temporary folder of ``directory`` and commit it by one rename.
 
     The first commit of a folder name wins; a later attempt of the same shard removes its temporary
@@ -169,7 +175,9 @@ def write_shard_folder(
     for it in items:
         raw = np.asarray(it[2])
         if raw.dtype != dtype or raw.ndim != 2 or raw.shape[1] != dim:
-            raise ValueError(f"image {it[0]!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]")
+            raise ValueError(
+                f"image {it[0]!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]"
+            )
         raws.append(raw)
     tmp = make_temp_folder(final, tag=tag)
     try:
@@ -183,19 +191,29 @@ def write_shard_folder(
                 "sha256": file_sha256(path),
             }
         arrays = {
-            "names": names, "counts": counts, "sizes": sizes,
+            "names": names,
+            "counts": counts,
+            "sizes": sizes,
             "kp_crc": np.array([_crc(k) for k in kps], np.uint32),
             "raw_crc": np.array([_crc(r) for r in raws], np.uint32),
-            "files": np.array(json.dumps(files, sort_keys=True)), "plan": np.array(plan),
-        }  # fmt: skip
+            "files": np.array(json.dumps(files, sort_keys=True)),
+            "plan": np.array(plan),
+        }
         save_npz(tmp / "index.npz", arrays)
         digest = str(load_npz(tmp / "index.npz", what="feature-shard index")[DIGEST_KEY])
     except BaseException:
         discard_folder(tmp)
         raise
     committed = commit_folder(tmp, final)
-    return ShardReceipt(number, final.name, len(items), int(counts.sum()), digest, committed,
-                        time.perf_counter() - t0)  # fmt: skip
+    return ShardReceipt(
+        number,
+        final.name,
+        len(items),
+        int(counts.sum()),
+        digest,
+        committed,
+        time.perf_counter() - t0,
+    )
 
 
 class FeatureStore:
@@ -274,7 +292,9 @@ class FeatureStore:
                     store._scan()
                     store._remove_shards(store._found)
                 if problem is not None:
-                    atomic_write_json(directory / "meta.json", {**expected, "digest": json_digest(expected)})
+                    atomic_write_json(
+                        directory / "meta.json", {**expected, "digest": json_digest(expected)}
+                    )
         store.refresh()
         return store
 
@@ -290,15 +310,22 @@ class FeatureStore:
         try:
             found = json.loads(read_input_bytes(path, limit=1 << 20))
         except (InputError, ValueError) as exc:
-            return CorruptCache(f"unreadable feature-store metadata ({exc})", path, lock=self.lock_path)
+            return CorruptCache(
+                f"unreadable feature-store metadata ({exc})", path, lock=self.lock_path
+            )
         digest = found.pop("digest", None) if isinstance(found, dict) else None
         if digest is None or digest != json_digest(found):
-            return CorruptCache("feature-store metadata does not match its recorded digest", path,
-                                lock=self.lock_path)  # fmt: skip
+            return CorruptCache(
+                "feature-store metadata does not match its recorded digest",
+                path,
+                lock=self.lock_path,
+            )
         expected = self.meta
         if found != expected:
             diff = sorted(k for k in set(found) | set(expected) if found.get(k) != expected.get(k))
-            detail = "; ".join(f"{k}: store has {found.get(k)!r}, wanted {expected.get(k)!r}" for k in diff)
+            detail = "; ".join(
+                f"{k}: store has {found.get(k)!r}, wanted {expected.get(k)!r}" for k in diff
+            )
             raise InputError(
                 f"feature store was built under another config ({detail}); "
                 "delete the folder or use another cache directory",
@@ -322,10 +349,16 @@ class FeatureStore:
                 numbers.append(int(m.group(1)))
             elif m := _LEGACY_RE.match(entry):
                 stem = f"shard-{m.group(1)}"
-                found[stem] = {s: self.directory / f"{stem}.{s}" for s in ("index.npz", *_DATA_FILES)}
+                found[stem] = {
+                    s: self.directory / f"{stem}.{s}" for s in ("index.npz", *_DATA_FILES)
+                }
                 numbers.append(int(m.group(1)))
         # earlier versions' flat shards first: a shard folder holding the same image wins
-        self._found = dict(sorted(found.items(), key=lambda kv: (kv[1]["index.npz"].parent != self.directory, kv[0])))
+        self._found = dict(
+            sorted(
+                found.items(), key=lambda kv: (kv[1]["index.npz"].parent != self.directory, kv[0])
+            )
+        )
         self._next_number = max(numbers) + 1 if numbers else 0
 
     @staticmethod
@@ -338,7 +371,9 @@ class FeatureStore:
             paths = self._found.get(sid)
             if paths is None:
                 continue
-            if paths["index.npz"].parent == self.directory:  # an earlier version's flat files, index first
+            if (
+                paths["index.npz"].parent == self.directory
+            ):  # an earlier version's flat files, index first
                 for suffix in ("index.npz", *_DATA_FILES):
                     paths[suffix].unlink(missing_ok=True)
             else:
@@ -362,7 +397,9 @@ class FeatureStore:
             try:
                 shard = self._read_shard(self._number(sid), paths, full=full)
             except CorruptCache as exc:  # said once per shard, however often the store is re-read
-                (log.debug if sid in self._warned else log.warning)("%s; its images will be described again", exc)
+                (log.debug if sid in self._warned else log.warning)(
+                    "%s; its images will be described again", exc
+                )
                 self._warned.add(sid)
                 self.bad_shards.append(self._number(sid))
                 self._bad.append(sid)
@@ -375,7 +412,9 @@ class FeatureStore:
         for j, name in enumerate(shard.names.tolist()):
             self._where[name] = (si, j)
 
-    def _corrupt(self, number: int, paths: dict[str, Path], problem: str, path: Path) -> CorruptCache:
+    def _corrupt(
+        self, number: int, paths: dict[str, Path], problem: str, path: Path
+    ) -> CorruptCache:
         """The error for a damaged shard: deleting it makes its images be described again."""
         files = tuple(paths[s] for s in ("index.npz", *_DATA_FILES))
         return CorruptCache(problem, path, discard=files, lock=self.lock_path)
@@ -384,50 +423,76 @@ class FeatureStore:
         index_path = paths["index.npz"]
         bad = self._corrupt(number, paths, "", index_path)
         if not index_path.exists():
-            raise self._corrupt(number, paths, "committed feature shard without its index", index_path)
+            raise self._corrupt(
+                number, paths, "committed feature shard without its index", index_path
+            )
         z = load_npz(index_path, what="feature-shard index", discard=bad.discard, lock=bad.lock)
         try:
             names, counts, sizes = z["names"], z["counts"], z["sizes"]
             kp_crc, raw_crc = z["kp_crc"], z["raw_crc"]
             files = json.loads(str(z["files"]))
             n = len(names)
-            if not (counts.shape == kp_crc.shape == raw_crc.shape == (n,) and sizes.shape == (n, 2)):
+            if not (
+                counts.shape == kp_crc.shape == raw_crc.shape == (n,) and sizes.shape == (n, 2)
+            ):
                 raise ValueError("arrays of different lengths")
         except (KeyError, ValueError, TypeError) as exc:
-            raise self._corrupt(number, paths, f"malformed feature-shard index ({exc})", index_path) from None
+            raise self._corrupt(
+                number, paths, f"malformed feature-shard index ({exc})", index_path
+            ) from None
         folder = index_path.parent
         if folder != self.directory and folder.name != shard_folder_name(number, names.tolist()):
-            raise self._corrupt(number, paths, "feature shard holds other images than its name says", index_path)
+            raise self._corrupt(
+                number, paths, "feature shard holds other images than its name says", index_path
+            )
         for suffix in _DATA_FILES:
             path = paths[suffix]
             rec = files.get(suffix, {}) if isinstance(files, dict) else {}
             try:
                 size = path.stat().st_size
             except FileNotFoundError:
-                raise self._corrupt(number, paths, "feature shard data file missing", path) from None
+                raise self._corrupt(
+                    number, paths, "feature shard data file missing", path
+                ) from None
             if size != rec.get("size"):
                 raise self._corrupt(
-                    number, paths, f"feature shard is {size:,} bytes, {rec.get('size')} were written (truncated?)", path
+                    number,
+                    paths,
+                    f"feature shard is {size:,} bytes, {rec.get('size')} were written (truncated?)",
+                    path,
                 )
             if sampled_digest(path, sample=_SAMPLE) != rec.get("sampled_sha256"):
-                raise self._corrupt(number, paths, "feature shard does not match its recorded digest (sampled)", path)
+                raise self._corrupt(
+                    number,
+                    paths,
+                    "feature shard does not match its recorded digest (sampled)",
+                    path,
+                )
             if full and file_sha256(path) != rec.get("sha256"):
-                raise self._corrupt(number, paths, "feature shard does not match its recorded digest", path)
+                raise self._corrupt(
+                    number, paths, "feature shard does not match its recorded digest", path
+                )
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
         return _Shard(number, paths, names, offsets, sizes, kp_crc, raw_crc, str(z[DIGEST_KEY]))
 
     def shard_digests(self) -> dict[str, str]:
         """``{committed shard folder name: content digest of its index}`` (flat shards left out)."""
-        return {s.paths["index.npz"].parent.name: s.digest for s in self._shards
-                if s.paths["index.npz"].parent != self.directory}  # fmt: skip
+        return {
+            s.paths["index.npz"].parent.name: s.digest
+            for s in self._shards
+            if s.paths["index.npz"].parent != self.directory
+        }
 
     def clean(self) -> None:
         """Re-read the store and delete its corrupt shards and earlier versions' unfinished ones
         (call with the lock held, or where no other process reads the store)."""
         self.refresh()
-        stale = set(self._bad) | {sid for sid, p in self._found.items()
-                                  if p["index.npz"].parent == self.directory and not p["index.npz"].exists()}  # fmt: skip
+        stale = set(self._bad) | {
+            sid
+            for sid, p in self._found.items()
+            if p["index.npz"].parent == self.directory and not p["index.npz"].exists()
+        }
         if stale:
             self._remove_shards(stale)
             for sid in stale:
@@ -478,7 +543,9 @@ class FeatureStore:
                     if a.ndim != 2 or a.shape != (int(shard.offsets[-1]), cols):
                         raise ValueError(f"shape {a.shape}")
                 except Exception as exc:  # noqa: BLE001 - any failure to map a damaged file
-                    raise self._corrupt(shard.number, shard.paths, f"unreadable feature shard ({exc})", path) from None
+                    raise self._corrupt(
+                        shard.number, shard.paths, f"unreadable feature shard ({exc})", path
+                    ) from None
                 arrays.append(a)
             shard._kp, shard._raw = arrays
         return shard._kp, shard._raw
@@ -500,10 +567,15 @@ class FeatureStore:
         kp, raw = self._arrays(shard)
         a, b = int(shard.offsets[j]), int(shard.offsets[j + 1])
         kp_i, raw_i = np.array(kp[a:b]), np.array(raw[a:b])
-        for suffix, arr, want in (("kp.npy", kp_i, shard.kp_crc[j]), ("raw.npy", raw_i, shard.raw_crc[j])):
+        for suffix, arr, want in (
+            ("kp.npy", kp_i, shard.kp_crc[j]),
+            ("raw.npy", raw_i, shard.raw_crc[j]),
+        ):
             if _crc(arr) != int(want):
                 raise self._corrupt(
-                    shard.number, shard.paths, f"the features of image {name!r} do not match their recorded checksum",
+                    shard.number,
+                    shard.paths,
+                    f"the features of image {name!r} do not match their recorded checksum",
                     shard.paths[suffix],
                 )
         w, h = (int(v) for v in shard.sizes[j])
@@ -607,8 +679,15 @@ class DescribeShard:
     """Picklable job of the shard protocol: describe one planned shard's images, commit the shard,
     return its :class:`ShardReceipt` (the features stay on disk)."""
 
-    def __init__(self, describe: DescribeImages | DescribeQueries, directory: Path, config: LocalExtractor, *,
-                 plan: str, tag: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        describe: DescribeImages | DescribeQueries,
+        directory: Path,
+        config: LocalExtractor,
+        *,
+        plan: str,
+        tag: str,
+    ) -> None:
         self.describe = describe
         self.directory = Path(directory)
         self.config = config
@@ -618,8 +697,15 @@ class DescribeShard:
     def __call__(self, task: ShardTask) -> ShardReceipt:
         t0 = time.perf_counter()
         items = [self.describe(i) for i in task.items]
-        receipt = write_shard_folder(self.directory, task.number, items, self.config, plan=self.plan, tag=self.tag,
-                                     folder=task.folder)  # fmt: skip
+        receipt = write_shard_folder(
+            self.directory,
+            task.number,
+            items,
+            self.config,
+            plan=self.plan,
+            tag=self.tag,
+            folder=task.folder,
+        )
         return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
 
 
@@ -689,30 +775,47 @@ def extract_to_store(
             tasks = tasks[:stop_after]
         plan = plan_digest(names, shard_size)
         n_plan = -(-n_items // shard_size)
-        atomic_write_json(store.directory / "plan.json", {"images": n_items, "shard_size": shard_size,
-                                                         "shards": n_plan, "digest": plan})  # fmt: skip
+        atomic_write_json(
+            store.directory / "plan.json",
+            {"images": n_items, "shard_size": shard_size, "shards": n_plan, "digest": plan},
+        )
         n_todo = sum(len(t.items) for t in tasks)
-        log.info("describing %d of %d images (%d of %d shards) into %s", n_todo, n_items, len(tasks), n_plan,
-                 store.directory)  # fmt: skip
+        log.info(
+            "describing %d of %d images (%d of %d shards) into %s",
+            n_todo,
+            n_items,
+            len(tasks),
+            n_plan,
+            store.directory,
+        )
         tag = uuid.uuid4().hex[:12]
         shard_job = DescribeShard(job, store.directory, store.config, plan=plan, tag=tag)
-        receipts = run_shard_tasks(shard_job, tasks, store.directory, tag, executor=executor, desc=desc,
-                                   progress=progress)  # fmt: skip
+        receipts = run_shard_tasks(
+            shard_job, tasks, store.directory, tag, executor=executor, desc=desc, progress=progress
+        )
         store.refresh()
         _check_receipts(store, tasks, receipts, names)
     return n_todo
 
 
-def _check_receipts(store: FeatureStore, tasks: Sequence[ShardTask], receipts: Sequence[ShardReceipt],
-                    names: Sequence[str]) -> None:  # fmt: skip
+def _check_receipts(
+    store: FeatureStore,
+    tasks: Sequence[ShardTask],
+    receipts: Sequence[ShardReceipt],
+    names: Sequence[str],
+) -> None:
     """Every task's images are in the store, under the folder its receipt names, with its digest."""
     digests = store.shard_digests()
     for task, receipt in zip(tasks, receipts, strict=True):
         missing = [names[i] for i in task.items if names[i] not in store]
         if missing or receipt.folder != task.folder or receipt.folder not in digests:
-            raise InputError(f"{task}: {len(missing) or len(task.items)} image(s) missing from the store after "
-                             f"the shard was committed, e.g. {(missing or [names[task.items[0]]])[0]!r}",
-                             store.directory)  # fmt: skip
+            raise InputError(
+                f"{task}: {len(missing) or len(task.items)} image(s) missing from the store after "
+                f"the shard was committed, e.g. {(missing or [names[task.items[0]]])[0]!r}",
+                store.directory,
+            )
         if digests[receipt.folder] != receipt.digest:
-            log.warning("%s: the committed copy differs from a later attempt's (is the extractor deterministic?)",
-                        task)  # fmt: skip
+            log.warning(
+                "%s: the committed copy differs from a later attempt's (is the extractor deterministic?)",
+                task,
+            )

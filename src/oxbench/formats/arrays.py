@@ -47,7 +47,11 @@ LAYOUTS: tuple[str, ...] = ("n-d", "d-n")
 FEATURE_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat", ".fvecs", ".bvecs")
 RANK_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat", ".ivecs", ".txt")
 MATRIX_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat")
-_TEXMEX: dict[str, np.dtype[Any]] = {".fvecs": np.dtype("<f4"), ".bvecs": np.dtype("u1"), ".ivecs": np.dtype("<i4")}
+_TEXMEX: dict[str, np.dtype[Any]] = {
+    ".fvecs": np.dtype("<f4"),
+    ".bvecs": np.dtype("u1"),
+    ".ivecs": np.dtype("<i4"),
+}
 #: Text rank files are read whole: at most this many bytes (about 100M indices).
 TEXT_RANKS_LIMIT = 1 << 30
 _MAX_TEXMEX_DIM = 1 << 24
@@ -58,7 +62,9 @@ def _suffix(path: Path, accepted: tuple[str, ...], what: str) -> str:
     suffix = path.suffix.lower()
     if suffix not in accepted:
         shown = f"'{path.suffix}'" if path.suffix else "no suffix"
-        raise InputError(f"unsupported file type ({shown}): {what} are read from {', '.join(accepted)}", path)
+        raise InputError(
+            f"unsupported file type ({shown}): {what} are read from {', '.join(accepted)}", path
+        )
     return suffix
 
 
@@ -74,7 +80,9 @@ def _pick(arrays: dict[str, Any], key: str | None, path: Path, kind: str) -> tup
         raise InputError(f"the {kind} holds no array", path)
     if key is None:
         if len(names) > 1:
-            raise InputError(f"the {kind} holds {', '.join(names)}: choose one with --key (key=)", path)
+            raise InputError(
+                f"the {kind} holds {', '.join(names)}: choose one with --key (key=)", path
+            )
         return names[0], arrays[names[0]]
     if key not in arrays:
         raise InputError(f"no array {key!r} in the {kind}; it holds {', '.join(names)}", path)
@@ -96,7 +104,9 @@ def _read_npy(path: Path) -> np.ndarray:
     except ValueError as exc:
         if "Object arrays" in str(exc):
             raise InputError("holds Python objects (a pickled array), not numbers", path) from None
-        raise InputError(f"not a readable .npy array (truncated or damaged: {_first_line(exc)})", path) from None
+        raise InputError(
+            f"not a readable .npy array (truncated or damaged: {_first_line(exc)})", path
+        ) from None
     except (OSError, EOFError) as exc:
         raise InputError(f"not a readable .npy array ({_first_line(exc)})", path) from None
     if not isinstance(arr, np.ndarray):
@@ -116,7 +126,9 @@ def _read_npz(path: Path, key: str | None) -> np.ndarray:
             raise InputError("holds Python objects (a pickled array), not numbers", path) from None
         raise InputError(f"not a readable .npz archive ({_first_line(exc)})", path) from None
     except (OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-        raise InputError(f"not a readable .npz archive (truncated or damaged: {_first_line(exc)})", path) from None
+        raise InputError(
+            f"not a readable .npz archive (truncated or damaged: {_first_line(exc)})", path
+        ) from None
     except Exception as exc:  # zlib.error and friends from a damaged member  # noqa: BLE001
         raise InputError(f"not a readable .npz archive ({_first_line(exc)})", path) from None
 
@@ -134,15 +146,23 @@ def _read_mat73(path: Path, key: str | None) -> np.ndarray:
     h5py = require("h5py", "mat")
     try:
         with h5py.File(path, "r") as f:
-            arrays = {n: f[n] for n in f.keys() if not n.startswith("#") and isinstance(f[n], h5py.Dataset)}
+            arrays = {
+                n: f[n]
+                for n in f.keys()
+                if not n.startswith("#") and isinstance(f[n], h5py.Dataset)
+            }
             name, ds = _pick(arrays, key, path, "MATLAB file")
             arr = np.asarray(ds[()])
     except InputError:
         raise
     except Exception as exc:  # h5py raises OSError, KeyError, TypeError on damaged files  # noqa: BLE001
-        raise InputError(f"not a readable MATLAB v7.3 (HDF5) file ({_first_line(exc)})", path) from None
+        raise InputError(
+            f"not a readable MATLAB v7.3 (HDF5) file ({_first_line(exc)})", path
+        ) from None
     if arr.dtype.kind not in "iuf":
-        raise InputError(f"variable {name!r} is not a numeric array (MATLAB class stored as {arr.dtype})", path)
+        raise InputError(
+            f"variable {name!r} is not a numeric array (MATLAB class stored as {arr.dtype})", path
+        )
     return arr.T  # HDF5 stores MATLAB's column-major array transposed: back to MATLAB's shape
 
 
@@ -156,11 +176,15 @@ def _read_mat(path: Path, key: str | None) -> np.ndarray:
     except NotImplementedError:  # pragma: no cover - v7.3 is detected above
         return _read_mat73(path, key)
     except Exception as exc:  # scipy raises ValueError, TypeError, OSError, MatReadError...  # noqa: BLE001
-        raise InputError(f"not a readable MATLAB .mat file (truncated or damaged: {_first_line(exc)})", path) from None
+        raise InputError(
+            f"not a readable MATLAB .mat file (truncated or damaged: {_first_line(exc)})", path
+        ) from None
     arrays = {n: v for n, v in raw.items() if not n.startswith("__")}
     name, arr = _pick(arrays, key, path, "MATLAB file")
     if not isinstance(arr, np.ndarray) or arr.dtype.kind not in "iuf":
-        raise InputError(f"variable {name!r} is not a numeric matrix (a struct, cell or text)", path)
+        raise InputError(
+            f"variable {name!r} is not a numeric matrix (a struct, cell or text)", path
+        )
     return arr
 
 
@@ -178,7 +202,10 @@ def _read_texmex(path: Path, suffix: str) -> np.ndarray:
         raise InputError(f"cannot read: {_first_line(exc)}", path) from None
     d = int(raw[:4].view("<i4")[0])
     if d <= 0 or d > _MAX_TEXMEX_DIM:
-        raise InputError(f"record 0 has dimension header {d}: not a {suffix} file (expected 1..{_MAX_TEXMEX_DIM})", path)
+        raise InputError(
+            f"record 0 has dimension header {d}: not a {suffix} file (expected 1..{_MAX_TEXMEX_DIM})",
+            path,
+        )
     rec = 4 + d * item.itemsize
     if st.st_size % rec:
         raise InputError(
@@ -272,7 +299,9 @@ def read_features(
     """
     p = Path(path)
     if layout not in LAYOUTS:
-        raise InputError(f"layout must be 'n-d' (one vector a row) or 'd-n' (one a column), got {layout!r}", p)
+        raise InputError(
+            f"layout must be 'n-d' (one vector a row) or 'd-n' (one a column), got {layout!r}", p
+        )
     suffix = _suffix(p, FEATURE_SUFFIXES, "features")
     if suffix in _TEXMEX and layout != "n-d":
         raise InputError(f"{suffix} files store one vector per record: use layout n-d", p)
@@ -297,7 +326,10 @@ def _l2_normalized(x: NDArray[np.float32], path: Path, chunk: int = 1 << 16) -> 
             raise InputError(f"vector {bad} contains NaN or infinity", path)
         norms = np.linalg.norm(blk, axis=1)
         if not (norms > 0).all():
-            raise InputError(f"vector {i0 + int(np.flatnonzero(norms <= 0)[0])} has norm 0: cannot be L2-normalised", path)
+            raise InputError(
+                f"vector {i0 + int(np.flatnonzero(norms <= 0)[0])} has norm 0: cannot be L2-normalised",
+                path,
+            )
         out[i0 : i0 + blk.shape[0]] = blk / norms[:, None]
     return out
 
@@ -341,7 +373,9 @@ def _read_text_ranks(p: Path, padding: int | None) -> NDArray[np.int64]:
     return out
 
 
-def read_ranks(path: str | Path, *, key: str | None = None, padding: int | None = None) -> NDArray[np.integer]:
+def read_ranks(
+    path: str | Path, *, key: str | None = None, padding: int | None = None
+) -> NDArray[np.integer]:
     """Read ranked lists into the internal layout ``[n_queries, k]`` (row = one query, best first).
 
     Array files (``.npy``, ``.npz``, ``.mat``) hold the revisitop layout ``(k, n_queries)`` (rows =

@@ -182,7 +182,8 @@ def read_results(path: str | Path, gt: GroundTruth) -> NDArray[np.int64]:
         for r_tok, n_tok in zip(pairs[0::2], pairs[1::2], strict=True):
             if not r_tok.isdigit() or not r_tok.isascii():
                 raise InputError(
-                    f"{where}: query {qname}: rank {short_repr(r_tok)} is not a non-negative integer", path
+                    f"{where}: query {qname}: rank {short_repr(r_tok)} is not a non-negative integer",
+                    path,
                 )
             if len(r_tok.lstrip("0")) > _MAX_DIGITS:  # beyond any database; int() of it could fail
                 raise InputError(

@@ -242,7 +242,13 @@ def read_gt_dir(
                 if name in where:
                     other_kind, other_path, other_line = where[name]
                     if kind != "junk" and other_kind != "junk":  # good and ok agree: one positive
-                        log.debug("%s line %d: %s is also %s (one positive)", path, lineno, name, other_kind)
+                        log.debug(
+                            "%s line %d: %s is also %s (one positive)",
+                            path,
+                            lineno,
+                            name,
+                            other_kind,
+                        )
                         continue
                     raise InputError(
                         f"line {lineno}: {name} is also labelled {other_kind} "

@@ -45,7 +45,9 @@ def _names(value: Any, key: str, source: str) -> tuple[str, ...]:
         raise InputError(f"'{key}' must be a list of image names", source)
     for v in value:
         if v != v.strip() or v.endswith((".jpg", ".JPG", ".jpeg")):
-            raise InputError(f"'{key}' has a malformed image name {v!r} (stray whitespace or extension)", source)
+            raise InputError(
+                f"'{key}' has a malformed image name {v!r} (stray whitespace or extension)", source
+            )
     if len(set(value)) != len(value):
         raise InputError(f"'{key}' lists an image name twice", source)
     return tuple(value)
@@ -58,7 +60,9 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
     ``ok``/``junk`` -> original.
     """
     if not isinstance(obj, dict):
-        raise InputError(f"expected a dict with 'imlist', 'qimlist', 'gnd', got {type(obj).__name__}", source)
+        raise InputError(
+            f"expected a dict with 'imlist', 'qimlist', 'gnd', got {type(obj).__name__}", source
+        )
     for key in ("imlist", "qimlist", "gnd"):
         if key not in obj:
             raise InputError(f"missing key '{key}'", source)
@@ -93,7 +97,9 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
             raise InputError(f"query {qi} ({name}): missing key(s) {missing}", source)
         bbox = entry.get("bbx")
         if bbox is not None and (not isinstance(bbox, list | tuple) or len(bbox) != 4):
-            raise InputError(f"query {qi} ({name}): 'bbx' must be 4 numbers, got {short_repr(bbox)}", source)
+            raise InputError(
+                f"query {qi} ({name}): 'bbx' must be 4 numbers, got {short_repr(bbox)}", source
+            )
         labels = {}
         for k in keys:
             if not isinstance(entry[k], list | tuple):

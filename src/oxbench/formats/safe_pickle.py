@@ -47,4 +47,6 @@ def loads_plain_pickle(data: bytes, source: str = "<bytes>") -> Any:
         # No global can be looked up, so no code of the file runs: whatever the unpickler raises
         # (EOFError, OverflowError, MemoryError for a huge declared length, UnicodeDecodeError,
         # unhashable set members...) means the bytes are not a readable plain-data pickle.
-        raise InputError(f"not a readable pickle ({type(exc).__name__}: {_reason(exc)})", source) from None
+        raise InputError(
+            f"not a readable pickle ({type(exc).__name__}: {_reason(exc)})", source
+        ) from None

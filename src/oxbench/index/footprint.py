@@ -46,7 +46,11 @@ def array_bytes(obj: Any) -> int:
     if isinstance(obj, np.ndarray):
         return int(obj.nbytes)
     if sp.issparse(obj):
-        parts = [getattr(obj, a) for a in ("data", "indices", "indptr", "row", "col", "offsets") if hasattr(obj, a)]
+        parts = [
+            getattr(obj, a)
+            for a in ("data", "indices", "indptr", "row", "col", "offsets")
+            if hasattr(obj, a)
+        ]
         return sum(int(p.nbytes) for p in parts if isinstance(p, np.ndarray))
     if isinstance(obj, list | tuple):
         return sum(array_bytes(o) for o in obj)
@@ -149,12 +153,15 @@ class Footprint:
         """What a run record holds (``record.json`` ``"footprint"``)."""
         return {
             "n_index": self.n_index,
-            "ram_bytes_per_image": self.ram_bytes_per_image, "disk_bytes_per_image": self.disk_bytes_per_image,
-            "ram_bytes": self.ram_bytes, "disk_bytes": self.disk_bytes,
-            "ram": {k: int(v) for k, v in self.ram.items()}, "disk": {k: int(v) for k, v in self.disk.items()},
+            "ram_bytes_per_image": self.ram_bytes_per_image,
+            "disk_bytes_per_image": self.disk_bytes_per_image,
+            "ram_bytes": self.ram_bytes,
+            "disk_bytes": self.disk_bytes,
+            "ram": {k: int(v) for k, v in self.ram.items()},
+            "disk": {k: int(v) for k, v in self.disk.items()},
             "fixed_ram": {k: int(v) for k, v in self.fixed_ram.items()},
             "fixed_disk": {k: int(v) for k, v in self.fixed_disk.items()},
-        }  # fmt: skip
+        }
 
 
 def available_ram() -> int:

@@ -177,8 +177,15 @@ class HammingEmbedding:
         """Write the learned arrays as a digest-checked ``.npz``."""
         if self.projection_ is None or self.medians_ is None or self.trained_per_word_ is None:
             raise InputError("the Hamming embedding is not trained (call fit)")
-        return save_npz(path, {"projection": self.projection_, "medians": self.medians_,
-                               "trained_per_word": self.trained_per_word_, "seed": np.array(self.seed)})  # fmt: skip
+        return save_npz(
+            path,
+            {
+                "projection": self.projection_,
+                "medians": self.medians_,
+                "trained_per_word": self.trained_per_word_,
+                "seed": np.array(self.seed),
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> HammingEmbedding:
@@ -198,9 +205,13 @@ class HammingEmbedding:
 
 
 def wgc_bins(
-    angle_diff_deg: NDArray[np.floating], log2_scale_diff: NDArray[np.floating], *, angle_bins: int, scale_bins: int,
+    angle_diff_deg: NDArray[np.floating],
+    log2_scale_diff: NDArray[np.floating],
+    *,
+    angle_bins: int,
+    scale_bins: int,
     scale_range: float,
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:  # fmt: skip
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Histogram bins of orientation and log-scale differences of matches.
 
     Args:
@@ -229,9 +240,14 @@ def wgc_bins(
 
 
 def wgc_scores(
-    image: NDArray[np.integer], weight: NDArray[np.floating], angle_bin: NDArray[np.integer],
-    scale_bin: NDArray[np.integer], n_images: int, angle_bins: int, scale_bins: int,
-) -> NDArray[np.float64]:  # fmt: skip
+    image: NDArray[np.integer],
+    weight: NDArray[np.floating],
+    angle_bin: NDArray[np.integer],
+    scale_bin: NDArray[np.integer],
+    n_images: int,
+    angle_bins: int,
+    scale_bins: int,
+) -> NDArray[np.float64]:
     """Per image, ``min(max of the angle histogram, max of the scale histogram)`` of its matches.
 
     Each match (one query feature and one feature of ``image``) adds ``weight`` to bin
@@ -253,8 +269,10 @@ def wgc_scores(
     by_scale = np.bincount(
         img * scale_bins + np.asarray(scale_bin, np.int64), wt, minlength=n_images * scale_bins
     )
-    return np.minimum(by_angle.reshape(n_images, angle_bins).max(axis=1),
-                      by_scale.reshape(n_images, scale_bins).max(axis=1))  # fmt: skip
+    return np.minimum(
+        by_angle.reshape(n_images, angle_bins).max(axis=1),
+        by_scale.reshape(n_images, scale_bins).max(axis=1),
+    )
 
 
 class HammingIndex:
@@ -292,9 +310,14 @@ class HammingIndex:
         self.log_scales_ = np.zeros(0, np.float32)
 
     def fit(
-        self, words: NDArray[np.integer], images: NDArray[np.integer], signatures: NDArray[np.uint64],
-        angles: NDArray[np.floating], log_scales: NDArray[np.floating], n_images: int,
-    ) -> HammingIndex:  # fmt: skip
+        self,
+        words: NDArray[np.integer],
+        images: NDArray[np.integer],
+        signatures: NDArray[np.uint64],
+        angles: NDArray[np.floating],
+        log_scales: NDArray[np.floating],
+        n_images: int,
+    ) -> HammingIndex:
         """Build the postings of every database feature (all arrays ``[n_features]``).
 
         Args:
@@ -377,10 +400,19 @@ class HammingIndex:
         return feature[keep], posting[keep], h[keep]
 
     def scores(
-        self, words: NDArray[np.integer], signatures: NDArray[np.uint64], angles: NDArray[np.floating],
-        log_scales: NDArray[np.floating], *, ht: int, sigma: float | None, wgc: bool = False,
-        angle_bins: int = 8, scale_bins: int = 8, scale_range: float = 4.0,
-    ) -> NDArray[np.float64]:  # fmt: skip
+        self,
+        words: NDArray[np.integer],
+        signatures: NDArray[np.uint64],
+        angles: NDArray[np.floating],
+        log_scales: NDArray[np.floating],
+        *,
+        ht: int,
+        sigma: float | None,
+        wgc: bool = False,
+        angle_bins: int = 8,
+        scale_bins: int = 8,
+        scale_range: float = 4.0,
+    ) -> NDArray[np.float64]:
         """Scores ``[n_images]`` of one query's features (``sigma=None``: every match weighs ``idf^2``)."""
         assert self.idf_ is not None and self.norms_ is not None
         w = np.asarray(words, np.int64)
@@ -390,9 +422,13 @@ class HammingIndex:
             weight = weight * gaussian_match_weights(h, sigma)
         image = self.images_[posting]
         if wgc:
-            ab, sb = wgc_bins(self.angles_[posting] - np.asarray(angles, np.float64)[feature],
-                              self.log_scales_[posting] - np.asarray(log_scales, np.float64)[feature],
-                              angle_bins=angle_bins, scale_bins=scale_bins, scale_range=scale_range)  # fmt: skip
+            ab, sb = wgc_bins(
+                self.angles_[posting] - np.asarray(angles, np.float64)[feature],
+                self.log_scales_[posting] - np.asarray(log_scales, np.float64)[feature],
+                angle_bins=angle_bins,
+                scale_bins=scale_bins,
+                scale_range=scale_range,
+            )
             raw = wgc_scores(image, weight, ab, sb, self.n_images, angle_bins, scale_bins)
         else:
             raw = np.bincount(image, weight, minlength=self.n_images).astype(np.float64)

@@ -190,7 +190,9 @@ class InvertedFile:
             raise InputError("the inverted file is not built (call fit)")
         v = sp.csr_matrix(vectors, dtype=np.float32)
         if v.shape != self.db_vectors_.shape:
-            raise InputError(f"database vectors of shape {v.shape}, the index holds {self.db_vectors_.shape}")
+            raise InputError(
+                f"database vectors of shape {v.shape}, the index holds {self.db_vectors_.shape}"
+            )
         self.db_vectors_ = v
         self.postings_ = v.T.tocsr()
         return self
@@ -229,4 +231,3 @@ class InvertedFile:
         :func:`oxbench.evaluation.ranking.ranks_from_scores`.
         """
         return ranks_from_scores(self.scores(query_tf).T, k)
-

@@ -148,15 +148,25 @@ class CompressedPostings:
         weight_dtype: ``float32`` or ``float16``.
     """
 
-    def __init__(self, folder: Path, n_words: int, n_db: int, weight_dtype: WeightDtype,
-                 offsets: NDArray[np.int64], ids: NDArray[np.uint8], weights: NDArray[np.floating]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        folder: Path,
+        n_words: int,
+        n_db: int,
+        weight_dtype: WeightDtype,
+        offsets: NDArray[np.int64],
+        ids: NDArray[np.uint8],
+        weights: NDArray[np.floating],
+    ) -> None:
         self.folder = folder
         self.n_words, self.n_db = n_words, n_db
         self.weight_dtype = weight_dtype
         self._offsets, self._ids, self._weights = offsets, ids, weights
 
     @classmethod
-    def write(cls, postings: sp.spmatrix, folder: str | Path, *, weights: WeightDtype = "float32") -> CompressedPostings:
+    def write(
+        cls, postings: sp.spmatrix, folder: str | Path, *, weights: WeightDtype = "float32"
+    ) -> CompressedPostings:
         """Compress ``postings`` (``[n_words, n_db]``, one row per word) into ``folder``.
 
         Raises:
@@ -175,11 +185,19 @@ class CompressedPostings:
                 a, b = int(m.indptr[w0]), int(m.indptr[w1])
                 yield counts[w0:w1], m.indices[a:b].astype(np.int64), m.data[a:b]
 
-        return cls._write(Path(folder), int(m.shape[0]), int(m.shape[1]), int(m.nnz), blocks(), weights)
+        return cls._write(
+            Path(folder), int(m.shape[0]), int(m.shape[1]), int(m.nnz), blocks(), weights
+        )
 
     @classmethod
-    def build(cls, rows: Iterable[sp.spmatrix], n_words: int, folder: str | Path, *,
-              weights: WeightDtype = "float32") -> CompressedPostings:  # fmt: skip
+    def build(
+        cls,
+        rows: Iterable[sp.spmatrix],
+        n_words: int,
+        folder: str | Path,
+        *,
+        weights: WeightDtype = "float32",
+    ) -> CompressedPostings:
         """Compress the posting lists of database vectors given in chunks of rows, never holding
         them whole: the same files as :meth:`write` of the whole matrix's transpose.
 
@@ -200,23 +218,34 @@ class CompressedPostings:
             for k, chunk in enumerate(rows):
                 c = sp.csr_matrix(chunk, dtype=np.float32)
                 if c.shape[1] != n_words:
-                    raise InputError(f"database vectors of {c.shape[1]} words, the index has {n_words}")
+                    raise InputError(
+                        f"database vectors of {c.shape[1]} words, the index has {n_words}"
+                    )
                 c.sum_duplicates()
                 if c.nnz and not np.isfinite(c.data).all():
                     raise InputError("posting weights must be finite")
                 t = c.T.tocsr()
                 t.sort_indices()
-                for name, arr in (("indptr", t.indptr.astype(np.int64)), ("ids", t.indices.astype(np.int64) + n_db),
-                                  ("data", t.data)):  # fmt: skip
+                for name, arr in (
+                    ("indptr", t.indptr.astype(np.int64)),
+                    ("ids", t.indices.astype(np.int64) + n_db),
+                    ("data", t.data),
+                ):
                     np.save(runs_dir / f"{k}.{name}.npy", arr, allow_pickle=False)
-                runs.append(tuple(np.load(runs_dir / f"{k}.{name}.npy", mmap_mode="r")  # type: ignore[misc]
-                                  for name in ("indptr", "ids", "data")))  # fmt: skip
+                runs.append(
+                    tuple(
+                        np.load(runs_dir / f"{k}.{name}.npy", mmap_mode="r")  # type: ignore[misc]
+                        for name in ("indptr", "ids", "data")
+                    )
+                )
                 n_db += c.shape[0]
             counts = np.zeros(n_words, np.int64)
             for indptr, _, _ in runs:
                 counts += np.diff(indptr)
 
-            def blocks() -> Iterator[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]]:
+            def blocks() -> Iterator[
+                tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]
+            ]:
                 for w0, w1 in _word_blocks(counts):
                     ids, data, word = [], [], []
                     for indptr, run_ids, run_data in runs:
@@ -224,7 +253,9 @@ class CompressedPostings:
                         ids.append(np.asarray(run_ids[a:b]))
                         data.append(np.asarray(run_data[a:b]))
                         word.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
-                    order = np.argsort(np.concatenate(word), kind="stable")  # by word; runs (ids) in order
+                    order = np.argsort(
+                        np.concatenate(word), kind="stable"
+                    )  # by word; runs (ids) in order
                     yield counts[w0:w1], np.concatenate(ids)[order], np.concatenate(data)[order]
 
             return cls._write(folder, n_words, n_db, int(counts.sum()), blocks(), weights)
@@ -232,15 +263,25 @@ class CompressedPostings:
             discard_folder(runs_dir)
 
     @classmethod
-    def _write(cls, folder: Path, n_words: int, n_db: int, nnz: int,
-               blocks: Iterable[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]],
-               weights: WeightDtype) -> CompressedPostings:  # fmt: skip
+    def _write(
+        cls,
+        folder: Path,
+        n_words: int,
+        n_db: int,
+        nnz: int,
+        blocks: Iterable[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]],
+        weights: WeightDtype,
+    ) -> CompressedPostings:
         """Write the lists given word block by word block: ``(postings per word, ids, weights)``
         of consecutive words, each word's ids increasing."""
         folder = make_folder(folder)
         offsets = np.zeros((n_words + 1, 2), np.int64)
         w = 0
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(weights)), "fortran_order": False, "shape": (nnz,)}
+        header = {
+            "descr": np.lib.format.dtype_to_descr(np.dtype(weights)),
+            "fortran_order": False,
+            "shape": (nnz,),
+        }
         with atomic_open(folder / "ids.bin") as f_ids, atomic_open(folder / "weights.npy") as f_wts:
             np.lib.format.write_array_header_1_0(f_wts, header)
             for counts, ids, data in blocks:
@@ -250,18 +291,29 @@ class CompressedPostings:
                 first = starts[counts > 0]
                 gaps[first] = ids[first]  # each list starts from 0
                 ends = np.concatenate(([0], np.cumsum(vbyte_lengths(gaps))))
-                offsets[w + 1 : w + k + 1, 0] = offsets[w, 0] + np.cumsum(ends[starts + counts] - ends[starts])
+                offsets[w + 1 : w + k + 1, 0] = offsets[w, 0] + np.cumsum(
+                    ends[starts + counts] - ends[starts]
+                )
                 offsets[w + 1 : w + k + 1, 1] = offsets[w, 1] + np.cumsum(counts)
                 f_ids.write(vbyte_encode(gaps).tobytes())
                 f_wts.write(np.ascontiguousarray(data, dtype=weights).tobytes())
                 w += k
             if w != n_words or int(offsets[-1, 1]) != nnz:
-                raise AssertionError(f"posting blocks cover {w} of {n_words} words, {offsets[-1, 1]} of {nnz} postings")
+                raise AssertionError(
+                    f"posting blocks cover {w} of {n_words} words, {offsets[-1, 1]} of {nnz} postings"
+                )
         atomic_write_npy(folder / "offsets.npy", offsets)
-        atomic_write_json(folder / "meta.json", {
-            "format": FORMAT, "n_words": n_words, "n_db": n_db, "nnz": nnz,
-            "weights": weights, "ids_bytes": int(offsets[-1, 0]),
-        })  # fmt: skip
+        atomic_write_json(
+            folder / "meta.json",
+            {
+                "format": FORMAT,
+                "n_words": n_words,
+                "n_db": n_db,
+                "nnz": nnz,
+                "weights": weights,
+                "ids_bytes": int(offsets[-1, 0]),
+            },
+        )
         return cls.open(folder)
 
     @classmethod
@@ -278,15 +330,30 @@ class CompressedPostings:
             wdt = meta["weights"]
             offsets = np.load(folder / "offsets.npy", allow_pickle=False)
             weights = np.load(folder / "weights.npy", mmap_mode="r", allow_pickle=False)
-            ids = np.memmap(folder / "ids.bin", dtype=np.uint8, mode="r") if meta["ids_bytes"] else np.zeros(0, np.uint8)
+            ids = (
+                np.memmap(folder / "ids.bin", dtype=np.uint8, mode="r")
+                if meta["ids_bytes"]
+                else np.zeros(0, np.uint8)
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(f"unreadable compressed inverted file ({type(exc).__name__}: {exc})", folder) from None
-        ok = (meta.get("format") == FORMAT and wdt in ("float32", "float16") and offsets.shape == (n_words + 1, 2)
-              and offsets.dtype == np.int64 and weights.shape == (nnz,) and weights.dtype == np.dtype(wdt)
-              and len(ids) == int(meta["ids_bytes"]) == int(offsets[-1, 0]) and int(offsets[-1, 1]) == nnz
-              and bool((np.diff(offsets, axis=0) >= 0).all()))  # fmt: skip
+            raise InputError(
+                f"unreadable compressed inverted file ({type(exc).__name__}: {exc})", folder
+            ) from None
+        ok = (
+            meta.get("format") == FORMAT
+            and wdt in ("float32", "float16")
+            and offsets.shape == (n_words + 1, 2)
+            and offsets.dtype == np.int64
+            and weights.shape == (nnz,)
+            and weights.dtype == np.dtype(wdt)
+            and len(ids) == int(meta["ids_bytes"]) == int(offsets[-1, 0])
+            and int(offsets[-1, 1]) == nnz
+            and bool((np.diff(offsets, axis=0) >= 0).all())
+        )
         if not ok:
-            raise InputError("compressed inverted file does not agree with its meta.json (damaged?)", folder)
+            raise InputError(
+                "compressed inverted file does not agree with its meta.json (damaged?)", folder
+            )
         return cls(folder, n_words, n_db, wdt, offsets, ids, weights)
 
     @property
@@ -304,7 +371,9 @@ class CompressedPostings:
         (b0, w0), (b1, w1) = self._offsets[word], self._offsets[word + 1]
         ids = np.cumsum(vbyte_decode(np.asarray(self._ids[b0:b1])))
         if len(ids) != w1 - w0 or (len(ids) and ids[-1] >= self.n_db):
-            raise InputError(f"compressed inverted file: the list of word {word} is damaged", self.folder)
+            raise InputError(
+                f"compressed inverted file: the list of word {word} is damaged", self.folder
+            )
         return ids, np.asarray(self._weights[w0:w1], np.float32)
 
     def scores_of_vectors(self, vectors: sp.spmatrix) -> NDArray[np.float32]:
@@ -334,7 +403,9 @@ class CompressedPostings:
             ids = total - np.repeat(base, lens)
             if len(ids) and (ids.min() < 0 or ids.max() >= self.n_db):
                 raise InputError("compressed inverted file: a posting list is damaged", self.folder)
-            contrib = np.repeat(q.data[a:b], lens) * np.asarray(self._weights[_ranges(w0, w1)], np.float32)
+            contrib = np.repeat(q.data[a:b], lens) * np.asarray(
+                self._weights[_ranges(w0, w1)], np.float32
+            )
             np.add.at(out[i], ids, contrib)
         return out
 

@@ -44,7 +44,9 @@ IndexKind = Literal["flat", "ivfpq"]
 def _as_matrix(x: Any, name: str, dim: int | None = None) -> NDArray[np.float32]:
     arr = np.asarray(x)
     if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(f"{name} must be a numeric [n, d] matrix, got shape {arr.shape} dtype {arr.dtype}")
+        raise InputError(
+            f"{name} must be a numeric [n, d] matrix, got shape {arr.shape} dtype {arr.dtype}"
+        )
     if dim is not None and arr.shape[1] != dim:
         raise InputError(f"{name} have dimension {arr.shape[1]}, the database has {dim}")
     arr = np.ascontiguousarray(arr, dtype=np.float32)
@@ -67,7 +69,9 @@ def _topk_block(s: NDArray[np.float32], k: int) -> tuple[NDArray[np.float32], ND
     return np.take_along_axis(s, cols, axis=1), cols
 
 
-def _merge(scores: NDArray[np.float32], ids: NDArray[np.int64], k: int) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+def _merge(
+    scores: NDArray[np.float32], ids: NDArray[np.int64], k: int
+) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
     """Sort candidates (ids ascending within equal scores) and keep the best ``k`` of each row."""
     order = np.lexsort((ids, -scores), axis=1)[:, :k]
     return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
@@ -194,7 +198,9 @@ class IndexSettings:
             raise InputError(f"unknown index kind {self.kind!r} (flat, ivfpq)")
         if self.kind == "ivfpq":
             if self.nlist < 1 or self.m < 1 or self.nprobe < 1:
-                raise InputError(f"IVF-PQ: nlist, m and nprobe must be >= 1 (got {self.nlist}, {self.m}, {self.nprobe})")
+                raise InputError(
+                    f"IVF-PQ: nlist, m and nprobe must be >= 1 (got {self.nlist}, {self.m}, {self.nprobe})"
+                )
             if not 1 <= self.nbits <= 16:
                 raise InputError(f"IVF-PQ: nbits must be in 1..16, got {self.nbits}")
             if self.nprobe > self.nlist:
@@ -203,8 +209,14 @@ class IndexSettings:
     def to_dict(self) -> dict[str, Any]:
         if self.kind == "flat":
             return {"kind": "flat"}
-        return {"kind": self.kind, "nlist": self.nlist, "m": self.m, "nbits": self.nbits,
-                "nprobe": self.nprobe, "seed": self.seed}  # fmt: skip
+        return {
+            "kind": self.kind,
+            "nlist": self.nlist,
+            "m": self.m,
+            "nbits": self.nbits,
+            "nprobe": self.nprobe,
+            "seed": self.seed,
+        }
 
 
 class FaissIndex:
@@ -217,7 +229,9 @@ class FaissIndex:
     Attributes (after ``fit``): ``index_`` (the FAISS object), ``dim_``, ``ntotal_``.
     """
 
-    def __init__(self, settings: IndexSettings | None = None, *, threads: int | None = None) -> None:
+    def __init__(
+        self, settings: IndexSettings | None = None, *, threads: int | None = None
+    ) -> None:
         self.settings = settings or IndexSettings()
         self.threads = threads
         self.index_: Any = None
@@ -246,14 +260,20 @@ class FaissIndex:
             index = faiss.IndexFlatIP(d)
         else:
             if st.nlist > n:
-                raise InputError(f"IVF-PQ: nlist {st.nlist} is larger than the database ({n} vectors)")
+                raise InputError(
+                    f"IVF-PQ: nlist {st.nlist} is larger than the database ({n} vectors)"
+                )
             if d % st.m:
                 raise InputError(f"IVF-PQ: m {st.m} does not divide the dimension {d}")
             if n < (1 << st.nbits):
-                raise InputError(f"IVF-PQ: training a {st.nbits}-bit product quantiser needs at least "
-                                 f"{1 << st.nbits} vectors, the database has {n}")  # fmt: skip
+                raise InputError(
+                    f"IVF-PQ: training a {st.nbits}-bit product quantiser needs at least "
+                    f"{1 << st.nbits} vectors, the database has {n}"
+                )
             quantizer = faiss.IndexFlatIP(d)
-            index = faiss.IndexIVFPQ(quantizer, d, st.nlist, st.m, st.nbits, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.IndexIVFPQ(
+                quantizer, d, st.nlist, st.m, st.nbits, faiss.METRIC_INNER_PRODUCT
+            )
             index.cp.seed = st.seed
             index.pq.cp.seed = st.seed
             index.train(x)
@@ -267,7 +287,9 @@ class FaissIndex:
             raise InputError("the index is empty; call fit() or load() first")
         return self.index_
 
-    def search(self, queries: NDArray[np.floating], k: int) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    def search(
+        self, queries: NDArray[np.floating], k: int
+    ) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         """The top ``k`` of every query: ``(scores [n_q, k], ids [n_q, k])``; ``-1`` / ``-inf`` pad.
 
         ``k`` is capped at the number of indexed vectors.
@@ -291,18 +313,28 @@ class FaissIndex:
 
     def describe(self) -> dict[str, Any]:
         """Facts recorded with search results: kind, settings, vectors, bytes per vector."""
-        return {**self.settings.to_dict(), "ntotal": self.ntotal_, "dim": self.dim_,
-                "bytes_per_image": self.bytes_per_vector}  # fmt: skip
+        return {
+            **self.settings.to_dict(),
+            "ntotal": self.ntotal_,
+            "dim": self.dim_,
+            "bytes_per_image": self.bytes_per_vector,
+        }
 
     def save(self, path: str | Path) -> Path:
         """Persist the index (FAISS serialisation + its SHA-256 + settings) as ``.npz``."""
         index = self._check_fitted()
         blob = np.asarray(self._faiss().serialize_index(index), dtype=np.uint8)
         meta = {f"setting_{k}": np.array(v) for k, v in self.settings.to_dict().items()}
-        return atomic_write_npz(path, {
-            "faiss": blob, "sha256": np.array(hashlib.sha256(blob.tobytes()).hexdigest()),
-            "dim": np.array(self.dim_), "ntotal": np.array(self.ntotal_), **meta,
-        })  # fmt: skip
+        return atomic_write_npz(
+            path,
+            {
+                "faiss": blob,
+                "sha256": np.array(hashlib.sha256(blob.tobytes()).hexdigest()),
+                "dim": np.array(self.dim_),
+                "ntotal": np.array(self.ntotal_),
+                **meta,
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path, *, threads: int | None = None) -> FaissIndex:
@@ -317,14 +349,17 @@ class FaissIndex:
                 blob = np.asarray(z["faiss"], np.uint8)
                 digest = str(z["sha256"])
                 dim, ntotal = int(z["dim"]), int(z["ntotal"])
-                raw = {k[len("setting_"):]: z[k].item() for k in z.files if k.startswith("setting_")}
+                raw = {
+                    k[len("setting_") :]: z[k].item() for k in z.files if k.startswith("setting_")
+                }
         except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
             raise InputError(f"unreadable index file ({exc})", path) from None
         if hashlib.sha256(blob.tobytes()).hexdigest() != digest:
             raise InputError("corrupt index file (checksum mismatch)", path)
         try:
             settings = IndexSettings(
-                kind=str(raw.pop("kind")), **{k: int(v) for k, v in raw.items()}  # type: ignore[arg-type]
+                kind=str(raw.pop("kind")),
+                **{k: int(v) for k, v in raw.items()},  # type: ignore[arg-type]
             )
         except (TypeError, KeyError, ValueError) as exc:
             if isinstance(exc, InputError):
@@ -335,9 +370,13 @@ class FaissIndex:
         try:
             index = faiss.deserialize_index(blob)
         except RuntimeError as exc:
-            raise InputError(f"FAISS cannot read the index ({str(exc).splitlines()[0]})", path) from None
+            raise InputError(
+                f"FAISS cannot read the index ({str(exc).splitlines()[0]})", path
+            ) from None
         if index.d != dim or index.ntotal != ntotal:
-            raise InputError(f"index holds {index.ntotal} x {index.d}, its header says {ntotal} x {dim}", path)
+            raise InputError(
+                f"index holds {index.ntotal} x {index.d}, its header says {ntotal} x {dim}", path
+            )
         if not _finite_index(faiss, index):
             raise InputError("index file holds NaN or infinite vectors", path)
         if settings.kind == "ivfpq":
@@ -362,5 +401,7 @@ def recall_at(found: NDArray[np.int64], truth: NDArray[np.int64], k: int) -> flo
     if found.shape[0] != truth.shape[0]:
         raise ValueError(f"{found.shape[0]} result rows, {truth.shape[0]} reference rows")
     k = min(k, truth.shape[1])
-    hits = [len(np.intersect1d(f[:k][f[:k] >= 0], t[:k])) for f, t in zip(found, truth, strict=True)]
+    hits = [
+        len(np.intersect1d(f[:k][f[:k] >= 0], t[:k])) for f, t in zip(found, truth, strict=True)
+    ]
     return float(np.mean(hits)) / k if hits else 0.0

@@ -58,8 +58,15 @@ def _faiss(threads: int | None = None) -> Any:
 
 
 def train_ivfpq(
-    train: NDArray[np.float32], d: int, nlist: int, m: int, nbits: int, *, seed: int = 0, what: str = "the training set"
-) -> Any:  # fmt: skip
+    train: NDArray[np.float32],
+    d: int,
+    nlist: int,
+    m: int,
+    nbits: int,
+    *,
+    seed: int = 0,
+    what: str = "the training set",
+) -> Any:
     """A trained, empty inner-product ``IndexIVFPQ`` (coarse k-means, then PQ codebooks on ``train``;
     ``what`` names it in messages).
 
@@ -74,8 +81,10 @@ def train_ivfpq(
     if d % m:
         raise InputError(f"IVF-PQ: m {m} does not divide the dimension {d}")
     if n < (1 << nbits):
-        raise InputError(f"IVF-PQ: training a {nbits}-bit product quantiser needs at least {1 << nbits} vectors, "
-                         f"{what} has {n}")  # fmt: skip
+        raise InputError(
+            f"IVF-PQ: training a {nbits}-bit product quantiser needs at least {1 << nbits} vectors, "
+            f"{what} has {n}"
+        )
     quantizer = faiss.IndexFlatIP(d)
     index = faiss.IndexIVFPQ(quantizer, d, nlist, m, nbits, faiss.METRIC_INNER_PRODUCT)
     index.cp.seed = seed
@@ -141,8 +150,15 @@ class ShardAdder:
             discard_folder(tmp)
             raise
         committed = commit_folder(tmp, final)
-        return ShardReceipt(task.number, task.folder, len(task.items), len(task.items), digest, committed,
-                            time.perf_counter() - t0)  # fmt: skip
+        return ShardReceipt(
+            task.number,
+            task.folder,
+            len(task.items),
+            len(task.items),
+            digest,
+            committed,
+            time.perf_counter() - t0,
+        )
 
 
 def shard_ranges(n: int, shard_size: int) -> list[tuple[int, int]]:
@@ -169,16 +185,25 @@ def _committed_receipt(folder: Path, task: ShardTask) -> ShardReceipt | None:
     except Exception:  # noqa: BLE001 - whatever FAISS raises on a damaged file
         ok = False
     if not ok:
-        log.warning("%s: IVF-PQ shard does not hold its positions (damaged?); adding it again", path)
+        log.warning(
+            "%s: IVF-PQ shard does not hold its positions (damaged?); adding it again", path
+        )
         discard_folder(path.parent)
         return None
-    return ShardReceipt(task.number, task.folder, len(task.items), len(task.items), file_sha256(path), False)
+    return ShardReceipt(
+        task.number, task.folder, len(task.items), len(task.items), file_sha256(path), False
+    )
 
 
 def build_shards(
-    trained: Any, vectors: NDArray[np.float32], folder: str | Path, *, shard_size: int = DEFAULT_SHARD_VECTORS,
-    executor: Any = None, progress: bool = False,
-) -> list[ShardReceipt]:  # fmt: skip
+    trained: Any,
+    vectors: NDArray[np.float32],
+    folder: str | Path,
+    *,
+    shard_size: int = DEFAULT_SHARD_VECTORS,
+    executor: Any = None,
+    progress: bool = False,
+) -> list[ShardReceipt]:
     """Add ``vectors`` (ids: their positions) shard by shard to copies of ``trained``, one committed
     shard folder each (:mod:`oxbench.shards`): shards committed by an earlier, interrupted build
     of the same folder are reused, the others run through ``executor``.
@@ -207,16 +232,30 @@ def build_shards(
             receipts[task.number] = found
     if todo:
         tag = uuid.uuid4().hex[:12]
-        job = ShardAdder(serialize(trained), str(folder), plan=plan_digest(names, shard_size), tag=tag)
+        job = ShardAdder(
+            serialize(trained), str(folder), plan=plan_digest(names, shard_size), tag=tag
+        )
         items = [AddTask(t, vectors[t.items[0] : t.items[-1] + 1]) for t in todo]
-        done = run_shard_tasks(job, items, folder, tag, executor=executor, desc="IVF-PQ shards",  # type: ignore[arg-type]
-                               progress=progress)  # fmt: skip
+        done = run_shard_tasks(
+            job,
+            items,
+            folder,
+            tag,
+            executor=executor,
+            desc="IVF-PQ shards",  # type: ignore[arg-type]
+            progress=progress,
+        )
         receipts.update({r.number: r for r in done})
     return [receipts[t.number] for t in tasks]
 
 
-def merge_shards(trained: Any, receipts: Sequence[ShardReceipt], folder: str | Path, *,
-                 ondisk: str | Path | None = None) -> Any:  # fmt: skip
+def merge_shards(
+    trained: Any,
+    receipts: Sequence[ShardReceipt],
+    folder: str | Path,
+    *,
+    ondisk: str | Path | None = None,
+) -> Any:
     """The shards merged, in receipt order, into a copy of the trained index.
 
     Args:
@@ -237,11 +276,19 @@ def merge_shards(trained: Any, receipts: Sequence[ShardReceipt], folder: str | P
     for r in receipts:
         path = Path(folder) / r.folder / SHARD_FILE
         if not path.is_file():
-            raise InputError("IVF-PQ shard file is missing (deleted since it was written?); rebuild the index", path)
+            raise InputError(
+                "IVF-PQ shard file is missing (deleted since it was written?); rebuild the index",
+                path,
+            )
         if r.number != expected:
-            raise InputError(f"IVF-PQ shards do not follow each other: expected shard {expected}, got {r.number}", path)
+            raise InputError(
+                f"IVF-PQ shards do not follow each other: expected shard {expected}, got {r.number}",
+                path,
+            )
         if file_sha256(path) != r.digest:
-            raise InputError("IVF-PQ shard file changed since it was written; rebuild the index", path)
+            raise InputError(
+                "IVF-PQ shard file changed since it was written; rebuild the index", path
+            )
         expected += 1
         total += r.images
         paths.append(path)
@@ -269,16 +316,29 @@ def list_contents(index: Any) -> tuple[list[NDArray[np.int64]], list[NDArray[np.
     ids, codes = [], []
     for li in range(ivf.nlist):
         n = invlists.list_size(li)
-        ids.append(faiss.rev_swig_ptr(invlists.get_ids(li), n).copy().astype(np.int64) if n else np.zeros(0, np.int64))
-        codes.append(faiss.rev_swig_ptr(invlists.get_codes(li), n * invlists.code_size).copy() if n
-                     else np.zeros(0, np.uint8))  # fmt: skip
+        ids.append(
+            faiss.rev_swig_ptr(invlists.get_ids(li), n).copy().astype(np.int64)
+            if n
+            else np.zeros(0, np.int64)
+        )
+        codes.append(
+            faiss.rev_swig_ptr(invlists.get_codes(li), n * invlists.code_size).copy()
+            if n
+            else np.zeros(0, np.uint8)
+        )
     return ids, codes
 
 
 def build_ivfpq(
-    vectors: NDArray[np.float32], settings: Any, folder: str | Path, *, shard_size: int | None = None,
-    executor: Any = None, progress: bool = False, ondisk: bool = False,
-) -> Any:  # fmt: skip
+    vectors: NDArray[np.float32],
+    settings: Any,
+    folder: str | Path,
+    *,
+    shard_size: int | None = None,
+    executor: Any = None,
+    progress: bool = False,
+    ondisk: bool = False,
+) -> Any:
     """A :class:`~oxbench.index.search.FaissIndex` IVF-PQ over ``vectors`` built by shards.
 
     Trains on ``vectors`` (as :meth:`FaissIndex.fit <oxbench.index.search.FaissIndex.fit>` does),
@@ -296,11 +356,22 @@ def build_ivfpq(
     x = _as_matrix(vectors, "database vectors")
     if x.shape[0] == 0:
         raise InputError("cannot index an empty database")
-    trained = train_ivfpq(x, x.shape[1], settings.nlist, settings.m, settings.nbits, seed=settings.seed,
-                          what="the database")  # fmt: skip
+    trained = train_ivfpq(
+        x,
+        x.shape[1],
+        settings.nlist,
+        settings.m,
+        settings.nbits,
+        seed=settings.seed,
+        what="the database",
+    )
     size = shard_size or DEFAULT_SHARD_VECTORS
-    receipts = build_shards(trained, x, folder, shard_size=size, executor=executor, progress=progress)
-    merged = merge_shards(trained, receipts, folder, ondisk=Path(folder) / "lists.ivfdata" if ondisk else None)
+    receipts = build_shards(
+        trained, x, folder, shard_size=size, executor=executor, progress=progress
+    )
+    merged = merge_shards(
+        trained, receipts, folder, ondisk=Path(folder) / "lists.ivfdata" if ondisk else None
+    )
     for r in receipts:
         discard_folder(Path(folder) / r.folder)
     merged.nprobe = settings.nprobe

@@ -41,7 +41,9 @@ VOCAB_FORMAT = 1
 AUTO_FLAT_MAX = 4096
 
 
-def _as_f32(x: NDArray[np.floating], dim: int | None = None, what: str = "descriptors") -> NDArray[np.float32]:
+def _as_f32(
+    x: NDArray[np.floating], dim: int | None = None, what: str = "descriptors"
+) -> NDArray[np.float32]:
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim != 2:
         raise InputError(f"{what} must be 2-D [n, d], got shape {x.shape}")
@@ -59,7 +61,9 @@ def check_sample_limit(value: object, setting: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or not value >= 1:
-        raise InputError(f"{setting} must be an integer >= 1 or null (every training descriptor), got {value!r}")
+        raise InputError(
+            f"{setting} must be an integer >= 1 or null (every training descriptor), got {value!r}"
+        )
     return int(value)
 
 
@@ -69,7 +73,13 @@ def training_sample_size(n_words: int, max_points_per_centroid: int | None) -> i
 
 
 def _kmeans(
-    x: NDArray[np.float32], k: int, *, n_iter: int, seed: int, max_ppc: int | None, threads: int | None
+    x: NDArray[np.float32],
+    k: int,
+    *,
+    n_iter: int,
+    seed: int,
+    max_ppc: int | None,
+    threads: int | None,
 ) -> NDArray[np.float32]:
     """faiss k-means on ``x`` (already subsampled by the caller); returns ``[k, d]`` centroids."""
     if k >= len(x):
@@ -198,7 +208,9 @@ class Vocabulary:
         self.n_words = int(n_words)
         self.structure = structure
         self.n_iter = int(n_iter)
-        self.max_points_per_centroid = check_sample_limit(max_points_per_centroid, "max_points_per_centroid")
+        self.max_points_per_centroid = check_sample_limit(
+            max_points_per_centroid, "max_points_per_centroid"
+        )
         self.n_probe = int(n_probe)
         self.descriptor = descriptor
         self.seed = int(seed)
@@ -245,7 +257,9 @@ class Vocabulary:
         }
 
     # ------------------------------------------------------------------ learning
-    def _sample(self, x: NDArray[np.float32], n: int | None, rng: np.random.Generator) -> NDArray[np.float32]:
+    def _sample(
+        self, x: NDArray[np.float32], n: int | None, rng: np.random.Generator
+    ) -> NDArray[np.float32]:
         if n is None or len(x) <= n:
             return x
         idx = np.sort(rng.choice(len(x), size=n, replace=False))
@@ -269,11 +283,17 @@ class Vocabulary:
             raise InputError(f"{len(x)} training descriptors cannot make {self.n_words} words")
         rng = np.random.default_rng(self.seed)
         if self.resolved_structure == "flat":
-            sample = self._sample(x, training_sample_size(self.n_words, self.max_points_per_centroid), rng)
+            sample = self._sample(
+                x, training_sample_size(self.n_words, self.max_points_per_centroid), rng
+            )
             log.info("k-means: %d words from %d descriptors", self.n_words, len(sample))
             self.centroids_ = _kmeans(
-                sample, self.n_words, n_iter=self.n_iter, seed=self.seed,
-                max_ppc=self.max_points_per_centroid, threads=self.threads,
+                sample,
+                self.n_words,
+                n_iter=self.n_iter,
+                seed=self.seed,
+                max_ppc=self.max_points_per_centroid,
+                threads=self.threads,
             )
             self.coarse_ = None
             self.cell_offsets_ = None
@@ -288,8 +308,20 @@ class Vocabulary:
         mppc = self.max_points_per_centroid
         sample = self._sample(x, training_sample_size(self.n_words, mppc), rng)
         coarse_sample = self._sample(sample, training_sample_size(k1, mppc), rng)
-        log.info("two-level k-means: %d cells x ~%d words from %d descriptors", k1, self.n_words // k1, len(sample))
-        coarse = _kmeans(coarse_sample, k1, n_iter=self.n_iter, seed=self.seed, max_ppc=mppc, threads=self.threads)
+        log.info(
+            "two-level k-means: %d cells x ~%d words from %d descriptors",
+            k1,
+            self.n_words // k1,
+            len(sample),
+        )
+        coarse = _kmeans(
+            coarse_sample,
+            k1,
+            n_iter=self.n_iter,
+            seed=self.seed,
+            max_ppc=mppc,
+            threads=self.threads,
+        )
         _, cell = _nearest(sample, coarse, 1, self.threads)
         cell = cell[:, 0]
         counts = np.bincount(cell, minlength=k1)
@@ -304,7 +336,16 @@ class Vocabulary:
             q = int(quota[c])
             if q > 0:
                 pts = self._sample(pts, training_sample_size(q, mppc), rng)
-                words.append(_kmeans(pts, q, n_iter=self.n_iter, seed=self.seed + 1 + c, max_ppc=mppc, threads=self.threads))
+                words.append(
+                    _kmeans(
+                        pts,
+                        q,
+                        n_iter=self.n_iter,
+                        seed=self.seed + 1 + c,
+                        max_ppc=mppc,
+                        threads=self.threads,
+                    )
+                )
             offsets[c + 1] = offsets[c] + q
         self.coarse_ = coarse
         self.cell_offsets_ = offsets
@@ -342,8 +383,14 @@ class Vocabulary:
             out_d[s : s + batch], out_w[s : s + batch] = d, w
         return out_d, out_w
 
-    def _two_level_knn(self, x: NDArray[np.float32], k: int) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
-        assert self.coarse_ is not None and self.cell_offsets_ is not None and self.centroids_ is not None
+    def _two_level_knn(
+        self, x: NDArray[np.float32], k: int
+    ) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+        assert (
+            self.coarse_ is not None
+            and self.cell_offsets_ is not None
+            and self.centroids_ is not None
+        )
         n_probe = min(self.n_probe, len(self.coarse_))
         _, cells = _nearest(x, self.coarse_, n_probe, self.threads)
         cand_d = np.full((len(x), n_probe * k), np.inf, np.float32)
@@ -419,7 +466,8 @@ class Vocabulary:
             raise InputError(f"unknown vocabulary format {meta.get('format')!r}", path)
         if descriptor is not None and meta.get("descriptor") != descriptor:
             raise InputError(
-                f"vocabulary was trained on {meta.get('descriptor')!r} descriptors, not {descriptor!r}", path
+                f"vocabulary was trained on {meta.get('descriptor')!r} descriptors, not {descriptor!r}",
+                path,
             )
         if dim is not None and centroids.shape[1] != dim:
             raise InputError(f"vocabulary has dimension {centroids.shape[1]}, expected {dim}", path)
@@ -427,14 +475,18 @@ class Vocabulary:
             int(meta["n_words"]),
             structure=meta["structure"],
             n_iter=int(meta["n_iter"]),
-            max_points_per_centroid=None if meta["max_points_per_centroid"] is None else int(meta["max_points_per_centroid"]),
+            max_points_per_centroid=None
+            if meta["max_points_per_centroid"] is None
+            else int(meta["max_points_per_centroid"]),
             n_probe=int(meta["n_probe"]),
             descriptor=str(meta["descriptor"]),
             seed=int(meta["seed"]),
             threads=threads,
         )
         if centroids.shape[0] != voc.n_words:
-            raise InputError(f"vocabulary holds {centroids.shape[0]} words, metadata says {voc.n_words}", path)
+            raise InputError(
+                f"vocabulary holds {centroids.shape[0]} words, metadata says {voc.n_words}", path
+            )
         voc.centroids_ = centroids
         voc.coarse_ = coarse
         voc.cell_offsets_ = offsets

@@ -46,7 +46,9 @@ def _training_matrix(x: NDArray[np.floating]) -> NDArray[np.float64]:
     """Training descriptors as float64 ``[n >= 2, d]``, finite (else one-line :class:`InputError`)."""
     out: NDArray[np.float64] = np.asarray(x, dtype=np.float64)
     if out.ndim != 2 or out.shape[0] < 2:
-        raise InputError(f"whitening needs an [n, d] training matrix with n >= 2, got shape {out.shape}")
+        raise InputError(
+            f"whitening needs an [n, d] training matrix with n >= 2, got shape {out.shape}"
+        )
     if not np.isfinite(out).all():
         raise InputError("whitening training descriptors contain NaN or infinity")
     return out
@@ -69,7 +71,9 @@ class PCAWhitening:
     #: What the saved file says this whitening is (``load`` refuses another kind).
     kind: ClassVar[str] = "pca"
 
-    def __init__(self, dim: int | None = None, *, power: float = 0.5, shrinkage: float = 0.0) -> None:
+    def __init__(
+        self, dim: int | None = None, *, power: float = 0.5, shrinkage: float = 0.0
+    ) -> None:
         if dim is not None and dim < 1:
             raise InputError(f"whitening dimension must be >= 1, got {dim}")
         if not 0.0 <= shrinkage <= 1.0:
@@ -144,11 +148,18 @@ class PCAWhitening:
         """Write the learned state as ``.npz`` (plain arrays), with what it was fitted on."""
         mean, comps, scale = self._check_fitted()
         assert self.explained_variance_ is not None
-        return atomic_write_npz(path, {
-            "kind": np.array(self.kind), "mean": mean, "components": comps, "scale": scale,
-            "explained_variance": self.explained_variance_, "fitted_on": np.array(self.fitted_on_),
-            **self._state(),
-        })  # fmt: skip
+        return atomic_write_npz(
+            path,
+            {
+                "kind": np.array(self.kind),
+                "mean": mean,
+                "components": comps,
+                "scale": scale,
+                "explained_variance": self.explained_variance_,
+                "fitted_on": np.array(self.fitted_on_),
+                **self._state(),
+            },
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> Self:
@@ -180,7 +191,9 @@ class PCAWhitening:
             raise InputError("malformed whitening file (array shapes disagree)", path)
         for name in ("mean_", "components_", "scale_", "explained_variance_"):
             if not np.isfinite(getattr(w, name)).all():
-                raise InputError(f"whitening file holds NaN or infinite values ({name.rstrip('_')})", path)
+                raise InputError(
+                    f"whitening file holds NaN or infinite values ({name.rstrip('_')})", path
+                )
         w.dim = w.components_.shape[0]
         return w
 
@@ -214,7 +227,9 @@ class LearnedWhitening(PCAWhitening):
         super().__init__(dim, power=0.5, shrinkage=shrinkage)
         self.n_pairs_ = 0
 
-    def fit(self, x: NDArray[np.floating], pairs: ArrayLike | None = None, *, fitted_on: str = "") -> Self:  # type: ignore[override]
+    def fit(
+        self, x: NDArray[np.floating], pairs: ArrayLike | None = None, *, fitted_on: str = ""
+    ) -> Self:  # type: ignore[override]
         """Learn the whitening from vectors ``x`` (``[n, d]``) and matching ``pairs`` (``[m, 2]``).
 
         Raises:
@@ -228,7 +243,9 @@ class LearnedWhitening(PCAWhitening):
             raise InputError("learned whitening needs matching pairs (an [m, 2] index array)")
         p = np.asarray(pairs)
         if p.ndim != 2 or p.shape[1] != 2 or not p.size or not np.issubdtype(p.dtype, np.integer):
-            raise InputError(f"matching pairs must be a non-empty [m, 2] integer array, got {p.shape} {p.dtype}")
+            raise InputError(
+                f"matching pairs must be a non-empty [m, 2] integer array, got {p.shape} {p.dtype}"
+            )
         dim = d if self.dim is None else self.dim
         if dim > d:
             raise InputError(f"whitening to {dim} dimensions: the descriptors have only {d}")
@@ -243,7 +260,9 @@ class LearnedWhitening(PCAWhitening):
         diff = first - x[p[:, 1]]
         intra = diff.T @ diff / len(p)
         if self.shrinkage:
-            intra = (1.0 - self.shrinkage) * intra + self.shrinkage * np.trace(intra) / d * np.eye(d)
+            intra = (1.0 - self.shrinkage) * intra + self.shrinkage * np.trace(intra) / d * np.eye(
+                d
+            )
         try:
             chol = np.linalg.cholesky(intra)
         except np.linalg.LinAlgError:

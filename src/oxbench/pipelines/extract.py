@@ -118,7 +118,9 @@ def extract_descriptors(
     """
     m = resolve_method(method, **dict(overrides or {}))
     if not isinstance(m, GlobalConfig):
-        raise InputError(f"oxbench extract writes global descriptors; {m.name} is a {m.family} method")
+        raise InputError(
+            f"oxbench extract writes global descriptors; {m.name} is a {m.family} method"
+        )
     require_installed(m.requires)  # before any data is loaded or generated
     out = Path(out)
     for name in EXTRACT_FILES:
@@ -128,19 +130,42 @@ def extract_descriptors(
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     executor = make_executor(engine, workers, cluster=cluster)
     try:
-        executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
-        return _extract(m, dataset, out, root_path, cache_dir, executor, train_dataset=train_dataset,
-                        distractors=distractors, strict=strict, decode_threads=decode_threads, progress=progress,
-                        shard_size=shard_size)
+        executor.check_paths(
+            {"data root": root_path, "cache": cache_dir}
+        )  # before anything is loaded
+        return _extract(
+            m,
+            dataset,
+            out,
+            root_path,
+            cache_dir,
+            executor,
+            train_dataset=train_dataset,
+            distractors=distractors,
+            strict=strict,
+            decode_threads=decode_threads,
+            progress=progress,
+            shard_size=shard_size,
+        )
     finally:
         executor.close()
 
 
 def _extract(
-    m: GlobalConfig, dataset: str, out: Path, root_path: Path, cache_dir: Path, executor: Executor, *,
-    train_dataset: str | None, distractors: str | int | None, strict: bool, decode_threads: int | None,
-    progress: bool, shard_size: int | None,
-) -> ExtractOutcome:  # fmt: skip
+    m: GlobalConfig,
+    dataset: str,
+    out: Path,
+    root_path: Path,
+    cache_dir: Path,
+    executor: Executor,
+    *,
+    train_dataset: str | None,
+    distractors: str | int | None,
+    strict: bool,
+    decode_threads: int | None,
+    progress: bool,
+    shard_size: int | None,
+) -> ExtractOutcome:
     bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
     train = None
     if m.needs_training:
@@ -148,9 +173,15 @@ def _extract(
         if train_id is None:
             raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
         train = load(train_id, root_path, strict=strict, progress=progress)
-    ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
-                     root=root_path, decode_threads=decode_threads or available_cores(),
-                     shard_size=shard_size or DEFAULT_SHARD_SIZE)
+    ctx = RunContext(
+        cache_dir,
+        executor=executor,
+        progress=progress,
+        allow_partial=not strict,
+        root=root_path,
+        decode_threads=decode_threads or available_cores(),
+        shard_size=shard_size or DEFAULT_SHARD_SIZE,
+    )
     impl = m.build()
     assert isinstance(impl, GlobalDescriptors)
     impl.fit(train, ctx)
@@ -160,11 +191,18 @@ def _extract(
     db, queries = impl.finish(db), impl.finish(queries)
     db_names = [n for p in parts for n in part_names(bench, p)]
     info: dict[str, Any] = {
-        "dataset": dataset, "n_db": bench.gt.n_db, "n_distractors": bench.n_distractors,
-        "n_queries": int(queries.shape[0]), "dim": int(db.shape[1]), "dtype": "float32",
-        "crop": bench.crop, "method": m.to_dict(), "train_dataset": None if train is None else train.id,
-        "provenance": impl.provenance(), "steps": dict(ctx.steps),
-    }  # fmt: skip
+        "dataset": dataset,
+        "n_db": bench.gt.n_db,
+        "n_distractors": bench.n_distractors,
+        "n_queries": int(queries.shape[0]),
+        "dim": int(db.shape[1]),
+        "dtype": "float32",
+        "crop": bench.crop,
+        "method": m.to_dict(),
+        "train_dataset": None if train is None else train.id,
+        "provenance": impl.provenance(),
+        "steps": dict(ctx.steps),
+    }
     if "revisited" in bench.protocols:
         info["evaluate"] = (
             f"oxbench evaluate revisited --dataset {dataset} --db-features {out / 'db.npy'} "
@@ -174,10 +212,20 @@ def _extract(
     atomic_write_npy(out / "db.npy", db.astype(np.float32))
     atomic_write_text(out / "db_names.txt", "".join(f"{n}\n" for n in db_names))
     atomic_write_npy(out / "queries.npy", queries.astype(np.float32))
-    atomic_write_text(out / "query_names.txt", "".join(f"{n}\n" for n in part_names(bench, "queries")))
+    atomic_write_text(
+        out / "query_names.txt", "".join(f"{n}\n" for n in part_names(bench, "queries"))
+    )
     atomic_write_json(out / "extract.json", info)
-    log.info("wrote %d database and %d query descriptors (%d-D) to %s", db.shape[0], queries.shape[0], db.shape[1], out)
-    return ExtractOutcome(out, bench.gt.n_db, bench.n_distractors, int(queries.shape[0]), int(db.shape[1]), info)
+    log.info(
+        "wrote %d database and %d query descriptors (%d-D) to %s",
+        db.shape[0],
+        queries.shape[0],
+        db.shape[1],
+        out,
+    )
+    return ExtractOutcome(
+        out, bench.gt.n_db, bench.n_distractors, int(queries.shape[0]), int(db.shape[1]), info
+    )
 
 
 def local_features_of(m: MethodConfig) -> LocalExtractor | None:
@@ -237,25 +285,48 @@ def extract_partition(
     size = shard_size or DEFAULT_SHARD_SIZE
     done: dict[str, int] = {}
     with executor:
-        executor.check_paths({"data root": root_path, "cache": cache_dir})  # before anything is loaded
+        executor.check_paths(
+            {"data root": root_path, "cache": cache_dir}
+        )  # before anything is loaded
         ids = ([train_dataset] if train_dataset and train_dataset != dataset else []) + [dataset]
         for ds in ids:
-            bench = load(ds, root_path, distractors=None if ds != dataset else distractors, strict=strict,
-                         progress=progress)  # fmt: skip
-            if features is None:  # a CNN: the descriptor stores, through the method's own describing
+            bench = load(
+                ds,
+                root_path,
+                distractors=None if ds != dataset else distractors,
+                strict=strict,
+                progress=progress,
+            )
+            if (
+                features is None
+            ):  # a CNN: the descriptor stores, through the method's own describing
                 impl = m.build()
                 assert isinstance(impl, GlobalDescriptors)
-                ctx = RunContext(cache_dir, executor=executor, progress=progress, allow_partial=not strict,
-                                 root=root_path, shard_size=size)  # fmt: skip
+                ctx = RunContext(
+                    cache_dir,
+                    executor=executor,
+                    progress=progress,
+                    allow_partial=not strict,
+                    root=root_path,
+                    shard_size=size,
+                )
                 parts = parts_of(bench) if ds == dataset else ["database"]
                 for part in parts:
-                    done[f"{bench.id}/{part}"] = impl.describe_partition(bench, part, ctx, partition)
+                    done[f"{bench.id}/{part}"] = impl.describe_partition(
+                        bench, part, ctx, partition
+                    )
                 continue
             for part in parts_of(bench):
                 job, n, _ = extraction_job(bench, part, features)
                 store = open_store(cache_dir, bench, features, part, create=True)
                 done[f"{bench.id}/{part}"] = extract_to_store(
-                    job, n, store, executor=executor, progress=progress,
-                    desc=f"{bench.id} {part} {partition[0]}/{partition[1]}", shard_size=size, partition=partition,
-                )  # fmt: skip
+                    job,
+                    n,
+                    store,
+                    executor=executor,
+                    progress=progress,
+                    desc=f"{bench.id} {part} {partition[0]}/{partition[1]}",
+                    shard_size=size,
+                    partition=partition,
+                )
     return done

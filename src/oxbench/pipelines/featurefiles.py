@@ -76,8 +76,12 @@ class FileSettings(Protocol):
 
 def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32]:
     if not path:
-        raise InputError(f"method {m.name} reads descriptor files: set {setting}=PATH (--set {setting}=...)")
-    if setting == "query_features":  # its own key and layout when given: revisitop's one .mat holds X and Q
+        raise InputError(
+            f"method {m.name} reads descriptor files: set {setting}=PATH (--set {setting}=...)"
+        )
+    if (
+        setting == "query_features"
+    ):  # its own key and layout when given: revisitop's one .mat holds X and Q
         layout = m.query_layout or m.layout
         key = m.query_key if m.query_key is not None else m.key
         return read_features(path, layout=layout, key=key, normalize=True)
@@ -97,17 +101,26 @@ def benchmark_features(m: FileSettings, bench: Benchmark, part: str) -> NDArray[
     db = _read(m, m.db_features, "db_features")
     if db.shape[0] != n_db + n_dis:
         extra = f" + {n_dis} distractors" if n_dis else ""
-        raise InputError(f"{db.shape[0]} descriptors for {bench.id}'s {n_db} database images{extra}", m.db_features)
+        raise InputError(
+            f"{db.shape[0]} descriptors for {bench.id}'s {n_db} database images{extra}",
+            m.db_features,
+        )
     if part == "database":
         return db[:n_db]
     if part == "distractors":
         return db[n_db:]
     q = _read(m, m.query_features, "query_features")
     if q.shape[0] != bench.gt.n_queries:
-        raise InputError(f"{q.shape[0]} descriptors for {bench.id}'s {bench.gt.n_queries} queries", m.query_features)
+        raise InputError(
+            f"{q.shape[0]} descriptors for {bench.id}'s {bench.gt.n_queries} queries",
+            m.query_features,
+        )
     if q.shape[1] != db.shape[1]:
-        raise InputError(f"query descriptors have dimension {q.shape[1]}, the database descriptors "
-                         f"({m.db_features}) {db.shape[1]}", m.query_features)  # fmt: skip
+        raise InputError(
+            f"query descriptors have dimension {q.shape[1]}, the database descriptors "
+            f"({m.db_features}) {db.shape[1]}",
+            m.query_features,
+        )
     return q
 
 
@@ -116,19 +129,27 @@ def fit_file_whitening(m: FileSettings) -> PCAWhitening | None:
     if m.whitening == "none":
         return None
     if not m.train_features:
-        raise InputError(f"method {m.name}: whitening={m.whitening} on your features needs training "
-                         "descriptors that are not the test set's: set train_features=PATH")  # fmt: skip
+        raise InputError(
+            f"method {m.name}: whitening={m.whitening} on your features needs training "
+            "descriptors that are not the test set's: set train_features=PATH"
+        )
     x = _read(m, m.train_features, "train_features")
     try:
         if m.whitening == "pca":
-            w = PCAWhitening(m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage)
+            w = PCAWhitening(
+                m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage
+            )
             return w.fit(x, fitted_on=f"{m.train_features} ({len(x)} descriptors)")
         if not m.train_pairs:
-            raise InputError(f"method {m.name}: learned whitening needs matching pairs: set train_pairs=PATH "
-                             "(an [m, 2] integer .npy of row pairs of train_features)")  # fmt: skip
+            raise InputError(
+                f"method {m.name}: learned whitening needs matching pairs: set train_pairs=PATH "
+                "(an [m, 2] integer .npy of row pairs of train_features)"
+            )
         pairs = read_pairs(m.train_pairs)
         lw = LearnedWhitening(m.whitening_dim, shrinkage=m.whitening_shrinkage)
-        return lw.fit(x, pairs, fitted_on=f"{m.train_features} ({len(x)} descriptors, {len(pairs)} pairs)")
+        return lw.fit(
+            x, pairs, fitted_on=f"{m.train_features} ({len(x)} descriptors, {len(pairs)} pairs)"
+        )
     except InputError as exc:
         if exc.source is not None:
             raise
@@ -143,11 +164,23 @@ def read_pairs(path: str) -> NDArray[np.int64]:
         if isinstance(exc, InputError):
             raise
         raise InputError(f"not a readable .npy pair file ({exc})", path) from None
-    if not isinstance(p, np.ndarray) or p.ndim != 2 or p.shape[1] != 2 or not np.issubdtype(p.dtype, np.integer):
-        raise InputError(f"matching pairs must be an [m, 2] integer array, got {getattr(p, 'shape', None)}", path)
+    if (
+        not isinstance(p, np.ndarray)
+        or p.ndim != 2
+        or p.shape[1] != 2
+        or not np.issubdtype(p.dtype, np.integer)
+    ):
+        raise InputError(
+            f"matching pairs must be an [m, 2] integer array, got {getattr(p, 'shape', None)}", path
+        )
     return p.astype(np.int64)
 
 
 def feature_provenance(m: FileSettings) -> dict[str, str | None]:
     """Which files the descriptors came from (recorded in the run)."""
-    return {"db": m.db_features, "queries": m.query_features, "train": m.train_features, "train_pairs": m.train_pairs}
+    return {
+        "db": m.db_features,
+        "queries": m.query_features,
+        "train": m.train_features,
+        "train_pairs": m.train_pairs,
+    }

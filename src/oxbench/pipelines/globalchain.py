@@ -115,7 +115,9 @@ def check_search_settings(m: ChainSettings) -> None:
         index_settings(m)
     except InputError as exc:
         raise InputError(f"method {m.name}: {exc}") from None
-    build_stages(m, stage_names(m), SearchChain.capabilities, setting="rerank")  # unknown or unservable
+    build_stages(
+        m, stage_names(m), SearchChain.capabilities, setting="rerank"
+    )  # unknown or unservable
 
 
 def stage_names(m: ChainSettings) -> list[str]:
@@ -157,9 +159,18 @@ class SearchChain:
         cache_dir: the folder for persisted indexes (``None``: not persisted).
     """
 
-    def __init__(self, m: ChainSettings, database: NDArray[np.float32], ctx: RunContext, cache_dir: Path | None) -> None:
+    def __init__(
+        self,
+        m: ChainSettings,
+        database: NDArray[np.float32],
+        ctx: RunContext,
+        cache_dir: Path | None,
+    ) -> None:
         self.m = m
-        self.info: dict[str, Any] = {"n_index": int(database.shape[0]), "dim": int(database.shape[1])}
+        self.info: dict[str, Any] = {
+            "n_index": int(database.shape[0]),
+            "dim": int(database.shape[1]),
+        }
         if m.dba:
             with ctx.timed("dba"):
                 database = augment_database(database, m.dba, alpha=m.dba_alpha)
@@ -191,17 +202,26 @@ class SearchChain:
                 try:
                     index = FaissIndex.load(path)
                     if index.ntotal_ != self.db.shape[0] or index.dim_ != self.db.shape[1]:
-                        raise InputError(f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}", path)
+                        raise InputError(
+                            f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}",
+                            path,
+                        )
                 except InputError as exc:  # a damaged cache entry is rebuilt, named once
                     log.warning("%s; building the index again", exc)
                 else:
                     ctx.record_step("search_index", hit=True)
                     return index
-        if settings.kind == "ivfpq":  # trained once, added by shards through the executor, merged by FAISS
+        if (
+            settings.kind == "ivfpq"
+        ):  # trained once, added by shards through the executor, merged by FAISS
             from oxbench.index.sharded import build_ivfpq
 
-            shards = (cache_dir or Path(ctx.cache)) / f"shards-{json_digest(settings.to_dict(), 8)}-{_array_digest(self.db)}"
-            index = build_ivfpq(self.db, settings, shards, executor=ctx.executor, progress=ctx.progress)
+            shards = (
+                cache_dir or Path(ctx.cache)
+            ) / f"shards-{json_digest(settings.to_dict(), 8)}-{_array_digest(self.db)}"
+            index = build_ivfpq(
+                self.db, settings, shards, executor=ctx.executor, progress=ctx.progress
+            )
             shutil.rmtree(shards, ignore_errors=True)
         else:
             index = FaissIndex(settings).fit(self.db)
@@ -217,12 +237,18 @@ class SearchChain:
         recall check) are paged in from disk, not held in RAM."""
         from oxbench.fileio import atomic_write_npy
 
-        path = cache_dir / f"vectors-{self.db.shape[0]}x{self.db.shape[1]}-{_array_digest(self.db)}.npy"
+        path = (
+            cache_dir
+            / f"vectors-{self.db.shape[0]}x{self.db.shape[1]}-{_array_digest(self.db)}.npy"
+        )
         if not path.is_file():
             atomic_write_npy(path, np.ascontiguousarray(self.db, dtype=np.float32))
         mapped = np.load(path, mmap_mode="r")
         if mapped.shape != self.db.shape or mapped.dtype != np.float32:
-            raise InputError(f"cached vectors hold {mapped.shape} {mapped.dtype}, expected {self.db.shape} float32", path)
+            raise InputError(
+                f"cached vectors hold {mapped.shape} {mapped.dtype}, expected {self.db.shape} float32",
+                path,
+            )
         return mapped
 
     def footprint(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
@@ -261,12 +287,20 @@ class SearchChain:
             self.info["recall_vs_exact"] = self._recall(q, ids)
         complete = int((ids >= 0).sum(axis=1).min()) if len(ids) else k
         if complete < k:
-            log.info("IVF-PQ returned %d or more of %d per query (nprobe %d of %d cells); lists cut to %d",
-                     complete, k, self.m.nprobe, self.m.nlist, complete)  # fmt: skip
+            log.info(
+                "IVF-PQ returned %d or more of %d per query (nprobe %d of %d cells); lists cut to %d",
+                complete,
+                k,
+                self.m.nprobe,
+                self.m.nlist,
+                complete,
+            )
             self.info["list_length"] = complete
             scores, ids = scores[:, :complete], ids[:, :complete]
         if complete == 0:
-            raise InputError(f"method {self.m.name}: IVF-PQ found nothing for some query; raise nprobe")
+            raise InputError(
+                f"method {self.m.name}: IVF-PQ found nothing for some query; raise nprobe"
+            )
         return scores, ids
 
     def _recall(self, q: NDArray[np.float32], ids: NDArray[np.int64]) -> dict[str, float]:
@@ -282,7 +316,9 @@ class SearchChain:
         """Rank, then run the re-ranking stages (query expansion, diffusion); the facts of the index
         and of every stage go with the result."""
         if q.shape[1] != self.db.shape[1]:
-            raise InputError(f"query descriptors have dimension {q.shape[1]}, the database {self.db.shape[1]}")
+            raise InputError(
+                f"query descriptors have dimension {q.shape[1]}, the database {self.db.shape[1]}"
+            )
         with ctx.timed("search"):
             scores, ranks = self.rank(q)
         ranking = run_stages(Ranking(ranks, scores, q, info=self.info), self.stages, self, ctx)
@@ -296,5 +332,9 @@ class SearchChain:
         """The (augmented) database vectors the index holds."""
         return self.db
 
-    def verify(self, ranks: NDArray[np.int64], r: int, ctx: RunContext, **_: Any) -> list[VerifiedList]:
-        raise InputError(f"method {self.m.name}: a global descriptor has no local features to verify")
+    def verify(
+        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, **_: Any
+    ) -> list[VerifiedList]:
+        raise InputError(
+            f"method {self.m.name}: a global descriptor has no local features to verify"
+        )

@@ -135,14 +135,18 @@ class SearchResult:
         if self.ranks.ndim != 2:
             raise ValueError(f"ranks must be 2-D [n_queries, k], got shape {self.ranks.shape}")
         if self.scores is not None and self.scores.shape != self.ranks.shape:
-            raise ValueError(f"scores {self.scores.shape} do not align with ranks {self.ranks.shape}")
+            raise ValueError(
+                f"scores {self.scores.shape} do not align with ranks {self.ranks.shape}"
+            )
 
     def top(self, k: int | None) -> SearchResult:
         """The first ``k`` of every list (all when ``k`` is ``None`` or larger)."""
         if k is None or k >= self.ranks.shape[1]:
             return self
         return dataclasses.replace(
-            self, ranks=self.ranks[:, :k], scores=None if self.scores is None else self.scores[:, :k]
+            self,
+            ranks=self.ranks[:, :k],
+            scores=None if self.scores is None else self.scores[:, :k],
         )
 
 
@@ -275,7 +279,9 @@ def register_method(config: MethodConfig) -> MethodConfig:
     """
     if config.name in METHODS:
         other = METHODS.get(config.name)
-        raise InputError(f"method preset {config.name!r} is registered twice ({other.family} and {config.family})")
+        raise InputError(
+            f"method preset {config.name!r} is registered twice ({other.family} and {config.family})"
+        )
     return METHODS.register(config.name, config)
 
 
@@ -362,8 +368,10 @@ def _unknown_setting(config: MethodConfig, key: str) -> InputError:
     near = close_matches(key, known)
     where = f"unknown method setting {key!r} for {config.name} ({config.family})"
     if near:
-        return InputError(f"{where}; did you mean {' or '.join(near)}? (`oxbench methods {config.name}` lists "
-                          f"its {len(known)} settings)")  # fmt: skip
+        return InputError(
+            f"{where}; did you mean {' or '.join(near)}? (`oxbench methods {config.name}` lists "
+            f"its {len(known)} settings)"
+        )
     return InputError(f"{where}; its settings: {', '.join(sorted(known))}")
 
 

@@ -139,11 +139,17 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, the method nested."""
         out = {
-            "dataset": self.dataset, "method": self.method.to_dict(), "train_dataset": self.train_dataset,
-            "trained_on_test_set": self.trained_on_test_set, "dataset_gt_sha256": self.dataset_gt_sha256,
-            "crop": self.crop, "distractors": self.distractors, "n_distractors": self.n_distractors,
-            "strict": self.strict, "ranks_top": self.ranks_top,
-        }  # fmt: skip
+            "dataset": self.dataset,
+            "method": self.method.to_dict(),
+            "train_dataset": self.train_dataset,
+            "trained_on_test_set": self.trained_on_test_set,
+            "dataset_gt_sha256": self.dataset_gt_sha256,
+            "crop": self.crop,
+            "distractors": self.distractors,
+            "n_distractors": self.n_distractors,
+            "strict": self.strict,
+            "ranks_top": self.ranks_top,
+        }
         if self.dataset_options:
             out["dataset_options"] = dict(sorted(self.dataset_options.items()))
         return out
@@ -188,11 +194,19 @@ def versions() -> dict[str, str | None]:
     import oxbench
 
     out: dict[str, str | None] = {
-        "python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
         "oxbench": oxbench.__version__,
-    }  # fmt: skip
-    for dist, key in (("opencv-python-headless", "opencv"), ("opencv-python", "opencv"),
-                      ("faiss-cpu", "faiss"), ("torch", "torch"), ("timm", "timm"), ("pillow", "pillow")):
+    }
+    for dist, key in (
+        ("opencv-python-headless", "opencv"),
+        ("opencv-python", "opencv"),
+        ("faiss-cpu", "faiss"),
+        ("torch", "torch"),
+        ("timm", "timm"),
+        ("pillow", "pillow"),
+    ):
         if out.get(key):
             continue
         try:
@@ -219,8 +233,13 @@ def _gpu_name() -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi:
         with contextlib.suppress(OSError, subprocess.SubprocessError):
-            res = subprocess.run([smi, "--query-gpu=name", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=5, check=False)
+            res = subprocess.run(
+                [smi, "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
             if res.returncode == 0 and res.stdout.strip():
                 return res.stdout.strip().splitlines()[0]
     return None
@@ -230,9 +249,13 @@ def host_facts() -> dict[str, Any]:
     """CPU, cores (available / total), GPU, platform and Python of this machine."""
     avail = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cpu": _cpu_name(), "cores": avail, "cores_total": os.cpu_count(), "gpu": _gpu_name(),
-        "platform": platform.platform(), "python": platform.python_version(),
-    }  # fmt: skip
+        "cpu": _cpu_name(),
+        "cores": avail,
+        "cores_total": os.cpu_count(),
+        "gpu": _gpu_name(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
 
 
 def git_commit() -> str | None:
@@ -243,8 +266,13 @@ def git_commit() -> str | None:
     for parent in here.parents:
         if (parent / ".git").exists():
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                res = subprocess.run(["git", "-C", str(parent), "rev-parse", "HEAD"],
-                                     capture_output=True, text=True, timeout=5, check=False)
+                res = subprocess.run(
+                    ["git", "-C", str(parent), "rev-parse", "HEAD"],
+                    capture_output=True,
+                    text=True,
+                    timeout=5,
+                    check=False,
+                )
                 if res.returncode == 0:
                     return res.stdout.strip()
             return None
@@ -256,12 +284,22 @@ def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
     files: dict[str, str] = {}
     if bench.root is not None and Path(bench.root).is_dir():
         for p in sorted(Path(bench.root).iterdir()):
-            if p.is_file() and p.suffix in _CHECKSUM_SUFFIXES and p.stat().st_size <= _CHECKSUM_MAX_BYTES:
+            if (
+                p.is_file()
+                and p.suffix in _CHECKSUM_SUFFIXES
+                and p.stat().st_size <= _CHECKSUM_MAX_BYTES
+            ):
                 files[p.name] = file_sha256(p)
-    return {"id": bench.id, "gt_sha256": gt_digest(bench.gt), "files_sha256": files, **bench.describe()}
+    return {
+        "id": bench.id,
+        "gt_sha256": gt_digest(bench.gt),
+        "files_sha256": files,
+        **bench.describe(),
+    }
 
 
 # --- what was retrieved ---------------------------------------------------------------------------
+
 
 def retrieved_records(
     bench: Benchmark, ranks: np.ndarray, scores: np.ndarray | None, k: int
@@ -287,8 +325,15 @@ def retrieved_records(
         p = bench.queries.path(qi)
         return None if p is None else str(p)
 
-    return retrieved_document(bench.gt, ranks, scores, k, image_name=image_name, image_path=image_path,
-                              query_image=query_image)
+    return retrieved_document(
+        bench.gt,
+        ranks,
+        scores,
+        k,
+        image_name=image_name,
+        image_path=image_path,
+        query_image=query_image,
+    )
 
 
 def _image_size(bench: Benchmark, idx: int) -> tuple[int, int] | None:
@@ -338,7 +383,11 @@ def predicted_boxes(bench: Benchmark, matches: Mapping[int, Mapping[int, Any]]) 
 
 
 def prepare_config_folder(
-    config_dir: Path, config: dict[str, Any], *, overwrite: bool = False, only: tuple[str, ...] | None = None
+    config_dir: Path,
+    config: dict[str, Any],
+    *,
+    overwrite: bool = False,
+    only: tuple[str, ...] | None = None,
 ) -> None:
     """Check that ``config_dir`` may hold runs of ``config`` (it is created when a run completes).
 
@@ -357,9 +406,14 @@ def prepare_config_folder(
             try:
                 found = read_record_json(cfg_path)  # bounded, regular files only, depth-limited
             except InputError as exc:
-                raise InputError(f"unreadable run config ({exc.problem}); use --overwrite to replace it", cfg_path) from None
+                raise InputError(
+                    f"unreadable run config ({exc.problem}); use --overwrite to replace it",
+                    cfg_path,
+                ) from None
             if not isinstance(found, dict):
-                raise InputError("run config is not a JSON object; use --overwrite to replace it", cfg_path)
+                raise InputError(
+                    "run config is not a JSON object; use --overwrite to replace it", cfg_path
+                )
             if only is not None:
                 found, config = {k: found.get(k) for k in only}, {k: config.get(k) for k in only}
             if found != config:
@@ -370,7 +424,9 @@ def prepare_config_folder(
                     config_dir,
                 )
         elif any(not p.name.startswith(".") for p in config_dir.iterdir()):
-            raise InputError("folder exists and is not an oxbench run folder; use another --out", config_dir)
+            raise InputError(
+                "folder exists and is not an oxbench run folder; use another --out", config_dir
+            )
 
 
 @contextlib.contextmanager
@@ -392,9 +448,17 @@ def _log_to(path: Path) -> Iterator[None]:
 
 
 def _write_run_files(
-    tmp: Path, *, config: dict[str, Any], record: dict[str, Any], bench: Benchmark,
-    search: SearchResult, result: EvaluationResult, timings: Mapping[str, float],
-    info: Mapping[str, Any], top_k: int, trained_on_test: bool,
+    tmp: Path,
+    *,
+    config: dict[str, Any],
+    record: dict[str, Any],
+    bench: Benchmark,
+    search: SearchResult,
+    result: EvaluationResult,
+    timings: Mapping[str, float],
+    info: Mapping[str, Any],
+    top_k: int,
+    trained_on_test: bool,
 ) -> None:
     from oxbench.evaluation.ranking import to_revisitop
 
@@ -404,19 +468,34 @@ def _write_run_files(
     retrieved = retrieved_records(bench, search.ranks, search.scores, k)
     dataset = dataset_checksums(bench)
     # the viewer shows only images under the roots recorded here (distractors may live elsewhere)
-    distractor_images = [t["image"] for q in retrieved["queries"] for t in q["top"]
-                         if t["index"] >= bench.gt.n_db and t["image"] is not None]
+    distractor_images = [
+        t["image"]
+        for q in retrieved["queries"]
+        for t in q["top"]
+        if t["index"] >= bench.gt.n_db and t["image"] is not None
+    ]
     dataset["distractors_root"] = (
-        os.path.commonpath([str(Path(p).parent) for p in distractor_images]) if distractor_images else None
+        os.path.commonpath([str(Path(p).parent) for p in distractor_images])
+        if distractor_images
+        else None
     )
     summary = "\n".join([*result.lines(), "", result.table()])
     if trained_on_test:
         summary += "\nNOTE: the method was trained on the test set; not comparable.\n"
     write_run_files(
-        tmp, record=record, config=config, dataset=dataset, ranks_revisitop=to_revisitop(search.ranks),
-        metrics=metrics, per_query=result.per_query_rows(), retrieved=retrieved, timings=timings,
-        summary=summary, scores=None if search.scores is None else search.scores[:, :k].astype(np.float32),
-        matches=search.matches, boxes=predicted_boxes(bench, search.matches) if search.matches else None,
+        tmp,
+        record=record,
+        config=config,
+        dataset=dataset,
+        ranks_revisitop=to_revisitop(search.ranks),
+        metrics=metrics,
+        per_query=result.per_query_rows(),
+        retrieved=retrieved,
+        timings=timings,
+        summary=summary,
+        scores=None if search.scores is None else search.scores[:, :k].astype(np.float32),
+        matches=search.matches,
+        boxes=predicted_boxes(bench, search.matches) if search.matches else None,
     )
 
 
@@ -516,36 +595,74 @@ def run(
     libraries, commit, host = versions(), git_commit(), host_facts()
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
-    require_installed(m.requires)  # a missing extra or input is one line before any data is loaded or generated
+    require_installed(
+        m.requires
+    )  # a missing extra or input is one line before any data is loaded or generated
     m.check_inputs(root_path)
     if label is None:
         label = preset_label(m.name, m.to_dict())
     train_id = training_set_of(m, dataset, train_dataset)
-    if out is not None:  # a folder of another method or dataset is refused before data is loaded or generated
-        prepare_config_folder(Path(out), {"dataset": dataset, "method": m.to_dict()}, overwrite=overwrite,
-                              only=("dataset", "method"))  # fmt: skip
+    if (
+        out is not None
+    ):  # a folder of another method or dataset is refused before data is loaded or generated
+        prepare_config_folder(
+            Path(out),
+            {"dataset": dataset, "method": m.to_dict()},
+            overwrite=overwrite,
+            only=("dataset", "method"),
+        )
     executor = make_executor(engine, workers, cluster=cluster)
     try:  # a cluster the executor started stops with the run, whatever happens
         # a cluster's workers must see the data and the cache: asked before anything is loaded
-        executor.check_paths({"data root": root_path, "cache": Path(cache) if cache is not None else root_path / "_cache"})
+        executor.check_paths(
+            {
+                "data root": root_path,
+                "cache": Path(cache) if cache is not None else root_path / "_cache",
+            }
+        )
         t0, c0 = time.perf_counter(), cpu_seconds()
         ds_options = {k: str(v) for k, v in (dataset_options or {}).items()}
         extra: dict[str, Any] = dict(ds_options)  # load(**options) validates the keys and values
-        bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress,
-                     images=m.reads_images, **extra)  # fmt: skip
-        train = None if train_id is None else load(train_id, root_path, strict=strict, progress=progress)
+        bench = load(
+            dataset,
+            root_path,
+            distractors=distractors,
+            strict=strict,
+            progress=progress,
+            images=m.reads_images,
+            **extra,
+        )
+        train = (
+            None
+            if train_id is None
+            else load(train_id, root_path, strict=strict, progress=progress)
+        )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
         trained_on_test = train_id == dataset
         if trained_on_test:
-            log.warning("%s is trained on the test set %s: results are not comparable", m.name, dataset)
+            log.warning(
+                "%s is trained on the test set %s: results are not comparable", m.name, dataset
+            )
         config = RunConfig(
-            dataset=dataset, method=m, train_dataset=train_id, trained_on_test_set=trained_on_test,
-            dataset_gt_sha256=gt_digest(bench.gt), crop=bench.crop, distractors=distractors,
-            n_distractors=bench.n_distractors, strict=strict, ranks_top=ranks_top, dataset_options=ds_options,
-        )  # fmt: skip
+            dataset=dataset,
+            method=m,
+            train_dataset=train_id,
+            trained_on_test_set=trained_on_test,
+            dataset_gt_sha256=gt_digest(bench.gt),
+            crop=bench.crop,
+            distractors=distractors,
+            n_distractors=bench.n_distractors,
+            strict=strict,
+            ranks_top=ranks_top,
+            dataset_options=ds_options,
+        )
         config_dict = config.to_dict()
-        config_dir = Path(out) if out is not None else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
+        config_dir = (
+            Path(out)
+            if out is not None
+            else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
+        )
         prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
         run_id = new_run_id()
         # assembled beside the config folder, which appears only when a run completes
@@ -553,41 +670,94 @@ def run(
         try:
             tmp.mkdir(parents=True)
         except OSError as exc:
-            raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
+            raise InputError(
+                f"cannot create the run folder: {os_reason(exc)}", tmp.parent
+            ) from None
         try:
             with _log_to(tmp / "run.log"):
-                log.info("run %s: %s on %s (train: %s) -> %s", run_id, m.name, dataset, train_id, config_dir)
+                log.info(
+                    "run %s: %s on %s (train: %s) -> %s",
+                    run_id,
+                    m.name,
+                    dataset,
+                    train_id,
+                    config_dir,
+                )
                 cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-                impl, search, ctx = _fit_index_search(m, train, bench, cache_dir, executor=executor, progress=progress,
-                                                       allow_partial=not strict, root=root_path,
-                                                       shard_size=shard_size)
+                impl, search, ctx = _fit_index_search(
+                    m,
+                    train,
+                    bench,
+                    cache_dir,
+                    executor=executor,
+                    progress=progress,
+                    allow_partial=not strict,
+                    root=root_path,
+                    shard_size=shard_size,
+                )
                 ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
-                keep = ranks_top if ranks_top is not None else (None if search.ranks.shape[1] <= 100_000 else 10_000)
+                keep = (
+                    ranks_top
+                    if ranks_top is not None
+                    else (None if search.ranks.shape[1] <= 100_000 else 10_000)
+                )
                 search = search.top(keep)
                 with ctx.timed("evaluate"):
-                    result = evaluate(bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(config_dir))
-                timings = {**ctx.timings, "total": time.perf_counter() - t_start,
-                           f"total{CPU_SUFFIX}": cpu_seconds() - cpu_start}
+                    result = evaluate(
+                        bench.gt,
+                        search.ranks,
+                        n_distractors=bench.n_distractors,
+                        source=str(config_dir),
+                    )
+                timings = {
+                    **ctx.timings,
+                    "total": time.perf_counter() - t_start,
+                    f"total{CPU_SUFFIX}": cpu_seconds() - cpu_start,
+                }
                 info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
                 for step, state in ctx.steps.items():
                     log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
                 log.info("%s", " | ".join(result.lines()))
             record = {
-                "format": RECORD_FORMAT, "run_id": run_id, "status": "complete",
+                "format": RECORD_FORMAT,
+                "run_id": run_id,
+                "status": "complete",
                 "command": list(command if command is not None else sys.argv),
-                "started": started.isoformat(), "ended": datetime.now(UTC).isoformat(),
-                "oxbench_version": libraries["oxbench"], "git_commit": commit, "host": host,
-                "versions": libraries, "accel": _accel_used(), "cache": dict(ctx.steps),
-                "method": m.name, "label": label, "family": m.family, "dataset": dataset, "cache_dir": str(ctx.cache),
-                "execution": executor.describe(), "footprint": _footprint(impl),
-            }  # fmt: skip
-            _write_run_files(tmp, config=config_dict, record=record, bench=bench, search=search, result=result,
-                             timings=timings, info=info, top_k=top_k, trained_on_test=trained_on_test)
+                "started": started.isoformat(),
+                "ended": datetime.now(UTC).isoformat(),
+                "oxbench_version": libraries["oxbench"],
+                "git_commit": commit,
+                "host": host,
+                "versions": libraries,
+                "accel": _accel_used(),
+                "cache": dict(ctx.steps),
+                "method": m.name,
+                "label": label,
+                "family": m.family,
+                "dataset": dataset,
+                "cache_dir": str(ctx.cache),
+                "execution": executor.describe(),
+                "footprint": _footprint(impl),
+            }
+            _write_run_files(
+                tmp,
+                config=config_dict,
+                record=record,
+                bench=bench,
+                search=search,
+                result=result,
+                timings=timings,
+                info=info,
+                top_k=top_k,
+                trained_on_test=trained_on_test,
+            )
             run_dir = config_dir / run_id
             try:
                 config_dir.mkdir(exist_ok=True)
             except OSError as exc:
-                raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
+                raise InputError(
+                    f"cannot create the run folder: {os_reason(exc)}", config_dir
+                ) from None
             with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
                 if overwrite:
                     for old in list_runs(config_dir):
@@ -603,14 +773,29 @@ def run(
 
 
 def _fit_index_search(
-    m: MethodConfig, train: Benchmark | None, bench: Benchmark, cache: Path, *, executor: Executor, progress: bool,
-    allow_partial: bool = False, root: Path | None = None, shard_size: int | None = None,
+    m: MethodConfig,
+    train: Benchmark | None,
+    bench: Benchmark,
+    cache: Path,
+    *,
+    executor: Executor,
+    progress: bool,
+    allow_partial: bool = False,
+    root: Path | None = None,
+    shard_size: int | None = None,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
     for full_check in (False, True):
-        ctx = RunContext(cache, executor=executor, progress=progress, full_check=full_check,
-                         allow_partial=allow_partial, root=root, shard_size=shard_size or DEFAULT_SHARD_SIZE)
+        ctx = RunContext(
+            cache,
+            executor=executor,
+            progress=progress,
+            full_check=full_check,
+            allow_partial=allow_partial,
+            root=root,
+            shard_size=shard_size or DEFAULT_SHARD_SIZE,
+        )
         impl = m.build()
         try:
             impl.fit(train, ctx).index(bench, ctx)
@@ -618,7 +803,10 @@ def _fit_index_search(
         except CorruptCache as exc:
             if full_check:
                 raise
-            log.warning("%s; deleting it and running the steps again, checking every cached file in full", exc)
+            log.warning(
+                "%s; deleting it and running the steps again, checking every cached file in full",
+                exc,
+            )
             exc.remove()
     raise AssertionError("unreachable")  # pragma: no cover
 
@@ -630,7 +818,11 @@ def preflight_ram(m: MethodConfig, n_index: int) -> None:
 
     per_image = m.ram_bytes_per_image()
     if per_image is not None:
-        check_ram(per_image * n_index, n_index, basis=f"at most {per_image:,} bytes per image by {m.name}'s settings")
+        check_ram(
+            per_image * n_index,
+            n_index,
+            basis=f"at most {per_image:,} bytes per image by {m.name}'s settings",
+        )
 
 
 def _footprint(impl: RetrievalMethod) -> dict[str, Any] | None:

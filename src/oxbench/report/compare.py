@@ -121,7 +121,13 @@ class Comparison:
                             **asdict(sc.test),
                             "p_holm": sc.p_holm,
                             "largest_changes": [
-                                {"query_index": c.index, "query": c.name, "a": c.a, "b": c.b, "diff": c.diff}
+                                {
+                                    "query_index": c.index,
+                                    "query": c.name,
+                                    "a": c.a,
+                                    "b": c.b,
+                                    "diff": c.diff,
+                                }
                                 for c in sc.largest
                             ],
                         }
@@ -148,8 +154,15 @@ class Comparison:
             rows = []
             for sc in rc.setups:
                 t = sc.test
-                row = [sc.setup, str(t.n), _pct(t.mean_a), _pct(t.mean_b), _signed(t.diff),
-                       f"[{_signed(t.ci_low)}, {_signed(t.ci_high)}]", _p(t.p_value)]
+                row = [
+                    sc.setup,
+                    str(t.n),
+                    _pct(t.mean_a),
+                    _pct(t.mean_b),
+                    _signed(t.diff),
+                    f"[{_signed(t.ci_low)}, {_signed(t.ci_high)}]",
+                    _p(t.p_value),
+                ]
                 if self.n_compared > 1:
                     row.append(_p(sc.p_holm))
                 row += [str(t.n_better), str(t.n_worse), str(t.n_equal)]
@@ -159,7 +172,11 @@ class Comparison:
                 if not sc.largest:
                     continue
                 crow = [[c.name, _pct(c.a), _pct(c.b), _signed(c.diff)] for c in sc.largest]
-                out.append(text_table(["query", "A", "B", "B - A"], crow, title=f"{sc.setup}: largest changes"))
+                out.append(
+                    text_table(
+                        ["query", "A", "B", "B - A"], crow, title=f"{sc.setup}: largest changes"
+                    )
+                )
                 out.append("")
         out.append("Numbers in percent. " + self.method_note())
         return "\n".join(out)
@@ -216,8 +233,18 @@ def compare_runs(
         base.per_query(s, metric)  # raises for an unknown setup / metric
     tests: list[list[PairedTest]] = []
     for r in runs[1:]:
-        tests.append([paired_test(base.per_query(s, metric), r.per_query(s, metric),
-                                  n_resamples=n_resamples, seed=seed, confidence=confidence) for s in chosen])
+        tests.append(
+            [
+                paired_test(
+                    base.per_query(s, metric),
+                    r.per_query(s, metric),
+                    n_resamples=n_resamples,
+                    seed=seed,
+                    confidence=confidence,
+                )
+                for s in chosen
+            ]
+        )
     adjusted = [holm([tests[i][j].p_value for i in range(len(tests))]) for j in range(len(chosen))]
     others = []
     for i, r in enumerate(runs[1:]):

@@ -42,7 +42,10 @@ FORMATS = ("oxford", "revisitop", "hloc")
 
 def _check_name(name: str, what: str, run: RunRecord) -> str:
     if not name or any(ch.isspace() for ch in name):
-        raise InputError(f"{what} {name!r} is empty or contains whitespace: cannot be written one per line", run.path)
+        raise InputError(
+            f"{what} {name!r} is empty or contains whitespace: cannot be written one per line",
+            run.path,
+        )
     return name
 
 
@@ -82,11 +85,15 @@ def hloc_pairs(run: RunRecord, top: int | None = None, *, suffix: str = ".jpg") 
     for q in run.queries:
         qn = _check_name(q.name, "query name", run)
         for t in q.top[:k]:
-            lines.append(f"{qn}{suffix} {_check_name(str(t['name']), f'query {qn}: image name', run)}{suffix}\n")
+            lines.append(
+                f"{qn}{suffix} {_check_name(str(t['name']), f'query {qn}: image name', run)}{suffix}\n"
+            )
     return "".join(lines)
 
 
-def export_run(run: RunRecord, fmt: str, out: str | Path, *, top: int | None = None, suffix: str = ".jpg") -> list[Path]:
+def export_run(
+    run: RunRecord, fmt: str, out: str | Path, *, top: int | None = None, suffix: str = ".jpg"
+) -> list[Path]:
     """Write ``run``'s ranked lists as ``fmt`` to ``out`` (a folder for ``oxford``, else a file).
 
     Args:
@@ -119,7 +126,10 @@ def export_run(run: RunRecord, fmt: str, out: str | Path, *, top: int | None = N
         log.warning(
             "%s: the run kept %d results per query; names are stored for the top %d, which is what is "
             "exported (scores of the exported lists miss positives ranked below %d)",
-            run.path, kept, run.k, run.k,
+            run.path,
+            kept,
+            run.k,
+            run.k,
         )
     if fmt == "hloc":
         return [atomic_write_text(out, hloc_pairs(run, top, suffix=suffix))]
@@ -131,7 +141,9 @@ def _write_folder(out: Path, files: dict[str, str]) -> list[Path]:
     it, then renamed into place (a new folder) or each file renamed over its name (an existing one,
     after every target was checked), so a failure never leaves part of an export."""
     for name in files:
-        check_output_path(out / name)  # a link or a folder at a target is refused before anything is written
+        check_output_path(
+            out / name
+        )  # a link or a folder at a target is refused before anything is written
     parent = out.parent
     make_folder(parent)
     try:
@@ -145,7 +157,9 @@ def _write_folder(out: Path, files: dict[str, str]) -> list[Path]:
             try:
                 os.rename(tmp, out)
                 return [out / name for name in files]
-            except OSError:  # another process created it meanwhile: fall through to the file renames
+            except (
+                OSError
+            ):  # another process created it meanwhile: fall through to the file renames
                 pass
         for name in files:
             check_output_path(out / name)

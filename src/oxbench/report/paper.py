@@ -98,7 +98,10 @@ class PaperTable:
         if fmt == "md":
             from oxbench.report.tables import markdown_table
 
-            rows = [[_md(m)] + [self._fmt(c) for c in cells] for m, cells in zip(self.methods, self.cells, strict=True)]
+            rows = [
+                [_md(m)] + [self._fmt(c) for c in cells]
+                for m, cells in zip(self.methods, self.cells, strict=True)
+            ]
             return markdown_table(self.flat_header(), rows) + f"\n\n{self.footnote()}\n"
         if fmt == "latex":
             return self._latex()
@@ -122,7 +125,10 @@ class PaperTable:
 
         spec = "l" + "r" * len(self.columns)
         groups = self._groups()
-        top = " & ".join([""] + [rf"\multicolumn{{{n}}}{{c}}{{{_tex(g)}}}" for g, n in groups]) + r" \\"
+        top = (
+            " & ".join([""] + [rf"\multicolumn{{{n}}}{{c}}{{{_tex(g)}}}" for g, n in groups])
+            + r" \\"
+        )
         rules, col = [], 2
         for _, n in groups:
             rules.append(rf"\cmidrule(lr){{{col}-{col + n - 1}}}")
@@ -153,7 +159,11 @@ class PaperTable:
         head1 = "".join(f'<th colspan="{n}">{e(g)}</th>' for g, n in self._groups())
         head2 = "".join(f"<th>{e(c.label)}</th>" for c in self.columns)
         body = "".join(
-            "<tr><th>" + e(m) + "</th>" + "".join(f"<td>{e(self._fmt(c))}</td>" for c in cells) + "</tr>\n"
+            "<tr><th>"
+            + e(m)
+            + "</th>"
+            + "".join(f"<td>{e(self._fmt(c))}</td>" for c in cells)
+            + "</tr>\n"
             for m, cells in zip(self.methods, self.cells, strict=True)
         )
         style = (
@@ -173,7 +183,9 @@ def _md(text: str) -> str:
 
 
 def _group_key(dataset: str, distractors: bool) -> tuple[int, str, bool]:
-    known = _REVISITED_ORDER.index(dataset) if dataset in _REVISITED_ORDER else len(_REVISITED_ORDER)
+    known = (
+        _REVISITED_ORDER.index(dataset) if dataset in _REVISITED_ORDER else len(_REVISITED_ORDER)
+    )
     return (known, dataset, distractors)
 
 
@@ -213,7 +225,9 @@ def paper_table(
     for group_runs in by_group.values():
         check_comparable(list(group_runs.values()))
     revisited = [g for g in by_group if g[0] in _REVISITED_ORDER]
-    others = sorted((g for g in by_group if g[0] not in _REVISITED_ORDER), key=lambda g: _group_key(*g))
+    others = sorted(
+        (g for g in by_group if g[0] not in _REVISITED_ORDER), key=lambda g: _group_key(*g)
+    )
     columns: list[Column] = []
     for setup in _PAPER_SETUPS:
         for g in sorted(revisited, key=lambda g: _group_key(*g)):
@@ -228,8 +242,12 @@ def paper_table(
         base = present[order[0]]
         pvals = []
         for m in order[1:]:
-            t = paired_test(base.per_query(col.setup, col.metric), present[m].per_query(col.setup, col.metric),
-                            n_resamples=n_resamples, seed=seed)
+            t = paired_test(
+                base.per_query(col.setup, col.metric),
+                present[m].per_query(col.setup, col.metric),
+                n_resamples=n_resamples,
+                seed=seed,
+            )
             pvals.append(t.p_value)
         adjusted = holm(pvals)
         for i, m in enumerate(methods):
@@ -241,4 +259,12 @@ def paper_table(
             else:
                 p = adjusted[order.index(m) - 1]
                 grid[i][j] = Cell(value, p, p < alpha)
-    return PaperTable(tuple(methods), tuple(columns), tuple(tuple(r) for r in grid), alpha, n_resamples, seed, decimals)
+    return PaperTable(
+        tuple(methods),
+        tuple(columns),
+        tuple(tuple(r) for r in grid),
+        alpha,
+        n_resamples,
+        seed,
+        decimals,
+    )

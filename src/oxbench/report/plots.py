@@ -36,7 +36,9 @@ FORMATS = ("png", "svg")
 RECALL_LEVELS = np.linspace(0.0, 1.0, 101)
 
 
-def precision_recall(run: RunRecord, setup: str) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
+def precision_recall(
+    run: RunRecord, setup: str
+) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
     """Mean interpolated precision at :data:`RECALL_LEVELS` over the queries with positives in ``setup``.
 
     Ignored labels of the setup (e.g. junk) are deleted from each stored list first, as in AP.
@@ -48,14 +50,18 @@ def precision_recall(run: RunRecord, setup: str) -> tuple[NDArray[np.float64], N
         InputError: an unknown setup; no query with positives.
     """
     if setup not in SETUP_LABELS[run.protocol]:
-        raise InputError(f"no setup {setup!r} in this run (setups: {', '.join(run.setups)})", run.path)
+        raise InputError(
+            f"no setup {setup!r} in this run (setups: {', '.join(run.setups)})", run.path
+        )
     positive, ignored = SETUP_LABELS[run.protocol][setup]
     curves = []
     for q in run.queries:
         n_pos = sum(n for lab, n in q.n_labelled.items() if lab in positive)
         if n_pos == 0:
             continue
-        hits = np.array([t["label"] in positive for t in q.top if t["label"] not in ignored], dtype=bool)
+        hits = np.array(
+            [t["label"] in positive for t in q.top if t["label"] not in ignored], dtype=bool
+        )
         tp = np.cumsum(hits)
         precision = tp / np.arange(1, hits.size + 1)
         recall = tp / n_pos
@@ -91,7 +97,9 @@ def _short(run: RunRecord) -> str:
     return f"{run.label} ({run.run_id})"
 
 
-def plot_runs(run: RunRecord, out: str | Path, *, other: RunRecord | None = None, fmt: str = "png") -> list[Path]:
+def plot_runs(
+    run: RunRecord, out: str | Path, *, other: RunRecord | None = None, fmt: str = "png"
+) -> list[Path]:
     """Draw the figures of ``run`` (and ``other``) into the folder ``out``.
 
     Returns:
@@ -117,7 +125,13 @@ def plot_runs(run: RunRecord, out: str | Path, *, other: RunRecord | None = None
     for ax, setup in zip(axes, setups, strict=True):
         for i, r in enumerate(runs):
             ap = r.per_query(setup)
-            ax.bar(x + (i - (len(runs) - 1) / 2) * width, np.nan_to_num(ap), width, color=colours[i], label=_short(r))
+            ax.bar(
+                x + (i - (len(runs) - 1) / 2) * width,
+                np.nan_to_num(ap),
+                width,
+                color=colours[i],
+                label=_short(r),
+            )
             ax.axhline(r.mean(setup), color=colours[i], lw=1, ls="--")
         ax.set_title(f"{run.dataset_id} {setup}")
         ax.set_xlabel("query")

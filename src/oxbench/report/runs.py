@@ -26,8 +26,16 @@ from oxbench.records import (
 RUN_FORMAT = RECORD_FORMAT
 
 __all__ = [
-    "RUN_FILES", "RUN_FORMAT", "RUN_ID_PATTERN", "SETUP_LABELS", "QueryRetrieved", "RunRecord", "check_comparable",
-    "latest_run", "load_runs", "sequential_mean",
+    "RUN_FILES",
+    "RUN_FORMAT",
+    "RUN_ID_PATTERN",
+    "SETUP_LABELS",
+    "QueryRetrieved",
+    "RunRecord",
+    "check_comparable",
+    "latest_run",
+    "load_runs",
+    "sequential_mean",
 ]
 
 
@@ -46,7 +54,9 @@ def check_comparable(runs: Sequence[RunRecord]) -> None:
     for b in runs[1:]:
         where = b.path
         if b.dataset_id != a.dataset_id:
-            raise InputError(f"dataset {b.dataset_id!r} differs from {a.dataset_id!r} of {a.path}", where)
+            raise InputError(
+                f"dataset {b.dataset_id!r} differs from {a.dataset_id!r} of {a.path}", where
+            )
         if b.gt_sha256 != a.gt_sha256:
             raise InputError(
                 f"ground truth differs from {a.path}'s (dataset.json gt_sha256 {b.gt_sha256[:12]} vs {a.gt_sha256[:12]})",

@@ -104,7 +104,9 @@ def paired_test(
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
     if x.ndim != 1 or x.shape != y.shape:
-        raise InputError(f"per-query values must be two vectors of one length, got {x.shape} and {y.shape}")
+        raise InputError(
+            f"per-query values must be two vectors of one length, got {x.shape} and {y.shape}"
+        )
     if not np.array_equal(np.isnan(x), np.isnan(y)):
         raise InputError("a query has a value in one run and none (skipped) in the other")
     if not 0.0 < confidence < 1.0:
@@ -118,12 +120,22 @@ def paired_test(
         raise InputError(f"a paired test needs at least 2 queries with values, got {n}")
     d = y - x
     boot = stats.bootstrap(
-        (d,), _mean_stat, n_resamples=n_resamples, confidence_level=confidence, method="percentile",
-        vectorized=True, random_state=np.random.default_rng(seed),
+        (d,),
+        _mean_stat,
+        n_resamples=n_resamples,
+        confidence_level=confidence,
+        method="percentile",
+        vectorized=True,
+        random_state=np.random.default_rng(seed),
     )
     perm = stats.permutation_test(
-        (d,), _mean_stat, permutation_type="samples", alternative="two-sided", n_resamples=n_resamples,
-        vectorized=True, random_state=np.random.default_rng(seed),
+        (d,),
+        _mean_stat,
+        permutation_type="samples",
+        alternative="two-sided",
+        n_resamples=n_resamples,
+        vectorized=True,
+        random_state=np.random.default_rng(seed),
     )
     return PairedTest(
         n=n,

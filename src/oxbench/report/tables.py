@@ -8,7 +8,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
-def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None) -> str:
+def text_table(
+    header: Sequence[str], rows: Sequence[Sequence[str]], *, title: str | None = None
+) -> str:
     """A terminal table with aligned columns (first column left, the others right).
 
     Example:
@@ -21,7 +23,10 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, title: s
     widths = [max(len(c) for c in col) for col in cols]
 
     def fmt(cells: Sequence[str]) -> str:
-        parts = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+        parts = [
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
         return "  ".join(parts).rstrip()
 
     out = [title] if title else []
@@ -33,7 +38,10 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, title: s
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-markdown table (numbers right-aligned)."""
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|"]
+    out = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join([":---"] + ["---:"] * (len(header) - 1)) + "|",
+    ]
     out.extend("| " + " | ".join(r) + " |" for r in rows)
     return "\n".join(out)
 
@@ -54,7 +62,12 @@ def _tex(s: str) -> str:
 def latex_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A LaTeX ``tabular`` with booktabs rules (``\\usepackage{booktabs}``)."""
     spec = "l" + "r" * (len(header) - 1)
-    out = [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", " & ".join(_tex(h) for h in header) + r" \\", r"\midrule"]
+    out = [
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(_tex(h) for h in header) + r" \\",
+        r"\midrule",
+    ]
     out.extend(" & ".join(_tex(c) for c in r) + r" \\" for r in rows)
     out += [r"\bottomrule", r"\end{tabular}"]
     return "\n".join(out)

@@ -53,7 +53,11 @@ from oxbench.report.runs import RunRecord, check_comparable
 log = logging.getLogger(__name__)
 
 LABEL_COLOURS = {
-    "easy": "#2ca02c", "positive": "#2ca02c", "hard": "#ff7f0e", "junk": "#9a9a9a", "negative": "#d62728",
+    "easy": "#2ca02c",
+    "positive": "#2ca02c",
+    "hard": "#ff7f0e",
+    "junk": "#9a9a9a",
+    "negative": "#d62728",
 }
 _MANIFEST = "index.json"
 #: Largest image file the viewer opens.
@@ -88,7 +92,9 @@ class ThumbnailCache:
     outside: int = 0
     _sizes: dict[str, list[int]] = field(default_factory=dict)
     _dirty: bool = False
-    _refused: set[str] = field(default_factory=set)  # sources already refused: counted and named once
+    _refused: set[str] = field(
+        default_factory=set
+    )  # sources already refused: counted and named once
 
     def __post_init__(self) -> None:
         manifest = self.folder / _MANIFEST
@@ -97,8 +103,11 @@ class ThumbnailCache:
                 data = json.loads(read_input_bytes(manifest, limit=64 << 20))
                 if isinstance(data, dict):
                     self._sizes = {
-                        k: v for k, v in data.items()
-                        if isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v)
+                        k: v
+                        for k, v in data.items()
+                        if isinstance(v, list)
+                        and len(v) == 2
+                        and all(isinstance(x, int) for x in v)
                     }
             except (InputError, ValueError, RecursionError):
                 log.warning("%s: unreadable thumbnail index; thumbnails will be remade", manifest)
@@ -124,9 +133,15 @@ class ThumbnailCache:
             return None
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMAGE_BYTES:
             self.outside += 1
-            log.warning("not a regular image file of at most %d MB: %s (placeholder shown)", MAX_IMAGE_BYTES >> 20, source)
+            log.warning(
+                "not a regular image file of at most %d MB: %s (placeholder shown)",
+                MAX_IMAGE_BYTES >> 20,
+                source,
+            )
             return None
-        key = hashlib.sha256(f"{path}\0{st.st_mtime_ns}\0{st.st_size}\0{size}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(
+            f"{path}\0{st.st_mtime_ns}\0{st.st_size}\0{size}".encode()
+        ).hexdigest()[:24]
         thumb = self.folder / f"{key}.jpg"
         if key in self._sizes and thumb.is_file():
             self.reused += 1
@@ -142,7 +157,9 @@ class ThumbnailCache:
                     small.save(buf, format="JPEG", quality=82)
             except (OSError, ValueError, SyntaxError) as exc:
                 self.unreadable += 1
-                reason = exc.problem if isinstance(exc, InputError) else " ".join(str(exc).split())[:200]
+                reason = (
+                    exc.problem if isinstance(exc, InputError) else " ".join(str(exc).split())[:200]
+                )
                 log.warning("unreadable image %s (%s): placeholder shown", source, reason)
                 return None
             atomic_write_bytes(thumb, buf.getvalue())
@@ -168,13 +185,24 @@ def _run_data(run: RunRecord, cache: ThumbnailCache, top: int, size: int) -> dic
         for t in q.top[:top]:
             idx = int(t["index"])
             m = matches.get(q.index, {}).get(idx)
-            entries.append({
-                "rank": t["rank"], "index": idx, "name": t["name"], "label": t["label"], "score": t.get("score"),
-                "thumb": cache.get(t.get("image"), size), "matches": m,
-            })
+            entries.append(
+                {
+                    "rank": t["rank"],
+                    "index": idx,
+                    "name": t["name"],
+                    "label": t["label"],
+                    "score": t.get("score"),
+                    "thumb": cache.get(t.get("image"), size),
+                    "matches": m,
+                }
+            )
         lists.append(entries)
     return {
-        "method": run.method, "label": run.label, "run_id": run.run_id, "path": str(run.path), "k": run.k,
+        "method": run.method,
+        "label": run.label,
+        "run_id": run.run_id,
+        "path": str(run.path),
+        "k": run.k,
         "ap": {s: [None if v != v else float(v) for v in run.per_query(s)] for s in run.setups},
         "map": {s: run.mean(s) for s in run.setups},
         "lists": lists,
@@ -182,8 +210,14 @@ def _run_data(run: RunRecord, cache: ThumbnailCache, top: int, size: int) -> dic
     }
 
 
-def viewer_data(runs: Sequence[RunRecord], cache: ThumbnailCache, *, top: int = 20, thumb_size: int = 160,
-                query_size: int = 400) -> dict[str, Any]:
+def viewer_data(
+    runs: Sequence[RunRecord],
+    cache: ThumbnailCache,
+    *,
+    top: int = 20,
+    thumb_size: int = 160,
+    query_size: int = 400,
+) -> dict[str, Any]:
     """The JSON object the page renders (thumbnails are made on the way)."""
     base = runs[0]
     return {
@@ -195,8 +229,12 @@ def viewer_data(runs: Sequence[RunRecord], cache: ThumbnailCache, *, top: int = 
         "labels": list(base.labels),
         "colours": {lab: LABEL_COLOURS.get(lab, "#999999") for lab in base.labels},
         "queries": [
-            {"name": q.name, "bbox": None if q.bbox is None else list(q.bbox), "thumb": cache.get(q.image, query_size),
-             "n_labelled": dict(q.n_labelled)}
+            {
+                "name": q.name,
+                "bbox": None if q.bbox is None else list(q.bbox),
+                "thumb": cache.get(q.image, query_size),
+                "n_labelled": dict(q.n_labelled),
+            }
             for q in base.queries
         ],
         "runs": [_run_data(r, cache, top, thumb_size) for r in runs],
@@ -206,7 +244,13 @@ def viewer_data(runs: Sequence[RunRecord], cache: ThumbnailCache, *, top: int = 
 def _script_json(data: Any) -> str:
     """JSON safe inside a ``<script>`` element: no ``<``, ``>``, ``&`` or line separators appear raw."""
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for ch, esc in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         text = text.replace(ch, esc)
     return text
 
@@ -238,7 +282,9 @@ def build_viewer(
         MissingExtraError: Pillow is missing and there are images to show.
     """
     if top < 1 or thumb_size < 16 or query_size < 16:
-        raise InputError(f"--top must be >= 1 and thumbnail sizes >= 16 (got {top}, {thumb_size}, {query_size})")
+        raise InputError(
+            f"--top must be >= 1 and thumbnail sizes >= 16 (got {top}, {thumb_size}, {query_size})"
+        )
     runs = [run] if other is None else [run, other]
     if other is not None:
         check_comparable(runs)
@@ -251,14 +297,23 @@ def build_viewer(
     cache.save()
     if cache.outside:
         where = ", ".join(map(str, roots)) if roots else "none recorded"
-        log.warning("%d image paths of the run are not regular files under its image folders (%s) and were not "
-                    "opened: placeholders shown", cache.outside, where)
+        log.warning(
+            "%d image paths of the run are not regular files under its image folders (%s) and were not "
+            "opened: placeholders shown",
+            cache.outside,
+            where,
+        )
     title = " vs ".join(f"{r.label} {r.run_id}" for r in runs) + f" on {run.dataset_id}"
     page = _PAGE.replace("@TITLE@", html.escape(title)).replace("@CSS@", _CSS).replace("@JS@", _JS)
     page = page.replace("@DATA@", _script_json(data))
     index = atomic_write_text(out / "index.html", page)
-    log.info("viewer: %s (%d thumbnails made, %d reused, %d images unreadable)", index, cache.made,
-             cache.reused, cache.unreadable)
+    log.info(
+        "viewer: %s (%d thumbnails made, %d reused, %d images unreadable)",
+        index,
+        cache.made,
+        cache.reused,
+        cache.unreadable,
+    )
     return index, cache
 
 

@@ -95,24 +95,45 @@ class DiffusionSettings:
     mode: Mode = "online"
 
     def __post_init__(self) -> None:
-        for name, value, low in (("k", self.k, 2), ("query_k", self.query_k, 1), ("truncation", self.truncation, 1),
-                                 ("iterations", self.iterations, 1)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or not value >= low:
+        for name, value, low in (
+            ("k", self.k, 2),
+            ("query_k", self.query_k, 1),
+            ("truncation", self.truncation, 1),
+            ("iterations", self.iterations, 1),
+        ):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | np.integer)
+                or not value >= low
+            ):
                 extra = " (it counts the image itself: k=2 is one neighbour)" if name == "k" else ""
-                raise InputError(f"diffusion_{name} must be an integer >= {low}, got {value!r}{extra}")
-        for name, real, high in (("alpha", self.alpha, 1.0), ("gamma", self.gamma, math.inf), ("tol", self.tol, 1.0)):
+                raise InputError(
+                    f"diffusion_{name} must be an integer >= {low}, got {value!r}{extra}"
+                )
+        for name, real, high in (
+            ("alpha", self.alpha, 1.0),
+            ("gamma", self.gamma, math.inf),
+            ("tol", self.tol, 1.0),
+        ):
             number = isinstance(real, int | float | np.floating) and not isinstance(real, bool)
             if not number or not (0.0 < real < high):
                 where = "(0, 1)" if high == 1.0 else "(0, inf)"
                 raise InputError(f"diffusion_{name} must be a number in {where}, got {real!r}")
         if self.normalise not in ("full", "subgraph"):
-            raise InputError(f"diffusion_normalise must be full or subgraph, got {self.normalise!r}")
+            raise InputError(
+                f"diffusion_normalise must be full or subgraph, got {self.normalise!r}"
+            )
         if self.mode not in ("online", "offline"):
             raise InputError(f"diffusion_mode must be online or offline, got {self.mode!r}")
 
 
 def knn_affinity(
-    x: NDArray[np.floating], k: int, *, gamma: float = 3.0, mutual: bool = True, threads: int | None = None
+    x: NDArray[np.floating],
+    k: int,
+    *,
+    gamma: float = 3.0,
+    mutual: bool = True,
+    threads: int | None = None,
 ) -> sp.csr_matrix:
     """The (mutual) k-NN affinity matrix of the rows of ``x``, built with FAISS.
 
@@ -165,7 +186,12 @@ def normalize_affinity(a: sp.spmatrix | sp.sparray) -> sp.csr_matrix:
 
 
 def diffuse(
-    w: sp.spmatrix | sp.sparray, y: NDArray[np.floating], *, alpha: float = 0.99, iterations: int = 20, tol: float = 1e-6
+    w: sp.spmatrix | sp.sparray,
+    y: NDArray[np.floating],
+    *,
+    alpha: float = 0.99,
+    iterations: int = 20,
+    tol: float = 1e-6,
 ) -> NDArray[np.float64]:
     """Solve ``(I - alpha W) f = y`` by conjugate gradient (at most ``iterations`` steps)."""
     from scipy.sparse.linalg import cg
@@ -191,7 +217,9 @@ class Diffusion:
     mode: ``float32 [n, n]`` CSR, row ``i`` the diffusion from image ``i``; else ``None``).
     """
 
-    def __init__(self, settings: DiffusionSettings | None = None, *, threads: int | None = None) -> None:
+    def __init__(
+        self, settings: DiffusionSettings | None = None, *, threads: int | None = None
+    ) -> None:
         self.settings = settings or DiffusionSettings()
         self.threads = threads
         self.database_: NDArray[np.float32] | None = None
@@ -209,7 +237,9 @@ class Diffusion:
         s = self.settings
         db = np.ascontiguousarray(database, dtype=np.float32)
         if db.ndim == 2 and s.k > db.shape[0]:
-            raise InputError(f"diffusion_k={s.k} is larger than the database ({db.shape[0]} images)")
+            raise InputError(
+                f"diffusion_k={s.k} is larger than the database ({db.shape[0]} images)"
+            )
         self.affinity_ = knn_affinity(db, s.k - 1, gamma=s.gamma, threads=self.threads)
         self.transition_ = normalize_affinity(self.affinity_)
         self.database_ = db
@@ -245,7 +275,9 @@ class Diffusion:
                 hit = np.array([r - 1])
             e = np.zeros(r)
             e[hit[0]] = 1.0
-            values[i] = diffuse(self._weights(nbrs[i]), e, alpha=s.alpha, iterations=s.iterations, tol=s.tol)
+            values[i] = diffuse(
+                self._weights(nbrs[i]), e, alpha=s.alpha, iterations=s.iterations, tol=s.tol
+            )
         rows = np.repeat(np.arange(n), r)
         return sp.csr_matrix((values.ravel(), (rows, nbrs.ravel())), shape=(n, n), dtype=np.float32)
 
@@ -269,7 +301,9 @@ class Diffusion:
         q = np.asarray(queries, dtype=np.float32)
         lists: NDArray[np.int64] = np.asarray(ranks).astype(np.int64, copy=False)
         if q.ndim != 2 or q.shape[1] != self.database_.shape[1]:
-            raise InputError(f"diffusion: queries of shape {q.shape} do not match the database dimension {self.database_.shape[1]}")
+            raise InputError(
+                f"diffusion: queries of shape {q.shape} do not match the database dimension {self.database_.shape[1]}"
+            )
         if lists.ndim != 2 or lists.shape[0] != q.shape[0]:
             raise InputError(f"diffusion: ranks of shape {lists.shape} for {q.shape[0]} queries")
         if lists.size and (lists.min() < 0 or lists.max() >= self.database_.shape[0]):
@@ -291,7 +325,11 @@ class Diffusion:
                 continue
             y = np.zeros(r)
             y[seeds] = weights
-            f = np.clip(diffuse(self._weights(top), y, alpha=s.alpha, iterations=s.iterations, tol=s.tol), 0.0, None)
+            f = np.clip(
+                diffuse(self._weights(top), y, alpha=s.alpha, iterations=s.iterations, tol=s.tol),
+                0.0,
+                None,
+            )
             order = np.lexsort((np.arange(r), -f))
             out_r[qi, :r] = top[order]
             out_s[qi, :r] = f[order]
@@ -305,5 +343,7 @@ class Diffusion:
             o = self.offline_
             n = max(1, o.shape[0])
             out["offline_nnz_per_image"] = int(o.nnz) // n
-            out["offline_bytes_per_image"] = int(o.data.nbytes + o.indices.nbytes + o.indptr.nbytes) // n
+            out["offline_bytes_per_image"] = (
+                int(o.data.nbytes + o.indices.nbytes + o.indptr.nbytes) // n
+            )
         return out

@@ -50,7 +50,9 @@ def _as_rows(x: Vectors, name: str) -> np.ndarray | sp.csr_matrix:
         if arr.ndim == 1:
             arr = arr[None, :]
         if arr.ndim != 2:
-            raise InputError(f"{name} must be a vector or a 2-D array of row vectors, got {arr.shape}")
+            raise InputError(
+                f"{name} must be a vector or a 2-D array of row vectors, got {arr.shape}"
+            )
         if arr.size and not np.issubdtype(arr.dtype, np.number):
             raise InputError(f"{name} must be numeric, got dtype {arr.dtype}")
         rows = arr.astype(np.float64)
@@ -141,7 +143,9 @@ def _query_and_rows(query_vec: Vectors, rows: Vectors, name: str, *, normalize: 
     return q, x
 
 
-def _expanded(q: Any, x: Any, weights: NDArray[np.float64], *, normalize: bool, like: Vectors) -> Vectors:
+def _expanded(
+    q: Any, x: Any, weights: NDArray[np.float64], *, normalize: bool, like: Vectors
+) -> Vectors:
     """The weighted mean of the query (weight 1) and rows ``x`` (``weights``), shaped like ``like``."""
     total = q + _weighted_sum(weights, x) if x.shape[0] else q
     mean = total * (1.0 / (1.0 + float(np.sum(weights))))
@@ -296,7 +300,10 @@ def discriminative_query_expansion(
 
     theta0 = np.zeros(support.size + 1)
     res = minimize(
-        objective, theta0, jac=True, method="L-BFGS-B",
+        objective,
+        theta0,
+        jac=True,
+        method="L-BFGS-B",
         options={"maxiter": int(max_iter), "gtol": tol, "ftol": 1e-15},
     )
     w_support = res.x[:-1]
@@ -360,7 +367,9 @@ def database_side_augmentation(
     if nb.ndim == 1 and n == nb.shape[0]:
         nb = nb[:, None]
     if nb.ndim != 2 or nb.shape[0] != n or (nb.size and not np.issubdtype(nb.dtype, np.integer)):
-        raise InputError(f"neighbours must be an [n={n}, k] integer array, got {nb.shape} {nb.dtype}")
+        raise InputError(
+            f"neighbours must be an [n={n}, k] integer array, got {nb.shape} {nb.dtype}"
+        )
     nb = nb.astype(np.int64, copy=False)
     if nb.size and (nb.max() >= n or nb.min() < -1):
         raise InputError(f"neighbour indices must lie in [0, {n}) or be -1")

@@ -235,7 +235,9 @@ def expand_query_words(words: NDArray[np.integer]) -> tuple[NDArray[np.int64], N
     if arr.ndim == 1:
         arr = arr[:, None]
     if arr.ndim != 2 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
-        raise InputError(f"query words must be an [n] or [n, k] integer array, got {arr.shape} {arr.dtype}")
+        raise InputError(
+            f"query words must be an [n] or [n, k] integer array, got {arr.shape} {arr.dtype}"
+        )
     arr = arr.astype(np.int64, copy=False)
     n, k = arr.shape
     feature = np.repeat(np.arange(n, dtype=np.int64), k)
@@ -297,7 +299,9 @@ def descriptor_matches(
     q = np.asarray(q_desc, dtype=np.float32)
     d = np.asarray(d_desc, dtype=np.float32)
     if q.ndim != 2 or d.ndim != 2 or (q.size and d.size and q.shape[1] != d.shape[1]):
-        raise InputError(f"descriptors must be [n, d] arrays of one dimension, got {q.shape} and {d.shape}")
+        raise InputError(
+            f"descriptors must be [n, d] arrays of one dimension, got {q.shape} and {d.shape}"
+        )
     if q.shape[0] == 0 or d.shape[0] < 2:
         return np.zeros((0, 2), dtype=np.int64)
     # Squared distances are |q_i|^2 + |d_j|^2 - 2 q_i.d_j. Each block of query rows is one matrix
@@ -330,7 +334,9 @@ def descriptor_matches(
             block[rows, j] = b
             high = block.max(axis=0)
             n_high = np.count_nonzero(block == high, axis=0)
-            sim_count = np.where(high > sim_best, n_high, sim_count + np.where(high == sim_best, n_high, 0))
+            sim_count = np.where(
+                high > sim_best, n_high, sim_count + np.where(high == sim_best, n_high, 0)
+            )
             np.maximum(sim_best, high, out=sim_best)
         mutual = np.flatnonzero((best >= sim_best[nearest]) & (sim_count[nearest] == 1))
         lengths = 2.0 * (float(half_q.mean()) + float(half_d.mean()))  # |q|^2 + |d|^2
@@ -410,7 +416,9 @@ class PairResult:
 def _check_keypoints(kp: NDArray, name: str) -> NDArray[np.float64]:
     arr = np.asarray(kp)
     if arr.ndim != 2 or arr.shape[1] < 2:
-        raise InputError(f"{name} must be an [n, 4] keypoint array (x, y, size, angle), got {arr.shape}")
+        raise InputError(
+            f"{name} must be an [n, 4] keypoint array (x, y, size, angle), got {arr.shape}"
+        )
     return arr[:, :2].astype(np.float64)
 
 
@@ -565,16 +573,38 @@ def _fsm_fit(
     # expanding the square separates k-terms from j-terms (A_k = [[c, -s], [s, c]]).
     px, py, dx, dy = src[:, 0], src[:, 1], dst[:, 0], dst[:, 1]
     hyp_terms = np.stack(
-        [c * c + s * s, tx * tx + ty * ty, np.ones_like(c), -2 * tx, -2 * ty,
-         2 * (c * tx + s * ty), 2 * (c * ty - s * tx), -2 * c, -2 * s], axis=1)
+        [
+            c * c + s * s,
+            tx * tx + ty * ty,
+            np.ones_like(c),
+            -2 * tx,
+            -2 * ty,
+            2 * (c * tx + s * ty),
+            2 * (c * ty - s * tx),
+            -2 * c,
+            -2 * s,
+        ],
+        axis=1,
+    )
     corr_terms = np.stack(
-        [px * px + py * py, np.ones_like(px), dx * dx + dy * dy, dx, dy, px, py,
-         px * dx + py * dy, px * dy - py * dx], axis=0)
+        [
+            px * px + py * py,
+            np.ones_like(px),
+            dx * dx + dy * dy,
+            dx,
+            dy,
+            px,
+            py,
+            px * dx + py * dy,
+            px * dy - py * dx,
+        ],
+        axis=0,
+    )
     counts = np.empty(hyp.size, dtype=np.int64)
     chunk = max(1, 4_000_000 // max(m, 1))
     for lo in range(0, hyp.size, chunk):
-        err2 = hyp_terms[lo:lo + chunk] @ corr_terms
-        counts[lo:lo + chunk] = np.count_nonzero(err2 < loose, axis=1)
+        err2 = hyp_terms[lo : lo + chunk] @ corr_terms
+        counts[lo : lo + chunk] = np.count_nonzero(err2 < loose, axis=1)
     best_t: NDArray[np.float64] | None = None
     best_mask = np.zeros(m, dtype=bool)
     thr2 = threshold * threshold
@@ -675,11 +705,22 @@ def verify_pair(
     if method == "fsm" and (np.shape(q_kp)[1] < 4 or np.shape(d_kp)[1] < 4):
         raise InputError("method 'fsm' needs keypoints with size and angle ([n, 4])")
     return _verify(
-        q_xy, np.asarray(q_kp), _normaliser(q_xy, q_size, reference_side),
-        d_xy, np.asarray(d_kp), _normaliser(d_xy, d_size, reference_side),
-        m_arr, model=model, threshold_px=threshold_px, min_inliers=min_inliers, method=method,
-        max_iters=max_iters, confidence=confidence, max_scale=max_scale,
-        max_anisotropy=max_anisotropy, seed=seed,
+        q_xy,
+        np.asarray(q_kp),
+        _normaliser(q_xy, q_size, reference_side),
+        d_xy,
+        np.asarray(d_kp),
+        _normaliser(d_xy, d_size, reference_side),
+        m_arr,
+        model=model,
+        threshold_px=threshold_px,
+        min_inliers=min_inliers,
+        method=method,
+        max_iters=max_iters,
+        confidence=confidence,
+        max_scale=max_scale,
+        max_anisotropy=max_anisotropy,
+        seed=seed,
     )
 
 
@@ -712,8 +753,12 @@ def _verify(
     dst = _apply(n_d, d_xy[m_arr[:, 1]])
     src32 = np.ascontiguousarray(src, dtype=np.float32)
     dst32 = np.ascontiguousarray(dst, dtype=np.float32)
-    flag = {"magsac": cv2.USAC_MAGSAC, "accurate": cv2.USAC_ACCURATE, "ransac": cv2.RANSAC,
-            "fsm": None}[method]
+    flag = {
+        "magsac": cv2.USAC_MAGSAC,
+        "accurate": cv2.USAC_ACCURATE,
+        "ransac": cv2.RANSAC,
+        "fsm": None,
+    }[method]
     cv2.setRNGSeed(int(seed))
     try:
         if method == "fsm":
@@ -721,23 +766,36 @@ def _verify(
             size_q = kq[m_arr[:, 0], 2].astype(np.float64) * n_q[0, 0]
             size_d = kd[m_arr[:, 1], 2].astype(np.float64) * n_d[0, 0]
             ratio = np.divide(size_d, size_q, out=np.zeros_like(size_d), where=size_q > 0)
-            rotation = np.deg2rad(kd[m_arr[:, 1], 3].astype(np.float64)
-                                  - kq[m_arr[:, 0], 3].astype(np.float64))
+            rotation = np.deg2rad(
+                kd[m_arr[:, 1], 3].astype(np.float64) - kq[m_arr[:, 0], 3].astype(np.float64)
+            )
             t, mask = _fsm_fit(src, dst, ratio, rotation, model, float(threshold_px), max_scale)
         elif model == "homography":
             t, mask = cv2.findHomography(
-                src32, dst32, flag, float(threshold_px), maxIters=int(max_iters),
+                src32,
+                dst32,
+                flag,
+                float(threshold_px),
+                maxIters=int(max_iters),
                 confidence=float(confidence),
             )
         elif model == "affine":
             t, mask = cv2.estimateAffine2D(
-                src32, dst32, method=flag, ransacReprojThreshold=float(threshold_px),
-                maxIters=int(max_iters), confidence=float(confidence),
+                src32,
+                dst32,
+                method=flag,
+                ransacReprojThreshold=float(threshold_px),
+                maxIters=int(max_iters),
+                confidence=float(confidence),
             )
         else:
             t, mask = cv2.estimateAffinePartial2D(
-                src32, dst32, method=cv2.RANSAC, ransacReprojThreshold=float(threshold_px),
-                maxIters=int(max_iters), confidence=float(confidence),
+                src32,
+                dst32,
+                method=cv2.RANSAC,
+                ransacReprojThreshold=float(threshold_px),
+                maxIters=int(max_iters),
+                confidence=float(confidence),
             )
     except cv2.error as exc:  # degenerate configurations (e.g. all points identical)
         logger.debug("robust fit failed: %s", exc)
@@ -909,7 +967,9 @@ def spatial_rerank(
     q_words_2d = np.asarray(query_words)
     if tentative is None and q_words_2d.shape[:1] != (q_xy.shape[0],):
         raise InputError(f"query has {q_xy.shape[0]} keypoints but {q_words_2d.shape[0]} words")
-    q_words, q_feature = expand_query_words(q_words_2d if q_words_2d.size else np.zeros(0, np.int64))
+    q_words, q_feature = expand_query_words(
+        q_words_2d if q_words_2d.size else np.zeros(0, np.int64)
+    )
     q_groups = _group_words(q_words, with_lookup=True)
     multiple = q_words_2d.ndim == 2 and q_words_2d.shape[1] > 1
     _check_settings(model, method, min_inliers, threshold_px)
@@ -920,9 +980,15 @@ def spatial_rerank(
     needed = max(min_inliers, MIN_SAMPLE[model])
     verify = functools.partial(
         _verify,
-        model=model, threshold_px=threshold_px, min_inliers=min_inliers, method=method,
-        max_iters=max_iters, confidence=confidence, max_scale=max_scale,
-        max_anisotropy=max_anisotropy, seed=seed,
+        model=model,
+        threshold_px=threshold_px,
+        min_inliers=min_inliers,
+        method=method,
+        max_iters=max_iters,
+        confidence=confidence,
+        max_scale=max_scale,
+        max_anisotropy=max_anisotropy,
+        seed=seed,
     )
 
     inliers = np.zeros(r, dtype=np.int64)
@@ -963,8 +1029,13 @@ def spatial_rerank(
         inlier_matches.append(matches[res.inlier_mask] if res.verified else None)
     new_order, verified = rerank_by_inliers(order, inliers, min_inliers)
     return SpatialResult(
-        order=new_order, inliers=inliers, n_matches=n_matches, verified=verified,
-        transforms=tuple(transforms), statuses=tuple(statuses), inlier_matches=tuple(inlier_matches),
+        order=new_order,
+        inliers=inliers,
+        n_matches=n_matches,
+        verified=verified,
+        transforms=tuple(transforms),
+        statuses=tuple(statuses),
+        inlier_matches=tuple(inlier_matches),
     )
 
 
@@ -973,7 +1044,9 @@ def _checked_matches(matches: NDArray[np.integer], n_q: int, n_d: int) -> NDArra
     if m_arr.size == 0:
         return np.zeros((0, 2), dtype=np.int64)
     if m_arr.ndim != 2 or m_arr.shape[1] != 2 or not np.issubdtype(m_arr.dtype, np.integer):
-        raise InputError(f"matches must be an [m, 2] integer array, got {m_arr.shape} {m_arr.dtype}")
+        raise InputError(
+            f"matches must be an [m, 2] integer array, got {m_arr.shape} {m_arr.dtype}"
+        )
     m_arr = m_arr.astype(np.int64, copy=False)
     if m_arr.min() < 0 or m_arr[:, 0].max() >= n_q or m_arr[:, 1].max() >= n_d:
         raise InputError("matches refer to keypoints outside q_kp / d_kp")

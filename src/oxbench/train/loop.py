@@ -130,23 +130,32 @@ class TrainConfig:
         sfm_pickle, sfm_images: SfM-120k tuples (``retrieval-SfM-120k.pkl``) and its image folder.
     """
 
-    backbone: str = setting("resnet18", Str(min_len=1, max_len=256), doc="torchvision ResNet / VGG or timm:<name>")
+    backbone: str = setting(
+        "resnet18", Str(min_len=1, max_len=256), doc="torchvision ResNet / VGG or timm:<name>"
+    )
     pooling: str = setting("gem", Choice("gem"), doc="pooling head (gem only)")
-    dataset: str = setting("synthetic-train", Str(min_len=1, max_len=256), doc="training benchmark id")
+    dataset: str = setting(
+        "synthetic-train", Str(min_len=1, max_len=256), doc="training benchmark id"
+    )
     epochs: int = setting(40, Int(lo=1, hi=100_000), doc="passes over fresh tuples")
     tuples: int = setting(100, Size(lo=1, hi=1_000_000), doc="anchor-positive pairs per epoch")
     neg_num: int = setting(5, Size(lo=1, hi=MAX_NEGATIVES), doc="negatives per tuple")
-    pool_size: int = setting(0, Size(lo=0, hi=10_000_000), doc="images negatives are mined from (0: all)")
+    pool_size: int = setting(
+        0, Size(lo=0, hi=10_000_000), doc="images negatives are mined from (0: all)"
+    )
     batch_size: int = setting(5, Size(lo=1, hi=MAX_BATCH_IMAGES), doc="tuples per optimiser step")
     image_size: int = setting(160, Int(lo=32, hi=2048), doc="longer side of training images (px)")
     lr: float = setting(1e-3, Float(lo=0, lo_open=True, hi=10), doc="Adam learning rate")
     lr_decay: float = setting(0.0, Float(lo=0, hi=100), doc="exponential decay per epoch")
     weight_decay: float = setting(1e-6, Float(lo=0, hi=10), doc="Adam weight decay")
-    margin: float = setting(0.85, Float(lo=0, lo_open=True, hi=2), doc="contrastive margin (unit vectors: at most 2)")
+    margin: float = setting(
+        0.85, Float(lo=0, lo_open=True, hi=2), doc="contrastive margin (unit vectors: at most 2)"
+    )
     p: float = setting(3.0, Float(lo=1, hi=100), doc="initial GeM exponent")
     positives: Literal["all", "easy"] = setting("easy", Choice("all", "easy"), doc="positive pairs")
-    random_negative_epochs: int | None = setting(None, Optional(Int(lo=0, hi=100_000)),
-                                                 doc="epochs with random negatives")
+    random_negative_epochs: int | None = setting(
+        None, Optional(Int(lo=0, hi=100_000)), doc="epochs with random negatives"
+    )
     augment: bool = setting(False, Bool(), doc="random crops, mirroring, photometric changes")
     init: str = setting("random", PathSetting(), doc="random, imagenet or a model file")
     seed: int = setting(0, Int(lo=0, hi=2**63 - 1), doc="seed of everything random")
@@ -221,7 +230,9 @@ def benchmark_training_set(bench: Any, image_size: int, *, progress: bool = True
     first = bench.database.read(0) if gt.n_db else bench.query_crop(0)
     size = fit_size(first.shape, image_size)
     images: list[NDArray[np.uint8]] = []
-    bar = progress_bar(range(gt.n_db + gt.n_queries), enabled=progress, desc=f"load {bench.id}", unit="img")
+    bar = progress_bar(
+        range(gt.n_db + gt.n_queries), enabled=progress, desc=f"load {bench.id}", unit="img"
+    )
     for i in bar:
         im = bench.database.read(i) if i < gt.n_db else bench.query_crop(i - gt.n_db)
         images.append(_resize(im, size))
@@ -229,8 +240,15 @@ def benchmark_training_set(bench: Any, image_size: int, *, progress: bool = True
     pairs = matching_pairs(gt)
     easy_sets = [set(q.easy.tolist()) for q in gt.queries]
     easy = np.array([int(p) in easy_sets[int(a) - gt.n_db] for a, p in pairs], dtype=bool)
-    return TrainingSet(images.__getitem__, len(images), pairs, cluster, maybe,
-                       source=f"{bench.id} ({gt.n_db} images + {gt.n_queries} query crops)", easy=easy)  # fmt: skip
+    return TrainingSet(
+        images.__getitem__,
+        len(images),
+        pairs,
+        cluster,
+        maybe,
+        source=f"{bench.id} ({gt.n_db} images + {gt.n_queries} query crops)",
+        easy=easy,
+    )
 
 
 def _batchnorms(model: Any) -> list[Any]:
@@ -245,7 +263,9 @@ def _to_tensor(net: Any, images: Sequence[NDArray[np.uint8]]) -> Any:
     return (x - torch.tensor(net.mean).view(1, 3, 1, 1)) / torch.tensor(net.std).view(1, 3, 1, 1)
 
 
-def calibrate_batchnorm(model: Any, images: Sequence[NDArray[np.uint8]], *, batch: int = 32) -> None:
+def calibrate_batchnorm(
+    model: Any, images: Sequence[NDArray[np.uint8]], *, batch: int = 32
+) -> None:
     """Re-estimate every batch-norm layer's running mean/variance on ``images`` (cumulative average)."""
     torch = require("torch", "deep")
     layers = _batchnorms(model)
@@ -269,29 +289,51 @@ def describe(net: Any, images: Sequence[NDArray[np.uint8]]) -> NDArray[np.float3
     ``oxbench run`` uses (eval mode, batches of equal-size images)."""
     from oxbench.features.deep.extract import ExtractOptions, Extractor
 
-    return Extractor(net, ExtractOptions(scales=(1.0,), batch_size=32, device="cpu")).describe(images)
+    return Extractor(net, ExtractOptions(scales=(1.0,), batch_size=32, device="cpu")).describe(
+        images
+    )
 
 
 def mine_negatives(
-    anchor_desc: NDArray[np.float32], pool_desc: NDArray[np.float32], pool: NDArray[np.int64],
-    anchors: NDArray[np.int64], ts: TrainingSet, neg_num: int,
-) -> NDArray[np.int64]:  # fmt: skip
+    anchor_desc: NDArray[np.float32],
+    pool_desc: NDArray[np.float32],
+    pool: NDArray[np.int64],
+    anchors: NDArray[np.int64],
+    ts: TrainingSet,
+    neg_num: int,
+) -> NDArray[np.int64]:
     """``[n_anchors, neg_num]`` hardest negatives: most similar pool images of other landmarks,
     one per landmark/cluster (``-1`` where the pool has too few)."""
     sims = anchor_desc @ pool_desc.T
-    return _pick_negatives([np.argsort(-sims[r], kind="stable") for r in range(len(anchors))], pool, anchors, ts, neg_num)
+    return _pick_negatives(
+        [np.argsort(-sims[r], kind="stable") for r in range(len(anchors))],
+        pool,
+        anchors,
+        ts,
+        neg_num,
+    )
 
 
 def random_negatives(
-    pool: NDArray[np.int64], anchors: NDArray[np.int64], ts: TrainingSet, neg_num: int, rng: np.random.Generator
+    pool: NDArray[np.int64],
+    anchors: NDArray[np.int64],
+    ts: TrainingSet,
+    neg_num: int,
+    rng: np.random.Generator,
 ) -> NDArray[np.int64]:
     """``[n_anchors, neg_num]`` random pool images of other landmarks, one per landmark/cluster
     (``-1`` where the pool has too few)."""
-    return _pick_negatives([rng.permutation(len(pool)) for _ in range(len(anchors))], pool, anchors, ts, neg_num)
+    return _pick_negatives(
+        [rng.permutation(len(pool)) for _ in range(len(anchors))], pool, anchors, ts, neg_num
+    )
 
 
 def _pick_negatives(
-    orders: list[NDArray[np.int64]], pool: NDArray[np.int64], anchors: NDArray[np.int64], ts: TrainingSet, neg_num: int
+    orders: list[NDArray[np.int64]],
+    pool: NDArray[np.int64],
+    anchors: NDArray[np.int64],
+    ts: TrainingSet,
+    neg_num: int,
 ) -> NDArray[np.int64]:
     """The first ``neg_num`` images of each anchor's pool order that may be its negatives."""
     out = np.full((len(anchors), neg_num), -1, np.int64)
@@ -334,7 +376,9 @@ def contrastive_loss(anchor: Any, others: Any, labels: Any, margin: float) -> An
     """Sum of ``0.5 d^2`` (label 1) and ``0.5 max(0, margin - d)^2`` (label 0) over the pairs."""
     torch = require("torch", "deep")
     d = torch.linalg.vector_norm(anchor - others, dim=-1)
-    return torch.sum(0.5 * labels * d.pow(2) + 0.5 * (1 - labels) * torch.clamp(margin - d, min=0).pow(2))
+    return torch.sum(
+        0.5 * labels * d.pow(2) + 0.5 * (1 - labels) * torch.clamp(margin - d, min=0).pow(2)
+    )
 
 
 def _partial_path(out: Path) -> Path:
@@ -363,17 +407,26 @@ def _build(config: TrainConfig) -> Any:
     weights: str | Path = config.init
     if config.init not in ("random", "imagenet"):
         weights = Path(config.init).expanduser()
-    return build_net(config.backbone, config.pooling, weights=weights, p=config.p, seed=config.seed).net
+    return build_net(
+        config.backbone, config.pooling, weights=weights, p=config.p, seed=config.seed
+    ).net
 
 
-def _calibration_images(ts: TrainingSet, rng: np.random.Generator, limit: int = 256) -> list[NDArray[np.uint8]]:
+def _calibration_images(
+    ts: TrainingSet, rng: np.random.Generator, limit: int = 256
+) -> list[NDArray[np.uint8]]:
     return [ts.read(int(i)) for i in np.sort(rng.choice(ts.n, min(limit, ts.n), replace=False))]
 
 
 def train(
-    config: TrainConfig, ts: TrainingSet, out: str | Path, *, restart: bool = False, progress: bool = True,
+    config: TrainConfig,
+    ts: TrainingSet,
+    out: str | Path,
+    *,
+    restart: bool = False,
+    progress: bool = True,
     threads: int | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Train and write the model file ``out``; returns the training record (losses, times).
 
     Raises:
@@ -400,21 +453,29 @@ def train(
     scratch = config.init == "random"
     trunk_params = [q for n, q in net.named_parameters() if not n.startswith("pool.")]
     # cirtorch trains GeM's p with a 10x learning rate and no weight decay
-    optimizer = torch.optim.Adam([
-        {"params": trunk_params, "lr": config.lr, "weight_decay": config.weight_decay},
-        {"params": list(net.pool.parameters()), "lr": config.lr * 10, "weight_decay": 0.0},
-    ])  # fmt: skip
+    optimizer = torch.optim.Adam(
+        [
+            {"params": trunk_params, "lr": config.lr, "weight_decay": config.weight_decay},
+            {"params": list(net.pool.parameters()), "lr": config.lr * 10, "weight_decay": 0.0},
+        ]
+    )
     history: list[dict[str, Any]] = []
     start = 0
     if partial.exists() and not restart:
         try:
             state = _torch_load(partial)
         except InputError as exc:
-            raise InputError(f"the partial training here is unreadable ({exc.problem}); rerun with --restart "
-                             "to discard it and train from the start", partial) from None
+            raise InputError(
+                f"the partial training here is unreadable ({exc.problem}); rerun with --restart "
+                "to discard it and train from the start",
+                partial,
+            ) from None
         if not isinstance(state, dict) or state.get("config") != cfg:
-            raise InputError("a partial training of another configuration is here; rerun with --restart "
-                             "to discard it, or choose another --out", partial)  # fmt: skip
+            raise InputError(
+                "a partial training of another configuration is here; rerun with --restart "
+                "to discard it, or choose another --out",
+                partial,
+            )
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, history = int(state["epoch"]) + 1, list(state["history"])
@@ -428,8 +489,11 @@ def train(
         rng = np.random.default_rng([config.seed, epoch])
         chosen = pairs[rng.choice(len(pairs), min(config.tuples, len(pairs)), replace=False)]
         anchors = chosen[:, 0]
-        pool = np.arange(ts.n) if not config.pool_size or config.pool_size >= ts.n else \
-            np.sort(rng.choice(ts.n, config.pool_size, replace=False))
+        pool = (
+            np.arange(ts.n)
+            if not config.pool_size or config.pool_size >= ts.n
+            else np.sort(rng.choice(ts.n, config.pool_size, replace=False))
+        )
         hard = epoch >= config.random_epochs
         if hard:
             if scratch:
@@ -437,13 +501,21 @@ def train(
             need = np.unique(np.concatenate((anchors, pool)))
             desc = describe(net, [ts.read(int(i)) for i in need])
             where = {int(v): k for k, v in enumerate(need.tolist())}
-            negs = mine_negatives(desc[[where[int(a)] for a in anchors]], desc[[where[int(p)] for p in pool]],
-                                  pool, anchors, ts, config.neg_num)  # fmt: skip
+            negs = mine_negatives(
+                desc[[where[int(a)] for a in anchors]],
+                desc[[where[int(p)] for p in pool]],
+                pool,
+                anchors,
+                ts,
+                config.neg_num,
+            )
         else:
             negs = random_negatives(pool, anchors, ts, config.neg_num, rng)
         keep = (negs >= 0).all(axis=1)
         if not keep.any():
-            raise InputError(f"{ts.source}: no anchor has {config.neg_num} negatives of other landmarks")
+            raise InputError(
+                f"{ts.source}: no anchor has {config.neg_num} negatives of other landmarks"
+            )
         chosen, negs = chosen[keep], negs[keep]
         net.train()
         if not scratch:
@@ -451,37 +523,73 @@ def train(
                 layer.eval()  # pretrained statistics stay frozen (affine weights still train), as published
         losses = []
         order = rng.permutation(len(chosen))
-        bar = progress_bar(range(0, len(order), config.batch_size), enabled=progress,
-                           desc=f"epoch {epoch + 1}/{config.epochs}", unit="batch")  # fmt: skip
+        bar = progress_bar(
+            range(0, len(order), config.batch_size),
+            enabled=progress,
+            desc=f"epoch {epoch + 1}/{config.epochs}",
+            unit="batch",
+        )
         for s in bar:
             rows = order[s : s + config.batch_size]
-            ids = np.concatenate([np.concatenate(([chosen[r, 0], chosen[r, 1]], negs[r])) for r in rows])
+            ids = np.concatenate(
+                [np.concatenate(([chosen[r, 0], chosen[r, 1]], negs[r])) for r in rows]
+            )
             images = [ts.read(int(i)) for i in ids]
             if config.augment:
                 images = [augment_image(im, rng) for im in images]
             y = net(_to_tensor(net, images)).view(len(rows), config.neg_num + 2, -1)
             loss = contrastive_loss(y[:, :1], y[:, 1:], labels, config.margin)
             if not math.isfinite(float(loss.item())):
-                raise _diverged(epoch, f"the loss is {float(loss.item())} at batch {s // config.batch_size + 1}",
-                                partial, history)
+                raise _diverged(
+                    epoch,
+                    f"the loss is {float(loss.item())} at batch {s // config.batch_size + 1}",
+                    partial,
+                    history,
+                )
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(float(loss.item()) / len(rows))
             bar.set_postfix(loss=f"{np.mean(losses):.4f}")
         net.eval()
-        bad = next((n for n, q in net.named_parameters() if not bool(torch.isfinite(q).all())), None)
+        bad = next(
+            (n for n, q in net.named_parameters() if not bool(torch.isfinite(q).all())), None
+        )
         if bad is not None:
             raise _diverged(epoch, f"weight {bad} became NaN or infinite", partial, history)
-        history.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.perf_counter() - t0,
-                        "p": float(net.pool.p.item()), "negatives": "hard" if hard else "random",
-                        "lr": optimizer.param_groups[0]["lr"]})  # fmt: skip
-        log.info("epoch %d/%d: loss %.4f (%s negatives), GeM p %.3f, %.1f s", epoch + 1, config.epochs,
-                 history[-1]["loss"], history[-1]["negatives"], history[-1]["p"], history[-1]["seconds"])  # fmt: skip
-        _save_partial(partial, {"config": cfg, "epoch": epoch, "model": net.state_dict(),
-                                "optimizer": optimizer.state_dict(), "history": history})  # fmt: skip
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": float(np.mean(losses)),
+                "seconds": time.perf_counter() - t0,
+                "p": float(net.pool.p.item()),
+                "negatives": "hard" if hard else "random",
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
+        log.info(
+            "epoch %d/%d: loss %.4f (%s negatives), GeM p %.3f, %.1f s",
+            epoch + 1,
+            config.epochs,
+            history[-1]["loss"],
+            history[-1]["negatives"],
+            history[-1]["p"],
+            history[-1]["seconds"],
+        )
+        _save_partial(
+            partial,
+            {
+                "config": cfg,
+                "epoch": epoch,
+                "model": net.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "history": history,
+            },
+        )
     if scratch:  # the running statistics of training batches (augmented, in training mode): estimate them on the images
-        calibrate_batchnorm(net, _calibration_images(ts, np.random.default_rng([config.seed, config.epochs])))
+        calibrate_batchnorm(
+            net, _calibration_images(ts, np.random.default_rng([config.seed, config.epochs]))
+        )
     record = {"config": cfg, "history": history, "trained_on": ts.source}
     lw, lw_note = _learned_whitening(net, ts, ts.pairs)
     if lw_note:
@@ -493,10 +601,15 @@ def train(
 
 def _diverged(epoch: int, what: str, partial: Path, history: list[dict[str, Any]]) -> InputError:
     """The one-line error of a training that diverged in ``epoch`` (0-based); nothing of it is saved."""
-    kept = (f"the checkpoint of epoch {history[-1]['epoch']} ({partial}) is kept and a rerun resumes from it"
-            if history and partial.exists() else "nothing was saved")
-    return InputError(f"training diverged in epoch {epoch + 1}: {what}; {kept}; lower --lr or --margin and rerun "
-                      "(with --restart to begin again)")
+    kept = (
+        f"the checkpoint of epoch {history[-1]['epoch']} ({partial}) is kept and a rerun resumes from it"
+        if history and partial.exists()
+        else "nothing was saved"
+    )
+    return InputError(
+        f"training diverged in epoch {epoch + 1}: {what}; {kept}; lower --lr or --margin and rerun "
+        "(with --restart to begin again)"
+    )
 
 
 def _learned_whitening(
@@ -518,4 +631,3 @@ def _learned_whitening(
         return {}, f"not learned: {exc}"
     assert w.mean_ is not None and w.components_ is not None and w.scale_ is not None
     return {"train": {"ss": (w.mean_, w.components_ / w.scale_[:, None])}}, ""
-

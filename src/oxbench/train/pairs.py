@@ -27,7 +27,9 @@ def matching_pairs(gt: GroundTruth) -> NDArray[np.int64]:
     """
     pairs = [(gt.n_db + qi, int(p)) for qi, q in enumerate(gt.queries) for p in q.positives]
     if not pairs:
-        raise InputError(f"{gt.dataset}: no query has a positive; no matching pairs to learn from", gt.source)
+        raise InputError(
+            f"{gt.dataset}: no query has a positive; no matching pairs to learn from", gt.source
+        )
     return np.asarray(pairs, dtype=np.int64)
 
 

@@ -24,7 +24,9 @@ def cid_path(images: str | Path, cid: str) -> Path:
     return Path(images) / cid[-2:] / cid[-4:-2] / cid[-6:-4] / cid
 
 
-def sfm_training_set(pickle_path: str | Path, images: str | Path, image_size: int, *, part: str = "train") -> TrainingSet:
+def sfm_training_set(
+    pickle_path: str | Path, images: str | Path, image_size: int, *, part: str = "train"
+) -> TrainingSet:
     """The SfM-120k tuples of ``part`` as a :class:`~oxbench.train.loop.TrainingSet` (images read lazily).
 
     Raises:
@@ -44,13 +46,19 @@ def sfm_training_set(pickle_path: str | Path, images: str | Path, image_size: in
         p = np.asarray(db["pidxs"], np.int64)
         cluster = np.asarray(db["cluster"], np.int64)
     except (TypeError, ValueError) as exc:
-        raise InputError(f"SfM-120k {part!r}: qidxs/pidxs/cluster must be integer lists ({exc})", pickle_path) from None
+        raise InputError(
+            f"SfM-120k {part!r}: qidxs/pidxs/cluster must be integer lists ({exc})", pickle_path
+        ) from None
     n = len(cids)
     if q.ndim != 1 or q.shape != p.shape or cluster.shape != (n,):
-        raise InputError(f"SfM-120k {part!r}: {len(q)} qidxs, {len(p)} pidxs, {len(cluster)} clusters for {n} images",
-                         pickle_path)  # fmt: skip
+        raise InputError(
+            f"SfM-120k {part!r}: {len(q)} qidxs, {len(p)} pidxs, {len(cluster)} clusters for {n} images",
+            pickle_path,
+        )
     if len(q) and (min(q.min(), p.min()) < 0 or max(q.max(), p.max()) >= n):
-        raise InputError(f"SfM-120k {part!r}: query/positive indices outside 0..{n - 1}", pickle_path)
+        raise InputError(
+            f"SfM-120k {part!r}: query/positive indices outside 0..{n - 1}", pickle_path
+        )
     if (cluster < 0).any():
         raise InputError(f"SfM-120k {part!r}: negative cluster ids", pickle_path)
     from oxbench.datasets.base import read_image
@@ -71,5 +79,11 @@ def sfm_training_set(pickle_path: str | Path, images: str | Path, image_size: in
     order = np.argsort(cluster, kind="stable")
     bounds = np.searchsorted(cluster[order], np.arange(n_clusters + 1))
     exclude = [order[bounds[c] : bounds[c + 1]] for c in range(n_clusters)]
-    return TrainingSet(read, n, np.stack([q, p], axis=1) if len(q) else np.zeros((0, 2), np.int64), cluster,
-                       exclude, source=f"SfM-120k {part} ({n} images, {len(q)} pairs) from {pickle_path}")  # fmt: skip
+    return TrainingSet(
+        read,
+        n,
+        np.stack([q, p], axis=1) if len(q) else np.zeros((0, 2), np.int64),
+        cluster,
+        exclude,
+        source=f"SfM-120k {part} ({n} images, {len(q)} pairs) from {pickle_path}",
+    )

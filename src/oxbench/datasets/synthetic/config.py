@@ -93,7 +93,9 @@ class SynthConfig:
 
     def __post_init__(self) -> None:
         if not _NAME_RE.match(self.name):
-            raise InputError(f"dataset name {self.name!r} must be lowercase letters, digits, '_' or '-'")
+            raise InputError(
+                f"dataset name {self.name!r} must be lowercase letters, digits, '_' or '-'"
+            )
         if not _NAME_RE.match(self.city):
             raise InputError(f"city {self.city!r} must be lowercase letters, digits, '_' or '-'")
         if not 1 <= self.landmarks <= len(LANDMARK_NAMES):
@@ -105,7 +107,9 @@ class SynthConfig:
             raise InputError(f"image size {w}x{h} must be between 64 and 4096 pixels per side")
         min_db = 2 * self.landmarks if self.queries_per_landmark else 1
         if self.db_size < min_db:
-            raise InputError(f"db-size must be at least {min_db} (two guaranteed views per landmark)")
+            raise InputError(
+                f"db-size must be at least {min_db} (two guaranteed views per landmark)"
+            )
         if not 0.0 <= self.landmark_fraction <= 1.0 or not 0.0 <= self.street_fraction <= 1.0:
             raise InputError("landmark and street fractions must be in [0, 1]")
         if self.landmark_fraction + self.street_fraction > 1.0:
@@ -116,7 +120,9 @@ class SynthConfig:
             raise InputError("distractors must be >= 0")
         qmin, qmax = self.jpeg_quality
         if not 5 <= qmin <= qmax <= 100:
-            raise InputError(f"jpeg quality range {self.jpeg_quality} must satisfy 5 <= min <= max <= 100")
+            raise InputError(
+                f"jpeg quality range {self.jpeg_quality} must satisfy 5 <= min <= max <= 100"
+            )
 
     @property
     def city_seed(self) -> int:

@@ -79,9 +79,16 @@ def city_style(city_seed: int) -> CityStyle:
         _hsv(hue + rng.normal(0, 0.04), rng.uniform(0.12, 0.45), rng.uniform(0.5, 0.88))
         for _ in range(5)
     )
-    trims = tuple(_hsv(rng.uniform(0, 1), rng.uniform(0.0, 0.25), rng.uniform(0.75, 0.97)) for _ in range(3))
-    glass = tuple(_hsv(rng.uniform(0.5, 0.7), rng.uniform(0.2, 0.5), rng.uniform(0.12, 0.35)) for _ in range(3))
-    accents = tuple(_hsv(rng.uniform(0, 1), rng.uniform(0.5, 0.9), rng.uniform(0.35, 0.85)) for _ in range(6))
+    trims = tuple(
+        _hsv(rng.uniform(0, 1), rng.uniform(0.0, 0.25), rng.uniform(0.75, 0.97)) for _ in range(3)
+    )
+    glass = tuple(
+        _hsv(rng.uniform(0.5, 0.7), rng.uniform(0.2, 0.5), rng.uniform(0.12, 0.35))
+        for _ in range(3)
+    )
+    accents = tuple(
+        _hsv(rng.uniform(0, 1), rng.uniform(0.5, 0.9), rng.uniform(0.35, 0.85)) for _ in range(6)
+    )
     windows = tuple(
         WindowStyle(
             aspect=float(rng.uniform(1.3, 2.1)),
@@ -95,9 +102,23 @@ def city_style(city_seed: int) -> CityStyle:
     )
     materials = tuple(rng.permutation(["brick", "ashlar", "plaster"]).tolist())
     brick = (float(rng.uniform(0.09, 0.14)), float(rng.uniform(0.035, 0.05)))
-    cornice = tuple((float(rng.uniform(0.02, 0.06)), float(rng.uniform(0.55, 1.25))) for _ in range(int(rng.integers(3, 6))))
+    cornice = tuple(
+        (float(rng.uniform(0.02, 0.06)), float(rng.uniform(0.55, 1.25)))
+        for _ in range(int(rng.integers(3, 6)))
+    )
     font = int(rng.choice([0, 2, 3, 4]))  # Hershey simplex / duplex / complex / triplex
-    return CityStyle(walls, trims, glass, accents, windows, materials, brick, cornice, bool(rng.random() < 0.6), font)
+    return CityStyle(
+        walls,
+        trims,
+        glass,
+        accents,
+        windows,
+        materials,
+        brick,
+        cornice,
+        bool(rng.random() < 0.6),
+        font,
+    )
 
 
 def _lowfreq(rng: np.random.Generator, h: int, w: int, cell: int) -> NDArray[np.float32]:
@@ -107,7 +128,9 @@ def _lowfreq(rng: np.random.Generator, h: int, w: int, cell: int) -> NDArray[np.
     return cv2.resize(grid, (w, h), interpolation=cv2.INTER_CUBIC)
 
 
-def _material(rng: np.random.Generator, kind: str, h: int, w: int, base: Color, bay: float, style: CityStyle) -> NDArray[np.float32]:
+def _material(
+    rng: np.random.Generator, kind: str, h: int, w: int, base: Color, bay: float, style: CityStyle
+) -> NDArray[np.float32]:
     """Wall texture, float32 RGB in [0, 1]."""
     base_arr = np.asarray(base, dtype=np.float32)
     img = np.empty((h, w, 3), dtype=np.float32)
@@ -116,8 +139,12 @@ def _material(rng: np.random.Generator, kind: str, h: int, w: int, base: Color, 
         bw = max(6, int(style.brick[0] * bay * (1.0 if kind == "brick" else 2.6)))
         bh = max(3, int(style.brick[1] * bay * (1.0 if kind == "brick" else 2.4)))
         n_rows, n_cols = h // bh + 1, w // bw + 2
-        jitter = rng.normal(0.0, 0.03 if kind == "brick" else 0.02, (n_rows, n_cols, 3)).astype(np.float32)
-        jitter += rng.normal(0.0, 0.1 if kind == "brick" else 0.06, (n_rows, n_cols, 1)).astype(np.float32)
+        jitter = rng.normal(0.0, 0.03 if kind == "brick" else 0.02, (n_rows, n_cols, 3)).astype(
+            np.float32
+        )
+        jitter += rng.normal(0.0, 0.1 if kind == "brick" else 0.06, (n_rows, n_cols, 1)).astype(
+            np.float32
+        )
         mortar_w = max(1, bh // 6)
         mortar_col = np.asarray(style.trims[0], dtype=np.float32) * 0.85
         xx = np.arange(w)
@@ -130,7 +157,7 @@ def _material(rng: np.random.Generator, kind: str, h: int, w: int, base: Color, 
             line = base_arr * (1.0 + jitter[row, (xx + shift) // bw])
             line[((xx + shift) % bw) < mortar_w] = mortar_col
             img[y0:y1] = line
-            img[y0:min(y1, y0 + mortar_w)] = mortar_col
+            img[y0 : min(y1, y0 + mortar_w)] = mortar_col
     else:
         img *= 1.0 + 0.06 * _lowfreq(rng, h, w, max(8, int(bay * 0.3)))[..., None]
     img *= 1.0 + 0.035 * rng.standard_normal((h, w, 1), dtype=np.float32)
@@ -164,8 +191,17 @@ def _arch_poly(x0: int, y0: int, w: int, h: int, top: str) -> NDArray[np.int32]:
     return np.round(np.asarray(pts)).astype(np.int32)
 
 
-def _window(img: NDArray[np.uint8], x0: int, y0: int, w: int, h: int, ws: WindowStyle,
-            style: CityStyle, trim: Color, vr: np.random.Generator) -> None:
+def _window(
+    img: NDArray[np.uint8],
+    x0: int,
+    y0: int,
+    w: int,
+    h: int,
+    ws: WindowStyle,
+    style: CityStyle,
+    trim: Color,
+    vr: np.random.Generator,
+) -> None:
     """One window: frame, glass with reflection, glazing bars, optional blind/curtain, sill, pediment."""
     cv2 = _cv2()
     if w < 6 or h < 8:
@@ -182,12 +218,15 @@ def _window(img: NDArray[np.uint8], x0: int, y0: int, w: int, h: int, ws: Window
     # reflection: a slanted light band
     bx = gx0 + int(vr.uniform(0.0, 0.6) * gw)
     band = int(vr.uniform(0.15, 0.35) * gw) + 1
-    refl = np.array([[bx, gy0 + gh], [bx + band, gy0 + gh], [bx + band + gw // 2, gy0], [bx + gw // 2, gy0]], np.int32)
+    refl = np.array(
+        [[bx, gy0 + gh], [bx + band, gy0 + gh], [bx + band + gw // 2, gy0], [bx + gw // 2, gy0]],
+        np.int32,
+    )
     mask = np.zeros((h + 2, w + 2), np.uint8)
     cv2.fillPoly(mask, [inner - [x0 - 1, y0 - 1]], 255)
     band_mask = np.zeros_like(mask)
     cv2.fillPoly(band_mask, [refl - [x0 - 1, y0 - 1]], 255)
-    sub = img[y0 - 1:y0 + h + 1, x0 - 1:x0 + w + 1]
+    sub = img[y0 - 1 : y0 + h + 1, x0 - 1 : x0 + w + 1]
     m = (mask > 0) & (band_mask > 0)
     if sub.shape[:2] == m.shape:
         sub[m] = np.minimum(255, sub[m].astype(np.int32) + 45).astype(np.uint8)
@@ -205,7 +244,9 @@ def _window(img: NDArray[np.uint8], x0: int, y0: int, w: int, h: int, ws: Window
             cur = np.zeros_like(mask)
             cv2.rectangle(cur, (0, 0), (fr + cw, h + 1), 255, -1)
             cv2.rectangle(cur, (w - fr - cw, 0), (w + 1, h + 1), 255, -1)
-            sub[(mask > 0) & (cur > 0)] = _u8(style.accents[int(vr.integers(len(style.accents)))], 0.9)
+            sub[(mask > 0) & (cur > 0)] = _u8(
+                style.accents[int(vr.integers(len(style.accents)))], 0.9
+            )
     # glazing bars
     cols, rows = ws.panes
     bar = max(1, fr // 2)
@@ -217,25 +258,57 @@ def _window(img: NDArray[np.uint8], x0: int, y0: int, w: int, h: int, ws: Window
         cv2.line(img, (gx0, y), (gx0 + gw, y), _u8(trim), bar)
     if ws.sill:
         cv2.rectangle(img, (x0 - fr, y0 + h), (x0 + w + fr, y0 + h + 2 * fr), _u8(trim, 1.05), -1)
-        cv2.line(img, (x0 - fr, y0 + h + 2 * fr), (x0 + w + fr, y0 + h + 2 * fr), _u8(trim, 0.55), 1)
+        cv2.line(
+            img, (x0 - fr, y0 + h + 2 * fr), (x0 + w + fr, y0 + h + 2 * fr), _u8(trim, 0.55), 1
+        )
     if ws.pediment == "tri":
         apex = (x0 + w // 2, y0 - max(4, w // 3))
         pts = np.array([[x0 - 2 * fr, y0 - fr], [x0 + w + 2 * fr, y0 - fr], apex], np.int32)
         cv2.fillPoly(img, [pts], _u8(trim), cv2.LINE_AA)
         cv2.polylines(img, [pts], True, _u8(trim, 0.6), 1, cv2.LINE_AA)
     elif ws.pediment == "seg":
-        cv2.ellipse(img, (x0 + w // 2, y0 - fr), (w // 2 + 2 * fr, max(3, w // 5)), 0, 180, 360, _u8(trim), -1, cv2.LINE_AA)
-        cv2.ellipse(img, (x0 + w // 2, y0 - fr), (w // 2 + 2 * fr, max(3, w // 5)), 0, 180, 360, _u8(trim, 0.6), 1, cv2.LINE_AA)
+        cv2.ellipse(
+            img,
+            (x0 + w // 2, y0 - fr),
+            (w // 2 + 2 * fr, max(3, w // 5)),
+            0,
+            180,
+            360,
+            _u8(trim),
+            -1,
+            cv2.LINE_AA,
+        )
+        cv2.ellipse(
+            img,
+            (x0 + w // 2, y0 - fr),
+            (w // 2 + 2 * fr, max(3, w // 5)),
+            0,
+            180,
+            360,
+            _u8(trim, 0.6),
+            1,
+            cv2.LINE_AA,
+        )
     elif ws.pediment == "lintel":
         cv2.rectangle(img, (x0 - fr, y0 - 3 * fr), (x0 + w + fr, y0 - fr), _u8(trim, 0.95), -1)
-        cv2.rectangle(img, (x0 + w // 2 - fr, y0 - 3 * fr), (x0 + w // 2 + fr, y0 - fr), _u8(trim, 1.1), -1)
+        cv2.rectangle(
+            img, (x0 + w // 2 - fr, y0 - 3 * fr), (x0 + w // 2 + fr, y0 - fr), _u8(trim, 1.1), -1
+        )
 
 
 def _word(rng: np.random.Generator, n_syl: tuple[int, int] = (2, 4)) -> str:
     return "".join(rng.choice(_SYLLABLES, size=int(rng.integers(*n_syl))).tolist())
 
 
-def _sign(img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, w: int, h: int, style: CityStyle) -> None:
+def _sign(
+    img: NDArray[np.uint8],
+    rng: np.random.Generator,
+    x0: int,
+    y0: int,
+    w: int,
+    h: int,
+    style: CityStyle,
+) -> None:
     """A lettered sign board: the strongest unique detail for local features."""
     cv2 = _cv2()
     bg = style.accents[int(rng.integers(len(style.accents)))]
@@ -249,10 +322,21 @@ def _sign(img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, w:
     scale = min((w * 0.9) / tw, (h * 0.7) / th)
     thick = max(1, int(scale * 2))
     (tw, th), _ = cv2.getTextSize(text, style.font, scale, thick)
-    cv2.putText(img, text, (x0 + (w - tw) // 2, y0 + (h + th) // 2), style.font, scale, _u8(fg), thick, cv2.LINE_AA)
+    cv2.putText(
+        img,
+        text,
+        (x0 + (w - tw) // 2, y0 + (h + th) // 2),
+        style.font,
+        scale,
+        _u8(fg),
+        thick,
+        cv2.LINE_AA,
+    )
 
 
-def _clock(img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r: int, style: CityStyle) -> None:
+def _clock(
+    img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r: int, style: CityStyle
+) -> None:
     cv2 = _cv2()
     if r < 5:
         return
@@ -266,19 +350,46 @@ def _clock(img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r
         cv2.line(img, p1, p2, (20, 20, 20), max(1, r // (10 if k % 3 == 0 else 18)), cv2.LINE_AA)
     for length, width in ((0.5, max(2, r // 9)), (0.8, max(1, r // 14))):
         a = rng.uniform(0, 2 * np.pi)
-        cv2.line(img, (cx, cy), (int(cx + length * r * np.sin(a)), int(cy - length * r * np.cos(a))), (15, 15, 15), width, cv2.LINE_AA)
+        cv2.line(
+            img,
+            (cx, cy),
+            (int(cx + length * r * np.sin(a)), int(cy - length * r * np.cos(a))),
+            (15, 15, 15),
+            width,
+            cv2.LINE_AA,
+        )
 
 
-def _crest(img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r: int, style: CityStyle) -> None:
+def _crest(
+    img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r: int, style: CityStyle
+) -> None:
     """A heraldic shield with random quartering and a star: unique per landmark."""
     cv2 = _cv2()
     if r < 5:
         return
     c1, c2, c3 = (style.accents[int(i)] for i in rng.choice(len(style.accents), 3, replace=False))
-    shield = np.array([[cx - r, cy - r], [cx + r, cy - r], [cx + r, cy + r // 3], [cx, cy + r], [cx - r, cy + r // 3]], np.int32)
+    shield = np.array(
+        [
+            [cx - r, cy - r],
+            [cx + r, cy - r],
+            [cx + r, cy + r // 3],
+            [cx, cy + r],
+            [cx - r, cy + r // 3],
+        ],
+        np.int32,
+    )
     cv2.fillPoly(img, [shield], _u8(c1), cv2.LINE_AA)
     if rng.random() < 0.5:
-        cv2.fillPoly(img, [np.array([[cx, cy - r], [cx + r, cy - r], [cx + r, cy + r // 3], [cx, cy + r]], np.int32)], _u8(c2), cv2.LINE_AA)
+        cv2.fillPoly(
+            img,
+            [
+                np.array(
+                    [[cx, cy - r], [cx + r, cy - r], [cx + r, cy + r // 3], [cx, cy + r]], np.int32
+                )
+            ],
+            _u8(c2),
+            cv2.LINE_AA,
+        )
     else:
         cv2.rectangle(img, (cx - r, cy - r), (cx + r, cy - r // 3), _u8(c2), -1)
     n = int(rng.integers(4, 8))
@@ -289,7 +400,15 @@ def _crest(img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r
     cv2.polylines(img, [shield], True, (30, 30, 30), max(1, r // 12), cv2.LINE_AA)
 
 
-def _rose(img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r: int, style: CityStyle, trim: Color) -> None:
+def _rose(
+    img: NDArray[np.uint8],
+    rng: np.random.Generator,
+    cx: int,
+    cy: int,
+    r: int,
+    style: CityStyle,
+    trim: Color,
+) -> None:
     cv2 = _cv2()
     if r < 6:
         return
@@ -297,15 +416,28 @@ def _rose(img: NDArray[np.uint8], rng: np.random.Generator, cx: int, cy: int, r:
     n = int(rng.integers(6, 13))
     for k in range(n):
         a0 = 360 * k / n
-        col = style.accents[int(rng.integers(len(style.accents)))] if rng.random() < 0.5 else style.glass[0]
+        col = (
+            style.accents[int(rng.integers(len(style.accents)))]
+            if rng.random() < 0.5
+            else style.glass[0]
+        )
         cv2.ellipse(img, (cx, cy), (r, r), a0, 0, 360 / n, _u8(col), -1, cv2.LINE_AA)
     for k in range(n):
         a = 2 * np.pi * k / n
-        cv2.line(img, (cx, cy), (int(cx + r * np.cos(a)), int(cy + r * np.sin(a))), _u8(trim), max(1, r // 12), cv2.LINE_AA)
+        cv2.line(
+            img,
+            (cx, cy),
+            (int(cx + r * np.cos(a)), int(cy + r * np.sin(a))),
+            _u8(trim),
+            max(1, r // 12),
+            cv2.LINE_AA,
+        )
     cv2.circle(img, (cx, cy), max(2, r // 4), _u8(trim), -1, cv2.LINE_AA)
 
 
-def _niche(img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, w: int, h: int, trim: Color) -> None:
+def _niche(
+    img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, w: int, h: int, trim: Color
+) -> None:
     """A round-headed niche with a statue silhouette."""
     cv2 = _cv2()
     cv2.fillPoly(img, [_arch_poly(x0, y0, w, h, "round")], _u8(trim, 0.45), cv2.LINE_AA)
@@ -313,16 +445,42 @@ def _niche(img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, w
     cx = x0 + w // 2
     head = max(2, w // 7)
     cv2.circle(img, (cx, y0 + w // 2 + head), head, stone, -1, cv2.LINE_AA)
-    body = np.array([[cx - w // 4, y0 + h], [cx + w // 4, y0 + h], [cx + w // 6, y0 + w // 2 + 2 * head], [cx - w // 6, y0 + w // 2 + 2 * head]], np.int32)
+    body = np.array(
+        [
+            [cx - w // 4, y0 + h],
+            [cx + w // 4, y0 + h],
+            [cx + w // 6, y0 + w // 2 + 2 * head],
+            [cx - w // 6, y0 + w // 2 + 2 * head],
+        ],
+        np.int32,
+    )
     cv2.fillPoly(img, [body], stone, cv2.LINE_AA)
     arm = int(rng.uniform(-0.3, 0.3) * w)
-    cv2.line(img, (cx, y0 + w // 2 + 3 * head), (cx + w // 3, y0 + w // 2 + 2 * head + arm), stone, max(1, w // 12), cv2.LINE_AA)
+    cv2.line(
+        img,
+        (cx, y0 + w // 2 + 3 * head),
+        (cx + w // 3, y0 + w // 2 + 2 * head + arm),
+        stone,
+        max(1, w // 12),
+        cv2.LINE_AA,
+    )
 
 
-def _banner(img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, w: int, h: int, style: CityStyle) -> None:
+def _banner(
+    img: NDArray[np.uint8],
+    rng: np.random.Generator,
+    x0: int,
+    y0: int,
+    w: int,
+    h: int,
+    style: CityStyle,
+) -> None:
     cv2 = _cv2()
     c1, c2 = (style.accents[int(i)] for i in rng.choice(len(style.accents), 2, replace=False))
-    pts = np.array([[x0, y0], [x0 + w, y0], [x0 + w, y0 + h], [x0 + w // 2, y0 + h - w // 2], [x0, y0 + h]], np.int32)
+    pts = np.array(
+        [[x0, y0], [x0 + w, y0], [x0 + w, y0 + h], [x0 + w // 2, y0 + h - w // 2], [x0, y0 + h]],
+        np.int32,
+    )
     cv2.fillPoly(img, [pts], _u8(c1), cv2.LINE_AA)
     n = int(rng.integers(2, 5))
     for k in range(n):
@@ -331,7 +489,16 @@ def _banner(img: NDArray[np.uint8], rng: np.random.Generator, x0: int, y0: int, 
     cv2.circle(img, (x0 + w // 2, y0 + h // 3), max(2, w // 4), _u8(c2), -1, cv2.LINE_AA)
 
 
-def _cornice(img: NDArray[np.uint8], y: int, x0: int, x1: int, bay: float, style: CityStyle, trim: Color, dentils: bool) -> int:
+def _cornice(
+    img: NDArray[np.uint8],
+    y: int,
+    x0: int,
+    x1: int,
+    bay: float,
+    style: CityStyle,
+    trim: Color,
+    dentils: bool,
+) -> int:
     """A moulded horizontal band starting at row ``y``; returns its height."""
     cv2 = _cv2()
     yy = y
@@ -375,7 +542,9 @@ class Facade:
 
     def mirrored(self) -> Facade:
         """The facade seen from its back/mirror side (left-right flipped)."""
-        return Facade(np.ascontiguousarray(self.rgba[:, ::-1]), self.body_top, self.kind, self.index)
+        return Facade(
+            np.ascontiguousarray(self.rgba[:, ::-1]), self.body_top, self.kind, self.index
+        )
 
 
 def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
@@ -403,7 +572,11 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
     floor_h = bay * float(rng.uniform(1.15, 1.55))
     ground_h = floor_h * float(rng.uniform(1.1, 1.45))
     parapet_h = bay * float(rng.uniform(0.2, 0.45))
-    roof = str(rng.choice(["gable", "tower", "dome", "parapet"])) if landmark else str(rng.choice(["parapet", "parapet", "gable", "flat"]))
+    roof = (
+        str(rng.choice(["gable", "tower", "dome", "parapet"]))
+        if landmark
+        else str(rng.choice(["parapet", "parapet", "gable", "flat"]))
+    )
     extra = 0
     if roof == "gable":
         extra = int(bay * rng.uniform(1.2, 2.0))
@@ -430,26 +603,86 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
     x_mid = width // 2
     if roof == "gable":
         gw = int(bay * rng.uniform(2.5, min(bays, 5.0)))
-        pts = np.array([[x_mid - gw // 2 - int(bay * 0.2), body_top + 1], [x_mid + gw // 2 + int(bay * 0.2), body_top + 1], [x_mid, 0]], np.int32)
+        pts = np.array(
+            [
+                [x_mid - gw // 2 - int(bay * 0.2), body_top + 1],
+                [x_mid + gw // 2 + int(bay * 0.2), body_top + 1],
+                [x_mid, 0],
+            ],
+            np.int32,
+        )
         cv2.fillPoly(alpha, [pts], 255, cv2.LINE_AA)
         cv2.polylines(img, [pts], True, _u8(trim), max(2, int(bay * 0.06)), cv2.LINE_AA)
     elif roof == "tower":
         tw = int(bay * rng.uniform(1.2, 1.9))
-        cv2.rectangle(alpha, (x_mid - tw // 2, int(bay * 0.6)), (x_mid + tw // 2, body_top + 1), 255, -1)
-        spire = np.array([[x_mid - tw // 2 - 2, int(bay * 0.6)], [x_mid + tw // 2 + 2, int(bay * 0.6)], [x_mid, 0]], np.int32)
+        cv2.rectangle(
+            alpha, (x_mid - tw // 2, int(bay * 0.6)), (x_mid + tw // 2, body_top + 1), 255, -1
+        )
+        spire = np.array(
+            [
+                [x_mid - tw // 2 - 2, int(bay * 0.6)],
+                [x_mid + tw // 2 + 2, int(bay * 0.6)],
+                [x_mid, 0],
+            ],
+            np.int32,
+        )
         cv2.fillPoly(alpha, [spire], 255, cv2.LINE_AA)
         cv2.fillPoly(img, [spire], _u8(style.accents[0], 0.6), cv2.LINE_AA)
         for k in range(1, 4):
             y = int(bay * 0.6) + k * (body_top - int(bay * 0.6)) // 4
-            cv2.line(img, (x_mid - tw // 2, y), (x_mid + tw // 2, y), _u8(trim, 0.9), max(1, int(bay * 0.04)))
+            cv2.line(
+                img,
+                (x_mid - tw // 2, y),
+                (x_mid + tw // 2, y),
+                _u8(trim, 0.9),
+                max(1, int(bay * 0.04)),
+            )
     elif roof == "dome":
         dw = int(bay * rng.uniform(2.0, min(bays, 4.0)))
-        cv2.ellipse(alpha, (x_mid, body_top + 1), (dw // 2, extra - int(bay * 0.35)), 0, 180, 360, 255, -1, cv2.LINE_AA)
-        cv2.ellipse(img, (x_mid, body_top + 1), (dw // 2, extra - int(bay * 0.35)), 0, 180, 360, _u8(style.accents[1], 0.7), -1, cv2.LINE_AA)
+        cv2.ellipse(
+            alpha,
+            (x_mid, body_top + 1),
+            (dw // 2, extra - int(bay * 0.35)),
+            0,
+            180,
+            360,
+            255,
+            -1,
+            cv2.LINE_AA,
+        )
+        cv2.ellipse(
+            img,
+            (x_mid, body_top + 1),
+            (dw // 2, extra - int(bay * 0.35)),
+            0,
+            180,
+            360,
+            _u8(style.accents[1], 0.7),
+            -1,
+            cv2.LINE_AA,
+        )
         for k in range(-3, 4):
-            cv2.ellipse(img, (x_mid, body_top + 1), (abs(k) * dw // 8 + 1, extra - int(bay * 0.35)), 0, 180, 360, _u8(trim, 0.8), max(1, int(bay * 0.03)), cv2.LINE_AA)
-        cv2.rectangle(alpha, (x_mid - int(bay * 0.15), 0), (x_mid + int(bay * 0.15), int(bay * 0.4)), 255, -1)
-        cv2.rectangle(img, (x_mid - int(bay * 0.15), 0), (x_mid + int(bay * 0.15), int(bay * 0.4)), _u8(trim), -1)
+            cv2.ellipse(
+                img,
+                (x_mid, body_top + 1),
+                (abs(k) * dw // 8 + 1, extra - int(bay * 0.35)),
+                0,
+                180,
+                360,
+                _u8(trim, 0.8),
+                max(1, int(bay * 0.03)),
+                cv2.LINE_AA,
+            )
+        cv2.rectangle(
+            alpha, (x_mid - int(bay * 0.15), 0), (x_mid + int(bay * 0.15), int(bay * 0.4)), 255, -1
+        )
+        cv2.rectangle(
+            img,
+            (x_mid - int(bay * 0.15), 0),
+            (x_mid + int(bay * 0.15), int(bay * 0.4)),
+            _u8(trim),
+            -1,
+        )
 
     x0_body = int(margin * bay)
     # parapet / balustrade at the top of the body
@@ -459,7 +692,17 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
     if roof in ("parapet", "dome") and ph > 6:
         step = max(4, int(bay * 0.12))
         for x in range(step, width - step, step):
-            cv2.ellipse(img, (x, y + ph // 2), (max(1, step // 4), max(2, ph // 3)), 0, 0, 360, _u8(trim, 0.7), -1, cv2.LINE_AA)
+            cv2.ellipse(
+                img,
+                (x, y + ph // 2),
+                (max(1, step // 4), max(2, ph // 3)),
+                0,
+                0,
+                360,
+                _u8(trim, 0.7),
+                -1,
+                cv2.LINE_AA,
+            )
     y += ph
     y += _cornice(img, y, 0, width - 1, bay, style, trim, style.dentils)
 
@@ -478,7 +721,13 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
             variant = (variant_base + 7 * f + 3 * b + int(rng.integers(3))) % 6
             _window(img, wx, wy, w_w, w_h, ws, style, trim, rng_for(city_seed, "window", variant))
         if f < floors - 1 and rng.random() < 0.5:
-            cv2.rectangle(img, (0, int(fy + floor_h) - max(1, int(bay * 0.04))), (width - 1, int(fy + floor_h)), _u8(trim, 0.9), -1)
+            cv2.rectangle(
+                img,
+                (0, int(fy + floor_h) - max(1, int(bay * 0.04))),
+                (width - 1, int(fy + floor_h)),
+                _u8(trim, 0.9),
+                -1,
+            )
     y_ground = int(y + floors * floor_h)
     # a float (floor_h is fractional); summed in the original order so the pixels stay the same
     cornice_h = _cornice(img, y_ground, 0, width - 1, bay * 0.6, style, trim, False)
@@ -490,7 +739,13 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
             cv2.rectangle(img, (px, body_top + ph), (px + pw, y_ground), _u8(trim, 0.97), -1)
             cv2.line(img, (px, body_top + ph), (px, y_ground), _u8(trim, 1.15), 1)
             cv2.line(img, (px + pw, body_top + ph), (px + pw, y_ground), _u8(trim, 0.55), 1)
-            cv2.rectangle(img, (px - 2, body_top + ph), (px + pw + 2, body_top + ph + max(2, pw // 2)), _u8(trim, 0.8), -1)
+            cv2.rectangle(
+                img,
+                (px - 2, body_top + ph),
+                (px + pw + 2, body_top + ph + max(2, pw // 2)),
+                _u8(trim, 0.8),
+                -1,
+            )
 
     # ground floor: a door (landmarks: an arched portal) and shop fronts or windows
     gy = int(ground_top) + 2
@@ -504,33 +759,62 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
             dx = bx + (int(bay) - dw) // 2
             dy = height - dh
             top = "round" if landmark else str(rng.choice(["flat", "round"]))
-            cv2.fillPoly(img, [_arch_poly(dx - 3, dy - 3, dw + 6, dh + 3, top)], _u8(trim), cv2.LINE_AA)
+            cv2.fillPoly(
+                img, [_arch_poly(dx - 3, dy - 3, dw + 6, dh + 3, top)], _u8(trim), cv2.LINE_AA
+            )
             door_col = style.accents[int(rng.integers(len(style.accents)))]
             cv2.fillPoly(img, [_arch_poly(dx, dy, dw, dh, top)], _u8(door_col, 0.55), cv2.LINE_AA)
             for k in range(2):
                 px0 = dx + dw * k // 2 + max(2, dw // 12)
-                cv2.rectangle(img, (px0, dy + dh // 3), (px0 + dw // 2 - 2 * max(2, dw // 12), height - max(3, dh // 10)), _u8(door_col, 0.8), max(1, dw // 30))
+                cv2.rectangle(
+                    img,
+                    (px0, dy + dh // 3),
+                    (px0 + dw // 2 - 2 * max(2, dw // 12), height - max(3, dh // 10)),
+                    _u8(door_col, 0.8),
+                    max(1, dw // 30),
+                )
         elif not landmark and rng.random() < 0.5:
             # shop front: big glass and a lettered fascia
             sx, sw = bx + int(bay * 0.06), int(bay * 0.88)
             fascia = max(6, int(gh * 0.18))
             _sign(img, rng, sx, gy + 2, sw, fascia, style)
-            cv2.rectangle(img, (sx, gy + fascia + 4), (sx + sw, height - 1), _u8(style.glass[1]), -1)
+            cv2.rectangle(
+                img, (sx, gy + fascia + 4), (sx + sw, height - 1), _u8(style.glass[1]), -1
+            )
             cv2.line(img, (sx + sw // 2, gy + fascia + 4), (sx + sw // 2, height - 1), _u8(trim), 2)
         else:
             ws = win_styles[0]
             w_w = int(bay * 0.5)
             w_h = min(int(w_w * ws.aspect), int(gh * 0.6))
-            _window(img, bx + (int(bay) - w_w) // 2, gy + int((gh - w_h) * 0.4), w_w, w_h, ws, style, trim,
-                    rng_for(city_seed, "window", 6 + (variant_base + b) % 3))
+            _window(
+                img,
+                bx + (int(bay) - w_w) // 2,
+                gy + int((gh - w_h) * 0.4),
+                w_w,
+                w_h,
+                ws,
+                style,
+                trim,
+                rng_for(city_seed, "window", 6 + (variant_base + b) % 3),
+            )
     # plinth
-    cv2.rectangle(img, (0, height - max(3, int(bay * 0.12))), (width - 1, height - 1), _u8(trim, 0.7), -1)
+    cv2.rectangle(
+        img, (0, height - max(3, int(bay * 0.12))), (width - 1, height - 1), _u8(trim, 0.7), -1
+    )
 
     if landmark:
         # the landmark's unique details
         det = rng_for(city_seed, "details", index)
         band_y = gy - int(bay * 0.42)
-        _sign(img, det, int(x0_body + bay * max(1, bays // 2 - 1)), max(body_top + ph, band_y), int(bay * min(3, bays - 2)), int(bay * 0.32), style)
+        _sign(
+            img,
+            det,
+            int(x0_body + bay * max(1, bays // 2 - 1)),
+            max(body_top + ph, band_y),
+            int(bay * min(3, bays - 2)),
+            int(bay * 0.32),
+            style,
+        )
         r = int(bay * 0.42) if roof in ("gable", "tower") else int(bay * 0.3)
         if roof == "tower":
             _clock(img, det, x_mid, body_top - extra // 3, r, style)
@@ -548,11 +832,27 @@ def render_facade(city_seed: int, kind: str, index: int, width: int) -> Facade:
             nb = [0, bays - 1]
             for b in nb:
                 bx = int(x0_body + b * bay)
-                _niche(img, det, bx + int(bay * 0.3), int(y_ground - floor_h * 0.95), int(bay * 0.4), int(floor_h * 0.8), trim)
+                _niche(
+                    img,
+                    det,
+                    bx + int(bay * 0.3),
+                    int(y_ground - floor_h * 0.95),
+                    int(bay * 0.4),
+                    int(floor_h * 0.8),
+                    trim,
+                )
         if det.random() < 0.5:
             for b in det.choice(bays, size=min(2, bays), replace=False).tolist():
                 bx = int(x0_body + b * bay)
-                _banner(img, det, bx + int(bay * 0.75), body_top + ph + int(bay * 0.3), max(4, int(bay * 0.18)), int(floor_h * 1.1), style)
+                _banner(
+                    img,
+                    det,
+                    bx + int(bay * 0.75),
+                    body_top + ph + int(bay * 0.3),
+                    max(4, int(bay * 0.18)),
+                    int(floor_h * 1.1),
+                    style,
+                )
     elif rng.random() < 0.3:
         _crest(img, rng, x_mid, gy - int(bay * 0.5), max(4, int(bay * 0.15)), style)
 

@@ -62,7 +62,9 @@ def _task(args: tuple[SynthConfig, str, int, str]) -> dict[str, Any]:
     return record
 
 
-def _run_tasks(tasks: list[tuple[SynthConfig, str, int, str]], workers: int) -> Iterator[dict[str, Any]]:
+def _run_tasks(
+    tasks: list[tuple[SynthConfig, str, int, str]], workers: int
+) -> Iterator[dict[str, Any]]:
     # a daemonic process (e.g. a multiprocessing.Pool worker) may not start children
     serial = multiprocessing.current_process().daemon
     with SerialExecutor() if serial else ProcessExecutor(workers) as executor:
@@ -163,7 +165,9 @@ def generate(
     # about half a byte per pixel at the qualities used)
     require_installed([("cv2", "classic"), ("PIL", "images")])
     w, h = config.image_size
-    check_free_space(out, (config.db_size + len(query_specs(config))) * w * h // 2, margin=10_000_000)
+    check_free_space(
+        out, (config.db_size + len(query_specs(config))) * w * h // 2, margin=10_000_000
+    )
     partial = out / _PARTIAL
     state_path = partial / "config.json"
     if state_path.exists():
@@ -194,8 +198,13 @@ def generate(
     if done:
         log.info("%s: resuming, %d of %d images already done", out, len(done), len(all_tasks))
     n_workers = workers if workers is not None else available_cores()
-    bar = progress_bar(total=len(all_tasks), initial=len(done), enabled=progress, desc=f"synth {config.name}",
-                       unit="img")  # fmt: skip
+    bar = progress_bar(
+        total=len(all_tasks),
+        initial=len(done),
+        enabled=progress,
+        desc=f"synth {config.name}",
+        unit="img",
+    )
     # An append-only log, not an output: a torn last line (killed run) is ignored when resuming.
     try:
         with open(records_path, "a", encoding="utf-8") as fh:
@@ -230,7 +239,9 @@ def ground_truth(config: SynthConfig, db_records: list[dict[str, Any]]) -> Groun
         queries.append(
             make_query(spec.name, spec.bbox, easy=lab["easy"], hard=lab["hard"], junk=lab["junk"])
         )
-    return GroundTruth(config.name, "revisited", names, tuple(queries), source=config.name).validate()
+    return GroundTruth(
+        config.name, "revisited", names, tuple(queries), source=config.name
+    ).validate()
 
 
 def write_gt_files(gt: GroundTruth, out_dir: Path, landmark_of: Iterable[tuple[str, int]]) -> None:
@@ -243,7 +254,9 @@ def write_gt_files(gt: GroundTruth, out_dir: Path, landmark_of: Iterable[tuple[s
             atomic_write_text(gt_dir / f"{stem}_{suffix}.txt", text)
         assert q.bbox is not None
         x1, y1, x2, y2 = q.bbox
-        atomic_write_text(gt_dir / f"{stem}_query.txt", f"{q.name} {x1:.6f} {y1:.6f} {x2:.6f} {y2:.6f}\n")
+        atomic_write_text(
+            gt_dir / f"{stem}_query.txt", f"{q.name} {x1:.6f} {y1:.6f} {x2:.6f} {y2:.6f}\n"
+        )
 
 
 def _finish(out: Path, config: SynthConfig, done: dict[tuple[str, int], dict[str, Any]]) -> None:

@@ -22,7 +22,9 @@ from oxbench.groundtruth import GroundTruth
 log = logging.getLogger(__name__)
 
 
-def load_synthetic(dataset_dir: str | Path, *, distractors: int | None = None, crop: CropConvention = "python") -> Benchmark:
+def load_synthetic(
+    dataset_dir: str | Path, *, distractors: int | None = None, crop: CropConvention = "python"
+) -> Benchmark:
     """Load a synthetic benchmark written by :func:`~oxbench.datasets.synthetic.generate`.
 
     Args:
@@ -40,7 +42,10 @@ def load_synthetic(dataset_dir: str | Path, *, distractors: int | None = None, c
     root = Path(dataset_dir)
     manifest = read_manifest(root) if root.is_dir() else None
     if manifest is None:
-        raise InputError("no complete synthetic benchmark here (manifest.json missing); generate it with `oxbench data synth --out DIR`", root)
+        raise InputError(
+            "no complete synthetic benchmark here (manifest.json missing); generate it with `oxbench data synth --out DIR`",
+            root,
+        )
     config = SynthConfig.from_dict(manifest["config"])
     gt = _read_ground_truth(root / manifest["gnd"], manifest["dataset"])
     jpg = root / "jpg"
@@ -61,7 +66,11 @@ def load_synthetic(dataset_dir: str | Path, *, distractors: int | None = None, c
         root=root,
         distractors=SyntheticDistractors(config, n_distr) if n_distr else None,
         crop=crop,
-        options={"city": config.city, "seed": str(config.seed), "images_sha256": manifest["checksums"]["images_sha256"]},
+        options={
+            "city": config.city,
+            "seed": str(config.seed),
+            "images_sha256": manifest["checksums"]["images_sha256"],
+        },
     )
 
 
@@ -76,7 +85,9 @@ def _read_ground_truth(path: Path, dataset: str) -> GroundTruth:
     return read_gnd(path, dataset=dataset)
 
 
-def ensure_default(root: str | Path, *, workers: int | None = None, progress: bool = True) -> tuple[Path, Path]:
+def ensure_default(
+    root: str | Path, *, workers: int | None = None, progress: bool = True
+) -> tuple[Path, Path]:
     """Make sure ``<root>/synthetic`` (test city) and ``<root>/synthetic-train`` (training city) exist.
 
     Each is generated if missing or incomplete (resuming an interrupted run); a complete set is
@@ -98,8 +109,12 @@ def ensure_default(root: str | Path, *, workers: int | None = None, progress: bo
                 continue
             # made by another version of the renderer: remake it with the same config so that
             # results stay comparable with this version's
-            log.warning("%s was made by synthetic generator version %s; regenerating with version %s",
-                        out, manifest.get("generator_version"), GENERATOR_VERSION)
+            log.warning(
+                "%s was made by synthetic generator version %s; regenerating with version %s",
+                out,
+                manifest.get("generator_version"),
+                GENERATOR_VERSION,
+            )
             config = SynthConfig.from_dict(manifest["config"])
             dirs.append(generate(out, config, workers=workers, progress=progress, overwrite=True))
             continue

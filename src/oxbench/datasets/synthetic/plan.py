@@ -115,17 +115,38 @@ def query_specs(config: SynthConfig) -> tuple[QuerySpec, ...]:
                 blur=float(r.uniform(0, 0.5)),
                 noise=float(r.uniform(0.5, 2.0)),
                 jpeg=int(r.integers(85, 96)),
-                neighbours=tuple(int(v) for v in r.choice(config.generic_buildings, 2, replace=False)),  # type: ignore[arg-type]
+                neighbours=tuple(
+                    int(v) for v in r.choice(config.generic_buildings, 2, replace=False)
+                ),  # type: ignore[arg-type]
                 clutter=False,
             )
             hom = homography(view, (fw, fh), config.image_size)
             cx, cy = (rect[0] + rect[2]) / 2, (rect[1] + rect[3]) / 2
-            corners, _ = project(hom, np.array([[rect[0], rect[1]], [rect[2], rect[1]], [rect[2], rect[3]], [rect[0], rect[3]]]))
+            corners, _ = project(
+                hom,
+                np.array(
+                    [[rect[0], rect[1]], [rect[2], rect[1]], [rect[2], rect[3]], [rect[0], rect[3]]]
+                ),
+            )
             x1b, y1b = np.clip(corners.min(0), 0, [w - 1, h - 1])
             x2b, y2b = np.clip(corners.max(0), 0, [w - 1, h - 1])
-            bbox = (round(float(x1b), 2), round(float(y1b), 2), round(float(x2b), 2), round(float(y2b), 2))
+            bbox = (
+                round(float(x1b), 2),
+                round(float(y1b), 2),
+                round(float(x2b), 2),
+                round(float(y2b), 2),
+            )
             specs.append(
-                QuerySpec(query_name(config, lm, n), lm, LANDMARK_NAMES[lm], n, rect, view, local_scale(hom, cx, cy), bbox)
+                QuerySpec(
+                    query_name(config, lm, n),
+                    lm,
+                    LANDMARK_NAMES[lm],
+                    n,
+                    rect,
+                    view,
+                    local_scale(hom, cx, cy),
+                    bbox,
+                )
             )
     return tuple(specs)
 
@@ -151,7 +172,9 @@ _HARD_FACTORS = ("angle", "far", "close", "dim", "bright", "night", "occlusion",
 _JUNK_FACTORS = ("mirror", "partial", "extreme-angle", "buried")
 
 
-def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, int], intent: str) -> View:
+def sample_view(
+    r: np.random.Generator, config: SynthConfig, size: tuple[int, int], intent: str
+) -> View:
     """Draw a photograph of a facade of ``size`` with the given intent.
 
     ``intent`` is ``easy``, ``hard``, ``junk``, ``street``, ``guaranteed-easy`` or
@@ -164,7 +187,10 @@ def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, in
     pitch = float(r.uniform(-3, 12))
     roll = float(r.normal(0, 2.5))
     zoom = float(r.uniform(0.55, 1.0) * fit)
-    target = (float(np.clip(r.normal(0.5, 0.08), 0.05, 0.95)), float(np.clip(r.normal(0.5, 0.08), 0.05, 0.95)))
+    target = (
+        float(np.clip(r.normal(0.5, 0.08), 0.05, 0.95)),
+        float(np.clip(r.normal(0.5, 0.08), 0.05, 0.95)),
+    )
     light = float(r.uniform(0.75, 1.3))
     cast = tuple(float(c) for c in r.normal(1.0, 0.04, 3))
     shadow = float(r.uniform(0.15, 0.35)) if r.random() < 0.25 else 0.0
@@ -176,7 +202,14 @@ def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, in
     clutter = not intent.startswith("guaranteed")  # guaranteed views are unoccluded
     if intent == "guaranteed-easy":
         yaw, pitch, roll = float(r.uniform(-10, 10)), float(r.uniform(0, 6)), 0.0
-        zoom, target, occlusion, shadow, blur, light = float(r.uniform(0.8, 0.92) * fit), (0.5, 0.5), 0.0, 0.0, 0.3, 1.0
+        zoom, target, occlusion, shadow, blur, light = (
+            float(r.uniform(0.8, 0.92) * fit),
+            (0.5, 0.5),
+            0.0,
+            0.0,
+            0.3,
+            1.0,
+        )
     elif intent == "guaranteed-hard":
         yaw = float(r.uniform(40, 55) * r.choice([-1, 1]))
         zoom, target, occlusion = float(r.uniform(0.6, 0.7) * fit), (0.5, 0.5), 0.0
@@ -209,7 +242,10 @@ def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, in
             mirror = True
         elif factor == "partial":
             zoom = float(r.uniform(2.0, 3.2))
-            target = (float(r.choice([r.uniform(0.0, 0.12), r.uniform(0.88, 1.0)])), float(r.uniform(0.1, 0.9)))
+            target = (
+                float(r.choice([r.uniform(0.0, 0.12), r.uniform(0.88, 1.0)])),
+                float(r.uniform(0.1, 0.9)),
+            )
         elif factor == "extreme-angle":
             yaw = float(r.uniform(76, 80) * r.choice([-1, 1]))
             zoom = float(r.uniform(0.5, 0.8) * fit)
@@ -220,10 +256,22 @@ def sample_view(r: np.random.Generator, config: SynthConfig, size: tuple[int, in
         zoom = float(r.uniform(0.2, 0.6))
         occlusion = float(r.uniform(0.4, 0.8))
     return View(
-        yaw=yaw, pitch=pitch, roll=roll, zoom=zoom, target=target, mirror=mirror, light=light,
-        night=night, cast=cast, shadow=shadow, occlusion=occlusion, blur=blur, noise=noise,  # type: ignore[arg-type]
-        jpeg=jpeg, clutter=clutter,
-    )  # fmt: skip
+        yaw=yaw,
+        pitch=pitch,
+        roll=roll,
+        zoom=zoom,
+        target=target,
+        mirror=mirror,
+        light=light,
+        night=night,
+        cast=cast,
+        shadow=shadow,
+        occlusion=occlusion,
+        blur=blur,
+        noise=noise,  # type: ignore[arg-type]
+        jpeg=jpeg,
+        clutter=clutter,
+    )
 
 
 @dataclass(frozen=True)
@@ -257,7 +305,11 @@ def plan_db_image(config: SynthConfig, i: int) -> ImagePlan:
             intent = str(r.choice(["easy", "hard", "junk"], p=[0.5, 0.38, 0.12]))
     facade_kind = "landmark" if kind == "landmark" else "generic"
     view = sample_view(r, config, _facade_size(config, facade_kind, building), intent)
-    pool = [g for g in range(config.generic_buildings) if not (facade_kind == "generic" and g == building)]
+    pool = [
+        g
+        for g in range(config.generic_buildings)
+        if not (facade_kind == "generic" and g == building)
+    ]
     nbs = r.choice(pool, 2, replace=False)
     view = View(**{**asdict(view), "neighbours": (int(nbs[0]), int(nbs[1]))})
     return ImagePlan(i, kind, building, intent, view)
@@ -287,12 +339,16 @@ def render_db_image(config: SynthConfig, i: int) -> tuple[bytes, dict[str, Any]]
     plan = plan_db_image(config, i)
     facade_kind = "landmark" if plan.kind == "landmark" else "generic"
     r = rng_for(config.city_seed, config.seed, "db-scene", i)
-    rendered = render_view(config.city_seed, facade_kind, plan.building, plan.view, config.image_size, r)
+    rendered = render_view(
+        config.city_seed, facade_kind, plan.building, plan.view, config.image_size, r
+    )
     data = encode_jpeg(rendered.image, plan.view.jpeg)
     record: dict[str, Any] = {
         "name": db_name(config, i),
         "kind": plan.kind,
-        "building": LANDMARK_NAMES[plan.building] if plan.kind == "landmark" else f"generic_{plan.building}",
+        "building": LANDMARK_NAMES[plan.building]
+        if plan.kind == "landmark"
+        else f"generic_{plan.building}",
         "intent": plan.intent,
         "view": _view_record(plan.view, rendered.occluded),
         "sha256": hashlib.sha256(data).hexdigest(),
@@ -306,11 +362,16 @@ def render_db_image(config: SynthConfig, i: int) -> tuple[bytes, dict[str, Any]]
             s = local_scale(rendered.hom, cx, cy)
             change = float("inf") if s <= 0 else max(s / q.scale, q.scale / s)
             facts = PairFacts(
-                same_landmark=True, mirror=plan.view.mirror,
+                same_landmark=True,
+                mirror=plan.view.mirror,
                 visible=visible_fraction(rendered, q.rect, config.image_size),
-                angle=plan.view.angle, scale_change=change, light=plan.view.light,
-                night=plan.view.night, roll=plan.view.roll, blur=plan.view.blur,
-            )  # fmt: skip
+                angle=plan.view.angle,
+                scale_change=change,
+                light=plan.view.light,
+                night=plan.view.night,
+                roll=plan.view.roll,
+                blur=plan.view.blur,
+            )
             label = decide_label(facts, config.labels)
             labels[q.name] = {
                 "label": label,
@@ -326,7 +387,9 @@ def render_query_image(config: SynthConfig, q: int) -> tuple[bytes, dict[str, An
     """Render query image ``q`` (index into :func:`query_specs`): JPEG bytes and its record."""
     spec = query_specs(config)[q]
     r = rng_for(config.city_seed, config.seed, "query-scene", spec.landmark, spec.number)
-    rendered = render_view(config.city_seed, "landmark", spec.landmark, spec.view, config.image_size, r)
+    rendered = render_view(
+        config.city_seed, "landmark", spec.landmark, spec.view, config.image_size, r
+    )
     data = encode_jpeg(rendered.image, spec.view.jpeg)
     record = {
         "name": spec.name,
@@ -355,11 +418,22 @@ def render_distractor(config: SynthConfig, j: int) -> NDArray[np.uint8]:
     """
     r = rng_for(config.city_seed, config.seed, "distractor", j)
     building = 1_000_000 + j // DISTRACTOR_GROUP
-    intent = "street" if r.random() < config.street_fraction else str(r.choice(["easy", "hard", "junk"], p=[0.5, 0.38, 0.12]))
+    intent = (
+        "street"
+        if r.random() < config.street_fraction
+        else str(r.choice(["easy", "hard", "junk"], p=[0.5, 0.38, 0.12]))
+    )
     view = sample_view(r, config, _facade_size(config, "generic", building), intent)
     nbs = r.choice(config.generic_buildings, 2, replace=False)
     view = View(**{**asdict(view), "neighbours": (int(nbs[0]), int(nbs[1]))})
-    rendered = render_view(config.city_seed, "generic", building, view, config.image_size, rng_for(config.city_seed, config.seed, "distractor-scene", j))
+    rendered = render_view(
+        config.city_seed,
+        "generic",
+        building,
+        view,
+        config.image_size,
+        rng_for(config.city_seed, config.seed, "distractor-scene", j),
+    )
     pil = require("PIL.Image", "images")
     with pil.open(io.BytesIO(encode_jpeg(rendered.image, view.jpeg))) as im:
         return np.asarray(im.convert("RGB"))
@@ -397,5 +471,10 @@ def query_region_boxes(config: SynthConfig, i: int) -> dict[str, tuple[float, fl
         lo, hi = pts[inside].min(0), pts[inside].max(0)
         if hi[0] - lo[0] < 1 or hi[1] - lo[1] < 1:
             continue
-        out[q.name] = (round(float(lo[0]), 2), round(float(lo[1]), 2), round(float(hi[0]), 2), round(float(hi[1]), 2))
+        out[q.name] = (
+            round(float(lo[0]), 2),
+            round(float(lo[1]), 2),
+            round(float(hi[0]), 2),
+            round(float(hi[1]), 2),
+        )
     return out

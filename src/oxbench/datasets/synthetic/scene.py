@@ -59,7 +59,9 @@ class View:
         return math.degrees(math.acos(max(-1.0, min(1.0, c))))
 
 
-def homography(view: View, facade_size: tuple[int, int], image_size: tuple[int, int]) -> NDArray[np.float64]:
+def homography(
+    view: View, facade_size: tuple[int, int], image_size: tuple[int, int]
+) -> NDArray[np.float64]:
     """The 3x3 map from facade pixels ``(u, v, 1)`` to image pixels for ``view``.
 
     The camera looks at the aim point from distance ``focal * facade_width / (zoom * W)``, turned
@@ -71,7 +73,9 @@ def homography(view: View, facade_size: tuple[int, int], image_size: tuple[int, 
     d = f * fw / (view.zoom * w)
     yaw, pitch, roll = (math.radians(a) for a in (view.yaw, view.pitch, view.roll))
     target = np.array([view.target[0] * fw, view.target[1] * fh, 0.0])
-    to_cam = np.array([math.sin(yaw) * math.cos(pitch), math.sin(pitch), -math.cos(yaw) * math.cos(pitch)])
+    to_cam = np.array(
+        [math.sin(yaw) * math.cos(pitch), math.sin(pitch), -math.cos(yaw) * math.cos(pitch)]
+    )
     centre = target + d * to_cam
     z = -to_cam
     x = np.cross([0.0, 1.0, 0.0], z)
@@ -88,7 +92,9 @@ def homography(view: View, facade_size: tuple[int, int], image_size: tuple[int, 
     return hom / d
 
 
-def project(hom: NDArray[np.float64], pts: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+def project(
+    hom: NDArray[np.float64], pts: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
     """Map ``[n, 2]`` facade points to image points; also return which are in front of the camera."""
     ph = np.column_stack([pts, np.ones(len(pts))]) @ hom.T
     front = ph[:, 2] > 1e-9
@@ -120,7 +126,9 @@ def generic_width(city_seed: int, index: int, base: int) -> int:
 
 
 @lru_cache(maxsize=160)
-def facade_level(city_seed: int, kind: str, index: int, width: int, level: int, mirror: bool) -> Facade:
+def facade_level(
+    city_seed: int, kind: str, index: int, width: int, level: int, mirror: bool
+) -> Facade:
     """A facade at pyramid ``level`` (each level halves the size), mirrored if asked; cached."""
     cv2 = _cv2()
     if level == 0:
@@ -159,7 +167,7 @@ def _noise(rng: np.random.Generator, h: int, w: int, channels: int = 3) -> NDArr
     y0 = int(rng.integers(0, tile.shape[0] - h + 1))
     x0 = int(rng.integers(0, tile.shape[1] - w + 1))
     c0 = int(rng.integers(0, 4 - channels)) if channels < 3 else 0
-    return tile[y0:y0 + h, x0:x0 + w, c0:c0 + channels]
+    return tile[y0 : y0 + h, x0 : x0 + w, c0 : c0 + channels]
 
 
 def _sky(rng: np.random.Generator, w: int, h: int, night: bool) -> NDArray[np.float32]:
@@ -174,7 +182,9 @@ def _sky(rng: np.random.Generator, w: int, h: int, night: bool) -> NDArray[np.fl
         if rng.random() < 0.3:  # overcast
             top = bottom = np.array([0.75, 0.77, 0.8]) * rng.uniform(0.8, 1.05)
     sky = (top * (1 - t) + bottom * t).astype(np.float32) * np.ones((1, sw, 1), np.float32)
-    clouds = cv2.resize(rng.standard_normal((6, 8)).astype(np.float32), (sw, shh), interpolation=cv2.INTER_CUBIC)
+    clouds = cv2.resize(
+        rng.standard_normal((6, 8)).astype(np.float32), (sw, shh), interpolation=cv2.INTER_CUBIC
+    )
     sky += (0.06 if not night else 0.01) * np.clip(clouds, 0, None)[..., None]
     return cv2.resize(sky, (w, h), interpolation=cv2.INTER_LINEAR)
 
@@ -187,7 +197,12 @@ def _ground(rng: np.random.Generator, w: int, h: int) -> NDArray[np.float32]:
     return g[..., None] * np.array([1.0, 0.98, 0.95], np.float32)
 
 
-def _composite(dst: NDArray[np.float32], rgba: NDArray[np.uint8], hom: NDArray[np.float64], size: tuple[int, int]) -> NDArray[np.float32]:
+def _composite(
+    dst: NDArray[np.float32],
+    rgba: NDArray[np.uint8],
+    hom: NDArray[np.float64],
+    size: tuple[int, int],
+) -> NDArray[np.float32]:
     """Warp an RGBA texture into ``dst`` (in place); return the warped alpha in [0, 1].
 
     Only the bounding box of the projected texture is warped (it is often a small part).
@@ -207,7 +222,14 @@ def _composite(dst: NDArray[np.float32], rgba: NDArray[np.uint8], hom: NDArray[n
     if x1 <= x0 or y1 <= y0:
         return alpha_full
     shift = np.array([[1.0, 0.0, -x0], [0.0, 1.0, -y0], [0.0, 0.0, 1.0]])
-    warped = cv2.warpPerspective(rgba, shift @ hom, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0, 0))
+    warped = cv2.warpPerspective(
+        rgba,
+        shift @ hom,
+        (x1 - x0, y1 - y0),
+        flags=cv2.INTER_LINEAR,
+        borderMode=cv2.BORDER_CONSTANT,
+        borderValue=(0, 0, 0, 0),
+    )
     alpha = warped[..., 3:4].astype(np.float32) * (1.0 / 255.0)
     roi = dst[y0:y1, x0:x1]
     roi *= 1.0 - alpha
@@ -216,7 +238,14 @@ def _composite(dst: NDArray[np.float32], rgba: NDArray[np.uint8], hom: NDArray[n
     return alpha_full
 
 
-def _occluder(img: NDArray[np.float32], mask: NDArray[np.uint8], rng: np.random.Generator, w: int, h: int, ground_y: float) -> None:
+def _occluder(
+    img: NDArray[np.float32],
+    mask: NDArray[np.uint8],
+    rng: np.random.Generator,
+    w: int,
+    h: int,
+    ground_y: float,
+) -> None:
     """Draw one street object (tree, car, person, lamp post, bus) and mark it in ``mask``."""
     cv2 = _cv2()
     kind = str(rng.choice(["tree", "tree", "car", "person", "lamp", "bus"]))
@@ -224,7 +253,9 @@ def _occluder(img: NDArray[np.float32], mask: NDArray[np.uint8], rng: np.random.
     base_y = int(rng.uniform(low, 1.08 * h))
     cx = int(rng.uniform(-0.1, 1.1) * w)
 
-    def rect(p1: tuple[int, int], p2: tuple[int, int], colour: tuple[float, ...], on_mask: bool = True) -> None:
+    def rect(
+        p1: tuple[int, int], p2: tuple[int, int], colour: tuple[float, ...], on_mask: bool = True
+    ) -> None:
         cv2.rectangle(img, p1, p2, colour, -1)
         if on_mask:
             cv2.rectangle(mask, p1, p2, 255, -1)
@@ -247,8 +278,11 @@ def _occluder(img: NDArray[np.float32], mask: NDArray[np.uint8], rng: np.random.
         ix0, iy0 = max(0, bx0), max(0, by0)
         ix1, iy1 = min(w, bx0 + 4 * r), min(h, by0 + 4 * r)
         if ix1 > ix0 and iy1 > iy0:
-            sel = canopy[iy0 - by0:iy1 - by0, ix0 - bx0:ix1 - bx0] > 0
-            green = np.array([rng.uniform(0.12, 0.25), rng.uniform(0.3, 0.45), rng.uniform(0.08, 0.15)], np.float32)
+            sel = canopy[iy0 - by0 : iy1 - by0, ix0 - bx0 : ix1 - bx0] > 0
+            green = np.array(
+                [rng.uniform(0.12, 0.25), rng.uniform(0.3, 0.45), rng.uniform(0.08, 0.15)],
+                np.float32,
+            )
             leaf = np.clip(1.0 + 0.35 * _noise(rng, iy1 - iy0, ix1 - ix0, 1), 0.3, 1.8) * green
             img[iy0:iy1, ix0:ix1][sel] = leaf[sel]
             mask[iy0:iy1, ix0:ix1][sel] = 255
@@ -260,7 +294,12 @@ def _occluder(img: NDArray[np.float32], mask: NDArray[np.uint8], rng: np.random.
         rect((x0, y0 + (bh // 3 if kind == "car" else 0)), (x0 + bw, base_y - bh // 8), body)
         if kind == "car":
             rect((x0 + bw // 5, y0), (x0 + 4 * bw // 5, y0 + bh // 3 + 2), body)
-            rect((x0 + bw // 5 + 4, y0 + 4), (x0 + 4 * bw // 5 - 4, y0 + bh // 3), (0.12, 0.15, 0.2), False)
+            rect(
+                (x0 + bw // 5 + 4, y0 + 4),
+                (x0 + 4 * bw // 5 - 4, y0 + bh // 3),
+                (0.12, 0.15, 0.2),
+                False,
+            )
         else:
             for k in range(6):
                 wx = x0 + k * bw // 6 + 4
@@ -290,7 +329,14 @@ class Rendered:
     occluded: float  # measured share of the main facade's visible pixels covered by occluders
 
 
-def render_view(city_seed: int, kind: str, index: int, view: View, image_size: tuple[int, int], rng: np.random.Generator) -> Rendered:
+def render_view(
+    city_seed: int,
+    kind: str,
+    index: int,
+    view: View,
+    image_size: tuple[int, int],
+    rng: np.random.Generator,
+) -> Rendered:
     """Photograph building ``index`` of ``kind`` with ``view``.
 
     Args:
@@ -333,8 +379,20 @@ def render_view(city_seed: int, kind: str, index: int, view: View, image_size: t
         dy = fh - nfac0.height
         shift = np.array([[1.0, 0, dx], [0, 1.0, dy], [0, 0, 1.0]])
         nhom = hom @ shift
-        corners, nfront = project(nhom, np.array([[0, 0], [nfac0.width, 0], [nfac0.width, nfac0.height], [0, nfac0.height]], np.float64))
-        if not nfront.all() or corners[:, 0].max() < 0 or corners[:, 0].min() > w or corners[:, 1].max() < 0 or corners[:, 1].min() > h:
+        corners, nfront = project(
+            nhom,
+            np.array(
+                [[0, 0], [nfac0.width, 0], [nfac0.width, nfac0.height], [0, nfac0.height]],
+                np.float64,
+            ),
+        )
+        if (
+            not nfront.all()
+            or corners[:, 0].max() < 0
+            or corners[:, 0].min() > w
+            or corners[:, 1].max() < 0
+            or corners[:, 1].min() > h
+        ):
             continue
         lvl = min(level, _pick_level(local_scale(nhom, nfac0.width / 2, nfac0.height / 2)))
         nfac = facade_level(city_seed, "generic", nb, nw, lvl, False)
@@ -370,7 +428,7 @@ def render_view(city_seed: int, kind: str, index: int, view: View, image_size: t
     # light and colour
     img *= np.asarray(view.cast, np.float32) * view.light
     if view.night:
-        img = img ** 1.3
+        img = img**1.3
     if view.blur > 0.05:
         img = cv2.GaussianBlur(img, (0, 0), view.blur)
     if view.noise > 0:
@@ -379,7 +437,12 @@ def render_view(city_seed: int, kind: str, index: int, view: View, image_size: t
     return Rendered(out, hom, occ, occluded)
 
 
-def visible_fraction(rendered: Rendered, rect: tuple[float, float, float, float], image_size: tuple[int, int], n: int = 24) -> float:
+def visible_fraction(
+    rendered: Rendered,
+    rect: tuple[float, float, float, float],
+    image_size: tuple[int, int],
+    n: int = 24,
+) -> float:
     """Share of a facade rectangle (level-0 facade pixels) that the image shows unoccluded.
 
     A point counts when it is in front of the camera, inside the frame and not behind an
@@ -389,9 +452,10 @@ def visible_fraction(rendered: Rendered, rect: tuple[float, float, float, float]
     x1, y1, x2, y2 = rect
     us, vs = np.meshgrid(np.linspace(x1, x2, n), np.linspace(y1, y2, n))
     pts, front = project(rendered.hom, np.column_stack([us.ravel(), vs.ravel()]))
-    inside = front & (pts[:, 0] >= 0) & (pts[:, 0] <= w - 1) & (pts[:, 1] >= 0) & (pts[:, 1] <= h - 1)
+    inside = (
+        front & (pts[:, 0] >= 0) & (pts[:, 0] <= w - 1) & (pts[:, 1] >= 0) & (pts[:, 1] <= h - 1)
+    )
     xi = np.clip(np.round(pts[:, 0]).astype(np.int64), 0, w - 1)
     yi = np.clip(np.round(pts[:, 1]).astype(np.int64), 0, h - 1)
     seen = inside & (rendered.occluders[yi, xi] == 0)
     return float(seen.mean())
-

@@ -46,5 +46,5 @@ def models_dir(root: str | Path | None = None) -> Path:
 def resolve_weights_path(weights: str, root: str | Path | None = None) -> Path:
     """The file a ``weights`` setting names: ``models:<file>`` under :func:`models_dir`, else a path."""
     if weights.startswith(MODELS_PREFIX):
-        return models_dir(root) / weights[len(MODELS_PREFIX):]
+        return models_dir(root) / weights[len(MODELS_PREFIX) :]
     return Path(weights).expanduser()

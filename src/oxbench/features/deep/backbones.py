@@ -84,7 +84,7 @@ def known_architecture(architecture: str) -> bool:
     (the name is looked up in timm's registry by :func:`check_architecture`)."""
     if architecture in TORCHVISION_DIMS:
         return True
-    name = architecture[len(TIMM_PREFIX):] if architecture.startswith(TIMM_PREFIX) else ""
+    name = architecture[len(TIMM_PREFIX) :] if architecture.startswith(TIMM_PREFIX) else ""
     return len(name) <= 200 and bool(_TIMM_NAME.match(name))
 
 
@@ -105,8 +105,11 @@ def check_architecture(architecture: str, *, source: str | Path | None = None) -
             source,
         )
     timm = require("timm", "deep")
-    if not timm.is_model(architecture[len(TIMM_PREFIX):]):
-        raise InputError(f"timm does not know the model {shown[len(TIMM_PREFIX):]!r} (timm.list_models() lists them)", source)
+    if not timm.is_model(architecture[len(TIMM_PREFIX) :]):
+        raise InputError(
+            f"timm does not know the model {shown[len(TIMM_PREFIX) :]!r} (timm.list_models() lists them)",
+            source,
+        )
 
 
 def build_trunk(architecture: str) -> Trunk:
@@ -118,15 +121,23 @@ def build_trunk(architecture: str) -> Trunk:
     if architecture in TORCHVISION_DIMS:
         tv = require("torchvision", "deep")
         full = tv.models.get_model(architecture, weights=None)
-        return Trunk(architecture, _cut_torchvision(architecture, full), TORCHVISION_DIMS[architecture],
-                     IMAGENET_MEAN, IMAGENET_STD, "map")
+        return Trunk(
+            architecture,
+            _cut_torchvision(architecture, full),
+            TORCHVISION_DIMS[architecture],
+            IMAGENET_MEAN,
+            IMAGENET_STD,
+            "map",
+        )
     if architecture.startswith(TIMM_PREFIX):
         check_architecture(architecture)
         model = _timm_model(architecture, pretrained=False)
         timm = require("timm", "deep")
         cfg = timm.data.resolve_model_data_config(model)
         kind: Literal["timm-map", "timm-tokens"] = "timm-tokens" if _is_vit(model) else "timm-map"
-        return Trunk(architecture, model, int(model.num_features), _rgb(cfg["mean"]), _rgb(cfg["std"]), kind)
+        return Trunk(
+            architecture, model, int(model.num_features), _rgb(cfg["mean"]), _rgb(cfg["std"]), kind
+        )
     raise InputError(
         f"unknown backbone {architecture!r}; use one of {', '.join(TORCHVISION_DIMS)} or timm:<model name>"
     )
@@ -151,7 +162,7 @@ def _is_vit(model: Any) -> bool:
 
 def _timm_model(architecture: str, *, pretrained: bool) -> Any:
     timm = require("timm", "deep")
-    name = architecture[len(TIMM_PREFIX):]
+    name = architecture[len(TIMM_PREFIX) :]
     base = {"pretrained": pretrained, "num_classes": 0}
     try:
         try:
@@ -160,7 +171,9 @@ def _timm_model(architecture: str, *, pretrained: bool) -> Any:
             return timm.create_model(name, **base)
     except RuntimeError as exc:
         if "Unknown model" in str(exc):
-            raise InputError(f"timm does not know the model {name!r} (timm.list_models() lists them)") from None
+            raise InputError(
+                f"timm does not know the model {name!r} (timm.list_models() lists them)"
+            ) from None
         raise
 
 
@@ -194,7 +207,11 @@ def imagenet_state_dict(architecture: str) -> tuple[dict[str, Any], str]:
         raise
     except Exception as exc:  # network, cache and hub errors come in many types
         reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        cache = "$TORCH_HOME/hub/checkpoints" if architecture in TORCHVISION_DIMS else "the Hugging Face cache"
+        cache = (
+            "$TORCH_HOME/hub/checkpoints"
+            if architecture in TORCHVISION_DIMS
+            else "the Hugging Face cache"
+        )
         raise InputError(
             f"the ImageNet weights of {architecture} are not in {cache} and could not be downloaded "
             f"({reason}); run once with a network, copy them into that cache, or pass a model file "

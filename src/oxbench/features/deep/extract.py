@@ -79,7 +79,9 @@ class ExtractOptions:
     def __post_init__(self) -> None:
         if self.max_side < 16:
             raise InputError(f"max_side must be >= 16 px, got {self.max_side}")
-        if not self.scales or not all(isinstance(s, int | float) and 0 < s <= 4 and math.isfinite(s) for s in self.scales):
+        if not self.scales or not all(
+            isinstance(s, int | float) and 0 < s <= 4 and math.isfinite(s) for s in self.scales
+        ):
             raise InputError(f"scales must be numbers in (0, 4], got {self.scales!r}")
         if self.precision not in ("fp32", "bf16"):
             raise InputError(f"precision must be fp32 or bf16, got {self.precision!r}")
@@ -95,7 +97,9 @@ def select_device(name: str = "auto") -> Any:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cpu" or name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
         if name.startswith("cuda") and not torch.cuda.is_available():
-            raise InputError(f"device {name!r} asked for, but torch sees no GPU; use device=auto or cpu")
+            raise InputError(
+                f"device {name!r} asked for, but torch sees no GPU; use device=auto or cpu"
+            )
         return torch.device(name)
     raise InputError(f"unknown device {name!r}; use auto, cpu, cuda or cuda:<n>")
 
@@ -123,11 +127,15 @@ def query_crop_side(crop_hw: tuple[int, ...], full_hw: tuple[int, ...], max_side
     """
     crop_max, full_max = max(crop_hw[:2]), max(full_hw[:2])
     if crop_max < 1 or full_max < crop_max:
-        raise InputError(f"a query crop of {crop_hw[:2]} px does not fit in its image of {full_hw[:2]} px")
+        raise InputError(
+            f"a query crop of {crop_hw[:2]} px does not fit in its image of {full_hw[:2]} px"
+        )
     return max(1, math.floor(max_side * crop_max / full_max))
 
 
-def resize_query_crop(crop: NDArray[np.uint8], full_hw: tuple[int, ...], max_side: int) -> NDArray[np.uint8]:
+def resize_query_crop(
+    crop: NDArray[np.uint8], full_hw: tuple[int, ...], max_side: int
+) -> NDArray[np.uint8]:
     """A query crop shrunk by its full image's factor (see :func:`query_crop_side`)."""
     return resize_max_side(crop, query_crop_side(crop.shape, full_hw, max_side))
 
@@ -146,7 +154,9 @@ class Extractor:
         self.net = net.to(self.device).eval()
         self.batch_size = options.batch_size
         self.power = float(net.multiscale_power)
-        self._mean = torch.tensor(net.mean, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
+        self._mean = torch.tensor(net.mean, dtype=torch.float32, device=self.device).view(
+            1, 3, 1, 1
+        )
         self._std = torch.tensor(net.std, dtype=torch.float32, device=self.device).view(1, 3, 1, 1)
 
     @property
@@ -155,16 +165,29 @@ class Extractor:
 
     def to_tensor(self, images: Sequence[NDArray[np.uint8]]) -> Any:
         """``[B, 3, H, W]`` normalised float32 on the device, from equal-size ``H x W x 3`` uint8."""
-        x = torch.from_numpy(np.stack(images)).to(self.device).permute(0, 3, 1, 2).float().div_(255.0)
+        x = (
+            torch.from_numpy(np.stack(images))
+            .to(self.device)
+            .permute(0, 3, 1, 2)
+            .float()
+            .div_(255.0)
+        )
         return (x - self._mean) / self._std
 
     def multiscale(self, x: Any) -> Any:
         """Descriptors ``[B, D]`` (float32, L2) of a normalised batch: power mean over the scales."""
         use_bf16 = self.options.precision == "bf16"
         acc = None
-        with torch.inference_mode(), torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        with (
+            torch.inference_mode(),
+            torch.autocast(device_type=self.device.type, dtype=torch.bfloat16, enabled=use_bf16),
+        ):
             for s in self.options.scales:
-                xs = x if s == 1 else F.interpolate(x, scale_factor=s, mode="bilinear", align_corners=False)
+                xs = (
+                    x
+                    if s == 1
+                    else F.interpolate(x, scale_factor=s, mode="bilinear", align_corners=False)
+                )
                 v = self.net(xs).float()
                 v = v if self.power == 1 else v.clamp(min=0).pow(self.power)
                 acc = v if acc is None else acc + v
@@ -174,7 +197,9 @@ class Extractor:
                 acc = acc.pow(1.0 / self.power)
             return F.normalize(acc, dim=-1)
 
-    def describe(self, images: Sequence[NDArray[np.uint8]], names: Sequence[str] | None = None) -> NDArray[np.float32]:
+    def describe(
+        self, images: Sequence[NDArray[np.uint8]], names: Sequence[str] | None = None
+    ) -> NDArray[np.float32]:
         """Descriptors ``float32 [n, D]`` of images already resized (see :func:`resize_max_side`).
 
         Images of equal shape share forward passes (``batch_size`` at a time). Out of GPU memory,
@@ -187,7 +212,9 @@ class Extractor:
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, im in enumerate(images):
             if im.ndim != 3 or im.shape[2] != 3 or im.dtype != np.uint8:
-                raise InputError(f"image {names[i] if names else i}: expected H x W x 3 uint8, got {im.shape} {im.dtype}")
+                raise InputError(
+                    f"image {names[i] if names else i}: expected H x W x 3 uint8, got {im.shape} {im.dtype}"
+                )
             groups.setdefault(tuple(im.shape), []).append(i)
         for shape, members in groups.items():
             s = 0
@@ -205,8 +232,13 @@ class Extractor:
                             "lower max_side or use device=cpu"
                         ) from None
                     self.batch_size = max(1, len(chunk) // 2)
-                    log.warning("out of GPU memory with %d images of %dx%d per batch; retrying with %d",
-                                len(chunk), shape[1], shape[0], self.batch_size)
+                    log.warning(
+                        "out of GPU memory with %d images of %dx%d per batch; retrying with %d",
+                        len(chunk),
+                        shape[1],
+                        shape[0],
+                        self.batch_size,
+                    )
                     continue
                 out[chunk] = v.cpu().numpy()
                 s += len(chunk)
@@ -249,8 +281,14 @@ class Extractor:
         for i, item in zip(positions, loaded, strict=True):
             if isinstance(item, InputError):
                 if not allow_undecodable:
-                    raise InputError(f"image {names[i]}: {item} (allow partial sets to skip it)") from None
-                log.warning("image %s cannot be decoded (%s); skipped: its descriptor is zero", names[i], item)
+                    raise InputError(
+                        f"image {names[i]}: {item} (allow partial sets to skip it)"
+                    ) from None
+                log.warning(
+                    "image %s cannot be decoded (%s); skipped: its descriptor is zero",
+                    names[i],
+                    item,
+                )
                 continue
             done.append(i)
             images.append(item)

@@ -82,7 +82,9 @@ class RetrievalNet(nn.Module):
             ``None``: none).
     """
 
-    def __init__(self, trunk: Trunk, pooling: str, *, p: float = 3.0, whiten_dim: int | None = None) -> None:
+    def __init__(
+        self, trunk: Trunk, pooling: str, *, p: float = 3.0, whiten_dim: int | None = None
+    ) -> None:
         super().__init__()
         self.architecture = trunk.architecture
         self.pooling = pooling
@@ -126,9 +128,14 @@ class RetrievalNet(nn.Module):
 
     def describe(self) -> dict[str, Any]:
         """Architecture facts for run records."""
-        out: dict[str, Any] = {"architecture": self.architecture, "pooling": self.pooling, "dim": self.dim,
-                               "mean": list(self.mean), "std": list(self.std),
-                               "whiten_layer": self.whiten is not None}
+        out: dict[str, Any] = {
+            "architecture": self.architecture,
+            "pooling": self.pooling,
+            "dim": self.dim,
+            "mean": list(self.mean),
+            "std": list(self.std),
+            "whiten_layer": self.whiten is not None,
+        }
         if self.pooling == "gem":
             out["p"] = float(self.pool.p.detach().float().cpu()[0])
         return out
@@ -147,7 +154,9 @@ class LoadedModel:
 
     net: RetrievalNet
     weights: str
-    lw: Mapping[str, Mapping[str, tuple[NDArray[np.float64], NDArray[np.float64]]]] = field(default_factory=dict)
+    lw: Mapping[str, Mapping[str, tuple[NDArray[np.float64], NDArray[np.float64]]]] = field(
+        default_factory=dict
+    )
     source: Mapping[str, Any] = field(default_factory=dict)
 
     def whitening(self, multiscale: bool) -> tuple[NDArray[np.float64], NDArray[np.float64]] | None:
@@ -228,17 +237,27 @@ def save_model(
     ``oxbench train`` and ``oxbench import-checkpoint`` write their models with this.
     """
     payload = {
-        "format": MODEL_FORMAT, "version": MODEL_VERSION, "architecture": net.architecture,
-        "pooling": net.pooling, "p": net.describe().get("p"),
+        "format": MODEL_FORMAT,
+        "version": MODEL_VERSION,
+        "architecture": net.architecture,
+        "pooling": net.pooling,
+        "p": net.describe().get("p"),
         "whiten_dim": None if net.whiten is None else int(net.whiten.out_features),
-        "mean": [float(v) for v in net.mean], "std": [float(v) for v in net.std],
-        "lw": {str(name): {str(k): {"m": torch.as_tensor(np.asarray(m, np.float64).reshape(-1)),
-                                    "P": torch.as_tensor(np.asarray(p, np.float64))}
-                           for k, (m, p) in entry.items()}
-               for name, entry in (lw or {}).items()},
+        "mean": [float(v) for v in net.mean],
+        "std": [float(v) for v in net.std],
+        "lw": {
+            str(name): {
+                str(k): {
+                    "m": torch.as_tensor(np.asarray(m, np.float64).reshape(-1)),
+                    "P": torch.as_tensor(np.asarray(p, np.float64)),
+                }
+                for k, (m, p) in entry.items()
+            }
+            for name, entry in (lw or {}).items()
+        },
         "source": _plain(dict(source or {})),
         "state_dict": {k: v.detach().cpu() for k, v in net.state_dict().items()},
-    }  # fmt: skip
+    }
     buf = io.BytesIO()
     torch.save(payload, buf)
     return atomic_write_bytes(path, buf.getvalue())
@@ -259,13 +278,20 @@ def _torch_load(path: str | Path) -> Any:
     data = read_bounded(path, _MODEL_LIMIT)
     # cirtorch stores Lw as numpy arrays: allow exactly what rebuilds one (under numpy 1 and 2 names)
     reconstruct = importlib.import_module("numpy._core.multiarray")._reconstruct
-    safe: list[Any] = [np.ndarray, np.dtype, reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct")]
+    safe: list[Any] = [
+        np.ndarray,
+        np.dtype,
+        reconstruct,
+        (reconstruct, "numpy.core.multiarray._reconstruct"),
+    ]
     safe += [type(np.dtype(t)) for t in ("float16", "float32", "float64", "int32", "int64")]
     try:
         with torch.serialization.safe_globals(safe):
             return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle and zip errors come in many types
-        raise InputError(f"not a readable torch checkpoint of plain data ({torch_load_reason(exc)})", path) from None
+        raise InputError(
+            f"not a readable torch checkpoint of plain data ({torch_load_reason(exc)})", path
+        ) from None
 
 
 def load_model(path: str | Path) -> LoadedModel:
@@ -283,18 +309,36 @@ def load_model(path: str | Path) -> LoadedModel:
                 f"oxbench import-checkpoint {path} --out MODEL.pt",
                 path,
             )
-        raise InputError("not an oxbench model file (written by oxbench import-checkpoint or oxbench train)", path)
+        raise InputError(
+            "not an oxbench model file (written by oxbench import-checkpoint or oxbench train)",
+            path,
+        )
     version = state.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version != MODEL_VERSION:
-        raise InputError(f"model file version {_short(version)}; this oxbench reads version {MODEL_VERSION}", path)
+        raise InputError(
+            f"model file version {_short(version)}; this oxbench reads version {MODEL_VERSION}",
+            path,
+        )
     payload = check_model_payload(state, path)
     trunk = build_trunk(payload.architecture)
-    trunk = Trunk(trunk.architecture, trunk.module, trunk.dim, payload.mean, payload.std, trunk.kind)
+    trunk = Trunk(
+        trunk.architecture, trunk.module, trunk.dim, payload.mean, payload.std, trunk.kind
+    )
     w = payload.state_dict.get("whiten.weight")
-    if w is not None and int(w.shape[1]) != trunk.dim:  # before the layer is built at the size it states
-        raise InputError(f"model file's whitening layer has shape {tuple(w.shape)}, expected [{payload.whiten_dim}, {trunk.dim}]", path)
+    if (
+        w is not None and int(w.shape[1]) != trunk.dim
+    ):  # before the layer is built at the size it states
+        raise InputError(
+            f"model file's whitening layer has shape {tuple(w.shape)}, expected [{payload.whiten_dim}, {trunk.dim}]",
+            path,
+        )
     net = RetrievalNet(trunk, payload.pooling, p=payload.p, whiten_dim=payload.whiten_dim)
-    load_matching_state(net, payload.state_dict, what=f"{payload.architecture} with {payload.pooling} pooling", source=path)
+    load_matching_state(
+        net,
+        payload.state_dict,
+        what=f"{payload.architecture} with {payload.pooling} pooling",
+        source=path,
+    )
     lw = _read_lw(payload.lw, net.dim, path)
     return LoadedModel(net.eval(), f"file:sha256={file_sha256(path)}", lw, payload.source)
 
@@ -313,7 +357,9 @@ def _rgb3(values: Any, what: str) -> tuple[float, float, float]:
     return v[0], v[1], v[2]
 
 
-def _read_lw(raw: Any, dim: int, source: str | Path) -> dict[str, dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]]]:
+def _read_lw(
+    raw: Any, dim: int, source: str | Path
+) -> dict[str, dict[str, tuple[NDArray[np.float64], NDArray[np.float64]]]]:
     """Validate ``{name: {ss|ms: {m, P}}}``: ``m`` of ``dim`` values, ``P`` of ``[D', dim]``."""
     if not isinstance(raw, dict):
         raise InputError("learned whitening (Lw) is not a mapping", source)
@@ -327,7 +373,9 @@ def _read_lw(raw: Any, dim: int, source: str | Path) -> dict[str, dict[str, tupl
                 m = np.asarray(_to_numpy(mp["m"]), np.float64).reshape(-1)
                 p = np.asarray(_to_numpy(mp["P"]), np.float64)
             except (KeyError, TypeError, ValueError) as exc:
-                raise InputError(f"learned whitening {name}/{key} lacks m and P ({exc})", source) from None
+                raise InputError(
+                    f"learned whitening {name}/{key} lacks m and P ({exc})", source
+                ) from None
             if m.shape != (dim,) or p.ndim != 2 or p.shape[1] != dim:
                 raise InputError(
                     f"learned whitening {name}/{key}: m {m.shape} and P {p.shape} do not fit {dim}-D descriptors",
@@ -335,7 +383,9 @@ def _read_lw(raw: Any, dim: int, source: str | Path) -> dict[str, dict[str, tupl
                 )
             check_whitening_shape(p.shape[0], p.shape[1], dim, f"{name}/{key}", source)
             if not (np.isfinite(m).all() and np.isfinite(p).all()):
-                raise InputError(f"learned whitening {name}/{key} holds NaN or infinite values", source)
+                raise InputError(
+                    f"learned whitening {name}/{key} holds NaN or infinite values", source
+                )
             out[str(name)][str(key)] = (m, p)
     return out
 
@@ -373,7 +423,10 @@ def load_matching_state(net: Any, state: Any, *, what: str, source: str | Path) 
         got = state[k]
         if not hasattr(got, "shape") or tuple(got.shape) != tuple(v.shape):
             shape = tuple(got.shape) if hasattr(got, "shape") else type(got).__name__
-            raise InputError(f"checkpoint does not fit {what}: {k} has shape {shape}, expected {tuple(v.shape)}", source)
+            raise InputError(
+                f"checkpoint does not fit {what}: {k} has shape {shape}, expected {tuple(v.shape)}",
+                source,
+            )
     net.load_state_dict(state, strict=True)
 
 
@@ -394,7 +447,11 @@ def import_cirtorch(path: str | Path, out: str | Path) -> Path:
     """
     state = _torch_load(path)
     check_plain(state, path, what="checkpoint")
-    if not isinstance(state, dict) or not isinstance(state.get("meta"), dict) or not isinstance(state.get("state_dict"), dict):
+    if (
+        not isinstance(state, dict)
+        or not isinstance(state.get("meta"), dict)
+        or not isinstance(state.get("state_dict"), dict)
+    ):
         raise InputError("not a cirtorch checkpoint (a dict with 'meta' and 'state_dict')", path)
     meta = state["meta"]
     check_finite_weights(state["state_dict"], path)
@@ -402,12 +459,17 @@ def import_cirtorch(path: str | Path, out: str | Path) -> Path:
         arch, pooling = str(meta["architecture"]), str(meta["pooling"])
         mean, std = _rgb3(meta["mean"], "mean"), _rgb3(meta["std"], "std")
     except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(f"cirtorch meta lacks architecture / pooling / mean / std ({exc})", path) from None
+        raise InputError(
+            f"cirtorch meta lacks architecture / pooling / mean / std ({exc})", path
+        ) from None
     for flag in ("local_whitening", "regional"):
         if meta.get(flag):
             raise InputError(f"cirtorch networks with {flag} are not supported", path)
     if pooling not in POOLING:
-        raise InputError(f"cirtorch pooling {pooling!r} is not supported (use one of {', '.join(sorted(POOLING))})", path)
+        raise InputError(
+            f"cirtorch pooling {pooling!r} is not supported (use one of {', '.join(sorted(POOLING))})",
+            path,
+        )
     if not known_architecture(arch) or arch.startswith("timm:"):
         raise InputError(f"cirtorch architecture {arch!r} is not supported here", path)
     trunk = build_trunk(arch)
@@ -418,10 +480,18 @@ def import_cirtorch(path: str | Path, out: str | Path) -> Path:
         w = sd.get("whiten.weight")
         whiten_dim = int(w.shape[0]) if hasattr(w, "shape") and len(w.shape) == 2 else trunk.dim
         if not 1 <= whiten_dim <= MAX_WHITEN_DIM:
-            raise InputError(f"cirtorch whitening layer of {whiten_dim} outputs; at most {MAX_WHITEN_DIM}", path)
+            raise InputError(
+                f"cirtorch whitening layer of {whiten_dim} outputs; at most {MAX_WHITEN_DIM}", path
+            )
     net = RetrievalNet(trunk, pooling, whiten_dim=whiten_dim)
     load_matching_state(net, sd, what=f"{arch} with {pooling} pooling (its meta)", source=path)
     lw = _read_lw(meta.get("Lw") or {}, net.dim, path)
-    source = {"format": "cirtorch", "path": str(Path(path).resolve()), "sha256": file_sha256(path),
-              "meta": {k: meta[k] for k in ("architecture", "pooling", "whitening", "outputdim") if k in meta}}
+    source = {
+        "format": "cirtorch",
+        "path": str(Path(path).resolve()),
+        "sha256": file_sha256(path),
+        "meta": {
+            k: meta[k] for k in ("architecture", "pooling", "whitening", "outputdim") if k in meta
+        },
+    }
     return save_model(out, net.eval(), lw=lw, source=source)

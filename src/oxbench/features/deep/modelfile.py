@@ -42,8 +42,21 @@ MAX_TEXT = 4096
 MAX_WHITEN_DIM = 1 << 16
 
 #: The keys of a model file's top level.
-MODEL_KEYS = frozenset({"format", "version", "architecture", "pooling", "p", "whiten_dim", "mean", "std", "lw",
-                        "source", "state_dict"})
+MODEL_KEYS = frozenset(
+    {
+        "format",
+        "version",
+        "architecture",
+        "pooling",
+        "p",
+        "whiten_dim",
+        "mean",
+        "std",
+        "lw",
+        "source",
+        "state_dict",
+    }
+)
 
 _P = Optional(Float(lo=0, lo_open=True, hi=1000))
 _WHITEN_DIM = Optional(Size(lo=1, hi=MAX_WHITEN_DIM))
@@ -86,25 +99,43 @@ def check_plain(obj: Any, source: str | Path, *, what: str = "model file") -> No
         node, depth = stack.pop()
         nodes += 1
         if nodes > MAX_NODES:
-            raise InputError(f"{what} holds more than {MAX_NODES:,} values; not a model file", source)
+            raise InputError(
+                f"{what} holds more than {MAX_NODES:,} values; not a model file", source
+            )
         if isinstance(node, dict):
             if depth >= MAX_DEPTH:
-                raise InputError(f"{what} is nested deeper than {MAX_DEPTH} levels; not a model file", source)
+                raise InputError(
+                    f"{what} is nested deeper than {MAX_DEPTH} levels; not a model file", source
+                )
             for k, v in node.items():
                 if not isinstance(k, str) or len(k) > MAX_TEXT:
-                    raise InputError(f"{what} has a key that is not short text ({type(k).__name__})", source)
+                    raise InputError(
+                        f"{what} has a key that is not short text ({type(k).__name__})", source
+                    )
                 stack.append((v, depth + 1))
         elif isinstance(node, list | tuple):
             if depth >= MAX_DEPTH:
-                raise InputError(f"{what} is nested deeper than {MAX_DEPTH} levels; not a model file", source)
+                raise InputError(
+                    f"{what} is nested deeper than {MAX_DEPTH} levels; not a model file", source
+                )
             stack.extend((v, depth + 1) for v in node)
         elif isinstance(node, str):
             if len(node) > MAX_TEXT:
-                raise InputError(f"{what} holds a text value of {len(node):,} characters; at most {MAX_TEXT:,}", source)
-        elif node is None or isinstance(node, bool | int | float) or _is_tensor(node) or isinstance(node, np.ndarray):
+                raise InputError(
+                    f"{what} holds a text value of {len(node):,} characters; at most {MAX_TEXT:,}",
+                    source,
+                )
+        elif (
+            node is None
+            or isinstance(node, bool | int | float)
+            or _is_tensor(node)
+            or isinstance(node, np.ndarray)
+        ):
             continue
         else:
-            raise InputError(f"{what} holds a {type(node).__name__}, not plain data or tensors", source)
+            raise InputError(
+                f"{what} holds a {type(node).__name__}, not plain data or tensors", source
+            )
 
 
 def check_finite_weights(state: Mapping[str, Any], source: str | Path) -> None:
@@ -115,7 +146,9 @@ def check_finite_weights(state: Mapping[str, Any], source: str | Path) -> None:
         if not _is_tensor(t):
             raise InputError(f"weight {name!r} is a {type(t).__name__}, not a tensor", source)
         if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-            raise InputError(f"weight {name!r} holds NaN or infinite values; the model file is damaged", source)
+            raise InputError(
+                f"weight {name!r} holds NaN or infinite values; the model file is damaged", source
+            )
 
 
 def check_model_payload(state: Any, source: str | Path) -> ModelPayload:
@@ -129,20 +162,32 @@ def check_model_payload(state: Any, source: str | Path) -> ModelPayload:
 
     check_plain(state, source)
     if not isinstance(state, dict):
-        raise InputError("not an oxbench model file (written by oxbench import-checkpoint or oxbench train)", source)
+        raise InputError(
+            "not an oxbench model file (written by oxbench import-checkpoint or oxbench train)",
+            source,
+        )
     extra = sorted(set(state) - MODEL_KEYS)
     if extra:
-        raise InputError(f"model file has unknown entries {', '.join(map(repr, extra[:4]))}", source)
-    missing = [k for k in ("architecture", "pooling", "mean", "std", "state_dict") if k not in state]
+        raise InputError(
+            f"model file has unknown entries {', '.join(map(repr, extra[:4]))}", source
+        )
+    missing = [
+        k for k in ("architecture", "pooling", "mean", "std", "state_dict") if k not in state
+    ]
     if missing:
         raise InputError(f"malformed model file: no {', '.join(missing)}", source)
     arch = state["architecture"]
     if not isinstance(arch, str):
-        raise InputError(f"model file's architecture is a {type(arch).__name__}, not a name", source)
+        raise InputError(
+            f"model file's architecture is a {type(arch).__name__}, not a name", source
+        )
     check_architecture(arch, source=source)
     pooling = state["pooling"]
     if not isinstance(pooling, str) or pooling not in POOLING:
-        raise InputError(f"model file has unknown pooling {_short(pooling)}; known: {', '.join(sorted(POOLING))}", source)
+        raise InputError(
+            f"model file has unknown pooling {_short(pooling)}; known: {', '.join(sorted(POOLING))}",
+            source,
+        )
     try:
         p = _P.check("p", state.get("p"))
         whiten_dim = _WHITEN_DIM.check("whiten_dim", state.get("whiten_dim"))
@@ -152,16 +197,26 @@ def check_model_payload(state: Any, source: str | Path) -> ModelPayload:
         raise InputError(f"model file {exc}", source) from None
     sd = state["state_dict"]
     if not isinstance(sd, dict) or not sd:
-        raise InputError("model file's state_dict is not a mapping of parameter names to tensors", source)
+        raise InputError(
+            "model file's state_dict is not a mapping of parameter names to tensors", source
+        )
     check_finite_weights(sd, source)
     pool_p = sd.get("pool.p")
     if pool_p is not None and pool_p.numel() and not bool((pool_p > 0).all()):
-        raise InputError(f"model file's GeM exponent pool.p is {pool_p.flatten()[0].item():g}; it must be > 0", source)
+        raise InputError(
+            f"model file's GeM exponent pool.p is {pool_p.flatten()[0].item():g}; it must be > 0",
+            source,
+        )
     w = sd.get("whiten.weight")
     if (w is None) != (whiten_dim is None):
-        raise InputError("model file's whiten_dim and its whitening layer (whiten.weight) disagree", source)
+        raise InputError(
+            "model file's whiten_dim and its whitening layer (whiten.weight) disagree", source
+        )
     if w is not None and (w.ndim != 2 or int(w.shape[0]) != whiten_dim):
-        raise InputError(f"model file's whitening layer has shape {tuple(w.shape)}, expected [{whiten_dim}, D]", source)
+        raise InputError(
+            f"model file's whitening layer has shape {tuple(w.shape)}, expected [{whiten_dim}, D]",
+            source,
+        )
     lw = state.get("lw") or {}
     src = state.get("source") or {}
     if not isinstance(lw, dict) or not isinstance(src, dict):
@@ -172,7 +227,10 @@ def check_model_payload(state: Any, source: str | Path) -> ModelPayload:
 def check_whitening_shape(rows: int, cols: int, dim: int, what: str, source: str | Path) -> None:
     """A learned whitening's ``P`` must be ``[D' <= MAX_WHITEN_DIM, dim]``."""
     if cols != dim or not 1 <= rows <= MAX_WHITEN_DIM:
-        raise InputError(f"learned whitening {what}: P is [{rows}, {cols}], expected [D' <= {MAX_WHITEN_DIM}, {dim}]", source)
+        raise InputError(
+            f"learned whitening {what}: P is [{rows}, {cols}], expected [D' <= {MAX_WHITEN_DIM}, {dim}]",
+            source,
+        )
 
 
 def _floats(values: Any) -> Any:
@@ -202,4 +260,3 @@ def torch_load_reason(exc: BaseException) -> str:
         return "it is nested too deeply"
     line = " ".join(text.split())[:200]
     return line or type(exc).__name__
-

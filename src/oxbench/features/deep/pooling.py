@@ -34,7 +34,12 @@ RMAC_GRIDS = ("float64", "float32")
 
 
 def rmac_regions(
-    height: int, width: int, levels: int = 3, overlap: float = RMAC_OVERLAP, *, grid: str = "float64"
+    height: int,
+    width: int,
+    levels: int = 3,
+    overlap: float = RMAC_OVERLAP,
+    *,
+    grid: str = "float64",
 ) -> list[tuple[int, int, int]]:
     """The R-MAC regions of a ``height x width`` map: ``(top, left, side)`` squares, coarse first.
 
@@ -65,8 +70,13 @@ def rmac_regions(
     w = min(width, height)
     extra_w = extra_h = 0
     if width != height:
-        best = _extra_regions32(w, max(height, width), overlap) if f32 else min(
-            range(1, 7), key=lambda e: abs((w * w - w * ((max(height, width) - w) / e)) / (w * w) - overlap)
+        best = (
+            _extra_regions32(w, max(height, width), overlap)
+            if f32
+            else min(
+                range(1, 7),
+                key=lambda e: abs((w * w - w * ((max(height, width) - w) / e)) / (w * w) - overlap),
+            )
         )
         if height < width:
             extra_w = best
@@ -89,7 +99,9 @@ def _extra_regions32(short: int, long_: int, overlap: float) -> int:
     import numpy as np
 
     e = np.arange(1, 7, dtype=np.float32)
-    b = (np.float32(1.0) / e) * np.float32(long_ - short)  # torch's number / tensor: reciprocal, times
+    b = (np.float32(1.0) / e) * np.float32(
+        long_ - short
+    )  # torch's number / tensor: reciprocal, times
     sq = np.float32(short * short)
     cost = np.abs((sq - np.float32(short) * b) / sq - np.float32(overlap))
     return int(np.argmin(cost)) + 1

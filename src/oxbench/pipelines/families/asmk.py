@@ -62,14 +62,19 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
     family: ClassVar[str] = "asmk"
 
     name: str
-    asmk_alpha: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="selectivity exponent")
+    asmk_alpha: float = setting(
+        3.0, S.Float(lo=0, lo_open=True, hi=100), doc="selectivity exponent"
+    )
     asmk_tau: float = setting(0.0, S.Float(lo=-1, hi=1, hi_open=True), doc="selectivity threshold")
     asmk_query_ma: int = setting(5, S.Int(lo=1, hi=64), doc="words per query feature")
     asmk_idf: bool = setting(False, S.Bool(), doc="idf weighting of words")
     vocab_max_points_per_centroid: int | None = field(
-        default=None, kw_only=True,
-        metadata=S.Optional(S.Int(lo=1, hi=1 << 20)).meta("training descriptors per word (none: every one)"),
-    )  # fmt: skip
+        default=None,
+        kw_only=True,
+        metadata=S.Optional(S.Int(lo=1, hi=1 << 20)).meta(
+            "training descriptors per word (none: every one)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
@@ -141,7 +146,9 @@ class Asmk(QuantisingMethod):
         """Words assigned per feature (the query's multiple assignment; the database uses the first)."""
         return max(self.config.asmk_query_ma, 1)
 
-    def _aggregate(self, part: str, names: list[str], ma: int, hamming: Any, centroids: NDArray[np.float32]):  # noqa: ANN202
+    def _aggregate(
+        self, part: str, names: list[str], ma: int, hamming: Any, centroids: NDArray[np.float32]
+    ):  # noqa: ANN202
         assert self._parts is not None
         codes, words, owners = [], [], []
         store, word_file = self._parts.stores[part], self._parts.words[part]
@@ -150,7 +157,9 @@ class Asmk(QuantisingMethod):
             w = word_file.of(name)[0][:, :ma]
             res, uw = aggregate_residuals(store.config.finish(raw), w, centroids)
             if len(uw):
-                codes.append(hamming.binarize_and_pack_2D(np.ascontiguousarray(res, dtype=np.float32)))
+                codes.append(
+                    hamming.binarize_and_pack_2D(np.ascontiguousarray(res, dtype=np.float32))
+                )
                 words.append(uw)
                 owners.append(np.full(len(uw), i, np.int64))
         return codes, words, owners
@@ -174,7 +183,9 @@ class Asmk(QuantisingMethod):
                 words += w
                 owners += [x + offset for x in o]
                 offset += len(parts.names[p])
-            ivf = IVF.initialize_empty(codebook_size=parts.vocabulary.n_words, use_idf=self.config.asmk_idf)
+            ivf = IVF.initialize_empty(
+                codebook_size=parts.vocabulary.n_words, use_idf=self.config.asmk_idf
+            )
             if codes:
                 ivf.add(np.concatenate(codes), np.concatenate(words), np.concatenate(owners))
             self._asmk = (ivf, hamming, centroids)
@@ -207,12 +218,21 @@ class Asmk(QuantisingMethod):
             nonempty = [i for i, n in enumerate(names) if q_words.of(n)[0].shape[0]]
             for qi, c, w in zip(nonempty, codes, words, strict=True):
                 scores[qi] = self._query_scores(ivf, hamming, functional, c, w)
-            scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
+            scores = (
+                np.stack([last_if_empty(row, self.empty_) for row in scores])
+                if len(scores)
+                else scores
+            )
             ranks = ranks_from_scores(scores.T)
         self.warn_empty_queries(parts)
-        info: dict[str, object] = {"n_index": len(parts.index_parts), "kernel": "asmk",
-                                   "words_per_image": float(ivf.stats["vectors_per_image"])}  # fmt: skip
-        ranking = Ranking(ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info=info)
+        info: dict[str, object] = {
+            "n_index": len(parts.index_parts),
+            "kernel": "asmk",
+            "words_per_image": float(ivf.stats["vectors_per_image"]),
+        }
+        ranking = Ranking(
+            ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info=info
+        )
         return run_stages(ranking, self.stages, self, ctx).result()
 
     # --- what the re-ranking stages use (RerankSpace): local features only -------------------------
@@ -222,17 +242,23 @@ class Asmk(QuantisingMethod):
     @property
     def stages(self) -> list[Reranker]:
         """Spatial verification of the top R, when asked."""
-        return build_stages(self.config, ["spatial"] if self.config.spatial else [], self.capabilities)
+        return build_stages(
+            self.config, ["spatial"] if self.config.spatial else [], self.capabilities
+        )
 
     def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         raise InputError(f"method {self.config.name}: ASMK offers no query vectors to rank again")
 
-    def _query_scores(self, ivf: Any, hamming: Any, functional: Any, codes: NDArray, words: NDArray) -> NDArray:
+    def _query_scores(
+        self, ivf: Any, hamming: Any, functional: Any, codes: NDArray, words: NDArray
+    ) -> NDArray:
         m = self.config
 
         def similarity(qvec: NDArray, vecs: NDArray, image_ids: NDArray) -> tuple[NDArray, NDArray]:
             sim = 1.0 - 2.0 * hamming.hamming_cdist_packed(qvec.reshape(1, -1), vecs).squeeze(0)
-            return functional.asmk_kernel(sim, image_ids, alpha=m.asmk_alpha, similarity_threshold=m.asmk_tau)
+            return functional.asmk_kernel(
+                sim, image_ids, alpha=m.asmk_alpha, similarity_threshold=m.asmk_tau
+            )
 
         ranked, values = ivf.search(codes, words, similarity_func=similarity, topk=None)
         out = np.zeros(self._n_index, np.float32)

@@ -100,28 +100,50 @@ class BowConfig(MethodConfig, LocalQuantisation):
     family: ClassVar[str] = "bow"
 
     name: str
-    assignment: Literal["hard", "soft"] = setting("hard", S.Choice("hard", "soft"), doc="database words per feature: 1 or soft_k")
+    assignment: Literal["hard", "soft"] = setting(
+        "hard", S.Choice("hard", "soft"), doc="database words per feature: 1 or soft_k"
+    )
     soft_k: int = setting(3, S.Int(lo=1, hi=64), doc="soft assignment: nearest words")
-    soft_sigma2: float = setting(0.005, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2")
-    burst: Literal["none", "sqrt"] = setting("sqrt", S.Choice("sqrt", "none"), doc="burstiness damping")
+    soft_sigma2: float = setting(
+        0.005, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2"
+    )
+    burst: Literal["none", "sqrt"] = setting(
+        "sqrt", S.Choice("sqrt", "none"), doc="burstiness damping"
+    )
     idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
     qe: Literal["none", "aqe", "dqe"] = setting(
-        "none", S.Choice("none", "aqe", "dqe"), doc="query expansion from verified images (average or SVM)")
-    qe_max_verified: int = setting(50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images")
-    qe_min_inliers: int = setting(8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand")
-    qe_verify_top: int = setting(100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)")
-    dqe_negatives: int = setting(200, S.Int(lo=1, hi=1 << 24), doc="DQE: negatives from the bottom of the ranking")
+        "none",
+        S.Choice("none", "aqe", "dqe"),
+        doc="query expansion from verified images (average or SVM)",
+    )
+    qe_max_verified: int = setting(
+        50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images"
+    )
+    qe_min_inliers: int = setting(
+        8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand"
+    )
+    qe_verify_top: int = setting(
+        100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)"
+    )
+    dqe_negatives: int = setting(
+        200, S.Int(lo=1, hi=1 << 24), doc="DQE: negatives from the bottom of the ranking"
+    )
     dqe_c: float = setting(1.0, S.Float(lo=0, lo_open=True, hi=1e6), doc="DQE: the linear SVM's C")
     dba: bool = setting(False, S.Bool(), doc="database-side augmentation from verified neighbours")
     inverted_file: Literal["memory", "compressed"] = setting(
-        "memory", S.Choice("memory", "compressed"), doc="posting lists in RAM, or compressed on disk (memory-mapped)")
+        "memory",
+        S.Choice("memory", "compressed"),
+        doc="posting lists in RAM, or compressed on disk (memory-mapped)",
+    )
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
         if self.qe != "none" and not self.spatial:
             raise InputError(f"method {self.name}: query expansion needs spatial verification")
         if self.dba and not self.spatial:
-            raise InputError(f"method {self.name}: dba (database-side augmentation) needs spatial verification")
+            raise InputError(
+                f"method {self.name}: dba (database-side augmentation) needs spatial verification"
+            )
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -152,7 +174,12 @@ class BowConfig(MethodConfig, LocalQuantisation):
 
 
 def term_frequencies(  # noqa: ANN201
-    method: BowConfig, words: Words, names: list[str], n_words: int, *, side: Literal["database", "query"]
+    method: BowConfig,
+    words: Words,
+    names: list[str],
+    n_words: int,
+    *,
+    side: Literal["database", "query"],
 ):
     """Term frequencies ``[n_images, n_words]`` of images on one ``side`` (``database`` or ``query``).
 
@@ -189,7 +216,11 @@ class BagOfWords(QuantisingMethod):
     def k(self) -> int:
         """Words assigned per feature: the soft-assignment ``k``, or the query-side multiple assignment."""
         soft = self.config.soft_k if self.config.assignment == "soft" else 1
-        ma = self.config.spatial_query_ma if self.config.spatial and self.config.spatial_matching == "words" else 1
+        ma = (
+            self.config.spatial_query_ma
+            if self.config.spatial and self.config.spatial_matching == "words"
+            else 1
+        )
         return max(soft, ma)
 
     def index(self, bench: Benchmark, ctx: RunContext) -> BagOfWords:
@@ -198,13 +229,22 @@ class BagOfWords(QuantisingMethod):
         n_words = parts.vocabulary.n_words
         self._postings = None
         if m.streamed_build:
-            self._index_streamed(bench, parts, ctx)  # nothing reads the database vectors: never hold them
+            self._index_streamed(
+                bench, parts, ctx
+            )  # nothing reads the database vectors: never hold them
             return self
         with ctx.timed("index"):
-            db_tf = term_frequencies(m, parts.words["database"], parts.names["database"], n_words, side="database")
+            db_tf = term_frequencies(
+                m, parts.words["database"], parts.names["database"], n_words, side="database"
+            )
             if "distractors" in parts.names:
-                dis_tf = term_frequencies(m, parts.words["distractors"], parts.names["distractors"], n_words,
-                                          side="database")  # fmt: skip
+                dis_tf = term_frequencies(
+                    m,
+                    parts.words["distractors"],
+                    parts.names["distractors"],
+                    n_words,
+                    side="database",
+                )
                 db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
         if m.dba:
@@ -214,8 +254,14 @@ class BagOfWords(QuantisingMethod):
         return self
 
     def _postings_folder(self, bench: Benchmark, parts: Any, ctx: RunContext) -> Path:
-        key = json_digest({"method": self.config.digest(), "vocabulary": parts.vocabulary.file_digest_,
-                           "index": [list(p) for p in parts.index_parts]}, 16)  # fmt: skip
+        key = json_digest(
+            {
+                "method": self.config.digest(),
+                "vocabulary": parts.vocabulary.file_digest_,
+                "index": [list(p) for p in parts.index_parts],
+            },
+            16,
+        )
         return Path(ctx.cache) / dataset_key(bench) / "postings" / key
 
     def _index_streamed(self, bench: Benchmark, parts: Any, ctx: RunContext) -> None:
@@ -228,13 +274,21 @@ class BagOfWords(QuantisingMethod):
             for part in ("database", "distractors"):
                 names = parts.names.get(part, [])
                 for a in range(0, len(names), BUILD_CHUNK_IMAGES):
-                    yield term_frequencies(m, parts.words[part], names[a : a + BUILD_CHUNK_IMAGES], n_words,
-                                           side="database")  # fmt: skip
+                    yield term_frequencies(
+                        m,
+                        parts.words[part],
+                        names[a : a + BUILD_CHUNK_IMAGES],
+                        n_words,
+                        side="database",
+                    )
 
         with ctx.timed("index"):
             ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit_idf(chunks())
-            self._postings = CompressedPostings.build((ivf.transform(tf) for tf in chunks()), n_words,
-                                                      self._postings_folder(bench, parts, ctx))  # fmt: skip
+            self._postings = CompressedPostings.build(
+                (ivf.transform(tf) for tf in chunks()),
+                n_words,
+                self._postings_folder(bench, parts, ctx),
+            )
         self._ivf = ivf
 
     def _compress(self, bench: Benchmark, parts: Any, ctx: RunContext) -> None:
@@ -243,7 +297,9 @@ class BagOfWords(QuantisingMethod):
         ivf = self._ivf
         assert ivf is not None and ivf.postings_ is not None
         with ctx.timed("index"):
-            self._postings = CompressedPostings.write(ivf.postings_, self._postings_folder(bench, parts, ctx))
+            self._postings = CompressedPostings.write(
+                ivf.postings_, self._postings_folder(bench, parts, ctx)
+            )
         ivf.postings_ = None
         if self.config.qe == "none":
             ivf.db_vectors_ = None
@@ -255,12 +311,19 @@ class BagOfWords(QuantisingMethod):
             return None
         ivf = self._ivf
         ram = {"postings": array_bytes(ivf.postings_), "db_vectors": array_bytes(ivf.db_vectors_)}
-        out = local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram={"idf": array_bytes(ivf.idf_)})
-        if self._postings is not None:  # the lists on disk, memory-mapped; only their offsets in RAM (fixed)
+        out = local_footprint(
+            self._parts, self.vocab_path_, ram=ram, fixed_ram={"idf": array_bytes(ivf.idf_)}
+        )
+        if (
+            self._postings is not None
+        ):  # the lists on disk, memory-mapped; only their offsets in RAM (fixed)
             cp = self._postings
-            out = dataclasses.replace(out, ram={k: v for k, v in out.ram.items() if k != "postings"},
-                                      disk={**out.disk, "postings": cp.nbytes - cp.offsets_bytes},
-                                      fixed_ram={**out.fixed_ram, "postings offsets": cp.offsets_bytes})  # fmt: skip
+            out = dataclasses.replace(
+                out,
+                ram={k: v for k, v in out.ram.items() if k != "postings"},
+                disk={**out.disk, "postings": cp.nbytes - cp.offsets_bytes},
+                fixed_ram={**out.fixed_ram, "postings offsets": cp.offsets_bytes},
+            )
         return out
 
     def verified_neighbours(self, ctx: RunContext, *, block: int = 1024) -> NDArray[np.int64]:
@@ -306,15 +369,21 @@ class BagOfWords(QuantisingMethod):
         with ctx.timed("assign"):
             q_words = parts.assign(bench, "queries", ctx)
         with ctx.timed("search"):
-            q_tf = term_frequencies(m, q_words, parts.names["queries"], parts.vocabulary.n_words, side="query")
+            q_tf = term_frequencies(
+                m, q_words, parts.names["queries"], parts.vocabulary.n_words, side="query"
+            )
             q_vecs = ivf.transform(q_tf)
             scores, ranks = self.rank(q_vecs)
         self.warn_empty_queries(parts)
         info: dict[str, object] = {
             "n_index": len(parts.index_parts),
-            "features_per_image": float(np.mean(parts.words["database"].counts)) if parts.names["database"] else 0.0,
+            "features_per_image": float(np.mean(parts.words["database"].counts))
+            if parts.names["database"]
+            else 0.0,
         }
-        return run_stages(Ranking(ranks, scores, q_vecs, info=info), self.stages, self, ctx).result()
+        return run_stages(
+            Ranking(ranks, scores, q_vecs, info=info), self.stages, self, ctx
+        ).result()
 
     # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
     capabilities = frozenset({"vectors", "local"})
@@ -323,7 +392,9 @@ class BagOfWords(QuantisingMethod):
     def stages(self) -> list[Reranker]:
         """Spatial verification of the top R, then query expansion from verified images."""
         m = self.config
-        names = (["spatial"] if m.spatial else []) + ([f"{m.qe}-verified"] if m.qe != "none" else [])
+        names = (["spatial"] if m.spatial else []) + (
+            [f"{m.qe}-verified"] if m.qe != "none" else []
+        )
         return build_stages(m, names, self.capabilities)
 
     @property
@@ -339,7 +410,9 @@ class BagOfWords(QuantisingMethod):
             scores = self._postings.scores_of_vectors(queries)
         else:
             scores = self._ivf.scores_of_vectors(queries)
-        scores = np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
+        scores = (
+            np.stack([last_if_empty(row, self.empty_) for row in scores]) if len(scores) else scores
+        )
         ranks = ranks_from_scores(scores.T)
         return np.take_along_axis(scores, ranks, axis=1).astype(np.float32), ranks
 
@@ -356,5 +429,10 @@ register_method(BowConfig("rootsift-bow-dba-sv-dqe", spatial=True, qe="dqe", dba
 register_method(BowConfig("rootsift-bow-sa", assignment="soft"))
 register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", spatial=True))
 register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))
-register_method(BowConfig("sift-bow-sv", features=SiftConfig(descriptor="sift", max_side=1024, n_features=4000),
-                          spatial=True))  # fmt: skip
+register_method(
+    BowConfig(
+        "sift-bow-sv",
+        features=SiftConfig(descriptor="sift", max_side=1024, n_features=4000),
+        spatial=True,
+    )
+)

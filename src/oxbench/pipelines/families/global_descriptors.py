@@ -87,7 +87,9 @@ log = logging.getLogger(__name__)
 
 
 def _no_model_file(path: Path) -> InputError:
-    return InputError("no model file here: train it with oxbench train, or pass --set weights=PATH", path)
+    return InputError(
+        "no model file here: train it with oxbench train, or pass --set weights=PATH", path
+    )
 
 
 @dataclass(frozen=True)
@@ -171,73 +173,141 @@ class GlobalConfig(MethodConfig):
 
     name: str
     descriptor: Literal["vlad", "cnn", "features"] = setting(
-        "vlad", S.Choice("vlad", "cnn", "features"), doc="how an image becomes one vector")
+        "vlad", S.Choice("vlad", "cnn", "features"), doc="how an image becomes one vector"
+    )
     features: SiftConfig = field(default_factory=SiftConfig)
-    backbone: str = setting("resnet50", S.Str(min_len=1, max_len=256), doc="cnn: torchvision trunk or timm:<name>")
-    weights: str | None = setting("imagenet", S.Optional(S.Str(min_len=1, max_len=4096)),
-                                  doc="cnn: random, imagenet, a model file or models:<file>")  # fmt: skip
-    pooling: Literal["mac", "spoc", "gem", "rmac"] = setting("gem", S.Choice("mac", "spoc", "gem", "rmac"),
-                                                            doc="cnn: pooling head")  # fmt: skip
-    rmac_grid: Literal["float64", "float32"] = setting("float64", S.Choice("float64", "float32"),
-                                                      doc="cnn R-MAC: region arithmetic")  # fmt: skip
+    backbone: str = setting(
+        "resnet50", S.Str(min_len=1, max_len=256), doc="cnn: torchvision trunk or timm:<name>"
+    )
+    weights: str | None = setting(
+        "imagenet",
+        S.Optional(S.Str(min_len=1, max_len=4096)),
+        doc="cnn: random, imagenet, a model file or models:<file>",
+    )
+    pooling: Literal["mac", "spoc", "gem", "rmac"] = setting(
+        "gem", S.Choice("mac", "spoc", "gem", "rmac"), doc="cnn: pooling head"
+    )
+    rmac_grid: Literal["float64", "float32"] = setting(
+        "float64", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
+    )
     gem_p: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="cnn: GeM exponent")
     max_side: int = setting(1024, S.Int(lo=16, hi=1 << 16), doc="cnn: longer image side (px)")
-    query_resize: Literal["full-image", "crop"] = setting("full-image", S.Choice("full-image", "crop"),
-                                                         doc="cnn: how a query crop is shrunk")  # fmt: skip
-    scales: tuple[float, ...] = setting((1.0, 2.0**-0.5, 0.5), S.FloatTuple(S.Float(lo=0, lo_open=True, hi=4), max_len=16),
-                                        doc="cnn: multi-scale factors")  # fmt: skip
-    precision: Literal["fp32", "bf16"] = setting("fp32", S.Choice("fp32", "bf16"), doc="cnn: trunk precision")
+    query_resize: Literal["full-image", "crop"] = setting(
+        "full-image", S.Choice("full-image", "crop"), doc="cnn: how a query crop is shrunk"
+    )
+    scales: tuple[float, ...] = setting(
+        (1.0, 2.0**-0.5, 0.5),
+        S.FloatTuple(S.Float(lo=0, lo_open=True, hi=4), max_len=16),
+        doc="cnn: multi-scale factors",
+    )
+    precision: Literal["fp32", "bf16"] = setting(
+        "fp32", S.Choice("fp32", "bf16"), doc="cnn: trunk precision"
+    )
     model_whitening: bool = setting(False, S.Bool(), doc="cnn: the model file's learned whitening")
     fit_network: bool = setting(False, S.Bool(), doc="cnn: fit trains a missing model file")
-    train_epochs: int | None = setting(None, S.Optional(S.Int(lo=1, hi=10_000)), doc="fit_network: epochs")
+    train_epochs: int | None = setting(
+        None, S.Optional(S.Int(lo=1, hi=10_000)), doc="fit_network: epochs"
+    )
     seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="cnn: seed of random weights")
     batch_size: int = setting(8, S.Int(lo=1, hi=4096), doc="cnn: images per forward pass")
     device: str = setting("auto", S.Str(min_len=1, max_len=32), doc="cnn: auto, cpu or cuda")
     vlad_k: int = setting(64, S.Int(lo=2, hi=1 << 16), doc="vlad: codebook size")
     vlad_iter: int = setting(20, S.Int(lo=1, hi=1000), doc="vlad: k-means iterations")
-    vlad_max_points_per_centroid: int | None = setting(256, S.Optional(S.Int(lo=1, hi=1 << 20)),
-                                                       doc="vlad: training descriptors per word")  # fmt: skip
+    vlad_max_points_per_centroid: int | None = setting(
+        256, S.Optional(S.Int(lo=1, hi=1 << 20)), doc="vlad: training descriptors per word"
+    )
     vlad_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="vlad: k-means seed")
-    power: float = setting(0.5, S.Float(lo=0, lo_open=True, hi=1), doc="vlad: signed power normalisation")
+    power: float = setting(
+        0.5, S.Float(lo=0, lo_open=True, hi=1), doc="vlad: signed power normalisation"
+    )
     intra_norm: bool = setting(True, S.Bool(), doc="vlad: intra-normalisation")
-    whitening: Literal["none", "pca", "learned"] = setting("none", S.Choice("none", "pca", "learned"),
-                                                          doc="whitening learned on the training set")  # fmt: skip
-    whitening_dim: int | None = setting(None, S.Optional(S.Int(lo=1, hi=1 << 16)), doc="whitened dimension")
+    whitening: Literal["none", "pca", "learned"] = setting(
+        "none", S.Choice("none", "pca", "learned"), doc="whitening learned on the training set"
+    )
+    whitening_dim: int | None = setting(
+        None, S.Optional(S.Int(lo=1, hi=1 << 16)), doc="whitened dimension"
+    )
     whitening_power: float = setting(0.5, S.Float(lo=0, hi=1), doc="PCA whitening power")
-    whitening_shrinkage: float = setting(0.0, S.Float(lo=0, hi=1, hi_open=True), doc="whitening shrinkage")
-    qe: Literal["none", "aqe", "alpha-qe"] = setting("none", S.Choice("none", "aqe", "alpha-qe"), doc="query expansion")
+    whitening_shrinkage: float = setting(
+        0.0, S.Float(lo=0, hi=1, hi_open=True), doc="whitening shrinkage"
+    )
+    qe: Literal["none", "aqe", "alpha-qe"] = setting(
+        "none", S.Choice("none", "aqe", "alpha-qe"), doc="query expansion"
+    )
     qe_k: int = setting(5, S.Int(lo=1, hi=1 << 16), doc="query expansion: neighbours")
     qe_alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="alpha-QE exponent")
     search: Literal["exact", "faiss-flat", "faiss-ivfpq"] = setting(
-        "exact", S.Choice("exact", "faiss-flat", "faiss-ivfpq"), doc="search index")
-    search_k: int | None = setting(None, S.Optional(S.Int(lo=1, hi=1 << 24)), doc="ranked-list length")
+        "exact", S.Choice("exact", "faiss-flat", "faiss-ivfpq"), doc="search index"
+    )
+    search_k: int | None = setting(
+        None, S.Optional(S.Int(lo=1, hi=1 << 24)), doc="ranked-list length"
+    )
     nlist: int = setting(256, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells")
     pq_m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
     pq_nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
     nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
-    dba: int = setting(0, S.Int(lo=0, hi=1 << 16), doc="database-side augmentation neighbours (0: off)")
+    dba: int = setting(
+        0, S.Int(lo=0, hi=1 << 16), doc="database-side augmentation neighbours (0: off)"
+    )
     dba_alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="DBA weight exponent")
-    rerank: str = setting("none", S.Str(min_len=1, max_len=64), doc="re-ranker after QE (none, diffusion, ...)")
-    diffusion_k: int = setting(50, S.Int(lo=2, hi=1 << 16), doc="diffusion: graph neighbours (the image counts)")
+    rerank: str = setting(
+        "none", S.Str(min_len=1, max_len=64), doc="re-ranker after QE (none, diffusion, ...)"
+    )
+    diffusion_k: int = setting(
+        50, S.Int(lo=2, hi=1 << 16), doc="diffusion: graph neighbours (the image counts)"
+    )
     diffusion_query_k: int = setting(10, S.Int(lo=1, hi=1 << 16), doc="diffusion: query neighbours")
-    diffusion_alpha: float = setting(0.99, S.Float(lo=0, lo_open=True, hi=1, hi_open=True), doc="diffusion: alpha")
-    diffusion_gamma: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="diffusion: similarity exponent")
-    diffusion_truncation: int = setting(1000, S.Int(lo=1, hi=1 << 24), doc="diffusion: images re-ranked")
-    diffusion_iterations: int = setting(20, S.Int(lo=1, hi=10_000), doc="diffusion: solver iterations")
-    diffusion_normalise: Literal["full", "subgraph"] = setting("full", S.Choice("full", "subgraph"),
-                                                              doc="diffusion: graph normalisation")  # fmt: skip
-    diffusion_mode: Literal["online", "offline"] = setting("online", S.Choice("online", "offline"),
-                                                          doc="diffusion: per query, or precomputed")  # fmt: skip
-    db_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True)
-    query_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: query descriptor file", input=True)
-    train_features: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: training descriptors", input=True)
-    train_pairs: str | None = setting(None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)", input=True)
-    layout: Literal["n-d", "d-n"] = setting("n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image", input=True)
-    key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)), doc="features: array in .npz/.mat", input=True)
-    query_key: str | None = setting(None, S.Optional(S.Str(min_len=1, max_len=256)),
-                                    doc="features: query array in .npz/.mat (default: key; revisitop .mat: Q)", input=True)
-    query_layout: Literal["n-d", "d-n"] | None = setting(None, S.Optional(S.Choice("n-d", "d-n")),
-                                                         doc="features: query file's layout (default: layout)", input=True)
+    diffusion_alpha: float = setting(
+        0.99, S.Float(lo=0, lo_open=True, hi=1, hi_open=True), doc="diffusion: alpha"
+    )
+    diffusion_gamma: float = setting(
+        3.0, S.Float(lo=0, lo_open=True, hi=100), doc="diffusion: similarity exponent"
+    )
+    diffusion_truncation: int = setting(
+        1000, S.Int(lo=1, hi=1 << 24), doc="diffusion: images re-ranked"
+    )
+    diffusion_iterations: int = setting(
+        20, S.Int(lo=1, hi=10_000), doc="diffusion: solver iterations"
+    )
+    diffusion_normalise: Literal["full", "subgraph"] = setting(
+        "full", S.Choice("full", "subgraph"), doc="diffusion: graph normalisation"
+    )
+    diffusion_mode: Literal["online", "offline"] = setting(
+        "online", S.Choice("online", "offline"), doc="diffusion: per query, or precomputed"
+    )
+    db_features: str | None = setting(
+        None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True
+    )
+    query_features: str | None = setting(
+        None, S.Optional(S.PathSetting()), doc="features: query descriptor file", input=True
+    )
+    train_features: str | None = setting(
+        None, S.Optional(S.PathSetting()), doc="features: training descriptors", input=True
+    )
+    train_pairs: str | None = setting(
+        None, S.Optional(S.PathSetting()), doc="features: matching pairs (.npy)", input=True
+    )
+    layout: Literal["n-d", "d-n"] = setting(
+        "n-d", S.Choice("n-d", "d-n"), doc="features: rows or columns per image", input=True
+    )
+    key: str | None = setting(
+        None,
+        S.Optional(S.Str(min_len=1, max_len=256)),
+        doc="features: array in .npz/.mat",
+        input=True,
+    )
+    query_key: str | None = setting(
+        None,
+        S.Optional(S.Str(min_len=1, max_len=256)),
+        doc="features: query array in .npz/.mat (default: key; revisitop .mat: Q)",
+        input=True,
+    )
+    query_layout: Literal["n-d", "d-n"] | None = setting(
+        None,
+        S.Optional(S.Choice("n-d", "d-n")),
+        doc="features: query file's layout (default: layout)",
+        input=True,
+    )
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
@@ -247,9 +317,13 @@ class GlobalConfig(MethodConfig):
 
     def _check_cnn(self) -> None:
         if self.model_whitening and self.weights in ("random", "imagenet"):
-            raise InputError(f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)")
+            raise InputError(
+                f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)"
+            )
         if self.model_whitening and self.whitening != "none":
-            raise InputError(f"method {self.name}: model_whitening already whitens; set whitening=none")
+            raise InputError(
+                f"method {self.name}: model_whitening already whitens; set whitening=none"
+            )
 
     @property
     def needs_training(self) -> bool:
@@ -262,7 +336,11 @@ class GlobalConfig(MethodConfig):
     @property
     def trains_network(self) -> bool:
         """Whether ``fit`` trains the network into its model file (``fit_network`` with a file)."""
-        return self.descriptor == "cnn" and self.fit_network and self.weights not in (None, "random", "imagenet")
+        return (
+            self.descriptor == "cnn"
+            and self.fit_network
+            and self.weights not in (None, "random", "imagenet")
+        )
 
     @property
     def reads_images(self) -> bool:
@@ -274,7 +352,11 @@ class GlobalConfig(MethodConfig):
         files that are not regular files, are refused before any data is loaded."""
         from oxbench.fileio import require_regular_file
 
-        if self.descriptor == "cnn" and self.weights not in (None, "random", "imagenet") and not self.trains_network:
+        if (
+            self.descriptor == "cnn"
+            and self.weights not in (None, "random", "imagenet")
+            and not self.trains_network
+        ):
             assert self.weights is not None
             path = resolve_weights_path(self.weights, root)
             if not path.exists():
@@ -317,25 +399,37 @@ class GlobalConfig(MethodConfig):
         code = self.pq_m * self.pq_nbits // 8 + 8 if self.search == "faiss-ivfpq" else 0
         return 4 * (raw + out) + code
 
-
     def codebook(self) -> VocabularySpec:
         """The flat k-means vocabulary VLAD uses (the shared vocabulary step trains it)."""
         return VocabularySpec(
-            self.features, self.vlad_k, "flat", self.vlad_iter, self.vlad_max_points_per_centroid, seed=self.vlad_seed,
-        )  # fmt: skip
+            self.features,
+            self.vlad_k,
+            "flat",
+            self.vlad_iter,
+            self.vlad_max_points_per_centroid,
+            seed=self.vlad_seed,
+        )
 
     def descriptor_settings(self) -> dict[str, Any]:
         """What determines one image's descriptor (cache key, with the codebook or the weights)."""
         if self.descriptor == "cnn":
             return {
-                "descriptor": "cnn", "backbone": self.backbone, "pooling": self.pooling, "gem_p": self.gem_p,
-                "max_side": self.max_side, "scales": list(self.scales), "precision": self.precision,
+                "descriptor": "cnn",
+                "backbone": self.backbone,
+                "pooling": self.pooling,
+                "gem_p": self.gem_p,
+                "max_side": self.max_side,
+                "scales": list(self.scales),
+                "precision": self.precision,
                 **({"rmac_grid": self.rmac_grid} if self.pooling == "rmac" else {}),
-            }  # fmt: skip
+            }
         return {
-            "descriptor": self.descriptor, "features": self.features.to_dict(), "vlad_k": self.vlad_k,
-            "power": self.power, "intra_norm": self.intra_norm,
-        }  # fmt: skip
+            "descriptor": self.descriptor,
+            "features": self.features.to_dict(),
+            "vlad_k": self.vlad_k,
+            "power": self.power,
+            "intra_norm": self.intra_norm,
+        }
 
 
 def vlad(
@@ -384,10 +478,20 @@ class VladImage:
     """Picklable job: the VLAD vector of image ``i`` of a part (its features reopened where it runs)."""
 
     def __init__(
-        self, config: GlobalConfig, store: tuple[Path, Any, dict[str, object]], voc: Vocabulary, names: list[str],
+        self,
+        config: GlobalConfig,
+        store: tuple[Path, Any, dict[str, object]],
+        voc: Vocabulary,
+        names: list[str],
         what: str,
-    ) -> None:  # fmt: skip
-        self.config, self.store_spec, self.voc, self.names, self.what = config, store, voc, names, what
+    ) -> None:
+        self.config, self.store_spec, self.voc, self.names, self.what = (
+            config,
+            store,
+            voc,
+            names,
+            what,
+        )
         self.dim = config.vlad_k * config.features.dim
         self._store: FeatureStore | None = None
 
@@ -402,7 +506,11 @@ class VladImage:
         _, _, raw, _ = self._store.get_raw(self.names[i])
         x = m.features.finish(raw)
         if not len(x):
-            log.warning("%s: image %s has no features; its descriptor is zero (ranks last)", self.what, self.names[i])
+            log.warning(
+                "%s: image %s has no features; its descriptor is zero (ranks last)",
+                self.what,
+                self.names[i],
+            )
             return np.zeros(self.dim, np.float32)
         words = self.voc.kneighbors(x, 1)[1][:, 0]
         return vlad(x, words, centroids, power=m.power, intra_norm=m.intra_norm)
@@ -440,7 +548,9 @@ class NetSpec:
         """The :class:`~oxbench.features.deep.model.LoadedModel`."""
         from oxbench.features.deep.model import build_net
 
-        model = build_net(self.backbone, self.pooling, weights=self.weights, p=self.p, seed=self.seed)
+        model = build_net(
+            self.backbone, self.pooling, weights=self.weights, p=self.p, seed=self.seed
+        )
         if self.pooling == "rmac":
             model.net.pool.grid = self.rmac_grid
         return model
@@ -454,8 +564,16 @@ class CnnShard:
     runs it only on a worker that offers one (``dask worker --resources GPU=1``).
     """
 
-    def __init__(self, spec: NetSpec, options: Any, read: Callable[[int], NDArray[np.uint8]], names: list[str], *,
-                 allow_partial: bool, model: Any = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spec: NetSpec,
+        options: Any,
+        read: Callable[[int], NDArray[np.uint8]],
+        names: list[str],
+        *,
+        allow_partial: bool,
+        model: Any = None,
+    ) -> None:
         self.spec, self.options, self.read, self.names = spec, options, read, names
         self.allow_partial = allow_partial
         self.resources = {"GPU": 1} if str(options.device).startswith("cuda") else None
@@ -472,8 +590,12 @@ class CnnShard:
 
             model = self._model if self._model is not None else self.spec.build()
             threads = min(self.options.decode_threads, available_cores())
-            self._extractor = Extractor(model.net, dataclasses.replace(self.options, decode_threads=threads))
-        return self._extractor.describe_sources(self.read, positions, self.names, allow_undecodable=self.allow_partial)
+            self._extractor = Extractor(
+                model.net, dataclasses.replace(self.options, decode_threads=threads)
+            )
+        return self._extractor.describe_sources(
+            self.read, positions, self.names, allow_undecodable=self.allow_partial
+        )
 
 
 class GlobalDescriptors(RetrievalMethod):
@@ -497,12 +619,22 @@ class GlobalDescriptors(RetrievalMethod):
 
     def _descriptor_path(self, bench: Benchmark, part: str, ctx: RunContext) -> Path:
         """The descriptor store folder of one part (:class:`~oxbench.features.descstore.DescriptorStore`)."""
-        return Path(ctx.cache) / dataset_key(bench) / "global" / json_digest(self._store_settings(ctx, part), 12) / part
+        return (
+            Path(ctx.cache)
+            / dataset_key(bench)
+            / "global"
+            / json_digest(self._store_settings(ctx, part), 12)
+            / part
+        )
 
     def _store_settings(self, ctx: RunContext, part: str = "database") -> dict[str, Any]:
         if self.config.descriptor == "cnn":
             extra = {"query_resize": self.config.query_resize} if part == "queries" else {}
-            return {**self.config.descriptor_settings(), "weights": self._model(ctx).weights, **extra}
+            return {
+                **self.config.descriptor_settings(),
+                "weights": self._model(ctx).weights,
+                **extra,
+            }
         if self.codebook_path_ is None:
             raise InputError(f"method {self.config.name}: fit before describing images")
         return {**self.config.descriptor_settings(), "codebook": self.codebook_path_.name}
@@ -516,7 +648,9 @@ class GlobalDescriptors(RetrievalMethod):
         :meth:`provenance` and given the zero descriptor. With ``model_whitening`` the model file's
         learned whitening is applied to what the store holds.
         """
-        if self.config.descriptor == "features":  # the user's own files: nothing to compute or cache
+        if (
+            self.config.descriptor == "features"
+        ):  # the user's own files: nothing to compute or cache
             return benchmark_features(self.config, bench, part)
         names = part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
@@ -526,10 +660,20 @@ class GlobalDescriptors(RetrievalMethod):
             failed: list[str] = []
             if not hit:
                 kind = self.config.descriptor
-                compute = self._cnn_compute(bench, part, names, ctx) if kind == "cnn" else self._vlad_compute(bench, part, names, ctx)
-                failed = fill_store(store, names, compute, executor=ctx.executor,
-                                    shard_size=CNN_SHARD_SIZE if kind == "cnn" else VLAD_SHARD_SIZE,
-                                    progress=ctx.progress, desc=f"{kind} {bench.id} {part}")  # fmt: skip
+                compute = (
+                    self._cnn_compute(bench, part, names, ctx)
+                    if kind == "cnn"
+                    else self._vlad_compute(bench, part, names, ctx)
+                )
+                failed = fill_store(
+                    store,
+                    names,
+                    compute,
+                    executor=ctx.executor,
+                    shard_size=CNN_SHARD_SIZE if kind == "cnn" else VLAD_SHARD_SIZE,
+                    progress=ctx.progress,
+                    desc=f"{kind} {bench.id} {part}",
+                )
         ctx.record_step(f"descriptors.{part}", hit=hit)
         if failed:
             self.undecodable_[f"{bench.id}/{part}"] = failed
@@ -538,25 +682,45 @@ class GlobalDescriptors(RetrievalMethod):
             x = self._model_whitening(ctx, x)
         return x
 
-    def describe_partition(self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int]) -> int:
+    def describe_partition(
+        self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int]
+    ) -> int:
         """Describe only the planned descriptor shards of ``partition`` (``(i, n)``: shard numbers
         ``i`` modulo ``n``) of one part with the CNN, for an array job; returns images described."""
         if self.config.descriptor != "cnn":
-            raise InputError(f"method {self.config.name}: only CNN descriptors are described by partition")
+            raise InputError(
+                f"method {self.config.name}: only CNN descriptors are described by partition"
+            )
         names = part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         store = DescriptorStore.open(path, self._store_settings(ctx, part))
         before = len(store)
-        fill_store(store, names, self._cnn_compute(bench, part, names, ctx), executor=ctx.executor,
-                   shard_size=CNN_SHARD_SIZE, progress=ctx.progress, desc=f"cnn {bench.id} {part}",
-                   partition=partition)  # fmt: skip
+        fill_store(
+            store,
+            names,
+            self._cnn_compute(bench, part, names, ctx),
+            executor=ctx.executor,
+            shard_size=CNN_SHARD_SIZE,
+            progress=ctx.progress,
+            desc=f"cnn {bench.id} {part}",
+            partition=partition,
+        )
         return len(store) - before
 
-    def _vlad_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext) -> VladShard:
+    def _vlad_compute(
+        self, bench: Benchmark, part: str, names: list[str], ctx: RunContext
+    ) -> VladShard:
         assert self.codebook_path_ is not None
         store = self._store(bench, part, ctx)
-        return VladShard(VladImage(self.config, store_spec(store), load_vocabulary(self.codebook_path_, self.config.features),
-                                   names, f"{bench.id} {part}"))  # fmt: skip
+        return VladShard(
+            VladImage(
+                self.config,
+                store_spec(store),
+                load_vocabulary(self.codebook_path_, self.config.features),
+                names,
+                f"{bench.id} {part}",
+            )
+        )
 
     # --- deep descriptors ----------------------------------------------------------------------
     def _net_spec(self, ctx: RunContext) -> NetSpec:
@@ -580,13 +744,21 @@ class GlobalDescriptors(RetrievalMethod):
             self.model_ = self._net_spec(ctx).build()
         return self.model_
 
-    def _cnn_compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext) -> CnnShard:
+    def _cnn_compute(
+        self, bench: Benchmark, part: str, names: list[str], ctx: RunContext
+    ) -> CnnShard:
         from oxbench.features.deep.extract import ExtractOptions
 
         m = self.config
         workers = max(1, ctx.workers)
-        opts = ExtractOptions(max_side=m.max_side, scales=m.scales, precision=m.precision, batch_size=m.batch_size,
-                              device=m.device, decode_threads=max(1, ctx.decode_threads // workers))  # fmt: skip
+        opts = ExtractOptions(
+            max_side=m.max_side,
+            scales=m.scales,
+            precision=m.precision,
+            batch_size=m.batch_size,
+            device=m.device,
+            decode_threads=max(1, ctx.decode_threads // workers),
+        )
         read: Callable[[int], NDArray[np.uint8]]
         if part == "database":
             read = bench.database.read
@@ -595,14 +767,24 @@ class GlobalDescriptors(RetrievalMethod):
         else:
             assert bench.distractors is not None
             read = bench.distractors.read
-        here = ctx.executor.backend == "serial"  # the driver's network, unless the tasks run elsewhere
-        return CnnShard(self._net_spec(ctx), opts, read, names, allow_partial=ctx.allow_partial,
-                        model=self._model(ctx) if here else None)  # fmt: skip
+        here = (
+            ctx.executor.backend == "serial"
+        )  # the driver's network, unless the tasks run elsewhere
+        return CnnShard(
+            self._net_spec(ctx),
+            opts,
+            read,
+            names,
+            allow_partial=ctx.allow_partial,
+            model=self._model(ctx) if here else None,
+        )
 
     def _model_whitening(self, ctx: RunContext, x: NDArray[np.float32]) -> NDArray[np.float32]:
         lw = self._model(ctx).whitening(multiscale=len(self.config.scales) > 1)
         if lw is None:
-            raise InputError(f"method {self.config.name}: model_whitening is set but the model file carries no learned whitening")
+            raise InputError(
+                f"method {self.config.name}: model_whitening is set but the model file carries no learned whitening"
+            )
         mean, proj = lw
         return l2_normalize((x.astype(np.float64) - mean) @ proj.T)
 
@@ -646,7 +828,9 @@ class GlobalDescriptors(RetrievalMethod):
         config = TrainConfig(backbone=m.backbone, pooling=m.pooling, dataset=train.id, seed=m.seed)
         if m.train_epochs is not None:
             config = dataclasses.replace(config, epochs=m.train_epochs)
-        log.info("training %s + %s on %s into %s (resumable)", m.backbone, m.pooling, train.id, path)
+        log.info(
+            "training %s + %s on %s into %s (resumable)", m.backbone, m.pooling, train.id, path
+        )
         ts = benchmark_training_set(train, config.image_size, progress=ctx.progress)
         train_network(config, ts, path, progress=ctx.progress)
         self.model_ = None  # load what was written
@@ -655,10 +839,13 @@ class GlobalDescriptors(RetrievalMethod):
     def _fit_whitening(self, train: Benchmark, ctx: RunContext) -> PCAWhitening:
         m = self.config
         settings = {
-            "descriptors": self._descriptor_path(train, "database", ctx).parent.name, "train": dataset_key(train),
-            "dim": m.whitening_dim, "power": m.whitening_power, "shrinkage": m.whitening_shrinkage,
+            "descriptors": self._descriptor_path(train, "database", ctx).parent.name,
+            "train": dataset_key(train),
+            "dim": m.whitening_dim,
+            "power": m.whitening_power,
+            "shrinkage": m.whitening_shrinkage,
             **({"kind": "learned"} if m.whitening == "learned" else {}),
-        }  # fmt: skip
+        }
         path = Path(ctx.cache) / "whitening" / f"{train.id}-{json_digest(settings, 12)}.npz"
         if path.exists():
             try:
@@ -672,10 +859,14 @@ class GlobalDescriptors(RetrievalMethod):
             pairs = matching_pairs(train.gt)
             x = np.concatenate((x, self.describe(train, "queries", ctx)))
             w = LearnedWhitening(m.whitening_dim, shrinkage=m.whitening_shrinkage).fit(
-                x, pairs, fitted_on=f"{train.id} database + query crops ({len(x)} images, {len(pairs)} query-positive pairs)"
+                x,
+                pairs,
+                fitted_on=f"{train.id} database + query crops ({len(x)} images, {len(pairs)} query-positive pairs)",
             )
         else:
-            w = PCAWhitening(m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage)
+            w = PCAWhitening(
+                m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage
+            )
             w.fit(x, fitted_on=f"{train.id} database ({len(x)} images)")
         w.save(path)
         ctx.record_step("whitening", hit=False)
@@ -693,13 +884,17 @@ class GlobalDescriptors(RetrievalMethod):
         self._index_stores = self._stores_on_disk(bench, parts, ctx)
         return self
 
-    def _stores_on_disk(self, bench: Benchmark, parts: list[str], ctx: RunContext) -> dict[str, list[Path]]:
+    def _stores_on_disk(
+        self, bench: Benchmark, parts: list[str], ctx: RunContext
+    ) -> dict[str, list[Path]]:
         m = self.config
         if m.descriptor == "features":
             return {"descriptor_files": [Path(m.db_features)] if m.db_features else []}
         out = {"descriptors": [self._descriptor_path(bench, p, ctx) for p in parts]}
         if m.descriptor == "vlad":  # the local features VLAD was aggregated from stay in the cache
-            out["local_features"] = [open_store(ctx.cache, bench, m.features, p).directory for p in parts]
+            out["local_features"] = [
+                open_store(ctx.cache, bench, m.features, p).directory for p in parts
+            ]
         return out
 
     def footprint(self) -> Footprint | None:
@@ -710,14 +905,22 @@ class GlobalDescriptors(RetrievalMethod):
         if chain is None:
             return None
         ram, fixed, chain_disk = chain.footprint()
-        disk = {kind: sum(disk_bytes(p) for p in paths) for kind, paths in self._index_stores.items()}
+        disk = {
+            kind: sum(disk_bytes(p) for p in paths) for kind, paths in self._index_stores.items()
+        }
         disk.update({k: v for k, v in chain_disk.items() if v})
         if chain.index_path is not None:
             disk["faiss_index"] = disk_bytes(chain.index_path)
         if self.whitening_ is not None:
-            fixed["whitening"] = array_bytes([getattr(self.whitening_, a, None) for a in vars(self.whitening_)])
-        fixed_disk = {"codebook": disk_bytes(self.codebook_path_)} if self.codebook_path_ is not None else {}
-        return Footprint(chain.db.shape[0], ram=ram, disk=disk, fixed_ram=fixed, fixed_disk=fixed_disk)
+            fixed["whitening"] = array_bytes(
+                [getattr(self.whitening_, a, None) for a in vars(self.whitening_)]
+            )
+        fixed_disk = (
+            {"codebook": disk_bytes(self.codebook_path_)} if self.codebook_path_ is not None else {}
+        )
+        return Footprint(
+            chain.db.shape[0], ram=ram, disk=disk, fixed_ram=fixed, fixed_disk=fixed_disk
+        )
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         if self._chain is None or self._indexed != bench.id:
@@ -739,7 +942,11 @@ class GlobalDescriptors(RetrievalMethod):
         if self.codebook_path_ is not None:
             out["codebook_path"] = str(self.codebook_path_)
         if self.whitening_ is not None:
-            out["whitening"] = {"kind": self.whitening_.kind, "fitted_on": self.whitening_.fitted_on_, "dim": self.whitening_.dim}
+            out["whitening"] = {
+                "kind": self.whitening_.kind,
+                "fitted_on": self.whitening_.fitted_on_,
+                "dim": self.whitening_.dim,
+            }
         return out
 
 
@@ -781,7 +988,9 @@ register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", qe="al
 
 def _cnn(name: str, backbone: str, pooling: str, weights: str | None, **more: Any) -> GlobalConfig:
     return register_method(
-        GlobalConfig(name, descriptor="cnn", backbone=backbone, pooling=pooling, weights=weights, **more)  # type: ignore[arg-type]
+        GlobalConfig(
+            name, descriptor="cnn", backbone=backbone, pooling=pooling, weights=weights, **more
+        )  # type: ignore[arg-type]
     )  # type: ignore[return-value]
 
 
@@ -809,7 +1018,15 @@ _R18_SIZE: dict[str, Any] = {"max_side": 160, "scales": (1.0,), "fit_network": T
 _cnn("gem-r18-synthetic", "resnet18", "gem", _R18, **_R18_SIZE)
 _cnn("gem-r18-synthetic+w", "resnet18", "gem", _R18, whitening="pca", **_R18_SIZE)
 _cnn("gem-r18-synthetic+lw", "resnet18", "gem", _R18, model_whitening=True, **_R18_SIZE)
-_cnn("gem-r18-synthetic+w+alpha-qe", "resnet18", "gem", _R18, whitening="pca", qe="alpha-qe", **_R18_SIZE)
+_cnn(
+    "gem-r18-synthetic+w+alpha-qe",
+    "resnet18",
+    "gem",
+    _R18,
+    whitening="pca",
+    qe="alpha-qe",
+    **_R18_SIZE,
+)
 
 # --- your own descriptors ------------------------------------------------------------------------
 

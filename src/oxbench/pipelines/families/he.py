@@ -129,8 +129,13 @@ class HeConfig(MethodConfig, LocalQuantisation):
 
 def embedding_path(cache: Path, vocab_path: Path, config: HeConfig, train: Benchmark) -> Path:
     """Where the embedding learned for ``vocab_path`` on ``train`` is cached."""
-    key = {"vocabulary": vocab_path.name, "train": dataset_key(train), "seed": config.he_seed,
-           "max": config.he_train_max, "features": config.features.to_dict()}  # fmt: skip
+    key = {
+        "vocabulary": vocab_path.name,
+        "train": dataset_key(train),
+        "seed": config.he_seed,
+        "max": config.he_train_max,
+        "features": config.features.to_dict(),
+    }
     return Path(cache) / "hamming" / f"{vocab_path.stem}-he-{json_digest(key, 12)}.npz"
 
 
@@ -229,10 +234,17 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 w, sig, ang, ls = self.features_of("queries", name)
                 if len(w):
                     scores[qi] = index.scores(
-                        w, sig, ang, ls, ht=m.he_ht, sigma=m.he_sigma if m.he_weighting == "gaussian" else None,
-                        wgc=m.wgc, angle_bins=m.wgc_angle_bins, scale_bins=m.wgc_scale_bins,
+                        w,
+                        sig,
+                        ang,
+                        ls,
+                        ht=m.he_ht,
+                        sigma=m.he_sigma if m.he_weighting == "gaussian" else None,
+                        wgc=m.wgc,
+                        angle_bins=m.wgc_angle_bins,
+                        scale_bins=m.wgc_scale_bins,
                         scale_range=m.wgc_scale_range,
-                    )  # fmt: skip
+                    )
             scores = (
                 np.stack([last_if_empty(row, self.empty_) for row in scores])
                 if len(scores)

@@ -87,9 +87,14 @@ class RerankSpace(Protocol):
         ...
 
     def verify(
-        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, *, rows: dict[int, NDArray[np.int64]] | None = None,
+        self,
+        ranks: NDArray[np.int64],
+        r: int,
+        ctx: RunContext,
+        *,
+        rows: dict[int, NDArray[np.int64]] | None = None,
         stage: str = "spatial",
-    ) -> list[VerifiedList]:  # fmt: skip
+    ) -> list[VerifiedList]:
         """Spatial verification of each query's top ``r`` (or of the lists in ``rows``)."""
         ...
 
@@ -139,7 +144,9 @@ def register_reranker(name: str, reranker: type[Reranker]) -> None:
     RERANKERS.register(name, reranker)
 
 
-def build_stages(config: Any, names: Sequence[str], offered: frozenset[str], *, setting: str = "") -> list[Reranker]:
+def build_stages(
+    config: Any, names: Sequence[str], offered: frozenset[str], *, setting: str = ""
+) -> list[Reranker]:
     """The stages ``names`` built from ``config``; one line when the family cannot serve one.
 
     Args:
@@ -156,18 +163,24 @@ def build_stages(config: Any, names: Sequence[str], offered: frozenset[str], *, 
     for name in names:
         if name not in RERANKERS:
             usable = [n for n in RERANKERS.names() if RERANKERS.get(n).needs <= offered]
-            raise InputError(f"{where}unknown re-ranker {name!r}; this family runs: {', '.join(sorted(usable))}")
+            raise InputError(
+                f"{where}unknown re-ranker {name!r}; this family runs: {', '.join(sorted(usable))}"
+            )
         cls = RERANKERS.get(name)
         missing = cls.needs - offered
         if missing:
             family = getattr(config, "family", "")
-            raise InputError(f"{where}re-ranker {name!r} needs {', '.join(sorted(missing))} features, which the "
-                             f"{family} family does not offer")  # fmt: skip
+            raise InputError(
+                f"{where}re-ranker {name!r} needs {', '.join(sorted(missing))} features, which the "
+                f"{family} family does not offer"
+            )
         stages.append(cls.from_config(config))
     return stages
 
 
-def prepare_stages(stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
+def prepare_stages(
+    stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext
+) -> dict[str, Any]:
     """Index-time work of every stage; the facts they report."""
     facts: dict[str, Any] = {}
     for stage in stages:
@@ -175,14 +188,18 @@ def prepare_stages(stages: Sequence[Reranker], space: RerankSpace, ctx: RunConte
     return facts
 
 
-def run_stages(ranking: Ranking, stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext) -> Ranking:
+def run_stages(
+    ranking: Ranking, stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext
+) -> Ranking:
     """``ranking`` through every stage in order."""
     for stage in stages:
         ranking = stage.rerank(ranking, space, ctx)
     return ranking
 
 
-def aligned_to_index(ranks: NDArray[np.int64], scores: NDArray[np.float32], n_index: int) -> NDArray[np.float32]:
+def aligned_to_index(
+    ranks: NDArray[np.int64], scores: NDArray[np.float32], n_index: int
+) -> NDArray[np.float32]:
     """Scores by index position ``[n_queries, n_index]`` from a complete aligned ranking."""
     out = np.empty((ranks.shape[0], n_index), np.float32)
     np.put_along_axis(out, ranks, scores, axis=1)

@@ -17,10 +17,15 @@ from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
 def diffusion_settings(config: Any) -> DiffusionSettings:
     """The diffusion a config's ``diffusion_*`` settings describe."""
     return DiffusionSettings(
-        k=config.diffusion_k, query_k=config.diffusion_query_k, alpha=config.diffusion_alpha,
-        gamma=config.diffusion_gamma, truncation=config.diffusion_truncation,
-        iterations=config.diffusion_iterations, normalise=config.diffusion_normalise, mode=config.diffusion_mode,
-    )  # fmt: skip
+        k=config.diffusion_k,
+        query_k=config.diffusion_query_k,
+        alpha=config.diffusion_alpha,
+        gamma=config.diffusion_gamma,
+        truncation=config.diffusion_truncation,
+        iterations=config.diffusion_iterations,
+        normalise=config.diffusion_normalise,
+        mode=config.diffusion_mode,
+    )
 
 
 class DiffusionReranker(Reranker):

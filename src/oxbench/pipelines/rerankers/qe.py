@@ -18,13 +18,20 @@ from oxbench.rerank.qe import alpha_query_expansion
 
 
 def expand_queries(
-    queries: NDArray[np.float32], database: NDArray[np.float32], ranks: NDArray[np.int64], *, k: int, alpha: float
+    queries: NDArray[np.float32],
+    database: NDArray[np.float32],
+    ranks: NDArray[np.int64],
+    *,
+    k: int,
+    alpha: float,
 ) -> NDArray[np.float32]:
     """Each query replaced by its alpha-weighted mean with its top ``k`` neighbours (alpha 0: AQE)."""
     out = np.empty_like(queries)
     for qi in range(queries.shape[0]):
         top = ranks[qi, :k]
-        out[qi] = np.asarray(alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32).ravel()
+        out[qi] = np.asarray(
+            alpha_query_expansion(queries[qi], database[top], alpha=alpha), np.float32
+        ).ravel()
     return out
 
 
@@ -42,7 +49,9 @@ class QueryExpansion(Reranker):
 
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         with ctx.timed("query_expansion"):
-            queries = expand_queries(ranking.queries, space.database, ranking.ranks, k=self.k, alpha=self.alpha)
+            queries = expand_queries(
+                ranking.queries, space.database, ranking.ranks, k=self.k, alpha=self.alpha
+            )
             scores, ranks = space.rank(queries)
         return Ranking(ranks, scores, queries, info=ranking.info)
 

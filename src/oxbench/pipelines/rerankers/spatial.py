@@ -44,14 +44,19 @@ class SpatialVerification(Reranker):
         ranks = ranking.ranks
         r = min(self.top_r, ranks.shape[1])
         if self.top_r > ranks.shape[1]:
-            log.warning("short list of %d is longer than the index (%d images): verifying all of them",
-                        self.top_r, ranks.shape[1])  # fmt: skip
+            log.warning(
+                "short list of %d is longer than the index (%d images): verifying all of them",
+                self.top_r,
+                ranks.shape[1],
+            )
         results = space.verify(ranks, r, ctx)
         by_index = aligned_to_index(ranks, ranking.scores, ranks.shape[1])
         final, scores = np.empty_like(ranks), np.empty_like(ranking.scores)
         matches: dict[int, dict[int, NDArray[np.float32]]] = {}
         for qi, res in enumerate(results):
-            final[qi], scores[qi] = verified_first(ranks[qi], by_index[qi], res.verified, res.inliers)
+            final[qi], scores[qi] = verified_first(
+                ranks[qi], by_index[qi], res.verified, res.inliers
+            )
             if res.matches:
                 matches[qi] = {v: res.matches[v] for v in res.verified.tolist() if v in res.matches}
         info = {**ranking.info, "verified_per_query": [len(res.verified) for res in results]}

@@ -46,13 +46,17 @@ class VerifiedQueryExpansion(Reranker):
     def from_config(cls, config: Any) -> VerifiedQueryExpansion:
         return cls(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top)
 
-    def expand(self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace) -> Any:
+    def expand(
+        self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace
+    ) -> Any:
         """The expanded query ``qi`` from its verified ``positives`` (``None``: leave it as it is)."""
         return average_query_expansion(ranking.queries[qi], space.database[positives])
 
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         if ranking.verified is None:
-            raise InputError(f"{self.name or 'aqe-verified'} expands from verified images: put the spatial stage before it")
+            raise InputError(
+                f"{self.name or 'aqe-verified'} expands from verified images: put the spatial stage before it"
+            )
         n_index = ranking.ranks.shape[1]
         first = ranking.verified
         expanded: dict[int, tuple[NDArray[np.float32], NDArray[np.int64]]] = {}
@@ -101,16 +105,25 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
 
     name = "dqe-verified"
 
-    def __init__(self, max_verified: int, min_inliers: int, verify_top: int, negatives: int, c: float) -> None:
+    def __init__(
+        self, max_verified: int, min_inliers: int, verify_top: int, negatives: int, c: float
+    ) -> None:
         super().__init__(max_verified, min_inliers, verify_top)
         self.negatives, self.c = negatives, c
 
     @classmethod
     def from_config(cls, config: Any) -> DiscriminativeVerifiedQueryExpansion:
-        return cls(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top, config.dqe_negatives,
-                   config.dqe_c)  # fmt: skip
+        return cls(
+            config.qe_max_verified,
+            config.qe_min_inliers,
+            config.qe_verify_top,
+            config.dqe_negatives,
+            config.dqe_c,
+        )
 
-    def expand(self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace) -> Any:
+    def expand(
+        self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace
+    ) -> Any:
         assert ranking.verified is not None
         row = ranking.ranks[qi]
         below = row[~np.isin(row, ranking.verified[qi].head)]

@@ -23,7 +23,11 @@ INDEX_PARTS = ("database", "distractors")
 
 
 def local_footprint(
-    parts: WordedParts, vocab_path: Path | None, *, ram: dict[str, int], fixed_ram: dict[str, int] | None = None
+    parts: WordedParts,
+    vocab_path: Path | None,
+    *,
+    ram: dict[str, int],
+    fixed_ram: dict[str, int] | None = None,
 ) -> Footprint:
     """The footprint of an index over ``parts``'s database and distractors.
 
@@ -40,17 +44,23 @@ def local_footprint(
     """
     indexed = [p for p in INDEX_PARTS if p in parts.names]
     words = {p: parts.words[p] for p in indexed if p in parts.words}
-    words_ram = sum(array_bytes([a for a in (w.offsets, w.words, w.sq_dists) if not isinstance(a, np.memmap)])
-                    for w in words.values())  # fmt: skip
+    words_ram = sum(
+        array_bytes([a for a in (w.offsets, w.words, w.sq_dists) if not isinstance(a, np.memmap)])
+        for w in words.values()
+    )
     disk = {
-        "features": sum(disk_bytes(parts.stores[p].directory) for p in indexed if p in parts.stores),
+        "features": sum(
+            disk_bytes(parts.stores[p].directory) for p in indexed if p in parts.stores
+        ),
         "words": sum(disk_bytes(parts.words_paths[p]) for p in indexed if p in parts.words_paths),
     }
     return Footprint(
-        len(parts.index_parts), ram={**ram, "words": words_ram}, disk=disk,
+        len(parts.index_parts),
+        ram={**ram, "words": words_ram},
+        disk=disk,
         fixed_ram={"vocabulary": vocabulary_bytes(parts.vocabulary), **(fixed_ram or {})},
         fixed_disk={"vocabulary": disk_bytes(vocab_path) if vocab_path is not None else 0},
-    )  # fmt: skip
+    )
 
 
 def vocabulary_bytes(voc: Vocabulary) -> int:

@@ -77,13 +77,17 @@ def part_names(bench: Benchmark, part: str) -> list[str]:
     """Image names of one part, in part order (the order of every array a step writes)."""
     if part not in PARTS:
         raise InputError(f"unknown part {part!r}; use one of {PARTS}")
-    src = {"database": bench.database, "queries": bench.queries, "distractors": bench.distractors}[part]
+    src = {"database": bench.database, "queries": bench.queries, "distractors": bench.distractors}[
+        part
+    ]
     if src is None:
         raise InputError(f"{bench.id} has no {part}")
     return [src.name(i) for i in range(len(src))]
 
 
-def last_if_empty(row_scores: NDArray[np.float32], empty: NDArray[np.bool_] | None) -> NDArray[np.float32]:
+def last_if_empty(
+    row_scores: NDArray[np.float32], empty: NDArray[np.bool_] | None
+) -> NDArray[np.float32]:
     """Scores with images that have no features set below every real score (they rank last)."""
     if empty is None or not empty.any():
         return row_scores

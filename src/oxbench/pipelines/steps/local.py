@@ -25,11 +25,19 @@ def extraction_job(
     if part == "database":
         return DescribeImages(bench.database, extractor), len(bench.database), {"role": "database"}
     if part == "queries":
-        return DescribeQueries(bench, extractor), bench.gt.n_queries, {"role": "queries", "crop": bench.crop}
+        return (
+            DescribeQueries(bench, extractor),
+            bench.gt.n_queries,
+            {"role": "queries", "crop": bench.crop},
+        )
     if part == "distractors":
         if bench.distractors is None:
             raise InputError(f"{bench.id} has no distractors")
-        return DescribeImages(bench.distractors, extractor), len(bench.distractors), {"role": "distractors"}
+        return (
+            DescribeImages(bench.distractors, extractor),
+            len(bench.distractors),
+            {"role": "distractors"},
+        )
     raise InputError(f"unknown part {part!r}; use one of {PARTS}")
 
 
@@ -44,12 +52,19 @@ def open_store(
     """Open the feature store of one part (``create=False``: it must exist)."""
     _, _, extra = extraction_job(bench, part, extractor)
     return FeatureStore.open(
-        features_dir(cache, bench, extractor, part), extractor, extra={**extra, "dataset": bench.id}, create=create
+        features_dir(cache, bench, extractor, part),
+        extractor,
+        extra={**extra, "dataset": bench.id},
+        create=create,
     )
 
 
 def step_features(
-    bench: Benchmark, extractor: LocalExtractor, ctx: RunContext, *, parts: Sequence[str] | None = None
+    bench: Benchmark,
+    extractor: LocalExtractor,
+    ctx: RunContext,
+    *,
+    parts: Sequence[str] | None = None,
 ) -> dict[str, StepResult]:
     """Describe the database, the query crops (and distractors) of a benchmark; resumable.
 
@@ -70,8 +85,15 @@ def step_features(
     for part in parts if parts is not None else parts_of(bench):
         job, n, _ = extraction_job(bench, part, extractor)
         store = open_store(ctx.cache, bench, extractor, part, create=True)
-        described = extract_to_store(job, n, store, executor=ctx.executor, progress=ctx.progress,
-                                     desc=f"{bench.id} {part}", full_check=ctx.full_check,
-                                     shard_size=ctx.shard_size)  # fmt: skip
+        described = extract_to_store(
+            job,
+            n,
+            store,
+            executor=ctx.executor,
+            progress=ctx.progress,
+            desc=f"{bench.id} {part}",
+            full_check=ctx.full_check,
+            shard_size=ctx.shard_size,
+        )
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
     return out

@@ -56,7 +56,9 @@ class QuantisingMethod(RetrievalMethod):
 
     def fit(self: Self, train: Benchmark | None, ctx: RunContext) -> Self:
         if train is None:
-            raise InputError(f"method {self.config.name} trains a vocabulary: it needs a training set")
+            raise InputError(
+                f"method {self.config.name} trains a vocabulary: it needs a training set"
+            )
         res = step_vocabulary(self.config.vocabulary(), train, ctx)
         ctx.record_step("vocabulary", hit=res.hit)
         self.vocab_path_, self.trained_on_ = res.path, train.id
@@ -71,8 +73,11 @@ class QuantisingMethod(RetrievalMethod):
         if self.vocab_path_ is None:
             return {}
         voc = load_vocabulary(self.vocab_path_, self.config.features)
-        return {"vocabulary": voc.describe(), "vocabulary_path": str(self.vocab_path_),
-                "trained_on": self.trained_on_}  # fmt: skip
+        return {
+            "vocabulary": voc.describe(),
+            "vocabulary_path": str(self.vocab_path_),
+            "trained_on": self.trained_on_,
+        }
 
     def index_parts(self, bench: Benchmark, ctx: RunContext) -> WordedParts:
         """Features of every part of ``bench`` and words of its index (names images without features)."""
@@ -82,8 +87,11 @@ class QuantisingMethod(RetrievalMethod):
         self.empty_ = parts.empty()
         if self.empty_.any():
             names = [n for _, n in parts.index_parts]
-            log.warning("%d database image(s) have no features and rank last, e.g. %s", int(self.empty_.sum()),
-                        ", ".join(names[i] for i in np.flatnonzero(self.empty_)[:5]))  # fmt: skip
+            log.warning(
+                "%d database image(s) have no features and rank last, e.g. %s",
+                int(self.empty_.sum()),
+                ", ".join(names[i] for i in np.flatnonzero(self.empty_)[:5]),
+            )
         self._parts = parts
         return parts
 
@@ -98,13 +106,22 @@ class QuantisingMethod(RetrievalMethod):
         names = parts.names["queries"]
         none = [n for n, c in zip(names, parts.words["queries"].counts, strict=True) if c == 0]
         if none:
-            log.warning("%d query crop(s) have no features, their lists are in index order: %s",
-                        len(none), ", ".join(none[:5]))  # fmt: skip
+            log.warning(
+                "%d query crop(s) have no features, their lists are in index order: %s",
+                len(none),
+                ", ".join(none[:5]),
+            )
 
     def verify(
-        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, *, rows: dict[int, NDArray[np.int64]] | None = None,
-        stage: str = "spatial", query_part: str = "queries",
-    ) -> list[VerifiedList]:  # fmt: skip
+        self,
+        ranks: NDArray[np.int64],
+        r: int,
+        ctx: RunContext,
+        *,
+        rows: dict[int, NDArray[np.int64]] | None = None,
+        stage: str = "spatial",
+        query_part: str = "queries",
+    ) -> list[VerifiedList]:
         """Spatially verify each query's top ``r`` (or, with ``rows``, those lists only, in order).
 
         ``query_part``: whose images the rows of ``ranks`` are (``database``: database images

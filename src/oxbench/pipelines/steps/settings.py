@@ -57,27 +57,48 @@ class LocalQuantisation:
     features: LocalExtractor = field(default_factory=lambda: CLASSIC_FEATURES)
     vocab_size: int = setting(65536, S.Int(lo=2, hi=1 << 24), doc="visual words")
     vocab_structure: Literal["auto", "flat", "two-level"] = setting(
-        "auto", S.Choice("auto", "flat", "two-level"), doc="flat k-means or a two-level vocabulary")
+        "auto", S.Choice("auto", "flat", "two-level"), doc="flat k-means or a two-level vocabulary"
+    )
     vocab_iter: int = setting(10, S.Int(lo=1, hi=1000), doc="k-means iterations")
     vocab_max_points_per_centroid: int | None = setting(
-        32, S.Optional(S.Int(lo=1, hi=1 << 20)), doc="training descriptors per word (none: every one)")
-    vocab_n_probe: int = setting(4, S.Int(lo=1, hi=1 << 16), doc="coarse cells searched in two-level assignment")
+        32,
+        S.Optional(S.Int(lo=1, hi=1 << 20)),
+        doc="training descriptors per word (none: every one)",
+    )
+    vocab_n_probe: int = setting(
+        4, S.Int(lo=1, hi=1 << 16), doc="coarse cells searched in two-level assignment"
+    )
     vocab_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="seed of sampling and k-means")
     spatial: bool = setting(False, S.Bool(), doc="spatially verify the short list")
     spatial_top_r: int = setting(100, S.Int(lo=1, hi=1 << 24), doc="short-list length R")
     spatial_matching: Literal["words", "descriptors"] = setting(
-        "descriptors", S.Choice("words", "descriptors"), doc="tentative matches from descriptors or shared words")
-    spatial_ratio: float = setting(_VERIFY.ratio, S.Float(lo=0, lo_open=True, hi=1), doc="Lowe's ratio")
-    spatial_max_per_word: int = setting(_VERIFY.max_per_word, S.Int(lo=1, hi=1 << 16),
-                                        doc="words matching: pairs per shared word")  # fmt: skip
-    spatial_query_ma: int = setting(_VERIFY.query_ma, S.Int(lo=1, hi=64), doc="words matching: words per query feature")
+        "descriptors",
+        S.Choice("words", "descriptors"),
+        doc="tentative matches from descriptors or shared words",
+    )
+    spatial_ratio: float = setting(
+        _VERIFY.ratio, S.Float(lo=0, lo_open=True, hi=1), doc="Lowe's ratio"
+    )
+    spatial_max_per_word: int = setting(
+        _VERIFY.max_per_word, S.Int(lo=1, hi=1 << 16), doc="words matching: pairs per shared word"
+    )
+    spatial_query_ma: int = setting(
+        _VERIFY.query_ma, S.Int(lo=1, hi=64), doc="words matching: words per query feature"
+    )
     spatial_model: Literal["affine", "homography", "similarity"] = setting(
-        _VERIFY.model, S.Choice("similarity", "affine", "homography"), doc="geometric model")
+        _VERIFY.model, S.Choice("similarity", "affine", "homography"), doc="geometric model"
+    )
     spatial_method: Literal["magsac", "accurate", "ransac", "fsm"] = setting(
-        _VERIFY.method, S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator")
-    spatial_min_inliers: int = setting(_VERIFY.min_inliers, S.Int(lo=1, hi=1 << 30), doc="inliers to count as verified")
-    spatial_threshold_px: float = setting(_VERIFY.threshold_px, S.Float(lo=0, lo_open=True, hi=1e4),
-                                          doc="inlier threshold, px at 1024 px")  # fmt: skip
+        _VERIFY.method, S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator"
+    )
+    spatial_min_inliers: int = setting(
+        _VERIFY.min_inliers, S.Int(lo=1, hi=1 << 30), doc="inliers to count as verified"
+    )
+    spatial_threshold_px: float = setting(
+        _VERIFY.threshold_px,
+        S.Float(lo=0, lo_open=True, hi=1e4),
+        doc="inlier threshold, px at 1024 px",
+    )
 
     def check_local_settings(self, name: str) -> None:
         """Check every setting against its spec (one line naming it), and the features' kind."""
@@ -88,9 +109,14 @@ class LocalQuantisation:
     def vocabulary(self) -> VocabularySpec:
         """The vocabulary the method trains (on its features, with its ``vocab_*`` settings)."""
         return VocabularySpec(
-            self.features, self.vocab_size, self.vocab_structure, self.vocab_iter,
-            self.vocab_max_points_per_centroid, self.vocab_n_probe, self.vocab_seed,
-        )  # fmt: skip
+            self.features,
+            self.vocab_size,
+            self.vocab_structure,
+            self.vocab_iter,
+            self.vocab_max_points_per_centroid,
+            self.vocab_n_probe,
+            self.vocab_seed,
+        )
 
     @property
     def resolved_vocab_structure(self) -> Literal["flat", "two-level"]:
@@ -100,6 +126,12 @@ class LocalQuantisation:
     def verification(self) -> VerifySettings:
         """How the short list is verified."""
         return VerifySettings(
-            self.spatial_model, self.spatial_method, self.spatial_min_inliers, self.spatial_threshold_px,
-            self.spatial_max_per_word, self.spatial_matching, self.spatial_ratio, self.spatial_query_ma,
-        )  # fmt: skip
+            self.spatial_model,
+            self.spatial_method,
+            self.spatial_min_inliers,
+            self.spatial_threshold_px,
+            self.spatial_max_per_word,
+            self.spatial_matching,
+            self.spatial_ratio,
+            self.spatial_query_ma,
+        )

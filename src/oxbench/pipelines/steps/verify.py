@@ -129,7 +129,10 @@ class ShortListVerifier:
     def _opened(self) -> tuple[dict[str, FeatureStore], dict[str, Words]]:
         if self._open is None:
             stores = {p: reopen_store(spec) for p, spec in self.stores.items()}
-            self._open = stores, {p: Words.load(w, trusted=self.trusted.get(p)) for p, w in self.words.items()}
+            self._open = (
+                stores,
+                {p: Words.load(w, trusted=self.trusted.get(p)) for p, w in self.words.items()},
+            )
         return self._open
 
     def __call__(self, item: tuple[int, str, NDArray[np.int64]]) -> VerifiedList:
@@ -148,10 +151,19 @@ class ShortListVerifier:
             if q_desc is not None:
                 tentative.append(descriptor_matches(q_desc, finish(raw), ratio=st.ratio))
         res = spatial_rerank(
-            q_kp, q_words, cands, order, top_r=len(order), model=st.model, method=st.method,
-            min_inliers=st.min_inliers, threshold_px=st.threshold_px, max_per_word=st.max_per_word,
-            query_size=q_size, tentative=tentative if q_desc is not None else None,
-        )  # fmt: skip
+            q_kp,
+            q_words,
+            cands,
+            order,
+            top_r=len(order),
+            model=st.model,
+            method=st.method,
+            min_inliers=st.min_inliers,
+            threshold_px=st.threshold_px,
+            max_per_word=st.max_per_word,
+            query_size=q_size,
+            tentative=tentative if q_desc is not None else None,
+        )
         position = {int(v): i for i, v in enumerate(order.tolist())}
         verified = np.asarray(res.verified, np.int64)
         inliers = np.array([res.inliers[position[int(v)]] for v in verified], np.int64)
@@ -160,17 +172,24 @@ class ShortListVerifier:
             pairs = res.inlier_matches[position[v]]
             assert pairs is not None
             d_kp = cands[position[v]][0]
-            matches[v] = np.concatenate([q_kp[pairs[:, 0], :2], d_kp[pairs[:, 1], :2]], axis=1).astype(np.float32)
+            matches[v] = np.concatenate(
+                [q_kp[pairs[:, 0], :2], d_kp[pairs[:, 1], :2]], axis=1
+            ).astype(np.float32)
         return VerifiedList(np.asarray(res.order, np.int64), verified, inliers, matches)
 
 
-def short_list_verifier(parts: WordedParts, settings: VerifySettings, query_part: str = "queries") -> ShortListVerifier:
+def short_list_verifier(
+    parts: WordedParts, settings: VerifySettings, query_part: str = "queries"
+) -> ShortListVerifier:
     """The verification job over a benchmark's stores and words (``query_part``'s words assigned)."""
     return ShortListVerifier(
-        stores={p: store_spec(s) for p, s in parts.stores.items()}, words=dict(parts.words_paths),
-        index_parts=parts.index_parts, settings=settings, query_part=query_part,
+        stores={p: store_spec(s) for p, s in parts.stores.items()},
+        words=dict(parts.words_paths),
+        index_parts=parts.index_parts,
+        settings=settings,
+        query_part=query_part,
         trusted={p: w.source for p, w in parts.words.items() if w.source is not None},
-    )  # fmt: skip
+    )
 
 
 class VerificationCache:
@@ -198,10 +217,14 @@ class VerificationCache:
             return str(path.relative_to(cache)) if path.is_relative_to(cache) else str(path)
 
         key = {
-            "stores": {p: [rel(folder), extractor.to_dict()] for p, (folder, extractor, _) in sorted(job.stores.items())},
+            "stores": {
+                p: [rel(folder), extractor.to_dict()]
+                for p, (folder, extractor, _) in sorted(job.stores.items())
+            },
             "words": {p: rel(w) for p, w in sorted(job.words.items())},
-            "settings": asdict(job.settings), "viewer_matches": MATCHES_FOR_VIEWERS,
-        }  # fmt: skip
+            "settings": asdict(job.settings),
+            "viewer_matches": MATCHES_FOR_VIEWERS,
+        }
         if job.query_part != "queries":  # database images as queries: entries of their own
             key["query_part"] = job.query_part
         return cls(Path(cache) / "verification" / json_digest(key, 16))
@@ -233,9 +256,10 @@ class VerificationCache:
             "inliers": np.asarray(verified.inliers, np.int64),
             "match_of": np.array([position[v] for v in keys], np.int64),
             "match_counts": np.array([len(verified.matches[v]) for v in keys], np.int64),
-            "match_xy": (np.concatenate([verified.matches[v] for v in keys]) if keys else np.zeros((0, 4)))
-            .astype(np.float32),
-        }  # fmt: skip
+            "match_xy": (
+                np.concatenate([verified.matches[v] for v in keys]) if keys else np.zeros((0, 4))
+            ).astype(np.float32),
+        }
         self.folder.mkdir(parents=True, exist_ok=True)
         save_npz(path, arrays)
 
@@ -247,7 +271,9 @@ def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) ->
     def array(name: str, dtype: type, ndim: int) -> NDArray:
         a = z.get(name)
         if a is None or a.dtype != dtype or a.ndim != ndim:
-            raise CorruptCache(f"{name!r} is missing or not a {ndim}-D {np.dtype(dtype).name} array", path)
+            raise CorruptCache(
+                f"{name!r} is missing or not a {ndim}-D {np.dtype(dtype).name} array", path
+            )
         return a
 
     def positions(name: str) -> NDArray[np.int64]:
@@ -260,12 +286,19 @@ def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) ->
     inliers, counts = array("inliers", np.int64, 1), array("match_counts", np.int64, 1)
     xy = array("match_xy", np.float32, 2)
     ok = (
-        len(head) == r and np.array_equal(np.sort(head), np.arange(r)) and len(verified) <= r
+        len(head) == r
+        and np.array_equal(np.sort(head), np.arange(r))
+        and len(verified) <= r
         and np.array_equal(head[: len(verified)], verified)
-        and inliers.shape == verified.shape and bool(np.all(inliers >= 1))
-        and counts.shape == match_of.shape and bool(np.all(counts >= 0)) and bool(np.isin(match_of, verified).all())
-        and xy.shape[1] == 4 and xy.shape[0] == int(counts.sum()) and bool(np.isfinite(xy).all())
-    )  # fmt: skip
+        and inliers.shape == verified.shape
+        and bool(np.all(inliers >= 1))
+        and counts.shape == match_of.shape
+        and bool(np.all(counts >= 0))
+        and bool(np.isin(match_of, verified).all())
+        and xy.shape[1] == 4
+        and xy.shape[0] == int(counts.sum())
+        and bool(np.isfinite(xy).all())
+    )
     if not ok:
         raise CorruptCache("the verified short list does not fit its short list", path)
     pieces = np.split(xy, np.cumsum(counts)[:-1]) if len(counts) else []
@@ -315,9 +348,12 @@ BLOCK_QUERIES = 8
 
 
 def verify_short_lists(
-    job: ShortListVerifier, items: Sequence[tuple[int, str, NDArray[np.int64]]], ctx: RunContext, *,
+    job: ShortListVerifier,
+    items: Sequence[tuple[int, str, NDArray[np.int64]]],
+    ctx: RunContext,
+    *,
     desc: str = "spatial",
-) -> list[VerifiedList]:  # fmt: skip
+) -> list[VerifiedList]:
     """Verify every ``(query index, query name, short list)``; results in the order of ``items``.
 
     Lists verified before with the same features, words and settings come from the
@@ -334,31 +370,49 @@ def verify_short_lists(
     cache = VerificationCache.for_job(job, Path(ctx.cache))
     if cache.folder.is_dir():
         remove_stale_temps(cache.folder)
-    paths = [cache.path(qname, [job.index_parts[int(j)] for j in order]) for _, qname, order in items]
+    paths = [
+        cache.path(qname, [job.index_parts[int(j)] for j in order]) for _, qname, order in items
+    ]
     orders = [np.asarray(it[2], np.int64) for it in items]
-    results: list[VerifiedList | None] = [cache.load(p, o) for p, o in zip(paths, orders, strict=True)]
+    results: list[VerifiedList | None] = [
+        cache.load(p, o) for p, o in zip(paths, orders, strict=True)
+    ]
     todo = [i for i, r in enumerate(results) if r is None]
     log.info("%s: %d of %d short lists from the cache", desc, len(items) - len(todo), len(items))
     if todo:
         cache.folder.mkdir(parents=True, exist_ok=True)
         size = max(1, min(BLOCK_QUERIES, -(-len(todo) // (2 * ctx.executor.workers))))
-        blocks = [QueryBlock(tuple((items[i][0], items[i][1], orders[i], paths[i].name) for i in todo[s : s + size]))
-                  for s in range(0, len(todo), size)]  # fmt: skip
-        run = ctx.executor.map(VerifyBlock(job, cache.folder), blocks, desc=desc, unit="block", progress=ctx.progress)
+        blocks = [
+            QueryBlock(
+                tuple(
+                    (items[i][0], items[i][1], orders[i], paths[i].name) for i in todo[s : s + size]
+                )
+            )
+            for s in range(0, len(todo), size)
+        ]
+        run = ctx.executor.map(
+            VerifyBlock(job, cache.folder), blocks, desc=desc, unit="block", progress=ctx.progress
+        )
         with contextlib.closing(run):
             for _ in run:
                 pass
         for i in todo:
             results[i] = cache.load(paths[i], orders[i])
             if results[i] is None:
-                raise InputError(f"{desc}: the verified short list of query {items[i][1]!r} is missing after its "
-                                 "task returned (do the workers see the cache folder?)", paths[i])  # fmt: skip
+                raise InputError(
+                    f"{desc}: the verified short list of query {items[i][1]!r} is missing after its "
+                    "task returned (do the workers see the cache folder?)",
+                    paths[i],
+                )
     ctx.record_step(desc.replace(" ", "_"), hit=not todo)
     return [r for r in results if r is not None]
 
 
 def verified_first(
-    order: NDArray[np.int64], row_scores: NDArray[np.float32], verified: NDArray[np.int64], inliers: NDArray[np.int64]
+    order: NDArray[np.int64],
+    row_scores: NDArray[np.float32],
+    verified: NDArray[np.int64],
+    inliers: NDArray[np.int64],
 ) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
     """One query's list after verification: ``verified`` first (in their order), then ``order``'s rest.
 
@@ -377,7 +431,9 @@ def verified_first(
     return new_order, scores
 
 
-def joined(first: VerifiedList, second: VerifiedList | None) -> tuple[NDArray[np.int64], NDArray[np.int64], dict[int, NDArray[np.float32]]]:
+def joined(
+    first: VerifiedList, second: VerifiedList | None
+) -> tuple[NDArray[np.int64], NDArray[np.int64], dict[int, NDArray[np.float32]]]:
     """The images verified in two rounds, by inlier count (stable), and their correspondences."""
     verified, inliers = first.verified, first.inliers
     found = dict(first.matches)

@@ -63,10 +63,14 @@ class VocabularySpec:
     def settings(self) -> dict[str, object]:
         """The settings that determine the vocabulary (with the training set): its cache key."""
         return {
-            "features": self.features.to_dict(), "n_words": self.n_words, "structure": self.resolved_structure,
-            "n_iter": self.n_iter, "max_points_per_centroid": self.max_points_per_centroid,
-            "n_probe": self.n_probe, "seed": self.seed,
-        }  # fmt: skip
+            "features": self.features.to_dict(),
+            "n_words": self.n_words,
+            "structure": self.resolved_structure,
+            "n_iter": self.n_iter,
+            "max_points_per_centroid": self.max_points_per_centroid,
+            "n_probe": self.n_probe,
+            "seed": self.seed,
+        }
 
 
 def training_descriptors(
@@ -95,7 +99,9 @@ def training_descriptors(
 def vocabulary_path(cache: Path, spec: VocabularySpec, train: Benchmark) -> Path:
     """Where the vocabulary of ``spec`` trained on ``train`` is cached."""
     settings = {**spec.settings(), "train": dataset_key(train)}
-    return Path(cache) / "vocabularies" / f"{train.id}-k{spec.n_words}-{json_digest(settings, 12)}.npz"
+    return (
+        Path(cache) / "vocabularies" / f"{train.id}-k{spec.n_words}-{json_digest(settings, 12)}.npz"
+    )
 
 
 def step_vocabulary(spec: VocabularySpec, train: Benchmark, ctx: RunContext) -> StepResult:
@@ -128,10 +134,14 @@ def step_vocabulary(spec: VocabularySpec, train: Benchmark, ctx: RunContext) -> 
             x = training_descriptors(store, part_names(train, "database"), n_target, seed=spec.seed)
             log.info("training %d words on %d descriptors of %s", spec.n_words, len(x), train.id)
             voc = Vocabulary(
-                spec.n_words, structure=spec.resolved_structure, n_iter=spec.n_iter,
-                max_points_per_centroid=spec.max_points_per_centroid, n_probe=spec.n_probe,
-                descriptor=_descriptor_name(spec.features), seed=spec.seed,
-            ).fit(x, trained_on=train.id)  # fmt: skip
+                spec.n_words,
+                structure=spec.resolved_structure,
+                n_iter=spec.n_iter,
+                max_points_per_centroid=spec.max_points_per_centroid,
+                n_probe=spec.n_probe,
+                descriptor=_descriptor_name(spec.features),
+                seed=spec.seed,
+            ).fit(x, trained_on=train.id)
             return StepResult(voc.save(path), hit=False, computed=1)
 
 
@@ -140,6 +150,10 @@ def _descriptor_name(features: LocalExtractor) -> str:
     return str(getattr(features, "descriptor", None) or features.to_dict().get("kind"))
 
 
-def load_vocabulary(path: Path, features: LocalExtractor, *, threads: int | None = None) -> Vocabulary:
+def load_vocabulary(
+    path: Path, features: LocalExtractor, *, threads: int | None = None
+) -> Vocabulary:
     """A vocabulary file, refused when it was trained for another descriptor or dimension."""
-    return Vocabulary.load(path, descriptor=_descriptor_name(features), dim=features.dim, threads=threads)
+    return Vocabulary.load(
+        path, descriptor=_descriptor_name(features), dim=features.dim, threads=threads
+    )

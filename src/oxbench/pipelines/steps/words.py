@@ -81,9 +81,16 @@ class Words:
 
     def __post_init__(self) -> None:
         o, n = self.offsets, len(self.words)
-        if (o.ndim != 1 or len(o) != len(self.names) + 1 or (len(o) and (o[0] != 0 or o[-1] != n))
-                or bool(np.any(np.diff(o) < 0)) or self.sq_dists.shape != self.words.shape):  # fmt: skip
-            raise InputError(f"visual words: offsets do not partition {n:,} features among {len(self.names):,} images")
+        if (
+            o.ndim != 1
+            or len(o) != len(self.names) + 1
+            or (len(o) and (o[0] != 0 or o[-1] != n))
+            or bool(np.any(np.diff(o) < 0))
+            or self.sq_dists.shape != self.words.shape
+        ):
+            raise InputError(
+                f"visual words: offsets do not partition {n:,} features among {len(self.names):,} images"
+            )
         self._index.update({n: i for i, n in enumerate(self.names)})
 
     def of(self, name: str) -> tuple[NDArray[np.int32], NDArray[np.float32]]:
@@ -113,8 +120,14 @@ class Words:
         path = Path(path)
         z = load_npz(path, what="visual-words file", mapped=("words", "sq_dists"), trusted=trusted)
         try:
-            return cls(tuple(z["names"].tolist()), z["offsets"], z["words"], z["sq_dists"], str(z["vocabulary"]),
-                       source=FileIdentity.of(os.stat(path), str(z[DIGEST_KEY])))  # fmt: skip
+            return cls(
+                tuple(z["names"].tolist()),
+                z["offsets"],
+                z["words"],
+                z["sq_dists"],
+                str(z["vocabulary"]),
+                source=FileIdentity.of(os.stat(path), str(z[DIGEST_KEY])),
+            )
         except KeyError as exc:
             raise CorruptCache(f"visual-words file without {exc}", path) from None
         except InputError as exc:
@@ -141,8 +154,17 @@ class AssignShard:
     faiss there runs with the executor's threads per worker.
     """
 
-    def __init__(self, voc: Vocabulary, store: FeatureStore, k: int, names: Sequence[str], directory: Path, *,
-                 plan: str, tag: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        voc: Vocabulary,
+        store: FeatureStore,
+        k: int,
+        names: Sequence[str],
+        directory: Path,
+        *,
+        plan: str,
+        tag: str,
+    ) -> None:
         self.voc = voc
         self.store = store
         self.k = k
@@ -159,7 +181,9 @@ class AssignShard:
         self.voc.threads = None  # the worker's thread cap (oxbench.execution.limit_threads)
         self.store = reopen_store(state["store"])
 
-    def assign(self, chunk: Sequence[str]) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
+    def assign(
+        self, chunk: Sequence[str]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
         """``(features per image, words [n, k], squared distances [n, k])`` of the images ``chunk``."""
         raws = [self.store.get_raw(n)[2] for n in chunk]
         counts = np.array([len(r) for r in raws], np.int64)
@@ -175,10 +199,22 @@ class AssignShard:
         t0 = time.perf_counter()
         chunk = [self.names[i] for i in task.items]
         counts, words, sq_dists = self.assign(chunk)
-        arrays = {"names": np.array(chunk), "counts": counts, "words": words, "sq_dists": sq_dists,
-                  "vocabulary": np.array(self.voc.file_digest_)}  # fmt: skip
-        return write_npz_shard(self.directory, task, arrays, plan=self.plan, tag=self.tag, rows=len(words),
-                               seconds_from=t0)  # fmt: skip
+        arrays = {
+            "names": np.array(chunk),
+            "counts": counts,
+            "words": words,
+            "sq_dists": sq_dists,
+            "vocabulary": np.array(self.voc.file_digest_),
+        }
+        return write_npz_shard(
+            self.directory,
+            task,
+            arrays,
+            plan=self.plan,
+            tag=self.tag,
+            rows=len(words),
+            seconds_from=t0,
+        )
 
 
 def words_path(cache: Path, bench: Benchmark, vocab_path: Path, k: int, part: str) -> Path:
@@ -190,9 +226,14 @@ def _shard_checker(vocabulary: str, k: int):  # noqa: ANN202 - the check of read
     def check(z: dict[str, NDArray[Any]], names: list[str]) -> str | None:
         try:
             counts, words, dists = z["counts"], z["words"], z["sq_dists"]
-            ok = (z["names"].tolist() == names and str(z["vocabulary"]) == vocabulary
-                  and counts.shape == (len(names),) and words.dtype == np.int32 and dists.dtype == np.float32
-                  and words.shape == dists.shape == (int(counts.sum()), k))  # fmt: skip
+            ok = (
+                z["names"].tolist() == names
+                and str(z["vocabulary"]) == vocabulary
+                and counts.shape == (len(names),)
+                and words.dtype == np.int32
+                and dists.dtype == np.float32
+                and words.shape == dists.shape == (int(counts.sum()), k)
+            )
         except (KeyError, AttributeError, ValueError):
             ok = False
         return None if ok else "is for other images, another vocabulary or another k"
@@ -238,29 +279,50 @@ def step_assign(
             try:
                 existing = Words.load(out_path)
                 if (list(existing.names), existing.words.shape[1], existing.vocabulary) == (
-                    list(names), k, voc.file_digest_
+                    list(names),
+                    k,
+                    voc.file_digest_,
                 ):
                     return StepResult(out_path, hit=True)
-                log.info("visual words at %s are for other images or another vocabulary; recomputing", out_path)
+                log.info(
+                    "visual words at %s are for other images or another vocabulary; recomputing",
+                    out_path,
+                )
             except CorruptCache as exc:
                 log.warning("%s; assigning the words again", exc)
         store.require_all(names)
         if shards.is_dir():
             remove_stale_temps(shards)
         check = _shard_checker(voc.file_digest_, k)
-        done, todo = read_npz_shards(shards, names, shard_size, what="visual-words shard", check=check)
+        done, todo = read_npz_shards(
+            shards, names, shard_size, what="visual-words shard", check=check
+        )
         todo = in_partition(todo, partition)
         if todo:
             tag = uuid.uuid4().hex[:12]
-            job = AssignShard(voc, store, k, names, shards, plan=plan_digest(names, shard_size), tag=tag)
-            receipts = run_shard_tasks(job, todo, shards, tag, executor=ctx.executor, desc="assign",
-                                       progress=ctx.progress)  # fmt: skip
-            check_receipts(todo, receipts, (p.name for f in committed_folders(shards).values() for p in f), shards)
+            job = AssignShard(
+                voc, store, k, names, shards, plan=plan_digest(names, shard_size), tag=tag
+            )
+            receipts = run_shard_tasks(
+                job, todo, shards, tag, executor=ctx.executor, desc="assign", progress=ctx.progress
+            )
+            check_receipts(
+                todo,
+                receipts,
+                (p.name for f in committed_folders(shards).values() for p in f),
+                shards,
+            )
         computed = sum(len(t.items) for t in todo)
         if partition is not None:
             return StepResult(out_path, hit=False, computed=computed)
-        done, todo = read_npz_shards(shards, names, shard_size, what="visual-words shard", check=check,
-                                     mapped=("words", "sq_dists"))  # fmt: skip
+        done, todo = read_npz_shards(
+            shards,
+            names,
+            shard_size,
+            what="visual-words shard",
+            check=check,
+            mapped=("words", "sq_dists"),
+        )
         if todo:
             raise InputError(f"{todo[0]}: visual words missing after its task returned", shards)
         _save_words(voc, names, [done[n] for n in sorted(done)], out_path, k=k)
@@ -268,20 +330,29 @@ def step_assign(
         return StepResult(out_path, hit=False, computed=computed)
 
 
-def _save_words(voc: Vocabulary, names: Sequence[str], shards: Sequence[dict[str, NDArray[Any]]], out_path: Path, *,
-                k: int) -> Path:  # fmt: skip
+def _save_words(
+    voc: Vocabulary,
+    names: Sequence[str],
+    shards: Sequence[dict[str, NDArray[Any]]],
+    out_path: Path,
+    *,
+    k: int,
+) -> Path:
     """The shards (memory-mapped) written one after another into the words file, never concatenated
     in memory: at a million images the words alone are gigabytes."""
     offsets = np.zeros(len(names) + 1, np.int64)
     if shards:
         np.cumsum(np.concatenate([z["counts"] for z in shards]), out=offsets[1:])
-    return save_npz_pieces(out_path, {
-        "names": np.array(list(names)),
-        "offsets": offsets,
-        "words": [np.zeros((0, k), np.int32)] + [z["words"] for z in shards],
-        "sq_dists": [np.zeros((0, k), np.float32)] + [z["sq_dists"] for z in shards],
-        "vocabulary": np.array(voc.file_digest_),
-    })  # fmt: skip
+    return save_npz_pieces(
+        out_path,
+        {
+            "names": np.array(list(names)),
+            "offsets": offsets,
+            "words": [np.zeros((0, k), np.int32)] + [z["words"] for z in shards],
+            "sq_dists": [np.zeros((0, k), np.float32)] + [z["sq_dists"] for z in shards],
+            "vocabulary": np.array(voc.file_digest_),
+        },
+    )
 
 
 @dataclass
@@ -311,7 +382,9 @@ class WordedParts:
     @property
     def index_parts(self) -> list[tuple[str, str]]:
         """``(part, image name)`` of every index position: the database, then the distractors."""
-        return [(p, n) for p in ("database", "distractors") if p in self.names for n in self.names[p]]
+        return [
+            (p, n) for p in ("database", "distractors") if p in self.names for n in self.names[p]
+        ]
 
     def empty(self) -> NDArray[np.bool_]:
         """``bool [n_index]``: index images without features (they rank last)."""
@@ -321,8 +394,15 @@ class WordedParts:
     def assign(self, bench: Benchmark, part: str, ctx: RunContext) -> Words:
         """The words of one part (computed through :func:`step_assign` or read from the cache)."""
         out = words_path(ctx.cache, bench, self.vocab_path, self.k, part)
-        res = step_assign(self.vocab_path, self.stores[part], self.names[part], out, ctx, k=self.k,
-                          shard_size=ctx.shard_size)
+        res = step_assign(
+            self.vocab_path,
+            self.stores[part],
+            self.names[part],
+            out,
+            ctx,
+            k=self.k,
+            shard_size=ctx.shard_size,
+        )
         ctx.record_step(f"words.{part}", hit=res.hit)
         self.words[part] = Words.load(out)
         self.words_paths[part] = out
@@ -343,10 +423,13 @@ def describe_and_assign(
     ctx.record_step("features", hit=all(r.hit for r in done.values()))
     parts = parts_of(bench)
     worded = WordedParts(
-        dataset_key(bench), vocab_path, load_vocabulary(vocab_path, features), k,
+        dataset_key(bench),
+        vocab_path,
+        load_vocabulary(vocab_path, features),
+        k,
         stores={p: open_store(ctx.cache, bench, features, p) for p in parts},
         names={p: part_names(bench, p) for p in parts},
-    )  # fmt: skip
+    )
     with ctx.timed("assign"):
         for p in parts:
             if p != "queries":
