@@ -358,7 +358,7 @@ class FaissIndex:
             raise InputError("corrupt index file (checksum mismatch)", path)
         try:
             settings = IndexSettings(
-                kind=str(raw.pop("kind")),
+                kind=str(raw.pop("kind")),  # type: ignore[arg-type]
                 **{k: int(v) for k, v in raw.items()},  # type: ignore[arg-type]
             )
         except (TypeError, KeyError, ValueError) as exc:

@@ -237,12 +237,12 @@ def build_shards(
         )
         items = [AddTask(t, vectors[t.items[0] : t.items[-1] + 1]) for t in todo]
         done = run_shard_tasks(
-            job,
-            items,
+            job,  # type: ignore[arg-type]
+            items,  # type: ignore[arg-type]
             folder,
             tag,
             executor=executor,
-            desc="IVF-PQ shards",  # type: ignore[arg-type]
+            desc="IVF-PQ shards",
             progress=progress,
         )
         receipts.update({r.number: r for r in done})

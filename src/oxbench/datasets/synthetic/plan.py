@@ -264,11 +264,11 @@ def sample_view(
         mirror=mirror,
         light=light,
         night=night,
-        cast=cast,
+        cast=cast,  # type: ignore[arg-type]
         shadow=shadow,
         occlusion=occlusion,
         blur=blur,
-        noise=noise,  # type: ignore[arg-type]
+        noise=noise,
         jpeg=jpeg,
         clutter=clutter,
     )
