@@ -163,7 +163,7 @@ def bench_spatial(root: Path | None, n_queries: int) -> None:
     )
     base = None
     for r in (100, 500):
-        m = resolve_method("rootsift-bow-sv", spatial_top_r=r)
+        m = resolve_method("rootsift-bow-sv", **{"spatial.top_r": r})
         ctx = RunContext(cache, progress=False)
         method = m.build().fit(train, ctx).index(bench, ctx)
         timings = ctx.timings

@@ -121,37 +121,48 @@ class GridPatches:
 
 
 TOY_RERANKER = '''
-"""A toy re-ranker: reverses the top three of every list (its result is known)."""
-import numpy as np
+"""A toy re-ranker with a setting of its own: reverses the top n of every list (its result is known)."""
+from dataclasses import dataclass
 
-from oxbench.pipelines.rerankers import Ranking, Reranker, register_reranker
+from oxbench import schema as S
+from oxbench.pipelines.rerankers import (
+    Ranking,
+    Reranker,
+    register_reranker,
+    register_stage_settings,
+)
+
+
+@dataclass(frozen=True)
+class ReverseSettings:
+    n: int = S.setting(3, S.Int(lo=1, hi=100), doc="images reversed at the top")
+
+    def __post_init__(self):
+        S.validate(self, label=lambda n: f"reverse.{n}")
 
 
 class ReverseTop(Reranker):
     needs = frozenset({"vectors"})
+    uses = ("reverse",)
 
-    @classmethod
-    def from_config(cls, config):
-        return cls()
+    def __init__(self, settings):
+        self.n = settings.n
 
     def rerank(self, ranking, space, ctx):
-        ranks, scores = ranking.ranks.copy(), ranking.scores.copy()
-        ranks[:, :3], scores[:, :3] = ranks[:, 2::-1], scores[:, 2::-1]
+        ranks, scores, n = ranking.ranks.copy(), ranking.scores.copy(), self.n
+        ranks[:, :n], scores[:, :n] = ranks[:, n - 1 :: -1], scores[:, n - 1 :: -1]
         ctx.record_step("toy-rerank", hit=False)
-        return Ranking(ranks, scores, ranking.queries, info={**ranking.info, "reversed": 3})
+        return Ranking(ranks, scores, ranking.queries, info={**ranking.info, "reversed": n})
 
 
 class NeedsLocal(Reranker):
     needs = frozenset({"local"})
 
-    @classmethod
-    def from_config(cls, config):
-        return cls()
-
     def rerank(self, ranking, space, ctx):
         return ranking
 
 
+register_stage_settings("reverse", ReverseSettings)
 register_reranker("reverse-top", ReverseTop)
 register_reranker("needs-local", NeedsLocal)
 '''
@@ -218,14 +229,17 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     pytest.importorskip("faiss")
     pytest.importorskip("PIL.Image")
     from oxbench.features.local import LocalExtractor
-    from oxbench.pipelines import BowConfig, steps
+    from oxbench.pipelines import BowConfig, resolve_method, steps
     from test_pipeline import make_tiny_root
 
     (tmp_path / "grid.py").write_text(TOY_EXTRACTOR)
     grid = _import_file(tmp_path / "grid.py", "toy_grid_patches").GridPatches()
     assert isinstance(grid, LocalExtractor)
     root = make_tiny_root(tmp_path / "data")
-    config = BowConfig("grid-bow-sv", features=grid, vocab_size=32, spatial=True, spatial_top_r=10)
+    config = resolve_method(
+        BowConfig("grid-bow-sv", features=grid, vocab_size=32, rerank=("spatial",)),
+        **{"spatial.top_r": 10},
+    )
     outcome = oxbench.run(
         "synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False
     )
@@ -248,7 +262,7 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
 
 def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
     from oxbench.pipelines import resolve_method
-    from oxbench.pipelines.rerankers import RERANKERS
+    from oxbench.pipelines.rerankers import RERANKERS, STAGE_SETTINGS
 
     (tmp_path / "toy_reranker.py").write_text(TOY_RERANKER)
     _import_file(tmp_path / "toy_reranker.py", "toy_reranker")
@@ -286,6 +300,14 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
             == "computed"
         )
         assert json.loads((toy.run_dir / "metrics.json").read_text())["run"]["reversed"] == 3
+        # the stage owns its settings: --set reaches them, the run records them under their group
+        two = resolve_method("features", rerank="reverse-top", **{"reverse.n": "2"})
+        assert (
+            two.to_dict()["reverse"] == {"n": 2}
+            and "reverse" not in resolve_method("features").to_dict()
+        )
+        with pytest.raises(InputError, match="setting reverse.n: must be in \\[1, 100\\], got 0"):
+            resolve_method("features", rerank="reverse-top", **{"reverse.n": "0"})
         # a stage the family cannot serve, or an unknown one, is one line when the method is resolved
         with pytest.raises(
             InputError, match="re-ranker 'needs-local' needs local features, which the global"
@@ -293,12 +315,13 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
             resolve_method("features", rerank="needs-local")
         with pytest.raises(
             InputError,
-            match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, diffusion, reverse-top",
+            match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, dba, diffusion, reverse-top",
         ):
             resolve_method("features", rerank="nope")
     finally:
         for name in ("reverse-top", "needs-local"):
             RERANKERS._entries.pop(name, None)
+        STAGE_SETTINGS._entries.pop("reverse", None)
 
 
 def _features_benchmark(root: Path):  # noqa: ANN202 - a Benchmark

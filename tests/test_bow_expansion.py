@@ -102,9 +102,13 @@ def test_dqe_trains_on_the_verified_images_against_the_bottom_of_the_ranking(
     verified = VerifiedList(head, head[[0, 2, 5]], np.array([20, 12, 9]), {})
     ranking = Ranking(ranks, np.zeros((1, 30), np.float32), query, (verified,))
     method = resolve_method(
-        "rootsift-bow-sv-dqe", dqe_negatives=5, qe_min_inliers=10, qe_verify_top=0
+        "rootsift-bow-sv-dqe",
+        **{"dqe.negatives": 5},
+        **{"vqe.min_inliers": 10},
+        **{"vqe.verify_top": 0},
     )
-    stage = RERANKERS.get("dqe-verified").from_config(method)
+    cls = RERANKERS.get("dqe-verified")
+    stage = cls.from_settings({g: method.stage(g) for g in cls.uses})
     space = _Space(db)
     out = stage.rerank(ranking, space, RunContext(tmp_path, progress=False))
     # positives: the verified images with at least 10 inliers; negatives: the last 5 of the ranking
@@ -115,17 +119,20 @@ def test_dqe_trains_on_the_verified_images_against_the_bottom_of_the_ranking(
     assert out.ranks[0, :3].tolist() == first
     order = np.argsort(-(want @ db.T)[0], kind="stable")
     assert out.ranks[0, 3:].tolist() == [i for i in order.tolist() if i not in first]
-    with pytest.raises(InputError, match="dqe_negatives"):
-        resolve_method("rootsift-bow-sv-dqe", dqe_negatives=0)
+    with pytest.raises(InputError, match="dqe.negatives"):
+        resolve_method("rootsift-bow-sv-dqe", **{"dqe.negatives": 0})
 
 
-def test_dqe_is_refused_without_verification_and_dba_too() -> None:
-    with pytest.raises(InputError, match="query expansion needs spatial verification"):
-        resolve_method("rootsift-bow", qe="dqe")
+def test_dqe_is_refused_without_verification_and_dba_where_no_family_offers_it() -> None:
+    with pytest.raises(InputError, match="'dqe-verified' needs a 'spatial' stage before it"):
+        resolve_method("rootsift-bow", rerank="dqe-verified")
     with pytest.raises(
-        InputError, match="dba .database-side augmentation. needs spatial verification"
+        InputError, match="'dba-verified' needs a database it may augment, which the he"
     ):
-        resolve_method("rootsift-bow", dba=True)
+        resolve_method("rootsift-he-sv", rerank="dba-verified,spatial")
+    # one name, one meaning: top-k DBA over dense vectors is not the verified DBA of bag of words
+    with pytest.raises(InputError, match="'dba' needs dense vectors, which the bow family"):
+        resolve_method("rootsift-bow", rerank="dba")
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from oxbench.errors import InputError
 from oxbench.evaluation.ap import average_precision
 from oxbench.index.search import exact_search
-from oxbench.pipelines.globalchain import augment_database
+from oxbench.pipelines.rerankers.dba import augment_database
 from oxbench.rerank.diffusion import (
     Diffusion,
     DiffusionSettings,
@@ -93,26 +93,25 @@ def test_affinity_is_mutual_knn_with_cubed_similarity() -> None:
 
 
 def test_bad_settings_and_inputs() -> None:
-    with pytest.raises(
-        InputError, match="diffusion_alpha must be a number in \\(0, 1\\), got 'high'"
-    ):
+    # the one schema names each setting as `--set` does (diffusion.<name>)
+    with pytest.raises(InputError, match="setting diffusion.alpha: expected a finite number"):
         DiffusionSettings(alpha="high")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="diffusion_k must be an integer >= 2"):
+    with pytest.raises(InputError, match="setting diffusion.k: must be in \\[2, 65536\\]"):
         DiffusionSettings(k=1)
-    with pytest.raises(InputError, match="diffusion_truncation must be an integer >= 1"):
+    with pytest.raises(InputError, match="setting diffusion.truncation: must be in \\[1,"):
         DiffusionSettings(truncation=0)
     for alpha in (0.0, 1.0, -0.5, float("nan"), float("inf")):
-        with pytest.raises(InputError, match="diffusion_alpha must be a number in \\(0, 1\\)"):
+        with pytest.raises(InputError, match="setting diffusion.alpha: "):
             DiffusionSettings(alpha=alpha)
-    with pytest.raises(InputError, match="diffusion_gamma"):
+    with pytest.raises(InputError, match="diffusion.gamma"):
         DiffusionSettings(gamma=float("nan"))
-    with pytest.raises(InputError, match="diffusion_normalise must be full or subgraph"):
+    with pytest.raises(InputError, match="setting diffusion.normalise: .*full, subgraph"):
         DiffusionSettings(normalise="degrees")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="diffusion_mode must be online or offline"):
+    with pytest.raises(InputError, match="setting diffusion.mode: .*online, offline"):
         DiffusionSettings(mode="batch")  # type: ignore[arg-type]
     v, _ = two_spirals(n=20)
     with pytest.raises(
-        InputError, match="diffusion_k=41 is larger than the database \\(40 images\\)"
+        InputError, match="diffusion.k=41 is larger than the database \\(40 images\\)"
     ):
         Diffusion(DiffusionSettings(k=41)).fit(v)
     d = Diffusion(DiffusionSettings(k=3))

@@ -80,10 +80,10 @@ def go(
 
 def test_presets_and_settings() -> None:
     m = resolve_method(
-        "features-diffusion", db_features="a.npy", query_features="b.npy", diffusion_k=7
+        "features-diffusion", db_features="a.npy", query_features="b.npy", **{"diffusion.k": 7}
     )
-    assert isinstance(m, GlobalConfig) and m.descriptor == "features" and m.rerank == "diffusion"
-    assert not m.needs_training and m.to_dict()["diffusion_k"] == 7
+    assert isinstance(m, GlobalConfig) and m.descriptor == "features" and m.rerank == ("diffusion",)
+    assert not m.needs_training and m.to_dict()["diffusion"]["k"] == 7
     with pytest.raises(
         InputError,
         match="setting search: expected one of exact, faiss-flat, faiss-ivfpq, got 'annoy'",
@@ -108,7 +108,7 @@ def test_own_features_through_the_runner(
     for method, extra, key in (
         ("features-alpha-qe", {}, None),
         ("features-dba", {}, "dba"),
-        ("features-diffusion", {"diffusion_k": 5, "diffusion_query_k": 3}, "diffusion"),
+        ("features-diffusion", {"diffusion.k": 5, "diffusion.query_k": 3}, "diffusion"),
         ("features", {"search": "faiss-flat"}, "search"),
         ("features", {"whitening": "pca", "train_features": str(files["train"])}, "whitening"),
         (
@@ -142,20 +142,25 @@ def test_offline_diffusion_records_its_memory_and_matches_online_without_truncat
     tiny_root: Path, tmp_path: Path, files: dict[str, Path]
 ) -> None:
     kw = {
-        "diffusion_k": 5,
-        "diffusion_query_k": 3,
-        "diffusion_truncation": 40,
-        "diffusion_iterations": 200,
+        "diffusion.k": 5,
+        "diffusion.query_k": 3,
+        "diffusion.truncation": 40,
+        "diffusion.iterations": 200,
     }
     online = go(tiny_root, tmp_path / "on", "features-diffusion", files, **kw)
     offline = go(
-        tiny_root, tmp_path / "off", "features-diffusion", files, diffusion_mode="offline", **kw
+        tiny_root,
+        tmp_path / "off",
+        "features-diffusion",
+        files,
+        **{"diffusion.mode": "offline"},
+        **kw,
     )
     info = offline.info["diffusion"]
     assert info["mode"] == "offline" and info["normalise"] == "full" and info["k"] == 5
     assert info["offline_nnz_per_image"] == 40 and info["offline_bytes_per_image"] >= 40 * 8
     assert "offline_bytes_per_image" not in online.info["diffusion"]
-    assert offline.config.method.to_dict()["diffusion_mode"] == "offline"
+    assert offline.config.method.to_dict()["diffusion"]["mode"] == "offline"
     np.testing.assert_allclose(
         offline.result.setups["medium"].map, online.result.setups["medium"].map, atol=1e-9
     )
@@ -223,17 +228,17 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
         extra = ["--set", "search=faiss-ivfpq", "--set", "nlist=64", "--set", "nprobe=4"]
         want = "nlist 64 is larger than the database (40 vectors)"
     elif case == "diffusion-k":
-        extra = ["--set", "rerank=diffusion", "--set", "diffusion_k=41"]
-        want = "diffusion_k=41 is larger than the database (40 images)"
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion.k=41"]
+        want = "diffusion.k=41 is larger than the database (40 images)"
     elif case == "diffusion-truncation":
-        extra = ["--set", "rerank=diffusion", "--set", "diffusion_truncation=0"]
-        want = "setting diffusion_truncation: must be in [1, 16777216], got 0"
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion.truncation=0"]
+        want = "setting diffusion.truncation: must be in [1, 16777216], got 0"
     elif case == "diffusion-alpha":
-        extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=NaN"]
-        want = "setting diffusion_alpha: expected a finite number, got 'NaN'"
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion.alpha=NaN"]
+        want = "setting diffusion.alpha: expected a finite number, got 'NaN'"
     elif case == "diffusion-alpha-text":
-        extra = ["--set", "rerank=diffusion", "--set", "diffusion_alpha=nan"]
-        want = "setting diffusion_alpha: expected a finite number, got 'nan'"
+        extra = ["--set", "rerank=diffusion", "--set", "diffusion.alpha=nan"]
+        want = "setting diffusion.alpha: expected a finite number, got 'nan'"
     else:
         few = tmp_path / "few.npy"
         np.save(few, np.load(files["train"])[:6])
@@ -353,7 +358,7 @@ def test_features_run_from_ground_truth_alone(
         "--set",
         f"query_features={tmp_path / 'q.npy'}",
         "--set",
-        "diffusion_k=5",
+        "diffusion.k=5",
     ]
     code, err = cli(capsys, *args, "--out", str(tmp_path / "strict"))
     assert (
@@ -521,7 +526,7 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
 def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Three runs of features-alpha-qe differing in qe_k: default labels name the changed setting,
+    """Three runs of features-alpha-qe differing in qe.k: default labels name the changed setting,
     and report (md, LaTeX), compare, plot and runs show them; --label replaces the default; a label
     that is not one short line is one line, exit 2, before anything is written."""
     root, db, q = _gnd_only_features(tmp_path)
@@ -545,11 +550,11 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
         f"query_features={tmp_path / 'q.npy'}",
     ]
     folders = []
-    for i, extra in enumerate(([], ["--set", "qe_k=2"], ["--set", "qe_k=10"])):
+    for i, extra in enumerate(([], ["--set", "qe.k=2"], ["--set", "qe.k=10"])):
         code, out = cli_out(capsys, *args, *extra, "--out", str(tmp_path / "runs" / f"r{i}"))
         assert code == 0, out
         folders.append(str(tmp_path / "runs" / f"r{i}"))
-    labels = ["features-alpha-qe", "features-alpha-qe [qe_k=2]", "features-alpha-qe [qe_k=10]"]
+    labels = ["features-alpha-qe", "features-alpha-qe [qe.k=2]", "features-alpha-qe [qe.k=10]"]
     for i, lab in enumerate(labels):
         assert json.loads(next(Path(folders[i]).glob("*/record.json")).read_text())["label"] == lab
     code, md = cli_out(capsys, "report", *folders)
@@ -568,7 +573,7 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     )
     assert code == 0
     svg = "".join(Path(p).read_text() for p in paths.split())
-    assert "qe_k=2" in svg
+    assert "qe.k=2" in svg
     # --label replaces the default; bad labels are refused before anything runs
     code, out = cli_out(capsys, *args, "--label", "mine", "--out", str(tmp_path / "mine"))
     assert code == 0 and "label: mine" in out

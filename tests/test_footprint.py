@@ -24,8 +24,6 @@ from oxbench.index.footprint import (
 )
 from oxbench.records import RunRecord
 
-TINY = {"features.max_side": 320, "features.n_features": 300, "spatial_top_r": 20}
-
 
 def test_array_bytes_counts_arrays_and_the_three_arrays_of_a_sparse_matrix() -> None:
     m = sp.csr_matrix(np.array([[0, 1.5, 0], [2, 0, 3]], np.float32))
@@ -113,11 +111,12 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run(root: Path, tmp: Path, method: str, distractors: int | None, **more: object):  # noqa: ANN202
     import oxbench
+    from test_pipeline import tiny
 
     if "vlad" in method:
-        overrides = {k: v for k, v in TINY.items() if k != "spatial_top_r"} | more
+        overrides = tiny(method) | more
     else:
-        overrides = {**TINY, "vocab_size": 256, **more}
+        overrides = {**tiny(method), "vocab_size": 256, **more}
     return oxbench.run(
         "synthetic",
         method,

@@ -39,12 +39,16 @@ HOSTILE = (
 
 
 def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.Field]]:
+    """Every setting `--set` takes: fields (nested as dotted names), then each stage group's."""
     out = []
     for f in dataclasses.fields(config):  # type: ignore[arg-type]
         value = getattr(config, f.name)
         if f.name == "name":
             continue
-        if dataclasses.is_dataclass(value) and SPEC_KEY not in f.metadata:
+        if f.name == "stage_settings":  # the pipeline's stages own these: group.setting
+            for group in config.stage_groups:  # type: ignore[attr-defined]
+                out += _settings(config.stage(group), f"{prefix}{group}.")  # type: ignore[attr-defined]
+        elif dataclasses.is_dataclass(value) and SPEC_KEY not in f.metadata:
             out += _settings(value, f"{prefix}{f.name}.")
         else:
             out.append((prefix + f.name, f))
@@ -52,6 +56,9 @@ def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.F
 
 
 def _value(config: object, dotted: str) -> object:
+    head, _, rest = dotted.partition(".")
+    if rest and head in getattr(config, "stage_groups", ()):
+        return getattr(config.stage(head), rest)  # type: ignore[attr-defined]
     for part in dotted.split("."):
         config = getattr(config, part)
     return config
@@ -89,14 +96,14 @@ def test_every_setting_of_every_preset_takes_hostile_text_in_one_line() -> None:
 @pytest.mark.parametrize(
     "setting",
     [
-        "qe_alpha=abc",
+        "qe.alpha=abc",
         "whitening_power=abc",
         "dba=true",
-        "qe_k=1.5",
+        "qe.k=1.5",
         "whitening_dim=NaN",
         "max_side=NaN",
-        "diffusion_gamma=NaN",
-        "dba_alpha=abc",
+        "diffusion.gamma=NaN",
+        "dba.alpha=abc",
         "gem_p=-50",
         "scales=1,nan",
         "whitening_dim=1e30",
@@ -169,11 +176,15 @@ def test_methods_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[s
     config = resolve_method("gem-r18-synthetic")
     assert set(rows) == {name for name, _ in _settings(config)}
     assert rows["max_side"]["default"] == 160 and rows["max_side"]["type"] == "int"
-    assert (
-        rows["diffusion_alpha"]["accepts"] == "in (0, 1)" and rows["fit_network"]["default"] is True
-    )
+    assert rows["fit_network"]["default"] is True and "diffusion.alpha" not in rows
+    # a stage's settings are listed with the pipeline that runs it, under the stage's group
+    code, out, _ = _cli(capsys, "methods", "features-diffusion", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["diffusion.alpha"]["accepts"] == "in (0, 1)" and rows["rerank"]["default"] == [
+        "diffusion"
+    ]
     code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
-    assert code == 0 and "features.max_side" in out and "spatial_top_r" in out
+    assert code == 0 and "features.max_side" in out and "spatial.top_r" in out
     code, alias, _ = _cli(
         capsys, "settings", "rootsift-bow-sv-qe"
     )  # the earlier name of the command
@@ -191,7 +202,8 @@ def test_every_preset_setting_appears_in_methods_with_a_type_and_a_default(
         config = resolve_method(preset)
         for name, f in _settings(config):
             assert name in listed, (preset, name)
-            kind, default = f.metadata[SPEC_KEY].kind, str(_value(config, name))
+            kind, value = f.metadata[SPEC_KEY].kind, _value(config, name)
+            default = (",".join(value) or "none") if kind == "names" else str(value)  # type: ignore[arg-type]
             words = " ".join(listed[name])
             assert words.startswith(f"{kind} {default}"), (preset, name, kind, default, words)
 
@@ -212,7 +224,7 @@ def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixt
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["run", "--method", "features-alpha-qe", "--set", "qe_alfa=3"], "did you mean qe_alpha?"),
+    (["run", "--method", "features-alpha-qe", "--set", "qe_alfa=3"], "did you mean qe.alpha?"),
     (["run", "--method", "rootsift-bow", "--set", "features.max_sid=3"], "did you mean features.max_side"),
     (["run", "--method", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
     (["methods", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),

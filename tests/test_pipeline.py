@@ -31,7 +31,14 @@ pytest.importorskip("faiss")
 pytest.importorskip("PIL.Image")
 
 #: Small but real settings: 320x240 images, few features, a small vocabulary, R = 20.
-TINY = {"features.max_side": 320, "features.n_features": 300, "spatial_top_r": 20}
+TINY = {"features.max_side": 320, "features.n_features": 300, "spatial.top_r": 20}
+
+
+def tiny(method: str) -> dict[str, object]:
+    """:data:`TINY` for ``method``: the short list only where a stage of its pipeline verifies
+    (a setting no stage reads is refused)."""
+    keep = "spatial" in resolve_method(method).stage_groups  # type: ignore[attr-defined]
+    return {k: v for k, v in TINY.items() if keep or not k.startswith("spatial.")}
 
 
 def make_tiny_root(root: Path) -> Path:
@@ -76,7 +83,7 @@ def test_presets_are_data() -> None:
     assert {"rootsift-vlad", "rootsift-vlad-w"} <= set(list_methods("global"))
     assert set(list_methods()) == set(METHODS.names())
     m = METHODS.get("rootsift-bow-sv-qe")
-    assert isinstance(m, BowConfig) and m.spatial and m.qe == "aqe"
+    assert isinstance(m, BowConfig) and m.rerank == ("spatial", "aqe-verified")
     d = json.loads(json.dumps(m.to_dict()))
     assert d["features"]["descriptor"] == "rootsift" and d["family"] == "bow"
     r = resolve_method("rootsift-bow", vocab_size=1000, **{"features.max_side": 256})
@@ -94,8 +101,8 @@ def test_presets_are_data() -> None:
         resolve_method("rootsift-bow", **{"features.colour": "red"})
     with pytest.raises(InputError, match="takes sub-settings"):
         resolve_method("rootsift-bow", features=3)
-    with pytest.raises(InputError, match="needs spatial"):
-        BowConfig("x", qe="aqe")
+    with pytest.raises(InputError, match="'aqe-verified' needs a 'spatial' stage before it"):
+        BowConfig("x", rerank=("aqe-verified",))
     with pytest.raises(InputError, match="setting whitening: expected one of none, pca, learned"):
         resolve_method("rootsift-vlad", whitening="zca")
 
@@ -119,7 +126,7 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         root=tiny_root,
         out=out,
         cache=cache,
-        overrides={"vocab_size": 200, **TINY},
+        overrides={"vocab_size": 200, **tiny("rootsift-bow-sv-qe")},
         progress=False,
         top_k=10,
         command=["oxbench", "run"],
@@ -201,7 +208,7 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         root=tiny_root,
         out=out,
         cache=cache,
-        overrides={"vocab_size": 200, **TINY},
+        overrides={"vocab_size": 200, **tiny("rootsift-bow-sv-qe")},
         progress=False,
     )
     assert sorted(cache.rglob("shard-*/index.npz")) == shards
@@ -225,7 +232,7 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
             root=tiny_root,
             out=out,
             cache=cache,
-            overrides={"vocab_size": 200, **TINY},
+            overrides={"vocab_size": 200, **tiny("rootsift-bow")},
             progress=False,
         )
     assert (out / "config.json").read_text() == before and len(list_runs(out)) == 2
@@ -235,7 +242,7 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         root=tiny_root,
         out=out,
         cache=cache,
-        overrides={"vocab_size": 200, **TINY},
+        overrides={"vocab_size": 200, **tiny("rootsift-bow")},
         progress=False,
         overwrite=True,
     )
@@ -254,7 +261,7 @@ def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> No
     maps = {}
     for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
         ctx = RunContext(tmp_path / "cache", progress=False)
-        m = resolve_method(name, vocab_size=200, **TINY)
+        m = resolve_method(name, vocab_size=200, **tiny(name))
         res = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
         maps[name] = evaluate(bench.gt, res.ranks).setups["medium"].map
         assert res.scores is not None and np.all(np.diff(res.scores, axis=1) <= 0)
@@ -265,7 +272,7 @@ def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> No
             assert sum(n_v) > 0
             assert res.matches is not None
             for qi, k in enumerate(n_v):  # verified images carry their inlier counts
-                assert np.all(res.scores[qi, :k] >= m.spatial_min_inliers)
+                assert np.all(res.scores[qi, :k] >= m.stage("spatial").min_inliers)
                 assert np.all(res.scores[qi, k:] <= 1.0 + 1e-6)
                 # the viewer's correspondences: the verified images among the top 20, inlier count rows
                 shown = res.matches.get(qi, {})
@@ -326,7 +333,7 @@ def test_trained_on_test_set_is_marked(tiny_root: Path, tmp_path: Path) -> None:
         out=tmp_path / "r",
         cache=tmp_path / "c",
         train_dataset="synthetic",
-        overrides={"vocab_size": 100, **TINY},
+        overrides={"vocab_size": 100, **tiny("rootsift-bow")},
         progress=False,
     )
     assert outcome.config.trained_on_test_set is True
@@ -341,7 +348,7 @@ def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path
     from oxbench.index.vocabulary import Vocabulary
 
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
-    m = resolve_method("rootsift-bow", vocab_size=50, **TINY)
+    m = resolve_method("rootsift-bow", vocab_size=50, **tiny("rootsift-bow"))
     assert isinstance(m, BowConfig)
     rng = np.random.default_rng(0)
     # a vocabulary file for SIFT sitting where the RootSIFT one is expected is refused
@@ -375,7 +382,7 @@ def test_half_written_run_folder_is_not_left(
             root=tiny_root,
             out=tmp_path / "r",
             cache=tmp_path / "c",
-            overrides={"vocab_size": 100, **TINY},
+            overrides={"vocab_size": 100, **tiny("rootsift-bow")},
             progress=False,
         )
     assert not (tmp_path / "r").exists()
@@ -405,7 +412,7 @@ def _run_into(root: str, out: str, cache: str) -> str:
         root=root,
         out=out,
         cache=cache,
-        overrides={"vocab_size": 100, **TINY},
+        overrides={"vocab_size": 100, **tiny("rootsift-bow")},
         progress=False,
     )
     return str(outcome.run_dir)
@@ -447,7 +454,7 @@ def test_matches_of_a_search_are_recorded(
         root=tiny_root,
         out=tmp_path / "r",
         cache=tmp_path / "c",
-        overrides={"vocab_size": 100, **TINY},
+        overrides={"vocab_size": 100, **tiny("rootsift-bow")},
         progress=False,
     )
     matches = json.loads((out.run_dir / "matches.json").read_text())
@@ -540,7 +547,7 @@ def test_verification_and_assignment_in_two_processes_give_the_same_result(
     tiny_root: Path, tmp_path: Path
 ) -> None:
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
-    m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **TINY)
+    m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **tiny("rootsift-bow-sv-qe"))
     out = {}
     for workers in (1, 2):
         ctx = RunContext(
@@ -567,7 +574,7 @@ def test_asmk_presets_run_and_verification_keeps_a_permutation(
     for name in ("rootsift-bow", "rootsift-asmk", "rootsift-asmk-sv"):
         ctx = RunContext(tmp_path / "cache", progress=False)
         res = (
-            resolve_method(name, vocab_size=200, **TINY)
+            resolve_method(name, vocab_size=200, **tiny(name))
             .build()
             .fit(train, ctx)
             .index(bench, ctx)
@@ -597,14 +604,16 @@ def test_aggregated_residuals_follow_the_definition() -> None:
 
 
 def test_method_settings_refused_with_their_names() -> None:
-    with pytest.raises(InputError, match="spatial_top_r"):
-        resolve_method("rootsift-bow-sv", spatial_top_r=0)
-    with pytest.raises(InputError, match="spatial_matching"):
-        resolve_method("rootsift-bow-sv", spatial_matching="pixels")
-    with pytest.raises(InputError, match="unknown method setting .qe. for rootsift-asmk-sv"):
-        resolve_method("rootsift-asmk-sv", qe="aqe")
-    with pytest.raises(InputError, match="qe_verify_top"):
-        resolve_method("rootsift-bow-sv-qe", qe_verify_top=-1)
+    with pytest.raises(InputError, match="spatial.top_r"):
+        resolve_method("rootsift-bow-sv", **{"spatial.top_r": 0})
+    with pytest.raises(InputError, match="spatial.matching"):
+        resolve_method("rootsift-bow-sv", **{"spatial.matching": "pixels"})
+    with pytest.raises(InputError, match="no stage of its pipeline reads vqe.verify_top"):
+        resolve_method("rootsift-asmk-sv", **{"vqe.verify_top": 3})
+    with pytest.raises(InputError, match="needs database vectors, which the asmk family"):
+        resolve_method("rootsift-asmk-sv", rerank="spatial,aqe-verified")
+    with pytest.raises(InputError, match="vqe.verify_top"):
+        resolve_method("rootsift-bow-sv-qe", **{"vqe.verify_top": -1})
 
 
 @pytest.mark.slow
@@ -629,7 +638,7 @@ def test_an_image_without_features_ranks_last_with_a_warning(
     Image.new("RGB", (1, 1)).save(paths[9])  # tiny
     db = FileImages(tuple(bench.database.name(i) for i in range(len(paths))), tuple(paths))
     blank = dataclasses.replace(bench, database=db, options={**bench.options, "test": "blank"})
-    m = resolve_method("rootsift-bow-sv", vocab_size=200, **{**TINY, "spatial_top_r": 1000})
+    m = resolve_method("rootsift-bow-sv", vocab_size=200, **{**TINY, "spatial.top_r": 1000})
     ctx = RunContext(tmp_path / "cache", progress=False)
     with caplog.at_level(logging.WARNING):
         res = m.build().fit(train, ctx).index(blank, ctx).search(blank, ctx)
@@ -654,7 +663,7 @@ def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(
         ("rootsift", "dimension 64, expected 128"),
     ):
         path = Vocabulary(8, descriptor=descriptor).fit(x).save(tmp_path / f"{descriptor}.npz")
-        method = resolve_method(name, vocab_size=8, **TINY).build().use_vocabulary(path)
+        method = resolve_method(name, vocab_size=8, **tiny(name)).build().use_vocabulary(path)
         with pytest.raises(InputError, match=message):
             method.index(bench, RunContext(tmp_path / "cache", progress=False))
 
@@ -664,7 +673,7 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     ctx = RunContext(tmp_path / "cache", progress=False)
     sv = (
-        resolve_method("rootsift-bow-sv", vocab_size=200, **TINY)
+        resolve_method("rootsift-bow-sv", vocab_size=200, **tiny("rootsift-bow-sv"))
         .build()
         .fit(train, ctx)
         .index(bench, ctx)
@@ -672,7 +681,9 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
     plain = sv.search(bench, ctx)
     runs = {}
     for qe_min in (1, 10**6):
-        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, qe_min_inliers=qe_min, **TINY)
+        m = resolve_method(
+            "rootsift-bow-sv-qe", vocab_size=200, **{"vqe.min_inliers": qe_min}, **TINY
+        )
         runs[qe_min] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     # nothing strong enough to expand with: the verified ranking of plain SV, unchanged
     assert np.array_equal(runs[10**6].ranks, plain.ranks)
@@ -682,13 +693,13 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
 @pytest.mark.slow
 def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_path: Path) -> None:
     """Chum et al. 2007: images the expanded query brings up are verified against the query and
-    join the verified head; with qe_verify_top=0 the expanded order stays below it, unverified."""
+    join the verified head; with vqe.verify_top=0 the expanded order stays below it, unverified."""
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     ctx = RunContext(tmp_path / "cache", progress=False)
-    short = {**TINY, "spatial_top_r": 3, "qe_min_inliers": 4}
+    short = {**TINY, "spatial.top_r": 3, "vqe.min_inliers": 4}
     out = {}
     for top in (0, 30):
-        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, qe_verify_top=top, **short)
+        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **{"vqe.verify_top": top}, **short)
         out[top] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     before, after = out[0].info["verified_per_query"], out[30].info["verified_per_query"]
     assert all(b <= a <= b + 30 for b, a in zip(before, after, strict=True))  # type: ignore[call-overload]
@@ -711,7 +722,7 @@ def test_verified_short_lists_are_cached_and_a_corrupt_entry_is_verified_again(
     """Warm is warm: a rerun reads each query's verified short list back (keyed by the short list,
     the stores, the words and the settings); a damaged entry is verified again, with one warning."""
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
-    m = resolve_method("rootsift-bow-sv", vocab_size=200, **TINY)
+    m = resolve_method("rootsift-bow-sv", vocab_size=200, **tiny("rootsift-bow-sv"))
 
     def search(cache: Path) -> tuple[RunContext, object]:
         ctx = RunContext(cache, progress=False)
@@ -742,6 +753,8 @@ def test_verified_short_lists_are_cached_and_a_corrupt_entry_is_verified_again(
 
     # another verification setting is another entry, never a stale one
     ctx = RunContext(tmp_path / "cache", progress=False)
-    other = resolve_method("rootsift-bow-sv", vocab_size=200, spatial_min_inliers=50, **TINY)
+    other = resolve_method(
+        "rootsift-bow-sv", vocab_size=200, **{"spatial.min_inliers": 50}, **tiny("rootsift-bow-sv")
+    )
     other.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     assert ctx.steps["spatial"] == "computed"

@@ -496,13 +496,15 @@ def test_a_record_without_a_label_derives_it_from_its_config_against_the_preset(
     gt = tiny_gt(0, n_queries=4)
     run = write_run(tmp_path, gt, random_ranks(gt, 1), method="features-alpha-qe")
     config_file = run / "config.json"
-    changed = resolve_method("features-alpha-qe", qe_k=2, db_features="/data/x.npy", layout="d-n")
+    changed = resolve_method(
+        "features-alpha-qe", **{"qe.k": 2}, db_features="/data/x.npy", layout="d-n"
+    )
     config_file.write_text(json.dumps({"dataset": gt.dataset, "method": changed.to_dict()}))
     rec = RunRecord.load(run)
-    assert "label" not in rec.record and rec.label == "features-alpha-qe [qe_k=2]"
-    assert rec.describe().startswith("features-alpha-qe [qe_k=2] on roxford5k")
+    assert "label" not in rec.record and rec.label == "features-alpha-qe [qe.k=2]"
+    assert rec.describe().startswith("features-alpha-qe [qe.k=2] on roxford5k")
     (summary,) = find_runs(tmp_path)
-    assert summary.label == "features-alpha-qe [qe_k=2]"
+    assert summary.label == "features-alpha-qe [qe.k=2]"
     # nothing changed, or a preset this oxbench does not know: the name alone
     config_file.write_text(json.dumps({"method": resolve_method("features-alpha-qe").to_dict()}))
     assert RunRecord.load(run).label == "features-alpha-qe"

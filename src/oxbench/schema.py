@@ -49,6 +49,7 @@ __all__ = [
     "Float",
     "FloatTuple",
     "Int",
+    "Names",
     "Optional",
     "PathSetting",
     "SettingInfo",
@@ -75,6 +76,7 @@ _INT_TEXT = re.compile(r"[+-]?[0-9]+\Z")
 _FLOAT_TEXT = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\Z")
 _INF_TEXT = re.compile(r"[+-]?inf(inity)?\Z", re.IGNORECASE)
 _NAN_TEXT = re.compile(r"[+-]?nan\Z", re.IGNORECASE)
+_NAME_TEXT = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}\Z")
 #: Longest string a setting takes from the command line before it is looked at.
 _MAX_TEXT = 4096
 
@@ -366,6 +368,40 @@ class Str(Spec):
 
     def describe(self) -> str:
         return f"{self.min_len}..{self.max_len} characters"
+
+
+@dataclass(frozen=True)
+class Names(Spec):
+    """An ordered tuple of at most ``max_len`` distinct names (``[a-z0-9][a-z0-9._-]*``, at most 64
+    characters each): re-ranking stages, say. Text is comma-separated (``spatial,aqe-verified``);
+    ``none`` or nothing is the empty tuple. Whether each name exists is its registry's check.
+    """
+
+    max_len: int = 16
+    _kind: ClassVar[str] = "names"
+
+    def _from_text(self, text: str) -> Any:
+        text = text.strip()
+        if text in ("", "none"):
+            return ()
+        return tuple(p.strip() for p in text.split(","))
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, str):
+            value = self._from_text(value)
+        if not isinstance(value, tuple | list):
+            return _Refusal("expected comma-separated names")
+        if len(value) > self.max_len:
+            return _Refusal(f"expected at most {self.max_len} names")
+        for v in value:
+            if not isinstance(v, str) or not _NAME_TEXT.match(v):
+                return _Refusal(f"{v!r} is not a name (lower-case letters, digits, '.', '_', '-')")
+        if len(set(value)) != len(value):
+            return _Refusal("a name is repeated")
+        return tuple(value)
+
+    def describe(self) -> str:
+        return f"comma-separated names (at most {self.max_len}), or none"
 
 
 @dataclass(frozen=True)

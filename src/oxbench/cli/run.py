@@ -46,21 +46,22 @@ from oxbench.errors import InputError
 )
 @click.option(
     "--vocab-size",
-    type=click.IntRange(2, 1 << 24),
+    metavar="INTEGER",
     default=None,
-    help="Bag of words: the number of visual words.",
+    help="Shorthand of --set vocab_size=N (the visual words of a local-feature method).",
 )
 @click.option(
     "--max-side",
-    type=click.IntRange(16, 1 << 16),
+    metavar="INTEGER",
     default=None,
-    help="Resize images to this longer side (px) before extracting features.",
+    help="Shorthand of --set features.max_side=N, or max_side=N for a CNN descriptor: resize "
+    "images to this longer side (px) before description.",
 )
 @click.option(
     "--top-r",
-    type=click.IntRange(1, 1 << 24),
+    metavar="INTEGER",
     default=None,
-    help="Bag of words: how many images are spatially verified.",
+    help="Shorthand of --set spatial.top_r=N: how many images are spatially verified.",
 )
 @execution_options
 @click.option(
@@ -113,9 +114,9 @@ def run(
     cache: str | None,
     train_dataset: str | None,
     settings: tuple[str, ...],
-    vocab_size: int | None,
-    max_side: int | None,
-    top_r: int | None,
+    vocab_size: str | None,
+    max_side: str | None,
+    top_r: str | None,
     workers: int | None,
     engine: str,
     cluster: str | None,
@@ -153,13 +154,15 @@ def run(
         if not sep or not key.strip():
             raise InputError(f"--dataset-option takes KEY=VALUE, got {text!r}")
         ds_options[key.strip()] = value.strip()
-    if vocab_size is not None:
-        overrides["vocab_size"] = vocab_size
-    if max_side is not None:  # the CNN descriptors' own setting, the local features' otherwise
-        deep = getattr(METHODS.get(method or DEFAULT_METHOD), "descriptor", None) == "cnn"
-        overrides["max_side" if deep else "features.max_side"] = max_side
-    if top_r is not None:
-        overrides["spatial_top_r"] = top_r
+    shorthands = {"vocab_size": vocab_size, "max_side": max_side, "top_r": top_r}
+    preset = METHODS.get(method or DEFAULT_METHOD)
+    for option, raw in shorthands.items():
+        if raw is not None:  # the setting's own spec parses and checks the value
+            setting_name = preset.shorthand(option)
+            if setting_name is None:
+                flag = "--" + option.replace("_", "-")
+                raise InputError(f"{flag} does not apply to {preset.name} ({preset.family})")
+            overrides[setting_name] = raw
     part = parse_partition(partition)
     if part is not None and ds_options:
         raise InputError(
@@ -322,10 +325,10 @@ def methods(name: str | None, as_json: bool) -> None:
             for preset in f.presets:
                 click.echo(f"  {preset}")
         return
-    from oxbench.schema import describe
+    from oxbench.pipelines.method import settings_rows
 
     config = METHODS.get(name)
-    rows = describe(config)
+    rows = settings_rows(config)
     if as_json:
         click.echo(
             json.dumps(
@@ -349,7 +352,8 @@ def methods(name: str | None, as_json: bool) -> None:
     )
     table = [["setting", "type", "default", "meaning [accepts]"]]
     table += [
-        [r.name, r.kind, str(r.default), r.doc + (f" [{r.range}]" if r.range else "")] for r in rows
+        [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
+        for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(3)]
     for row in table:
@@ -359,3 +363,10 @@ def methods(name: str | None, as_json: bool) -> None:
             + "  "
             + row[3]
         )
+
+
+def _shown(value: object) -> str:
+    """A setting's value as ``--set`` takes it (names comma-separated, ``none`` for no stage)."""
+    if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+        return ",".join(value) or "none"
+    return str(value)

@@ -3,14 +3,13 @@
 :class:`SearchChain` is built from the (whitened, L2-normalised) database vectors and a
 :class:`~oxbench.pipelines.families.global_descriptors.GlobalConfig`'s settings, and answers query vectors:
 
-1. database-side augmentation (``dba > 0``): each database vector replaced by the alpha-weighted
-   mean of itself and its top ``dba`` neighbours (:func:`oxbench.rerank.qe.database_side_augmentation`,
-   neighbours by exact search, the image itself left out), re-normalised;
+1. the index-phase stages of ``rerank`` (``dba``: each database vector replaced by the
+   alpha-weighted mean of itself and its top ``dba.k`` neighbours, :mod:`oxbench.pipelines.rerankers.dba`);
 2. the search index: exact blocked search, or a FAISS flat / IVF-PQ index persisted in the cache
    (reused when its file exists; a corrupt file is refused, naming it);
-3. per query: the first ranking, then the re-ranking stages (:mod:`oxbench.pipelines.rerankers`):
-   average / alpha query expansion and a second search (``qe``), then ``rerank`` (diffusion over
-   the top of that ranking, or any registered re-ranker that works on vectors).
+3. per query: the first ranking, then the query-phase stages of ``rerank``, in order
+   (:mod:`oxbench.pipelines.rerankers`: average / alpha query expansion and a second search,
+   diffusion over the top of that ranking, or any registered re-ranker that works on vectors).
 
 The facts of each step (index kind and settings, bytes per database image, the diffusion graph)
 go into :attr:`SearchChain.info`, which the runner records with every result.
@@ -33,12 +32,12 @@ from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall
 from oxbench.pipelines.method import RunContext, SearchResult
 from oxbench.pipelines.rerankers import Ranking, build_stages, prepare_stages, run_stages
 from oxbench.pipelines.steps.verify import VerifiedList
-from oxbench.rerank.qe import database_side_augmentation
 
 
 class ChainSettings(Protocol):
     """The settings of :class:`~oxbench.pipelines.families.global_descriptors.GlobalConfig` the
-    chain reads (see its attributes)."""
+    chain reads (see its attributes; the stages and their settings are its
+    :class:`~oxbench.pipelines.rerankers.Pipeline`'s)."""
 
     @property
     def name(self) -> str: ...
@@ -62,43 +61,10 @@ class ChainSettings(Protocol):
     def nprobe(self) -> int: ...
 
     @property
-    def dba(self) -> int: ...
+    def rerank(self) -> tuple[str, ...]: ...
 
     @property
-    def dba_alpha(self) -> float: ...
-
-    @property
-    def rerank(self) -> str: ...
-
-    @property
-    def diffusion_k(self) -> int: ...
-
-    @property
-    def diffusion_query_k(self) -> int: ...
-
-    @property
-    def diffusion_alpha(self) -> float: ...
-
-    @property
-    def diffusion_gamma(self) -> float: ...
-
-    @property
-    def diffusion_truncation(self) -> int: ...
-
-    @property
-    def diffusion_iterations(self) -> int: ...
-
-    @property
-    def qe(self) -> str: ...
-
-    @property
-    def qe_k(self) -> int: ...
-
-    @property
-    def qe_alpha(self) -> float: ...
-
-    @property
-    def layout(self) -> str: ...
+    def stage_settings(self) -> Any: ...
 
 
 log = logging.getLogger(__name__)
@@ -115,14 +81,7 @@ def check_search_settings(m: ChainSettings) -> None:
         index_settings(m)
     except InputError as exc:
         raise InputError(f"method {m.name}: {exc}") from None
-    build_stages(
-        m, stage_names(m), SearchChain.capabilities, setting="rerank"
-    )  # unknown or unservable
-
-
-def stage_names(m: ChainSettings) -> list[str]:
-    """The re-ranking stages of a global method: its query expansion, then its ``rerank``."""
-    return ([m.qe] if m.qe != "none" else []) + ([m.rerank] if m.rerank != "none" else [])
+    build_stages(m, m.rerank, SearchChain.capabilities)  # unknown or unservable
 
 
 def index_settings(m: ChainSettings) -> IndexSettings:
@@ -130,19 +89,6 @@ def index_settings(m: ChainSettings) -> IndexSettings:
     if m.search == "faiss-ivfpq":
         return IndexSettings("ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe)
     return IndexSettings("flat")
-
-
-def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArray[np.float32]:
-    """Alpha-DBA: every vector the weighted mean of itself and its top ``k`` others, L2-normalised."""
-    if k < 1 or db.shape[0] < 2:
-        return db
-    kk = min(k, db.shape[0] - 1)
-    _, ids = exact_search(db, db, kk + 1)
-    own = ids == np.arange(db.shape[0])[:, None]
-    keep = ~own & (np.cumsum(~own, axis=1) <= kk)
-    neighbours = ids[keep].reshape(db.shape[0], kk)
-    out = database_side_augmentation(db, neighbours, weights="alpha", alpha=alpha)
-    return np.asarray(out, dtype=np.float32)
 
 
 def _array_digest(x: NDArray[np.float32]) -> str:
@@ -171,13 +117,12 @@ class SearchChain:
             "n_index": int(database.shape[0]),
             "dim": int(database.shape[1]),
         }
-        if m.dba:
-            with ctx.timed("dba"):
-                database = augment_database(database, m.dba, alpha=m.dba_alpha)
-            self.info["dba"] = {"k": m.dba, "alpha": m.dba_alpha}
         self.db = database
         self.faiss: FaissIndex | None = None
         self.index_path: Path | None = None  # the persisted FAISS index, when there is one
+        self.stages = build_stages(m, m.rerank, self.capabilities)
+        # index-phase stages (DBA) change the database before the search index is built on it
+        self.info.update(prepare_stages([s for s in self.stages if s.phase == "index"], self, ctx))
         with ctx.timed("index"):
             if m.search == "exact":
                 self.info["search"] = {"kind": "exact"}
@@ -188,8 +133,7 @@ class SearchChain:
                 self.info["bytes_per_image"] = self.faiss.bytes_per_vector
                 if self.faiss.settings.kind == "ivfpq" and cache_dir is not None:
                     self.db = self._mapped(cache_dir)
-        self.stages = build_stages(m, stage_names(m), self.capabilities)
-        self.info.update(prepare_stages(self.stages, self, ctx))
+        self.info.update(prepare_stages([s for s in self.stages if s.phase != "index"], self, ctx))
 
     def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
         settings = index_settings(self.m)
@@ -325,7 +269,15 @@ class SearchChain:
         return ranking.result()
 
     # --- what the re-ranking stages use (RerankSpace): dense vectors -----------------------------
-    capabilities = frozenset({"vectors"})
+    capabilities = frozenset({"vectors", "dense", "augment"})
+
+    def use_database(self, database: NDArray[np.float32]) -> None:
+        """Replace the database vectors (an index-phase stage, before the search index is built)."""
+        if self.faiss is not None:
+            raise InputError(
+                f"method {self.m.name}: the database changed after its index was built"
+            )
+        self.db = np.asarray(database, dtype=np.float32)
 
     @property
     def database(self) -> NDArray[np.float32]:

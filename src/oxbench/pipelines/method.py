@@ -50,6 +50,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from oxbench.index.footprint import Footprint
 
 
+#: The field of a method config that holds its stages' settings by group
+#: (:class:`oxbench.pipelines.rerankers.StageSettings`); ``to_dict`` writes each group as a key.
+STAGE_SETTINGS_FIELD = "stage_settings"
+
 #: ``timings[stage + CPU_SUFFIX]``: the stage's CPU seconds over all processes (wall time: ``timings[stage]``).
 CPU_SUFFIX = "_cpu"
 
@@ -179,6 +183,23 @@ class MethodConfig(ABC):
         them (:func:`oxbench.errors.require_installed`) before it loads or generates any data."""
         return ()
 
+    def shorthand(self, option: str) -> str | None:
+        """The setting a command-line shorthand sets (``vocab_size``, ``max_side``, ``top_r``), or
+        ``None`` when it does not apply to this method; the setting's spec checks the value."""
+        names = {
+            "vocab_size": "vocab_size",
+            "max_side": "features.max_side",
+            "top_r": "spatial.top_r",
+        }
+        key = names.get(option)
+        if key is None:
+            return None
+        head, _, sub = key.partition(".")
+        fields = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        if head in fields:
+            return key
+        return key if sub and _is_group(head) and STAGE_SETTINGS_FIELD in fields else None
+
     def check_inputs(self, root: Path | None = None) -> None:
         """Refuse, before any data is loaded or generated, an input file the settings name that is
         not there (a model file, descriptor files); ``root`` is the data root (``models:`` files).
@@ -199,9 +220,17 @@ class MethodConfig(ABC):
         """Every setting as JSON-able data (nested configs as dicts), plus the family."""
         assert dataclasses.is_dataclass(self)
         out: dict[str, Any] = {"family": self.family}
+        groups: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else _jsonable(value)
+            if f.name == STAGE_SETTINGS_FIELD:  # the groups the stages read, as `--set` names them
+                groups = value.to_dict(getattr(self, "stage_groups", []))
+            else:
+                out[f.name] = value.to_dict() if hasattr(value, "to_dict") else _jsonable(value)
+        for group, values in groups.items():
+            if group in out:
+                raise InputError(f"method {self.name}: stage settings group {group!r} is a setting")
+            out[group] = values
         return out
 
     def digest(self) -> str:
@@ -318,10 +347,12 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
     """A preset (by name, or a config) with ``overrides`` applied; ``None`` values are ignored.
 
     Keys are field names; ``a.b`` sets field ``b`` of the nested config in field ``a``
-    (``features.max_side=1024``). A value is checked by the setting's declared spec
-    (:mod:`oxbench.schema`): text (``--set qe_alpha=3``) is parsed by it, a typed value checked, so
-    a word for a number, NaN, inf or an out-of-range value is one line naming the setting. A field
-    without a spec takes text as JSON when it parses (numbers, lists, ``true``), else as text.
+    (``features.max_side=1024``) or setting ``b`` of the stage settings group ``a`` of the
+    pipeline (``qe.k=10``, ``spatial.top_r=200``; the group must be read by one of the pipeline's
+    stages, after ``rerank`` is applied). A value is checked by the setting's declared spec
+    (:mod:`oxbench.schema`): text (``--set qe.alpha=3``) is parsed by it, a typed value checked,
+    so a word for a number, NaN, inf or an out-of-range value is one line naming the setting. A
+    field without a spec takes text as JSON when it parses (numbers, lists, ``true``), else as text.
 
     Raises:
         InputError: unknown preset or setting, or a value the setting or the config refuses.
@@ -329,13 +360,19 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
     config = METHODS.get(method) if isinstance(method, str) else method
     top: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
+    staged: dict[str, dict[str, Any]] = {}
     assert dataclasses.is_dataclass(config)
     fields = {f.name: f for f in dataclasses.fields(config)}
     for key, value in overrides.items():
         if value is None:
             continue
         head, _, sub = key.partition(".")
-        if head not in fields or head == "name":
+        if (head not in fields or head == STAGE_SETTINGS_FIELD) and sub and _is_group(head):
+            if STAGE_SETTINGS_FIELD not in fields:
+                raise InputError(f"method {config.name} has no stages: {key!r} sets nothing")
+            staged.setdefault(head, {})[sub] = value
+            continue
+        if head not in fields or head in ("name", STAGE_SETTINGS_FIELD):
             raise _unknown_setting(config, key)
         current = getattr(config, head)
         if sub:
@@ -351,20 +388,63 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
             top[key] = _typed(fields[head], key, value)
     for head, subs in nested.items():
         top[head] = _replace(getattr(config, head), subs, f"method {config.name}: {head}")
+    if staged:
+        top[STAGE_SETTINGS_FIELD] = _stage_settings(config, staged, top.get("rerank"))
     if not top:
         return config
     return _replace(config, top, f"method {config.name}")
 
 
+def _is_group(head: str) -> bool:
+    from oxbench.pipelines.rerankers import STAGE_SETTINGS
+
+    return head in STAGE_SETTINGS
+
+
+def _stage_settings(config: Any, staged: dict[str, dict[str, Any]], rerank: Any) -> Any:
+    """``config``'s stage settings with the ``staged`` changes (``{group: {setting: value}}``);
+    each group must be read by a stage of the pipeline (``rerank``: the new stages, if changed)."""
+    from oxbench.pipelines.rerankers import STAGE_SETTINGS, stage_groups
+
+    stages = tuple(rerank) if rerank is not None else tuple(config.rerank)
+    used = stage_groups(stages)
+    out = config.stage_settings
+    for group, subs in staged.items():
+        if group not in used:
+            have = ", ".join(stages) or "none"
+            key = f"{group}.{next(iter(subs))}"
+            raise InputError(
+                f"method {config.name}: no stage of its pipeline reads {key} (its stages: {have}); "
+                "add one with --set rerank=..."
+            )
+        cls = STAGE_SETTINGS.get(group)
+        sub_fields = {f.name: f for f in dataclasses.fields(cls)}
+        typed = {}
+        for sub, value in subs.items():
+            if sub not in sub_fields:
+                near = close_matches(sub, sub_fields)
+                hint = f"; did you mean {group}.{' or '.join(near)}?" if near else ""
+                known = ", ".join(f"{group}.{n}" for n in sub_fields)
+                raise InputError(f"unknown stage setting '{group}.{sub}'{hint} ({known})")
+            typed[sub] = _typed(sub_fields[sub], f"{group}.{sub}", value)
+        out = out.replace(group, _replace(out.of(group), typed, f"method {config.name}: {group}"))
+    return out
+
+
+def settings_rows(config: MethodConfig) -> list[Any]:
+    """Every setting of ``config`` as :class:`oxbench.schema.SettingInfo` rows: its fields (nested
+    as dotted names), then the settings of each group its stages read (``qe.k``)."""
+    from oxbench.schema import describe
+
+    rows = describe(config)
+    for group in getattr(config, "stage_groups", []):
+        rows += describe(config.stage(group), prefix=f"{group}.")  # type: ignore[attr-defined]
+    return rows
+
+
 def _unknown_setting(config: MethodConfig, key: str) -> InputError:
     """One line: the setting ``key`` is not one of ``config``'s; the close matches, else every setting."""
-    known = []
-    for f in dataclasses.fields(config):  # type: ignore[arg-type]
-        value = getattr(config, f.name)
-        if dataclasses.is_dataclass(value):
-            known += [f"{f.name}.{g.name}" for g in dataclasses.fields(value)]
-        elif f.name != "name":
-            known.append(f.name)
+    known = [r.name for r in settings_rows(config)]
     near = close_matches(key, known)
     where = f"unknown method setting {key!r} for {config.name} ({config.family})"
     if near:

@@ -47,7 +47,6 @@ reach keep their initial order, after those it does). Ties: initial order. Retur
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -55,7 +54,9 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError
+from oxbench.schema import setting, validate
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,8 @@ Mode = Literal["online", "offline"]
 class DiffusionSettings:
     """Settings of :class:`Diffusion` (defaults as in Iscen et al. 2017's global-descriptor runs).
 
-    Messages name the settings as a method config spells them (``diffusion_k`` ...).
+    The one declaration of diffusion's settings: the ``diffusion`` stage's settings group
+    (``--set diffusion.k=100``), so messages name them that way.
 
     Attributes:
         k: images per database image's neighbour list, the image itself included (``k = 50``:
@@ -84,47 +86,22 @@ class DiffusionSettings:
             image's diffusion precomputed, queries answered by linear combination).
     """
 
-    k: int = 50
-    query_k: int = 10
-    alpha: float = 0.99
-    gamma: float = 3.0
-    truncation: int = 1000
-    iterations: int = 20
-    tol: float = 1e-6
-    normalise: Normalise = "full"
-    mode: Mode = "online"
+    k: int = setting(
+        50, S.Int(lo=2, hi=1 << 16), doc="graph neighbours (the image counts: 2 is one)"
+    )
+    query_k: int = setting(10, S.Int(lo=1, hi=1 << 16), doc="query neighbours")
+    alpha: float = setting(0.99, S.Float(lo=0, lo_open=True, hi=1, hi_open=True), doc="alpha")
+    gamma: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="similarity exponent")
+    truncation: int = setting(1000, S.Int(lo=1, hi=1 << 24), doc="images re-ranked")
+    iterations: int = setting(20, S.Int(lo=1, hi=10_000), doc="solver iterations")
+    tol: float = setting(
+        1e-6, S.Float(lo=0, lo_open=True, hi=1, hi_open=True), doc="solver relative residual"
+    )
+    normalise: Normalise = setting("full", S.Choice("full", "subgraph"), doc="graph normalisation")
+    mode: Mode = setting("online", S.Choice("online", "offline"), doc="per query, or precomputed")
 
     def __post_init__(self) -> None:
-        for name, value, low in (
-            ("k", self.k, 2),
-            ("query_k", self.query_k, 1),
-            ("truncation", self.truncation, 1),
-            ("iterations", self.iterations, 1),
-        ):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | np.integer)
-                or not value >= low
-            ):
-                extra = " (it counts the image itself: k=2 is one neighbour)" if name == "k" else ""
-                raise InputError(
-                    f"diffusion_{name} must be an integer >= {low}, got {value!r}{extra}"
-                )
-        for name, real, high in (
-            ("alpha", self.alpha, 1.0),
-            ("gamma", self.gamma, math.inf),
-            ("tol", self.tol, 1.0),
-        ):
-            number = isinstance(real, int | float | np.floating) and not isinstance(real, bool)
-            if not number or not (0.0 < real < high):
-                where = "(0, 1)" if high == 1.0 else "(0, inf)"
-                raise InputError(f"diffusion_{name} must be a number in {where}, got {real!r}")
-        if self.normalise not in ("full", "subgraph"):
-            raise InputError(
-                f"diffusion_normalise must be full or subgraph, got {self.normalise!r}"
-            )
-        if self.mode not in ("online", "offline"):
-            raise InputError(f"diffusion_mode must be online or offline, got {self.mode!r}")
+        validate(self, label=lambda n: f"diffusion.{n}")
 
 
 def knn_affinity(
@@ -238,7 +215,7 @@ class Diffusion:
         db = np.ascontiguousarray(database, dtype=np.float32)
         if db.ndim == 2 and s.k > db.shape[0]:
             raise InputError(
-                f"diffusion_k={s.k} is larger than the database ({db.shape[0]} images)"
+                f"diffusion.k={s.k} is larger than the database ({db.shape[0]} images)"
             )
         self.affinity_ = knn_affinity(db, s.k - 1, gamma=s.gamma, threads=self.threads)
         self.transition_ = normalize_affinity(self.affinity_)

@@ -22,6 +22,7 @@ end of this module.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,7 +36,7 @@ from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, last_if_empty
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
@@ -44,9 +45,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class AsmkConfig(MethodConfig, LocalQuantisation):
-    """ASMK over RootSIFT; features, codebook (``vocab_*``) and spatial verification (``spatial_*``)
-    are the shared :class:`~oxbench.pipelines.steps.settings.LocalQuantisation` settings.
+class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
+    """ASMK over RootSIFT; features and codebook (``vocab_*``) are the shared
+    :class:`~oxbench.pipelines.steps.settings.LocalQuantisation` settings, the stages
+    (``rerank=spatial``, ``spatial.*``) the :class:`~oxbench.pipelines.rerankers.Pipeline`'s.
 
     Attributes:
         name: preset name.
@@ -78,6 +80,7 @@ class AsmkConfig(MethodConfig, LocalQuantisation):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
+        build_stages(self, self.rerank, Asmk.capabilities)
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -239,12 +242,10 @@ class Asmk(QuantisingMethod):
     capabilities = frozenset({"local"})
     database = None
 
-    @property
+    @functools.cached_property
     def stages(self) -> list[Reranker]:
-        """Spatial verification of the top R, when asked."""
-        return build_stages(
-            self.config, ["spatial"] if self.config.spatial else [], self.capabilities
-        )
+        """The pipeline's stages (spatial verification of the short list)."""
+        return build_stages(self.config, self.config.rerank, self.capabilities)
 
     def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         raise InputError(f"method {self.config.name}: ASMK offers no query vectors to rank again")
@@ -269,4 +270,4 @@ class Asmk(QuantisingMethod):
 # --- presets -------------------------------------------------------------------------------------
 
 register_method(AsmkConfig("rootsift-asmk"))
-register_method(AsmkConfig("rootsift-asmk-sv", spatial=True))
+register_method(AsmkConfig("rootsift-asmk-sv", rerank=("spatial",)))

@@ -12,6 +12,7 @@ are registered at the end of this module.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from numpy.typing import NDArray
 
 from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
-from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
 from oxbench.fileio import json_digest
@@ -32,7 +32,15 @@ from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.postings import CompressedPostings
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.rerankers import (
+    RERANKERS,
+    Pipeline,
+    Ranking,
+    Reranker,
+    build_stages,
+    prepare_stages,
+    run_stages,
+)
 from oxbench.pipelines.steps import (
     LocalQuantisation,
     QuantisingMethod,
@@ -41,7 +49,6 @@ from oxbench.pipelines.steps import (
     last_if_empty,
 )
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
-from oxbench.rerank.qe import database_side_augmentation
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
@@ -52,11 +59,12 @@ BUILD_CHUNK_IMAGES = 2048
 
 
 @dataclass(frozen=True)
-class BowConfig(MethodConfig, LocalQuantisation):
+class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
     """The settings of a RootSIFT bag-of-words method.
 
-    Features, vocabulary (``vocab_*``) and spatial verification (``spatial_*``) are the shared
-    settings of :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`; the family adds:
+    Features and vocabulary (``vocab_*``) are the shared settings of
+    :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`, the stages and their settings
+    the :class:`~oxbench.pipelines.rerankers.Pipeline`'s; the family adds:
 
     Attributes:
         name: preset name.
@@ -69,32 +77,15 @@ class BowConfig(MethodConfig, LocalQuantisation):
             real subset (bench/README.md, issue 23) from a grid that holds that value.
         burst: ``sqrt`` (damp repeated words) or ``none``.
         idf: tf-idf weighting.
-        qe: ``none``, ``aqe`` (average query expansion over the spatially verified images) or
-            ``dqe`` (discriminative query expansion: a linear SVM with the query and the verified
-            images as positives, Arandjelovic & Zisserman 2012).
-        qe_max_verified: at most this many verified images are averaged.
-        qe_min_inliers: only verified images with at least this many inliers expand the query
-            (a stricter test than re-ranking's ``spatial_min_inliers``, as in Chum et al. 2007:
-            averaging in a false positive drifts the query, while ranking it high costs one place).
-        qe_verify_top: the expanded query's results are spatially verified too, as in Chum et
-            al. 2007: the images of its top ``qe_verify_top`` that the first short list did not
-            hold are verified against the query, and those that pass join the verified images
-            (ordered by inliers) above the expanded query's order. 0 keeps the expanded query's
-            order below the first verified images, unverified.
-        dqe_negatives: DQE's negatives: this many images from the bottom of the first ranking
-            (200 in the paper).
-        dqe_c: DQE's SVM ``C``.
         inverted_file: ``memory`` (the scipy inverted file, its two sparse copies in RAM) or
             ``compressed``: the posting lists written to the cache as delta + variable-byte ids
             and ``float32`` weights (:class:`~oxbench.index.postings.CompressedPostings`) and
             memory-mapped at query time, the same scores exactly; the database vectors stay in
             RAM only when query expansion needs them.
-        dba: database-side augmentation (Arandjelovic & Zisserman 2012): at index time each
-            database image is searched for among the others, its top ``spatial_top_r`` are
-            spatially verified against it (the same verification as the queries'), and its tf-idf
-            vector is replaced by the normalised sum of its own and its verified neighbours'.
-            It costs ``spatial_top_r`` verifications per index image at index time (cached like
-            the queries' verifications, in a folder of their own).
+        rerank: the stages after the first ranking (:class:`~oxbench.pipelines.rerankers.Pipeline`):
+            ``spatial`` (settings ``spatial.*``), then query expansion from verified images
+            (``aqe-verified`` / ``dqe-verified``, settings ``vqe.*``, ``dqe.*``); ``dba-verified``
+            augments the database at index time from spatially verified neighbours.
     """
 
     family: ClassVar[str] = "bow"
@@ -111,25 +102,6 @@ class BowConfig(MethodConfig, LocalQuantisation):
         "sqrt", S.Choice("sqrt", "none"), doc="burstiness damping"
     )
     idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
-    qe: Literal["none", "aqe", "dqe"] = setting(
-        "none",
-        S.Choice("none", "aqe", "dqe"),
-        doc="query expansion from verified images (average or SVM)",
-    )
-    qe_max_verified: int = setting(
-        50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images"
-    )
-    qe_min_inliers: int = setting(
-        8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand"
-    )
-    qe_verify_top: int = setting(
-        100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)"
-    )
-    dqe_negatives: int = setting(
-        200, S.Int(lo=1, hi=1 << 24), doc="DQE: negatives from the bottom of the ranking"
-    )
-    dqe_c: float = setting(1.0, S.Float(lo=0, lo_open=True, hi=1e6), doc="DQE: the linear SVM's C")
-    dba: bool = setting(False, S.Bool(), doc="database-side augmentation from verified neighbours")
     inverted_file: Literal["memory", "compressed"] = setting(
         "memory",
         S.Choice("memory", "compressed"),
@@ -138,12 +110,7 @@ class BowConfig(MethodConfig, LocalQuantisation):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        if self.qe != "none" and not self.spatial:
-            raise InputError(f"method {self.name}: query expansion needs spatial verification")
-        if self.dba and not self.spatial:
-            raise InputError(
-                f"method {self.name}: dba (database-side augmentation) needs spatial verification"
-            )
+        build_stages(self, self.rerank, BagOfWords.capabilities)  # one line if one cannot run
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -167,10 +134,15 @@ class BowConfig(MethodConfig, LocalQuantisation):
         return local_ram_per_image(cap, 0 if self.streamed_build else 8 * 8 * soft)
 
     @property
+    def reads_vectors(self) -> bool:
+        """Whether a stage reads or replaces the database vectors (query expansion, augmentation)."""
+        return any(RERANKERS.get(n).needs & {"vectors", "augment"} for n in self.rerank)
+
+    @property
     def streamed_build(self) -> bool:
         """The index is built in chunks of images into compressed lists (nothing reads the
         database vectors: no query expansion, no augmentation)."""
-        return self.inverted_file == "compressed" and self.qe == "none" and not self.dba
+        return self.inverted_file == "compressed" and not self.reads_vectors
 
 
 def term_frequencies(  # noqa: ANN201
@@ -211,16 +183,15 @@ class BagOfWords(QuantisingMethod):
         self._ivf: InvertedFile | None = None
         self._postings: CompressedPostings | None = None
         self.dba_neighbours_: NDArray[np.int64] | None = None
+        self.index_facts_: dict[str, Any] = {}
 
     @property
     def k(self) -> int:
         """Words assigned per feature: the soft-assignment ``k``, or the query-side multiple assignment."""
-        soft = self.config.soft_k if self.config.assignment == "soft" else 1
-        ma = (
-            self.config.spatial_query_ma
-            if self.config.spatial and self.config.spatial_matching == "words"
-            else 1
-        )
+        m = self.config
+        soft = m.soft_k if m.assignment == "soft" else 1
+        spatial = m.stage("spatial")
+        ma = spatial.query_ma if m.verifies and spatial.matching == "words" else 1
         return max(soft, ma)
 
     def index(self, bench: Benchmark, ctx: RunContext) -> BagOfWords:
@@ -247,8 +218,7 @@ class BagOfWords(QuantisingMethod):
                 )
                 db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
-        if m.dba:
-            self._augment_database(ctx)
+        self.index_facts_ = prepare_stages(self.stages, self, ctx)  # DBA: before compression
         if m.inverted_file == "compressed":
             self._compress(bench, parts, ctx)
         return self
@@ -301,7 +271,7 @@ class BagOfWords(QuantisingMethod):
                 ivf.postings_, self._postings_folder(bench, parts, ctx)
             )
         ivf.postings_ = None
-        if self.config.qe == "none":
+        if not self.config.reads_vectors:
             ivf.db_vectors_ = None
 
     def footprint(self) -> Footprint | None:
@@ -326,16 +296,18 @@ class BagOfWords(QuantisingMethod):
             )
         return out
 
-    def verified_neighbours(self, ctx: RunContext, *, block: int = 1024) -> NDArray[np.int64]:
-        """``[n_index, spatial_top_r]`` each index image's spatially verified neighbours (``-1``: none).
+    def verified_neighbours(
+        self, r: int, ctx: RunContext, *, block: int = 1024
+    ) -> NDArray[np.int64]:
+        """``[n_index, r]`` each index image's spatially verified neighbours (``-1``: none).
 
         Each image's vector ranks the others (itself and featureless images excluded, ties to the
-        lower index); its top ``spatial_top_r`` are verified with the image as the query.
+        lower index); its top ``r`` are verified with the image as the query.
         """
         assert self._ivf is not None and self._parts is not None and self.empty_ is not None
         db = self._ivf.db_vectors_
         assert db is not None
-        n, r = db.shape[0], min(self.config.spatial_top_r, max(db.shape[0] - 1, 1))
+        n, r = db.shape[0], min(r, max(db.shape[0] - 1, 1))
         top = np.zeros((n, r), np.int64)
         for a in range(0, n, block):
             s = self._ivf.scores_of_vectors(db[a : a + block])
@@ -353,14 +325,13 @@ class BagOfWords(QuantisingMethod):
             for j, res in zip(rows, done, strict=True):
                 out[offset + j, : len(res.verified)] = res.verified
             offset += len(names)
+        self.dba_neighbours_ = out
         return out
 
-    def _augment_database(self, ctx: RunContext) -> None:
-        assert self._ivf is not None and self._ivf.db_vectors_ is not None
-        neighbours = self.verified_neighbours(ctx)
-        with ctx.timed("dba"):
-            self._ivf.use_database(database_side_augmentation(self._ivf.db_vectors_, neighbours))
-        self.dba_neighbours_ = neighbours
+    def use_database(self, database: Any) -> None:
+        """Replace the tf-idf database vectors (database-side augmentation)."""
+        assert self._ivf is not None
+        self._ivf.use_database(database)
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
@@ -376,6 +347,7 @@ class BagOfWords(QuantisingMethod):
             scores, ranks = self.rank(q_vecs)
         self.warn_empty_queries(parts)
         info: dict[str, object] = {
+            **self.index_facts_,
             "n_index": len(parts.index_parts),
             "features_per_image": float(np.mean(parts.words["database"].counts))
             if parts.names["database"]
@@ -386,16 +358,13 @@ class BagOfWords(QuantisingMethod):
         ).result()
 
     # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
-    capabilities = frozenset({"vectors", "local"})
+    capabilities = frozenset({"vectors", "local", "augment"})
 
-    @property
+    @functools.cached_property
     def stages(self) -> list[Reranker]:
-        """Spatial verification of the top R, then query expansion from verified images."""
-        m = self.config
-        names = (["spatial"] if m.spatial else []) + (
-            [f"{m.qe}-verified"] if m.qe != "none" else []
-        )
-        return build_stages(m, names, self.capabilities)
+        """The pipeline's stages (spatial verification, query expansion from verified images...),
+        built once: what one prepares at index time is there at search time."""
+        return build_stages(self.config, self.config.rerank, self.capabilities)
 
     @property
     def database(self) -> Any:
@@ -419,20 +388,26 @@ class BagOfWords(QuantisingMethod):
 
 # --- presets -------------------------------------------------------------------------------------
 
+SV, QE, DQE, DBA = (
+    ("spatial",),
+    ("spatial", "aqe-verified"),
+    ("spatial", "dqe-verified"),
+    "dba-verified",
+)
 register_method(BowConfig("rootsift-bow"))
-register_method(BowConfig("rootsift-bow-sv", spatial=True))
+register_method(BowConfig("rootsift-bow-sv", rerank=SV))
 # the same ranking from compressed, memory-mapped posting lists: the +1M-sized variant (docs/scale.md)
-register_method(BowConfig("rootsift-bow-sv-compact", spatial=True, inverted_file="compressed"))
-register_method(BowConfig("rootsift-bow-sv-qe", spatial=True, qe="aqe"))
-register_method(BowConfig("rootsift-bow-sv-dqe", spatial=True, qe="dqe"))
-register_method(BowConfig("rootsift-bow-dba-sv-dqe", spatial=True, qe="dqe", dba=True))
+register_method(BowConfig("rootsift-bow-sv-compact", rerank=SV, inverted_file="compressed"))
+register_method(BowConfig("rootsift-bow-sv-qe", rerank=QE))
+register_method(BowConfig("rootsift-bow-sv-dqe", rerank=DQE))
+register_method(BowConfig("rootsift-bow-dba-sv-dqe", rerank=(DBA, *DQE)))
 register_method(BowConfig("rootsift-bow-sa", assignment="soft"))
-register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", spatial=True))
-register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", spatial=True, qe="aqe"))
+register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", rerank=SV))
+register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", rerank=QE))
 register_method(
     BowConfig(
         "sift-bow-sv",
         features=SiftConfig(descriptor="sift", max_side=1024, n_features=4000),
-        spatial=True,
+        rerank=SV,
     )
 )

@@ -67,6 +67,7 @@ from oxbench.pipelines.method import (
     SearchResult,
     register_method,
 )
+from oxbench.pipelines.rerankers import Pipeline
 from oxbench.pipelines.steps import (
     VocabularySpec,
     dataset_key,
@@ -93,7 +94,7 @@ def _no_model_file(path: Path) -> InputError:
 
 
 @dataclass(frozen=True)
-class GlobalConfig(MethodConfig):
+class GlobalConfig(MethodConfig, Pipeline):
     """A global-descriptor retrieval method.
 
     Attributes:
@@ -140,23 +141,15 @@ class GlobalConfig(MethodConfig):
         whitening_dim: output dimension of the whitening (``None``: as many as the training set
             supports, at most the input dimension).
         whitening_power, whitening_shrinkage: see :class:`~oxbench.index.whitening.PCAWhitening`.
-        qe: ``"none"``, ``"aqe"`` (average of the query and its top ``qe_k``) or ``"alpha-qe"``
-            (weights ``similarity ** qe_alpha``, Radenovic et al. 2018).
-        qe_k, qe_alpha: neighbours used by query expansion and the alpha exponent.
         search: ``"exact"``, ``"faiss-flat"`` (FAISS IndexFlatIP) or ``"faiss-ivfpq"``.
         search_k: ranked-list length (``None``: the whole index up to 100,000 images, else 10,000).
         nlist, pq_m, pq_nbits, nprobe: IVF-PQ cells, sub-quantisers, bits per code, cells visited.
-        dba: database-side augmentation with this many neighbours (0: off).
-        dba_alpha: DBA weights ``similarity ** dba_alpha`` (0: plain average).
-        rerank: a re-ranking stage after query expansion: ``"none"``, ``"diffusion"`` (Iscen et al.
-            2017) or any re-ranker registered in :data:`oxbench.pipelines.rerankers.RERANKERS` that
-            works on vectors.
-        diffusion_k, diffusion_query_k, diffusion_alpha, diffusion_gamma, diffusion_truncation,
-            diffusion_iterations, diffusion_normalise, diffusion_mode: see
-            :class:`~oxbench.rerank.diffusion.DiffusionSettings` (``diffusion_k`` counts the image
-            itself, as the reference code does; ``diffusion_normalise="full"`` slices the whole
-            graph's normalisation, ``"subgraph"`` re-normalises the truncated graph;
-            ``diffusion_mode="offline"`` precomputes every database image's diffusion).
+        rerank: the stages after the first ranking (:class:`~oxbench.pipelines.rerankers.Pipeline`),
+            in order: ``dba`` (database-side augmentation at index time, settings ``dba.*``),
+            ``aqe`` / ``alpha-qe`` (query expansion over the top ``qe.k``, settings ``qe.*``),
+            ``diffusion`` (Iscen et al. 2017, settings ``diffusion.*``:
+            :class:`~oxbench.rerank.diffusion.DiffusionSettings`), or any registered re-ranker
+            that works on dense vectors.
         db_features, query_features: with ``descriptor="features"``, the user's descriptor files
             (rows in database / query order of the dataset).
         train_features: the user's training descriptors, for ``whitening`` (never the test set's
@@ -231,11 +224,6 @@ class GlobalConfig(MethodConfig):
     whitening_shrinkage: float = setting(
         0.0, S.Float(lo=0, hi=1, hi_open=True), doc="whitening shrinkage"
     )
-    qe: Literal["none", "aqe", "alpha-qe"] = setting(
-        "none", S.Choice("none", "aqe", "alpha-qe"), doc="query expansion"
-    )
-    qe_k: int = setting(5, S.Int(lo=1, hi=1 << 16), doc="query expansion: neighbours")
-    qe_alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="alpha-QE exponent")
     search: Literal["exact", "faiss-flat", "faiss-ivfpq"] = setting(
         "exact", S.Choice("exact", "faiss-flat", "faiss-ivfpq"), doc="search index"
     )
@@ -246,35 +234,6 @@ class GlobalConfig(MethodConfig):
     pq_m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
     pq_nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
     nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
-    dba: int = setting(
-        0, S.Int(lo=0, hi=1 << 16), doc="database-side augmentation neighbours (0: off)"
-    )
-    dba_alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="DBA weight exponent")
-    rerank: str = setting(
-        "none", S.Str(min_len=1, max_len=64), doc="re-ranker after QE (none, diffusion, ...)"
-    )
-    diffusion_k: int = setting(
-        50, S.Int(lo=2, hi=1 << 16), doc="diffusion: graph neighbours (the image counts)"
-    )
-    diffusion_query_k: int = setting(10, S.Int(lo=1, hi=1 << 16), doc="diffusion: query neighbours")
-    diffusion_alpha: float = setting(
-        0.99, S.Float(lo=0, lo_open=True, hi=1, hi_open=True), doc="diffusion: alpha"
-    )
-    diffusion_gamma: float = setting(
-        3.0, S.Float(lo=0, lo_open=True, hi=100), doc="diffusion: similarity exponent"
-    )
-    diffusion_truncation: int = setting(
-        1000, S.Int(lo=1, hi=1 << 24), doc="diffusion: images re-ranked"
-    )
-    diffusion_iterations: int = setting(
-        20, S.Int(lo=1, hi=10_000), doc="diffusion: solver iterations"
-    )
-    diffusion_normalise: Literal["full", "subgraph"] = setting(
-        "full", S.Choice("full", "subgraph"), doc="diffusion: graph normalisation"
-    )
-    diffusion_mode: Literal["online", "offline"] = setting(
-        "online", S.Choice("online", "offline"), doc="diffusion: per query, or precomputed"
-    )
     db_features: str | None = setting(
         None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True
     )
@@ -324,6 +283,14 @@ class GlobalConfig(MethodConfig):
             raise InputError(
                 f"method {self.name}: model_whitening already whitens; set whitening=none"
             )
+
+    def shorthand(self, option: str) -> str | None:
+        """``max_side``: the CNN's own setting for ``descriptor="cnn"``; ``vocab_size``: none."""
+        if option == "max_side" and self.descriptor == "cnn":
+            return "max_side"
+        if option == "vocab_size":
+            return None
+        return super().shorthand(option)
 
     @property
     def needs_training(self) -> bool:
@@ -973,8 +940,8 @@ class QueryCrops:
 # VLAD over RootSIFT (64 words x 128 = 8,192 dimensions), as a framework-free global descriptor.
 register_method(GlobalConfig("rootsift-vlad"))
 register_method(GlobalConfig("rootsift-vlad-w", whitening="pca"))
-register_method(GlobalConfig("rootsift-vlad-w-aqe", whitening="pca", qe="aqe"))
-register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", qe="alpha-qe"))
+register_method(GlobalConfig("rootsift-vlad-w-aqe", whitening="pca", rerank=("aqe",)))
+register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", rerank=("alpha-qe",)))
 
 # --- deep global descriptors (descriptor="cnn"; needs oxbench[deep]) -------------------------------
 # Multi-scale (1, 1/sqrt(2), 1/2) at 1024 px, as the published GeM models are evaluated. "+w" is the
@@ -989,20 +956,32 @@ register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", qe="al
 def _cnn(name: str, backbone: str, pooling: str, weights: str | None, **more: Any) -> GlobalConfig:
     return register_method(
         GlobalConfig(
-            name, descriptor="cnn", backbone=backbone, pooling=pooling, weights=weights, **more
-        )  # type: ignore[arg-type]
+            name,
+            descriptor="cnn",
+            backbone=backbone,
+            pooling=pooling,  # type: ignore[arg-type]
+            weights=weights,
+            **more,
+        )
     )  # type: ignore[return-value]
 
 
 _cnn("gem-r101", "resnet101", "gem", None)
 _cnn("gem-r101+w", "resnet101", "gem", None, model_whitening=True)
-_cnn("gem-r101+w+alpha-qe", "resnet101", "gem", None, model_whitening=True, qe="alpha-qe")
+_cnn("gem-r101+w+alpha-qe", "resnet101", "gem", None, model_whitening=True, rerank=("alpha-qe",))
 
 # Off-the-shelf ImageNet trunks (torchvision's weights, from its cache) with each pooling head.
 _cnn("gem-r50-imagenet", "resnet50", "gem", "imagenet")
 _cnn("gem-r50-imagenet+w", "resnet50", "gem", "imagenet", whitening="pca")
-_cnn("gem-r50-imagenet+w+aqe", "resnet50", "gem", "imagenet", whitening="pca", qe="aqe")
-_cnn("gem-r50-imagenet+w+alpha-qe", "resnet50", "gem", "imagenet", whitening="pca", qe="alpha-qe")
+_cnn("gem-r50-imagenet+w+aqe", "resnet50", "gem", "imagenet", whitening="pca", rerank=("aqe",))
+_cnn(
+    "gem-r50-imagenet+w+alpha-qe",
+    "resnet50",
+    "gem",
+    "imagenet",
+    whitening="pca",
+    rerank=("alpha-qe",),
+)
 _cnn("mac-r50-imagenet", "resnet50", "mac", "imagenet")
 _cnn("spoc-r50-imagenet", "resnet50", "spoc", "imagenet")
 _cnn("rmac-r50-imagenet", "resnet50", "rmac", "imagenet")
@@ -1024,7 +1003,7 @@ _cnn(
     "gem",
     _R18,
     whitening="pca",
-    qe="alpha-qe",
+    rerank=("alpha-qe",),
     **_R18_SIZE,
 )
 
@@ -1033,8 +1012,8 @@ _cnn(
 # The user's database / query descriptor files (--set db_features=PATH --set query_features=PATH),
 # through the same whitening, search, QE, DBA and diffusion (oxbench.pipelines.featurefiles).
 register_method(GlobalConfig("features", descriptor="features"))
-register_method(GlobalConfig("features-aqe", descriptor="features", qe="aqe"))
-register_method(GlobalConfig("features-alpha-qe", descriptor="features", qe="alpha-qe"))
-register_method(GlobalConfig("features-dba", descriptor="features", dba=5))
-register_method(GlobalConfig("features-diffusion", descriptor="features", rerank="diffusion"))
+register_method(GlobalConfig("features-aqe", descriptor="features", rerank=("aqe",)))
+register_method(GlobalConfig("features-alpha-qe", descriptor="features", rerank=("alpha-qe",)))
+register_method(GlobalConfig("features-dba", descriptor="features", rerank=("dba",)))
+register_method(GlobalConfig("features-diffusion", descriptor="features", rerank=("diffusion",)))
 register_method(GlobalConfig("features-ivfpq", descriptor="features", search="faiss-ivfpq"))

@@ -21,6 +21,7 @@ no signatures). Presets are registered at the end of this module.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
 from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.rerankers import Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.steps import (
     LocalQuantisation,
     QuantisingMethod,
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class HeConfig(MethodConfig, LocalQuantisation):
+class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
     """Hamming embedding (+ weak geometric consistency) over RootSIFT; features, vocabulary and
     spatial verification are the shared :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`
     settings.
@@ -73,8 +74,9 @@ class HeConfig(MethodConfig, LocalQuantisation):
         wgc_angle_bins: bins of the orientation-difference histogram over 360 degrees.
         wgc_scale_bins: bins of the log2-scale-difference histogram.
         wgc_scale_range: that histogram spans ``+-wgc_scale_range`` octaves (beyond: end bins).
-        qe, qe_max_verified, qe_min_inliers, qe_verify_top: query expansion from verified images,
-            as in :class:`~oxbench.pipelines.families.bow.BowConfig` (in tf-idf space).
+        rerank: the stages after the first ranking: ``spatial``, then ``aqe-verified`` (query
+            expansion from verified images, in tf-idf space), as in
+            :class:`~oxbench.pipelines.families.bow.BowConfig`.
     """
 
     family: ClassVar[str] = "he"
@@ -100,23 +102,10 @@ class HeConfig(MethodConfig, LocalQuantisation):
     wgc_scale_range: float = setting(
         4.0, S.Float(lo=0, lo_open=True, hi=64), doc="WGC: log2-scale half-range"
     )
-    qe: Literal["none", "aqe"] = setting(
-        "none", S.Choice("none", "aqe"), doc="query expansion from verified images"
-    )
-    qe_max_verified: int = setting(
-        50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images"
-    )
-    qe_min_inliers: int = setting(
-        8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand"
-    )
-    qe_verify_top: int = setting(
-        100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)"
-    )
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        if self.qe != "none" and not self.spatial:
-            raise InputError(f"method {self.name}: query expansion needs spatial verification")
+        build_stages(self, self.rerank, HammingEmbeddingMethod.capabilities)
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -268,12 +257,10 @@ class HammingEmbeddingMethod(QuantisingMethod):
     # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
     capabilities = frozenset({"vectors", "local"})
 
-    @property
+    @functools.cached_property
     def stages(self) -> list[Reranker]:
-        """Spatial verification of the top R, then query expansion from verified images."""
-        m = self.config
-        names = (["spatial"] if m.spatial else []) + (["aqe-verified"] if m.qe == "aqe" else [])
-        return build_stages(m, names, self.capabilities)
+        """The pipeline's stages (spatial verification, query expansion from verified images)."""
+        return build_stages(self.config, self.config.rerank, self.capabilities)
 
     @property
     def database(self) -> Any:
@@ -294,9 +281,10 @@ class HammingEmbeddingMethod(QuantisingMethod):
 
 # --- presets -------------------------------------------------------------------------------------
 
+SV, QE = ("spatial",), ("spatial", "aqe-verified")
 register_method(HeConfig("rootsift-he"))
-register_method(HeConfig("rootsift-he-sv", spatial=True))
-register_method(HeConfig("rootsift-he-sv-qe", spatial=True, qe="aqe"))
+register_method(HeConfig("rootsift-he-sv", rerank=SV))
+register_method(HeConfig("rootsift-he-sv-qe", rerank=QE))
 register_method(HeConfig("rootsift-he-wgc", wgc=True))
-register_method(HeConfig("rootsift-he-wgc-sv", wgc=True, spatial=True))
-register_method(HeConfig("rootsift-he-wgc-sv-qe", wgc=True, spatial=True, qe="aqe"))
+register_method(HeConfig("rootsift-he-wgc-sv", wgc=True, rerank=SV))
+register_method(HeConfig("rootsift-he-wgc-sv-qe", wgc=True, rerank=QE))

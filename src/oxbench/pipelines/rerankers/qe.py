@@ -1,20 +1,45 @@
 """Query expansion over the top of the ranking: AQE (Chum et al. 2007) and alpha-QE (Radenovic et al.).
 
-Each query vector is replaced by the weighted mean of itself and its top ``qe_k`` database
-vectors (weights ``similarity ** qe_alpha``; 0: the plain average) and the index is ranked again
-(:func:`oxbench.rerank.qe.alpha_query_expansion`). Settings: the config's ``qe_k`` and ``qe_alpha``.
+Each query vector is replaced by the weighted mean of itself and its top ``qe.k`` database
+vectors (weights ``similarity ** qe.alpha``; ``aqe``: the plain average) and the index is ranked
+again (:func:`oxbench.rerank.qe.alpha_query_expansion`). Settings: the ``qe`` group
+(:class:`QeSettings`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.pipelines.method import RunContext
-from oxbench.pipelines.rerankers import Ranking, Reranker, RerankSpace, register_reranker
+from oxbench.pipelines.rerankers import (
+    Ranking,
+    Reranker,
+    RerankSpace,
+    register_reranker,
+    register_stage_settings,
+)
 from oxbench.rerank.qe import alpha_query_expansion
+from oxbench.schema import setting, validate
+
+
+@dataclass(frozen=True)
+class QeSettings:
+    """Query expansion over the top of the ranking (group ``qe``: ``--set qe.k=10``).
+
+    Attributes:
+        k: the query's top ``k`` database vectors expand it.
+        alpha: ``alpha-qe``'s weight exponent (``similarity ** alpha``); ``aqe`` averages (0).
+    """
+
+    k: int = setting(5, S.Int(lo=1, hi=1 << 16), doc="query expansion: neighbours")
+    alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="alpha-qe: weight exponent")
+
+    def __post_init__(self) -> None:
+        validate(self, label=lambda n: f"qe.{n}")
 
 
 def expand_queries(
@@ -38,14 +63,11 @@ def expand_queries(
 class QueryExpansion(Reranker):
     """Expand each query with its top ``k`` (weights ``similarity ** alpha``) and rank again."""
 
-    needs = frozenset({"vectors"})
+    needs = frozenset({"vectors", "dense"})
+    uses = ("qe",)
 
-    def __init__(self, k: int, alpha: float) -> None:
-        self.k, self.alpha = k, alpha
-
-    @classmethod
-    def from_config(cls, config: Any) -> QueryExpansion:
-        return cls(config.qe_k, config.qe_alpha)
+    def __init__(self, settings: QeSettings) -> None:
+        self.k, self.alpha = settings.k, settings.alpha
 
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         with ctx.timed("query_expansion"):
@@ -59,10 +81,11 @@ class QueryExpansion(Reranker):
 class AverageQueryExpansion(QueryExpansion):
     """AQE: the plain average of the query and its top ``k`` (alpha 0)."""
 
-    @classmethod
-    def from_config(cls, config: Any) -> AverageQueryExpansion:
-        return cls(config.qe_k, 0.0)
+    def __init__(self, settings: QeSettings) -> None:
+        super().__init__(settings)
+        self.alpha = 0.0
 
 
+register_stage_settings("qe", QeSettings)
 register_reranker("aqe", AverageQueryExpansion)
 register_reranker("alpha-qe", QueryExpansion)

@@ -1,24 +1,26 @@
 """Average query expansion from spatially verified images, verified in turn (Chum et al. 2007).
 
-After :mod:`.spatial`, each query with verified images of at least ``qe_min_inliers`` inliers is
-replaced by the average of its vector and theirs (at most ``qe_max_verified``) and the index is
-ranked again. The expanded query's new results -- the images of its top ``qe_verify_top`` that the
+After :mod:`.spatial`, each query with verified images of at least ``vqe.min_inliers`` inliers is
+replaced by the average of its vector and theirs (at most ``vqe.max_verified``) and the index is
+ranked again. The expanded query's new results -- the images of its top ``vqe.verify_top`` that the
 first short list did not hold -- are verified against the query, and those that pass join the
-verified images (ordered by inliers) above the expanded query's order. Settings: the config's
-``qe_max_verified``, ``qe_min_inliers``, ``qe_verify_top`` (0: no second verification).
+verified images (ordered by inliers) above the expanded query's order. Settings: the ``vqe`` group
+(:class:`VerifiedQeSettings`; ``verify_top=0``: no second verification).
 
 ``dqe-verified`` is the same stage with discriminative query expansion (Arandjelovic & Zisserman
 2012): the expanded query is a linear SVM's weight vector, trained with the query and its verified
-images as positives and the bottom ``dqe_negatives`` of the ranking as negatives (``dqe_c``).
+images as positives and the bottom ``dqe.negatives`` of the ranking as negatives (``dqe.c``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.rerankers import (
@@ -27,24 +29,69 @@ from oxbench.pipelines.rerankers import (
     RerankSpace,
     aligned_to_index,
     register_reranker,
+    register_stage_settings,
 )
 from oxbench.pipelines.steps.verify import VerifiedList, joined, verified_first
 from oxbench.rerank.qe import average_query_expansion, discriminative_query_expansion
+from oxbench.schema import setting, validate
+
+
+@dataclass(frozen=True)
+class VerifiedQeSettings:
+    """Query expansion from spatially verified images (group ``vqe``: ``--set vqe.min_inliers=10``).
+
+    Attributes:
+        max_verified: at most this many verified images expand the query.
+        min_inliers: only verified images with at least this many inliers expand it (a stricter
+            test than ``spatial.min_inliers``, as in Chum et al. 2007: averaging in a false positive
+            drifts the query, while ranking it high costs one place).
+        verify_top: the images of the expanded query's top ``verify_top`` that the first short list
+            did not hold are verified too and join the verified images (0: none).
+    """
+
+    max_verified: int = setting(
+        50, S.Int(lo=1, hi=1 << 30), doc="QE: at most this many verified images"
+    )
+    min_inliers: int = setting(
+        8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand"
+    )
+    verify_top: int = setting(
+        100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)"
+    )
+
+    def __post_init__(self) -> None:
+        validate(self, label=lambda n: f"vqe.{n}")
+
+
+@dataclass(frozen=True)
+class DqeSettings:
+    """Discriminative query expansion's SVM (group ``dqe``: ``--set dqe.c=10``).
+
+    Attributes:
+        negatives: this many images from the bottom of the first ranking (200 in the paper).
+        c: the linear SVM's ``C``.
+    """
+
+    negatives: int = setting(
+        200, S.Int(lo=1, hi=1 << 24), doc="DQE: negatives from the bottom of the ranking"
+    )
+    c: float = setting(1.0, S.Float(lo=0, lo_open=True, hi=1e6), doc="DQE: the linear SVM's C")
+
+    def __post_init__(self) -> None:
+        validate(self, label=lambda n: f"dqe.{n}")
 
 
 class VerifiedQueryExpansion(Reranker):
     """AQE from verified images, with verification of the expanded query's new results."""
 
-    name = "aqe-verified"
-
     needs = frozenset({"vectors", "local"})
+    uses: tuple[str, ...] = ("vqe",)
+    after = "spatial"
 
-    def __init__(self, max_verified: int, min_inliers: int, verify_top: int) -> None:
-        self.max_verified, self.min_inliers, self.verify_top = max_verified, min_inliers, verify_top
-
-    @classmethod
-    def from_config(cls, config: Any) -> VerifiedQueryExpansion:
-        return cls(config.qe_max_verified, config.qe_min_inliers, config.qe_verify_top)
+    def __init__(self, settings: VerifiedQeSettings) -> None:
+        self.max_verified = settings.max_verified
+        self.min_inliers = settings.min_inliers
+        self.verify_top = settings.verify_top
 
     def expand(
         self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace
@@ -55,7 +102,7 @@ class VerifiedQueryExpansion(Reranker):
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         if ranking.verified is None:
             raise InputError(
-                f"{self.name or 'aqe-verified'} expands from verified images: put the spatial stage before it"
+                f"{self.name} expands from verified images: put the spatial stage before it"
             )
         n_index = ranking.ranks.shape[1]
         first = ranking.verified
@@ -103,23 +150,11 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
     keeps its first ranking. The expanded query's new results are verified as with AQE.
     """
 
-    name = "dqe-verified"
+    uses = ("vqe", "dqe")
 
-    def __init__(
-        self, max_verified: int, min_inliers: int, verify_top: int, negatives: int, c: float
-    ) -> None:
-        super().__init__(max_verified, min_inliers, verify_top)
-        self.negatives, self.c = negatives, c
-
-    @classmethod
-    def from_config(cls, config: Any) -> DiscriminativeVerifiedQueryExpansion:
-        return cls(
-            config.qe_max_verified,
-            config.qe_min_inliers,
-            config.qe_verify_top,
-            config.dqe_negatives,
-            config.dqe_c,
-        )
+    def __init__(self, settings: VerifiedQeSettings, dqe: DqeSettings) -> None:
+        super().__init__(settings)
+        self.negatives, self.c = dqe.negatives, dqe.c
 
     def expand(
         self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace
@@ -135,5 +170,7 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
         )
 
 
+register_stage_settings("vqe", VerifiedQeSettings)
+register_stage_settings("dqe", DqeSettings)
 register_reranker("aqe-verified", VerifiedQueryExpansion)
 register_reranker("dqe-verified", DiscriminativeVerifiedQueryExpansion)

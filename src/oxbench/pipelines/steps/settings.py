@@ -2,9 +2,9 @@
 
 :class:`LocalQuantisation` is a settings mixin (keyword-only fields) that a family's config
 inherits beside :class:`~oxbench.pipelines.method.MethodConfig`: the local features, the vocabulary
-(``vocab_*``) and the spatial verification of the short list (``spatial_*``), with the steps they
-configure (:meth:`~LocalQuantisation.vocabulary`, :meth:`~LocalQuantisation.verification`). The
-verification defaults are :mod:`oxbench.rerank.spatial`'s, stated there once.
+(``vocab_*``), with the steps they configure (:meth:`~LocalQuantisation.vocabulary`,
+:meth:`~LocalQuantisation.verification`). How short lists are verified is the ``spatial`` stage
+settings group's (:class:`oxbench.pipelines.rerankers.spatial.SpatialSettings`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,6 @@ from oxbench.pipelines.steps.verify import VerifySettings
 from oxbench.pipelines.steps.vocabulary import VocabularySpec
 from oxbench.schema import setting, validate
 
-#: The verification defaults (:mod:`oxbench.rerank.spatial`'s, through :class:`VerifySettings`).
-_VERIFY = VerifySettings()
-
 #: Features of the classic presets: RootSIFT at up to 1024 px, at most 4,000 per image (the published
 #: systems used thousands per image at full resolution; bench/README.md compares smaller settings).
 CLASSIC_FEATURES = SiftConfig(max_side=1024, n_features=4000)
@@ -30,7 +27,7 @@ CLASSIC_FEATURES = SiftConfig(max_side=1024, n_features=4000)
 
 @dataclass(frozen=True, kw_only=True)
 class LocalQuantisation:
-    """Local features, their vocabulary, and short-list verification.
+    """Local features and their vocabulary.
 
     Attributes:
         features: local-feature extraction settings (any
@@ -42,16 +39,6 @@ class LocalQuantisation:
             training descriptor).
         vocab_n_probe: coarse cells searched in two-level assignment.
         vocab_seed: seed of sampling and k-means.
-        spatial: spatially re-rank the top ``spatial_top_r``.
-        spatial_matching: tentative correspondences of a short-listed pair: ``descriptors``
-            (mutual nearest neighbours with Lowe's ``spatial_ratio``,
-            :func:`oxbench.rerank.spatial.descriptor_matches`) or ``words`` (shared visual words,
-            at most ``spatial_max_per_word`` pairs per word, each query feature through its
-            ``spatial_query_ma`` nearest words).
-        spatial_model, spatial_method, spatial_min_inliers, spatial_threshold_px: verification
-            settings (:func:`oxbench.rerank.spatial.spatial_rerank`, whose defaults they are);
-            ``fsm`` is Philbin et al.'s fast spatial matching from single correspondences with
-            scale and orientation.
     """
 
     features: LocalExtractor = field(default_factory=lambda: CLASSIC_FEATURES)
@@ -69,36 +56,6 @@ class LocalQuantisation:
         4, S.Int(lo=1, hi=1 << 16), doc="coarse cells searched in two-level assignment"
     )
     vocab_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="seed of sampling and k-means")
-    spatial: bool = setting(False, S.Bool(), doc="spatially verify the short list")
-    spatial_top_r: int = setting(100, S.Int(lo=1, hi=1 << 24), doc="short-list length R")
-    spatial_matching: Literal["words", "descriptors"] = setting(
-        "descriptors",
-        S.Choice("words", "descriptors"),
-        doc="tentative matches from descriptors or shared words",
-    )
-    spatial_ratio: float = setting(
-        _VERIFY.ratio, S.Float(lo=0, lo_open=True, hi=1), doc="Lowe's ratio"
-    )
-    spatial_max_per_word: int = setting(
-        _VERIFY.max_per_word, S.Int(lo=1, hi=1 << 16), doc="words matching: pairs per shared word"
-    )
-    spatial_query_ma: int = setting(
-        _VERIFY.query_ma, S.Int(lo=1, hi=64), doc="words matching: words per query feature"
-    )
-    spatial_model: Literal["affine", "homography", "similarity"] = setting(
-        _VERIFY.model, S.Choice("similarity", "affine", "homography"), doc="geometric model"
-    )
-    spatial_method: Literal["magsac", "accurate", "ransac", "fsm"] = setting(
-        _VERIFY.method, S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator"
-    )
-    spatial_min_inliers: int = setting(
-        _VERIFY.min_inliers, S.Int(lo=1, hi=1 << 30), doc="inliers to count as verified"
-    )
-    spatial_threshold_px: float = setting(
-        _VERIFY.threshold_px,
-        S.Float(lo=0, lo_open=True, hi=1e4),
-        doc="inlier threshold, px at 1024 px",
-    )
 
     def check_local_settings(self, name: str) -> None:
         """Check every setting against its spec (one line naming it), and the features' kind."""
@@ -124,14 +81,11 @@ class LocalQuantisation:
         return self.vocabulary().resolved_structure
 
     def verification(self) -> VerifySettings:
-        """How the short list is verified."""
-        return VerifySettings(
-            self.spatial_model,
-            self.spatial_method,
-            self.spatial_min_inliers,
-            self.spatial_threshold_px,
-            self.spatial_max_per_word,
-            self.spatial_matching,
-            self.spatial_ratio,
-            self.spatial_query_ma,
-        )
+        """How the short list is verified: the pipeline's ``spatial`` stage settings (the family
+        config is also a :class:`~oxbench.pipelines.rerankers.Pipeline`)."""
+        return self.stage("spatial").verification()  # type: ignore[attr-defined,no-any-return]
+
+    @property
+    def verifies(self) -> bool:
+        """Whether a stage of the pipeline reads the ``spatial`` settings (verifies short lists)."""
+        return "spatial" in self.stage_groups  # type: ignore[attr-defined]
