@@ -58,6 +58,7 @@ from oxbench.pipelines.featurefiles import (
     benchmark_features,
     feature_provenance,
     fit_file_whitening,
+    test_rows_in_training,
 )
 from oxbench.pipelines.globalchain import SearchChain, check_search_settings
 from oxbench.pipelines.method import (
@@ -370,6 +371,27 @@ class GlobalConfig(MethodConfig):
                         require_regular_file(value)
                     except InputError as exc:
                         raise InputError(f"{name}: {exc.problem}", value) from None
+
+    def input_files(self, root: Path | None = None) -> dict[str, Path]:
+        """The descriptor files, and a model file given as ``weights`` (not one ``fit`` trains)."""
+        out = super().input_files(root)
+        if self.descriptor != "features":
+            out = {}
+        if (
+            self.descriptor == "cnn"
+            and self.weights not in (None, "random", "imagenet")
+            and not self.trains_network
+        ):
+            assert self.weights is not None
+            out["weights"] = resolve_weights_path(self.weights, root)
+        return out
+
+    def test_data_in_training(self, bench: Benchmark) -> str | None:
+        """User feature files: ``train_features`` holding the test descriptors
+        (:func:`~oxbench.pipelines.featurefiles.test_rows_in_training`)."""
+        if self.descriptor != "features":
+            return None
+        return test_rows_in_training(self, bench)
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
