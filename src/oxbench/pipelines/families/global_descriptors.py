@@ -109,8 +109,8 @@ class GlobalConfig(MethodConfig):
             (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
             :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
         pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
-        rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float64"`` or ``"float32"``
-            (cirtorch's, for a published R-MAC model's descriptors;
+        rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float32"`` (default: cirtorch's,
+            which a published R-MAC model's descriptors need) or ``"float64"`` (double precision;
             :func:`~oxbench.features.deep.pooling.rmac_regions`).
         gem_p: GeM's exponent for random / ImageNet weights (a model file brings its own).
         max_side: ``cnn``: longer image side (px) before description (never enlarged).
@@ -189,7 +189,7 @@ class GlobalConfig(MethodConfig):
         "gem", S.Choice("mac", "spoc", "gem", "rmac"), doc="cnn: pooling head"
     )
     rmac_grid: Literal["float64", "float32"] = setting(
-        "float64", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
+        "float32", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
     )
     gem_p: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="cnn: GeM exponent")
     max_side: int = setting(1024, S.Int(lo=16, hi=1 << 16), doc="cnn: longer image side (px)")
