@@ -105,6 +105,9 @@ def test_own_features_through_the_runner(
     (run_dir,) = list_runs(out.config_dir)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["run"]["bytes_per_image"] == D * 4
+    # the synthetic city's generation seed is recorded with the method's seeds
+    seeds = json.loads((run_dir / "record.json").read_text())["seeds"]
+    assert seeds == {"seed": 0, "vlad_seed": 0, "index_seed": 0, "dataset.seed": 0}
     # every re-ranking runs through the same chain and records what it did
     for method, extra, key in (
         ("features-alpha-qe", {}, None),

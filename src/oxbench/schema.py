@@ -611,3 +611,20 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
             )
         )
     return rows
+
+
+def is_seed_setting(name: str) -> bool:
+    """Whether a (dotted) setting name names a seed: ``seed`` or ``<step>_seed`` (``vocab_seed``,
+    ``he_seed``, ``features.seed``) -- the one naming rule for every random or learned step."""
+    last = name.rsplit(".", 1)[-1]
+    return last == "seed" or last.endswith("_seed")
+
+
+def seed_settings(cls_or_instance: Any) -> dict[str, int]:
+    """Every seed setting of a config (:func:`is_seed_setting`, nested as dotted names) with its
+    value, in field order: what a run records as its ``seeds``."""
+    return {
+        row.name: int(row.default)
+        for row in describe(cls_or_instance)
+        if is_seed_setting(row.name) and row.kind == "int" and isinstance(row.default, int)
+    }

@@ -94,6 +94,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     retrieved_document,
     write_run_files,
 )
+from oxbench.schema import seed_settings
 
 log = logging.getLogger(__name__)
 
@@ -759,6 +760,7 @@ def run(
                 "execution": executor.describe(),
                 "footprint": _footprint(impl),
                 "inputs": run_inputs(bench, inputs, cache_dir),
+                "seeds": run_seeds(m, bench, train),
             }
             _write_run_files(
                 tmp,
@@ -875,6 +877,18 @@ def run_inputs(bench: Benchmark, inputs: Mapping[str, InputRecord], cache: Path)
         },
         "images": images,
     }
+
+
+def run_seeds(m: MethodConfig, bench: Benchmark, train: Benchmark | None) -> dict[str, int]:
+    """``record.json``'s ``seeds``: every seed setting of the method (:func:`oxbench.schema.seed_settings`:
+    ``vocab_seed``, ``he_seed``, ``vlad_seed``, ``index_seed``, the CNN's ``seed`` ...) and the
+    generation seed of a synthetic test or training set (``dataset.seed``, ``train_dataset.seed``)."""
+    out = seed_settings(m)
+    for key, b in (("dataset", bench), ("train_dataset", train)):
+        seed = None if b is None else b.options.get("seed")
+        if seed is not None and str(seed).isdigit():
+            out[f"{key}.seed"] = int(seed)
+    return out
 
 
 def preflight_ram(m: MethodConfig, n_index: int) -> None:

@@ -147,6 +147,7 @@ class GlobalConfig(MethodConfig):
         search: ``"exact"``, ``"faiss-flat"`` (FAISS IndexFlatIP) or ``"faiss-ivfpq"``.
         search_k: ranked-list length (``None``: the whole index up to 100,000 images, else 10,000).
         nlist, pq_m, pq_nbits, nprobe: IVF-PQ cells, sub-quantisers, bits per code, cells visited.
+        index_seed: IVF-PQ: the seed of faiss's k-means for the cells and the product quantisers.
         dba: database-side augmentation with this many neighbours (0: off).
         dba_alpha: DBA weights ``similarity ** dba_alpha`` (0: plain average).
         rerank: a re-ranking stage after query expansion: ``"none"``, ``"diffusion"`` (Iscen et al.
@@ -247,6 +248,9 @@ class GlobalConfig(MethodConfig):
     pq_m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
     pq_nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
     nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
+    index_seed: int = setting(
+        0, S.Int(lo=0, hi=2**32 - 1), doc="IVF-PQ: k-means seed of the cell and PQ quantisers"
+    )
     dba: int = setting(
         0, S.Int(lo=0, hi=1 << 16), doc="database-side augmentation neighbours (0: off)"
     )
