@@ -49,6 +49,7 @@ from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
+from oxbench.determinism import single_threaded
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
@@ -558,6 +559,7 @@ def run(
     command: Sequence[str] | None = None,
     label: str | None = None,
     dataset_options: Mapping[str, str] | None = None,
+    deterministic: bool = False,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -595,6 +597,8 @@ def run(
             differ from the preset (``features-alpha-qe [whitening=pca]``).
         dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
             ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
+        deterministic: run the steps with one BLAS / faiss thread, so that what they learn does not
+            depend on ``workers`` or the cores (:mod:`oxbench.determinism`; recorded).
 
     Returns:
         A :class:`RunOutcome`.
@@ -703,17 +707,18 @@ def run(
                     train_id,
                     config_dir,
                 )
-                impl, search, ctx = _fit_index_search(
-                    m,
-                    train,
-                    bench,
-                    cache_dir,
-                    executor=executor,
-                    progress=progress,
-                    allow_partial=not strict,
-                    root=root_path,
-                    shard_size=shard_size,
-                )
+                with single_threaded(deterministic):
+                    impl, search, ctx = _fit_index_search(
+                        m,
+                        train,
+                        bench,
+                        cache_dir,
+                        executor=executor,
+                        progress=progress,
+                        allow_partial=not strict,
+                        root=root_path,
+                        shard_size=shard_size,
+                    )
                 ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
                 keep = (
                     ranks_top
@@ -761,6 +766,7 @@ def run(
                 "footprint": _footprint(impl),
                 "inputs": run_inputs(bench, inputs, cache_dir),
                 "seeds": run_seeds(m, bench, train),
+                "deterministic": deterministic,
             }
             _write_run_files(
                 tmp,
