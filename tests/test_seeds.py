@@ -7,11 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from oxbench.errors import InputError
 from oxbench.pipelines import resolve_method
 from oxbench.pipelines.method import METHODS
-from oxbench.schema import describe, is_seed_setting, seed_settings
+from oxbench.schema import MAX_SEEDS, describe, is_seed_setting, parse_seeds, seed_settings
 
 #: The seeds each family declares, by the step they drive (the audit of issue 32).
 FAMILY_SEEDS = {
@@ -96,3 +98,38 @@ def test_a_run_records_its_seeds(tmp_path: Path) -> None:
     record = json.loads((out.run_dir / "record.json").read_text())
     assert record["seeds"] == {"seed": 0, "vlad_seed": 0, "index_seed": 11}
     assert out.config.to_dict()["method"]["index_seed"] == 11  # a seed is part of the config
+
+
+# --- the text of --seeds (the seed groups themselves are not here) ---------------------------------
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=MAX_SEEDS, unique=True))
+def test_seed_lists_round_trip_through_their_text(seeds: list[int]) -> None:
+    assert parse_seeds(",".join(map(str, seeds))) == tuple(seeds)
+    assert parse_seeds(" , ".join(map(str, seeds)) + " ") == tuple(seeds)
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "at least one seed"),
+        ("  ", "at least one seed"),
+        ("0,-1,2", "seed 2: must be in [0, 4294967295]"),
+        ("0,1,1", "seed 1 is given twice"),
+        ("3,07,3", "seed 3 is given twice"),
+        ("0,,1", "comma-separated whole numbers"),
+        ("0,1.5", "comma-separated whole numbers"),
+        ("nan", "comma-separated whole numbers"),
+        ("0,inf", "comma-separated whole numbers"),
+        ("zero", "comma-separated whole numbers"),
+        (str(2**32), "seed 1: must be in [0, 4294967295]"),
+        (",".join(map(str, range(MAX_SEEDS + 1))), f"at most {MAX_SEEDS} seeds, got 101"),
+        (",".join(map(str, range(10**6))), "at most 4,096"),  # 10^6 seeds: not even read
+    ],
+)
+def test_bad_seed_lists_are_one_line_naming_the_option(text: str, why: str) -> None:
+    with pytest.raises(InputError) as exc:
+        parse_seeds(text)
+    message = str(exc.value)
+    assert message.startswith("option --seeds: ") and why in message, message
+    assert "\n" not in message and len(message) < 300

@@ -51,13 +51,17 @@ __all__ = [
     "Int",
     "Optional",
     "PathSetting",
+    "SeedList",
     "SettingInfo",
     "Size",
     "Spec",
     "Str",
     "coerce",
     "describe",
+    "is_seed_setting",
     "parse",
+    "parse_seeds",
+    "seed_settings",
     "setting",
     "spec_of",
     "validate",
@@ -456,6 +460,71 @@ class FloatTuple(Spec):
         item = self.item.describe()
         count = f"{self.min_len}..{self.max_len} numbers"
         return f"{count}, each {item}" if item else count
+
+
+#: Most seeds one seed group may run (``--seeds``): each seed is a whole run of the learned steps.
+MAX_SEEDS = 100
+#: The range of one seed (what numpy's and faiss's generators take).
+SEED_RANGE = Int(lo=0, hi=2**32 - 1)
+
+
+@dataclass(frozen=True)
+class SeedList(Spec):
+    """Distinct seeds, in the order given: ``0,1,2`` (the text of ``oxbench run --seeds``).
+
+    Each is a whole number in ``[0, 2**32 - 1]``; the list holds 1 to ``max_len`` seeds, none
+    repeated (a repeated seed would count one run twice in a spread).
+    """
+
+    item: Int = SEED_RANGE
+    max_len: int = MAX_SEEDS
+    _kind: ClassVar[str] = "seeds"
+
+    def _from_text(self, text: str) -> Any:
+        parts = [p.strip() for p in text.split(",")] if text.strip() else []
+        out = []
+        for p in parts:
+            v = self.item._from_text(p)
+            if isinstance(v, _Refusal):
+                return _Refusal("expected comma-separated whole numbers (0,1,2)")
+            out.append(v)
+        return tuple(out)
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            value = value.tolist() if value.ndim == 1 else None
+        if not isinstance(value, tuple | list):
+            return _Refusal("expected a list of seeds")
+        if not value:
+            return _Refusal("expected at least one seed")
+        if len(value) > self.max_len:
+            return _Refusal(f"expected at most {self.max_len} seeds, got {len(value):,}")
+        out: list[int] = []
+        for i, v in enumerate(value):
+            r = self.item._check(v)
+            if isinstance(r, _Refusal):
+                return _Refusal(f"seed {i + 1}: {r.message}")
+            if r in out:
+                return _Refusal(f"seed {r} is given twice")
+            out.append(r)
+        return tuple(out)
+
+    def describe(self) -> str:
+        return f"1..{self.max_len} distinct seeds, each {self.item.describe()}"
+
+
+def parse_seeds(text: str, *, option: str = "--seeds") -> tuple[int, ...]:
+    """The seeds of ``oxbench run --seeds 0,1,2`` (:class:`SeedList`), or one line naming the option.
+
+    Raises:
+        InputError: empty, not whole numbers, negative or above ``2**32 - 1``, a seed given twice,
+            more than :data:`MAX_SEEDS` seeds, or text too long to look at.
+
+    Example:
+        >>> parse_seeds("0, 1,2")
+        (0, 1, 2)
+    """
+    return SeedList().parse(option, text, what="option")
 
 
 # --- dataclass fields ---------------------------------------------------------------------------
