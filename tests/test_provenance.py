@@ -159,9 +159,12 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
         assert x["path"] == str((folder / "X.npy").resolve()) and folder.name in "ab"
         assert x["sha256"] == hashlib.sha256((folder / "X.npy").read_bytes()).hexdigest()
         assert x["size"] == (folder / "X.npy").stat().st_size
-        assert rec["inputs"]["ground_truth"]["gnd_roxford5k.pkl"]["sha256"] == (
-            hashlib.sha256((root / "roxford5k" / "gnd_roxford5k.pkl").read_bytes()).hexdigest()
+        gnd = root / "roxford5k" / "gnd_roxford5k.pkl"
+        assert rec["inputs"]["ground_truth"] == input_record(gnd).to_dict()
+        assert (
+            rec["inputs"]["ground_truth"]["sha256"] == hashlib.sha256(gnd.read_bytes()).hexdigest()
         )
+        assert rec["inputs"]["dataset_files"]["gnd_roxford5k.pkl"] == input_record(gnd).to_dict()
         assert rec["inputs"]["images"]["database"] is None  # no pixels read
     labels = sorted({rec["label"] for rec in records})
     folders = sorted(p for p in runs.iterdir() if p.is_dir())
@@ -238,3 +241,33 @@ def test_training_on_the_test_database_is_flagged_from_content(tmp_path: Path) -
             assert "train_features" in res["info"]["trained_on_test_set_why"]
             assert "not comparable" in (res["summary"] / "summary.txt").read_text()
     assert flagged == {"same": True, "inside": True, "queries": True, "other": False, "most": False}
+
+
+def test_image_sets_and_ground_truth_of_a_dataset_are_recorded(tmp_path: Path) -> None:
+    pytest.importorskip("PIL.Image")
+    from oxbench.datasets import load
+    from oxbench.pipelines.runner import run_inputs
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    bench = load("synthetic", root, progress=False)
+    got = run_inputs(bench, {}, tmp_path / "cache")
+    db = got["images"]["database"]
+    paths = [bench.database.path(i) for i in range(len(bench.database))]
+    assert db["files"] == bench.gt.n_db and db["size"] == sum(p.stat().st_size for p in paths)
+    # the digest is the folder digest of exactly those files, by their names under the folder
+    folder = Path(db["path"])
+    h = hashlib.sha256()
+    for p in sorted(paths, key=lambda p: p.resolve().relative_to(folder).as_posix()):
+        rel = p.resolve().relative_to(folder).as_posix()
+        h.update(
+            f"{rel}\0{p.stat().st_size}\0{hashlib.sha256(p.read_bytes()).hexdigest()}\n".encode()
+        )
+    assert db["sha256"] == h.hexdigest()
+    assert got["images"]["queries"]["files"] == len(bench.queries)
+    assert got["images"]["distractors"] is None
+    assert got["ground_truth"]["sha256"] == input_record(bench.gt.source).sha256
+    # one changed image changes the set's digest (a rerun only stats the files)
+    with open(paths[3], "ab") as fh:
+        fh.write(b"\0")
+    assert run_inputs(bench, {}, tmp_path / "cache")["images"]["database"]["sha256"] != db["sha256"]

@@ -865,8 +865,9 @@ def _test_data_in_training(
 
 def run_inputs(bench: Benchmark, inputs: Mapping[str, InputRecord], cache: Path) -> dict[str, Any]:
     """``record.json``'s ``inputs``: every input by absolute path, size and SHA-256
-    (:func:`oxbench.provenance.input_record`) -- the files the settings name, the dataset's
-    ground-truth files and its image sets (``None`` where the run reads no pixels)."""
+    (:func:`oxbench.provenance.input_record`) -- the files the settings name, the file (or folder
+    of text files) the ground truth was read from, the small files at the top of the dataset folder,
+    and the image sets (``None`` where the run reads no pixels)."""
     images: dict[str, Any] = {}
     for part, source in (
         ("database", bench.database),
@@ -876,9 +877,13 @@ def run_inputs(bench: Benchmark, inputs: Mapping[str, InputRecord], cache: Path)
         paths = [] if source is None else [source.path(i) for i in range(len(source))]
         files = [p for p in paths if p is not None]
         images[part] = image_set_record(files, cache=cache) if files else None
+    gt_source = Path(bench.gt.source)
     return {
         "settings": {k: r.to_dict() for k, r in inputs.items()},
-        "ground_truth": {
+        "ground_truth": (
+            input_record(gt_source, cache=cache).to_dict() if gt_source.exists() else None
+        ),
+        "dataset_files": {
             p.name: input_record(p, cache=cache).to_dict() for p in dataset_files(bench)
         },
         "images": images,
