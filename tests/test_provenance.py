@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from oxbench import provenance
 from oxbench.cli import main
 from oxbench.errors import InputError
 from oxbench.provenance import input_record
+from test_features_method import _gnd_only_root
 
 pytest.importorskip("faiss")
 
@@ -96,20 +96,6 @@ def test_a_large_file_is_hashed_once_per_identity_across_processes(
 # --- through the runner ------------------------------------------------------------------------------
 
 
-def _gnd_root(root: Path, n_db: int = 30, n_q: int = 3) -> Path:
-    d = root / "roxford5k"
-    d.mkdir(parents=True)
-    gnd = [
-        {"bbx": [0.0, 0.0, 10.0, 10.0], "easy": [3 * q], "hard": [3 * q + 1], "junk": [3 * q + 2]}
-        for q in range(n_q)
-    ]
-    names = [f"img_{i:03d}" for i in range(n_db)]
-    (d / "gnd_roxford5k.pkl").write_bytes(
-        pickle.dumps({"imlist": names, "qimlist": [f"q{q}" for q in range(n_q)], "gnd": gnd})
-    )
-    return root
-
-
 def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exc:
         main(list(args))
@@ -128,7 +114,7 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
     """The issue's case: ``--set db_features=X.npy`` typed alike in two folders whose X.npy differ
     by a row permutation gave one config folder and one label. Now: two config folders, two
     labels, and each record names its file by absolute path, size and digest."""
-    root = _gnd_root(tmp_path / "data")
+    root = _gnd_only_root(tmp_path / "data")
     rng = np.random.default_rng(0)
     db = rng.normal(size=(30, D)).astype(np.float32)
     q = db[[0, 3, 6]] + 0.01 * rng.normal(size=(3, D)).astype(np.float32)
@@ -194,7 +180,7 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
 def _train_run(tmp_path: Path, train: np.ndarray, tag: str) -> dict:
     root = tmp_path / "data"
     if not root.exists():
-        _gnd_root(root)
+        _gnd_only_root(root)
     rng = np.random.default_rng(1)
     db = rng.normal(size=(30, D)).astype(np.float32)
     np.save(tmp_path / "db.npy", db)

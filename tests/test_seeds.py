@@ -75,9 +75,9 @@ def test_index_seed_drives_the_ivfpq_quantisers() -> None:
 def test_a_run_records_its_seeds(tmp_path: Path) -> None:
     pytest.importorskip("faiss")
     from oxbench.pipelines import run
-    from test_provenance import _gnd_root
+    from test_features_method import _gnd_only_root
 
-    root = _gnd_root(tmp_path / "data")
+    root = _gnd_only_root(tmp_path / "data")
     db = np.random.default_rng(0).normal(size=(30, 8)).astype(np.float32)
     np.save(tmp_path / "db.npy", db)
     np.save(tmp_path / "q.npy", db[[0, 3, 6]])

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_json, file_sha256, os_reason, text_digest
+from oxbench.fileio import (
+    atomic_write_json,
+    file_sha256,
+    os_reason,
+    require_regular_file,
+    text_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -158,12 +164,7 @@ def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
 
 def _file_digest(path: Path, store: Path | None) -> str:
     """SHA-256 of a regular file, remembered by identity (on disk for large files)."""
-    try:
-        before = os.stat(path)
-    except OSError as exc:
-        raise InputError(f"cannot read: {os_reason(exc)}", path) from None
-    if not stat.S_ISREG(before.st_mode):
-        raise InputError("not a regular file", path)
+    before = require_regular_file(path)
     key = text_digest(json.dumps(["file", str(path), _identity(before)]))
     disk = store if before.st_size >= CACHE_MIN_BYTES else None
     digest = _KNOWN.get(key) or _load_entry(disk, key)
@@ -210,13 +211,7 @@ def _listed(
                 break
         else:
             raise InputError(f"{full} is not under the folder", root)
-        try:
-            fst = os.stat(full)
-        except OSError as exc:
-            raise InputError(f"cannot read: {os_reason(exc)}", full) from None
-        if not stat.S_ISREG(fst.st_mode):
-            raise InputError("not a regular file", full)
-        out[rel] = fst
+        out[rel] = require_regular_file(full)
     return sorted(out.items())
 
 

@@ -415,6 +415,24 @@ class Optional(Spec):
         return f"{inner}, or none" if inner else "or none"
 
 
+def _comma_items(parts: list[str], item: Spec, message: str) -> tuple[Any, ...] | _Refusal:
+    """Each of ``parts`` parsed by ``item`` (a list's text split at commas), or ``message``."""
+    out = []
+    for p in parts:
+        v = item._from_text(p)
+        if isinstance(v, _Refusal):
+            return _Refusal(message)
+        out.append(v)
+    return tuple(out)
+
+
+def _as_items(value: Any) -> list[Any] | tuple[Any, ...] | None:
+    """A list's items (a 1-D array's too), or ``None`` when ``value`` is not a list."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.ndim == 1 else None
+    return value if isinstance(value, tuple | list) else None
+
+
 @dataclass(frozen=True)
 class FloatTuple(Spec):
     """A tuple of ``min_len`` to ``max_len`` numbers, each checked by ``item``.
@@ -433,18 +451,11 @@ class FloatTuple(Spec):
         parts = [p.strip() for p in text.split(",")] if text.strip() else []
         if parts and parts[-1] == "":  # a trailing comma, as in Python's "(0.5,)"
             parts.pop()
-        out = []
-        for p in parts:
-            v = self.item._from_text(p)
-            if isinstance(v, _Refusal):
-                return _Refusal("expected comma-separated numbers")
-            out.append(v)
-        return tuple(out)
+        return _comma_items(parts, self.item, "expected comma-separated numbers")
 
     def _check(self, value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            value = value.tolist() if value.ndim == 1 else None
-        if not isinstance(value, tuple | list):
+        value = _as_items(value)
+        if value is None:
             return _Refusal("expected a list of numbers")
         if not (self.min_len <= len(value) <= self.max_len):
             return _Refusal(f"expected {self.min_len} to {self.max_len} numbers")
@@ -482,18 +493,11 @@ class SeedList(Spec):
 
     def _from_text(self, text: str) -> Any:
         parts = [p.strip() for p in text.split(",")] if text.strip() else []
-        out = []
-        for p in parts:
-            v = self.item._from_text(p)
-            if isinstance(v, _Refusal):
-                return _Refusal("expected comma-separated whole numbers (0,1,2)")
-            out.append(v)
-        return tuple(out)
+        return _comma_items(parts, self.item, "expected comma-separated whole numbers (0,1,2)")
 
     def _check(self, value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            value = value.tolist() if value.ndim == 1 else None
-        if not isinstance(value, tuple | list):
+        value = _as_items(value)
+        if value is None:
             return _Refusal("expected a list of seeds")
         if not value:
             return _Refusal("expected at least one seed")
