@@ -96,7 +96,7 @@ def test_heads_equal_their_references(shape: tuple[int, ...]) -> None:
         (MAC(), ref_mac),
         (SPoC(), ref_spoc),
         (GeM(2.5), lambda a: ref_gem(a, 2.5)),
-        (RMAC(), ref_rmac),
+        (RMAC(grid="float64"), ref_rmac),
     ):
         got = head.double()(t).detach().numpy()
         want = np.stack([ref(x[b]) for b in range(shape[0])])
@@ -123,9 +123,9 @@ def test_rmac_regions_hand_worked() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 40), st.integers(1, 40), st.integers(1, 4))
 def test_rmac_regions_match_the_written_rule_and_stay_inside(h: int, w: int, levels: int) -> None:
-    regions = rmac_regions(h, w, levels)
+    regions = rmac_regions(h, w, levels, grid="float64")
     assert regions == ref_regions(h, w, levels)
-    for top, left, side in regions:
+    for top, left, side in regions + rmac_regions(h, w, levels):
         assert side >= 1 and 0 <= top and top + side <= h and 0 <= left and left + side <= w
     # the first level covers the short side completely
     if regions:
@@ -273,13 +273,17 @@ def test_rmac_float32_grid_on_the_sizes_where_rounding_decides() -> None:
         (3, 4, 2),
         (3, 7, 2),
     ]
-    assert len(rmac_regions(5, 9)) == 26
+    assert len(rmac_regions(5, 9, grid="float64")) == 26
+    assert rmac_regions(5, 9) == rmac_regions(5, 9, grid="float32")  # cirtorch's is the default
     # 2 x 32, level 2 (side 1, 8 along the width): 7 * (31 / 7) lands just below 31 in float32
     level2 = [
         left for top, left, side in rmac_regions(2, 32, grid="float32") if side == 1 and top == 0
     ][:8]
     assert level2 == [0, 4, 8, 13, 17, 22, 26, 30]
-    assert [left for top, left, side in rmac_regions(2, 32) if side == 1 and top == 0][:8][-1] == 31
+    float64 = [
+        left for top, left, side in rmac_regions(2, 32, grid="float64") if side == 1 and top == 0
+    ]
+    assert float64[:8][-1] == 31
     with pytest.raises(ValueError, match="unknown R-MAC grid"):
         rmac_regions(5, 9, grid="float16")
 
@@ -289,7 +293,8 @@ def test_rmac_float32_grid_matches_the_written_rule_everywhere() -> None:
     for h in range(1, 65):
         for w in range(1, 65):
             assert rmac_regions(h, w, grid="float32") == ref_regions32(h, w), (h, w)
-            if rmac_regions(h, w) != ref_regions32(h, w):
+            assert rmac_regions(h, w) == rmac_regions(h, w, grid="float32")
+            if rmac_regions(h, w, grid="float64") != ref_regions32(h, w):
                 differ.append((h, w))
     assert (5, 9) in differ and (2, 32) in differ and (7, 7) not in differ
     assert rmac_regions(4, 4, 2, grid="float32") == ref_regions32(4, 4, 2)
@@ -308,7 +313,9 @@ def test_rmac_head_uses_its_grid() -> None:
             total = total + r / (np.linalg.norm(r) + 1e-6)
         want.append(total)
     np.testing.assert_allclose(a.numpy(), np.array(want), rtol=1e-9)
-    assert not np.allclose(RMAC().double()(x).numpy(), a.numpy())
+    assert RMAC().grid == "float32"
+    np.testing.assert_array_equal(RMAC().double()(x).numpy(), a.numpy())
+    assert not np.allclose(RMAC(grid="float64").double()(x).numpy(), a.numpy())
     with pytest.raises(ValueError, match="unknown R-MAC grid"):
         RMAC(grid="exact")
 
@@ -330,6 +337,10 @@ def test_method_setting_reaches_the_rmac_head() -> None:
     assert (
         "rmac_grid" not in GlobalConfig("g", descriptor="cnn").descriptor_settings()
     )  # other heads' keys unchanged
+    default = GlobalConfig("d", descriptor="cnn", pooling="rmac")
+    assert (
+        default.rmac_grid == "float32" and default.descriptor_settings()["rmac_grid"] == "float32"
+    )
     impl = m.build()
     assert impl._model(RunContext(cache=Path("."))).net.pool.grid == "float32"
     with pytest.raises(InputError, match="setting rmac_grid: expected one of float64, float32"):

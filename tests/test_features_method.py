@@ -14,6 +14,7 @@ from oxbench.datasets import load
 from oxbench.errors import InputError
 from oxbench.pipelines import GlobalConfig, resolve_method, run
 from oxbench.pipelines.runner import list_runs
+from oxbench.provenance import input_records, inputs_digest
 from oxbench.train.pairs import matching_pairs
 from test_pipeline import make_tiny_root
 
@@ -104,6 +105,9 @@ def test_own_features_through_the_runner(
     (run_dir,) = list_runs(out.config_dir)
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["run"]["bytes_per_image"] == D * 4
+    # the synthetic city's generation seed is recorded with the method's seeds
+    seeds = json.loads((run_dir / "record.json").read_text())["seeds"]
+    assert seeds == {"seed": 0, "vlad_seed": 0, "index_seed": 0, "dataset.seed": 0}
     # every re-ranking runs through the same chain and records what it did
     for method, extra, key in (
         ("features-alpha-qe", {}, None),
@@ -554,7 +558,15 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
         code, out = cli_out(capsys, *args, *extra, "--out", str(tmp_path / "runs" / f"r{i}"))
         assert code == 0, out
         folders.append(str(tmp_path / "runs" / f"r{i}"))
-    labels = ["features-alpha-qe", "features-alpha-qe [qe.k=2]", "features-alpha-qe [qe.k=10]"]
+    # the files' content digest ends each default label: runs on other files are other rows
+    tag = inputs_digest(
+        input_records({"db_features": tmp_path / "db.npy", "query_features": tmp_path / "q.npy"})
+    )
+    labels = [
+        f"features-alpha-qe @{tag}",
+        f"features-alpha-qe [qe.k=2] @{tag}",
+        f"features-alpha-qe [qe.k=10] @{tag}",
+    ]
     for i, lab in enumerate(labels):
         assert json.loads(next(Path(folders[i]).glob("*/record.json")).read_text())["label"] == lab
     code, md = cli_out(capsys, "report", *folders)

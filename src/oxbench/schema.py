@@ -52,13 +52,17 @@ __all__ = [
     "Names",
     "Optional",
     "PathSetting",
+    "SeedList",
     "SettingInfo",
     "Size",
     "Spec",
     "Str",
     "coerce",
     "describe",
+    "is_seed_setting",
     "parse",
+    "parse_seeds",
+    "seed_settings",
     "setting",
     "spec_of",
     "validate",
@@ -447,6 +451,24 @@ class Optional(Spec):
         return f"{inner}, or none" if inner else "or none"
 
 
+def _comma_items(parts: list[str], item: Spec, message: str) -> tuple[Any, ...] | _Refusal:
+    """Each of ``parts`` parsed by ``item`` (a list's text split at commas), or ``message``."""
+    out = []
+    for p in parts:
+        v = item._from_text(p)
+        if isinstance(v, _Refusal):
+            return _Refusal(message)
+        out.append(v)
+    return tuple(out)
+
+
+def _as_items(value: Any) -> list[Any] | tuple[Any, ...] | None:
+    """A list's items (a 1-D array's too), or ``None`` when ``value`` is not a list."""
+    if isinstance(value, np.ndarray):
+        value = value.tolist() if value.ndim == 1 else None
+    return value if isinstance(value, tuple | list) else None
+
+
 @dataclass(frozen=True)
 class FloatTuple(Spec):
     """A tuple of ``min_len`` to ``max_len`` numbers, each checked by ``item``.
@@ -465,18 +487,11 @@ class FloatTuple(Spec):
         parts = [p.strip() for p in text.split(",")] if text.strip() else []
         if parts and parts[-1] == "":  # a trailing comma, as in Python's "(0.5,)"
             parts.pop()
-        out = []
-        for p in parts:
-            v = self.item._from_text(p)
-            if isinstance(v, _Refusal):
-                return _Refusal("expected comma-separated numbers")
-            out.append(v)
-        return tuple(out)
+        return _comma_items(parts, self.item, "expected comma-separated numbers")
 
     def _check(self, value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            value = value.tolist() if value.ndim == 1 else None
-        if not isinstance(value, tuple | list):
+        value = _as_items(value)
+        if value is None:
             return _Refusal("expected a list of numbers")
         if not (self.min_len <= len(value) <= self.max_len):
             return _Refusal(f"expected {self.min_len} to {self.max_len} numbers")
@@ -492,6 +507,64 @@ class FloatTuple(Spec):
         item = self.item.describe()
         count = f"{self.min_len}..{self.max_len} numbers"
         return f"{count}, each {item}" if item else count
+
+
+#: Most seeds one seed group may run (``--seeds``): each seed is a whole run of the learned steps.
+MAX_SEEDS = 100
+#: The range of one seed (what numpy's and faiss's generators take).
+SEED_RANGE = Int(lo=0, hi=2**32 - 1)
+
+
+@dataclass(frozen=True)
+class SeedList(Spec):
+    """Distinct seeds, in the order given: ``0,1,2`` (the text of ``oxbench run --seeds``).
+
+    Each is a whole number in ``[0, 2**32 - 1]``; the list holds 1 to ``max_len`` seeds, none
+    repeated (a repeated seed would count one run twice in a spread).
+    """
+
+    item: Int = SEED_RANGE
+    max_len: int = MAX_SEEDS
+    _kind: ClassVar[str] = "seeds"
+
+    def _from_text(self, text: str) -> Any:
+        parts = [p.strip() for p in text.split(",")] if text.strip() else []
+        return _comma_items(parts, self.item, "expected comma-separated whole numbers (0,1,2)")
+
+    def _check(self, value: Any) -> Any:
+        value = _as_items(value)
+        if value is None:
+            return _Refusal("expected a list of seeds")
+        if not value:
+            return _Refusal("expected at least one seed")
+        if len(value) > self.max_len:
+            return _Refusal(f"expected at most {self.max_len} seeds, got {len(value):,}")
+        out: list[int] = []
+        for i, v in enumerate(value):
+            r = self.item._check(v)
+            if isinstance(r, _Refusal):
+                return _Refusal(f"seed {i + 1}: {r.message}")
+            if r in out:
+                return _Refusal(f"seed {r} is given twice")
+            out.append(r)
+        return tuple(out)
+
+    def describe(self) -> str:
+        return f"1..{self.max_len} distinct seeds, each {self.item.describe()}"
+
+
+def parse_seeds(text: str, *, option: str = "--seeds") -> tuple[int, ...]:
+    """The seeds of ``oxbench run --seeds 0,1,2`` (:class:`SeedList`), or one line naming the option.
+
+    Raises:
+        InputError: empty, not whole numbers, negative or above ``2**32 - 1``, a seed given twice,
+            more than :data:`MAX_SEEDS` seeds, or text too long to look at.
+
+    Example:
+        >>> parse_seeds("0, 1,2")
+        (0, 1, 2)
+    """
+    return SeedList().parse(option, text, what="option")
 
 
 # --- dataclass fields ---------------------------------------------------------------------------
@@ -647,3 +720,20 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
             )
         )
     return rows
+
+
+def is_seed_setting(name: str) -> bool:
+    """Whether a (dotted) setting name names a seed: ``seed`` or ``<step>_seed`` (``vocab_seed``,
+    ``he_seed``, ``features.seed``) -- the one naming rule for every random or learned step."""
+    last = name.rsplit(".", 1)[-1]
+    return last == "seed" or last.endswith("_seed")
+
+
+def seed_settings(cls_or_instance: Any) -> dict[str, int]:
+    """Every seed setting of a config (:func:`is_seed_setting`, nested as dotted names) with its
+    value, in field order: what a run records as its ``seeds``."""
+    return {
+        row.name: int(row.default)
+        for row in describe(cls_or_instance)
+        if is_seed_setting(row.name) and row.kind == "int" and isinstance(row.default, int)
+    }

@@ -103,6 +103,12 @@ from oxbench.errors import InputError
     "or CNN descriptors of the training set and the dataset) into the cache, and stop: an array "
     "job's task ($SLURM_ARRAY_TASK_ID/N). The same command without --partition then combines.",
 )
+@click.option(
+    "--deterministic",
+    is_flag=True,
+    help="Learned steps (k-means, word assignment) with one BLAS / faiss thread, so their result "
+    "does not depend on --workers or the cores (recorded; see oxbench.determinism).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
@@ -128,6 +134,7 @@ def run(
     overwrite: bool,
     label: str | None,
     partition: str | None,
+    deterministic: bool,
     as_json: bool,
     no_progress: bool,
 ) -> None:
@@ -218,6 +225,7 @@ def run(
         command=["oxbench", *sys.argv[1:]],
         label=label,
         dataset_options=ds_options,
+        deterministic=deterministic,
     )
     cfg = outcome.config
     if as_json:

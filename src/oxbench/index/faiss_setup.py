@@ -23,6 +23,7 @@ import os
 import sys
 from types import ModuleType
 
+from oxbench import determinism
 from oxbench.errors import require
 from oxbench.execution import available_cores, thread_cap
 
@@ -55,7 +56,8 @@ def load_faiss(threads: int | None = None) -> ModuleType:
 
     Args:
         threads: OpenMP threads for faiss; default: the executor's cap in a worker process
-            (:func:`oxbench.execution.limit_threads`), else the CPUs this process may use.
+            (:func:`oxbench.execution.limit_threads`), else the CPUs this process may use; always
+            1 in deterministic mode (:mod:`oxbench.determinism`).
 
     Returns:
         The ``faiss`` module.
@@ -69,7 +71,9 @@ def load_faiss(threads: int | None = None) -> ModuleType:
                 os.environ["OPENBLAS_CORETYPE"] = core
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     faiss = require("faiss", "classic")
-    if threads is None:
+    if determinism.active():  # one OpenMP thread, whatever the caller asks (deterministic mode)
+        threads = 1
+    elif threads is None:
         threads = thread_cap() or available_cores()
     faiss.omp_set_num_threads(max(1, int(threads)))
     return faiss

@@ -17,6 +17,7 @@ whitening. Without them, ``whitening`` must stay ``none``.
 
 from __future__ import annotations
 
+import hashlib
 import io
 from typing import Literal, Protocol
 
@@ -154,6 +155,33 @@ def fit_file_whitening(m: FileSettings) -> PCAWhitening | None:
         if exc.source is not None:
             raise
         raise InputError(exc.problem, m.train_features) from None
+
+
+def _row_digests(x: NDArray[np.float32]) -> NDArray[np.uint64]:
+    """A 64-bit digest of each row's bytes (equal rows, equal digests)."""
+    rows = np.ascontiguousarray(x)
+    return np.array(
+        [int.from_bytes(hashlib.blake2b(r.data, digest_size=8).digest(), "little") for r in rows],
+        dtype=np.uint64,
+    )
+
+
+def test_rows_in_training(m: FileSettings, bench: Benchmark) -> str | None:
+    """Why ``train_features`` holds ``bench``'s test set, or ``None``: it is flagged when it contains
+    every database row or every query row (as read, L2-normalised, compared byte for byte) --
+    whatever the file is called and wherever it lies."""
+    if m.whitening == "none" or not m.train_features:
+        return None
+    train = _row_digests(_read(m, m.train_features, "train_features"))
+    db = _row_digests(benchmark_features(m, bench, "database"))
+    queries = _row_digests(benchmark_features(m, bench, "queries"))
+    for part, rows in (("database", db), ("queries", queries)):
+        if len(rows) and np.isin(rows, train).all():
+            return (
+                f"train_features ({m.train_features}) contains every row of the test "
+                f"{part} descriptors of {bench.id}"
+            )
+    return None
 
 
 def read_pairs(path: str) -> NDArray[np.int64]:

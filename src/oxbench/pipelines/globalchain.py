@@ -61,6 +61,9 @@ class ChainSettings(Protocol):
     def nprobe(self) -> int: ...
 
     @property
+    def index_seed(self) -> int: ...
+
+    @property
     def rerank(self) -> tuple[str, ...]: ...
 
     @property
@@ -87,7 +90,9 @@ def check_search_settings(m: ChainSettings) -> None:
 def index_settings(m: ChainSettings) -> IndexSettings:
     """The FAISS index a method's ``search`` setting asks for."""
     if m.search == "faiss-ivfpq":
-        return IndexSettings("ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe)
+        return IndexSettings(
+            "ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe, seed=m.index_seed
+        )
     return IndexSettings("flat")
 
 

@@ -210,6 +210,28 @@ class MethodConfig(ABC):
         """
         return None  # no setting of the base names a file
 
+    def input_files(self, root: Path | None = None) -> dict[str, Path]:
+        """The files the settings name as inputs, by setting (``{"db_features": Path(...)}``):
+        every set path setting marked ``input`` in the schema. Their content digests go into the
+        run's config (:func:`oxbench.provenance.input_record`); a family whose other settings name
+        an input file (a model file) adds it."""
+        from oxbench.schema import INPUT_KEY, Optional, PathSetting
+
+        out: dict[str, Path] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            spec = f.metadata.get(SPEC_KEY)
+            inner = spec.inner if isinstance(spec, Optional) else spec
+            value = getattr(self, f.name)
+            if f.metadata.get(INPUT_KEY) and isinstance(inner, PathSetting) and value:
+                out[f.name] = Path(value)
+        return out
+
+    def test_data_in_training(self, bench: Benchmark) -> str | None:
+        """Why what the method learns from its own input files holds ``bench``'s test data (a
+        training file equal to, or containing, the test descriptors), or ``None``. The runner also
+        compares training and test sets itself; a family with training files overrides this."""
+        return None
+
     def ram_bytes_per_image(self) -> int | None:
         """An upper bound of the index's RAM per database image from the settings alone, for the
         runner's pre-flight check (:func:`oxbench.index.footprint.check_ram`); ``None``: unknown,

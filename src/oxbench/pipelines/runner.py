@@ -49,6 +49,7 @@ from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
+from oxbench.determinism import single_threaded
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
@@ -59,7 +60,6 @@ from oxbench.fileio import (
     TEMP_PREFIX,
     atomic_write_json,
     file_lock,
-    file_sha256,
     json_digest,
     os_reason,
 )
@@ -73,7 +73,15 @@ from oxbench.pipelines.method import (
     resolve_method,
 )
 from oxbench.pipelines.steps import gt_digest
+from oxbench.provenance import (
+    InputRecord,
+    image_set_record,
+    input_record,
+    input_records,
+    inputs_digest,
+)
 from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: re-exported
+    MAX_LABEL_CHARS,
     RECORD_FORMAT,
     RUN_FILES,
     RunSummary,
@@ -87,6 +95,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     retrieved_document,
     write_run_files,
 )
+from oxbench.schema import seed_settings
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +131,9 @@ class RunConfig:
         ranks_top: the length of each kept ranked list (``None``: all).
         dataset_options: the dataset's options (Holidays' ``orientation``); only written when set,
             so configs without options keep their digest.
+        inputs: the content (size, SHA-256) of each file the method's settings name
+            (:meth:`~oxbench.pipelines.method.MethodConfig.input_files`): the same settings on other
+            files make another config. Only written when there are some.
     """
 
     dataset: str
@@ -135,6 +147,7 @@ class RunConfig:
     strict: bool
     ranks_top: int | None
     dataset_options: Mapping[str, str] = field(default_factory=dict)
+    inputs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form, the method nested."""
@@ -152,6 +165,8 @@ class RunConfig:
         }
         if self.dataset_options:
             out["dataset_options"] = dict(sorted(self.dataset_options.items()))
+        if self.inputs:
+            out["inputs"] = {k: dict(v) for k, v in sorted(self.inputs.items())}
         return out
 
     def digest(self) -> str:
@@ -279,21 +294,25 @@ def git_commit() -> str | None:
     return None
 
 
+def dataset_files(bench: Benchmark) -> list[Path]:
+    """The small files at the top of the dataset folder (ground truth, lists), by name."""
+    if bench.root is None or not Path(bench.root).is_dir():
+        return []
+    return [
+        p
+        for p in sorted(Path(bench.root).iterdir())
+        if p.is_file()
+        and p.suffix in _CHECKSUM_SUFFIXES
+        and p.stat().st_size <= _CHECKSUM_MAX_BYTES
+    ]
+
+
 def dataset_checksums(bench: Benchmark) -> dict[str, Any]:
     """Ground-truth digest plus SHA-256 of the small files at the top of the dataset folder."""
-    files: dict[str, str] = {}
-    if bench.root is not None and Path(bench.root).is_dir():
-        for p in sorted(Path(bench.root).iterdir()):
-            if (
-                p.is_file()
-                and p.suffix in _CHECKSUM_SUFFIXES
-                and p.stat().st_size <= _CHECKSUM_MAX_BYTES
-            ):
-                files[p.name] = file_sha256(p)
     return {
         "id": bench.id,
         "gt_sha256": gt_digest(bench.gt),
-        "files_sha256": files,
+        "files_sha256": {p.name: input_record(p).sha256 for p in dataset_files(bench)},
         **bench.describe(),
     }
 
@@ -540,6 +559,7 @@ def run(
     command: Sequence[str] | None = None,
     label: str | None = None,
     dataset_options: Mapping[str, str] | None = None,
+    deterministic: bool = False,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -577,6 +597,8 @@ def run(
             differ from the preset (``features-alpha-qe [whitening=pca]``).
         dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
             ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
+        deterministic: run the steps with one BLAS / faiss thread, so that what they learn does not
+            depend on ``workers`` or the cores (:mod:`oxbench.determinism`; recorded).
 
     Returns:
         A :class:`RunOutcome`.
@@ -599,8 +621,10 @@ def run(
         m.requires
     )  # a missing extra or input is one line before any data is loaded or generated
     m.check_inputs(root_path)
+    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
+    inputs = input_records(m.input_files(root_path), cache=cache_dir)
     if label is None:
-        label = preset_label(m.name, m.to_dict())
+        label = _default_label(m, inputs)
     train_id = training_set_of(m, dataset, train_dataset)
     if (
         out is not None
@@ -639,11 +663,10 @@ def run(
         )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
-        trained_on_test = train_id == dataset
+        test_in_training = _test_data_in_training(m, train, bench)
+        trained_on_test = test_in_training is not None
         if trained_on_test:
-            log.warning(
-                "%s is trained on the test set %s: results are not comparable", m.name, dataset
-            )
+            log.warning("%s: %s; results are not comparable", m.name, test_in_training)
         config = RunConfig(
             dataset=dataset,
             method=m,
@@ -656,6 +679,7 @@ def run(
             strict=strict,
             ranks_top=ranks_top,
             dataset_options=ds_options,
+            inputs={k: r.content() for k, r in inputs.items()},
         )
         config_dict = config.to_dict()
         config_dir = (
@@ -683,18 +707,18 @@ def run(
                     train_id,
                     config_dir,
                 )
-                cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-                impl, search, ctx = _fit_index_search(
-                    m,
-                    train,
-                    bench,
-                    cache_dir,
-                    executor=executor,
-                    progress=progress,
-                    allow_partial=not strict,
-                    root=root_path,
-                    shard_size=shard_size,
-                )
+                with single_threaded(deterministic):
+                    impl, search, ctx = _fit_index_search(
+                        m,
+                        train,
+                        bench,
+                        cache_dir,
+                        executor=executor,
+                        progress=progress,
+                        allow_partial=not strict,
+                        root=root_path,
+                        shard_size=shard_size,
+                    )
                 ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
                 keep = (
                     ranks_top
@@ -715,6 +739,8 @@ def run(
                     f"total{CPU_SUFFIX}": cpu_seconds() - cpu_start,
                 }
                 info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
+                if test_in_training is not None:
+                    info["trained_on_test_set_why"] = test_in_training
                 for step, state in ctx.steps.items():
                     log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
                 log.info("%s", " | ".join(result.lines()))
@@ -738,6 +764,9 @@ def run(
                 "cache_dir": str(ctx.cache),
                 "execution": executor.describe(),
                 "footprint": _footprint(impl),
+                "inputs": run_inputs(bench, inputs, cache_dir),
+                "seeds": run_seeds(m, bench, train),
+                "deterministic": deterministic,
             }
             _write_run_files(
                 tmp,
@@ -809,6 +838,68 @@ def _fit_index_search(
             )
             exc.remove()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _default_label(m: MethodConfig, inputs: Mapping[str, InputRecord]) -> str:
+    """The preset name plus the changed settings; with input files, ``@`` and their content digest
+    (:func:`oxbench.provenance.inputs_digest`), so runs on other files never share a label."""
+    label = preset_label(m.name, m.to_dict())
+    if not inputs:
+        return label
+    tag = f" @{inputs_digest(inputs)}"
+    return label[: MAX_LABEL_CHARS - len(tag)] + tag
+
+
+def _test_data_in_training(
+    m: MethodConfig, train: Benchmark | None, bench: Benchmark
+) -> str | None:
+    """Why the method learns on the test set, from content: the training set is the test set or has
+    its ground truth, or the method's own training files hold the test data; ``None`` if not."""
+    if train is not None:
+        if train.id == bench.id:
+            return f"trained on the test set {bench.id}"
+        if gt_digest(train.gt) == gt_digest(bench.gt):
+            return f"the training set {train.id} has the ground truth of the test set {bench.id}"
+    return m.test_data_in_training(bench)
+
+
+def run_inputs(bench: Benchmark, inputs: Mapping[str, InputRecord], cache: Path) -> dict[str, Any]:
+    """``record.json``'s ``inputs``: every input by absolute path, size and SHA-256
+    (:func:`oxbench.provenance.input_record`) -- the files the settings name, the file (or folder
+    of text files) the ground truth was read from, the small files at the top of the dataset folder,
+    and the image sets (``None`` where the run reads no pixels)."""
+    images: dict[str, Any] = {}
+    for part, source in (
+        ("database", bench.database),
+        ("queries", bench.queries),
+        ("distractors", bench.distractors),
+    ):
+        paths = [] if source is None else [source.path(i) for i in range(len(source))]
+        files = [p for p in paths if p is not None]
+        images[part] = image_set_record(files, cache=cache) if files else None
+    gt_source = Path(bench.gt.source)
+    return {
+        "settings": {k: r.to_dict() for k, r in inputs.items()},
+        "ground_truth": (
+            input_record(gt_source, cache=cache).to_dict() if gt_source.exists() else None
+        ),
+        "dataset_files": {
+            p.name: input_record(p, cache=cache).to_dict() for p in dataset_files(bench)
+        },
+        "images": images,
+    }
+
+
+def run_seeds(m: MethodConfig, bench: Benchmark, train: Benchmark | None) -> dict[str, int]:
+    """``record.json``'s ``seeds``: every seed setting of the method (:func:`oxbench.schema.seed_settings`:
+    ``vocab_seed``, ``he_seed``, ``vlad_seed``, ``index_seed``, the CNN's ``seed`` ...) and the
+    generation seed of a synthetic test or training set (``dataset.seed``, ``train_dataset.seed``)."""
+    out = seed_settings(m)
+    for key, b in (("dataset", bench), ("train_dataset", train)):
+        seed = None if b is None else b.options.get("seed")
+        if seed is not None and str(seed).isdigit():
+            out[f"{key}.seed"] = int(seed)
+    return out
 
 
 def preflight_ram(m: MethodConfig, n_index: int) -> None:

@@ -56,7 +56,8 @@ from oxbench.features.deep.modelfile import (
 )
 from oxbench.features.deep.pooling import POOLING, make_pooling
 from oxbench.features.descstore import read_bounded
-from oxbench.fileio import atomic_write_bytes, file_sha256
+from oxbench.fileio import atomic_write_bytes
+from oxbench.provenance import input_record
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -340,7 +341,8 @@ def load_model(path: str | Path) -> LoadedModel:
         source=path,
     )
     lw = _read_lw(payload.lw, net.dim, path)
-    return LoadedModel(net.eval(), f"file:sha256={file_sha256(path)}", lw, payload.source)
+    # the run recorded this file's digest already (oxbench.provenance): this process remembers it
+    return LoadedModel(net.eval(), f"file:sha256={input_record(path).sha256}", lw, payload.source)
 
 
 def _short(v: Any) -> str:
@@ -489,7 +491,7 @@ def import_cirtorch(path: str | Path, out: str | Path) -> Path:
     source = {
         "format": "cirtorch",
         "path": str(Path(path).resolve()),
-        "sha256": file_sha256(path),
+        "sha256": input_record(path).sha256,
         "meta": {
             k: meta[k] for k in ("architecture", "pooling", "whitening", "outputdim") if k in meta
         },

@@ -58,6 +58,7 @@ from oxbench.pipelines.featurefiles import (
     benchmark_features,
     feature_provenance,
     fit_file_whitening,
+    test_rows_in_training,
 )
 from oxbench.pipelines.globalchain import SearchChain, check_search_settings
 from oxbench.pipelines.method import (
@@ -109,8 +110,8 @@ class GlobalConfig(MethodConfig, Pipeline):
             (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
             :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
         pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
-        rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float64"`` or ``"float32"``
-            (cirtorch's, for a published R-MAC model's descriptors;
+        rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float32"`` (default: cirtorch's,
+            which a published R-MAC model's descriptors need) or ``"float64"`` (double precision;
             :func:`~oxbench.features.deep.pooling.rmac_regions`).
         gem_p: GeM's exponent for random / ImageNet weights (a model file brings its own).
         max_side: ``cnn``: longer image side (px) before description (never enlarged).
@@ -144,6 +145,7 @@ class GlobalConfig(MethodConfig, Pipeline):
         search: ``"exact"``, ``"faiss-flat"`` (FAISS IndexFlatIP) or ``"faiss-ivfpq"``.
         search_k: ranked-list length (``None``: the whole index up to 100,000 images, else 10,000).
         nlist, pq_m, pq_nbits, nprobe: IVF-PQ cells, sub-quantisers, bits per code, cells visited.
+        index_seed: IVF-PQ: the seed of faiss's k-means for the cells and the product quantisers.
         rerank: the stages after the first ranking (:class:`~oxbench.pipelines.rerankers.Pipeline`),
             in order: ``dba`` (database-side augmentation at index time, settings ``dba.*``),
             ``aqe`` / ``alpha-qe`` (query expansion over the top ``qe.k``, settings ``qe.*``),
@@ -181,7 +183,7 @@ class GlobalConfig(MethodConfig, Pipeline):
         "gem", S.Choice("mac", "spoc", "gem", "rmac"), doc="cnn: pooling head"
     )
     rmac_grid: Literal["float64", "float32"] = setting(
-        "float64", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
+        "float32", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
     )
     gem_p: float = setting(3.0, S.Float(lo=0, lo_open=True, hi=100), doc="cnn: GeM exponent")
     max_side: int = setting(1024, S.Int(lo=16, hi=1 << 16), doc="cnn: longer image side (px)")
@@ -234,6 +236,9 @@ class GlobalConfig(MethodConfig, Pipeline):
     pq_m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
     pq_nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
     nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
+    index_seed: int = setting(
+        0, S.Int(lo=0, hi=2**32 - 1), doc="IVF-PQ: k-means seed of the cell and PQ quantisers"
+    )
     db_features: str | None = setting(
         None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True
     )
@@ -337,6 +342,27 @@ class GlobalConfig(MethodConfig, Pipeline):
                         require_regular_file(value)
                     except InputError as exc:
                         raise InputError(f"{name}: {exc.problem}", value) from None
+
+    def input_files(self, root: Path | None = None) -> dict[str, Path]:
+        """The descriptor files, and a model file given as ``weights`` (not one ``fit`` trains)."""
+        out = super().input_files(root)
+        if self.descriptor != "features":
+            out = {}
+        if (
+            self.descriptor == "cnn"
+            and self.weights not in (None, "random", "imagenet")
+            and not self.trains_network
+        ):
+            assert self.weights is not None
+            out["weights"] = resolve_weights_path(self.weights, root)
+        return out
+
+    def test_data_in_training(self, bench: Benchmark) -> str | None:
+        """User feature files: ``train_features`` holding the test descriptors
+        (:func:`~oxbench.pipelines.featurefiles.test_rows_in_training`)."""
+        if self.descriptor != "features":
+            return None
+        return test_rows_in_training(self, bench)
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:

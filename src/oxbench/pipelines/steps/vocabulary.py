@@ -16,6 +16,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import determinism
 from oxbench.cache import CorruptCache, entry_lock, lock_path
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
@@ -98,7 +99,7 @@ def training_descriptors(
 
 def vocabulary_path(cache: Path, spec: VocabularySpec, train: Benchmark) -> Path:
     """Where the vocabulary of ``spec`` trained on ``train`` is cached."""
-    settings = {**spec.settings(), "train": dataset_key(train)}
+    settings = {**spec.settings(), "train": dataset_key(train), **determinism.cache_key()}
     return (
         Path(cache) / "vocabularies" / f"{train.id}-k{spec.n_words}-{json_digest(settings, 12)}.npz"
     )

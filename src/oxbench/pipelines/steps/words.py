@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import determinism
 from oxbench.cache import (
     DIGEST_KEY,
     CorruptCache,
@@ -172,6 +173,7 @@ class AssignShard:
         self.directory = Path(directory)
         self.plan = plan
         self.tag = tag
+        self.deterministic = determinism.active()  # the driver's mode travels with the job
 
     def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "store": store_spec(self.store)}
@@ -198,7 +200,8 @@ class AssignShard:
     def __call__(self, task: ShardTask) -> ShardReceipt:
         t0 = time.perf_counter()
         chunk = [self.names[i] for i in task.items]
-        counts, words, sq_dists = self.assign(chunk)
+        with determinism.single_threaded(self.deterministic and not determinism.active()):
+            counts, words, sq_dists = self.assign(chunk)
         arrays = {
             "names": np.array(chunk),
             "counts": counts,
