@@ -185,7 +185,8 @@ class HammingEmbeddingMethod(QuantisingMethod):
         """``(words, signatures, angles, log2 scales)`` of one image's features."""
         assert self._parts is not None and self.embedding_ is not None
         store = self._parts.stores[part]
-        _, kp, raw, _ = store.get_raw(name)
+        feats = store.get_raw(name)
+        kp, raw = feats.keypoints, feats.descriptors
         w = self._parts.words[part].of(name)[0][:, 0].astype(np.int64)
         sig = self.embedding_.signatures(store.config.finish(raw), w)
         return w, sig, kp[:, 3].astype(np.float32), _log2_scales(kp)

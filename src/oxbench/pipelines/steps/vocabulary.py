@@ -88,7 +88,7 @@ def training_descriptors(
     for name, c in zip(names, counts, strict=True):
         if c == 0:
             continue
-        _, _, raw, _ = store.get_raw(name)
+        raw = store.get_raw(name).descriptors
         take = c if frac >= 1.0 else int(rng.binomial(c, frac))
         if take < c:
             raw = raw[np.sort(rng.choice(c, size=take, replace=False))]
