@@ -157,3 +157,28 @@ class LocalExtractor(Protocol):
     def finish(self, stored: NDArray[Any]) -> NDArray[np.float32]:
         """The descriptors used for matching and quantisation, ``float32 [n, dim]``."""
         ...  # pragma: no cover
+
+
+# An extractor that reads features by image name instead of describing pixels (the user's files,
+# :class:`oxbench.features.extractors.files.LocalFeatureFiles`) says so with ``reads_images = False``
+# and adds ``read(name) -> RawFeatures``; one whose training images are elsewhere adds
+# ``has_training_features()`` and ``for_training()`` (the extractor of the training images).
+
+
+def reads_pixels(extractor: LocalExtractor) -> bool:
+    """Whether ``extractor`` describes images from their pixels (else it reads them by name)."""
+    return bool(getattr(extractor, "reads_images", True))
+
+
+def training_extractor(extractor: LocalExtractor) -> LocalExtractor:
+    """The extractor that gives the TRAINING images' features: ``extractor`` itself, except for
+    features read from files, whose training images have their own file (``for_training``)."""
+    for_training = getattr(extractor, "for_training", None)
+    return extractor if for_training is None else for_training()
+
+
+def learns_on_test_set(extractor: LocalExtractor) -> bool:
+    """Whether what is learned from these features must come from the test set's own (features
+    read from files with no training file): the run is then flagged ``trained_on_test_set``."""
+    has = getattr(extractor, "has_training_features", None)
+    return has is not None and not has()

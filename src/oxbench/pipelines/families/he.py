@@ -34,6 +34,7 @@ from oxbench.cache import CorruptCache, entry_lock, lock_path
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.features.local import training_extractor
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
 from oxbench.index.inverted import InvertedFile, bow_matrix
@@ -169,7 +170,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
                     log.warning("%s; learning it again", exc)
             with ctx.timed("hamming_embedding"):
                 m = self.config
-                store = open_store(ctx.cache, train, m.features, "database")
+                store = open_store(ctx.cache, train, training_extractor(m.features), "database")
                 x = training_descriptors(
                     store, part_names(train, "database"), m.he_train_max, seed=m.he_seed
                 )
