@@ -60,7 +60,7 @@ class LocalQuantisation:
     features: LocalExtractor = setting(
         spec=LOCAL_FEATURES_SPEC,
         default_factory=lambda: CLASSIC_FEATURES,
-        doc="local features: rootsift, sift, h5:PATH (hloc features.h5), npz:FOLDER",
+        doc="local features, built in or read from files (h5: hloc features.h5)",
     )
     vocab_size: int = setting(65536, S.Int(lo=2, hi=1 << 24), doc="visual words")
     vocab_structure: Literal["auto", "flat", "two-level"] = setting(
