@@ -159,6 +159,16 @@ class LocalExtractor(Protocol):
         ...  # pragma: no cover
 
 
+class ExtractionJob(Protocol):
+    """What fills a feature store: item ``i``'s image name, and its features (picklable, so that
+    an executor runs it anywhere): describing pixels (``DescribeImages``, ``DescribeQueries``) or
+    reading the user's files (``ReadFeatures``)."""
+
+    def name(self, i: int) -> str: ...  # pragma: no cover
+
+    def __call__(self, i: int) -> RawFeatures: ...  # pragma: no cover
+
+
 # An extractor that reads features by image name instead of describing pixels (the user's files,
 # :class:`oxbench.features.extractors.files.LocalFeatureFiles`) says so with ``reads_images = False``
 # and adds ``read(name) -> RawFeatures``; one whose training images are elsewhere adds

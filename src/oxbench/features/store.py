@@ -72,7 +72,7 @@ from numpy.typing import NDArray
 from oxbench.cache import DIGEST_KEY, CorruptCache, entry_lock, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.execution import Executor
-from oxbench.features.local import LocalExtractor, LocalFeatures, RawFeatures
+from oxbench.features.local import ExtractionJob, LocalExtractor, LocalFeatures, RawFeatures
 from oxbench.fileio import (
     atomic_write_json,
     atomic_write_npy,
@@ -677,7 +677,7 @@ class DescribeShard:
 
     def __init__(
         self,
-        describe: DescribeImages | DescribeQueries,
+        describe: ExtractionJob,
         directory: Path,
         config: LocalExtractor,
         *,
@@ -706,7 +706,7 @@ class DescribeShard:
 
 
 def extract_to_store(
-    job: DescribeImages | DescribeQueries,
+    job: ExtractionJob,
     n_items: int,
     store: FeatureStore,
     *,

@@ -225,17 +225,31 @@ def _from_dict(settings: Mapping[str, Any]) -> LocalFeatureFiles:
     )
 
 
-for _layout, _about, _argument in (
-    ("h5", "keypoints and descriptors from hloc's features.h5 (one group per image)", "PATH"),
-    ("npz", "keypoints and descriptors from a folder of <image name>.npz", "FOLDER"),
-):
-    register_local_extractor(
-        ExtractorEntry(
-            _layout,
-            _about,
-            FILES_KIND,
-            lambda argument, layout=_layout: LocalFeatureFiles(layout=layout, path=argument),
-            _from_dict,
-            argument=_argument,
-        )
+def _h5(argument: str) -> LocalFeatureFiles:
+    return LocalFeatureFiles(layout="h5", path=argument)
+
+
+def _npz(argument: str) -> LocalFeatureFiles:
+    return LocalFeatureFiles(layout="npz", path=argument)
+
+
+register_local_extractor(
+    ExtractorEntry(
+        "h5",
+        "keypoints and descriptors from hloc's features.h5 (one group per image)",
+        FILES_KIND,
+        _h5,
+        _from_dict,
+        argument="PATH",
     )
+)
+register_local_extractor(
+    ExtractorEntry(
+        "npz",
+        "keypoints and descriptors from a folder of <image name>.npz",
+        FILES_KIND,
+        _npz,
+        _from_dict,
+        argument="FOLDER",
+    )
+)

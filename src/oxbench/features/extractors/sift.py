@@ -15,16 +15,23 @@ def _from_dict(settings: Mapping[str, Any]) -> SiftConfig:
     return SiftConfig(**{k: v for k, v in settings.items() if k not in ("kind", "dim")})
 
 
-for _descriptor, _about in (
-    ("rootsift", "RootSIFT (Arandjelovic & Zisserman 2012) with OpenCV"),
-    ("sift", "SIFT (Lowe 2004) with OpenCV"),
-):
-    register_local_extractor(
-        ExtractorEntry(
-            _descriptor,
-            _about,
-            SIFT_KIND,
-            lambda _argument, d=_descriptor: SiftConfig(descriptor=d),
-            _from_dict,
-        )
+def _rootsift(argument: str) -> SiftConfig:
+    return SiftConfig(descriptor="rootsift")
+
+
+def _sift(argument: str) -> SiftConfig:
+    return SiftConfig(descriptor="sift")
+
+
+register_local_extractor(
+    ExtractorEntry(
+        "rootsift",
+        "RootSIFT (Arandjelovic & Zisserman 2012) with OpenCV",
+        SIFT_KIND,
+        _rootsift,
+        _from_dict,
     )
+)
+register_local_extractor(
+    ExtractorEntry("sift", "SIFT (Lowe 2004) with OpenCV", SIFT_KIND, _sift, _from_dict)
+)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.extractors.files import ReadFeatures
-from oxbench.features.local import LocalExtractor, reads_pixels
+from oxbench.features.extractors.files import LocalFeatureFiles, ReadFeatures
+from oxbench.features.local import ExtractionJob, LocalExtractor, reads_pixels
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, part_names, parts_of
@@ -21,7 +21,7 @@ from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, part_na
 
 def extraction_job(
     bench: Benchmark, part: str, extractor: LocalExtractor
-) -> tuple[DescribeImages | DescribeQueries | ReadFeatures, int, dict[str, object]]:
+) -> tuple[ExtractionJob, int, dict[str, object]]:
     """The extraction job of one part, its size, and what identifies its store.
 
     Features read from files (an extractor with ``reads_images = False``) are read by image name,
@@ -34,7 +34,8 @@ def extraction_job(
         if part == "queries":
             extra["crop"] = bench.crop
             boxes = [q.bbox for q in bench.gt.queries]
-        return ReadFeatures(extractor, names, boxes, bench.crop), len(names), extra  # type: ignore[arg-type]
+        assert isinstance(extractor, LocalFeatureFiles)
+        return ReadFeatures(extractor, names, boxes, bench.crop), len(names), extra
     if part == "database":
         return DescribeImages(bench.database, extractor), len(bench.database), {"role": "database"}
     if part == "queries":
