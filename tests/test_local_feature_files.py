@@ -316,3 +316,11 @@ def test_npz_refusals_name_the_image_file(tmp_path: Path) -> None:
     (folder / "d.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match=r"d\.npz: not a readable \.npz archive"):
         read_image_features("npz", folder, "d")
+
+
+def test_without_h5py_the_error_names_the_extra(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "h5py", None)
+    with pytest.raises(ImportError, match=r'pip install "oxbench\[mat\]"'):
+        read_image_features("h5", files["h5"], "anything")

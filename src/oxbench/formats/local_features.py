@@ -49,6 +49,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
 from oxbench.features.local import KEYPOINT_COLUMNS, RawFeatures
+from oxbench.formats.arrays import _first_line
 
 FileLayout = Literal["h5", "npz"]
 FILE_LAYOUTS: tuple[str, ...] = ("h5", "npz")
@@ -228,11 +229,6 @@ def _check_hdf5(path: Path) -> None:
         raise InputError(
             "not an HDF5 file (no HDF5 signature); h5 features are hloc's features.h5", path
         )
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def _read_h5(path: Path, name: str) -> RawFeatures:
@@ -432,5 +428,8 @@ def probe(layout: FileLayout, path: str | Path) -> FileFacts:
         raise InputError(f"unknown local-features layout {layout!r}; use one of {FILE_LAYOUTS}")
     path = Path(path)
     first = _first_h5(path) if layout == "h5" else _first_npz(path)
-    feats = read_image_features(layout, path, first)
+    try:
+        feats = read_image_features(layout, path, first)
+    finally:
+        close_files()  # the driver reads one image; its workers open the file themselves
     return FileFacts(int(feats.descriptors.shape[1]), feats.descriptors.dtype, first)

@@ -16,8 +16,6 @@ learns on the test set's own features, says so in a warning and records
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -31,6 +29,7 @@ from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.features.extractors import ExtractorEntry, register_local_extractor
 from oxbench.features.local import RawFeatures
+from oxbench.fileio import json_digest
 from oxbench.formats.local_features import FILE_LAYOUTS, FileFacts, probe, read_image_features
 from oxbench.schema import setting, validate
 
@@ -117,8 +116,7 @@ class LocalFeatureFiles:
 
     def digest(self) -> str:
         """A short stable hash of :meth:`to_dict` (names feature-store folders)."""
-        text = json.dumps(self.to_dict(), sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
+        return json_digest(self.to_dict(), 12)
 
     def extract(self, image: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[Any]]:
         """Not available: these features are read by image name (:meth:`read`)."""

@@ -15,6 +15,7 @@ from oxbench.errors import InputError
 from oxbench.features.extractors.files import LocalFeatureFiles, ReadFeatures
 from oxbench.features.local import ExtractionJob, LocalExtractor, reads_pixels
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
+from oxbench.formats.local_features import close_files
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, part_names, parts_of
 
@@ -110,4 +111,6 @@ def step_features(
             shard_size=ctx.shard_size,
         )
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
+    if not reads_pixels(extractor):
+        close_files()  # the features files this process opened to read them
     return out
