@@ -313,6 +313,23 @@ def test_npz_refusals_name_the_image_file(tmp_path: Path) -> None:
         read_image_features("npz", folder, "c")
     with pytest.raises(InputError, match="leaves the features folder"):
         read_image_features("npz", folder, "../x")
+    # a header that declares more keypoints than allowed: refused before any data is read
+    import io
+    import zipfile
+
+    def header(shape: tuple[int, ...], descr: str = "<f4") -> bytes:
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(
+            buf, {"descr": descr, "fortran_order": False, "shape": shape}
+        )
+        return buf.getvalue()  # no data follows: reading it would fail
+
+    with zipfile.ZipFile(folder / "e.npz", "w") as zf:
+        zf.writestr("keypoints.npy", header((MAX_KEYPOINTS + 1, 2)))
+        zf.writestr("descriptors.npy", header((MAX_KEYPOINTS + 1, 128)))
+        zf.writestr("image_size.npy", header((2,), "<i8"))
+    with pytest.raises(InputError, match=rf"e\.npz: declares {MAX_KEYPOINTS + 1:,} keypoints"):
+        read_image_features("npz", folder, "e")
     (folder / "d.npz").write_bytes(b"not a zip")
     with pytest.raises(InputError, match=r"d\.npz: not a readable \.npz archive"):
         read_image_features("npz", folder, "d")
@@ -324,3 +341,18 @@ def test_without_h5py_the_error_names_the_extra(
     monkeypatch.setitem(__import__("sys").modules, "h5py", None)
     with pytest.raises(ImportError, match=r'pip install "oxbench\[mat\]"'):
         read_image_features("h5", files["h5"], "anything")
+
+
+def test_vlad_takes_its_dimension_from_the_descriptors() -> None:
+    """VLAD of 32-D features (not SIFT's 128): ``k * 32`` values, each block the summed residuals
+    of its word (Jegou et al. 2010), here with no normalisation but the final L2 one."""
+    from oxbench.pipelines.families.global_descriptors import vlad
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 32)).astype(np.float32)
+    centroids = rng.standard_normal((4, 32)).astype(np.float32)
+    words = np.argmin(((x[:, None] - centroids[None]) ** 2).sum(-1), axis=1)
+    v = vlad(x, words, centroids, power=1.0, intra_norm=False)
+    expected = np.stack([(x[words == c] - centroids[c]).sum(0) for c in range(4)]).ravel()
+    assert v.shape == (4 * 32,)
+    np.testing.assert_allclose(v, expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
