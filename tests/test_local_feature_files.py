@@ -356,3 +356,24 @@ def test_vlad_takes_its_dimension_from_the_descriptors() -> None:
     expected = np.stack([(x[words == c] - centroids[c]).sum(0) for c in range(4)]).ravel()
     assert v.shape == (4 * 32,)
     np.testing.assert_allclose(v, expected / np.linalg.norm(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_training_features_of_another_dimension_are_refused(tmp_path: Path) -> None:
+    def folder(name: str, dim: int) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        np.savez(
+            out / "a.npz",
+            keypoints=np.array([[1.0, 2.0]], np.float32),
+            descriptors=np.ones((1, dim), np.float32),
+            image_size=np.array([8, 8]),
+        )
+        return out
+
+    test, train = folder("test", 8), folder("train", 16)
+    features = LocalFeatureFiles(layout="npz", path=str(test), train=str(train))
+    assert features.has_training_features() and features.dim == 8
+    with pytest.raises(InputError, match="training features are float32 of dimension 16"):
+        features.for_training()
+    same = LocalFeatureFiles(layout="npz", path=str(test), train=str(folder("train8", 8)))
+    assert same.for_training().path == str(tmp_path / "train8") and same.for_training().dim == 8
