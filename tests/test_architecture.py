@@ -249,7 +249,7 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     # the store holds the extractor's own dtype and dimension, finished on read
     bench = oxbench.load("synthetic", root)
     store = steps.open_store(root / "_cache", bench, grid, "database")
-    _, _, stored, _ = store.get_raw(bench.gt.db_names[0])
+    stored = store.get_raw(bench.gt.db_names[0]).descriptors
     assert stored.dtype == np.float16 and stored.shape[1] == 64
     assert store.get(bench.gt.db_names[0]).descriptors.dtype == np.float32
     # a rerun takes every step from the cache

@@ -74,9 +74,9 @@ def _assert_same(a: FeatureStore, b: FeatureStore) -> None:
     assert sorted(a.names) == sorted(b.names) == sorted(SRC.names)
     for name in SRC.names:
         x, y = a.get_raw(name), b.get_raw(name)
-        assert x[3] == y[3]
-        np.testing.assert_array_equal(x[1], y[1])
-        np.testing.assert_array_equal(x[2], y[2])
+        assert x.image_size == y.image_size
+        np.testing.assert_array_equal(x.keypoints, y.keypoints)
+        np.testing.assert_array_equal(x.descriptors, y.descriptors)
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +361,7 @@ def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -
     sa = steps.open_store(single, train, method.features, "database")
     sb = steps.open_store(shared, train, method.features, "database")
     for name in sa.names:
-        np.testing.assert_array_equal(sa.get_raw(name)[2], sb.get_raw(name)[2])
+        np.testing.assert_array_equal(sa.get_raw(name).descriptors, sb.get_raw(name).descriptors)
 
 
 # ---------------------------------------------------------------------- writes that fail

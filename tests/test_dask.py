@@ -37,6 +37,7 @@ from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
 from oxbench.execution import SerialExecutor, make_executor  # noqa: E402
 from oxbench.execution_dask import DaskExecutor, check_cluster_address  # noqa: E402
+from oxbench.features.local import RawFeatures  # noqa: E402
 from oxbench.features.store import (  # noqa: E402
     DescribeImages,
     DescribeShard,
@@ -72,16 +73,16 @@ def _assert_gone(pids: list[int], timeout: float = 20.0) -> None:
     raise AssertionError(f"cluster processes still running: {alive}")
 
 
-def _features(store: FeatureStore, names: list[str]) -> list[tuple]:
+def _features(store: FeatureStore, names: list[str]) -> list[RawFeatures]:
     return [store.get_raw(n) for n in names]
 
 
 def _assert_same_features(a: FeatureStore, b: FeatureStore, names: list[str]) -> None:
     assert len(a) == len(b) == len(names)
     for x, y in zip(_features(a, names), _features(b, names), strict=True):
-        assert x[0] == y[0] and x[3] == y[3]
-        np.testing.assert_array_equal(x[1], y[1])
-        np.testing.assert_array_equal(x[2], y[2])
+        assert x.name == y.name and x.image_size == y.image_size
+        np.testing.assert_array_equal(x.keypoints, y.keypoints)
+        np.testing.assert_array_equal(x.descriptors, y.descriptors)
 
 
 def _assert_clean_store(folder: Path, n_images: int, n_shards: int) -> None:
@@ -311,7 +312,9 @@ def test_two_attempts_of_one_shard_at_once_commit_once(
     _assert_clean_store(store.directory, n, 1)
     store.refresh()
     for name in names:
-        np.testing.assert_array_equal(store.get_raw(name)[2], serial_store.get_raw(name)[2])
+        np.testing.assert_array_equal(
+            store.get_raw(name).descriptors, serial_store.get_raw(name).descriptors
+        )
     # each worker ran with its share of the cores: 2 workers x 1 thread on 2 cores
     from oxbench.execution import thread_cap
 
@@ -352,7 +355,8 @@ def test_a_shard_tampered_with_after_its_commit_is_described_again(
     _assert_clean_store(folder, n, n // size)
     for name in names:
         np.testing.assert_array_equal(
-            FeatureStore.open(folder, CFG).get_raw(name)[2], serial_store.get_raw(name)[2]
+            FeatureStore.open(folder, CFG).get_raw(name).descriptors,
+            serial_store.get_raw(name).descriptors,
         )
 
 

@@ -329,7 +329,33 @@ def make_features_mat(path: Path) -> None:
     )
 
 
+def make_local_features_h5(path: Path) -> None:
+    """hloc's ``features.h5`` for the stand-in roxford5k: 10 keypoints a 64x48 image, 32-D float16
+    descriptors; a query's (inside its box) shared, noisily, by its Easy and Hard images."""
+    import h5py
+
+    gnd = _rox_gnd()
+    rng = _rng(path.name)
+    n, d = 10, 32
+    db = rng.standard_normal((N_ROX, n, d))
+    queries = rng.standard_normal((NQ_ROX, n, d))
+    for q, g in enumerate(gnd["gnd"]):  # type: ignore[attr-defined]
+        for i in g["easy"] + g["hard"]:
+            db[i] = queries[q] + 0.3 * rng.standard_normal((n, d))
+    x0, y0, x1, y1 = gnd["gnd"][0]["bbx"]  # type: ignore[index]
+    with h5py.File(path, "w") as f:
+        for names, descs in ((gnd["imlist"], db), (gnd["qimlist"], queries)):
+            for name, desc in zip(names, descs, strict=True):  # type: ignore[call-overload]
+                g = f.create_group(name)
+                g["keypoints"] = np.stack(
+                    [rng.uniform(x0 + 1, x1 - 1, n), rng.uniform(y0 + 1, y1 - 1, n)], axis=1
+                ).astype(np.float32)
+                g["descriptors"] = desc.T.astype(np.float16)  # [d, n], as hloc stores them
+                g["image_size"] = np.array([64, 48])
+
+
 STAND_INS: dict[str, Callable[[Path], None]] = {
+    "features.h5": make_local_features_h5,
     "downloads": make_downloads,
     "features.mat": make_features_mat,
     "gnd_roxford5k.pkl": make_gnd_roxford5k,

@@ -13,7 +13,7 @@ from hypothesis.extra.numpy import arrays
 from oxbench.datasets.base import Benchmark, FileImages
 from oxbench.errors import InputError
 from oxbench.execution import ProcessExecutor
-from oxbench.features.local import LocalFeatures
+from oxbench.features.local import LocalFeatures, RawFeatures
 from oxbench.features.sift import SiftConfig, extract_features, extract_raw_sift, rootsift
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
 from oxbench.groundtruth import GroundTruth, make_query
@@ -181,8 +181,9 @@ def test_query_is_described_from_its_crop_in_full_image_coordinates(tmp_path: Pa
     bbox = (60.2, 40.0, 250.0, 200.7)
     bench = _tiny_benchmark(tmp_path, bbox)
     cfg = SiftConfig(n_features=0)
-    name, kp, raw, size = DescribeQueries(bench, cfg)(0)
-    assert name == "q" and size == (320, 240)
+    query = DescribeQueries(bench, cfg)(0)
+    kp, raw = query.keypoints, query.descriptors
+    assert query.name == "q" and query.image_size == (320, 240)
     crop = bench.query_crop(0)
     kp_crop, raw_crop = extract_raw_sift(crop, cfg)
     np.testing.assert_array_equal(raw, raw_crop)  # the crop only, nothing from outside
@@ -194,7 +195,7 @@ def test_query_is_described_from_its_crop_in_full_image_coordinates(tmp_path: Pa
 # ---------------------------------------------------------------------- store
 
 
-def _all(store: FeatureStore, names: list[str]) -> list[tuple]:
+def _all(store: FeatureStore, names: list[str]) -> list[RawFeatures]:
     return [store.get_raw(n) for n in names]
 
 
@@ -217,9 +218,9 @@ def test_store_resumes_to_the_same_result(tmp_path: Path) -> None:
     for a, b in zip(
         _all(full, names), _all(FeatureStore.open(tmp_path / "part", cfg), names), strict=True
     ):
-        assert a[0] == b[0] and a[3] == b[3]
-        np.testing.assert_array_equal(a[1], b[1])
-        np.testing.assert_array_equal(a[2], b[2])
+        assert a.name == b.name and a.image_size == b.image_size
+        np.testing.assert_array_equal(a.keypoints, b.keypoints)
+        np.testing.assert_array_equal(a.descriptors, b.descriptors)
     f = full.get("img002")
     assert isinstance(f, LocalFeatures)
     np.testing.assert_allclose(np.linalg.norm(f.descriptors, axis=1), 1.0, atol=1e-5)
@@ -240,7 +241,7 @@ def test_store_with_process_pool_equals_serial(tmp_path: Path) -> None:
         progress=False,
     )
     for a, b in zip(_all(serial, src.names), _all(pooled, src.names), strict=True):
-        np.testing.assert_array_equal(a[2], b[2])
+        np.testing.assert_array_equal(a.descriptors, b.descriptors)
 
 
 def test_store_refuses_another_config(tmp_path: Path) -> None:
@@ -298,6 +299,6 @@ def test_a_store_of_flat_shard_files_stays_warm(tmp_path: Path) -> None:
         == 0
     )
     for a, b in zip(before, _all(FeatureStore.open(tmp_path / "s", cfg), src.names), strict=True):
-        assert a[0] == b[0] and a[3] == b[3]
-        np.testing.assert_array_equal(a[2], b[2])
+        assert a.name == b.name and a.image_size == b.image_size
+        np.testing.assert_array_equal(a.descriptors, b.descriptors)
     assert not list((tmp_path / "s").glob("shard-*/"))  # no shard was written again

@@ -99,8 +99,10 @@ def test_presets_are_data() -> None:
         InputError, match="unknown method setting .features.colour. for rootsift-bow"
     ):
         resolve_method("rootsift-bow", **{"features.colour": "red"})
-    with pytest.raises(InputError, match="takes sub-settings"):
+    with pytest.raises(InputError, match="setting features: expected local features"):
         resolve_method("rootsift-bow", features=3)
+    with pytest.raises(InputError, match="takes sub-settings"):
+        resolve_method("rootsift-vlad", features=3)
     with pytest.raises(InputError, match="'aqe-verified' needs a 'spatial' stage before it"):
         BowConfig("x", rerank=("aqe-verified",))
     with pytest.raises(InputError, match="setting whitening: expected one of none, pca, learned"):

@@ -11,6 +11,7 @@ import pytest
 
 from oxbench.cache import DIGEST_KEY
 from oxbench.execution import ProcessExecutor, SerialExecutor
+from oxbench.features.local import RawFeatures
 from oxbench.features.sift import SiftConfig
 from oxbench.features.store import FeatureStore
 from oxbench.fileio import TEMP_PREFIX
@@ -39,7 +40,7 @@ def _store(tmp_path: Path, n_images: int = 7, seed: int = 0) -> tuple[FeatureSto
         n = 0 if i == 3 else int(rng.integers(5, 40))
         kp = rng.random((n, 4), dtype=np.float32) * 100
         raw = rng.integers(0, 255, (n, 128)).astype(np.uint8)
-        items.append((name, kp, raw, (100, 80)))
+        items.append(RawFeatures(name, kp, raw, (100, 80)))
     store.write_shard(items)
     return store, names
 

@@ -211,6 +211,16 @@ def default_label(
     """
     if not settings or not preset:
         return method
+    # a nested config of another kind (local features read from files instead of RootSIFT) is
+    # named by its kind, not by every sub-setting it has
+    settings = {
+        k: v["kind"]
+        if isinstance(v, Mapping)
+        and isinstance(preset.get(k), Mapping)
+        and v.get("kind") != preset[k].get("kind")
+        else v
+        for k, v in settings.items()
+    }
     ours, theirs = flat_settings(settings), flat_settings(preset)
     changed = [
         f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"

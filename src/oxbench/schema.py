@@ -719,6 +719,8 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
                 bool(f.metadata.get(INPUT_KEY, False)),
             )
         )
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            rows.extend(describe(value, prefix=f"{prefix}{name}."))  # a whole value and its parts
     return rows
 
 

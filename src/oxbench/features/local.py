@@ -82,6 +82,47 @@ class LocalFeatures:
         )
 
 
+@dataclass(frozen=True, eq=False)
+class RawFeatures:
+    """One image's features as a feature store keeps them: before the extractor's ``finish``.
+
+    What every step reads from a :class:`~oxbench.features.store.FeatureStore` and every extraction
+    job returns (keypoints, stored descriptors, the image's geometry), one object instead of a
+    positional tuple.
+
+    Attributes:
+        name: the image's name in its benchmark part.
+        keypoints: ``float32 [n, 4]`` = x, y, size, angle in degrees, in pixels of the original
+            image (:data:`KEYPOINT_COLUMNS`).
+        descriptors: ``[n, dim]`` as the extractor stores them (``uint8`` SIFT histograms,
+            ``float16`` ...; :attr:`LocalExtractor.stored_dtype`).
+        image_size: ``(width, height)`` of the original image.
+    """
+
+    name: str
+    keypoints: NDArray[np.float32]
+    descriptors: NDArray[Any]
+    image_size: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        kp, desc = self.keypoints, self.descriptors
+        if kp.ndim != 2 or kp.shape[1] != len(KEYPOINT_COLUMNS):
+            raise InputError(f"image {self.name!r}: keypoints must be [n, 4], got {kp.shape}")
+        if desc.ndim != 2 or desc.shape[0] != kp.shape[0]:
+            raise InputError(
+                f"image {self.name!r}: descriptors must be [n={kp.shape[0]}, d], got {desc.shape}"
+            )
+        if len(self.image_size) != 2:
+            raise InputError(f"image {self.name!r}: image_size must be (width, height)")
+
+    def __len__(self) -> int:
+        return int(self.keypoints.shape[0])
+
+    def finished(self, extractor: LocalExtractor) -> LocalFeatures:
+        """The features with the descriptors the extractor matches with (RootSIFT from SIFT)."""
+        return LocalFeatures(self.keypoints, extractor.finish(self.descriptors), self.image_size)
+
+
 @runtime_checkable
 class LocalExtractor(Protocol):
     """A local-feature extractor: settings (a frozen dataclass) plus how to describe an image.
@@ -116,3 +157,38 @@ class LocalExtractor(Protocol):
     def finish(self, stored: NDArray[Any]) -> NDArray[np.float32]:
         """The descriptors used for matching and quantisation, ``float32 [n, dim]``."""
         ...  # pragma: no cover
+
+
+class ExtractionJob(Protocol):
+    """What fills a feature store: item ``i``'s image name, and its features (picklable, so that
+    an executor runs it anywhere): describing pixels (``DescribeImages``, ``DescribeQueries``) or
+    reading the user's files (``ReadFeatures``)."""
+
+    def name(self, i: int) -> str: ...  # pragma: no cover
+
+    def __call__(self, i: int) -> RawFeatures: ...  # pragma: no cover
+
+
+# An extractor that reads features by image name instead of describing pixels (the user's files,
+# :class:`oxbench.features.extractors.files.LocalFeatureFiles`) says so with ``reads_images = False``
+# and adds ``read(name) -> RawFeatures``; one whose training images are elsewhere adds
+# ``has_training_features()`` and ``for_training()`` (the extractor of the training images).
+
+
+def reads_pixels(extractor: LocalExtractor) -> bool:
+    """Whether ``extractor`` describes images from their pixels (else it reads them by name)."""
+    return bool(getattr(extractor, "reads_images", True))
+
+
+def training_extractor(extractor: LocalExtractor) -> LocalExtractor:
+    """The extractor that gives the TRAINING images' features: ``extractor`` itself, except for
+    features read from files, whose training images have their own file (``for_training``)."""
+    for_training = getattr(extractor, "for_training", None)
+    return extractor if for_training is None else for_training()
+
+
+def learns_on_test_set(extractor: LocalExtractor) -> bool:
+    """Whether what is learned from these features must come from the test set's own (features
+    read from files with no training file): the run is then flagged ``trained_on_test_set``."""
+    has = getattr(extractor, "has_training_features", None)
+    return has is not None and not has()

@@ -27,6 +27,8 @@ from oxbench.schema import setting, validate
 
 DescriptorType = Literal["sift", "rootsift"]
 DESCRIPTOR_TYPES: tuple[str, ...] = ("sift", "rootsift")
+#: The ``kind`` :meth:`SiftConfig.to_dict` records.
+SIFT_KIND = "opencv-sift"
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,17 @@ class SiftConfig:
         """RootSIFT (or SIFT as float32) of stored histograms (:func:`finish_descriptors`)."""
         return finish_descriptors(stored, self.descriptor)
 
+    def __str__(self) -> str:
+        """The name that selects it (``rootsift``); its other settings are ``features.*``."""
+        return self.descriptor
+
     def to_dict(self) -> dict[str, object]:
         """The configuration as JSON-able data, including the descriptor dimension.
 
         ``orientation`` appears only when it is not the default, so the features (and caches) of
         configs from before the setting existed keep their digest.
         """
-        out: dict[str, object] = {"kind": "opencv-sift", **asdict(self), "dim": self.dim}
+        out: dict[str, object] = {"kind": SIFT_KIND, **asdict(self), "dim": self.dim}
         if self.orientation == "invariant":
             del out["orientation"]
         return out

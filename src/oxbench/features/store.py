@@ -72,7 +72,7 @@ from numpy.typing import NDArray
 from oxbench.cache import DIGEST_KEY, CorruptCache, entry_lock, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.execution import Executor
-from oxbench.features.local import LocalExtractor, LocalFeatures
+from oxbench.features.local import ExtractionJob, LocalExtractor, LocalFeatures, RawFeatures
 from oxbench.fileio import (
     atomic_write_json,
     atomic_write_npy,
@@ -105,9 +105,6 @@ STORE_FORMAT = 1
 #: Images per planned shard unless the caller says otherwise.
 DEFAULT_SHARD_SIZE = 64
 _LEGACY_RE = re.compile(r"^shard-(\d{6})\.(index\.npz|kp\.npy|raw\.npy)$")
-
-# (name, keypoints, stored descriptors, (width, height))
-RawFeatures = tuple[str, NDArray[np.float32], NDArray[Any], tuple[int, int]]
 
 
 #: Bytes read at the start, middle and end of a data file for its open-time sampled digest.
@@ -165,18 +162,18 @@ def write_shard_folder(
     t0 = time.perf_counter()
     if not items:
         raise ValueError("empty shard")
-    names = np.array([it[0] for it in items])
+    names = np.array([it.name for it in items])
     final = Path(directory) / (folder or shard_folder_name(number, names.tolist()))
-    counts = np.array([len(it[1]) for it in items], np.int64)
-    sizes = np.array([it[3] for it in items], np.int32).reshape(-1, 2)
-    kps = [np.asarray(it[1], np.float32).reshape(-1, 4) for it in items]
+    counts = np.array([len(it) for it in items], np.int64)
+    sizes = np.array([it.image_size for it in items], np.int32).reshape(-1, 2)
+    kps = [np.asarray(it.keypoints, np.float32) for it in items]
     dtype, dim = np.dtype(config.stored_dtype), config.dim
     raws = []
     for it in items:
-        raw = np.asarray(it[2])
-        if raw.dtype != dtype or raw.ndim != 2 or raw.shape[1] != dim:
+        raw = np.asarray(it.descriptors)
+        if raw.dtype != dtype or raw.shape[1] != dim:
             raise ValueError(
-                f"image {it[0]!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]"
+                f"image {it.name!r}: descriptors {raw.dtype} {raw.shape}, the store holds {dtype} [n, {dim}]"
             )
         raws.append(raw)
     tmp = make_temp_folder(final, tag=tag)
@@ -579,7 +576,7 @@ class FeatureStore:
                     shard.paths[suffix],
                 )
         w, h = (int(v) for v in shard.sizes[j])
-        return name, kp_i, raw_i, (w, h)
+        return RawFeatures(name, kp_i, raw_i, (w, h))
 
     def get(self, name: str) -> LocalFeatures:
         """The features of one image, descriptors finished by the extractor (RootSIFT).
@@ -587,8 +584,7 @@ class FeatureStore:
         Raises:
             InputError: the image has no features in this store.
         """
-        _, kp, raw, size = self.get_raw(name)
-        return LocalFeatures(kp, self.config.finish(raw), size)
+        return self.get_raw(name).finished(self.config)
 
     def __getitem__(self, name: str) -> LocalFeatures:
         return self.get(name)
@@ -644,7 +640,7 @@ class DescribeImages:
     def __call__(self, i: int) -> RawFeatures:
         image = self.source.read(i)
         kp, raw = self.config.extract(image)
-        return self.source.name(i), kp, raw, (int(image.shape[1]), int(image.shape[0]))
+        return RawFeatures(self.source.name(i), kp, raw, (int(image.shape[1]), int(image.shape[0])))
 
 
 class DescribeQueries:
@@ -672,7 +668,7 @@ class DescribeQueries:
         kp, raw = self.config.extract(image)
         kp[:, 0] += left
         kp[:, 1] += top
-        return self.queries.name(i), kp, raw, (int(w), int(h))
+        return RawFeatures(self.queries.name(i), kp, raw, (int(w), int(h)))
 
 
 class DescribeShard:
@@ -681,7 +677,7 @@ class DescribeShard:
 
     def __init__(
         self,
-        describe: DescribeImages | DescribeQueries,
+        describe: ExtractionJob,
         directory: Path,
         config: LocalExtractor,
         *,
@@ -710,7 +706,7 @@ class DescribeShard:
 
 
 def extract_to_store(
-    job: DescribeImages | DescribeQueries,
+    job: ExtractionJob,
     n_items: int,
     store: FeatureStore,
     *,

@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, close_matches
 from oxbench.execution import Executor, SerialExecutor, available_cores, cpu_seconds
+from oxbench.features.local import learns_on_test_set, reads_pixels
 from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import json_digest
 from oxbench.registry import Registry
@@ -174,8 +175,20 @@ class MethodConfig(ABC):
 
     @property
     def reads_images(self) -> bool:
-        """Whether any step reads the benchmark's pixels (else the ground truth is enough)."""
-        return True
+        """Whether any step reads the benchmark's pixels (else the ground truth is enough).
+
+        By default: unless the method's local features (a ``features`` setting) are read from
+        the user's files (:func:`oxbench.features.local.reads_pixels`)."""
+        features = getattr(self, "features", None)
+        return features is None or reads_pixels(features)
+
+    @property
+    def learns_on_test_set(self) -> bool:
+        """Whether what the method learns must come from the test set itself, for want of training
+        data of its own (local features read from files without a training file): the runner then
+        trains on the test set, warns, and records ``trained_on_test_set``."""
+        features = getattr(self, "features", None)
+        return self.needs_training and features is not None and learns_on_test_set(features)
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -385,7 +398,9 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
     staged: dict[str, dict[str, Any]] = {}
     assert dataclasses.is_dataclass(config)
     fields = {f.name: f for f in dataclasses.fields(config)}
-    for key, value in overrides.items():
+    # whole settings first, so that sub-settings apply to a nested config replaced in the same
+    # call (features=h5:a.h5 features.train=b.h5)
+    for key, value in sorted(overrides.items(), key=lambda kv: "." in kv[0]):
         if value is None:
             continue
         head, _, sub = key.partition(".")
@@ -396,7 +411,7 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
             continue
         if head not in fields or head in ("name", STAGE_SETTINGS_FIELD):
             raise _unknown_setting(config, key)
-        current = getattr(config, head)
+        current = top.get(head, getattr(config, head))
         if sub:
             if not dataclasses.is_dataclass(current):
                 raise InputError(f"unknown method setting {key!r}: {head} has no sub-settings")
@@ -404,12 +419,14 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
             if sub not in sub_fields:
                 raise _unknown_setting(config, key)
             nested.setdefault(head, {})[sub] = _typed(sub_fields[sub], key, value)
-        elif dataclasses.is_dataclass(current):
+        elif dataclasses.is_dataclass(current) and SPEC_KEY not in fields[head].metadata:
             raise InputError(f"method setting {key!r} takes sub-settings ({key}.<name>=...)")
         else:
             top[key] = _typed(fields[head], key, value)
     for head, subs in nested.items():
-        top[head] = _replace(getattr(config, head), subs, f"method {config.name}: {head}")
+        top[head] = _replace(
+            top.get(head, getattr(config, head)), subs, f"method {config.name}: {head}"
+        )
     if staged:
         top[STAGE_SETTINGS_FIELD] = _stage_settings(config, staged, top.get("rerank"))
     if not top:

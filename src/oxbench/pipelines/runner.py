@@ -523,13 +523,17 @@ def _write_run_files(
 
 def training_set_of(m: MethodConfig, dataset: str, train_dataset: str | None = None) -> str | None:
     """The dataset ``m`` learns on when run on ``dataset``: ``train_dataset``, else the default (the
-    other city), or ``None`` when it learns nothing.
+    other city), or ``None`` when it learns nothing. A method that has no training data of its own
+    (local features from files without a training file: ``m.learns_on_test_set``) learns on
+    ``dataset`` itself, and the run is recorded as ``trained_on_test_set``.
 
     Raises:
         InputError: it learns and ``dataset`` has no default training set.
     """
     if not m.needs_training:
         return None
+    if train_dataset is None and m.learns_on_test_set:
+        return dataset
     train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
     if train_id is None:
         raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
@@ -659,14 +663,19 @@ def run(
         train = (
             None
             if train_id is None
-            else load(train_id, root_path, strict=strict, progress=progress)
+            else load(train_id, root_path, strict=strict, progress=progress, images=m.reads_images)
         )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
         test_in_training = _test_data_in_training(m, train, bench)
         trained_on_test = test_in_training is not None
         if trained_on_test:
-            log.warning("%s: %s; results are not comparable", m.name, test_in_training)
+            hint = (
+                " (its local features have no training file: set features.train)"
+                if m.learns_on_test_set and train_dataset is None
+                else ""
+            )
+            log.warning("%s: %s%s; results are not comparable", m.name, test_in_training, hint)
         config = RunConfig(
             dataset=dataset,
             method=m,

@@ -156,7 +156,7 @@ class Asmk(QuantisingMethod):
         codes, words, owners = [], [], []
         store, word_file = self._parts.stores[part], self._parts.words[part]
         for i, name in enumerate(names):
-            _, _, raw, _ = store.get_raw(name)
+            raw = store.get_raw(name).descriptors
             w = word_file.of(name)[0][:, :ma]
             res, uw = aggregate_residuals(store.config.finish(raw), w, centroids)
             if len(uw):

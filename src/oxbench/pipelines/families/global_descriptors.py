@@ -132,7 +132,7 @@ class GlobalConfig(MethodConfig, Pipeline):
         batch_size, device: ``cnn``: images per forward pass; ``"auto"`` (GPU when torch sees
             one), ``"cpu"`` or ``"cuda"``. Neither changes the descriptors beyond float rounding,
             so neither is part of the descriptor cache key.
-        vlad_k: codebook size (the descriptor has ``vlad_k * 128`` dimensions).
+        vlad_k: codebook size (the descriptor has ``vlad_k * features.dim`` dimensions).
         vlad_iter, vlad_max_points_per_centroid, vlad_seed: codebook k-means settings.
         power: signed power normalisation exponent of every component (0.5: signed square root;
             1: none).
@@ -387,7 +387,7 @@ class GlobalConfig(MethodConfig, Pipeline):
         settings (a CNN or the user's files)."""
         if self.descriptor != "vlad":
             return None
-        raw = self.vlad_k * 128
+        raw = self.vlad_k * self.features.dim
         out = min(self.whitening_dim or raw, raw) if self.whitening != "none" else raw
         code = self.pq_m * self.pq_nbits // 8 + 8 if self.search == "faiss-ivfpq" else 0
         return 4 * (raw + out) + code
@@ -496,8 +496,7 @@ class VladImage:
             self._store = reopen_store(self.store_spec)
         m, centroids = self.config, self.voc.centroids_
         assert centroids is not None
-        _, _, raw, _ = self._store.get_raw(self.names[i])
-        x = m.features.finish(raw)
+        x = m.features.finish(self._store.get_raw(self.names[i]).descriptors)
         if not len(x):
             log.warning(
                 "%s: image %s has no features; its descriptor is zero (ranks last)",

@@ -35,6 +35,7 @@ from oxbench.cache import CorruptCache, entry_lock, lock_path
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.features.local import training_extractor
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
 from oxbench.index.inverted import InvertedFile, bow_matrix
@@ -158,7 +159,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
                     log.warning("%s; learning it again", exc)
             with ctx.timed("hamming_embedding"):
                 m = self.config
-                store = open_store(ctx.cache, train, m.features, "database")
+                store = open_store(ctx.cache, train, training_extractor(m.features), "database")
                 x = training_descriptors(
                     store, part_names(train, "database"), m.he_train_max, seed=m.he_seed
                 )
@@ -174,7 +175,8 @@ class HammingEmbeddingMethod(QuantisingMethod):
         """``(words, signatures, angles, log2 scales)`` of one image's features."""
         assert self._parts is not None and self.embedding_ is not None
         store = self._parts.stores[part]
-        _, kp, raw, _ = store.get_raw(name)
+        feats = store.get_raw(name)
+        kp, raw = feats.keypoints, feats.descriptors
         w = self._parts.words[part].of(name)[0][:, 0].astype(np.int64)
         sig = self.embedding_.signatures(store.config.finish(raw), w)
         return w, sig, kp[:, 3].astype(np.float32), _log2_scales(kp)

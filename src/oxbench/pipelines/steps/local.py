@@ -12,16 +12,31 @@ from pathlib import Path
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.local import LocalExtractor
+from oxbench.features.extractors.files import LocalFeatureFiles, ReadFeatures
+from oxbench.features.local import ExtractionJob, LocalExtractor, reads_pixels
 from oxbench.features.store import DescribeImages, DescribeQueries, FeatureStore, extract_to_store
+from oxbench.formats.local_features import close_files
 from oxbench.pipelines.method import RunContext
-from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, parts_of
+from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, part_names, parts_of
 
 
 def extraction_job(
     bench: Benchmark, part: str, extractor: LocalExtractor
-) -> tuple[DescribeImages | DescribeQueries, int, dict[str, object]]:
-    """The extraction job of one part, its size, and what identifies its store."""
+) -> tuple[ExtractionJob, int, dict[str, object]]:
+    """The extraction job of one part, its size, and what identifies its store.
+
+    Features read from files (an extractor with ``reads_images = False``) are read by image name,
+    a query's restricted to its box; every other extractor describes the pixels.
+    """
+    if not reads_pixels(extractor):
+        names = part_names(bench, part)
+        extra: dict[str, object] = {"role": part}
+        boxes = None
+        if part == "queries":
+            extra["crop"] = bench.crop
+            boxes = [q.bbox for q in bench.gt.queries]
+        assert isinstance(extractor, LocalFeatureFiles)
+        return ReadFeatures(extractor, names, boxes, bench.crop), len(names), extra
     if part == "database":
         return DescribeImages(bench.database, extractor), len(bench.database), {"role": "database"}
     if part == "queries":
@@ -96,4 +111,6 @@ def step_features(
             shard_size=ctx.shard_size,
         )
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
+    if not reads_pixels(extractor):
+        close_files()  # the features files this process opened to read them
     return out

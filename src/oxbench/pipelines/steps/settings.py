@@ -9,11 +9,12 @@ settings group's (:class:`oxbench.pipelines.rerankers.spatial.SpatialSettings`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from oxbench import schema as S
 from oxbench.errors import InputError
+from oxbench.features.extractors import LOCAL_FEATURES_SPEC
 from oxbench.features.local import LocalExtractor
 from oxbench.features.sift import SiftConfig
 from oxbench.pipelines.steps.verify import VerifySettings
@@ -30,8 +31,10 @@ class LocalQuantisation:
     """Local features and their vocabulary.
 
     Attributes:
-        features: local-feature extraction settings (any
-            :class:`~oxbench.features.local.LocalExtractor`; RootSIFT by default).
+        features: the local features (any :class:`~oxbench.features.local.LocalExtractor`;
+            RootSIFT by default); from text a registered name (``rootsift``, ``sift``,
+            ``h5:PATH``, ``npz:FOLDER``: :mod:`oxbench.features.extractors`), from a record its
+            ``to_dict()``.
         vocab_size: number of visual words.
         vocab_structure: ``auto`` / ``flat`` / ``two-level`` (see :class:`~oxbench.index.vocabulary.Vocabulary`).
         vocab_iter: k-means iterations.
@@ -41,7 +44,11 @@ class LocalQuantisation:
         vocab_seed: seed of sampling and k-means.
     """
 
-    features: LocalExtractor = field(default_factory=lambda: CLASSIC_FEATURES)
+    features: LocalExtractor = setting(
+        spec=LOCAL_FEATURES_SPEC,
+        default_factory=lambda: CLASSIC_FEATURES,
+        doc="local features, built in or read from files (h5: hloc features.h5)",
+    )
     vocab_size: int = setting(65536, S.Int(lo=2, hi=1 << 24), doc="visual words")
     vocab_structure: Literal["auto", "flat", "two-level"] = setting(
         "auto", S.Choice("auto", "flat", "two-level"), doc="flat k-means or a two-level vocabulary"

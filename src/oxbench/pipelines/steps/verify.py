@@ -139,19 +139,21 @@ class ShortListVerifier:
         _, qname, order = item
         stores, words = self._opened()
         st = self.settings
-        _, q_kp, q_raw, q_size = stores[self.query_part].get_raw(qname)
+        query = stores[self.query_part].get_raw(qname)
         q_words = words[self.query_part].of(qname)[0][:, : st.query_ma]
         finish = stores[self.query_part].config.finish
-        q_desc = finish(q_raw) if st.matching == "descriptors" else None
+        q_desc = finish(query.descriptors) if st.matching == "descriptors" else None
         cands, tentative = [], []
         for idx in order.tolist():
             part, name = self.index_parts[idx]
-            _, kp, raw, size = stores[part].get_raw(name)
-            cands.append((kp, words[part].of(name)[0][:, 0], size))
+            cand = stores[part].get_raw(name)
+            cands.append((cand.keypoints, words[part].of(name)[0][:, 0], cand.image_size))
             if q_desc is not None:
-                tentative.append(descriptor_matches(q_desc, finish(raw), ratio=st.ratio))
+                tentative.append(
+                    descriptor_matches(q_desc, finish(cand.descriptors), ratio=st.ratio)
+                )
         res = spatial_rerank(
-            q_kp,
+            query.keypoints,
             q_words,
             cands,
             order,
@@ -161,7 +163,7 @@ class ShortListVerifier:
             min_inliers=st.min_inliers,
             threshold_px=st.threshold_px,
             max_per_word=st.max_per_word,
-            query_size=q_size,
+            query_size=query.image_size,
             tentative=tentative if q_desc is not None else None,
         )
         position = {int(v): i for i, v in enumerate(order.tolist())}
@@ -173,7 +175,7 @@ class ShortListVerifier:
             assert pairs is not None
             d_kp = cands[position[v]][0]
             matches[v] = np.concatenate(
-                [q_kp[pairs[:, 0], :2], d_kp[pairs[:, 1], :2]], axis=1
+                [query.keypoints[pairs[:, 0], :2], d_kp[pairs[:, 1], :2]], axis=1
             ).astype(np.float32)
         return VerifiedList(np.asarray(res.order, np.int64), verified, inliers, matches)
 

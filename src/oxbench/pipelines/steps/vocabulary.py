@@ -20,7 +20,7 @@ from oxbench import determinism
 from oxbench.cache import CorruptCache, entry_lock, lock_path
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.local import LocalExtractor
+from oxbench.features.local import LocalExtractor, training_extractor
 from oxbench.features.store import FeatureStore
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.vocabulary import AUTO_FLAT_MAX, Vocabulary, training_sample_size
@@ -89,7 +89,7 @@ def training_descriptors(
     for name, c in zip(names, counts, strict=True):
         if c == 0:
             continue
-        _, _, raw, _ = store.get_raw(name)
+        raw = store.get_raw(name).descriptors
         take = c if frac >= 1.0 else int(rng.binomial(c, frac))
         if take < c:
             raw = raw[np.sort(rng.choice(c, size=take, replace=False))]
@@ -118,19 +118,20 @@ def step_vocabulary(spec: VocabularySpec, train: Benchmark, ctx: RunContext) -> 
     """
     path = vocabulary_path(ctx.cache, spec, train)
     remove_stale_temps(path.parent)
+    features = training_extractor(spec.features)  # the training images' (their own file)
     with entry_lock(lock_path(path), what=f"the vocabulary {path}"):
         if path.exists():
             try:
                 load_vocabulary(path, spec.features)
                 if ctx.full_check:
-                    step_features(train, spec.features, ctx, parts=["database"])
+                    step_features(train, features, ctx, parts=["database"])
                 return StepResult(path, hit=True)
             except CorruptCache as exc:
                 log.warning("%s; training it again", exc)
         with ctx.timed("train_features"):
-            step_features(train, spec.features, ctx, parts=["database"])
+            step_features(train, features, ctx, parts=["database"])
         with ctx.timed("vocabulary"):
-            store = open_store(ctx.cache, train, spec.features, "database")
+            store = open_store(ctx.cache, train, features, "database")
             n_target = training_sample_size(spec.n_words, spec.max_points_per_centroid)
             x = training_descriptors(store, part_names(train, "database"), n_target, seed=spec.seed)
             log.info("training %d words on %d descriptors of %s", spec.n_words, len(x), train.id)

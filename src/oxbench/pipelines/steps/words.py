@@ -187,7 +187,7 @@ class AssignShard:
         self, chunk: Sequence[str]
     ) -> tuple[NDArray[np.int64], NDArray[np.int32], NDArray[np.float32]]:
         """``(features per image, words [n, k], squared distances [n, k])`` of the images ``chunk``."""
-        raws = [self.store.get_raw(n)[2] for n in chunk]
+        raws = [self.store.get_raw(n).descriptors for n in chunk]
         counts = np.array([len(r) for r in raws], np.int64)
         cfg = self.store.config
         x = cfg.finish(np.concatenate(raws) if raws else np.zeros((0, cfg.dim), cfg.stored_dtype))
