@@ -15,6 +15,7 @@ one new module with one such class, usable as any method's ``features``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,6 +23,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.registry import GROUPS, Registry
 
 #: Number of keypoint columns: x, y, size, angle_degrees (OpenCV KeyPoint convention).
 KEYPOINT_COLUMNS = ("x", "y", "size", "angle")
@@ -116,3 +118,17 @@ class LocalExtractor(Protocol):
     def finish(self, stored: NDArray[Any]) -> NDArray[np.float32]:
         """The descriptors used for matching and quantisation, ``float32 [n, dim]``."""
         ...  # pragma: no cover
+
+
+def _load_builtin_extractors() -> None:
+    from oxbench.features.sift import SiftConfig
+
+    LOCAL_FEATURES.register("sift", SiftConfig)
+
+
+#: Local-feature extractors by name: each entry builds a :class:`LocalExtractor` from its settings
+#: (``SiftConfig(descriptor="rootsift")``); plugins add theirs through the entry-point group
+#: ``oxbench.local_features`` (:mod:`oxbench.registry`).
+LOCAL_FEATURES: Registry[Callable[..., LocalExtractor]] = Registry(
+    "local feature", loader=_load_builtin_extractors, group=GROUPS["local_features"]
+)

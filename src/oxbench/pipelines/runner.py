@@ -529,7 +529,7 @@ def run(
     overrides: Mapping[str, object] | None = None,
     workers: int | None = 1,
     engine: str = "processes",
-    cluster: str | None = None,
+    engine_options: Mapping[str, object] | None = None,
     shard_size: int | None = None,
     progress: bool = True,
     distractors: str | int | None = None,
@@ -557,9 +557,10 @@ def run(
             spatial verification, VLAD aggregation), run by the ``engine`` executor (``None``:
             one per available core).
         engine: the execution backend (:data:`oxbench.execution.EXECUTORS`: ``processes``,
-            ``serial``, ``dask``).
-        cluster: with ``engine="dask"``, the scheduler of an existing cluster
-            (``tcp://host:8786``; default ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
+            ``serial``, ``dask``, or a plugin's).
+        engine_options: the backend's own options (:func:`oxbench.execution.make_executor`),
+            e.g. ``{"address": "tcp://host:8786"}`` for an existing Dask cluster (default
+            ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
         shard_size: images per write-once shard of the local-feature stores (default 64).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
@@ -611,7 +612,7 @@ def run(
             overwrite=overwrite,
             only=("dataset", "method"),
         )
-    executor = make_executor(engine, workers, cluster=cluster)
+    executor = make_executor(engine, workers, options=engine_options)
     try:  # a cluster the executor started stops with the run, whatever happens
         # a cluster's workers must see the data and the cache: asked before anything is loaded
         executor.check_paths(

@@ -37,7 +37,7 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.pipelines.method import RunContext, SearchResult
 from oxbench.pipelines.steps.verify import VerifiedList
-from oxbench.registry import Registry
+from oxbench.registry import GROUPS, Registry
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,9 @@ class Reranker(ABC):
 
 
 #: Re-rankers by name (each class builds itself from a method config: :meth:`Reranker.from_config`).
-RERANKERS: Registry[type[Reranker]] = Registry("re-ranker", loader=lambda: _load_modules())
+RERANKERS: Registry[type[Reranker]] = Registry(
+    "re-ranker", loader=lambda: _load_modules(), group=GROUPS["rerankers"]
+)
 
 
 def _load_modules() -> None:
@@ -137,10 +139,8 @@ def register_reranker(name: str, reranker: type[Reranker]) -> None:
     """Register a re-ranker class under ``name`` (its module calls this once).
 
     Raises:
-        InputError: the name is taken.
+        InputError: the name is taken (the line names both modules).
     """
-    if name in RERANKERS:
-        raise InputError(f"re-ranker {name!r} is registered twice")
     RERANKERS.register(name, reranker)
 
 
