@@ -153,7 +153,7 @@ class Registry(Generic[T]):
             except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
                 text = " ".join(f"{type(exc).__name__}: {exc}".split())
                 warnings.warn(
-                    f"{where} of group {group} failed to load and is left out: {text}",
+                    f"{where}, group {group}, failed to load and is left out: {text}",
                     PluginWarning,
                     stacklevel=4,
                 )

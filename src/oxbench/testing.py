@@ -71,33 +71,28 @@ def _folder(root: str | Path | None, prefix: str) -> Iterator[Path]:
 
 def make_tiny_root(root: str | Path) -> Path:
     """A tiny synthetic test city (40 database images, 4 queries) and training city (30 images)
-    under ``root``, 320 x 240 pixels (about 2 s; needs opencv and Pillow). Returns ``root``."""
+    under ``root``, 320 x 240 pixels (about 2 s; needs opencv and Pillow; a complete set already
+    there is kept). Returns ``root``."""
     from oxbench.datasets.synthetic.config import SynthConfig
     from oxbench.datasets.synthetic.generate import generate
 
     root = Path(root)
     common: dict[str, Any] = {"landmarks": 2, "image_size": (320, 240), "generic_buildings": 4}
-    if not (root / "synthetic").is_dir():
-        generate(
-            root / "synthetic",
-            SynthConfig(db_size=40, queries_per_landmark=2, **common),
-            workers=1,
-            progress=False,
-        )
-    if not (root / "synthetic-train").is_dir():
-        generate(
-            root / "synthetic-train",
-            SynthConfig(
-                name="synthetic-train",
-                city="southbridge",
-                seed=1,
-                db_size=30,
-                queries_per_landmark=1,
-                **common,
-            ),
-            workers=1,
-            progress=False,
-        )
+    generate(
+        root / "synthetic",
+        SynthConfig(db_size=40, queries_per_landmark=2, **common),
+        workers=1,
+        progress=False,
+    )
+    train = SynthConfig(
+        name="synthetic-train",
+        city="southbridge",
+        seed=1,
+        db_size=30,
+        queries_per_landmark=1,
+        **common,
+    )
+    generate(root / "synthetic-train", train, workers=1, progress=False)
     return root
 
 
