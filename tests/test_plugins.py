@@ -448,7 +448,7 @@ def test_a_name_taken_twice_is_one_line_naming_both_origins_and_exit_2(
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
     assert (
-        "method preset 'rootsift-bow' is registered twice: by oxbench.pipelines.families.bow and "
+        "method 'rootsift-bow' is registered twice: by oxbench.pipelines.families.bow and "
         "by oxdup 0.1" in done.stderr
     )
     # two plugins: a second 'threads' backend

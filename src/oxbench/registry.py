@@ -19,7 +19,6 @@ registry until one of them is removed. Every entry knows its :class:`Origin`.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import warnings
 from collections.abc import Callable, Iterator
@@ -205,14 +204,3 @@ class Registry(Generic[T]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
-
-
-@contextlib.contextmanager
-def temporary_entries(registry: Registry[Any]) -> Iterator[Registry[Any]]:
-    """Forget, on leaving the block, whatever was registered in ``registry`` within it."""
-    before = set(registry.names())
-    try:
-        yield registry
-    finally:
-        for name in set(registry.names()) - before:
-            registry.unregister(name)

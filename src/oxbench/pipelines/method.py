@@ -281,7 +281,7 @@ def _adopt_presets(name: str, obj: object) -> None:
 #: Every named method of every family, by name; plugins add theirs through the entry-point group
 #: ``oxbench.families`` (:mod:`oxbench.registry`).
 METHODS: Registry[MethodConfig] = Registry(
-    "method preset", loader=_load_families, group=GROUPS["families"], adopt=_adopt_presets
+    "method", loader=_load_families, group=GROUPS["families"], adopt=_adopt_presets
 )
 
 

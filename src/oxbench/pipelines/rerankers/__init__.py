@@ -8,7 +8,8 @@ stored local features (spatial verification). A stage that needs what a family d
 refused in one line when the method is built.
 
 Stages, by the name a config gives them (:data:`RERANKERS`; the modules of this package are
-imported on first lookup, and a module elsewhere may call :func:`register_reranker`):
+imported on first lookup, then the ``oxbench.rerankers`` entry points of installed plugins; a
+module elsewhere may call :func:`register_reranker`):
 
 - ``aqe``, ``alpha-qe`` -- query expansion over the top ``qe_k`` (:mod:`.qe`);
 - ``diffusion`` -- Iscen et al.'s diffusion over the database graph (:mod:`.diffusion`);
