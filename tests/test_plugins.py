@@ -486,6 +486,15 @@ def _registry_plugins(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "[oxbench.test-things]\nbad = zbroken:MISSING\n",
         {"zbroken/__init__.py": ""},
     )
+    _hand_installed(  # a plugin whose own check refuses its entry: broken, not a duplicate
+        folder,
+        "ybadvalue",
+        "[oxbench.test-things]\nbadvalue = ybadvalue\n",
+        {
+            "ybadvalue/__init__.py": "from oxbench.errors import InputError\n"
+            "raise InputError('setting side: must be >= 2, got 1')\n"
+        },
+    )
     monkeypatch.syspath_prepend(str(folder))
 
 
@@ -498,15 +507,19 @@ def test_a_registry_loads_its_group_on_first_lookup(
     holder = types.ModuleType("oxbench_test_registry")
     holder.THINGS = things = Registry("thing", group="oxbench.test-things")  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "oxbench_test_registry", holder)
-    for name in ("thingpkg", "thingpkg.things", "zbroken"):
+    for name in ("thingpkg", "thingpkg.things", "zbroken", "ybadvalue"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     things.register("green", "green thing")
     assert "thingpkg.things" not in sys.modules  # nothing is imported before a lookup
     with pytest.warns(PluginWarning) as caught:
         assert things.names() == ["green", "red", "object"]  # built-ins, then by distribution
-    assert len(caught) == 1
-    assert "plugin 'bad' (zbroken:MISSING) of zbroken 0.1" in str(caught[0].message)
-    assert "AttributeError" in str(caught[0].message)
+    assert len(caught) == 2, [str(w.message) for w in caught]
+    missing, bad_value = sorted(str(w.message) for w in caught)
+    assert (
+        "plugin 'bad' (zbroken:MISSING) of zbroken 0.1" in missing and "AttributeError" in missing
+    )
+    assert "plugin 'badvalue' (ybadvalue) of ybadvalue 0.1" in bad_value
+    assert "InputError: setting side: must be >= 2, got 1" in bad_value
     assert things.get("red") == "red thing" and things.get("object") == "blue thing"
     assert str(things.origin("red")) == "thingpkg 0.1" and not things.origin("red").builtin
     assert things.origin("red").module == "builtins"  # a str's class: the object registered
@@ -530,7 +543,7 @@ def test_a_duplicate_from_a_plugin_is_refused_at_every_lookup(
         group="oxbench.test-things",
     )
     monkeypatch.setitem(sys.modules, "oxbench_test_registry", holder)
-    for name in ("thingpkg", "thingpkg.things", "zbroken"):
+    for name in ("thingpkg", "thingpkg.things", "zbroken", "ybadvalue"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     for _ in range(2):
         with pytest.raises(InputError) as err:

@@ -39,6 +39,10 @@ GROUPS = {
 }
 
 
+class DuplicateEntryError(InputError):
+    """A name is registered twice (the message names both origins)."""
+
+
 class PluginWarning(UserWarning):
     """A plugin (an entry point of an oxbench group) could not be loaded; the rest still are."""
 
@@ -146,7 +150,7 @@ class Registry(Generic[T]):
                 obj = ep.load()
                 if not inspect.ismodule(obj):  # an object to register; a module registered itself
                     (self._adopt or self.register)(ep.name, obj)
-            except InputError as exc:  # a name taken twice: the registry is unusable until fixed
+            except DuplicateEntryError as exc:  # the registry is unusable until one is removed
                 self._conflict = f"{exc} (entry point {group}: {where})"
                 return
             except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
@@ -163,11 +167,11 @@ class Registry(Generic[T]):
         """Register ``entry`` under ``name``.
 
         Raises:
-            InputError: ``name`` is taken (the line names both origins).
+            DuplicateEntryError: ``name`` is taken (an :class:`InputError` line naming both origins).
         """
         origin = _origin_of(entry)
         if name in self._entries:
-            raise InputError(
+            raise DuplicateEntryError(
                 f"{self.kind} {name!r} is registered twice: by {self._origins[name]} and by {origin}"
             )
         self._entries[name] = entry
