@@ -16,7 +16,8 @@ fix. A plugin's own tests call them on what it registers::
   that survives ``to_dict`` / JSON and ``--set KEY=VALUE`` text, refuses bad values in one line;
   the method fits, indexes and searches the tiny synthetic benchmark (:func:`make_tiny_root`) with
   ranks of the right shape and dtype, every row a permutation of the index, the same ranks again
-  from the cache, and every step it computed a cache hit the second time;
+  from the cache (every step it computed a cache hit the second time) and from an empty cache with
+  two worker processes;
 - :func:`check_reranker` -- a stage built from its settings takes a ranking over a synthetic
   re-ranking space (:class:`SyntheticSpace`: grouped vectors, and a verification that knows the
   groups) to a ranking of the same shape whose rows are permutations, leaves its input alone, and
@@ -250,25 +251,34 @@ def check_family(
         bench = oxbench.load(dataset, data, progress=False)
         train_id = training_set_of(config, dataset, None)
         train = None if train_id is None else oxbench.load(train_id, data, progress=False)
+        from oxbench.execution import ProcessExecutor, SerialExecutor
+
         runs = []
-        for _ in range(2):  # the second run must take every step from the first one's cache
+        # the second run must take every step from the first one's cache; the third starts from
+        # an empty cache with two worker processes (the jobs must pickle) and must rank the same
+        for cache, executor in [
+            ("cache", SerialExecutor()),
+            ("cache", SerialExecutor()),
+            ("fresh-cache", ProcessExecutor(2, cores=2)),
+        ]:
             method = config.build()
             if not isinstance(method, RetrievalMethod):
                 raise _fail(
                     what, f"build() returned {type(method).__name__}", "return a RetrievalMethod"
                 )
-            ctx = RunContext(folder / "cache", progress=False, root=data)
-            fitted = method.fit(train, ctx)
-            indexed = method.index(bench, ctx)
-            if fitted is not method or indexed is not method:
-                raise _fail(what, "fit() or index() does not return self", "return self")
-            result = method.search(bench, ctx)
+            ctx = RunContext(folder / cache, executor=executor, progress=False, root=data)
+            with executor:
+                fitted = method.fit(train, ctx)
+                indexed = method.index(bench, ctx)
+                if fitted is not method or indexed is not method:
+                    raise _fail(what, "fit() or index() does not return self", "return self")
+                result = method.search(bench, ctx)
             if not isinstance(result, SearchResult):
                 raise _fail(
                     what, f"search() returned {type(result).__name__}", "return a SearchResult"
                 )
             runs.append((result, dict(ctx.steps)))
-        (first, steps1), (second, steps2) = runs
+        (first, steps1), (second, steps2), (fresh, _) = runs
         n_q, n_index = bench.gt.n_queries, bench.n_index
         _check_ranks(what, first.ranks, first.scores, n_q, n_index, "search()")
         try:
@@ -282,6 +292,12 @@ def check_family(
                 what,
                 "a second run (from the first one's cache) ranks differently",
                 "make every step deterministic and key its cache by everything that changes it",
+            )
+        if not np.array_equal(first.ranks, fresh.ranks):
+            raise _fail(
+                what,
+                "a run from an empty cache with 2 worker processes ranks differently",
+                "seed every random choice and make results independent of the workers",
             )
         computed = sorted(s for s, how in steps1.items() if how == "computed")
         missed = [s for s in computed if steps2.get(s) != "hit"]
