@@ -361,7 +361,7 @@ def test_the_plugin_runs_from_the_command_line_and_set_reaches_its_settings(
         after[:, 2:], before[:, 2:]
     )
     record = json.loads(((tmp_path / swapped["run_dir"]) / "record.json").read_text())
-    assert record["family"] == "thumbs"
+    assert record["family"] == "thumbs" and record["plugins"] == {"oxplug": "0.1"}
     config = json.loads((tmp_path / swapped["run_dir"] / "config.json").read_text())
     assert config["method"]["swap_k"] == 2 and config["method"]["family"] == "thumbs"
     assert record["execution"]["backend"] == "threads" and record["execution"]["workers"] == 2

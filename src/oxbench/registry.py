@@ -76,6 +76,14 @@ class Origin:
 #: The distributions whose entry points are being loaded (innermost last): what registers now
 #: comes from there, into whichever registry (a family module may also register a re-ranker).
 _LOADING: list[Origin] = []
+#: Distribution -> version of every plugin loaded in this process, by any registry.
+_LOADED: dict[str, str | None] = {}
+
+
+def loaded_plugins() -> dict[str, str | None]:
+    """``{distribution: version}`` of the plugins loaded so far (what a run record names: they
+    change the numbers as a library does)."""
+    return dict(sorted(_LOADED.items()))
 
 
 def _origin_of(entry: object) -> Origin:
@@ -150,6 +158,8 @@ class Registry(Generic[T]):
                 obj = ep.load()
                 if not inspect.ismodule(obj):  # an object to register; a module registered itself
                     (self._adopt or self.register)(ep.name, obj)
+                if origin.distribution is not None:
+                    _LOADED[origin.distribution] = origin.version
             except DuplicateEntryError as exc:  # the registry is unusable until one is removed
                 self._conflict = f"{exc} (entry point {group}: {where})"
                 return

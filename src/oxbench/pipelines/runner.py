@@ -87,6 +87,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     retrieved_document,
     write_run_files,
 )
+from oxbench.registry import loaded_plugins
 
 log = logging.getLogger(__name__)
 
@@ -730,6 +731,7 @@ def run(
                 "git_commit": commit,
                 "host": host,
                 "versions": libraries,
+                "plugins": loaded_plugins(),
                 "accel": _accel_used(),
                 "cache": dict(ctx.steps),
                 "method": m.name,
