@@ -18,7 +18,12 @@ Backends (:data:`EXECUTORS`; one module each, registered by name):
 - ``processes`` -- ``workers`` spawned processes of :mod:`oxbench.workers` (they die with this
   process and stop with it on Ctrl-C or an error);
 - ``dask`` -- Dask distributed (:mod:`oxbench.execution_dask`, the extra ``oxbench[dask]``): an
-  embedded LocalCluster, or an existing cluster's scheduler (``address``).
+  embedded LocalCluster, or an existing cluster's scheduler (``address``);
+- a plugin's, through the ``oxbench.executors`` entry-point group (:mod:`oxbench.registry`).
+
+A backend's own settings are one mapping, checked by the specs it declares
+(:attr:`Executor.options`): ``make_executor("dask", options={"address": "tcp://host:8786"})``,
+``--engine dask --engine-option address=tcp://host:8786`` (``--cluster`` is its shorthand).
 
 An executor may hold resources across stages (a cluster): use it as a context manager, or call
 :meth:`Executor.close` when the run ends.
