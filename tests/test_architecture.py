@@ -184,7 +184,7 @@ def toy_family(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]
     path = tmp_path_factory.mktemp("plugin") / "toy_family.py"
     path.write_text(TOY_FAMILY)
     yield _import_file(path, "toy_family")
-    METHODS._entries.pop("toy-reverse-names", None)  # other tests list the built-in presets only
+    METHODS.unregister("toy-reverse-names")  # other tests list the built-in presets only
 
 
 def test_a_family_from_one_file_runs_through_oxbench_run(
@@ -320,8 +320,8 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
             resolve_method("features", rerank="nope")
     finally:
         for name in ("reverse-top", "needs-local"):
-            RERANKERS._entries.pop(name, None)
-        STAGE_SETTINGS._entries.pop("reverse", None)
+            RERANKERS.unregister(name)
+        STAGE_SETTINGS.unregister("reverse")
 
 
 def _features_benchmark(root: Path):  # noqa: ANN202 - a Benchmark
@@ -535,3 +535,57 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
     # the random floor trains nothing
     floor = oxbench.pipelines.resolve_method("gem-r18-synthetic", weights="random")
     assert not floor.needs_training  # type: ignore[attr-defined]
+
+
+def test_backend_options_are_one_mapping_checked_by_the_backend(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("distributed")
+    monkeypatch.delenv("OXBENCH_CLUSTER", raising=False)
+    dask = make_executor("dask", options={"address": "tcp://127.0.0.1:8786", "retries": "5"})
+    # nothing is reached before a stage needs it; an existing cluster's workers are its own
+    assert dask.address == "tcp://127.0.0.1:8786" and dask.retries == 5 and dask.workers == 1  # type: ignore[attr-defined]
+    assert make_executor("dask", 3, options={"connect_timeout_s": 2}).workers == 3
+    with pytest.raises(InputError, match="dask engine option retries: expected a whole number"):
+        make_executor("dask", options={"retries": "nan"})
+    with pytest.raises(
+        InputError, match="backend 'serial' has no option 'address' .its options: none"
+    ):
+        make_executor("serial", options={"address": "tcp://127.0.0.1:8786"})
+    with pytest.raises(InputError, match="has no option 'adress' .its options: address, connect"):
+        make_executor("dask", options={"adress": "tcp://127.0.0.1:8786"})
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cluster", "tcp://127.0.0.1:8786"], "--cluster is the address of a Dask scheduler and needs --engine dask, not 'processes'"),
+        (["--engine", "dask", "--cluster", "tcp://127.0.0.1:8786", "--engine-option", "address=tcp://127.0.0.1:8787"], "--cluster and --engine-option address=... name the same"),
+        (["--engine-option", "retries"], "--engine-option takes KEY=VALUE, got 'retries'"),
+        (["--engine", "dask", "--engine-option", "retries=1", "--engine-option", "retries=2"], "--engine-option retries is given twice"),
+        (["--engine", "dask", "--engine-option", "retries=-1"], "dask engine option retries: must be in [0, 100]"),
+        (["--engine", "nope"], "unknown execution backend 'nope'; known: dask, processes, serial"),
+    ],
+)  # fmt: skip
+def test_bad_engine_options_on_the_command_line_are_one_line(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "run",
+                "--method",
+                "features",
+                "--root",
+                str(tmp_path),
+                "--out",
+                str(tmp_path / "o"),
+                *args,
+            ]
+        )
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert message in err, err
+    assert not (tmp_path / "o").exists()

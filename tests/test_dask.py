@@ -580,7 +580,7 @@ def test_an_existing_cluster_by_address(
 
     n = 12
     names = [NoiseImages(n).name(i) for i in range(n)]
-    with make_executor("dask", 2, cluster=address_cluster) as executor:
+    with make_executor("dask", 2, options={"address": address_cluster}) as executor:
         assert isinstance(executor, DaskExecutor)
         executor.check_paths({"data root": tmp_path, "cache": tmp_path / "cache"})
         with monkeypatch.context() as patch:  # a folder this process has and the workers do not
@@ -692,8 +692,8 @@ def test_a_bad_cluster_address_is_one_line(
     monkeypatch.setenv("OXBENCH_CLUSTER", address or "nonsense")
     with pytest.raises(InputError, match="OXBENCH_CLUSTER: "):
         DaskExecutor(1)
-    with pytest.raises(InputError, match="needs the dask engine"):
-        make_executor("processes", 2, cluster="tcp://127.0.0.1:8786")
+    with pytest.raises(InputError, match="backend 'processes' has no option 'address'"):
+        make_executor("processes", 2, options={"address": "tcp://127.0.0.1:8786"})
 
 
 @pytest.mark.parametrize("retries", [-1, 101, 1.5, True, "3"])

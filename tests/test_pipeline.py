@@ -43,30 +43,9 @@ def tiny(method: str) -> dict[str, object]:
 
 def make_tiny_root(root: Path) -> Path:
     """A tiny synthetic test city and training city under ``root`` (about 2 s)."""
-    from oxbench.datasets.synthetic.config import SynthConfig
-    from oxbench.datasets.synthetic.generate import generate
+    from oxbench.testing import make_tiny_root as make
 
-    common = {"landmarks": 2, "image_size": (320, 240), "generic_buildings": 4}
-    generate(
-        root / "synthetic",
-        SynthConfig(db_size=40, queries_per_landmark=2, **common),
-        workers=1,
-        progress=False,
-    )
-    generate(
-        root / "synthetic-train",
-        SynthConfig(
-            name="synthetic-train",
-            city="southbridge",
-            seed=1,
-            db_size=30,
-            queries_per_landmark=1,
-            **common,
-        ),
-        workers=1,
-        progress=False,
-    )
-    return root
+    return make(root)
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,12 @@ Backends (:data:`EXECUTORS`; one module each, registered by name):
 - ``processes`` -- ``workers`` spawned processes of :mod:`oxbench.workers` (they die with this
   process and stop with it on Ctrl-C or an error);
 - ``dask`` -- Dask distributed (:mod:`oxbench.execution_dask`, the extra ``oxbench[dask]``): an
-  embedded LocalCluster, or an existing cluster's scheduler (``address``).
+  embedded LocalCluster, or an existing cluster's scheduler (``address``);
+- a plugin's, through the ``oxbench.executors`` entry-point group (:mod:`oxbench.registry`).
+
+A backend's own settings are one mapping, checked by the specs it declares
+(:attr:`Executor.options`): ``make_executor("dask", options={"address": "tcp://host:8786"})``,
+``--engine dask --engine-option address=tcp://host:8786`` (``--cluster`` is its shorthand).
 
 An executor may hold resources across stages (a cluster): use it as a context manager, or call
 :meth:`Executor.close` when the run ends.
@@ -41,12 +46,15 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from oxbench.errors import InputError
 from oxbench.fileio import progress_bar
-from oxbench.registry import Registry
+from oxbench.registry import GROUPS, Registry
 from oxbench.workers import WorkerPool, worker_pool
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.schema import Spec
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +189,19 @@ class Executor(ABC):
     """
 
     backend: ClassVar[str] = ""
+    #: The backend's own options (keyword arguments of ``__init__`` beyond ``workers`` and
+    #: ``cores``), each with the spec that parses and checks it (:mod:`oxbench.schema`); what
+    #: ``make_executor(options=...)`` and ``--engine-option KEY=VALUE`` accept.
+    options: ClassVar[Mapping[str, Spec]] = {}
 
     def __init__(self, workers: int = 1, *, cores: int | None = None) -> None:
         self.workers = check_workers(workers)
         self.cores = max(1, cores if cores is not None else available_cores())
+
+    @classmethod
+    def default_workers(cls, options: Mapping[str, Any]) -> int:
+        """How many workers when none are asked for (with these options): one per available core."""
+        return available_cores()
 
     @property
     def threads_per_worker(self) -> int:
@@ -412,8 +429,11 @@ def _load_backends() -> None:
         importlib.import_module(module)  # registers its backend; imports no dask until used
 
 
-#: Execution backends by name; a new backend is one module that registers its class here.
-EXECUTORS: Registry[type[Executor]] = Registry("execution backend", loader=_load_backends)
+#: Execution backends by name; a new backend is one module that registers its class here, or an
+#: ``oxbench.executors`` entry point naming the class (:mod:`oxbench.registry`).
+EXECUTORS: Registry[type[Executor]] = Registry(
+    "execution backend", loader=_load_backends, group=GROUPS["executors"]
+)
 EXECUTORS.register(SerialExecutor.backend, SerialExecutor)
 EXECUTORS.register(ProcessExecutor.backend, ProcessExecutor)
 
@@ -430,28 +450,34 @@ def make_executor(
     workers: int | None = None,
     *,
     cores: int | None = None,
-    cluster: str | None = None,
+    options: Mapping[str, object] | None = None,
 ) -> Executor:
-    """The executor of ``backend`` with ``workers`` workers (default: one per available core).
+    """The executor of ``backend`` with ``workers`` workers and the backend's own ``options``.
 
     Args:
-        backend: a name of :data:`EXECUTORS`.
-        workers: how many items run at once (with an existing Dask cluster: how many of its
-            workers to wait for; default there: 1).
+        backend: a name of :data:`EXECUTORS` (built-in or from a plugin).
+        workers: how many items run at once (default: :meth:`Executor.default_workers`, one per
+            available core; with an existing Dask cluster, 1: its workers are its own).
         cores: the cores the executor may use.
-        cluster: the scheduler address of an existing cluster (``dask`` only).
+        options: the backend's options by name (:attr:`Executor.options`; ``{"address":
+            "tcp://host:8786"}`` for ``dask``), typed values or text (``--engine-option``), each
+            parsed and checked by the backend's declared spec.
 
     Raises:
-        InputError: an unknown backend, a worker count that is not 1 .. :data:`MAX_WORKERS`, a
-            cluster address with a backend that has none.
+        InputError: an unknown backend or option, a bad option value, a worker count that is not
+            1 .. :data:`MAX_WORKERS`.
     """
     cls = EXECUTORS.get(backend)
-    if cluster is not None:
-        if backend != "dask":
-            raise InputError(
-                f"a cluster address needs the dask engine (--engine dask), not {backend!r}"
-            )
-        return cls(1 if workers is None else workers, cores=cores, address=cluster)  # type: ignore[call-arg]
-    if backend == "dask" and workers is None and os.environ.get("OXBENCH_CLUSTER"):
-        workers = 1  # an existing cluster's workers are its own
-    return cls(available_cores() if workers is None else workers, cores=cores)
+    given = dict(options or {})
+    unknown = sorted(set(given) - set(cls.options))
+    if unknown:
+        known = ", ".join(sorted(cls.options)) or "none"
+        raise InputError(
+            f"execution backend {backend!r} has no option {unknown[0]!r} (its options: {known})"
+        )
+    typed = {
+        k: cls.options[k].coerce(k, v, what=f"{backend} engine option") for k, v in given.items()
+    }
+    if workers is None:
+        workers = cls.default_workers(typed)
+    return cls(workers, cores=cores, **typed)

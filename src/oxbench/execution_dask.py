@@ -57,6 +57,7 @@ from oxbench.execution import (
     thread_cap,
 )
 from oxbench.fileio import TEMP_PREFIX, atomic_write_text, make_folder, progress_bar
+from oxbench.schema import Float, Int, Str
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,18 @@ class DaskExecutor(Executor):
     """
 
     backend = "dask"
+    options = {
+        "address": Str(min_len=1),
+        "retries": Int(lo=0, hi=MAX_RETRIES),
+        "connect_timeout_s": Float(lo=0.1, hi=3600),
+    }
+
+    @classmethod
+    def default_workers(cls, options: Mapping[str, Any]) -> int:
+        """An existing cluster's workers are its own (wait for 1); a LocalCluster: one per core."""
+        if options.get("address") or os.environ.get(CLUSTER_ENV):
+            return 1
+        return available_cores()
 
     def __init__(
         self,

@@ -951,7 +951,7 @@ class RunRecord:
             "'command' must be a list of strings",
             rec_path,
         )
-        for key in ("host", "versions", "cache"):
+        for key in ("host", "versions", "plugins", "cache"):
             _need(
                 key not in record or isinstance(record[key], dict),
                 f"{key!r} must be an object",

@@ -1,45 +1,202 @@
-"""The registry mechanism: named entries (datasets, methods) kept apart from their content.
+"""The registry mechanism: named entries (datasets, methods, stages) kept apart from their content.
 
 Each dataset or method is a short declarative entry registered under a name; this module holds only
 the machinery. Registration happens at import of the module that declares the entries, never with I/O.
+
+Plugins arrive as pytest's do: a registry with an entry-point ``group`` (:data:`GROUPS`) loads, on
+its first lookup, every entry point of that group that installed distributions declare::
+
+    [project.entry-points."oxbench.families"]
+    mypkg = "mypkg.family"             # a module: importing it registers its presets
+    [project.entry-points."oxbench.executors"]
+    slurm = "mypkg.slurm:SlurmExecutor"   # an object: registered under the entry point's name
+
+A plugin that fails to import is named in one :class:`PluginWarning` (with its distribution) and
+the rest stay usable; two entries under one name (two plugins, or a plugin and a built-in) are one
+:class:`~oxbench.errors.InputError` line naming both origins, raised at every lookup of that
+registry until one of them is removed. Every entry knows its :class:`Origin`.
 """
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from oxbench.errors import InputError, close_matches
 
 T = TypeVar("T")
 
+#: The entry-point group of each kind of plugin (``[project.entry-points."<group>"]``).
+GROUPS = {
+    "families": "oxbench.families",
+    "rerankers": "oxbench.rerankers",
+    "local_features": "oxbench.local_features",
+    "descriptors": "oxbench.descriptors",
+    "executors": "oxbench.executors",
+}
+
+
+class DuplicateEntryError(InputError):
+    """A name is registered twice (the message names both origins)."""
+
+
+class PluginWarning(UserWarning):
+    """A plugin (an entry point of an oxbench group) could not be loaded; the rest still are."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a registry entry comes from.
+
+    Attributes:
+        module: the module that defines the entry (``oxbench.pipelines.families.bow``).
+        distribution: the installed distribution whose entry point brought it (``None``: not
+            through an entry point: a built-in, or a module the user imported).
+        version: that distribution's version.
+    """
+
+    module: str
+    distribution: str | None = None
+    version: str | None = None
+
+    @property
+    def builtin(self) -> bool:
+        """Whether the entry is part of oxbench itself."""
+        return self.distribution is None and self.module.split(".", 1)[0] == "oxbench"
+
+    def __str__(self) -> str:
+        if self.distribution is not None:
+            return f"{self.distribution} {self.version}" if self.version else self.distribution
+        return self.module
+
+
+#: The distributions whose entry points are being loaded (innermost last): what registers now
+#: comes from there, into whichever registry (a family module may also register a re-ranker).
+_LOADING: list[Origin] = []
+#: Distribution -> version of every plugin loaded in this process, by any registry.
+_LOADED: dict[str, str | None] = {}
+
+
+def loaded_plugins() -> dict[str, str | None]:
+    """``{distribution: version}`` of the plugins loaded so far (what a run record names: they
+    change the numbers as a library does)."""
+    return dict(sorted(_LOADED.items()))
+
+
+def _origin_of(entry: object) -> Origin:
+    """The module defining ``entry`` (its class's, for an instance), with the distribution whose
+    entry point is being loaded."""
+    module = str(getattr(entry, "__module__", None) or type(entry).__module__)
+    if _LOADING:
+        return Origin(module, _LOADING[-1].distribution, _LOADING[-1].version)
+    return Origin(module)
+
+
+def _entry_points(group: str) -> list[Any]:
+    from importlib.metadata import entry_points
+
+    seen, out = set(), []
+    for ep in entry_points(group=group):
+        key = (ep.name, ep.value, getattr(ep.dist, "name", None))
+        if key not in seen:  # a distribution found twice on sys.path (a --target folder and site)
+            seen.add(key)
+            out.append(ep)
+    return sorted(out, key=lambda ep: (getattr(ep.dist, "name", "") or "", ep.name))
+
 
 class Registry(Generic[T]):
-    """A name -> entry mapping with a clear error for unknown names.
+    """A name -> entry mapping with a clear error for unknown and duplicate names.
 
     Args:
         kind: what the entries are ("dataset", "method"), used in error messages.
-        loader: called once before the first lookup to import the modules that declare entries
-            (keeps ``import oxbench`` light).
+        loader: called once before the first lookup to import the modules that declare the
+            built-in entries (keeps ``import oxbench`` light).
+        group: the entry-point group whose plugins are loaded after the built-ins
+            (:data:`GROUPS`); ``None``: built-ins only.
+        adopt: registers an object an entry point names (default: under the entry point's name).
     """
 
-    def __init__(self, kind: str, loader: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        loader: Callable[[], None] | None = None,
+        *,
+        group: str | None = None,
+        adopt: Callable[[str, Any], object] | None = None,
+    ) -> None:
         self.kind = kind
+        self.group = group
         self._entries: dict[str, T] = {}
+        self._origins: dict[str, Origin] = {}
         self._loader = loader
-        self._loaded = loader is None
+        self._adopt = adopt
+        self._loaded = loader is None and group is None
+        self._conflict: str | None = None
 
     def _ensure_loaded(self) -> None:
         if not self._loaded:
             self._loaded = True
-            assert self._loader is not None
-            self._loader()
+            if self._loader is not None:
+                self._loader()
+            if self.group is not None:
+                self._load_plugins(self.group)
+        if self._conflict is not None:
+            raise InputError(self._conflict)
+
+    def _load_plugins(self, group: str) -> None:
+        for ep in _entry_points(group):
+            dist = ep.dist
+            origin = Origin(ep.value, getattr(dist, "name", None), getattr(dist, "version", None))
+            where = f"plugin {ep.name!r} ({ep.value}) of {origin.distribution or 'an unknown distribution'}"
+            if origin.version:
+                where += f" {origin.version}"
+            _LOADING.append(origin)
+            try:
+                obj = ep.load()
+                if not inspect.ismodule(obj):  # an object to register; a module registered itself
+                    (self._adopt or self.register)(ep.name, obj)
+                if origin.distribution is not None:
+                    _LOADED[origin.distribution] = origin.version
+            except DuplicateEntryError as exc:  # the registry is unusable until one is removed
+                self._conflict = f"{exc} (entry point {group}: {where})"
+                return
+            except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
+                text = " ".join(f"{type(exc).__name__}: {exc}".split())
+                warnings.warn(
+                    f"{where}, group {group}, failed to load and is left out: {text}",
+                    PluginWarning,
+                    stacklevel=4,
+                )
+            finally:
+                _LOADING.pop()
 
     def register(self, name: str, entry: T) -> T:
+        """Register ``entry`` under ``name``.
+
+        Raises:
+            DuplicateEntryError: ``name`` is taken (an :class:`InputError` line naming both origins).
+        """
+        origin = _origin_of(entry)
         if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is registered twice")
+            raise DuplicateEntryError(
+                f"{self.kind} {name!r} is registered twice: by {self._origins[name]} and by {origin}"
+            )
         self._entries[name] = entry
+        self._origins[name] = origin
         return entry
+
+    def unregister(self, name: str) -> None:
+        """Forget ``name`` (a test's or a notebook's temporary entry); unknown names are ignored."""
+        self._entries.pop(name, None)
+        self._origins.pop(name, None)
+
+    def origin(self, name: str) -> Origin:
+        """Where the entry ``name`` comes from."""
+        self.get(name)
+        return self._origins[name]
 
     def get(self, name: str) -> T:
         self._ensure_loaded()

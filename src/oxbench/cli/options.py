@@ -65,21 +65,31 @@ def parse_setting(text: str) -> tuple[str, object]:
 WORKERS_HELP = (
     "Workers of the parallel stages (local-feature extraction, word assignment, spatial "
     "verification, aggregation, image rendering): processes with --engine processes, "
-    "LocalCluster workers with --engine dask, the workers to wait for with --cluster. "
+    "LocalCluster workers with --engine dask, the workers to wait for with --cluster, "
+    "a plugin backend's workers with its --engine NAME. "
     "Default: one per available core."
 )
 
 
 def execution_options(f: Any) -> Any:
-    """``--workers``, ``--engine``, ``--cluster`` and ``--shard-size``: where and in which units the
-    parallel stages run (:mod:`oxbench.execution`)."""
+    """``--workers``, ``--engine``, ``--engine-option``, ``--cluster`` and ``--shard-size``: where
+    and in which units the parallel stages run (:mod:`oxbench.execution`); a command reads the
+    backend's options with :func:`parse_engine_options`."""
     f = click.option(
         "--cluster",
         default=None,
         metavar="tcp://HOST:PORT",
-        help="With --engine dask: the scheduler of an existing Dask cluster, whose workers "
-        "see the data root and cache at the same paths (default: $OXBENCH_CLUSTER, "
-        "else an embedded LocalCluster on 127.0.0.1).",
+        help="Short for --engine-option address=tcp://HOST:PORT with --engine dask: the "
+        "scheduler of an existing Dask cluster, whose workers see the data root and cache at "
+        "the same paths (default: $OXBENCH_CLUSTER, else an embedded LocalCluster on 127.0.0.1).",
+    )(f)
+    f = click.option(
+        "--engine-option",
+        "engine_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An option of the execution backend (repeatable), e.g. --engine dask "
+        "--engine-option retries=5; a plugin backend documents its own.",
     )(f)
     f = click.option(
         "--shard-size",
@@ -92,10 +102,35 @@ def execution_options(f: Any) -> Any:
         "--engine",
         default="processes",
         show_default=True,
-        help="Execution backend of the parallel stages: processes, serial, or dask "
-        '(pip install "oxbench[dask]").',
+        help="Execution backend of the parallel stages: processes, serial, dask "
+        '(pip install "oxbench[dask]"), or one an installed plugin adds.',
     )(f)
     return click.option("--workers", type=int, default=None, help=WORKERS_HELP)(f)
+
+
+def parse_engine_options(
+    engine: str, texts: tuple[str, ...], cluster: str | None
+) -> dict[str, object]:
+    """``--engine-option KEY=VALUE`` (repeatable) and the ``--cluster`` shorthand as one mapping
+    for :func:`oxbench.execution.make_executor`; the values stay text, parsed there by the
+    backend's declared options."""
+    options: dict[str, object] = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--engine-option takes KEY=VALUE, got {text!r}")
+        if key.strip() in options:
+            raise InputError(f"--engine-option {key.strip()} is given twice")
+        options[key.strip()] = value.strip()
+    if cluster is not None:
+        if engine != "dask":
+            raise InputError(
+                f"--cluster is the address of a Dask scheduler and needs --engine dask, not {engine!r}"
+            )
+        if "address" in options:
+            raise InputError("--cluster and --engine-option address=... name the same; give one")
+        options["address"] = cluster
+    return options
 
 
 def parse_partition(text: str | None) -> tuple[int, int] | None:

@@ -10,6 +10,7 @@ from oxbench.cli.options import (
     execution_options,
     method_options,
     parse_distractors,
+    parse_engine_options,
     parse_partition,
     parse_setting,
     parse_workers,
@@ -125,6 +126,7 @@ def run(
     top_r: str | None,
     workers: int | None,
     engine: str,
+    engine_options: tuple[str, ...],
     cluster: str | None,
     shard_size: int | None,
     distractors: str | None,
@@ -191,7 +193,7 @@ def run(
             strict=not allow_partial,
             workers=parse_workers(workers),
             engine=engine,
-            cluster=cluster,
+            engine_options=parse_engine_options(engine, engine_options, cluster),
             shard_size=shard_size,
             progress=not no_progress and not as_json,
             train_dataset=training_set_of(m, dataset, train_dataset),
@@ -215,7 +217,7 @@ def run(
         overrides=overrides,
         workers=parse_workers(workers),
         engine=engine,
-        cluster=cluster,
+        engine_options=parse_engine_options(engine, engine_options, cluster),
         shard_size=shard_size,
         overwrite=overwrite,
         top_k=top_k,
@@ -317,7 +319,12 @@ def methods(name: str | None, as_json: bool) -> None:
             click.echo(
                 json.dumps(
                     [
-                        {"family": f.name, "about": f.about, "presets": list(f.presets)}
+                        {
+                            "family": f.name,
+                            "about": f.about,
+                            "presets": list(f.presets),
+                            "origins": {p: str(METHODS.origin(p)) for p in f.presets},
+                        }
                         for f in families
                     ],
                     indent=1,
@@ -331,7 +338,8 @@ def methods(name: str | None, as_json: bool) -> None:
         for f in families:
             click.echo(f"\n{f.name}: {f.about}")
             for preset in f.presets:
-                click.echo(f"  {preset}")
+                origin = METHODS.origin(preset)  # a plugin's presets say where they come from
+                click.echo(f"  {preset}" + ("" if origin.builtin else f"  [from {origin}]"))
         return
     from oxbench.pipelines.method import settings_rows
 

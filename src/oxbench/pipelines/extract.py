@@ -84,7 +84,7 @@ def extract_descriptors(
     strict: bool = True,
     workers: int | None = 1,
     engine: str = "processes",
-    cluster: str | None = None,
+    engine_options: Mapping[str, object] | None = None,
     shard_size: int | None = None,
     decode_threads: int | None = None,
     progress: bool = True,
@@ -106,8 +106,9 @@ def extract_descriptors(
             warnings and ``extract.json``, zero descriptors).
         workers: workers of the parallel stages (SIFT extraction, VLAD aggregation), through
             the ``engine`` executor (:mod:`oxbench.execution`).
-        engine: the execution backend (``processes``, ``serial``, ``dask``).
-        cluster: with ``engine="dask"``, an existing scheduler (default: a LocalCluster).
+        engine: the execution backend (``processes``, ``serial``, ``dask``, or a plugin's).
+        engine_options: the backend's own options (:func:`oxbench.execution.make_executor`;
+            ``{"address": "tcp://host:8786"}``: an existing Dask scheduler).
         shard_size: images per write-once shard of the local-feature stores (default 64).
         decode_threads: threads that decode images for a CNN (default: the available cores).
         progress: progress bars.
@@ -128,7 +129,7 @@ def extract_descriptors(
     root_path = data_root(root)
     m.check_inputs(root_path)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    executor = make_executor(engine, workers, cluster=cluster)
+    executor = make_executor(engine, workers, options=engine_options)
     try:
         executor.check_paths(
             {"data root": root_path, "cache": cache_dir}
@@ -250,7 +251,7 @@ def extract_partition(
     strict: bool = True,
     workers: int | None = 1,
     engine: str = "processes",
-    cluster: str | None = None,
+    engine_options: Mapping[str, object] | None = None,
     shard_size: int | None = None,
     progress: bool = True,
     train_dataset: str | None = None,
@@ -281,7 +282,7 @@ def extract_partition(
     require_installed(m.requires)
     root_path = data_root(root)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    executor: Executor = make_executor(engine, workers, cluster=cluster)
+    executor: Executor = make_executor(engine, workers, options=engine_options)
     size = shard_size or DEFAULT_SHARD_SIZE
     done: dict[str, int] = {}
     with executor:

@@ -18,7 +18,8 @@ method the same way and writes the same run folder.
 Families: one module each in :mod:`oxbench.pipelines.families` (bag of words, ASMK, global
 descriptors), holding its config, its method and its presets; :data:`METHODS` imports every module
 of that package on first use. A family of your own is one module that defines a config and a
-method and calls :func:`register_method`; import it before resolving its presets.
+method and calls :func:`register_method`; import it before resolving its presets, or declare it
+as an ``oxbench.families`` entry point of its distribution (docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from oxbench.execution import Executor, SerialExecutor, available_cores, cpu_sec
 from oxbench.features.local import learns_on_test_set, reads_pixels
 from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import json_digest
-from oxbench.registry import Registry
+from oxbench.registry import GROUPS, Registry
 from oxbench.schema import SPEC_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -331,21 +332,29 @@ def _load_families() -> None:
             importlib.import_module(info.name)
 
 
-#: Every named method of every family, by name.
-METHODS: Registry[MethodConfig] = Registry("method", loader=_load_families)
+def _adopt_presets(name: str, obj: object) -> None:
+    """An ``oxbench.families`` entry point that names a preset, or a list of presets."""
+    for config in obj if isinstance(obj, list | tuple) else [obj]:
+        if not isinstance(config, MethodConfig):
+            raise TypeError(
+                f"entry point {name!r} names {config!r}, not a module or a MethodConfig"
+            )
+        register_method(config)
+
+
+#: Every named method of every family, by name; plugins add theirs through the entry-point group
+#: ``oxbench.families`` (:mod:`oxbench.registry`).
+METHODS: Registry[MethodConfig] = Registry(
+    "method", loader=_load_families, group=GROUPS["families"], adopt=_adopt_presets
+)
 
 
 def register_method(config: MethodConfig) -> MethodConfig:
     """Register a preset under ``config.name`` (a family module calls it for each of its presets).
 
     Raises:
-        InputError: the name is taken (by this or another family).
+        InputError: the name is taken (by this or another family; the line names both modules).
     """
-    if config.name in METHODS:
-        other = METHODS.get(config.name)
-        raise InputError(
-            f"method preset {config.name!r} is registered twice ({other.family} and {config.family})"
-        )
     return METHODS.register(config.name, config)
 
 

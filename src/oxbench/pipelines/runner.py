@@ -95,6 +95,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     retrieved_document,
     write_run_files,
 )
+from oxbench.registry import loaded_plugins
 from oxbench.schema import seed_settings
 
 log = logging.getLogger(__name__)
@@ -552,7 +553,7 @@ def run(
     overrides: Mapping[str, object] | None = None,
     workers: int | None = 1,
     engine: str = "processes",
-    cluster: str | None = None,
+    engine_options: Mapping[str, object] | None = None,
     shard_size: int | None = None,
     progress: bool = True,
     distractors: str | int | None = None,
@@ -581,9 +582,10 @@ def run(
             spatial verification, VLAD aggregation), run by the ``engine`` executor (``None``:
             one per available core).
         engine: the execution backend (:data:`oxbench.execution.EXECUTORS`: ``processes``,
-            ``serial``, ``dask``).
-        cluster: with ``engine="dask"``, the scheduler of an existing cluster
-            (``tcp://host:8786``; default ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
+            ``serial``, ``dask``, or a plugin's).
+        engine_options: the backend's own options (:func:`oxbench.execution.make_executor`),
+            e.g. ``{"address": "tcp://host:8786"}`` for an existing Dask cluster (default
+            ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
         shard_size: images per write-once shard of the local-feature stores (default 64).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
@@ -639,7 +641,7 @@ def run(
             overwrite=overwrite,
             only=("dataset", "method"),
         )
-    executor = make_executor(engine, workers, cluster=cluster)
+    executor = make_executor(engine, workers, options=engine_options)
     try:  # a cluster the executor started stops with the run, whatever happens
         # a cluster's workers must see the data and the cache: asked before anything is loaded
         executor.check_paths(
@@ -764,6 +766,7 @@ def run(
                 "git_commit": commit,
                 "host": host,
                 "versions": libraries,
+                "plugins": loaded_plugins(),
                 "accel": _accel_used(),
                 "cache": dict(ctx.steps),
                 "method": m.name,

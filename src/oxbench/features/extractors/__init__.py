@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
-from oxbench.registry import Registry
+from oxbench.registry import GROUPS, Registry
 from oxbench.schema import Spec, _Refusal
 
 __all__ = [
@@ -70,8 +70,36 @@ def _load_extractors() -> None:
             importlib.import_module(info.name)
 
 
-#: Every named local feature, by name (each module of this package registers its own).
-LOCAL_EXTRACTORS: Registry[ExtractorEntry] = Registry("local feature", loader=_load_extractors)
+def _adopt_plugin(name: str, obj: Any) -> object:
+    """Register what an ``oxbench.local_features`` entry point names: an :class:`ExtractorEntry`, or
+    a class (callable) whose instances are :class:`~oxbench.features.local.LocalExtractor` configs,
+    built with no argument from text (``--set features=NAME``) and from its ``to_dict()``."""
+    if isinstance(obj, ExtractorEntry):
+        return register_local_extractor(obj)
+    if not callable(obj):
+        raise InputError(f"local feature plugin {name!r}: {obj!r} is neither an entry nor a class")
+    sample = obj()
+    if not isinstance(sample, LocalExtractor):
+        raise InputError(f"local feature plugin {name!r}: {obj!r}() is not a local extractor")
+
+    def from_text(argument: str) -> LocalExtractor:
+        if argument:
+            raise InputError(f"local features {name!r} take no argument, got {argument!r}")
+        return obj()  # type: ignore[no-any-return]
+
+    def from_dict(values: Mapping[str, Any]) -> LocalExtractor:
+        return obj(**{k: v for k, v in values.items() if k != "kind"})  # type: ignore[no-any-return]
+
+    doc = (getattr(obj, "__doc__", None) or "").strip().split("\n", 1)[0]
+    kind = str(sample.to_dict().get("kind", name))
+    return register_local_extractor(ExtractorEntry(name, doc, kind, from_text, from_dict))
+
+
+#: Every named local feature, by name (each module of this package registers its own; plugins
+#: through the ``oxbench.local_features`` entry points).
+LOCAL_EXTRACTORS: Registry[ExtractorEntry] = Registry(
+    "local feature", loader=_load_extractors, group=GROUPS["local_features"], adopt=_adopt_plugin
+)
 
 
 def register_local_extractor(entry: ExtractorEntry) -> ExtractorEntry:

@@ -11,8 +11,9 @@ stored local features (spatial verification). A stage that needs what a family d
 refused in one line when the method is built.
 
 Stages, by the name a pipeline gives them (:data:`RERANKERS`; the modules of this package are
-imported on first lookup, a module elsewhere may call :func:`register_reranker`), with the
-settings groups they read (:data:`STAGE_SETTINGS`):
+imported on first lookup, then the ``oxbench.rerankers`` entry points of installed plugins; a module
+elsewhere may call :func:`register_reranker`), with the settings groups they read
+(:data:`STAGE_SETTINGS`, which plugins extend the same way):
 
 - ``aqe``, ``alpha-qe`` -- query expansion over the top ``qe.k`` (group ``qe``; :mod:`.qe`);
 - ``diffusion`` -- Iscen et al.'s diffusion over the database graph (group ``diffusion``;
@@ -47,7 +48,7 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.pipelines.method import RunContext, SearchResult
-from oxbench.registry import Registry
+from oxbench.registry import GROUPS, Registry
 from oxbench.schema import setting
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -174,10 +175,16 @@ CAPABILITY_WORDS = {
 }
 
 #: Re-rankers by name (each class builds itself from its settings groups: :meth:`Reranker.from_settings`).
-RERANKERS: Registry[type[Reranker]] = Registry("re-ranker", loader=lambda: _load_modules())
+RERANKERS: Registry[type[Reranker]] = Registry(
+    "re-ranker", loader=lambda: _load_modules(), group=GROUPS["rerankers"]
+)
 
 #: Settings groups by name (``qe``, ``spatial``, ``diffusion``, ...): the frozen dataclass of each.
-STAGE_SETTINGS: Registry[type] = Registry("stage settings group", loader=lambda: _load_modules())
+#: A plugin's re-ranker module registers its groups when RERANKERS loads the plugins, so looking a
+#: group up loads the re-rankers first.
+STAGE_SETTINGS: Registry[type] = Registry(
+    "stage settings group", loader=lambda: RERANKERS._ensure_loaded()
+)
 
 
 def _load_modules() -> None:
@@ -190,10 +197,8 @@ def register_reranker(name: str, reranker: type[Reranker]) -> None:
     """Register a re-ranker class under ``name`` (its module calls this once).
 
     Raises:
-        InputError: the name is taken.
+        InputError: the name is taken (the line names both modules).
     """
-    if name in RERANKERS:
-        raise InputError(f"re-ranker {name!r} is registered twice")
     if "name" not in vars(reranker) or not reranker.name:
         reranker.name = name
     RERANKERS.register(name, reranker)

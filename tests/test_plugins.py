@@ -1,0 +1,563 @@
+"""Plugins from outside the package, as an installed distribution declares them.
+
+A plugin package is written here into a temporary folder (its own ``pyproject.toml`` with entry
+points, built by setuptools) and installed with pip into a target folder, never into the test venv;
+the command line then runs in a subprocess with that folder on ``PYTHONPATH``. The package adds a
+family with two presets, a re-ranker with a setting, a local extractor and an execution backend;
+the command line lists, runs and configures them, and :mod:`oxbench.testing` checks them.
+
+The bad plugins (one that fails to import, ones that take a name already taken) are distributions
+written by hand (a ``.dist-info`` folder with ``METADATA`` and ``entry_points.txt``: what pip
+writes), which keeps them quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import oxbench
+from oxbench.errors import InputError
+from oxbench.registry import PluginWarning, Registry
+from test_architecture import TOY_EXTRACTOR
+
+SRC = Path(oxbench.__file__).resolve().parents[1]
+
+PYPROJECT = """
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "oxplug"
+version = "0.1"
+requires-python = ">=3.11"
+
+[project.entry-points."oxbench.families"]
+thumbs = "oxplug.family"
+
+[project.entry-points."oxbench.rerankers"]
+swap-top = "oxplug.rerank:SwapTop"
+
+[project.entry-points."oxbench.local_features"]
+grid-patches = "oxplug.local:GridPatches"
+
+[project.entry-points."oxbench.executors"]
+threads = "oxplug.threads:ThreadExecutor"
+"""
+
+FAMILY = '''
+"""Thumbnail retrieval (a plugin): every image as a tiny grey thumbnail, compared by cosine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from oxbench import schema as S
+from oxbench.fileio import atomic_write_npy, json_digest
+from oxbench.pipelines import MethodConfig, RetrievalMethod, register_method
+from oxbench.pipelines.rerankers import Pipeline, Ranking, build_stages, run_stages
+
+
+@dataclass(frozen=True)
+class ThumbsConfig(MethodConfig, Pipeline):
+    family: ClassVar[str] = "thumbs"
+    name: str
+    side: int = S.setting(8, S.Int(lo=2, hi=64), doc="thumbnail side in pixels")
+
+    def __post_init__(self) -> None:
+        S.validate(self)
+
+    @property
+    def needs_training(self) -> bool:
+        return False
+
+    def build(self) -> Thumbs:
+        return Thumbs(self)
+
+
+class Describe:
+    """The job of the describe stage: one thumbnail per image index (picklable)."""
+
+    def __init__(self, bench: Any, part: str, side: int) -> None:
+        self.bench, self.part, self.side = bench, part, side
+
+    def __call__(self, i: int) -> np.ndarray:
+        if self.part == "queries":
+            image = self.bench.query_crop(i)
+        else:
+            image = self.bench.database.read(i)
+        grey = image.astype(np.float32).mean(axis=2)
+        rows = np.linspace(0, grey.shape[0] - 1, self.side).astype(int)
+        cols = np.linspace(0, grey.shape[1] - 1, self.side).astype(int)
+        v = grey[np.ix_(rows, cols)].ravel()
+        v -= v.mean()
+        return (v / max(float(np.linalg.norm(v)), 1e-6)).astype(np.float32)
+
+
+class Space:
+    capabilities = frozenset({"vectors"})
+
+    def __init__(self, database: np.ndarray) -> None:
+        self.database = database
+
+    def rank(self, queries: Any) -> tuple[np.ndarray, np.ndarray]:
+        scores = np.atleast_2d(np.asarray(queries, np.float32)) @ self.database.T
+        ranks = np.argsort(-scores, axis=1, kind="stable").astype(np.int64)
+        return np.take_along_axis(scores, ranks, axis=1), ranks
+
+
+class Thumbs(RetrievalMethod):
+    def __init__(self, config: ThumbsConfig) -> None:
+        self.config = config
+
+    def fit(self, train: Any, ctx: Any) -> Thumbs:
+        return self
+
+    def _describe(self, bench: Any, part: str, ctx: Any) -> np.ndarray:
+        """Thumbnails of one part, cached under a key of what determines them."""
+        n = len(bench.database) if part == "database" else bench.gt.n_queries
+        key = json_digest([bench.describe(), part, self.config.side], 12)
+        path = ctx.cache / "thumbs" / f"{bench.id}-{part}-{key}.npy"
+        if path.is_file():
+            ctx.record_step(f"thumbs-{part}", hit=True)
+            return np.load(path)
+        job = Describe(bench, part, self.config.side)
+        with ctx.timed(f"thumbs-{part}"):
+            out = np.stack(list(ctx.executor.map(job, list(range(n)), desc=part)))
+        atomic_write_npy(path, out)
+        ctx.record_step(f"thumbs-{part}", hit=False)
+        return out
+
+    def index(self, bench: Any, ctx: Any) -> Thumbs:
+        self.space = Space(self._describe(bench, "database", ctx))
+        self.stages = build_stages(self.config, self.config.rerank, Space.capabilities)
+        return self
+
+    def search(self, bench: Any, ctx: Any) -> Any:
+        queries = self._describe(bench, "queries", ctx)
+        scores, ranks = self.space.rank(queries)
+        ranking = Ranking(ranks, scores, queries, info={"thumb_side": self.config.side})
+        return run_stages(ranking, self.stages, self.space, ctx).result()
+
+
+register_method(ThumbsConfig("oxplug-thumbs", rerank=("swap-top",)))
+register_method(ThumbsConfig("oxplug-thumbs-16", side=16))
+'''
+
+RERANKER = '''
+"""A re-ranker with settings of its own (a plugin): reverses the top ``swap.k`` of every list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from oxbench import schema as S
+from oxbench.pipelines.rerankers import Ranking, Reranker, register_stage_settings
+
+
+@dataclass(frozen=True)
+class SwapSettings:
+    k: int = S.setting(3, S.Int(lo=2, hi=100), doc="how many of the top it reverses")
+
+    def __post_init__(self) -> None:
+        S.validate(self, label=lambda n: f"swap.{n}")
+
+
+class SwapTop(Reranker):
+    needs = frozenset({"vectors"})
+    uses = ("swap",)
+
+    def __init__(self, settings: SwapSettings) -> None:
+        self.k = settings.k
+
+    def rerank(self, ranking: Ranking, space: Any, ctx: Any) -> Ranking:
+        ranks, scores = ranking.ranks.copy(), ranking.scores.copy()
+        k = self.k
+        ranks[:, :k], scores[:, :k] = ranks[:, k - 1 :: -1], scores[:, k - 1 :: -1]
+        return Ranking(ranks, scores, ranking.queries, info={**ranking.info, "swapped": k})
+
+
+register_stage_settings("swap", SwapSettings)
+'''
+
+EXECUTOR = '''
+"""An execution backend (a plugin): the items of a stage on a pool of threads."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from oxbench import schema as S
+from oxbench.execution import Executor
+
+
+class ThreadExecutor(Executor):
+    backend = "threads"
+    options = {"name_prefix": S.Str(min_len=1, max_len=32)}
+
+    def __init__(self, workers: int = 1, *, cores: int | None = None, name_prefix: str = "oxplug") -> None:
+        super().__init__(workers, cores=cores)
+        self.name_prefix = name_prefix
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "name_prefix": self.name_prefix}
+
+    def map(
+        self,
+        job: Callable[[Any], Any],
+        items: Sequence[Any],
+        *,
+        desc: str | None = None,
+        unit: str = "item",
+        progress: bool = False,
+    ) -> Generator[Any, None, None]:
+        pool = ThreadPoolExecutor(self.workers, thread_name_prefix=self.name_prefix)
+        futures = [pool.submit(job, item) for item in items]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+'''
+
+#: After install: checks of oxbench.testing on what the plugin registered, run in a subprocess.
+CHECKS = """
+import sys
+from oxbench.execution import EXECUTORS
+from oxbench.features.extractors import LOCAL_EXTRACTORS, local_extractor
+from oxbench.pipelines.method import METHODS
+from oxbench.pipelines.rerankers import RERANKERS
+from oxbench.testing import check_executor, check_family, check_local_extractor, check_reranker
+
+if __name__ == "__main__":
+    root = sys.argv[1]
+    check_family(METHODS.get("oxplug-thumbs"), root=root)
+    check_reranker(RERANKERS.get("swap-top"))
+    check_local_extractor(local_extractor("grid-patches"), root=root)
+    check_executor(EXECUTORS.get("threads"))
+    for registry, name in [(METHODS, "oxplug-thumbs"), (RERANKERS, "swap-top"),
+                           (LOCAL_EXTRACTORS, "grid-patches"), (EXECUTORS, "threads")]:
+        print(name, registry.origin(name))
+"""
+
+
+def _write(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text).lstrip())
+    return folder
+
+
+def _hand_installed(target: Path, name: str, entry_points: str, modules: dict[str, str]) -> Path:
+    """A distribution ``name`` 0.1 as an installer leaves it in ``target``."""
+    info = target / f"{name}-0.1.dist-info"
+    _write(
+        target,
+        {
+            f"{info.name}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+            f"{info.name}/entry_points.txt": entry_points,
+            **modules,
+        },
+    )
+    return target
+
+
+def _oxbench(path: list[Path], *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(SRC)])}
+    env.pop("OXBENCH_CLUSTER", None)
+    return subprocess.run(
+        [sys.executable, "-m", "oxbench", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The oxplug package, built and installed by pip into a target folder (returned)."""
+    pytest.importorskip("setuptools")
+    tmp = tmp_path_factory.mktemp("oxplug")
+    package = _write(
+        tmp / "oxplug",
+        {
+            "pyproject.toml": PYPROJECT,
+            "src/oxplug/__init__.py": '"""Thumbnails, a swap re-ranker, grid patches, threads."""\n',
+            "src/oxplug/family.py": FAMILY,
+            "src/oxplug/rerank.py": RERANKER,
+            "src/oxplug/local.py": TOY_EXTRACTOR,
+            "src/oxplug/threads.py": EXECUTOR,
+        },
+    )
+    target = tmp / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    pip += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
+    done = subprocess.run(
+        [*pip, str(package)], capture_output=True, text=True, timeout=300, cwd=tmp
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (target / "oxplug-0.1.dist-info" / "entry_points.txt").is_file()
+    return target
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("cv2")
+    pytest.importorskip("PIL.Image")
+    from oxbench.testing import make_tiny_root
+
+    return make_tiny_root(tmp_path_factory.mktemp("data"))
+
+
+def test_the_plugin_presets_are_listed_with_their_origin(plugin: Path, tmp_path: Path) -> None:
+    done = _oxbench([plugin], "methods", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "  oxplug-thumbs  [from oxplug 0.1]" in lines
+    assert "  oxplug-thumbs-16  [from oxplug 0.1]" in lines
+    assert "  rootsift-bow" in lines  # the built-ins carry no origin
+    assert any(ln.startswith("thumbs: Thumbnail retrieval (a plugin)") for ln in lines)
+    assert done.stderr == ""
+    listing = json.loads(_oxbench([plugin], "methods", "--json", cwd=tmp_path).stdout)
+    thumbs = next(f for f in listing if f["family"] == "thumbs")
+    assert thumbs["origins"] == {"oxplug-thumbs": "oxplug 0.1", "oxplug-thumbs-16": "oxplug 0.1"}
+    # its settings are described from their specs like any preset's
+    settings = _oxbench([plugin], "methods", "oxplug-thumbs", cwd=tmp_path)
+    row = next(line for line in settings.stdout.splitlines() if line.split()[:1] == ["swap.k"])
+    assert row.split()[1:3] == ["int", "3"] and row.endswith("[in [2, 100]]"), row
+
+
+def test_the_plugin_runs_from_the_command_line_and_set_reaches_its_settings(
+    plugin: Path, data_root: Path, tmp_path: Path
+) -> None:
+    def run(*args: str) -> dict:
+        common = ["run", "--dataset", "synthetic", "--root", str(data_root), "--json"]
+        done = _oxbench([plugin], *common, *args, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    plain = run("--method", "oxplug-thumbs", "--set", "rerank=none", "--engine", "serial")
+    swapped = run(
+        "--method", "oxplug-thumbs", "--set", "swap.k=2", "--engine", "threads",
+        "--engine-option", "name_prefix=oxtest", "--workers", "2",
+    )  # fmt: skip
+    before = np.load((tmp_path / plain["run_dir"]) / "ranks.npy").T
+    after = np.load((tmp_path / swapped["run_dir"]) / "ranks.npy").T
+    assert np.array_equal(after[:, :2], before[:, 1::-1]) and np.array_equal(
+        after[:, 2:], before[:, 2:]
+    )
+    record = json.loads(((tmp_path / swapped["run_dir"]) / "record.json").read_text())
+    assert record["family"] == "thumbs" and record["plugins"] == {"oxplug": "0.1"}
+    config = json.loads((tmp_path / swapped["run_dir"] / "config.json").read_text())
+    assert config["method"]["swap"] == {"k": 2} and config["method"]["family"] == "thumbs"
+    assert record["execution"]["backend"] == "threads" and record["execution"]["workers"] == 2
+    assert (
+        json.loads(((tmp_path / swapped["run_dir"]) / "metrics.json").read_text())["run"]["swapped"]
+        == 2
+    )
+    # the thumbnails came from the cache the first run filled, whatever backend ran them
+    assert record["cache"] == {"thumbs-database": "hit", "thumbs-queries": "hit"}
+    # a bad value of its setting, or of its backend's option: one line, exit 2
+    common = [
+        "run",
+        "--dataset",
+        "synthetic",
+        "--root",
+        str(data_root),
+        "--method",
+        "oxplug-thumbs",
+    ]
+    bad = _oxbench([plugin], *common, "--set", "swap.k=nan", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "swap.k" in bad.stderr
+    bad = _oxbench(
+        [plugin], *common, "--engine", "threads", "--engine-option", "colour=red", cwd=tmp_path
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "backend 'threads' has no option 'colour' (its options: name_prefix)" in bad.stderr
+
+
+def test_the_plugin_passes_the_checks_of_oxbench_testing(
+    plugin: Path, data_root: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "checks.py"
+    script.write_text(CHECKS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), str(SRC)])}
+    done = subprocess.run(
+        [sys.executable, str(script), str(data_root)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "oxplug-thumbs oxplug 0.1",
+        "swap-top oxplug 0.1",
+        "grid-patches oxplug 0.1",
+        "threads oxplug 0.1",
+    ]
+
+
+def test_a_plugin_that_fails_to_import_is_one_warning_and_the_rest_are_listed(
+    plugin: Path, tmp_path: Path
+) -> None:
+    broken = _hand_installed(
+        tmp_path / "broken",
+        "oxbroken",
+        "[oxbench.families]\nbroken = oxbroken.family\n",
+        {"oxbroken/__init__.py": "", "oxbroken/family.py": "import no_such_module_xyz\n"},
+    )
+    done = _oxbench([plugin, broken], "methods", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "  oxplug-thumbs  [from oxplug 0.1]" in done.stdout.splitlines()
+    assert "  rootsift-bow" in done.stdout.splitlines()
+    warning = done.stderr.splitlines()
+    assert len(warning) == 1, done.stderr
+    assert "PluginWarning" in warning[0] and "'broken'" in warning[0]
+    assert "oxbroken 0.1" in warning[0] and "no_such_module_xyz" in warning[0]
+
+
+def test_a_name_taken_twice_is_one_line_naming_both_origins_and_exit_2(
+    plugin: Path, tmp_path: Path
+) -> None:
+    # a plugin and a built-in: a preset named as a built-in one
+    dup = _hand_installed(
+        tmp_path / "dup",
+        "oxdup",
+        "[oxbench.families]\nbow = oxdup:PRESET\n",
+        {
+            "oxdup/__init__.py": "from oxbench.pipelines import BowConfig\nPRESET = BowConfig('rootsift-bow')\n"
+        },
+    )
+    done = _oxbench([dup], "methods", cwd=tmp_path)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert (
+        "method 'rootsift-bow' is registered twice: by oxbench.pipelines.families.bow and "
+        "by oxdup 0.1" in done.stderr
+    )
+    # two plugins: a second 'threads' backend
+    dup2 = _hand_installed(
+        tmp_path / "dup2",
+        "oxdup2",
+        "[oxbench.executors]\nthreads = oxdup2:Threads\n",
+        {"oxdup2/__init__.py": "from oxbench.execution import SerialExecutor as Threads\n"},
+    )
+    done = _oxbench(
+        [plugin, dup2], "run", "--method", "oxplug-thumbs", "--engine", "threads", cwd=tmp_path
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "execution backend 'threads' is registered twice: by oxdup2 0.1 and by oxplug 0.1" in (
+        done.stderr
+    )
+
+
+# ------------------------------------------------------------------ the mechanism, in process
+
+
+def _registry_plugins(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _hand_installed(
+        folder,
+        "thingpkg",
+        "[oxbench.test-things]\nmodule = thingpkg.things\nobject = thingpkg:BLUE\n",
+        {
+            "thingpkg/__init__.py": "BLUE = 'blue thing'\n",
+            "thingpkg/things.py": "from oxbench_test_registry import THINGS\nTHINGS.register('red', 'red thing')\n",
+        },
+    )
+    _hand_installed(
+        folder,
+        "zbroken",
+        "[oxbench.test-things]\nbad = zbroken:MISSING\n",
+        {"zbroken/__init__.py": ""},
+    )
+    _hand_installed(  # a plugin whose own check refuses its entry: broken, not a duplicate
+        folder,
+        "ybadvalue",
+        "[oxbench.test-things]\nbadvalue = ybadvalue\n",
+        {
+            "ybadvalue/__init__.py": "from oxbench.errors import InputError\n"
+            "raise InputError('setting side: must be >= 2, got 1')\n"
+        },
+    )
+    monkeypatch.syspath_prepend(str(folder))
+
+
+def test_a_registry_loads_its_group_on_first_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    _registry_plugins(tmp_path, monkeypatch)
+    holder = types.ModuleType("oxbench_test_registry")
+    holder.THINGS = things = Registry("thing", group="oxbench.test-things")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "oxbench_test_registry", holder)
+    for name in ("thingpkg", "thingpkg.things", "zbroken", "ybadvalue"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    things.register("green", "green thing")
+    assert "thingpkg.things" not in sys.modules  # nothing is imported before a lookup
+    with pytest.warns(PluginWarning) as caught:
+        assert things.names() == ["green", "red", "object"]  # built-ins, then by distribution
+    assert len(caught) == 2, [str(w.message) for w in caught]
+    missing, bad_value = sorted(str(w.message) for w in caught)
+    assert (
+        "plugin 'bad' (zbroken:MISSING) of zbroken 0.1" in missing and "AttributeError" in missing
+    )
+    assert "plugin 'badvalue' (ybadvalue) of ybadvalue 0.1" in bad_value
+    assert "InputError: setting side: must be >= 2, got 1" in bad_value
+    assert things.get("red") == "red thing" and things.get("object") == "blue thing"
+    assert str(things.origin("red")) == "thingpkg 0.1" and not things.origin("red").builtin
+    assert things.origin("red").module == "builtins"  # a str's class: the object registered
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        things.names()  # loaded once: no second warning
+    with pytest.raises(InputError, match="thing 'red' is registered twice: by thingpkg 0.1 and by"):
+        things.register("red", "another")
+
+
+def test_a_duplicate_from_a_plugin_is_refused_at_every_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    _registry_plugins(tmp_path, monkeypatch)
+    holder = types.ModuleType("oxbench_test_registry")
+    holder.THINGS = things = Registry(  # type: ignore[attr-defined]
+        "thing",
+        loader=lambda: things.register("object", "built-in object"),
+        group="oxbench.test-things",
+    )
+    monkeypatch.setitem(sys.modules, "oxbench_test_registry", holder)
+    for name in ("thingpkg", "thingpkg.things", "zbroken", "ybadvalue"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    for _ in range(2):
+        with pytest.raises(InputError) as err:
+            things.get("red")
+        message = str(err.value)
+        assert "\n" not in message
+        assert message.startswith(
+            "thing 'object' is registered twice: by builtins and by thingpkg 0.1"
+        )
+        assert (
+            "(entry point oxbench.test-things: plugin 'object' (thingpkg:BLUE) of thingpkg 0.1)"
+            in message
+        )
