@@ -815,3 +815,44 @@ def test_real_lopq_in_sorted_name_order_runs_with_a_names_list(
         out, err = capsys.readouterr()
         assert exc.value.code in (0, None), err
         assert out.splitlines()[0] == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60", tag
+
+
+# ---------------------------------------------------------------------------------------------
+# Distractors visible (issue 34): the count in the default label, in `runs`, in report headers
+
+
+def test_a_distractor_run_says_its_count_in_label_runs_and_report(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.records import distractor_tag
+
+    db = np.load(files["db"])
+    extra = np.random.default_rng(3).normal(size=(1000, D)).astype(np.float32)
+    np.save(tmp_path / "db_1k.npy", np.vstack([db, extra]))
+    common = {"root": tiny_root, "cache": tmp_path / "c", "progress": False}
+    sets = {"db_features": str(files["db"]), "query_features": str(files["q"])}
+    plain = run("synthetic", "features", out=tmp_path / "runs" / "plain", **common, overrides=sets)
+    with_1k = run(
+        "synthetic",
+        "features",
+        out=tmp_path / "runs" / "1k",
+        distractors=1000,
+        **common,
+        overrides={**sets, "db_features": str(tmp_path / "db_1k.npy")},
+    )
+    assert plain.record["label"] == "features"
+    assert with_1k.record["label"] == "features +1K" == f"features {distractor_tag(1000)}"
+    with pytest.raises(SystemExit):
+        main(["runs", str(tmp_path / "runs")])
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:5] == ["started", "(UTC)", "dataset", "distractors", "label"]
+    assert sorted(ln.split()[3:6] for ln in out[2:]) == [
+        ["0", "features", "mAP"],
+        ["1,000", "features", "+1K"],
+    ]
+    with pytest.raises(SystemExit):
+        main(["report", str(plain.run_dir), str(with_1k.run_dir)])
+    table = capsys.readouterr().out.splitlines()
+    assert "synthetic+1K E mAP" in table[0] and "synthetic E mAP" in table[0]
+    assert len([ln for ln in table if ln.startswith("| features")]) == 1  # one row: the method
+    assert "+1K: with that many distractors." in table[-1]

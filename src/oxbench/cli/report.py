@@ -107,7 +107,7 @@ def report(
     seed: int,
     decimals: int,
 ) -> None:
-    """The paper table of RUN...: rows = methods, columns = ROxf / RPar (+1M) x Medium / Hard x
+    """The paper table of RUN...: rows = methods, columns = ROxf / RPar (+1K, +R1M: the distractor count) x Medium / Hard x
     mAP / mP@10, then other datasets; daggers mark significant differences from the first run."""
     from oxbench.fileio import atomic_write_text
     from oxbench.report.paper import paper_table

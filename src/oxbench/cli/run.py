@@ -267,6 +267,7 @@ def runs(runs_dir: str, as_json: bool) -> None:
                         "dataset": r.dataset,
                         "method": r.method,
                         "label": r.label,
+                        "n_distractors": r.n_distractors,
                         "started": r.started,
                         "headline": r.headline,
                     }
@@ -282,10 +283,18 @@ def runs(runs_dir: str, as_json: bool) -> None:
     from oxbench.report.tables import text_table
 
     rows = [
-        [r.started[:19].replace("T", " "), r.dataset, r.label, r.headline, str(r.run_dir)]
+        [
+            r.started[:19].replace("T", " "),
+            r.dataset,
+            f"{r.n_distractors:,}",
+            r.label,
+            r.headline,
+            str(r.run_dir),
+        ]
         for r in found
     ]
-    click.echo(text_table(["started (UTC)", "dataset", "label", "headline", "run folder"], rows))
+    header = ["started (UTC)", "dataset", "distractors", "label", "headline", "run folder"]
+    click.echo(text_table(header, rows))
 
 
 @click.command("methods")

@@ -74,10 +74,12 @@ from oxbench.pipelines.method import (
 )
 from oxbench.pipelines.steps import gt_digest
 from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: re-exported
+    MAX_LABEL_CHARS,
     RECORD_FORMAT,
     RUN_FILES,
     RunSummary,
     check_label,
+    distractor_tag,
     find_runs,
     jsonable,
     list_runs,
@@ -599,6 +601,7 @@ def run(
         m.requires
     )  # a missing extra or input is one line before any data is loaded or generated
     m.check_inputs(root_path)
+    labelled = label is not None
     if label is None:
         label = preset_label(m.name, m.to_dict())
     train_id = training_set_of(m, dataset, train_dataset)
@@ -638,6 +641,10 @@ def run(
             else load(train_id, root_path, strict=strict, progress=progress)
         )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
+        if not labelled and bench.n_distractors:  # the count belongs in the label: +1K, +R1M
+            tag = distractor_tag(bench.n_distractors, distractors)
+            room = MAX_LABEL_CHARS - len(tag) - 1
+            label = f"{label if len(label) <= room else label[: room - 4] + '...]'} {tag}"
         preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
         trained_on_test = train_id == dataset
         if trained_on_test:
