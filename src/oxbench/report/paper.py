@@ -34,6 +34,11 @@ _REVISITED_ORDER = ("roxford5k", "rparis6k")
 _PAPER_SETUPS = ("medium", "hard")
 _SETUP_SHORT = {"easy": "E", "medium": "M", "hard": "H"}
 _METRICS = (("ap", "mAP"), ("p@10", "mP@10"))
+#: The first lines of the LaTeX table: what the preamble needs for it (docs/results.md says so too).
+LATEX_PACKAGES_COMMENT = (
+    r"% needs \usepackage{booktabs} (\toprule, \cmidrule, \midrule, \bottomrule) and",
+    r"% \usepackage{threeparttable} (the note under the table) in the preamble",
+)
 
 
 @dataclass(frozen=True)
@@ -143,11 +148,34 @@ class PaperTable:
             rules.append(rf"\cmidrule(lr){{{col}-{col + n - 1}}}")
             col += n
         sub = " & ".join(["Method"] + [_tex(c.label) for c in self.columns]) + r" \\"
-        out = [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", top, "".join(rules), sub, r"\midrule"]
+        out = [
+            *LATEX_PACKAGES_COMMENT,
+            r"\begin{threeparttable}",
+            rf"\begin{{tabular}}{{{spec}}}",
+            r"\toprule",
+            top,
+            "".join(rules),
+            sub,
+            r"\midrule",
+        ]
         for m, cells in zip(self.methods, self.cells, strict=True):
             vals = [self._fmt(c).replace(MARK, r"$^\dagger$") for c in cells]
             out.append(" & ".join([_tex(m)] + vals) + r" \\")
-        out += [r"\bottomrule", r"\end{tabular}", "% " + self.footnote().replace(MARK, r"\dagger")]
+        note = _tex(self.footnote()).replace(MARK, r"$^\dagger$")
+        for text, tex in (
+            (r"2\textasciicircum{}n", "$2^n$"),
+            (" <= ", r" $\le$ "),
+            (" < ", " $<$ "),
+        ):
+            note = note.replace(text, tex)
+        out += [
+            r"\bottomrule",
+            r"\end{tabular}",
+            r"\begin{tablenotes}[flushleft]\footnotesize",
+            rf"\item[] {note}",
+            r"\end{tablenotes}",
+            r"\end{threeparttable}",
+        ]
         return "\n".join(out) + "\n"
 
     def _csv(self) -> str:
@@ -191,6 +219,23 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def parse_setups(text: str) -> tuple[str, ...]:
+    """``"easy,medium,hard"`` as the revisited setups a table shows, in the protocol's order.
+
+    Raises:
+        InputError: an empty list or a name that is not a revisited setup (``--setups``).
+    """
+    names = [t.strip().lower() for t in text.split(",")]
+    unknown = [n for n in names if n not in _SETUP_SHORT]
+    if unknown or not any(names):
+        shown = repr(unknown[0]) if unknown else "nothing"
+        raise InputError(
+            f"--setups: {shown} is not a revisited setup; give some of {', '.join(_SETUP_SHORT)}, "
+            "comma-separated"
+        )
+    return tuple(s for s in _SETUP_SHORT if s in names)
+
+
 def _group_key(dataset: str, n_distractors: int) -> tuple[int, str, int]:
     known = (
         _REVISITED_ORDER.index(dataset) if dataset in _REVISITED_ORDER else len(_REVISITED_ORDER)
@@ -205,8 +250,13 @@ def paper_table(
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
     decimals: int = 1,
+    setups: Sequence[str] | None = None,
 ) -> PaperTable:
     """Build the paper table of ``runs`` (rows = run labels in order of first appearance).
+
+    ``setups`` are the revisited setups shown (:func:`parse_setups` reads ``--setups``): by
+    default the paper's Medium and Hard for ROxf / RPar and every setup for other datasets; when
+    given, those setups for every revisited-protocol dataset. Other protocols show their own.
 
     Raises:
         InputError: no runs; two runs with one label on one dataset group; runs of one dataset
@@ -239,12 +289,16 @@ def paper_table(
     others = sorted(
         (g for g in by_group if g[0] not in _REVISITED_ORDER), key=lambda g: _group_key(*g)
     )
+    chosen = _PAPER_SETUPS if setups is None else parse_setups(",".join(setups))
     columns: list[Column] = []
-    for setup in _PAPER_SETUPS:
+    for setup in chosen:
         for g in sorted(revisited, key=lambda g: _group_key(*g)):
             columns += [Column(g[0], tags[g], setup, m) for m, _ in _METRICS]
     for g in others:
-        for setup in next(iter(by_group[g].values())).setups:
+        own = next(iter(by_group[g].values())).setups
+        if setups is not None and set(own) == set(_SETUP_SHORT):
+            own = chosen  # a revisited-protocol set (synthetic): the setups asked for
+        for setup in own:
             columns += [Column(g[0], tags[g], setup, m) for m, _ in _METRICS]
     group_of = {(g[0], tags[g]): g for g in by_group}
     if len(group_of) < len(by_group):
