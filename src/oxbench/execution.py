@@ -431,6 +431,7 @@ def make_executor(
     *,
     cores: int | None = None,
     cluster: str | None = None,
+    wait_workers_s: float | None = None,
 ) -> Executor:
     """The executor of ``backend`` with ``workers`` workers (default: one per available core).
 
@@ -440,18 +441,25 @@ def make_executor(
             workers to wait for; default there: 1).
         cores: the cores the executor may use.
         cluster: the scheduler address of an existing cluster (``dask`` only).
+        wait_workers_s: how long to wait for an existing cluster's ``workers`` (``dask`` only;
+            :func:`oxbench.execution_dask.wait_for_workers`).
 
     Raises:
         InputError: an unknown backend, a worker count that is not 1 .. :data:`MAX_WORKERS`, a
             cluster address with a backend that has none.
     """
     cls = EXECUTORS.get(backend)
+    wait = {} if wait_workers_s is None else {"wait_workers_s": wait_workers_s}
+    if wait and backend != "dask":
+        raise InputError(
+            f"a wait for cluster workers needs the dask engine (--engine dask), not {backend!r}"
+        )
     if cluster is not None:
         if backend != "dask":
             raise InputError(
                 f"a cluster address needs the dask engine (--engine dask), not {backend!r}"
             )
-        return cls(1 if workers is None else workers, cores=cores, address=cluster)  # type: ignore[call-arg]
+        return cls(1 if workers is None else workers, cores=cores, address=cluster, **wait)  # type: ignore[call-arg]
     if backend == "dask" and workers is None and os.environ.get("OXBENCH_CLUSTER"):
         workers = 1  # an existing cluster's workers are its own
-    return cls(available_cores() if workers is None else workers, cores=cores)
+    return cls(available_cores() if workers is None else workers, cores=cores, **wait)  # type: ignore[call-arg]

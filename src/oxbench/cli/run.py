@@ -64,6 +64,13 @@ from oxbench.errors import InputError
 )
 @execution_options
 @click.option(
+    "--wait-workers",
+    metavar="SECONDS",
+    default=None,
+    help="With --cluster: how long to wait for --workers of its workers, saying how many have "
+    "connected meanwhile (default 10; batch-queued workers: minutes).",
+)
+@click.option(
     "--top-k",
     type=click.IntRange(1, 1_000_000),
     default=100,
@@ -119,6 +126,7 @@ def run(
     workers: int | None,
     engine: str,
     cluster: str | None,
+    wait_workers: str | None,
     shard_size: int | None,
     distractors: str | None,
     top_k: int,
@@ -160,6 +168,11 @@ def run(
         overrides["max_side" if deep else "features.max_side"] = max_side
     if top_r is not None:
         overrides["spatial_top_r"] = top_r
+    wait = None
+    if wait_workers is not None:  # one line for NaN, a negative or 1e30, before anything runs
+        from oxbench.execution_dask import WAIT_WORKERS
+
+        wait = WAIT_WORKERS.parse("--wait-workers", wait_workers, what="option")
     part = parse_partition(partition)
     if part is not None and ds_options:
         raise InputError(
@@ -206,6 +219,7 @@ def run(
         workers=parse_workers(workers),
         engine=engine,
         cluster=cluster,
+        wait_workers=wait,
         shard_size=shard_size,
         overwrite=overwrite,
         top_k=top_k,

@@ -532,6 +532,7 @@ def run(
     workers: int | None = 1,
     engine: str = "processes",
     cluster: str | None = None,
+    wait_workers: float | None = None,
     shard_size: int | None = None,
     progress: bool = True,
     distractors: str | int | None = None,
@@ -562,6 +563,8 @@ def run(
             ``serial``, ``dask``).
         cluster: with ``engine="dask"``, the scheduler of an existing cluster
             (``tcp://host:8786``; default ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
+        wait_workers: with an existing cluster, seconds to wait for ``workers`` of its workers
+            (default 10; a batch system's workers may wait in its queue: give it minutes).
         shard_size: images per write-once shard of the local-feature stores (default 64).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
@@ -614,7 +617,7 @@ def run(
             overwrite=overwrite,
             only=("dataset", "method"),
         )
-    executor = make_executor(engine, workers, cluster=cluster)
+    executor = make_executor(engine, workers, cluster=cluster, wait_workers_s=wait_workers)
     try:  # a cluster the executor started stops with the run, whatever happens
         # a cluster's workers must see the data and the cache: asked before anything is loaded
         executor.check_paths(
