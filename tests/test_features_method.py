@@ -389,6 +389,42 @@ def test_features_run_from_ground_truth_alone(
     assert code == 2 and "image(s) of roxford5k are missing" in err, err
 
 
+def _real_roxford_root(shared_data: Path, tmp_path: Path) -> Path:
+    """A data root holding the real ROxford ground truth alone (a link to the shared file)."""
+    (tmp_path / "data" / "roxford5k").mkdir(parents=True)
+    (tmp_path / "data" / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(
+        shared_data / "roxford5k/gnd_roxford5k.pkl"
+    )
+    return tmp_path / "data"
+
+
+def _headline(
+    capsys: pytest.CaptureFixture[str], root: Path, method: str, out: Path, sets: list[str]
+) -> str:
+    """``oxbench run --dataset roxford5k --method METHOD --set ...``: its first output line."""
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "run",
+                "--dataset",
+                "roxford5k",
+                "--method",
+                method,
+                "--root",
+                str(root),
+                "--out",
+                str(out),
+                "--cache",
+                str(out.parent / "c"),
+                "--no-progress",
+                *(a for s in sets for a in ("--set", s)),
+            ]
+        )
+    stdout, err = capsys.readouterr()
+    assert exc.value.code in (0, None), err
+    return stdout.splitlines()[0]
+
+
 @pytest.mark.shared_data
 def test_real_lopq_diffusion_beats_cosine(
     shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -405,36 +441,12 @@ def test_real_lopq_diffusion_beats_cosine(
     rev = read_gnd(shared_data / "roxford5k/gnd_roxford5k.pkl")
     np.save(tmp_path / "db.npy", x[[row[n] for n in rev.db_names]])
     np.save(tmp_path / "q.npy", x[[row[n] for n in rev.query_names]])
-    (tmp_path / "data" / "roxford5k").mkdir(parents=True)
-    (tmp_path / "data" / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(
-        shared_data / "roxford5k/gnd_roxford5k.pkl"
-    )
-    maps = {}
-    for method in ("features", "features-diffusion"):
-        with pytest.raises(SystemExit) as exc:
-            main(
-                [
-                    "run",
-                    "--dataset",
-                    "roxford5k",
-                    "--method",
-                    method,
-                    "--root",
-                    str(tmp_path / "data"),
-                    "--out",
-                    str(tmp_path / method),
-                    "--cache",
-                    str(tmp_path / "c"),
-                    "--no-progress",
-                    "--set",
-                    f"db_features={tmp_path / 'db.npy'}",
-                    "--set",
-                    f"query_features={tmp_path / 'q.npy'}",
-                ]
-            )
-        out, err = capsys.readouterr()
-        assert exc.value.code in (0, None), err
-        maps[method] = out.splitlines()[0]
+    root = _real_roxford_root(shared_data, tmp_path)
+    files = [f"db_features={tmp_path / 'db.npy'}", f"query_features={tmp_path / 'q.npy'}"]
+    maps = {
+        method: _headline(capsys, root, method, tmp_path / method, files)
+        for method in ("features", "features-diffusion")
+    }
     assert maps["features"] == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60"
     e, m, h = (float(v) for v in maps["features-diffusion"].replace(",", "").split()[3::2])
     assert e > 28.89 and m > 21.13 and h > 4.60, maps
@@ -781,40 +793,15 @@ def test_real_lopq_in_sorted_name_order_runs_with_a_names_list(
     fvecs = shared_data / "oxford5k/lopq_features/oxford_features.fvecs"
     old = read_gnd(shared_data / "oxford5k/gnd_oxford5k.pkl")
     (tmp_path / "names.txt").write_text("\n".join(sorted(old.db_names)) + "\n")
-    (tmp_path / "data" / "roxford5k").mkdir(parents=True)
-    (tmp_path / "data" / "roxford5k" / "gnd_roxford5k.pkl").symlink_to(
-        shared_data / "roxford5k/gnd_roxford5k.pkl"
-    )
+    root = _real_roxford_root(shared_data, tmp_path)
     names = f"{tmp_path / 'names.txt'}"
+    files = [f"db_features={fvecs}", f"query_features={fvecs}"]
     for tag, sets in {
         "names": [f"db_names={names}", f"query_names={names}"],
         "sorted": ["row_order=sorted"],
     }.items():
-        with pytest.raises(SystemExit) as exc:
-            main(
-                [
-                    "run",
-                    "--dataset",
-                    "roxford5k",
-                    "--method",
-                    "features",
-                    "--root",
-                    str(tmp_path / "data"),
-                    "--out",
-                    str(tmp_path / tag),
-                    "--cache",
-                    str(tmp_path / "c"),
-                    "--no-progress",
-                    "--set",
-                    f"db_features={fvecs}",
-                    "--set",
-                    f"query_features={fvecs}",
-                    *(a for s in sets for a in ("--set", s)),
-                ]
-            )
-        out, err = capsys.readouterr()
-        assert exc.value.code in (0, None), err
-        assert out.splitlines()[0] == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60", tag
+        line = _headline(capsys, root, "features", tmp_path / tag, files + sets)
+        assert line == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60", tag
 
 
 # ---------------------------------------------------------------------------------------------
