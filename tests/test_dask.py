@@ -836,3 +836,24 @@ def test_the_embedded_cluster_listens_on_loopback_ports_the_system_picks(
     ]
     assert listening and all(a.ip == "127.0.0.1" for a in listening)
     assert 8787 not in {a.port for a in listening}
+
+
+def test_synthetic_rendering_goes_through_the_runs_engine(
+    cluster: DaskExecutor, tmp_path: Path
+) -> None:
+    """The generator renders on the executor it is given (the run's Dask cluster), with the bytes
+    of the local path."""
+    from oxbench.datasets.synthetic.config import SynthConfig
+    from oxbench.datasets.synthetic.generate import generate, read_manifest
+
+    cfg = SynthConfig(
+        db_size=10, landmarks=2, queries_per_landmark=1, image_size=(160, 120), generic_buildings=3
+    )
+    before = len(cluster.stages)
+    on_dask = generate(tmp_path / "dask", cfg, progress=False, executor=cluster)
+    local = generate(tmp_path / "local", cfg, workers=1, progress=False)
+    assert [s["tasks"] for s in cluster.stages[before:]] == [12]  # 10 images + 2 queries
+    for part in ("images", "queries"):
+        assert [r["sha256"] for r in read_manifest(on_dask)[part]] == [
+            r["sha256"] for r in read_manifest(local)[part]
+        ]

@@ -843,3 +843,22 @@ def test_a_distractor_run_says_its_count_in_label_runs_and_report(
     assert "synthetic+1K E mAP" in table[0] and "synthetic E mAP" in table[0]
     assert len([ln for ln in table if ln.startswith("| features")]) == 1  # one row: the method
     assert "+1K: with that many distractors." in table[-1]
+
+
+def test_a_run_renders_the_synthetic_cities_through_its_own_engine(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """First-use generation of the default cities gets the run's executor (its processes or its
+    Dask cluster), not a pool of its own."""
+    from oxbench.datasets import synthetic
+
+    seen = []
+    real = synthetic.ensure_default
+
+    def spy(root, **kw):  # noqa: ANN001, ANN003, ANN202
+        seen.append(kw.get("executor"))
+        return real(root, **kw)
+
+    monkeypatch.setattr(synthetic, "ensure_default", spy)
+    go(tiny_root, tmp_path, "features", files, cache=tmp_path / "c")
+    assert seen[0] is not None and seen[0].backend == "processes"  # the run's, not its own pool

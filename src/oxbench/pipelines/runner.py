@@ -49,6 +49,7 @@ from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
+from oxbench.datasets.spec import get_spec
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
@@ -627,6 +628,11 @@ def run(
             }
         )
         t0, c0 = time.perf_counter(), cpu_seconds()
+        if any(get_spec(d).family.generated for d in (dataset, train_id) if d):
+            # the two default cities are rendered on first use through the run's engine
+            from oxbench.datasets.synthetic import ensure_default
+
+            ensure_default(root_path, progress=progress, executor=executor)
         ds_options = {k: str(v) for k, v in (dataset_options or {}).items()}
         extra: dict[str, Any] = dict(ds_options)  # load(**options) validates the keys and values
         bench = load(
