@@ -113,7 +113,7 @@ _NAME_HINT = "; rows of other images or in another order: name them (db_names=FI
 def _transposed_hint(x: NDArray[np.float32], n: int, layout: str) -> str:
     if x.shape[1] == n and x.shape[0] != n:
         other = "d-n" if layout == "n-d" else "n-d"
-        return f"; the file has {n} columns: it looks transposed, set layout={other}"
+        return f"; the file has {n:,} columns: it looks transposed, set layout={other}"
     return ""
 
 
