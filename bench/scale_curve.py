@@ -3,6 +3,7 @@
     python bench/scale_curve.py [--root DIR] [--sizes 0,1000,5000] [--workers 2]
         [--methods rootsift-bow,rootsift-bow-sv,rootsift-asmk,rootsift-vlad] [--set [METHOD:]KEY=VALUE ...]
         [--json scale.json] [--plot scale.png] [--project 1001001]
+    python bench/scale_curve.py --redraw bench/README.md --plot bench/scale_curve.png
 
 Runs each method through ``oxbench.run`` on the synthetic benchmark (the default test city,
 generated on first use, and its training city) with 0, 1K, 5K ... generated distractors of the same
@@ -22,7 +23,9 @@ assumes that the distractors' bags of words are the size of the generated ones (
 1024 px have more features) and that nothing switches data structure on the way; it does not
 project accuracy.
 
-``--plot`` draws mAP (Medium, Hard) and RAM per image against the index size, log x (matplotlib).
+``--plot`` draws mAP (Medium, Hard), the query time and RAM per image against the index size, log x
+(matplotlib), the legend outside the panels; ``--redraw bench/README.md --plot scale_curve.png``
+draws it again from the measured table there without running anything.
 """
 
 from __future__ import annotations
@@ -174,37 +177,86 @@ def table(points: list[dict[str, Any]], projections: dict[str, dict[str, Any]]) 
     return "\n".join(rows)
 
 
-def plot(points: list[dict[str, Any]], path: Path) -> None:
+def readme_points(path: Path) -> list[dict[str, Any]]:
+    """The points of the measured table in ``bench/README.md`` (its ``| method | distractors |
+    images | mAP E ...`` rows): what ``--redraw`` plots without running anything again."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    head = next(
+        (
+            i
+            for i, ln in enumerate(lines)
+            if ln.startswith("| method | distractors | images | mAP E")
+        ),
+        None,
+    )
+    if head is None:
+        raise SystemExit(
+            f"{path}: no scale-curve table (| method | distractors | images | mAP E ...)"
+        )
+    cols = [c.strip() for c in lines[head].strip("|").split("|")]
+    points = []
+    for ln in lines[head + 2 :]:
+        if not ln.startswith("|"):
+            break
+        row = dict(zip(cols, (c.strip() for c in ln.strip("|").split("|")), strict=True))
+        query = row[next(c for c in cols if c.startswith("query ms"))]  # "519.2 (0.60 + 518.6)"
+        total, parts = query.split(" (")
+        rank, rerank = (float(v) / 1e3 for v in parts.rstrip(")").split(" + "))
+        points.append(
+            {
+                "method": row["method"],
+                "distractors": int(row["distractors"].replace(",", "")),
+                "n_index": int(row["images"].replace(",", "")),
+                "map": {s: float(row[f"mAP {s[0].upper()}"]) for s in ("easy", "medium", "hard")},
+                "query_s": float(total) / 1e3,
+                "rank_s": rank,
+                "rerank_s": rerank,
+                "ram_bytes_per_image": float(row["RAM KiB/img"]) * 1024,
+                "disk_bytes_per_image": float(row["disk KiB/img"]) * 1024,
+            }
+        )
+    return points
+
+
+def plot(points: list[dict[str, Any]], path: Path, *, ram_note: str = "") -> None:
+    """mAP (Medium, Hard), query time and RAM per image against the index size, log x; one legend
+    outside the panels, so no point is covered."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
 
-    fig, (ax_map, ax_ram) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method in dict.fromkeys(p["method"] for p in points):
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    ax_map, ax_time, ax_ram = fig.subplots(1, 3)
+    handles = []
+    for i, method in enumerate(dict.fromkeys(p["method"] for p in points)):
+        colour = f"C{i}"
         pts = [p for p in points if p["method"] == method]
         xs = [p["n_index"] for p in pts]
-        (line,) = ax_map.plot(xs, [p["map"]["medium"] for p in pts], "o-", label=f"{method} (M)")
-        ax_map.plot(
-            xs,
-            [p["map"]["hard"] for p in pts],
-            "s--",
-            color=line.get_color(),
-            label=f"{method} (H)",
-        )
-        ax_ram.plot(
-            xs, [p["ram_bytes"] / 2**20 for p in pts], "o-", color=line.get_color(), label=method
-        )
-    for ax, label in ((ax_map, "mAP (%)"), (ax_ram, "index RAM (MiB)")):
+        ax_map.plot(xs, [p["map"]["medium"] for p in pts], "o-", color=colour)
+        ax_map.plot(xs, [p["map"]["hard"] for p in pts], "s--", color=colour)
+        ax_time.plot(xs, [1e3 * p["query_s"] for p in pts], "o-", color=colour)
+        ax_ram.plot(xs, [p["ram_bytes_per_image"] / 1024 for p in pts], "o-", color=colour)
+        handles.append(Line2D([], [], color=colour, marker="o", label=method))
+    handles += [
+        Line2D([], [], color="k", marker="o", ls="-", label="mAP Medium"),
+        Line2D([], [], color="k", marker="s", ls="--", label="mAP Hard"),
+    ]
+    for ax, label in (
+        (ax_map, "mAP (%)"),
+        (ax_time, "query time, ms (rank + re-rank, wall)"),
+        (ax_ram, "index RAM per image (KiB)"),
+    ):
         ax.set_xscale("log")
         ax.set_xlabel("indexed images (database + distractors)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
-    ax_ram.set_yscale("log")
-    ax_map.legend(fontsize=7)
-    ax_ram.legend(fontsize=7)
+    ax_time.set_yscale("log")
+    if ram_note:
+        ax_ram.set_title(ram_note, fontsize=8)
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8)
     fig.suptitle("synthetic benchmark with generated distractors")
-    fig.tight_layout()
     fig.savefig(path, dpi=120)
 
 
@@ -234,7 +286,23 @@ def main() -> int:
     ap.add_argument(
         "--plot", type=Path, default=None, help="write the figure here (needs matplotlib)"
     )
+    ap.add_argument(
+        "--redraw",
+        type=Path,
+        default=None,
+        help="draw --plot from the measured table in this README (bench/README.md); run nothing",
+    )
     args = ap.parse_args()
+    if args.redraw is not None:
+        if args.plot is None:
+            ap.error("--redraw draws the figure: give --plot PATH")
+        plot(
+            readme_points(args.redraw),
+            args.plot,
+            ram_note="as measured then: the words in RAM\n(memory-mapped since: see bench/README.md)",
+        )
+        print(f"plot: {args.plot}", file=sys.stderr)
+        return 0
     sizes = args.sizes
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     overrides: dict[str, dict[str, object]] = {m: {} for m in methods}

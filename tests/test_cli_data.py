@@ -464,3 +464,35 @@ def test_verify_refuses_a_fifo_as_lock_file(
         capsys, "verify", "roxford5k", "--root", str(root), "--no-decode", "--no-progress"
     )
     assert code == 2 and "not a regular file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_ground_truth_only_root_is_reported_as_such(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """ROxford's pickle at the real counts and no image: import and verify say what is there and
+    that the features presets need nothing more (exit 0); one image on disk makes it a partial
+    copy again (PROBLEMS, verify exits 1)."""
+    import pickle
+
+    have = tmp_path / "have"
+    have.mkdir()
+    gnd = [{"bbx": [0.0, 0.0, 9.0, 9.0], "easy": [q], "hard": [], "junk": []} for q in range(70)]
+    imlist = [f"all_souls_{i:06d}" for i in range(4993)]
+    qimlist = [f"oxford_q{q:06d}" for q in range(70)]
+    (have / "gnd_roxford5k.pkl").write_bytes(
+        pickle.dumps({"imlist": imlist, "qimlist": qimlist, "gnd": gnd}, protocol=2)
+    )
+    root = tmp_path / "root"
+    want = "roxford5k: ground truth for 70 queries; images: none, which the features presets do not need"
+    code, out, err = run(capsys, "import", "roxford5k", "--from", str(have), "--root", str(root))
+    assert code == 0 and want in out and "PROBLEMS" not in out and "import the rest" not in out, out
+    code, out, _ = run(capsys, "verify", "roxford5k", "--root", str(root), "--no-progress")
+    assert code == 0 and out.startswith(want) and "5,063 images" in out, out
+    report = json.loads((root / "roxford5k" / "verify.json").read_text())
+    assert report["ground_truth_only"] and not report["ok"]
+    (root / "roxford5k" / "jpg").mkdir()
+    (root / "roxford5k" / "jpg" / "all_souls_000000.jpg").write_bytes(b"")
+    code, out, _ = run(
+        capsys, "verify", "roxford5k", "--root", str(root), "--no-progress", "--no-decode"
+    )
+    assert code == 1 and out.startswith("roxford5k: PROBLEMS") and "missing: 5062" in out, out

@@ -732,20 +732,98 @@ def test_dask_is_not_imported_by_oxbench_or_its_help() -> None:
 # ---------------------------------------------------------------------- the SLURM recipe
 
 
-def test_the_slurm_recipe_makes_a_job_script_without_slurm() -> None:
-    """docs/scale.md's dask-jobqueue configuration, rendered as the sbatch script it submits."""
+def _recipe(jobs: int, processes: int) -> dict:
+    """docs/scale.md's recipe block, run for ``jobs`` x ``processes``."""
+    text = (REPO / "docs" / "scale.md").read_text()
+    start = text.index("jobs, processes = ")
+    block = text[start : text.index("```", start)]
+    first, rest = block.split("\n", 1)
+    assert first == "jobs, processes = 8, 16"
+    namespace: dict = {}
+    exec(f"jobs, processes = {jobs}, {processes}\n{rest}", namespace)  # noqa: S102 - the docs' own block
+    return namespace
+
+
+def test_the_slurm_recipe_makes_a_job_script_without_slurm(tmp_path: Path) -> None:
+    """docs/scale.md's dask-jobqueue configuration for 2 jobs x 4 processes, rendered as the sbatch
+    script it submits: it parses, names the account and queue placeholders, activates the
+    environment before the workers start, starts 4 worker processes a job, and asks for 8."""
     pytest.importorskip("dask_jobqueue")
     from dask_jobqueue.slurm import SLURMJob
 
-    text = (REPO / "docs" / "scale.md").read_text()
-    start = text.index("recipe = dict(")
-    namespace: dict = {}
-    exec(text[start : text.index("\n)\n", start) + 3], namespace)  # noqa: S102 - the docs' own block
-    recipe = namespace["recipe"]
-    script = SLURMJob(scheduler="tcp://10.0.0.1:8786", name="oxbench", **recipe).job_script()
-    assert "#SBATCH --cpus-per-task=16" in script and "#SBATCH -t 04:00:00" in script
-    assert "--nworkers 16" in script and "--nthreads 1" in script
-    assert "export OXBENCH_DATA=" in script and "tcp://10.0.0.1:8786" in script
+    ns = _recipe(2, 4)
+    script = SLURMJob(scheduler="tcp://10.0.0.1:8786", name="oxbench", **ns["recipe"]).job_script()
+    (tmp_path / "job.sh").write_text(script)
+    subprocess.run(["bash", "-n", str(tmp_path / "job.sh")], check=True)  # the script parses
+    lines = script.splitlines()
+    assert (
+        lines[0].startswith("#!") and "#SBATCH -A ACCOUNT" in lines and "#SBATCH -p QUEUE" in lines
+    )
+    assert "#SBATCH --cpus-per-task=4" in lines and "#SBATCH -t 04:00:00" in lines
+    (worker,) = [ln for ln in lines if "distributed.cli.dask_worker" in ln or "dask worker" in ln]
+    assert "--nworkers 4" in worker and "--nthreads 1" in worker and "tcp://10.0.0.1:8786" in worker
+    activate = lines.index("source /shared/oxbench-env/bin/activate")
+    assert activate < lines.index(worker) and "export OXBENCH_DATA=/shared/oxbench" in lines
+    assert ns["workers"] == 8 and ns["wait_workers"] == 1800  # jobs x processes, the wait
+    submit = (REPO / "docs" / "scale.md").read_text().split("cluster.scale(jobs=jobs)")[1][:400]
+    assert "workers=workers" in submit and "wait_workers=wait_workers" in submit
+
+
+def test_the_wait_for_batch_workers_is_the_configured_time_with_progress(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An existing cluster whose 8 workers (the recipe's 2 x 4) start 3 s late: a wait of 1 s fails
+    in one line naming the count, the configured wait connects them, saying meanwhile how many
+    have connected."""
+    import logging
+    import threading
+
+    from distributed import LocalCluster
+
+    ns = _recipe(2, 4)
+    with LocalCluster(
+        n_workers=0,
+        processes=False,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        protocol="tcp://",
+        dashboard_address=None,
+    ) as cluster:
+        address = cluster.scheduler_address
+        t0 = time.monotonic()
+        with pytest.raises(InputError, match="has 0 worker.s. after 1 s, fewer than --workers 8"):
+            with DaskExecutor(ns["workers"], address=address, wait_workers_s=1.0) as ex:
+                ex.client  # noqa: B018 - connects
+        assert 0.9 < time.monotonic() - t0 < 8
+        late = threading.Timer(3.0, cluster.scale, args=(ns["workers"],))
+        late.start()
+        caplog.set_level(logging.WARNING, logger="oxbench.execution_dask")
+        caplog.clear()
+        t0 = time.monotonic()
+        try:
+            with DaskExecutor(
+                ns["workers"], address=address, wait_workers_s=float(ns["wait_workers"])
+            ) as ex:
+                assert len(ex.client.scheduler_info()["workers"]) == 8
+        finally:
+            late.join()
+        assert 2.5 < time.monotonic() - t0 < 120
+        said = [r.getMessage() for r in caplog.records if r.name == "oxbench.execution_dask"]
+        assert said[0].startswith("dask: 0 of 8 worker(s) connected to tcp://127.0.0.1:"), said
+        assert "waiting up to 1800 s more" in said[0] and said[-1].startswith("dask: 8 worker(s)")
+
+
+@pytest.mark.parametrize("bad", ["nan", "-1", "1e30", "0"])
+def test_wait_workers_out_of_range_is_one_line(
+    bad: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--root", str(tmp_path), "--engine", "dask", "--wait-workers", bad])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.startswith("oxbench: error: option --wait-workers: ")
+    assert len(err.strip().splitlines()) == 1
+    with pytest.raises(InputError, match="wait_workers_s"):
+        DaskExecutor(1, address="tcp://127.0.0.1:1", wait_workers_s=float(bad))
 
 
 def test_the_embedded_cluster_listens_on_loopback_ports_the_system_picks(
@@ -762,3 +840,24 @@ def test_the_embedded_cluster_listens_on_loopback_ports_the_system_picks(
     ]
     assert listening and all(a.ip == "127.0.0.1" for a in listening)
     assert 8787 not in {a.port for a in listening}
+
+
+def test_synthetic_rendering_goes_through_the_runs_engine(
+    cluster: DaskExecutor, tmp_path: Path
+) -> None:
+    """The generator renders on the executor it is given (the run's Dask cluster), with the bytes
+    of the local path."""
+    from oxbench.datasets.synthetic.config import SynthConfig
+    from oxbench.datasets.synthetic.generate import generate, read_manifest
+
+    cfg = SynthConfig(
+        db_size=10, landmarks=2, queries_per_landmark=1, image_size=(160, 120), generic_buildings=3
+    )
+    before = len(cluster.stages)
+    on_dask = generate(tmp_path / "dask", cfg, progress=False, executor=cluster)
+    local = generate(tmp_path / "local", cfg, workers=1, progress=False)
+    assert [s["tasks"] for s in cluster.stages[before:]] == [12]  # 10 images + 2 queries
+    for part in ("images", "queries"):
+        assert [r["sha256"] for r in read_manifest(on_dask)[part]] == [
+            r["sha256"] for r in read_manifest(local)[part]
+        ]

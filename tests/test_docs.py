@@ -141,6 +141,13 @@ def make_db_features(path: Path) -> None:
     np.save(path, _rng(path.name).standard_normal((N_ROX, 16)).astype(np.float32))
 
 
+def make_oxford_fvecs(path: Path) -> None:
+    """A texmex file of every ROxford image (database and queries) in sorted-name order."""
+    x = _rng(path.name).standard_normal((N_ROX + NQ_ROX, 16)).astype(np.float32)
+    rows = np.hstack([np.full((len(x), 1), 16, dtype=np.int32), x.view(np.int32)])
+    rows.tofile(path)
+
+
 def make_query_features(path: Path) -> None:
     np.save(path, _rng(path.name).standard_normal((NQ_ROX, 16)).astype(np.float32))
 
@@ -358,6 +365,7 @@ STAND_INS: dict[str, Callable[[Path], None]] = {
     "features.h5": make_local_features_h5,
     "downloads": make_downloads,
     "features.mat": make_features_mat,
+    "oxford_features.fvecs": make_oxford_fvecs,
     "gnd_roxford5k.pkl": make_gnd_roxford5k,
     "ranks.npy": make_revisited_ranks,
     "scores.npy": make_revisited_scores,

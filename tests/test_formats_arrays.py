@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,7 +94,7 @@ def test_keys_choose_and_ambiguity_is_refused(tmp_path, x):
     with pytest.raises(InputError, match="no array 'Z' in the .npz archive; it holds Q, X"):
         read_features(tmp_path / "two.npz", key="Z")
     np.save(tmp_path / "x.npy", x)
-    with pytest.raises(InputError, match="--key .* names an array inside .npz or .mat"):
+    with pytest.raises(InputError, match="--key .* names an array inside .npz, .h5 or .mat"):
         read_features(tmp_path / "x.npy", key="X")
     scipy.io.savemat(tmp_path / "s.mat", {"X": x, "name": "text"})
     with pytest.raises(InputError, match="variable 'name' is not a numeric matrix"):
@@ -203,7 +205,7 @@ def test_malformed_files_are_one_line_errors_naming_the_file(tmp_path, x):
 
 def test_other_file_types_name_what_is_accepted(tmp_path):
     for name, reader, accepted in [
-        ("x.csv", read_features, ".npy, .npz, .mat, .fvecs, .bvecs"),
+        ("x.csv", read_features, ".npy, .npz, .mat, .h5, .fvecs, .bvecs"),
         ("x.pkl", read_ranks, ".npy, .npz, .mat, .ivecs, .txt"),
         ("noext", read_matrix, ".npy, .npz, .mat"),
     ]:
@@ -267,3 +269,57 @@ def test_fuzz_any_bytes_give_an_array_or_one_line(tmp_path_factory, data, suffix
         assert "\n" not in str(exc)
     else:
         assert out.ndim == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Names for the rows of a feature file (issue 34)
+
+
+def test_names_from_text_npz_h5_and_mat_agree(tmp_path: Path) -> None:
+    from oxbench.formats.arrays import read_names
+
+    h5py = pytest.importorskip("h5py")
+    sio = pytest.importorskip("scipy.io")
+    names = ["all_souls_000013", "b", "radcliffe_camera_000519"]
+    (tmp_path / "n.txt").write_bytes(
+        b"\xef\xbb\xbfall_souls_000013.jpg\r\n b \r\nradcliffe_camera_000519\n\n"
+    )
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    np.savez(tmp_path / "f.npz", x=x, names=np.array(names))
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["x"] = x
+        f["names"] = np.array([n.encode() for n in names])
+    sio.savemat(tmp_path / "cell.mat", {"X": x.T, "names": np.array(names, dtype=object)})
+    sio.savemat(tmp_path / "char.mat", {"X": x.T, "names": np.array(names)})  # space-padded rows
+    for f in ("n.txt", "f.npz", "f.h5", "cell.mat", "char.mat"):
+        assert read_names(tmp_path / f) == tuple(names), f
+    assert np.array_equal(read_features(tmp_path / "f.h5", key="x"), x)  # the same file's features
+
+
+@pytest.mark.parametrize("case", ["blank", "space", "two", "none", "suffix"])
+def test_bad_names_files_name_the_problem(tmp_path: Path, case: str) -> None:
+    from oxbench.formats.arrays import read_names
+
+    if case == "blank":
+        p = tmp_path / "n.txt"
+        p.write_text("a\n\nb\n")
+        want = "line 2: blank: every line names one row"
+    elif case == "space":
+        p = tmp_path / "n.txt"
+        p.write_text("a\nb c\n")
+        want = "line 2: image name 'b c' contains whitespace"
+    elif case == "two":
+        p = tmp_path / "n.npz"
+        np.savez(p, a=np.array(["x"]), b=np.array(["y"]))
+        want = "one array of strings; it holds a, b"
+    elif case == "none":
+        p = tmp_path / "n.npz"
+        np.savez(p, x=np.eye(2))
+        want = "one array of strings; it holds none"
+    else:
+        p = tmp_path / "n.csv"
+        p.write_text("a\n")
+        want = "image names are read from .txt, .npz, .h5, .mat"
+    with pytest.raises(InputError, match=re.escape(want)) as exc:
+        read_names(p)
+    assert str(p) in str(exc.value)

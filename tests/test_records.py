@@ -534,3 +534,25 @@ def test_default_label_is_bounded_and_one_line():
     label = records.default_label("p", run, preset)
     assert label.startswith("p [a=2, nested.b=y?z") and label.endswith("...]")
     assert records.check_label(label) == label
+
+
+@pytest.mark.parametrize(
+    ("n", "source", "tag"),
+    [
+        (0, None, ""),
+        (20, 20, "+20"),
+        (999, None, "+999"),
+        (1000, 1000, "+1K"),
+        (1500, None, "+1.5K"),
+        (9_960, None, "+10K"),
+        (20_000, None, "+20K"),
+        (99_782, "oxford100k", "+100K"),
+        (1_001_001, "revisitop1m", "+R1M"),
+        (10_000, "revisitop1m", "+R10K"),
+        (2_500_000, None, "+2.5M"),
+    ],
+)
+def test_distractor_tag_is_the_count_the_field_writes(n, source, tag):
+    from oxbench.records import distractor_tag
+
+    assert distractor_tag(n, source) == tag

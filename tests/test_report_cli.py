@@ -313,8 +313,8 @@ def test_report_markdown_layout_and_marks(table_runs, capsys):
         "method",
         "ROxf M mAP",
         "ROxf M mP@10",
-        "ROxf+1M M mAP",
-        "ROxf+1M M mP@10",
+        "ROxf+20 M mAP",
+        "ROxf+20 M mP@10",
         "RPar M mAP",
         "RPar M mP@10",
         "ROxf H mAP",
@@ -337,7 +337,7 @@ def test_report_markdown_layout_and_marks(table_runs, capsys):
         rows["bow"][0] == f"{ox_base.mean('medium') * 100:.1f}" and "\u2020" not in rows["bow"][0]
     )
     assert rows["bow-sv-qe"][0] == f"{ox_good.mean('medium') * 100:.1f}\u2020"
-    assert rows["bow-sv-qe"][2] == "-"  # no +1M run of that method
+    assert rows["bow-sv-qe"][2] == "-"  # no +20 run of that method
     assert "Holm-adjusted" in out and "p < 0.05" in out
 
 
@@ -458,3 +458,35 @@ def test_a_label_is_text_in_latex_whatever_it_holds(tmp_path, capsys):
         r"{[}ablation] 50\% a\_b \{c\} \$x\$ \textasciitilde{}\textasciicircum{} \& \# "
         r"\textbackslash{} end & "
     )
+
+
+def test_report_setups_easy_medium_hard_and_a_latex_note_under_the_table(table_runs, capsys):
+    runs = [table_runs[k] for k in ("ox-base", "ox-good", "syn-base")]
+    code, out, err = run(["report", *runs, "--setups", "easy,medium,hard"], capsys)
+    assert code == 0, err
+    header = [c.strip() for c in out.splitlines()[0].strip("|").split("|")]
+    assert header[1:7] == [
+        "ROxf E mAP",
+        "ROxf E mP@10",
+        "ROxf M mAP",
+        "ROxf M mP@10",
+        "ROxf H mAP",
+        "ROxf H mP@10",
+    ]
+    code, out, _ = run(["report", *runs[:2], "--setups", "hard , Easy"], capsys)
+    header = [c.strip() for c in out.splitlines()[0].strip("|").split("|")]
+    assert header[1:] == ["ROxf E mAP", "ROxf E mP@10", "ROxf H mAP", "ROxf H mP@10"]
+    ox_base = RunRecord.load(table_runs["ox-base"])
+    assert out.splitlines()[2].split("|")[2].strip() == f"{ox_base.mean('easy') * 100:.1f}"
+    code, tex, _ = run(["report", *runs[:2], "--format", "latex"], capsys)
+    lines = tex.splitlines()
+    assert lines[0].startswith("% needs \\usepackage{booktabs}") and "threeparttable" in lines[1]
+    note = lines[lines.index(r"\begin{tablenotes}[flushleft]\footnotesize") + 1]
+    assert note.startswith(r"\item[] $^\dagger$ differs from") and "Holm-adjusted" in note
+    assert not [ln for ln in lines[2:] if ln.startswith("%")]  # the note is text, not a comment
+    assert lines[-1] == r"\end{threeparttable}"
+
+
+@pytest.mark.parametrize("bad", ["medium,extreme", "", " , ", "e"])
+def test_report_unknown_setup_is_one_line_exit_2(table_runs, capsys, bad):
+    refused(["report", table_runs["ox-base"], "--setups", bad], capsys, "--setups: ")

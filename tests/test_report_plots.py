@@ -83,3 +83,47 @@ def test_plot_refuses_incomparable_runs(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plot", str(a), str(b), "--out", str(tmp_path / "o")])
     assert exc.value.code == 2 and "ground truth differs" in capsys.readouterr().err
+
+
+def _inside(fig) -> bool:
+    """Whether everything drawn (labels, legends, titles) lies inside the figure: nothing cut off."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    drawn = fig.get_tightbbox(canvas.get_renderer())  # inches
+    w, h = fig.get_size_inches()
+    return drawn.x0 >= -0.01 and drawn.y0 >= -0.01 and drawn.x1 <= w + 0.01 and drawn.y1 <= h + 0.01
+
+
+def test_figures_fit_their_labels_and_name_the_queries(tmp_path, monkeypatch):
+    """Long run labels stay inside ap_scatter, ap_per_query names the queries and stays a
+    readable size for ROxford's 70 queries (not 3267 x 352 px)."""
+    pytest.importorskip("matplotlib")
+    from oxbench.report import plots
+
+    gt = tiny_gt(0, n_queries=70)
+    long = "features-alpha-qe [whitening=pca, qe.k=10, qe.alpha=3.5, dba.k=5, search=faiss-flat]"
+    a = RunRecord.load(write_run(tmp_path, gt, random_ranks(gt, 1), method=long))
+    b = RunRecord.load(
+        write_run(tmp_path, gt, better_ranks(gt, 1, 2), method=long + " x", config_name="b")
+    )
+    figs = {}
+
+    def keep(fig, path, fmt):
+        figs[path.stem] = fig
+        return path
+
+    monkeypatch.setattr(plots, "_save", keep)
+    plots.plot_runs(a, tmp_path / "f", other=b)
+    for name, fig in figs.items():
+        assert _inside(fig), name
+    bars = figs["ap_per_query"]
+    w, h = bars.get_size_inches() * 110
+    assert w <= 14 * 110 and h <= 3 * 4.3 * 110 and w / h < 2
+    ticks = [t.get_text() for t in bars.axes[0].get_xticklabels()]
+    assert ticks == list(a.query_names)
+    scatter = figs["ap_scatter"]
+    assert scatter.axes[0].get_xlabel() == "AP of A" and long in scatter.get_supxlabel().replace(
+        "\n   ", " "
+    )

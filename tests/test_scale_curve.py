@@ -95,3 +95,21 @@ def test_projection_is_fixed_plus_the_fitted_bytes_per_image_and_time_from_the_l
         {"m": pr},
     )
     assert "| m | 0 | 1,000 | 1.00 | 2.00 | 3.00 |" in text and "| m | 1,001,000 | 0.28 |" in text
+
+
+def test_the_figure_is_redrawn_from_the_measured_table_in_the_readme(curve, tmp_path) -> None:
+    """``--redraw bench/README.md`` reads every row of the measured table (nothing re-run) and draws
+    the three panels (mAP, query time, RAM) with the legend outside them."""
+    pytest.importorskip("matplotlib")
+    points = curve.readme_points(BENCH / "README.md")
+    assert len(points) == 16 and {p["method"] for p in points} == set(
+        curve.DEFAULT_METHODS.split(",")
+    )
+    sv20 = next(
+        p for p in points if p["method"] == "rootsift-bow-sv" and p["distractors"] == 20_000
+    )
+    assert sv20["n_index"] == 21_000 and sv20["map"]["medium"] == 58.61
+    assert sv20["query_s"] == pytest.approx(0.7163) and sv20["rerank_s"] == pytest.approx(0.7095)
+    assert sv20["ram_bytes_per_image"] == pytest.approx(21.0 * 1024)
+    curve.plot(points, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes().startswith(b"\x89PNG")

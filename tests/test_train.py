@@ -3,7 +3,9 @@ resumable training run whose checkpoint loads back, and ``oxbench train`` end to
 
 from __future__ import annotations
 
+import logging
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,7 +139,7 @@ def toy_training_set(n_clusters: int = 4, per: int = 4) -> TrainingSet:
 
 
 def test_tiny_training_resumes_and_writes_the_model_file_run_loads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     torch = pytest.importorskip("torch")
     from oxbench.features.deep.model import build_net
@@ -164,9 +166,20 @@ def test_tiny_training_resumes_and_writes_the_model_file_run_loads(
             raise KeyboardInterrupt
 
     monkeypatch.setattr(loop, "_save_partial", crash_after_first_epoch)
+    caplog.set_level(logging.INFO, logger="oxbench.train.loop")
     with pytest.raises(KeyboardInterrupt):
         train(cfg, ts, out, progress=False)
     assert not out.exists() and (tmp_path / "m.pt.partial").is_file()
+    # Ctrl-C names the checkpoint a rerun starts from (a warning: shown without -v)
+    (stop,) = [r for r in caplog.records if "interrupted" in r.getMessage()]
+    assert stop.levelno == logging.WARNING and stop.getMessage() == (
+        f"training interrupted: the checkpoint of epoch 1 is kept at {tmp_path / 'm.pt.partial'}; "
+        "a rerun resumes from it"
+    )
+    # the time left of the whole training after epoch 1: one more epoch of about epoch 1's time
+    (first,) = [r for r in caplog.records if r.getMessage().startswith("epoch 1/2")]
+    assert re.search(r"; ~\d+ s left in all$", first.getMessage()), first.getMessage()
+    caplog.clear()
     monkeypatch.setattr(loop, "_save_partial", saved)
     with pytest.raises(InputError, match="partial training of another configuration"):
         train(
@@ -175,8 +188,13 @@ def test_tiny_training_resumes_and_writes_the_model_file_run_loads(
             out,
             progress=False,
         )
+    caplog.clear()
     record = train(cfg, ts, out, progress=False)
     assert [h["epoch"] for h in record["history"]] == [1, 2]  # epoch 1 kept from before the crash
+    (resume,) = [r for r in caplog.records if r.getMessage().startswith("resuming")]
+    assert resume.levelno == logging.WARNING and resume.getMessage().startswith(
+        f"resuming the training of {out} after epoch 1 of 2 (checkpoint {tmp_path / 'm.pt.partial'}"
+    )
     assert [h["negatives"] for h in record["history"]] == ["random", "hard"]
     # the learning-rate schedule follows the epoch, also across the resume
     assert [h["lr"] for h in record["history"]] == pytest.approx(
@@ -432,3 +450,24 @@ def test_pretrained_init_keeps_batchnorm_frozen(tmp_path: Path) -> None:
     assert not torch.equal(
         before["features.0.weight"], after["features.0.weight"]
     )  # the weights trained
+
+
+def test_time_left_is_the_mean_epoch_times_the_epochs_to_go() -> None:
+    from oxbench.train.loop import _time_left
+
+    assert _time_left([], 10) == ""
+    assert _time_left([{"seconds": 70.0}], 39) == "~46 min left in all"  # the issue's 70 s epochs
+    assert _time_left([{"seconds": 10.0}, {"seconds": 20.0}], 3) == "~45 s left in all"
+
+
+def test_train_help_shows_number_types(capsys: pytest.CaptureFixture[str]) -> None:
+    from oxbench.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--epochs", "--tuples", "--neg-num", "--batch-size", "--image-size", "--seed"):
+        assert re.search(rf"{opt} INTEGER\b", text), opt
+    for opt in ("--lr", "--lr-decay", "--weight-decay", "--margin"):
+        assert re.search(rf"{opt} FLOAT\b", text), opt
+    assert "--threads INTEGER" in text and "--random-negative-epochs INTEGER" in text

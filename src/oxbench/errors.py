@@ -34,7 +34,8 @@ class MissingExtraError(OxbenchError, ImportError):
 
     def __init__(self, module: str, extra: str) -> None:
         super().__init__(
-            f'this needs the optional dependency {module!r}: pip install "oxbench[{extra}]"'
+            f'this needs the optional dependency {module!r}: pip install "oxbench[{extra}]" '
+            f'(from a clone of oxbench: pip install -e ".[{extra}]")'
         )
 
 

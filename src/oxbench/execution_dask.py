@@ -68,6 +68,10 @@ R = TypeVar("R")
 CLUSTER_ENV = "OXBENCH_CLUSTER"
 #: Seconds to wait for a scheduler (and, with ``--workers``, for that many workers) before failing.
 CONNECT_TIMEOUT_S = 10.0
+#: How long ``--wait-workers`` may be: a week of a batch queue (also refuses NaN and 1e30).
+WAIT_WORKERS = Float(lo=0.1, hi=7 * 24 * 3600.0)
+#: Seconds between the lines that report the workers connected while waiting for them.
+WAIT_REPORT_S = 30.0
 #: Attempts of a task beyond the first (a worker that died under it, or an exception).
 DEFAULT_RETRIES = 3
 #: How many retries one may ask for.
@@ -192,6 +196,45 @@ def _task_attempts(dask_scheduler: Any, keys: Sequence[str], retries: int) -> in
     return extra
 
 
+def wait_for_workers(
+    client: Any, n: int, timeout_s: float, shown: str, *, report_s: float = WAIT_REPORT_S
+) -> int:
+    """Wait until the scheduler behind ``client`` has ``n`` workers, at most ``timeout_s`` seconds.
+
+    Says how many have connected when it starts waiting and every ``report_s`` seconds after
+    (warnings, shown without ``-v``: workers submitted as batch jobs may sit in a queue for
+    minutes). Returns the number connected.
+
+    Raises:
+        InputError: fewer than ``n`` workers after ``timeout_s`` (names the scheduler).
+    """
+    t0 = time.monotonic()
+    deadline, last_report, reported = t0 + timeout_s, t0, -1
+    while True:
+        have = len(client.scheduler_info().get("workers", {}))
+        now = time.monotonic()
+        if have >= n:
+            if reported >= 0:
+                log.warning("dask: %d worker(s) connected after %.0f s", have, now - t0)
+            return have
+        if now >= deadline:
+            raise InputError(
+                f"the Dask scheduler at {shown} has {have} worker(s) after {timeout_s:g} s, "
+                f"fewer than --workers {n} (--wait-workers SECONDS waits longer)"
+            )
+        if reported < 0 or now - last_report >= report_s:
+            log.warning(
+                "dask: %d of %d worker(s) connected to %s, waiting up to %.0f s more",
+                have,
+                n,
+                shown,
+                deadline - now,
+            )
+            last_report, reported = now, have
+        with contextlib.suppress(OSError, TimeoutError):  # wakes early when workers join
+            client.wait_for_workers(n, timeout=max(0.1, min(1.0, deadline - now)))
+
+
 # ------------------------------------------------------------------ the executor
 class DaskExecutor(Executor):
     """Runs the items of a stage as Dask tasks, on an embedded LocalCluster or an existing one.
@@ -202,7 +245,10 @@ class DaskExecutor(Executor):
         cores: LocalCluster: the cores its workers share (default: this process's).
         address: an existing scheduler (default ``$OXBENCH_CLUSTER``; unset: a LocalCluster).
         retries: attempts of a task beyond the first (``0 .. MAX_RETRIES``).
-        connect_timeout_s: how long to wait for the scheduler (and the workers) before failing.
+        connect_timeout_s: how long to wait for the scheduler before failing.
+        wait_workers_s: existing cluster: how long to wait for ``workers`` of its workers
+            (``--wait-workers``; default ``connect_timeout_s``): a batch system's workers start
+            when their jobs leave the queue. See :func:`wait_for_workers`.
 
     Use it as a context manager, or call :meth:`close`: the LocalCluster stops there.
     """
@@ -212,6 +258,7 @@ class DaskExecutor(Executor):
         "address": Str(min_len=1),
         "retries": Int(lo=0, hi=MAX_RETRIES),
         "connect_timeout_s": Float(lo=0.1, hi=3600),
+        "wait_workers_s": WAIT_WORKERS,
     }
 
     @classmethod
@@ -229,8 +276,14 @@ class DaskExecutor(Executor):
         address: str | None = None,
         retries: int = DEFAULT_RETRIES,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        wait_workers_s: float | None = None,
     ) -> None:
         super().__init__(workers, cores=cores)
+        self.wait_workers_s = (
+            float(connect_timeout_s)
+            if wait_workers_s is None
+            else float(WAIT_WORKERS.check("wait_workers_s", wait_workers_s))
+        )
         if address is None and os.environ.get(CLUSTER_ENV):
             address = check_cluster_address(os.environ[CLUSTER_ENV], what=CLUSTER_ENV)
         self.address = None if address is None else check_cluster_address(address)
@@ -305,14 +358,10 @@ class DaskExecutor(Executor):
                         f"({type(exc).__name__}); is it running, and reachable from here?"
                     ) from None
                 try:
-                    self._client.wait_for_workers(self.workers, timeout=self.connect_timeout_s)
-                except (OSError, TimeoutError):
-                    n = len(self._client.scheduler_info().get("workers", {}))
+                    wait_for_workers(self._client, self.workers, self.wait_workers_s, shown)
+                except InputError:
                     self.close()
-                    raise InputError(
-                        f"the Dask scheduler at {shown} has {n} worker(s) after {self.connect_timeout_s:g} s, "
-                        f"fewer than --workers {self.workers}"
-                    ) from None
+                    raise
         if self.address is not None:  # a running scheduler keeps its own bound for dead workers
             with contextlib.suppress(Exception):
                 self.allowed_failures = int(self._client.run_on_scheduler(_allowed_failures))

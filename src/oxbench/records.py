@@ -232,6 +232,24 @@ def default_label(
     return label if len(label) <= MAX_LABEL_CHARS else label[: MAX_LABEL_CHARS - 4] + "...]"
 
 
+def distractor_tag(n_distractors: int, source: str | int | None = None) -> str:
+    """How many distractors a run searched among, as the field writes it in labels and headers.
+
+    ``distractor_tag(1000)`` -> ``"+1K"``, ``distractor_tag(1_001_001, "revisitop1m")`` ->
+    ``"+R1M"`` (``R`` for the revisitop 1M set), ``distractor_tag(99_782, "oxford100k")`` ->
+    ``"+100K"``; ``""`` for none. Two significant digits at most: the record keeps the exact count.
+    """
+    if n_distractors <= 0:
+        return ""
+    prefix = "R" if source == "revisitop1m" else ""
+    for unit, letter in ((1_000_000, "M"), (1_000, "K")):
+        if n_distractors >= unit:
+            v = n_distractors / unit
+            text = f"{round(v)}" if v >= 9.95 else f"{v:.1f}".removesuffix(".0")
+            return f"+{prefix}{text}{letter}"
+    return f"+{prefix}{n_distractors}"
+
+
 def preset_label(method: str, settings: Mapping[str, Any] | None) -> str:
     """:func:`default_label` against the registered preset ``method`` (its input settings left out);
     the name alone when no preset of that name is registered."""
@@ -1073,6 +1091,11 @@ class RunRecord:
         return int(self.dataset["n_distractors"])
 
     @property
+    def distractor_tag(self) -> str:
+        """``+1K``, ``+R1M`` or ``""``: :func:`distractor_tag` of this run's distractors."""
+        return distractor_tag(self.n_distractors, self.config.get("distractors"))
+
+    @property
     def image_roots(self) -> tuple[Path, ...]:
         """The folders the run's images were read from (dataset root, distractor root), as recorded."""
         return tuple(
@@ -1299,6 +1322,7 @@ class RunSummary:
     started: str
     headline: str
     label: str = ""
+    n_distractors: int = 0
 
 
 def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
@@ -1332,6 +1356,7 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
                     rec.started,
                     rec.headline(),
                     rec.label,
+                    rec.n_distractors,
                 )
             )
     return sorted(out, key=lambda r: (r.started, str(r.run_dir)))

@@ -345,7 +345,7 @@ def import_cmd(
     check = verify(dataset_id, root, decode=False, progress=False)
     for line in check.summary():
         click.echo(line)
-    if not check.ok:
+    if not (check.ok or check.ground_truth_only):
         click.echo(
             f"(incomplete: import the rest, then run `oxbench data verify {report.dataset}`)"
         )
@@ -377,7 +377,11 @@ def verify_cmd(
     jobs: int,
     no_progress: bool,
 ) -> None:
-    """Decode every image and check counts, ground truth and checksums; exit 1 if anything is off."""
+    """Decode every image and check counts, ground truth and checksums; exit 1 if anything is off.
+
+    A root with the ground truth alone (no image at all) is reported as such, exit 0: the
+    ``features*`` presets need no images.
+    """
     from oxbench.datasets.verify import verify
 
     report = verify(dataset_id, root, decode=not no_decode, jobs=jobs, progress=not no_progress)
@@ -397,4 +401,4 @@ def verify_cmd(
         )
         out = report.write_json(fallback)
     click.echo(f"report: {out}")
-    ctx.exit(0 if report.ok else 1)
+    ctx.exit(0 if report.ok or report.ground_truth_only else 1)

@@ -109,11 +109,11 @@ def execution_options(f: Any) -> Any:
 
 
 def parse_engine_options(
-    engine: str, texts: tuple[str, ...], cluster: str | None
+    engine: str, texts: tuple[str, ...], cluster: str | None, wait_workers: str | None = None
 ) -> dict[str, object]:
-    """``--engine-option KEY=VALUE`` (repeatable) and the ``--cluster`` shorthand as one mapping
-    for :func:`oxbench.execution.make_executor`; the values stay text, parsed there by the
-    backend's declared options."""
+    """``--engine-option KEY=VALUE`` (repeatable) and the ``--cluster`` / ``--wait-workers``
+    shorthands as one mapping for :func:`oxbench.execution.make_executor`; the values stay text,
+    parsed there by the backend's declared options."""
     options: dict[str, object] = {}
     for text in texts:
         key, sep, value = text.partition("=")
@@ -130,6 +130,16 @@ def parse_engine_options(
         if "address" in options:
             raise InputError("--cluster and --engine-option address=... name the same; give one")
         options["address"] = cluster
+    if wait_workers is not None:
+        if engine != "dask":
+            raise InputError(
+                f"--wait-workers waits for Dask workers: it needs --engine dask, not {engine!r}"
+            )
+        if "wait_workers_s" in options:
+            raise InputError(
+                "--wait-workers and --engine-option wait_workers_s=... name the same; give one"
+            )
+        options["wait_workers_s"] = wait_workers
     return options
 
 

@@ -98,6 +98,11 @@ def compare(
 )
 @click.option("--seed", default=DEFAULT_SEED, show_default=True, help="Seed of the resampling.")
 @click.option("--decimals", default=1, show_default=True, help="Decimals of the percentages.")
+@click.option(
+    "--setups",
+    help="Revisited setups in the columns, comma-separated: easy, medium, hard "
+    "[default: medium,hard for ROxf/RPar, all for other datasets].",
+)
 def report(
     runs: tuple[str, ...],
     fmt: str,
@@ -106,15 +111,22 @@ def report(
     resamples: int,
     seed: int,
     decimals: int,
+    setups: str | None,
 ) -> None:
-    """The paper table of RUN...: rows = methods, columns = ROxf / RPar (+1M) x Medium / Hard x
+    """The paper table of RUN...: rows = methods, columns = ROxf / RPar (+1K, +R1M: the distractor count) x Medium / Hard x
     mAP / mP@10, then other datasets; daggers mark significant differences from the first run."""
     from oxbench.fileio import atomic_write_text
-    from oxbench.report.paper import paper_table
+    from oxbench.report.paper import paper_table, parse_setups
     from oxbench.report.runs import load_runs
 
+    chosen = None if setups is None else parse_setups(setups)  # one line before runs are read
     table = paper_table(
-        load_runs(runs), alpha=alpha, n_resamples=resamples, seed=seed, decimals=decimals
+        load_runs(runs),
+        alpha=alpha,
+        n_resamples=resamples,
+        seed=seed,
+        decimals=decimals,
+        setups=chosen,
     )
     text = table.render(fmt)
     if out is None:

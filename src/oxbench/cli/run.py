@@ -66,6 +66,13 @@ from oxbench.errors import InputError
 )
 @execution_options
 @click.option(
+    "--wait-workers",
+    metavar="SECONDS",
+    default=None,
+    help="With --cluster: how long to wait for --workers of its workers, saying how many have "
+    "connected meanwhile (default 10; batch-queued workers: minutes).",
+)
+@click.option(
     "--top-k",
     type=click.IntRange(1, 1_000_000),
     default=100,
@@ -128,6 +135,7 @@ def run(
     engine: str,
     engine_options: tuple[str, ...],
     cluster: str | None,
+    wait_workers: str | None,
     shard_size: int | None,
     distractors: str | None,
     top_k: int,
@@ -217,7 +225,7 @@ def run(
         overrides=overrides,
         workers=parse_workers(workers),
         engine=engine,
-        engine_options=parse_engine_options(engine, engine_options, cluster),
+        engine_options=parse_engine_options(engine, engine_options, cluster, wait_workers),
         shard_size=shard_size,
         overwrite=overwrite,
         top_k=top_k,
@@ -280,6 +288,7 @@ def runs(runs_dir: str, as_json: bool) -> None:
                         "dataset": r.dataset,
                         "method": r.method,
                         "label": r.label,
+                        "n_distractors": r.n_distractors,
                         "started": r.started,
                         "headline": r.headline,
                     }
@@ -295,10 +304,18 @@ def runs(runs_dir: str, as_json: bool) -> None:
     from oxbench.report.tables import text_table
 
     rows = [
-        [r.started[:19].replace("T", " "), r.dataset, r.label, r.headline, str(r.run_dir)]
+        [
+            r.started[:19].replace("T", " "),
+            r.dataset,
+            f"{r.n_distractors:,}",
+            r.label,
+            r.headline,
+            str(r.run_dir),
+        ]
         for r in found
     ]
-    click.echo(text_table(["started (UTC)", "dataset", "label", "headline", "run folder"], rows))
+    header = ["started (UTC)", "dataset", "distractors", "label", "headline", "run folder"]
+    click.echo(text_table(header, rows))
 
 
 @click.command("methods")

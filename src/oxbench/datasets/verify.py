@@ -103,8 +103,32 @@ class VerifyReport:
             or self.count_problems
         )
 
+    @property
+    def ground_truth_only(self) -> bool:
+        """The ground truth is complete and sound and no image is there at all: enough for the
+        methods that read no pixels (the ``features*`` presets on the user's descriptors)."""
+        queries = self.counts.get("query images", {})
+        return bool(
+            self.missing
+            and queries.get("listed", 0) > 0
+            and self.n_images_checked == 0
+            and not (self.changed or self.corrupt or self.ground_truth or self.checksums)
+            and all(
+                c["found"] == 0 and c.get("listed", c["expected"]) == c["expected"]
+                for c in self.counts.values()
+            )
+        )
+
     def summary(self) -> list[str]:
         """Short human lines (the CLI prints them)."""
+        if self.ground_truth_only:
+            return [
+                f"{self.dataset}: ground truth for {self.counts['query images']['listed']} queries; "
+                f"images: none, which the features presets do not need ({self.seconds:.1f} s)",
+                f"  methods that read pixels need the {len(self.missing):,} images: "
+                f"`oxbench data fetch {self.dataset}` or `oxbench data import {self.dataset} "
+                "--from PATH`",
+            ]
         head = f"{self.dataset}: {'OK' if self.ok else 'PROBLEMS'} ({self.n_images_checked} images "
         head += ("decoded" if self.decoded else "found") + f", {self.seconds:.1f} s)"
         lines = [head]
@@ -135,6 +159,7 @@ class VerifyReport:
         """JSON-ready dict (with ``ok`` and ``count_problems``)."""
         d = asdict(self)
         d["ok"] = self.ok
+        d["ground_truth_only"] = self.ground_truth_only
         d["count_problems"] = self.count_problems
         return d
 

@@ -7,6 +7,8 @@ suffix             what                                                   read a
 ``.npz``           numpy archive: its only array, or the one named `key`  features, scores, ranks
 ``.mat``           MATLAB v5 (scipy) or v7.3 (HDF5: ``pip install         features, scores, ranks
                    "oxbench[mat]"``); its only variable, or `key`
+``.h5``            HDF5 (``pip install "oxbench[mat]"``): its only root     features
+                   dataset, or the one named `key`
 ``.fvecs``         texmex: per vector an int32 dimension, then float32s   features
 ``.bvecs``         texmex: per vector an int32 dimension, then uint8s     features
 ``.ivecs``         texmex: per list an int32 length, then int32 indices   ranks (one query a row)
@@ -19,6 +21,10 @@ FAISS, texmex) or ``[d, n]`` (``layout="d-n"``, one vector a column: revisitop's
 stores it transposed; it is transposed back). Ranks in an array file are in the revisitop layout
 (rows = ranked positions, columns = queries); in ``.ivecs`` and text files each record/line is one
 query's list. :func:`read_ranks` returns the internal layout ``[n_queries, k]`` either way.
+
+Image names for the rows of a feature file (:func:`read_names`) come from a text file (one name a
+line) or from the array of strings inside an ``.npz``, ``.h5`` or MATLAB v5 ``.mat`` file (a char
+matrix or a cell array of strings), as the features themselves may carry them.
 
 Every problem is an :class:`~oxbench.errors.InputError` naming the file: an unknown suffix (with
 what is accepted), a truncated or empty file, a texmex record whose dimension header differs from
@@ -38,13 +44,16 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
 from oxbench.fileio import read_input_bytes, require_regular_file
+from oxbench.formats.oxford_gt import clean_name
+from oxbench.formats.text import read_text_lines
 
 log = logging.getLogger(__name__)
 
 Layout = Literal["n-d", "d-n"]
 LAYOUTS: tuple[str, ...] = ("n-d", "d-n")
 
-FEATURE_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat", ".fvecs", ".bvecs")
+FEATURE_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat", ".h5", ".fvecs", ".bvecs")
+NAME_SUFFIXES: tuple[str, ...] = (".txt", ".npz", ".h5", ".mat")
 RANK_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat", ".ivecs", ".txt")
 MATRIX_SUFFIXES: tuple[str, ...] = (".npy", ".npz", ".mat")
 _TEXMEX: dict[str, np.dtype[Any]] = {
@@ -166,6 +175,25 @@ def _read_mat73(path: Path, key: str | None) -> np.ndarray:
     return arr.T  # HDF5 stores MATLAB's column-major array transposed: back to MATLAB's shape
 
 
+def _read_h5(path: Path, key: str | None, kinds: str = "iuf") -> np.ndarray:
+    """The root dataset named ``key`` of an HDF5 file, or its only one of a dtype kind in ``kinds``."""
+    h5py = require("h5py", "mat")
+    what = "numeric datasets" if kinds == "iuf" else "string datasets"
+    try:
+        with h5py.File(path, "r") as f:
+            arrays = {
+                n: f[n]
+                for n in f.keys()
+                if isinstance(f[n], h5py.Dataset) and f[n].dtype.kind in kinds
+            }
+            _, ds = _pick(arrays, key, path, f"HDF5 file's {what}")
+            return np.asarray(ds[()])
+    except InputError:
+        raise
+    except Exception as exc:  # h5py raises OSError, KeyError, TypeError on damaged files  # noqa: BLE001
+        raise InputError(f"not a readable HDF5 file ({_first_line(exc)})", path) from None
+
+
 def _read_mat(path: Path, key: str | None) -> np.ndarray:
     if _is_mat73(path):
         return _read_mat73(path, key)
@@ -242,14 +270,18 @@ def read_matrix(path: str | Path, *, key: str | None = None) -> np.ndarray:
 
 def _read_any(p: Path, suffix: str, key: str | None) -> np.ndarray:
     require_regular_file(p)
-    if key is not None and suffix not in (".npz", ".mat"):
-        raise InputError(f"--key (key=) names an array inside .npz or .mat files, not {suffix}", p)
+    if key is not None and suffix not in (".npz", ".mat", ".h5"):
+        raise InputError(
+            f"--key (key=) names an array inside .npz, .h5 or .mat files, not {suffix}", p
+        )
     if suffix == ".npy":
         arr = _read_npy(p)
     elif suffix == ".npz":
         arr = _read_npz(p, key)
     elif suffix == ".mat":
         arr = _read_mat(p, key)
+    elif suffix == ".h5":
+        arr = _read_h5(p, key)
     else:
         arr = _read_texmex(p, suffix)
     if arr.dtype == bool or arr.dtype.kind not in "iuf":
@@ -266,8 +298,8 @@ def read_features(
 ) -> NDArray[np.float32]:
     """Read descriptors as ``float32 [n, d]``: one vector per row.
 
-    Reads ``.npy``, ``.npz``, MATLAB ``.mat`` (v5; v7.3 with ``pip install "oxbench[mat]"``) and
-    texmex ``.fvecs`` / ``.bvecs`` (see the module docstring).
+    Reads ``.npy``, ``.npz``, MATLAB ``.mat`` (v5; v7.3 with ``pip install "oxbench[mat]"``),
+    HDF5 ``.h5`` and texmex ``.fvecs`` / ``.bvecs`` (see the module docstring).
 
     Args:
         path: the file.
@@ -332,6 +364,101 @@ def _l2_normalized(x: NDArray[np.float32], path: Path, chunk: int = 1 << 16) -> 
             )
         out[i0 : i0 + blk.shape[0]] = blk / norms[:, None]
     return out
+
+
+def _strings(arr: Any) -> list[str] | None:
+    """The strings of a 1-D string array, a MATLAB char matrix or a cell array of strings."""
+    a = np.asarray(arr)
+    if a.dtype.kind == "O":  # a MATLAB cell array: each cell one string (a 1-element array)
+        out = []
+        for cell in a.ravel(order="F"):
+            sub = _strings(cell)
+            if sub is None or len(sub) != 1:
+                return None
+            out.append(sub[0])
+        return out
+    if a.dtype.kind not in "US" or a.ndim > 2 or (a.ndim == 2 and 1 not in a.shape):
+        return None
+    return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in a.ravel().tolist()]
+
+
+def read_names(path: str | Path) -> tuple[str, ...]:
+    """Image names, one per row of a feature file, in row order.
+
+    A ``.txt`` file has one name a line (surrounding whitespace, CR line ends and a ``.jpg`` suffix
+    removed as in the ground-truth lists; blank lines only at the end). An ``.npz``, ``.h5`` or
+    MATLAB v5 ``.mat`` file holds them as its one array of strings (numeric arrays beside it are
+    ignored: the features may live in the same file).
+
+    Raises:
+        InputError: an unsupported or unreadable file, no or several arrays of strings, a blank
+            or malformed name (names the file and the line or entry).
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "f.npz"
+        >>> np.savez(p, x=np.eye(2), names=np.array(["b.jpg", "a"]))
+        >>> read_names(p)
+        ('b', 'a')
+    """
+    p = Path(path)
+    suffix = _suffix(p, NAME_SUFFIXES, "image names")
+    require_regular_file(p)
+    if suffix == ".txt":
+        raw = read_text_lines(p)
+        while raw and not raw[-1].strip():
+            raw.pop()
+    else:
+        if suffix == ".npz":
+            with_names = {}
+            try:
+                with np.load(p, allow_pickle=False) as npz:
+                    for n in npz.files:
+                        a = npz[n]
+                        if a.dtype.kind in "US":
+                            with_names[n] = a
+            except Exception as exc:  # noqa: BLE001 - zipfile, zlib, ValueError
+                raise InputError(f"not a readable .npz archive ({_first_line(exc)})", p) from None
+        elif suffix == ".h5":
+            with_names = {"names": _read_h5(p, None, kinds="USO")}
+        else:
+            if _is_mat73(p):
+                raise InputError(
+                    "names in a MATLAB v7.3 file are not read: save them with -v7 (a cell array "
+                    "of strings) or as a text file, one name a line",
+                    p,
+                )
+            import scipy.io
+
+            try:
+                raw_mat = scipy.io.loadmat(p, squeeze_me=False)
+            except Exception as exc:  # noqa: BLE001 - scipy's many reader errors
+                raise InputError(
+                    f"not a readable MATLAB .mat file ({_first_line(exc)})", p
+                ) from None
+            with_names = {
+                n: v
+                for n, v in raw_mat.items()
+                if not n.startswith("__") and isinstance(v, np.ndarray) and v.dtype.kind in "USO"
+            }
+        found = {
+            n: s for n, s in ((n, _strings(v)) for n, v in with_names.items()) if s is not None
+        }
+        if len(found) != 1:
+            held = f"holds {', '.join(sorted(found))}" if found else "holds none"
+            raise InputError(
+                f"image names are read from the file's one array of strings; it {held}", p
+            )
+        raw = next(iter(found.values()))
+    names = []
+    for i, line in enumerate(raw, start=1):
+        name = clean_name(line, p, i)
+        if name is None:
+            raise InputError(f"line {i}: blank: every line names one row of the features", p)
+        names.append(name)
+    if not names:
+        raise InputError("no image names", p)
+    return tuple(names)
 
 
 _INDEX_TOKEN = re.compile(r"-?[0-9]{1,30}")

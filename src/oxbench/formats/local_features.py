@@ -26,7 +26,7 @@ Descriptors may be ``uint8``, ``float16``, ``float32`` or ``float64`` (kept as `
 dimension up to :data:`MAX_DIM`; every image of a file must have the same dimension and type.
 What spatial verification needs beyond x, y: a missing size is taken as 1 pixel and a missing angle
 as 0 (upright), so similarity / affine / homography verification from point correspondences works
-as with any feature, while ``spatial_method=fsm`` (one correspondence gives a full hypothesis from
+as with any feature, while ``spatial.method=fsm`` (one correspondence gives a full hypothesis from
 the two features' scales and angles) sees upright unit-size features.
 
 Every check of this kind of file lives here (:func:`probe` and :func:`read_image_features`), each

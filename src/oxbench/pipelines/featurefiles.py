@@ -6,9 +6,18 @@ with ``--set db_features=PATH --set query_features=PATH``; ``query_key`` / ``que
 query array is named or laid out otherwise, as revisitop's one ``.mat`` holding ``X`` and ``Q``:
 ``--set db_features=f.mat --set key=X --set query_features=f.mat --set query_key=Q --set layout=d-n``)
 skips description: the database and query
-descriptors are read from the files, one row per database image / query in the dataset's order
-(database then distractors), L2-normalised, and go through the same whitening, DBA, search, query
-expansion and diffusion as any global method, through the same runner and run folder.
+descriptors are read from the files, L2-normalised, and go through the same whitening, DBA, search,
+query expansion and diffusion as any global method, through the same runner and run folder.
+
+Which row is which image: by default one row per database image / query in the ground truth's
+order (database then distractors). ``db_names=FILE`` / ``query_names=FILE`` name the rows instead
+(a text file, one name a line, or the array of strings inside an ``.npz`` / ``.h5`` / ``.mat``, which
+may be the feature file itself); ``row_order=sorted`` declares rows in sorted image-name order
+(one row per image of the part, or per image of the whole dataset, as a folder of ``.jpg`` files
+gives them). Named rows may include images of the dataset the part does not need (one file of all
+5,063 Oxford images serves ROxford's database and its queries); a duplicate name, a name that is
+no image of the dataset, a needed image without a row, or a list of another length than the file is
+refused.
 
 Whitening needs training descriptors that are *not* the test set's: ``train_features=PATH`` (PCA),
 plus ``train_pairs=PATH`` (an ``[m, 2]`` integer ``.npy`` of matching row pairs) for learned
@@ -27,8 +36,9 @@ from numpy.typing import NDArray
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.fileio import read_input_bytes
-from oxbench.formats.arrays import read_features
+from oxbench.formats.arrays import read_features, read_names
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening
+from oxbench.pipelines.steps.keys import part_names
 
 
 class FileSettings(Protocol):
@@ -63,6 +73,15 @@ class FileSettings(Protocol):
     def query_layout(self) -> Literal["n-d", "d-n"] | None: ...
 
     @property
+    def db_names(self) -> str | None: ...
+
+    @property
+    def query_names(self) -> str | None: ...
+
+    @property
+    def row_order(self) -> Literal["dataset", "sorted"]: ...
+
+    @property
     def whitening(self) -> str: ...
 
     @property
@@ -89,21 +108,99 @@ def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32
     return read_features(path, layout=m.layout, key=m.key, normalize=True)
 
 
+_NAME_HINT = "; rows of other images or in another order: name them (db_names=FILE, query_names=FILE, row_order=sorted)"
+
+
+def _transposed_hint(x: NDArray[np.float32], n: int, layout: str) -> str:
+    if x.shape[1] == n and x.shape[0] != n:
+        other = "d-n" if layout == "n-d" else "n-d"
+        return f"; the file has {n:,} columns: it looks transposed, set layout={other}"
+    return ""
+
+
+def _named_rows(
+    m: FileSettings,
+    bench: Benchmark,
+    x: NDArray[np.float32],
+    path: str,
+    names_setting: str,
+    wanted: list[str],
+    part: str,
+) -> NDArray[np.float32] | None:
+    """The rows of ``x`` for the images ``wanted``, found by name; ``None`` when the file declares
+    no names (rows in the ground truth's order)."""
+    names_path = getattr(m, names_setting)
+    if names_path is None and m.row_order == "dataset":
+        return None
+    parts = ["database", "queries"] + (["distractors"] if bench.n_distractors else [])
+    known = {n for p in parts for n in part_names(bench, p)}
+    layout = m.layout if names_setting == "db_names" else (m.query_layout or m.layout)
+    if names_path is not None:
+        source = names_path
+        names = read_names(names_path)
+        if len(names) != len(x):
+            raise InputError(
+                f"{names_setting}: {len(names):,} names for the {len(x):,} rows of {path}"
+                + _transposed_hint(x, len(names), layout),
+                names_path,
+            )
+    else:
+        source = path
+        everything = sorted(known)
+        names = tuple(sorted(set(wanted)) if len(x) == len(set(wanted)) else everything)
+        if len(names) != len(x):
+            raise InputError(
+                f"row_order=sorted: {len(x):,} rows, but {bench.id} has {len(set(wanted)):,} "
+                f"{part} images and {len(everything):,} images in all"
+                + _transposed_hint(x, len(set(wanted)), layout)
+                + _transposed_hint(x, len(everything), layout),
+                path,
+            )
+    row: dict[str, int] = {}
+    for i, name in enumerate(names):
+        if name in row:
+            raise InputError(
+                f"{names_setting}: image {name!r} names rows {row[name] + 1} and {i + 1}", source
+            )
+        if name not in known:
+            raise InputError(
+                f"{names_setting}: row {i + 1} names {name!r}, which is no image of {bench.id}",
+                source,
+            )
+        row[name] = i
+    missing = [n for n in wanted if n not in row]
+    if missing:
+        raise InputError(
+            f"{names_setting}: {len(missing):,} of {bench.id}'s {part} images have no row, "
+            f"e.g. {missing[0]!r}",
+            source,
+        )
+    return x[np.fromiter((row[n] for n in wanted), dtype=np.int64, count=len(wanted))]
+
+
 def benchmark_features(m: FileSettings, bench: Benchmark, part: str) -> NDArray[np.float32]:
     """The user's descriptors of one part of ``bench`` (``database``, ``distractors``, ``queries``).
 
-    The database file holds the database rows followed by the distractors' rows.
+    The database file holds the database rows followed by the distractors' rows, unless its rows
+    are named (``db_names``, ``row_order=sorted``: see the module docstring).
 
     Raises:
-        InputError: a missing setting or file, a row count that does not fit the dataset, or
-            query and database descriptors of different dimensions.
+        InputError: a missing setting or file, a row count that does not fit the dataset, a names
+            list that does not fit the file or the dataset, or query and database descriptors of
+            different dimensions.
     """
     n_db, n_dis = bench.gt.n_db, bench.n_distractors
     db = _read(m, m.db_features, "db_features")
-    if db.shape[0] != n_db + n_dis:
+    assert m.db_features is not None
+    wanted = part_names(bench, "database") + (part_names(bench, "distractors") if n_dis else [])
+    named = _named_rows(m, bench, db, m.db_features, "db_names", wanted, "database")
+    if named is not None:
+        db = named
+    elif db.shape[0] != n_db + n_dis:
         extra = f" + {n_dis} distractors" if n_dis else ""
         raise InputError(
-            f"{db.shape[0]} descriptors for {bench.id}'s {n_db} database images{extra}",
+            f"{db.shape[0]} descriptors for {bench.id}'s {n_db} database images{extra}"
+            + (_transposed_hint(db, n_db + n_dis, m.layout) or _NAME_HINT),
             m.db_features,
         )
     if part == "database":
@@ -111,9 +208,16 @@ def benchmark_features(m: FileSettings, bench: Benchmark, part: str) -> NDArray[
     if part == "distractors":
         return db[n_db:]
     q = _read(m, m.query_features, "query_features")
-    if q.shape[0] != bench.gt.n_queries:
+    assert m.query_features is not None
+    q_named = _named_rows(
+        m, bench, q, m.query_features, "query_names", part_names(bench, "queries"), "query"
+    )
+    if q_named is not None:
+        q = q_named
+    elif q.shape[0] != bench.gt.n_queries:
         raise InputError(
-            f"{q.shape[0]} descriptors for {bench.id}'s {bench.gt.n_queries} queries",
+            f"{q.shape[0]} descriptors for {bench.id}'s {bench.gt.n_queries} queries"
+            + (_transposed_hint(q, bench.gt.n_queries, m.query_layout or m.layout) or _NAME_HINT),
             m.query_features,
         )
     if q.shape[1] != db.shape[1]:
@@ -211,4 +315,6 @@ def feature_provenance(m: FileSettings) -> dict[str, str | None]:
         "queries": m.query_features,
         "train": m.train_features,
         "train_pairs": m.train_pairs,
+        "db_names": m.db_names,
+        "query_names": m.query_names,
     }

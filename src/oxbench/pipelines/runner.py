@@ -49,6 +49,7 @@ from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
+from oxbench.datasets.spec import get_spec
 from oxbench.determinism import single_threaded
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
@@ -86,6 +87,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     RUN_FILES,
     RunSummary,
     check_label,
+    distractor_tag,
     find_runs,
     jsonable,
     list_runs,
@@ -554,6 +556,7 @@ def run(
     workers: int | None = 1,
     engine: str = "processes",
     engine_options: Mapping[str, object] | None = None,
+    wait_workers: float | None = None,
     shard_size: int | None = None,
     progress: bool = True,
     distractors: str | int | None = None,
@@ -586,6 +589,9 @@ def run(
         engine_options: the backend's own options (:func:`oxbench.execution.make_executor`),
             e.g. ``{"address": "tcp://host:8786"}`` for an existing Dask cluster (default
             ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
+        wait_workers: with an existing cluster, seconds to wait for ``workers`` of its workers
+            (default 10; a batch system's workers may wait in its queue: give it minutes); short
+            for ``engine_options={"wait_workers_s": ...}``.
         shard_size: images per write-once shard of the local-feature stores (default 64).
         progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
@@ -629,6 +635,7 @@ def run(
     m.check_inputs(root_path)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     inputs = input_records(m.input_files(root_path), cache=cache_dir)
+    labelled = label is not None
     if label is None:
         label = _default_label(m, inputs)
     train_id = training_set_of(m, dataset, train_dataset)
@@ -641,6 +648,8 @@ def run(
             overwrite=overwrite,
             only=("dataset", "method"),
         )
+    if wait_workers is not None:
+        engine_options = {**(engine_options or {}), "wait_workers_s": wait_workers}
     executor = make_executor(engine, workers, options=engine_options)
     try:  # a cluster the executor started stops with the run, whatever happens
         # a cluster's workers must see the data and the cache: asked before anything is loaded
@@ -651,6 +660,11 @@ def run(
             }
         )
         t0, c0 = time.perf_counter(), cpu_seconds()
+        if any(get_spec(d).family.generated for d in (dataset, train_id) if d):
+            # the two default cities are rendered on first use through the run's engine
+            from oxbench.datasets.synthetic import ensure_default
+
+            ensure_default(root_path, progress=progress, executor=executor)
         ds_options = {k: str(v) for k, v in (dataset_options or {}).items()}
         extra: dict[str, Any] = dict(ds_options)  # load(**options) validates the keys and values
         bench = load(
@@ -668,6 +682,10 @@ def run(
             else load(train_id, root_path, strict=strict, progress=progress, images=m.reads_images)
         )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
+        if not labelled and bench.n_distractors:  # the count belongs in the label: +1K, +R1M
+            tag = distractor_tag(bench.n_distractors, distractors)
+            room = MAX_LABEL_CHARS - len(tag) - 1
+            label = f"{label if len(label) <= room else label[: room - 4] + '...]'} {tag}"
         preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
         test_in_training = _test_data_in_training(m, train, bench)
         trained_on_test = test_in_training is not None

@@ -4,8 +4,10 @@ Rows are runs by label (``record.json`` ``label``: the preset name plus the sett
 from it, or the run's ``--label``), so several runs of one preset that differ in a setting are the
 rows of an ablation table; columns are grouped by dataset: the revisited sets
 first in the field's layout -- Medium then Hard, each with ROxf, ROxf+1M, RPar, RPar+1M, and mAP and
-mP@10 under each -- then every other dataset (its own setups) by dataset id. A run goes to the +1M
-group of its dataset when its ``dataset.json`` ``n_distractors`` is positive.
+mP@10 under each -- then every other dataset (its own setups) by dataset id. A run with distractors
+goes to its own group headed by the count it searched among (``ROxf+1K``, ``ROxf+R1M``: ``R`` for
+revisitop's 1M set), and its row is its label without that count (the default label of a distractor
+run ends in it), so one method's runs with and without distractors share a row.
 
 In each column, every row is compared with the first row that has a run there (the baseline,
 the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
@@ -32,6 +34,11 @@ _REVISITED_ORDER = ("roxford5k", "rparis6k")
 _PAPER_SETUPS = ("medium", "hard")
 _SETUP_SHORT = {"easy": "E", "medium": "M", "hard": "H"}
 _METRICS = (("ap", "mAP"), ("p@10", "mP@10"))
+#: The first lines of the LaTeX table: what the preamble needs for it (docs/results.md says so too).
+LATEX_PACKAGES_COMMENT = (
+    r"% needs \usepackage{booktabs} (\toprule, \cmidrule, \midrule, \bottomrule) and",
+    r"% \usepackage{threeparttable} (the note under the table) in the preamble",
+)
 
 
 @dataclass(frozen=True)
@@ -39,14 +46,14 @@ class Column:
     """One number column: a dataset group, a setup and a per-query metric."""
 
     dataset: str
-    distractors: bool
+    distractors: str  # "" or the group's count, "+1K", "+R1M" (records.distractor_tag)
     setup: str
     metric: str  # per-query column: "ap" or "p@10"
 
     @property
     def group(self) -> str:
-        """``ROxf M``, ``RPar+1M H``, ``oxford5k``..."""
-        name = SHORT_NAMES.get(self.dataset, self.dataset) + ("+1M" if self.distractors else "")
+        """``ROxf M``, ``RPar+R1M H``, ``ROxf+1K M``, ``oxford5k``..."""
+        name = SHORT_NAMES.get(self.dataset, self.dataset) + self.distractors
         letter = _SETUP_SHORT.get(self.setup)
         return f"{name} {letter}" if letter else name
 
@@ -82,8 +89,15 @@ class PaperTable:
             f"p < {self.alpha:g}: two-sided paired randomization test over the queries (sign flips of the "
             f"per-query AP for mAP, P@10 for mP@10; exact when 2^n <= {self.n_resamples:,}, else "
             f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the rows "
-            f"compared in each column. +1M: with distractors. Numbers in percent."
+            f"compared in each column.{self._distractor_note()} Numbers in percent."
         )
+
+    def _distractor_note(self) -> str:
+        tags = sorted({c.distractors for c in self.columns if c.distractors})
+        if not tags:
+            return ""
+        r1m = " (R: revisitop's 1M set)" if any(t.startswith("+R") for t in tags) else ""
+        return f" {', '.join(tags)}: with that many distractors{r1m}."
 
     def _fmt(self, cell: Cell) -> str:
         if math.isnan(cell.value):
@@ -134,11 +148,34 @@ class PaperTable:
             rules.append(rf"\cmidrule(lr){{{col}-{col + n - 1}}}")
             col += n
         sub = " & ".join(["Method"] + [_tex(c.label) for c in self.columns]) + r" \\"
-        out = [rf"\begin{{tabular}}{{{spec}}}", r"\toprule", top, "".join(rules), sub, r"\midrule"]
+        out = [
+            *LATEX_PACKAGES_COMMENT,
+            r"\begin{threeparttable}",
+            rf"\begin{{tabular}}{{{spec}}}",
+            r"\toprule",
+            top,
+            "".join(rules),
+            sub,
+            r"\midrule",
+        ]
         for m, cells in zip(self.methods, self.cells, strict=True):
             vals = [self._fmt(c).replace(MARK, r"$^\dagger$") for c in cells]
             out.append(" & ".join([_tex(m)] + vals) + r" \\")
-        out += [r"\bottomrule", r"\end{tabular}", "% " + self.footnote().replace(MARK, r"\dagger")]
+        note = _tex(self.footnote()).replace(MARK, r"$^\dagger$")
+        for text, tex in (
+            (r"2\textasciicircum{}n", "$2^n$"),
+            (" <= ", r" $\le$ "),
+            (" < ", " $<$ "),
+        ):
+            note = note.replace(text, tex)
+        out += [
+            r"\bottomrule",
+            r"\end{tabular}",
+            r"\begin{tablenotes}[flushleft]\footnotesize",
+            rf"\item[] {note}",
+            r"\end{tablenotes}",
+            r"\end{threeparttable}",
+        ]
         return "\n".join(out) + "\n"
 
     def _csv(self) -> str:
@@ -182,11 +219,28 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _group_key(dataset: str, distractors: bool) -> tuple[int, str, bool]:
+def parse_setups(text: str) -> tuple[str, ...]:
+    """``"easy,medium,hard"`` as the revisited setups a table shows, in the protocol's order.
+
+    Raises:
+        InputError: an empty list or a name that is not a revisited setup (``--setups``).
+    """
+    names = [t.strip().lower() for t in text.split(",")]
+    unknown = [n for n in names if n not in _SETUP_SHORT]
+    if unknown or not any(names):
+        shown = repr(unknown[0]) if unknown else "nothing"
+        raise InputError(
+            f"--setups: {shown} is not a revisited setup; give some of {', '.join(_SETUP_SHORT)}, "
+            "comma-separated"
+        )
+    return tuple(s for s in _SETUP_SHORT if s in names)
+
+
+def _group_key(dataset: str, n_distractors: int) -> tuple[int, str, int]:
     known = (
         _REVISITED_ORDER.index(dataset) if dataset in _REVISITED_ORDER else len(_REVISITED_ORDER)
     )
-    return (known, dataset, distractors)
+    return (known, dataset, n_distractors)
 
 
 def paper_table(
@@ -196,8 +250,13 @@ def paper_table(
     n_resamples: int = DEFAULT_RESAMPLES,
     seed: int = DEFAULT_SEED,
     decimals: int = 1,
+    setups: Sequence[str] | None = None,
 ) -> PaperTable:
     """Build the paper table of ``runs`` (rows = run labels in order of first appearance).
+
+    ``setups`` are the revisited setups shown (:func:`parse_setups` reads ``--setups``): by
+    default the paper's Medium and Hard for ROxf / RPar and every setup for other datasets; when
+    given, those setups for every revisited-protocol dataset. Other protocols show their own.
 
     Raises:
         InputError: no runs; two runs with one label on one dataset group; runs of one dataset
@@ -208,36 +267,49 @@ def paper_table(
     if not 0.0 < alpha < 1.0:
         raise InputError(f"alpha must be in (0, 1), got {alpha}")
     methods: list[str] = []
-    by_group: dict[tuple[str, bool], dict[str, RunRecord]] = {}
+    by_group: dict[tuple[str, int], dict[str, RunRecord]] = {}
     for r in runs:
-        label = r.label
+        tag = r.distractor_tag
+        label = r.label.removesuffix(f" {tag}") if tag else r.label  # the count is in the header
         if label not in methods:
             methods.append(label)
-        g = (r.dataset_id, r.n_distractors > 0)
+        g = (r.dataset_id, r.n_distractors)
         if label in by_group.setdefault(g, {}):
             other = by_group[g][label]
             raise InputError(
-                f"two runs labelled {label!r} on {g[0]}{'+distractors' if g[1] else ''} "
+                f"two runs labelled {label!r} on {g[0]}{tag} "
                 f"(also {other.path}): give one run per label and dataset (oxbench run --label names a run)",
                 r.path,
             )
         by_group[g][label] = r
     for group_runs in by_group.values():
         check_comparable(list(group_runs.values()))
+    tags = {g: next(iter(rs.values())).distractor_tag for g, rs in by_group.items()}
     revisited = [g for g in by_group if g[0] in _REVISITED_ORDER]
     others = sorted(
         (g for g in by_group if g[0] not in _REVISITED_ORDER), key=lambda g: _group_key(*g)
     )
+    chosen = _PAPER_SETUPS if setups is None else parse_setups(",".join(setups))
     columns: list[Column] = []
-    for setup in _PAPER_SETUPS:
+    for setup in chosen:
         for g in sorted(revisited, key=lambda g: _group_key(*g)):
-            columns += [Column(g[0], g[1], setup, m) for m, _ in _METRICS]
+            columns += [Column(g[0], tags[g], setup, m) for m, _ in _METRICS]
     for g in others:
-        for setup in next(iter(by_group[g].values())).setups:
-            columns += [Column(g[0], g[1], setup, m) for m, _ in _METRICS]
+        own = next(iter(by_group[g].values())).setups
+        if setups is not None and set(own) == set(_SETUP_SHORT):
+            own = chosen  # a revisited-protocol set (synthetic): the setups asked for
+        for setup in own:
+            columns += [Column(g[0], tags[g], setup, m) for m, _ in _METRICS]
+    group_of = {(g[0], tags[g]): g for g in by_group}
+    if len(group_of) < len(by_group):
+        counts = sorted(f"{g[1]:,}" for g in by_group if (g[0], tags[g]) in group_of)
+        raise InputError(
+            "runs with different distractor counts read the same in a header "
+            f"({', '.join(counts)}): report them separately"
+        )
     grid: list[list[Cell]] = [[Cell(math.nan)] * len(columns) for _ in methods]
     for j, col in enumerate(columns):
-        present = by_group[(col.dataset, col.distractors)]
+        present = by_group[group_of[(col.dataset, col.distractors)]]
         order = [m for m in methods if m in present]
         base = present[order[0]]
         pvals = []

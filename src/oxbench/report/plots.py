@@ -2,10 +2,12 @@
 
 Figures (``<name>.png`` or ``.svg``), one panel per setup:
 
-- ``ap_per_query``: per-query AP bars (two runs: side by side), mAP as a line;
+- ``ap_per_query``: per-query AP bars (two runs: side by side), mAP as a line, one row per setup,
+  the bars named by query (up to :data:`MAX_NAMED_QUERIES` queries, else by index);
 - ``ap_vs_positives``: per-query AP against the query's number of positives (log x);
 - ``precision_recall``: the mean interpolated precision-recall curve (:func:`precision_recall`);
-- ``ap_scatter``: two runs only, AP of B against AP of A per query, with the diagonal.
+- ``ap_scatter``: two runs only, AP of B against AP of A per query, with the diagonal (A and B
+  named under the panels).
 
 Precision-recall curves are computed from ``retrieved.json``: the labels of the stored top ``k``
 of each list and the number of positives per label. Recall counts all of a query's positives, so a
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import io
 import logging
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,8 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("png", "svg")
 RECALL_LEVELS = np.linspace(0.0, 1.0, 101)
+#: ``ap_per_query`` names its bars by query up to this many queries (ROxford's 70 fit at 6 pt).
+MAX_NAMED_QUERIES = 120
 
 
 def precision_recall(
@@ -77,10 +82,17 @@ def precision_recall(
     return RECALL_LEVELS.copy(), np.mean(curves, axis=0), len(curves)
 
 
-def _figure(n_panels: int, width: float = 4.2, height: float = 3.2) -> tuple[Any, list[Any]]:
+def _figure(
+    n_panels: int, width: float = 4.2, height: float = 3.2, *, rows: bool = False
+) -> tuple[Any, list[Any]]:
+    """A figure of ``n_panels`` side by side (``width`` x ``height`` inches each), or one above the
+    other with ``rows``."""
     require("matplotlib", "plots")
     from matplotlib.figure import Figure
 
+    if rows:
+        fig = Figure(figsize=(width, height * n_panels), layout="constrained")
+        return fig, list(fig.subplots(n_panels, 1, squeeze=False)[:, 0])
     fig = Figure(figsize=(width * n_panels, height), layout="constrained")
     axes = fig.subplots(1, n_panels, squeeze=False)[0]
     return fig, list(axes)
@@ -93,8 +105,14 @@ def _save(fig: Any, path: Path, fmt: str) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def _short(run: RunRecord) -> str:
-    return f"{run.label} ({run.run_id})"
+def _short(run: RunRecord, inches: float | None = None) -> str:
+    """The run's label and id, wrapped to ``inches`` of small text (a label can be long)."""
+    text = f"{run.label} ({run.run_id})"
+    return text if inches is None else _wrap(text, inches)
+
+
+def _wrap(text: str, inches: float) -> str:
+    return textwrap.fill(text, max(20, int(inches * 12)), subsequent_indent="   ")
 
 
 def plot_runs(
@@ -119,7 +137,15 @@ def plot_runs(
     written = []
     colours = ("#1f77b4", "#d62728")
 
-    fig, axes = _figure(len(setups), width=max(4.2, 0.12 * run.n_queries + 1.5))
+    # one row per setup, a bar per query named under it (indices when there are too many to read)
+    named = run.n_queries <= MAX_NAMED_QUERIES
+    bars_width = min(14.0, max(5.0, 0.16 * run.n_queries + 1.5))
+    fig, axes = _figure(
+        len(setups),
+        width=bars_width,
+        height=3.0 + (1.3 if named else 0.0),
+        rows=True,
+    )
     width = 0.8 / len(runs)
     x = np.arange(run.n_queries)
     for ax, setup in zip(axes, setups, strict=True):
@@ -130,14 +156,18 @@ def plot_runs(
                 np.nan_to_num(ap),
                 width,
                 color=colours[i],
-                label=_short(r),
+                label=_short(r, bars_width / len(runs) - 0.6),
             )
             ax.axhline(r.mean(setup), color=colours[i], lw=1, ls="--")
         ax.set_title(f"{run.dataset_id} {setup}")
-        ax.set_xlabel("query")
         ax.set_ylabel("AP")
         ax.set_ylim(0, 1)
-    axes[0].legend(fontsize="small")
+        ax.set_xlim(-0.6, run.n_queries - 0.4)
+        if named:
+            ax.set_xticks(x, run.query_names, rotation=90, fontsize=6)
+        else:
+            ax.set_xlabel("query (index)")
+    axes[0].legend(fontsize="small", loc="lower left", bbox_to_anchor=(0, 1.12), ncol=len(runs))
     written.append(_save(fig, out / f"ap_per_query.{fmt}", fmt))
 
     fig, axes = _figure(len(setups))
@@ -145,7 +175,9 @@ def plot_runs(
         for i, r in enumerate(runs):
             ap, npos = r.per_query(setup), r.per_query(setup, "n_positives")
             keep = ~np.isnan(ap)
-            ax.scatter(npos[keep], ap[keep], s=14, color=colours[i], alpha=0.75, label=_short(r))
+            ax.scatter(
+                npos[keep], ap[keep], s=14, color=colours[i], alpha=0.75, label=_short(r, 3.4)
+            )
         ax.set_xscale("log")
         ax.set_title(f"{run.dataset_id} {setup}")
         ax.set_xlabel("positives of the query")
@@ -158,7 +190,7 @@ def plot_runs(
     for ax, setup in zip(axes, setups, strict=True):
         for i, r in enumerate(runs):
             rec, prec, n = precision_recall(r, setup)
-            ax.plot(rec, prec, color=colours[i], label=f"{_short(r)}, {n} queries")
+            ax.plot(rec, prec, color=colours[i], label=_wrap(f"{_short(r)}, {n} queries", 3.4))
         ax.set_title(f"{run.dataset_id} {setup} (top {min(r.k for r in runs)})")
         ax.set_xlabel("recall")
         ax.set_ylabel("interpolated precision")
@@ -174,11 +206,18 @@ def plot_runs(
             ax.plot([0, 1], [0, 1], color="#888", lw=1)
             ax.scatter(a, b, s=14, color=colours[0])
             ax.set_title(f"{run.dataset_id} {setup}")
-            ax.set_xlabel(f"AP, {_short(run)}")
-            ax.set_ylabel(f"AP, {_short(other)}")
+            ax.set_xlabel("AP of A")
+            ax.set_ylabel("AP of B")
             ax.set_xlim(-0.02, 1.02)
             ax.set_ylim(-0.02, 1.02)
             ax.set_aspect("equal")
+        # the runs are named under the panels, wrapped to the figure's width (a label can be long)
+        fig.supxlabel(
+            "\n".join(
+                _wrap(f"{k}: {_short(r)}", 3.6 * len(setups)) for k, r in (("A", run), ("B", other))
+            ),
+            fontsize="small",
+        )
         written.append(_save(fig, out / f"ap_scatter.{fmt}", fmt))
     log.info("wrote %d figures to %s", len(written), out)
     return written

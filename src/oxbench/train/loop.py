@@ -418,6 +418,150 @@ def _calibration_images(
     return [ts.read(int(i)) for i in np.sort(rng.choice(ts.n, min(limit, ts.n), replace=False))]
 
 
+def _epochs(
+    config: TrainConfig,
+    ts: TrainingSet,
+    net: Any,
+    optimizer: Any,
+    pairs: NDArray[np.int64],
+    start: int,
+    history: list[dict[str, Any]],
+    partial: Path,
+    cfg: dict[str, Any],
+    *,
+    progress: bool,
+) -> list[dict[str, Any]]:
+    """Train epochs ``start`` .. ``config.epochs - 1``, saving the checkpoint after each; returns
+    the history. The progress bar of an epoch shows the whole training's time left (the mean of the
+    epochs done so far, times the epochs to go) beside the epoch's own."""
+    torch = require("torch", "deep")
+    scratch = config.init == "random"
+    labels = torch.tensor([1.0] + [0.0] * config.neg_num)
+    for epoch in range(start, config.epochs):
+        t0 = time.perf_counter()
+        # set from the epoch, not stepped, so that a resumed training continues on the same schedule
+        for group, base in zip(optimizer.param_groups, (config.lr, config.lr * 10), strict=True):
+            group["lr"] = base * math.exp(-config.lr_decay * epoch)
+        rng = np.random.default_rng([config.seed, epoch])
+        chosen = pairs[rng.choice(len(pairs), min(config.tuples, len(pairs)), replace=False)]
+        anchors = chosen[:, 0]
+        pool = (
+            np.arange(ts.n)
+            if not config.pool_size or config.pool_size >= ts.n
+            else np.sort(rng.choice(ts.n, config.pool_size, replace=False))
+        )
+        hard = epoch >= config.random_epochs
+        if hard:
+            if scratch:
+                calibrate_batchnorm(net, _calibration_images(ts, rng))
+            need = np.unique(np.concatenate((anchors, pool)))
+            desc = describe(net, [ts.read(int(i)) for i in need])
+            where = {int(v): k for k, v in enumerate(need.tolist())}
+            negs = mine_negatives(
+                desc[[where[int(a)] for a in anchors]],
+                desc[[where[int(p)] for p in pool]],
+                pool,
+                anchors,
+                ts,
+                config.neg_num,
+            )
+        else:
+            negs = random_negatives(pool, anchors, ts, config.neg_num, rng)
+        keep = (negs >= 0).all(axis=1)
+        if not keep.any():
+            raise InputError(
+                f"{ts.source}: no anchor has {config.neg_num} negatives of other landmarks"
+            )
+        chosen, negs = chosen[keep], negs[keep]
+        net.train()
+        if not scratch:
+            for layer in _batchnorms(net):
+                layer.eval()  # pretrained statistics stay frozen (affine weights still train), as published
+        losses = []
+        order = rng.permutation(len(chosen))
+        bar = progress_bar(
+            range(0, len(order), config.batch_size),
+            enabled=progress,
+            desc=f"epoch {epoch + 1}/{config.epochs}"
+            + (f" ({left})" if (left := _time_left(history, config.epochs - epoch)) else ""),
+            unit="batch",
+        )
+        for s in bar:
+            rows = order[s : s + config.batch_size]
+            ids = np.concatenate(
+                [np.concatenate(([chosen[r, 0], chosen[r, 1]], negs[r])) for r in rows]
+            )
+            images = [ts.read(int(i)) for i in ids]
+            if config.augment:
+                images = [augment_image(im, rng) for im in images]
+            y = net(_to_tensor(net, images)).view(len(rows), config.neg_num + 2, -1)
+            loss = contrastive_loss(y[:, :1], y[:, 1:], labels, config.margin)
+            if not math.isfinite(float(loss.item())):
+                raise _diverged(
+                    epoch,
+                    f"the loss is {float(loss.item())} at batch {s // config.batch_size + 1}",
+                    partial,
+                    history,
+                )
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.item()) / len(rows))
+            bar.set_postfix(loss=f"{np.mean(losses):.4f}")
+        net.eval()
+        bad = next(
+            (n for n, q in net.named_parameters() if not bool(torch.isfinite(q).all())), None
+        )
+        if bad is not None:
+            raise _diverged(epoch, f"weight {bad} became NaN or infinite", partial, history)
+        history.append(
+            {
+                "epoch": epoch + 1,
+                "loss": float(np.mean(losses)),
+                "seconds": time.perf_counter() - t0,
+                "p": float(net.pool.p.item()),
+                "negatives": "hard" if hard else "random",
+                "lr": optimizer.param_groups[0]["lr"],
+            }
+        )
+        log.info(
+            "epoch %d/%d: loss %.4f (%s negatives), GeM p %.3f, %.1f s%s",
+            epoch + 1,
+            config.epochs,
+            history[-1]["loss"],
+            history[-1]["negatives"],
+            history[-1]["p"],
+            history[-1]["seconds"],
+            f"; {left}" if (left := _time_left(history, config.epochs - epoch - 1)) else "",
+        )
+        _save_partial(
+            partial,
+            {
+                "config": cfg,
+                "epoch": epoch,
+                "model": net.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "history": history,
+            },
+        )
+    return history
+
+
+def _checkpoint_epoch(partial: Path, history: list[dict[str, Any]]) -> int:
+    """The last epoch (1-based) the checkpoint ``partial`` holds: the history's last, else 0."""
+    return int(history[-1]["epoch"]) if history and partial.exists() else 0
+
+
+def _time_left(history: list[dict[str, Any]], epochs_to_go: int) -> str:
+    """``"~11 min left in all"`` from the epochs timed in this process (or ``""`` before one is)."""
+    timed = [h["seconds"] for h in history if h.get("seconds")]
+    if not timed:
+        return ""
+    left = sum(timed[-5:]) / len(timed[-5:]) * epochs_to_go
+    text = f"{left / 60:.0f} min" if left >= 90 else f"{left:.0f} s"
+    return f"~{text} left in all"
+
+
 def train(
     config: TrainConfig,
     ts: TrainingSet,
@@ -479,113 +623,29 @@ def train(
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start, history = int(state["epoch"]) + 1, list(state["history"])
-        log.info("resuming %s after epoch %d", out, start)
-    labels = torch.tensor([1.0] + [0.0] * config.neg_num)
-    for epoch in range(start, config.epochs):
-        t0 = time.perf_counter()
-        # set from the epoch, not stepped, so that a resumed training continues on the same schedule
-        for group, base in zip(optimizer.param_groups, (config.lr, config.lr * 10), strict=True):
-            group["lr"] = base * math.exp(-config.lr_decay * epoch)
-        rng = np.random.default_rng([config.seed, epoch])
-        chosen = pairs[rng.choice(len(pairs), min(config.tuples, len(pairs)), replace=False)]
-        anchors = chosen[:, 0]
-        pool = (
-            np.arange(ts.n)
-            if not config.pool_size or config.pool_size >= ts.n
-            else np.sort(rng.choice(ts.n, config.pool_size, replace=False))
-        )
-        hard = epoch >= config.random_epochs
-        if hard:
-            if scratch:
-                calibrate_batchnorm(net, _calibration_images(ts, rng))
-            need = np.unique(np.concatenate((anchors, pool)))
-            desc = describe(net, [ts.read(int(i)) for i in need])
-            where = {int(v): k for k, v in enumerate(need.tolist())}
-            negs = mine_negatives(
-                desc[[where[int(a)] for a in anchors]],
-                desc[[where[int(p)] for p in pool]],
-                pool,
-                anchors,
-                ts,
-                config.neg_num,
-            )
-        else:
-            negs = random_negatives(pool, anchors, ts, config.neg_num, rng)
-        keep = (negs >= 0).all(axis=1)
-        if not keep.any():
-            raise InputError(
-                f"{ts.source}: no anchor has {config.neg_num} negatives of other landmarks"
-            )
-        chosen, negs = chosen[keep], negs[keep]
-        net.train()
-        if not scratch:
-            for layer in _batchnorms(net):
-                layer.eval()  # pretrained statistics stay frozen (affine weights still train), as published
-        losses = []
-        order = rng.permutation(len(chosen))
-        bar = progress_bar(
-            range(0, len(order), config.batch_size),
-            enabled=progress,
-            desc=f"epoch {epoch + 1}/{config.epochs}",
-            unit="batch",
-        )
-        for s in bar:
-            rows = order[s : s + config.batch_size]
-            ids = np.concatenate(
-                [np.concatenate(([chosen[r, 0], chosen[r, 1]], negs[r])) for r in rows]
-            )
-            images = [ts.read(int(i)) for i in ids]
-            if config.augment:
-                images = [augment_image(im, rng) for im in images]
-            y = net(_to_tensor(net, images)).view(len(rows), config.neg_num + 2, -1)
-            loss = contrastive_loss(y[:, :1], y[:, 1:], labels, config.margin)
-            if not math.isfinite(float(loss.item())):
-                raise _diverged(
-                    epoch,
-                    f"the loss is {float(loss.item())} at batch {s // config.batch_size + 1}",
-                    partial,
-                    history,
-                )
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.item()) / len(rows))
-            bar.set_postfix(loss=f"{np.mean(losses):.4f}")
-        net.eval()
-        bad = next(
-            (n for n, q in net.named_parameters() if not bool(torch.isfinite(q).all())), None
-        )
-        if bad is not None:
-            raise _diverged(epoch, f"weight {bad} became NaN or infinite", partial, history)
-        history.append(
-            {
-                "epoch": epoch + 1,
-                "loss": float(np.mean(losses)),
-                "seconds": time.perf_counter() - t0,
-                "p": float(net.pool.p.item()),
-                "negatives": "hard" if hard else "random",
-                "lr": optimizer.param_groups[0]["lr"],
-            }
-        )
-        log.info(
-            "epoch %d/%d: loss %.4f (%s negatives), GeM p %.3f, %.1f s",
-            epoch + 1,
+        # shown without -v: a rerun that does not start from epoch 1 must say so
+        log.warning(
+            "resuming the training of %s after epoch %d of %d (checkpoint %s; --restart, or "
+            "deleting it, begins again)",
+            out,
+            start,
             config.epochs,
-            history[-1]["loss"],
-            history[-1]["negatives"],
-            history[-1]["p"],
-            history[-1]["seconds"],
-        )
-        _save_partial(
             partial,
-            {
-                "config": cfg,
-                "epoch": epoch,
-                "model": net.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "history": history,
-            },
         )
+    try:
+        history = _epochs(
+            config, ts, net, optimizer, pairs, start, history, partial, cfg, progress=progress
+        )
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # Ctrl-C, SIGTERM: say what a rerun starts from
+            log.warning(
+                "training interrupted: %s",
+                f"the checkpoint of epoch {_checkpoint_epoch(partial, history)} is kept at {partial}; a "
+                "rerun resumes from it"
+                if partial.exists()
+                else "no epoch had finished, nothing of it is saved",
+            )
+        raise
     if scratch:  # the running statistics of training batches (augmented, in training mode): estimate them on the images
         calibrate_batchnorm(
             net, _calibration_images(ts, np.random.default_rng([config.seed, config.epochs]))

@@ -31,7 +31,7 @@ from oxbench.datasets.synthetic.plan import (
     render_query_image,
 )
 from oxbench.errors import InputError, require_installed
-from oxbench.execution import ProcessExecutor, SerialExecutor, available_cores
+from oxbench.execution import Executor, ProcessExecutor, SerialExecutor, available_cores
 from oxbench.fileio import (
     atomic_write_bytes,
     atomic_write_json,
@@ -63,12 +63,15 @@ def _task(args: tuple[SynthConfig, str, int, str]) -> dict[str, Any]:
 
 
 def _run_tasks(
-    tasks: list[tuple[SynthConfig, str, int, str]], workers: int
+    tasks: list[tuple[SynthConfig, str, int, str]], workers: int, executor: Executor | None
 ) -> Iterator[dict[str, Any]]:
+    if executor is not None:  # the run's own engine (its owner closes it)
+        yield from executor.map(_task, tasks)
+        return
     # a daemonic process (e.g. a multiprocessing.Pool worker) may not start children
     serial = multiprocessing.current_process().daemon
-    with SerialExecutor() if serial else ProcessExecutor(workers) as executor:
-        yield from executor.map(_task, tasks)
+    with SerialExecutor() if serial else ProcessExecutor(workers) as own:
+        yield from own.map(_task, tasks)
 
 
 def _read_records(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
@@ -124,6 +127,7 @@ def generate(
     progress: bool = True,
     overwrite: bool = False,
     on_image: Callable[[int, int], None] | None = None,
+    executor: Executor | None = None,
 ) -> Path:
     """Generate the benchmark described by ``config`` into ``out_dir`` (resumable).
 
@@ -140,6 +144,9 @@ def generate(
         progress: show a tqdm progress bar.
         overwrite: replace a complete set made with another config.
         on_image: called with ``(done, total)`` after each image.
+        executor: render through this executor instead (a run's engine: its local processes or
+            its Dask cluster, whose workers write into ``out_dir`` on the shared file system);
+            ``workers`` is then ignored and the executor is not closed here.
 
     Returns:
         ``out_dir``.
@@ -208,7 +215,7 @@ def generate(
     # An append-only log, not an output: a torn last line (killed run) is ignored when resuming.
     try:
         with open(records_path, "a", encoding="utf-8") as fh:
-            for rec in _run_tasks(todo, n_workers):
+            for rec in _run_tasks(todo, n_workers, executor):
                 fh.write(json.dumps(rec, sort_keys=True) + "\n")
                 fh.flush()
                 done[(rec["_task"][0], int(rec["_task"][1]))] = rec

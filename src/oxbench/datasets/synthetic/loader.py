@@ -15,6 +15,7 @@ from oxbench.datasets.synthetic.config import (
 from oxbench.datasets.synthetic.generate import generate, read_manifest
 from oxbench.datasets.synthetic.stream import SyntheticDistractors
 from oxbench.errors import InputError
+from oxbench.execution import Executor
 from oxbench.formats.revisitop import read_gnd
 from oxbench.formats.safe_pickle import load_plain_pickle
 from oxbench.groundtruth import GroundTruth
@@ -86,14 +87,19 @@ def _read_ground_truth(path: Path, dataset: str) -> GroundTruth:
 
 
 def ensure_default(
-    root: str | Path, *, workers: int | None = None, progress: bool = True
+    root: str | Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    executor: Executor | None = None,
 ) -> tuple[Path, Path]:
     """Make sure ``<root>/synthetic`` (test city) and ``<root>/synthetic-train`` (training city) exist.
 
     Each is generated if missing or incomplete (resuming an interrupted run); a complete set is
     kept as it is, whatever config made it, unless an older version of the renderer made it (then
     it is regenerated with its own config). The training city shares no building with the test
-    city (the other-city rule for vocabularies and whitening).
+    city (the other-city rule for vocabularies and whitening). ``executor``: render through it (a
+    run's engine) instead of a local process pool of ``workers``.
 
     Returns:
         ``(test_dir, train_dir)``.
@@ -116,8 +122,17 @@ def ensure_default(
                 GENERATOR_VERSION,
             )
             config = SynthConfig.from_dict(manifest["config"])
-            dirs.append(generate(out, config, workers=workers, progress=progress, overwrite=True))
+            dirs.append(
+                generate(
+                    out,
+                    config,
+                    workers=workers,
+                    progress=progress,
+                    overwrite=True,
+                    executor=executor,
+                )
+            )
             continue
         log.info("generating the default synthetic set %s in %s", config.name, out)
-        dirs.append(generate(out, config, workers=workers, progress=progress))
+        dirs.append(generate(out, config, workers=workers, progress=progress, executor=executor))
     return dirs[0], dirs[1]

@@ -272,6 +272,24 @@ class GlobalConfig(MethodConfig, Pipeline):
         doc="features: query file's layout (default: layout)",
         input=True,
     )
+    db_names: str | None = setting(
+        None,
+        S.Optional(S.PathSetting()),
+        doc="features: names of db_features' rows (.txt, or strings in .npz/.h5/.mat)",
+        input=True,
+    )
+    query_names: str | None = setting(
+        None,
+        S.Optional(S.PathSetting()),
+        doc="features: names of query_features' rows (as db_names)",
+        input=True,
+    )
+    row_order: Literal["dataset", "sorted"] = setting(
+        "dataset",
+        S.Choice("dataset", "sorted"),
+        doc="features: rows in the ground truth's order, or in sorted image-name order",
+        input=True,
+    )
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
@@ -335,7 +353,14 @@ class GlobalConfig(MethodConfig, Pipeline):
                 raise _no_model_file(path)
             require_regular_file(path)
         if self.descriptor == "features":
-            for name in ("db_features", "query_features", "train_features", "train_pairs"):
+            for name in (
+                "db_features",
+                "query_features",
+                "train_features",
+                "train_pairs",
+                "db_names",
+                "query_names",
+            ):
                 value = getattr(self, name)
                 if value is not None:
                     try:
