@@ -601,7 +601,7 @@ def test_text_ranks_and_revisitop_mat_features(rev, capsys):
             ],
             capsys,
         ),
-        "features are read from .npy, .npz, .mat, .fvecs, .bvecs",
+        "features are read from .npy, .npz, .mat, .h5, .fvecs, .bvecs",
     )
 
 

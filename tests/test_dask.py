@@ -400,13 +400,13 @@ def test_partitions_describe_their_shards_and_a_plain_run_combines(
 
 def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from oxbench.pipelines.extract import extract_partition
-    from test_pipeline import TINY, make_tiny_root
+    from test_pipeline import make_tiny_root, tiny
 
     root = make_tiny_root(tmp_path / "data")
     kwargs = {
         "root": root,
         "cache": tmp_path / "cache",
-        "overrides": TINY,
+        "overrides": tiny("rootsift-bow"),
         "engine": "serial",
         "progress": False,
     }
@@ -432,11 +432,11 @@ def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFix
 def test_run_partitions_describe_the_training_set_too_and_the_plain_run_describes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_pipeline import TINY, make_tiny_root
+    from test_pipeline import make_tiny_root, tiny
 
     root = make_tiny_root(tmp_path / "data")
     cache = tmp_path / "cache"
-    sets = [a for k, v in TINY.items() for a in ("--set", f"{k}={v}")]
+    sets = [a for k, v in tiny("rootsift-bow").items() for a in ("--set", f"{k}={v}")]
     common = [
         "run",
         "--method",

@@ -257,3 +257,19 @@ def test_image_sets_and_ground_truth_of_a_dataset_are_recorded(tmp_path: Path) -
     with open(paths[3], "ab") as fh:
         fh.write(b"\0")
     assert run_inputs(bench, {}, tmp_path / "cache")["images"]["database"]["sha256"] != db["sha256"]
+
+
+def test_an_image_set_named_relative_to_the_working_folder_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Images found under a relative data root (``--root small``) are paths relative to the working
+    folder, not to their common folder: the record hashes the files themselves."""
+    from oxbench.provenance import image_set_record
+
+    (tmp_path / "small" / "jpg").mkdir(parents=True)
+    for name in ("a.jpg", "b.jpg"):
+        (tmp_path / "small" / "jpg" / name).write_bytes(name.encode())
+    monkeypatch.chdir(tmp_path)
+    rel = image_set_record([Path("small/jpg/a.jpg"), Path("small/jpg/b.jpg")])
+    absolute = image_set_record([tmp_path / "small/jpg/a.jpg", tmp_path / "small/jpg/b.jpg"])
+    assert rel == absolute and rel["path"] == str(tmp_path / "small" / "jpg")

@@ -255,6 +255,7 @@ MAX_HASHED_IMAGES = 100_000
 def image_set_record(paths: list[Path], *, cache: str | Path | None = None) -> dict[str, Any]:
     """:func:`input_record` of the image files of one part of a dataset (under their common folder);
     a set of more than :data:`MAX_HASHED_IMAGES` is recorded by folder and count, ``sha256`` ``None``."""
+    paths = [Path(os.path.abspath(p)) for p in paths]  # relative to the working folder, as read
     root = Path(os.path.commonpath([str(p.parent) for p in paths]))
     if len(paths) > MAX_HASHED_IMAGES:
         return {

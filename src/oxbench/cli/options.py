@@ -139,7 +139,11 @@ def parse_engine_options(
             raise InputError(
                 "--wait-workers and --engine-option wait_workers_s=... name the same; give one"
             )
-        options["wait_workers_s"] = wait_workers
+        from oxbench.execution_dask import WAIT_WORKERS
+
+        options["wait_workers_s"] = WAIT_WORKERS.parse(
+            "--wait-workers", wait_workers, what="option"
+        )
     return options
 
 

@@ -31,6 +31,7 @@ from oxbench.fileio import json_digest
 from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall_at
 from oxbench.pipelines.method import RunContext, SearchResult
 from oxbench.pipelines.rerankers import Ranking, build_stages, prepare_stages, run_stages
+from oxbench.pipelines.sources import LocalSource, offered
 from oxbench.pipelines.steps.verify import VerifiedList
 
 
@@ -84,7 +85,7 @@ def check_search_settings(m: ChainSettings) -> None:
         index_settings(m)
     except InputError as exc:
         raise InputError(f"method {m.name}: {exc}") from None
-    build_stages(m, m.rerank, SearchChain.capabilities)  # unknown or unservable
+    build_stages(m, m.rerank, offered(SearchChain.capabilities, m))  # unknown or unservable
 
 
 def index_settings(m: ChainSettings) -> IndexSettings:
@@ -116,8 +117,12 @@ class SearchChain:
         database: NDArray[np.float32],
         ctx: RunContext,
         cache_dir: Path | None,
+        *,
+        local: LocalSource | None = None,
     ) -> None:
         self.m = m
+        self.local = local
+        self.capabilities = offered(SearchChain.capabilities, m)
         self.info: dict[str, Any] = {
             "n_index": int(database.shape[0]),
             "dim": int(database.shape[1]),
@@ -126,6 +131,8 @@ class SearchChain:
         self.faiss: FaissIndex | None = None
         self.index_path: Path | None = None  # the persisted FAISS index, when there is one
         self.stages = build_stages(m, m.rerank, self.capabilities)
+        if local is not None:
+            self.info.update(local.facts)
         # index-phase stages (DBA) change the database before the search index is built on it
         self.info.update(prepare_stages([s for s in self.stages if s.phase == "index"], self, ctx))
         with ctx.timed("index"):
@@ -274,7 +281,16 @@ class SearchChain:
         return ranking.result()
 
     # --- what the re-ranking stages use (RerankSpace): dense vectors -----------------------------
-    capabilities = frozenset({"vectors", "dense", "augment"})
+    capabilities = frozenset({"vectors", "dense", "dense-index", "augment"})
+
+    @property
+    def dense_database(self) -> NDArray[np.float32]:
+        """The database vectors the index holds (diffusion's graph is built over them)."""
+        return self.db
+
+    def dense_queries(self, ranking: Ranking) -> NDArray[np.float32]:
+        """The (expanded) query vectors of the ranking so far."""
+        return np.asarray(ranking.queries, np.float32)
 
     def use_database(self, database: NDArray[np.float32]) -> None:
         """Replace the database vectors (an index-phase stage, before the search index is built)."""
@@ -290,8 +306,12 @@ class SearchChain:
         return self.db
 
     def verify(
-        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, **_: Any
+        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, **kw: Any
     ) -> list[VerifiedList]:
-        raise InputError(
-            f"method {self.m.name}: a global descriptor has no local features to verify"
-        )
+        """Verification with the local features of the method's ``local_source``."""
+        if self.local is None:
+            raise InputError(
+                f"method {self.m.name}: a global descriptor has no local features to verify "
+                "(name some with --set local_source=rootsift)"
+            )
+        return self.local.verify(ranks, r, ctx, **kw)

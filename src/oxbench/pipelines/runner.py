@@ -81,6 +81,7 @@ from oxbench.provenance import (
     input_records,
     inputs_digest,
 )
+from oxbench.pipelines.sources import check_sources
 from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: re-exported
     MAX_LABEL_CHARS,
     RECORD_FORMAT,
@@ -633,6 +634,7 @@ def run(
         m.requires
     )  # a missing extra or input is one line before any data is loaded or generated
     m.check_inputs(root_path)
+    check_sources(m)  # a global_source that is no global preset: one line before any data
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     inputs = input_records(m.input_files(root_path), cache=cache_dir)
     labelled = label is not None

@@ -47,6 +47,7 @@ reach keep their initial order, after those it does). Ties: initial order. Retur
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -259,13 +260,22 @@ class Diffusion:
         return sp.csr_matrix((values.ravel(), (rows, nbrs.ravel())), shape=(n, n), dtype=np.float32)
 
     def rerank(
-        self, queries: NDArray[np.floating], ranks: NDArray[np.integer]
+        self,
+        queries: NDArray[np.floating],
+        ranks: NDArray[np.integer],
+        *,
+        seeds: Sequence[NDArray[np.integer]] | None = None,
     ) -> tuple[NDArray[np.int64], NDArray[np.float32]]:
         """Re-rank each query's initial list by diffusion.
 
         Args:
             queries: ``[n_q, d]`` the query vectors the initial ranking came from.
             ranks: ``[n_q, L]`` initial ranked lists (database indices, best first).
+            seeds: per query, database images that start the diffusion besides the query's
+                ``query_k`` nearest -- with ``y = 1``, the weight of an image identical to the
+                query (``max(q . x, 0) ** gamma`` is at most 1): the images a spatial verification
+                accepted, as the 2018 revisit's hybrid rows start diffusion from them. Online,
+                only those within the top ``truncation`` of the list count.
 
         Returns:
             ``(ranks int64 [n_q, L], scores float32 [n_q, L])``; online: the diffused top ``R``
@@ -291,17 +301,24 @@ class Diffusion:
         for qi in range(q.shape[0]):
             top = lists[qi, :r]
             sims = self.database_[top] @ q[qi]
-            seeds = np.argsort(-sims, kind="stable")[: s.query_k]
-            weights = np.power(np.clip(sims[seeds].astype(np.float64), 0.0, None), s.gamma)
+            near = np.argsort(-sims, kind="stable")[: s.query_k]
+            weights = np.power(np.clip(sims[near].astype(np.float64), 0.0, None), s.gamma)
+            if seeds is not None and len(seeds[qi]):
+                extra = np.flatnonzero(np.isin(top, np.asarray(seeds[qi], np.int64)))
+                y_top = np.zeros(r)
+                y_top[near] = weights
+                y_top[extra] = 1.0
+                near = np.flatnonzero(y_top)
+                weights = y_top[near]
             if self.offline_ is not None:
-                f_all = np.asarray(self.offline_[top[seeds]].T @ weights).ravel()
+                f_all = np.asarray(self.offline_[top[near]].T @ weights).ravel()
                 f = np.clip(f_all[lists[qi]], 0.0, None)
                 order = np.lexsort((np.arange(len(f)), -f))
                 out_r[qi] = lists[qi][order]
                 out_s[qi] = f[order]
                 continue
             y = np.zeros(r)
-            y[seeds] = weights
+            y[near] = weights
             f = np.clip(
                 diffuse(self._weights(top), y, alpha=s.alpha, iterations=s.iterations, tol=s.tol),
                 0.0,

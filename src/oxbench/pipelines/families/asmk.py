@@ -37,6 +37,7 @@ from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.sources import offered
 from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, last_if_empty
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
@@ -80,7 +81,7 @@ class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        build_stages(self, self.rerank, Asmk.capabilities)
+        build_stages(self, self.rerank, offered(Asmk.capabilities, self))
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -193,6 +194,7 @@ class Asmk(QuantisingMethod):
                 ivf.add(np.concatenate(codes), np.concatenate(words), np.concatenate(owners))
             self._asmk = (ivf, hamming, centroids)
             self._n_index = offset
+        self.prepare_pipeline(bench, ctx)
         return self
 
     def footprint(self) -> Footprint | None:
@@ -229,6 +231,7 @@ class Asmk(QuantisingMethod):
             ranks = ranks_from_scores(scores.T)
         self.warn_empty_queries(parts)
         info: dict[str, object] = {
+            **self.index_facts_,
             "n_index": len(parts.index_parts),
             "kernel": "asmk",
             "words_per_image": float(ivf.stats["vectors_per_image"]),
@@ -245,7 +248,7 @@ class Asmk(QuantisingMethod):
     @functools.cached_property
     def stages(self) -> list[Reranker]:
         """The pipeline's stages (spatial verification of the short list)."""
-        return build_stages(self.config, self.config.rerank, self.capabilities)
+        return build_stages(self.config, self.config.rerank, self.offered)
 
     def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         raise InputError(f"method {self.config.name}: ASMK offers no query vectors to rank again")
@@ -271,3 +274,12 @@ class Asmk(QuantisingMethod):
 
 register_method(AsmkConfig("rootsift-asmk"))
 register_method(AsmkConfig("rootsift-asmk-sv", rerank=("spatial",)))
+# the 2018 revisit's hybrid rows: ASMK + SV, then diffusion over a global method's vectors started
+# from the query's nearest images and its verified ones (pipelines/sources.py)
+_DFS = ("spatial", "diffusion-verified")
+register_method(
+    AsmkConfig("rootsift-asmk-sv+vlad-dfs", rerank=_DFS, global_source="rootsift-vlad-w")
+)
+register_method(
+    AsmkConfig("rootsift-asmk-sv+gem-r101-dfs", rerank=_DFS, global_source="gem-r101+w")
+)

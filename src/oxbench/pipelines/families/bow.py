@@ -38,9 +38,9 @@ from oxbench.pipelines.rerankers import (
     Ranking,
     Reranker,
     build_stages,
-    prepare_stages,
     run_stages,
 )
+from oxbench.pipelines.sources import offered
 from oxbench.pipelines.steps import (
     LocalQuantisation,
     QuantisingMethod,
@@ -110,7 +110,7 @@ class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        build_stages(self, self.rerank, BagOfWords.capabilities)  # one line if one cannot run
+        build_stages(self, self.rerank, offered(BagOfWords.capabilities, self))  # one line
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -183,7 +183,6 @@ class BagOfWords(QuantisingMethod):
         self._ivf: InvertedFile | None = None
         self._postings: CompressedPostings | None = None
         self.dba_neighbours_: NDArray[np.int64] | None = None
-        self.index_facts_: dict[str, Any] = {}
 
     @property
     def k(self) -> int:
@@ -218,7 +217,7 @@ class BagOfWords(QuantisingMethod):
                 )
                 db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
             self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
-        self.index_facts_ = prepare_stages(self.stages, self, ctx)  # DBA: before compression
+        self.prepare_pipeline(bench, ctx)  # DBA: before compression
         if m.inverted_file == "compressed":
             self._compress(bench, parts, ctx)
         return self
@@ -364,7 +363,7 @@ class BagOfWords(QuantisingMethod):
     def stages(self) -> list[Reranker]:
         """The pipeline's stages (spatial verification, query expansion from verified images...),
         built once: what one prepares at index time is there at search time."""
-        return build_stages(self.config, self.config.rerank, self.capabilities)
+        return build_stages(self.config, self.config.rerank, self.offered)
 
     @property
     def database(self) -> Any:
@@ -401,6 +400,13 @@ register_method(BowConfig("rootsift-bow-sv-compact", rerank=SV, inverted_file="c
 register_method(BowConfig("rootsift-bow-sv-qe", rerank=QE))
 register_method(BowConfig("rootsift-bow-sv-dqe", rerank=DQE))
 register_method(BowConfig("rootsift-bow-dba-sv-dqe", rerank=(DBA, *DQE)))
+register_method(
+    BowConfig(
+        "rootsift-bow-sv+vlad-dfs",
+        rerank=("spatial", "diffusion-verified"),
+        global_source="rootsift-vlad-w",
+    )
+)
 register_method(BowConfig("rootsift-bow-sa", assignment="soft"))
 register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", rerank=SV))
 register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", rerank=QE))

@@ -69,6 +69,8 @@ from oxbench.pipelines.method import (
     register_method,
 )
 from oxbench.pipelines.rerankers import Pipeline
+from oxbench.pipelines.sources import LocalSource
+from oxbench.pipelines.steps.settings import CLASSIC_FEATURES
 from oxbench.pipelines.steps import (
     VocabularySpec,
     dataset_key,
@@ -896,7 +898,13 @@ class GlobalDescriptors(RetrievalMethod):
         with ctx.timed("index"):
             db = self.finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
         cache_dir = Path(ctx.cache) / dataset_key(bench) / "global" / "index"
-        self._chain = SearchChain(self.config, db, ctx, cache_dir)
+        local = None
+        if self.config.local_source is not None:  # GeM + SV: a short list verified locally
+            local = LocalSource(
+                self.config.local_source, self.config.stage("spatial").verification()
+            )
+            local.prepare(bench, ctx)
+        self._chain = SearchChain(self.config, db, ctx, cache_dir, local=local)
         self._indexed = bench.id
         self._index_stores = self._stores_on_disk(bench, parts, ctx)
         return self
@@ -1067,3 +1075,21 @@ register_method(GlobalConfig("features-alpha-qe", descriptor="features", rerank=
 register_method(GlobalConfig("features-dba", descriptor="features", rerank=("dba",)))
 register_method(GlobalConfig("features-diffusion", descriptor="features", rerank=("diffusion",)))
 register_method(GlobalConfig("features-ivfpq", descriptor="features", search="faiss-ivfpq"))
+
+# --- hybrid rows: a global short list verified with local features (pipelines/sources.py) ---------
+# RootSIFT at the classic presets' settings, descriptor-matched (no vocabulary): "+sv" verifies the
+# top spatial.top_r of the global ranking; the local features are the bag-of-words presets' store.
+register_method(
+    GlobalConfig(
+        "rootsift-vlad-w+sv", whitening="pca", local_source=CLASSIC_FEATURES, rerank=("spatial",)
+    )
+)
+_cnn(
+    "gem-r101+w+sv",
+    "resnet101",
+    "gem",
+    None,
+    model_whitening=True,
+    local_source=CLASSIC_FEATURES,
+    rerank=("spatial",),
+)

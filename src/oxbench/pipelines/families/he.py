@@ -41,6 +41,7 @@ from oxbench.index.hamming import HammingEmbedding, HammingIndex
 from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
+from oxbench.pipelines.sources import offered
 from oxbench.pipelines.steps import (
     LocalQuantisation,
     QuantisingMethod,
@@ -106,7 +107,7 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        build_stages(self, self.rerank, HammingEmbeddingMethod.capabilities)
+        build_stages(self, self.rerank, offered(HammingEmbeddingMethod.capabilities, self))
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -210,6 +211,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 [parts.words[p].of(nm)[0][:, 0] for p, nm in parts.index_parts], n_words
             )
             self._ivf = InvertedFile(n_words, idf=self.config.idf, burst="none").fit(tf)
+        self.prepare_pipeline(bench, ctx)
         return self
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
@@ -247,6 +249,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
             )
         self.warn_empty_queries(parts)
         info: dict[str, object] = {
+            **self.index_facts_,
             "n_index": len(parts.index_parts),
             "he_ht": m.he_ht,
             "wgc": m.wgc,
@@ -262,7 +265,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
     @functools.cached_property
     def stages(self) -> list[Reranker]:
         """The pipeline's stages (spatial verification, query expansion from verified images)."""
-        return build_stages(self.config, self.config.rerank, self.capabilities)
+        return build_stages(self.config, self.config.rerank, self.offered)
 
     @property
     def database(self) -> Any:

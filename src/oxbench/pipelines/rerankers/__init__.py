@@ -47,6 +47,7 @@ from numpy.typing import NDArray
 
 from oxbench import schema as S
 from oxbench.errors import InputError
+from oxbench.features.extractors import LOCAL_FEATURES_SPEC
 from oxbench.pipelines.method import RunContext, SearchResult
 from oxbench.registry import GROUPS, Registry
 from oxbench.schema import setting
@@ -114,6 +115,21 @@ class RerankSpace(Protocol):
         ...
 
 
+class DenseSpace(RerankSpace, Protocol):
+    """A space that offers ``"dense"``: dense vectors of every index image and of the queries --
+    the family's own (a global method), or a named global source's (bag of words, ASMK)."""
+
+    @property
+    def dense_database(self) -> NDArray[np.float32]:
+        """``float32 [n_index, d]`` L2-normalised vectors of the index, in index order."""
+        ...
+
+    def dense_queries(self, ranking: Ranking) -> NDArray[np.float32]:
+        """``float32 [n_queries, d]`` the queries' vectors in the same space (``ranking``: the
+        ranking so far, whose ``queries`` a global family's expanded queries are)."""
+        ...
+
+
 class AugmentableSpace(RerankSpace, Protocol):
     """A space that offers ``"augment"``: index-phase stages may replace its database vectors."""
 
@@ -169,7 +185,8 @@ class Reranker(ABC):
 #: What each capability of a :class:`RerankSpace` is, in messages.
 CAPABILITY_WORDS = {
     "vectors": "database vectors",
-    "dense": "dense vectors",
+    "dense": "dense vectors (its own, or a global_source's)",
+    "dense-index": "a ranking over dense vectors",
     "local": "local features",
     "augment": "a database it may augment",
 }
@@ -327,12 +344,26 @@ class Pipeline:
         rerank: the stages, in order (:data:`RERANKERS` names: ``("spatial", "aqe-verified")``);
             index-phase stages (``dba``) act at index time, in this order among themselves.
         stage_settings: each settings group's values (:class:`StageSettings`; ``--set qe.k=10``).
+        local_source, global_source: what a stage needs that the family's first stage does not
+            have (:mod:`oxbench.pipelines.sources`): local features by name for a global family
+            (``local_source=rootsift``: GeM + SV), a global preset's vectors for bag of words or
+            ASMK (``global_source=gem-r50-imagenet``: verified images start diffusion).
     """
 
     rerank: tuple[str, ...] = setting(
         (), S.Names(max_len=16), doc="stages after the first ranking, in order (none: no stage)"
     )
     stage_settings: StageSettings = field(default_factory=StageSettings)
+    local_source: Any = setting(
+        None,
+        S.Optional(LOCAL_FEATURES_SPEC),
+        doc="local features for a family without them (spatial stages of a global method)",
+    )
+    global_source: str | None = setting(
+        None,
+        S.Optional(S.Str(min_len=1, max_len=256)),
+        doc="a global preset whose vectors a family without them diffuses over",
+    )
 
     def stage(self, group: str) -> Any:
         """The settings of stage group ``group`` in this pipeline."""

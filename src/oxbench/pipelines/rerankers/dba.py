@@ -70,7 +70,7 @@ def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArra
 class DatabaseAugmentation(Reranker):
     """``dba``: each database vector the alpha-weighted mean of itself and its top ``k``."""
 
-    needs = frozenset({"vectors", "dense", "augment"})
+    needs = frozenset({"vectors", "dense-index", "augment"})
     uses = ("dba",)
     phase = "index"
 

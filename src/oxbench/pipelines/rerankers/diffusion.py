@@ -1,16 +1,24 @@
 """Diffusion over the database's k-NN graph (Iscen et al., CVPR 2017) as a re-ranking stage.
 
-``prepare`` builds the graph at index time; ``rerank`` diffuses each query from its (expanded)
+``prepare`` builds the graph at index time over the space's dense vectors (a global method's own,
+or the vectors of a named ``global_source``); ``rerank`` diffuses each query from its (expanded)
 vector over the top of its ranking (:class:`oxbench.rerank.diffusion.Diffusion`). Settings: the
 ``diffusion`` group (:class:`~oxbench.rerank.diffusion.DiffusionSettings`, declared once there).
+
+``diffusion-verified`` is the 2018 revisit's hybrid (Radenovic et al. 2018, "ASMK* + SP ->
+R-GeM + DFS"): after a ``spatial`` stage, the images the verification accepted start the diffusion
+too, with the weight of an image identical to the query, besides the query's nearest images in the
+dense space; the graph and the query's vector are the dense space's (a global source's, when the
+first ranking is a bag of words or ASMK).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.rerankers import (
+    DenseSpace,
     Ranking,
     Reranker,
     RerankSpace,
@@ -23,7 +31,7 @@ from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
 class DiffusionReranker(Reranker):
     """Diffusion re-ranking of the top ``truncation`` of each ranking."""
 
-    needs = frozenset({"vectors", "dense"})
+    needs = frozenset({"dense"})
     uses = ("diffusion",)
 
     def __init__(self, settings: DiffusionSettings) -> None:
@@ -31,14 +39,37 @@ class DiffusionReranker(Reranker):
 
     def prepare(self, space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
         with ctx.timed("diffusion_graph"):
-            self.diffusion.fit(space.database)
+            self.diffusion.fit(cast(DenseSpace, space).dense_database)
         return {"diffusion": self.diffusion.describe()}
 
+    def seeds(self, ranking: Ranking) -> Any:
+        """Images that start each query's diffusion besides its nearest ones (none here)."""
+        return None
+
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
+        queries = cast(DenseSpace, space).dense_queries(ranking)
         with ctx.timed("diffusion"):
-            ranks, scores = self.diffusion.rerank(ranking.queries, ranking.ranks)
+            ranks, scores = self.diffusion.rerank(queries, ranking.ranks, seeds=self.seeds(ranking))
         return Ranking(ranks, scores, ranking.queries, info=ranking.info)
+
+
+class VerifiedDiffusion(DiffusionReranker):
+    """Diffusion started from the query's nearest images and from its spatially verified ones."""
+
+    needs = frozenset({"dense", "local"})
+    after = "spatial"
+
+    def seeds(self, ranking: Ranking) -> Any:
+        assert ranking.verified is not None  # a spatial stage came before (checked when built)
+        return [res.verified for res in ranking.verified]
+
+    def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
+        out = super().rerank(ranking, space, ctx)
+        seeded = [len(res.verified) for res in ranking.verified or ()]
+        info = {**out.info, "diffusion_seeded_by_verified": seeded}
+        return Ranking(out.ranks, out.scores, out.queries, ranking.verified, info, ranking.matches)
 
 
 register_stage_settings("diffusion", DiffusionSettings)
 register_reranker("diffusion", DiffusionReranker)
+register_reranker("diffusion-verified", VerifiedDiffusion)

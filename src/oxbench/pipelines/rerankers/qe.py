@@ -63,7 +63,7 @@ def expand_queries(
 class QueryExpansion(Reranker):
     """Expand each query with its top ``k`` (weights ``similarity ** alpha``) and rank again."""
 
-    needs = frozenset({"vectors", "dense"})
+    needs = frozenset({"vectors", "dense-index"})
     uses = ("qe",)
 
     def __init__(self, settings: QeSettings) -> None:

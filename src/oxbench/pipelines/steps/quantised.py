@@ -48,6 +48,9 @@ class QuantisingMethod(RetrievalMethod):
         self.trained_on_: str | None = None
         self.empty_: NDArray[np.bool_] | None = None
         self._parts: WordedParts | None = None
+        self._train: Benchmark | None = None
+        self.global_source_: Any = None
+        self.index_facts_: dict[str, Any] = {}
 
     @property
     def k(self) -> int:
@@ -62,7 +65,43 @@ class QuantisingMethod(RetrievalMethod):
         res = step_vocabulary(self.config.vocabulary(), train, ctx)
         ctx.record_step("vocabulary", hit=res.hit)
         self.vocab_path_, self.trained_on_ = res.path, train.id
+        self._train = train
         return self
+
+    @property
+    def offered(self) -> frozenset[str]:
+        """What the family's space offers its stages, with the config's named sources."""
+        from oxbench.pipelines.sources import offered
+
+        return offered(self.capabilities, self.config)  # type: ignore[attr-defined]
+
+    def prepare_pipeline(self, bench: Benchmark, ctx: RunContext) -> dict[str, Any]:
+        """After the index is built: the named global source (its method fitted on the training
+        set this method learned on, ``bench`` described) and every stage's index-time work (DBA,
+        a diffusion graph); the facts to record, also kept in :attr:`index_facts_`."""
+        from oxbench.pipelines.rerankers import prepare_stages
+        from oxbench.pipelines.sources import GlobalSource
+
+        facts: dict[str, Any] = {}
+        if self.config.global_source is not None:
+            self.global_source_ = GlobalSource(self.config.global_source)
+            facts.update(self.global_source_.prepare(self._train, bench, ctx))
+        facts.update(prepare_stages(self.stages, self, ctx))  # type: ignore[attr-defined,arg-type]
+        self.index_facts_ = facts
+        return facts
+
+    @property
+    def dense_database(self) -> NDArray[np.float32]:
+        """``"dense"`` through a ``global_source``: its vectors of the index images."""
+        if self.global_source_ is None or self.global_source_.database is None:
+            raise InputError(f"method {self.config.name}: no global_source to give dense vectors")
+        return self.global_source_.database  # type: ignore[no-any-return]
+
+    def dense_queries(self, ranking: Any) -> NDArray[np.float32]:
+        """``"dense"`` through a ``global_source``: its vectors of the queries."""
+        if self.global_source_ is None or self.global_source_.queries is None:
+            raise InputError(f"method {self.config.name}: no global_source to give dense vectors")
+        return self.global_source_.queries  # type: ignore[no-any-return]
 
     def use_vocabulary(self: Self, path: str | Path) -> Self:
         """Use an already trained vocabulary file instead of :meth:`fit`."""

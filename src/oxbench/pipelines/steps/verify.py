@@ -140,14 +140,17 @@ class ShortListVerifier:
         stores, words = self._opened()
         st = self.settings
         query = stores[self.query_part].get_raw(qname)
-        q_words = words[self.query_part].of(qname)[0][:, : st.query_ma]
+        # without words (local features of a named source, no vocabulary), descriptors match
+        no_words = np.zeros(0, np.int64)
+        q_words = words[self.query_part].of(qname)[0][:, : st.query_ma] if words else no_words
         finish = stores[self.query_part].config.finish
         q_desc = finish(query.descriptors) if st.matching == "descriptors" else None
         cands, tentative = [], []
         for idx in order.tolist():
             part, name = self.index_parts[idx]
             cand = stores[part].get_raw(name)
-            cands.append((cand.keypoints, words[part].of(name)[0][:, 0], cand.image_size))
+            c_words = words[part].of(name)[0][:, 0] if words else no_words
+            cands.append((cand.keypoints, c_words, cand.image_size))
             if q_desc is not None:
                 tentative.append(
                     descriptor_matches(q_desc, finish(cand.descriptors), ratio=st.ratio)
