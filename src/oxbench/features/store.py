@@ -476,6 +476,12 @@ class FeatureStore:
         np.cumsum(counts, out=offsets[1:])
         return _Shard(number, paths, names, offsets, sizes, kp_crc, raw_crc, str(z[DIGEST_KEY]))
 
+    def content_digest(self) -> str:
+        """One digest of everything the store holds now (its intact shards' index digests, which
+        cover each image's name, size and feature checksums): what a result computed from the
+        store records, so that it is not reused once the store holds other features."""
+        return json_digest(sorted(s.digest for s in self._shards))
+
     def shard_digests(self) -> dict[str, str]:
         """``{committed shard folder name: content digest of its index}`` (flat shards left out)."""
         return {

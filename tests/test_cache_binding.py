@@ -1,0 +1,190 @@
+"""Caches that cannot lie about what they stand for (issue 31).
+
+A digest proves an entry intact, not that it is the right one: every entry also names what it
+stands for, and an entry swapped with another, copied over another, or left from other inputs is
+recomputed with a warning, so a rerun gives the clean numbers exactly.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from oxbench.cache import CorruptCache, load_npz, save_npz
+from oxbench.execution import SerialExecutor
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# ---------------------------------------------------------------------- the one binding
+
+
+def test_an_entry_is_bound_to_the_record_it_was_written_for(tmp_path: Path) -> None:
+    a = {"x": np.arange(3)}
+    save_npz(tmp_path / "a.npz", a, stands_for={"query": "q1", "inputs": {"w": "d1"}})
+    got = load_npz(
+        tmp_path / "a.npz", what="entry", stands_for={"inputs": {"w": "d1"}, "query": "q1"}
+    )
+    assert np.array_equal(got["x"], a["x"]) and "stands_for" not in got
+    with pytest.raises(CorruptCache, match="stands for another query than the one asked for"):
+        load_npz(
+            tmp_path / "a.npz", what="entry", stands_for={"query": "q2", "inputs": {"w": "d1"}}
+        )
+    with pytest.raises(CorruptCache, match="another inputs"):
+        load_npz(
+            tmp_path / "a.npz", what="entry", stands_for={"query": "q1", "inputs": {"w": "d2"}}
+        )
+    save_npz(tmp_path / "old.npz", a)  # an entry that names nothing is not trusted for a record
+    with pytest.raises(CorruptCache, match="does not say what it stands for"):
+        load_npz(tmp_path / "old.npz", what="entry", stands_for={"query": "q1"})
+    with pytest.raises(ValueError, match="reserved"):
+        save_npz(tmp_path / "b.npz", {"stands_for": np.array("x")})
+
+
+def _verified(order: np.ndarray, n_verified: int) -> Any:
+    from oxbench.pipelines.steps.verify import VerifiedList
+
+    return VerifiedList(
+        head=order.copy(),
+        verified=order[:n_verified].copy(),
+        inliers=np.arange(n_verified + 4, 4, -1, dtype=np.int64)[:n_verified],
+        matches={},
+    )
+
+
+def test_swapped_or_copied_verification_entries_are_verified_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from oxbench.pipelines.steps.verify import VerificationCache
+
+    cache = VerificationCache(tmp_path / "k", {"stores": {"database": "s"}, "settings": {}})
+    order = np.array([4, 1, 3, 0, 2], np.int64)
+    lists = {
+        q: [("database", f"im{i}") for i in np.roll(order, j).tolist()] for j, q in enumerate("ab")
+    }
+    paths = {q: cache.path(q, c) for q, c in lists.items()}
+    for j, q in enumerate("ab"):
+        cache.save(
+            paths[q],
+            np.roll(order, j),
+            _verified(np.roll(order, j), 2 + j),
+            cache.record(q, lists[q]),
+        )
+    for q in "ab":  # the clean entries read back
+        assert (
+            cache.load(paths[q], np.roll(order, "ab".index(q)), cache.record(q, lists[q]))
+            is not None
+        )
+    a, b = paths["a"].read_bytes(), paths["b"].read_bytes()
+    paths["a"].write_bytes(b)
+    paths["b"].write_bytes(a)
+    caplog.set_level(logging.WARNING)
+    for q in "ab":
+        assert (
+            cache.load(paths[q], np.roll(order, "ab".index(q)), cache.record(q, lists[q])) is None
+        )
+        assert not paths[q].exists()
+    said = _warnings(caplog)
+    assert len(said) == 1 and "stands for another query, short_list" in said[0], said
+    # entries of other features or words: same query and list, other inputs
+    cache.save(paths["a"], order, _verified(order, 2), cache.record("a", lists["a"]))
+    other = VerificationCache(cache.folder, {"stores": {"database": "s2"}, "settings": {}})
+    assert other.load(paths["a"], order, other.record("a", lists["a"])) is None
+
+
+# ---------------------------------------------------------------------- the pipeline
+
+
+def _run(method: Any, bench: Any, train: Any, cache: Path) -> Any:
+    from oxbench.pipelines.runner import _fit_index_search
+
+    return _fit_index_search(
+        method, train, bench, cache, executor=SerialExecutor(), progress=False
+    )[1]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("cv2")
+    pytest.importorskip("faiss")
+    from oxbench.datasets import load
+    from oxbench.pipelines.method import resolve_method
+    from test_pipeline import TINY, make_tiny_root
+
+    root = make_tiny_root(tmp_path_factory.mktemp("data"))
+    bench = load("synthetic", root, progress=False)
+    train = load("synthetic-train", root, progress=False)
+    method = resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
+    cache = tmp_path_factory.mktemp("cache")
+    clean = _run(method, bench, train, cache)
+    return {
+        "root": root,
+        "bench": bench,
+        "train": train,
+        "method": method,
+        "cache": cache,
+        "clean": clean,
+    }
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted((cache / "verification").glob("*/*.npz"))
+
+
+def test_swapped_verification_entries_give_the_clean_ranks(
+    tiny: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny["cache"], cache)
+    entries = _entries(cache)
+    assert len(entries) >= 3
+    a, b = entries[0].read_bytes(), entries[1].read_bytes()
+    entries[0].write_bytes(b)
+    entries[1].write_bytes(a)
+    for e in entries[3:]:  # and one copied over the rest
+        shutil.copyfile(entries[2], e)
+    caplog.set_level(logging.WARNING)
+    again = _run(tiny["method"], tiny["bench"], tiny["train"], cache)
+    np.testing.assert_array_equal(again.ranks, tiny["clean"].ranks)
+    said = _warnings(caplog)
+    assert len(said) == 1 and "verifying that short list again" in said[0], said
+
+
+# ---------------------------------------------------------------------- descriptor and word shards
+
+
+def test_a_descriptor_shard_replaced_by_another_valid_shard_is_recomputed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Main 18c1381 read shard 1's content in shard 0's folder, then failed every rerun with
+    "do the workers see this folder?"; now the shard is refused and described again."""
+    from oxbench.features.descstore import DescriptorStore, fill_store
+    from oxbench.shards import NPZ_NAME, committed_folders
+
+    names = [f"im{i}" for i in range(6)]
+    truth = np.arange(48, dtype=np.float32).reshape(6, 8)
+    calls: list[list[int]] = []
+
+    def compute(positions: list[int]) -> tuple[list[int], np.ndarray]:
+        calls.append(list(positions))
+        return positions, truth[positions]
+
+    store = DescriptorStore.open(tmp_path / "s", {"kind": "test"})
+    fill_store(store, names, compute, shard_size=3, progress=False)
+    folders = committed_folders(tmp_path / "s")
+    shutil.copyfile(folders[1][0] / NPZ_NAME, folders[0][0] / NPZ_NAME)
+    calls.clear()
+    with caplog.at_level(logging.WARNING):
+        again = DescriptorStore.open(tmp_path / "s", {"kind": "test"})
+        fill_store(again, names, compute, shard_size=3, progress=False)
+    said = _warnings(caplog)
+    assert len(said) == 1 and "stands for another shard" in said[0], said
+    assert calls == [[0, 1, 2]]
+    np.testing.assert_array_equal(again.get(names), truth)
