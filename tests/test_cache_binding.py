@@ -188,3 +188,48 @@ def test_a_descriptor_shard_replaced_by_another_valid_shard_is_recomputed(
     assert len(said) == 1 and "stands for another shard" in said[0], said
     assert calls == [[0, 1, 2]]
     np.testing.assert_array_equal(again.get(names), truth)
+
+
+# ---------------------------------------------------------------------- images changed under a cache
+
+
+def _replace_one_database_image(bench: Any) -> str:
+    """Overwrite a database image (that no query shows) with another database image's bytes."""
+    queries = {bench.queries.path(i) for i in range(len(bench.queries))}
+    free = [i for i in range(len(bench.database)) if bench.database.path(i) not in queries]
+    target, other = bench.database.path(free[0]), bench.database.path(free[-1])
+    target.write_bytes(other.read_bytes())
+    return bench.database.name(free[0])
+
+
+def test_an_image_replaced_under_a_warm_cache_is_described_again(
+    tiny: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Main 18c1381 ran on the old image's features (exit 0, another mAP); now exactly that image
+    is described again, the record says so, and the ranks are a clean cache's."""
+    from oxbench.datasets import load
+    from oxbench.pipelines.runner import _fit_index_search
+
+    root, cache = tmp_path / "data", tmp_path / "cache"
+    shutil.copytree(tiny["root"], root)
+    bench = load("synthetic", root, progress=False)
+    clean = _run(tiny["method"], bench, tiny["train"], cache)  # a warm cache of these files
+    _replace_one_database_image(bench)
+    caplog.set_level(logging.WARNING)
+    _, warm, ctx = _fit_index_search(
+        tiny["method"], tiny["train"], bench, cache, executor=SerialExecutor(), progress=False
+    )
+    said = _warnings(caplog)  # the image, then what was computed from its old features
+    assert "1 of 40 images" in said[0] and "describing them again" in said[0], said
+    assert all("stands for another" in w for w in said[1:]), said
+    assert ctx.steps["features"] == "computed" and ctx.computed["features"] == 1
+    assert ctx.steps["words.database"] == "computed"
+    fresh = _run(tiny["method"], bench, tiny["train"], tmp_path / "fresh")
+    np.testing.assert_array_equal(warm.ranks, fresh.ranks)
+    assert not np.array_equal(warm.ranks, clean.ranks)  # the change mattered
+    caplog.clear()
+    _, _, ctx = _fit_index_search(  # and the next run is all hits, no warning
+        tiny["method"], tiny["train"], bench, cache, executor=SerialExecutor(), progress=False
+    )
+    assert ctx.steps["features"] == "hit" and ctx.computed["features"] == 0
+    assert _warnings(caplog) == []

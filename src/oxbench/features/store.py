@@ -40,6 +40,14 @@ The store cannot lie (:mod:`oxbench.cache`). What is checked, and when:
 - every image's keypoints and descriptors: a CRC-32 recorded per image, checked on every read, so
   a flipped byte anywhere is caught before the features are used.
 
+The store also cannot outlive a changed image: every shard records, for each image it describes,
+the identity of the image file when it was described (size, modification time in ns, inode:
+:func:`image_identity`, one ``stat``, no read). An extraction compares them with the files now
+(:meth:`FeatureStore.changed`) and describes again only the images that changed (a re-downloaded
+set, face-blurred copies, a fixed corrupt file), with one warning naming how many; the newer shard
+holds those images from then on (shards are read in the order they were written), and a shard
+none of whose images it still holds is deleted.
+
 A shard that fails an open-time check (tampered with after its commit) is logged as a warning
 naming the file and left out (its images are described again by the next extraction, which deletes
 it); a failed per-image check raises :class:`~oxbench.cache.CorruptCache`, which the pipeline turns
@@ -54,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -119,6 +128,25 @@ def _crc(array: NDArray) -> int:
     return zlib.crc32(np.ascontiguousarray(array).data)
 
 
+#: The identity of an image that has no file (generated on demand): never compared.
+NO_FILE = (-1, -1, -1)
+#: The identity of an image file that cannot be found: differs from every recorded one.
+MISSING_FILE = (-2, -2, -2)
+
+
+def image_identity(path: Path | None) -> tuple[int, int, int]:
+    """``(size, mtime_ns, inode)`` of an image file (one ``stat``, no read): what a feature shard
+    records for each image it describes. :data:`NO_FILE` when the image has no file,
+    :data:`MISSING_FILE` when it cannot be found."""
+    if path is None:
+        return NO_FILE
+    try:
+        st = os.stat(path)
+    except OSError:
+        return MISSING_FILE
+    return int(st.st_size), int(st.st_mtime_ns), int(st.st_ino)
+
+
 @dataclass
 class _Shard:
     number: int
@@ -129,6 +157,10 @@ class _Shard:
     kp_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's keypoint rows
     raw_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's descriptor rows
     digest: str = ""  # content digest of its index (what a receipt names)
+    identities: NDArray[np.int64] | None = (
+        None  # [n_images, 3] size, mtime_ns, inode when described
+    )
+    written_ns: int = 0  # when it was written (a later shard holds an image described again)
     _kp: NDArray[np.float32] | None = None
     _raw: NDArray[Any] | None = None
 
@@ -142,6 +174,7 @@ def write_shard_folder(
     plan: str = "",
     tag: str = "",
     folder: str | None = None,
+    identities: Sequence[tuple[int, int, int]] | None = None,
 ) -> ShardReceipt:
     """Write one shard into a unique temporary folder of ``directory`` and commit it by one rename.
 
@@ -158,9 +191,12 @@ def write_shard_folder(
         plan: the plan's digest, recorded in the shard.
         tag: put in the temporary folder's name (the owning run's token).
         folder: the committed name (default :func:`shard_folder_name`).
+        identities: each image's :func:`image_identity` taken before it was read (default:
+            :data:`NO_FILE` each).
 
     Raises:
-        ValueError: no items, or descriptors of another dtype / dimension than the config's.
+        ValueError: no items, identities of another length, or descriptors of another dtype /
+            dimension than the config's.
     """
     t0 = time.perf_counter()
     if not items:
@@ -169,6 +205,9 @@ def write_shard_folder(
     final = Path(directory) / (folder or shard_folder_name(number, names.tolist()))
     counts = np.array([len(it[1]) for it in items], np.int64)
     sizes = np.array([it[3] for it in items], np.int32).reshape(-1, 2)
+    stats = np.array(identities if identities is not None else [NO_FILE] * len(items), np.int64)
+    if stats.shape != (len(items), 3):
+        raise ValueError(f"{stats.shape[0]} image identities for {len(items)} images")
     kps = [np.asarray(it[1], np.float32).reshape(-1, 4) for it in items]
     dtype, dim = np.dtype(config.stored_dtype), config.dim
     raws = []
@@ -198,6 +237,8 @@ def write_shard_folder(
             "raw_crc": np.array([_crc(r) for r in raws], np.uint32),
             "files": np.array(json.dumps(files, sort_keys=True)),
             "plan": np.array(plan),
+            "image_identity": stats,
+            "written_ns": np.array(time.time_ns(), np.int64),
         }
         save_npz(tmp / "index.npz", arrays)
         digest = str(load_npz(tmp / "index.npz", what="feature-shard index")[DIGEST_KEY])
@@ -390,6 +431,7 @@ class FeatureStore:
         self.bad_shards = []
         self._bad = []
         self._scan()
+        shards = []
         for sid, paths in self._found.items():
             legacy = paths["index.npz"].parent == self.directory
             if legacy and not paths["index.npz"].exists():
@@ -404,6 +446,10 @@ class FeatureStore:
                 self.bad_shards.append(self._number(sid))
                 self._bad.append(sid)
                 continue
+            shards.append(shard)
+        # in the order they were written (stable: earlier versions' shards first, as scanned), so
+        # that an image described again is held by its newest shard
+        for shard in sorted(shards, key=lambda s: s.written_ns):
             self._add(shard)
 
     def _add(self, shard: _Shard) -> None:
@@ -472,15 +518,74 @@ class FeatureStore:
                 raise self._corrupt(
                     number, paths, "feature shard does not match its recorded digest", path
                 )
+        identities = z.get("image_identity")
+        written = z.get("written_ns")
+        if identities is not None and (identities.shape != (n, 3) or identities.dtype != np.int64):
+            raise self._corrupt(number, paths, "malformed image identities", index_path)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return _Shard(number, paths, names, offsets, sizes, kp_crc, raw_crc, str(z[DIGEST_KEY]))
+        return _Shard(
+            number,
+            paths,
+            names,
+            offsets,
+            sizes,
+            kp_crc,
+            raw_crc,
+            str(z[DIGEST_KEY]),
+            identities,
+            int(written) if written is not None and written.shape == () else 0,
+        )
+
+    def changed(self, identities: dict[str, tuple[int, int, int]]) -> list[str]:
+        """The stored images whose file is not the one described: ``identities`` (``{name:
+        image_identity now}``) differs from what the shard holding the image recorded, or the
+        shard recorded nothing (written by an older oxbench). Images without a file now
+        (:data:`NO_FILE`) are not compared."""
+        out = []
+        for name, now in identities.items():
+            where = self._where.get(name)
+            if where is None or tuple(now) == NO_FILE:
+                continue
+            si, j = where
+            recorded = self._shards[si].identities
+            if recorded is None or tuple(int(v) for v in recorded[j]) != tuple(now):
+                out.append(name)
+        return out
+
+    def superseded(self) -> list[str]:
+        """Committed shards none of whose images the store takes from them any more (every one
+        was described again into a later shard)."""
+        holding = {si for si, _ in self._where.values()}
+        return [
+            s.paths["index.npz"].parent.name
+            for si, s in enumerate(self._shards)
+            if si not in holding and s.paths["index.npz"].parent != self.directory
+        ]
 
     def content_digest(self) -> str:
         """One digest of everything the store holds now (its intact shards' index digests, which
         cover each image's name, size and feature checksums): what a result computed from the
         store records, so that it is not reused once the store holds other features."""
         return json_digest(sorted(s.digest for s in self._shards))
+
+    def features_digest(self, names: Sequence[str]) -> str:
+        """A digest of the features the store holds for ``names`` (in that order), from the
+        checksums recorded when they were written (no read): what a result computed from these
+        features (their visual words) records, so that it is computed again once any of them
+        was described again.
+
+        Raises:
+            InputError: an image has no features in this store.
+        """
+        self.require_all(names)
+        h = hashlib.sha256()
+        for name in names:
+            si, j = self._where[name]
+            shard = self._shards[si]
+            n = int(shard.offsets[j + 1] - shard.offsets[j])
+            h.update(f"{name}\0{n}\0{int(shard.kp_crc[j])}\0{int(shard.raw_crc[j])}\n".encode())
+        return h.hexdigest()
 
     def shard_digests(self) -> dict[str, str]:
         """``{committed shard folder name: content digest of its index}`` (flat shards left out)."""
@@ -494,15 +599,21 @@ class FeatureStore:
         """Re-read the store and delete its corrupt shards and earlier versions' unfinished ones
         (call with the lock held, or where no other process reads the store)."""
         self.refresh()
-        stale = set(self._bad) | {
-            sid
-            for sid, p in self._found.items()
-            if p["index.npz"].parent == self.directory and not p["index.npz"].exists()
-        }
+        stale = (
+            set(self._bad)
+            | set(self.superseded())
+            | {
+                sid
+                for sid, p in self._found.items()
+                if p["index.npz"].parent == self.directory and not p["index.npz"].exists()
+            }
+        )
         if stale:
             self._remove_shards(stale)
             for sid in stale:
                 self._found.pop(sid, None)
+            if set(self.superseded()) & stale:
+                self.refresh()
 
     @contextlib.contextmanager
     def writing(self, *, full: bool = False) -> Iterator[FeatureStore]:
@@ -647,6 +758,10 @@ class DescribeImages:
     def name(self, i: int) -> str:
         return self.source.name(i)
 
+    def identity(self, i: int) -> tuple[int, int, int]:
+        """:func:`image_identity` of image ``i``'s file."""
+        return image_identity(self.source.path(i))
+
     def __call__(self, i: int) -> RawFeatures:
         image = self.source.read(i)
         kp, raw = self.config.extract(image)
@@ -664,6 +779,10 @@ class DescribeQueries:
 
     def name(self, i: int) -> str:
         return self.queries.name(i)
+
+    def identity(self, i: int) -> tuple[int, int, int]:
+        """:func:`image_identity` of query ``i``'s image file."""
+        return image_identity(self.queries.path(i))
 
     def __call__(self, i: int) -> RawFeatures:
         from oxbench.datasets.base import crop_box
@@ -702,7 +821,8 @@ class DescribeShard:
 
     def __call__(self, task: ShardTask) -> ShardReceipt:
         t0 = time.perf_counter()
-        items = [self.describe(i) for i in task.items]
+        identities = [_identity(self.describe, i) for i in task.items]  # before reading: a change
+        items = [self.describe(i) for i in task.items]  # while it is read shows on the next run
         receipt = write_shard_folder(
             self.directory,
             task.number,
@@ -711,6 +831,7 @@ class DescribeShard:
             plan=self.plan,
             tag=self.tag,
             folder=task.folder,
+            identities=identities,
         )
         return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
 
@@ -773,8 +894,12 @@ def extract_to_store(
                     store.refresh(full=True)
                     store._remove_shards(store._bad)
                 store.clean()
-        tasks = plan_shards(names, shard_size, store.names)
+        changed = _changed_images(job, names, store)
+        tasks = plan_shards(names, shard_size, set(store.names) - set(changed))
         tasks = in_partition(tasks, partition)
+        if changed:
+            with entry_lock(store.lock_path, what=what) if partition is not None else _held():
+                _clear_folders(store, {t.folder for t in tasks})
         if not tasks:
             return 0
         if stop_after is not None:
@@ -802,6 +927,47 @@ def extract_to_store(
         store.refresh()
         _check_receipts(store, tasks, receipts, names)
     return n_todo
+
+
+def _identity(job: object, i: int) -> tuple[int, int, int]:
+    """Item ``i``'s :func:`image_identity` by ``job.identity`` (a job without one: :data:`NO_FILE`)."""
+    identity = getattr(job, "identity", None)
+    return identity(i) if identity is not None else NO_FILE
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """The store's lock, already held by the caller."""
+    yield
+
+
+def _changed_images(
+    job: DescribeImages | DescribeQueries, names: Sequence[str], store: FeatureStore
+) -> list[str]:
+    """The stored images whose file changed since they were described (one ``stat`` each), said
+    in one warning; they are described again."""
+    identities = {names[i]: _identity(job, i) for i in range(len(names)) if names[i] in store}
+    changed = store.changed(identities)
+    if changed:
+        log.warning(
+            "%d of %d images in %s changed since they were described (size, modification time or "
+            "file; or described by an older oxbench that recorded none), e.g. %r; describing "
+            "them again",
+            len(changed),
+            len(identities),
+            store.directory,
+            changed[0],
+        )
+    return changed
+
+
+def _clear_folders(store: FeatureStore, folders: set[str]) -> None:
+    """Delete committed shards named like a shard about to be written (the same images described
+    before, now changed): the new commit must not lose to the stale one."""
+    stale = [sid for sid in store._found if sid in folders]
+    if stale:
+        store._remove_shards(stale)
+        store.refresh()
 
 
 def _check_receipts(

@@ -75,6 +75,8 @@ class RunContext:
             default.
         timings: seconds per stage, filled by :meth:`timed`.
         steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
+        computed: ``{step: items computed}`` of the steps that count them (images described
+            again after their files changed, ...), filled by :meth:`record_step`.
     """
 
     cache: Path
@@ -87,6 +89,7 @@ class RunContext:
     shard_size: int = DEFAULT_SHARD_SIZE
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
+    computed: dict[str, int] = field(default_factory=dict)
 
     @property
     def workers(self) -> int:
@@ -105,9 +108,11 @@ class RunContext:
             cpu = f"{stage}{CPU_SUFFIX}"
             self.timings[cpu] = self.timings.get(cpu, 0.0) + cpu_seconds() - c0
 
-    def record_step(self, step: str, *, hit: bool) -> None:
-        """Record whether ``step`` came from the cache."""
+    def record_step(self, step: str, *, hit: bool, computed: int | None = None) -> None:
+        """Record whether ``step`` came from the cache (and how many of its items were computed)."""
         self.steps[step] = "hit" if hit else "computed"
+        if computed is not None:
+            self.computed[step] = int(computed)
 
 
 @dataclass(frozen=True)

@@ -716,7 +716,10 @@ def run(
                 }
                 info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
                 for step, state in ctx.steps.items():
-                    log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
+                    n = f" ({ctx.computed[step]} items)" if step in ctx.computed else ""
+                    log.info(
+                        "step %s: %s%s", step, "from cache" if state == "hit" else "computed", n
+                    )
                 log.info("%s", " | ".join(result.lines()))
             record = {
                 "format": RECORD_FORMAT,
@@ -731,6 +734,7 @@ def run(
                 "versions": libraries,
                 "accel": _accel_used(),
                 "cache": dict(ctx.steps),
+                "cache_computed": dict(ctx.computed),
                 "method": m.name,
                 "label": label,
                 "family": m.family,
