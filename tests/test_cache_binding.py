@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from oxbench.cache import CorruptCache, load_npz, save_npz
+from oxbench.errors import InputError
 from oxbench.execution import SerialExecutor
 
 
@@ -233,3 +234,60 @@ def test_an_image_replaced_under_a_warm_cache_is_described_again(
     )
     assert ctx.steps["features"] == "hit" and ctx.computed["features"] == 0
     assert _warnings(caplog) == []
+
+
+def test_verify_images_finds_a_change_that_stat_cannot(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes changed in place with the old size, modification time and inode restored: the stat
+    check cannot see it, --verify-images (a full hash) does, and describes exactly that image."""
+    import os
+
+    pytest.importorskip("cv2")
+    pytest.importorskip("PIL.Image")
+    from PIL import Image
+
+    from oxbench.datasets.base import FileImages
+    from oxbench.features.sift import SiftConfig
+    from oxbench.features.store import DescribeImages, FeatureStore, extract_to_store
+    from test_features import textured_image
+
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"im{i}.bmp")
+        Image.fromarray(textured_image(40 + i, 96, 80)).save(paths[-1])
+    source = FileImages(tuple(p.stem for p in paths), tuple(paths))
+    cfg = SiftConfig(n_features=50)
+    store = FeatureStore.open(tmp_path / "s", cfg)
+    assert (
+        extract_to_store(DescribeImages(source, cfg), 4, store, shard_size=2, progress=False) == 4
+    )
+    before = store.get_raw("im1")
+    st = paths[1].stat()
+    data = bytearray(paths[1].read_bytes())  # raw pixels: other pixels, the same byte length
+    middle = len(data) // 2
+    data[middle : middle + 3000] = bytes(255 - b for b in data[middle : middle + 3000])
+    with open(paths[1], "r+b") as fh:  # in place: the inode stays
+        fh.write(bytes(data))
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert paths[1].stat().st_ino == st.st_ino and paths[1].stat().st_size == st.st_size
+    job = DescribeImages(source, cfg)
+    assert (
+        extract_to_store(
+            job, 4, FeatureStore.open(tmp_path / "s", cfg), shard_size=2, progress=False
+        )
+        == 0
+    )
+    caplog.set_level(logging.WARNING)
+    again = FeatureStore.open(tmp_path / "s", cfg)
+    assert extract_to_store(job, 4, again, shard_size=2, progress=False, verify_images=True) == 1
+    said = _warnings(caplog)
+    assert len(said) == 1 and "1 of 4 images" in said[0] and "'im1'" in said[0], said
+    assert sorted(again.names) == ["im0", "im1", "im2", "im3"]
+    assert again.get_raw("im0")[2].tobytes() == store.get_raw("im0")[2].tobytes()
+    assert again.get_raw("im1")[2].tobytes() != before[2].tobytes()
+    paths[3].write_bytes(b"")  # a 0-byte image under a warm cache: described again, so refused
+    with pytest.raises(InputError, match="cannot decode image"):
+        extract_to_store(
+            job, 4, FeatureStore.open(tmp_path / "s", cfg), shard_size=2, progress=False
+        )

@@ -84,6 +84,13 @@ from oxbench.errors import InputError
     help="Accept a dataset with fewer images than the official count (recorded; not comparable).",
 )
 @click.option(
+    "--verify-images",
+    is_flag=True,
+    help="Compare every image with the file its cached local features were described from by its "
+    "bytes (reads and hashes every image), not only by size, modification time and inode; a "
+    "changed image is described again.",
+)
+@click.option(
     "--overwrite",
     is_flag=True,
     help="Replace the earlier runs of this config folder (and a folder of another config).",
@@ -124,6 +131,7 @@ def run(
     top_k: int,
     dataset_options: tuple[str, ...],
     allow_partial: bool,
+    verify_images: bool,
     overwrite: bool,
     label: str | None,
     partition: str | None,
@@ -215,6 +223,7 @@ def run(
         command=["oxbench", *sys.argv[1:]],
         label=label,
         dataset_options=ds_options,
+        verify_images=verify_images,
     )
     cfg = outcome.config
     if as_json:

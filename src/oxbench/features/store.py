@@ -134,6 +134,16 @@ NO_FILE = (-1, -1, -1)
 MISSING_FILE = (-2, -2, -2)
 
 
+def image_sha256(path: Path | None) -> str:
+    """SHA-256 of an image file's bytes ("" when it has no file or cannot be read)."""
+    if path is None:
+        return ""
+    try:
+        return file_sha256(path)
+    except OSError:
+        return ""
+
+
 def image_identity(path: Path | None) -> tuple[int, int, int]:
     """``(size, mtime_ns, inode)`` of an image file (one ``stat``, no read): what a feature shard
     records for each image it describes. :data:`NO_FILE` when the image has no file,
@@ -157,9 +167,9 @@ class _Shard:
     kp_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's keypoint rows
     raw_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's descriptor rows
     digest: str = ""  # content digest of its index (what a receipt names)
-    identities: NDArray[np.int64] | None = (
-        None  # [n_images, 3] size, mtime_ns, inode when described
-    )
+    # [n_images, 3] size, mtime_ns, inode of each image's file when it was described
+    identities: NDArray[np.int64] | None = None
+    image_sha256: NDArray[np.str_] | None = None  # [n_images] of the files' bytes when described
     written_ns: int = 0  # when it was written (a later shard holds an image described again)
     _kp: NDArray[np.float32] | None = None
     _raw: NDArray[Any] | None = None
@@ -175,6 +185,7 @@ def write_shard_folder(
     tag: str = "",
     folder: str | None = None,
     identities: Sequence[tuple[int, int, int]] | None = None,
+    image_sha256: Sequence[str] | None = None,
 ) -> ShardReceipt:
     """Write one shard into a unique temporary folder of ``directory`` and commit it by one rename.
 
@@ -193,6 +204,7 @@ def write_shard_folder(
         folder: the committed name (default :func:`shard_folder_name`).
         identities: each image's :func:`image_identity` taken before it was read (default:
             :data:`NO_FILE` each).
+        image_sha256: the SHA-256 of each image's file as it was read ("" for none).
 
     Raises:
         ValueError: no items, identities of another length, or descriptors of another dtype /
@@ -206,7 +218,8 @@ def write_shard_folder(
     counts = np.array([len(it[1]) for it in items], np.int64)
     sizes = np.array([it[3] for it in items], np.int32).reshape(-1, 2)
     stats = np.array(identities if identities is not None else [NO_FILE] * len(items), np.int64)
-    if stats.shape != (len(items), 3):
+    hashes = np.array(list(image_sha256) if image_sha256 is not None else [""] * len(items))
+    if stats.shape != (len(items), 3) or hashes.shape != (len(items),):
         raise ValueError(f"{stats.shape[0]} image identities for {len(items)} images")
     kps = [np.asarray(it[1], np.float32).reshape(-1, 4) for it in items]
     dtype, dim = np.dtype(config.stored_dtype), config.dim
@@ -238,6 +251,7 @@ def write_shard_folder(
             "files": np.array(json.dumps(files, sort_keys=True)),
             "plan": np.array(plan),
             "image_identity": stats,
+            "image_sha256": hashes.astype("U64"),
             "written_ns": np.array(time.time_ns(), np.int64),
         }
         save_npz(tmp / "index.npz", arrays)
@@ -518,9 +532,11 @@ class FeatureStore:
                 raise self._corrupt(
                     number, paths, "feature shard does not match its recorded digest", path
                 )
-        identities = z.get("image_identity")
+        identities, hashes = z.get("image_identity"), z.get("image_sha256")
         written = z.get("written_ns")
-        if identities is not None and (identities.shape != (n, 3) or identities.dtype != np.int64):
+        if (
+            identities is not None and (identities.shape != (n, 3) or identities.dtype != np.int64)
+        ) or (hashes is not None and hashes.shape != (n,)):
             raise self._corrupt(number, paths, "malformed image identities", index_path)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
@@ -534,6 +550,7 @@ class FeatureStore:
             raw_crc,
             str(z[DIGEST_KEY]),
             identities,
+            hashes,
             int(written) if written is not None and written.shape == () else 0,
         )
 
@@ -550,6 +567,20 @@ class FeatureStore:
             si, j = where
             recorded = self._shards[si].identities
             if recorded is None or tuple(int(v) for v in recorded[j]) != tuple(now):
+                out.append(name)
+        return out
+
+    def changed_bytes(self, paths: dict[str, Path | None]) -> list[str]:
+        """The stored images whose file's bytes (SHA-256, read in full: :func:`image_sha256`) are
+        not those described, or were not recorded; images without a file are not compared."""
+        out = []
+        for name, path in paths.items():
+            where = self._where.get(name)
+            if where is None or path is None:
+                continue
+            si, j = where
+            recorded = self._shards[si].image_sha256
+            if recorded is None or str(recorded[j]) != image_sha256(path):
                 out.append(name)
         return out
 
@@ -762,6 +793,10 @@ class DescribeImages:
         """:func:`image_identity` of image ``i``'s file."""
         return image_identity(self.source.path(i))
 
+    def path(self, i: int) -> Path | None:
+        """Image ``i``'s file (``None``: generated on demand)."""
+        return self.source.path(i)
+
     def __call__(self, i: int) -> RawFeatures:
         image = self.source.read(i)
         kp, raw = self.config.extract(image)
@@ -783,6 +818,10 @@ class DescribeQueries:
     def identity(self, i: int) -> tuple[int, int, int]:
         """:func:`image_identity` of query ``i``'s image file."""
         return image_identity(self.queries.path(i))
+
+    def path(self, i: int) -> Path | None:
+        """Query ``i``'s image file (``None``: generated on demand)."""
+        return self.queries.path(i)
 
     def __call__(self, i: int) -> RawFeatures:
         from oxbench.datasets.base import crop_box
@@ -823,6 +862,7 @@ class DescribeShard:
         t0 = time.perf_counter()
         identities = [_identity(self.describe, i) for i in task.items]  # before reading: a change
         items = [self.describe(i) for i in task.items]  # while it is read shows on the next run
+        hashes = [image_sha256(_path(self.describe, i)) for i in task.items]  # just read: cached
         receipt = write_shard_folder(
             self.directory,
             task.number,
@@ -832,6 +872,7 @@ class DescribeShard:
             tag=self.tag,
             folder=task.folder,
             identities=identities,
+            image_sha256=hashes,
         )
         return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
 
@@ -848,6 +889,7 @@ def extract_to_store(
     stop_after: int | None = None,
     full_check: bool = False,
     partition: tuple[int, int] | None = None,
+    verify_images: bool = False,
 ) -> int:
     """Describe every item the store does not hold yet, by the shard protocol (module docstring).
 
@@ -870,6 +912,8 @@ def extract_to_store(
         full_check: hash the existing shards' data files in full, not only sampled.
         partition: ``(i, n)``: describe only the planned shards numbered ``i`` modulo ``n``
             (:func:`check_partition`).
+        verify_images: compare each stored image's file by its bytes (a full read and SHA-256
+            of every image), not only by its size, modification time and inode (one ``stat``).
 
     Returns:
         How many images were described (0: every image came from the store).
@@ -894,7 +938,7 @@ def extract_to_store(
                     store.refresh(full=True)
                     store._remove_shards(store._bad)
                 store.clean()
-        changed = _changed_images(job, names, store)
+        changed = _changed_images(job, names, store, verify_images=verify_images)
         tasks = plan_shards(names, shard_size, set(store.names) - set(changed))
         tasks = in_partition(tasks, partition)
         if changed:
@@ -929,6 +973,12 @@ def extract_to_store(
     return n_todo
 
 
+def _path(job: object, i: int) -> Path | None:
+    """Item ``i``'s image file by ``job.path`` (a job without one: ``None``)."""
+    path = getattr(job, "path", None)
+    return path(i) if path is not None else None
+
+
 def _identity(job: object, i: int) -> tuple[int, int, int]:
     """Item ``i``'s :func:`image_identity` by ``job.identity`` (a job without one: :data:`NO_FILE`)."""
     identity = getattr(job, "identity", None)
@@ -942,12 +992,20 @@ def _held() -> Iterator[None]:
 
 
 def _changed_images(
-    job: DescribeImages | DescribeQueries, names: Sequence[str], store: FeatureStore
+    job: DescribeImages | DescribeQueries,
+    names: Sequence[str],
+    store: FeatureStore,
+    *,
+    verify_images: bool = False,
 ) -> list[str]:
-    """The stored images whose file changed since they were described (one ``stat`` each), said
-    in one warning; they are described again."""
+    """The stored images whose file changed since they were described (one ``stat`` each;
+    ``verify_images``: and their bytes), said in one warning; they are described again."""
     identities = {names[i]: _identity(job, i) for i in range(len(names)) if names[i] in store}
     changed = store.changed(identities)
+    if verify_images:
+        seen = set(changed)
+        paths = {names[i]: _path(job, i) for i in range(len(names)) if names[i] in identities}
+        changed += [n for n in store.changed_bytes(paths) if n not in seen]
     if changed:
         log.warning(
             "%d of %d images in %s changed since they were described (size, modification time or "

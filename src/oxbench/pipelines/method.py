@@ -66,6 +66,8 @@ class RunContext:
         decode_threads: threads that decode images for CNN extraction in this process.
         full_check: hash every cached artifact in full before reusing it (the runner's second
             attempt after a corrupt cache file was met), not only the cheap open-time checks.
+        verify_images: compare every cached image's features with its file by the file's bytes
+            (``--verify-images``: a full read and hash), not only by ``stat``.
         allow_partial: the user accepts partial image sets: an image that cannot be decoded is
             named in a warning and skipped (recorded) instead of stopping the run.
         shard_size: images per write-once shard of the local-feature stores
@@ -84,6 +86,7 @@ class RunContext:
     progress: bool = True
     decode_threads: int = field(default_factory=available_cores)
     full_check: bool = False
+    verify_images: bool = False
     allow_partial: bool = False
     root: Path | None = None
     shard_size: int = DEFAULT_SHARD_SIZE

@@ -540,6 +540,7 @@ def run(
     command: Sequence[str] | None = None,
     label: str | None = None,
     dataset_options: Mapping[str, str] | None = None,
+    verify_images: bool = False,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -577,6 +578,8 @@ def run(
             differ from the preset (``features-alpha-qe [whitening=pca]``).
         dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
             ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
+        verify_images: compare every image with the file its cached local features were
+            described from by its bytes (a full read and hash), not only by ``stat``.
 
     Returns:
         A :class:`RunOutcome`.
@@ -694,6 +697,7 @@ def run(
                     allow_partial=not strict,
                     root=root_path,
                     shard_size=shard_size,
+                    verify_images=verify_images,
                 )
                 ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
                 keep = (
@@ -787,6 +791,7 @@ def _fit_index_search(
     allow_partial: bool = False,
     root: Path | None = None,
     shard_size: int | None = None,
+    verify_images: bool = False,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
@@ -796,6 +801,7 @@ def _fit_index_search(
             executor=executor,
             progress=progress,
             full_check=full_check,
+            verify_images=verify_images,
             allow_partial=allow_partial,
             root=root,
             shard_size=shard_size or DEFAULT_SHARD_SIZE,

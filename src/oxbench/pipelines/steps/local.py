@@ -94,6 +94,7 @@ def step_features(
             desc=f"{bench.id} {part}",
             full_check=ctx.full_check,
             shard_size=ctx.shard_size,
+            verify_images=ctx.verify_images,
         )
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
     return out
