@@ -252,7 +252,6 @@ def write_shard_folder(
             "plan": np.array(plan),
             "image_identity": stats,
             "image_sha256": hashes.astype("U64"),
-            "written_ns": np.array(time.time_ns(), np.int64),
         }
         save_npz(tmp / "index.npz", arrays)
         digest = str(load_npz(tmp / "index.npz", what="feature-shard index")[DIGEST_KEY])
@@ -533,7 +532,6 @@ class FeatureStore:
                     number, paths, "feature shard does not match its recorded digest", path
                 )
         identities, hashes = z.get("image_identity"), z.get("image_sha256")
-        written = z.get("written_ns")
         if (
             identities is not None and (identities.shape != (n, 3) or identities.dtype != np.int64)
         ) or (hashes is not None and hashes.shape != (n,)):
@@ -551,7 +549,8 @@ class FeatureStore:
             str(z[DIGEST_KEY]),
             identities,
             hashes,
-            int(written) if written is not None and written.shape == () else 0,
+            # when it was committed: not in its content, which is a pure function of its images
+            index_path.stat().st_mtime_ns,
         )
 
     def changed(self, identities: dict[str, tuple[int, int, int]]) -> list[str]:
