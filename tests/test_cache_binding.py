@@ -291,3 +291,106 @@ def test_verify_images_finds_a_change_that_stat_cannot(
         extract_to_store(
             job, 4, FeatureStore.open(tmp_path / "s", cfg), shard_size=2, progress=False
         )
+
+
+# ---------------------------------------------------------------------- memory-mapped files
+
+
+def test_a_file_opened_through_open_written_must_be_the_one_written(tmp_path: Path) -> None:
+    import os
+
+    from oxbench.cache import open_written, record_written
+
+    path = tmp_path / "v.npy"
+    np.save(path, np.arange(12, dtype=np.float32).reshape(3, 4))
+    record_written(path, {"vectors": "d1"})
+
+    def mapped(p: Path) -> Any:
+        return np.load(p, mmap_mode="r")
+
+    got = open_written(path, what="vectors", stands_for={"vectors": "d1"}, open_file=mapped)
+    assert np.array_equal(got, np.arange(12).reshape(3, 4))
+    with pytest.raises(CorruptCache, match="stands for another vectors"):
+        open_written(path, what="vectors", stands_for={"vectors": "d2"}, open_file=mapped)
+    st = path.stat()
+    with open(path, "r+b") as fh:  # same size, same inode, other rows; the old mtime restored
+        fh.seek(st.st_size - 16)
+        fh.write(np.float32([9, 9, 9, 9]).tobytes())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(CorruptCache, match="is not the file written"):
+        open_written(path, what="vectors", stands_for={"vectors": "d1"}, open_file=mapped)
+    path.with_name("v.npy.written.json").unlink()
+    with pytest.raises(CorruptCache, match="no readable record"):
+        open_written(path, what="vectors", stands_for={"vectors": "d1"}, open_file=mapped)
+
+
+def test_ivfpq_vectors_replaced_by_a_same_shape_file_are_written_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Main 18c1381 checked the mapped float vectors (read by query expansion) for shape and dtype
+    only: the rows reversed gave 29.85 / 36.31 / 23.96 instead of 95.08 / 96.62 / 95.38."""
+    pytest.importorskip("faiss")
+    from oxbench.pipelines import RunContext, resolve_method
+    from oxbench.pipelines.globalchain import SearchChain
+
+    rng = np.random.default_rng(3)
+    db = rng.normal(size=(400, 16)).astype(np.float32)
+    db /= np.linalg.norm(db, axis=1, keepdims=True)
+    m = resolve_method("features-ivfpq", nlist=4, pq_m=4, pq_nbits=4, nprobe=4, search_k=50)
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    first = SearchChain(m, db, ctx, tmp_path / "index")
+    (vectors,) = (tmp_path / "index").glob("vectors-*.npy")
+    assert np.array_equal(first.db, db)
+    np.save(vectors, db[::-1].copy())  # same shape and dtype, the rows reversed
+    caplog.set_level(logging.WARNING)
+    second = SearchChain(m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index")
+    said = _warnings(caplog)
+    assert len(said) == 1 and "is not the file written" in said[0] and str(vectors) in said[0]
+    assert np.array_equal(second.db, db)
+    caplog.clear()
+    third = SearchChain(m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index")
+    assert _warnings(caplog) == [] and np.array_equal(third.db, db)
+
+
+def test_a_cached_faiss_index_of_other_vectors_is_built_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An intact index file of the same settings built from other vectors, copied over the cached
+    one, passed its checksum on main 18c1381 and answered for the wrong database."""
+    pytest.importorskip("faiss")
+    import dataclasses
+
+    from oxbench.pipelines.globalchain import SearchChain
+    from oxbench.pipelines.method import METHODS, RunContext
+
+    m = dataclasses.replace(METHODS.get("rootsift-vlad"), search="faiss-flat")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((40, 16)).astype(np.float32) for _ in range(2))
+    a /= np.linalg.norm(a, axis=1, keepdims=True)
+    b /= np.linalg.norm(b, axis=1, keepdims=True)
+    clean = SearchChain(m, a, RunContext(tmp_path / "c"), tmp_path / "ia")
+    SearchChain(m, b, RunContext(tmp_path / "c"), tmp_path / "ib")
+    (path_a,) = (tmp_path / "ia").glob("index-flat-*.npz")
+    (path_b,) = (tmp_path / "ib").glob("index-flat-*.npz")
+    shutil.copyfile(path_b, path_a)
+    ctx = RunContext(tmp_path / "c")
+    with caplog.at_level(logging.WARNING):
+        again = SearchChain(m, a, ctx, tmp_path / "ia")
+    said = _warnings(caplog)
+    assert len(said) == 1 and "stands for another vectors" in said[0], said
+    assert ctx.steps["search_index"] == "computed"
+    np.testing.assert_array_equal(again.rank(a[:5])[1], clean.rank(a[:5])[1])
+
+
+def test_mapped_postings_replaced_by_a_same_size_file_are_refused(tmp_path: Path) -> None:
+    import scipy.sparse as sp
+
+    from oxbench.index.postings import CompressedPostings
+
+    m = sp.random(6, 20, density=0.4, format="csr", dtype=np.float32, random_state=0)
+    CompressedPostings.write(m, tmp_path / "ivf")
+    weights = tmp_path / "ivf" / "weights.npy"
+    data = np.load(weights)
+    np.save(weights, data[::-1].copy())  # same size, the weights in another order
+    with pytest.raises(CorruptCache, match="is not the file written"):
+        CompressedPostings.open(tmp_path / "ivf")

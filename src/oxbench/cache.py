@@ -24,6 +24,13 @@ another (or two swapped) would pass it. So an entry also names, inside its conte
 for (:func:`stands_for_record`: its query, its inputs' digests, the settings), and a reader passes the
 record it expects; :func:`load_npz` compares the two and raises :class:`CorruptCache` (recompute,
 with one warning) when they differ. Every cache kind binds its entries this one way.
+
+A file that is memory-mapped (database vectors, posting lists) is paged in as it is used, never
+hashed in full on a warm run; it is written with :func:`record_written` (its identity at write time
+-- inode, size, modification and change times -- and what it stands for, in
+``<file>.written.json``) and opened only through :func:`open_written`, which refuses a file that is
+not the one written for that record (replaced, rewritten, its modification time restored: the change
+time cannot be set back).
 """
 
 from __future__ import annotations
@@ -44,7 +51,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import LockBusy, atomic_open, file_lock, require_regular_file
+from oxbench.fileio import (
+    LockBusy,
+    atomic_open,
+    atomic_write_json,
+    file_lock,
+    read_input_bytes,
+    require_regular_file,
+)
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +144,13 @@ def stands_for_record(record: Mapping[str, object]) -> NDArray[np.str_]:
 
 
 def _check_stands_for(
-    arrays: Mapping[str, NDArray],
+    found: object,
     expected: Mapping[str, object],
     corrupt: Callable[[str], CorruptCache],
     what: str,
 ) -> None:
-    """Raise ``corrupt`` unless ``arrays`` were written for ``expected`` (:func:`stands_for_record`)."""
-    found = arrays.get(STANDS_FOR_KEY)
+    """Raise ``corrupt`` unless ``found`` (the stored :func:`stands_for_record`, ``None`` when
+    there is none) is the record ``expected``."""
     if found is None:
         raise corrupt(f"{what} does not say what it stands for (written by an older oxbench?)")
     if str(found) == str(stands_for_record(expected)):
@@ -149,6 +163,14 @@ def _check_stands_for(
         raise corrupt(f"{what} holds an unreadable record of what it stands for")
     differ = sorted(k for k in set(record) | set(expected) if record.get(k) != expected.get(k))
     raise corrupt(f"{what} stands for another {', '.join(differ)} than the one asked for")
+
+
+def check_stands_for(
+    found: object, expected: Mapping[str, object], *, what: str, path: str | Path
+) -> None:
+    """For a file of another layout than :func:`save_npz`'s: raise :class:`CorruptCache` unless
+    its stored :func:`stands_for_record` ``found`` (``None``: none stored) is ``expected``."""
+    _check_stands_for(found, expected, lambda problem: CorruptCache(problem, path), what)
 
 
 def save_npz(
@@ -340,7 +362,7 @@ def load_npz(
         if str(stored) != arrays_digest(arrays):
             raise corrupt(f"{what} does not match its recorded digest")
     if stands_for is not None:
-        _check_stands_for(arrays, stands_for, corrupt, what)
+        _check_stands_for(arrays.get(STANDS_FOR_KEY), stands_for, corrupt, what)
         arrays.pop(STANDS_FOR_KEY)
     arrays[DIGEST_KEY] = stored
     return arrays
@@ -384,3 +406,87 @@ def _map_member(
     if nbytes == 0:
         return np.zeros(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=data, shape=shape)
+
+
+#: The suffix of the record :func:`record_written` keeps beside a file.
+WRITTEN_SUFFIX = ".written.json"
+
+
+def _written_path(path: Path) -> Path:
+    return path.with_name(path.name + WRITTEN_SUFFIX)
+
+
+def _identity_of(st: os.stat_result) -> dict[str, int]:
+    return {
+        "inode": int(st.st_ino),
+        "size": int(st.st_size),
+        "mtime_ns": int(st.st_mtime_ns),
+        "ctime_ns": int(st.st_ctime_ns),
+    }
+
+
+def record_written(path: str | Path, stands_for: Mapping[str, object]) -> Path:
+    """Record, beside a file just written, its identity and what it stands for (the digest of
+    what it was computed from), for :func:`open_written`. Returns ``path``."""
+    path = Path(path)
+    atomic_write_json(
+        _written_path(path),
+        {"file": _identity_of(os.stat(path)), STANDS_FOR_KEY: str(stands_for_record(stands_for))},
+    )
+    return path
+
+
+def open_written(
+    path: str | Path,
+    *,
+    what: str,
+    stands_for: Mapping[str, object],
+    open_file: Callable[[Path], object],
+) -> object:
+    """Open (``open_file(path)``: memory-map) a file written with :func:`record_written` only
+    when it is still the very file written, for ``stands_for``.
+
+    Raises:
+        CorruptCache: no record, a record of another input, or a file that is not the one written
+            (other inode, size, modification or change time); the file and its record are what
+            :meth:`CorruptCache.remove` deletes.
+    """
+    path = Path(path)
+    written = check_written(path, what=what, stands_for=stands_for)
+    opened = open_file(path)
+    if _identity_of(os.stat(path)) != written:
+        raise CorruptCache(
+            f"{what} changed while it was being opened", path, discard=(path, _written_path(path))
+        )
+    return opened
+
+
+def check_written(
+    path: str | Path, *, what: str, stands_for: Mapping[str, object]
+) -> dict[str, int]:
+    """The check of :func:`open_written` alone (for a file opened some other way): ``path`` is
+    the file :func:`record_written` recorded, for ``stands_for``. Returns its recorded identity.
+
+    Raises:
+        CorruptCache: as :func:`open_written`.
+    """
+    path = Path(path)
+    record_path = _written_path(path)
+
+    def corrupt(problem: str) -> CorruptCache:
+        return CorruptCache(problem, path, discard=(path, record_path))
+
+    try:
+        record = json.loads(read_input_bytes(record_path, limit=1 << 16))
+        written = {k: int(v) for k, v in record["file"].items()}
+        found = record[STANDS_FOR_KEY]
+    except (InputError, ValueError, KeyError, TypeError, AttributeError):
+        raise corrupt(f"{what} has no readable record of how it was written") from None
+    _check_stands_for(found, stands_for, corrupt, what)
+    try:
+        now = _identity_of(os.stat(path))
+    except OSError:
+        raise corrupt(f"{what} is missing") from None
+    if now != written:
+        raise corrupt(f"{what} is not the file written (replaced or changed since)")
+    return written
