@@ -81,7 +81,9 @@ from oxbench.errors import InputError
 @click.option(
     "--allow-partial",
     is_flag=True,
-    help="Accept a dataset with fewer images than the official count (recorded; not comparable).",
+    help="Accept a partial image set (recorded; not comparable): fewer images than the official "
+    "count, and images that cannot be read (undecodable, over the pixel budget) named in a "
+    "warning and skipped (no features, a zero descriptor).",
 )
 @click.option(
     "--verify-images",

@@ -583,6 +583,15 @@ class FeatureStore:
                 out.append(name)
         return out
 
+    def skipped(self, names: Iterable[str]) -> list[str]:
+        """The images among ``names`` stored as skipped (:func:`skipped_features`: size 0 x 0)."""
+        out = []
+        for name in names:
+            where = self._where.get(name)
+            if where is not None and not self._shards[where[0]].sizes[where[1]].any():
+                out.append(name)
+        return out
+
     def superseded(self) -> list[str]:
         """Committed shards none of whose images the store takes from them any more (every one
         was described again into a later shard)."""
@@ -778,12 +787,39 @@ class FeatureStore:
 
 
 # ---------------------------------------------------------------------- extraction jobs
-class DescribeImages:
-    """Picklable job: describe image ``i`` of an image source (whole image)."""
+def skipped_features(name: str, config: LocalExtractor) -> RawFeatures:
+    """What a store holds for an image skipped under ``--allow-partial`` (it cannot be decoded, or
+    is over the pixel budget): no features, and the size ``0 x 0`` no image has, which marks it."""
+    return (
+        name,
+        np.zeros((0, 4), np.float32),
+        np.zeros((0, config.dim), config.stored_dtype),
+        (0, 0),
+    )
 
-    def __init__(self, source, config: LocalExtractor) -> None:  # noqa: ANN001 - ImageSource
+
+def _read_or_skip(job: Any, i: int, read: Any) -> Any:
+    """``read(i)``, or ``None`` when it fails and the job allows partial sets."""
+    try:
+        return read(i)
+    except InputError:
+        if not job.allow_partial:
+            raise
+        return None
+
+
+class DescribeImages:
+    """Picklable job: describe image ``i`` of an image source (whole image).
+
+    ``allow_partial``: an image that cannot be read (undecodable, over the pixel budget) is stored
+    as :func:`skipped_features` instead of stopping the extraction (named in one warning by
+    :func:`extract_to_store`; a later run without it describes the image again, and fails).
+    """
+
+    def __init__(self, source, config: LocalExtractor, *, allow_partial: bool = False) -> None:  # noqa: ANN001 - ImageSource
         self.source = source
         self.config = config
+        self.allow_partial = allow_partial
 
     def name(self, i: int) -> str:
         return self.source.name(i)
@@ -797,7 +833,9 @@ class DescribeImages:
         return self.source.path(i)
 
     def __call__(self, i: int) -> RawFeatures:
-        image = self.source.read(i)
+        image = _read_or_skip(self, i, self.source.read)
+        if image is None:
+            return skipped_features(self.source.name(i), self.config)
         kp, raw = self.config.extract(image)
         return self.source.name(i), kp, raw, (int(image.shape[1]), int(image.shape[0]))
 
@@ -805,11 +843,12 @@ class DescribeImages:
 class DescribeQueries:
     """Picklable job: describe the CROP of query ``i``; keypoints in full-image coordinates."""
 
-    def __init__(self, benchmark, config: LocalExtractor) -> None:  # noqa: ANN001 - Benchmark
+    def __init__(self, benchmark, config: LocalExtractor, *, allow_partial: bool = False) -> None:  # noqa: ANN001 - Benchmark
         self.queries = benchmark.queries
         self.bboxes = [q.bbox for q in benchmark.gt.queries]
         self.crop = benchmark.crop
         self.config = config
+        self.allow_partial = allow_partial
 
     def name(self, i: int) -> str:
         return self.queries.name(i)
@@ -825,7 +864,9 @@ class DescribeQueries:
     def __call__(self, i: int) -> RawFeatures:
         from oxbench.datasets.base import crop_box
 
-        image = self.queries.read(i)
+        image = _read_or_skip(self, i, self.queries.read)
+        if image is None:
+            return skipped_features(self.queries.name(i), self.config)
         h, w = image.shape[:2]
         bbox = self.bboxes[i]
         left = top = 0
@@ -969,6 +1010,15 @@ def extract_to_store(
         )
         store.refresh()
         _check_receipts(store, tasks, receipts, names)
+        skipped = store.skipped(names[i] for t in tasks for i in t.items)
+        if skipped:
+            log.warning(
+                "%d image(s) of %s could not be read and were skipped (partial set allowed): they "
+                "have no features, e.g. %r",
+                len(skipped),
+                store.directory,
+                skipped[0],
+            )
     return n_todo
 
 
@@ -1001,6 +1051,9 @@ def _changed_images(
     ``verify_images``: and their bytes), said in one warning; they are described again."""
     identities = {names[i]: _identity(job, i) for i in range(len(names)) if names[i] in store}
     changed = store.changed(identities)
+    if not getattr(job, "allow_partial", False):  # skipped by a partial run: read them now
+        seen = set(changed)
+        changed += [n for n in store.skipped(identities) if n not in seen]
     if verify_images:
         seen = set(changed)
         paths = {names[i]: _path(job, i) for i in range(len(names)) if names[i] in identities}

@@ -210,7 +210,7 @@ class GlobalConfig(MethodConfig):
     )
     seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="cnn: seed of random weights")
     batch_size: int = setting(8, S.Int(lo=1, hi=4096), doc="cnn: images per forward pass")
-    device: str = setting("auto", S.Str(min_len=1, max_len=32), doc="cnn: auto, cpu or cuda")
+    device: str = setting("auto", S.DEVICE, doc="cnn: auto, cpu, cuda or cuda:<n>")
     vlad_k: int = setting(64, S.Int(lo=2, hi=1 << 16), doc="vlad: codebook size")
     vlad_iter: int = setting(20, S.Int(lo=1, hi=1000), doc="vlad: k-means iterations")
     vlad_max_points_per_centroid: int | None = setting(

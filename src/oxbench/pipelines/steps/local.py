@@ -19,14 +19,19 @@ from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, parts_o
 
 
 def extraction_job(
-    bench: Benchmark, part: str, extractor: LocalExtractor
+    bench: Benchmark, part: str, extractor: LocalExtractor, *, allow_partial: bool = False
 ) -> tuple[DescribeImages | DescribeQueries, int, dict[str, object]]:
-    """The extraction job of one part, its size, and what identifies its store."""
+    """The extraction job of one part, its size, and what identifies its store
+    (``allow_partial``: images that cannot be read are skipped, :class:`DescribeImages`)."""
     if part == "database":
-        return DescribeImages(bench.database, extractor), len(bench.database), {"role": "database"}
+        return (
+            DescribeImages(bench.database, extractor, allow_partial=allow_partial),
+            len(bench.database),
+            {"role": "database"},
+        )
     if part == "queries":
         return (
-            DescribeQueries(bench, extractor),
+            DescribeQueries(bench, extractor, allow_partial=allow_partial),
             bench.gt.n_queries,
             {"role": "queries", "crop": bench.crop},
         )
@@ -34,7 +39,7 @@ def extraction_job(
         if bench.distractors is None:
             raise InputError(f"{bench.id} has no distractors")
         return (
-            DescribeImages(bench.distractors, extractor),
+            DescribeImages(bench.distractors, extractor, allow_partial=allow_partial),
             len(bench.distractors),
             {"role": "distractors"},
         )
@@ -83,7 +88,7 @@ def step_features(
     """
     out: dict[str, StepResult] = {}
     for part in parts if parts is not None else parts_of(bench):
-        job, n, _ = extraction_job(bench, part, extractor)
+        job, n, _ = extraction_job(bench, part, extractor, allow_partial=ctx.allow_partial)
         store = open_store(ctx.cache, bench, extractor, part, create=True)
         described = extract_to_store(
             job,
