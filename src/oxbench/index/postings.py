@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -142,7 +142,7 @@ def _ranges(starts: NDArray[np.int64], ends: NDArray[np.int64]) -> NDArray[np.in
 _MAPPED = ("ids.bin", "weights.npy")
 
 
-def _postings_record(meta: dict[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
+def _postings_record(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
     """What the mapped files of a folder stand for: its ``meta.json`` and the lists' offsets."""
     return {"meta": json_digest(meta), "offsets": hashlib.sha256(offsets.tobytes()).hexdigest()}
 
