@@ -394,3 +394,30 @@ def test_mapped_postings_replaced_by_a_same_size_file_are_refused(tmp_path: Path
     np.save(weights, data[::-1].copy())  # same size, the weights in another order
     with pytest.raises(CorruptCache, match="is not the file written"):
         CompressedPostings.open(tmp_path / "ivf")
+
+
+def test_a_vocabulary_of_other_settings_copied_over_is_trained_again(
+    tiny: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An intact vocabulary of 50 words copied over the cached 100-word one (its old mtime
+    restored) passed the digest, descriptor and dimension checks on main 18c1381."""
+    import os
+
+    from oxbench.pipelines import steps
+    from oxbench.pipelines.method import resolve_method
+    from test_pipeline import TINY
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny["cache"], cache)
+    other = resolve_method("rootsift-bow-sv", vocab_size=50, **TINY)
+    _run(other, tiny["bench"], tiny["train"], tmp_path / "other")
+    theirs = steps.vocabulary_path(tmp_path / "other", other.vocabulary(), tiny["train"])
+    ours = steps.vocabulary_path(cache, tiny["method"].vocabulary(), tiny["train"])
+    st = ours.stat()
+    shutil.copyfile(theirs, ours)
+    os.utime(ours, ns=(st.st_atime_ns, st.st_mtime_ns))
+    caplog.set_level(logging.WARNING)
+    again = _run(tiny["method"], tiny["bench"], tiny["train"], cache)
+    said = _warnings(caplog)
+    assert "vocabulary stands for another" in said[0] and "training it again" in said[0], said
+    np.testing.assert_array_equal(again.ranks, tiny["clean"].ranks)
