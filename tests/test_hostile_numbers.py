@@ -142,3 +142,11 @@ def test_allow_partial_skips_an_over_budget_image_as_its_help_says(
         extract_to_store(
             DescribeImages(source, cfg), 4, FeatureStore.open(tmp_path / "s", cfg), progress=False
         )
+
+
+def test_http_byte_counts_are_bounded_ascii_digits() -> None:
+    from oxbench.datasets.fetch import _header_count
+
+    assert _header_count("1234") == 1234 and _header_count(" 7 ") == 7
+    for bad in (None, "", "²", "12a", "-1", "1" * 21, "١٢"):
+        assert _header_count(bad) is None, bad
