@@ -4,6 +4,7 @@ recorded image folders (item 6)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import struct
 import warnings
@@ -161,7 +162,9 @@ def _hostile_run(tmp_path: Path):
 def test_viewer_shows_only_regular_images_under_the_recorded_root(tmp_path, caplog):
     run, good, secret = _hostile_run(tmp_path)
     with time_limit(30):
-        index, cache = build_viewer(RunRecord.load(run), tmp_path / "v", top=12)
+        index, cache = build_viewer(
+            RunRecord.load(run), tmp_path / "v", top=12, roots=[tmp_path / "data"]
+        )
     text = index.read_text()
     data = json.loads(text.split('id="data">')[1].split("</script>")[0])
     thumbs = {t["index"]: t["thumb"] for t in data["runs"][0]["lists"][0]}
@@ -180,7 +183,10 @@ def test_view_cli_on_a_hostile_record_is_one_warning_line_per_problem_no_pil_war
 ):
     run, _, _ = _hostile_run(tmp_path)
     with time_limit(30), pytest.raises(SystemExit) as exc:
-        main(["view", str(run), "--out", str(tmp_path / "v"), "--top", "12"])
+        main(
+            ["view", str(run), "--out", str(tmp_path / "v"), "--top", "12"]
+            + ["--root", str(tmp_path / "data")]
+        )
     out, err = capsys.readouterr()
     assert exc.value.code == 0 and "index.html" in out
     assert (
@@ -217,3 +223,35 @@ def test_a_hostile_thumbnail_index_is_remade(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         cache = ThumbnailCache(tmp_path / "thumbs")
     assert cache.made == 0 and "unreadable thumbnail index" in caplog.text
+
+
+@pytest.mark.parametrize("recorded", ["/", "/etc"])
+def test_a_record_naming_its_own_root_opens_nothing_outside_the_callers_roots(
+    tmp_path, caplog, recorded
+):
+    """Main 18c1381 took the readable folders from the record it guards: ``"root": "/"`` made
+    ``view`` thumbnail a private image outside every dataset, ``"/etc"`` open /etc/passwd."""
+    data = tmp_path / "data"
+    data.mkdir()
+    private = tmp_path / "private"
+    private.mkdir()
+    secret = small_jpeg(private / "secret.jpg", 99)
+    gt = tiny_gt(0, n_db=4, n_queries=2)
+    good = str(small_jpeg(data / "db0.jpg", 0))
+    images = {0: good, 1: str(secret), 2: "/etc/passwd", 3: str(secret)}
+    run = write_run(
+        tmp_path / "runs", gt, np.tile(np.arange(4), (2, 1)), db_images=images, root=Path(recorded)
+    )
+    with caplog.at_level(logging.WARNING):
+        _, cache = build_viewer(RunRecord.load(run), tmp_path / "v", top=4, roots=[data])
+    assert cache.made == 1 and cache.outside >= 2  # db0 only: neither the secret nor /etc/passwd
+    secret_bytes = secret.read_bytes()
+    assert all(p.read_bytes() != secret_bytes for p in (tmp_path / "v").rglob("*") if p.is_file())
+    assert f"the run read its images from {recorded}" in caplog.text
+    # the CLI's default is the data root of the caller, whatever the record says
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OXBENCH_DATA", str(data))
+        with pytest.raises(SystemExit) as exc:
+            main(["view", str(run), "--out", str(tmp_path / "w"), "--top", "4"])
+    assert exc.value.code == 0
+    assert len(list((tmp_path / "w" / "thumbs").glob("*.jpg"))) == 1

@@ -97,7 +97,9 @@ def page_data(index: Path) -> dict:
 
 def test_names_are_never_markup(viewer_runs, tmp_path):
     gt, a, b, _ = viewer_runs
-    index, _ = build_viewer(RunRecord.load(a), tmp_path / "v", other=RunRecord.load(b))
+    index, _ = build_viewer(
+        RunRecord.load(a), tmp_path / "v", other=RunRecord.load(b), roots=[viewer_runs[3]]
+    )
     text = index.read_text()
     assert HOSTILE_DB not in text and "<img src=x" not in text and "alert(1)</script>" not in text
     assert (
@@ -114,7 +116,9 @@ def test_names_are_never_markup(viewer_runs, tmp_path):
 def test_placeholders_cache_and_matches(viewer_runs, tmp_path):
     gt, a, b, img = viewer_runs
     out = tmp_path / "v"
-    index, cache = build_viewer(RunRecord.load(a), out, other=RunRecord.load(b), top=30)
+    index, cache = build_viewer(
+        RunRecord.load(a), out, other=RunRecord.load(b), top=30, roots=[img]
+    )
     data = page_data(index)
     by_index = {t["index"]: t for lst in data["runs"][0]["lists"] for t in lst}
     assert by_index[3]["thumb"] is None and by_index[4]["thumb"] is None
@@ -127,18 +131,18 @@ def test_placeholders_cache_and_matches(viewer_runs, tmp_path):
     assert cache.made == n_images and cache.unreadable > 0
     first = data["runs"][1]["lists"][0][0]
     assert first["matches"] and len(first["matches"]) == 3 and data["runs"][1]["has_matches"]
-    _, again = build_viewer(RunRecord.load(a), out, other=RunRecord.load(b), top=30)
+    _, again = build_viewer(RunRecord.load(a), out, other=RunRecord.load(b), top=30, roots=[img])
     assert again.made == 0 and again.reused > 0
     thumbs = sorted(p.name for p in (out / "thumbs").iterdir())
     os.utime(img / "db0.jpg", ns=(1, 1))  # a changed source gets a new thumbnail
-    _, third = build_viewer(RunRecord.load(a), out, other=RunRecord.load(b), top=30)
+    _, third = build_viewer(RunRecord.load(a), out, other=RunRecord.load(b), top=30, roots=[img])
     assert third.made == 1 and len(list((out / "thumbs").iterdir())) == len(thumbs) + 1
 
 
 def test_view_cli_and_refusals(viewer_runs, tmp_path, capsys):
-    gt, a, b, _ = viewer_runs
+    gt, a, b, img = viewer_runs
     with pytest.raises(SystemExit) as exc:
-        main(["view", str(a), "--out", str(tmp_path / "v"), "--top", "5"])
+        main(["view", str(a), "--out", str(tmp_path / "v"), "--top", "5", "--root", str(img)])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "index.html" in out and "thumbnails:" in out
     assert all(
@@ -207,8 +211,10 @@ def test_viewer_in_headless_chromium(viewer_runs, tmp_path, browser):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select, WebDriverWait
 
-    gt, a, b, _ = viewer_runs
-    index, _ = build_viewer(RunRecord.load(a), tmp_path / "v", other=RunRecord.load(b), top=12)
+    gt, a, b, img = viewer_runs
+    index, _ = build_viewer(
+        RunRecord.load(a), tmp_path / "v", other=RunRecord.load(b), top=12, roots=[img]
+    )
     browser.get(index.resolve().as_uri())
     WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.CSS_SELECTOR, "#queries .q"))
     items = browser.find_elements(By.CSS_SELECTOR, "#queries .q")

@@ -18,12 +18,26 @@ Writers of one cache entry are serialised by a file lock (:func:`entry_lock`, on
 ``<entry>.lock``): a second process that wants the same entry waits, says so in the log, and then
 reuses what the first one wrote. Lock files stay in place (removing a lock file another process may
 be about to open would break the exclusion); the OS releases the lock itself when its holder dies.
+
+A digest proves that an entry is intact, not that it is the right one: an intact entry copied over
+another (or two swapped) would pass it. So an entry also names, inside its content, what it stands
+for (:func:`stands_for_record`: its query, its inputs' digests, the settings), and a reader passes the
+record it expects; :func:`load_npz` compares the two and raises :class:`CorruptCache` (recompute,
+with one warning) when they differ. Every cache kind binds its entries this one way.
+
+A file that is memory-mapped (database vectors, posting lists) is paged in as it is used, never
+hashed in full on a warm run; it is written with :func:`record_written` (its identity at write time
+-- inode, size, modification and change times -- and what it stands for, in
+``<file>.written.json``) and opened only through :func:`open_written`, which refuses a file that is
+not the one written for that record (replaced, rewritten, its modification time restored: the change
+time cannot be set back).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import struct
@@ -37,12 +51,21 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import LockBusy, atomic_open, file_lock, require_regular_file
+from oxbench.fileio import (
+    LockBusy,
+    atomic_open,
+    atomic_write_json,
+    file_lock,
+    read_input_bytes,
+    require_regular_file,
+)
 
 log = logging.getLogger(__name__)
 
 #: The entry of a cache ``.npz`` holding the SHA-256 of its other entries.
 DIGEST_KEY = "content_sha256"
+#: The entry of a cache ``.npz`` naming what it stands for (:func:`stands_for_record`).
+STANDS_FOR_KEY = "stands_for"
 
 
 class CorruptCache(InputError):
@@ -109,27 +132,88 @@ def arrays_digest(arrays: Mapping[str, NDArray]) -> str:
     return h.hexdigest()
 
 
-def save_npz(path: str | Path, arrays: Mapping[str, NDArray]) -> Path:
-    """Write named arrays as ``.npz`` with their digest, atomically (no pickles, uncompressed)."""
-    return save_npz_pieces(path, {k: [np.asarray(v)] for k, v in arrays.items()})
+def stands_for_record(record: Mapping[str, object]) -> NDArray[np.str_]:
+    """The member that binds a cache entry to what it stands for: ``record`` (JSON-able: the
+    query, the digests of the inputs, the settings) as one canonical JSON string.
+
+    Give it to :func:`save_npz` (``stands_for=``) when writing and the same record to
+    :func:`load_npz` when reading: an intact entry of another query or other inputs (two entries
+    swapped, one copied over another, a file left from an older input) is then refused.
+    """
+    return np.array(json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False))
+
+
+def _check_stands_for(
+    found: object,
+    expected: Mapping[str, object],
+    corrupt: Callable[[str], CorruptCache],
+    what: str,
+) -> None:
+    """Raise ``corrupt`` unless ``found`` (the stored :func:`stands_for_record`, ``None`` when
+    there is none) is the record ``expected``."""
+    if found is None:
+        raise corrupt(f"{what} does not say what it stands for (written by an older oxbench?)")
+    if str(found) == str(stands_for_record(expected)):
+        return
+    try:
+        record = json.loads(str(found))
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise corrupt(f"{what} holds an unreadable record of what it stands for")
+    differ = sorted(k for k in set(record) | set(expected) if record.get(k) != expected.get(k))
+    raise corrupt(f"{what} stands for another {', '.join(differ)} than the one asked for")
+
+
+def check_stands_for(
+    found: object, expected: Mapping[str, object], *, what: str, path: str | Path
+) -> None:
+    """For a file of another layout than :func:`save_npz`'s: raise :class:`CorruptCache` unless
+    its stored :func:`stands_for_record` ``found`` (``None``: none stored) is ``expected``."""
+    _check_stands_for(found, expected, lambda problem: CorruptCache(problem, path), what)
+
+
+def save_npz(
+    path: str | Path,
+    arrays: Mapping[str, NDArray],
+    *,
+    stands_for: Mapping[str, object] | None = None,
+) -> Path:
+    """Write named arrays as ``.npz`` with their digest, atomically (no pickles, uncompressed).
+
+    ``stands_for``: the record of what the entry stands for, stored inside it and covered by the
+    digest (:func:`stands_for_record`; :func:`load_npz` checks it when given the same record).
+    """
+    return save_npz_pieces(
+        path, {k: [np.asarray(v)] for k, v in arrays.items()}, stands_for=stands_for
+    )
 
 
 #: Bytes written (and hashed) at a time by :func:`save_npz_pieces`.
 _CHUNK = 1 << 24
 
 
-def save_npz_pieces(path: str | Path, arrays: Mapping[str, NDArray | Sequence[NDArray]]) -> Path:
+def save_npz_pieces(
+    path: str | Path,
+    arrays: Mapping[str, NDArray | Sequence[NDArray]],
+    *,
+    stands_for: Mapping[str, object] | None = None,
+) -> Path:
     """:func:`save_npz` of arrays given in pieces, never held whole: a member given as a sequence
     of arrays is their concatenation along the first axis, written (and hashed) piece by piece.
     The file is the one :func:`save_npz` writes for the concatenated arrays (same members, same
-    digest), uncompressed, so :func:`load_npz` can memory-map its members.
+    digest), uncompressed, so :func:`load_npz` can memory-map its members. ``stands_for``: as
+    :func:`save_npz`'s.
 
     Raises:
         ValueError: pieces of one member differ in dtype or trailing shape.
         InputError: the file cannot be written (see :func:`~oxbench.fileio.atomic_open`).
     """
-    if DIGEST_KEY in arrays:
-        raise ValueError(f"{DIGEST_KEY!r} is reserved for the digest")
+    for reserved in (DIGEST_KEY, STANDS_FOR_KEY):
+        if reserved in arrays:
+            raise ValueError(f"{reserved!r} is reserved (the digest, what the entry stands for)")
+    if stands_for is not None:
+        arrays = {**arrays, STANDS_FOR_KEY: stands_for_record(stands_for)}
     members: dict[str, list[NDArray]] = {
         k: [np.asarray(a) for a in v] if isinstance(v, list | tuple) else [np.asarray(v)]
         for k, v in arrays.items()
@@ -215,8 +299,9 @@ def load_npz(
     lock: Path | None = None,
     mapped: Collection[str] = (),
     trusted: FileIdentity | None = None,
+    stands_for: Mapping[str, object] | None = None,
 ) -> dict[str, NDArray]:
-    """Read a ``.npz`` written by :func:`save_npz` and check its digest.
+    """Read a ``.npz`` written by :func:`save_npz` and check its digest (and what it stands for).
 
     The returned arrays include the verified digest under :data:`DIGEST_KEY` (an identity of the
     content, e.g. to record which vocabulary other artifacts were computed with).
@@ -229,11 +314,14 @@ def load_npz(
             (each must be stored uncompressed, C-ordered, of a plain numeric dtype).
         trusted: the file as another process checked it: when the file is still that one (same
             inode, size, modification time and recorded digest) the content is not hashed again.
+        stands_for: the record the entry must have been written for (:func:`stands_for_record`); the
+            record is left out of the returned arrays.
 
     Raises:
         InputError: the file is missing or not a regular file.
-        CorruptCache: unreadable, no digest, the digest does not match the content, or a mapped
-            member that cannot be mapped (compressed, truncated, objects).
+        CorruptCache: unreadable, no digest, the digest does not match the content, a mapped
+            member that cannot be mapped (compressed, truncated, objects), or an entry written for
+            another record than ``stands_for``.
     """
     path = Path(path)
     try:
@@ -273,6 +361,9 @@ def load_npz(
     if not (trusted is not None and trusted.same_file(after) and trusted.digest == str(stored)):
         if str(stored) != arrays_digest(arrays):
             raise corrupt(f"{what} does not match its recorded digest")
+    if stands_for is not None:
+        _check_stands_for(arrays.get(STANDS_FOR_KEY), stands_for, corrupt, what)
+        arrays.pop(STANDS_FOR_KEY)
     arrays[DIGEST_KEY] = stored
     return arrays
 
@@ -315,3 +406,87 @@ def _map_member(
     if nbytes == 0:
         return np.zeros(shape, dtype)
     return np.memmap(path, dtype=dtype, mode="r", offset=data, shape=shape)
+
+
+#: The suffix of the record :func:`record_written` keeps beside a file.
+WRITTEN_SUFFIX = ".written.json"
+
+
+def _written_path(path: Path) -> Path:
+    return path.with_name(path.name + WRITTEN_SUFFIX)
+
+
+def _identity_of(st: os.stat_result) -> dict[str, int]:
+    return {
+        "inode": int(st.st_ino),
+        "size": int(st.st_size),
+        "mtime_ns": int(st.st_mtime_ns),
+        "ctime_ns": int(st.st_ctime_ns),
+    }
+
+
+def record_written(path: str | Path, stands_for: Mapping[str, object]) -> Path:
+    """Record, beside a file just written, its identity and what it stands for (the digest of
+    what it was computed from), for :func:`open_written`. Returns ``path``."""
+    path = Path(path)
+    atomic_write_json(
+        _written_path(path),
+        {"file": _identity_of(os.stat(path)), STANDS_FOR_KEY: str(stands_for_record(stands_for))},
+    )
+    return path
+
+
+def open_written(
+    path: str | Path,
+    *,
+    what: str,
+    stands_for: Mapping[str, object],
+    open_file: Callable[[Path], object],
+) -> object:
+    """Open (``open_file(path)``: memory-map) a file written with :func:`record_written` only
+    when it is still the very file written, for ``stands_for``.
+
+    Raises:
+        CorruptCache: no record, a record of another input, or a file that is not the one written
+            (other inode, size, modification or change time); the file and its record are what
+            :meth:`CorruptCache.remove` deletes.
+    """
+    path = Path(path)
+    written = check_written(path, what=what, stands_for=stands_for)
+    opened = open_file(path)
+    if _identity_of(os.stat(path)) != written:
+        raise CorruptCache(
+            f"{what} changed while it was being opened", path, discard=(path, _written_path(path))
+        )
+    return opened
+
+
+def check_written(
+    path: str | Path, *, what: str, stands_for: Mapping[str, object]
+) -> dict[str, int]:
+    """The check of :func:`open_written` alone (for a file opened some other way): ``path`` is
+    the file :func:`record_written` recorded, for ``stands_for``. Returns its recorded identity.
+
+    Raises:
+        CorruptCache: as :func:`open_written`.
+    """
+    path = Path(path)
+    record_path = _written_path(path)
+
+    def corrupt(problem: str) -> CorruptCache:
+        return CorruptCache(problem, path, discard=(path, record_path))
+
+    try:
+        record = json.loads(read_input_bytes(record_path, limit=1 << 16))
+        written = {k: int(v) for k, v in record["file"].items()}
+        found = record[STANDS_FOR_KEY]
+    except (InputError, ValueError, KeyError, TypeError, AttributeError):
+        raise corrupt(f"{what} has no readable record of how it was written") from None
+    _check_stands_for(found, stands_for, corrupt, what)
+    try:
+        now = _identity_of(os.stat(path))
+    except OSError:
+        raise corrupt(f"{what} is missing") from None
+    if now != written:
+        raise corrupt(f"{what} is not the file written (replaced or changed since)")
+    return written

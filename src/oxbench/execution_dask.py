@@ -12,8 +12,10 @@ the optional extra ``oxbench[dask]`` (imported only when the backend is used):
   existing cluster (started by hand, by dask-jobqueue on SLURM / PBS, by a Kubernetes operator).
   Its workers must see the data root and the cache at the same paths (a shared file system):
   :meth:`DaskExecutor.check_paths` asks every worker at the start of the run and names the first
-  worker and path that fail. An unreachable scheduler fails within :data:`CONNECT_TIMEOUT_S`,
-  naming the address.
+  worker and path that fail. The address is checked by a handshake first
+  (:func:`probe_scheduler`): an unreachable scheduler, or anything that is not a Dask scheduler
+  (a web server, junk bytes), fails within one total deadline (:data:`CONNECT_TIMEOUT_S`, or
+  ``$OXBENCH_CLUSTER_TIMEOUT`` seconds) in one line naming the address, leaving nothing running.
 
 What a stage hands over is the same job as for local processes: a worker plugin installs it once in
 every worker process (also in workers that are restarted or join later; never pickled per item),
@@ -66,8 +68,15 @@ R = TypeVar("R")
 
 #: Environment variable naming the scheduler of an existing cluster (as ``--cluster``).
 CLUSTER_ENV = "OXBENCH_CLUSTER"
-#: Seconds to wait for a scheduler (and, with ``--workers``, for that many workers) before failing.
-CONNECT_TIMEOUT_S = 10.0
+#: Seconds to wait for a scheduler (and, with ``--workers``, for that many workers) before failing:
+#: one total deadline for the handshake, the connection and the workers.
+CONNECT_TIMEOUT_S = 15.0
+#: Environment variable setting that deadline (seconds, 0.1 .. 3600).
+CLUSTER_TIMEOUT_ENV = "OXBENCH_CLUSTER_TIMEOUT"
+#: Environment variable that lets an embedded cluster start more workers than there are cores.
+OVERSUBSCRIBE_ENV = "OXBENCH_OVERSUBSCRIBE"
+#: The largest handshake a Dask scheduler sends (its first message is under 100 bytes).
+_HANDSHAKE_LIMIT = 1 << 16
 #: How long ``--wait-workers`` may be: a week of a batch queue (also refuses NaN and 1e30).
 WAIT_WORKERS = Float(lo=0.1, hi=7 * 24 * 3600.0)
 #: Seconds between the lines that report the workers connected while waiting for them.
@@ -100,7 +109,129 @@ def check_cluster_address(text: object, *, what: str = "--cluster") -> str:
     port = int(m.group(3))
     if not 1 <= port <= 65535:
         raise InputError(f"{what}: port must be 1 .. 65535, got {port}")
+    host = m.group(2)
+    if not host.startswith("[") and (
+        len(host) > 253 or any(not 1 <= len(label) <= 63 for label in host.rstrip(".").split("."))
+    ):
+        raise InputError(
+            f"{what}: {host[:40]}{'...' if len(host) > 40 else ''} is not a host name "
+            "(at most 253 characters, labels of 1 to 63)"
+        )
     return text.strip()
+
+
+def _tls_settings() -> list[str]:
+    """The Dask TLS settings a ``tls://`` address needs that are not set."""
+    import dask
+
+    need = ("ca-file", "client.cert")
+    return [k for k in need if not dask.config.get(f"distributed.comm.tls.{k}", None)]
+
+
+def probe_scheduler(address: str, timeout_s: float) -> None:
+    """Check that ``address`` answers as a Dask scheduler does, within ``timeout_s`` in all.
+
+    A scheduler sends its handshake as soon as a connection opens: one length-prefixed message
+    of a few frames, a msgpack map naming its Python and pickle protocol. Anything else -- no
+    connection, nothing sent (a web server waiting for a request), an HTTP answer, junk bytes --
+    is refused in one line naming the address before Dask reads a single length from it (a
+    length read from ``HTTP/1.1`` asks for exabytes). A ``tls://`` address needs Dask's TLS
+    settings (a CA file and a client certificate); its handshake is left to Dask.
+
+    Raises:
+        InputError: not a Dask scheduler, not reachable, or TLS without its settings.
+    """
+    import threading
+
+    shown = safe_address(address)
+    m = _ADDRESS_RE.match(address)
+    assert m is not None  # checked by check_cluster_address
+    scheme, host, port = m.group(1), m.group(2).strip("[]"), int(m.group(3))
+    if scheme == "tls":
+        missing = _tls_settings()
+        if missing:
+            raise InputError(
+                f"{shown}: a tls:// scheduler needs Dask's TLS settings "
+                f"({', '.join('distributed.comm.tls.' + k for k in missing)} unset)"
+            )
+        return
+    outcome: list[str | None] = []
+
+    def run() -> None:
+        try:
+            outcome.append(_handshake_problem(host, port, timeout_s))
+        except Exception as exc:  # noqa: BLE001 - whatever the name or the peer does
+            outcome.append(f"{type(exc).__name__}: {' '.join(str(exc).split())[:120]}")
+
+    # name resolution has no timeout of its own: the probe runs in a daemon thread, given up at
+    # the deadline (it holds only a socket, closed when it returns or the process ends)
+    thread = threading.Thread(target=run, name="oxbench-cluster-probe", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    problem = outcome[0] if outcome else f"no answer within {timeout_s:g} s"
+    if problem is not None and problem.startswith("cannot connect"):
+        raise InputError(
+            f"cannot reach the Dask scheduler at {shown} within {timeout_s:g} s "
+            f"({problem.removeprefix('cannot connect: ')}); is it running, and reachable from here?"
+        )
+    if problem is not None:
+        raise InputError(
+            f"{shown} is not a Dask scheduler that answers within {timeout_s:g} s ({problem}); "
+            "is it running, and is this its address?"
+        )
+
+
+def _recv_exactly(sock: socket.socket, n: int, deadline: float) -> bytes:
+    data = bytearray()
+    while len(data) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        sock.settimeout(left)
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"the connection closed after {len(data)} of {n} bytes")
+        data += chunk
+    return bytes(data)
+
+
+def _handshake_problem(host: str, port: int, timeout_s: float) -> str | None:
+    """``None`` when ``host:port`` sends a Dask handshake within ``timeout_s``, else what it did."""
+    import struct
+
+    import msgpack
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+    except (OSError, UnicodeError) as exc:
+        return f"cannot connect: {type(exc).__name__}"
+    with sock:
+        try:
+            (length,) = struct.unpack("<Q", _recv_exactly(sock, 8, deadline))
+            if not 16 <= length <= _HANDSHAKE_LIMIT:
+                return f"it sent a message of {length:,} bytes, not a handshake"
+            body = _recv_exactly(sock, length, deadline)
+        except TimeoutError:
+            return "it sent nothing a Dask scheduler sends"
+        except OSError as exc:
+            return f"{type(exc).__name__}: {exc}"
+    (n_frames,) = struct.unpack_from("<Q", body)
+    if not 1 <= n_frames <= 16 or 8 + 8 * n_frames > length:
+        return "it sent no Dask frames"
+    sizes = struct.unpack_from(f"<{n_frames}Q", body, 8)
+    start = 8 + 8 * n_frames
+    if start + sum(sizes) != length:
+        return "it sent no Dask frames"
+    for size in sizes:
+        try:
+            msg = msgpack.unpackb(body[start : start + size], raw=False)
+        except Exception:  # noqa: BLE001, S112 - another frame may hold the map
+            msg = None
+        if isinstance(msg, dict) and "pickle-protocol" in msg:
+            return None
+        start += size
+    return "its first message is not a Dask handshake"
 
 
 def safe_address(address: str) -> str:
@@ -245,10 +376,13 @@ class DaskExecutor(Executor):
         cores: LocalCluster: the cores its workers share (default: this process's).
         address: an existing scheduler (default ``$OXBENCH_CLUSTER``; unset: a LocalCluster).
         retries: attempts of a task beyond the first (``0 .. MAX_RETRIES``).
-        connect_timeout_s: how long to wait for the scheduler before failing.
-        wait_workers_s: existing cluster: how long to wait for ``workers`` of its workers
-            (``--wait-workers``; default ``connect_timeout_s``): a batch system's workers start
-            when their jobs leave the queue. See :func:`wait_for_workers`.
+        connect_timeout_s: how long to wait in all for the scheduler's handshake, the
+            connection and the workers before failing (default ``$OXBENCH_CLUSTER_TIMEOUT``,
+            else :data:`CONNECT_TIMEOUT_S`).
+        wait_workers_s: existing cluster: how long to wait for ``workers`` of its workers once
+            connected (``--wait-workers``; default: what is left of ``connect_timeout_s``): a
+            batch system's workers start when their jobs leave the queue. See
+            :func:`wait_for_workers`.
 
     Use it as a context manager, or call :meth:`close`: the LocalCluster stops there.
     """
@@ -275,18 +409,28 @@ class DaskExecutor(Executor):
         cores: int | None = None,
         address: str | None = None,
         retries: int = DEFAULT_RETRIES,
-        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        connect_timeout_s: float | None = None,
         wait_workers_s: float | None = None,
     ) -> None:
         super().__init__(workers, cores=cores)
         self.wait_workers_s = (
-            float(connect_timeout_s)
+            None
             if wait_workers_s is None
             else float(WAIT_WORKERS.check("wait_workers_s", wait_workers_s))
         )
         if address is None and os.environ.get(CLUSTER_ENV):
             address = check_cluster_address(os.environ[CLUSTER_ENV], what=CLUSTER_ENV)
         self.address = None if address is None else check_cluster_address(address)
+        if (
+            self.address is None
+            and self.workers > self.cores
+            and os.environ.get(OVERSUBSCRIBE_ENV) != "1"
+        ):
+            raise InputError(
+                f"--workers {self.workers}: an embedded Dask cluster starts one worker process per "
+                f"core at most, and {self.cores} are available (set {OVERSUBSCRIBE_ENV}=1 to start "
+                "more anyway)"
+            )
         if (
             isinstance(retries, bool)
             or not isinstance(retries, int)
@@ -296,10 +440,17 @@ class DaskExecutor(Executor):
                 f"retries must be a whole number from 0 to {MAX_RETRIES}, got {retries!r}"
             )
         self.retries = retries
+        what = "connect_timeout_s"
+        if connect_timeout_s is None:
+            text = os.environ.get(CLUSTER_TIMEOUT_ENV, "").strip()
+            what, connect_timeout_s = CLUSTER_TIMEOUT_ENV, CONNECT_TIMEOUT_S
+            if text:
+                try:
+                    connect_timeout_s = float(text) if len(text) <= 32 else float("nan")
+                except ValueError:
+                    connect_timeout_s = float("nan")
         if not 0.1 <= connect_timeout_s <= 3600:  # also refuses NaN
-            raise InputError(
-                f"connect_timeout_s must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}"
-            )
+            raise InputError(f"{what} must be 0.1 .. 3600 seconds, got {connect_timeout_s!r}")
         self.connect_timeout_s = float(connect_timeout_s)
         self.retried = 0  # attempts beyond the first, over every stage so far
         self.allowed_failures = (
@@ -350,15 +501,24 @@ class DaskExecutor(Executor):
                     raise
             else:
                 shown = safe_address(self.address)
+                deadline = time.monotonic() + self.connect_timeout_s
+                probe_scheduler(self.address, self.connect_timeout_s)  # one line, or a scheduler
                 try:
-                    self._client = distributed.Client(self.address, timeout=self.connect_timeout_s)
-                except (OSError, TimeoutError) as exc:
+                    self._client = distributed.Client(
+                        self.address, timeout=max(0.1, deadline - time.monotonic())
+                    )
+                except Exception as exc:  # noqa: BLE001 - whatever a failed handshake raises
                     raise InputError(
                         f"cannot reach the Dask scheduler at {shown} within {self.connect_timeout_s:g} s "
                         f"({type(exc).__name__}); is it running, and reachable from here?"
                     ) from None
                 try:
-                    wait_for_workers(self._client, self.workers, self.wait_workers_s, shown)
+                    wait = (
+                        self.wait_workers_s
+                        if self.wait_workers_s is not None
+                        else max(0.1, deadline - time.monotonic())
+                    )
+                    wait_for_workers(self._client, self.workers, wait, shown)
                 except InputError:
                     self.close()
                     raise

@@ -1174,14 +1174,11 @@ class RunRecord:
         Raises:
             InputError: not a regular file, unreadable, not 2-D integers, or not one column per query.
         """
+        from oxbench.formats.arrays import map_npy
+
         path = self.path / "ranks.npy"
         _regular(path)
-        try:
-            arr = np.load(path, mmap_mode="r", allow_pickle=False)
-        except (ValueError, OSError, EOFError, TypeError) as exc:
-            raise InputError(
-                f"not a readable .npy array ({(str(exc).splitlines() or [''])[0][:120]})", path
-            ) from None
+        arr = map_npy(path)  # a header claiming more than the file holds is one line
         _need(isinstance(arr, np.ndarray) and arr.ndim == 2, "expected a 2-D array", path)
         _need(np.issubdtype(arr.dtype, np.integer), f"expected integers, got {arr.dtype}", path)
         _need(

@@ -355,10 +355,14 @@ class Choice(Spec):
 
 @dataclass(frozen=True)
 class Str(Spec):
-    """Text of ``min_len`` to ``max_len`` characters, without NUL or line breaks."""
+    """Text of ``min_len`` to ``max_len`` characters, without NUL or line breaks; with
+    ``pattern``, text the regular expression matches in full (``pattern_doc`` says what it
+    accepts, in messages)."""
 
     min_len: int = 0
     max_len: int = 256
+    pattern: str | None = None
+    pattern_doc: str = ""
     _kind: ClassVar[str] = "str"
 
     def _check(self, value: Any) -> Any:
@@ -368,10 +372,20 @@ class Str(Spec):
             return _Refusal("text must not contain NUL or line breaks")
         if not (self.min_len <= len(value) <= self.max_len):
             return _Refusal(f"expected {self.min_len} to {self.max_len} characters")
+        if self.pattern is not None and not re.fullmatch(self.pattern, value, re.ASCII):
+            return _Refusal(f"expected {self.pattern_doc or self.pattern}")
         return value
 
     def describe(self) -> str:
+        if self.pattern is not None:
+            return self.pattern_doc or f"text matching {self.pattern}"
         return f"{self.min_len}..{self.max_len} characters"
+
+
+#: A compute device: ``auto`` (CUDA when torch sees a GPU), ``cpu``, ``cuda`` or ``cuda:<n>``.
+DEVICE = Str(
+    1, 32, pattern=r"auto|cpu|cuda(:[0-9]{1,3})?", pattern_doc="auto, cpu, cuda or cuda:<n>"
+)
 
 
 @dataclass(frozen=True)

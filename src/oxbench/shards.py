@@ -226,7 +226,7 @@ def write_npz_shard(
     final = Path(directory) / task.folder
     tmp = make_temp_folder(final, tag=tag)
     try:
-        save_npz(tmp / NPZ_NAME, {**arrays, "plan": np.array(plan)})
+        save_npz(tmp / NPZ_NAME, {**arrays, "plan": np.array(plan)}, stands_for=shard_record(final))
         digest = str(load_npz(tmp / NPZ_NAME, what="shard")[DIGEST_KEY])
     except BaseException:
         discard_folder(tmp)
@@ -235,6 +235,13 @@ def write_npz_shard(
     return ShardReceipt(
         task.number, task.folder, len(task.items), rows, digest, committed, time.perf_counter() - t0
     )
+
+
+def shard_record(folder: Path) -> dict[str, str]:
+    """What a committed ``shard.npz`` stands for: its folder, whose name is the shard's number and
+    the digest of its items' names (so a valid shard copied into another shard's folder is refused,
+    :func:`oxbench.cache.stands_for_record`)."""
+    return {"shard": Path(folder).name}
 
 
 def committed_folders(directory: Path) -> dict[int, list[Path]]:
@@ -287,7 +294,9 @@ def read_npz_shards(
                 discard_folder(folder)  # a shard of another plan (other items): useless here
                 continue
             try:
-                arrays = load_npz(folder / NPZ_NAME, what=what, mapped=mapped)
+                arrays = load_npz(
+                    folder / NPZ_NAME, what=what, mapped=mapped, stands_for=shard_record(folder)
+                )
                 problem = check(arrays, item_names) if check is not None else None
                 if problem is not None:
                     raise CorruptCache(f"{what} {problem}", folder / NPZ_NAME)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -147,21 +148,35 @@ def parse_engine_options(
     return options
 
 
+def _shown(text: str, limit: int = 40) -> str:
+    """``text`` for a message: its repr, cut to ``limit`` characters."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text):,} characters)"
+
+
+def is_count(text: str, max_digits: int = 20) -> bool:
+    """Whether ``text`` is a whole number written in 1 to ``max_digits`` ASCII digits (``str.isdigit``
+    also accepts ``²`` and other Unicode digits, which ``int`` refuses)."""
+    return re.fullmatch(f"[0-9]{{1,{max_digits}}}", text) is not None
+
+
 def parse_partition(text: str | None) -> tuple[int, int] | None:
     """``--partition I/N`` (``0 <= I < N``) as ``(I, N)``, else one line."""
     if text is None:
         return None
     i, sep, n = text.partition("/")
-    if not sep or not i.isdigit() or not n.isdigit():
+    if not sep or not is_count(i) or not is_count(n):
         raise InputError(
-            f"--partition takes I/N (0 <= I < N, e.g. 0/4 for $SLURM_ARRAY_TASK_ID/4), got {text!r}"
+            "--partition takes I/N in ASCII digits (0 <= I < N, e.g. 0/4 for "
+            f"$SLURM_ARRAY_TASK_ID/4), got {_shown(text)}"
         )
     from oxbench.shards import check_partition
 
     try:
         return check_partition((int(i), int(n)))
     except InputError:
-        raise InputError(f"--partition: I/N needs 0 <= I < N <= 1000000, got {text!r}") from None
+        raise InputError(
+            f"--partition: I/N needs 0 <= I < N <= 1000000, got {_shown(text)}"
+        ) from None
 
 
 def parse_workers(n: int | None) -> int | None:
@@ -178,7 +193,13 @@ def parse_workers(n: int | None) -> int | None:
 
 def parse_distractors(text: str | None) -> str | int | None:
     """``--distractors``: a set id, or a number of generated distractors (bounded)."""
-    if text is None or not text.isdigit():
+    if text is None:
+        return None
+    if not is_count(text):
+        if text.isdigit():  # Unicode digits, or too many
+            raise InputError(
+                f"--distractors takes a set id or a number in at most 20 ASCII digits, got {_shown(text)}"
+            )
         return text
     n = int(text)
     if n > 100_000_000:

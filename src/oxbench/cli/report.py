@@ -168,14 +168,30 @@ def plot(run: str, run_b: str | None, out: str, fmt: str) -> None:
 @click.option(
     "--thumb-size", default=160, show_default=True, help="Longest side of result thumbnails (px)."
 )
-def view(run: str, run_b: str | None, out: str, top: int, thumb_size: int) -> None:
+@click.option(
+    "--root",
+    "roots",
+    multiple=True,
+    type=click.Path(file_okay=False),
+    help="A folder images may be read from (repeatable; default: the data root, $OXBENCH_DATA "
+    "or the per-user default). The folders a run records are never trusted for this.",
+)
+def view(
+    run: str, run_b: str | None, out: str, top: int, thumb_size: int, roots: tuple[str, ...]
+) -> None:
     """A static HTML viewer of RUN's ranked lists (RUN_B side by side); open OUT/index.html."""
+    from oxbench.datasets.paths import data_root
     from oxbench.report.runs import RunRecord
     from oxbench.report.viewer import build_viewer
 
     other = RunRecord.load(run_b) if run_b else None
     index, cache = build_viewer(
-        RunRecord.load(run), out, other=other, top=top, thumb_size=thumb_size
+        RunRecord.load(run),
+        out,
+        other=other,
+        top=top,
+        thumb_size=thumb_size,
+        roots=roots or (data_root(),),
     )
     click.echo(
         f"{index}  (thumbnails: {cache.made} made, {cache.reused} reused, {cache.unreadable} images unreadable)"

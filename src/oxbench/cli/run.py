@@ -90,7 +90,16 @@ from oxbench.errors import InputError
 @click.option(
     "--allow-partial",
     is_flag=True,
-    help="Accept a dataset with fewer images than the official count (recorded; not comparable).",
+    help="Accept a partial image set (recorded; not comparable): fewer images than the official "
+    "count, and images that cannot be read (undecodable, over the pixel budget) named in a "
+    "warning and skipped (no features, a zero descriptor).",
+)
+@click.option(
+    "--verify-images",
+    is_flag=True,
+    help="Compare every image with the file its cached local features were described from by its "
+    "bytes (reads and hashes every image), not only by size, modification time and inode; a "
+    "changed image is described again.",
 )
 @click.option(
     "--overwrite",
@@ -141,6 +150,7 @@ def run(
     top_k: int,
     dataset_options: tuple[str, ...],
     allow_partial: bool,
+    verify_images: bool,
     overwrite: bool,
     label: str | None,
     partition: str | None,
@@ -236,6 +246,7 @@ def run(
         label=label,
         dataset_options=ds_options,
         deterministic=deterministic,
+        verify_images=verify_images,
     )
     cfg = outcome.config
     if as_json:

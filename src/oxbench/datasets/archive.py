@@ -251,7 +251,14 @@ def remove_stale_extractions(folder: str | Path) -> int:
         if not stat.S_ISDIR(st.st_mode):
             continue
         pid_text = name[: -len(_SUFFIX)].rsplit(".", 2)
-        pid = int(pid_text[1]) if len(pid_text) == 3 and pid_text[1].isdigit() else None
+        pid = (
+            int(pid_text[1])
+            if len(pid_text) == 3
+            and pid_text[1].isascii()
+            and pid_text[1].isdigit()
+            and len(pid_text[1]) <= 10
+            else None
+        )
         dead = pid is None or (pid != os.getpid() and not _pid_alive(pid))
         if dead or now - st.st_mtime > _STALE_AFTER_S:
             shutil.rmtree(entry.path, ignore_errors=True)

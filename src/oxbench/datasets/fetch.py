@@ -27,6 +27,7 @@ import hashlib
 import http.client
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -97,6 +98,11 @@ class DownloadResult:
     skipped: bool = False
     resumed: bool = False
     attempts: int = 0
+
+
+def _header_count(text: str | None) -> int | None:
+    """A byte count from an HTTP header: 1 to 20 ASCII digits, else ``None`` (unknown)."""
+    return int(text) if text is not None and re.fullmatch(r"[0-9]{1,20}", text.strip()) else None
 
 
 def apply_mirror(url: str, mirror: str) -> str:
@@ -287,18 +293,15 @@ def _attempt(url: str, part: Path, *, timeout: float, progress: bool) -> tuple[b
             if start != offset:
                 part.unlink(missing_ok=True)
                 raise DownloadError(f"server resumed at {start} instead of {offset}; restarting")
-            total_txt = crange.rsplit("/", 1)[-1]
-            total = (
-                int(total_txt)
-                if total_txt.isdigit()
-                else (offset + int(length) if length else None)
-            )
+            total, rest = _header_count(crange.rsplit("/", 1)[-1]), _header_count(length)
+            if total is None and rest is not None:
+                total = offset + rest
             mode, resumed = "ab", True
         else:
             if offset:
                 log.info("%s ignored the Range request; downloading from the start", url)
             offset = 0
-            total = int(length) if length and length.isdigit() else None
+            total = _header_count(length)
             mode = "wb"
             validator = (
                 resp.headers.get("ETag") or resp.headers.get("Last-Modified")

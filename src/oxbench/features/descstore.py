@@ -57,6 +57,7 @@ from oxbench.shards import (
     plan_digest,
     plan_shards,
     run_shard_tasks,
+    shard_record,
     write_npz_shard,
 )
 
@@ -207,7 +208,9 @@ class DescriptorStore:
     def _read_shard_folder(folder: Path) -> tuple[list[str], NDArray[np.float32], list[str]] | None:
         """A committed shard folder of the write-once protocol."""
         try:
-            z = load_npz(folder / NPZ_NAME, what="descriptor shard")
+            z = load_npz(
+                folder / NPZ_NAME, what="descriptor shard", stands_for=shard_record(folder)
+            )
             names = [str(n) for n in z["names"].tolist()]
             x, failed = z["descriptors"], [str(n) for n in z["failed"].tolist()]
             if (

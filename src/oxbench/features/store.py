@@ -40,6 +40,14 @@ The store cannot lie (:mod:`oxbench.cache`). What is checked, and when:
 - every image's keypoints and descriptors: a CRC-32 recorded per image, checked on every read, so
   a flipped byte anywhere is caught before the features are used.
 
+The store also cannot outlive a changed image: every shard records, for each image it describes,
+the identity of the image file when it was described (size, modification time in ns, inode:
+:func:`image_identity`, one ``stat``, no read). An extraction compares them with the files now
+(:meth:`FeatureStore.changed`) and describes again only the images that changed (a re-downloaded
+set, face-blurred copies, a fixed corrupt file), with one warning naming how many; the newer shard
+holds those images from then on (shards are read in the order they were written), and a shard
+none of whose images it still holds is deleted.
+
 A shard that fails an open-time check (tampered with after its commit) is logged as a warning
 naming the file and left out (its images are described again by the next extraction, which deletes
 it); a failed per-image check raises :class:`~oxbench.cache.CorruptCache`, which the pipeline turns
@@ -54,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -116,6 +125,35 @@ def _crc(array: NDArray) -> int:
     return zlib.crc32(np.ascontiguousarray(array).data)
 
 
+#: The identity of an image that has no file (generated on demand): never compared.
+NO_FILE = (-1, -1, -1)
+#: The identity of an image file that cannot be found: differs from every recorded one.
+MISSING_FILE = (-2, -2, -2)
+
+
+def image_sha256(path: Path | None) -> str:
+    """SHA-256 of an image file's bytes ("" when it has no file or cannot be read)."""
+    if path is None:
+        return ""
+    try:
+        return file_sha256(path)
+    except OSError:
+        return ""
+
+
+def image_identity(path: Path | None) -> tuple[int, int, int]:
+    """``(size, mtime_ns, inode)`` of an image file (one ``stat``, no read): what a feature shard
+    records for each image it describes. :data:`NO_FILE` when the image has no file,
+    :data:`MISSING_FILE` when it cannot be found."""
+    if path is None:
+        return NO_FILE
+    try:
+        st = os.stat(path)
+    except OSError:
+        return MISSING_FILE
+    return int(st.st_size), int(st.st_mtime_ns), int(st.st_ino)
+
+
 @dataclass
 class _Shard:
     number: int
@@ -126,6 +164,10 @@ class _Shard:
     kp_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's keypoint rows
     raw_crc: NDArray[np.uint32]  # [n_images] CRC-32 of each image's descriptor rows
     digest: str = ""  # content digest of its index (what a receipt names)
+    # [n_images, 3] size, mtime_ns, inode of each image's file when it was described
+    identities: NDArray[np.int64] | None = None
+    image_sha256: NDArray[np.str_] | None = None  # [n_images] of the files' bytes when described
+    written_ns: int = 0  # when it was written (a later shard holds an image described again)
     _kp: NDArray[np.float32] | None = None
     _raw: NDArray[Any] | None = None
 
@@ -139,6 +181,8 @@ def write_shard_folder(
     plan: str = "",
     tag: str = "",
     folder: str | None = None,
+    identities: Sequence[tuple[int, int, int]] | None = None,
+    image_sha256: Sequence[str] | None = None,
 ) -> ShardReceipt:
     """Write one shard into a unique temporary folder of ``directory`` and commit it by one rename.
 
@@ -155,9 +199,13 @@ def write_shard_folder(
         plan: the plan's digest, recorded in the shard.
         tag: put in the temporary folder's name (the owning run's token).
         folder: the committed name (default :func:`shard_folder_name`).
+        identities: each image's :func:`image_identity` taken before it was read (default:
+            :data:`NO_FILE` each).
+        image_sha256: the SHA-256 of each image's file as it was read ("" for none).
 
     Raises:
-        ValueError: no items, or descriptors of another dtype / dimension than the config's.
+        ValueError: no items, identities of another length, or descriptors of another dtype /
+            dimension than the config's.
     """
     t0 = time.perf_counter()
     if not items:
@@ -166,6 +214,10 @@ def write_shard_folder(
     final = Path(directory) / (folder or shard_folder_name(number, names.tolist()))
     counts = np.array([len(it) for it in items], np.int64)
     sizes = np.array([it.image_size for it in items], np.int32).reshape(-1, 2)
+    stats = np.array(identities if identities is not None else [NO_FILE] * len(items), np.int64)
+    hashes = np.array(list(image_sha256) if image_sha256 is not None else [""] * len(items))
+    if stats.shape != (len(items), 3) or hashes.shape != (len(items),):
+        raise ValueError(f"{stats.shape[0]} image identities for {len(items)} images")
     kps = [np.asarray(it.keypoints, np.float32) for it in items]
     dtype, dim = np.dtype(config.stored_dtype), config.dim
     raws = []
@@ -195,6 +247,8 @@ def write_shard_folder(
             "raw_crc": np.array([_crc(r) for r in raws], np.uint32),
             "files": np.array(json.dumps(files, sort_keys=True)),
             "plan": np.array(plan),
+            "image_identity": stats,
+            "image_sha256": hashes.astype("U64"),
         }
         save_npz(tmp / "index.npz", arrays)
         digest = str(load_npz(tmp / "index.npz", what="feature-shard index")[DIGEST_KEY])
@@ -387,6 +441,7 @@ class FeatureStore:
         self.bad_shards = []
         self._bad = []
         self._scan()
+        shards = []
         for sid, paths in self._found.items():
             legacy = paths["index.npz"].parent == self.directory
             if legacy and not paths["index.npz"].exists():
@@ -401,6 +456,10 @@ class FeatureStore:
                 self.bad_shards.append(self._number(sid))
                 self._bad.append(sid)
                 continue
+            shards.append(shard)
+        # in the order they were written (stable: earlier versions' shards first, as scanned), so
+        # that an image described again is held by its newest shard
+        for shard in sorted(shards, key=lambda s: s.written_ns):
             self._add(shard)
 
     def _add(self, shard: _Shard) -> None:
@@ -469,9 +528,100 @@ class FeatureStore:
                 raise self._corrupt(
                     number, paths, "feature shard does not match its recorded digest", path
                 )
+        identities, hashes = z.get("image_identity"), z.get("image_sha256")
+        if (
+            identities is not None and (identities.shape != (n, 3) or identities.dtype != np.int64)
+        ) or (hashes is not None and hashes.shape != (n,)):
+            raise self._corrupt(number, paths, "malformed image identities", index_path)
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(counts, out=offsets[1:])
-        return _Shard(number, paths, names, offsets, sizes, kp_crc, raw_crc, str(z[DIGEST_KEY]))
+        return _Shard(
+            number,
+            paths,
+            names,
+            offsets,
+            sizes,
+            kp_crc,
+            raw_crc,
+            str(z[DIGEST_KEY]),
+            identities,
+            hashes,
+            # when it was committed: not in its content, which is a pure function of its images
+            index_path.stat().st_mtime_ns,
+        )
+
+    def changed(self, identities: dict[str, tuple[int, int, int]]) -> list[str]:
+        """The stored images whose file is not the one described: ``identities`` (``{name:
+        image_identity now}``) differs from what the shard holding the image recorded, or the
+        shard recorded nothing (written by an older oxbench). Images without a file now
+        (:data:`NO_FILE`) are not compared."""
+        out = []
+        for name, now in identities.items():
+            where = self._where.get(name)
+            if where is None or tuple(now) == NO_FILE:
+                continue
+            si, j = where
+            recorded = self._shards[si].identities
+            if recorded is None or tuple(int(v) for v in recorded[j]) != tuple(now):
+                out.append(name)
+        return out
+
+    def changed_bytes(self, paths: dict[str, Path | None]) -> list[str]:
+        """The stored images whose file's bytes (SHA-256, read in full: :func:`image_sha256`) are
+        not those described, or were not recorded; images without a file are not compared."""
+        out = []
+        for name, path in paths.items():
+            where = self._where.get(name)
+            if where is None or path is None:
+                continue
+            si, j = where
+            recorded = self._shards[si].image_sha256
+            if recorded is None or str(recorded[j]) != image_sha256(path):
+                out.append(name)
+        return out
+
+    def skipped(self, names: Iterable[str]) -> list[str]:
+        """The images among ``names`` stored as skipped (:func:`skipped_features`: size 0 x 0)."""
+        out = []
+        for name in names:
+            where = self._where.get(name)
+            if where is not None and not self._shards[where[0]].sizes[where[1]].any():
+                out.append(name)
+        return out
+
+    def superseded(self) -> list[str]:
+        """Committed shards none of whose images the store takes from them any more (every one
+        was described again into a later shard)."""
+        holding = {si for si, _ in self._where.values()}
+        return [
+            s.paths["index.npz"].parent.name
+            for si, s in enumerate(self._shards)
+            if si not in holding and s.paths["index.npz"].parent != self.directory
+        ]
+
+    def content_digest(self) -> str:
+        """One digest of everything the store holds now (its intact shards' index digests, which
+        cover each image's name, size and feature checksums): what a result computed from the
+        store records, so that it is not reused once the store holds other features."""
+        return json_digest(sorted(s.digest for s in self._shards))
+
+    def features_digest(self, names: Sequence[str]) -> str:
+        """A digest of the features the store holds for ``names`` (in that order), from the
+        checksums recorded when they were written (no read): what a result computed from these
+        features (their visual words) records, so that it is computed again once any of them
+        was described again.
+
+        Raises:
+            InputError: an image has no features in this store.
+        """
+        self.require_all(names)
+        h = hashlib.sha256()
+        for name in names:
+            si, j = self._where[name]
+            shard = self._shards[si]
+            n = int(shard.offsets[j + 1] - shard.offsets[j])
+            h.update(f"{name}\0{n}\0{int(shard.kp_crc[j])}\0{int(shard.raw_crc[j])}\n".encode())
+        return h.hexdigest()
 
     def shard_digests(self) -> dict[str, str]:
         """``{committed shard folder name: content digest of its index}`` (flat shards left out)."""
@@ -485,15 +635,21 @@ class FeatureStore:
         """Re-read the store and delete its corrupt shards and earlier versions' unfinished ones
         (call with the lock held, or where no other process reads the store)."""
         self.refresh()
-        stale = set(self._bad) | {
-            sid
-            for sid, p in self._found.items()
-            if p["index.npz"].parent == self.directory and not p["index.npz"].exists()
-        }
+        stale = (
+            set(self._bad)
+            | set(self.superseded())
+            | {
+                sid
+                for sid, p in self._found.items()
+                if p["index.npz"].parent == self.directory and not p["index.npz"].exists()
+            }
+        )
         if stale:
             self._remove_shards(stale)
             for sid in stale:
                 self._found.pop(sid, None)
+            if set(self.superseded()) & stale:
+                self.refresh()
 
     @contextlib.contextmanager
     def writing(self, *, full: bool = False) -> Iterator[FeatureStore]:
@@ -627,18 +783,55 @@ class FeatureStore:
 
 
 # ---------------------------------------------------------------------- extraction jobs
-class DescribeImages:
-    """Picklable job: describe image ``i`` of an image source (whole image)."""
+def skipped_features(name: str, config: LocalExtractor) -> RawFeatures:
+    """What a store holds for an image skipped under ``--allow-partial`` (it cannot be decoded, or
+    is over the pixel budget): no features, and the size ``0 x 0`` no image has, which marks it."""
+    return RawFeatures(
+        name,
+        np.zeros((0, 4), np.float32),
+        np.zeros((0, config.dim), config.stored_dtype),
+        (0, 0),
+    )
 
-    def __init__(self, source, config: LocalExtractor) -> None:  # noqa: ANN001 - ImageSource
+
+def _read_or_skip(job: Any, i: int, read: Any) -> Any:
+    """``read(i)``, or ``None`` when it fails and the job allows partial sets."""
+    try:
+        return read(i)
+    except InputError:
+        if not job.allow_partial:
+            raise
+        return None
+
+
+class DescribeImages:
+    """Picklable job: describe image ``i`` of an image source (whole image).
+
+    ``allow_partial``: an image that cannot be read (undecodable, over the pixel budget) is stored
+    as :func:`skipped_features` instead of stopping the extraction (named in one warning by
+    :func:`extract_to_store`; a later run without it describes the image again, and fails).
+    """
+
+    def __init__(self, source, config: LocalExtractor, *, allow_partial: bool = False) -> None:  # noqa: ANN001 - ImageSource
         self.source = source
         self.config = config
+        self.allow_partial = allow_partial
 
     def name(self, i: int) -> str:
         return self.source.name(i)
 
+    def identity(self, i: int) -> tuple[int, int, int]:
+        """:func:`image_identity` of image ``i``'s file."""
+        return image_identity(self.source.path(i))
+
+    def path(self, i: int) -> Path | None:
+        """Image ``i``'s file (``None``: generated on demand)."""
+        return self.source.path(i)
+
     def __call__(self, i: int) -> RawFeatures:
-        image = self.source.read(i)
+        image = _read_or_skip(self, i, self.source.read)
+        if image is None:
+            return skipped_features(self.source.name(i), self.config)
         kp, raw = self.config.extract(image)
         return RawFeatures(self.source.name(i), kp, raw, (int(image.shape[1]), int(image.shape[0])))
 
@@ -646,19 +839,30 @@ class DescribeImages:
 class DescribeQueries:
     """Picklable job: describe the CROP of query ``i``; keypoints in full-image coordinates."""
 
-    def __init__(self, benchmark, config: LocalExtractor) -> None:  # noqa: ANN001 - Benchmark
+    def __init__(self, benchmark, config: LocalExtractor, *, allow_partial: bool = False) -> None:  # noqa: ANN001 - Benchmark
         self.queries = benchmark.queries
         self.bboxes = [q.bbox for q in benchmark.gt.queries]
         self.crop = benchmark.crop
         self.config = config
+        self.allow_partial = allow_partial
 
     def name(self, i: int) -> str:
         return self.queries.name(i)
 
+    def identity(self, i: int) -> tuple[int, int, int]:
+        """:func:`image_identity` of query ``i``'s image file."""
+        return image_identity(self.queries.path(i))
+
+    def path(self, i: int) -> Path | None:
+        """Query ``i``'s image file (``None``: generated on demand)."""
+        return self.queries.path(i)
+
     def __call__(self, i: int) -> RawFeatures:
         from oxbench.datasets.base import crop_box
 
-        image = self.queries.read(i)
+        image = _read_or_skip(self, i, self.queries.read)
+        if image is None:
+            return skipped_features(self.queries.name(i), self.config)
         h, w = image.shape[:2]
         bbox = self.bboxes[i]
         left = top = 0
@@ -692,7 +896,9 @@ class DescribeShard:
 
     def __call__(self, task: ShardTask) -> ShardReceipt:
         t0 = time.perf_counter()
-        items = [self.describe(i) for i in task.items]
+        identities = [_identity(self.describe, i) for i in task.items]  # before reading: a change
+        items = [self.describe(i) for i in task.items]  # while it is read shows on the next run
+        hashes = [image_sha256(_path(self.describe, i)) for i in task.items]  # just read: cached
         receipt = write_shard_folder(
             self.directory,
             task.number,
@@ -701,6 +907,8 @@ class DescribeShard:
             plan=self.plan,
             tag=self.tag,
             folder=task.folder,
+            identities=identities,
+            image_sha256=hashes,
         )
         return dataclasses.replace(receipt, seconds=time.perf_counter() - t0)
 
@@ -717,6 +925,7 @@ def extract_to_store(
     stop_after: int | None = None,
     full_check: bool = False,
     partition: tuple[int, int] | None = None,
+    verify_images: bool = False,
 ) -> int:
     """Describe every item the store does not hold yet, by the shard protocol (module docstring).
 
@@ -739,6 +948,8 @@ def extract_to_store(
         full_check: hash the existing shards' data files in full, not only sampled.
         partition: ``(i, n)``: describe only the planned shards numbered ``i`` modulo ``n``
             (:func:`check_partition`).
+        verify_images: compare each stored image's file by its bytes (a full read and SHA-256
+            of every image), not only by its size, modification time and inode (one ``stat``).
 
     Returns:
         How many images were described (0: every image came from the store).
@@ -763,8 +974,12 @@ def extract_to_store(
                     store.refresh(full=True)
                     store._remove_shards(store._bad)
                 store.clean()
-        tasks = plan_shards(names, shard_size, store.names)
+        changed = _changed_images(job, names, store, verify_images=verify_images)
+        tasks = plan_shards(names, shard_size, set(store.names) - set(changed))
         tasks = in_partition(tasks, partition)
+        if changed:
+            with entry_lock(store.lock_path, what=what) if partition is not None else _held():
+                _clear_folders(store, {t.folder for t in tasks})
         if not tasks:
             return 0
         if stop_after is not None:
@@ -791,7 +1006,74 @@ def extract_to_store(
         )
         store.refresh()
         _check_receipts(store, tasks, receipts, names)
+        skipped = store.skipped(names[i] for t in tasks for i in t.items)
+        if skipped:
+            log.warning(
+                "%d image(s) of %s could not be read and were skipped (partial set allowed): they "
+                "have no features, e.g. %r",
+                len(skipped),
+                store.directory,
+                skipped[0],
+            )
     return n_todo
+
+
+def _path(job: object, i: int) -> Path | None:
+    """Item ``i``'s image file by ``job.path`` (a job without one: ``None``)."""
+    path = getattr(job, "path", None)
+    return path(i) if path is not None else None
+
+
+def _identity(job: object, i: int) -> tuple[int, int, int]:
+    """Item ``i``'s :func:`image_identity` by ``job.identity`` (a job without one: :data:`NO_FILE`)."""
+    identity = getattr(job, "identity", None)
+    return identity(i) if identity is not None else NO_FILE
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """The store's lock, already held by the caller."""
+    yield
+
+
+def _changed_images(
+    job: ExtractionJob,
+    names: Sequence[str],
+    store: FeatureStore,
+    *,
+    verify_images: bool = False,
+) -> list[str]:
+    """The stored images whose file changed since they were described (one ``stat`` each;
+    ``verify_images``: and their bytes), said in one warning; they are described again."""
+    identities = {names[i]: _identity(job, i) for i in range(len(names)) if names[i] in store}
+    changed = store.changed(identities)
+    if not getattr(job, "allow_partial", False):  # skipped by a partial run: read them now
+        seen = set(changed)
+        changed += [n for n in store.skipped(identities) if n not in seen]
+    if verify_images:
+        seen = set(changed)
+        paths = {names[i]: _path(job, i) for i in range(len(names)) if names[i] in identities}
+        changed += [n for n in store.changed_bytes(paths) if n not in seen]
+    if changed:
+        log.warning(
+            "%d of %d images in %s changed since they were described (size, modification time or "
+            "file; or described by an older oxbench that recorded none), e.g. %r; describing "
+            "them again",
+            len(changed),
+            len(identities),
+            store.directory,
+            changed[0],
+        )
+    return changed
+
+
+def _clear_folders(store: FeatureStore, folders: set[str]) -> None:
+    """Delete committed shards named like a shard about to be written (the same images described
+    before, now changed): the new commit must not lose to the stale one."""
+    stale = [sid for sid in store._found if sid in folders]
+    if stale:
+        store._remove_shards(stale)
+        store.refresh()
 
 
 def _check_receipts(

@@ -34,6 +34,8 @@ the first, non-numeric text, a non-numeric or complex array, a missing or ambigu
 from __future__ import annotations
 
 import logging
+import math
+import os
 import re
 import zipfile
 from pathlib import Path
@@ -98,25 +100,50 @@ def _pick(arrays: dict[str, Any], key: str | None, path: Path, kind: str) -> tup
     return key, arrays[key]
 
 
-def _read_npy(path: Path) -> np.ndarray:
+def map_npy(path: str | Path) -> np.ndarray:
+    """A ``.npy`` file memory-mapped (read-only), its header checked against the file first: a
+    header claiming more bytes than the file holds (``(1e11, 1e11)``) is one line, not an
+    overflow or a map of exabytes.
+
+    Raises:
+        InputError: unreadable, no numpy header, a header that does not fit the file, objects.
+    """
+    path = Path(path)
     try:
         with open(path, "rb") as fh:
             magic = fh.read(6)
+            if magic == b"\x93NUMPY":
+                fh.seek(0)
+                version = np.lib.format.read_magic(fh)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(fh)
+                offset, size = fh.tell(), os.fstat(fh.fileno()).st_size
     except OSError as exc:
         raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+    except ValueError as exc:
+        if "Object arrays" in str(exc) or "pickle" in str(exc):
+            raise InputError("holds Python objects (a pickled array), not numbers", path) from None
+        raise InputError(f"not a readable .npy array ({_first_line(exc)})", path) from None
     if not magic:
         raise InputError("empty file: not a .npy array", path)
     if magic != b"\x93NUMPY":
         raise InputError("not a readable .npy array (no numpy header)", path)
+    if dtype.hasobject:
+        raise InputError("holds Python objects (a pickled array), not numbers", path)
+    claimed = math.prod(int(n) for n in shape) * dtype.itemsize
+    if claimed > size - offset:
+        raise InputError(
+            f"not a readable .npy array (truncated or damaged: its header claims shape "
+            f"{tuple(shape)} of {dtype}, {claimed:,} bytes, and the file holds {size - offset:,})",
+            path,
+        )
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
-    except ValueError as exc:
-        if "Object arrays" in str(exc):
-            raise InputError("holds Python objects (a pickled array), not numbers", path) from None
-        raise InputError(
-            f"not a readable .npy array (truncated or damaged: {_first_line(exc)})", path
-        ) from None
-    except (OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError, OverflowError, MemoryError) as exc:
         raise InputError(f"not a readable .npy array ({_first_line(exc)})", path) from None
     if not isinstance(arr, np.ndarray):
         raise InputError("expected a single .npy array", path)
@@ -275,7 +302,7 @@ def _read_any(p: Path, suffix: str, key: str | None) -> np.ndarray:
             f"--key (key=) names an array inside .npz, .h5 or .mat files, not {suffix}", p
         )
     if suffix == ".npy":
-        arr = _read_npy(p)
+        arr = map_npy(p)
     elif suffix == ".npz":
         arr = _read_npz(p, key)
     elif suffix == ".mat":

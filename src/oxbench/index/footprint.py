@@ -193,7 +193,7 @@ def available_ram() -> int:
             text = Path(limit_file).read_text().strip()
         except OSError:
             continue
-        if text.isdigit() and int(text) < 1 << 60:
+        if text.isascii() and text.isdigit() and len(text) <= 20 and int(text) < 1 << 60:
             figures.append(int(text))
     return min(figures) if figures else sys.maxsize  # unknown (not Linux): nothing is refused
 

@@ -21,8 +21,9 @@ scores: the work is the length of those lists, as for the in-RAM file.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
+from oxbench.cache import check_written, record_written
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.fileio import (
@@ -37,6 +39,7 @@ from oxbench.fileio import (
     atomic_write_json,
     atomic_write_npy,
     discard_folder,
+    json_digest,
     make_folder,
     make_temp_folder,
     read_input_bytes,
@@ -133,6 +136,15 @@ def _ranges(starts: NDArray[np.int64], ends: NDArray[np.int64]) -> NDArray[np.in
         return np.zeros(0, np.int64)
     shift = np.repeat(starts - (np.cumsum(lens) - lens), lens)
     return np.arange(int(lens.sum()), dtype=np.int64) + shift
+
+
+#: The memory-mapped files of a folder (written with :func:`oxbench.cache.record_written`).
+_MAPPED = ("ids.bin", "weights.npy")
+
+
+def _postings_record(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
+    """What the mapped files of a folder stand for: its ``meta.json`` and the lists' offsets."""
+    return {"meta": json_digest(meta), "offsets": hashlib.sha256(offsets.tobytes()).hexdigest()}
 
 
 class CompressedPostings:
@@ -303,17 +315,17 @@ class CompressedPostings:
                     f"posting blocks cover {w} of {n_words} words, {offsets[-1, 1]} of {nnz} postings"
                 )
         atomic_write_npy(folder / "offsets.npy", offsets)
-        atomic_write_json(
-            folder / "meta.json",
-            {
-                "format": FORMAT,
-                "n_words": n_words,
-                "n_db": n_db,
-                "nnz": nnz,
-                "weights": weights,
-                "ids_bytes": int(offsets[-1, 0]),
-            },
-        )
+        meta = {
+            "format": FORMAT,
+            "n_words": n_words,
+            "n_db": n_db,
+            "nnz": nnz,
+            "weights": weights,
+            "ids_bytes": int(offsets[-1, 0]),
+        }
+        for name in _MAPPED:  # mapped, never hashed: bound to the file written
+            record_written(folder / name, _postings_record(meta, offsets))
+        atomic_write_json(folder / "meta.json", meta)
         return cls.open(folder)
 
     @classmethod
@@ -353,6 +365,12 @@ class CompressedPostings:
         if not ok:
             raise InputError(
                 "compressed inverted file does not agree with its meta.json (damaged?)", folder
+            )
+        for name in _MAPPED:
+            check_written(
+                folder / name,
+                what="compressed inverted file",
+                stands_for=_postings_record(meta, offsets),
             )
         return cls(folder, n_words, n_db, wdt, offsets, ids, weights)
 

@@ -320,11 +320,17 @@ class FaissIndex:
             "bytes_per_image": self.bytes_per_vector,
         }
 
-    def save(self, path: str | Path) -> Path:
-        """Persist the index (FAISS serialisation + its SHA-256 + settings) as ``.npz``."""
+    def save(self, path: str | Path, *, stands_for: dict[str, object] | None = None) -> Path:
+        """Persist the index (FAISS serialisation + its SHA-256 + settings) as ``.npz``;
+        ``stands_for``: what it was built from (:func:`oxbench.cache.stands_for_record`, checked
+        by :meth:`load`)."""
+        from oxbench.cache import STANDS_FOR_KEY, stands_for_record
+
         index = self._check_fitted()
         blob = np.asarray(self._faiss().serialize_index(index), dtype=np.uint8)
         meta = {f"setting_{k}": np.array(v) for k, v in self.settings.to_dict().items()}
+        if stands_for is not None:
+            meta[STANDS_FOR_KEY] = stands_for_record(stands_for)
         return atomic_write_npz(
             path,
             {
@@ -337,12 +343,22 @@ class FaissIndex:
         )
 
     @classmethod
-    def load(cls, path: str | Path, *, threads: int | None = None) -> FaissIndex:
-        """Read an index written by :meth:`save`.
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        threads: int | None = None,
+        stands_for: dict[str, object] | None = None,
+    ) -> FaissIndex:
+        """Read an index written by :meth:`save` (for ``stands_for``, when given).
 
         Raises:
-            InputError: unreadable file, checksum mismatch (corrupt), or an index FAISS refuses.
+            InputError: unreadable file, checksum mismatch (corrupt), an index built from other
+                vectors than ``stands_for`` (:class:`~oxbench.cache.CorruptCache`), or an index
+                FAISS refuses.
         """
+        from oxbench.cache import STANDS_FOR_KEY, check_stands_for
+
         data = read_input_bytes(path, limit=1 << 40)
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as z:
@@ -352,10 +368,13 @@ class FaissIndex:
                 raw = {
                     k[len("setting_") :]: z[k].item() for k in z.files if k.startswith("setting_")
                 }
+                found = str(z[STANDS_FOR_KEY]) if STANDS_FOR_KEY in z.files else None
         except (OSError, KeyError, ValueError, EOFError, TypeError, zipfile.BadZipFile) as exc:
             raise InputError(f"unreadable index file ({exc})", path) from None
         if hashlib.sha256(blob.tobytes()).hexdigest() != digest:
             raise InputError("corrupt index file (checksum mismatch)", path)
+        if stands_for is not None:
+            check_stands_for(found, stands_for, what="index file", path=path)
         try:
             settings = IndexSettings(
                 kind=str(raw.pop("kind")),  # type: ignore[arg-type]

@@ -28,7 +28,14 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import DIGEST_KEY, CorruptCache, load_npz, save_npz
+from oxbench.cache import (
+    DIGEST_KEY,
+    STANDS_FOR_KEY,
+    CorruptCache,
+    check_stands_for,
+    load_npz,
+    save_npz,
+)
 from oxbench.errors import InputError
 from oxbench.index.faiss_setup import load_faiss
 
@@ -416,8 +423,9 @@ class Vocabulary:
         return self.kneighbors(descriptors, 1)[1][:, 0]
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path: str | Path) -> Path:
-        """Write the state as ``.npz`` (plain arrays + JSON metadata + their digest), atomically."""
+    def save(self, path: str | Path, *, stands_for: dict[str, object] | None = None) -> Path:
+        """Write the state as ``.npz`` (plain arrays + JSON metadata + their digest), atomically;
+        ``stands_for``: what it was trained for (:func:`oxbench.cache.stands_for_record`)."""
         self._check_fitted()
         path = Path(path)
         meta = {"format": VOCAB_FORMAT, **self.describe()}
@@ -428,7 +436,7 @@ class Vocabulary:
         if self.coarse_ is not None:
             arrays["coarse"] = self.coarse_
             arrays["cell_offsets"] = self.cell_offsets_  # type: ignore[assignment]
-        return save_npz(path, arrays)
+        return save_npz(path, arrays, stands_for=stands_for)
 
     @classmethod
     def load(
@@ -438,8 +446,10 @@ class Vocabulary:
         descriptor: str | None = None,
         dim: int | None = None,
         threads: int | None = None,
+        stands_for: dict[str, object] | None = None,
     ) -> Vocabulary:
-        """Read a vocabulary saved by :meth:`save`, refusing another descriptor or dimension.
+        """Read a vocabulary saved by :meth:`save`, refusing another descriptor or dimension
+        (and, with ``stands_for``, a vocabulary trained for anything else).
 
         The file's content digest (recorded by :meth:`save`, a full SHA-256) is checked first.
 
@@ -448,10 +458,12 @@ class Vocabulary:
             descriptor: the descriptor type the caller will assign (``"rootsift"``), if known.
             dim: the descriptor dimension the caller will assign, if known.
             threads: faiss threads for assignment.
+            stands_for: the training it must come from (settings, training set).
 
         Raises:
             InputError: missing file, or trained for another descriptor / dimension.
-            CorruptCache: damaged file, or its content does not match its digest.
+            CorruptCache: damaged file, its content does not match its digest, or it was trained
+                for another ``stands_for``.
         """
         path = Path(path)
         z = load_npz(path, what="vocabulary")
@@ -471,6 +483,10 @@ class Vocabulary:
             )
         if dim is not None and centroids.shape[1] != dim:
             raise InputError(f"vocabulary has dimension {centroids.shape[1]}, expected {dim}", path)
+        if (
+            stands_for is not None
+        ):  # after the refusals above: a foreign file is an error, not stale
+            check_stands_for(z.get(STANDS_FOR_KEY), stands_for, what="vocabulary", path=path)
         voc = cls(
             int(meta["n_words"]),
             structure=meta["structure"],

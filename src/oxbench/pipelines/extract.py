@@ -318,7 +318,7 @@ def extract_partition(
                     )
                 continue
             for part in parts_of(bench):
-                job, n, _ = extraction_job(bench, part, features)
+                job, n, _ = extraction_job(bench, part, features, allow_partial=not strict)
                 store = open_store(cache_dir, bench, features, part, create=True)
                 done[f"{bench.id}/{part}"] = extract_to_store(
                     job,

@@ -156,7 +156,7 @@ class SearchChain:
             self.index_path = path
             if path.exists():
                 try:
-                    index = FaissIndex.load(path)
+                    index = FaissIndex.load(path, stands_for=self._index_record(settings))
                     if index.ntotal_ != self.db.shape[0] or index.dim_ != self.db.shape[1]:
                         raise InputError(
                             f"cached index holds {index.ntotal_} x {index.dim_}, expected {self.db.shape}",
@@ -182,30 +182,54 @@ class SearchChain:
         else:
             index = FaissIndex(settings).fit(self.db)
         if path is not None:
-            index.save(path)
+            index.save(path, stands_for=self._index_record(settings))
             self.info["index_path"] = str(path)
         ctx.record_step("search_index", hit=False)
         return index
 
+    def _index_record(self, settings: IndexSettings) -> dict[str, object]:
+        """What a cached FAISS index stands for: its settings and the vectors it was built from."""
+        return {"settings": settings.to_dict(), "vectors": _array_digest(self.db)}
+
     def _mapped(self, cache_dir: Path) -> NDArray[np.float32]:
         """The database vectors as a read-only memory map of a cached ``.npy``: with IVF-PQ the
         codes are the index, and the float vectors (read by query expansion, diffusion and the
-        recall check) are paged in from disk, not held in RAM."""
+        recall check) are paged in from disk, not held in RAM.
+
+        The file is mapped only when it is the one written from these vectors
+        (:func:`oxbench.cache.open_written`); another file in its place (same shape, other rows) is
+        written again, with a warning."""
+        from oxbench.cache import CorruptCache, open_written, record_written
         from oxbench.fileio import atomic_write_npy
 
-        path = (
-            cache_dir
-            / f"vectors-{self.db.shape[0]}x{self.db.shape[1]}-{_array_digest(self.db)}.npy"
-        )
-        if not path.is_file():
-            atomic_write_npy(path, np.ascontiguousarray(self.db, dtype=np.float32))
-        mapped = np.load(path, mmap_mode="r")
-        if mapped.shape != self.db.shape or mapped.dtype != np.float32:
-            raise InputError(
-                f"cached vectors hold {mapped.shape} {mapped.dtype}, expected {self.db.shape} float32",
-                path,
-            )
-        return mapped
+        digest = _array_digest(self.db)
+        path = cache_dir / f"vectors-{self.db.shape[0]}x{self.db.shape[1]}-{digest}.npy"
+        stands_for = {"vectors": digest, "shape": list(self.db.shape)}
+        for attempt in (0, 1):
+            if attempt or not path.is_file():
+                atomic_write_npy(path, np.ascontiguousarray(self.db, dtype=np.float32))
+                record_written(path, stands_for)
+            try:
+                mapped = open_written(
+                    path,
+                    what="cached database vectors",
+                    stands_for=stands_for,
+                    open_file=lambda p: np.load(p, mmap_mode="r", allow_pickle=False),
+                )
+            except CorruptCache as exc:
+                if attempt:
+                    raise
+                log.warning("%s; writing them again", exc)
+                exc.remove()
+                continue
+            assert isinstance(mapped, np.ndarray)
+            if mapped.shape != self.db.shape or mapped.dtype != np.float32:
+                raise InputError(
+                    f"cached vectors hold {mapped.shape} {mapped.dtype}, expected {self.db.shape} float32",
+                    path,
+                )
+            return mapped
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def footprint(self) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
         """Measured ``(ram, fixed_ram, disk)`` of the database side: the vectors the chain keeps

@@ -72,6 +72,8 @@ class RunContext:
         decode_threads: threads that decode images for CNN extraction in this process.
         full_check: hash every cached artifact in full before reusing it (the runner's second
             attempt after a corrupt cache file was met), not only the cheap open-time checks.
+        verify_images: compare every cached image's features with its file by the file's bytes
+            (``--verify-images``: a full read and hash), not only by ``stat``.
         allow_partial: the user accepts partial image sets: an image that cannot be decoded is
             named in a warning and skipped (recorded) instead of stopping the run.
         shard_size: images per write-once shard of the local-feature stores
@@ -81,6 +83,8 @@ class RunContext:
             default.
         timings: seconds per stage, filled by :meth:`timed`.
         steps: ``{step: "hit" | "computed"}``, filled by :meth:`record_step`.
+        computed: ``{step: items computed}`` of the steps that count them (images described
+            again after their files changed, ...), filled by :meth:`record_step`.
     """
 
     cache: Path
@@ -88,11 +92,13 @@ class RunContext:
     progress: bool = True
     decode_threads: int = field(default_factory=available_cores)
     full_check: bool = False
+    verify_images: bool = False
     allow_partial: bool = False
     root: Path | None = None
     shard_size: int = DEFAULT_SHARD_SIZE
     timings: dict[str, float] = field(default_factory=dict)
     steps: dict[str, str] = field(default_factory=dict)
+    computed: dict[str, int] = field(default_factory=dict)
 
     @property
     def workers(self) -> int:
@@ -111,9 +117,11 @@ class RunContext:
             cpu = f"{stage}{CPU_SUFFIX}"
             self.timings[cpu] = self.timings.get(cpu, 0.0) + cpu_seconds() - c0
 
-    def record_step(self, step: str, *, hit: bool) -> None:
-        """Record whether ``step`` came from the cache."""
+    def record_step(self, step: str, *, hit: bool, computed: int | None = None) -> None:
+        """Record whether ``step`` came from the cache (and how many of its items were computed)."""
         self.steps[step] = "hit" if hit else "computed"
+        if computed is not None:
+            self.computed[step] = int(computed)
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ from oxbench.pipelines.method import (
     SearchResult,
     resolve_method,
 )
+from oxbench.pipelines.sources import check_sources
 from oxbench.pipelines.steps import gt_digest
 from oxbench.provenance import (
     InputRecord,
@@ -81,7 +82,6 @@ from oxbench.provenance import (
     input_records,
     inputs_digest,
 )
-from oxbench.pipelines.sources import check_sources
 from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: re-exported
     MAX_LABEL_CHARS,
     RECORD_FORMAT,
@@ -569,6 +569,7 @@ def run(
     label: str | None = None,
     dataset_options: Mapping[str, str] | None = None,
     deterministic: bool = False,
+    verify_images: bool = False,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -612,6 +613,8 @@ def run(
             ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
         deterministic: run the steps with one BLAS / faiss thread, so that what they learn does not
             depend on ``workers`` or the cores (:mod:`oxbench.determinism`; recorded).
+        verify_images: compare every image with the file its cached local features were
+            described from by its bytes (a full read and hash), not only by ``stat``.
 
     Returns:
         A :class:`RunOutcome`.
@@ -749,6 +752,7 @@ def run(
                         allow_partial=not strict,
                         root=root_path,
                         shard_size=shard_size,
+                        verify_images=verify_images,
                     )
                 ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
                 keep = (
@@ -773,7 +777,10 @@ def run(
                 if test_in_training is not None:
                     info["trained_on_test_set_why"] = test_in_training
                 for step, state in ctx.steps.items():
-                    log.info("step %s: %s", step, "from cache" if state == "hit" else "computed")
+                    n = f" ({ctx.computed[step]} items)" if step in ctx.computed else ""
+                    log.info(
+                        "step %s: %s%s", step, "from cache" if state == "hit" else "computed", n
+                    )
                 log.info("%s", " | ".join(result.lines()))
             record = {
                 "format": RECORD_FORMAT,
@@ -789,6 +796,7 @@ def run(
                 "plugins": loaded_plugins(),
                 "accel": _accel_used(),
                 "cache": dict(ctx.steps),
+                "cache_computed": dict(ctx.computed),
                 "method": m.name,
                 "label": label,
                 "family": m.family,
@@ -844,6 +852,7 @@ def _fit_index_search(
     allow_partial: bool = False,
     root: Path | None = None,
     shard_size: int | None = None,
+    verify_images: bool = False,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
     """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
     checking every cached file in full, so the result is the one a clean cache gives."""
@@ -853,6 +862,7 @@ def _fit_index_search(
             executor=executor,
             progress=progress,
             full_check=full_check,
+            verify_images=verify_images,
             allow_partial=allow_partial,
             root=root,
             shard_size=shard_size or DEFAULT_SHARD_SIZE,

@@ -19,8 +19,10 @@ never changes a number).
 Thumbnails are made once with Pillow and cached in ``thumbs/``, keyed by the source path, its
 modification time and size, and the thumbnail size: a second build reuses them.
 
-The viewer reads only images under the image folders recorded in the run (``dataset.json``'s
-``root`` and ``distractors_root``), after resolving links, and only regular files of at most
+The viewer reads only images under the folders its caller gives (``roots``: the data root of the
+``view`` command, ``--root`` or ``$OXBENCH_DATA`` or the per-user default) and the run folders
+themselves, after resolving links -- never folders named by the record it shows (a record saying
+``"root": "/"`` must not open ``/``) -- and only regular files of at most
 :data:`MAX_IMAGE_BYTES` within the pixel budget (:mod:`oxbench.imaging`), decoded with Pillow's draft
 mode at about the thumbnail size. Any other path in ``retrieved.json`` (a private image elsewhere,
 ``/etc/passwd``, ``/proc/self/environ``, a FIFO) gets a placeholder and is never opened.
@@ -263,6 +265,7 @@ def build_viewer(
     top: int = 20,
     thumb_size: int = 160,
     query_size: int = 400,
+    roots: Sequence[str | Path] = (),
 ) -> tuple[Path, ThumbnailCache]:
     """Write ``out/index.html`` and ``out/thumbs/`` for ``run`` (and ``other`` side by side).
 
@@ -270,6 +273,8 @@ def build_viewer(
         run: the run (its queries fill the list).
         out: the output folder.
         other: a second run on the same queries, shown beside the first.
+        roots: the folders images may be read from (with the run folders themselves); what the
+            runs record is never trusted for this.
         top: results shown per query (at most the run's stored k).
         thumb_size: longest side of result thumbnails, in pixels.
         query_size: longest side of the query image.
@@ -291,17 +296,29 @@ def build_viewer(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise InputError("the viewer writes a folder; this path is a file", out)
-    roots = tuple(dict.fromkeys(root for r in runs for root in r.image_roots))
-    cache = ThumbnailCache(out / "thumbs", roots=roots)
+    allowed = tuple(dict.fromkeys([*(Path(r) for r in roots), *(r.path for r in runs)]))
+    cache = ThumbnailCache(out / "thumbs", roots=allowed)
     data = viewer_data(runs, cache, top=top, thumb_size=thumb_size, query_size=query_size)
     cache.save()
     if cache.outside:
-        where = ", ".join(map(str, roots)) if roots else "none recorded"
+        recorded = [
+            str(p)
+            for r in runs
+            for p in r.image_roots
+            if not _inside(os.path.realpath(p), [os.path.realpath(a) for a in allowed])
+        ]
+        hint = (
+            f"; the run read its images from {', '.join(dict.fromkeys(recorded))}: give that "
+            "folder as --root to show them"
+            if recorded
+            else ""
+        )
         log.warning(
-            "%d image paths of the run are not regular files under its image folders (%s) and were not "
-            "opened: placeholders shown",
+            "%d image paths of the run are not regular files under the folders given (%s) and were "
+            "not opened: placeholders shown%s",
             cache.outside,
-            where,
+            ", ".join(map(str, roots)) or "none",
+            hint,
         )
     title = " vs ".join(f"{r.label} {r.run_id}" for r in runs) + f" on {run.dataset_id}"
     page = _PAGE.replace("@TITLE@", html.escape(title)).replace("@CSS@", _CSS).replace("@JS@", _JS)

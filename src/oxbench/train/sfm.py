@@ -45,9 +45,11 @@ def sfm_training_set(
         q = np.asarray(db["qidxs"], np.int64)
         p = np.asarray(db["pidxs"], np.int64)
         cluster = np.asarray(db["cluster"], np.int64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an index of 10**30
         raise InputError(
-            f"SfM-120k {part!r}: qidxs/pidxs/cluster must be integer lists ({exc})", pickle_path
+            f"SfM-120k {part!r}: qidxs/pidxs/cluster must be lists of 64-bit integers "
+            f"({' '.join(str(exc).split())[:120]})",
+            pickle_path,
         ) from None
     n = len(cids)
     if q.ndim != 1 or q.shape != p.shape or cluster.shape != (n,):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -95,7 +96,13 @@ def select_device(name: str = "auto") -> Any:
     """``torch.device`` for a device setting (``auto``: CUDA when torch sees a GPU, else CPU)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu" or name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit()):
+    from oxbench.schema import DEVICE
+
+    if (
+        name != "auto"
+        and DEVICE.pattern is not None
+        and re.fullmatch(DEVICE.pattern, name, re.ASCII)
+    ):
         if name.startswith("cuda") and not torch.cuda.is_available():
             raise InputError(
                 f"device {name!r} asked for, but torch sees no GPU; use device=auto or cpu"

@@ -70,7 +70,6 @@ from oxbench.pipelines.method import (
 )
 from oxbench.pipelines.rerankers import Pipeline
 from oxbench.pipelines.sources import LocalSource
-from oxbench.pipelines.steps.settings import CLASSIC_FEATURES
 from oxbench.pipelines.steps import (
     VocabularySpec,
     dataset_key,
@@ -82,6 +81,7 @@ from oxbench.pipelines.steps import (
     step_vocabulary,
     store_spec,
 )
+from oxbench.pipelines.steps.settings import CLASSIC_FEATURES
 from oxbench.schema import setting, validate
 from oxbench.train.loop import TrainConfig, benchmark_training_set
 from oxbench.train.loop import train as train_network
@@ -207,7 +207,7 @@ class GlobalConfig(MethodConfig, Pipeline):
     )
     seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="cnn: seed of random weights")
     batch_size: int = setting(8, S.Int(lo=1, hi=4096), doc="cnn: images per forward pass")
-    device: str = setting("auto", S.Str(min_len=1, max_len=32), doc="cnn: auto, cpu or cuda")
+    device: str = setting("auto", S.DEVICE, doc="cnn: auto, cpu, cuda or cuda:<n>")
     vlad_k: int = setting(64, S.Int(lo=2, hi=1 << 16), doc="vlad: codebook size")
     vlad_iter: int = setting(20, S.Int(lo=1, hi=1000), doc="vlad: k-means iterations")
     vlad_max_points_per_centroid: int | None = setting(

@@ -21,12 +21,13 @@ from oxbench.pipelines.steps.keys import PARTS, StepResult, dataset_key, part_na
 
 
 def extraction_job(
-    bench: Benchmark, part: str, extractor: LocalExtractor
+    bench: Benchmark, part: str, extractor: LocalExtractor, *, allow_partial: bool = False
 ) -> tuple[ExtractionJob, int, dict[str, object]]:
     """The extraction job of one part, its size, and what identifies its store.
 
     Features read from files (an extractor with ``reads_images = False``) are read by image name,
-    a query's restricted to its box; every other extractor describes the pixels.
+    a query's restricted to its box; every other extractor describes the pixels
+    (``allow_partial``: images that cannot be read are skipped, :class:`DescribeImages`).
     """
     if not reads_pixels(extractor):
         names = part_names(bench, part)
@@ -38,10 +39,14 @@ def extraction_job(
         assert isinstance(extractor, LocalFeatureFiles)
         return ReadFeatures(extractor, names, boxes, bench.crop), len(names), extra
     if part == "database":
-        return DescribeImages(bench.database, extractor), len(bench.database), {"role": "database"}
+        return (
+            DescribeImages(bench.database, extractor, allow_partial=allow_partial),
+            len(bench.database),
+            {"role": "database"},
+        )
     if part == "queries":
         return (
-            DescribeQueries(bench, extractor),
+            DescribeQueries(bench, extractor, allow_partial=allow_partial),
             bench.gt.n_queries,
             {"role": "queries", "crop": bench.crop},
         )
@@ -49,7 +54,7 @@ def extraction_job(
         if bench.distractors is None:
             raise InputError(f"{bench.id} has no distractors")
         return (
-            DescribeImages(bench.distractors, extractor),
+            DescribeImages(bench.distractors, extractor, allow_partial=allow_partial),
             len(bench.distractors),
             {"role": "distractors"},
         )
@@ -98,7 +103,7 @@ def step_features(
     """
     out: dict[str, StepResult] = {}
     for part in parts if parts is not None else parts_of(bench):
-        job, n, _ = extraction_job(bench, part, extractor)
+        job, n, _ = extraction_job(bench, part, extractor, allow_partial=ctx.allow_partial)
         store = open_store(ctx.cache, bench, extractor, part, create=True)
         described = extract_to_store(
             job,
@@ -109,6 +114,7 @@ def step_features(
             desc=f"{bench.id} {part}",
             full_check=ctx.full_check,
             shard_size=ctx.shard_size,
+            verify_images=ctx.verify_images,
         )
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
     if not reads_pixels(extractor):

@@ -103,6 +103,9 @@ class ShortListVerifier:
             images are verified against their own neighbours, as database-side augmentation does).
         trusted: ``{part: FileIdentity}`` of the words files as the driver checked them: a worker
             that finds the same files memory-maps them without hashing them again.
+        store_digests: ``{part: content digest}`` of the feature stores as the driver opened them
+            (:meth:`~oxbench.features.store.FeatureStore.content_digest`): what a verified list
+            was computed from, recorded in its cache entry.
     """
 
     def __init__(
@@ -114,8 +117,10 @@ class ShortListVerifier:
         settings: VerifySettings,
         query_part: str = "queries",
         trusted: dict[str, FileIdentity] | None = None,
+        store_digests: dict[str, str] | None = None,
     ) -> None:
         self.stores = stores
+        self.store_digests = dict(store_digests or {})
         self.words = words
         self.trusted = dict(trusted or {})
         self.index_parts = index_parts
@@ -194,7 +199,21 @@ def short_list_verifier(
         settings=settings,
         query_part=query_part,
         trusted={p: w.source for p, w in parts.words.items() if w.source is not None},
+        store_digests={p: s.content_digest() for p, s in parts.stores.items()},
     )
+
+
+def verification_inputs(job: ShortListVerifier) -> dict[str, object]:
+    """What every verified list of ``job`` is computed from: the stores' and words' content digests,
+    the settings and the query part (part of each entry's record, :meth:`VerificationCache.record`)."""
+    stores: dict[str, str] = getattr(job, "store_digests", {})
+    words: dict[str, FileIdentity] = getattr(job, "trusted", {})
+    return {
+        "stores": dict(sorted(stores.items())),
+        "words": {p: t.digest for p, t in sorted(words.items())},
+        "settings": asdict(job.settings),
+        "query_part": job.query_part,
+    }
 
 
 class VerificationCache:
@@ -206,12 +225,20 @@ class VerificationCache:
     query expansion's second round) is another entry. Positions are stored relative to the short
     list, so an entry does not depend on where its images sit in the index.
 
+    Each entry names what it stands for inside its content (:func:`oxbench.cache.
+    stands_for_record`): its query, a digest of its short list's images, and the job's
+    :func:`verification_inputs`; an entry read for another query or list (two entries swapped, one
+    copied over another) or left from other features or words is verified again, with a warning.
+
     Args:
         folder: ``<cache>/verification/<key>`` (:meth:`for_job`).
+        inputs: :func:`verification_inputs` of the job whose lists the folder holds.
     """
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, inputs: dict[str, object] | None = None) -> None:
         self.folder = Path(folder)
+        self.inputs = dict(inputs or {})
+        self.refused = 0  # entries found corrupt or written for another record
 
     @classmethod
     def for_job(cls, job: ShortListVerifier, cache: Path) -> VerificationCache:
@@ -232,27 +259,47 @@ class VerificationCache:
         }
         if job.query_part != "queries":  # database images as queries: entries of their own
             key["query_part"] = job.query_part
-        return cls(Path(cache) / "verification" / json_digest(key, 16))
+        return cls(Path(cache) / "verification" / json_digest(key, 16), verification_inputs(job))
+
+    def record(self, query: str, candidates: Sequence[tuple[str, str]]) -> dict[str, object]:
+        """What the entry of ``query``'s short list of ``candidates`` stands for."""
+        return {
+            "query": query,
+            "short_list": json_digest([list(c) for c in candidates]),
+            "inputs": self.inputs,
+        }
 
     def path(self, query: str, candidates: Sequence[tuple[str, str]]) -> Path:
         """The entry of ``query``'s short list of ``candidates`` (``(part, name)`` in order)."""
         return self.folder / f"{json_digest([query, [list(c) for c in candidates]], 24)}.npz"
 
-    def load(self, path: Path, order: NDArray[np.int64]) -> VerifiedList | None:
-        """The entry at ``path`` for the short list ``order``; ``None`` when it is missing, or
-        corrupt (then it is deleted, with a warning, to be computed again)."""
+    def load(
+        self, path: Path, order: NDArray[np.int64], record: dict[str, object] | None = None
+    ) -> VerifiedList | None:
+        """The entry at ``path`` for the short list ``order`` (written for ``record``,
+        :meth:`record`); ``None`` when it is missing, or corrupt or written for another record
+        (then it is deleted, with a warning, to be computed again)."""
         if not path.is_file():
             return None
         try:
-            z = load_npz(path, what="verified short list")
+            z = load_npz(path, what="verified short list", stands_for=record)
             return _from_arrays(z, order, path)
         except CorruptCache as exc:
-            log.warning("%s; verifying that short list again", exc)
+            # one warning per cache, however many entries a swap or an old version left behind
+            (log.debug if self.refused else log.warning)("%s; verifying that short list again", exc)
+            self.refused += 1
             path.unlink(missing_ok=True)
             return None
 
-    def save(self, path: Path, order: NDArray[np.int64], verified: VerifiedList) -> None:
-        """Write ``verified`` (the result for the short list ``order``) atomically."""
+    def save(
+        self,
+        path: Path,
+        order: NDArray[np.int64],
+        verified: VerifiedList,
+        record: dict[str, object] | None = None,
+    ) -> None:
+        """Write ``verified`` (the result for the short list ``order``, standing for ``record``)
+        atomically."""
         position = {int(v): i for i, v in enumerate(order.tolist())}
         keys = sorted(verified.matches, key=lambda v: position[v])
         arrays: dict[str, NDArray] = {
@@ -266,7 +313,7 @@ class VerificationCache:
             ).astype(np.float32),
         }
         self.folder.mkdir(parents=True, exist_ok=True)
-        save_npz(path, arrays)
+        save_npz(path, arrays, stands_for=record)
 
 
 def _from_arrays(z: dict[str, NDArray], order: NDArray[np.int64], path: Path) -> VerifiedList:
@@ -337,13 +384,16 @@ class VerifyBlock:
         self.folder = Path(folder)
 
     def __call__(self, block: QueryBlock) -> list[tuple[str, bool]]:
-        cache = VerificationCache(self.folder)
+        cache = VerificationCache(self.folder, verification_inputs(self.verifier))
+        parts = self.verifier.index_parts
         receipts = []
         for qi, qname, order, entry in block.lists:
             path = self.folder / entry
             computed = not path.is_file()
             if computed:
-                cache.save(path, np.asarray(order, np.int64), self.verifier((qi, qname, order)))
+                record = cache.record(qname, [parts[int(j)] for j in order])
+                verified = self.verifier((qi, qname, order))
+                cache.save(path, np.asarray(order, np.int64), verified, record)
             receipts.append((entry, computed))
         return receipts
 
@@ -375,14 +425,18 @@ def verify_short_lists(
     cache = VerificationCache.for_job(job, Path(ctx.cache))
     if cache.folder.is_dir():
         remove_stale_temps(cache.folder)
-    paths = [
-        cache.path(qname, [job.index_parts[int(j)] for j in order]) for _, qname, order in items
-    ]
+    lists = [(qname, [job.index_parts[int(j)] for j in order]) for _, qname, order in items]
+    paths = [cache.path(q, c) for q, c in lists]
+    records = [cache.record(q, c) for q, c in lists]
     orders = [np.asarray(it[2], np.int64) for it in items]
     results: list[VerifiedList | None] = [
-        cache.load(p, o) for p, o in zip(paths, orders, strict=True)
+        cache.load(p, o, r) for p, o, r in zip(paths, orders, records, strict=True)
     ]
     todo = [i for i, r in enumerate(results) if r is None]
+    if cache.refused > 1:
+        log.info(
+            "%s: %d cached short lists refused in all; verifying them again", desc, cache.refused
+        )
     log.info("%s: %d of %d short lists from the cache", desc, len(items) - len(todo), len(items))
     if todo:
         cache.folder.mkdir(parents=True, exist_ok=True)
@@ -402,7 +456,7 @@ def verify_short_lists(
             for _ in run:
                 pass
         for i in todo:
-            results[i] = cache.load(paths[i], orders[i])
+            results[i] = cache.load(paths[i], orders[i], records[i])
             if results[i] is None:
                 raise InputError(
                     f"{desc}: the verified short list of query {items[i][1]!r} is missing after its "

@@ -97,9 +97,14 @@ def training_descriptors(
     return store.config.finish(np.concatenate(parts))
 
 
+def vocabulary_record(spec: VocabularySpec, train: Benchmark) -> dict[str, object]:
+    """What the vocabulary of ``spec`` trained on ``train`` stands for (recorded inside its file)."""
+    return {**spec.settings(), "train": dataset_key(train), **determinism.cache_key()}
+
+
 def vocabulary_path(cache: Path, spec: VocabularySpec, train: Benchmark) -> Path:
     """Where the vocabulary of ``spec`` trained on ``train`` is cached."""
-    settings = {**spec.settings(), "train": dataset_key(train), **determinism.cache_key()}
+    settings = vocabulary_record(spec, train)
     return (
         Path(cache) / "vocabularies" / f"{train.id}-k{spec.n_words}-{json_digest(settings, 12)}.npz"
     )
@@ -122,7 +127,7 @@ def step_vocabulary(spec: VocabularySpec, train: Benchmark, ctx: RunContext) -> 
     with entry_lock(lock_path(path), what=f"the vocabulary {path}"):
         if path.exists():
             try:
-                load_vocabulary(path, spec.features)
+                load_vocabulary(path, spec.features, stands_for=vocabulary_record(spec, train))
                 if ctx.full_check:
                     step_features(train, features, ctx, parts=["database"])
                 return StepResult(path, hit=True)
@@ -144,7 +149,8 @@ def step_vocabulary(spec: VocabularySpec, train: Benchmark, ctx: RunContext) -> 
                 descriptor=_descriptor_name(spec.features),
                 seed=spec.seed,
             ).fit(x, trained_on=train.id)
-            return StepResult(voc.save(path), hit=False, computed=1)
+            saved = voc.save(path, stands_for=vocabulary_record(spec, train))
+            return StepResult(saved, hit=False, computed=1)
 
 
 def _descriptor_name(features: LocalExtractor) -> str:
@@ -153,9 +159,18 @@ def _descriptor_name(features: LocalExtractor) -> str:
 
 
 def load_vocabulary(
-    path: Path, features: LocalExtractor, *, threads: int | None = None
+    path: Path,
+    features: LocalExtractor,
+    *,
+    threads: int | None = None,
+    stands_for: dict[str, object] | None = None,
 ) -> Vocabulary:
-    """A vocabulary file, refused when it was trained for another descriptor or dimension."""
+    """A vocabulary file, refused when it was trained for another descriptor or dimension (or,
+    with ``stands_for``, :func:`vocabulary_record`, for anything else)."""
     return Vocabulary.load(
-        path, descriptor=_descriptor_name(features), dim=features.dim, threads=threads
+        path,
+        descriptor=_descriptor_name(features),
+        dim=features.dim,
+        threads=threads,
+        stands_for=stands_for,
     )

@@ -109,17 +109,31 @@ class Words:
         return np.diff(self.offsets)
 
     @classmethod
-    def load(cls, path: Path, *, trusted: FileIdentity | None = None) -> Words:
+    def load(
+        cls,
+        path: Path,
+        *,
+        trusted: FileIdentity | None = None,
+        stands_for: dict[str, object] | None = None,
+    ) -> Words:
         """Open a words file written by :func:`step_assign`, checking its digest (in full, unless
         ``trusted`` names this very file as another process checked it); ``words`` and
-        ``sq_dists`` are memory-mapped.
+        ``sq_dists`` are memory-mapped. ``stands_for``: the features it must have been assigned
+        from (:func:`words_record`).
 
         Raises:
             InputError: the file is missing.
-            CorruptCache: the file is damaged or does not match its digest.
+            CorruptCache: the file is damaged, does not match its digest, or was assigned from
+                other features than ``stands_for``.
         """
         path = Path(path)
-        z = load_npz(path, what="visual-words file", mapped=("words", "sq_dists"), trusted=trusted)
+        z = load_npz(
+            path,
+            what="visual-words file",
+            mapped=("words", "sq_dists"),
+            trusted=trusted,
+            stands_for=stands_for,
+        )
         try:
             return cls(
                 tuple(z["names"].tolist()),
@@ -139,6 +153,13 @@ def store_spec(store: FeatureStore) -> tuple[Path, LocalExtractor, dict[str, obj
     """What reopens ``store`` in another process: ``(folder, extractor, extra metadata)``."""
     extra = {k: v for k, v in store.meta.items() if k not in ("format", "config", "digest")}
     return store.directory, store.config, extra
+
+
+def words_record(store: FeatureStore, names: Sequence[str]) -> dict[str, object]:
+    """What the words of ``names`` stand for: the features the store holds for them now
+    (:meth:`~oxbench.features.store.FeatureStore.features_digest`; an image described again after
+    its file changed makes them another record, :func:`oxbench.cache.stands_for_record`)."""
+    return {"features": store.features_digest(names)}
 
 
 def reopen_store(spec: tuple[Path, LocalExtractor, dict[str, object]]) -> FeatureStore:
@@ -208,6 +229,7 @@ class AssignShard:
             "words": words,
             "sq_dists": sq_dists,
             "vocabulary": np.array(self.voc.file_digest_),
+            "features": np.array(self.store.features_digest(chunk)),
         }
         return write_npz_shard(
             self.directory,
@@ -225,13 +247,14 @@ def words_path(cache: Path, bench: Benchmark, vocab_path: Path, k: int, part: st
     return Path(cache) / dataset_key(bench) / "words" / f"{vocab_path.stem}-k{k}" / f"{part}.npz"
 
 
-def _shard_checker(vocabulary: str, k: int):  # noqa: ANN202 - the check of read_npz_shards
+def _shard_checker(vocabulary: str, k: int, store: FeatureStore):  # noqa: ANN202 - read_npz_shards
     def check(z: dict[str, NDArray[Any]], names: list[str]) -> str | None:
         try:
             counts, words, dists = z["counts"], z["words"], z["sq_dists"]
             ok = (
                 z["names"].tolist() == names
                 and str(z["vocabulary"]) == vocabulary
+                and str(z["features"]) == store.features_digest(names)
                 and counts.shape == (len(names),)
                 and words.dtype == np.int32
                 and dists.dtype == np.float32
@@ -239,7 +262,7 @@ def _shard_checker(vocabulary: str, k: int):  # noqa: ANN202 - the check of read
             )
         except (KeyError, AttributeError, ValueError):
             ok = False
-        return None if ok else "is for other images, another vocabulary or another k"
+        return None if ok else "is for other images or features, another vocabulary or another k"
 
     return check
 
@@ -280,7 +303,7 @@ def step_assign(
     with entry_lock(lock_path(out_path), what=f"the visual words {out_path}"):
         if out_path.exists():
             try:
-                existing = Words.load(out_path)
+                existing = Words.load(out_path, stands_for=words_record(store, names))
                 if (list(existing.names), existing.words.shape[1], existing.vocabulary) == (
                     list(names),
                     k,
@@ -296,7 +319,7 @@ def step_assign(
         store.require_all(names)
         if shards.is_dir():
             remove_stale_temps(shards)
-        check = _shard_checker(voc.file_digest_, k)
+        check = _shard_checker(voc.file_digest_, k, store)
         done, todo = read_npz_shards(
             shards, names, shard_size, what="visual-words shard", check=check
         )
@@ -328,7 +351,14 @@ def step_assign(
         )
         if todo:
             raise InputError(f"{todo[0]}: visual words missing after its task returned", shards)
-        _save_words(voc, names, [done[n] for n in sorted(done)], out_path, k=k)
+        _save_words(
+            voc,
+            names,
+            [done[n] for n in sorted(done)],
+            out_path,
+            k=k,
+            stands_for=words_record(store, names),
+        )
         discard_folder(shards)
         return StepResult(out_path, hit=False, computed=computed)
 
@@ -340,9 +370,11 @@ def _save_words(
     out_path: Path,
     *,
     k: int,
+    stands_for: dict[str, object] | None = None,
 ) -> Path:
     """The shards (memory-mapped) written one after another into the words file, never concatenated
-    in memory: at a million images the words alone are gigabytes."""
+    in memory: at a million images the words alone are gigabytes. ``stands_for``: the features
+    they were assigned from (:func:`words_record`)."""
     offsets = np.zeros(len(names) + 1, np.int64)
     if shards:
         np.cumsum(np.concatenate([z["counts"] for z in shards]), out=offsets[1:])
@@ -355,6 +387,7 @@ def _save_words(
             "sq_dists": [np.zeros((0, k), np.float32)] + [z["sq_dists"] for z in shards],
             "vocabulary": np.array(voc.file_digest_),
         },
+        stands_for=stands_for,
     )
 
 
@@ -423,7 +456,11 @@ def describe_and_assign(
     """
     with ctx.timed("features"):
         done = step_features(bench, features, ctx)
-    ctx.record_step("features", hit=all(r.hit for r in done.values()))
+    ctx.record_step(
+        "features",
+        hit=all(r.hit for r in done.values()),
+        computed=sum(r.computed for r in done.values()),
+    )
     parts = parts_of(bench)
     worded = WordedParts(
         dataset_key(bench),
