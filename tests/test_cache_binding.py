@@ -284,8 +284,8 @@ def test_verify_images_finds_a_change_that_stat_cannot(
     said = _warnings(caplog)
     assert len(said) == 1 and "1 of 4 images" in said[0] and "'im1'" in said[0], said
     assert sorted(again.names) == ["im0", "im1", "im2", "im3"]
-    assert again.get_raw("im0")[2].tobytes() == store.get_raw("im0")[2].tobytes()
-    assert again.get_raw("im1")[2].tobytes() != before[2].tobytes()
+    assert again.get_raw("im0").descriptors.tobytes() == store.get_raw("im0").descriptors.tobytes()
+    assert again.get_raw("im1").descriptors.tobytes() != before.descriptors.tobytes()
     paths[3].write_bytes(b"")  # a 0-byte image under a warm cache: described again, so refused
     with pytest.raises(InputError, match="cannot decode image"):
         extract_to_store(
