@@ -36,7 +36,7 @@ from oxbench.pipelines.steps.verify import (
     ShortListVerifier,
     VerifiedList,
     VerifySettings,
-    verify_short_lists,
+    verify_ranked,
 )
 from oxbench.pipelines.steps.words import store_spec
 
@@ -126,20 +126,15 @@ class LocalSource:
         """Spatially verify each query's top ``r`` (or the lists in ``rows``) by descriptor matching."""
         if self._key is None:
             raise InputError("local source: prepare it for the benchmark before verifying")
-        names = self._names[query_part]
-        if rows is None:
-            items = [(qi, names[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])]
-        else:
-            items = [(qi, names[qi], order) for qi, order in rows.items()]
         job = ShortListVerifier(
             stores={p: store_spec(s) for p, s in self._stores.items()},
             words={},
             index_parts=self.index_parts,
             settings=self.settings,
             query_part=query_part,
+            store_digests={p: s.content_digest() for p, s in self._stores.items()},
         )
-        with ctx.timed(stage):
-            return verify_short_lists(job, items, ctx, desc=stage.replace("_", " "))
+        return verify_ranked(job, self._names[query_part], ranks, r, ctx, rows=rows, stage=stage)
 
 
 class GlobalSource:

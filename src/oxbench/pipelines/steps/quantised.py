@@ -22,7 +22,7 @@ from oxbench.errors import InputError
 from oxbench.pipelines.method import RetrievalMethod, RunContext
 from oxbench.pipelines.steps.keys import dataset_key
 from oxbench.pipelines.steps.settings import LocalQuantisation
-from oxbench.pipelines.steps.verify import VerifiedList, short_list_verifier, verify_short_lists
+from oxbench.pipelines.steps.verify import VerifiedList, short_list_verifier, verify_ranked
 from oxbench.pipelines.steps.vocabulary import load_vocabulary, step_vocabulary
 from oxbench.pipelines.steps.words import WordedParts, describe_and_assign
 
@@ -167,11 +167,6 @@ class QuantisingMethod(RetrievalMethod):
         against their neighbours).
         """
         assert self._parts is not None
-        names = self._parts.names[query_part]
-        if rows is None:
-            items = [(qi, names[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])]
-        else:
-            items = [(qi, names[qi], order) for qi, order in rows.items()]
         job = short_list_verifier(self._parts, self.config.verification(), query_part)
-        with ctx.timed(stage):
-            return verify_short_lists(job, items, ctx, desc=stage.replace("_", " "))
+        names = self._parts.names[query_part]
+        return verify_ranked(job, names, ranks, r, ctx, rows=rows, stage=stage)

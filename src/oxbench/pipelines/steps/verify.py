@@ -503,3 +503,23 @@ def joined(
         verified, inliers = verified[by_inliers], inliers[by_inliers]
         found.update(second.matches)
     return verified, inliers, {v: found[v] for v in verified.tolist() if v in found}
+
+
+def verify_ranked(
+    job: ShortListVerifier,
+    names: Sequence[str],
+    ranks: NDArray[np.int64],
+    r: int,
+    ctx: RunContext,
+    *,
+    rows: dict[int, NDArray[np.int64]] | None = None,
+    stage: str = "spatial",
+) -> list[VerifiedList]:
+    """:func:`verify_short_lists` of each query's top ``r`` of ``ranks`` (or, with ``rows``, of
+    those lists only, in order); ``names``: the queries' image names. Timed as ``stage``."""
+    if rows is None:
+        items = [(qi, names[qi], ranks[qi, :r]) for qi in range(ranks.shape[0])]
+    else:
+        items = [(qi, names[qi], order) for qi, order in rows.items()]
+    with ctx.timed(stage):
+        return verify_short_lists(job, items, ctx, desc=stage.replace("_", " "))
