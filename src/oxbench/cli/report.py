@@ -117,11 +117,11 @@ def report(
     mAP / mP@10, then other datasets; daggers mark significant differences from the first run."""
     from oxbench.fileio import atomic_write_text
     from oxbench.report.paper import paper_table, parse_setups
-    from oxbench.report.runs import load_runs
+    from oxbench.report.seeds import load_entries
 
     chosen = None if setups is None else parse_setups(setups)  # one line before runs are read
     table = paper_table(
-        load_runs(runs),
+        load_entries(runs),  # a seed group is one row
         alpha=alpha,
         n_resamples=resamples,
         seed=seed,
