@@ -98,7 +98,18 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> dict:
         progress=False,
         workers=1,
     )
-    return {"root": root, "tmp": tmp, "outcome": out}
+    other = run(
+        "synthetic",
+        METHOD,
+        root=root,
+        cache=tmp / "cache",
+        runs_dir=tmp / "runs-b",
+        overrides={"vocab_size": 32},
+        seeds="0,1,2",
+        progress=False,
+        workers=1,
+    )
+    return {"root": root, "tmp": tmp, "outcome": out, "other": other}
 
 
 def test_a_group_is_one_config_folder_with_one_run_per_seed(group: dict) -> None:
@@ -235,3 +246,73 @@ def test_the_member_record_is_checked(group: dict, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="given twice"):
         RunRecord.load(bad)
     assert SeedMember("g", 0, (0,), ("vocab_seed",)).to_dict()["settings"] == ["vocab_seed"]
+
+
+def test_compare_of_two_groups_tests_seeds_and_queries(
+    group: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.evaluation.bootstrap import two_level_test
+    from oxbench.report.seeds import load_entries
+
+    a, b = group["outcome"].config_dir, group["other"].config_dir
+    code, stdout, stderr = cli(capsys, "compare", str(a), str(b), "--json", "--resamples", "2000")
+    assert code == 0, stderr
+    got = json.loads(stdout)
+    assert got["baseline"]["seeds"] == [0, 1, 2] and len(got["baseline"]["runs"]) == 3
+    (comparison,) = got["comparisons"]
+    ga, gb = load_entries([a, b])
+    for setup, row in comparison["setups"].items():
+        want = two_level_test(
+            ga.per_query_matrix(setup), gb.per_query_matrix(setup), n_resamples=2000, seed=0
+        )
+        assert row["two_level"]["p_value"] == pytest.approx(want.p_value)
+        assert row["two_level"]["diff"] == pytest.approx(gb.mean(setup) - ga.mean(setup))
+        # the query-level test runs on the seed-averaged per-query values
+        assert row["mean_a"] == pytest.approx(np.nanmean(ga.per_query(setup)))
+        assert row["holds"] == (max(row["p_holm"], row["p_seeds_holm"]) < 0.05)
+    code, stdout, _ = cli(capsys, "compare", str(a), str(b), "--resamples", "500")
+    assert code == 0 and "p_seeds" in stdout and "holds" in stdout
+    assert "mean (min-max) over 3 seeds" in stdout
+
+
+def test_report_shows_the_spread_of_each_group(
+    group: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.report.seeds import load_entries
+
+    a, b = group["outcome"].config_dir, group["other"].config_dir
+    code, stdout, stderr = cli(capsys, "report", str(a), str(b), "--resamples", "500")
+    assert code == 0, stderr
+    ga, gb = load_entries([a, b])
+    maps = 100 * ga.member_means("medium")
+    cell = f"{maps.mean():.1f} ({maps.min():.1f}-{maps.max():.1f})"
+    assert cell in stdout
+    assert "mean (min-max) over 3 seeds" in stdout and "two-level bootstrap" in stdout
+    code, latex, _ = cli(capsys, "report", str(a), str(b), "--format", "latex", "--resamples", "50")
+    assert code == 0 and cell in latex
+
+
+def test_groups_of_different_datasets_are_refused(
+    group: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    other = tmp_path / "other"
+    shutil.copytree(group["other"].config_dir, other)
+    for run_dir in list_runs(other):
+        ds = json.loads((run_dir / "dataset.json").read_text())
+        ds["id"] = "elsewhere"
+        (run_dir / "dataset.json").write_text(json.dumps(ds))
+    code, _, stderr = cli(capsys, "compare", str(group["outcome"].config_dir), str(other))
+    assert code == 2 and "dataset 'elsewhere' differs" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+def test_plot_draws_a_group_as_one_entry(group: dict, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from oxbench.report.plots import plot_runs, precision_recall
+    from oxbench.report.seeds import load_entries
+
+    ga, gb = load_entries([group["outcome"].config_dir, group["other"].config_dir])
+    written = plot_runs(ga, tmp_path / "fig", other=gb)
+    assert {p.stem for p in written} >= {"ap_per_query", "precision_recall", "ap_scatter"}
+    curves = [precision_recall(m, "medium")[1] for m in ga.members]
+    np.testing.assert_allclose(precision_recall(ga, "medium")[1], np.mean(curves, axis=0))

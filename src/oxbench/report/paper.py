@@ -23,13 +23,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
-from numpy.typing import NDArray
-
 from oxbench.errors import InputError
 from oxbench.evaluation.bootstrap import spread_note
 from oxbench.report.runs import RunRecord, check_comparable
-from oxbench.report.seeds import SeedGroup, cell_text, seeds_of
+from oxbench.report.seeds import SeedGroup, cell_text, seeds_of, value_matrix
 from oxbench.report.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, holm, paired_test
 
 FORMATS = ("md", "latex", "csv", "html")
@@ -387,12 +384,9 @@ def _column_test(
     if seeds_of(a) == 1 and seeds_of(b) == 1:
         return p_queries, p_queries
     p_seeds = two_level_test(
-        _matrix(a, col), _matrix(b, col), n_resamples=n_resamples, seed=seed
+        value_matrix(a, col.setup, col.metric),
+        value_matrix(b, col.setup, col.metric),
+        n_resamples=n_resamples,
+        seed=seed,
     ).p_value
     return p_queries, p_seeds
-
-
-def _matrix(entry: RunRecord | SeedGroup, col: Column) -> NDArray[np.float64]:
-    if isinstance(entry, SeedGroup):
-        return entry.per_query_matrix(col.setup, col.metric)
-    return entry.per_query(col.setup, col.metric)[None, :]

@@ -113,6 +113,11 @@ class SeedGroup:
     def n(self) -> int:
         return len(self.members)
 
+    @property
+    def k(self) -> int:
+        """The shortest stored top-k of the members (what a precision-recall curve reaches)."""
+        return min(m.k for m in self.members)
+
     def per_query_matrix(self, setup: str, metric: str = "ap") -> NDArray[np.float64]:
         """``(seeds, queries)``: each member's per-query values (``nan`` where skipped)."""
         return np.stack([m.per_query(setup, metric) for m in self.members])
@@ -232,6 +237,13 @@ def any_group(entries: Sequence[Entry]) -> bool:
 def seeds_of(entry: Entry) -> int:
     """How many seeds an entry averages (1 for a plain run)."""
     return entry.n if isinstance(entry, SeedGroup) else 1
+
+
+def value_matrix(entry: Entry, setup: str, metric: str = "ap") -> NDArray[np.float64]:
+    """``(seeds, queries)`` per-query values: a group's members, a single run's one row."""
+    if isinstance(entry, SeedGroup):
+        return entry.per_query_matrix(setup, metric)
+    return entry.per_query(setup, metric)[None, :]
 
 
 def cell_text(entry: Entry, setup: str, metric: str, decimals: int) -> str:
