@@ -407,15 +407,23 @@ def runs(runs_dir: str, as_json: bool) -> None:
 
 @click.command("methods")
 @click.argument("name", required=False)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="With NAME: also the settings of the family's other descriptor kinds, which this "
+    "preset does not read.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
-def methods(name: str | None, as_json: bool) -> None:
-    """The method families and their presets; with NAME, every setting of that preset.
+def methods(name: str | None, show_all: bool, as_json: bool) -> None:
+    """The presets, one line each (what it is and its paper), by family; with NAME, the settings
+    that apply to that preset.
 
     A preset's settings are what `oxbench run --method NAME --set KEY=VALUE` takes: one row per
     setting (nested ones as dotted names, e.g. features.max_side) with its type, the preset's
     value, the values it accepts and what it means, read from the schema the values are checked with.
     """
-    from oxbench.pipelines.method import METHODS, method_families
+    from oxbench.pipelines.method import METHODS, method_families, preset_about
 
     if name is None:
         families = method_families()
@@ -427,6 +435,7 @@ def methods(name: str | None, as_json: bool) -> None:
                             "family": f.name,
                             "about": f.about,
                             "presets": list(f.presets),
+                            "presets_about": {p: preset_about(p) for p in f.presets},
                             "origins": {p: str(METHODS.origin(p)) for p in f.presets},
                         }
                         for f in families
@@ -439,16 +448,19 @@ def methods(name: str | None, as_json: bool) -> None:
         click.echo(
             f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings"
         )
+        width = max(len(p) for f in families for p in f.presets)
         for f in families:
             click.echo(f"\n{f.name}: {f.about}")
             for preset in f.presets:
                 origin = METHODS.origin(preset)  # a plugin's presets say where they come from
-                click.echo(f"  {preset}" + ("" if origin.builtin else f"  [from {origin}]"))
+                where = "" if origin.builtin else f"  [from {origin}]"
+                click.echo(f"  {preset.ljust(width)}  {preset_about(preset)}{where}")
         return
     from oxbench.pipelines.method import settings_rows
 
     config = METHODS.get(name)
-    rows = settings_rows(config)
+    every = settings_rows(config)
+    rows = every if show_all else [r for r in every if setting_applies(config, r.name, r.doc)]
     if as_json:
         click.echo(
             json.dumps(
@@ -467,9 +479,8 @@ def methods(name: str | None, as_json: bool) -> None:
             )
         )
         return
-    click.echo(
-        f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE"
-    )
+    click.echo(f"{config.name} ({config.family}): {preset_about(config.name)}")
+    click.echo(f"{len(rows)} settings, changed with --set KEY=VALUE")
     table = [["setting", "type", "default", "meaning [accepts]"]]
     table += [
         [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
@@ -483,6 +494,32 @@ def methods(name: str | None, as_json: bool) -> None:
             + "  "
             + row[3]
         )
+    hidden = len(every) - len(rows)
+    if hidden:
+        kind = getattr(config, "descriptor", "")
+        click.echo(
+            f"({hidden} settings of the family's other descriptor kinds, which a {kind} preset "
+            "does not read, are left out; --all lists them)"
+        )
+
+
+#: The descriptor kinds of a global preset, as the settings' meanings begin (``cnn: GeM exponent``).
+_KINDS = ("vlad", "cnn", "features")
+
+
+def setting_applies(config: object, name: str, doc: str) -> bool:
+    """Whether a preset reads a setting: a global preset (one with a ``descriptor`` kind) reads
+    its own kind's settings (their meaning begins ``<kind>:``; the local features ``features.*``
+    belong to ``vlad``) and the shared ones; every other preset reads all of its settings."""
+    kind = getattr(config, "descriptor", None)
+    if kind not in _KINDS:
+        return True
+    if name.startswith("features."):
+        return kind == "vlad"
+    head = doc.split(":", 1)[0].split(" ", 1)[0] if ":" in doc else ""
+    if head == "fit_network":  # the epochs of the network fit_network trains
+        return kind == "cnn"
+    return head not in _KINDS or head == kind
 
 
 def _shown(value: object) -> str:
