@@ -316,3 +316,27 @@ def test_plot_draws_a_group_as_one_entry(group: dict, tmp_path: Path) -> None:
     assert {p.stem for p in written} >= {"ap_per_query", "precision_recall", "ap_scatter"}
     curves = [precision_recall(m, "medium")[1] for m in ga.members]
     np.testing.assert_allclose(precision_recall(ga, "medium")[1], np.mean(curves, axis=0))
+
+
+def test_overwrite_replaces_the_earlier_runs_once_not_each_member(
+    group: dict, tmp_path: Path
+) -> None:
+    from oxbench.pipelines import run
+
+    out = tmp_path / "grp"
+    shutil.copytree(group["outcome"].config_dir, out)
+    assert len(list_runs(out)) == 3
+    again = run(
+        "synthetic",
+        METHOD,
+        root=group["root"],
+        cache=group["tmp"] / "cache",
+        out=out,
+        overrides=TINY,
+        seeds=[5, 6],
+        overwrite=True,
+        progress=False,
+        workers=1,
+    )
+    assert sorted(list_runs(out)) == sorted(o.run_dir for o in again.group)
+    assert [o.record["seeds"]["vocab_seed"] for o in again.group] == [5, 6]
