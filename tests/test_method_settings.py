@@ -170,11 +170,17 @@ def _cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]
 def test_methods_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    code, out, _ = _cli(capsys, "methods", "gem-r18-synthetic", "--json")
+    code, out, _ = _cli(capsys, "methods", "gem-r18-synthetic", "--json", "--all")
     assert code == 0
     rows = {r["name"]: r for r in json.loads(out)}
     config = resolve_method("gem-r18-synthetic")
     assert set(rows) == {name for name, _ in _settings(config)}
+    # without --all: what a cnn preset reads (not VLAD's codebook, the local features or files)
+    code, out, _ = _cli(capsys, "methods", "gem-r18-synthetic", "--json")
+    applying = {r["name"] for r in json.loads(out)}
+    assert {"backbone", "gem_p", "seed", "whitening", "nprobe", "rerank"} <= applying
+    assert not applying & {"vlad_k", "vlad_seed", "db_features", "features.max_side"}
+    assert applying < set(rows)
     assert rows["max_side"]["default"] == 160 and rows["max_side"]["type"] == "int"
     assert rows["fit_network"]["default"] is True and "diffusion.alpha" not in rows
     # a stage's settings are listed with the pipeline that runs it, under the stage's group
@@ -196,9 +202,9 @@ def test_every_preset_setting_appears_in_methods_with_a_type_and_a_default(
 ) -> None:
     """`oxbench methods NAME` shows every setting `--set` takes, each with its type and the preset's value."""
     for preset in list_methods():
-        code, out, _ = _cli(capsys, "methods", preset)
+        code, out, _ = _cli(capsys, "methods", preset, "--all")
         assert code == 0
-        listed = {line.split()[0]: line.split()[1:] for line in out.splitlines()[2:]}
+        listed = {line.split()[0]: line.split()[1:] for line in out.splitlines()[3:]}
         config = resolve_method(preset)
         for name, f in _settings(config):
             assert name in listed, (preset, name)
@@ -221,6 +227,35 @@ def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixt
     assert (
         code == 0 and "rootsift-bow-sv-qe" in text and text.startswith(f"{len(families)} families")
     )
+    # one line per preset: its name, then what it is and its paper
+    for f in families.values():
+        for preset in f["presets"]:
+            (line,) = [x for x in text.splitlines() if x.split()[:1] == [preset]]
+            assert line.split(None, 1) == [preset, f["presets_about"][preset]]
+    assert (
+        "rootsift-bow-sv-qe  RootSIFT BoW + spatial verification + AQE from verified images "
+        "(Chum et al. 2007)"
+        in " ".join(text.split()).replace("rootsift-bow-sv-qe ", "rootsift-bow-sv-qe  ")
+    )
+
+
+def test_every_builtin_preset_says_what_it_is_and_a_plugin_can_say_it_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import re
+
+    from oxbench.pipelines import method
+    from oxbench.pipelines.about import ABOUT
+
+    builtin = [p for p in list_methods() if method.METHODS.origin(p).builtin]
+    assert set(ABOUT) == set(builtin)  # no preset without its line, no line without its preset
+    for preset in builtin:
+        about = method.preset_about(preset)
+        # a paper ("(Chum et al. 2007)") or what the user brings / oxbench trains
+        assert re.search(r"(19|20)\d\d\)$", about) or "your" in about or "synthetic" in about
+        assert "\n" not in about and len(about) < 200, preset
+    monkeypatch.setitem(method._PRESET_ABOUT, "rootsift-bow", "said by register_method (X 2020)")
+    assert method.preset_about("rootsift-bow") == "said by register_method (X 2020)"
 
 
 @pytest.mark.parametrize(("args", "words"), [

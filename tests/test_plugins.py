@@ -152,7 +152,9 @@ class Thumbs(RetrievalMethod):
         return run_stages(ranking, self.stages, self.space, ctx).result()
 
 
-register_method(ThumbsConfig("oxplug-thumbs", rerank=("swap-top",)))
+register_method(
+    ThumbsConfig("oxplug-thumbs", rerank=("swap-top",)), about="thumbnails, then swap-top (Nobody 2026)"
+)
 register_method(ThumbsConfig("oxplug-thumbs-16", side=16))
 '''
 
@@ -330,10 +332,16 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_plugin_presets_are_listed_with_their_origin(plugin: Path, tmp_path: Path) -> None:
     done = _oxbench([plugin], "methods", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert "  oxplug-thumbs  [from oxplug 0.1]" in lines
-    assert "  oxplug-thumbs-16  [from oxplug 0.1]" in lines
-    assert "  rootsift-bow" in lines  # the built-ins carry no origin
+    lines = [" ".join(ln.split()) for ln in done.stdout.splitlines()]
+    # register_method(config, about=...) says what a preset is; without it, the family's line
+    assert "oxplug-thumbs thumbnails, then swap-top (Nobody 2026) [from oxplug 0.1]" in lines
+    assert any(
+        ln.startswith("oxplug-thumbs-16 Thumbnail retrieval (a plugin)")
+        and ln.endswith("[from oxplug 0.1]")
+        for ln in lines
+    )
+    (bow,) = [ln for ln in lines if ln.split()[:1] == ["rootsift-bow"]]
+    assert "[from" not in bow  # the built-ins carry no origin
     assert any(ln.startswith("thumbs: Thumbnail retrieval (a plugin)") for ln in lines)
     assert done.stderr == ""
     listing = json.loads(_oxbench([plugin], "methods", "--json", cwd=tmp_path).stdout)
@@ -428,8 +436,9 @@ def test_a_plugin_that_fails_to_import_is_one_warning_and_the_rest_are_listed(
     )
     done = _oxbench([plugin, broken], "methods", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "  oxplug-thumbs  [from oxplug 0.1]" in done.stdout.splitlines()
-    assert "  rootsift-bow" in done.stdout.splitlines()
+    lines = [" ".join(ln.split()) for ln in done.stdout.splitlines()]
+    assert "oxplug-thumbs thumbnails, then swap-top (Nobody 2026) [from oxplug 0.1]" in lines
+    assert any(ln.split()[:1] == ["rootsift-bow"] for ln in lines)
     warning = done.stderr.splitlines()
     assert len(warning) == 1, done.stderr
     assert "PluginWarning" in warning[0] and "'broken'" in warning[0]

@@ -886,6 +886,30 @@ def _check_footprint(footprint: Any, path: Path) -> None:
         )
 
 
+def _check_seed_group(group: Any, path: Path) -> None:
+    """``record.json``'s ``seed_group`` (:mod:`oxbench.pipelines.seedgroup`): a group id, the
+    member's seed, the group's seeds (:class:`oxbench.schema.SeedList`) and the settings set."""
+    from oxbench.schema import SeedList
+
+    _need(isinstance(group, dict), "'seed_group' must be an object", path)
+    _need(_is_text(group.get("id")), "'seed_group' needs an 'id' (text)", path)
+    try:
+        seeds = SeedList().check("seed_group.seeds", group.get("seeds"), what="record field")
+    except InputError as exc:
+        raise InputError(exc.problem, path) from None
+    _need(
+        _is_int(group.get("seed")) and group["seed"] in seeds,
+        f"'seed_group' seed {_show(group.get('seed'))} is not one of its seeds",
+        path,
+    )
+    settings = group.get("settings")
+    _need(
+        isinstance(settings, list) and all(_is_text(x) for x in settings),
+        "'seed_group' settings must be a list of setting names",
+        path,
+    )
+
+
 @dataclass(frozen=True, eq=False)
 class RunRecord:
     """One run (a run-id folder), read and checked. Build it with :meth:`load`.
@@ -981,6 +1005,8 @@ class RunRecord:
             _check_execution(record["execution"], rec_path)
         if "footprint" in record:
             _check_footprint(record["footprint"], rec_path)
+        if record.get("seed_group") is not None:
+            _check_seed_group(record["seed_group"], rec_path)
         ds_path = folder / "dataset.json"
         dataset = read_record_json(ds_path)
         _need(isinstance(dataset, dict), "expected a JSON object", ds_path)
@@ -1105,6 +1131,12 @@ class RunRecord:
     @property
     def n_queries(self) -> int:
         return len(self.queries)
+
+    @property
+    def seed_group(self) -> Mapping[str, Any] | None:
+        """``record.json``'s ``seed_group`` (checked), ``None`` for a run of no seed group."""
+        group = self.record.get("seed_group")
+        return group if isinstance(group, dict) else None
 
     @property
     def query_names(self) -> tuple[str, ...]:
@@ -1320,6 +1352,7 @@ class RunSummary:
     headline: str
     label: str = ""
     n_distractors: int = 0
+    seed_group: Mapping[str, Any] | None = None
 
 
 def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
@@ -1354,6 +1387,7 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
                     rec.headline(),
                     rec.label,
                     rec.n_distractors,
+                    rec.seed_group,
                 )
             )
     return sorted(out, key=lambda r: (r.started, str(r.run_dir)))

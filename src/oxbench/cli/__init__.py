@@ -32,6 +32,11 @@ _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {
     "data": ("oxbench.cli.data", "data", "List, fetch, import, verify and generate datasets."),
     "run": ("oxbench.cli.run", "run", "Run a method end to end, evaluate it, keep a run record."),
     "runs": ("oxbench.cli.run", "runs", "List run records with their headline numbers."),
+    "milestones": (
+        "oxbench.cli.milestones",
+        "milestones",
+        "The field's milestone presets, n seeds each, beside the published figures and trends.",
+    ),
     "methods": (
         "oxbench.cli.run",
         "methods",

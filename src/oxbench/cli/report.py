@@ -61,10 +61,10 @@ def compare(
     """Compare RUN_B [RUN_C ...] with RUN_A, query by query: mAP difference, bootstrap CI,
     randomization-test p-value (Holm-adjusted when several runs are compared)."""
     from oxbench.report.compare import compare_runs
-    from oxbench.report.runs import load_runs
+    from oxbench.report.seeds import load_entries
 
     result = compare_runs(
-        load_runs(runs),
+        load_entries(runs),  # a seed group is one entry
         metric=metric,
         setups=setups or None,
         n_resamples=resamples,
@@ -117,11 +117,11 @@ def report(
     mAP / mP@10, then other datasets; daggers mark significant differences from the first run."""
     from oxbench.fileio import atomic_write_text
     from oxbench.report.paper import paper_table, parse_setups
-    from oxbench.report.runs import load_runs
+    from oxbench.report.seeds import load_entries
 
     chosen = None if setups is None else parse_setups(setups)  # one line before runs are read
     table = paper_table(
-        load_runs(runs),
+        load_entries(runs),  # a seed group is one row
         alpha=alpha,
         n_resamples=resamples,
         seed=seed,
@@ -148,10 +148,11 @@ def report(
 def plot(run: str, run_b: str | None, out: str, fmt: str) -> None:
     """Figures of RUN (and RUN_B): per-query AP, AP vs positives, precision-recall, A-vs-B scatter."""
     from oxbench.report.plots import plot_runs
-    from oxbench.report.runs import RunRecord
+    from oxbench.report.seeds import load_entries
 
-    other = RunRecord.load(run_b) if run_b else None
-    for path in plot_runs(RunRecord.load(run), out, other=other, fmt=fmt):
+    entries = load_entries([run] if run_b is None else [run, run_b])  # a seed group is one entry
+    other = entries[1] if len(entries) > 1 else None
+    for path in plot_runs(entries[0], out, other=other, fmt=fmt):
         click.echo(str(path))
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
+import numpy as np
 
 from oxbench.cli.options import (
     execution_options,
@@ -16,6 +18,9 @@ from oxbench.cli.options import (
     parse_workers,
 )
 from oxbench.errors import InputError
+
+if TYPE_CHECKING:
+    from oxbench.pipelines.runner import RunOutcome
 
 
 @click.command("run")
@@ -126,6 +131,20 @@ from oxbench.errors import InputError
     help="Learned steps (k-means, word assignment) with one BLAS / faiss thread, so their result "
     "does not depend on --workers or the cores (recorded; see oxbench.determinism).",
 )
+@click.option(
+    "--seeds",
+    default=None,
+    metavar="0,1,2",
+    help="Run once per seed, every seed setting of the method (vocab_seed, he_seed, vlad_seed, "
+    "index_seed, a CNN's seed) set to it, as one seed group in one config folder; runs, compare, "
+    "report and plot show its mean and spread. The dataset's own generation seed is not changed.",
+)
+@click.option(
+    "--repeat",
+    default=None,
+    metavar="N",
+    help="Shorthand of --seeds 0,1,...,N-1.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @click.option("--no-progress", is_flag=True, help="No progress bars.")
 def run(
@@ -155,6 +174,8 @@ def run(
     label: str | None,
     partition: str | None,
     deterministic: bool,
+    seeds: str | None,
+    repeat: str | None,
     as_json: bool,
     no_progress: bool,
 ) -> None:
@@ -191,6 +212,12 @@ def run(
                 raise InputError(f"{flag} does not apply to {preset.name} ({preset.family})")
             overrides[setting_name] = raw
     part = parse_partition(partition)
+    group_seeds = parse_seed_options(seeds, repeat)
+    if part is not None and group_seeds is not None:
+        raise InputError(
+            "--seeds / --repeat do not apply to --partition: the extraction shards are the same "
+            "for every seed (run --partition without them, then the seed group)"
+        )
     if part is not None and ds_options:
         raise InputError(
             "--dataset-option does not apply to --partition yet; describe the partitions without it"
@@ -247,7 +274,11 @@ def run(
         dataset_options=ds_options,
         deterministic=deterministic,
         verify_images=verify_images,
+        seeds=group_seeds,
     )
+    if outcome.group:
+        _report_group(outcome, as_json)
+        return
     cfg = outcome.config
     if as_json:
         payload = outcome.result.to_dict()
@@ -281,14 +312,68 @@ def run(
     click.echo(f"run folder: {outcome.run_dir}  ({total:.1f} s)")
 
 
+def parse_seed_options(seeds: str | None, repeat: str | None) -> tuple[int, ...] | None:
+    """``--seeds`` or ``--repeat N`` (seeds ``0..N-1``) as the seeds of a group, ``None`` for one run.
+
+    Raises:
+        InputError: both given, or a value :class:`oxbench.schema.SeedList` refuses.
+    """
+    from oxbench.schema import MAX_SEEDS, Int, parse_seeds
+
+    if seeds is not None and repeat is not None:
+        raise InputError("give --seeds or --repeat, not both")
+    if repeat is not None:
+        n = Int(lo=1, hi=MAX_SEEDS).parse("--repeat", repeat, what="option")
+        return tuple(range(n))
+    return None if seeds is None else parse_seeds(seeds)
+
+
+def _report_group(outcome: RunOutcome, as_json: bool) -> None:
+    """What ``run --seeds`` prints: each seed's numbers, then the group's mean and spread."""
+    from oxbench.records import RunRecord
+    from oxbench.report.seeds import load_group
+
+    members = outcome.group
+    group = load_group(RunRecord.load(members[-1].run_dir))
+    if as_json:
+        payload = {
+            "seed_group": group.group_id,
+            "seeds": list(group.seeds),
+            "settings": list(group.settings),
+            "config_dir": str(group.path),
+            "label": group.label,
+            "runs": [
+                {"seed": s, "run_dir": str(o.run_dir), **o.result.to_dict()}
+                for s, o in zip(group.seeds, members, strict=True)
+            ],
+            "mean": {s: group.mean(s) for s in group.setups},
+            "sd": {
+                s: float(np.std(group.member_means(s), ddof=1)) if group.n > 1 else 0.0
+                for s in group.setups
+            },
+        }
+        click.echo(json.dumps(payload, indent=1, sort_keys=True, default=str))
+        return
+    for s, o in zip(group.seeds, members, strict=True):
+        click.echo(f"seed {s}: " + " | ".join(o.result.lines()[:1]) + f"  ({o.run_dir.name})")
+    click.echo(f"seed group {group.group_id}: {group.headline()}")
+    click.echo(f"seeds set: {', '.join(group.settings)} (the dataset is the same for every seed)")
+    if members[-1].config.trained_on_test_set:
+        click.echo("NOTE: the method was trained on the test set; not comparable.")
+    click.echo(f"label: {group.label}")
+    click.echo(f"config folder: {group.path}")
+
+
 @click.command("runs")
 @click.argument("runs_dir", type=click.Path(file_okay=False), default="runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def runs(runs_dir: str, as_json: bool) -> None:
     """List the run records under RUNS_DIR (default ./runs) with their headline numbers."""
     from oxbench.records import find_runs
+    from oxbench.report.seeds import summarize_groups
 
     found = find_runs(runs_dir)
+    grouped = summarize_groups(found)  # a seed group is one row: mean and spread of its seeds
     if as_json:
         click.echo(
             json.dumps(
@@ -301,9 +386,11 @@ def runs(runs_dir: str, as_json: bool) -> None:
                         "label": r.label,
                         "n_distractors": r.n_distractors,
                         "started": r.started,
-                        "headline": r.headline,
+                        "headline": headline,
+                        "seed_group": None if r.seed_group is None else r.seed_group["id"],
+                        "n_seeds": n,
                     }
-                    for r in found
+                    for r, headline, n in grouped
                 ],
                 indent=1,
             )
@@ -320,10 +407,10 @@ def runs(runs_dir: str, as_json: bool) -> None:
             r.dataset,
             f"{r.n_distractors:,}",
             r.label,
-            r.headline,
-            str(r.run_dir),
+            headline,
+            str(r.run_dir if r.seed_group is None else r.run_dir.parent),
         ]
-        for r in found
+        for r, headline, _ in grouped
     ]
     header = ["started (UTC)", "dataset", "distractors", "label", "headline", "run folder"]
     click.echo(text_table(header, rows))
@@ -331,15 +418,23 @@ def runs(runs_dir: str, as_json: bool) -> None:
 
 @click.command("methods")
 @click.argument("name", required=False)
+@click.option(
+    "--all",
+    "show_all",
+    is_flag=True,
+    help="With NAME: also the settings of the family's other descriptor kinds, which this "
+    "preset does not read.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
-def methods(name: str | None, as_json: bool) -> None:
-    """The method families and their presets; with NAME, every setting of that preset.
+def methods(name: str | None, show_all: bool, as_json: bool) -> None:
+    """The presets, one line each (what it is and its paper), by family; with NAME, the settings
+    that apply to that preset.
 
     A preset's settings are what `oxbench run --method NAME --set KEY=VALUE` takes: one row per
     setting (nested ones as dotted names, e.g. features.max_side) with its type, the preset's
     value, the values it accepts and what it means, read from the schema the values are checked with.
     """
-    from oxbench.pipelines.method import METHODS, method_families
+    from oxbench.pipelines.method import METHODS, method_families, preset_about
 
     if name is None:
         families = method_families()
@@ -351,6 +446,7 @@ def methods(name: str | None, as_json: bool) -> None:
                             "family": f.name,
                             "about": f.about,
                             "presets": list(f.presets),
+                            "presets_about": {p: preset_about(p) for p in f.presets},
                             "origins": {p: str(METHODS.origin(p)) for p in f.presets},
                         }
                         for f in families
@@ -363,16 +459,19 @@ def methods(name: str | None, as_json: bool) -> None:
         click.echo(
             f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings"
         )
+        width = max(len(p) for f in families for p in f.presets)
         for f in families:
             click.echo(f"\n{f.name}: {f.about}")
             for preset in f.presets:
                 origin = METHODS.origin(preset)  # a plugin's presets say where they come from
-                click.echo(f"  {preset}" + ("" if origin.builtin else f"  [from {origin}]"))
+                where = "" if origin.builtin else f"  [from {origin}]"
+                click.echo(f"  {preset.ljust(width)}  {preset_about(preset)}{where}")
         return
     from oxbench.pipelines.method import settings_rows
 
     config = METHODS.get(name)
-    rows = settings_rows(config)
+    every = settings_rows(config)
+    rows = every if show_all else [r for r in every if setting_applies(config, r.name, r.doc)]
     if as_json:
         click.echo(
             json.dumps(
@@ -391,9 +490,8 @@ def methods(name: str | None, as_json: bool) -> None:
             )
         )
         return
-    click.echo(
-        f"{config.name} ({config.family}): {len(rows)} settings, changed with --set KEY=VALUE"
-    )
+    click.echo(f"{config.name} ({config.family}): {preset_about(config.name)}")
+    click.echo(f"{len(rows)} settings, changed with --set KEY=VALUE")
     table = [["setting", "type", "default", "meaning [accepts]"]]
     table += [
         [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
@@ -407,6 +505,32 @@ def methods(name: str | None, as_json: bool) -> None:
             + "  "
             + row[3]
         )
+    hidden = len(every) - len(rows)
+    if hidden:
+        kind = getattr(config, "descriptor", "")
+        click.echo(
+            f"({hidden} settings of the family's other descriptor kinds, which a {kind} preset "
+            "does not read, are left out; --all lists them)"
+        )
+
+
+#: The descriptor kinds of a global preset, as the settings' meanings begin (``cnn: GeM exponent``).
+_KINDS = ("vlad", "cnn", "features")
+
+
+def setting_applies(config: object, name: str, doc: str) -> bool:
+    """Whether a preset reads a setting: a global preset (one with a ``descriptor`` kind) reads
+    its own kind's settings (their meaning begins ``<kind>:``; the local features ``features.*``
+    belong to ``vlad``) and the shared ones; every other preset reads all of its settings."""
+    kind = getattr(config, "descriptor", None)
+    if kind not in _KINDS:
+        return True
+    if name.startswith("features."):
+        return kind == "vlad"
+    head = doc.split(":", 1)[0].split(" ", 1)[0] if ":" in doc else ""
+    if head == "fit_network":  # the epochs of the network fit_network trains
+        return kind == "cnn"
+    return head not in _KINDS or head == kind
 
 
 def _shown(value: object) -> str:

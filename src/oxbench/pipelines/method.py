@@ -357,13 +357,38 @@ METHODS: Registry[MethodConfig] = Registry(
 )
 
 
-def register_method(config: MethodConfig) -> MethodConfig:
+#: ``register_method(config, about=...)``: what each preset is, in one line with its paper.
+_PRESET_ABOUT: dict[str, str] = {}
+
+
+def register_method(config: MethodConfig, *, about: str | None = None) -> MethodConfig:
     """Register a preset under ``config.name`` (a family module calls it for each of its presets).
+
+    ``about`` is the line ``oxbench methods`` shows for it: what it is and its paper
+    (``"RootSIFT BoW + spatial verification + AQE from verified images (Chum et al. 2007)"``);
+    the built-in presets' lines are in :mod:`oxbench.pipelines.about`.
 
     Raises:
         InputError: the name is taken (by this or another family; the line names both modules).
     """
-    return METHODS.register(config.name, config)
+    registered = METHODS.register(config.name, config)
+    if about is not None:
+        _PRESET_ABOUT[config.name] = " ".join(str(about).split())
+    return registered
+
+
+def preset_about(name: str) -> str:
+    """The one line ``oxbench methods`` shows for preset ``name``: its ``about`` text, else the
+    built-in one (:data:`oxbench.pipelines.about.ABOUT`), else its family's description."""
+    from oxbench.pipelines.about import ABOUT
+
+    METHODS.get(name)  # an unknown name is one line, and the families are loaded
+    if name in _PRESET_ABOUT:
+        return _PRESET_ABOUT[name]
+    if name in ABOUT:
+        return ABOUT[name]
+    family = METHODS.get(name).family
+    return next((f.about for f in method_families() if f.name == family), "")
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ from oxbench.pipelines.method import (
     SearchResult,
     resolve_method,
 )
+from oxbench.pipelines.seedgroup import SeedMember, check_seeds, plan_group
 from oxbench.pipelines.sources import check_sources
 from oxbench.pipelines.steps import gt_digest
 from oxbench.provenance import (
@@ -190,6 +191,7 @@ class RunOutcome:
         timings: seconds per stage.
         info: facts of the run (provenance of learned steps, verified images per query ...).
         record: what ``record.json`` holds.
+        group: with ``seeds``, every member's outcome in seed order (this one is the last).
     """
 
     run_dir: Path
@@ -199,6 +201,7 @@ class RunOutcome:
     timings: Mapping[str, float]
     info: Mapping[str, Any]
     record: Mapping[str, Any] = field(default_factory=dict)
+    group: tuple[RunOutcome, ...] = ()
 
 
 # --- facts about the machine and the code ---------------------------------------------------------
@@ -570,6 +573,8 @@ def run(
     dataset_options: Mapping[str, str] | None = None,
     deterministic: bool = False,
     verify_images: bool = False,
+    seeds: Sequence[int] | str | None = None,
+    seed_member: SeedMember | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
@@ -615,9 +620,14 @@ def run(
             depend on ``workers`` or the cores (:mod:`oxbench.determinism`; recorded).
         verify_images: compare every image with the file its cached local features were
             described from by its bytes (a full read and hash), not only by ``stat``.
+        seeds: run once per seed (``[0, 1, 2]`` or ``"0,1,2"``), each seed setting of the method
+            set to it, every run in one config folder as one seed group
+            (:mod:`oxbench.pipelines.seedgroup`); ``overwrite`` replaces earlier runs before the
+            first member only.
+        seed_member: the one member of a seed group to run (what ``seeds`` runs once per seed).
 
     Returns:
-        A :class:`RunOutcome`.
+        A :class:`RunOutcome`; with ``seeds``, the last member's, ``group`` holding every member's.
 
     Raises:
         InputError: unknown dataset/method/setting, missing data, a folder of another config.
@@ -625,6 +635,42 @@ def run(
 
     if top_k < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
+    if seeds is not None:
+        if seed_member is not None:
+            raise InputError("give seeds or seed_member, not both")
+        base = resolve_method(method, **dict(overrides or {}))
+        members = plan_group(base, check_seeds(seeds), dict(overrides or {}))
+        outcomes: list[RunOutcome] = []
+        for i, member in enumerate(members):
+            outcomes.append(
+                run(
+                    dataset,
+                    base,
+                    root=root,
+                    out=out,
+                    runs_dir=runs_dir,
+                    cache=cache,
+                    train_dataset=train_dataset,
+                    workers=workers,
+                    engine=engine,
+                    engine_options=engine_options,
+                    wait_workers=wait_workers,
+                    shard_size=shard_size,
+                    progress=progress,
+                    distractors=distractors,
+                    strict=strict,
+                    ranks_top=ranks_top,
+                    top_k=top_k,
+                    overwrite=overwrite and i == 0,
+                    command=command,
+                    label=label,
+                    dataset_options=dataset_options,
+                    deterministic=deterministic,
+                    verify_images=verify_images,
+                    seed_member=member,
+                )
+            )
+        return replace(outcomes[-1], group=tuple(outcomes))
     if label is not None:
         check_label(label)
     started = datetime.now(UTC)
@@ -633,6 +679,9 @@ def run(
     libraries, commit, host = versions(), git_commit(), host_facts()
     root_path = data_root(root)
     m = resolve_method(method, **dict(overrides or {}))
+    base = m  # what the label and the config folder name: the seeds of a group left out
+    if seed_member is not None:
+        m = seed_member.apply(m)
     require_installed(
         m.requires
     )  # a missing extra or input is one line before any data is loaded or generated
@@ -642,14 +691,19 @@ def run(
     inputs = input_records(m.input_files(root_path), cache=cache_dir)
     labelled = label is not None
     if label is None:
-        label = _default_label(m, inputs)
+        label = _default_label(base, inputs)
     train_id = training_set_of(m, dataset, train_dataset)
     if (
         out is not None
     ):  # a folder of another method or dataset is refused before data is loaded or generated
         prepare_config_folder(
             Path(out),
-            {"dataset": dataset, "method": m.to_dict()},
+            {
+                "dataset": dataset,
+                "method": m.to_dict()
+                if seed_member is None
+                else seed_member.folder_method(m.to_dict()),
+            },
             overwrite=overwrite,
             only=("dataset", "method"),
         )
@@ -716,12 +770,16 @@ def run(
             inputs={k: r.content() for k, r in inputs.items()},
         )
         config_dict = config.to_dict()
+        # a seed group's members share the folder: its config has the seeds replaced
+        folder_config = (
+            config_dict if seed_member is None else seed_member.folder_config(config_dict)
+        )
         config_dir = (
             Path(out)
             if out is not None
-            else Path(runs_dir) / f"{dataset}-{m.name}-{config.digest()}"
+            else Path(runs_dir) / f"{dataset}-{m.name}-{json_digest(folder_config, 10)}"
         )
-        prepare_config_folder(config_dir, config_dict, overwrite=overwrite)
+        prepare_config_folder(config_dir, folder_config, overwrite=overwrite)
         run_id = new_run_id()
         # assembled beside the config folder, which appears only when a run completes
         tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
@@ -808,6 +866,8 @@ def run(
                 "seeds": run_seeds(m, bench, train),
                 "deterministic": deterministic,
             }
+            if seed_member is not None:
+                record["seed_group"] = seed_member.to_dict()
             _write_run_files(
                 tmp,
                 config=config_dict,
@@ -831,7 +891,7 @@ def run(
                 if overwrite:
                     for old in list_runs(config_dir):
                         shutil.rmtree(old, ignore_errors=True)
-                atomic_write_json(config_dir / "config.json", config_dict)
+                atomic_write_json(config_dir / "config.json", folder_config)
                 os.replace(tmp, run_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

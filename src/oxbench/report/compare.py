@@ -4,6 +4,12 @@ Every run after the first is compared with the first (the baseline): per setup t
 its bootstrap confidence interval, the randomization-test p-value, queries better / worse / equal,
 and the queries that changed most. With more than one comparison the p-values are Holm-adjusted
 over the runs compared with the baseline, separately for each setup (:func:`oxbench.report.stats.holm`).
+
+A seed group (:mod:`oxbench.report.seeds`) is one entry: its per-query values are averaged over its
+seeds for the query-level tests, its numbers are shown with their seed spread, and each setup is
+also tested by the two-level bootstrap over seeds and queries
+(:func:`oxbench.evaluation.bootstrap.two_level_test`); a difference *holds* only where both the
+query-level and the two-level p-values (Holm-adjusted) are below ``1 - confidence``.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from oxbench.errors import InputError
+from oxbench.evaluation.bootstrap import TwoLevelTest, spread_note, two_level_test
 from oxbench.report.runs import RunRecord, check_comparable
+from oxbench.report.seeds import SeedGroup, cell_text, group_dict, seeds_of, value_matrix
 from oxbench.report.stats import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
@@ -56,13 +64,20 @@ class SetupComparison:
     test: PairedTest
     p_holm: float
     largest: tuple[QueryChange, ...]
+    seeds: TwoLevelTest | None = None  # with a seed group: the two-level bootstrap
+    p_seeds_holm: float = math.nan
+
+    def holds(self, alpha: float) -> bool:
+        """The difference holds against the query spread and (with seed groups) the seed spread."""
+        p = self.p_holm if self.seeds is None else max(self.p_holm, self.p_seeds_holm)
+        return p < alpha
 
 
 @dataclass(frozen=True)
 class RunComparison:
     """All setups of one run against the baseline."""
 
-    run: RunRecord
+    run: RunRecord | SeedGroup
     setups: tuple[SetupComparison, ...]
 
 
@@ -70,7 +85,7 @@ class RunComparison:
 class Comparison:
     """What :func:`compare_runs` returns."""
 
-    baseline: RunRecord
+    baseline: RunRecord | SeedGroup
     others: tuple[RunComparison, ...]
     metric: str
     n_resamples: int
@@ -80,6 +95,15 @@ class Comparison:
     @property
     def n_compared(self) -> int:
         return len(self.others)
+
+    @property
+    def grouped(self) -> bool:
+        """Some entry is a seed group (the two-level test applies)."""
+        return any(seeds_of(e) > 1 for e in (self.baseline, *(rc.run for rc in self.others)))
+
+    @property
+    def alpha(self) -> float:
+        return round(1.0 - self.confidence, 12)
 
     def method_note(self) -> str:
         """The one-paragraph statement of what was computed."""
@@ -95,13 +119,24 @@ class Comparison:
                 f" {self.n_compared} runs are compared with the first: p_holm is Holm-adjusted over these "
                 f"{self.n_compared} comparisons, separately per setup."
             )
+        if self.grouped:
+            counts = sorted({seeds_of(e) for e in (self.baseline, *(rc.run for rc in self.others))})
+            spreads = "; ".join(spread_note(n) for n in counts if n > 1)
+            note += (
+                f" Seed groups ({spreads}): the query tests use each query's value averaged over "
+                "the seeds; p_seeds is a two-level bootstrap of the mAP difference (seeds of each "
+                f"group resampled, then the queries; {self.n_resamples:,} resamples, seed "
+                f"{self.seed}, null-shifted two-sided p{', Holm-adjusted' if self.n_compared > 1 else ''}). "
+                f"holds: both p < {self.alpha:g}, the difference stands against the query and the "
+                "seed spread."
+            )
         return note
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object: fractions at full precision, one entry per compared run."""
 
-        def run_info(r: RunRecord) -> dict[str, Any]:
-            return {"path": str(r.path), "run_id": r.run_id, "method": r.method, "label": r.label}
+        def run_info(r: RunRecord | SeedGroup) -> dict[str, Any]:
+            return group_dict(r)
 
         return {
             "baseline": run_info(self.baseline),
@@ -120,6 +155,9 @@ class Comparison:
                         sc.setup: {
                             **asdict(sc.test),
                             "p_holm": sc.p_holm,
+                            "two_level": None if sc.seeds is None else asdict(sc.seeds),
+                            "p_seeds_holm": None if sc.seeds is None else sc.p_seeds_holm,
+                            "holds": sc.holds(self.alpha),
                             "largest_changes": [
                                 {
                                     "query_index": c.index,
@@ -150,6 +188,8 @@ class Comparison:
             header = ["setup", "n", f"{m} A", f"{m} B", "B - A", conf, "p"]
             if self.n_compared > 1:
                 header.append("p_holm")
+            if self.grouped:
+                header += ["p_seeds", "seeds CI", "holds"]
             header += ["better", "worse", "equal"]
             rows = []
             for sc in rc.setups:
@@ -157,14 +197,20 @@ class Comparison:
                 row = [
                     sc.setup,
                     str(t.n),
-                    _pct(t.mean_a),
-                    _pct(t.mean_b),
+                    _cell(self.baseline, sc.setup, self.metric, t.mean_a),
+                    _cell(rc.run, sc.setup, self.metric, t.mean_b),
                     _signed(t.diff),
                     f"[{_signed(t.ci_low)}, {_signed(t.ci_high)}]",
                     _p(t.p_value),
                 ]
                 if self.n_compared > 1:
                     row.append(_p(sc.p_holm))
+                if self.grouped and sc.seeds is not None:
+                    row += [
+                        _p(sc.p_seeds_holm),
+                        f"[{_signed(sc.seeds.ci_low)}, {_signed(sc.seeds.ci_high)}]",
+                        "yes" if sc.holds(self.alpha) else "no",
+                    ]
                 row += [str(t.n_better), str(t.n_worse), str(t.n_equal)]
                 rows.append(row)
             out += ["", text_table(header, rows), ""]
@@ -187,6 +233,10 @@ def metric_label(metric: str) -> str:
     return "mAP" if metric == "ap" else "m" + metric.upper()
 
 
+def _cell(entry: RunRecord | SeedGroup, setup: str, metric: str, value: float) -> str:
+    return cell_text(entry, setup, metric, 2) if seeds_of(entry) > 1 else _pct(value)
+
+
 def _pct(x: float) -> str:
     return "nan" if math.isnan(x) else f"{x * 100:.2f}"
 
@@ -200,7 +250,7 @@ def _p(p: float) -> str:
 
 
 def compare_runs(
-    runs: Sequence[RunRecord],
+    runs: Sequence[RunRecord | SeedGroup],
     *,
     metric: str = "ap",
     setups: Sequence[str] | None = None,
@@ -246,6 +296,26 @@ def compare_runs(
             ]
         )
     adjusted = [holm([tests[i][j].p_value for i in range(len(tests))]) for j in range(len(chosen))]
+    grouped = any(seeds_of(r) > 1 for r in runs)
+    two_level: list[list[TwoLevelTest]] = []
+    if grouped:
+        two_level = [
+            [
+                two_level_test(
+                    value_matrix(base, s, metric),
+                    value_matrix(r, s, metric),
+                    n_resamples=n_resamples,
+                    seed=seed,
+                    confidence=confidence,
+                )
+                for s in chosen
+            ]
+            for r in runs[1:]
+        ]
+    adjusted_seeds = [
+        holm([two_level[i][j].p_value for i in range(len(two_level))]) if grouped else []
+        for j in range(len(chosen))
+    ]
     others = []
     for i, r in enumerate(runs[1:]):
         per_setup = []
@@ -258,6 +328,15 @@ def compare_runs(
                 for q in order
                 if not math.isnan(a[q]) and abs(d[q]) > 0
             )
-            per_setup.append(SetupComparison(s, tests[i][j], adjusted[j][i], largest))
+            per_setup.append(
+                SetupComparison(
+                    s,
+                    tests[i][j],
+                    adjusted[j][i],
+                    largest,
+                    two_level[i][j] if grouped else None,
+                    adjusted_seeds[j][i] if grouped else math.nan,
+                )
+            )
         others.append(RunComparison(r, tuple(per_setup)))
     return Comparison(base, tuple(others), metric, n_resamples, seed, confidence)

@@ -24,7 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from oxbench.errors import InputError
+from oxbench.evaluation.bootstrap import spread_note
 from oxbench.report.runs import RunRecord, check_comparable
+from oxbench.report.seeds import SeedGroup, cell_text, seeds_of, value_matrix
 from oxbench.report.stats import DEFAULT_RESAMPLES, DEFAULT_SEED, holm, paired_test
 
 FORMATS = ("md", "latex", "csv", "html")
@@ -69,6 +71,7 @@ class Cell:
     value: float
     p_holm: float = math.nan
     significant: bool = False
+    spread: str = ""  # a seed group's cell: mean and spread (oxbench.evaluation.bootstrap)
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,7 @@ class PaperTable:
     n_resamples: int
     seed: int
     decimals: int
+    seed_counts: tuple[int, ...] = ()  # per row: seeds of its seed group (1: a single run)
 
     def footnote(self) -> str:
         return (
@@ -89,7 +93,20 @@ class PaperTable:
             f"p < {self.alpha:g}: two-sided paired randomization test over the queries (sign flips of the "
             f"per-query AP for mAP, P@10 for mP@10; exact when 2^n <= {self.n_resamples:,}, else "
             f"{self.n_resamples:,} random flips, seed {self.seed}), Holm-adjusted over the rows "
-            f"compared in each column.{self._distractor_note()} Numbers in percent."
+            f"compared in each column.{self._seed_note()}{self._distractor_note()} Numbers in percent."
+        )
+
+    def _seed_note(self) -> str:
+        groups = sorted({n for n in self.seed_counts if n > 1})
+        if not groups:
+            return ""
+        spreads = "; ".join(spread_note(n) for n in groups)
+        return (
+            f" Rows run with several seeds show {spreads} (sd for n >= 5, min-max below); "
+            "such a row, or a row compared with one, is marked only where the difference also "
+            "holds against the seed spread: a two-level bootstrap (seeds, then queries, "
+            f"resampled; {self.n_resamples:,} resamples, seed {self.seed}), Holm-adjusted the "
+            "same way."
         )
 
     def _distractor_note(self) -> str:
@@ -102,7 +119,8 @@ class PaperTable:
     def _fmt(self, cell: Cell) -> str:
         if math.isnan(cell.value):
             return "-"
-        return f"{cell.value * 100:.{self.decimals}f}" + (MARK if cell.significant else "")
+        text = cell.spread or f"{cell.value * 100:.{self.decimals}f}"
+        return text + (MARK if cell.significant else "")
 
     def flat_header(self) -> list[str]:
         return ["method"] + [f"{c.group} {c.label}" for c in self.columns]
@@ -244,7 +262,7 @@ def _group_key(dataset: str, n_distractors: int) -> tuple[int, str, int]:
 
 
 def paper_table(
-    runs: Sequence[RunRecord],
+    runs: Sequence[RunRecord | SeedGroup],
     *,
     alpha: float = 0.05,
     n_resamples: int = DEFAULT_RESAMPLES,
@@ -258,6 +276,9 @@ def paper_table(
     default the paper's Medium and Hard for ROxf / RPar and every setup for other datasets; when
     given, those setups for every revisited-protocol dataset. Other protocols show their own.
 
+    A seed group (:class:`oxbench.report.seeds.SeedGroup`) is one row: its cells show the mean
+    and spread of its seeds, and its tests include the seed spread (:func:`_column_test`).
+
     Raises:
         InputError: no runs; two runs with one label on one dataset group; runs of one dataset
             group with different ground truth (see :func:`oxbench.report.runs.check_comparable`).
@@ -267,12 +288,14 @@ def paper_table(
     if not 0.0 < alpha < 1.0:
         raise InputError(f"alpha must be in (0, 1), got {alpha}")
     methods: list[str] = []
-    by_group: dict[tuple[str, int], dict[str, RunRecord]] = {}
+    n_seeds: dict[str, int] = {}
+    by_group: dict[tuple[str, int], dict[str, RunRecord | SeedGroup]] = {}
     for r in runs:
         tag = r.distractor_tag
         label = r.label.removesuffix(f" {tag}") if tag else r.label  # the count is in the header
         if label not in methods:
             methods.append(label)
+        n_seeds[label] = max(n_seeds.get(label, 1), seeds_of(r))
         g = (r.dataset_id, r.n_distractors)
         if label in by_group.setdefault(g, {}):
             other = by_group[g][label]
@@ -312,25 +335,26 @@ def paper_table(
         present = by_group[group_of[(col.dataset, col.distractors)]]
         order = [m for m in methods if m in present]
         base = present[order[0]]
-        pvals = []
-        for m in order[1:]:
-            t = paired_test(
-                base.per_query(col.setup, col.metric),
-                present[m].per_query(col.setup, col.metric),
-                n_resamples=n_resamples,
-                seed=seed,
-            )
-            pvals.append(t.p_value)
-        adjusted = holm(pvals)
+        tests = [
+            _column_test(base, present[m], col, n_resamples=n_resamples, seed=seed)
+            for m in order[1:]
+        ]
+        adjusted_q = holm([t[0] for t in tests])
+        adjusted_s = holm([t[1] for t in tests])
         for i, m in enumerate(methods):
             if m not in present:
                 continue
-            value = present[m].mean(col.setup, col.metric)
+            entry = present[m]
+            value = entry.mean(col.setup, col.metric)
+            spread = (
+                cell_text(entry, col.setup, col.metric, decimals) if seeds_of(entry) > 1 else ""
+            )
             if m == order[0]:
-                grid[i][j] = Cell(value)
+                grid[i][j] = Cell(value, spread=spread)
             else:
-                p = adjusted[order.index(m) - 1]
-                grid[i][j] = Cell(value, p, p < alpha)
+                k = order.index(m) - 1
+                p = max(adjusted_q[k], adjusted_s[k])  # both must hold
+                grid[i][j] = Cell(value, p, p < alpha, spread)
     return PaperTable(
         tuple(methods),
         tuple(columns),
@@ -339,4 +363,30 @@ def paper_table(
         n_resamples,
         seed,
         decimals,
+        tuple(n_seeds[m] for m in methods),
     )
+
+
+def _column_test(
+    a: RunRecord | SeedGroup, b: RunRecord | SeedGroup, col: Column, *, n_resamples: int, seed: int
+) -> tuple[float, float]:
+    """The p-values of ``b`` against ``a`` in one column: the paired randomization test over the
+    queries (on the seed-averaged per-query values of a seed group), and, when either is a seed
+    group, the two-level bootstrap over seeds and queries (else the same query p-value)."""
+    from oxbench.evaluation.bootstrap import two_level_test
+
+    p_queries = paired_test(
+        a.per_query(col.setup, col.metric),
+        b.per_query(col.setup, col.metric),
+        n_resamples=n_resamples,
+        seed=seed,
+    ).p_value
+    if seeds_of(a) == 1 and seeds_of(b) == 1:
+        return p_queries, p_queries
+    p_seeds = two_level_test(
+        value_matrix(a, col.setup, col.metric),
+        value_matrix(b, col.setup, col.metric),
+        n_resamples=n_resamples,
+        seed=seed,
+    ).p_value
+    return p_queries, p_seeds

@@ -9,6 +9,10 @@ Figures (``<name>.png`` or ``.svg``), one panel per setup:
 - ``ap_scatter``: two runs only, AP of B against AP of A per query, with the diagonal (A and B
   named under the panels).
 
+A seed group (:mod:`oxbench.report.seeds`) is drawn as one entry: each query's AP averaged over
+its seeds with the seeds' min-max as an error bar, its mAP the mean over the seeds, its
+precision-recall curve the mean of its seeds' curves.
+
 Precision-recall curves are computed from ``retrieved.json``: the labels of the stored top ``k``
 of each list and the number of positives per label. Recall counts all of a query's positives, so a
 curve stops at the recall reached at rank ``k`` (precision 0 beyond it); the interpolated
@@ -32,6 +36,7 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError, require
 from oxbench.fileio import atomic_write_bytes
 from oxbench.report.runs import SETUP_LABELS, RunRecord, check_comparable
+from oxbench.report.seeds import SeedGroup, seeds_of, value_matrix
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +47,10 @@ MAX_NAMED_QUERIES = 120
 
 
 def precision_recall(
-    run: RunRecord, setup: str
+    run: RunRecord | SeedGroup, setup: str
 ) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
-    """Mean interpolated precision at :data:`RECALL_LEVELS` over the queries with positives in ``setup``.
+    """Mean interpolated precision at :data:`RECALL_LEVELS` over the queries with positives in ``setup``
+    (a seed group: the mean of its seeds' curves).
 
     Ignored labels of the setup (e.g. junk) are deleted from each stored list first, as in AP.
 
@@ -58,6 +64,9 @@ def precision_recall(
         raise InputError(
             f"no setup {setup!r} in this run (setups: {', '.join(run.setups)})", run.path
         )
+    if isinstance(run, SeedGroup):
+        per_seed = [precision_recall(m, setup) for m in run.members]
+        return RECALL_LEVELS.copy(), np.mean([c[1] for c in per_seed], axis=0), per_seed[0][2]
     positive, ignored = SETUP_LABELS[run.protocol][setup]
     curves = []
     for q in run.queries:
@@ -105,9 +114,10 @@ def _save(fig: Any, path: Path, fmt: str) -> Path:
     return atomic_write_bytes(path, buf.getvalue())
 
 
-def _short(run: RunRecord, inches: float | None = None) -> str:
+def _short(run: RunRecord | SeedGroup, inches: float | None = None) -> str:
     """The run's label and id, wrapped to ``inches`` of small text (a label can be long)."""
-    text = f"{run.label} ({run.run_id})"
+    extra = f", mean of {seeds_of(run)} seeds" if seeds_of(run) > 1 else ""
+    text = f"{run.label} ({run.run_id}{extra})"
     return text if inches is None else _wrap(text, inches)
 
 
@@ -116,7 +126,11 @@ def _wrap(text: str, inches: float) -> str:
 
 
 def plot_runs(
-    run: RunRecord, out: str | Path, *, other: RunRecord | None = None, fmt: str = "png"
+    run: RunRecord | SeedGroup,
+    out: str | Path,
+    *,
+    other: RunRecord | SeedGroup | None = None,
+    fmt: str = "png",
 ) -> list[Path]:
     """Draw the figures of ``run`` (and ``other``) into the folder ``out``.
 
@@ -151,10 +165,18 @@ def plot_runs(
     for ax, setup in zip(axes, setups, strict=True):
         for i, r in enumerate(runs):
             ap = r.per_query(setup)
+            spread = None
+            if seeds_of(r) > 1:  # the seeds' min-max around their mean
+                m = np.nan_to_num(value_matrix(r, setup))
+                spread = np.stack(
+                    [np.nan_to_num(ap) - m.min(axis=0), m.max(axis=0) - np.nan_to_num(ap)]
+                )
             ax.bar(
                 x + (i - (len(runs) - 1) / 2) * width,
                 np.nan_to_num(ap),
                 width,
+                yerr=spread,
+                error_kw={"lw": 0.6, "capsize": 0},
                 color=colours[i],
                 label=_short(r, bars_width / len(runs) - 0.6),
             )

@@ -8,6 +8,7 @@ what only reports need (:func:`check_comparable`).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from oxbench.errors import InputError
 from oxbench.records import (
@@ -21,6 +22,9 @@ from oxbench.records import (
     load_runs,
     sequential_mean,
 )
+
+if TYPE_CHECKING:
+    from oxbench.report.seeds import SeedGroup
 
 #: The run-record format this reader understands (``record.json`` ``"format"``).
 RUN_FORMAT = RECORD_FORMAT
@@ -39,7 +43,7 @@ __all__ = [
 ]
 
 
-def check_comparable(runs: Sequence[RunRecord]) -> None:
+def check_comparable(runs: Sequence[RunRecord | SeedGroup]) -> None:
     """Refuse runs that cannot be compared query by query.
 
     They must share the dataset id, the ground-truth digest, the number of distractors, the
