@@ -545,7 +545,7 @@ def test_backend_options_are_one_mapping_checked_by_the_backend(
     dask = make_executor("dask", options={"address": "tcp://127.0.0.1:8786", "retries": "5"})
     # nothing is reached before a stage needs it; an existing cluster's workers are its own
     assert dask.address == "tcp://127.0.0.1:8786" and dask.retries == 5 and dask.workers == 1  # type: ignore[attr-defined]
-    assert make_executor("dask", 3, options={"connect_timeout_s": 2}).workers == 3
+    assert make_executor("dask", 2, options={"connect_timeout_s": 2}).workers == 2
     with pytest.raises(InputError, match="dask engine option retries: expected a whole number"):
         make_executor("dask", options={"retries": "nan"})
     with pytest.raises(

@@ -131,7 +131,9 @@ def test_dqe_is_refused_without_verification_and_dba_where_no_family_offers_it()
     ):
         resolve_method("rootsift-he-sv", rerank="dba-verified,spatial")
     # one name, one meaning: top-k DBA over dense vectors is not the verified DBA of bag of words
-    with pytest.raises(InputError, match="'dba' needs dense vectors, which the bow family"):
+    with pytest.raises(
+        InputError, match="'dba' needs a ranking over dense vectors, which the bow family"
+    ):
         resolve_method("rootsift-bow", rerank="dba")
 
 

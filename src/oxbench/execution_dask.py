@@ -350,7 +350,8 @@ def wait_for_workers(
             return have
         if now >= deadline:
             raise InputError(
-                f"the Dask scheduler at {shown} has {have} worker(s) after {timeout_s:g} s, "
+                f"the Dask scheduler at {shown} has {have} worker(s) after "
+                f"{round(timeout_s, 1):g} s, "
                 f"fewer than --workers {n} (--wait-workers SECONDS waits longer)"
             )
         if reported < 0 or now - last_report >= report_s:
