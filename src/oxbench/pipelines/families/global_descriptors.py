@@ -46,7 +46,7 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
+from oxbench.features.deep import MODELS_PREFIX, check_fc6_backbone, resolve_weights_path
 from oxbench.features.descstore import DescriptorStore, fill_store
 from oxbench.features.sift import SiftConfig
 from oxbench.features.store import FeatureStore
@@ -111,7 +111,9 @@ class GlobalConfig(MethodConfig, Pipeline):
             pretrained weights, from its cache or downloaded into it), a model file path
             (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
             :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
-        pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
+        pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"``, ``"rmac"``, or ``"fc6"`` (the first
+            fully connected layer of a VGG / AlexNet classifier, 4,096-D: Babenko et al.'s neural
+            codes; refused for a backbone without one).
         rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float32"`` (default: cirtorch's,
             which a published R-MAC model's descriptors need) or ``"float64"`` (double precision;
             :func:`~oxbench.features.deep.pooling.rmac_regions`).
@@ -181,8 +183,8 @@ class GlobalConfig(MethodConfig, Pipeline):
         S.Optional(S.Str(min_len=1, max_len=4096)),
         doc="cnn: random, imagenet, a model file or models:<file>",
     )
-    pooling: Literal["mac", "spoc", "gem", "rmac"] = setting(
-        "gem", S.Choice("mac", "spoc", "gem", "rmac"), doc="cnn: pooling head"
+    pooling: Literal["mac", "spoc", "gem", "rmac", "fc6"] = setting(
+        "gem", S.Choice("mac", "spoc", "gem", "rmac", "fc6"), doc="cnn: pooling head"
     )
     rmac_grid: Literal["float64", "float32"] = setting(
         "float32", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
@@ -300,6 +302,8 @@ class GlobalConfig(MethodConfig, Pipeline):
         check_search_settings(self)
 
     def _check_cnn(self) -> None:
+        if self.pooling == "fc6":
+            check_fc6_backbone(self.backbone)
         if self.model_whitening and self.weights in ("random", "imagenet"):
             raise InputError(
                 f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)"
@@ -1044,6 +1048,21 @@ _cnn("mac-r50-imagenet", "resnet50", "mac", "imagenet")
 _cnn("spoc-r50-imagenet", "resnet50", "spoc", "imagenet")
 _cnn("rmac-r50-imagenet", "resnet50", "rmac", "imagenet")
 _cnn("rmac-r50-imagenet+w", "resnet50", "rmac", "imagenet", whitening="pca")
+
+# The seed's CNN rows (docs/deep.md says what each needs and the number it would reproduce).
+# Babenko et al. ECCV 2014, "neural codes": the fc6 layer (4,096-D, after its ReLU, L2-normalised)
+# of an ImageNet classifier, the image (a query: its crop) shrunk to the classifier's 224 px, one
+# scale; "+pca": plain PCA (no whitening: power 0) to 256-D learned on the training set (the other
+# city).
+_FC6: dict[str, Any] = {"max_side": 224, "scales": (1.0,), "query_resize": "crop"}
+_PCA256: dict[str, Any] = {"whitening": "pca", "whitening_dim": 256, "whitening_power": 0.0}
+_cnn("neural-codes-alexnet", "alexnet", "fc6", "imagenet", **_FC6)
+_cnn("neural-codes-alexnet+pca", "alexnet", "fc6", "imagenet", **_FC6, **_PCA256)
+_cnn("neural-codes-vgg16", "vgg16", "fc6", "imagenet", **_FC6)
+_cnn("neural-codes-vgg16+pca", "vgg16", "fc6", "imagenet", **_FC6, **_PCA256)
+# Tolias et al. ICLR 2016: R-MAC of ImageNet VGG16 (512-D) at one scale, 1024 px, PCA-whitened with
+# the whitening learned on the other city.
+_cnn("rmac-vgg16-imagenet+w", "vgg16", "rmac", "imagenet", whitening="pca", scales=(1.0,))
 
 # ResNet-18 GeM trained from scratch on the synthetic training city by `oxbench train`, which writes
 # <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder). Described at the
