@@ -76,6 +76,7 @@ from oxbench.pipelines.steps import (
     load_vocabulary,
     open_store,
     part_names,
+    parts_of,
     reopen_store,
     step_features,
     step_vocabulary,
@@ -320,6 +321,11 @@ class GlobalConfig(MethodConfig, Pipeline):
         if option == "vocab_size":
             return None
         return super().shorthand(option)
+
+    @property
+    def local_features(self) -> SiftConfig | None:
+        """The local features VLAD aggregates; a CNN and the user's files extract none."""
+        return self.features if self.descriptor == "vlad" else None
 
     @property
     def needs_training(self) -> bool:
@@ -624,6 +630,8 @@ class CnnShard:
 class GlobalDescriptors(RetrievalMethod):
     """Runs a :class:`GlobalConfig`: codebook and whitening on the training set, exact search, QE."""
 
+    offers_vectors = True
+
     def __init__(self, config: GlobalConfig) -> None:
         self.config: GlobalConfig = config
         self.codebook_path_: Path | None = None
@@ -705,15 +713,31 @@ class GlobalDescriptors(RetrievalMethod):
             x = self._model_whitening(ctx, x)
         return x
 
-    def describe_partition(
-        self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int]
+    def describe_parts(
+        self,
+        bench: Benchmark,
+        ctx: RunContext,
+        *,
+        training: bool = False,
+        partition: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
+        """A CNN's descriptor shards of every part (of a training set: what the whitening reads);
+        VLAD's local features (its descriptor shards need the codebook, learned in ``fit``); the
+        user's files: nothing."""
+        m = self.config
+        if m.descriptor != "cnn":
+            return super().describe_parts(bench, ctx, training=training, partition=partition)
+        if training:
+            parts = ["database"] + (["queries"] if m.whitening == "learned" else [])
+        else:
+            parts = parts_of(bench)
+        return {part: self._describe_shards(bench, part, ctx, partition) for part in parts}
+
+    def _describe_shards(
+        self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int] | None
     ) -> int:
-        """Describe only the planned descriptor shards of ``partition`` (``(i, n)``: shard numbers
-        ``i`` modulo ``n``) of one part with the CNN, for an array job; returns images described."""
-        if self.config.descriptor != "cnn":
-            raise InputError(
-                f"method {self.config.name}: only CNN descriptors are described by partition"
-            )
+        """Describe the planned CNN descriptor shards of one part (of ``partition`` when given);
+        returns the images described."""
         names = part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         store = DescriptorStore.open(path, self._store_settings(ctx, part))
@@ -729,6 +753,11 @@ class GlobalDescriptors(RetrievalMethod):
             partition=partition,
         )
         return len(store) - before
+
+    def vectors(self, bench: Benchmark, parts: list[str], ctx: RunContext) -> NDArray[np.float32]:
+        """The descriptors of ``parts`` as the method searches with them (:meth:`finish`)."""
+        raw = [self.describe(bench, p, ctx) for p in parts]
+        return self.finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
 
     def _vlad_compute(
         self, bench: Benchmark, part: str, names: list[str], ctx: RunContext
