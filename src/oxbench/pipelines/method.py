@@ -230,6 +230,17 @@ class MethodConfig(ABC):
             return key
         return key if sub and _is_group(head) and STAGE_SETTINGS_FIELD in fields else None
 
+    def inapplicable(self, setting: str) -> str | None:
+        """Why the (dotted) ``setting`` does nothing with the other settings as they are (one
+        line), or ``None`` when it applies: ``oxbench methods NAME`` lists only the settings that
+        apply, and :func:`resolve_method` refuses to set one that does not. A family whose
+        settings depend on a choice (a descriptor kind) overrides this."""
+        return None
+
+    def applies(self, setting: str) -> bool:
+        """Whether the (dotted) ``setting`` does anything (:meth:`inapplicable`)."""
+        return self.inapplicable(setting) is None
+
     def check_inputs(self, root: Path | None = None) -> None:
         """Refuse, before any data is loaded or generated, an input file the settings name that is
         not there (a model file, descriptor files); ``root`` is the data root (``models:`` files).
@@ -521,7 +532,12 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
         top[STAGE_SETTINGS_FIELD] = _stage_settings(config, staged, top.get("rerank"))
     if not top:
         return config
-    return _replace(config, top, f"method {config.name}")
+    out = _replace(config, top, f"method {config.name}")
+    for key, value in overrides.items():  # a setting that would do nothing is a mistake
+        why = out.inapplicable(key) if value is not None else None
+        if why is not None:
+            raise InputError(why)
+    return out
 
 
 def _is_group(head: str) -> bool:
@@ -561,11 +577,12 @@ def _stage_settings(config: Any, staged: dict[str, dict[str, Any]], rerank: Any)
 
 
 def settings_rows(config: MethodConfig) -> list[Any]:
-    """Every setting of ``config`` as :class:`oxbench.schema.SettingInfo` rows: its fields (nested
-    as dotted names), then the settings of each group its stages read (``qe.k``)."""
+    """Every setting of ``config`` that applies (:meth:`MethodConfig.applies`) as
+    :class:`oxbench.schema.SettingInfo` rows: its fields (nested as dotted names), then the
+    settings of each group its stages read (``qe.k``)."""
     from oxbench.schema import describe
 
-    rows = describe(config)
+    rows = [row for row in describe(config) if config.applies(row.name)]
     for group in getattr(config, "stage_groups", []):
         rows += describe(config.stage(group), prefix=f"{group}.")  # type: ignore[attr-defined]
     return rows

@@ -97,6 +97,25 @@ def _no_model_file(path: Path) -> InputError:
     )
 
 
+#: The settings of each descriptor kind; the others are the family's (local features, whitening,
+#: search, stages). A setting of another kind than the method's is refused, and not listed.
+KIND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "cnn": (
+        "backbone", "weights", "pooling", "rmac_grid", "gem_p", "max_side", "query_resize",
+        "scales", "precision", "model_whitening", "fit_network", "train_epochs", "seed",
+        "batch_size", "device",
+    ),
+    "vlad": (
+        "vlad_k", "vlad_iter", "vlad_max_points_per_centroid", "vlad_seed", "power", "intra_norm",
+    ),
+    "features": (
+        "db_features", "query_features", "train_features", "train_pairs", "layout", "key",
+        "query_key", "query_layout", "db_names", "query_names", "row_order",
+    ),
+}  # fmt: skip
+_KIND_OF = {name: kind for kind, names in KIND_SETTINGS.items() for name in names}
+
+
 @dataclass(frozen=True)
 class GlobalConfig(MethodConfig, Pipeline):
     """A global-descriptor retrieval method.
@@ -298,9 +317,30 @@ class GlobalConfig(MethodConfig, Pipeline):
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
+        self._check_kind_settings()
         if self.descriptor == "cnn":
             self._check_cnn()
         check_search_settings(self)
+
+    def _check_kind_settings(self) -> None:
+        """A setting of another descriptor kind than the method's, changed from its default, is
+        one line (it would do nothing); :func:`~oxbench.pipelines.method.resolve_method` also
+        refuses one set to its default."""
+        for f in dataclasses.fields(self):
+            why = self.inapplicable(f.name)
+            if why is not None and getattr(self, f.name) != f.default:
+                raise InputError(why)
+
+    def inapplicable(self, setting: str) -> str | None:
+        """The settings of another descriptor kind than the method's (the family's own --
+        local features, whitening, search, stages -- always apply)."""
+        kind = _KIND_OF.get(setting.split(".", 1)[0], self.descriptor)
+        if kind == self.descriptor:
+            return None
+        return (
+            f"method {self.name}: {setting} is a setting of descriptor={kind}, and {self.name} "
+            f"describes images with descriptor={self.descriptor}"
+        )
 
     def _check_cnn(self) -> None:
         if self.pooling == "fc6":
