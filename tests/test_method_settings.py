@@ -39,12 +39,11 @@ HOSTILE = (
 
 
 def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.Field]]:
-    """Every setting `--set` takes that applies (a global preset: its descriptor kind's and the
-    family's): fields (nested as dotted names), then each stage group's."""
+    """Every setting `--set` takes: fields (nested as dotted names), then each stage group's."""
     out = []
     for f in dataclasses.fields(config):  # type: ignore[arg-type]
         value = getattr(config, f.name)
-        if f.name == "name" or (not prefix and not config.applies(f.name)):  # type: ignore[attr-defined]
+        if f.name == "name":
             continue
         if f.name == "stage_settings":  # the pipeline's stages own these: group.setting
             for group in config.stage_groups:  # type: ignore[attr-defined]
@@ -222,15 +221,16 @@ def test_a_global_preset_lists_and_takes_only_its_descriptor_kinds_settings(
     for preset in ("rootsift-vlad", "gem-r50-imagenet", "features"):
         code, out, _ = _cli(capsys, "methods", preset)
         assert code == 0
-        listed[preset] = {line.split()[0] for line in out.splitlines()[2:]}
-    assert {"vlad_k", "intra_norm"} <= listed["rootsift-vlad"]
+        listed[preset] = {line.split()[0] for line in out.splitlines()[3:]}
+    assert {"vlad_k", "intra_norm", "features.max_side"} <= listed["rootsift-vlad"]
     assert {"pooling", "backbone", "max_side"} <= listed["gem-r50-imagenet"]
     assert {"db_features", "layout"} <= listed["features"]
     assert not {"pooling", "backbone", "db_features"} & listed["rootsift-vlad"]
-    assert not {"vlad_k", "db_features"} & listed["gem-r50-imagenet"]
+    assert not {"vlad_k", "db_features", "features.max_side"} & listed["gem-r50-imagenet"]
     assert not {"vlad_k", "pooling", "max_side"} & listed["features"]
     assert {"whitening", "search", "rerank"} <= listed["rootsift-vlad"] & listed["features"]
     for preset, key in (("rootsift-vlad", "pooling=gem"), ("gem-r50-imagenet", "vlad_k=8"),
+                        ("gem-r50-imagenet", "features.max_side=64"),
                         ("features-alpha-qe", "max_side=64")):  # fmt: skip
         code, _, err = _cli(capsys, "run", "--method", preset, "--set", key, "--no-progress")
         name = key.split("=")[0]

@@ -233,7 +233,7 @@ class MethodConfig(ABC):
     def inapplicable(self, setting: str) -> str | None:
         """Why the (dotted) ``setting`` does nothing with the other settings as they are (one
         line), or ``None`` when it applies: ``oxbench methods NAME`` lists only the settings that
-        apply, and :func:`resolve_method` refuses to set one that does not. A family whose
+        apply (``--all``: every one), and :func:`resolve_method` refuses to set one that does not. A family whose
         settings depend on a choice (a descriptor kind) overrides this."""
         return None
 
@@ -577,12 +577,12 @@ def _stage_settings(config: Any, staged: dict[str, dict[str, Any]], rerank: Any)
 
 
 def settings_rows(config: MethodConfig) -> list[Any]:
-    """Every setting of ``config`` that applies (:meth:`MethodConfig.applies`) as
-    :class:`oxbench.schema.SettingInfo` rows: its fields (nested as dotted names), then the
-    settings of each group its stages read (``qe.k``)."""
+    """Every setting of ``config`` as :class:`oxbench.schema.SettingInfo` rows: its fields (nested
+    as dotted names), then the settings of each group its stages read (``qe.k``); those that do
+    not apply with the others as they are (:meth:`MethodConfig.applies`) too."""
     from oxbench.schema import describe
 
-    rows = [row for row in describe(config) if config.applies(row.name)]
+    rows = describe(config)
     for group in getattr(config, "stage_groups", []):
         rows += describe(config.stage(group), prefix=f"{group}.")  # type: ignore[attr-defined]
     return rows

@@ -97,8 +97,9 @@ def _no_model_file(path: Path) -> InputError:
     )
 
 
-#: The settings of each descriptor kind; the others are the family's (local features, whitening,
-#: search, stages). A setting of another kind than the method's is refused, and not listed.
+#: The settings of each descriptor kind (VLAD's: the local features it aggregates too); the others
+#: are the family's (whitening, search, the stages and their local source). A setting of another
+#: kind than the method's is refused in one line, and ``oxbench methods NAME`` leaves it out.
 KIND_SETTINGS: dict[str, tuple[str, ...]] = {
     "cnn": (
         "backbone", "weights", "pooling", "rmac_grid", "gem_p", "max_side", "query_resize",
@@ -106,7 +107,7 @@ KIND_SETTINGS: dict[str, tuple[str, ...]] = {
         "batch_size", "device",
     ),
     "vlad": (
-        "vlad_k", "vlad_iter", "vlad_max_points_per_centroid", "vlad_seed", "power", "intra_norm",
+        "features", "vlad_k", "vlad_iter", "vlad_max_points_per_centroid", "vlad_seed", "power", "intra_norm",
     ),
     "features": (
         "db_features", "query_features", "train_features", "train_pairs", "layout", "key",
@@ -327,13 +328,24 @@ class GlobalConfig(MethodConfig, Pipeline):
         one line (it would do nothing); :func:`~oxbench.pipelines.method.resolve_method` also
         refuses one set to its default."""
         for f in dataclasses.fields(self):
-            why = self.inapplicable(f.name)
-            if why is not None and getattr(self, f.name) != f.default:
-                raise InputError(why)
+            if self.inapplicable(f.name) is None:
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+            value = getattr(self, f.name)
+            if value == default:
+                continue
+            name = f.name  # a nested setting by its dotted name (features.max_side)
+            if type(value) is type(default) and dataclasses.is_dataclass(value):
+                name += "." + next(
+                    g.name
+                    for g in dataclasses.fields(value)
+                    if getattr(value, g.name) != getattr(default, g.name)
+                )
+            raise InputError(self.inapplicable(name) or name)
 
     def inapplicable(self, setting: str) -> str | None:
         """The settings of another descriptor kind than the method's (the family's own --
-        local features, whitening, search, stages -- always apply)."""
+        whitening, search, the stages and their local source -- always apply)."""
         kind = _KIND_OF.get(setting.split(".", 1)[0], self.descriptor)
         if kind == self.descriptor:
             return None
