@@ -24,6 +24,14 @@ TINY_CNN = {
 CASES = {
     "rootsift-bow": {**tiny("rootsift-bow"), "vocab_size": 50},
     "gem-r50-imagenet+w": TINY_CNN,  # a CNN whose whitening reads the training set's descriptors
+    # a hybrid: VLAD's local features, then the global short list verified with a local source
+    "rootsift-vlad-w+sv": {
+        "features.max_side": 320,
+        "features.n_features": 300,
+        "vlad_k": 8,
+        "local_source": "sift",
+        "spatial.top_r": 10,
+    },
 }
 
 
@@ -80,6 +88,13 @@ def test_partitions_then_the_run_give_the_plain_runs_ranks_and_hit_every_shard(
     assert described["synthetic/database"] == bench.gt.n_db
     assert described["synthetic/queries"] == bench.gt.n_queries
     assert described["synthetic-train/database"] == train.gt.n_db  # what fit reads
+    if "local_source" in CASES[method]:
+        assert described["synthetic/local_source.database"] == bench.gt.n_db
+        assert "synthetic-train/local_source.database" not in described  # the test set's only
+    # the partitions together committed every extraction shard: all of them at once find none left
+    args = _run(method, root, cache, tmp_path / "p", ["--partition", "0/1", "--json"])
+    again = json.loads(_cli(args, capsys))["described"]
+    assert set(again) == set(described) and not any(again.values()), again
     assert "mAP" in _cli(_run(method, root, cache, tmp_path / "after", []), capsys)
     assert "mAP" in _cli(
         _run(method, root, tmp_path / "plain-cache", tmp_path / "plain", []), capsys
@@ -87,7 +102,10 @@ def test_partitions_then_the_run_give_the_plain_runs_ranks_and_hit_every_shard(
     (after,) = (tmp_path / "after").glob("*/record.json")
     (plain,) = (tmp_path / "plain").glob("*/record.json")
     steps = json.loads(after.read_text())["cache"]
-    extraction = {k: v for k, v in steps.items() if re.fullmatch(r"features|descriptors\..*", k)}
+    # (VLAD's descriptor shards aggregate its local features with the codebook fit learns: they
+    # are computed by the run, from the local features the partitions described)
+    shards = r"features|local_source_.*" + ("" if "vlad" in method else r"|descriptors\..*")
+    extraction = {k: v for k, v in steps.items() if re.fullmatch(shards, k)}
     assert extraction and set(extraction.values()) == {"hit"}, steps  # nothing described again
     np.testing.assert_array_equal(
         np.load(after.parent / "ranks.npy"), np.load(plain.parent / "ranks.npy")

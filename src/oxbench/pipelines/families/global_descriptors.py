@@ -775,15 +775,20 @@ class GlobalDescriptors(RetrievalMethod):
     ) -> dict[str, int]:
         """A CNN's descriptor shards of every part (of a training set: what the whitening reads);
         VLAD's local features (its descriptor shards need the codebook, learned in ``fit``); the
-        user's files: nothing."""
+        user's files: nothing. A test set's local source (GeM + SV) too, as
+        ``local_source.<part>``."""
         m = self.config
         if m.descriptor != "cnn":
-            return super().describe_parts(bench, ctx, training=training, partition=partition)
-        if training:
+            out = super().describe_parts(bench, ctx, training=training, partition=partition)
+        elif training:
             parts = ["database"] + (["queries"] if m.whitening == "learned" else [])
+            out = {part: self._describe_shards(bench, part, ctx, partition) for part in parts}
         else:
-            parts = parts_of(bench)
-        return {part: self._describe_shards(bench, part, ctx, partition) for part in parts}
+            out = {p: self._describe_shards(bench, p, ctx, partition) for p in parts_of(bench)}
+        if m.local_source is not None and not training:
+            done = step_features(bench, m.local_source, ctx, partition=partition)
+            out.update({f"local_source.{part}": res.computed for part, res in done.items()})
+        return out
 
     def _describe_shards(
         self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int] | None
