@@ -214,6 +214,32 @@ def test_every_preset_setting_appears_in_methods_with_a_type_and_a_default(
             assert words.startswith(f"{kind} {default}"), (preset, name, kind, default, words)
 
 
+def test_a_global_preset_lists_and_takes_only_its_descriptor_kinds_settings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    listed = {}
+    for preset in ("rootsift-vlad", "gem-r50-imagenet", "features"):
+        code, out, _ = _cli(capsys, "methods", preset)
+        assert code == 0
+        listed[preset] = {line.split()[0] for line in out.splitlines()[3:]}
+    assert {"vlad_k", "intra_norm", "features.max_side"} <= listed["rootsift-vlad"]
+    assert {"pooling", "backbone", "max_side"} <= listed["gem-r50-imagenet"]
+    assert {"db_features", "layout"} <= listed["features"]
+    assert not {"pooling", "backbone", "db_features"} & listed["rootsift-vlad"]
+    assert not {"vlad_k", "db_features", "features.max_side"} & listed["gem-r50-imagenet"]
+    assert not {"vlad_k", "pooling", "max_side"} & listed["features"]
+    assert {"whitening", "search", "rerank"} <= listed["rootsift-vlad"] & listed["features"]
+    for preset, key in (("rootsift-vlad", "pooling=gem"), ("gem-r50-imagenet", "vlad_k=8"),
+                        ("gem-r50-imagenet", "features.max_side=64"),
+                        ("features-alpha-qe", "max_side=64")):  # fmt: skip
+        code, _, err = _cli(capsys, "run", "--method", preset, "--set", key, "--no-progress")
+        name = key.split("=")[0]
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"{name} is a setting of descriptor=" in err and preset in err
+    # switching the kind makes its settings apply
+    assert resolve_method("rootsift-vlad", descriptor="cnn", pooling="mac").pooling == "mac"
+
+
 def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

@@ -126,12 +126,12 @@ _BAD_TEXT = {
 
 
 def _settings(config: Any) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
-    """``(dotted name, field, value)`` of every setting (nested configs one level down, and the
-    settings of each stage group the pipeline's stages read as ``group.setting``)."""
+    """``(dotted name, field, value)`` of every setting that applies (nested configs one level
+    down, and the settings of each stage group the pipeline's stages read as ``group.setting``)."""
     from oxbench.pipelines.method import STAGE_SETTINGS_FIELD
 
     for f in dataclasses.fields(config):
-        if f.name == "name":
+        if f.name == "name" or not config.applies(f.name):
             continue
         value = getattr(config, f.name)
         if f.name == STAGE_SETTINGS_FIELD:

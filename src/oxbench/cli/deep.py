@@ -1,5 +1,6 @@
 """``oxbench import-checkpoint`` (cirtorch checkpoint -> model file) and ``oxbench extract``
-(a dataset's global descriptors -> ``.npy`` files)."""
+(a dataset described by any method: its global descriptors -> ``.npy`` files, or its local
+features into the cache)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,9 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
 @click.option(
     "--method",
     required=True,
-    help="A global-descriptor preset (gem-r50-imagenet, gem-r101 --set weights=MODEL.pt, rootsift-vlad ...).",
+    help="A preset of any family: a global-descriptor one (gem-r50-imagenet, gem-r101 --set "
+    "weights=MODEL.pt, rootsift-vlad ...) writes its vectors; one of local features (rootsift-bow, "
+    "asmk ...) fills their stores in the cache.",
 )
 @click.option(
     "--out",
@@ -96,10 +99,12 @@ def extract(
     allow_partial: bool,
     no_progress: bool,
 ) -> None:
-    """Write the global descriptors of DATASET (database, distractors, query crops) to .npy files.
+    """Describe DATASET (database, distractors, query crops) with METHOD.
 
-    The files are what `oxbench evaluate revisited --db-features/--query-features` reads; the
-    descriptors are cached like `oxbench run`'s, so an interrupted extraction resumes.
+    A method with one vector per image writes them to .npy files, what `oxbench evaluate revisited
+    --db-features/--query-features` reads; a method of local features describes them into the cache
+    its runs read (and writes extract.json only). Everything is cached like `oxbench run`'s, so an
+    interrupted extraction resumes.
     """
     from oxbench.errors import InputError
     from oxbench.pipelines.extract import extract_descriptors, extract_partition
@@ -146,6 +151,13 @@ def extract(
         decode_threads=decode_threads,
         progress=not no_progress,
     )
+    if not outcome.dim:
+        counts = ", ".join(f"{n} {p}" for p, n in outcome.info["described"].items())
+        click.echo(
+            f"{outcome.out}: described {counts or 'no'} image(s) into the cache (local features: "
+            "no vectors to write)"
+        )
+        return
     click.echo(
         f"{outcome.out}: {outcome.n_db} database + {outcome.n_distractors} distractor and "
         f"{outcome.n_queries} query descriptors, {outcome.dim}-D"

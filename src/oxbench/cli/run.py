@@ -471,7 +471,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
 
     config = METHODS.get(name)
     every = settings_rows(config)
-    rows = every if show_all else [r for r in every if setting_applies(config, r.name, r.doc)]
+    rows = every if show_all else [r for r in every if config.applies(r.name)]
     if as_json:
         click.echo(
             json.dumps(
@@ -512,25 +512,6 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
             f"({hidden} settings of the family's other descriptor kinds, which a {kind} preset "
             "does not read, are left out; --all lists them)"
         )
-
-
-#: The descriptor kinds of a global preset, as the settings' meanings begin (``cnn: GeM exponent``).
-_KINDS = ("vlad", "cnn", "features")
-
-
-def setting_applies(config: object, name: str, doc: str) -> bool:
-    """Whether a preset reads a setting: a global preset (one with a ``descriptor`` kind) reads
-    its own kind's settings (their meaning begins ``<kind>:``; the local features ``features.*``
-    belong to ``vlad``) and the shared ones; every other preset reads all of its settings."""
-    kind = getattr(config, "descriptor", None)
-    if kind not in _KINDS:
-        return True
-    if name.startswith("features."):
-        return kind == "vlad"
-    head = doc.split(":", 1)[0].split(" ", 1)[0] if ":" in doc else ""
-    if head == "fit_network":  # the epochs of the network fit_network trains
-        return kind == "cnn"
-    return head not in _KINDS or head == kind
 
 
 def _shown(value: object) -> str:

@@ -71,6 +71,14 @@ ABOUT: dict[str, str] = {
     "spoc-r50-imagenet": "ImageNet ResNet-50, SPoC (sum) pooling (Babenko & Lempitsky 2015)",
     "rmac-r50-imagenet": "ImageNet ResNet-50, R-MAC regional pooling (Tolias et al. 2016)",
     "rmac-r50-imagenet+w": "ImageNet ResNet-50 R-MAC + PCA whitening (Tolias et al. 2016)",
+    "rmac-vgg16-imagenet+w": "ImageNet VGG16 R-MAC, 512-D, PCA whitening learned on the other "
+    "city (Tolias et al. 2016)",
+    "neural-codes-alexnet": "Neural codes: fc6 of ImageNet AlexNet, 4,096-D (Babenko et al. 2014)",
+    "neural-codes-alexnet+pca": "Neural codes: AlexNet fc6, PCA to 256-D learned on the other "
+    "city (Babenko et al. 2014)",
+    "neural-codes-vgg16": "Neural codes from VGG16's fc6, 4,096-D (Babenko et al. 2014)",
+    "neural-codes-vgg16+pca": "Neural codes: VGG16 fc6, PCA to 256-D learned on the other city "
+    "(Babenko et al. 2014)",
     "gem-r18-synthetic": "ResNet-18 GeM trained by `oxbench train` on the synthetic training "
     "city (contrastive loss, hard negatives: Radenovic et al. 2018)",
     "gem-r18-synthetic+w": "the synthetic-trained ResNet-18 GeM + PCA whitening",

@@ -1,10 +1,13 @@
-"""Write a dataset's global descriptors to files (``oxbench extract``).
+"""Describe a dataset with a method, and write its global descriptors to files (``oxbench extract``).
 
-Any global-descriptor preset (a CNN with any backbone, or VLAD) describes the database, the
-distractors and the query crops of a dataset, through the same cached, resumable descriptor stores
-as ``oxbench run``, and the final descriptors (what the method searches with: whitened when the
-method whitens, always L2-normalised; query expansion is a search step and is not applied) are
-written as::
+Every method describes images through one step, its
+:meth:`~oxbench.pipelines.method.RetrievalMethod.describe_parts` (local-feature stores for bag of
+words, HE, ASMK and VLAD; CNN descriptor shards), into the same cached, resumable stores as
+``oxbench run``; this module knows no family. A method with one vector per image
+(:meth:`~oxbench.pipelines.method.RetrievalMethod.vectors`: a CNN, VLAD, the user's descriptor
+files) describes the database, the distractors and the query crops, and the final descriptors
+(what the method searches with: whitened when the method whitens, always L2-normalised; query
+expansion is a search step and is not applied) are written as::
 
     <out>/db.npy            float32 [n_db + n_distractors, d]  database rows, then distractors
     <out>/db_names.txt      one image name per row of db.npy
@@ -14,7 +17,9 @@ written as::
 
 which is what ``oxbench evaluate revisited --dataset ID --db-features <out>/db.npy
 --query-features <out>/queries.npy [--distractors N]`` reads. Every file is written atomically and
-``extract.json`` last, after every descriptor has been computed.
+``extract.json`` last, after every descriptor has been computed. A method without one vector per
+image (bag of words, HE, ASMK) fills its local-feature stores in the cache, which its runs then
+read, and writes only ``extract.json`` (the images described per part, ``"vectors": false``).
 
 The partition mode (:func:`extract_partition`, ``oxbench extract --partition I/N`` and
 ``oxbench run --partition I/N``) is for array jobs without a scheduler (SLURM arrays, Kubernetes
@@ -38,13 +43,11 @@ from oxbench.datasets import load
 from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError, require_installed
 from oxbench.execution import Executor, available_cores, make_executor
-from oxbench.features.local import LocalExtractor
-from oxbench.features.store import DEFAULT_SHARD_SIZE, extract_to_store
+from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
-from oxbench.pipelines.families.global_descriptors import GlobalConfig, GlobalDescriptors
 from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
-from oxbench.pipelines.runner import DEFAULT_TRAIN_DATASET
-from oxbench.pipelines.steps import extraction_job, open_store, part_names, parts_of
+from oxbench.pipelines.runner import training_set_of
+from oxbench.pipelines.steps import part_names
 from oxbench.shards import check_partition
 
 log = logging.getLogger(__name__)
@@ -58,8 +61,9 @@ class ExtractOutcome:
 
     Attributes:
         out: the output folder.
-        n_db, n_distractors, n_queries: rows written.
-        dim: descriptor dimension.
+        n_db, n_distractors, n_queries: rows written (images described, for a method without
+            one vector per image).
+        dim: descriptor dimension (0: no vectors written).
         info: what ``extract.json`` holds.
     """
 
@@ -89,11 +93,11 @@ def extract_descriptors(
     decode_threads: int | None = None,
     progress: bool = True,
 ) -> ExtractOutcome:
-    """Describe a dataset with a global-descriptor method and write the descriptors to ``out``.
+    """Describe a dataset with a method and write its descriptors to ``out``.
 
     Args:
         dataset: dataset id.
-        method: a global-descriptor preset (or config).
+        method: a preset (or config) of any family; one with one vector per image writes them.
         out: output folder (created; the five files above are replaced atomically).
         root: data root.
         cache: descriptor cache (default ``<root>/_cache``): a second extraction, or a run of the same
@@ -114,14 +118,10 @@ def extract_descriptors(
         progress: progress bars.
 
     Raises:
-        InputError: not a global-descriptor method, missing data or weights, an undecodable image
-            (unless ``strict=False``), an output path that is not a writable file location.
+        InputError: missing data or weights, an undecodable image (unless ``strict=False``), an
+            output path that is not a writable file location.
     """
     m = resolve_method(method, **dict(overrides or {}))
-    if not isinstance(m, GlobalConfig):
-        raise InputError(
-            f"oxbench extract writes global descriptors; {m.name} is a {m.family} method"
-        )
     require_installed(m.requires)  # before any data is loaded or generated
     out = Path(out)
     for name in EXTRACT_FILES:
@@ -152,8 +152,30 @@ def extract_descriptors(
         executor.close()
 
 
+def _context(
+    cache_dir: Path,
+    executor: Executor,
+    root_path: Path,
+    *,
+    strict: bool,
+    progress: bool,
+    decode_threads: int | None = None,
+    shard_size: int | None = None,
+) -> RunContext:
+    """The run context of an extraction (as ``oxbench run`` sets it up for its steps)."""
+    return RunContext(
+        cache_dir,
+        executor=executor,
+        progress=progress,
+        allow_partial=not strict,
+        root=root_path,
+        decode_threads=decode_threads or available_cores(),
+        shard_size=shard_size or DEFAULT_SHARD_SIZE,
+    )
+
+
 def _extract(
-    m: GlobalConfig,
+    m: MethodConfig,
     dataset: str,
     out: Path,
     root_path: Path,
@@ -167,43 +189,55 @@ def _extract(
     progress: bool,
     shard_size: int | None,
 ) -> ExtractOutcome:
-    bench = load(dataset, root_path, distractors=distractors, strict=strict, progress=progress)
-    train = None
-    if m.needs_training:
-        train_id = train_dataset or DEFAULT_TRAIN_DATASET.get(dataset)
-        if train_id is None:
-            raise InputError(f"no default training set for {dataset!r}; pass --train-dataset")
-        train = load(train_id, root_path, strict=strict, progress=progress)
-    ctx = RunContext(
-        cache_dir,
-        executor=executor,
+    bench = load(
+        dataset,
+        root_path,
+        distractors=distractors,
+        strict=strict,
         progress=progress,
-        allow_partial=not strict,
-        root=root_path,
-        decode_threads=decode_threads or available_cores(),
-        shard_size=shard_size or DEFAULT_SHARD_SIZE,
+        images=m.reads_images,
+    )
+    ctx = _context(
+        cache_dir,
+        executor,
+        root_path,
+        strict=strict,
+        progress=progress,
+        decode_threads=decode_threads,
+        shard_size=shard_size,
     )
     impl = m.build()
-    assert isinstance(impl, GlobalDescriptors)
-    impl.fit(train, ctx)
     parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
-    db = np.concatenate([impl.describe(bench, p, ctx) for p in parts])
-    queries = impl.describe(bench, "queries", ctx)
-    db, queries = impl.finish(db), impl.finish(queries)
-    db_names = [n for p in parts for n in part_names(bench, p)]
     info: dict[str, Any] = {
         "dataset": dataset,
         "n_db": bench.gt.n_db,
         "n_distractors": bench.n_distractors,
-        "n_queries": int(queries.shape[0]),
-        "dim": int(db.shape[1]),
-        "dtype": "float32",
-        "crop": bench.crop,
-        "method": m.to_dict(),
-        "train_dataset": None if train is None else train.id,
-        "provenance": impl.provenance(),
-        "steps": dict(ctx.steps),
+        "n_queries": bench.gt.n_queries,
     }
+    if not impl.offers_vectors:  # the describe step alone: the stores its runs will read
+        described = impl.describe_parts(bench, ctx)
+        info.update(method=m.to_dict(), vectors=False, described=described, steps=dict(ctx.steps))
+        atomic_write_json(out / "extract.json", info)
+        log.info("described %s into the cache of %s", described, m.name)
+        return ExtractOutcome(out, bench.gt.n_db, bench.n_distractors, bench.gt.n_queries, 0, info)
+    train_id = training_set_of(m, dataset, train_dataset)
+    train = None
+    if train_id is not None:
+        train = load(train_id, root_path, strict=strict, progress=progress, images=m.reads_images)
+    impl.fit(train, ctx)
+    db = impl.vectors(bench, parts, ctx)
+    queries = impl.vectors(bench, ["queries"], ctx)
+    db_names = [n for p in parts for n in part_names(bench, p)]
+    info.update(
+        n_queries=int(queries.shape[0]),
+        dim=int(db.shape[1]),
+        dtype="float32",
+        crop=bench.crop,
+        method=m.to_dict(),
+        train_dataset=None if train is None else train.id,
+        provenance=impl.provenance(),
+        steps=dict(ctx.steps),
+    )
     if "revisited" in bench.protocols:
         info["evaluate"] = (
             f"oxbench evaluate revisited --dataset {dataset} --db-features {out / 'db.npy'} "
@@ -227,16 +261,6 @@ def _extract(
     return ExtractOutcome(
         out, bench.gt.n_db, bench.n_distractors, int(queries.shape[0]), int(db.shape[1]), info
     )
-
-
-def local_features_of(m: MethodConfig) -> LocalExtractor | None:
-    """The local features a method extracts (bag of words, ASMK, VLAD), or ``None`` (a CNN, files)."""
-    features = getattr(m, "features", None)
-    if not isinstance(features, LocalExtractor):
-        return None
-    if isinstance(m, GlobalConfig) and m.descriptor != "vlad":
-        return None
-    return features
 
 
 def extract_partition(
@@ -275,15 +299,11 @@ def extract_partition(
     """
     partition = check_partition(partition)  # type: ignore[assignment]
     m = resolve_method(method, **dict(overrides or {}))
-    features = local_features_of(m)
-    cnn = isinstance(m, GlobalConfig) and m.descriptor == "cnn"
-    if features is None and not cnn:
-        raise InputError(f"--partition splits the extraction of images; {m.name} describes none")
     require_installed(m.requires)
     root_path = data_root(root)
+    m.check_inputs(root_path)
     cache_dir = Path(cache) if cache is not None else root_path / "_cache"
     executor: Executor = make_executor(engine, workers, options=engine_options)
-    size = shard_size or DEFAULT_SHARD_SIZE
     done: dict[str, int] = {}
     with executor:
         executor.check_paths(
@@ -297,37 +317,20 @@ def extract_partition(
                 distractors=None if ds != dataset else distractors,
                 strict=strict,
                 progress=progress,
+                images=m.reads_images,
             )
-            if (
-                features is None
-            ):  # a CNN: the descriptor stores, through the method's own describing
-                impl = m.build()
-                assert isinstance(impl, GlobalDescriptors)
-                ctx = RunContext(
-                    cache_dir,
-                    executor=executor,
-                    progress=progress,
-                    allow_partial=not strict,
-                    root=root_path,
-                    shard_size=size,
-                )
-                parts = parts_of(bench) if ds == dataset else ["database"]
-                for part in parts:
-                    done[f"{bench.id}/{part}"] = impl.describe_partition(
-                        bench, part, ctx, partition
-                    )
-                continue
-            for part in parts_of(bench):
-                job, n, _ = extraction_job(bench, part, features, allow_partial=not strict)
-                store = open_store(cache_dir, bench, features, part, create=True)
-                done[f"{bench.id}/{part}"] = extract_to_store(
-                    job,
-                    n,
-                    store,
-                    executor=executor,
-                    progress=progress,
-                    desc=f"{bench.id} {part} {partition[0]}/{partition[1]}",
-                    shard_size=size,
-                    partition=partition,
-                )
+            ctx = _context(
+                cache_dir,
+                executor,
+                root_path,
+                strict=strict,
+                progress=progress,
+                shard_size=shard_size,
+            )
+            described = m.build().describe_parts(
+                bench, ctx, training=ds != dataset, partition=partition
+            )
+            done.update({f"{bench.id}/{part}": n for part, n in described.items()})
+    if not done:
+        raise InputError(f"--partition splits the extraction of images; {m.name} describes none")
     return done

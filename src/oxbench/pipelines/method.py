@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, close_matches
 from oxbench.execution import Executor, SerialExecutor, available_cores, cpu_seconds
-from oxbench.features.local import learns_on_test_set, reads_pixels
+from oxbench.features.local import LocalExtractor, learns_on_test_set, reads_pixels
 from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import json_digest
 from oxbench.registry import GROUPS, Registry
@@ -183,6 +183,14 @@ class MethodConfig(ABC):
         return True
 
     @property
+    def local_features(self) -> LocalExtractor | None:
+        """The local features the method extracts and reads (bag of words, HE, ASMK, VLAD), or
+        ``None``. By default the ``features`` setting when it holds a local extractor; a family
+        whose ``features`` setting is not always read overrides this."""
+        features = getattr(self, "features", None)
+        return features if isinstance(features, LocalExtractor) else None
+
+    @property
     def reads_images(self) -> bool:
         """Whether any step reads the benchmark's pixels (else the ground truth is enough).
 
@@ -221,6 +229,17 @@ class MethodConfig(ABC):
         if head in fields:
             return key
         return key if sub and _is_group(head) and STAGE_SETTINGS_FIELD in fields else None
+
+    def inapplicable(self, setting: str) -> str | None:
+        """Why the (dotted) ``setting`` does nothing with the other settings as they are (one
+        line), or ``None`` when it applies: ``oxbench methods NAME`` lists only the settings that
+        apply (``--all``: every one), and :func:`resolve_method` refuses to set one that does not. A family whose
+        settings depend on a choice (a descriptor kind) overrides this."""
+        return None
+
+    def applies(self, setting: str) -> bool:
+        """Whether the (dotted) ``setting`` does anything (:meth:`inapplicable`)."""
+        return self.inapplicable(setting) is None
 
     def check_inputs(self, root: Path | None = None) -> None:
         """Refuse, before any data is loaded or generated, an input file the settings name that is
@@ -301,6 +320,8 @@ class RetrievalMethod(ABC):
     """
 
     config: MethodConfig
+    #: Whether the method describes an image by one vector (:meth:`vectors`).
+    offers_vectors: ClassVar[bool] = False
 
     @abstractmethod
     def fit(self, train: Benchmark | None, ctx: RunContext) -> RetrievalMethod:
@@ -313,6 +334,44 @@ class RetrievalMethod(ABC):
     @abstractmethod
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         """Describe ``bench``'s query crops and rank the index for each, re-ranking as configured."""
+
+    def describe_parts(
+        self,
+        bench: Benchmark,
+        ctx: RunContext,
+        *,
+        training: bool = False,
+        partition: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
+        """The method's describe step: describe the images of ``bench`` that the method will read
+        (as its training set with ``training``) into the cache, by its write-once extraction
+        shards -- local-feature stores, CNN descriptor shards -- and only the shards of
+        ``partition`` (``(i, n)``: shard numbers ``i`` modulo ``n``) when given. What
+        ``oxbench extract`` and ``oxbench run --partition`` do for every family; ``fit``,
+        ``index`` and ``search`` then find the shards committed.
+
+        By default: the :attr:`MethodConfig.local_features` of every part, as
+        :func:`~oxbench.pipelines.steps.step_features` describes them in a run.
+
+        Returns:
+            ``{part: images described}`` (0 for a part already complete); empty when the method
+            describes no images itself (descriptors read from the user's files).
+        """
+        from oxbench.pipelines.steps import step_features
+
+        features = self.config.local_features
+        if features is None:
+            return {}
+        done = step_features(bench, features, ctx, partition=partition)
+        return {part: res.computed for part, res in done.items()}
+
+    def vectors(self, bench: Benchmark, parts: list[str], ctx: RunContext) -> NDArray[np.float32]:
+        """One vector per image of ``parts`` (in part order, concatenated) as the method searches
+        with them, after :meth:`fit` (what ``oxbench extract`` writes to ``.npy`` files); only
+        for a method that :attr:`offers_vectors`."""
+        raise InputError(
+            f"method {self.config.name} ({self.config.family}) has no one vector per image"
+        )
 
     def provenance(self) -> dict[str, Any]:
         """What was learned and from what (recorded in the run); empty by default."""
@@ -473,7 +532,12 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
         top[STAGE_SETTINGS_FIELD] = _stage_settings(config, staged, top.get("rerank"))
     if not top:
         return config
-    return _replace(config, top, f"method {config.name}")
+    out = _replace(config, top, f"method {config.name}")
+    for key, value in overrides.items():  # a setting that would do nothing is a mistake
+        why = out.inapplicable(key) if value is not None else None
+        if why is not None:
+            raise InputError(why)
+    return out
 
 
 def _is_group(head: str) -> bool:
@@ -514,7 +578,8 @@ def _stage_settings(config: Any, staged: dict[str, dict[str, Any]], rerank: Any)
 
 def settings_rows(config: MethodConfig) -> list[Any]:
     """Every setting of ``config`` as :class:`oxbench.schema.SettingInfo` rows: its fields (nested
-    as dotted names), then the settings of each group its stages read (``qe.k``)."""
+    as dotted names), then the settings of each group its stages read (``qe.k``); those that do
+    not apply with the others as they are (:meth:`MethodConfig.applies`) too."""
     from oxbench.schema import describe
 
     rows = describe(config)

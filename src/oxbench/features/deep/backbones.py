@@ -4,7 +4,8 @@ Architecture names:
 
 - torchvision: ``resnet18``, ``resnet34``, ``resnet50``, ``resnet101``, ``resnet152`` (every layer up
   to ``layer4``: the model without its average pooling and classifier) and ``vgg11``, ``vgg13``,
-  ``vgg16``, ``vgg19`` (``features`` without the last max pooling, so the map ends with a ReLU).
+  ``vgg16``, ``vgg19`` and ``alexnet`` (``features`` without the last max pooling, so the map ends
+  with a ReLU; the fc6 head, :class:`~oxbench.features.deep.pooling.FC6`, applies that pooling).
   These are the trunks of cirtorch's ``ImageRetrievalNet``, with the same module indices, so a
   cirtorch ``state_dict`` loads into them unchanged (``features.0.weight`` is ``conv1.weight``).
 - timm: ``timm:<model name>`` (any name ``timm.list_models()`` knows, with its pretrained tag if
@@ -42,7 +43,7 @@ else:
 #: torchvision trunks and their output channels.
 TORCHVISION_DIMS: dict[str, int] = {
     "resnet18": 512, "resnet34": 512, "resnet50": 2048, "resnet101": 2048, "resnet152": 2048,
-    "vgg11": 512, "vgg13": 512, "vgg16": 512, "vgg19": 512,
+    "vgg11": 512, "vgg13": 512, "vgg16": 512, "vgg19": 512, "alexnet": 256,
 }  # fmt: skip
 
 #: Prefix of timm model names.
@@ -206,15 +207,41 @@ def imagenet_state_dict(architecture: str) -> tuple[dict[str, Any], str]:
     except InputError:
         raise
     except Exception as exc:  # network, cache and hub errors come in many types
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        cache = (
-            "$TORCH_HOME/hub/checkpoints"
-            if architecture in TORCHVISION_DIMS
-            else "the Hugging Face cache"
-        )
-        raise InputError(
-            f"the ImageNet weights of {architecture} are not in {cache} and could not be downloaded "
-            f"({reason}); run once with a network, copy them into that cache, or pass a model file "
-            "with --set weights=PATH"
-        ) from None
+        raise _no_imagenet_weights(architecture, exc) from None
     raise InputError(f"unknown backbone {architecture!r}")
+
+
+def imagenet_fc6_state_dict(architecture: str) -> dict[str, Any]:
+    """The ``state_dict`` of the first fully connected layer of a VGG / AlexNet ImageNet classifier
+    (torchvision's weights, from its cache as :func:`imagenet_state_dict` reads them): the weights
+    of :class:`~oxbench.features.deep.pooling.FC6`'s ``fc``.
+
+    Raises:
+        InputError: not a backbone with fc6, or the weights neither cached nor downloadable.
+    """
+    from oxbench.features.deep import check_fc6_backbone
+
+    check_fc6_backbone(architecture)
+    tv = require("torchvision", "deep")
+    try:
+        weights = tv.models.get_model_weights(architecture).DEFAULT
+        full = tv.models.get_model(architecture, weights=None)
+        full.load_state_dict(weights.get_state_dict(progress=False, check_hash=True))
+    except Exception as exc:  # network, cache and hub errors come in many types
+        raise _no_imagenet_weights(architecture, exc) from None
+    first = next(m for m in full.classifier if isinstance(m, nn.Linear))
+    return first.state_dict()
+
+
+def _no_imagenet_weights(architecture: str, exc: Exception) -> InputError:
+    reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    cache = (
+        "$TORCH_HOME/hub/checkpoints"
+        if architecture in TORCHVISION_DIMS
+        else "the Hugging Face cache"
+    )
+    return InputError(
+        f"the ImageNet weights of {architecture} are not in {cache} and could not be downloaded "
+        f"({reason}); run once with a network, copy them into that cache, or pass a model file "
+        "with --set weights=PATH"
+    )

@@ -43,6 +43,7 @@ from oxbench.errors import InputError, require
 from oxbench.features.deep.backbones import (
     Trunk,
     build_trunk,
+    imagenet_fc6_state_dict,
     imagenet_state_dict,
     known_architecture,
 )
@@ -77,7 +78,7 @@ class RetrievalNet(nn.Module):
 
     Args:
         trunk: the backbone (:func:`~oxbench.features.deep.backbones.build_trunk`).
-        pooling: ``mac``, ``spoc``, ``gem`` or ``rmac``.
+        pooling: ``mac``, ``spoc``, ``gem``, ``rmac`` or ``fc6`` (VGG / AlexNet).
         p: GeM's initial exponent.
         whiten_dim: add a learned linear whitening layer of this output size (cirtorch's ``whiten``;
             ``None``: none).
@@ -93,9 +94,10 @@ class RetrievalNet(nn.Module):
         self.mean = trunk.mean
         self.std = trunk.std
         self.features = trunk.module
-        self.pool = make_pooling(pooling, p=p)
-        self.whiten = nn.Linear(trunk.dim, whiten_dim, bias=True) if whiten_dim else None
-        self.dim = whiten_dim or trunk.dim
+        self.pool = make_pooling(pooling, p=p, architecture=trunk.architecture)
+        pooled = getattr(self.pool, "dim", trunk.dim)  # a fully connected head has its own size
+        self.whiten = nn.Linear(pooled, whiten_dim, bias=True) if whiten_dim else None
+        self.dim = whiten_dim or pooled
 
     def feature_map(self, x):  # noqa: ANN001, ANN201 - Tensor [B, 3, H, W] -> [B, C, h, w]
         """The trunk's activation map (ViT patch tokens reshaped to their grid)."""
@@ -220,6 +222,8 @@ def build_net(
     if weights == "imagenet":
         state, ident = imagenet_state_dict(architecture)
         net.features.load_state_dict(state)
+        if pooling == "fc6":
+            net.pool.fc.load_state_dict(imagenet_fc6_state_dict(architecture))
     return LoadedModel(net.eval(), ident)
 
 

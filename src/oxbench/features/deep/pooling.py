@@ -8,7 +8,12 @@ L2-normalises it (as cirtorch's network does after its pooling layer).
 - GeM (Radenovic et al. TPAMI 2018): ``(mean_{h,w} max(x, eps) ** p) ** (1 / p)`` with a learnable
   ``p`` (a 1-element parameter named ``p``, as in cirtorch checkpoints);
 - R-MAC (Tolias et al. ICLR 2016): MAC of square regions at ``L`` scales plus the whole map, each
-  region vector L2-normalised (``v / (||v|| + eps)``), all summed; regions by :func:`rmac_regions`.
+  region vector L2-normalised (``v / (||v|| + eps)``), all summed; regions by :func:`rmac_regions`;
+- fc6 (Babenko et al. ECCV 2014, "neural codes"): the first fully connected layer of a VGG or
+  AlexNet classifier after its ReLU (Caffe's ``fc6`` blob, which the in-place ``relu6`` overwrites),
+  4,096-D, over the trunk's map max-pooled by the layer the trunk leaves out and average-pooled to
+  the classifier's grid (torchvision's ``AdaptiveAvgPool2d``: the identity at the 224-px input the
+  classifier was trained on).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import math
 from typing import TYPE_CHECKING
 
 from oxbench.errors import require
+from oxbench.features.deep import FC6_DIM, FC6_HEADS, check_fc6_backbone
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -189,12 +195,48 @@ class RMAC(nn.Module):
         return f"levels={self.levels}, grid={self.grid}"
 
 
+class FC6(nn.Module):
+    """The classifier's first fully connected layer as a head: ``relu(W avgpool(maxpool(x)) + b)``.
+
+    The trunk (:func:`~oxbench.features.deep.backbones.build_trunk`) stops before its last max
+    pooling, as cirtorch's does; this head applies that pooling, torchvision's adaptive average
+    pooling to the classifier's ``grid x grid`` input, and the ``Linear`` layer named ``fc`` (its
+    weights are the classifier's, :func:`~oxbench.features.deep.backbones.imagenet_fc6_state_dict`).
+
+    Args:
+        architecture: a backbone of :data:`~oxbench.features.deep.FC6_HEADS`.
+    """
+
+    def __init__(self, architecture: str) -> None:
+        super().__init__()
+        check_fc6_backbone(architecture)
+        self.kernel, self.stride, self.grid, channels = FC6_HEADS[architecture]
+        self.dim = FC6_DIM
+        self.fc = nn.Linear(channels * self.grid * self.grid, FC6_DIM)
+
+    def forward(self, x):  # noqa: ANN001, ANN201
+        pad_h = max(0, self.kernel - int(x.shape[-2]))
+        pad_w = max(0, self.kernel - int(x.shape[-1]))
+        if pad_h or pad_w:  # a map smaller than the pooling window (a small query crop): the
+            # trunk ends with a ReLU, so zeros on the right / bottom leave each maximum as it is
+            x = torch.nn.functional.pad(x, (0, pad_w, 0, pad_h))
+        x = torch.nn.functional.max_pool2d(x, self.kernel, self.stride)
+        x = torch.nn.functional.adaptive_avg_pool2d(x, self.grid)
+        return torch.relu(self.fc(torch.flatten(x, 1)))
+
+    def extra_repr(self) -> str:
+        return f"maxpool={self.kernel}/{self.stride}, grid={self.grid}"
+
+
 #: Pooling heads by name (``GlobalConfig.pooling``).
-POOLING = {"mac": MAC, "spoc": SPoC, "gem": GeM, "rmac": RMAC}
+POOLING = {"mac": MAC, "spoc": SPoC, "gem": GeM, "rmac": RMAC, "fc6": FC6}
 
 
-def make_pooling(name: str, *, p: float = 3.0):  # noqa: ANN201 - an nn.Module
-    """A pooling head by name (``mac``, ``spoc``, ``gem`` with initial ``p``, ``rmac``)."""
+def make_pooling(name: str, *, p: float = 3.0, architecture: str = ""):  # noqa: ANN201 - nn.Module
+    """A pooling head by name (``mac``, ``spoc``, ``gem`` with initial ``p``, ``rmac``, ``fc6`` of
+    the backbone ``architecture``)."""
     if name not in POOLING:
         raise ValueError(f"unknown pooling {name!r}; use one of {sorted(POOLING)}")
+    if name == "fc6":
+        return FC6(architecture)
     return GeM(p) if name == "gem" else POOLING[name]()

@@ -46,7 +46,7 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.deep import MODELS_PREFIX, resolve_weights_path
+from oxbench.features.deep import MODELS_PREFIX, check_fc6_backbone, resolve_weights_path
 from oxbench.features.descstore import DescriptorStore, fill_store
 from oxbench.features.sift import SiftConfig
 from oxbench.features.store import FeatureStore
@@ -76,6 +76,7 @@ from oxbench.pipelines.steps import (
     load_vocabulary,
     open_store,
     part_names,
+    parts_of,
     reopen_store,
     step_features,
     step_vocabulary,
@@ -96,6 +97,26 @@ def _no_model_file(path: Path) -> InputError:
     )
 
 
+#: The settings of each descriptor kind (VLAD's: the local features it aggregates too); the others
+#: are the family's (whitening, search, the stages and their local source). A setting of another
+#: kind than the method's is refused in one line, and ``oxbench methods NAME`` leaves it out.
+KIND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "cnn": (
+        "backbone", "weights", "pooling", "rmac_grid", "gem_p", "max_side", "query_resize",
+        "scales", "precision", "model_whitening", "fit_network", "train_epochs", "seed",
+        "batch_size", "device",
+    ),
+    "vlad": (
+        "features", "vlad_k", "vlad_iter", "vlad_max_points_per_centroid", "vlad_seed", "power", "intra_norm",
+    ),
+    "features": (
+        "db_features", "query_features", "train_features", "train_pairs", "layout", "key",
+        "query_key", "query_layout", "db_names", "query_names", "row_order",
+    ),
+}  # fmt: skip
+_KIND_OF = {name: kind for kind, names in KIND_SETTINGS.items() for name in names}
+
+
 @dataclass(frozen=True)
 class GlobalConfig(MethodConfig, Pipeline):
     """A global-descriptor retrieval method.
@@ -111,7 +132,9 @@ class GlobalConfig(MethodConfig, Pipeline):
             pretrained weights, from its cache or downloaded into it), a model file path
             (``oxbench import-checkpoint`` / ``oxbench train``), or ``"models:<file>"`` (a file in
             :func:`oxbench.features.deep.models_dir`); ``None``: the user must supply a file.
-        pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"`` or ``"rmac"``.
+        pooling: ``cnn``: ``"mac"``, ``"spoc"``, ``"gem"``, ``"rmac"``, or ``"fc6"`` (the first
+            fully connected layer of a VGG / AlexNet classifier, 4,096-D: Babenko et al.'s neural
+            codes; refused for a backbone without one).
         rmac_grid: ``cnn`` with R-MAC: the region arithmetic, ``"float32"`` (default: cirtorch's,
             which a published R-MAC model's descriptors need) or ``"float64"`` (double precision;
             :func:`~oxbench.features.deep.pooling.rmac_regions`).
@@ -181,8 +204,8 @@ class GlobalConfig(MethodConfig, Pipeline):
         S.Optional(S.Str(min_len=1, max_len=4096)),
         doc="cnn: random, imagenet, a model file or models:<file>",
     )
-    pooling: Literal["mac", "spoc", "gem", "rmac"] = setting(
-        "gem", S.Choice("mac", "spoc", "gem", "rmac"), doc="cnn: pooling head"
+    pooling: Literal["mac", "spoc", "gem", "rmac", "fc6"] = setting(
+        "gem", S.Choice("mac", "spoc", "gem", "rmac", "fc6"), doc="cnn: pooling head"
     )
     rmac_grid: Literal["float64", "float32"] = setting(
         "float32", S.Choice("float64", "float32"), doc="cnn R-MAC: region arithmetic"
@@ -295,11 +318,45 @@ class GlobalConfig(MethodConfig, Pipeline):
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
+        self._check_kind_settings()
         if self.descriptor == "cnn":
             self._check_cnn()
         check_search_settings(self)
 
+    def _check_kind_settings(self) -> None:
+        """A setting of another descriptor kind than the method's, changed from its default, is
+        one line (it would do nothing); :func:`~oxbench.pipelines.method.resolve_method` also
+        refuses one set to its default."""
+        for f in dataclasses.fields(self):
+            if self.inapplicable(f.name) is None:
+                continue
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc,operator]
+            value = getattr(self, f.name)
+            if value == default:
+                continue
+            name = f.name  # a nested setting by its dotted name (features.max_side)
+            if type(value) is type(default) and dataclasses.is_dataclass(value):
+                name += "." + next(
+                    g.name
+                    for g in dataclasses.fields(value)
+                    if getattr(value, g.name) != getattr(default, g.name)
+                )
+            raise InputError(self.inapplicable(name) or name)
+
+    def inapplicable(self, setting: str) -> str | None:
+        """The settings of another descriptor kind than the method's (the family's own --
+        whitening, search, the stages and their local source -- always apply)."""
+        kind = _KIND_OF.get(setting.split(".", 1)[0], self.descriptor)
+        if kind == self.descriptor:
+            return None
+        return (
+            f"method {self.name}: {setting} is a setting of descriptor={kind}, and {self.name} "
+            f"describes images with descriptor={self.descriptor}"
+        )
+
     def _check_cnn(self) -> None:
+        if self.pooling == "fc6":
+            check_fc6_backbone(self.backbone)
         if self.model_whitening and self.weights in ("random", "imagenet"):
             raise InputError(
                 f"method {self.name}: model_whitening needs a model file that carries one (weights=PATH)"
@@ -316,6 +373,11 @@ class GlobalConfig(MethodConfig, Pipeline):
         if option == "vocab_size":
             return None
         return super().shorthand(option)
+
+    @property
+    def local_features(self) -> SiftConfig | None:
+        """The local features VLAD aggregates; a CNN and the user's files extract none."""
+        return self.features if self.descriptor == "vlad" else None
 
     @property
     def needs_training(self) -> bool:
@@ -620,6 +682,8 @@ class CnnShard:
 class GlobalDescriptors(RetrievalMethod):
     """Runs a :class:`GlobalConfig`: codebook and whitening on the training set, exact search, QE."""
 
+    offers_vectors = True
+
     def __init__(self, config: GlobalConfig) -> None:
         self.config: GlobalConfig = config
         self.codebook_path_: Path | None = None
@@ -701,15 +765,36 @@ class GlobalDescriptors(RetrievalMethod):
             x = self._model_whitening(ctx, x)
         return x
 
-    def describe_partition(
-        self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int]
+    def describe_parts(
+        self,
+        bench: Benchmark,
+        ctx: RunContext,
+        *,
+        training: bool = False,
+        partition: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
+        """A CNN's descriptor shards of every part (of a training set: what the whitening reads);
+        VLAD's local features (its descriptor shards need the codebook, learned in ``fit``); the
+        user's files: nothing. A test set's local source (GeM + SV) too, as
+        ``local_source.<part>``."""
+        m = self.config
+        if m.descriptor != "cnn":
+            out = super().describe_parts(bench, ctx, training=training, partition=partition)
+        elif training:
+            parts = ["database"] + (["queries"] if m.whitening == "learned" else [])
+            out = {part: self._describe_shards(bench, part, ctx, partition) for part in parts}
+        else:
+            out = {p: self._describe_shards(bench, p, ctx, partition) for p in parts_of(bench)}
+        if m.local_source is not None and not training:
+            done = step_features(bench, m.local_source, ctx, partition=partition)
+            out.update({f"local_source.{part}": res.computed for part, res in done.items()})
+        return out
+
+    def _describe_shards(
+        self, bench: Benchmark, part: str, ctx: RunContext, partition: tuple[int, int] | None
     ) -> int:
-        """Describe only the planned descriptor shards of ``partition`` (``(i, n)``: shard numbers
-        ``i`` modulo ``n``) of one part with the CNN, for an array job; returns images described."""
-        if self.config.descriptor != "cnn":
-            raise InputError(
-                f"method {self.config.name}: only CNN descriptors are described by partition"
-            )
+        """Describe the planned CNN descriptor shards of one part (of ``partition`` when given);
+        returns the images described."""
         names = part_names(bench, part)
         path = self._descriptor_path(bench, part, ctx)
         store = DescriptorStore.open(path, self._store_settings(ctx, part))
@@ -725,6 +810,11 @@ class GlobalDescriptors(RetrievalMethod):
             partition=partition,
         )
         return len(store) - before
+
+    def vectors(self, bench: Benchmark, parts: list[str], ctx: RunContext) -> NDArray[np.float32]:
+        """The descriptors of ``parts`` as the method searches with them (:meth:`finish`)."""
+        raw = [self.describe(bench, p, ctx) for p in parts]
+        return self.finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
 
     def _vlad_compute(
         self, bench: Benchmark, part: str, names: list[str], ctx: RunContext
@@ -1044,6 +1134,21 @@ _cnn("mac-r50-imagenet", "resnet50", "mac", "imagenet")
 _cnn("spoc-r50-imagenet", "resnet50", "spoc", "imagenet")
 _cnn("rmac-r50-imagenet", "resnet50", "rmac", "imagenet")
 _cnn("rmac-r50-imagenet+w", "resnet50", "rmac", "imagenet", whitening="pca")
+
+# The seed's CNN rows (docs/deep.md says what each needs and the number it would reproduce).
+# Babenko et al. ECCV 2014, "neural codes": the fc6 layer (4,096-D, after its ReLU, L2-normalised)
+# of an ImageNet classifier, the image (a query: its crop) shrunk to the classifier's 224 px, one
+# scale; "+pca": plain PCA (no whitening: power 0) to 256-D learned on the training set (the other
+# city).
+_FC6: dict[str, Any] = {"max_side": 224, "scales": (1.0,), "query_resize": "crop"}
+_PCA256: dict[str, Any] = {"whitening": "pca", "whitening_dim": 256, "whitening_power": 0.0}
+_cnn("neural-codes-alexnet", "alexnet", "fc6", "imagenet", **_FC6)
+_cnn("neural-codes-alexnet+pca", "alexnet", "fc6", "imagenet", **_FC6, **_PCA256)
+_cnn("neural-codes-vgg16", "vgg16", "fc6", "imagenet", **_FC6)
+_cnn("neural-codes-vgg16+pca", "vgg16", "fc6", "imagenet", **_FC6, **_PCA256)
+# Tolias et al. ICLR 2016: R-MAC of ImageNet VGG16 (512-D) at one scale, 1024 px, PCA-whitened with
+# the whitening learned on the other city.
+_cnn("rmac-vgg16-imagenet+w", "vgg16", "rmac", "imagenet", whitening="pca", scales=(1.0,))
 
 # ResNet-18 GeM trained from scratch on the synthetic training city by `oxbench train`, which writes
 # <data root>/_models/gem-r18-synthetic.pt ($OXBENCH_MODELS overrides the folder). Described at the

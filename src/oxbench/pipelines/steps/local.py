@@ -85,6 +85,7 @@ def step_features(
     ctx: RunContext,
     *,
     parts: Sequence[str] | None = None,
+    partition: tuple[int, int] | None = None,
 ) -> dict[str, StepResult]:
     """Describe the database, the query crops (and distractors) of a benchmark; resumable.
 
@@ -97,6 +98,8 @@ def step_features(
         extractor: the local feature.
         ctx: cache folder, executor, progress, full checks.
         parts: which parts (default: database, queries, and distractors when present).
+        partition: ``(i, n)``: only the planned shards numbered ``i`` modulo ``n`` (an array
+            job's share, :meth:`~oxbench.pipelines.method.RetrievalMethod.describe_parts`).
 
     Returns:
         ``{part: StepResult(store folder, hit, images described)}``.
@@ -111,10 +114,11 @@ def step_features(
             store,
             executor=ctx.executor,
             progress=ctx.progress,
-            desc=f"{bench.id} {part}",
+            desc=f"{bench.id} {part}" + (f" {partition[0]}/{partition[1]}" if partition else ""),
             full_check=ctx.full_check,
             shard_size=ctx.shard_size,
             verify_images=ctx.verify_images,
+            partition=partition,
         )
         out[part] = StepResult(store.directory, hit=described == 0, computed=described)
     if not reads_pixels(extractor):
