@@ -310,7 +310,8 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
             resolve_method("features", rerank="reverse-top", **{"reverse.n": "0"})
         # a stage the family cannot serve, or an unknown one, is one line when the method is resolved
         with pytest.raises(
-            InputError, match="re-ranker 'needs-local' needs local features, which the global"
+            InputError,
+            match="re-ranker 'needs-local' needs local features .a global method's from its local_source., which the global",
         ):
             resolve_method("features", rerank="needs-local")
         with pytest.raises(

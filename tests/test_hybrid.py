@@ -68,7 +68,10 @@ def test_a_source_a_family_cannot_use_or_a_stage_it_cannot_serve_is_one_line() -
         resolve_method("rootsift-asmk-sv", rerank="spatial,diffusion-verified")
     with pytest.raises(InputError, match="'diffusion-verified' needs a 'spatial' stage before it"):
         resolve_method("rootsift-asmk-sv+vlad-dfs", rerank="diffusion-verified")
-    with pytest.raises(InputError, match="'spatial' needs local features, which the global family"):
+    with pytest.raises(
+        InputError,
+        match="'spatial' needs local features .a global method's from its local_source., which the global family",
+    ):
         resolve_method("rootsift-vlad-w", rerank="spatial")
     from oxbench.pipelines.sources import check_sources
 

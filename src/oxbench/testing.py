@@ -442,6 +442,15 @@ class SyntheticSpace:
             )
         return Ranking(final, final_scores, self.queries, tuple(results), info={"first": True})
 
+    @property
+    def dense_database(self) -> NDArray[np.float32]:
+        """``"dense"``: the database vectors (the space's own)."""
+        return self._db
+
+    def dense_queries(self, ranking: Any) -> NDArray[np.float32]:
+        """``"dense"``: the (expanded) query vectors of the ranking so far."""
+        return np.asarray(ranking.queries, np.float32)
+
     def use_database(self, database: Any) -> None:
         """``"augment"``: replace the database vectors (an index-phase stage does)."""
         self._db = np.asarray(database, np.float32)

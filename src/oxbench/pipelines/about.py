@@ -42,15 +42,15 @@ ABOUT: dict[str, str] = {
     "rootsift-asmk": "RootSIFT aggregated selective match kernel (Tolias et al. 2013)",
     "rootsift-asmk-sv": "ASMK + spatial verification (Tolias et al. 2013)",
     "rootsift-asmk-sv+vlad-dfs": "hybrid: ASMK + SV, then diffusion over whitened VLAD started "
-    "from the verified images (the 2018 revisit's ASMK* + SP -> GeM + DFS row, Radenovic et al.)",
+    "from the verified images (the ASMK* + SP -> GeM + DFS row of Radenovic et al. 2018)",
     "rootsift-asmk-sv+gem-r101-dfs": "hybrid: ASMK + SV, then diffusion over the published "
-    "ResNet-101 GeM from the verified images (Radenovic et al. 2018; give the model file)",
+    "ResNet-101 GeM (a model file) from the verified images (Radenovic et al. 2018)",
     "rootsift-bow-sv+vlad-dfs": "hybrid: RootSIFT BoW + SV, then diffusion over whitened VLAD "
     "started from the verified images (after Radenovic et al. 2018)",
     "rootsift-vlad-w+sv": "hybrid: whitened VLAD short list verified with RootSIFT by descriptor "
-    "matching (a global first stage + SV)",
+    "matching (Jegou et al. 2010; Philbin et al. 2007)",
     "gem-r101+w+sv": "hybrid: ResNet-101 GeM + learned whitening, short list verified with "
-    "RootSIFT (Radenovic et al. 2018's GeM + SV; give the model file)",
+    "RootSIFT, a model file given (GeM + SV, Radenovic et al. 2018)",
     # global descriptors (family global)
     "rootsift-vlad": "VLAD of RootSIFT, 64 words (Jegou et al. 2010)",
     "rootsift-vlad-w": "VLAD + PCA whitening from the training set (Jegou & Chum 2012)",

@@ -186,8 +186,8 @@ class Reranker(ABC):
 CAPABILITY_WORDS = {
     "vectors": "database vectors",
     "dense": "dense vectors (its own, or a global_source's)",
+    "local": "local features (a global method's from its local_source)",
     "dense-index": "a ranking over dense vectors",
-    "local": "local features",
     "augment": "a database it may augment",
 }
 
