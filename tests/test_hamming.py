@@ -243,7 +243,7 @@ def test_he_presets_run_on_the_tiny_city(tmp_path: Path) -> None:
     pytest.importorskip("faiss")
     from oxbench.evaluation import evaluate
     from oxbench.pipelines import RunContext
-    from test_pipeline import TINY, load_tiny, make_tiny_root
+    from test_pipeline import load_tiny, make_tiny_root, tiny
 
     root = make_tiny_root(tmp_path / "data")
     bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
@@ -251,7 +251,7 @@ def test_he_presets_run_on_the_tiny_city(tmp_path: Path) -> None:
     for name in ("rootsift-bow", "rootsift-he", "rootsift-he-wgc", "rootsift-he-wgc-sv-qe"):
         ctx = RunContext(tmp_path / "cache", progress=False)
         res = (
-            resolve_method(name, vocab_size=200, **TINY)
+            resolve_method(name, vocab_size=200, **tiny(name))
             .build()
             .fit(train, ctx)
             .index(bench, ctx)

@@ -500,12 +500,16 @@ def evaluate_features(
             ),
             source,
         )
-    qf = np.ascontiguousarray(q, dtype=np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range is infinity, refused just below
+        qf = np.ascontiguousarray(q, dtype=np.float32)
     if not np.isfinite(qf).all():
-        raise InputError("query features contain NaN or infinity", source)
+        raise InputError(
+            "query features contain NaN or infinity (or values beyond float32)", source
+        )
     scores = np.empty((x.shape[0], q.shape[0]), dtype=np.float32)
     for i0 in range(0, x.shape[0], chunk_rows):
-        xb = np.asarray(x[i0 : i0 + chunk_rows], dtype=np.float32)
+        with np.errstate(over="ignore"):
+            xb = np.asarray(x[i0 : i0 + chunk_rows], dtype=np.float32)
         if not np.isfinite(xb).all():
             bad = i0 + int(np.flatnonzero(~np.isfinite(xb).all(axis=1))[0])
             raise InputError(f"database descriptor {bad} contains NaN or infinity", source)

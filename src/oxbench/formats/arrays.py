@@ -370,7 +370,8 @@ def read_features(
     x = arr.T if layout == "d-n" else arr
     if x.shape[0] == 0 or x.shape[1] == 0:
         raise InputError(f"no features: shape {x.shape} ({layout})", p)
-    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(over="ignore"):  # beyond float32's range: infinity, which the checks refuse
+        x = np.asarray(x, dtype=np.float32)
     if normalize:
         x = _l2_normalized(x, p)
     return x
