@@ -421,3 +421,35 @@ def test_a_vocabulary_of_other_settings_copied_over_is_trained_again(
     said = _warnings(caplog)
     assert "vocabulary stands for another" in said[0] and "training it again" in said[0], said
     np.testing.assert_array_equal(again.ranks, tiny["clean"].ranks)
+
+
+def test_a_whitening_of_other_settings_copied_over_is_learned_again(
+    tiny: dict[str, Any], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An intact whitening learned at another dimension, copied over the cached one (its old mtime
+    restored), is refused by its record and learned again: the clean ranks exactly."""
+    import os
+
+    from oxbench.pipelines.method import resolve_method
+
+    small = {"features.max_side": 320, "features.n_features": 300, "vlad_k": 8}
+    ours = resolve_method("rootsift-vlad-w", whitening_dim=16, **small)
+    theirs = resolve_method("rootsift-vlad-w", whitening_dim=8, **small)
+    cache = tmp_path / "cache"
+    clean = _run(ours, tiny["bench"], tiny["train"], cache)
+    _run(theirs, tiny["bench"], tiny["train"], tmp_path / "other")
+    (mine,) = (cache / "whitening").glob("*.npz")
+    (other,) = (tmp_path / "other" / "whitening").glob("*.npz")
+    st = mine.stat()
+    shutil.copyfile(other, mine)
+    os.utime(mine, ns=(st.st_atime_ns, st.st_mtime_ns))
+    caplog.set_level(logging.WARNING)
+    again = _run(ours, tiny["bench"], tiny["train"], cache)
+    said = _warnings(caplog)
+    assert any("whitening stands for another whitening" in s for s in said), said
+    assert any("learning the whitening again" in s for s in said), said
+    np.testing.assert_array_equal(again.ranks, clean.ranks)
+    # and the entry written again is used as it is on the next run
+    caplog.clear()
+    _run(ours, tiny["bench"], tiny["train"], cache)
+    assert not any("whitening" in s for s in _warnings(caplog))

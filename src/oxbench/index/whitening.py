@@ -88,6 +88,7 @@ class PCAWhitening:
         self.scale_: NDArray[np.float64] | None = None
         self.explained_variance_: NDArray[np.float64] | None = None
         self.fitted_on_ = ""
+        self.stands_for_: str | None = None  # a cache entry's record of what it stands for
 
     def fit(self, x: NDArray[np.floating], *, fitted_on: str = "") -> Self:
         """Learn the whitening from ``x`` (``[n, d]``, ``n > d`` recommended).
@@ -144,10 +145,15 @@ class PCAWhitening:
         self.power = float(z["power"])
         self.shrinkage = float(z["shrinkage"])
 
-    def save(self, path: str | Path) -> Path:
-        """Write the learned state as ``.npz`` (plain arrays), with what it was fitted on."""
+    def save(self, path: str | Path, *, stands_for: Mapping[str, object] | None = None) -> Path:
+        """Write the learned state as ``.npz`` (plain arrays), with what it was fitted on and, for
+        a cache entry, the record of what it stands for (:func:`oxbench.cache.stands_for_record`:
+        the settings and the training descriptors' digest; read back as :attr:`stands_for_`)."""
+        from oxbench.cache import STANDS_FOR_KEY, stands_for_record
+
         mean, comps, scale = self._check_fitted()
         assert self.explained_variance_ is not None
+        bound = {} if stands_for is None else {STANDS_FOR_KEY: stands_for_record(stands_for)}
         return atomic_write_npz(
             path,
             {
@@ -158,6 +164,7 @@ class PCAWhitening:
                 "explained_variance": self.explained_variance_,
                 "fitted_on": np.array(self.fitted_on_),
                 **self._state(),
+                **bound,
             },
         )
 
@@ -183,6 +190,7 @@ class PCAWhitening:
                 w.scale_ = np.asarray(z["scale"], np.float64)
                 w.explained_variance_ = np.asarray(z["explained_variance"], np.float64)
                 w.fitted_on_ = str(z["fitted_on"])
+                w.stands_for_ = str(z["stands_for"]) if "stands_for" in z.files else None
         except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile) as exc:
             if isinstance(exc, InputError):
                 raise

@@ -97,7 +97,8 @@ def index_settings(m: ChainSettings) -> IndexSettings:
     return IndexSettings("flat")
 
 
-def _array_digest(x: NDArray[np.float32]) -> str:
+def array_digest(x: NDArray[np.float32]) -> str:
+    """Short SHA-256 of an array's bytes (what a cached index or whitening was made from)."""
     return hashlib.sha256(np.ascontiguousarray(x).tobytes()).hexdigest()[:16]
 
 
@@ -151,7 +152,7 @@ class SearchChain:
         settings = index_settings(self.m)
         path = None
         if cache_dir is not None:
-            key = json_digest({**settings.to_dict(), "db": _array_digest(self.db)}, 12)
+            key = json_digest({**settings.to_dict(), "db": array_digest(self.db)}, 12)
             path = cache_dir / f"index-{settings.kind}-{key}.npz"
             self.index_path = path
             if path.exists():
@@ -174,7 +175,7 @@ class SearchChain:
 
             shards = (
                 cache_dir or Path(ctx.cache)
-            ) / f"shards-{json_digest(settings.to_dict(), 8)}-{_array_digest(self.db)}"
+            ) / f"shards-{json_digest(settings.to_dict(), 8)}-{array_digest(self.db)}"
             index = build_ivfpq(
                 self.db, settings, shards, executor=ctx.executor, progress=ctx.progress
             )
@@ -189,7 +190,7 @@ class SearchChain:
 
     def _index_record(self, settings: IndexSettings) -> dict[str, object]:
         """What a cached FAISS index stands for: its settings and the vectors it was built from."""
-        return {"settings": settings.to_dict(), "vectors": _array_digest(self.db)}
+        return {"settings": settings.to_dict(), "vectors": array_digest(self.db)}
 
     def _mapped(self, cache_dir: Path) -> NDArray[np.float32]:
         """The database vectors as a read-only memory map of a cached ``.npy``: with IVF-PQ the
@@ -202,7 +203,7 @@ class SearchChain:
         from oxbench.cache import CorruptCache, open_written, record_written
         from oxbench.fileio import atomic_write_npy
 
-        digest = _array_digest(self.db)
+        digest = array_digest(self.db)
         path = cache_dir / f"vectors-{self.db.shape[0]}x{self.db.shape[1]}-{digest}.npy"
         stands_for = {"vectors": digest, "shape": list(self.db.shape)}
         for attempt in (0, 1):

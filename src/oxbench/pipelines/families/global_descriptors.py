@@ -44,6 +44,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench import schema as S
+from oxbench.cache import CorruptCache, check_stands_for
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.deep import MODELS_PREFIX, check_fc6_backbone, resolve_weights_path
@@ -60,7 +61,7 @@ from oxbench.pipelines.featurefiles import (
     fit_file_whitening,
     test_rows_in_training,
 )
-from oxbench.pipelines.globalchain import SearchChain, check_search_settings
+from oxbench.pipelines.globalchain import SearchChain, array_digest, check_search_settings
 from oxbench.pipelines.method import (
     MethodConfig,
     RetrievalMethod,
@@ -956,14 +957,16 @@ class GlobalDescriptors(RetrievalMethod):
             **({"kind": "learned"} if m.whitening == "learned" else {}),
         }
         path = Path(ctx.cache) / "whitening" / f"{train.id}-{json_digest(settings, 12)}.npz"
+        x = self.describe(train, "database", ctx)  # cached; what the entry must stand for
+        record = {"whitening": settings, "train_descriptors": array_digest(x)}
         if path.exists():
             try:
                 w = load_whitening(path)
+                check_stands_for(w.stands_for_, record, what="the cached whitening", path=path)
                 ctx.record_step("whitening", hit=True)
                 return w
-            except InputError as exc:
+            except (InputError, CorruptCache) as exc:
                 log.warning("%s; learning the whitening again", exc)
-        x = self.describe(train, "database", ctx)
         if m.whitening == "learned":
             pairs = matching_pairs(train.gt)
             x = np.concatenate((x, self.describe(train, "queries", ctx)))
@@ -977,7 +980,7 @@ class GlobalDescriptors(RetrievalMethod):
                 m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage
             )
             w.fit(x, fitted_on=f"{train.id} database ({len(x)} images)")
-        w.save(path)
+        w.save(path, stands_for=record)
         ctx.record_step("whitening", hit=False)
         return w
 
