@@ -50,6 +50,7 @@ from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import get_spec
+from oxbench.datasets.synthetic.distractor_kinds import kind_tag
 from oxbench.determinism import single_threaded
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
@@ -742,7 +743,7 @@ def run(
         )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         if not labelled and bench.n_distractors:  # the count belongs in the label: +1K, +R1M
-            tag = distractor_tag(bench.n_distractors, distractors)
+            tag = distractor_tag(bench.n_distractors, distractors) + kind_tag(distractors)
             room = MAX_LABEL_CHARS - len(tag) - 1
             label = f"{label if len(label) <= room else label[: room - 4] + '...]'} {tag}"
         preflight_ram(m, bench, cache_dir)  # one line now, not an out-of-memory error hours in

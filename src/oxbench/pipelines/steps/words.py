@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -256,14 +257,19 @@ def words_path(cache: Path, bench: Benchmark, vocab_path: Path, k: int, part: st
     return folder / f"{part}-{len(names)}-{json_digest(names, 10)}.npz"
 
 
+#: A distractor words file named by its images (:func:`words_path`).
+_PER_LIST = re.compile(r"^distractors-\d+-[0-9a-f]+\.npz$")
+
+
 def _words_prefix_donor(
     out_path: Path, names: Sequence[str], k: int, vocabulary: str
 ) -> tuple[Path, Words] | None:
     """A words file (and its words) beside ``out_path``, of the same vocabulary and ``k``, whose images begin with
     ``names`` (the distractors of a larger run); ``None`` when there is none."""
-    prefix = out_path.name.split("-", 1)[0]
-    for other in sorted(out_path.parent.glob(f"{prefix}-*.npz")):
-        if other == out_path:
+    if not _PER_LIST.match(out_path.name):
+        return None
+    for other in sorted(out_path.parent.glob("distractors-*.npz")):
+        if other == out_path or not _PER_LIST.match(other.name):
             continue
         try:
             donor = Words.load(other)
