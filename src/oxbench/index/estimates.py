@@ -204,6 +204,7 @@ def ram_remedies(m: MethodConfig, bench: Benchmark, cache: Path, available: int)
     """The settings, among :data:`RAM_REMEDY_SETTINGS`, that ``m``'s family accepts and that bring
     its estimate within ``available`` bytes, as ``--set KEY=VALUE`` (with the preset that has it)."""
     out = []
+    counts = feature_counts(m, bench, cache)  # a remedy changes the index, not the features
     fields = {f.name for f in dataclasses.fields(m)}  # type: ignore[arg-type]
     for key, value in RAM_REMEDY_SETTINGS:
         if key not in fields or getattr(m, key) == value:
@@ -212,7 +213,7 @@ def ram_remedies(m: MethodConfig, bench: Benchmark, cache: Path, available: int)
             fixed = dataclasses.replace(m, **{key: value})  # type: ignore[type-var]
         except (InputError, ValueError, TypeError):  # the family refuses it with these settings
             continue
-        ram, _ = _ram(fixed, bench.n_index, feature_counts(fixed, bench, cache))
+        ram, _ = _ram(fixed, bench.n_index, counts)
         if ram is not None and ram <= available:
             preset = REMEDY_PRESETS.get((m.name, key, value))
             out.append(f"--set {key}={value}" + (f" (the preset {preset})" if preset else ""))
