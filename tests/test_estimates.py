@@ -201,14 +201,16 @@ def test_the_must_reach_points_100k_accepted_1m_refused_with_a_remedy_the_family
 
 
 def test_every_named_remedy_is_accepted_by_its_preset(tiny_root: Path, tmp_path: Path) -> None:
-    big = _bench(tiny_root, 1_000_000)
+    big = _bench(tiny_root, 100_000)
     named = 0
     for name in list_methods():
         m = resolve_method(name)
-        for remedy in ram_remedies(m, big, tmp_path / "c", available=GIB):
+        for remedy in ram_remedies(m, big, tmp_path / "c", available=64 << 20):
             key, _, value = remedy.removeprefix("--set ").split(" ")[0].partition("=")
             fixed = resolve_method(name, **{key: value})  # accepted, and it fits
-            assert estimates._ram(fixed, big.n_index, None)[0] is not None
+            counts = estimates.feature_counts(fixed, big, tmp_path / "c")
+            ram = estimates._ram(fixed, big.n_index, counts)[0]
+            assert ram is not None and ram <= 64 << 20  # and with it the index fits
             named += 1
     assert named >= 2  # rootsift-bow, rootsift-bow-sv at least
 
