@@ -402,3 +402,76 @@ def verify_cmd(
         out = report.write_json(fallback)
     click.echo(f"report: {out}")
     ctx.exit(0 if report.ok or report.ground_truth_only else 1)
+
+
+@data.command("mine-distractors")
+@click.option("--dataset", default="synthetic", show_default=True, help="The synthetic benchmark.")
+@click.option(
+    "--kind",
+    required=True,
+    help="Pool kind: city, scene, nearmiss or mixed (oxbench.datasets.synthetic.distractor_kinds).",
+)
+@click.option("--pool", "pool", type=int, required=True, help="Candidates to score (K x N).")
+@click.option("--keep", type=int, required=True, help="The N most distracting to keep.")
+@click.option(
+    "--methods",
+    default="rootsift-bow,rootsift-bow-sv,rootsift-vlad",
+    show_default=True,
+    help="The methods that score the pool, comma-separated.",
+)
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="[METHOD:]KEY=VALUE",
+    help="A setting for every method, or for one (repeatable).",
+)
+@click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
+@click.option("--cache", type=click.Path(path_type=Path), default=None, help="Cache folder.")
+@click.option("--runs", type=click.Path(path_type=Path), default=Path("runs"), show_default=True)
+@click.option("--workers", type=int, default=None, help="Worker processes.")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
+def mine_cmd(
+    dataset: str,
+    kind: str,
+    pool: int,
+    keep: int,
+    methods: str,
+    settings: tuple[str, ...],
+    root: Path | None,
+    cache: Path | None,
+    runs: Path,
+    workers: int | None,
+    no_progress: bool,
+) -> None:
+    """R1M's selection: score POOL generated distractors of KIND with three methods (each
+    candidate: the fraction of Easy and Hard images ranked below it, summed over queries and
+    methods) and keep the KEEP most distracting; then run with
+    ``--distractors synthetic-mined-KIND:KEEP``."""
+    from oxbench.cli.options import parse_setting, parse_workers
+    from oxbench.datasets.mining import mine_distractors, selection_summary
+
+    names = [m.strip() for m in methods.split(",") if m.strip()]
+    overrides: dict[str, dict[str, object]] = {m: {} for m in names}
+    for text in settings:
+        key, value = parse_setting(text)
+        target, _, key = key.rpartition(":")
+        if target and target not in overrides:
+            raise InputError(f"--set {text}: {target} is not one of --methods")
+        for m in [target] if target else names:
+            overrides[m][key] = value
+    out = mine_distractors(
+        dataset,
+        kind=kind,
+        pool=pool,
+        keep=keep,
+        methods=names,
+        overrides=overrides,
+        root=root,
+        cache=cache,
+        runs_dir=runs,
+        workers=parse_workers(workers),
+        progress=not no_progress,
+    )
+    click.echo(selection_summary(json.loads(out.read_text(encoding="utf-8"))))
+    click.echo(f"selection: {out}  (use --distractors synthetic-mined-{kind}:{keep})")

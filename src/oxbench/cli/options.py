@@ -45,7 +45,9 @@ def method_options(f: F) -> F:
             click.option(
                 "--distractors",
                 default=None,
-                help="Distractor set id (revisitop1m), or a number of generated synthetic distractors.",
+                help="Distractor set id (revisitop1m), a number of generated synthetic distractors "
+                "of the test city, or synthetic-KIND:N with KIND city, scene, nearmiss or mixed "
+                "(synthetic-mined-KIND:N: a selection made by `oxbench data mine-distractors`).",
             ),
         )
     ):

@@ -764,11 +764,17 @@ class Synthetic(DatasetFamily):
         progress: bool,
     ) -> Benchmark:
         from oxbench.datasets import synthetic
+        from oxbench.datasets.synthetic.distractor_kinds import is_kind_spec
 
-        if distractors is not None and (
-            not isinstance(distractors, int) or isinstance(distractors, bool)
+        if (
+            distractors is not None
+            and not is_kind_spec(distractors)
+            and (not isinstance(distractors, int) or isinstance(distractors, bool))
         ):
-            raise InputError("the synthetic benchmark takes a number of generated distractors")
+            raise InputError(
+                "the synthetic benchmark takes a number of generated distractors "
+                "(or synthetic-<kind>:N)"
+            )
         synthetic.ensure_default(ddir.parent, progress=progress)  # a no-op once both cities exist
         return synthetic.load_synthetic(ddir, distractors=distractors, crop=crop)
 

@@ -686,6 +686,39 @@ class FeatureStore:
         offsets = self._shards[si].offsets
         return int(offsets[j + 1] - offsets[j])
 
+    def disk_bytes_of(self, names: Iterable[str]) -> int:
+        """Bytes on disk of the features of ``names`` (those stored): each shard's data files in
+        proportion to the names' feature rows in it and its index in proportion to its images,
+        plus the store's own ``meta.json`` and ``plan.json``. A store that holds more images than
+        an index (the distractors of a larger run) is charged only for the index's; the whole
+        store when every image is named."""
+        rows: dict[int, int] = {}
+        images: dict[int, int] = {}
+        for name in names:
+            where = self._where.get(name)
+            if where is None:
+                continue
+            si, j = where
+            offsets = self._shards[si].offsets
+            rows[si] = rows.get(si, 0) + int(offsets[j + 1] - offsets[j])
+            images[si] = images.get(si, 0) + 1
+
+        def size(path: Path) -> int:
+            try:
+                return os.stat(path).st_size
+            except OSError:
+                return 0
+
+        total = sum(size(self.directory / f) for f in ("meta.json", "plan.json"))
+        share = 0.0
+        for si, n in images.items():
+            shard = self._shards[si]
+            n_rows = int(shard.offsets[-1])
+            data = sum(size(shard.paths[f]) for f in _DATA_FILES)
+            share += data * (rows[si] / n_rows if n_rows else n / len(shard.names))
+            share += size(shard.paths["index.npz"]) * n / len(shard.names)
+        return total + round(share)
+
     def _arrays(self, shard: _Shard) -> tuple[NDArray[np.float32], NDArray[Any]]:
         if shard._kp is None or shard._raw is None:
             arrays = []

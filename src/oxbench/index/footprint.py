@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -203,7 +203,14 @@ def gib(n: float) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
 
-def check_ram(projected: int, n_index: int, *, basis: str, available: int | None = None) -> None:
+def check_ram(
+    projected: int,
+    n_index: int,
+    *,
+    basis: str,
+    available: int | None = None,
+    remedies: Sequence[str] = (),
+) -> None:
     """Refuse a run whose index is projected to need more RAM than is available.
 
     Args:
@@ -211,14 +218,17 @@ def check_ram(projected: int, n_index: int, *, basis: str, available: int | None
         n_index: images the index will hold.
         basis: how the projection was made (named in the message).
         available: bytes available (default :func:`available_ram`).
+        remedies: what the method accepts that would fit (``--set inverted_file=compressed``),
+            named after "fewer distractors" (:func:`oxbench.index.estimates.ram_remedies`).
 
     Raises:
-        InputError: one line with the projection, its basis and what is available.
+        InputError: one line with the projection, its basis, what is available and the remedies.
     """
     free = available_ram() if available is None else available
     if projected > free:
+        fix = " or ".join(["fewer distractors", *remedies])
         raise InputError(
             f"the index of {n_index:,} images is projected to need {gib(projected)} of RAM ({basis}), "
-            f"more than the {gib(free)} available; use fewer distractors, a compact index "
-            f"(e.g. --set search=faiss-ivfpq), or set {RAM_ENV} if this machine has more"
+            f"more than the {gib(free)} available; use {fix}, or set {RAM_ENV} if this machine "
+            "has more"
         )

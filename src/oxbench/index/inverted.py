@@ -14,7 +14,7 @@ Rankings are stable: equal scores are ordered by lower database index.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -159,6 +159,26 @@ class InvertedFile:
         tf = self._check_tf(db_tf)
         self.fit_idf([tf])
         self.db_vectors_ = self.transform(tf)
+        self.postings_ = self.db_vectors_.T.tocsr()
+        return self
+
+    def fit_chunks(self, db_tf_chunks: Callable[[], Iterable[sp.spmatrix]]) -> InvertedFile:
+        """:meth:`fit` from the database's term frequencies in chunks of rows, read twice (idf,
+        then each chunk's weighted vectors): the same vectors and lists, but the build holds one
+        chunk's term frequencies and never the whole database's. At its peak it holds the
+        weighted chunks, their stacked copy and the posting lists (bench/README.md, "Estimates").
+
+        Args:
+            db_tf_chunks: a function returning a fresh iterable of ``[rows, n_words]`` term
+                frequencies, the database's rows in order (called twice).
+        """
+        self.fit_idf(db_tf_chunks())
+        pieces = [self.transform(tf) for tf in db_tf_chunks()]
+        if not pieces:
+            raise InputError("the inverted file needs at least one chunk of term frequencies")
+        stacked = sp.vstack(pieces, format="csr", dtype=np.float32)
+        del pieces
+        self.db_vectors_ = sp.csr_matrix(stacked)
         self.postings_ = self.db_vectors_.T.tocsr()
         return self
 

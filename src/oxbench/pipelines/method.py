@@ -279,6 +279,12 @@ class MethodConfig(ABC):
         nothing is checked. A family overrides it."""
         return None
 
+    def ram_bytes_per_feature(self) -> float | None:
+        """For an index over local features: the bytes of RAM its build holds at most per database
+        feature (the pre-flight multiplies it by the dataset's actual feature counts,
+        :func:`oxbench.index.estimates.estimate_run`); ``None``: the family's RAM is per image."""
+        return None
+
     def to_dict(self) -> dict[str, Any]:
         """Every setting as JSON-able data (nested configs as dicts), plus the family."""
         assert dataclasses.is_dataclass(self)

@@ -50,6 +50,7 @@ from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import get_spec
+from oxbench.datasets.synthetic.distractor_kinds import kind_tag
 from oxbench.determinism import single_threaded
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
@@ -742,10 +743,10 @@ def run(
         )
         t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
         if not labelled and bench.n_distractors:  # the count belongs in the label: +1K, +R1M
-            tag = distractor_tag(bench.n_distractors, distractors)
+            tag = distractor_tag(bench.n_distractors, distractors) + kind_tag(distractors)
             room = MAX_LABEL_CHARS - len(tag) - 1
             label = f"{label if len(label) <= room else label[: room - 4] + '...]'} {tag}"
-        preflight_ram(m, bench.n_index)  # one line now, not an out-of-memory error hours in
+        preflight_ram(m, bench, cache_dir)  # one line now, not an out-of-memory error hours in
         test_in_training = _test_data_in_training(m, train, bench)
         trained_on_test = test_in_training is not None
         if trained_on_test:
@@ -1004,18 +1005,13 @@ def run_seeds(m: MethodConfig, bench: Benchmark, train: Benchmark | None) -> dic
     return out
 
 
-def preflight_ram(m: MethodConfig, n_index: int) -> None:
-    """Refuse (one line) a run whose index is projected, from the method's settings, to need more
-    RAM than this machine has available (:func:`oxbench.index.footprint.check_ram`)."""
-    from oxbench.index.footprint import check_ram
+def preflight_ram(m: MethodConfig, bench: Benchmark, cache: Path) -> None:
+    """Refuse (one line) a run whose index will not fit in the RAM available or whose new files
+    will not fit on the cache's disk, and announce a long one, before any work
+    (:func:`oxbench.index.estimates.preflight`: the dataset's actual feature counts where known)."""
+    from oxbench.index.estimates import preflight
 
-    per_image = m.ram_bytes_per_image()
-    if per_image is not None:
-        check_ram(
-            per_image * n_index,
-            n_index,
-            basis=f"at most {per_image:,} bytes per image by {m.name}'s settings",
-        )
+    preflight(m, bench, cache)
 
 
 def _footprint(impl: RetrievalMethod) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from oxbench.datasets.synthetic.config import (
     GENERATOR_VERSION,
     SynthConfig,
 )
+from oxbench.datasets.synthetic.distractor_kinds import parse_kind_spec
 from oxbench.datasets.synthetic.generate import generate, read_manifest
 from oxbench.datasets.synthetic.stream import SyntheticDistractors
 from oxbench.errors import InputError
@@ -24,14 +25,19 @@ log = logging.getLogger(__name__)
 
 
 def load_synthetic(
-    dataset_dir: str | Path, *, distractors: int | None = None, crop: CropConvention = "python"
+    dataset_dir: str | Path,
+    *,
+    distractors: int | str | None = None,
+    crop: CropConvention = "python",
 ) -> Benchmark:
     """Load a synthetic benchmark written by :func:`~oxbench.datasets.synthetic.generate`.
 
     Args:
         dataset_dir: the folder holding ``manifest.json``, ``gnd_<name>.pkl`` and ``jpg/``.
-        distractors: number of on-demand distractors to append (index ``n_db + j``); default:
-            the count recorded at generation (``--distractors``), none when 0.
+        distractors: number of on-demand distractors of the city to append (index
+            ``n_db + j``), or ``synthetic-<kind>:N`` / ``synthetic-mined-<kind>:N`` for other
+            kinds (:mod:`~oxbench.datasets.synthetic.distractor_kinds`); default: the count
+            recorded at generation (``--distractors``), none when 0.
         crop: query-crop convention.
 
     Returns:
@@ -55,9 +61,13 @@ def load_synthetic(
     missing = next((p for p in db.paths + queries.paths if not p.exists()), None)
     if missing is not None:
         raise InputError("image listed in the ground truth is missing; regenerate the set", missing)
-    n_distr = config.distractors if distractors is None else int(distractors)
-    if n_distr < 0:
-        raise InputError(f"distractors must be >= 0, got {n_distr}")
+    if isinstance(distractors, str):
+        source: SyntheticDistractors | None = kind_distractors(root, config, distractors)
+    else:
+        n_distr = config.distractors if distractors is None else int(distractors)
+        if n_distr < 0:
+            raise InputError(f"distractors must be >= 0, got {n_distr}")
+        source = SyntheticDistractors(config, n_distr) if n_distr else None
     return Benchmark(
         id=manifest["dataset"],
         gt=gt,
@@ -65,7 +75,7 @@ def load_synthetic(
         queries=queries,
         protocols=("revisited",),
         root=root,
-        distractors=SyntheticDistractors(config, n_distr) if n_distr else None,
+        distractors=source,
         crop=crop,
         options={
             "city": config.city,
@@ -73,6 +83,23 @@ def load_synthetic(
             "images_sha256": manifest["checksums"]["images_sha256"],
         },
     )
+
+
+def kind_distractors(root: Path, config: SynthConfig, text: str) -> SyntheticDistractors:
+    """The distractors ``synthetic-<kind>:N`` asks for, or the mined selection
+    ``synthetic-mined-<kind>:N`` names (``<root>/mined/<kind>-<N>.json``, written by
+    :func:`oxbench.datasets.mining.mine_distractors`).
+
+    Raises:
+        InputError: one line: a malformed spec, an unknown kind, a mined selection not made.
+    """
+    from oxbench.datasets.mining import read_selection
+
+    spec = parse_kind_spec(text)
+    if not spec.mined:
+        return SyntheticDistractors(config, spec.count, kind=spec.kind)
+    indices = read_selection(root, spec.kind, spec.count)
+    return SyntheticDistractors(config, spec.count, kind=spec.kind, pool=indices)
 
 
 def _read_ground_truth(path: Path, dataset: str) -> GroundTruth:

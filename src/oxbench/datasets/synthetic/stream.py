@@ -9,17 +9,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.datasets.synthetic.config import SynthConfig
-from oxbench.datasets.synthetic.plan import distractor_name, render_distractor
+from oxbench.datasets.synthetic.distractor_kinds import KINDS, SAME, kind_name, render_kind
 
 
 @dataclass(frozen=True, eq=False)
 class SyntheticDistractors:
-    """An :class:`~oxbench.datasets.base.ImageSource` of ``count`` generated distractors.
+    r"""An :class:`~oxbench.datasets.base.ImageSource` of ``count`` generated distractors.
 
     Image ``j`` depends only on ``(config.city, config.seed, j)``: the same index always gives the
     same pixels, in any process and any order, so 100K+ distractors need no disk. They show other
     buildings and streets of the same city (same style as the landmarks, hence confusable) and
-    never a landmark, so they are true negatives for every query.
+    never a landmark, so they are true negatives for every query. Other ``kind``\ s show other
+    cities, scenes without buildings or near-misses of the landmarks
+    (:mod:`~oxbench.datasets.synthetic.distractor_kinds`); ``pool`` holds a mined selection.
 
     Example:
         >>> src = SyntheticDistractors(SynthConfig(), 100_000)
@@ -29,10 +31,20 @@ class SyntheticDistractors:
 
     config: SynthConfig
     count: int
+    #: :mod:`~oxbench.datasets.synthetic.distractor_kinds`: ``same`` (the city's own streets),
+    #: ``city``, ``scene``, ``nearmiss`` or ``mixed``.
+    kind: str = SAME
+    #: the indices into the kind's images that this set holds, in order (a mined selection);
+    #: ``None``: images ``0 .. count - 1``.
+    pool: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.count < 0:
             raise ValueError("distractor count must be >= 0")
+        if self.kind != SAME and self.kind not in KINDS:
+            raise ValueError(f"unknown distractor kind {self.kind!r}")
+        if self.pool is not None and len(self.pool) != self.count:
+            raise ValueError("a mined selection must name exactly `count` images")
 
     def __len__(self) -> int:
         return self.count
@@ -42,12 +54,16 @@ class SyntheticDistractors:
             raise IndexError(f"distractor {i} outside 0..{self.count - 1}")
         return int(i)
 
+    def _image(self, i: int) -> int:
+        i = self._check(i)
+        return i if self.pool is None else int(self.pool[i])
+
     def name(self, i: int) -> str:
-        return distractor_name(self.config, self._check(i))
+        return kind_name(self.config, self.kind, self._image(i))
 
     def path(self, i: int) -> Path | None:
         self._check(i)
         return None
 
     def read(self, i: int) -> NDArray[np.uint8]:
-        return render_distractor(self.config, self._check(i))
+        return render_kind(self.config, self.kind, self._image(i))

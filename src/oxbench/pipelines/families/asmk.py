@@ -95,9 +95,11 @@ class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
         """At most: every image at the features cap, each feature its own word (a 16-byte binary
         residual and an ``int64`` image id in the inverted file); the words are memory-mapped."""
         cap = getattr(self.features, "n_features", 0)
-        if not cap:
-            return None
-        return local_ram_per_image(cap, 16 + 8)
+        return local_ram_per_image(cap, self.ram_bytes_per_feature()) if cap else None
+
+    def ram_bytes_per_feature(self) -> float:
+        """Each feature its own word: a 16-byte binary residual and an ``int64`` image id."""
+        return 16 + 8
 
 
 def aggregate_residuals(

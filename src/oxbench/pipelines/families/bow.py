@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import scipy.sparse as sp
 from numpy.typing import NDArray
 
 from oxbench import schema as S
@@ -53,8 +52,8 @@ from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
 
-#: Images whose term frequencies and vectors a streamed build (``inverted_file=compressed``
-#: without query expansion or augmentation) holds at once.
+#: Images whose term frequencies and vectors a build holds at once (the in-RAM build's chunks, and
+#: the streamed build's with ``inverted_file=compressed`` without query expansion or augmentation).
 BUILD_CHUNK_IMAGES = 2048
 
 
@@ -121,17 +120,20 @@ class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
         return BagOfWords(self)
 
     def ram_bytes_per_image(self) -> int | None:
-        """At most, at the build's peak: every image at the features cap, each feature a posting
-        per assigned word in the arrays the in-RAM build holds at once (term-frequency triplets,
-        term frequencies, weighted rows, norms, posting lists: up to eight 8-byte copies of every
-        posting; bench/README.md measures 7.5), of which the in-RAM inverted file keeps two. The
-        streamed compressed build holds one chunk of images at a time: nothing per image but its
-        words' offset. The words are memory-mapped."""
+        """At most: every image at the features cap (:meth:`ram_bytes_per_feature` each), plus
+        the image's words offset (the words are memory-mapped)."""
         cap = getattr(self.features, "n_features", 0)
-        if not cap:
-            return None
+        per_feature = self.ram_bytes_per_feature()
+        return None if not cap or per_feature is None else local_ram_per_image(cap, per_feature)
+
+    def ram_bytes_per_feature(self) -> float | None:
+        """At the build's peak, per database feature: a posting per assigned word, and three
+        8-byte copies of every posting (the weighted chunks, their stacked rows, the posting
+        lists; measured 21.2 B a posting, 16.1 kept: bench/README.md, "Estimates"), of which
+        the in-RAM inverted file keeps two. The streamed compressed build holds one chunk of
+        images at a time: nothing per feature."""
         soft = self.soft_k if self.assignment == "soft" else 1
-        return local_ram_per_image(cap, 0 if self.streamed_build else 8 * 8 * soft)
+        return 0.0 if self.streamed_build else 3 * 8 * soft
 
     @property
     def reads_vectors(self) -> bool:
@@ -203,20 +205,10 @@ class BagOfWords(QuantisingMethod):
                 bench, parts, ctx
             )  # nothing reads the database vectors: never hold them
             return self
-        with ctx.timed("index"):
-            db_tf = term_frequencies(
-                m, parts.words["database"], parts.names["database"], n_words, side="database"
+        with ctx.timed("index"):  # in chunks, as the streamed build: never every image's tf
+            self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit_chunks(
+                lambda: self._tf_chunks(parts)
             )
-            if "distractors" in parts.names:
-                dis_tf = term_frequencies(
-                    m,
-                    parts.words["distractors"],
-                    parts.names["distractors"],
-                    n_words,
-                    side="database",
-                )
-                db_tf = sp.vstack([db_tf, dis_tf]).tocsr()
-            self._ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit(db_tf)
         self.prepare_pipeline(bench, ctx)  # DBA: before compression
         if m.inverted_file == "compressed":
             self._compress(bench, parts, ctx)
@@ -233,6 +225,21 @@ class BagOfWords(QuantisingMethod):
         )
         return Path(ctx.cache) / dataset_key(bench) / "postings" / key
 
+    def _tf_chunks(self, parts: Any) -> Iterator[Any]:
+        """The index's term frequencies (database, then distractors) in chunks of
+        :data:`BUILD_CHUNK_IMAGES` images."""
+        m, n_words = self.config, parts.vocabulary.n_words
+        for part in ("database", "distractors"):
+            names = parts.names.get(part, [])
+            for a in range(0, len(names), BUILD_CHUNK_IMAGES):
+                yield term_frequencies(
+                    m,
+                    parts.words[part],
+                    names[a : a + BUILD_CHUNK_IMAGES],
+                    n_words,
+                    side="database",
+                )
+
     def _index_streamed(self, bench: Benchmark, parts: Any, ctx: RunContext) -> None:
         """The compressed inverted file built from the words in chunks of :data:`BUILD_CHUNK_IMAGES`
         images, twice over (idf, then the weighted vectors' posting lists): what it holds at once
@@ -240,16 +247,7 @@ class BagOfWords(QuantisingMethod):
         m, n_words = self.config, parts.vocabulary.n_words
 
         def chunks() -> Iterator[Any]:
-            for part in ("database", "distractors"):
-                names = parts.names.get(part, [])
-                for a in range(0, len(names), BUILD_CHUNK_IMAGES):
-                    yield term_frequencies(
-                        m,
-                        parts.words[part],
-                        names[a : a + BUILD_CHUNK_IMAGES],
-                        n_words,
-                        side="database",
-                    )
+            return self._tf_chunks(parts)
 
         with ctx.timed("index"):
             ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit_idf(chunks())

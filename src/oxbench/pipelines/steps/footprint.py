@@ -49,8 +49,9 @@ def local_footprint(
         for w in words.values()
     )
     disk = {
+        # only the indexed images' share: a distractor store also holds a larger run's images
         "features": sum(
-            disk_bytes(parts.stores[p].directory) for p in indexed if p in parts.stores
+            parts.stores[p].disk_bytes_of(parts.names[p]) for p in indexed if p in parts.stores
         ),
         "words": sum(disk_bytes(parts.words_paths[p]) for p in indexed if p in parts.words_paths),
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.features.store import DEFAULT_SHARD_SIZE, FeatureStore
-from oxbench.fileio import discard_folder, remove_stale_temps
+from oxbench.fileio import discard_folder, json_digest, remove_stale_temps
 from oxbench.index.vocabulary import Vocabulary
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.keys import StepResult, dataset_key, part_names, parts_of
@@ -243,8 +244,62 @@ class AssignShard:
 
 
 def words_path(cache: Path, bench: Benchmark, vocab_path: Path, k: int, part: str) -> Path:
-    """Where the words of one part, assigned ``k`` per feature with ``vocab_path``, are cached."""
-    return Path(cache) / dataset_key(bench) / "words" / f"{vocab_path.stem}-k{k}" / f"{part}.npz"
+    """Where the words of one part, assigned ``k`` per feature with ``vocab_path``, are cached.
+
+    The distractors' file is named by its images (``distractors-<count>-<digest>.npz``), so runs
+    with other distractor counts keep their own files side by side, and sizes can be run in any
+    order (:func:`step_assign` cuts a smaller set's words from a larger one's).
+    """
+    folder = Path(cache) / dataset_key(bench) / "words" / f"{vocab_path.stem}-k{k}"
+    if part != "distractors":
+        return folder / f"{part}.npz"
+    names = part_names(bench, part)
+    return folder / f"{part}-{len(names)}-{json_digest(names, 10)}.npz"
+
+
+#: A distractor words file named by its images (:func:`words_path`).
+_PER_LIST = re.compile(r"^distractors-\d+-[0-9a-f]+\.npz$")
+
+
+def _words_prefix_donor(
+    out_path: Path, names: Sequence[str], k: int, vocabulary: str
+) -> tuple[Path, Words] | None:
+    """A words file (and its words) beside ``out_path``, of the same vocabulary and ``k``, whose images begin with
+    ``names`` (the distractors of a larger run); ``None`` when there is none."""
+    if not _PER_LIST.match(out_path.name):
+        return None
+    for other in sorted(out_path.parent.glob("distractors-*.npz")):
+        if other == out_path or not _PER_LIST.match(other.name):
+            continue
+        try:
+            donor = Words.load(other)
+        except (CorruptCache, InputError):
+            continue
+        if (
+            donor.vocabulary == vocabulary
+            and donor.words.shape[1] == k
+            and len(donor.names) >= len(names)
+            and list(donor.names[: len(names)]) == list(names)
+        ):
+            return other, donor
+    return None
+
+
+def _save_words_prefix(donor: Words, n: int, out_path: Path) -> None:
+    """The words of ``donor``'s first ``n`` images as a words file of their own (mapped slices
+    written piece by piece, never read into memory whole)."""
+    offsets = np.array(donor.offsets[: n + 1], np.int64)
+    rows = int(offsets[-1])
+    save_npz_pieces(
+        out_path,
+        {
+            "names": np.array(list(donor.names[:n])),
+            "offsets": offsets,
+            "words": [donor.words[:rows]],
+            "sq_dists": [donor.sq_dists[:rows]],
+            "vocabulary": np.array(donor.vocabulary),
+        },
+    )
 
 
 def _shard_checker(vocabulary: str, k: int, store: FeatureStore):  # noqa: ANN202 - read_npz_shards
@@ -316,6 +371,11 @@ def step_assign(
                 )
             except CorruptCache as exc:
                 log.warning("%s; assigning the words again", exc)
+        donor = _words_prefix_donor(out_path, names, k, voc.file_digest_)
+        if donor is not None and partition is None:
+            log.info("visual words of %s cut from %s", out_path.name, donor[0].name)
+            _save_words_prefix(donor[1], len(names), out_path)
+            return StepResult(out_path, hit=True)
         store.require_all(names)
         if shards.is_dir():
             remove_stale_temps(shards)
