@@ -160,9 +160,29 @@ def test_hybrid_rows_run_beside_their_parts(tiny_root: Path, tmp_path: Path) -> 
             **{"diffusion.k": 10, "diffusion.truncation": 200},
         )
         assert dfs.info["global_source"]["method"] == "test-tiny-vlad-w"
-        assert dfs.info["diffusion_seeded_by_verified"] == part.info["verified_per_query"]
-        assert not np.array_equal(
-            np.load(part.run_dir / "ranks.npy"), np.load(dfs.run_dir / "ranks.npy")
-        )
+        verified, seeded = part.info["verified_per_query"], dfs.info["diffusion_seeded_by_verified"]
+        # seeds: the verified images strong enough to expand the query (vqe.min_inliers)
+        assert all(0 <= s <= v for s, v in zip(seeded, verified, strict=True)) and sum(seeded) > 0
+        first, hybrid = np.load(part.run_dir / "ranks.npy").T, np.load(dfs.run_dir / "ranks.npy").T
+        # what the verification proved keeps the head, in its order; diffusion orders the rest
+        for qi, v in enumerate(verified):
+            assert np.array_equal(hybrid[qi, :v], first[qi, :v])
+        assert not np.array_equal(first, hybrid)
     finally:
         METHODS.unregister("test-tiny-vlad-w")
+
+
+def test_a_global_source_takes_settings_of_its_own() -> None:
+    """The published GeM needs its model file: the source names the preset and its settings."""
+    from oxbench.pipelines.sources import GlobalSource, check_sources
+
+    source = GlobalSource("gem-r101+w weights=models/gem.pt batch_size=4")
+    assert source.config.weights == "models/gem.pt" and source.config.batch_size == 4
+    with pytest.raises(InputError, match="global_source: 'weights' is not KEY=VALUE"):
+        GlobalSource("gem-r101+w weights")
+    with pytest.raises(InputError, match="setting batch_size"):
+        check_sources(
+            resolve_method(
+                "rootsift-asmk-sv+gem-r101-dfs", global_source="gem-r101+w batch_size=nan"
+            )
+        )

@@ -141,13 +141,25 @@ class GlobalSource:
     """The whitened, L2-normalised vectors of a named global method, for a family without them.
 
     Args:
-        method: the name of a global-descriptor preset (``gem-r50-imagenet+w``), or its config.
+        method: a global-descriptor preset by name, with settings of its own after it
+            (``"gem-r101+w weights=models/gem-r101.pt"``), or its config.
     """
 
     def __init__(self, method: Any) -> None:
         from oxbench.pipelines.method import resolve_method
 
-        config: Any = resolve_method(method)
+        overrides: dict[str, object] = {}
+        if isinstance(method, str):
+            method, *pairs = method.split()
+            for pair in pairs:
+                key, sep, value = pair.partition("=")
+                if not sep or not key:
+                    raise InputError(
+                        f"global_source: {pair!r} is not KEY=VALUE (e.g. "
+                        f"'gem-r101+w weights=MODEL.pt')"
+                    )
+                overrides[key] = value
+        config: Any = resolve_method(method, **overrides)
         if getattr(config, "family", None) != "global":
             raise InputError(
                 f"global_source {getattr(config, 'name', method)!r} is not a global-descriptor "

@@ -362,7 +362,8 @@ class Pipeline:
     global_source: str | None = setting(
         None,
         S.Optional(S.Str(min_len=1, max_len=256)),
-        doc="a global preset whose vectors a family without them diffuses over",
+        doc="a global preset (and KEY=VALUE settings of its own) whose vectors a family "
+        "without them diffuses over",
     )
 
     def stage(self, group: str) -> Any:

@@ -6,15 +6,21 @@ vector over the top of its ranking (:class:`oxbench.rerank.diffusion.Diffusion`)
 ``diffusion`` group (:class:`~oxbench.rerank.diffusion.DiffusionSettings`, declared once there).
 
 ``diffusion-verified`` is the 2018 revisit's hybrid (Radenovic et al. 2018, "ASMK* + SP ->
-R-GeM + DFS"): after a ``spatial`` stage, the images the verification accepted start the diffusion
-too, with the weight of an image identical to the query, besides the query's nearest images in the
-dense space; the graph and the query's vector are the dense space's (a global source's, when the
-first ranking is a bag of words or ASMK).
+R-GeM + DFS"): after a ``spatial`` stage, the strongly verified images -- those that would expand
+the query (``vqe.min_inliers`` inliers or more, at most ``vqe.max_verified``, the settings of query
+expansion from verified images) -- start the diffusion too, with the weight of an image identical
+to the query, besides the query's nearest images in the dense space; the graph and the query's
+vector are the dense space's (a global source's, when the first ranking is a bag of words or
+ASMK). The verified images keep the head of the list, in the verification's order, and diffusion
+orders the rest: what the local features proved stays proved, and diffusion brings up what the
+short list missed.
 """
 
 from __future__ import annotations
 
 from typing import Any, cast
+
+import numpy as np
 
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.rerankers import (
@@ -32,7 +38,7 @@ class DiffusionReranker(Reranker):
     """Diffusion re-ranking of the top ``truncation`` of each ranking."""
 
     needs = frozenset({"dense"})
-    uses = ("diffusion",)
+    uses: tuple[str, ...] = ("diffusion",)
 
     def __init__(self, settings: DiffusionSettings) -> None:
         self.diffusion = Diffusion(settings)
@@ -54,20 +60,41 @@ class DiffusionReranker(Reranker):
 
 
 class VerifiedDiffusion(DiffusionReranker):
-    """Diffusion started from the query's nearest images and from its spatially verified ones."""
+    """Diffusion started from the query's nearest images and from its strongly verified ones; the
+    verified images first, in the verification's order, then the rest in the diffusion's."""
 
     needs = frozenset({"dense", "local"})
+    uses = ("diffusion", "vqe")
     after = "spatial"
+
+    def __init__(self, settings: DiffusionSettings, vqe: Any) -> None:
+        super().__init__(settings)
+        self.min_inliers, self.max_verified = vqe.min_inliers, vqe.max_verified
 
     def seeds(self, ranking: Ranking) -> Any:
         assert ranking.verified is not None  # a spatial stage came before (checked when built)
-        return [res.verified for res in ranking.verified]
+        return [
+            res.verified[res.inliers >= self.min_inliers][: self.max_verified]
+            for res in ranking.verified
+        ]
 
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         out = super().rerank(ranking, space, ctx)
-        seeded = [len(res.verified) for res in ranking.verified or ()]
+        assert ranking.verified is not None
+        ranks, scores = out.ranks.copy(), out.scores.copy()
+        for qi, res in enumerate(ranking.verified):
+            head = res.verified  # as the spatial stage ordered them (by inliers), at the top
+            if not len(head):
+                continue
+            rest = ~np.isin(out.ranks[qi], head)
+            ranks[qi] = np.concatenate([head, out.ranks[qi][rest]])
+            top = float(out.scores[qi].max()) if out.scores.shape[1] else 0.0
+            scores[qi] = np.concatenate(
+                [top + np.asarray(res.inliers, np.float32), out.scores[qi][rest]]
+            )
+        seeded = [len(s) for s in self.seeds(ranking)]
         info = {**out.info, "diffusion_seeded_by_verified": seeded}
-        return Ranking(out.ranks, out.scores, out.queries, ranking.verified, info, ranking.matches)
+        return Ranking(ranks, scores, out.queries, ranking.verified, info, ranking.matches)
 
 
 register_stage_settings("diffusion", DiffusionSettings)
