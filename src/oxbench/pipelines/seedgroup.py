@@ -100,7 +100,8 @@ def plan_group(m: Any, seeds: Sequence[int], overrides: Mapping[str, object]) ->
     """
     from oxbench.records import new_run_id
 
-    names = tuple(seed_settings(m))
+    # the seeds the method reads (a global preset's other descriptor kinds' seeds do nothing)
+    names = tuple(n for n in seed_settings(m) if m.applies(n))
     if not names:
         raise InputError(
             f"{m.name} has no seed setting (nothing in it is learned at random): "
