@@ -328,13 +328,22 @@ def _task_attempts(dask_scheduler: Any, keys: Sequence[str], retries: int) -> in
 
 
 def wait_for_workers(
-    client: Any, n: int, timeout_s: float, shown: str, *, report_s: float = WAIT_REPORT_S
+    client: Any,
+    n: int,
+    timeout_s: float,
+    shown: str,
+    *,
+    report_s: float = WAIT_REPORT_S,
+    said_s: float | None = None,
 ) -> int:
     """Wait until the scheduler behind ``client`` has ``n`` workers, at most ``timeout_s`` seconds.
 
     Says how many have connected when it starts waiting and every ``report_s`` seconds after
     (warnings, shown without ``-v``: workers submitted as batch jobs may sit in a queue for
     minutes). Returns the number connected.
+
+    ``said_s``: the time the message names (default ``timeout_s``; the whole deadline when the
+    wait is what is left of it).
 
     Raises:
         InputError: fewer than ``n`` workers after ``timeout_s`` (names the scheduler).
@@ -351,7 +360,7 @@ def wait_for_workers(
         if now >= deadline:
             raise InputError(
                 f"the Dask scheduler at {shown} has {have} worker(s) after "
-                f"{round(timeout_s, 1):g} s, "
+                f"{round(timeout_s if said_s is None else said_s, 1):g} s, "
                 f"fewer than --workers {n} (--wait-workers SECONDS waits longer)"
             )
         if reported < 0 or now - last_report >= report_s:
@@ -514,12 +523,13 @@ class DaskExecutor(Executor):
                         f"({type(exc).__name__}); is it running, and reachable from here?"
                     ) from None
                 try:
-                    wait = (
-                        self.wait_workers_s
-                        if self.wait_workers_s is not None
-                        else max(0.1, deadline - time.monotonic())
-                    )
-                    wait_for_workers(self._client, self.workers, wait, shown)
+                    if self.wait_workers_s is not None:
+                        wait_for_workers(self._client, self.workers, self.wait_workers_s, shown)
+                    else:  # what is left of the one deadline, named as the deadline
+                        left = max(0.1, deadline - time.monotonic())
+                        wait_for_workers(
+                            self._client, self.workers, left, shown, said_s=self.connect_timeout_s
+                        )
                 except InputError:
                     self.close()
                     raise
