@@ -8,7 +8,8 @@ what only reports need (:func:`check_comparable`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
 from oxbench.errors import InputError
 from oxbench.records import (
@@ -23,8 +24,34 @@ from oxbench.records import (
     sequential_mean,
 )
 
-if TYPE_CHECKING:
-    from oxbench.report.seeds import SeedGroup
+
+class Comparable(Protocol):
+    """What :func:`check_comparable` reads: a :class:`RunRecord`, or a seed group standing for its
+    members (:class:`oxbench.report.seeds.SeedGroup`)."""
+
+    @property
+    def path(self) -> Path: ...
+
+    @property
+    def dataset_id(self) -> str: ...
+
+    @property
+    def gt_sha256(self) -> str: ...
+
+    @property
+    def n_distractors(self) -> int: ...
+
+    @property
+    def protocol(self) -> str: ...
+
+    @property
+    def query_names(self) -> tuple[str, ...]: ...
+
+    @property
+    def setups(self) -> tuple[str, ...]: ...
+
+    def skipped(self, setup: str) -> tuple[int, ...]: ...
+
 
 #: The run-record format this reader understands (``record.json`` ``"format"``).
 RUN_FORMAT = RECORD_FORMAT
@@ -43,7 +70,7 @@ __all__ = [
 ]
 
 
-def check_comparable(runs: Sequence[RunRecord | SeedGroup]) -> None:
+def check_comparable(runs: Sequence[Comparable]) -> None:
     """Refuse runs that cannot be compared query by query.
 
     They must share the dataset id, the ground-truth digest, the number of distractors, the

@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.evaluation.bootstrap import spread_note, spread_text
 from oxbench.records import RunRecord, list_runs, read_record_json, sequential_mean
+from oxbench.report.runs import check_comparable
 
 
 @dataclass(frozen=True, eq=False)
@@ -202,8 +203,6 @@ def load_group(run: RunRecord) -> SeedGroup:
             run.path.parent,
         )
     members = tuple(by_seed[s] for s in seeds)
-    from oxbench.report.runs import check_comparable
-
     check_comparable(list(members))
     return SeedGroup(members, str(group["id"]), seeds, tuple(group["settings"]))
 
