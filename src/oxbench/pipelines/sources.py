@@ -23,6 +23,7 @@ computed once per dataset and reused by every pipeline that names it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,7 +89,7 @@ class LocalSource:
 
     def __init__(self, extractor: LocalExtractor, settings: VerifySettings) -> None:
         self.extractor = extractor
-        self.settings = VerifySettings(**{**vars(settings), "matching": "descriptors"})
+        self.settings = dataclasses.replace(settings, matching="descriptors")
         self._stores: dict[str, Any] = {}
         self._names: dict[str, list[str]] = {}
         self._key: str | None = None
