@@ -282,11 +282,11 @@ def test_global_descriptor_family_runs_through_the_same_runner(
     tiny_root: Path, tmp_path: Path
 ) -> None:
     vlad_tiny = {
-        "features.max_side": 320,
-        "features.n_features": 300,
-        "vlad_k": 8,
+        "descriptor.features.max_side": 320,
+        "descriptor.features.n_features": 300,
+        "descriptor.k": 8,
         "whitening_dim": 16,
-        "vlad_max_points_per_centroid": 64,
+        "descriptor.max_points_per_centroid": 64,
     }
     out = run(
         "synthetic",
