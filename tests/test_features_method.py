@@ -596,9 +596,9 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     # the files' content digest ends each default label: runs on other files are other rows
     tag = inputs_digest(
         input_records(
-            {
-                "descriptor.db_features": tmp_path / "db.npy",
-                "descriptor.query_features": tmp_path / "q.npy",
+            {  # by the kind's setting names: labels as runs recorded them before kinds
+                "db_features": tmp_path / "db.npy",
+                "query_features": tmp_path / "q.npy",
             }
         )
     )

@@ -140,7 +140,7 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
     records = [json.loads(p.read_text()) for p in runs.glob("*/*/record.json")]
     assert len(records) == 3
     for rec in records:
-        x = rec["inputs"]["settings"]["descriptor.db_features"]
+        x = rec["inputs"]["settings"]["db_features"]
         folder = Path(x["path"]).parent
         assert x["path"] == str((folder / "X.npy").resolve()) and folder.name in "ab"
         assert x["sha256"] == hashlib.sha256((folder / "X.npy").read_bytes()).hexdigest()
@@ -158,12 +158,9 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
     assert sorted(len(list(f.glob("*/record.json"))) for f in folders) == [1, 2]
     assert len(set(labels)) == 2 and all(lab.startswith("features @") for lab in labels), labels
     cfg = [json.loads((f / "config.json").read_text()) for f in folders]
-    db_inputs = [c["inputs"]["descriptor.db_features"] for c in cfg]
+    db_inputs = [c["inputs"]["db_features"] for c in cfg]
     assert db_inputs[0]["sha256"] != db_inputs[1]["sha256"]
-    assert (
-        cfg[0]["inputs"]["descriptor.query_features"]
-        == cfg[1]["inputs"]["descriptor.query_features"]
-    )
+    assert cfg[0]["inputs"]["query_features"] == cfg[1]["inputs"]["query_features"]
     # report puts them side by side as two rows instead of refusing one label
     code, md = _cli(capsys, "report", *map(str, folders))
     assert code == 0 and all(lab in md for lab in labels), md

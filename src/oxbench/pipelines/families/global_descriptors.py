@@ -175,10 +175,10 @@ class GlobalConfig(MethodConfig, Pipeline):
         self.descriptor.check_inputs(root)
 
     def input_files(self, root: Path | None = None) -> dict[str, Path]:
-        """The descriptor kind's input files, as ``descriptor.<setting>``."""
-        out = super().input_files(root)
-        kind = self.descriptor.input_files(root)
-        return {**out, **{f"{DESCRIPTOR_FIELD}.{k}": v for k, v in kind.items()}}
+        """The descriptor kind's input files, by the kind's setting name (``db_features``,
+        ``weights``: the names runs recorded before kinds were a registry, so that the ``@digest``
+        of a run's label, which hashes them, stays the same for the same files)."""
+        return {**super().input_files(root), **self.descriptor.input_files(root)}
 
     def test_data_in_training(self, bench: Benchmark) -> str | None:
         return self.descriptor.test_data_in_training(bench, self)
