@@ -162,6 +162,19 @@ def _nested(
         yield name, f, value
 
 
+def _check_frozen(what: str, settings: Any) -> None:
+    """Settings (a config, a descriptor kind) are a frozen, hashable dataclass: data, usable as a
+    cache key."""
+    if not type(settings).__dataclass_params__.frozen:
+        raise _fail(what, "is not frozen", "declare it @dataclass(frozen=True)")
+    try:
+        hash(settings)
+    except TypeError as exc:
+        raise _fail(
+            what, f"is not hashable ({exc})", "use tuples, not lists, in settings"
+        ) from None
+
+
 def _check_config(config: Any) -> None:
     """The static half of :func:`check_family`: the config as data."""
     from oxbench.errors import InputError
@@ -176,14 +189,7 @@ def _check_config(config: Any) -> None:
     what = f"family {config.family or '?'} preset {getattr(config, 'name', '?')!r}"
     if not config.family:
         raise _fail(what, "has no family name", "set the class attribute family = '...'")
-    if not type(config).__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        raise _fail(what, "is not frozen", "declare it @dataclass(frozen=True)")
-    try:
-        hash(config)
-    except TypeError as exc:
-        raise _fail(
-            what, f"is not hashable ({exc})", "use tuples, not lists, in settings"
-        ) from None
+    _check_frozen(what, config)
     data = config.to_dict()
     try:
         text = json.dumps(data, sort_keys=True, allow_nan=False)
@@ -430,12 +436,7 @@ def check_descriptor(kind: Any, *, root: str | Path | None = None, **family: Any
     what = f"descriptor kind {type(kind).__name__}"
     if not isinstance(kind, DescriptorKind) or not dataclasses.is_dataclass(kind):
         raise _fail(what, "is not a DescriptorKind dataclass", "subclass DescriptorKind")
-    if not type(kind).__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        raise _fail(what, "is not frozen", "declare it @dataclass(frozen=True)")
-    try:
-        hash(kind)
-    except TypeError as exc:
-        raise _fail(what, f"is not hashable ({exc})", "use tuples, not lists") from None
+    _check_frozen(what, kind)
     if (
         not kind.kind
         or kind.kind not in DESCRIPTORS

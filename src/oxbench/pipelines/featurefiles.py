@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,6 +41,9 @@ from oxbench.fileio import read_input_bytes
 from oxbench.formats.arrays import read_features, read_names
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening
 from oxbench.pipelines.steps.keys import part_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.pipelines.descriptors import FamilySettings
 
 
 class FileSettings(Protocol):
@@ -79,26 +82,6 @@ class FileSettings(Protocol):
 
     @property
     def row_order(self) -> Literal["dataset", "sorted"]: ...
-
-
-class WhiteningSettings(Protocol):
-    """The global method's settings the whitening of the user's files reads: its name (for
-    messages) and its whitening."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def whitening(self) -> str: ...
-
-    @property
-    def whitening_dim(self) -> int | None: ...
-
-    @property
-    def whitening_power(self) -> float: ...
-
-    @property
-    def whitening_shrinkage(self) -> float: ...
 
 
 #: How the settings of the files are named on the command line (``--set descriptor.db_features=``).
@@ -245,7 +228,7 @@ def benchmark_features(m: FileSettings, bench: Benchmark, part: str) -> NDArray[
     return q
 
 
-def fit_file_whitening(m: FileSettings, w: WhiteningSettings) -> PCAWhitening | None:
+def fit_file_whitening(m: FileSettings, w: FamilySettings) -> PCAWhitening | None:
     """The whitening ``w`` asks for, learned on ``m.train_features`` (and ``m.train_pairs``), or
     ``None``."""
     if w.whitening == "none":
@@ -287,7 +270,7 @@ def _row_digests(x: NDArray[np.float32]) -> NDArray[np.uint64]:
     )
 
 
-def test_rows_in_training(m: FileSettings, w: WhiteningSettings, bench: Benchmark) -> str | None:
+def test_rows_in_training(m: FileSettings, w: FamilySettings, bench: Benchmark) -> str | None:
     """Why ``train_features`` holds ``bench``'s test set, or ``None``: it is flagged when it contains
     every database row or every query row (as read, L2-normalised, compared byte for byte) --
     whatever the file is called and wherever it lies."""

@@ -234,7 +234,8 @@ class MethodConfig(ABC):
         """Why the (dotted) ``setting`` does nothing with the other settings as they are (one
         line), or ``None`` when it applies: ``oxbench methods NAME`` lists only the settings that
         apply (``--all``: every one), and :func:`resolve_method` refuses to set one that does not. A family whose
-        settings depend on a choice (a descriptor kind) overrides this."""
+        settings depend on a choice overrides this (a choice with settings of its own is better a
+        nested config, as the global family's descriptor kind: its settings then exist only with it)."""
         return None
 
     def applies(self, setting: str) -> bool:
@@ -256,16 +257,9 @@ class MethodConfig(ABC):
         every set path setting marked ``input`` in the schema. Their content digests go into the
         run's config (:func:`oxbench.provenance.input_record`); a family whose other settings name
         an input file (a model file) adds it."""
-        from oxbench.schema import INPUT_KEY, Optional, PathSetting
+        from oxbench.schema import input_paths
 
-        out: dict[str, Path] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            spec = f.metadata.get(SPEC_KEY)
-            inner = spec.inner if isinstance(spec, Optional) else spec
-            value = getattr(self, f.name)
-            if f.metadata.get(INPUT_KEY) and isinstance(inner, PathSetting) and value:
-                out[f.name] = Path(value)
-        return out
+        return {name: Path(path) for name, path in input_paths(self).items()}
 
     def test_data_in_training(self, bench: Benchmark) -> str | None:
         """Why what the method learns from its own input files holds ``bench``'s test data (a

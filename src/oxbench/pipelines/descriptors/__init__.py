@@ -54,7 +54,7 @@ from oxbench.features.local import LocalExtractor, learns_on_test_set, reads_pix
 from oxbench.fileio import file_lock, json_digest
 from oxbench.pipelines.method import RunContext
 from oxbench.registry import GROUPS, Registry
-from oxbench.schema import INPUT_KEY, SPEC_KEY, Optional, PathSetting, Spec, _Refusal, validate
+from oxbench.schema import Spec, _Refusal, input_paths, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets.base import Benchmark
@@ -182,14 +182,7 @@ class DescriptorKind(ABC):
     def input_files(self, root: Path | None = None) -> dict[str, Path]:
         """The files the settings name as inputs (every set path setting declared ``input``), by
         sub-setting name; their content digests go into the run's config."""
-        out: dict[str, Path] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            spec = f.metadata.get(SPEC_KEY)
-            inner = spec.inner if isinstance(spec, Optional) else spec
-            value = getattr(self, f.name)
-            if f.metadata.get(INPUT_KEY) and isinstance(inner, PathSetting) and value:
-                out[f.name] = Path(value)
-        return out
+        return {name: Path(path) for name, path in input_paths(self).items()}
 
     def check_inputs(self, root: Path | None = None) -> None:
         """Refuse an input file that is not a regular file, before any data is loaded (one line
@@ -321,7 +314,7 @@ class StoredDescriber(Describer):
         """Raw descriptors of one part, cached: an interrupted run resumes with the images not yet
         described. Images that cannot be decoded stop the run, unless ``ctx.allow_partial``: then
         each is named in a warning, recorded in :meth:`provenance` and given the zero descriptor."""
-        from oxbench.features.descstore import DescriptorStore, fill_store
+        from oxbench.features.descstore import DescriptorStore
         from oxbench.pipelines.steps import part_names
 
         names = part_names(bench, part)
@@ -331,15 +324,7 @@ class StoredDescriber(Describer):
             hit = not store.missing(names)
             failed: list[str] = []
             if not hit:
-                failed = fill_store(
-                    store,
-                    names,
-                    self.compute(bench, part, names, ctx),
-                    executor=ctx.executor,
-                    shard_size=self.shard_size,
-                    progress=ctx.progress,
-                    desc=f"{self.kind.kind} {bench.id} {part}",
-                )
+                failed = self._fill(store, bench, part, names, ctx)
         ctx.record_step(f"descriptors.{part}", hit=hit)
         if failed:
             self.undecodable_[f"{bench.id}/{part}"] = failed
@@ -350,13 +335,29 @@ class StoredDescriber(Describer):
     ) -> int:
         """Describe the planned shards of one part (of ``partition`` when given); returns the
         images described."""
-        from oxbench.features.descstore import DescriptorStore, fill_store
+        from oxbench.features.descstore import DescriptorStore
         from oxbench.pipelines.steps import part_names
 
         names = part_names(bench, part)
         store = DescriptorStore.open(self.store_path(bench, part, ctx), self.store_key(ctx, part))
         before = len(store)
-        fill_store(
+        self._fill(store, bench, part, names, ctx, partition)
+        return len(store) - before
+
+    def _fill(
+        self,
+        store: Any,
+        bench: Benchmark,
+        part: str,
+        names: list[str],
+        ctx: RunContext,
+        partition: tuple[int, int] | None = None,
+    ) -> list[str]:
+        """:func:`~oxbench.features.descstore.fill_store` with this describer's job and shard
+        size; returns the names that could not be decoded."""
+        from oxbench.features.descstore import fill_store
+
+        return fill_store(
             store,
             names,
             self.compute(bench, part, names, ctx),
@@ -366,7 +367,6 @@ class StoredDescriber(Describer):
             desc=f"{self.kind.kind} {bench.id} {part}",
             partition=partition,
         )
-        return len(store) - before
 
     def stores_on_disk(
         self, bench: Benchmark, parts: list[str], ctx: RunContext
