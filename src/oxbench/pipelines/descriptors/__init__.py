@@ -5,13 +5,9 @@ local feature), registered under its name in :data:`DESCRIPTORS` (the mechanism 
 :class:`oxbench.registry.Registry`; plugins add theirs through the ``oxbench.descriptors`` entry
 points):
 
-==============  =====================================================================  ==========
-kind            what describes an image                                                 module
-==============  =====================================================================  ==========
-``vlad``        VLAD over local features (RootSIFT), with a k-means codebook            :mod:`.vlad`
-``cnn``         a CNN / ViT activation map pooled by MAC, SPoC, GeM, R-MAC or fc6       :mod:`.cnn`
-``features``    nothing: the user's descriptor files are read                           :mod:`.files`
-==============  =====================================================================  ==========
+- ``vlad`` -- VLAD over local features (RootSIFT), with a k-means codebook (:mod:`.vlad`);
+- ``cnn`` -- a CNN / ViT activation map pooled by MAC, SPoC, GeM, R-MAC or fc6 (:mod:`.cnn`);
+- ``features`` -- nothing is described: the user's descriptor files are read (:mod:`.files`).
 
 A kind is two things kept apart, as a method is (:mod:`oxbench.pipelines.method`):
 
@@ -39,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import logging
 import pkgutil
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -75,8 +70,6 @@ __all__ = [
     "descriptor_kind",
     "register_descriptor",
 ]
-
-log = logging.getLogger(__name__)
 
 #: The global family's setting that holds the kind (sub-settings are ``descriptor.<name>``).
 DESCRIPTOR_FIELD = "descriptor"
