@@ -22,17 +22,17 @@ from pathlib import Path
 from oxbench.pipelines import run
 
 ROWS: list[tuple[str, str, dict[str, object]]] = [
-    ("random-init GeM (floor)", "gem-r18-synthetic", {"weights": "random"}),
+    ("random-init GeM (floor)", "gem-r18-synthetic", {"descriptor.weights": "random"}),
     ("GeM trained by oxbench train", "gem-r18-synthetic", {}),
     ("+ PCA-whitening", "gem-r18-synthetic", {"whitening": "pca"}),
     ("+ PCA-whitening to 64 dimensions", "gem-r18-synthetic", {"whitening": "pca", "whitening_dim": 64}),
     ("+ learned whitening", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1}),
     ("+ learned whitening stored by oxbench train", "gem-r18-synthetic+lw", {}),
     ("+ learned whitening + alpha-QE", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1,
-                                                             "qe": "alpha-qe"}),
+                                                             "rerank": "alpha-qe"}),
     ("+ learned whitening + diffusion", "gem-r18-synthetic", {"whitening": "learned", "whitening_shrinkage": 0.1,
                                                               "rerank": "diffusion"}),
-    ("random-init GeM + learned whitening", "gem-r18-synthetic", {"weights": "random", "whitening": "learned",
+    ("random-init GeM + learned whitening", "gem-r18-synthetic", {"descriptor.weights": "random", "whitening": "learned",
                                                                   "whitening_shrinkage": 0.1}),
 ]  # fmt: skip
 
@@ -47,9 +47,12 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(2)
-    common = {"max_side": args.max_side, "scales": [float(s) for s in args.scales.split(",")]}
+    common = {
+        "descriptor.max_side": args.max_side,
+        "descriptor.scales": [float(s) for s in args.scales.split(",")],
+    }
     work = Path(args.work)
-    print(f"synthetic default, max_side {args.max_side}, scales {common['scales']}")
+    print(f"synthetic default, max_side {args.max_side}, scales {common['descriptor.scales']}")
     print("| method | E | M | H | mP@10 E | mP@10 M | mP@10 H | seconds |")
     print("|---|---|---|---|---|---|---|---|")
     rows = []

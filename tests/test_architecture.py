@@ -274,7 +274,10 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
         q = rng.standard_normal((bench.gt.n_queries, 16)).astype(np.float32)
         np.save(tmp_path / "db.npy", db)
         np.save(tmp_path / "q.npy", q)
-        files = {"db_features": str(tmp_path / "db.npy"), "query_features": str(tmp_path / "q.npy")}
+        files = {
+            "descriptor.db_features": str(tmp_path / "db.npy"),
+            "descriptor.query_features": str(tmp_path / "q.npy"),
+        }
         plain = oxbench.run(
             bench.id,
             "features",
@@ -513,7 +516,7 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
         "gem-r18-synthetic",
         root=root,
         runs_dir=tmp_path / "runs",
-        overrides={"train_epochs": 1},
+        overrides={"descriptor.train_epochs": 1},
         progress=False,
     )
     assert model.is_file()
@@ -526,7 +529,7 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
         "gem-r18-synthetic",
         root=root,
         runs_dir=tmp_path / "runs",
-        overrides={"train_epochs": 1},
+        overrides={"descriptor.train_epochs": 1},
         progress=False,
     )
     assert json.loads((again.run_dir / "record.json").read_text())["cache"]["network"] == "hit"
@@ -534,7 +537,9 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
         np.load(again.run_dir / "ranks.npy"), np.load(first.run_dir / "ranks.npy")
     )
     # the random floor trains nothing
-    floor = oxbench.pipelines.resolve_method("gem-r18-synthetic", weights="random")
+    floor = oxbench.pipelines.resolve_method(
+        "gem-r18-synthetic", **{"descriptor.weights": "random"}
+    )
     assert not floor.needs_training  # type: ignore[attr-defined]
 
 

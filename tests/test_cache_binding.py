@@ -432,7 +432,11 @@ def test_a_whitening_of_other_settings_copied_over_is_learned_again(
 
     from oxbench.pipelines.method import resolve_method
 
-    small = {"features.max_side": 320, "features.n_features": 300, "vlad_k": 8}
+    small = {
+        "descriptor.features.max_side": 320,
+        "descriptor.features.n_features": 300,
+        "descriptor.k": 8,
+    }
     ours = resolve_method("rootsift-vlad-w", whitening_dim=16, **small)
     theirs = resolve_method("rootsift-vlad-w", whitening_dim=8, **small)
     cache = tmp_path / "cache"

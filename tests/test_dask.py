@@ -488,7 +488,12 @@ def test_cnn_descriptors_by_partition(tmp_path: Path) -> None:
     from test_pipeline import make_tiny_root
 
     root = make_tiny_root(tmp_path / "data")
-    tiny = {"weights": "random", "backbone": "resnet18", "max_side": 64, "scales": [1.0]}
+    tiny = {
+        "descriptor.weights": "random",
+        "descriptor.backbone": "resnet18",
+        "descriptor.max_side": 64,
+        "descriptor.scales": [1.0],
+    }
     kwargs = {
         "root": root,
         "cache": tmp_path / "cache",

@@ -173,7 +173,11 @@ def test_unknown_backbone_and_unavailable_imagenet_weights(
     with pytest.raises(InputError) as exc:
         build_net("resnet18", "gem", weights="imagenet")
     msg = str(exc.value)
-    assert "\n" not in msg and "ImageNet weights of resnet18" in msg and "--set weights=PATH" in msg
+    assert (
+        "\n" not in msg
+        and "ImageNet weights of resnet18" in msg
+        and "--set descriptor.weights=PATH" in msg
+    )
 
 
 # --- model files and the cirtorch import -------------------------------------------------------------
@@ -341,11 +345,11 @@ def test_descriptor_store_resumes_and_checks_digests(
 # --- through the method interface, the CLI and the runner ---------------------------------------------
 
 TINY_CNN = {
-    "weights": "random",
-    "backbone": "resnet18",
-    "max_side": 96,
-    "scales": [1.0, 0.5],
-    "batch_size": 8,
+    "descriptor.weights": "random",
+    "descriptor.backbone": "resnet18",
+    "descriptor.max_side": 96,
+    "descriptor.scales": [1.0, 0.5],
+    "descriptor.batch_size": 8,
 }
 
 
@@ -400,7 +404,7 @@ def test_gem_without_whitening_needs_no_training_set_and_weights_are_required(
     assert not resolve_method("gem-r50-imagenet").needs_training
     assert resolve_method("gem-r50-imagenet+w").needs_training
     with pytest.raises(
-        InputError, match=r"gem-r101 needs a model file: pass --set weights=MODEL.pt"
+        InputError, match=r"gem-r101 needs a model file: pass --set descriptor.weights=MODEL.pt"
     ):
         oxbench.run(
             "synthetic",
@@ -410,10 +414,10 @@ def test_gem_without_whitening_needs_no_training_set_and_weights_are_required(
             cache=tmp_path / "c",
             progress=False,
         )
-    with pytest.raises(InputError, match=r"setting scales: item 2: must be in \(0, 4\]"):
-        resolve_method("gem-r50-imagenet", scales=[1, -1])
+    with pytest.raises(InputError, match=r"setting descriptor.scales: item 2: must be in \(0, 4\]"):
+        resolve_method("gem-r50-imagenet", **{"descriptor.scales": [1, -1]})
     with pytest.raises(InputError, match="model_whitening needs a model file"):
-        resolve_method("gem-r50-imagenet", model_whitening=True)
+        resolve_method("gem-r50-imagenet", **{"descriptor.model_whitening": True})
 
 
 def test_extract_writes_what_evaluate_reads(
@@ -543,10 +547,10 @@ def test_model_whitening_applies_the_files_lw(
         "cache": tmp_path / "cache",
         "progress": False,
         "overrides": {
-            "backbone": "resnet18",
-            "weights": str(tmp_path / "r18.pt"),
-            "max_side": 96,
-            "scales": [1.0, 0.5],
+            "descriptor.backbone": "resnet18",
+            "descriptor.weights": str(tmp_path / "r18.pt"),
+            "descriptor.max_side": 96,
+            "descriptor.scales": [1.0, 0.5],
         },
     }
     plain = extract_descriptors("synthetic", "gem-r101", tmp_path / "plain", **common)
@@ -600,11 +604,11 @@ def test_run_cli_max_side_sets_the_cnn_setting(
             "--max-side",
             "64",
             "--set",
-            "weights=random",
+            "descriptor.weights=random",
             "--set",
-            "backbone=resnet18",
+            "descriptor.backbone=resnet18",
             "--set",
-            "scales=[1]",
+            "descriptor.scales=[1]",
             "--no-progress",
             "--workers",
             "1",
@@ -613,7 +617,7 @@ def test_run_cli_max_side_sets_the_cnn_setting(
     )
     assert code == 0, err
     config = json.loads((tmp_path / "r" / "config.json").read_text())
-    assert config["method"]["max_side"] == 64 and config["method"]["features"]["max_side"] != 64
+    assert config["method"]["descriptor"]["max_side"] == 64
     assert "mAP" in out
 
 
@@ -635,11 +639,11 @@ def test_trained_preset_without_its_model_file_says_how_to_get_it(
             runs_dir=tmp_path / "runs",
             cache=tmp_path / "c",
             progress=False,
-            overrides={"fit_network": False},
+            overrides={"descriptor.fit_network": False},
         )
     assert str(exc.value) == (
         f"{tiny_root / '_models' / 'gem-r18-synthetic.pt'}: no model file here: "
-        "train it with oxbench train, or pass --set weights=PATH"
+        "train it with oxbench train, or pass --set descriptor.weights=PATH"
     )
     monkeypatch.setenv("OXBENCH_MODELS", str(tmp_path / "m"))
     assert models_dir(tiny_root) == tmp_path / "m"
@@ -715,12 +719,12 @@ def test_query_crop_keeps_the_scale_of_its_full_image(
 ) -> None:
     import math
 
-    from oxbench.pipelines.families.global_descriptors import GlobalConfig, QueryCrops
+    from oxbench.pipelines.descriptors.cnn import CnnDescriptor, QueryCrops
 
     bench = _query_bench(full_hw, bbox)
     crop = bench.query_crop(0)
     ch, cw = crop.shape[:2]
-    m = GlobalConfig("g", descriptor="cnn", max_side=max_side)
+    m = CnnDescriptor(max_side=max_side)
     assert m.query_resize == "full-image"
     got = QueryCrops(bench, m.query_resize, m.max_side)(0)
     side = math.floor(max_side * max(ch, cw) / max(full_hw))  # imsize * max(crop) / max(full)
@@ -734,17 +738,15 @@ def test_query_crop_keeps_the_scale_of_its_full_image(
 
 
 def test_query_crop_of_an_image_within_max_side_is_the_same_either_way() -> None:
-    from oxbench.pipelines.families.global_descriptors import GlobalConfig, QueryCrops
+    from oxbench.pipelines.descriptors.cnn import CnnDescriptor, QueryCrops
 
     bench = _query_bench((480, 640), (10.0, 20.0, 300.0, 400.0))
-    full = QueryCrops(bench, GlobalConfig("g", descriptor="cnn", max_side=1024).query_resize, 1024)(
-        0
-    )
+    full = QueryCrops(bench, CnnDescriptor(max_side=1024).query_resize, 1024)(0)
     crop = QueryCrops(bench, "crop", 1024)(0)
     np.testing.assert_array_equal(full, crop)
     np.testing.assert_array_equal(resize_max_side(crop, 1024), full)
     with pytest.raises(InputError, match="setting query_resize: expected one of full-image, crop"):
-        GlobalConfig("g", descriptor="cnn", query_resize="box")  # type: ignore[arg-type]
+        CnnDescriptor(query_resize="box")  # type: ignore[arg-type]
 
 
 def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(
@@ -754,7 +756,7 @@ def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(
     shards; the driver reads the store. A CUDA device makes the task ask for a GPU resource."""
     from oxbench.execution import ProcessExecutor
     from oxbench.features.descstore import DescribeGlobalShard
-    from oxbench.pipelines.families.global_descriptors import CnnShard
+    from oxbench.pipelines.descriptors.cnn import CnnShard
     from oxbench.pipelines.method import RunContext, resolve_method
 
     bench = load_tiny(tiny_root)
@@ -763,7 +765,7 @@ def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(
     with ProcessExecutor(2) as ex:
         ctx = RunContext(tmp_path / "pool", executor=ex, progress=False)
         impl = m.build()
-        compute = impl._cnn_compute(
+        compute = impl.describer.compute(  # type: ignore[attr-defined]
             bench, "database", [bench.database.name(i) for i in range(3)], ctx
         )
         assert (

@@ -57,11 +57,20 @@ def test_fc6_is_refused_in_one_line_for_a_backbone_without_one(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     with pytest.raises(InputError, match=r"pooling=fc6 needs a backbone with .*resnet50 has none"):
-        resolve_method("neural-codes-vgg16", backbone="resnet50")
+        resolve_method("neural-codes-vgg16", **{"descriptor.backbone": "resnet50"})
     with pytest.raises(InputError, match="resnet18 has none"):
         build_net("resnet18", "fc6", weights="random")
     with pytest.raises(SystemExit) as exc:
-        main(["run", "--method", "gem-r50-imagenet", "--set", "pooling=fc6", "--no-progress"])
+        main(
+            [
+                "run",
+                "--method",
+                "gem-r50-imagenet",
+                "--set",
+                "descriptor.pooling=fc6",
+                "--no-progress",
+            ]
+        )
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "resnet50 has none" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -70,12 +79,14 @@ def test_fc6_is_refused_in_one_line_for_a_backbone_without_one(
 def test_seed_presets_describe_what_the_papers_did() -> None:
     for name, backbone in (("neural-codes-alexnet", "alexnet"), ("neural-codes-vgg16", "vgg16")):
         m = resolve_method(name)
-        assert (m.backbone, m.pooling, m.weights) == (backbone, "fc6", "imagenet")
-        assert (m.max_side, m.scales, m.whitening) == (224, (1.0,), "none")
+        d = m.descriptor
+        assert (d.backbone, d.pooling, d.weights) == (backbone, "fc6", "imagenet")
+        assert (d.max_side, d.scales, m.whitening) == (224, (1.0,), "none")
         pca = resolve_method(name + "+pca")
         assert (pca.whitening, pca.whitening_dim, pca.whitening_power) == ("pca", 256, 0.0)
     rmac = resolve_method("rmac-vgg16-imagenet+w")
-    assert (rmac.backbone, rmac.pooling, rmac.whitening, rmac.scales) == (
+    d = rmac.descriptor
+    assert (d.backbone, d.pooling, rmac.whitening, d.scales) == (
         "vgg16",
         "rmac",
         "pca",
@@ -88,14 +99,19 @@ def test_seed_presets_run_with_random_weights_at_a_tiny_size(tmp_path: Path, pre
     import oxbench
 
     root = make_tiny_root(tmp_path / "data")
-    more = {} if preset.startswith("neural") else {"backbone": "vgg11"}
+    more = {} if preset.startswith("neural") else {"descriptor.backbone": "vgg11"}
     out = oxbench.run(
         "synthetic",
         preset,
         root=root,
         runs_dir=tmp_path / "runs",
         cache=tmp_path / "cache",
-        overrides={"weights": "random", "max_side": 64, "whitening_dim": 8, **more},
+        overrides={
+            "descriptor.weights": "random",
+            "descriptor.max_side": 64,
+            "whitening_dim": 8,
+            **more,
+        },
         progress=False,
     )
     assert out.config.train_dataset == "synthetic-train"

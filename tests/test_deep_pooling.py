@@ -322,26 +322,19 @@ def test_rmac_head_uses_its_grid() -> None:
 
 def test_method_setting_reaches_the_rmac_head() -> None:
     from oxbench.errors import InputError
+    from oxbench.pipelines.descriptors.cnn import CnnDescriptor
     from oxbench.pipelines.families.global_descriptors import GlobalConfig
-    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.method import RunContext, resolve_method
 
-    m = GlobalConfig(
-        "r",
-        descriptor="cnn",
-        backbone="resnet18",
-        pooling="rmac",
-        weights="random",
-        rmac_grid="float32",
-    )
-    assert m.descriptor_settings()["rmac_grid"] == "float32"
-    assert (
-        "rmac_grid" not in GlobalConfig("g", descriptor="cnn").descriptor_settings()
-    )  # other heads' keys unchanged
-    default = GlobalConfig("d", descriptor="cnn", pooling="rmac")
-    assert (
-        default.rmac_grid == "float32" and default.descriptor_settings()["rmac_grid"] == "float32"
-    )
+    kind = CnnDescriptor(backbone="resnet18", pooling="rmac", weights="random", rmac_grid="float32")
+    m = GlobalConfig("r", descriptor=kind)
+    assert kind.cache_key()["rmac_grid"] == "float32"
+    assert "rmac_grid" not in CnnDescriptor().cache_key()  # other heads' keys unchanged
+    default = CnnDescriptor(pooling="rmac")
+    assert default.rmac_grid == "float32" and default.cache_key()["rmac_grid"] == "float32"
     impl = m.build()
-    assert impl._model(RunContext(cache=Path("."))).net.pool.grid == "float32"
+    assert impl.describer._model(RunContext(cache=Path("."))).net.pool.grid == "float32"  # type: ignore[attr-defined]
     with pytest.raises(InputError, match="setting rmac_grid: expected one of float64, float32"):
-        GlobalConfig("r", descriptor="cnn", pooling="rmac", rmac_grid="half")  # type: ignore[arg-type]
+        CnnDescriptor(pooling="rmac", rmac_grid="half")  # type: ignore[arg-type]
+    with pytest.raises(InputError, match="setting descriptor.rmac_grid: expected one of float64"):
+        resolve_method("rmac-r50-imagenet", **{"descriptor.rmac_grid": "half"})

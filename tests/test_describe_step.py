@@ -15,10 +15,10 @@ from oxbench.cli import main
 from test_pipeline import make_tiny_root, tiny
 
 TINY_CNN = {
-    "weights": "random",
-    "backbone": "resnet18",
-    "max_side": 64,
-    "scales": "[1]",
+    "descriptor.weights": "random",
+    "descriptor.backbone": "resnet18",
+    "descriptor.max_side": 64,
+    "descriptor.scales": "[1]",
     "whitening_dim": "8",
 }
 CASES = {
@@ -26,9 +26,9 @@ CASES = {
     "gem-r50-imagenet+w": TINY_CNN,  # a CNN whose whitening reads the training set's descriptors
     # a hybrid: VLAD's local features, then the global short list verified with a local source
     "rootsift-vlad-w+sv": {
-        "features.max_side": 320,
-        "features.n_features": 300,
-        "vlad_k": 8,
+        "descriptor.features.max_side": 320,
+        "descriptor.features.n_features": 300,
+        "descriptor.k": 8,
         "local_source": "sift",
         "spatial.top_r": 10,
     },

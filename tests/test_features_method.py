@@ -68,7 +68,11 @@ def go(
     cache: Path | None = None,
     **overrides: object,
 ):
-    sets = {"db_features": str(files["db"]), "query_features": str(files["q"]), **overrides}
+    sets = {
+        "descriptor.db_features": str(files["db"]),
+        "descriptor.query_features": str(files["q"]),
+        **overrides,
+    }
     return run(
         "synthetic",
         method,
@@ -82,9 +86,18 @@ def go(
 
 def test_presets_and_settings() -> None:
     m = resolve_method(
-        "features-diffusion", db_features="a.npy", query_features="b.npy", **{"diffusion.k": 7}
+        "features-diffusion",
+        **{
+            "descriptor.db_features": "a.npy",
+            "descriptor.query_features": "b.npy",
+            "diffusion.k": 7,
+        },
     )
-    assert isinstance(m, GlobalConfig) and m.descriptor == "features" and m.rerank == ("diffusion",)
+    assert (
+        isinstance(m, GlobalConfig)
+        and m.descriptor.kind == "features"
+        and m.rerank == ("diffusion",)
+    )
     assert not m.needs_training and m.to_dict()["diffusion"]["k"] == 7
     with pytest.raises(
         InputError,
@@ -108,20 +121,24 @@ def test_own_features_through_the_runner(
     assert metrics["run"]["bytes_per_image"] == D * 4
     # the synthetic city's generation seed is recorded with the method's seeds
     seeds = json.loads((run_dir / "record.json").read_text())["seeds"]
-    assert seeds == {"seed": 0, "vlad_seed": 0, "index_seed": 0, "dataset.seed": 0}
+    assert seeds == {"index_seed": 0, "dataset.seed": 0}  # the files kind has no seed of its own
     # every re-ranking runs through the same chain and records what it did
     for method, extra, key in (
         ("features-alpha-qe", {}, None),
         ("features-dba", {}, "dba"),
         ("features-diffusion", {"diffusion.k": 5, "diffusion.query_k": 3}, "diffusion"),
         ("features", {"search": "faiss-flat"}, "search"),
-        ("features", {"whitening": "pca", "train_features": str(files["train"])}, "whitening"),
+        (
+            "features",
+            {"whitening": "pca", "descriptor.train_features": str(files["train"])},
+            "whitening",
+        ),
         (
             "features",
             {
                 "whitening": "learned",
-                "train_features": str(files["train"]),
-                "train_pairs": str(files["pairs"]),
+                "descriptor.train_features": str(files["train"]),
+                "descriptor.train_pairs": str(files["pairs"]),
             },
             "whitening",
         ),
@@ -180,8 +197,10 @@ def test_learned_whitening_kind_and_provenance(
         "features",
         files,
         whitening="learned",
-        train_features=str(files["train"]),
-        train_pairs=str(files["pairs"]),
+        **{
+            "descriptor.train_features": str(files["train"]),
+            "descriptor.train_pairs": str(files["pairs"]),
+        },
     )
     assert (
         res.info["whitening"]["kind"] == "learned"
@@ -228,7 +247,7 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
         want = "descriptors for synthetic's 40 database images"
     elif case == "no-train":
         extra = ["--set", "whitening=pca"]
-        want = "needs training descriptors that are not the test set's: set train_features=PATH"
+        want = "needs training descriptors that are not the test set's: set descriptor.train_features=PATH"
     elif case == "ivf-nlist":
         extra = ["--set", "search=faiss-ivfpq", "--set", "nlist=64", "--set", "nprobe=4"]
         want = "nlist 64 is larger than the database (40 vectors)"
@@ -251,9 +270,9 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
             "--set",
             "whitening=learned",
             "--set",
-            f"train_features={few}",
+            f"descriptor.train_features={few}",
             "--set",
-            f"train_pairs={files['pairs']}",
+            f"descriptor.train_pairs={files['pairs']}",
         ]
         want = "needs more than 8 images and at least 8 matching pairs; got 6 images"
     out = tmp_path / "run"
@@ -270,9 +289,9 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
         str(tmp_path / "c"),
         "--no-progress",
         "--set",
-        f"db_features={db}",
+        f"descriptor.db_features={db}",
         "--set",
-        f"query_features={q}",
+        f"descriptor.query_features={q}",
         *extra,
     )
     assert code == 2 and want in err, err
@@ -303,9 +322,9 @@ def test_corrupt_cached_index_is_rebuilt_with_one_warning(
         str(tmp_path / "cache"),
         "--no-progress",
         "--set",
-        f"db_features={files['db']}",
+        f"descriptor.db_features={files['db']}",
         "--set",
-        f"query_features={files['q']}",
+        f"descriptor.query_features={files['q']}",
         "--set",
         "search=faiss-flat",
     )
@@ -359,9 +378,9 @@ def test_features_run_from_ground_truth_alone(
         "--cache",
         str(tmp_path / "c"),
         "--set",
-        f"db_features={tmp_path / 'db.npy'}",
+        f"descriptor.db_features={tmp_path / 'db.npy'}",
         "--set",
-        f"query_features={tmp_path / 'q.npy'}",
+        f"descriptor.query_features={tmp_path / 'q.npy'}",
         "--set",
         "diffusion.k=5",
     ]
@@ -452,7 +471,10 @@ def test_real_lopq_diffusion_beats_cosine(
     np.save(tmp_path / "db.npy", x[[row[n] for n in rev.db_names]])
     np.save(tmp_path / "q.npy", x[[row[n] for n in rev.query_names]])
     root = _real_roxford_root(shared_data, tmp_path)
-    files = [f"db_features={tmp_path / 'db.npy'}", f"query_features={tmp_path / 'q.npy'}"]
+    files = [
+        f"descriptor.db_features={tmp_path / 'db.npy'}",
+        f"descriptor.query_features={tmp_path / 'q.npy'}",
+    ]
     maps = {
         method: _headline(capsys, root, method, tmp_path / method, files)
         for method in ("features", "features-diffusion")
@@ -488,8 +510,8 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
         out=tmp_path / "npy",
         **common,
         overrides={
-            "db_features": str(tmp_path / "db.npy"),
-            "query_features": str(tmp_path / "q.npy"),
+            "descriptor.db_features": str(tmp_path / "db.npy"),
+            "descriptor.query_features": str(tmp_path / "q.npy"),
         },
     )
     mat = run(
@@ -498,11 +520,11 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
         out=tmp_path / "mat",
         **common,
         overrides={
-            "db_features": str(tmp_path / "feats.mat"),
-            "key": "X",
-            "query_features": str(tmp_path / "feats.mat"),
-            "query_key": "Q",
-            "layout": "d-n",
+            "descriptor.db_features": str(tmp_path / "feats.mat"),
+            "descriptor.key": "X",
+            "descriptor.query_features": str(tmp_path / "feats.mat"),
+            "descriptor.query_key": "Q",
+            "descriptor.layout": "d-n",
         },
     )
     assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(mat.run_dir / "ranks.npy"))
@@ -514,12 +536,12 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
         out=tmp_path / "rows",
         **common,
         overrides={
-            "db_features": str(tmp_path / "feats.mat"),
-            "key": "X",
-            "layout": "d-n",
-            "query_features": str(tmp_path / "q_rows.mat"),
-            "query_key": "Q",
-            "query_layout": "n-d",
+            "descriptor.db_features": str(tmp_path / "feats.mat"),
+            "descriptor.key": "X",
+            "descriptor.layout": "d-n",
+            "descriptor.query_features": str(tmp_path / "q_rows.mat"),
+            "descriptor.query_key": "Q",
+            "descriptor.query_layout": "n-d",
         },
     )
     assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(rows.run_dir / "ranks.npy"))
@@ -532,10 +554,10 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
             out=tmp_path / "nokey",
             **common,
             overrides={
-                "db_features": str(tmp_path / "feats.mat"),
-                "key": "X",
-                "query_features": str(tmp_path / "q_rows.mat"),
-                "layout": "d-n",
+                "descriptor.db_features": str(tmp_path / "feats.mat"),
+                "descriptor.key": "X",
+                "descriptor.query_features": str(tmp_path / "q_rows.mat"),
+                "descriptor.layout": "d-n",
             },
         )
 
@@ -562,9 +584,9 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
         str(tmp_path / "c"),
         "--allow-partial",
         "--set",
-        f"db_features={tmp_path / 'db.npy'}",
+        f"descriptor.db_features={tmp_path / 'db.npy'}",
         "--set",
-        f"query_features={tmp_path / 'q.npy'}",
+        f"descriptor.query_features={tmp_path / 'q.npy'}",
     ]
     folders = []
     for i, extra in enumerate(([], ["--set", "qe.k=2"], ["--set", "qe.k=10"])):
@@ -573,7 +595,12 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
         folders.append(str(tmp_path / "runs" / f"r{i}"))
     # the files' content digest ends each default label: runs on other files are other rows
     tag = inputs_digest(
-        input_records({"db_features": tmp_path / "db.npy", "query_features": tmp_path / "q.npy"})
+        input_records(
+            {  # by the kind's setting names: labels as runs recorded them before kinds
+                "db_features": tmp_path / "db.npy",
+                "query_features": tmp_path / "q.npy",
+            }
+        )
     )
     labels = [
         f"features-alpha-qe @{tag}",
@@ -648,8 +675,8 @@ def test_library_versions_are_recorded_when_the_run_starts(
         strict=False,
         progress=False,
         overrides={
-            "db_features": str(tmp_path / "db.npy"),
-            "query_features": str(tmp_path / "q.npy"),
+            "descriptor.db_features": str(tmp_path / "db.npy"),
+            "descriptor.query_features": str(tmp_path / "q.npy"),
         },
     )
     assert events[0] == "versions" and events.count("versions") == 1 and "load" in events
@@ -673,7 +700,10 @@ def _named_files(tmp_path: Path) -> tuple[Path, dict[str, str], np.ndarray, list
     names = list(gt.db_names) + list(gt.query_names)
     every = np.vstack([db, q])
     order = np.random.default_rng(1).permutation(len(names))
-    plain = {"db_features": str(tmp_path / "db.npy"), "query_features": str(tmp_path / "q.npy")}
+    plain = {
+        "descriptor.db_features": str(tmp_path / "db.npy"),
+        "descriptor.query_features": str(tmp_path / "q.npy"),
+    }
     return root, plain, every[order], [names[i] for i in order]
 
 
@@ -697,19 +727,32 @@ def test_named_rows_give_the_ground_truth_order_from_every_kind_of_names(tmp_pat
     base = run("roxford5k", "features", out=tmp_path / "plain", **common, overrides=plain)
     want = np.load(base.run_dir / "ranks.npy")
     variants = {
-        "txt": {"db_features": "all.npy", "db_names": "names.txt"},
-        "npz": {"db_features": "all.npz", "key": "x", "db_names": "all.npz"},
-        "h5": {"db_features": "all.h5", "key": "x", "db_names": "all.h5"},
-        "mat": {"db_features": "all.mat", "key": "X", "layout": "d-n", "db_names": "all.mat"},
-        "sorted": {"db_features": "sorted.npy", "row_order": "sorted"},
+        "txt": {"descriptor.db_features": "all.npy", "descriptor.db_names": "names.txt"},
+        "npz": {
+            "descriptor.db_features": "all.npz",
+            "descriptor.key": "x",
+            "descriptor.db_names": "all.npz",
+        },
+        "h5": {
+            "descriptor.db_features": "all.h5",
+            "descriptor.key": "x",
+            "descriptor.db_names": "all.h5",
+        },
+        "mat": {
+            "descriptor.db_features": "all.mat",
+            "descriptor.key": "X",
+            "descriptor.layout": "d-n",
+            "descriptor.db_names": "all.mat",
+        },
+        "sorted": {"descriptor.db_features": "sorted.npy", "descriptor.row_order": "sorted"},
     }
     for tag, v in variants.items():
         sets = {
             k: str(tmp_path / p) if k.endswith(("features", "names")) else p for k, p in v.items()
         }
-        sets["query_features"] = sets["db_features"]
-        if "db_names" in sets:
-            sets["query_names"] = sets["db_names"]
+        sets["descriptor.query_features"] = sets["descriptor.db_features"]
+        if "descriptor.db_names" in sets:
+            sets["descriptor.query_names"] = sets["descriptor.db_names"]
         res = run("roxford5k", "features", out=tmp_path / tag, **common, overrides=sets)
         assert np.array_equal(np.load(res.run_dir / "ranks.npy"), want), tag
         assert res.result.lines()[0] == base.result.lines()[0]
@@ -723,9 +766,9 @@ def test_named_rows_give_the_ground_truth_order_from_every_kind_of_names(tmp_pat
         out=tmp_path / "qsorted",
         **common,
         overrides={
-            "db_features": str(tmp_path / "sorted.npy"),
-            "query_features": str(tmp_path / "q_sorted.npy"),
-            "row_order": "sorted",
+            "descriptor.db_features": str(tmp_path / "sorted.npy"),
+            "descriptor.query_features": str(tmp_path / "q_sorted.npy"),
+            "descriptor.row_order": "sorted",
         },
     )
     assert np.array_equal(np.load(res.run_dir / "ranks.npy"), want)
@@ -742,35 +785,33 @@ def test_bad_names_are_one_line_exit_2(
     feats, sets = tmp_path / "all.npy", []
     if case == "duplicate":
         names[5] = names[2]
-        want = f"db_names: image '{names[2]}' names rows 3 and 6"
+        want = f"descriptor.db_names: image '{names[2]}' names rows 3 and 6"
     elif case == "missing":  # a needed database image without a row: the list names 31 of 33
         keep = [i for i, n in enumerate(names) if n not in ("img_007", "img_011")]
         np.save(tmp_path / "all.npy", every[keep])
         names = [names[i] for i in keep]
-        want = "db_names: 2 of roxford5k's database images have no row, e.g. 'img_"
+        want = "descriptor.db_names: 2 of roxford5k's database images have no row, e.g. 'img_"
     elif case == "extra":
         names[4] = "all_souls_000013"
-        want = "db_names: row 5 names 'all_souls_000013', which is no image of roxford5k"
+        want = "descriptor.db_names: row 5 names 'all_souls_000013', which is no image of roxford5k"
     elif case == "size":
         names = names[:-1]
-        want = "db_names: 32 names for the 33 rows of"
+        want = "descriptor.db_names: 32 names for the 33 rows of"
     elif case == "transposed":
         np.save(tmp_path / "all.npy", every.T)
-        want = "db_names: 33 names for the 8 rows of"  # and the hint below
-        want = f"{want} {tmp_path / 'all.npy'}; the file has 33 columns: it looks transposed, set layout=d-n"
+        want = "descriptor.db_names: 33 names for the 8 rows of"  # and the hint below
+        want = f"{want} {tmp_path / 'all.npy'}; the file has 33 columns: it looks transposed, set descriptor.layout=d-n"
     elif case == "sorted-size":
         np.save(tmp_path / "all.npy", every[:-1])
-        sets = ["--set", "row_order=sorted"]
-        want = (
-            "row_order=sorted: 32 rows, but roxford5k has 30 database images and 33 images in all"
-        )
+        sets = ["--set", "descriptor.row_order=sorted"]
+        want = "descriptor.row_order=sorted: 32 rows, but roxford5k has 30 database images and 33 images in all"
     else:
         feats = tmp_path / "db_t.npy"
         np.save(feats, np.load(tmp_path / "db.npy").T)
-        want = "it looks transposed, set layout=d-n"
+        want = "it looks transposed, set descriptor.layout=d-n"
     (tmp_path / "names.txt").write_text("\n".join(names) + "\n")
     if case not in ("sorted-size", "unnamed"):
-        sets = ["--set", f"db_names={tmp_path / 'names.txt'}"]
+        sets = ["--set", f"descriptor.db_names={tmp_path / 'names.txt'}"]
     out = tmp_path / "run"
     code, err = cli(
         capsys,
@@ -788,9 +829,9 @@ def test_bad_names_are_one_line_exit_2(
         "--no-progress",
         "--allow-partial",
         "--set",
-        f"db_features={feats}",
+        f"descriptor.db_features={feats}",
         "--set",
-        f"query_features={plain['query_features']}",
+        f"descriptor.query_features={plain['descriptor.query_features']}",
         *sets,
     )
     lines = [ln for ln in err.splitlines() if not ln.startswith("WARNING")]  # the toy root's counts
@@ -804,7 +845,7 @@ def test_real_lopq_in_sorted_name_order_runs_with_a_names_list(
     shared_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The lopq file as it is (5,063 Oxford images in sorted-name order, database and queries in one
-    file) serves ROxford by name, with a names list or with row_order=sorted: the cosine baseline
+    file) serves ROxford by name, with a names list or with descriptor.row_order=sorted: the cosine baseline
     E/M/H 28.89 / 21.13 / 4.60 that the hand-written remap above gives."""
     from oxbench.formats.revisitop import read_gnd
 
@@ -813,10 +854,10 @@ def test_real_lopq_in_sorted_name_order_runs_with_a_names_list(
     (tmp_path / "names.txt").write_text("\n".join(sorted(old.db_names)) + "\n")
     root = _real_roxford_root(shared_data, tmp_path)
     names = f"{tmp_path / 'names.txt'}"
-    files = [f"db_features={fvecs}", f"query_features={fvecs}"]
+    files = [f"descriptor.db_features={fvecs}", f"descriptor.query_features={fvecs}"]
     for tag, sets in {
-        "names": [f"db_names={names}", f"query_names={names}"],
-        "sorted": ["row_order=sorted"],
+        "names": [f"descriptor.db_names={names}", f"descriptor.query_names={names}"],
+        "sorted": ["descriptor.row_order=sorted"],
     }.items():
         line = _headline(capsys, root, "features", tmp_path / tag, files + sets)
         assert line == "roxford5k: mAP E: 28.89, M: 21.13, H: 4.60", tag
@@ -835,7 +876,10 @@ def test_a_distractor_run_says_its_count_in_label_runs_and_report(
     extra = np.random.default_rng(3).normal(size=(1000, D)).astype(np.float32)
     np.save(tmp_path / "db_1k.npy", np.vstack([db, extra]))
     common = {"root": tiny_root, "cache": tmp_path / "c", "progress": False}
-    sets = {"db_features": str(files["db"]), "query_features": str(files["q"])}
+    sets = {
+        "descriptor.db_features": str(files["db"]),
+        "descriptor.query_features": str(files["q"]),
+    }
     plain = run("synthetic", "features", out=tmp_path / "runs" / "plain", **common, overrides=sets)
     with_1k = run(
         "synthetic",
@@ -843,7 +887,7 @@ def test_a_distractor_run_says_its_count_in_label_runs_and_report(
         out=tmp_path / "runs" / "1k",
         distractors=1000,
         **common,
-        overrides={**sets, "db_features": str(tmp_path / "db_1k.npy")},
+        overrides={**sets, "descriptor.db_features": str(tmp_path / "db_1k.npy")},
     )
     # the files' content digest ends a default label (other files, another row)
     assert re.fullmatch(r"features @[0-9a-f]{8}", plain.record["label"])

@@ -100,9 +100,10 @@ def test_device_nan_is_refused_by_the_settings_check() -> None:
 
     for bad in ("nan", "cuda:²", "cuda:1;rm", "CPU"):
         with pytest.raises(InputError, match="expected auto, cpu, cuda or cuda:<n>"):
-            resolve_method("gem-r50-imagenet", device=bad)
+            resolve_method("gem-r50-imagenet", **{"descriptor.device": bad})
     for good in ("auto", "cpu", "cuda", "cuda:1"):
-        assert resolve_method("gem-r50-imagenet", device=good).device == good
+        m = resolve_method("gem-r50-imagenet", **{"descriptor.device": good})
+        assert m.descriptor.device == good  # type: ignore[attr-defined]
 
 
 def test_allow_partial_skips_an_over_budget_image_as_its_help_says(

@@ -98,6 +98,8 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 SMALL = {"features.max_side": 320, "features.n_features": 300}
+#: The same local features of VLAD (its descriptor kind's).
+VLAD_SMALL = {f"descriptor.{k}": v for k, v in SMALL.items()}
 
 
 def _run(root: Path, tmp: Path, method: object, **overrides: object):  # noqa: ANN202
@@ -127,15 +129,16 @@ def test_hybrid_rows_run_beside_their_parts(tiny_root: Path, tmp_path: Path) -> 
 
     local = dataclasses.replace(CLASSIC_FEATURES, max_side=320, n_features=300)
     vlad = METHODS.get("rootsift-vlad-w")
-    register_method(dataclasses.replace(vlad, name="test-tiny-vlad-w", features=local))
+    tiny_vlad = dataclasses.replace(vlad.descriptor, features=local)  # type: ignore[attr-defined]
+    register_method(dataclasses.replace(vlad, name="test-tiny-vlad-w", descriptor=tiny_vlad))
     try:
-        plain = _run(tiny_root, tmp_path, "rootsift-vlad-w", **SMALL)
+        plain = _run(tiny_root, tmp_path, "rootsift-vlad-w", **VLAD_SMALL)
         sv = _run(
             tiny_root,
             tmp_path,
             "rootsift-vlad-w+sv",
             local_source=local,
-            **SMALL,
+            **VLAD_SMALL,
             **{"spatial.top_r": 20},
         )
         assert sv.record["cache"]["local_source_queries"] in ("hit", "computed")
@@ -176,13 +179,15 @@ def test_a_global_source_takes_settings_of_its_own() -> None:
     """The published GeM needs its model file: the source names the preset and its settings."""
     from oxbench.pipelines.sources import GlobalSource, check_sources
 
-    source = GlobalSource("gem-r101+w weights=models/gem.pt batch_size=4")
-    assert source.config.weights == "models/gem.pt" and source.config.batch_size == 4
+    source = GlobalSource("gem-r101+w descriptor.weights=models/gem.pt descriptor.batch_size=4")
+    kind = source.config.descriptor
+    assert kind.weights == "models/gem.pt" and kind.batch_size == 4
     with pytest.raises(InputError, match="global_source: 'weights' is not KEY=VALUE"):
         GlobalSource("gem-r101+w weights")
-    with pytest.raises(InputError, match="setting batch_size"):
+    with pytest.raises(InputError, match="setting descriptor.batch_size"):
         check_sources(
             resolve_method(
-                "rootsift-asmk-sv+gem-r101-dfs", global_source="gem-r101+w batch_size=nan"
+                "rootsift-asmk-sv+gem-r101-dfs",
+                global_source="gem-r101+w descriptor.batch_size=nan",
             )
         )

@@ -346,7 +346,7 @@ def test_without_h5py_the_error_names_the_extra(
 def test_vlad_takes_its_dimension_from_the_descriptors() -> None:
     """VLAD of 32-D features (not SIFT's 128): ``k * 32`` values, each block the summed residuals
     of its word (Jegou et al. 2010), here with no normalisation but the final L2 one."""
-    from oxbench.pipelines.families.global_descriptors import vlad
+    from oxbench.pipelines.descriptors.vlad import vlad
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((50, 32)).astype(np.float32)

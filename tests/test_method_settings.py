@@ -48,7 +48,9 @@ def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.F
         if f.name == "stage_settings":  # the pipeline's stages own these: group.setting
             for group in config.stage_groups:  # type: ignore[attr-defined]
                 out += _settings(config.stage(group), f"{prefix}{group}.")  # type: ignore[attr-defined]
-        elif dataclasses.is_dataclass(value) and SPEC_KEY not in f.metadata:
+        elif dataclasses.is_dataclass(value):  # a nested config: its settings, dotted
+            if SPEC_KEY in f.metadata:  # a whole value too (a descriptor kind, local features)
+                out.append((prefix + f.name, f))
             out += _settings(value, f"{prefix}{f.name}.")
         else:
             out.append((prefix + f.name, f))
@@ -101,11 +103,11 @@ def test_every_setting_of_every_preset_takes_hostile_text_in_one_line() -> None:
         "dba=true",
         "qe.k=1.5",
         "whitening_dim=NaN",
-        "max_side=NaN",
+        "descriptor.max_side=NaN",
         "diffusion.gamma=NaN",
         "dba.alpha=abc",
-        "gem_p=-50",
-        "scales=1,nan",
+        "descriptor.gem_p=-50",
+        "descriptor.scales=1,nan",
         "whitening_dim=1e30",
     ],
 )
@@ -175,14 +177,20 @@ def test_methods_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[s
     rows = {r["name"]: r for r in json.loads(out)}
     config = resolve_method("gem-r18-synthetic")
     assert set(rows) == {name for name, _ in _settings(config)}
-    # without --all: what a cnn preset reads (not VLAD's codebook, the local features or files)
+    # what a cnn preset reads: its kind's settings, not VLAD's codebook, local features or files
     code, out, _ = _cli(capsys, "methods", "gem-r18-synthetic", "--json")
     applying = {r["name"] for r in json.loads(out)}
-    assert {"backbone", "gem_p", "seed", "whitening", "nprobe", "rerank"} <= applying
-    assert not applying & {"vlad_k", "vlad_seed", "db_features", "features.max_side"}
-    assert applying < set(rows)
-    assert rows["max_side"]["default"] == 160 and rows["max_side"]["type"] == "int"
-    assert rows["fit_network"]["default"] is True and "diffusion.alpha" not in rows
+    assert {"descriptor.backbone", "descriptor.gem_p", "descriptor.seed"} <= applying
+    assert {"descriptor", "whitening", "nprobe", "rerank"} <= applying
+    assert not {r for r in applying if r.startswith("descriptor.features")}
+    assert not applying & {"descriptor.k", "descriptor.db_features", "features.max_side"}
+    assert applying == set(rows)  # nothing of another kind is hidden: it is not a setting here
+    assert rows["descriptor.max_side"]["default"] == 160
+    assert rows["descriptor.max_side"]["type"] == "int"
+    assert (
+        rows["descriptor"]["default"] == "cnn" and rows["descriptor"]["type"] == "descriptor kind"
+    )
+    assert rows["descriptor.fit_network"]["default"] is True and "diffusion.alpha" not in rows
     # a stage's settings are listed with the pipeline that runs it, under the stage's group
     code, out, _ = _cli(capsys, "methods", "features-diffusion", "--json")
     rows = {r["name"]: r for r in json.loads(out)}
@@ -222,22 +230,71 @@ def test_a_global_preset_lists_and_takes_only_its_descriptor_kinds_settings(
         code, out, _ = _cli(capsys, "methods", preset)
         assert code == 0
         listed[preset] = {line.split()[0] for line in out.splitlines()[3:]}
-    assert {"vlad_k", "intra_norm", "features.max_side"} <= listed["rootsift-vlad"]
-    assert {"pooling", "backbone", "max_side"} <= listed["gem-r50-imagenet"]
-    assert {"db_features", "layout"} <= listed["features"]
-    assert not {"pooling", "backbone", "db_features"} & listed["rootsift-vlad"]
-    assert not {"vlad_k", "db_features", "features.max_side"} & listed["gem-r50-imagenet"]
-    assert not {"vlad_k", "pooling", "max_side"} & listed["features"]
+    vlad = {"descriptor.k", "descriptor.intra_norm", "descriptor.features.max_side"}
+    cnn = {"descriptor.pooling", "descriptor.backbone", "descriptor.max_side"}
+    files = {"descriptor.db_features", "descriptor.layout"}
+    assert vlad <= listed["rootsift-vlad"] and not (cnn | files) & listed["rootsift-vlad"]
+    assert cnn <= listed["gem-r50-imagenet"] and not (vlad | files) & listed["gem-r50-imagenet"]
+    assert files <= listed["features"] and not (vlad | cnn) & listed["features"]
     assert {"whitening", "search", "rerank"} <= listed["rootsift-vlad"] & listed["features"]
-    for preset, key in (("rootsift-vlad", "pooling=gem"), ("gem-r50-imagenet", "vlad_k=8"),
-                        ("gem-r50-imagenet", "features.max_side=64"),
-                        ("features-alpha-qe", "max_side=64")):  # fmt: skip
+    # a sub-setting of another kind: one line naming the kind that has it and the preset's kind
+    for preset, key, kind in (("rootsift-vlad", "descriptor.pooling=gem", "cnn"),
+                              ("gem-r50-imagenet", "descriptor.k=8", "vlad"),
+                              ("gem-r50-imagenet", "descriptor.features.max_side=64", "vlad"),
+                              ("features-alpha-qe", "descriptor.max_side=64", "cnn")):  # fmt: skip
         code, _, err = _cli(capsys, "run", "--method", preset, "--set", key, "--no-progress")
         name = key.split("=")[0]
         assert code == 2 and len(err.strip().splitlines()) == 1, err
-        assert f"{name} is a setting of descriptor=" in err and preset in err
-    # switching the kind makes its settings apply
-    assert resolve_method("rootsift-vlad", descriptor="cnn", pooling="mac").pooling == "mac"
+        assert f"{name} is a setting of descriptor kind {kind}" in err and preset in err, err
+    # switching the kind makes its settings apply (in either order on the command line)
+    switched = resolve_method("rootsift-vlad", **{"descriptor.pooling": "mac", "descriptor": "cnn"})
+    assert switched.descriptor.kind == "cnn" and switched.descriptor.pooling == "mac"  # type: ignore[attr-defined]
+    assert switched.descriptor.backbone == "resnet50"  # the kind's defaults  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("preset", "setting", "words"),
+    [
+        ("rootsift-vlad", "descriptor=nosuch", "unknown descriptor kind 'nosuch'; known: cnn, "),
+        ("rootsift-vlad", "descriptor.nosuch=1", "unknown setting 'descriptor.nosuch' of "),
+        ("gem-r50-imagenet", "descriptor.gem_p=nan", "descriptor.gem_p: expected a finite"),
+        ("gem-r50-imagenet", "descriptor.gem_p=0", "descriptor.gem_p: must be in (0, 100]"),
+        ("rootsift-vlad", "descriptor.pooling=gem", "descriptor.pooling is a setting of "),
+        ("rootsift-vlad", "descriptor.k=1", "descriptor.k: must be in [2, 65536]"),
+        ("rootsift-vlad", "descriptor.features.max_side=abc", "features.max_side: expected a "),
+        ("rootsift-vlad", "descriptor.features.nosuch=1", "descriptor.features.nosuch"),
+        ("gem-r50-imagenet", "descriptor.pooling.x=1", "descriptor.pooling has no sub-settings"),
+        ("rootsift-vlad", "pooling=gem", "pooling is descriptor.pooling of cnn"),
+        ("rootsift-vlad", "vlad_k=8", "vlad_k is descriptor.k of vlad"),
+        ("gem-r50-imagenet", "descriptor.model_whitening=true", "needs a model file"),
+    ],
+)
+def test_a_bad_descriptor_setting_is_one_line_exit_2(
+    preset: str, setting: str, words: str, capsys: pytest.CaptureFixture[str], tmp_path
+) -> None:  # noqa: ANN001
+    """Unknown kinds and sub-settings name what is known; values are checked by the kind's spec."""
+    code, _, err = _cli(
+        capsys, "run", "--method", preset, "--root", str(tmp_path), "--set", setting,
+        "--no-progress",
+    )  # fmt: skip
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()
+
+
+def test_a_descriptor_kind_is_rebuilt_from_its_record() -> None:
+    """``to_dict()`` of each kind (a ``kind`` plus its settings) gives the same config back, and a
+    record of another kind or with a stray setting is refused in one line."""
+    for preset in ("rootsift-vlad-w", "gem-r18-synthetic+w", "features-alpha-qe"):
+        m = resolve_method(preset)
+        record = m.to_dict()["descriptor"]
+        again = resolve_method("rootsift-vlad", descriptor=record, whitening=m.whitening)  # type: ignore[attr-defined]
+        assert again.descriptor == m.descriptor and again.to_dict()["descriptor"] == record  # type: ignore[attr-defined]
+    with pytest.raises(InputError, match="descriptor kind vlad has no setting 'pooling'"):
+        resolve_method("rootsift-vlad", descriptor={"kind": "vlad", "pooling": "gem"})
+    with pytest.raises(InputError, match="unknown descriptor kind 'sift'"):
+        resolve_method("rootsift-vlad", descriptor={"kind": "sift"})
+    with pytest.raises(InputError, match="descriptor settings without a kind"):
+        resolve_method("rootsift-vlad", descriptor={"k": 8})
 
 
 def test_methods_lists_the_families_and_their_presets(capsys: pytest.CaptureFixture[str]) -> None:

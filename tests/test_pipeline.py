@@ -37,8 +37,12 @@ TINY = {"features.max_side": 320, "features.n_features": 300, "spatial.top_r": 2
 def tiny(method: str) -> dict[str, object]:
     """:data:`TINY` for ``method``: the short list only where a stage of its pipeline verifies
     (a setting no stage reads is refused)."""
-    keep = "spatial" in resolve_method(method).stage_groups  # type: ignore[attr-defined]
-    return {k: v for k, v in TINY.items() if keep or not k.startswith("spatial.")}
+    config = resolve_method(method)
+    keep = "spatial" in config.stage_groups  # type: ignore[attr-defined]
+    out = {k: v for k, v in TINY.items() if keep or not k.startswith("spatial.")}
+    if getattr(getattr(config, "descriptor", None), "local_features", None) is not None:
+        out = {f"descriptor.{k}" if k.startswith("features.") else k: v for k, v in out.items()}
+    return out  # VLAD's local features are its descriptor kind's: descriptor.features.*
 
 
 def make_tiny_root(root: Path) -> Path:
@@ -68,8 +72,9 @@ def test_presets_are_data() -> None:
     r = resolve_method("rootsift-bow", vocab_size=1000, **{"features.max_side": 256})
     assert isinstance(r, BowConfig) and r.vocab_size == 1000 and r.features.max_side == 256
     assert r.digest() != m.digest()
-    g = resolve_method("rootsift-vlad", whitening="pca", **{"features.n_features": 500})
-    assert isinstance(g, GlobalConfig) and g.whitening == "pca" and g.features.n_features == 500
+    g = resolve_method("rootsift-vlad", whitening="pca", **{"descriptor.features.n_features": 500})
+    assert isinstance(g, GlobalConfig) and g.whitening == "pca"
+    assert g.descriptor.features.n_features == 500  # type: ignore[attr-defined]
     with pytest.raises(InputError, match="unknown method"):
         resolve_method("nope")
     with pytest.raises(InputError, match="unknown method setting"):
@@ -80,8 +85,8 @@ def test_presets_are_data() -> None:
         resolve_method("rootsift-bow", **{"features.colour": "red"})
     with pytest.raises(InputError, match="setting features: expected local features"):
         resolve_method("rootsift-bow", features=3)
-    with pytest.raises(InputError, match="takes sub-settings"):
-        resolve_method("rootsift-vlad", features=3)
+    with pytest.raises(InputError, match="setting descriptor.features: expected local features"):
+        resolve_method("rootsift-vlad", **{"descriptor.features": 3})
     with pytest.raises(InputError, match="'aqe-verified' needs a 'spatial' stage before it"):
         BowConfig("x", rerank=("aqe-verified",))
     with pytest.raises(InputError, match="setting whitening: expected one of none, pca, learned"):
@@ -282,11 +287,11 @@ def test_global_descriptor_family_runs_through_the_same_runner(
     tiny_root: Path, tmp_path: Path
 ) -> None:
     vlad_tiny = {
-        "features.max_side": 320,
-        "features.n_features": 300,
-        "vlad_k": 8,
+        "descriptor.features.max_side": 320,
+        "descriptor.features.n_features": 300,
+        "descriptor.k": 8,
         "whitening_dim": 16,
-        "vlad_max_points_per_centroid": 64,
+        "descriptor.max_points_per_centroid": 64,
     }
     out = run(
         "synthetic",

@@ -4,7 +4,8 @@ A plugin package is written here into a temporary folder (its own ``pyproject.to
 points, built by setuptools) and installed with pip into a target folder, never into the test venv;
 the command line then runs in a subprocess with that folder on ``PYTHONPATH``. The package adds a
 family with two presets, a re-ranker with a setting, a local extractor and an execution backend;
-the command line lists, runs and configures them, and :mod:`oxbench.testing` checks them.
+the command line lists, runs and configures them, and :mod:`oxbench.testing` checks them; a
+global descriptor kind (a colour histogram) runs as its own preset and by --set descriptor=...
 
 The bad plugins (one that fails to import, ones that take a name already taken) are distributions
 written by hand (a ``.dist-info`` folder with ``METADATA`` and ``entry_points.txt``: what pip
@@ -43,6 +44,7 @@ requires-python = ">=3.11"
 
 [project.entry-points."oxbench.families"]
 thumbs = "oxplug.family"
+colour = "oxplug.colour:PRESETS"
 
 [project.entry-points."oxbench.rerankers"]
 swap-top = "oxplug.rerank:SwapTop"
@@ -52,7 +54,73 @@ grid-patches = "oxplug.local:GridPatches"
 
 [project.entry-points."oxbench.executors"]
 threads = "oxplug.threads:ThreadExecutor"
+
+[project.entry-points."oxbench.descriptors"]
+colour-histogram = "oxplug.colour:ColourHistogram"
 """
+
+DESCRIPTOR = '''
+"""A global descriptor kind (a plugin): the image's colour histogram, bins per channel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from oxbench import schema as S
+from oxbench.pipelines import GlobalConfig
+from oxbench.pipelines.descriptors import DescriptorKind, PartImages, StoredDescriber
+from oxbench.schema import setting
+
+
+@dataclass(frozen=True)
+class ColourHistogram(DescriptorKind):
+    """The joint RGB histogram of an image, square-rooted (a Hellinger kernel by dot product)."""
+
+    kind: ClassVar[str] = "colour-histogram"
+
+    bins: int = setting(4, S.Int(lo=2, hi=16), doc="colour-histogram: bins per channel")
+
+    @property
+    def dim(self) -> int:
+        return self.bins**3
+
+    def cache_key(self) -> dict[str, Any]:
+        return {"descriptor": self.kind, "bins": self.bins}
+
+    def build(self, m: Any) -> Histograms:
+        return Histograms(self, m)
+
+
+#: A global preset over the plugin's kind (the kind itself is the oxbench.descriptors entry point).
+PRESETS = [GlobalConfig("oxplug-colour", descriptor=ColourHistogram(), rerank=("alpha-qe",))]
+
+
+class Histograms(StoredDescriber):
+    shard_size: ClassVar[int] = 16
+
+    def store_key(self, ctx: Any, part: str) -> dict[str, Any]:
+        return self.kind.cache_key()
+
+    def compute(self, bench: Any, part: str, names: list[str], ctx: Any) -> Shard:
+        return Shard(PartImages(bench, part), self.kind.bins)
+
+
+class Shard:
+    def __init__(self, read: PartImages, bins: int) -> None:
+        self.read, self.bins = read, bins
+
+    def __call__(self, positions: list[int]) -> tuple[list[int], np.ndarray]:
+        rows = []
+        for i in positions:
+            image = self.read(i).reshape(-1, 3).astype(np.int64) * self.bins // 256
+            cell = (image[:, 0] * self.bins + image[:, 1]) * self.bins + image[:, 2]
+            counts = np.bincount(cell, minlength=self.bins**3).astype(np.float64)
+            rows.append(np.sqrt(counts / max(counts.sum(), 1.0)).astype(np.float32))
+        return positions, np.stack(rows) if rows else np.zeros((0, self.bins**3), np.float32)
+'''
 
 FAMILY = '''
 """Thumbnail retrieval (a plugin): every image as a tiny grey thumbnail, compared by cosine."""
@@ -242,18 +310,23 @@ CHECKS = """
 import sys
 from oxbench.execution import EXECUTORS
 from oxbench.features.extractors import LOCAL_EXTRACTORS, local_extractor
+from oxbench.pipelines.descriptors import DESCRIPTORS
 from oxbench.pipelines.method import METHODS
 from oxbench.pipelines.rerankers import RERANKERS
-from oxbench.testing import check_executor, check_family, check_local_extractor, check_reranker
+from oxbench.testing import (
+    check_descriptor, check_executor, check_family, check_local_extractor, check_reranker
+)
 
 if __name__ == "__main__":
     root = sys.argv[1]
     check_family(METHODS.get("oxplug-thumbs"), root=root)
     check_reranker(RERANKERS.get("swap-top"))
     check_local_extractor(local_extractor("grid-patches"), root=root)
+    check_descriptor(DESCRIPTORS.get("colour-histogram")(bins=3), root=root, whitening="pca")
     check_executor(EXECUTORS.get("threads"))
     for registry, name in [(METHODS, "oxplug-thumbs"), (RERANKERS, "swap-top"),
-                           (LOCAL_EXTRACTORS, "grid-patches"), (EXECUTORS, "threads")]:
+                           (LOCAL_EXTRACTORS, "grid-patches"), (DESCRIPTORS, "colour-histogram"),
+                           (EXECUTORS, "threads")]:
         print(name, registry.origin(name))
 """
 
@@ -307,6 +380,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "src/oxplug/rerank.py": RERANKER,
             "src/oxplug/local.py": TOY_EXTRACTOR,
             "src/oxplug/threads.py": EXECUTOR,
+            "src/oxplug/colour.py": DESCRIPTOR,
         },
     )
     target = tmp / "site"
@@ -402,6 +476,42 @@ def test_the_plugin_runs_from_the_command_line_and_set_reaches_its_settings(
     assert "backend 'threads' has no option 'colour' (its options: name_prefix)" in bad.stderr
 
 
+def test_the_plugin_descriptor_kind_runs_by_preset_and_by_set(
+    plugin: Path, data_root: Path, tmp_path: Path
+) -> None:
+    """The plugin's kind is listed with its origin, runs as the plugin's preset and as
+    ``--set descriptor=colour-histogram`` on a built-in preset, its setting reached by
+    ``descriptor.bins``, recorded in the config and rebuilt from it."""
+    listing = _oxbench([plugin], "methods", cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    kinds = next(ln for ln in listing.stdout.splitlines() if ln.startswith("global descriptor"))
+    assert "colour-histogram [from oxplug 0.1]" in kinds and "cnn, features" in kinds
+    common = ["run", "--dataset", "synthetic", "--root", str(data_root), "--json"]
+    common += ["--engine", "serial"]
+    preset = _oxbench([plugin], *common, "--method", "oxplug-colour", cwd=tmp_path)
+    assert preset.returncode == 0, preset.stderr
+    by_set = _oxbench(
+        [plugin], *common, "--method", "rootsift-vlad-w", "--set", "descriptor=colour-histogram",
+        "--set", "descriptor.bins=3", cwd=tmp_path,
+    )  # fmt: skip
+    assert by_set.returncode == 0, by_set.stderr
+    run_dir = tmp_path / json.loads(by_set.stdout)["run_dir"]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["method"]["descriptor"] == {"kind": "colour-histogram", "bins": 3}
+    record = json.loads((run_dir / "record.json").read_text())
+    assert record["plugins"] == {"oxplug": "0.1"} and record["cache"]["descriptors.queries"]
+    assert record["label"] == "rootsift-vlad-w [descriptor=colour-histogram]"
+    ranks = np.load(run_dir / "ranks.npy")
+    assert ranks.shape[1] == 4 and (np.sort(ranks, axis=0) == np.arange(40)[:, None]).all()
+    # its setting's spec refuses in one line, exit 2
+    bad = _oxbench(
+        [plugin], "run", "--root", str(data_root), "--method", "oxplug-colour",
+        "--set", "descriptor.bins=nan", cwd=tmp_path,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "setting descriptor.bins: expected a whole number" in bad.stderr
+
+
 def test_the_plugin_passes_the_checks_of_oxbench_testing(
     plugin: Path, data_root: Path, tmp_path: Path
 ) -> None:
@@ -421,6 +531,7 @@ def test_the_plugin_passes_the_checks_of_oxbench_testing(
         "oxplug-thumbs oxplug 0.1",
         "swap-top oxplug 0.1",
         "grid-patches oxplug 0.1",
+        "colour-histogram oxplug 0.1",
         "threads oxplug 0.1",
     ]
 

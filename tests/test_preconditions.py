@@ -160,10 +160,10 @@ def test_run_into_a_folder_of_another_method_is_refused_before_the_data_is_gener
 
 
 @pytest.mark.parametrize(("method", "settings", "words"), [
-    ("gem-r50-imagenet", ["weights=absent.pt"], "absent.pt: no model file here"),
-    ("gem-r18-synthetic", ["fit_network=false"], "gem-r18-synthetic.pt: no model file here"),
-    ("features", ["db_features=absent.npy", "query_features=absent.npy"], "absent.npy: db_features: file not found"),
-    ("features", ["db_features=.", "query_features=q.npy"], "db_features: is a folder"),
+    ("gem-r50-imagenet", ["descriptor.weights=absent.pt"], "absent.pt: no model file here"),
+    ("gem-r18-synthetic", ["descriptor.fit_network=false"], "gem-r18-synthetic.pt: no model file here"),
+    ("features", ["descriptor.db_features=absent.npy", "descriptor.query_features=absent.npy"], "absent.npy: descriptor.db_features: file not found"),
+    ("features", ["descriptor.db_features=.", "descriptor.query_features=q.npy"], "descriptor.db_features: is a folder"),
 ])  # fmt: skip
 def test_run_refuses_a_missing_input_file_before_the_synthetic_city_is_rendered(
     method: str,

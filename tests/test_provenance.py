@@ -111,7 +111,7 @@ def _record(folder: Path) -> dict:
 def test_the_same_command_on_permuted_features_from_another_folder_is_another_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The issue's case: ``--set db_features=X.npy`` typed alike in two folders whose X.npy differ
+    """The issue's case: ``--set descriptor.db_features=X.npy`` typed alike in two folders whose X.npy differ
     by a row permutation gave one config folder and one label. Now: two config folders, two
     labels, and each record names its file by absolute path, size and digest."""
     root = _gnd_only_root(tmp_path / "data")
@@ -135,7 +135,7 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
             runs_dir=runs,
             strict=False,
             progress=False,
-            overrides={"db_features": "X.npy", "query_features": "Q.npy"},
+            overrides={"descriptor.db_features": "X.npy", "descriptor.query_features": "Q.npy"},
         )
     records = [json.loads(p.read_text()) for p in runs.glob("*/*/record.json")]
     assert len(records) == 3
@@ -158,7 +158,8 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
     assert sorted(len(list(f.glob("*/record.json"))) for f in folders) == [1, 2]
     assert len(set(labels)) == 2 and all(lab.startswith("features @") for lab in labels), labels
     cfg = [json.loads((f / "config.json").read_text()) for f in folders]
-    assert cfg[0]["inputs"]["db_features"]["sha256"] != cfg[1]["inputs"]["db_features"]["sha256"]
+    db_inputs = [c["inputs"]["db_features"] for c in cfg]
+    assert db_inputs[0]["sha256"] != db_inputs[1]["sha256"]
     assert cfg[0]["inputs"]["query_features"] == cfg[1]["inputs"]["query_features"]
     # report puts them side by side as two rows instead of refusing one label
     code, md = _cli(capsys, "report", *map(str, folders))
@@ -166,7 +167,7 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
     # the command line with one --out: the second folder's files are refused there, one line
     args = ["run", "--dataset", "roxford5k", "--method", "features", "--root", str(root)]
     args += ["--cache", str(tmp_path / "c"), "--no-progress", "--allow-partial"]
-    args += ["--set", "db_features=X.npy", "--set", "query_features=Q.npy"]
+    args += ["--set", "descriptor.db_features=X.npy", "--set", "descriptor.query_features=Q.npy"]
     args += ["--out", str(tmp_path / "one")]
     for name, want in (("a", 0), ("b", 2)):
         monkeypatch.chdir(tmp_path / name)
@@ -197,17 +198,17 @@ def _train_run(tmp_path: Path, train: np.ndarray, tag: str) -> dict:
         strict=False,
         progress=False,
         overrides={
-            "db_features": str(tmp_path / "db.npy"),
-            "query_features": str(tmp_path / "q.npy"),
+            "descriptor.db_features": str(tmp_path / "db.npy"),
+            "descriptor.query_features": str(tmp_path / "q.npy"),
             "whitening": "pca",
-            "train_features": str(tmp_path / f"{tag}.npy"),
+            "descriptor.train_features": str(tmp_path / f"{tag}.npy"),
         },
     )
     return {"config": out.config.to_dict(), "info": dict(out.info), "summary": out.run_dir}
 
 
 def test_training_on_the_test_database_is_flagged_from_content(tmp_path: Path) -> None:
-    """``--set whitening=pca --set train_features=X.npy`` where X.npy is the test database (or holds
+    """``--set whitening=pca --set descriptor.train_features=X.npy`` where X.npy is the test database (or holds
     it among other rows, shuffled) is marked ``trained_on_test_set``; unrelated rows are not."""
     rng = np.random.default_rng(7)
     other = rng.normal(size=(40, D)).astype(np.float32)

@@ -497,7 +497,8 @@ def test_a_record_without_a_label_derives_it_from_its_config_against_the_preset(
     run = write_run(tmp_path, gt, random_ranks(gt, 1), method="features-alpha-qe")
     config_file = run / "config.json"
     changed = resolve_method(
-        "features-alpha-qe", **{"qe.k": 2}, db_features="/data/x.npy", layout="d-n"
+        "features-alpha-qe",
+        **{"qe.k": 2, "descriptor.db_features": "/data/x.npy", "descriptor.layout": "d-n"},
     )
     config_file.write_text(json.dumps({"dataset": gt.dataset, "method": changed.to_dict()}))
     rec = RunRecord.load(run)

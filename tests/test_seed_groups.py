@@ -14,7 +14,7 @@ from oxbench.cli import main
 from oxbench.errors import InputError
 from oxbench.pipelines import resolve_method
 from oxbench.pipelines.seedgroup import PER_SEED, SeedMember, check_seeds, plan_group
-from oxbench.records import RunRecord, list_runs
+from oxbench.records import RunRecord, flat_settings, list_runs
 from oxbench.schema import seed_settings
 
 TINY = {"vocab_size": 64}
@@ -38,6 +38,9 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
         ("rootsift-he", ("vocab_seed", "he_seed")),
         ("rootsift-asmk", ("vocab_seed",)),
         ("features-ivfpq", ("index_seed",)),  # not the CNN's nor VLAD's: files are described
+        # a descriptor kind's seed, nested: VLAD's codebook k-means, the CNN's random weights
+        ("rootsift-vlad", ("descriptor.seed", "index_seed")),
+        ("gem-r18-synthetic", ("descriptor.seed", "index_seed")),
     ],
 )
 def test_a_member_sets_every_seed_setting_of_its_method(
@@ -53,13 +56,13 @@ def test_a_member_sets_every_seed_setting_of_its_method(
         assert {k: v for k, v in seed_settings(seeded).items() if k in settings} == dict.fromkeys(
             mb.settings, mb.seed
         )
-        # nothing else changes
-        rest = {k: v for k, v in seeded.to_dict().items() if k not in settings}
-        assert rest == {k: v for k, v in m.to_dict().items() if k not in settings}
+        # nothing else changes (nested settings by their dotted names)
+        rest = {k: v for k, v in flat_settings(seeded.to_dict()).items() if k not in settings}
+        assert rest == {k: v for k, v in flat_settings(m.to_dict()).items() if k not in settings}
         # the folder config is the same for every member: the seeds are replaced
         folder = mb.folder_config({"dataset": "x", "method": seeded.to_dict()})
         assert folder["repeat"] == {"axis": "seed", "settings": list(mb.settings)}
-        assert all(folder["method"][k] == PER_SEED for k in settings)
+        assert all(flat_settings(folder["method"])[k] == PER_SEED for k in settings)
     folders = [mb.folder_config({"method": mb.apply(m).to_dict()}) for mb in members]
     assert folders[0] == folders[1]
 

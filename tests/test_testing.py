@@ -26,6 +26,7 @@ from oxbench.pipelines.method import (
 from oxbench.pipelines.rerankers import RERANKERS, Ranking, Reranker
 from oxbench.testing import (
     SyntheticSpace,
+    check_descriptor,
     check_executor,
     check_family,
     check_local_extractor,
@@ -42,7 +43,11 @@ def _small(name: str) -> MethodConfig:
     features = getattr(config, "features", None)
     if dataclasses.is_dataclass(features):
         have |= {f"features.{f.name}" for f in dataclasses.fields(features)}
-    return resolve_method(config, **{k: v for k, v in SMALL.items() if k in have})
+    small = {k: v for k, v in SMALL.items() if k in have}
+    local = getattr(getattr(config, "descriptor", None), "local_features", None)
+    if dataclasses.is_dataclass(local):  # a descriptor kind's local features (VLAD's)
+        small.update({f"descriptor.{k}": v for k, v in SMALL.items() if k.startswith("features.")})
+    return resolve_method(config, **small)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +83,57 @@ def test_every_builtin_local_extractor_passes_check_local_extractor(
     assert {"sift", "rootsift", "h5", "npz"} <= set(LOCAL_EXTRACTORS.names())
     extractor = local_extractor(descriptor)
     check_local_extractor(dataclasses.replace(extractor, max_side=320, n_features=300), root=root)
+
+
+def _tiny_kind(name: str, root: Path, tmp_path: Path) -> Any:
+    """Each built-in descriptor kind sized to the tiny benchmark (the user's files made here)."""
+    import oxbench
+    from oxbench.pipelines.descriptors import DESCRIPTORS
+    from oxbench.pipelines.steps import part_names
+
+    kind = DESCRIPTORS.get(name)()
+    if name == "vlad":
+        features = dataclasses.replace(kind.features, max_side=320, n_features=300)  # type: ignore[attr-defined]
+        return dataclasses.replace(kind, features=features, k=8)
+    if name == "cnn":
+        pytest.importorskip("torch")
+        return dataclasses.replace(
+            kind, backbone="resnet18", weights="random", max_side=64, scales=(1.0,)
+        )
+    bench = oxbench.load("synthetic", root, progress=False)
+    rng = np.random.default_rng(0)
+    n_db, n_q = len(part_names(bench, "database")), len(part_names(bench, "queries"))
+    np.save(tmp_path / "db.npy", rng.standard_normal((n_db, 16)).astype(np.float32))
+    np.save(tmp_path / "q.npy", rng.standard_normal((n_q, 16)).astype(np.float32))
+    return dataclasses.replace(
+        kind, db_features=str(tmp_path / "db.npy"), query_features=str(tmp_path / "q.npy")
+    )
+
+
+@pytest.mark.parametrize("name", ["vlad", "cnn", "features"])
+def test_every_builtin_descriptor_kind_passes_check_descriptor(
+    name: str, root: Path, tmp_path: Path
+) -> None:
+    from oxbench.pipelines.descriptors import DESCRIPTORS
+
+    pytest.importorskip("faiss")
+    assert {"vlad", "cnn", "features"} <= set(DESCRIPTORS.names())
+    check_descriptor(_tiny_kind(name, root, tmp_path), root=root)
+
+
+def test_check_descriptor_names_each_defect(root: Path, tmp_path: Path) -> None:
+    """A kind that is not registered under its name, and an object that is no kind, are named."""
+    from oxbench.pipelines.descriptors.files import FeatureFilesDescriptor
+
+    @dataclasses.dataclass(frozen=True)
+    class Unregistered(FeatureFilesDescriptor):
+        kind: ClassVar[str] = "unregistered-files"
+
+    good = _tiny_kind("features", root, tmp_path)
+    with pytest.raises(AssertionError, match="is not registered as 'unregistered-files'"):
+        check_descriptor(Unregistered(**dataclasses.asdict(good)), root=root)
+    with pytest.raises(AssertionError, match="is not a DescriptorKind"):
+        check_descriptor(object(), root=root)
 
 
 @pytest.mark.parametrize("name", EXECUTORS.names())

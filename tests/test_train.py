@@ -370,7 +370,7 @@ def test_oxbench_train_cli_on_the_tiny_training_city(
         root=root,
         runs_dir=tmp_path / "runs",
         cache=tmp_path / "c",
-        overrides={"max_side": 64, "scales": [1.0]},
+        overrides={"descriptor.max_side": 64, "descriptor.scales": [1.0]},
         progress=False,
     )
     assert (
@@ -391,8 +391,8 @@ def test_synthetic_presets_describe_at_the_default_training_size() -> None:
 
     # a network trained from scratch has learned the features of its training size only
     for name in ("gem-r18-synthetic", "gem-r18-synthetic+lw", "gem-r18-synthetic+w+alpha-qe"):
-        method = METHODS.get(name)
-        assert method.max_side == TrainConfig().image_size and method.scales == (1.0,), name  # type: ignore[attr-defined]
+        kind = METHODS.get(name).descriptor  # type: ignore[attr-defined]
+        assert kind.max_side == TrainConfig().image_size and kind.scales == (1.0,), name
 
 
 def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:

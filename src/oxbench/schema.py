@@ -59,6 +59,7 @@ __all__ = [
     "Str",
     "coerce",
     "describe",
+    "input_paths",
     "is_seed_setting",
     "parse",
     "parse_seeds",
@@ -736,6 +737,19 @@ def describe(cls_or_instance: Any, *, prefix: str = "") -> list[SettingInfo]:
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             rows.extend(describe(value, prefix=f"{prefix}{name}."))  # a whole value and its parts
     return rows
+
+
+def input_paths(instance: Any) -> dict[str, str]:
+    """Every set path setting of a dataclass declared ``input`` (:func:`setting`), by field name:
+    the files a config reads, whose content digests a run records."""
+    out: dict[str, str] = {}
+    for name, f in _fields(instance).items():
+        spec = f.metadata.get(SPEC_KEY)
+        inner = spec.inner if isinstance(spec, Optional) else spec
+        value = getattr(instance, name)
+        if f.metadata.get(INPUT_KEY) and isinstance(inner, PathSetting) and value:
+            out[name] = value
+    return out
 
 
 def is_seed_setting(name: str) -> bool:

@@ -4,12 +4,15 @@ Each check runs the real protocol of its kind on a tiny synthetic input made in 
 temporary folder, and raises :class:`AssertionError` with a message saying what the plugin must
 fix. A plugin's own tests call them on what it registers::
 
-    from oxbench.testing import check_executor, check_family, check_local_extractor, check_reranker
+    from oxbench.testing import (
+        check_descriptor, check_executor, check_family, check_local_extractor, check_reranker
+    )
 
     def test_my_plugin_passes_the_checks(tmp_path):
         check_family(resolve_method("my-preset", vocab_size=64), root=tmp_path)
         check_reranker(MyReranker)
         check_local_extractor(MyExtractor())
+        check_descriptor(MyDescriptor(), root=tmp_path)
         check_executor(MyExecutor)
 
 - :func:`check_family` -- the config is a frozen, hashable dataclass whose every setting has a spec,
@@ -18,6 +21,9 @@ fix. A plugin's own tests call them on what it registers::
   ranks of the right shape and dtype, every row a permutation of the index, the same ranks again
   from the cache (every step it computed a cache hit the second time) and from an empty cache with
   two worker processes;
+- :func:`check_descriptor` -- a global descriptor kind as data (frozen, registered, rebuilt from
+  its ``to_dict()``, a stable JSON cache key) and at work: a global method with it passes
+  :func:`check_family`, and every part is described as one finite ``float32`` row per image;
 - :func:`check_reranker` -- a stage built from its settings takes a ranking over a synthetic
   re-ranking space (:class:`SyntheticSpace`: grouped vectors, and a verification that knows the
   groups) to a ranking of the same shape whose rows are permutations, leaves its input alone, and
@@ -45,6 +51,7 @@ from numpy.typing import NDArray
 
 __all__ = [
     "SyntheticSpace",
+    "check_descriptor",
     "check_executor",
     "check_family",
     "check_local_extractor",
@@ -126,8 +133,9 @@ _BAD_TEXT = {
 
 
 def _settings(config: Any) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
-    """``(dotted name, field, value)`` of every setting that applies (nested configs one level
-    down, and the settings of each stage group the pipeline's stages read as ``group.setting``)."""
+    """``(dotted name, field, value)`` of every setting that applies (nested configs as dotted
+    names, as deep as they go -- ``descriptor.features.max_side`` -- and the settings of each stage
+    group the pipeline's stages read as ``group.setting``)."""
     from oxbench.pipelines.method import STAGE_SETTINGS_FIELD
 
     for f in dataclasses.fields(config):
@@ -139,11 +147,32 @@ def _settings(config: Any) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
                 settings = config.stage(group)
                 for g in dataclasses.fields(settings):
                     yield f"{group}.{g.name}", g, getattr(settings, g.name)
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            for g in dataclasses.fields(value):
-                yield f"{f.name}.{g.name}", g, getattr(value, g.name)
         else:
-            yield f.name, f, value
+            yield from _nested(f.name, f, value)
+
+
+def _nested(
+    name: str, f: dataclasses.Field[Any], value: Any
+) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
+    """``(name, f, value)``, or for a nested config the settings inside it, recursively."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for g in dataclasses.fields(value):
+            yield from _nested(f"{name}.{g.name}", g, getattr(value, g.name))
+    else:
+        yield name, f, value
+
+
+def _check_frozen(what: str, settings: Any) -> None:
+    """Settings (a config, a descriptor kind) are a frozen, hashable dataclass: data, usable as a
+    cache key."""
+    if not type(settings).__dataclass_params__.frozen:
+        raise _fail(what, "is not frozen", "declare it @dataclass(frozen=True)")
+    try:
+        hash(settings)
+    except TypeError as exc:
+        raise _fail(
+            what, f"is not hashable ({exc})", "use tuples, not lists, in settings"
+        ) from None
 
 
 def _check_config(config: Any) -> None:
@@ -160,14 +189,7 @@ def _check_config(config: Any) -> None:
     what = f"family {config.family or '?'} preset {getattr(config, 'name', '?')!r}"
     if not config.family:
         raise _fail(what, "has no family name", "set the class attribute family = '...'")
-    if not type(config).__dataclass_params__.frozen:  # type: ignore[attr-defined]
-        raise _fail(what, "is not frozen", "declare it @dataclass(frozen=True)")
-    try:
-        hash(config)
-    except TypeError as exc:
-        raise _fail(
-            what, f"is not hashable ({exc})", "use tuples, not lists, in settings"
-        ) from None
+    _check_frozen(what, config)
     data = config.to_dict()
     try:
         text = json.dumps(data, sort_keys=True, allow_nan=False)
@@ -375,6 +397,107 @@ def _check_ranks(
             )
         if not np.isfinite(scores).all():
             raise _fail(what, f"{source} scores hold NaN or inf", "return finite scores")
+
+
+# ------------------------------------------------------------------------ descriptor kinds
+
+
+def check_descriptor(kind: Any, *, root: str | Path | None = None, **family: Any) -> None:
+    """Check a global descriptor kind: as data, and at work in the global family.
+
+    The kind must be a frozen, hashable :class:`~oxbench.pipelines.descriptors.DescriptorKind`
+    dataclass registered under its ``kind`` (:data:`~oxbench.pipelines.descriptors.DESCRIPTORS`),
+    whose ``to_dict()`` is JSON with its ``kind`` and rebuilds the same kind, whose cache key is
+    JSON and stable. A global method with this kind (and the ``family`` settings:
+    ``whitening="pca"`` ...) then passes :func:`check_family` on the tiny benchmark -- each
+    ``descriptor.<setting>`` parsed from its own text and bad text refused in one line; fit, index
+    and search; the same ranks from the cache and from two worker processes -- and its describer
+    gives every part ``float32 [n, D]`` finite descriptors of one dimension, the same again.
+
+    Args:
+        kind: the kind's settings (sized to run on the tiny benchmark: a small network).
+        root: a folder for the tiny benchmark and the caches (default: a temporary folder).
+        family: settings of the global family to run it with.
+
+    Raises:
+        AssertionError: what the kind must fix.
+    """
+    import oxbench
+    from oxbench.pipelines.descriptors import (
+        DESCRIPTORS,
+        DescriptorKind,
+        descriptor_from_dict,
+    )
+    from oxbench.pipelines.families.global_descriptors import GlobalConfig
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.runner import training_set_of
+    from oxbench.pipelines.steps import part_names, parts_of
+
+    what = f"descriptor kind {type(kind).__name__}"
+    if not isinstance(kind, DescriptorKind) or not dataclasses.is_dataclass(kind):
+        raise _fail(what, "is not a DescriptorKind dataclass", "subclass DescriptorKind")
+    _check_frozen(what, kind)
+    if (
+        not kind.kind
+        or kind.kind not in DESCRIPTORS
+        or DESCRIPTORS.get(kind.kind) is not type(kind)
+    ):
+        raise _fail(
+            what,
+            f"is not registered as {kind.kind!r}",
+            "call register_descriptor(Cls) or declare an oxbench.descriptors entry point",
+        )
+    data = kind.to_dict()
+    try:
+        text = json.dumps(data, sort_keys=True, allow_nan=False)
+        key = json.dumps(kind.cache_key(), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise _fail(
+            what, f"to_dict() or cache_key() is not JSON ({exc})", "keep plain data"
+        ) from None
+    if data.get("kind") != kind.kind:
+        raise _fail(what, "to_dict() does not name its kind", "keep DescriptorKind.to_dict")
+    if descriptor_from_dict(json.loads(text)) != kind:
+        raise _fail(what, "to_dict() does not rebuild the same kind", "keep settings plain data")
+    if json.dumps(kind.cache_key(), sort_keys=True) != key:
+        raise _fail(what, "cache_key() is not stable", "derive it from the settings alone")
+    config = GlobalConfig(f"check-{kind.kind}", descriptor=kind, **family)
+    check_family(config, root=root)
+    with _folder(root, "oxbench-check-descriptor-") as folder:
+        data_root = folder.parent if root is not None else folder
+        make_tiny_root(data_root)
+        bench = oxbench.load("synthetic", data_root, progress=False)
+        train_id = training_set_of(config, "synthetic", None)
+        train = None if train_id is None else oxbench.load(train_id, data_root, progress=False)
+        ctx = RunContext(folder / "cache", progress=False, root=data_root)
+        describer = kind.build(config)
+        if train is not None and kind.learns:
+            describer.fit(train, ctx)
+        dims = set()
+        for part in parts_of(bench):
+            for _ in range(2):
+                x = describer.describe(bench, part, ctx)
+                n = len(part_names(bench, part))
+                if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2:
+                    raise _fail(
+                        what,
+                        f"describe() of {part} gives {getattr(x, 'dtype', type(x))} "
+                        f"{getattr(x, 'shape', '')}",
+                        "return float32 [n, D]",
+                    )
+                if x.shape[0] != n or not np.isfinite(x).all():
+                    raise _fail(
+                        what,
+                        f"describe() of {part} gives {x.shape[0]} rows for {n} images, or NaN",
+                        "return one finite row per image of the part, in part order",
+                    )
+                dims.add(x.shape[1])
+        if len(dims) != 1 or (kind.dim is not None and dims != {kind.dim}):
+            raise _fail(
+                what,
+                f"describes parts with dimensions {sorted(dims)} (declared {kind.dim})",
+                "give every image one dimension, the one dim declares",
+            )
 
 
 # ----------------------------------------------------------------------------- re-rankers

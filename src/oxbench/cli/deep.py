@@ -23,7 +23,7 @@ from oxbench.cli.options import (
     "--out",
     required=True,
     type=click.Path(dir_okay=False),
-    help="The model file to write (.pt), for --set weights=MODEL.pt.",
+    help="The model file to write (.pt), for --set descriptor.weights=MODEL.pt.",
 )
 def import_checkpoint(checkpoint: str, out: str) -> None:
     """Convert a local cirtorch CHECKPOINT (e.g. retrievalSfM120k-resnet101-gem-*.pth) into a model file.
@@ -48,7 +48,7 @@ def import_checkpoint(checkpoint: str, out: str) -> None:
     "--method",
     required=True,
     help="A preset of any family: a global-descriptor one (gem-r50-imagenet, gem-r101 --set "
-    "weights=MODEL.pt, rootsift-vlad ...) writes its vectors; one of local features (rootsift-bow, "
+    "descriptor.weights=MODEL.pt, rootsift-vlad ...) writes its vectors; one of local features (rootsift-bow, "
     "asmk ...) fills their stores in the cache.",
 )
 @click.option(

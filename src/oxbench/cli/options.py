@@ -40,7 +40,7 @@ def method_options(f: F) -> F:
                 multiple=True,
                 metavar="KEY=VALUE",
                 help="Change a method setting (repeatable), e.g. --set vocab_size=4096 "
-                "--set features.max_side=512 --set whitening=pca --set weights=MODEL.pt.",
+                "--set features.max_side=512 --set whitening=pca --set descriptor.weights=MODEL.pt.",
             ),
             click.option(
                 "--distractors",

@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     "--max-side",
     metavar="INTEGER",
     default=None,
-    help="Shorthand of --set features.max_side=N, or max_side=N for a CNN descriptor: resize "
+    help="Shorthand of --set features.max_side=N (descriptor.max_side=N for a CNN descriptor, "
+    "descriptor.features.max_side=N for VLAD): resize "
     "images to this longer side (px) before description.",
 )
 @click.option(
@@ -135,8 +136,8 @@ if TYPE_CHECKING:
     "--seeds",
     default=None,
     metavar="0,1,2",
-    help="Run once per seed, every seed setting of the method (vocab_seed, he_seed, vlad_seed, "
-    "index_seed, a CNN's seed) set to it, as one seed group in one config folder; runs, compare, "
+    help="Run once per seed, every seed setting of the method (vocab_seed, he_seed, "
+    "index_seed, descriptor.seed of VLAD or a CNN) set to it, as one seed group in one config folder; runs, compare, "
     "report and plot show its mean and spread. The dataset's own generation seed is not changed.",
 )
 @click.option(
@@ -422,8 +423,8 @@ def runs(runs_dir: str, as_json: bool) -> None:
     "--all",
     "show_all",
     is_flag=True,
-    help="With NAME: also the settings of the family's other descriptor kinds, which this "
-    "preset does not read.",
+    help="With NAME: also the settings that do nothing with the preset's other settings as "
+    "they are.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
 def methods(name: str | None, show_all: bool, as_json: bool) -> None:
@@ -433,6 +434,8 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
     A preset's settings are what `oxbench run --method NAME --set KEY=VALUE` takes: one row per
     setting (nested ones as dotted names, e.g. features.max_side) with its type, the preset's
     value, the values it accepts and what it means, read from the schema the values are checked with.
+    A global preset lists its descriptor kind's settings as descriptor.<name>; --set
+    descriptor=KIND switches the kind (`oxbench methods` ends with the kinds).
     """
     from oxbench.pipelines.method import METHODS, method_families, preset_about
 
@@ -466,6 +469,13 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
                 origin = METHODS.origin(preset)  # a plugin's presets say where they come from
                 where = "" if origin.builtin else f"  [from {origin}]"
                 click.echo(f"  {preset.ljust(width)}  {preset_about(preset)}{where}")
+        from oxbench.pipelines.descriptors import DESCRIPTORS
+
+        kinds = []
+        for kind in DESCRIPTORS.names():
+            origin = DESCRIPTORS.origin(kind)
+            kinds.append(kind if origin.builtin else f"{kind} [from {origin}]")
+        click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
         return
     from oxbench.pipelines.method import settings_rows
 
@@ -507,10 +517,9 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
         )
     hidden = len(every) - len(rows)
     if hidden:
-        kind = getattr(config, "descriptor", "")
         click.echo(
-            f"({hidden} settings of the family's other descriptor kinds, which a {kind} preset "
-            "does not read, are left out; --all lists them)"
+            f"({hidden} settings that do nothing with the others as they are are left out; "
+            "--all lists them)"
         )
 
 

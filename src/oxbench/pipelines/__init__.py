@@ -7,9 +7,15 @@
 - :mod:`oxbench.pipelines.steps` -- the family-neutral steps (local features, vocabulary, words,
   short-list verification), each resumable and saying whether it came from the cache;
 - :mod:`oxbench.pipelines.families` -- one module per family (config, method, presets);
+- :mod:`oxbench.pipelines.descriptors` -- the global family's descriptor kinds by name (VLAD, CNN,
+  your files; plugins add theirs), each a settings class with its describer;
 - :mod:`oxbench.pipelines.runner` -- :func:`run`: any method on any dataset, with a run record.
 """
 
+from oxbench.pipelines.descriptors import DESCRIPTORS, DescriptorKind
+from oxbench.pipelines.descriptors.cnn import CnnDescriptor
+from oxbench.pipelines.descriptors.files import FeatureFilesDescriptor
+from oxbench.pipelines.descriptors.vlad import VladDescriptor
 from oxbench.pipelines.families.asmk import AsmkConfig
 from oxbench.pipelines.families.bow import BowConfig
 from oxbench.pipelines.families.global_descriptors import GlobalConfig
@@ -28,9 +34,13 @@ from oxbench.pipelines.runner import RunConfig, RunOutcome, find_runs, run
 
 __all__ = [
     "DEFAULT_METHOD",
+    "DESCRIPTORS",
     "METHODS",
     "AsmkConfig",
     "BowConfig",
+    "CnnDescriptor",
+    "DescriptorKind",
+    "FeatureFilesDescriptor",
     "GlobalConfig",
     "MethodConfig",
     "RetrievalMethod",
@@ -43,4 +53,5 @@ __all__ = [
     "register_method",
     "resolve_method",
     "run",
+    "VladDescriptor",
 ]

@@ -1,10 +1,12 @@
 """Bring your own features: a global method over the user's descriptor files.
 
-``GlobalConfig(descriptor="features", db_features=..., query_features=...)`` (presets ``features``,
+A global method whose descriptor kind is ``features``
+(:class:`~oxbench.pipelines.descriptors.files.FeatureFilesDescriptor`; presets ``features``,
 ``features-aqe``, ``features-alpha-qe``, ``features-dba``, ``features-diffusion``; the paths come
-with ``--set db_features=PATH --set query_features=PATH``; ``query_key`` / ``query_layout`` when the
-query array is named or laid out otherwise, as revisitop's one ``.mat`` holding ``X`` and ``Q``:
-``--set db_features=f.mat --set key=X --set query_features=f.mat --set query_key=Q --set layout=d-n``)
+with ``--set descriptor.db_features=PATH --set descriptor.query_features=PATH``; ``query_key`` /
+``query_layout`` when the query array is named or laid out otherwise, as revisitop's one ``.mat``
+holding ``X`` and ``Q``: ``--set descriptor.db_features=f.mat --set descriptor.key=X --set
+descriptor.query_features=f.mat --set descriptor.query_key=Q --set descriptor.layout=d-n``)
 skips description: the database and query
 descriptors are read from the files, L2-normalised, and go through the same whitening, DBA, search,
 query expansion and diffusion as any global method, through the same runner and run folder.
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import io
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,13 +42,13 @@ from oxbench.formats.arrays import read_features, read_names
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening
 from oxbench.pipelines.steps.keys import part_names
 
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.pipelines.descriptors import FamilySettings
+
 
 class FileSettings(Protocol):
-    """The settings of a ``descriptor="features"`` global method this module reads (see
-    :class:`~oxbench.pipelines.families.global_descriptors.GlobalConfig`)."""
-
-    @property
-    def name(self) -> str: ...
+    """The settings of the ``features`` descriptor kind this module reads (see
+    :class:`~oxbench.pipelines.descriptors.files.FeatureFilesDescriptor`)."""
 
     @property
     def db_features(self) -> str | None: ...
@@ -81,23 +83,16 @@ class FileSettings(Protocol):
     @property
     def row_order(self) -> Literal["dataset", "sorted"]: ...
 
-    @property
-    def whitening(self) -> str: ...
 
-    @property
-    def whitening_dim(self) -> int | None: ...
-
-    @property
-    def whitening_power(self) -> float: ...
-
-    @property
-    def whitening_shrinkage(self) -> float: ...
+#: How the settings of the files are named on the command line (``--set descriptor.db_features=``).
+PREFIX = "descriptor."
 
 
 def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32]:
     if not path:
         raise InputError(
-            f"method {m.name} reads descriptor files: set {setting}=PATH (--set {setting}=...)"
+            f"this method reads descriptor files: set {PREFIX}{setting}=PATH "
+            f"(--set {PREFIX}{setting}=...)"
         )
     if (
         setting == "query_features"
@@ -108,13 +103,16 @@ def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32
     return read_features(path, layout=m.layout, key=m.key, normalize=True)
 
 
-_NAME_HINT = "; rows of other images or in another order: name them (db_names=FILE, query_names=FILE, row_order=sorted)"
+_NAME_HINT = (
+    f"; rows of other images or in another order: name them ({PREFIX}db_names=FILE, "
+    f"{PREFIX}query_names=FILE, {PREFIX}row_order=sorted)"
+)
 
 
 def _transposed_hint(x: NDArray[np.float32], n: int, layout: str) -> str:
     if x.shape[1] == n and x.shape[0] != n:
         other = "d-n" if layout == "n-d" else "n-d"
-        return f"; the file has {n:,} columns: it looks transposed, set layout={other}"
+        return f"; the file has {n:,} columns: it looks transposed, set {PREFIX}layout={other}"
     return ""
 
 
@@ -140,7 +138,7 @@ def _named_rows(
         names = read_names(names_path)
         if len(names) != len(x):
             raise InputError(
-                f"{names_setting}: {len(names):,} names for the {len(x):,} rows of {path}"
+                f"{PREFIX}{names_setting}: {len(names):,} names for the {len(x):,} rows of {path}"
                 + _transposed_hint(x, len(names), layout),
                 names_path,
             )
@@ -150,7 +148,7 @@ def _named_rows(
         names = tuple(sorted(set(wanted)) if len(x) == len(set(wanted)) else everything)
         if len(names) != len(x):
             raise InputError(
-                f"row_order=sorted: {len(x):,} rows, but {bench.id} has {len(set(wanted)):,} "
+                f"{PREFIX}row_order=sorted: {len(x):,} rows, but {bench.id} has {len(set(wanted)):,} "
                 f"{part} images and {len(everything):,} images in all"
                 + _transposed_hint(x, len(set(wanted)), layout)
                 + _transposed_hint(x, len(everything), layout),
@@ -160,18 +158,19 @@ def _named_rows(
     for i, name in enumerate(names):
         if name in row:
             raise InputError(
-                f"{names_setting}: image {name!r} names rows {row[name] + 1} and {i + 1}", source
+                f"{PREFIX}{names_setting}: image {name!r} names rows {row[name] + 1} and {i + 1}",
+                source,
             )
         if name not in known:
             raise InputError(
-                f"{names_setting}: row {i + 1} names {name!r}, which is no image of {bench.id}",
+                f"{PREFIX}{names_setting}: row {i + 1} names {name!r}, which is no image of {bench.id}",
                 source,
             )
         row[name] = i
     missing = [n for n in wanted if n not in row]
     if missing:
         raise InputError(
-            f"{names_setting}: {len(missing):,} of {bench.id}'s {part} images have no row, "
+            f"{PREFIX}{names_setting}: {len(missing):,} of {bench.id}'s {part} images have no row, "
             f"e.g. {missing[0]!r}",
             source,
         )
@@ -229,29 +228,30 @@ def benchmark_features(m: FileSettings, bench: Benchmark, part: str) -> NDArray[
     return q
 
 
-def fit_file_whitening(m: FileSettings) -> PCAWhitening | None:
-    """The whitening ``m`` asks for, learned on ``train_features`` (and ``train_pairs``), or ``None``."""
-    if m.whitening == "none":
+def fit_file_whitening(m: FileSettings, w: FamilySettings) -> PCAWhitening | None:
+    """The whitening ``w`` asks for, learned on ``m.train_features`` (and ``m.train_pairs``), or
+    ``None``."""
+    if w.whitening == "none":
         return None
     if not m.train_features:
         raise InputError(
-            f"method {m.name}: whitening={m.whitening} on your features needs training "
-            "descriptors that are not the test set's: set train_features=PATH"
+            f"method {w.name}: whitening={w.whitening} on your features needs training "
+            f"descriptors that are not the test set's: set {PREFIX}train_features=PATH"
         )
     x = _read(m, m.train_features, "train_features")
     try:
-        if m.whitening == "pca":
-            w = PCAWhitening(
-                m.whitening_dim, power=m.whitening_power, shrinkage=m.whitening_shrinkage
+        if w.whitening == "pca":
+            pca = PCAWhitening(
+                w.whitening_dim, power=w.whitening_power, shrinkage=w.whitening_shrinkage
             )
-            return w.fit(x, fitted_on=f"{m.train_features} ({len(x)} descriptors)")
+            return pca.fit(x, fitted_on=f"{m.train_features} ({len(x)} descriptors)")
         if not m.train_pairs:
             raise InputError(
-                f"method {m.name}: learned whitening needs matching pairs: set train_pairs=PATH "
-                "(an [m, 2] integer .npy of row pairs of train_features)"
+                f"method {w.name}: learned whitening needs matching pairs: set "
+                f"{PREFIX}train_pairs=PATH (an [m, 2] integer .npy of row pairs of train_features)"
             )
         pairs = read_pairs(m.train_pairs)
-        lw = LearnedWhitening(m.whitening_dim, shrinkage=m.whitening_shrinkage)
+        lw = LearnedWhitening(w.whitening_dim, shrinkage=w.whitening_shrinkage)
         return lw.fit(
             x, pairs, fitted_on=f"{m.train_features} ({len(x)} descriptors, {len(pairs)} pairs)"
         )
@@ -270,11 +270,11 @@ def _row_digests(x: NDArray[np.float32]) -> NDArray[np.uint64]:
     )
 
 
-def test_rows_in_training(m: FileSettings, bench: Benchmark) -> str | None:
+def test_rows_in_training(m: FileSettings, w: FamilySettings, bench: Benchmark) -> str | None:
     """Why ``train_features`` holds ``bench``'s test set, or ``None``: it is flagged when it contains
     every database row or every query row (as read, L2-normalised, compared byte for byte) --
     whatever the file is called and wherever it lies."""
-    if m.whitening == "none" or not m.train_features:
+    if w.whitening == "none" or not m.train_features:
         return None
     train = _row_digests(_read(m, m.train_features, "train_features"))
     db = _row_digests(benchmark_features(m, bench, "database"))
@@ -282,7 +282,7 @@ def test_rows_in_training(m: FileSettings, bench: Benchmark) -> str | None:
     for part, rows in (("database", db), ("queries", queries)):
         if len(rows) and np.isin(rows, train).all():
             return (
-                f"train_features ({m.train_features}) contains every row of the test "
+                f"{PREFIX}train_features ({m.train_features}) contains every row of the test "
                 f"{part} descriptors of {bench.id}"
             )
     return None

@@ -234,7 +234,8 @@ class MethodConfig(ABC):
         """Why the (dotted) ``setting`` does nothing with the other settings as they are (one
         line), or ``None`` when it applies: ``oxbench methods NAME`` lists only the settings that
         apply (``--all``: every one), and :func:`resolve_method` refuses to set one that does not. A family whose
-        settings depend on a choice (a descriptor kind) overrides this."""
+        settings depend on a choice overrides this (a choice with settings of its own is better a
+        nested config, as the global family's descriptor kind: its settings then exist only with it)."""
         return None
 
     def applies(self, setting: str) -> bool:
@@ -256,16 +257,9 @@ class MethodConfig(ABC):
         every set path setting marked ``input`` in the schema. Their content digests go into the
         run's config (:func:`oxbench.provenance.input_record`); a family whose other settings name
         an input file (a model file) adds it."""
-        from oxbench.schema import INPUT_KEY, Optional, PathSetting
+        from oxbench.schema import input_paths
 
-        out: dict[str, Path] = {}
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            spec = f.metadata.get(SPEC_KEY)
-            inner = spec.inner if isinstance(spec, Optional) else spec
-            value = getattr(self, f.name)
-            if f.metadata.get(INPUT_KEY) and isinstance(inner, PathSetting) and value:
-                out[f.name] = Path(value)
-        return out
+        return {name: Path(path) for name, path in input_paths(self).items()}
 
     def test_data_in_training(self, bench: Benchmark) -> str | None:
         """Why what the method learns from its own input files holds ``bench``'s test data (a
@@ -522,17 +516,14 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
         if sub:
             if not dataclasses.is_dataclass(current):
                 raise InputError(f"unknown method setting {key!r}: {head} has no sub-settings")
-            sub_fields = {f.name: f for f in dataclasses.fields(current)}
-            if sub not in sub_fields:
-                raise _unknown_setting(config, key)
-            nested.setdefault(head, {})[sub] = _typed(sub_fields[sub], key, value)
+            nested.setdefault(head, {})[sub] = value
         elif dataclasses.is_dataclass(current) and SPEC_KEY not in fields[head].metadata:
             raise InputError(f"method setting {key!r} takes sub-settings ({key}.<name>=...)")
         else:
             top[key] = _typed(fields[head], key, value)
     for head, subs in nested.items():
-        top[head] = _replace(
-            top.get(head, getattr(config, head)), subs, f"method {config.name}: {head}"
+        top[head] = _replace_nested(
+            config, top.get(head, getattr(config, head)), subs, head, fields[head]
         )
     if staged:
         top[STAGE_SETTINGS_FIELD] = _stage_settings(config, staged, top.get("rerank"))
@@ -544,6 +535,49 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
         if why is not None:
             raise InputError(why)
     return out
+
+
+def _replace_nested(
+    config: MethodConfig,
+    current: Any,
+    subs: Mapping[str, object],
+    prefix: str,
+    owner: dataclasses.Field[Any],
+) -> Any:
+    """The nested config ``current`` (the value of setting ``prefix``, declared by field
+    ``owner``) with the dotted ``subs`` applied (``{"pooling": "rmac"}``, ``{"features.max_side":
+    512}``: deeper configs recursively), each value typed by its sub-setting's spec.
+
+    Raises:
+        InputError: a sub-setting ``current`` does not have (the line the owner's spec words, if
+            it has one: a descriptor kind names the kinds that have it), or a refused value.
+    """
+    sub_fields = {f.name: f for f in dataclasses.fields(current)}
+    changes: dict[str, Any] = {}
+    deeper: dict[str, dict[str, object]] = {}
+    for sub, value in sorted(subs.items(), key=lambda kv: "." in kv[0]):
+        first, _, rest = sub.partition(".")
+        key = f"{prefix}.{sub}"
+        if first not in sub_fields:
+            words = getattr(owner.metadata.get(SPEC_KEY), "unknown_setting", None)
+            if words is not None:
+                raise InputError(words(current, key, config.name))
+            raise _unknown_setting(config, key)
+        if rest:
+            deeper.setdefault(first, {})[rest] = value
+        else:
+            changes[first] = _typed(sub_fields[first], key, value)
+    for first, more in deeper.items():
+        inner = changes.get(first, getattr(current, first))
+        if not dataclasses.is_dataclass(inner):
+            key = f"{prefix}.{first}.{next(iter(more))}"
+            raise InputError(
+                f"unknown method setting {key!r}: {prefix}.{first} has no sub-settings"
+            )
+        changes[first] = _replace_nested(
+            config, inner, more, f"{prefix}.{first}", sub_fields[first]
+        )
+    return _replace(current, changes, f"method {config.name}: {prefix}")
 
 
 def _is_group(head: str) -> bool:
@@ -599,6 +633,9 @@ def _unknown_setting(config: MethodConfig, key: str) -> InputError:
     known = [r.name for r in settings_rows(config)]
     near = close_matches(key, known)
     where = f"unknown method setting {key!r} for {config.name} ({config.family})"
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        hint = getattr(f.metadata.get(SPEC_KEY), "hint_for", None)
+        where += hint(f.name, key) if hint is not None and "." not in key else ""
     if near:
         return InputError(
             f"{where}; did you mean {' or '.join(near)}? (`oxbench methods {config.name}` lists "

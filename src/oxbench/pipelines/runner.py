@@ -995,7 +995,7 @@ def run_inputs(bench: Benchmark, inputs: Mapping[str, InputRecord], cache: Path)
 
 def run_seeds(m: MethodConfig, bench: Benchmark, train: Benchmark | None) -> dict[str, int]:
     """``record.json``'s ``seeds``: every seed setting of the method (:func:`oxbench.schema.seed_settings`:
-    ``vocab_seed``, ``he_seed``, ``vlad_seed``, ``index_seed``, the CNN's ``seed`` ...) and the
+    ``vocab_seed``, ``he_seed``, ``index_seed``, a descriptor kind's ``descriptor.seed`` ...) and the
     generation seed of a synthetic test or training set (``dataset.seed``, ``train_dataset.seed``)."""
     out = seed_settings(m)
     for key, b in (("dataset", bench), ("train_dataset", train)):

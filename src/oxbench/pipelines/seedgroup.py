@@ -2,8 +2,8 @@
 
 ``oxbench run --seeds 0,1,2`` (``oxbench.run(..., seeds=[0, 1, 2])``) runs the method once per
 seed. Member ``s`` sets **every seed setting of the method** (:func:`oxbench.schema.seed_settings`:
-``vocab_seed`` of BoW / ASMK / HE, ``he_seed`` of HE, ``vlad_seed``, ``index_seed`` and the CNN's
-``seed`` of the global family, a plugin's ``<step>_seed``) to ``s``. It does not change the
+``vocab_seed`` of BoW / ASMK / HE, ``he_seed`` of HE, ``index_seed`` of the global family and its
+descriptor kind's (``descriptor.seed``: VLAD's codebook k-means, a CNN's random weights), a plugin's ``<step>_seed``) to ``s``. It does not change the
 generation seed of a synthetic dataset (the test set stays the same images) nor any other setting.
 
 All members go to ONE config folder: its ``config.json`` is the run's config with each seed setting
@@ -100,7 +100,7 @@ def plan_group(m: Any, seeds: Sequence[int], overrides: Mapping[str, object]) ->
     """
     from oxbench.records import new_run_id
 
-    # the seeds the method reads (a global preset's other descriptor kinds' seeds do nothing)
+    # the seeds the method reads (nested: descriptor.seed, features.seed ...)
     names = tuple(n for n in seed_settings(m) if m.applies(n))
     if not names:
         raise InputError(

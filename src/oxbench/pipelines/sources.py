@@ -143,7 +143,7 @@ class GlobalSource:
 
     Args:
         method: a global-descriptor preset by name, with settings of its own after it
-            (``"gem-r101+w weights=models/gem-r101.pt"``), or its config.
+            (``"gem-r101+w descriptor.weights=models/gem-r101.pt"``), or its config.
     """
 
     def __init__(self, method: Any) -> None:
@@ -157,7 +157,7 @@ class GlobalSource:
                 if not sep or not key:
                     raise InputError(
                         f"global_source: {pair!r} is not KEY=VALUE (e.g. "
-                        f"'gem-r101+w weights=MODEL.pt')"
+                        f"'gem-r101+w descriptor.weights=MODEL.pt')"
                     )
                 overrides[key] = value
         config: Any = resolve_method(method, **overrides)

@@ -243,5 +243,5 @@ def _no_imagenet_weights(architecture: str, exc: Exception) -> InputError:
     return InputError(
         f"the ImageNet weights of {architecture} are not in {cache} and could not be downloaded "
         f"({reason}); run once with a network, copy them into that cache, or pass a model file "
-        "with --set weights=PATH"
+        "with --set descriptor.weights=PATH"
     )
