@@ -162,10 +162,12 @@ def asmk_entries(folder: Path, part: str, k: int):  # noqa: ANN201
         if part == "database"
         else _store(db_store.directory.parent / part, db_store.config)
     )
+    centroids = vocab.centroids_
+    assert centroids is not None
     owners, words, codes = [], [], []
     for i, name in enumerate(w.names):
         desc = store.config.finish(store.get_raw(name).descriptors)
-        res, uw = aggregate_residuals(desc, w.of(name)[0][:, :k], vocab.centroids_)
+        res, uw = aggregate_residuals(desc, w.of(name)[0][:, :k], centroids)
         owners.append(np.full(len(uw), i, np.int64))
         words.append(uw)
         codes.append(binarize_residuals(res))
