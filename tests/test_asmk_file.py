@@ -188,3 +188,38 @@ def test_a_replaced_mapped_file_is_refused(tmp_path):
     np.save(tmp_path / "ids.npy", ids[::-1].copy())  # same shape, other file
     with pytest.raises(CorruptCache):
         AsmkInvertedFile.open(tmp_path)
+
+
+# --- the family's run path: inverted_file=mapped against the package's ---------------------------
+
+
+@pytest.mark.slow
+def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path):
+    pytest.importorskip("asmk")
+    pytest.importorskip("cv2")
+    pytest.importorskip("faiss")
+    from oxbench.pipelines import RunContext, resolve_method
+    from test_pipeline import load_tiny, make_tiny_root, tiny
+
+    root = make_tiny_root(tmp_path / "data")
+    bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
+    out = {}
+    for lists in ("package", "mapped"):
+        ctx = RunContext(tmp_path / "cache", progress=False)
+        method = (
+            resolve_method(
+                "rootsift-asmk", vocab_size=200, inverted_file=lists, **tiny("rootsift-asmk")
+            )
+            .build()
+            .fit(train, ctx)
+            .index(bench, ctx)
+        )
+        out[lists] = (method.search(bench, ctx), method.footprint())
+    (pkg, _), (mapped, fp) = out["package"], out["mapped"]
+    np.testing.assert_allclose(mapped.scores, pkg.scores, rtol=1e-5, atol=1e-7)
+    assert (mapped.scores[:, 0] > 0).all()
+    # equal scores rank alike (ties, at equal scores, by index in both)
+    np.testing.assert_array_equal(mapped.ranks, pkg.ranks)
+    assert fp is not None and fp.disk["asmk_lists"] > 0 and fp.ram["norms"] == 8 * 40
+    with pytest.raises(InputError, match="inverted_file"):
+        resolve_method("rootsift-asmk", inverted_file="compressed")
