@@ -192,6 +192,7 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
     t0 = time.process_time()
     ivf = AsmkInvertedFile.build(chunks(), n_words, 64 * db.codes.shape[1], out)
     build = time.process_time() - t0
+    build_peak = peak_rss_bytes()
     del ivf
     ivf = AsmkInvertedFile.open(out)
     per_query, walls = [], []
@@ -209,6 +210,7 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
         "real_entries_per_image": len(db.owners) / db.n_images,
         "query_entries_per_image": len(queries.owners) / queries.n_images,
         "build_cpu_s": build,
+        "build_peak_rss_bytes": build_peak,
         "process_peak_rss_bytes": peak_rss_bytes(),
         "steady_ram_bytes": ivf.ram_bytes,
         "rss_anon_bytes": rss_anon_bytes(),
