@@ -223,3 +223,19 @@ def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path):
     assert fp is not None and fp.disk["asmk_lists"] > 0 and fp.ram["norms"] == 8 * 40
     with pytest.raises(InputError, match="inverted_file"):
         resolve_method("rootsift-asmk", inverted_file="compressed")
+
+
+def test_queries_scored_together_score_as_each_alone(tmp_path):
+    rng = np.random.default_rng(5)
+    images = random_images(rng, 60, 10, 128)
+    ivf = AsmkInvertedFile.build(entries(images, 16), 10, 128, tmp_path, use_idf=True)
+    queries = []
+    for k in (4, 0, 7, 10):  # an empty query too
+        w = rng.choice(10, size=k, replace=False)
+        queries.append((binarize_residuals(rng.standard_normal((k, 128))), w))
+    together = ivf.scores_of_queries(queries, alpha=3.0, tau=0.1)
+    assert together.shape == (4, 60) and together.dtype == np.float32
+    for row, (c, w) in zip(together, queries, strict=True):
+        np.testing.assert_array_equal(row, ivf.scores(c, w, alpha=3.0, tau=0.1))
+    assert not together[1].any() and together[3].any()
+    assert ivf.scores_of_queries([]).shape == (0, 60)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -352,47 +352,77 @@ class AsmkInvertedFile:
         alpha: float = 3.0,
         tau: float = 0.0,
     ) -> NDArray[np.float32]:
-        """ASMK similarities ``[n_images]`` of one query to every indexed image.
+        """ASMK similarities ``[n_images]`` of one query to every indexed image
+        (:meth:`scores_of_queries` of that one query)."""
+        return self.scores_of_queries([(codes, words)], alpha=alpha, tau=tau)[0]
+
+    def _check_query(
+        self, codes: NDArray[np.uint64], words: NDArray[np.integer]
+    ) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+        c, w = np.asarray(codes), np.asarray(words, np.int64)
+        n_u64 = self.dim // 64
+        if c.ndim != 2 or c.shape != (len(w), n_u64) or c.dtype != np.uint64:
+            raise InputError(
+                f"query codes must be uint64 [{len(w)}, {n_u64}], got {c.dtype} {c.shape}"
+            )
+        if len(w) and (w.min() < 0 or w.max() >= self.n_words):
+            raise InputError(f"query words must be in 0 .. {self.n_words - 1}")
+        if len(np.unique(w)) != len(w):
+            raise InputError("query words must be distinct (aggregate the query first)")
+        return c, w
+
+    def scores_of_queries(
+        self,
+        queries: Sequence[tuple[NDArray[np.uint64], NDArray[np.integer]]],
+        *,
+        alpha: float = 3.0,
+        tau: float = 0.0,
+    ) -> NDArray[np.float32]:
+        """ASMK similarities ``[n_queries, n_images]`` of queries to every indexed image.
+
+        The queries are scored together: each word's list is read once for all the queries that
+        hold the word (the frequent words, whose lists are most of the work, are in most
+        queries), and each query's contributions are added word by word in increasing word
+        order, as one query alone adds them: the same scores, to the bit.
 
         Args:
-            codes: ``uint64 [u, d / 64]`` the query's packed aggregated residuals.
-            words: ``[u]`` their words (distinct; multiple assignment gives a query more words).
+            queries: per query, ``(codes uint64 [u, d / 64], words [u])``: its packed aggregated
+                residuals and their (distinct) words; multiple assignment gives a query more words.
             alpha: selectivity exponent; tau: its threshold on ``u`` (inclusive).
 
         Raises:
-            InputError: codes of another width, a word out of range or repeated.
+            InputError: codes of another width, a word out of range or repeated in a query.
         """
-        codes = np.asarray(codes)
-        words = np.asarray(words, np.int64)
-        n_u64 = self.dim // 64
-        if codes.ndim != 2 or codes.shape != (len(words), n_u64) or codes.dtype != np.uint64:
-            raise InputError(
-                f"query codes must be uint64 [{len(words)}, {n_u64}], got {codes.dtype} "
-                f"{codes.shape}"
-            )
-        if len(words) and (words.min() < 0 or words.max() >= self.n_words):
-            raise InputError(f"query words must be in 0 .. {self.n_words - 1}")
-        if len(np.unique(words)) != len(words):
-            raise InputError("query words must be distinct (aggregate the query first)")
-        scores = np.zeros(self.n_images, np.float64)
-        if not len(words):
+        checked = [self._check_query(c, w) for c, w in queries]
+        n_q, n_u64 = len(checked), self.dim // 64
+        scores = np.zeros((n_q, self.n_images), np.float64)
+        if not n_q:
             return scores.astype(np.float32)
         table = selectivity_table(self.dim, alpha, tau)
         offsets, lists, ids, idf = self._offsets, self._codes, self._ids, self.idf_
-        order = np.argsort(words)  # the mapped lists read forward
-        for w, q in zip(words[order].tolist(), codes[order], strict=True):
-            a, b = int(offsets[w]), int(offsets[w + 1])
+        all_words = np.concatenate([w for _, w in checked])
+        all_codes = np.concatenate([c for c, _ in checked]).reshape(-1, n_u64)
+        owner = np.repeat(np.arange(n_q), [len(w) for _, w in checked])
+        last, a, b, weights = -1, 0, 0, table
+        for k in np.lexsort((owner, all_words)).tolist():  # by word (lists read forward)
+            w = int(all_words[k])
+            if w != last:
+                last, a, b = w, int(offsets[w]), int(offsets[w + 1])
+                weights = table * idf[w]
             if a == b:
                 continue
-            block = lists[a:b]
+            block, q = lists[a:b], all_codes[k]
             h = np.bitwise_count(block[:, 0] ^ q[0])
             for j in range(1, n_u64):
                 h += np.bitwise_count(block[:, j] ^ q[j])
             # every posting, weak ones adding 0: cheaper than selecting the strong ones first
-            np.add.at(scores, ids[a:b], (table * idf[w]).take(h))
-        q_norm = float(self.idf_[words].sum(dtype=np.float64))
-        if q_norm <= 0:  # every word in every image (idf 0): nothing to tell the images apart
-            return np.zeros(self.n_images, np.float32)
+            np.add.at(scores[owner[k]], ids[a:b], weights.take(h))
         nz = self.norms_ > 0
-        scores[nz] /= self.norms_[nz]
-        return (scores / np.sqrt(q_norm)).astype(np.float32)
+        for i, (_, q_words) in enumerate(checked):
+            q_norm = float(idf[q_words].sum(dtype=np.float64))
+            if q_norm <= 0:  # every word in every image (idf 0), or no word
+                scores[i] = 0
+                continue
+            scores[i, nz] /= self.norms_[nz]
+            scores[i] /= np.sqrt(q_norm)
+        return scores.astype(np.float32)

@@ -11,10 +11,18 @@ indexes the real database's bags followed by the simulated distractors the way
 chunks), so the build's CPU and peak memory, the lists' disk and the query time of real queries
 can be measured at 100K or 1M images.
 
+The other indexes' entries are drawn from the same bags, chunk by chunk with a seed:
+:func:`simulated_asmk_entries` (ASMK: each image's distinct words, each with a binary aggregated
+residual resampled from the measured ones of that word, :class:`SignaturePool`),
+:func:`simulated_he_entries` (Hamming embedding: a 64-bit signature per feature, its bits uniform
+as HE's per-word medians make them) and :func:`simulated_vectors` (global descriptors: measured
+vectors resampled plus Gaussian noise, for IVF-PQ).
+
 What the simulation leaves out, and so what it cannot say: words are drawn independently within a
 bag (real images repeat words: burstiness, which shortens bags in distinct words), there is no
-geometry (spatial verification is not simulated) and the distractors' content is not realistic, so
-**no accuracy** is measured: only costs.
+geometry (spatial verification is not simulated), a simulated ASMK or HE code is independent of
+the query's (no near-duplicates: the share of strong matches is the measured images' share) and
+the distractors' content is not realistic, so **no accuracy** is measured: only costs.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 #: Images aggregated at once by the mapped build (one chunk's entries in RAM).
 BUILD_CHUNK_IMAGES = 1024
+#: Queries scored together by the mapped inverted file (a float64 row of scores each).
+QUERY_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -318,12 +320,16 @@ class Asmk(QuantisingMethod):
                 assert self._centroids is not None
                 lists = self._mapped
                 queried = [names[i] for i in nonempty]
-                done = 0
+                done = 0  # a batch of queries shares each word's list (scores as one by one)
                 for e in self._entries("queries", queried, m.asmk_query_ma, self._centroids):
-                    for j in range(e.n_images):
-                        sel = e.owners == j
-                        scores[nonempty[done + j]] = lists.scores(
-                            e.codes[sel], e.words[sel], alpha=m.asmk_alpha, tau=m.asmk_tau
+                    for a in range(0, e.n_images, QUERY_BATCH):
+                        batch = [
+                            (e.codes[e.owners == j], e.words[e.owners == j])
+                            for j in range(a, min(a + QUERY_BATCH, e.n_images))
+                        ]
+                        rows = [nonempty[done + j] for j in range(a, a + len(batch))]
+                        scores[rows] = lists.scores_of_queries(
+                            batch, alpha=m.asmk_alpha, tau=m.asmk_tau
                         )
                     done += e.n_images
                 words_per_image = lists.n_postings / max(lists.n_images, 1)
