@@ -200,6 +200,21 @@ def test_the_must_reach_points_100k_accepted_1m_refused_with_a_remedy_the_family
     assert not cache.exists()  # nothing made
 
 
+def test_asmk_at_1m_is_refused_in_ram_with_the_mapped_lists_as_remedy(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """ASMK's package inverted file at +1M: 24 B a feature at the cap (~89 GiB), refused; the
+    mapped lists hold nothing per feature (8 B a norm per image) and are the remedy named."""
+    m = resolve_method("rootsift-asmk")
+    big = _bench(tiny_root, 1_000_000)
+    with pytest.raises(InputError) as exc:
+        preflight(m, big, tmp_path / "c", available=24 * GIB, free_disk=10**15)
+    assert "--set inverted_file=mapped" in str(exc.value) and "\n" not in str(exc.value)
+    mapped = resolve_method("rootsift-asmk", inverted_file="mapped")
+    est = preflight(mapped, big, tmp_path / "c", available=24 * GIB, free_disk=10**15)
+    assert est.ram_bytes < 24 * GIB
+
+
 def test_every_named_remedy_is_accepted_by_its_preset(tiny_root: Path, tmp_path: Path) -> None:
     big = _bench(tiny_root, 100_000)
     named = 0
@@ -212,7 +227,7 @@ def test_every_named_remedy_is_accepted_by_its_preset(tiny_root: Path, tmp_path:
             ram = estimates._ram(fixed, big.n_index, counts)[0]
             assert ram is not None and ram <= 64 << 20  # and with it the index fits
             named += 1
-    assert named >= 2  # rootsift-bow, rootsift-bow-sv at least
+    assert named >= 3  # rootsift-bow, rootsift-bow-sv, rootsift-asmk at least
 
 
 def test_a_disk_short_run_is_refused_before_any_work(

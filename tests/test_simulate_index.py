@@ -14,9 +14,13 @@ from oxbench.index.postings import CompressedPostings
 from oxbench.index.simulate import (
     MAX_SIMULATED,
     BagStatistics,
+    SignaturePool,
     build_simulated_compact,
     check_simulated_size,
+    simulated_asmk_entries,
     simulated_bags,
+    simulated_he_entries,
+    simulated_vectors,
 )
 
 
@@ -61,6 +65,101 @@ def test_simulated_bags_follow_the_statistics_and_are_seeded_per_chunk() -> None
     )
     other = next(simulated_bags(stats, 5000, seed=4, chunk=1000))
     assert not all(np.array_equal(a, b) for a, b in zip(chunks[0], other, strict=True))
+
+
+def _pool(n_words: int, per_word: int = 8, seed: int = 0) -> SignaturePool:
+    """Measured 128-bit codes whose bit ``b`` is set with probability ``b / 128``."""
+    rng = np.random.default_rng(seed)
+    words = np.repeat(np.arange(0, n_words, 2), per_word)  # odd words have no measured code
+    p = np.arange(128) / 128
+    bits = rng.random((len(words), 128)) < p
+    codes = np.packbits(bits, axis=1, bitorder="little").view("<u8").astype(np.uint64)
+    return SignaturePool.from_entries(words, codes, n_words)
+
+
+def test_simulated_asmk_entries_are_the_bags_distinct_words_with_measured_codes() -> None:
+    stats = BagStatistics.from_bags(_measured(), 300)
+    pool = _pool(300)
+    chunks = list(simulated_asmk_entries(stats, pool, 900, seed=2, chunk=400))
+    bags = [b for c in simulated_bags(stats, 900, seed=2, chunk=400) for b in c]
+    assert [c.n_images for c in chunks] == [400, 400, 100]
+    base = 0
+    for c in chunks:
+        assert c.owners.dtype == c.words.dtype == np.int64 and c.codes.dtype == np.uint64
+        assert c.codes.shape == (len(c.words), 2)
+        assert (np.diff(c.owners) >= 0).all()
+        for i in range(c.n_images):  # one entry per distinct word of the image's bag
+            np.testing.assert_array_equal(c.words[c.owners == i], np.unique(bags[base + i]))
+        base += c.n_images
+        # a word with measured codes gets one of its own; one without, some measured code
+        for w, code in zip(c.words[:200].tolist(), c.codes[:200], strict=True):
+            a, b = pool.offsets[w], pool.offsets[w + 1]
+            own = pool.signatures[a:b] if b > a else pool.signatures
+            assert (own == code).all(axis=1).any()
+    again = list(simulated_asmk_entries(stats, pool, 900, seed=2, chunk=400))
+    assert all(np.array_equal(x.codes, y.codes) for x, y in zip(chunks, again, strict=True))
+    other = next(simulated_asmk_entries(stats, pool, 900, seed=3, chunk=400))
+    assert not np.array_equal(other.words, chunks[0].words)
+    with pytest.raises(InputError, match="signatures of 300 words, statistics of 10"):
+        next(simulated_asmk_entries(BagStatistics.from_bags([np.arange(10)], 10), pool, 5))
+
+
+def test_resampled_codes_keep_the_measured_bit_frequencies() -> None:
+    pool = _pool(2, per_word=4000, seed=1)
+    drawn = pool.draw(np.zeros(20000, np.int64), np.random.default_rng(0))
+    bits = np.unpackbits(drawn.view(np.uint8), axis=1, bitorder="little").mean(axis=0)
+    measured = np.unpackbits(pool.signatures[:4000].view(np.uint8), axis=1, bitorder="little")
+    # within 5 standard errors of the measured frequencies (which follow b / 128)
+    se = np.sqrt(0.25 / 20000)
+    assert np.all(np.abs(bits - measured.mean(axis=0)) < 5 * se + 1e-12)
+    assert np.corrcoef(bits, np.arange(128) / 128)[0, 1] > 0.99
+    with pytest.raises(InputError, match="uint64"):
+        SignaturePool.from_entries(np.array([0]), np.array([[1.0]]), 2)
+    with pytest.raises(InputError, match="outside"):
+        SignaturePool.from_entries(np.array([5]), np.zeros((1, 2), np.uint64), 2)
+
+
+def test_simulated_he_entries_are_one_uniform_signature_per_feature() -> None:
+    stats = BagStatistics.from_bags(_measured(), 300)
+    (m, owners, words, sig), *_ = simulated_he_entries(stats, 3000, seed=4, chunk=3000)
+    bags = next(simulated_bags(stats, 3000, seed=4, chunk=3000))
+    assert m == 3000 and sig.dtype == np.uint64 and owners.dtype == np.int64
+    np.testing.assert_array_equal(words, np.concatenate(bags))
+    np.testing.assert_array_equal(np.bincount(owners, minlength=m), [len(b) for b in bags])
+    # each of the 64 bits set half of the time (popcount mean 32, sd 4 / sqrt(n))
+    bits = np.bitwise_count(sig).astype(np.float64)
+    assert abs(bits.mean() - 32) < 5 * 4 / np.sqrt(len(sig))
+    assert abs(bits.var() - 16) < 1.5
+    (_, _, _, again), *_ = simulated_he_entries(stats, 3000, seed=4, chunk=3000)
+    np.testing.assert_array_equal(sig, again)
+
+
+def test_simulated_vectors_are_unit_resampled_and_reject_bad_input() -> None:
+    rng = np.random.default_rng(0)
+    measured = rng.standard_normal((50, 16)).astype(np.float32) + 3.0
+    chunks = list(simulated_vectors(measured, 1000, noise=0.0, seed=1, chunk=300))
+    assert [len(c) for c in chunks] == [300, 300, 300, 100]
+    v = np.concatenate(chunks)
+    assert v.dtype == np.float32 and v.shape == (1000, 16)
+    np.testing.assert_allclose(np.linalg.norm(v, axis=1), 1, rtol=1e-5)
+    unit = measured / np.linalg.norm(measured, axis=1, keepdims=True)
+    # without noise every vector is a measured one, normalised
+    assert np.abs(v @ unit.T).max(axis=1).min() > 1 - 1e-5
+    noisy = np.concatenate(list(simulated_vectors(measured, 1000, noise=0.5, seed=1)))
+    assert (noisy @ unit.T).max(axis=1).max() < 1 - 1e-4
+    np.testing.assert_array_equal(
+        noisy, np.concatenate(list(simulated_vectors(measured, 1000, noise=0.5, seed=1)))
+    )
+    with pytest.raises(InputError, match="noise"):
+        next(simulated_vectors(measured, 10, noise=float("nan")))
+    bad = measured.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(InputError, match="finite"):
+        next(simulated_vectors(bad, 10))
+    with pytest.raises(InputError, match="1 to 10,000,000"):
+        next(simulated_vectors(measured, MAX_SIMULATED + 1))
+    with pytest.raises(InputError, match="chunk"):
+        next(simulated_vectors(measured, 10, chunk=0))
 
 
 @pytest.mark.parametrize("bad", [0, -1, MAX_SIMULATED + 1, 2.5, True, "100"])
@@ -129,8 +228,17 @@ def test_the_bench_script_measures_a_simulated_size_and_refuses_a_bad_one(
     (p,) = json.loads(out.read_text())["points"]
     assert p["n_index"] == 340 and p["postings"] > 300 and p["query_cpu_s"] > 0
     assert p["disk_bytes"] > 0 and p["build_peak_traced_bytes"] > 0
-    assert not (cache / "simulated-300").exists()  # the lists are removed after measuring
+    assert not (cache / "simulated-bow-300").exists()  # the lists are removed after measuring
     capsys.readouterr()
     assert script.main(["--cache", str(cache), "--sizes", "0"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "1 to 10,000,000" in err
+    assert script.main(["--cache", str(cache), "--sizes", "10", "--methods", "bow,pq"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "'pq'" in err
+    he = tmp_path / "he.json"
+    argv = ["--cache", str(cache), "--sizes", "300", "--methods", "he", "--json", str(he)]
+    assert script.main(argv) == 0
+    (p,) = json.loads(he.read_text())["points"]
+    assert p["method"] == "he" and p["n_index"] == 340 and p["postings"] > 300
+    assert p["steady_ram_bytes"] == 24 * p["postings"] and p["query_cpu_s"] > 0

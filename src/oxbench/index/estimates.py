@@ -53,6 +53,7 @@ ANNOUNCE_CPU_S = 180.0
 #: only when the family has the setting, accepts the value and then fits.
 RAM_REMEDY_SETTINGS: tuple[tuple[str, str], ...] = (
     ("inverted_file", "compressed"),
+    ("inverted_file", "mapped"),
     ("search", "faiss-ivfpq"),
 )
 #: The presets named beside a remedy: the same method with the remedy set.

@@ -10,6 +10,13 @@ Multiple assignment on the query side (its ``k`` nearest words) recovers matches
 borders, as in HOW + ASMK (Tolias et al., ECCV 2020), which uses the same kernel over learned
 local features.
 
+Two inverted files hold the database (``inverted_file``): ``package``, the ``asmk`` package's
+(one growing array per word in RAM, a Python callback per query word), and ``mapped``,
+:class:`oxbench.index.asmk_file.AsmkInvertedFile` (contiguous per-word lists of packed codes and
+image ids, on disk, memory-mapped; a query word's list scored with vectorised popcounts), which
+gives the same scores (``tests/test_asmk_file.py``) and keeps a query under a second at a million
+images (``bench/README.md``, "simulated_index.py").
+
 The codebook is the classic pipeline's vocabulary (:func:`oxbench.pipelines.steps.step_vocabulary`,
 trained on another dataset, refused for another descriptor or dimension); binarisation, the
 inverted file and the kernel come from the maintained ``asmk`` package (``pip install
@@ -22,10 +29,13 @@ end of this module.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,15 +44,27 @@ from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.fileio import json_digest
+from oxbench.index.asmk_file import AsmkEntries, AsmkInvertedFile, binarize_residuals
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
 from oxbench.pipelines.sources import offered
-from oxbench.pipelines.steps import LocalQuantisation, QuantisingMethod, last_if_empty
+from oxbench.pipelines.steps import (
+    LocalQuantisation,
+    QuantisingMethod,
+    dataset_key,
+    last_if_empty,
+)
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
+
+#: Images aggregated at once by the mapped build (one chunk's entries in RAM).
+BUILD_CHUNK_IMAGES = 1024
+#: Queries scored together by the mapped inverted file (a float64 row of scores each).
+QUERY_BATCH = 16
 
 
 @dataclass(frozen=True)
@@ -57,6 +79,8 @@ class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
         asmk_tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
         asmk_query_ma: words per query feature (multiple assignment; the database uses 1).
         asmk_idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
+        inverted_file: ``package`` (the ``asmk`` package's, in RAM) or ``mapped`` (contiguous
+            per-word lists on disk, memory-mapped: :mod:`oxbench.index.asmk_file`; same scores).
         vocab_max_points_per_centroid: ``None`` (default): the codebook is trained on every
             training descriptor, as the ``asmk`` package trains it; a number: a seeded sample of
             that many per word (bag-of-words' default is 32).
@@ -71,6 +95,11 @@ class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
     asmk_tau: float = setting(0.0, S.Float(lo=-1, hi=1, hi_open=True), doc="selectivity threshold")
     asmk_query_ma: int = setting(5, S.Int(lo=1, hi=64), doc="words per query feature")
     asmk_idf: bool = setting(False, S.Bool(), doc="idf weighting of words")
+    inverted_file: Literal["package", "mapped"] = setting(
+        "package",
+        S.Choice("package", "mapped"),
+        doc="the asmk package's inverted file in RAM, or contiguous lists on disk (memory-mapped)",
+    )
     vocab_max_points_per_centroid: int | None = field(
         default=None,
         kw_only=True,
@@ -85,21 +114,25 @@ class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
-        """SIFT (OpenCV), the codebook's k-means (faiss) and the ``asmk`` package's kernels."""
-        return (("cv2", "classic"), ("faiss", "classic"), ("asmk", "asmk"))
+        """SIFT (OpenCV), the codebook's k-means (faiss) and, for its inverted file, the ``asmk``
+        package (not with ``inverted_file=mapped``)."""
+        classic = (("cv2", "classic"), ("faiss", "classic"))
+        return classic if self.inverted_file == "mapped" else (*classic, ("asmk", "asmk"))
 
     def build(self) -> Asmk:
         return Asmk(self)
 
     def ram_bytes_per_image(self) -> int | None:
-        """At most: every image at the features cap, each feature its own word (a 16-byte binary
-        residual and an ``int64`` image id in the inverted file); the words are memory-mapped."""
+        """At most: every image at the features cap, each feature its own word
+        (:meth:`ram_bytes_per_feature`); the words are memory-mapped."""
         cap = getattr(self.features, "n_features", 0)
         return local_ram_per_image(cap, self.ram_bytes_per_feature()) if cap else None
 
     def ram_bytes_per_feature(self) -> float:
-        """Each feature its own word: a 16-byte binary residual and an ``int64`` image id."""
-        return 16 + 8
+        """Each feature its own word: a 16-byte binary residual and an ``int64`` image id in the
+        package's inverted file; with ``inverted_file=mapped`` the build holds one chunk of images
+        and the lists are on disk: nothing per feature."""
+        return 0.0 if self.inverted_file == "mapped" else 16 + 8
 
 
 def aggregate_residuals(
@@ -145,6 +178,8 @@ class Asmk(QuantisingMethod):
     def __init__(self, config: AsmkConfig) -> None:
         super().__init__(config)
         self._asmk: tuple[Any, Any, NDArray[np.float32]] | None = None
+        self._mapped: AsmkInvertedFile | None = None
+        self._centroids: NDArray[np.float32] | None = None
         self._n_index = 0
 
     @property
@@ -170,14 +205,66 @@ class Asmk(QuantisingMethod):
                 owners.append(np.full(len(uw), i, np.int64))
         return codes, words, owners
 
+    def _entries(
+        self, part: str, names: list[str], ma: int, centroids: NDArray[np.float32], offset: int = 0
+    ) -> Iterator[AsmkEntries]:
+        """The part's images' ASMK entries in chunks of :data:`BUILD_CHUNK_IMAGES` (codes packed
+        by :func:`~oxbench.index.asmk_file.binarize_residuals`)."""
+        assert self._parts is not None
+        store, word_file = self._parts.stores[part], self._parts.words[part]
+        for a in range(0, len(names), BUILD_CHUNK_IMAGES):
+            chunk = names[a : a + BUILD_CHUNK_IMAGES]
+            owners, words, codes = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)], []
+            for i, name in enumerate(chunk):
+                raw = store.get_raw(name).descriptors
+                res, uw = aggregate_residuals(
+                    store.config.finish(raw), word_file.of(name)[0][:, :ma], centroids
+                )
+                owners.append(np.full(len(uw), i, np.int64))
+                words.append(uw)
+                codes.append(binarize_residuals(res.reshape(len(uw), centroids.shape[1])))
+            yield AsmkEntries(
+                len(chunk), np.concatenate(owners), np.concatenate(words), np.concatenate(codes)
+            )
+
+    def _mapped_folder(self, bench: Benchmark, parts: Any, ctx: RunContext) -> Path:
+        key = json_digest(
+            {
+                "method": self.config.digest(),
+                "vocabulary": parts.vocabulary.file_digest_,
+                "index": [list(p) for p in parts.index_parts],
+            },
+            16,
+        )
+        return Path(ctx.cache) / dataset_key(bench) / "asmk-lists" / key
+
     def index(self, bench: Benchmark, ctx: RunContext) -> Asmk:
+        parts = self.index_parts(bench, ctx)
+        centroids = parts.vocabulary.centroids_
+        assert centroids is not None
+        self._centroids = centroids
+        if self.config.inverted_file == "mapped":
+            with ctx.timed("index"):
+
+                def chunks() -> Iterator[AsmkEntries]:
+                    for p in ("database", "distractors"):
+                        if p in parts.names:
+                            yield from self._entries(p, parts.names[p], 1, centroids)
+
+                self._mapped = AsmkInvertedFile.build(
+                    chunks(),
+                    parts.vocabulary.n_words,
+                    centroids.shape[1],
+                    self._mapped_folder(bench, parts, ctx),
+                    use_idf=self.config.asmk_idf,
+                )
+                self._n_index = self._mapped.n_images
+            self.prepare_pipeline(bench, ctx)
+            return self
         require("asmk", "asmk")
         from asmk import hamming
         from asmk.inverted_file import IVF
 
-        parts = self.index_parts(bench, ctx)
-        centroids = parts.vocabulary.centroids_
-        assert centroids is not None
         with ctx.timed("index"):
             codes, words, owners = [], [], []
             offset = 0
@@ -202,7 +289,18 @@ class Asmk(QuantisingMethod):
     def footprint(self) -> Footprint | None:
         """The ``asmk`` inverted file's arrays as allocated (binary residuals, image ids, counts,
         norms) and the words in RAM; feature stores and words files on disk."""
-        if self._asmk is None or self._parts is None:
+        if self._parts is None:
+            return None
+        if self._mapped is not None:
+            lists = self._mapped  # the lists on disk, mapped; per image its norm in RAM
+            out = local_footprint(
+                self._parts,
+                self.vocab_path_,
+                ram={"norms": array_bytes(lists.norms_)},
+                fixed_ram={"offsets_idf": lists.ram_bytes - 2 * array_bytes(lists.norms_)},
+            )
+            return dataclasses.replace(out, disk={**out.disk, "asmk_lists": lists.disk_bytes})
+        if self._asmk is None:
             return None
         ivf = self._asmk[0]
         ram = {"inverted_file": array_bytes([ivf.ivf_vecs, ivf.ivf_image_ids, ivf.norm_factor])}
@@ -211,20 +309,41 @@ class Asmk(QuantisingMethod):
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
-        assert self._asmk is not None
-        from asmk import functional
-
         m = self.config
-        ivf, hamming, centroids = self._asmk
         with ctx.timed("assign"):
             q_words = parts.assign(bench, "queries", ctx)
         names = parts.names["queries"]
         scores = np.zeros((len(names), self._n_index), np.float32)
         with ctx.timed("search"):
-            codes, words, _ = self._aggregate("queries", names, m.asmk_query_ma, hamming, centroids)
             nonempty = [i for i, n in enumerate(names) if q_words.of(n)[0].shape[0]]
-            for qi, c, w in zip(nonempty, codes, words, strict=True):
-                scores[qi] = self._query_scores(ivf, hamming, functional, c, w)
+            if self._mapped is not None:
+                assert self._centroids is not None
+                lists = self._mapped
+                queried = [names[i] for i in nonempty]
+                done = 0  # a batch of queries shares each word's list (scores as one by one)
+                for e in self._entries("queries", queried, m.asmk_query_ma, self._centroids):
+                    for a in range(0, e.n_images, QUERY_BATCH):
+                        batch = [
+                            (e.codes[e.owners == j], e.words[e.owners == j])
+                            for j in range(a, min(a + QUERY_BATCH, e.n_images))
+                        ]
+                        rows = [nonempty[done + j] for j in range(a, a + len(batch))]
+                        scores[rows] = lists.scores_of_queries(
+                            batch, alpha=m.asmk_alpha, tau=m.asmk_tau
+                        )
+                    done += e.n_images
+                words_per_image = lists.n_postings / max(lists.n_images, 1)
+            else:
+                assert self._asmk is not None
+                from asmk import functional
+
+                ivf, hamming, centroids = self._asmk
+                codes, words, _ = self._aggregate(
+                    "queries", names, m.asmk_query_ma, hamming, centroids
+                )
+                for qi, c, w in zip(nonempty, codes, words, strict=True):
+                    scores[qi] = self._query_scores(ivf, hamming, functional, c, w)
+                words_per_image = float(ivf.stats["vectors_per_image"])
             scores = (
                 np.stack([last_if_empty(row, self.empty_) for row in scores])
                 if len(scores)
@@ -236,7 +355,8 @@ class Asmk(QuantisingMethod):
             **self.index_facts_,
             "n_index": len(parts.index_parts),
             "kernel": "asmk",
-            "words_per_image": float(ivf.stats["vectors_per_image"]),
+            "inverted_file": m.inverted_file,
+            "words_per_image": words_per_image,
         }
         ranking = Ranking(
             ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info=info

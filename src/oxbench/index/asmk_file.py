@@ -1,0 +1,428 @@
+"""An ASMK inverted file for a million images: packed binary residuals in per-word contiguous lists.
+
+The aggregated selective match kernel (Tolias, Avrithis & Jegou, ICCV 2013) compares two images
+word by word over the words they share: each image holds, per word ``w``, one binarised
+aggregated residual ``b_w`` (the signs of the sum of its features' residuals to the centroid,
+``d`` bits), the similarity of two codes is ``u = 1 - 2 h / d`` (``h`` their Hamming distance) and
+the selectivity function keeps strong matches only, ``sigma_alpha(u) = u^alpha`` when
+``u >= tau``, else 0. An image's score is
+
+    ``S(q, x) = sum_w idf_w sigma_alpha(u(b_w(q), b_w(x))) / sqrt(n_q n_x)``
+
+with ``n_x`` the sum of ``idf_w`` over ``x``'s words (its number of words without idf), exactly
+the conventions of the ``asmk`` package's ``IVF.search`` with ``functional.asmk_kernel`` that
+oxbench's ASMK family uses (the threshold inclusive, ``idf_w = log(N / df_w)^2``, 1 for a word no
+image holds).
+
+The package keeps one growing numpy array per word and compares a query word against its list
+through a Python callback. :class:`AsmkInvertedFile` keeps the lists *contiguous*, CSR by word,
+on disk and memory-mapped (bound to what they were written for with
+:func:`oxbench.cache.record_written`):
+
+- ``codes.npy``: ``uint64 [n_postings, d / 64]`` the packed codes, word after word;
+- ``ids.npy``: ``uint32 [n_postings]`` the image of each posting;
+- ``offsets.npy``: ``int64 [n_words + 1]`` where each word's postings start (read into RAM);
+- ``norms.npy``: ``float64 [n_images]`` ``sqrt(n_x)`` (read into RAM), ``idf.npy``;
+- ``meta.json``: counts, dimension, ``use_idf``.
+
+A query visits only its own words (in increasing order, so the mapped file is read forward):
+the Hamming distances of a list are two XORs and popcounts (``np.bitwise_count``) against the
+query word's code, the kernel is a lookup in a table of its ``d + 1`` values, and an image occurs
+once in a word's list, so the contributions are added into the score array with one fancy-index
+add. The build takes images in chunks, writes each chunk's postings sorted by word as a run and
+merges the runs word block by word block, so it holds one chunk and one block whatever the size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.cache import check_written, record_written
+from oxbench.errors import InputError
+from oxbench.fileio import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_npy,
+    discard_folder,
+    json_digest,
+    make_folder,
+    make_temp_folder,
+    read_input_bytes,
+)
+from oxbench.index.postings import _word_blocks
+
+FORMAT = 1
+#: Postings merged at a time by the build (~100 MB of codes and ids): fewer, longer reads of each
+#: run than the compressed lists' block, as a million images leave hundreds of runs.
+MERGE_POSTINGS = 1 << 22
+#: The memory-mapped files of a folder (bound with :func:`oxbench.cache.record_written`).
+_MAPPED = ("codes.npy", "ids.npy")
+
+
+def binarize_residuals(residuals: NDArray[np.floating]) -> NDArray[np.uint64]:
+    """``uint64 [n, d / 64]`` packed signs of aggregated residuals ``[n, d]`` (bit set when the
+    component is ``> 0``, as the ``asmk`` package binarises; ``d`` a multiple of 64).
+
+    Example:
+        >>> binarize_residuals(np.r_[np.ones(3), -np.ones(61)][None]).tolist()
+        [[7]]
+    """
+    r = np.asarray(residuals)
+    if r.ndim != 2 or r.shape[1] % 64 or not r.shape[1]:
+        raise InputError(f"residuals must be [n, d] with d a multiple of 64, got shape {r.shape}")
+    packed = np.packbits(r > 0, axis=1, bitorder="little")
+    return np.ascontiguousarray(packed).view("<u8").astype(np.uint64)
+
+
+def selectivity_table(dim: int, alpha: float, tau: float) -> NDArray[np.float64]:
+    """``sigma_alpha(1 - 2 h / dim)`` for ``h = 0 .. dim``: ``u^alpha`` where ``u >= tau``, else 0.
+
+    Example:
+        >>> selectivity_table(4, 3.0, 0.0).tolist()
+        [1.0, 0.125, 0.0, 0.0, 0.0]
+    """
+    u = 1.0 - 2.0 * np.arange(dim + 1, dtype=np.float64) / dim
+    keep = u >= tau
+    out = np.zeros(dim + 1, np.float64)
+    out[keep] = np.sign(u[keep]) * np.abs(u[keep]) ** alpha
+    return out
+
+
+@dataclass(frozen=True)
+class AsmkEntries:
+    """One chunk of images' ASMK entries, in index order.
+
+    Attributes:
+        n_images: images in the chunk (an image may have no entry).
+        owners: ``int64 [m]`` each entry's image, ``0 .. n_images - 1``, non-decreasing.
+        words: ``int64 [m]`` its word (distinct within an image).
+        codes: ``uint64 [m, d / 64]`` its packed aggregated residual.
+    """
+
+    n_images: int
+    owners: NDArray[np.int64]
+    words: NDArray[np.int64]
+    codes: NDArray[np.uint64]
+
+
+def _check_entries(e: AsmkEntries, n_words: int, n_u64: int) -> None:
+    m = len(e.owners)
+    if e.words.shape != (m,) or e.codes.shape != (m, n_u64):
+        raise InputError(
+            f"ASMK entries: {m} owners, words {e.words.shape}, codes {e.codes.shape} "
+            f"(expected [{m}, {n_u64}])"
+        )
+    if m and (e.words.min() < 0 or e.words.max() >= n_words):
+        raise InputError(f"ASMK entries: a word outside 0 .. {n_words - 1}")
+    if m and (e.owners.min() < 0 or e.owners.max() >= e.n_images or (np.diff(e.owners) < 0).any()):
+        raise InputError(f"ASMK entries: owners must be non-decreasing in 0 .. {e.n_images - 1}")
+
+
+def _record(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
+    return {"meta": json_digest(meta), "offsets": hashlib.sha256(offsets.tobytes()).hexdigest()}
+
+
+class AsmkInvertedFile:
+    """The ASMK inverted file in contiguous per-word lists, memory-mapped (module docstring).
+
+    Build with :meth:`build` (chunks of :class:`AsmkEntries`), open with :meth:`open`, score with
+    :meth:`scores`.
+    """
+
+    def __init__(
+        self,
+        folder: Path,
+        meta: Mapping[str, object],
+        offsets: NDArray[np.int64],
+        codes: NDArray[np.uint64],
+        ids: NDArray[np.uint32],
+        norms: NDArray[np.float64],
+        idf: NDArray[np.float32],
+    ) -> None:
+        self.folder = folder
+        self.n_words = int(meta["n_words"])  # type: ignore[call-overload]
+        self.n_images = int(meta["n_images"])  # type: ignore[call-overload]
+        self.dim = int(meta["dim"])  # type: ignore[call-overload]
+        self.use_idf = bool(meta["use_idf"])
+        self._offsets = offsets
+        self._codes = np.asarray(codes)  # views of the maps, without np.memmap's per-slice cost
+        self._ids = np.asarray(ids)
+        self.norms_ = norms
+        self.idf_ = idf
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def build(
+        cls,
+        chunks: Iterable[AsmkEntries],
+        n_words: int,
+        dim: int,
+        folder: str | Path,
+        *,
+        use_idf: bool = False,
+    ) -> AsmkInvertedFile:
+        """Write the inverted file of the images given in chunks (index order).
+
+        ``idf_w = log(N / df_w)^2`` with ``N`` the images indexed (the package counts up to the
+        last image with an entry: the same unless the last images have no feature).
+
+        Raises:
+            InputError: entries of another shape, a word out of range, an image holding a word
+                twice, or more than ``2^32 - 1`` images.
+        """
+        if dim % 64 or dim <= 0:
+            raise InputError(f"ASMK codes of {dim} bits: a multiple of 64 is needed")
+        n_u64 = dim // 64
+        folder = make_folder(Path(folder))
+        runs_dir = make_temp_folder(folder / "runs")
+        try:
+            runs: list[tuple[NDArray[np.int64], Path, Path]] = []
+            n_images = 0
+            counts = np.zeros(n_words, np.int64)
+            for k, e in enumerate(chunks):
+                _check_entries(e, n_words, n_u64)
+                order = np.argsort(e.words, kind="stable")  # by word, images increasing
+                w = e.words[order]
+                ids = e.owners[order] + n_images
+                if ((np.diff(w) == 0) & (np.diff(ids) == 0)).any():  # owners sorted within a word
+                    raise InputError(
+                        "ASMK entries: an image holds a word twice (aggregate it first)"
+                    )
+                if n_images + e.n_images > 2**32 - 1:
+                    raise InputError("an ASMK inverted file holds fewer than 2^32 images")
+                indptr = np.searchsorted(w, np.arange(n_words + 1)).astype(np.int64)
+                counts += np.diff(indptr)
+                run = (indptr, runs_dir / f"{k}.ids.bin", runs_dir / f"{k}.codes.bin")
+                ids.astype(np.uint32).tofile(run[1])
+                e.codes[order].astype(np.uint64).tofile(run[2])
+                runs.append(run)
+                n_images += e.n_images
+            return cls._write(folder, runs, counts, n_images, dim, use_idf)
+        finally:
+            discard_folder(runs_dir)
+
+    @classmethod
+    def _write(
+        cls,
+        folder: Path,
+        runs: list[tuple[NDArray[np.int64], Path, Path]],
+        counts: NDArray[np.int64],
+        n_images: int,
+        dim: int,
+        use_idf: bool,
+    ) -> AsmkInvertedFile:
+        n_words, nnz, n_u64 = len(counts), int(counts.sum()), dim // 64
+        idf = np.ones(n_words, np.float32)
+        if use_idf:
+            seen = counts > 0
+            idf[seen] = (np.log(n_images / counts[seen]) ** 2).astype(np.float32)
+        norm = np.zeros(n_images, np.float64)
+        offsets = np.zeros(n_words + 1, np.int64)
+        offsets[1:] = np.cumsum(counts)
+
+        def header(dtype: type, shape: tuple[int, ...]) -> dict[str, object]:
+            descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
+            return {"descr": descr, "fortran_order": False, "shape": shape}
+
+        with atomic_open(folder / "codes.npy") as f_codes, atomic_open(folder / "ids.npy") as f_ids:
+            np.lib.format.write_array_header_1_0(f_codes, header(np.uint64, (nnz, n_u64)))
+            np.lib.format.write_array_header_1_0(f_ids, header(np.uint32, (nnz,)))
+            for w0, w1 in _word_blocks(counts, MERGE_POSTINGS):
+                ids, codes, words = [], [], []
+                for indptr, run_ids, run_codes in runs:  # read, not mapped: no resident pages
+                    a, b = int(indptr[w0]), int(indptr[w1])
+                    ids.append(np.fromfile(run_ids, np.uint32, b - a, offset=4 * a))
+                    codes.append(
+                        np.fromfile(
+                            run_codes, np.uint64, (b - a) * n_u64, offset=8 * n_u64 * a
+                        ).reshape(-1, n_u64)
+                    )
+                    words.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
+                order = np.argsort(np.concatenate(words), kind="stable")  # runs in image order
+                block_ids = np.concatenate(ids)[order]
+                block_words = np.concatenate(words)[order]
+                f_ids.write(np.ascontiguousarray(block_ids).tobytes())
+                f_codes.write(np.ascontiguousarray(np.concatenate(codes)[order]).tobytes())
+                norm += np.bincount(block_ids, weights=idf[block_words], minlength=n_images)
+        atomic_write_npy(folder / "offsets.npy", offsets)
+        atomic_write_npy(folder / "norms.npy", np.sqrt(norm))
+        atomic_write_npy(folder / "idf.npy", idf)
+        meta = {
+            "format": FORMAT,
+            "n_words": n_words,
+            "n_images": n_images,
+            "nnz": nnz,
+            "dim": dim,
+            "use_idf": bool(use_idf),
+        }
+        for name in _MAPPED:
+            record_written(folder / name, _record(meta, offsets))
+        atomic_write_json(folder / "meta.json", meta)
+        return cls.open(folder)
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, folder: str | Path) -> AsmkInvertedFile:
+        """Map a folder written by :meth:`build` (offsets, norms and idf are read into RAM).
+
+        Raises:
+            InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
+            CorruptCache: a mapped file that is not the one written for this ``meta.json``.
+        """
+        folder = Path(folder)
+        try:
+            meta = json.loads(read_input_bytes(folder / "meta.json", limit=1 << 16))
+            n_words, n_images = int(meta["n_words"]), int(meta["n_images"])
+            nnz, dim = int(meta["nnz"]), int(meta["dim"])
+            offsets = np.load(folder / "offsets.npy", allow_pickle=False)
+            norms = np.load(folder / "norms.npy", allow_pickle=False)
+            idf = np.load(folder / "idf.npy", allow_pickle=False)
+            codes = np.load(folder / "codes.npy", mmap_mode="r", allow_pickle=False)
+            ids = np.load(folder / "ids.npy", mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InputError(
+                f"unreadable ASMK inverted file ({type(exc).__name__}: {exc})", folder
+            ) from None
+        ok = (
+            meta.get("format") == FORMAT
+            and dim > 0
+            and dim % 64 == 0
+            and offsets.shape == (n_words + 1,)
+            and offsets.dtype == np.int64
+            and int(offsets[0]) == 0
+            and int(offsets[-1]) == nnz
+            and bool((np.diff(offsets) >= 0).all())
+            and codes.shape == (nnz, dim // 64)
+            and codes.dtype == np.uint64
+            and ids.shape == (nnz,)
+            and ids.dtype == np.uint32
+            and norms.shape == (n_images,)
+            and idf.shape == (n_words,)
+        )
+        if not ok:
+            raise InputError(
+                "ASMK inverted file does not agree with its meta.json (damaged?)", folder
+            )
+        for name in _MAPPED:
+            check_written(
+                folder / name, what="ASMK inverted file", stands_for=_record(meta, offsets)
+            )
+        return cls(folder, meta, offsets, codes, ids, norms, idf)
+
+    @property
+    def n_postings(self) -> int:
+        """Entries (image, word) in the file."""
+        return int(self._offsets[-1])
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of the mapped lists and the arrays read on open."""
+        return int(
+            self._codes.nbytes
+            + self._ids.nbytes
+            + self._offsets.nbytes
+            + self.norms_.nbytes
+            + self.idf_.nbytes
+        )
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes held in RAM when open (offsets, norms, idf; the lists stay mapped), plus the
+        ``float64`` score array of one query."""
+        return int(self._offsets.nbytes + 2 * self.norms_.nbytes + self.idf_.nbytes)
+
+    def posting(self, word: int) -> tuple[NDArray[np.uint32], NDArray[np.uint64]]:
+        """``(image ids, codes)`` of one word, images increasing."""
+        a, b = int(self._offsets[word]), int(self._offsets[word + 1])
+        return np.asarray(self._ids[a:b]), np.asarray(self._codes[a:b])
+
+    # ------------------------------------------------------------------ searching
+    def scores(
+        self,
+        codes: NDArray[np.uint64],
+        words: NDArray[np.integer],
+        *,
+        alpha: float = 3.0,
+        tau: float = 0.0,
+    ) -> NDArray[np.float32]:
+        """ASMK similarities ``[n_images]`` of one query to every indexed image
+        (:meth:`scores_of_queries` of that one query)."""
+        return self.scores_of_queries([(codes, words)], alpha=alpha, tau=tau)[0]
+
+    def _check_query(
+        self, codes: NDArray[np.uint64], words: NDArray[np.integer]
+    ) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+        c, w = np.asarray(codes), np.asarray(words, np.int64)
+        n_u64 = self.dim // 64
+        if c.ndim != 2 or c.shape != (len(w), n_u64) or c.dtype != np.uint64:
+            raise InputError(
+                f"query codes must be uint64 [{len(w)}, {n_u64}], got {c.dtype} {c.shape}"
+            )
+        if len(w) and (w.min() < 0 or w.max() >= self.n_words):
+            raise InputError(f"query words must be in 0 .. {self.n_words - 1}")
+        if len(np.unique(w)) != len(w):
+            raise InputError("query words must be distinct (aggregate the query first)")
+        return c, w
+
+    def scores_of_queries(
+        self,
+        queries: Sequence[tuple[NDArray[np.uint64], NDArray[np.integer]]],
+        *,
+        alpha: float = 3.0,
+        tau: float = 0.0,
+    ) -> NDArray[np.float32]:
+        """ASMK similarities ``[n_queries, n_images]`` of queries to every indexed image.
+
+        The queries are scored together: each word's list is read once for all the queries that
+        hold the word (the frequent words, whose lists are most of the work, are in most
+        queries), and each query's contributions are added word by word in increasing word
+        order, as one query alone adds them: the same scores, to the bit.
+
+        Args:
+            queries: per query, ``(codes uint64 [u, d / 64], words [u])``: its packed aggregated
+                residuals and their (distinct) words; multiple assignment gives a query more words.
+            alpha: selectivity exponent; tau: its threshold on ``u`` (inclusive).
+
+        Raises:
+            InputError: codes of another width, a word out of range or repeated in a query.
+        """
+        checked = [self._check_query(c, w) for c, w in queries]
+        n_q, n_u64 = len(checked), self.dim // 64
+        scores = np.zeros((n_q, self.n_images), np.float64)
+        if not n_q:
+            return scores.astype(np.float32)
+        table = selectivity_table(self.dim, alpha, tau)
+        offsets, lists, ids, idf = self._offsets, self._codes, self._ids, self.idf_
+        all_words = np.concatenate([w for _, w in checked])
+        all_codes = np.concatenate([c for c, _ in checked]).reshape(-1, n_u64)
+        owner = np.repeat(np.arange(n_q), [len(w) for _, w in checked])
+        last, a, b, weights = -1, 0, 0, table
+        for k in np.lexsort((owner, all_words)).tolist():  # by word (lists read forward)
+            w = int(all_words[k])
+            if w != last:
+                last, a, b = w, int(offsets[w]), int(offsets[w + 1])
+                weights = table * idf[w]
+            if a == b:
+                continue
+            block, q = lists[a:b], all_codes[k]
+            h = np.bitwise_count(block[:, 0] ^ q[0])
+            for j in range(1, n_u64):
+                h += np.bitwise_count(block[:, j] ^ q[j])
+            # every posting, weak ones adding 0: cheaper than selecting the strong ones first
+            np.add.at(scores[owner[k]], ids[a:b], weights.take(h))
+        nz = self.norms_ > 0
+        for i, (_, q_words) in enumerate(checked):
+            q_norm = float(idf[q_words].sum(dtype=np.float64))
+            if q_norm <= 0:  # every word in every image (idf 0), or no word
+                scores[i] = 0
+                continue
+            scores[i, nz] /= self.norms_[nz]
+            scores[i] /= np.sqrt(q_norm)
+        return scores.astype(np.float32)
