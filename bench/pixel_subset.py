@@ -238,21 +238,25 @@ def write_layout(folder: str | Path, gnd_root: str | Path, out: str | Path) -> d
         jpg = dest / "jpg"
         jpg.mkdir(parents=True, exist_ok=True)
         queries = []
-        names = [(n, p) for n, p in zip(bench.database.names, bench.database.paths, strict=True)]
-        for q, name, path in zip(
-            bench.gt.queries, bench.queries.names, bench.queries.paths, strict=True
-        ):
+        db, qs = bench.database, bench.queries
+        names = [(db.name(i), db.path(i)) for i in range(len(db))]
+        for i, q in enumerate(bench.gt.queries):
+            name, path = qs.name(i), qs.path(i)
+            if path is None:
+                raise InputError(f"query {name!r} has no image file", bench.root)
             with open_image(path) as im:
                 w, h = im.size
             qname = f"query_{name}"
             names.append((qname, path))
             box = (0.0, 0.0, float(w), float(h))
             queries.append(make_query(qname, box, easy=q.easy, hard=q.hard, junk=q.junk))
-        for name, path in names:
+        for name, file in names:
+            if file is None:
+                raise InputError(f"image {name!r} has no file", bench.root)
             link = jpg / f"{name}.jpg"
             if link.is_symlink() or link.exists():
                 link.unlink()
-            link.symlink_to(Path(path).resolve())
+            link.symlink_to(Path(file).resolve())
         gt = bench.gt
         write_gnd(
             GroundTruth(gt.dataset, "revisited", gt.db_names, tuple(queries), gt.source).validate(),
