@@ -215,3 +215,59 @@ def load_subset_all(folder: str | Path, dataset: str, gnd_root: str | Path) -> B
         protocols=("revisited",),
         root=folder,
     )
+
+
+def write_layout(folder: str | Path, gnd_root: str | Path, out: str | Path) -> dict[str, Path]:
+    """Lay the subset out as revisitop data roots, so that ``oxbench run`` (and ``--seeds``,
+    ``compare``, ``milestones``) runs the all-280 setting with run records.
+
+    For each city ``<out>/<city>/`` is a data root: ``<city>/`` holds the 280 subset images as
+    the database and the city's 8 crops as queries (``query_<folder>``, whole-image boxes), with the
+    labels of :func:`load_subset_all`; ``<other city>/`` holds the other city's subset images and
+    crops (:func:`load_subset_city`), what ``--train-dataset`` defaults to, as ``real_subset.py
+    --train other`` trains. Images are symbolic links to ``folder``; ground truth
+    ``gnd_<city>.pkl``. Run it with ``--allow-partial`` (not the official counts).
+
+    Returns:
+        The data root of each city.
+    """
+    from oxbench.formats.revisitop import write_gnd
+    from oxbench.imaging import open_image
+
+    def lay(bench: Benchmark, dest: Path) -> None:
+        jpg = dest / "jpg"
+        jpg.mkdir(parents=True, exist_ok=True)
+        queries = []
+        db, qs = bench.database, bench.queries
+        names = [(db.name(i), db.path(i)) for i in range(len(db))]
+        for i, q in enumerate(bench.gt.queries):
+            name, path = qs.name(i), qs.path(i)
+            if path is None:
+                raise InputError(f"query {name!r} has no image file", bench.root)
+            with open_image(path) as im:
+                w, h = im.size
+            qname = f"query_{name}"
+            names.append((qname, path))
+            box = (0.0, 0.0, float(w), float(h))
+            queries.append(make_query(qname, box, easy=q.easy, hard=q.hard, junk=q.junk))
+        for name, file in names:
+            if file is None:
+                raise InputError(f"image {name!r} has no file", bench.root)
+            link = jpg / f"{name}.jpg"
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(Path(file).resolve())
+        gt = bench.gt
+        write_gnd(
+            GroundTruth(gt.dataset, "revisited", gt.db_names, tuple(queries), gt.source).validate(),
+            dest / f"gnd_{gt.dataset}.pkl",
+        )
+
+    roots = {}
+    for city in CITIES:
+        other = next(c for c in CITIES if c != city)
+        root = Path(out) / city
+        lay(load_subset_all(folder, city, gnd_root), root / city)
+        lay(load_subset_city(folder, other).bench, root / other)
+        roots[city] = root
+    return roots

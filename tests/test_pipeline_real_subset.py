@@ -98,3 +98,32 @@ def test_all_280_setting_has_the_full_revisited_labels(subset: Path, shared_data
             ]
         )
         assert evaluate(bench.gt, perfect).setups["medium"].map == pytest.approx(1.0)
+
+
+def test_layout_loads_as_the_all_280_setting(
+    subset: Path, shared_data: Path, tmp_path: Path
+) -> None:
+    """``write_layout``'s data roots load through ``oxbench.datasets.load`` as the all-280 setting
+    (same images, same labels) with the other city's subset images beside it to train on."""
+    from oxbench.datasets import load
+    from pixel_subset import load_subset_all, write_layout
+
+    roots = write_layout(subset, shared_data, tmp_path / "layout")
+    assert set(roots) == {"roxford5k", "rparis6k"}
+    for dataset, other in (("roxford5k", "rparis6k"), ("rparis6k", "roxford5k")):
+        want = load_subset_all(subset, dataset, shared_data)
+        got = load(dataset, root=roots[dataset], strict=False, progress=False)
+        assert got.gt.db_names == want.gt.db_names and got.gt.n_queries == 8
+        for p, w in zip(got.database.paths, want.database.paths, strict=True):
+            assert p.resolve() == w.resolve()
+        for q, w in zip(got.gt.queries, want.gt.queries, strict=True):
+            assert q.name == f"query_{w.name}"
+            for part in ("easy", "hard", "junk"):
+                np.testing.assert_array_equal(getattr(q, part), getattr(w, part))
+            assert q.bbox is not None and q.bbox[:2] == (0.0, 0.0) and min(q.bbox[2:]) > 0
+        train = load(other, root=roots[dataset], strict=False, progress=False)
+        assert set(train.gt.db_names) == set(load_subset_city(subset, other).bench.gt.db_names)
+    # writing again over an existing layout gives the same ground truth
+    before = (roots["roxford5k"] / "roxford5k" / "gnd_roxford5k.pkl").read_bytes()
+    write_layout(subset, shared_data, tmp_path / "layout")
+    assert (roots["roxford5k"] / "roxford5k" / "gnd_roxford5k.pkl").read_bytes() == before
