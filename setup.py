@@ -1,7 +1,7 @@
 """Only the optional compiled accelerator lives here; everything else is in pyproject.toml.
 
 ``optional=True``: without a C compiler the install still succeeds and oxbench uses its numpy
-kernels (same numbers, see ``oxbench.evaluation.kernels``).
+kernels (same numbers, see ``oxbench.evaluation.kernels`` and ``oxbench.index.asmk_file``).
 """
 
 from setuptools import Extension, setup

@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oxbench.errors import InputError
+from oxbench.evaluation.kernels import ACCELERATED, _accel
 from oxbench.index.asmk_file import (
     AsmkEntries,
     AsmkInvertedFile,
+    _scatter,
     binarize_residuals,
     selectivity_table,
 )
@@ -239,3 +241,127 @@ def test_queries_scored_together_score_as_each_alone(tmp_path):
         np.testing.assert_array_equal(row, ivf.scores(c, w, alpha=3.0, tau=0.1))
     assert not together[1].any() and together[3].any()
     assert ivf.scores_of_queries([]).shape == (0, 60)
+
+
+needs_accel = pytest.mark.skipif(
+    not ACCELERATED, reason="compiled extension oxbench.evaluation._accel not built (setup.py)"
+)
+
+
+def scores_both_ways(monkeypatch, ivf, queries, **kw):
+    """``scores_of_queries`` through the compiled kernel and through numpy."""
+    monkeypatch.delenv("OXBENCH_NO_ACCEL", raising=False)
+    compiled = ivf.scores_of_queries(queries, **kw)
+    monkeypatch.setenv("OXBENCH_NO_ACCEL", "1")
+    plain = ivf.scores_of_queries(queries, **kw)
+    monkeypatch.delenv("OXBENCH_NO_ACCEL")
+    return compiled, plain
+
+
+@needs_accel
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    n_images=st.integers(1, 80),
+    n_words=st.integers(1, 10),
+    dim=st.sampled_from([64, 128, 192, 256]),
+    alpha=st.sampled_from([1.0, 3.0]),
+    tau=st.sampled_from([-1.0, -0.25, 0.0, 0.1]),
+    use_idf=st.booleans(),
+    n_queries=st.integers(1, 4),
+)
+def test_the_compiled_kernel_scores_as_numpy_to_the_bit(
+    tmp_path_factory, seed, n_images, n_words, dim, alpha, tau, use_idf, n_queries
+):
+    rng = np.random.default_rng(seed)
+    images = random_images(rng, n_images, n_words, dim)
+    ivf = AsmkInvertedFile.build(
+        entries(images, 7), n_words, dim, tmp_path_factory.mktemp("ivf"), use_idf=use_idf
+    )
+    queries = []
+    for _ in range(n_queries):
+        w = rng.choice(n_words, size=int(rng.integers(0, n_words + 1)), replace=False)
+        codes = binarize_residuals(rng.standard_normal((len(w), dim)))
+        if len(w):  # every Hamming distance: a copy of a posting and its complement
+            i, j = int(rng.integers(ivf.n_postings or 1)), int(rng.integers(len(w)))
+            if ivf.n_postings:
+                codes[j] = ivf._codes[i] ^ (np.uint64(2**64 - 1) if rng.random() < 0.5 else 0)
+        queries.append((codes, w))
+    with pytest.MonkeyPatch.context() as m:
+        compiled, plain = scores_both_ways(m, ivf, queries, alpha=alpha, tau=tau)
+    np.testing.assert_array_equal(compiled.view(np.uint32), plain.view(np.uint32))
+
+
+@needs_accel
+def test_the_kernel_adds_exactly_what_numpy_adds_before_rounding():
+    """The float64 sums themselves (before the float32 scores) are equal, on a list long enough to
+    take the unrolled paths, for each code width."""
+    rng = np.random.default_rng(11)
+    for k in (1, 2, 3, 4):
+        m, n = 5000, 7000
+        ids = rng.choice(n, size=m, replace=False).astype(np.uint32)
+        codes = rng.integers(0, 2**64, size=(m, k), dtype=np.uint64)
+        q = codes[17] ^ np.uint64(0xFF)  # h = 8 for one posting, the rest near 32 k
+        weights = rng.standard_normal(64 * k + 1)
+        start = rng.standard_normal(n)
+        got = start.copy()
+        assert _accel.asmk_scatter(got, ids, codes, q, weights) == 0
+        h = sum(np.bitwise_count(codes[:, j] ^ q[j]).astype(np.int64) for j in range(k))
+        want = start.copy()
+        np.add.at(want, ids, weights[h])
+        np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+@needs_accel
+def test_the_kernel_refuses_what_it_cannot_handle_and_writes_nothing():
+    """An anomaly is a non-zero status with the scores untouched (the numpy path then runs)."""
+    rng = np.random.default_rng(2)
+    ids = np.array([0, 3, 5], np.uint32)
+    codes = rng.integers(0, 2**64, size=(3, 2), dtype=np.uint64)
+    q, w = codes[0].copy(), np.linspace(1, 0, 129)
+    cases = {
+        "id out of range": (np.zeros(5), ids, codes, q, w),
+        "non-contiguous codes": (np.zeros(6), ids, np.asfortranarray(codes), q, w),
+        "strided ids": (np.zeros(6), np.array([0, 9, 3, 9, 5, 9], np.uint32)[::2], codes, q, w),
+        "int32 ids": (np.zeros(6), ids.astype(np.int32), codes, q, w),
+        "float32 scores": (np.zeros(6, np.float32), ids, codes, q, w),
+        "read-only scores": (np.zeros(6), ids, codes, q, w),
+        "short weights": (np.zeros(6), ids, codes, q, w[:128]),
+        "query of another width": (np.zeros(6), ids, codes, codes[0, :1].copy(), w),
+        "ids and codes differ in length": (np.zeros(6), ids[:2], codes, q, w),
+        "big-endian weights": (np.zeros(6), ids, codes, q, w.astype(">f8")),
+    }
+    cases["read-only scores"][0].flags.writeable = False
+    for name, args in cases.items():
+        before = np.array(args[0], copy=True)
+        assert _accel.asmk_scatter(*args) != 0, name
+        np.testing.assert_array_equal(args[0], before, err_msg=name)
+    good = np.zeros(6)
+    assert _accel.asmk_scatter(good, ids, codes, q, w) == 0 and good[0] == 1.0
+
+
+def test_a_refused_list_is_scored_by_numpy(tmp_path, monkeypatch):
+    """Lists the kernel does not take (here: codes not C-contiguous) give numpy's scores."""
+    rng = np.random.default_rng(8)
+    images = random_images(rng, 50, 6, 128)
+    ivf = AsmkInvertedFile.build(entries(images, 50), 6, 128, tmp_path, use_idf=True)
+    queries = [(binarize_residuals(rng.standard_normal((4, 128))), np.array([0, 2, 3, 5]))]
+    want = ivf.scores_of_queries(queries, alpha=3.0, tau=0.0)
+    ivf._codes = np.asfortranarray(ivf._codes)  # every slice of it is strided
+    np.testing.assert_array_equal(ivf.scores_of_queries(queries, alpha=3.0, tau=0.0), want)
+    monkeypatch.setenv("OXBENCH_NO_ACCEL", "1")
+    np.testing.assert_array_equal(ivf.scores_of_queries(queries, alpha=3.0, tau=0.0), want)
+
+
+def test_a_complement_code_at_256_bits_scores_minus_one():
+    """h = d = 256 does not wrap in numpy's uint8 popcounts: u = -1 keeps its weight."""
+    rng = np.random.default_rng(4)
+    codes = rng.integers(0, 2**64, size=(1, 4), dtype=np.uint64)
+    ivf_codes = np.concatenate([codes, ~codes])
+    w = selectivity_table(256, 1.0, -1.0)
+    with pytest.MonkeyPatch.context() as m:
+        for env in ("1", "0"):
+            m.setenv("OXBENCH_NO_ACCEL", env)
+            s = np.zeros(2)
+            _scatter(s, np.array([0, 1], np.uint32), ivf_codes, codes[0], w)
+            assert s.tolist() == [1.0, -1.0]

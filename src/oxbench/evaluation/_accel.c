@@ -15,6 +15,9 @@
  *   score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap,
  *               cnt, cnt_off, n_bins, group[, vec]) -> int status
  *   (vec=False: no vectorisable bin map, for benchmarking only)
+ *   asmk_scatter(scores, ids, codes, query, weights) -> int status
+ *   (for oxbench.index.asmk_file: one query word against one posting list; here ST_UNSUPPORTED
+ *   also covers a buffer that is not C-contiguous, and nothing is written unless ST_OK)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,7 +53,7 @@ static void *alloc_zeroed_huge(size_t bytes, void **raw)
 }
 
 /* Item kinds accepted from buffer formats. */
-enum { K_I64, K_I32, K_F64, K_F32, K_U8, K_OTHER };
+enum { K_I64, K_I32, K_F64, K_F32, K_U8, K_U64, K_U32, K_OTHER };
 
 static int fmt_kind(const Py_buffer *b)
 {
@@ -73,6 +76,12 @@ static int fmt_kind(const Py_buffer *b)
         return b->itemsize == 4 ? K_F32 : K_OTHER;
     case 'B':
         return b->itemsize == 1 ? K_U8 : K_OTHER;
+    case 'Q': case 'L': case 'N':
+        if (b->itemsize == 8) return K_U64;
+        if (b->itemsize == 4) return K_U32;
+        return K_OTHER;
+    case 'I':
+        return b->itemsize == 4 ? K_U32 : K_OTHER;
     default:
         return K_OTHER;
     }
@@ -949,6 +958,104 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * ASMK: one query word's packed code against the word's posting list, in one pass:
+ *   for i in 0 .. m-1:  h = sum_j popcount(codes[i, j] ^ query[j]);  scores[ids[i]] += weights[h]
+ * with codes uint64 [m, k], ids uint32 [m] (< n_images), weights float64 [>= 64 k + 1] (the
+ * selectivity table times the word's idf). The additions are numpy's np.add.at's, element by
+ * element in list order, so the scores are the numpy path's to the bit. The ids are checked in a
+ * first pass, so an anomaly leaves the scores untouched for the numpy rerun.
+ */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define ASMK_MULTIVERSION 1
+#endif
+
+#define ASMK_LOOP                                                                               \
+    do {                                                                                       \
+        if (k == 2) {                                                                          \
+            const uint64_t q0 = q[0], q1 = q[1];                                               \
+            for (Py_ssize_t i = 0; i < m; i++) {                                               \
+                int h = __builtin_popcountll(c[2 * i] ^ q0) +                                  \
+                        __builtin_popcountll(c[2 * i + 1] ^ q1);                               \
+                s[ids[i]] += w[h];                                                             \
+            }                                                                                  \
+        } else if (k == 1) {                                                                   \
+            const uint64_t q0 = q[0];                                                          \
+            for (Py_ssize_t i = 0; i < m; i++) s[ids[i]] += w[__builtin_popcountll(c[i] ^ q0)]; \
+        } else {                                                                               \
+            for (Py_ssize_t i = 0; i < m; i++) {                                               \
+                const uint64_t *row = c + i * k;                                               \
+                Py_ssize_t h = 0;                                                              \
+                for (Py_ssize_t j = 0; j < k; j++) h += __builtin_popcountll(row[j] ^ q[j]);   \
+                s[ids[i]] += w[h];                                                             \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
+static void asmk_loop_generic(double *s, const uint32_t *ids, const uint64_t *c, const uint64_t *q,
+                              const double *w, Py_ssize_t m, Py_ssize_t k)
+{
+    ASMK_LOOP;
+}
+
+#ifdef ASMK_MULTIVERSION
+/* The same loop with the POPCNT instruction (no -march flag at build time: chosen at run time). */
+__attribute__((target("popcnt"))) static void
+asmk_loop_popcnt(double *s, const uint32_t *ids, const uint64_t *c, const uint64_t *q,
+                 const double *w, Py_ssize_t m, Py_ssize_t k)
+{
+    ASMK_LOOP;
+}
+#endif
+
+static PyObject *asmk_scatter(PyObject *self, PyObject *args)
+{
+    PyObject *o[5];
+    if (!PyArg_ParseTuple(args, "OOOOO", &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
+    /* scores, ids, codes, query, weights; any buffer that is not C-contiguous, of another kind or
+     * shape is ST_UNSUPPORTED (the numpy path runs instead) */
+    static const int kinds[5] = {K_F64, K_U32, K_U64, K_U64, K_F64};
+    static const int ndims[5] = {1, 1, 2, 1, 1};
+    Py_buffer b[5];
+    int have = 0, status = ST_UNSUPPORTED;
+    for (; have < 5; have++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (have == 0 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(o[have], &b[have], flags) < 0) {
+            PyErr_Clear();
+            goto done;
+        }
+        if (fmt_kind(&b[have]) != kinds[have] || b[have].ndim != ndims[have]) {
+            have++;
+            goto done;
+        }
+    }
+    Py_ssize_t n = b[0].shape[0], m = b[1].shape[0], k = b[2].shape[1];
+    if (b[2].shape[0] != m || k < 1 || b[3].shape[0] != k || b[4].shape[0] < 64 * k + 1)
+        goto done;
+    double *s = (double *)b[0].buf;
+    const uint32_t *ids = (const uint32_t *)b[1].buf;
+    const uint64_t *c = (const uint64_t *)b[2].buf, *q = (const uint64_t *)b[3].buf;
+    const double *w = (const double *)b[4].buf;
+    Py_BEGIN_ALLOW_THREADS
+    uint32_t top = 0;
+    for (Py_ssize_t i = 0; i < m; i++) top = ids[i] > top ? ids[i] : top;
+    if (m && (Py_ssize_t)top >= n) {
+        status = ST_BAD;
+    } else {
+#ifdef ASMK_MULTIVERSION
+        if (__builtin_cpu_supports("popcnt"))
+            asmk_loop_popcnt(s, ids, c, q, w, m, k);
+        else
+#endif
+            asmk_loop_generic(s, ids, c, q, w, m, k);
+        status = ST_OK;
+    }
+    Py_END_ALLOW_THREADS
+done:
+    while (have > 0) PyBuffer_Release(&b[--have]);
+    return PyLong_FromLong(status);
+}
+
 static PyMethodDef methods[] = {
     {"scan_ranks", scan_ranks, METH_VARARGS,
      "scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count[, group_bytes, "
@@ -956,6 +1063,8 @@ static PyMethodDef methods[] = {
     {"score_ranks", score_ranks, METH_VARARGS,
      "score_ranks(scores, row_outer, u, u_off, ev_row, ev_q, ev_key, out_snap, cnt, cnt_off, "
      "n_bins, group[, vec]) -> status"},
+    {"asmk_scatter", asmk_scatter, METH_VARARGS,
+     "asmk_scatter(scores, ids, codes, query, weights) -> status"},
     {NULL, NULL, 0, NULL},
 };
 

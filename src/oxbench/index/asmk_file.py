@@ -29,7 +29,10 @@ A query visits only its own words (in increasing order, so the mapped file is re
 the Hamming distances of a list are two XORs and popcounts (``np.bitwise_count``) against the
 query word's code, the kernel is a lookup in a table of its ``d + 1`` values, and an image occurs
 once in a word's list, so the contributions are added into the score array with one fancy-index
-add. The build takes images in chunks, writes each chunk's postings sorted by word as a run and
+add. The optional compiled kernel (``asmk_scatter`` in :mod:`oxbench.evaluation._accel`, built by
+``setup.py``; ``OXBENCH_NO_ACCEL=1`` forces numpy) does the popcounts, the lookup and the add in
+one pass over the list, with the same additions in the same order: the same scores, to the bit.
+The build takes images in chunks, writes each chunk's postings sorted by word as a run and
 merges the runs word block by word block, so it holds one chunk and one block whatever the size.
 """
 
@@ -46,6 +49,7 @@ from numpy.typing import NDArray
 
 from oxbench.cache import check_written, record_written
 from oxbench.errors import InputError
+from oxbench.evaluation.kernels import _accel, accelerated
 from oxbench.fileio import (
     atomic_open,
     atomic_write_json,
@@ -79,6 +83,30 @@ def binarize_residuals(residuals: NDArray[np.floating]) -> NDArray[np.uint64]:
         raise InputError(f"residuals must be [n, d] with d a multiple of 64, got shape {r.shape}")
     packed = np.packbits(r > 0, axis=1, bitorder="little")
     return np.ascontiguousarray(packed).view("<u8").astype(np.uint64)
+
+
+def _scatter(
+    scores: NDArray[np.float64],
+    ids: NDArray[np.uint32],
+    block: NDArray[np.uint64],
+    q: NDArray[np.uint64],
+    weights: NDArray[np.float64],
+) -> None:
+    """``scores[ids[i]] += weights[hamming(block[i], q)]`` over one word's list (its ids distinct).
+
+    The compiled kernel (:func:`oxbench.evaluation.kernels.accelerated`) does it in one pass;
+    otherwise, or when it reports an anomaly (leaving ``scores`` untouched), numpy does, with the
+    same additions in the same order: the same scores, to the bit.
+    """
+    if accelerated() and _accel.asmk_scatter(scores, ids, block, q, weights) == 0:
+        return
+    h = np.bitwise_count(block[:, 0] ^ q[0])
+    if block.shape[1] * 64 > 255:  # bitwise_count gives uint8
+        h = h.astype(np.uint16)
+    for j in range(1, block.shape[1]):
+        h += np.bitwise_count(block[:, j] ^ q[j])
+    # every posting, weak ones adding 0: cheaper than selecting the strong ones first
+    np.add.at(scores, ids, weights.take(h))
 
 
 def selectivity_table(dim: int, alpha: float, tau: float) -> NDArray[np.float64]:
@@ -411,12 +439,7 @@ class AsmkInvertedFile:
                 weights = table * idf[w]
             if a == b:
                 continue
-            block, q = lists[a:b], all_codes[k]
-            h = np.bitwise_count(block[:, 0] ^ q[0])
-            for j in range(1, n_u64):
-                h += np.bitwise_count(block[:, j] ^ q[j])
-            # every posting, weak ones adding 0: cheaper than selecting the strong ones first
-            np.add.at(scores[owner[k]], ids[a:b], weights.take(h))
+            _scatter(scores[owner[k]], ids[a:b], lists[a:b], all_codes[k], weights)
         nz = self.norms_ > 0
         for i, (_, q_words) in enumerate(checked):
             q_norm = float(idf[q_words].sum(dtype=np.float64))
