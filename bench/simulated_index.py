@@ -23,7 +23,9 @@ is its own:
   the memory-mapped :class:`~oxbench.index.asmk_file.AsmkInvertedFile`; the real queries' entries
   (``k5`` words: the preset's multiple assignment) score every image, all together first
   (``query_cpu_s``: the batch's CPU per query, each word's list read once), then one at a time
-  (``single_query_*``), the scores checked equal, then together again (``query_cpu_warm_s``).
+  (``single_query_*``), the scores checked equal, then together again (``query_cpu_warm_s``);
+  with the compiled kernel, one at a time again with numpy's (``single_query_cpu_numpy_s``,
+  ``OXBENCH_NO_ACCEL=1``; the scores checked equal to the bit).
 - ``he``: Hamming-embedding postings (a drawn bag's features, 64 uniform bits each) in the in-RAM
   :class:`~oxbench.index.hamming.HammingIndex` (``ht`` 24, Gaussian weights, no WGC); the real
   queries' words with uniform signatures.
@@ -180,6 +182,7 @@ def asmk_entries(folder: Path, part: str, k: int):  # noqa: ANN201
 
 
 def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> dict[str, Any]:  # noqa: ANN001
+    from oxbench.evaluation.kernels import accelerated
     from oxbench.index.asmk_file import AsmkInvertedFile
     from oxbench.index.simulate import SignaturePool, simulated_asmk_entries
 
@@ -214,6 +217,17 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
     t0 = time.process_time()  # again, on the pages the passes above left
     ivf.scores_of_queries(batch)
     warm_cpu = time.process_time() - t0
+    numpy_per_query = []  # one at a time with the numpy kernel, when the compiled one was used
+    if accelerated():
+        os.environ["OXBENCH_NO_ACCEL"] = "1"
+        try:
+            for i, (c, w) in enumerate(batch):
+                t0 = time.process_time()
+                alone = ivf.scores(c, w)
+                numpy_per_query.append(time.process_time() - t0)
+                assert np.array_equal(alone, together[i])  # the same scores, to the bit
+        finally:
+            del os.environ["OXBENCH_NO_ACCEL"]
     visited = sum(int((ivf._offsets[w + 1] - ivf._offsets[w]).sum()) for _, w in batch)
     return {
         "method": "asmk",
@@ -235,6 +249,8 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
         "single_query_cpu_s": float(np.mean(per_query)),
         "single_query_cpu_max_s": float(np.max(per_query)),
         "single_query_wall_s": float(np.mean(walls)),
+        "compiled_kernel": bool(numpy_per_query),
+        "single_query_cpu_numpy_s": float(np.mean(numpy_per_query)) if numpy_per_query else None,
     }
 
 
