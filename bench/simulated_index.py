@@ -183,6 +183,7 @@ def asmk_entries(folder: Path, part: str, k: int):  # noqa: ANN201
 
 def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> dict[str, Any]:  # noqa: ANN001
     from oxbench.evaluation.kernels import accelerated
+    from oxbench.index import asmk_file
     from oxbench.index.asmk_file import AsmkInvertedFile
     from oxbench.index.simulate import SignaturePool, simulated_asmk_entries
 
@@ -218,7 +219,7 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
     ivf.scores_of_queries(batch)
     warm_cpu = time.process_time() - t0
     numpy_per_query = []  # one at a time with the numpy kernel, when the compiled one was used
-    if accelerated():
+    if asmk_file._asmk_scatter is not None and accelerated():
         os.environ["OXBENCH_NO_ACCEL"] = "1"
         try:
             for i, (c, w) in enumerate(batch):

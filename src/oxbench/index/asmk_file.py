@@ -85,6 +85,10 @@ def binarize_residuals(residuals: NDArray[np.floating]) -> NDArray[np.uint64]:
     return np.ascontiguousarray(packed).view("<u8").astype(np.uint64)
 
 
+#: The compiled kernel, ``None`` without it (or with an ``_accel`` built before it existed).
+_asmk_scatter = getattr(_accel, "asmk_scatter", None)
+
+
 def _scatter(
     scores: NDArray[np.float64],
     ids: NDArray[np.uint32],
@@ -98,7 +102,11 @@ def _scatter(
     otherwise, or when it reports an anomaly (leaving ``scores`` untouched), numpy does, with the
     same additions in the same order: the same scores, to the bit.
     """
-    if accelerated() and _accel.asmk_scatter(scores, ids, block, q, weights) == 0:
+    if (
+        _asmk_scatter is not None
+        and accelerated()
+        and not _asmk_scatter(scores, ids, block, q, weights)
+    ):
         return
     h = np.bitwise_count(block[:, 0] ^ q[0])
     if block.shape[1] * 64 > 255:  # bitwise_count gives uint8
