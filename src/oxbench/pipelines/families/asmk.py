@@ -34,7 +34,6 @@ import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -44,7 +43,6 @@ from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
-from oxbench.fileio import json_digest
 from oxbench.index.asmk_file import AsmkEntries, AsmkInvertedFile, binarize_residuals
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
@@ -53,7 +51,6 @@ from oxbench.pipelines.sources import offered
 from oxbench.pipelines.steps import (
     LocalQuantisation,
     QuantisingMethod,
-    dataset_key,
     last_if_empty,
 )
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
@@ -227,17 +224,6 @@ class Asmk(QuantisingMethod):
                 len(chunk), np.concatenate(owners), np.concatenate(words), np.concatenate(codes)
             )
 
-    def _mapped_folder(self, bench: Benchmark, parts: Any, ctx: RunContext) -> Path:
-        key = json_digest(
-            {
-                "method": self.config.digest(),
-                "vocabulary": parts.vocabulary.file_digest_,
-                "index": [list(p) for p in parts.index_parts],
-            },
-            16,
-        )
-        return Path(ctx.cache) / dataset_key(bench) / "asmk-lists" / key
-
     def index(self, bench: Benchmark, ctx: RunContext) -> Asmk:
         parts = self.index_parts(bench, ctx)
         centroids = parts.vocabulary.centroids_
@@ -255,7 +241,7 @@ class Asmk(QuantisingMethod):
                     chunks(),
                     parts.vocabulary.n_words,
                     centroids.shape[1],
-                    self._mapped_folder(bench, parts, ctx),
+                    self.index_folder(bench, parts, ctx, "asmk-lists"),
                     use_idf=self.config.asmk_idf,
                 )
                 self._n_index = self._mapped.n_images

@@ -16,7 +16,6 @@ import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -26,7 +25,6 @@ from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
-from oxbench.fileio import json_digest
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.postings import CompressedPostings
@@ -44,7 +42,6 @@ from oxbench.pipelines.steps import (
     LocalQuantisation,
     QuantisingMethod,
     Words,
-    dataset_key,
     last_if_empty,
 )
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
@@ -214,17 +211,6 @@ class BagOfWords(QuantisingMethod):
             self._compress(bench, parts, ctx)
         return self
 
-    def _postings_folder(self, bench: Benchmark, parts: Any, ctx: RunContext) -> Path:
-        key = json_digest(
-            {
-                "method": self.config.digest(),
-                "vocabulary": parts.vocabulary.file_digest_,
-                "index": [list(p) for p in parts.index_parts],
-            },
-            16,
-        )
-        return Path(ctx.cache) / dataset_key(bench) / "postings" / key
-
     def _tf_chunks(self, parts: Any) -> Iterator[Any]:
         """The index's term frequencies (database, then distractors) in chunks of
         :data:`BUILD_CHUNK_IMAGES` images."""
@@ -254,7 +240,7 @@ class BagOfWords(QuantisingMethod):
             self._postings = CompressedPostings.build(
                 (ivf.transform(tf) for tf in chunks()),
                 n_words,
-                self._postings_folder(bench, parts, ctx),
+                self.index_folder(bench, parts, ctx, "postings"),
             )
         self._ivf = ivf
 
@@ -265,7 +251,7 @@ class BagOfWords(QuantisingMethod):
         assert ivf is not None and ivf.postings_ is not None
         with ctx.timed("index"):
             self._postings = CompressedPostings.write(
-                ivf.postings_, self._postings_folder(bench, parts, ctx)
+                ivf.postings_, self.index_folder(bench, parts, ctx, "postings")
             )
         ivf.postings_ = None
         if not self.config.reads_vectors:

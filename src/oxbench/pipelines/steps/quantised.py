@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
+from oxbench.fileio import json_digest
 from oxbench.pipelines.method import RetrievalMethod, RunContext
 from oxbench.pipelines.steps.keys import dataset_key
 from oxbench.pipelines.steps.settings import LocalQuantisation
@@ -133,6 +134,22 @@ class QuantisingMethod(RetrievalMethod):
             )
         self._parts = parts
         return parts
+
+    def index_folder(
+        self, bench: Benchmark, parts: WordedParts, ctx: RunContext, kind: str
+    ) -> Path:
+        """The cache folder of an on-disk index of ``kind`` (``postings``, ``asmk-lists``) over
+        ``parts``: keyed by the method's settings, the vocabulary file's digest and the indexed
+        parts, so another vocabulary or distractor set is another folder."""
+        key = json_digest(
+            {
+                "method": self.config.digest(),
+                "vocabulary": parts.vocabulary.file_digest_,
+                "index": [list(p) for p in parts.index_parts],
+            },
+            16,
+        )
+        return Path(ctx.cache) / dataset_key(bench) / kind / key
 
     def indexed_parts(self, bench: Benchmark) -> WordedParts:
         """The parts :meth:`index_parts` made for ``bench`` (refused for another benchmark)."""
