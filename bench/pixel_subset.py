@@ -34,6 +34,18 @@ from oxbench.pipelines.method import MethodConfig, RunContext
 CITIES = {"roxford5k": "o", "rparis6k": "p"}
 
 
+def subset_folder(data: Path | None) -> Path | None:
+    """The real subset's folder in the data folder ``data``; ``None`` (saying so) when absent, so a
+    bench script skips with exit 0."""
+    subset = data / "revisited_pixel_retrieval_subset" if data else None
+    if subset is None or not subset.is_dir():
+        print(
+            f"skipped: {subset or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent"
+        )
+        return None
+    return subset
+
+
 @dataclass(frozen=True)
 class SubsetCity:
     """One city of the subset.

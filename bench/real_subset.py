@@ -60,6 +60,7 @@ def main() -> int:
         load_subset_all,
         load_subset_city,
         rank_subset_city,
+        subset_folder,
     )
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,11 +86,8 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--cache", type=Path, default=Path("runs") / "cache-real-subset")
     args = ap.parse_args()
-    subset = args.data / "revisited_pixel_retrieval_subset" if args.data else None
-    if subset is None or not subset.is_dir():
-        print(
-            f"skipped: {subset or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent"
-        )
+    subset = subset_folder(args.data)
+    if subset is None:
         return 0
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cities = {d: load_subset_city(subset, d) for d in ("roxford5k", "rparis6k")}

@@ -21,17 +21,14 @@ _SHARED = os.environ.get("OXBENCH_SHARED_DATA")
 
 
 def main() -> int:
-    from pixel_subset import write_layout  # bench/, beside this script
+    from pixel_subset import subset_folder, write_layout  # bench/, beside this script
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="where the data roots go (one folder per city)")
     ap.add_argument("--data", type=Path, default=Path(_SHARED) if _SHARED else None)
     args = ap.parse_args()
-    subset = args.data / "revisited_pixel_retrieval_subset" if args.data else None
-    if subset is None or not subset.is_dir():
-        print(
-            f"skipped: {subset or 'the subset (set OXBENCH_SHARED_DATA or pass --data)'} is absent"
-        )
+    subset = subset_folder(args.data)
+    if subset is None:
         return 0
     for city, root in write_layout(subset, args.data, args.out).items():
         print(f"{city}: --root {root}")
