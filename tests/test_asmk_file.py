@@ -15,10 +15,10 @@ from oxbench.evaluation.kernels import ACCELERATED, _accel
 from oxbench.index.asmk_file import (
     AsmkEntries,
     AsmkInvertedFile,
-    _scatter,
     binarize_residuals,
     selectivity_table,
 )
+from oxbench.index.word_lists import scatter_hamming
 
 
 def random_images(rng: np.random.Generator, n_images: int, n_words: int, dim: int):
@@ -364,5 +364,5 @@ def test_a_complement_code_at_256_bits_scores_minus_one():
         for env in ("1", "0"):
             m.setenv("OXBENCH_NO_ACCEL", env)
             s = np.zeros(2)
-            _scatter(s, np.array([0, 1], np.uint32), ivf_codes, codes[0], w)
+            scatter_hamming(s, np.array([0, 1], np.uint32), ivf_codes, codes[0], w)
             assert s.tolist() == [1.0, -1.0]

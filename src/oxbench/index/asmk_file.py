@@ -38,7 +38,6 @@ merges the runs word block by word block, so it holds one chunk and one block wh
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,27 +46,23 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import check_written, record_written
 from oxbench.errors import InputError
-from oxbench.evaluation.kernels import _accel, accelerated
-from oxbench.fileio import (
-    atomic_open,
-    atomic_write_json,
-    atomic_write_npy,
-    discard_folder,
-    json_digest,
-    make_folder,
-    make_temp_folder,
-    read_input_bytes,
+from oxbench.fileio import atomic_write_json, atomic_write_npy, make_folder, read_input_bytes
+from oxbench.index.word_lists import (
+    Column,
+    WordRuns,
+    bind,
+    open_columns,
+    scatter_hamming,
+    valid_offsets,
 )
-from oxbench.index.postings import _word_blocks
 
 FORMAT = 1
-#: Postings merged at a time by the build (~100 MB of codes and ids): fewer, longer reads of each
-#: run than the compressed lists' block, as a million images leave hundreds of runs.
-MERGE_POSTINGS = 1 << 22
-#: The memory-mapped files of a folder (bound with :func:`oxbench.cache.record_written`).
-_MAPPED = ("codes.npy", "ids.npy")
+
+
+def _columns(n_u64: int) -> tuple[Column, Column]:
+    """The memory-mapped files of a folder: ``ids.npy`` and ``codes.npy``."""
+    return Column("ids", np.uint32), Column("codes", np.uint64, n_u64)
 
 
 def binarize_residuals(residuals: NDArray[np.floating]) -> NDArray[np.uint64]:
@@ -83,38 +78,6 @@ def binarize_residuals(residuals: NDArray[np.floating]) -> NDArray[np.uint64]:
         raise InputError(f"residuals must be [n, d] with d a multiple of 64, got shape {r.shape}")
     packed = np.packbits(r > 0, axis=1, bitorder="little")
     return np.ascontiguousarray(packed).view("<u8").astype(np.uint64)
-
-
-#: The compiled kernel, ``None`` without it (or with an ``_accel`` built before it existed).
-_asmk_scatter = getattr(_accel, "asmk_scatter", None)
-
-
-def _scatter(
-    scores: NDArray[np.float64],
-    ids: NDArray[np.uint32],
-    block: NDArray[np.uint64],
-    q: NDArray[np.uint64],
-    weights: NDArray[np.float64],
-) -> None:
-    """``scores[ids[i]] += weights[hamming(block[i], q)]`` over one word's list (its ids distinct).
-
-    The compiled kernel (:func:`oxbench.evaluation.kernels.accelerated`) does it in one pass;
-    otherwise, or when it reports an anomaly (leaving ``scores`` untouched), numpy does, with the
-    same additions in the same order: the same scores, to the bit.
-    """
-    if (
-        _asmk_scatter is not None
-        and accelerated()
-        and not _asmk_scatter(scores, ids, block, q, weights)
-    ):
-        return
-    h = np.bitwise_count(block[:, 0] ^ q[0])
-    if block.shape[1] * 64 > 255:  # bitwise_count gives uint8
-        h = h.astype(np.uint16)
-    for j in range(1, block.shape[1]):
-        h += np.bitwise_count(block[:, j] ^ q[j])
-    # every posting, weak ones adding 0: cheaper than selecting the strong ones first
-    np.add.at(scores, ids, weights.take(h))
 
 
 def selectivity_table(dim: int, alpha: float, tau: float) -> NDArray[np.float64]:
@@ -159,10 +122,6 @@ def _check_entries(e: AsmkEntries, n_words: int, n_u64: int) -> None:
         raise InputError(f"ASMK entries: a word outside 0 .. {n_words - 1}")
     if m and (e.owners.min() < 0 or e.owners.max() >= e.n_images or (np.diff(e.owners) < 0).any()):
         raise InputError(f"ASMK entries: owners must be non-decreasing in 0 .. {e.n_images - 1}")
-
-
-def _record(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
-    return {"meta": json_digest(meta), "offsets": hashlib.sha256(offsets.tobytes()).hexdigest()}
 
 
 class AsmkInvertedFile:
@@ -217,76 +176,31 @@ class AsmkInvertedFile:
             raise InputError(f"ASMK codes of {dim} bits: a multiple of 64 is needed")
         n_u64 = dim // 64
         folder = make_folder(Path(folder))
-        runs_dir = make_temp_folder(folder / "runs")
-        try:
-            runs: list[tuple[NDArray[np.int64], Path, Path]] = []
+        with WordRuns(folder, n_words, _columns(n_u64)) as runs:
             n_images = 0
-            counts = np.zeros(n_words, np.int64)
-            for k, e in enumerate(chunks):
+            for e in chunks:
                 _check_entries(e, n_words, n_u64)
-                order = np.argsort(e.words, kind="stable")  # by word, images increasing
-                w = e.words[order]
-                ids = e.owners[order] + n_images
-                if ((np.diff(w) == 0) & (np.diff(ids) == 0)).any():  # owners sorted within a word
+                if n_images + e.n_images > 2**32 - 1:
+                    raise InputError("an ASMK inverted file holds fewer than 2^32 images")
+                ids = e.owners + n_images
+                order = runs.add(e.words, {"ids": ids, "codes": e.codes})
+                w, i = e.words[order], ids[order]  # by word, images increasing
+                if ((np.diff(w) == 0) & (np.diff(i) == 0)).any():
                     raise InputError(
                         "ASMK entries: an image holds a word twice (aggregate it first)"
                     )
-                if n_images + e.n_images > 2**32 - 1:
-                    raise InputError("an ASMK inverted file holds fewer than 2^32 images")
-                indptr = np.searchsorted(w, np.arange(n_words + 1)).astype(np.int64)
-                counts += np.diff(indptr)
-                run = (indptr, runs_dir / f"{k}.ids.bin", runs_dir / f"{k}.codes.bin")
-                ids.astype(np.uint32).tofile(run[1])
-                e.codes[order].astype(np.uint64).tofile(run[2])
-                runs.append(run)
                 n_images += e.n_images
-            return cls._write(folder, runs, counts, n_images, dim, use_idf)
-        finally:
-            discard_folder(runs_dir)
+            counts = runs.counts
+            idf = np.ones(n_words, np.float32)
+            if use_idf:
+                seen = counts > 0
+                idf[seen] = (np.log(n_images / counts[seen]) ** 2).astype(np.float32)
+            norm = np.zeros(n_images, np.float64)
 
-    @classmethod
-    def _write(
-        cls,
-        folder: Path,
-        runs: list[tuple[NDArray[np.int64], Path, Path]],
-        counts: NDArray[np.int64],
-        n_images: int,
-        dim: int,
-        use_idf: bool,
-    ) -> AsmkInvertedFile:
-        n_words, nnz, n_u64 = len(counts), int(counts.sum()), dim // 64
-        idf = np.ones(n_words, np.float32)
-        if use_idf:
-            seen = counts > 0
-            idf[seen] = (np.log(n_images / counts[seen]) ** 2).astype(np.float32)
-        norm = np.zeros(n_images, np.float64)
-        offsets = np.zeros(n_words + 1, np.int64)
-        offsets[1:] = np.cumsum(counts)
+            def add_norms(words: NDArray[np.int64], block: dict[str, NDArray]) -> None:
+                norm[:] += np.bincount(block["ids"], weights=idf[words], minlength=n_images)
 
-        def header(dtype: type, shape: tuple[int, ...]) -> dict[str, object]:
-            descr = np.lib.format.dtype_to_descr(np.dtype(dtype))
-            return {"descr": descr, "fortran_order": False, "shape": shape}
-
-        with atomic_open(folder / "codes.npy") as f_codes, atomic_open(folder / "ids.npy") as f_ids:
-            np.lib.format.write_array_header_1_0(f_codes, header(np.uint64, (nnz, n_u64)))
-            np.lib.format.write_array_header_1_0(f_ids, header(np.uint32, (nnz,)))
-            for w0, w1 in _word_blocks(counts, MERGE_POSTINGS):
-                ids, codes, words = [], [], []
-                for indptr, run_ids, run_codes in runs:  # read, not mapped: no resident pages
-                    a, b = int(indptr[w0]), int(indptr[w1])
-                    ids.append(np.fromfile(run_ids, np.uint32, b - a, offset=4 * a))
-                    codes.append(
-                        np.fromfile(
-                            run_codes, np.uint64, (b - a) * n_u64, offset=8 * n_u64 * a
-                        ).reshape(-1, n_u64)
-                    )
-                    words.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
-                order = np.argsort(np.concatenate(words), kind="stable")  # runs in image order
-                block_ids = np.concatenate(ids)[order]
-                block_words = np.concatenate(words)[order]
-                f_ids.write(np.ascontiguousarray(block_ids).tobytes())
-                f_codes.write(np.ascontiguousarray(np.concatenate(codes)[order]).tobytes())
-                norm += np.bincount(block_ids, weights=idf[block_words], minlength=n_images)
+            offsets = runs.merge(folder, add_norms)
         atomic_write_npy(folder / "offsets.npy", offsets)
         atomic_write_npy(folder / "norms.npy", np.sqrt(norm))
         atomic_write_npy(folder / "idf.npy", idf)
@@ -294,12 +208,11 @@ class AsmkInvertedFile:
             "format": FORMAT,
             "n_words": n_words,
             "n_images": n_images,
-            "nnz": nnz,
+            "nnz": int(offsets[-1]),
             "dim": dim,
             "use_idf": bool(use_idf),
         }
-        for name in _MAPPED:
-            record_written(folder / name, _record(meta, offsets))
+        bind(folder, _columns(n_u64), meta, offsets)
         atomic_write_json(folder / "meta.json", meta)
         return cls.open(folder)
 
@@ -320,8 +233,6 @@ class AsmkInvertedFile:
             offsets = np.load(folder / "offsets.npy", allow_pickle=False)
             norms = np.load(folder / "norms.npy", allow_pickle=False)
             idf = np.load(folder / "idf.npy", allow_pickle=False)
-            codes = np.load(folder / "codes.npy", mmap_mode="r", allow_pickle=False)
-            ids = np.load(folder / "ids.npy", mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InputError(
                 f"unreadable ASMK inverted file ({type(exc).__name__}: {exc})", folder
@@ -330,15 +241,7 @@ class AsmkInvertedFile:
             meta.get("format") == FORMAT
             and dim > 0
             and dim % 64 == 0
-            and offsets.shape == (n_words + 1,)
-            and offsets.dtype == np.int64
-            and int(offsets[0]) == 0
-            and int(offsets[-1]) == nnz
-            and bool((np.diff(offsets) >= 0).all())
-            and codes.shape == (nnz, dim // 64)
-            and codes.dtype == np.uint64
-            and ids.shape == (nnz,)
-            and ids.dtype == np.uint32
+            and valid_offsets(offsets, n_words, nnz)
             and norms.shape == (n_images,)
             and idf.shape == (n_words,)
         )
@@ -346,11 +249,8 @@ class AsmkInvertedFile:
             raise InputError(
                 "ASMK inverted file does not agree with its meta.json (damaged?)", folder
             )
-        for name in _MAPPED:
-            check_written(
-                folder / name, what="ASMK inverted file", stands_for=_record(meta, offsets)
-            )
-        return cls(folder, meta, offsets, codes, ids, norms, idf)
+        mapped = open_columns(folder, _columns(dim // 64), meta, offsets, what="ASMK inverted file")
+        return cls(folder, meta, offsets, mapped["codes"], mapped["ids"], norms, idf)
 
     @property
     def n_postings(self) -> int:
@@ -447,7 +347,7 @@ class AsmkInvertedFile:
                 weights = table * idf[w]
             if a == b:
                 continue
-            _scatter(scores[owner[k]], ids[a:b], lists[a:b], all_codes[k], weights)
+            scatter_hamming(scores[owner[k]], ids[a:b], lists[a:b], all_codes[k], weights)
         nz = self.norms_ > 0
         for i, (_, q_words) in enumerate(checked):
             q_norm = float(idf[q_words].sum(dtype=np.float64))

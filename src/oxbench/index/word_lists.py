@@ -1,0 +1,250 @@
+"""Per-word posting lists on disk, written chunk by chunk and memory-mapped for searching.
+
+The memory-mapped inverted files (ASMK's :mod:`oxbench.index.asmk_file`, the Hamming
+embedding's :mod:`oxbench.index.he_file`) keep each column of their postings -- image ids,
+packed binary codes, geometry -- as one ``.npy`` file, CSR by word: the postings of word ``w``
+are rows ``offsets[w]:offsets[w + 1]``, in image order. :class:`WordRuns` builds such columns for
+any number of images while holding one chunk and one block: each chunk's postings are sorted by
+word (stably, so images stay in order) and written as a *run*; :meth:`WordRuns.merge` then reads
+every run's slice of a block of words, merges them (runs in image order) and appends the block to
+each column's file, offering it to a callback (norms, counts) on the way.
+
+:func:`bind` records, beside each mapped file, what it was written for (the folder's
+``meta.json`` and the offsets), and :func:`open_columns` maps the columns after checking each
+against that record (:func:`oxbench.cache.check_written`), so a file replaced or left from
+another build is never scored.
+
+:func:`scatter_hamming` is the scoring loop both files share: one query code against one word's
+list, ``scores[ids[i]] += weights[hamming(codes[i], q)]``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import numpy as np
+from numpy.typing import NDArray
+
+from oxbench.cache import check_written, record_written
+from oxbench.errors import InputError
+from oxbench.evaluation.kernels import _accel, accelerated
+from oxbench.fileio import atomic_open, discard_folder, json_digest, make_temp_folder
+from oxbench.index.postings import _word_blocks
+
+#: Postings merged at a time (~100 MB of columns): few, long reads of each run, as a million
+#: images leave hundreds of runs.
+MERGE_POSTINGS = 1 << 22
+
+_asmk_scatter = getattr(_accel, "asmk_scatter", None) if _accel is not None else None
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the postings: ``<name>.npy``, ``dtype [n]`` or ``dtype [n, width]``."""
+
+    name: str
+    dtype: type
+    width: int = 0
+
+    def shape(self, n: int) -> tuple[int, ...]:
+        return (n, self.width) if self.width else (n,)
+
+    @property
+    def item_bytes(self) -> int:
+        return np.dtype(self.dtype).itemsize * max(self.width, 1)
+
+
+class WordRuns:
+    """Chunks of postings written as word-sorted runs, then merged into per-word columns.
+
+    Use as a context manager (the runs' folder is removed on exit): :meth:`add` each chunk, then
+    :meth:`merge` once.
+
+    Args:
+        folder: the inverted file's folder (the runs go to a temporary folder inside it).
+        n_words: vocabulary size.
+        columns: the posting columns.
+    """
+
+    def __init__(self, folder: Path, n_words: int, columns: Sequence[Column]) -> None:
+        self.n_words = int(n_words)
+        self.columns = tuple(columns)
+        self.counts = np.zeros(self.n_words, np.int64)
+        self._dir = make_temp_folder(Path(folder) / "runs")
+        self._runs: list[NDArray[np.int64]] = []
+
+    def __enter__(self) -> WordRuns:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        discard_folder(self._dir)
+
+    def add(self, words: NDArray[np.int64], values: Mapping[str, NDArray]) -> NDArray[np.int64]:
+        """Write one chunk's postings (``words [m]`` and each column's ``[m]`` values) as a run.
+
+        Returns the chunk's order by word (stable): ``words[order]`` is what the run holds.
+        """
+        order = np.argsort(words, kind="stable")
+        w = words[order]
+        indptr = np.searchsorted(w, np.arange(self.n_words + 1)).astype(np.int64)
+        self.counts += np.diff(indptr)
+        k = len(self._runs)
+        for c in self.columns:
+            np.ascontiguousarray(values[c.name][order], dtype=c.dtype).tofile(
+                self._dir / f"{k}.{c.name}.bin"
+            )
+        self._runs.append(indptr)
+        return order
+
+    def merge(
+        self,
+        folder: Path,
+        on_block: Callable[[NDArray[np.int64], dict[str, NDArray]], None] | None = None,
+    ) -> NDArray[np.int64]:
+        """Write ``<folder>/<column>.npy`` for every column (each atomically) and return the
+        offsets ``int64 [n_words + 1]``; ``on_block(words, columns)`` sees each merged block."""
+        nnz = int(self.counts.sum())
+        offsets = np.zeros(self.n_words + 1, np.int64)
+        offsets[1:] = np.cumsum(self.counts)
+        with ExitStack() as stack:  # every column's file appears, or none
+            handles = {
+                c.name: stack.enter_context(atomic_open(Path(folder) / f"{c.name}.npy"))
+                for c in self.columns
+            }
+            for c in self.columns:
+                header = {
+                    "descr": np.lib.format.dtype_to_descr(np.dtype(c.dtype)),
+                    "fortran_order": False,
+                    "shape": c.shape(nnz),
+                }
+                np.lib.format.write_array_header_1_0(handles[c.name], header)
+            for w0, w1 in _word_blocks(self.counts, MERGE_POSTINGS):
+                parts: dict[str, list[NDArray]] = {c.name: [] for c in self.columns}
+                words = []
+                for k, indptr in enumerate(self._runs):  # read, not mapped: no resident pages
+                    a, b = int(indptr[w0]), int(indptr[w1])
+                    for c in self.columns:
+                        per = max(c.width, 1)
+                        values: NDArray = np.fromfile(
+                            self._dir / f"{k}.{c.name}.bin",
+                            c.dtype,
+                            (b - a) * per,
+                            offset=c.item_bytes * a,
+                        )
+                        parts[c.name].append(values.reshape(c.shape(b - a)))
+                    words.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
+                order = np.argsort(np.concatenate(words), kind="stable")  # runs in image order
+                block = {name: np.concatenate(v)[order] for name, v in parts.items()}
+                for c in self.columns:
+                    handles[c.name].write(np.ascontiguousarray(block[c.name]).tobytes())
+                if on_block is not None:
+                    on_block(np.concatenate(words)[order], block)
+        return offsets
+
+
+def stands_for(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
+    """What a folder's mapped files stand for: its ``meta.json`` and its offsets."""
+    return {"meta": json_digest(meta), "offsets": hashlib.sha256(offsets.tobytes()).hexdigest()}
+
+
+def bind(
+    folder: Path, columns: Sequence[Column], meta: Mapping[str, object], offsets: NDArray[np.int64]
+) -> None:
+    """Record, beside each column's file, what it stands for (:func:`stands_for`)."""
+    for c in columns:
+        record_written(Path(folder) / f"{c.name}.npy", stands_for(meta, offsets))
+
+
+def open_columns(
+    folder: Path,
+    columns: Sequence[Column],
+    meta: Mapping[str, object],
+    offsets: NDArray[np.int64],
+    *,
+    what: str,
+) -> dict[str, NDArray]:
+    """Map each column's file after checking it is the one :func:`bind` recorded, of the shape
+    and type ``meta`` and ``offsets`` say (views of the maps, without ``np.memmap``'s per-slice
+    cost).
+
+    Raises:
+        InputError: a file that cannot be read or that disagrees with ``meta.json``.
+        CorruptCache: a file that is not the one written for this ``meta.json``.
+    """
+    nnz = int(offsets[-1])
+    out: dict[str, NDArray] = {}
+    for c in columns:
+        path = Path(folder) / f"{c.name}.npy"
+        try:
+            a = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"unreadable {what} ({type(exc).__name__}: {exc})", path) from None
+        if a.shape != c.shape(nnz) or a.dtype != np.dtype(c.dtype):
+            raise InputError(
+                f"{what}: {c.name}.npy is {a.dtype} {a.shape}, meta.json says "
+                f"{np.dtype(c.dtype)} {c.shape(nnz)} (damaged?)",
+                folder,
+            )
+        check_written(path, what=what, stands_for=stands_for(meta, offsets))
+        out[c.name] = np.asarray(a)
+    return out
+
+
+def valid_offsets(offsets: NDArray, n_words: int, nnz: int) -> bool:
+    """``int64 [n_words + 1]`` from 0 to ``nnz``, non-decreasing."""
+    return bool(
+        offsets.shape == (n_words + 1,)
+        and offsets.dtype == np.int64
+        and int(offsets[0]) == 0
+        and int(offsets[-1]) == nnz
+        and (np.diff(offsets) >= 0).all()
+    )
+
+
+def scatter_hamming(
+    scores: NDArray[np.float64],
+    ids: NDArray[np.uint32],
+    block: NDArray[np.uint64],
+    q: NDArray[np.uint64],
+    weights: NDArray[np.float64],
+) -> None:
+    """``scores[ids[i]] += weights[hamming(block[i], q)]`` over one word's list (``block``:
+    ``uint64 [m, d / 64]``, ``q``: ``uint64 [d / 64]``, ``weights``: ``[d + 1]``).
+
+    The compiled kernel (``asmk_scatter`` in :mod:`oxbench.evaluation._accel`, when
+    :func:`oxbench.evaluation.kernels.accelerated`) does it in one pass; otherwise, or when it
+    reports an anomaly (leaving ``scores`` untouched), numpy does, with the same additions in the
+    same order (an image twice in a list adds twice): the same scores, to the bit.
+    """
+    if (
+        _asmk_scatter is not None
+        and accelerated()
+        and not _asmk_scatter(scores, ids, block, q, weights)
+    ):
+        return
+    h = np.bitwise_count(block[:, 0] ^ q[0])
+    if block.shape[1] * 64 > 255:  # bitwise_count gives uint8
+        h = h.astype(np.uint16)
+    for j in range(1, block.shape[1]):
+        h += np.bitwise_count(block[:, j] ^ q[j])
+    # every posting, weak ones adding 0: cheaper than selecting the strong ones first
+    np.add.at(scores, ids, weights.take(h))
+
+
+__all__ = [
+    "MERGE_POSTINGS",
+    "Column",
+    "WordRuns",
+    "bind",
+    "open_columns",
+    "scatter_hamming",
+    "stands_for",
+    "valid_offsets",
+]
