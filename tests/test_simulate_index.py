@@ -121,17 +121,28 @@ def test_resampled_codes_keep_the_measured_bit_frequencies() -> None:
 
 def test_simulated_he_entries_are_one_uniform_signature_per_feature() -> None:
     stats = BagStatistics.from_bags(_measured(), 300)
-    (m, owners, words, sig), *_ = simulated_he_entries(stats, 3000, seed=4, chunk=3000)
+    measured = np.array([-1.0, 0.5, 2.0], np.float32)
+    e, *_ = simulated_he_entries(stats, 3000, log_scales=measured, seed=4, chunk=3000)
     bags = next(simulated_bags(stats, 3000, seed=4, chunk=3000))
-    assert m == 3000 and sig.dtype == np.uint64 and owners.dtype == np.int64
-    np.testing.assert_array_equal(words, np.concatenate(bags))
-    np.testing.assert_array_equal(np.bincount(owners, minlength=m), [len(b) for b in bags])
+    assert e.n_images == 3000 and e.signatures.dtype == np.uint64 and e.owners.dtype == np.int64
+    np.testing.assert_array_equal(e.words, np.concatenate(bags))
+    np.testing.assert_array_equal(np.bincount(e.owners, minlength=3000), [len(b) for b in bags])
     # each of the 64 bits set half of the time (popcount mean 32, sd 4 / sqrt(n))
-    bits = np.bitwise_count(sig).astype(np.float64)
-    assert abs(bits.mean() - 32) < 5 * 4 / np.sqrt(len(sig))
+    bits = np.bitwise_count(e.signatures).astype(np.float64)
+    assert abs(bits.mean() - 32) < 5 * 4 / np.sqrt(len(bits))
     assert abs(bits.var() - 16) < 1.5
-    (_, _, _, again), *_ = simulated_he_entries(stats, 3000, seed=4, chunk=3000)
-    np.testing.assert_array_equal(sig, again)
+    # orientations uniform over the circle (mean 180, sd 360 / sqrt(12) / sqrt(n)), scales measured
+    assert e.angles.min() >= 0 and e.angles.max() < 360
+    assert abs(e.angles.mean() - 180) < 5 * 360 / np.sqrt(12 * len(bits))
+    assert set(np.unique(e.log_scales).tolist()) == set(measured.tolist())
+    again, *_ = simulated_he_entries(stats, 3000, log_scales=measured, seed=4, chunk=3000)
+    np.testing.assert_array_equal(e.signatures, again.signatures)
+    np.testing.assert_array_equal(e.angles, again.angles)
+    plain, *_ = simulated_he_entries(stats, 3000, seed=4, chunk=3000)
+    assert not plain.log_scales.any()
+    for bad in (np.zeros(0), np.array([np.nan])):
+        with pytest.raises(InputError, match="log-scales"):
+            next(simulated_he_entries(stats, 10, log_scales=bad))
 
 
 def test_simulated_vectors_are_unit_resampled_and_reject_bad_input() -> None:
@@ -237,8 +248,16 @@ def test_the_bench_script_measures_a_simulated_size_and_refuses_a_bad_one(
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "'pq'" in err
     he = tmp_path / "he.json"
-    argv = ["--cache", str(cache), "--sizes", "300", "--methods", "he", "--json", str(he)]
+    methods = "he,he-memory"
+    argv = ["--cache", str(cache), "--sizes", "300", "--methods", methods, "--json", str(he)]
     assert script.main(argv) == 0
-    (p,) = json.loads(he.read_text())["points"]
-    assert p["method"] == "he" and p["n_index"] == 340 and p["postings"] > 300
-    assert p["steady_ram_bytes"] == 24 * p["postings"] and p["query_cpu_s"] > 0
+    mapped, memory = json.loads(he.read_text())["points"]
+    for p in (mapped, memory):
+        assert p["n_index"] == 340 and p["postings"] > 300
+        assert p["query_cpu_s"] > 0 and p["query_cpu_wgc_s"] > 0
+    assert (mapped["method"], memory["method"]) == ("he", "he-memory")
+    assert mapped["postings"] == memory["postings"]  # the same drawn postings in both
+    # the mapped file: 20 bytes a posting on disk, its offsets, idf and norms in RAM
+    assert mapped["disk_bytes"] > 20 * mapped["postings"] and memory["disk_bytes"] == 0
+    assert mapped["steady_ram_bytes"] < 20 * mapped["postings"] < memory["steady_ram_bytes"]
+    assert not (cache / "simulated-he-300").exists()

@@ -15,7 +15,7 @@ The other indexes' entries are drawn from the same bags, chunk by chunk with a s
 :func:`simulated_asmk_entries` (ASMK: each image's distinct words, each with a binary aggregated
 residual resampled from the measured ones of that word, :class:`SignaturePool`),
 :func:`simulated_he_entries` (Hamming embedding: a 64-bit signature per feature, its bits uniform
-as HE's per-word medians make them) and :func:`simulated_vectors` (global descriptors: measured
+as HE's per-word medians make them, with an orientation and a measured log-scale) and :func:`simulated_vectors` (global descriptors: measured
 vectors resampled plus Gaussian noise, for IVF-PQ).
 
 What the simulation leaves out, and so what it cannot say: words are drawn independently within a
@@ -41,6 +41,7 @@ from oxbench.errors import InputError
 
 if TYPE_CHECKING:
     from oxbench.index.asmk_file import AsmkEntries
+    from oxbench.index.he_file import HeEntries
 
 #: Most simulated images one index may hold.
 MAX_SIMULATED = 10_000_000
@@ -195,16 +196,40 @@ def simulated_asmk_entries(
 
 
 def simulated_he_entries(
-    stats: BagStatistics, n: int, *, seed: int = 0, chunk: int = 2048
-) -> Iterator[tuple[int, NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64]]]:
-    """Hamming-embedding postings of ``n`` simulated images, chunk by chunk: ``(images in the
-    chunk, owner [m], word [m], signature uint64 [m])``, one per feature of each drawn bag, the
-    64 bits uniform and independent -- what HE's per-word median thresholds make each bit
-    (:mod:`oxbench.index.hamming`: a bit is 1 on half of a word's training descriptors)."""
+    stats: BagStatistics,
+    n: int,
+    *,
+    log_scales: NDArray[np.floating] | None = None,
+    seed: int = 0,
+    chunk: int = 2048,
+) -> Iterator[HeEntries]:
+    """Hamming-embedding postings of ``n`` simulated images, chunk by chunk (chunk ``k`` from
+    ``(seed, k)``): one per feature of each drawn bag, its 64 bits uniform and independent --
+    what HE's per-word median thresholds make each bit (:mod:`oxbench.index.hamming`: a bit is 1
+    on half of a word's training descriptors) -- its orientation uniform over the circle and its
+    log2 scale resampled from ``log_scales`` (measured keypoints; 0 when not given).
+
+    Raises:
+        InputError: ``n`` out of bounds, or ``log_scales`` empty or not finite.
+    """
+    from oxbench.index.he_file import HeEntries
+
+    measured = None
+    if log_scales is not None:
+        measured = np.asarray(log_scales, np.float32).reshape(-1)
+        if not len(measured) or not np.isfinite(measured).all():
+            raise InputError("measured log-scales must be finite and not empty")
     for rng, sizes, words in _drawn_chunks(stats, n, seed, chunk):
+        m = len(words)
         owners = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-        sig = rng.integers(0, np.iinfo(np.uint64).max, len(words), dtype=np.uint64, endpoint=True)
-        yield len(sizes), owners, words, sig
+        sig = rng.integers(0, np.iinfo(np.uint64).max, m, dtype=np.uint64, endpoint=True)
+        angles = (rng.random(m) * 360.0).astype(np.float32)
+        scales = (
+            measured[rng.integers(0, len(measured), m)]
+            if measured is not None
+            else np.zeros(m, np.float32)
+        )
+        yield HeEntries(len(sizes), owners, words, sig, angles, scales)
 
 
 def simulated_vectors(
