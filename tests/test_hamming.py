@@ -220,7 +220,8 @@ def test_all_bits_threshold_without_weights_is_the_tf_idf_cosine() -> None:
 
 
 @pytest.mark.parametrize(
-    ("setting", "value"), [("he_ht", "65"), ("he_ht", "-1"), ("he_sigma", "nan")]
+    ("setting", "value"),
+    [("he_ht", "65"), ("he_ht", "-1"), ("he_sigma", "nan"), ("inverted_file", "disk")],
 )
 def test_bad_settings_are_one_line(
     setting: str, value: str, capsys: pytest.CaptureFixture[str]
@@ -291,3 +292,36 @@ def test_wgc_never_exceeds_the_sum_of_votes_and_ignores_their_order(
     )
     if angle_bins == scale_bins == 1:  # one bin each: WGC is the plain sum
         assert np.allclose(got, np.bincount(image, weight, minlength=3))
+
+
+@pytest.mark.slow
+def test_the_mapped_inverted_file_ranks_as_the_in_ram_one(tmp_path: Path) -> None:
+    """``inverted_file=mapped`` (:mod:`oxbench.index.he_file`) gives the in-RAM index's ranks and
+    scores, with and without WGC, through the whole family (features, signatures, chunks)."""
+    pytest.importorskip("cv2")
+    pytest.importorskip("faiss")
+    from oxbench.pipelines import RunContext
+    from oxbench.pipelines.families import he
+    from test_pipeline import load_tiny, make_tiny_root, tiny
+
+    root = make_tiny_root(tmp_path / "data")
+    bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
+    for name in ("rootsift-he", "rootsift-he-wgc-sv"):
+        got = {}
+        for inverted_file in ("memory", "mapped"):
+            ctx = RunContext(tmp_path / "cache", progress=False)
+            settings = {**tiny(name), "vocab_size": 200, "inverted_file": inverted_file}
+            method = resolve_method(name, **settings).build().fit(train, ctx)
+            if inverted_file == "mapped":  # several chunks of images
+                he.INDEX_CHUNK, chunk = 7, he.INDEX_CHUNK
+                try:
+                    method.index(bench, ctx)
+                finally:
+                    he.INDEX_CHUNK = chunk
+                assert list((tmp_path / "cache").glob("*/he-lists/*/signatures.npy"))
+            else:
+                method.index(bench, ctx)
+            got[inverted_file] = method.search(bench, ctx)
+        np.testing.assert_array_equal(got["memory"].ranks, got["mapped"].ranks)
+        np.testing.assert_allclose(got["memory"].scores, got["mapped"].scores, rtol=1e-6)
+        assert (got["mapped"].scores[:, 0] > 0).all()

@@ -8,7 +8,9 @@ weighs ``idf^2 exp(-h^2 / he_sigma^2)`` (Jegou et al., IJCV 2010; ``he_weighting
 only). Weak geometric consistency (``wgc``) then keeps, per image, only the matches that agree on
 one rotation and one scale change (the smaller maximum of the orientation- and log-scale-difference
 histograms, :func:`oxbench.index.hamming.wgc_scores`). Scores are normalised by the tf-idf norms of
-both images (:class:`oxbench.index.hamming.HammingIndex`).
+both images (:class:`oxbench.index.hamming.HammingIndex` in RAM, or with
+``inverted_file=mapped`` the same postings and scores in per-word lists on disk, memory-mapped and
+built by chunks of images: :class:`oxbench.index.he_file.HammingInvertedFile`).
 
 ``fit`` trains (or reuses) the vocabulary of the shared step and learns the embedding on the
 training set's database features (cached under ``<cache>/hamming``, keyed by the vocabulary
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -38,6 +41,7 @@ from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.local import training_extractor
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
+from oxbench.index.he_file import HammingInvertedFile, HeEntries
 from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
@@ -55,6 +59,9 @@ from oxbench.pipelines.steps import (
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
+
+#: Images whose features are signed and written at a time by the build.
+INDEX_CHUNK = 2048
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,9 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
         wgc_angle_bins: bins of the orientation-difference histogram over 360 degrees.
         wgc_scale_bins: bins of the log2-scale-difference histogram.
         wgc_scale_range: that histogram spans ``+-wgc_scale_range`` octaves (beyond: end bins).
+        inverted_file: ``memory`` (the postings in RAM, 24 bytes each) or ``mapped`` (per-word
+            lists on disk, 20 bytes a posting, memory-mapped and built by chunks of images; the
+            same scores: :mod:`oxbench.index.he_file`).
         rerank: the stages after the first ranking: ``spatial``, then ``aqe-verified`` (query
             expansion from verified images, in tf-idf space), as in
             :class:`~oxbench.pipelines.families.bow.BowConfig`.
@@ -103,6 +113,11 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
     wgc_scale_bins: int = setting(8, S.Int(lo=1, hi=256), doc="WGC: log-scale bins")
     wgc_scale_range: float = setting(
         4.0, S.Float(lo=0, lo_open=True, hi=64), doc="WGC: log2-scale half-range"
+    )
+    inverted_file: Literal["memory", "mapped"] = setting(
+        "memory",
+        S.Choice("memory", "mapped"),
+        doc="postings in RAM, or per-word lists on disk (memory-mapped)",
     )
 
     def __post_init__(self) -> None:
@@ -142,7 +157,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
     def __init__(self, config: HeConfig) -> None:
         super().__init__(config)
         self.embedding_: HammingEmbedding | None = None
-        self.index_: HammingIndex | None = None
+        self.index_: HammingIndex | HammingInvertedFile | None = None
         self._ivf: InvertedFile | None = None
 
     def fit(self, train: Benchmark | None, ctx: RunContext) -> HammingEmbeddingMethod:
@@ -188,31 +203,60 @@ class HammingEmbeddingMethod(QuantisingMethod):
         parts = self.index_parts(bench, ctx)
         n_words = parts.vocabulary.n_words
         with ctx.timed("index"):
-            feats = [self.features_of(part, name) for part, name in parts.index_parts]
-            n = len(feats)
-
-            def column(j: int, dtype: type) -> NDArray:
-                return (
-                    np.concatenate([f[j] for f in feats]).astype(dtype)
-                    if feats
-                    else np.zeros(0, dtype)
+            if self.config.inverted_file == "mapped":
+                self.index_ = HammingInvertedFile.build(
+                    self._entries(parts.index_parts),
+                    n_words,
+                    self.index_folder(bench, parts, ctx, "he-lists"),
+                    idf=self.config.idf,
                 )
-
-            images = np.repeat(np.arange(n, dtype=np.int64), [len(f[0]) for f in feats])
-            self.index_ = HammingIndex(n_words, idf=self.config.idf).fit(
-                column(0, np.int64),
-                images,
-                column(1, np.uint64),
-                column(2, np.float32),
-                column(3, np.float32),
-                n,
-            )
+            else:
+                self.index_ = self._in_ram(parts.index_parts, n_words)
             tf = bow_matrix(
                 [parts.words[p].of(nm)[0][:, 0] for p, nm in parts.index_parts], n_words
             )
             self._ivf = InvertedFile(n_words, idf=self.config.idf, burst="none").fit(tf)
         self.prepare_pipeline(bench, ctx)
         return self
+
+    def _entries(self, index_parts: list[tuple[str, str]]) -> Iterator[HeEntries]:
+        """The indexed images' features, :data:`INDEX_CHUNK` images at a time."""
+        for a in range(0, len(index_parts), INDEX_CHUNK):
+            feats = [self.features_of(p, n) for p, n in index_parts[a : a + INDEX_CHUNK]]
+            sizes = [len(f[0]) for f in feats]
+            cols = [np.concatenate([f[j] for f in feats]) for j in range(4)]
+            yield HeEntries(
+                len(feats),
+                np.repeat(np.arange(len(feats), dtype=np.int64), sizes),
+                cols[0].astype(np.int64),
+                cols[1].astype(np.uint64),
+                cols[2].astype(np.float32),
+                cols[3].astype(np.float32),
+            )
+
+    def _in_ram(self, index_parts: list[tuple[str, str]], n_words: int) -> HammingIndex:
+        """The in-RAM index of every indexed image's features."""
+        chunks = list(self._entries(index_parts))
+        starts = np.cumsum([0] + [e.n_images for e in chunks])
+
+        def column(name: str, dtype: type) -> NDArray:
+            if not chunks:
+                return np.zeros(0, dtype)
+            return np.concatenate([getattr(e, name) for e in chunks]).astype(dtype)
+
+        images = (
+            np.concatenate([e.owners + s for e, s in zip(chunks, starts, strict=False)])
+            if chunks
+            else np.zeros(0, np.int64)
+        )
+        return HammingIndex(n_words, idf=self.config.idf).fit(
+            column("words", np.int64),
+            images,
+            column("signatures", np.uint64),
+            column("angles", np.float32),
+            column("log_scales", np.float32),
+            len(index_parts),
+        )
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
