@@ -1,7 +1,7 @@
 """Large indexes measured by simulation: compact BoW, HE, ASMK and IVF-PQ at 100K or 1M images.
 
     python bench/simulated_index.py --cache CACHE [--words-dir DIR] --sizes 20000,100000
-        [--methods bow,asmk,he,ivfpq] [--seed 0] [--chunk 2048] [--json sim.json]
+        [--methods bow,asmk,he,he-memory,ivfpq] [--seed 0] [--chunk 2048] [--json sim.json]
 
 Reads the visual words of a benchmark's database and queries from a run's cache (``DIR`` holds
 ``database.npz`` and ``queries.npz``; default: the most recent words folder of the synthetic test
@@ -26,9 +26,15 @@ is its own:
   (``single_query_*``), the scores checked equal, then together again (``query_cpu_warm_s``);
   with the compiled kernel, one at a time again with numpy's (``single_query_cpu_numpy_s``,
   ``OXBENCH_NO_ACCEL=1``; the scores checked equal to the bit).
-- ``he``: Hamming-embedding postings (a drawn bag's features, 64 uniform bits each) in the in-RAM
-  :class:`~oxbench.index.hamming.HammingIndex` (``ht`` 24, Gaussian weights, no WGC); the real
-  queries' words with uniform signatures.
+- ``he``: Hamming-embedding postings -- the real database's words with their keypoints'
+  orientations and scales, then a drawn bag's features per simulated image (64 uniform bits,
+  a uniform orientation, a measured log-scale) -- in the memory-mapped
+  :class:`~oxbench.index.he_file.HammingInvertedFile`; ``he-memory``: the same postings in the
+  in-RAM :class:`~oxbench.index.hamming.HammingIndex`. The real queries' words with uniform
+  signatures and orientations score every image (``ht`` 24, sigma 16: the presets') without
+  (``query_cpu_s``) and with weak geometric consistency (``query_cpu_wgc_s``); with the mapped
+  file and the compiled kernel, without it again with numpy's (``query_cpu_numpy_s``, the scores
+  checked equal to the bit).
 - ``ivfpq``: the set's cached global descriptors (randomly projected to ``--ivfpq-dim``
   dimensions) resampled plus noise, in a FAISS IVF-PQ with oxbench's default settings (nlist
   1024, m 16, 8 bits, nprobe 16) trained on at most 65,536 of them and filled chunk by chunk;
@@ -183,7 +189,7 @@ def asmk_entries(folder: Path, part: str, k: int):  # noqa: ANN201
 
 def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> dict[str, Any]:  # noqa: ANN001
     from oxbench.evaluation.kernels import accelerated
-    from oxbench.index import asmk_file
+    from oxbench.index import word_lists
     from oxbench.index.asmk_file import AsmkInvertedFile
     from oxbench.index.simulate import SignaturePool, simulated_asmk_entries
 
@@ -219,7 +225,7 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
     ivf.scores_of_queries(batch)
     warm_cpu = time.process_time() - t0
     numpy_per_query = []  # one at a time with the numpy kernel, when the compiled one was used
-    if asmk_file._asmk_scatter is not None and accelerated():
+    if word_lists._asmk_scatter is not None and accelerated():
         os.environ["OXBENCH_NO_ACCEL"] = "1"
         try:
             for i, (c, w) in enumerate(batch):
@@ -255,53 +261,135 @@ def one_asmk(folder: Path, stats, n: int, out: Path, seed: int, chunk: int) -> d
     }
 
 
-def one_he(db_bags, queries, stats, n: int, seed: int, chunk: int) -> dict[str, Any]:  # noqa: ANN001
+def he_entries(folder: Path, db_bags, seed: int):  # noqa: ANN001, ANN201
+    """``(HeEntries of the database's real words, its keypoints' log2 scales)``: the words of
+    ``folder`` with their real orientations and scales, and uniform signatures (a simulated
+    signature is uniform too: :func:`oxbench.index.simulate.simulated_he_entries`)."""
+    from oxbench.index.he_file import HeEntries
+    from oxbench.pipelines.steps import Words
+
+    store = database_store(folder)
+    names = Words.load(folder / "database.npz").names
+    kps = [store.get_raw(name).keypoints for name in names]
+    assert [len(k) for k in kps] == [len(b) for b in db_bags]
+    kp = np.concatenate(kps) if kps else np.zeros((0, 4), np.float32)
+    log_scales = np.log2(np.maximum(kp[:, 2].astype(np.float64), 1e-6)).astype(np.float32)
+    rng = np.random.default_rng([seed, 1 << 30])
+    words = np.concatenate(db_bags).astype(np.int64)
+    entries = HeEntries(
+        len(db_bags),
+        np.repeat(np.arange(len(db_bags)), [len(b) for b in db_bags]).astype(np.int64),
+        words,
+        rng.integers(0, 2**64 - 1, len(words), dtype=np.uint64, endpoint=True),
+        kp[:, 3].astype(np.float32),
+        log_scales,
+    )
+    return entries, log_scales
+
+
+def one_he(  # noqa: PLR0913
+    folder: Path,
+    db_bags,
+    queries,
+    stats,
+    n: int,
+    out: Path,
+    seed: int,
+    chunk: int,
+    mapped: bool,  # noqa: ANN001
+) -> dict[str, Any]:
+    """HE at ``n`` simulated images: the mapped file (``he``) or the in-RAM index (``he-memory``);
+    the real queries' words with uniform signatures and orientations, measured scales, scored
+    without and with weak geometric consistency (ht 24, sigma 16: the presets')."""
+    from oxbench.evaluation.kernels import accelerated
+    from oxbench.index import word_lists
     from oxbench.index.hamming import HammingIndex
+    from oxbench.index.he_file import HammingInvertedFile
     from oxbench.index.simulate import simulated_he_entries
 
-    rng = np.random.default_rng([seed, 1 << 30])
+    db, log_scales = he_entries(folder, db_bags, seed)
+
+    def chunks():  # noqa: ANN202
+        yield db
+        yield from simulated_he_entries(stats, n, log_scales=log_scales, seed=seed, chunk=chunk)
+
     t0 = time.process_time()
-    owners = [np.repeat(np.arange(len(db_bags)), [len(b) for b in db_bags])]
-    words = [np.concatenate(db_bags).astype(np.int64)]
-    sigs = [rng.integers(0, 2**64 - 1, len(words[0]), dtype=np.uint64, endpoint=True)]
-    offset = len(db_bags)
-    for m, o, w, s in simulated_he_entries(stats, n, seed=seed, chunk=chunk):
-        owners.append(o + offset)
-        words.append(w)
-        sigs.append(s)
-        offset += m
-    w_all = np.concatenate(words)
-    del words
-    o_all = np.concatenate(owners)
-    del owners
-    s_all = np.concatenate(sigs)
-    del sigs
-    zeros = np.zeros(len(w_all), np.float32)
-    index = HammingIndex(stats.n_words).fit(w_all, o_all, s_all, zeros, zeros, offset)
-    del w_all, o_all, s_all, zeros
-    build = time.process_time() - t0
-    per_query = []
-    for q in queries:
-        qs = rng.integers(0, 2**64 - 1, len(q), dtype=np.uint64, endpoint=True)
-        z = np.zeros(len(q), np.float32)
+    if mapped:
+        index: Any = HammingInvertedFile.build(chunks(), stats.n_words, out)
+        build = time.process_time() - t0
+        build_peak = peak_rss_bytes()
+        del index
+        index = HammingInvertedFile.open(out)
+        held, disk = index.ram_bytes, index.disk_bytes
+    else:
+        parts = list(chunks())
+        starts = np.cumsum([0] + [e.n_images for e in parts])
+        columns = [
+            np.concatenate([getattr(e, k) for e in parts])
+            for k in ("words", "signatures", "angles", "log_scales")
+        ]
+        owners = np.concatenate([e.owners + s for e, s in zip(parts, starts, strict=False)])
+        del parts
+        index = HammingIndex(stats.n_words).fit(
+            columns[0], owners, columns[1], columns[2], columns[3], int(starts[-1])
+        )
+        del columns, owners
+        build = time.process_time() - t0
+        build_peak = peak_rss_bytes()
+        held = sum(
+            a.nbytes for a in (index.images_, index.signatures_, index.angles_, index.log_scales_)
+        )
+        held += index.norms_.nbytes + index.idf_.nbytes + index.offsets_.nbytes
+        disk = 0
+    rng = np.random.default_rng([seed, 1 << 31])
+    batch = [
+        (
+            q,
+            rng.integers(0, 2**64 - 1, len(q), dtype=np.uint64, endpoint=True),
+            (rng.random(len(q)) * 360).astype(np.float32),
+            log_scales[rng.integers(0, len(log_scales), len(q))],
+        )
+        for q in queries
+    ]
+    times: dict[str, list[float]] = {"plain": [], "wgc": [], "numpy": []}
+    matches = []
+    for q in batch:
         t0 = time.process_time()
-        index.scores(q, qs, z, z, ht=24, sigma=16.0)
-        per_query.append(time.process_time() - t0)
-    held = sum(
-        a.nbytes for a in (index.images_, index.signatures_, index.angles_, index.log_scales_)
-    )
+        plain = index.scores(*q, ht=24, sigma=16.0)
+        times["plain"].append(time.process_time() - t0)
+        t0 = time.process_time()
+        index.scores(*q, ht=24, sigma=16.0, wgc=True)
+        times["wgc"].append(time.process_time() - t0)
+        if mapped and word_lists._asmk_scatter is not None and accelerated():
+            os.environ["OXBENCH_NO_ACCEL"] = "1"
+            try:
+                t0 = time.process_time()
+                again = index.scores(*q, ht=24, sigma=16.0)
+                times["numpy"].append(time.process_time() - t0)
+            finally:
+                del os.environ["OXBENCH_NO_ACCEL"]
+            assert np.array_equal(plain, again)  # the same scores, to the bit
+        matches.append(int((plain > 0).sum()))
+    visited = sum(int((index.offsets_[q + 1] - index.offsets_[q]).sum()) for q in queries)
     return {
-        "method": "he",
-        "n_index": offset,
+        "method": "he" if mapped else "he-memory",
+        "n_index": index.n_images,
         "simulated": n,
-        "postings": len(index.images_),
+        "postings": int(index.offsets_[-1]),
         "build_cpu_s": build,
+        "build_peak_rss_bytes": build_peak,
         "process_peak_rss_bytes": peak_rss_bytes(),
         "steady_ram_bytes": held,
         "rss_anon_bytes": rss_anon_bytes(),
-        "disk_bytes": 0,
-        "query_cpu_s": float(np.mean(per_query)),
-        "query_cpu_max_s": float(np.max(per_query)),
+        "disk_bytes": disk,
+        "postings_visited_per_query": visited / len(queries),
+        "images_matched_per_query": float(np.mean(matches)),
+        "query_cpu_s": float(np.mean(times["plain"])),
+        "query_cpu_max_s": float(np.max(times["plain"])),
+        "query_cpu_wgc_s": float(np.mean(times["wgc"])),
+        "query_cpu_wgc_max_s": float(np.max(times["wgc"])),
+        "compiled_kernel": bool(times["numpy"]),
+        "query_cpu_numpy_s": float(np.mean(times["numpy"])) if times["numpy"] else None,
     }
 
 
@@ -371,8 +459,8 @@ def run_one(args: argparse.Namespace, method: str, n: int) -> dict[str, Any]:
             return {"method": "bow", **one_size(db, queries, stats, n, out, args.seed, args.chunk)}
         if method == "asmk":
             return one_asmk(folder, stats, n, out, args.seed, args.chunk)
-        if method == "he":
-            return one_he(db, queries, stats, n, args.seed, args.chunk)
+        if method in ("he", "he-memory"):
+            return one_he(folder, db, queries, stats, n, out, args.seed, args.chunk, method == "he")
         return one_ivfpq(folder, n, args.ivfpq_dim, args.seed)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -400,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, required=True)
     ap.add_argument("--words-dir", type=Path, default=None)
     ap.add_argument("--sizes", default="20000,100000")
-    ap.add_argument("--methods", default="bow", help="bow, asmk, he, ivfpq (comma-separated)")
+    ap.add_argument(
+        "--methods",
+        default="bow",
+        help="bow, asmk, he (mapped), he-memory, ivfpq (comma-separated)",
+    )
     ap.add_argument("--ivfpq-dim", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--chunk", type=int, default=2048)
@@ -413,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"simulated_index.py: --sizes {args.sizes}: {exc}", file=sys.stderr)
         return 2
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - {"bow", "asmk", "he", "ivfpq"})
+    unknown = sorted(set(methods) - {"bow", "asmk", "he", "he-memory", "ivfpq"})
     if unknown or not methods:
         print(f"simulated_index.py: --methods {args.methods}: not {unknown}", file=sys.stderr)
         return 2
