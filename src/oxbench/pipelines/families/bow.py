@@ -30,7 +30,6 @@ from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_wei
 from oxbench.index.postings import CompressedPostings
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import (
-    RERANKERS,
     Pipeline,
     Ranking,
     Reranker,
@@ -131,11 +130,6 @@ class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
         images at a time: nothing per feature."""
         soft = self.soft_k if self.assignment == "soft" else 1
         return 0.0 if self.streamed_build else 3 * 8 * soft
-
-    @property
-    def reads_vectors(self) -> bool:
-        """Whether a stage reads or replaces the database vectors (query expansion, augmentation)."""
-        return any(RERANKERS.get(n).needs & {"vectors", "augment"} for n in self.rerank)
 
     @property
     def streamed_build(self) -> bool:

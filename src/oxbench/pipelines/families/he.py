@@ -17,8 +17,9 @@ training set's database features (cached under ``<cache>/hamming``, keyed by the
 file); ``index`` signs every database feature and builds the postings; ``search`` scores the
 query crops. The re-ranking stages are the shared ones: spatial verification of the short list,
 and query expansion from verified images, which expands and ranks again in the tf-idf space of
-the same words (the family offers the tf-idf vectors as its ``vectors``; the expanded query has
-no signatures). Presets are registered at the end of this module.
+the same words (the family offers the tf-idf vectors as its ``vectors``, built only when such a
+stage reads them; the expanded query has no signatures). Presets are registered at the end of
+this module.
 """
 
 from __future__ import annotations
@@ -212,10 +213,11 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 )
             else:
                 self.index_ = self._in_ram(parts.index_parts, n_words)
-            tf = bow_matrix(
-                [parts.words[p].of(nm)[0][:, 0] for p, nm in parts.index_parts], n_words
-            )
-            self._ivf = InvertedFile(n_words, idf=self.config.idf, burst="none").fit(tf)
+            if self.config.reads_vectors:  # query expansion ranks again in tf-idf space
+                tf = bow_matrix(
+                    [parts.words[p].of(nm)[0][:, 0] for p, nm in parts.index_parts], n_words
+                )
+                self._ivf = InvertedFile(n_words, idf=self.config.idf, burst="none").fit(tf)
         self.prepare_pipeline(bench, ctx)
         return self
 
@@ -261,7 +263,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
         m, index, ivf = self.config, self.index_, self._ivf
-        assert index is not None and ivf is not None
+        assert index is not None
         with ctx.timed("assign"):
             q_words = parts.assign(bench, "queries", ctx)
         names = parts.names["queries"]
@@ -288,8 +290,12 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 else scores
             )
             ranks = ranks_from_scores(scores.T)
-            q_vecs = ivf.transform(
-                bow_matrix([q_words.of(n)[0][:, 0] for n in names], parts.vocabulary.n_words)
+            q_vecs = (
+                ivf.transform(
+                    bow_matrix([q_words.of(n)[0][:, 0] for n in names], parts.vocabulary.n_words)
+                )
+                if ivf is not None
+                else None
             )
         self.warn_empty_queries(parts)
         info: dict[str, object] = {

@@ -375,6 +375,11 @@ class Pipeline:
         """The settings groups this pipeline's stages read."""
         return stage_groups(self.rerank)
 
+    @property
+    def reads_vectors(self) -> bool:
+        """Whether a stage reads or replaces the database vectors (query expansion, augmentation)."""
+        return any(RERANKERS.get(n).needs & {"vectors", "augment"} for n in self.rerank)
+
 
 def prepare_stages(
     stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext
