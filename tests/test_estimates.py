@@ -215,6 +215,32 @@ def test_asmk_at_1m_is_refused_in_ram_with_the_mapped_lists_as_remedy(
     assert est.ram_bytes < 24 * GIB
 
 
+def test_he_is_refused_in_ram_past_what_fits_with_the_mapped_lists_as_remedy(
+    tiny_root: Path, tmp_path: Path
+) -> None:
+    """HE's in-RAM build at 120 B a feature: +100K at the cap (~45 GiB) is refused on a 24 GiB
+    machine naming the mapped lists, which hold nothing per feature; with query expansion the
+    tf-idf file's 24 B a feature remain, so +1M is refused even mapped (~89 GiB) and no remedy is
+    named that would not fit."""
+    m = resolve_method("rootsift-he-wgc")
+    est = preflight(m, _bench(tiny_root, 10_000), tmp_path / "c", available=24 * GIB,
+                    free_disk=10**15)  # fmt: skip
+    assert est.ram_bytes == 10_040 * (4000 * 120 + 8)
+    big = _bench(tiny_root, 100_000)
+    with pytest.raises(InputError) as exc:
+        preflight(m, big, tmp_path / "c", available=24 * GIB, free_disk=10**15)
+    assert "--set inverted_file=mapped" in str(exc.value) and "\n" not in str(exc.value)
+    mapped = resolve_method("rootsift-he-wgc", inverted_file="mapped")
+    est = preflight(mapped, _bench(tiny_root, 1_000_000), tmp_path / "c", available=24 * GIB,
+                    free_disk=10**15)  # fmt: skip
+    assert est.ram_bytes == 1_000_040 * 8  # the words offsets only
+    qe = resolve_method("rootsift-he-wgc-sv-qe", inverted_file="mapped")
+    with pytest.raises(InputError) as exc:
+        preflight(qe, _bench(tiny_root, 1_000_000), tmp_path / "c", available=24 * GIB,
+                  free_disk=10**15)  # fmt: skip
+    assert "inverted_file=mapped" not in str(exc.value)
+
+
 def test_every_named_remedy_is_accepted_by_its_preset(tiny_root: Path, tmp_path: Path) -> None:
     big = _bench(tiny_root, 100_000)
     named = 0

@@ -24,6 +24,7 @@ this module.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.local import training_extractor
 from oxbench.fileio import json_digest, remove_stale_temps
+from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
 from oxbench.index.he_file import HammingInvertedFile, HeEntries
 from oxbench.index.inverted import InvertedFile, bow_matrix
@@ -57,12 +59,15 @@ from oxbench.pipelines.steps import (
     part_names,
     training_descriptors,
 )
+from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
 
 #: Images whose features are signed and written at a time by the build.
 INDEX_CHUNK = 2048
+#: The in-RAM build's peak per posting (:meth:`HeConfig.ram_bytes_per_feature`).
+HE_BUILD_BYTES_PER_FEATURE = 120.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,20 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def build(self) -> HammingEmbeddingMethod:
         return HammingEmbeddingMethod(self)
+
+    def ram_bytes_per_image(self) -> int | None:
+        """At most: every image at the features cap (:meth:`ram_bytes_per_feature` each)."""
+        cap = getattr(self.features, "n_features", 0)
+        return local_ram_per_image(cap, self.ram_bytes_per_feature()) if cap else None
+
+    def ram_bytes_per_feature(self) -> float:
+        """At the build's peak, per database feature: the in-RAM postings' build, measured at
+        119.5 B a posting (bench/README.md, "100K and 1M images": 11,887 MiB for 104.3M postings,
+        built as the family builds them), of which 24 are kept; nothing with
+        ``inverted_file=mapped`` (one chunk of images at a time). Query expansion adds the tf-idf
+        inverted file (bag of words' 3 x 8 bytes a posting)."""
+        own = 0.0 if self.inverted_file == "mapped" else HE_BUILD_BYTES_PER_FEATURE
+        return own + (3 * 8 if self.reads_vectors else 0)
 
 
 def embedding_path(cache: Path, vocab_path: Path, config: HeConfig, train: Benchmark) -> Path:
@@ -220,6 +239,30 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 self._ivf = InvertedFile(n_words, idf=self.config.idf, burst="none").fit(tf)
         self.prepare_pipeline(bench, ctx)
         return self
+
+    def footprint(self) -> Footprint | None:
+        """The postings (in RAM, or their per-image norms with the lists on disk), the tf-idf
+        file when query expansion needs it, and the words; feature stores and words on disk."""
+        index = self.index_
+        if index is None or self._parts is None:
+            return None
+        fixed = {"idf_offsets": array_bytes([index.idf_, index.offsets_])}
+        if isinstance(index, HammingInvertedFile):
+            ram = {"norms": array_bytes(index.norms_)}
+        else:
+            ram = {
+                "postings": array_bytes(
+                    [index.images_, index.signatures_, index.angles_, index.log_scales_]
+                ),
+                "norms": array_bytes(index.norms_),
+            }
+        if self._ivf is not None:
+            ram["tf_idf"] = array_bytes([self._ivf.postings_, self._ivf.db_vectors_])
+        out = local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram=fixed)
+        if isinstance(index, HammingInvertedFile):
+            disk = index.disk_bytes - fixed["idf_offsets"] - ram["norms"]
+            out = dataclasses.replace(out, disk={**out.disk, "he_lists": disk})
+        return out
 
     def _entries(self, index_parts: list[tuple[str, str]]) -> Iterator[HeEntries]:
         """The indexed images' features, :data:`INDEX_CHUNK` images at a time."""
