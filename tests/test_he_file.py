@@ -270,3 +270,25 @@ def test_a_changed_build_rewrites_the_binding(tmp_path: Path):
     again = HammingInvertedFile.build([HeEntries(**e)], 4, folder)
     assert again.signatures_.tolist() == [7, 7]
     assert HammingInvertedFile.open(folder).signatures_.tolist() == [7, 7]
+
+
+def test_the_merge_holds_the_runs_and_one_column_more(tmp_path, monkeypatch):
+    """Disk during the build: the runs (20 B a posting) plus the column being written, each
+    column's runs deleted once it is written -- not the runs and a whole second copy (40 B)."""
+    rng = np.random.default_rng(5)
+    images = random_features(rng, 400, 13)
+    n = sum(len(f[0]) for f in images)
+    seen = []
+    read = word_lists.WordRuns._read_block
+
+    def measured(self, c, w0, w1):
+        seen.append(sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file()))
+        return read(self, c, w0, w1)
+
+    monkeypatch.setattr(word_lists.WordRuns, "_read_block", measured)
+    monkeypatch.setattr(word_lists, "MERGE_POSTINGS", 50)
+    ivf = HammingInvertedFile.build(chunked(images, 30), 13, tmp_path / "he")
+    assert ivf.n_postings == n and len(seen) > 4 * 5
+    assert max(seen) >= POSTING_BYTES * n  # the runs were there
+    assert max(seen) <= (POSTING_BYTES + 8) * n + 4096  # and one column (8 B signatures) more
+    assert not list((tmp_path / "he").glob("*runs*"))

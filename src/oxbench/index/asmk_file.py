@@ -197,8 +197,8 @@ class AsmkInvertedFile:
                 idf[seen] = (np.log(n_images / counts[seen]) ** 2).astype(np.float32)
             norm = np.zeros(n_images, np.float64)
 
-            def add_norms(words: NDArray[np.int64], block: dict[str, NDArray]) -> None:
-                norm[:] += np.bincount(block["ids"], weights=idf[words], minlength=n_images)
+            def add_norms(words: NDArray[np.int64], ids: NDArray) -> None:
+                norm[:] += np.bincount(ids, weights=idf[words], minlength=n_images)
 
             offsets = runs.merge(folder, add_norms)
         atomic_write_npy(folder / "offsets.npy", offsets)

@@ -173,8 +173,8 @@ class HammingInvertedFile:
                 weights[seen] = np.log(n_images / df[seen])
             norm_sq = np.zeros(n_images)
 
-            def add_norms(words: NDArray[np.int64], block: dict[str, NDArray]) -> None:
-                w, img, tf = _tf_pairs(words, block["ids"])
+            def add_norms(words: NDArray[np.int64], ids: NDArray) -> None:
+                w, img, tf = _tf_pairs(words, ids)
                 norm_sq[:] += np.bincount(img, (tf * weights[w]) ** 2, minlength=n_images)
 
             offsets = runs.merge(folder, add_norms)

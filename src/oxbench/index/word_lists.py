@@ -5,9 +5,11 @@ embedding's :mod:`oxbench.index.he_file`) keep each column of their postings -- 
 packed binary codes, geometry -- as one ``.npy`` file, CSR by word: the postings of word ``w``
 are rows ``offsets[w]:offsets[w + 1]``, in image order. :class:`WordRuns` builds such columns for
 any number of images while holding one chunk and one block: each chunk's postings are sorted by
-word (stably, so images stay in order) and written as a *run*; :meth:`WordRuns.merge` then reads
-every run's slice of a block of words, merges them (runs in image order) and appends the block to
-each column's file, offering it to a callback (norms, counts) on the way.
+word (stably, so images stay in order) and written as a *run*; :meth:`WordRuns.merge` then, column
+after column, reads every run's slice of a block of words, merges them (runs in image order) and
+appends the block to the column's file (the first column's blocks offered to a callback: norms),
+deleting the column's runs once it is written -- so the disk holds the runs and one column more
+at the peak, not two copies of the postings.
 
 :func:`bind` records, beside each mapped file, what it was written for (the folder's
 ``meta.json`` and the offsets), and :func:`open_columns` maps the columns after checking each
@@ -106,47 +108,52 @@ class WordRuns:
     def merge(
         self,
         folder: Path,
-        on_block: Callable[[NDArray[np.int64], dict[str, NDArray]], None] | None = None,
+        on_block: Callable[[NDArray[np.int64], NDArray], None] | None = None,
     ) -> NDArray[np.int64]:
-        """Write ``<folder>/<column>.npy`` for every column (each atomically) and return the
-        offsets ``int64 [n_words + 1]``; ``on_block(words, columns)`` sees each merged block."""
+        """Write ``<folder>/<column>.npy`` for every column and return the offsets ``int64
+        [n_words + 1]``; ``on_block(words, values)`` sees each merged block of the first column.
+
+        The columns are merged one after the other and each column's runs are deleted once it
+        is written, so the disk holds the runs and one written column more, not two copies of
+        the postings. The files appear when all are written (none on an error).
+        """
         nnz = int(self.counts.sum())
         offsets = np.zeros(self.n_words + 1, np.int64)
         offsets[1:] = np.cumsum(self.counts)
-        with ExitStack() as stack:  # every column's file appears, or none
-            handles = {
-                c.name: stack.enter_context(atomic_open(Path(folder) / f"{c.name}.npy"))
-                for c in self.columns
-            }
-            for c in self.columns:
+        blocks = list(_word_blocks(self.counts, MERGE_POSTINGS))
+        with ExitStack() as stack:
+            for j, c in enumerate(self.columns):
+                out = stack.enter_context(atomic_open(Path(folder) / f"{c.name}.npy"))
                 header = {
                     "descr": np.lib.format.dtype_to_descr(np.dtype(c.dtype)),
                     "fortran_order": False,
                     "shape": c.shape(nnz),
                 }
-                np.lib.format.write_array_header_1_0(handles[c.name], header)
-            for w0, w1 in _word_blocks(self.counts, MERGE_POSTINGS):
-                parts: dict[str, list[NDArray]] = {c.name: [] for c in self.columns}
-                words = []
-                for k, indptr in enumerate(self._runs):  # read, not mapped: no resident pages
-                    a, b = int(indptr[w0]), int(indptr[w1])
-                    for c in self.columns:
-                        per = max(c.width, 1)
-                        values: NDArray = np.fromfile(
-                            self._dir / f"{k}.{c.name}.bin",
-                            c.dtype,
-                            (b - a) * per,
-                            offset=c.item_bytes * a,
-                        )
-                        parts[c.name].append(values.reshape(c.shape(b - a)))
-                    words.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
-                order = np.argsort(np.concatenate(words), kind="stable")  # runs in image order
-                block = {name: np.concatenate(v)[order] for name, v in parts.items()}
-                for c in self.columns:
-                    handles[c.name].write(np.ascontiguousarray(block[c.name]).tobytes())
-                if on_block is not None:
-                    on_block(np.concatenate(words)[order], block)
+                np.lib.format.write_array_header_1_0(out, header)
+                for w0, w1 in blocks:
+                    words, parts = self._read_block(c, w0, w1)
+                    order = np.argsort(words, kind="stable")  # the runs are in image order
+                    values = parts[order]
+                    out.write(np.ascontiguousarray(values).tobytes())
+                    if j == 0 and on_block is not None:
+                        on_block(words[order], values)
+                for k in range(len(self._runs)):
+                    (self._dir / f"{k}.{c.name}.bin").unlink()
         return offsets
+
+    def _read_block(self, c: Column, w0: int, w1: int) -> tuple[NDArray[np.int64], NDArray]:
+        """Every run's postings of words ``w0 .. w1 - 1`` in column ``c`` (read, not mapped: no
+        resident pages), run after run, with their words."""
+        parts, words = [], []
+        per = max(c.width, 1)
+        for k, indptr in enumerate(self._runs):
+            a, b = int(indptr[w0]), int(indptr[w1])
+            values: NDArray = np.fromfile(
+                self._dir / f"{k}.{c.name}.bin", c.dtype, (b - a) * per, offset=c.item_bytes * a
+            )
+            parts.append(values.reshape(c.shape(b - a)))
+            words.append(np.repeat(np.arange(w0, w1), np.diff(indptr[w0 : w1 + 1])))
+        return np.concatenate(words), np.concatenate(parts)
 
 
 def stands_for(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
