@@ -38,7 +38,6 @@ merges the runs word block by word block, so it holds one chunk and one block wh
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,15 +46,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_json, atomic_write_npy, make_folder, read_input_bytes
-from oxbench.index.word_lists import (
-    Column,
-    WordRuns,
-    bind,
-    open_columns,
-    scatter_hamming,
-    valid_offsets,
-)
+from oxbench.fileio import make_folder
+from oxbench.index.word_lists import Column, WordRuns, read_folder, scatter_hamming, write_folder
 
 FORMAT = 1
 
@@ -201,9 +193,6 @@ class AsmkInvertedFile:
                 norm[:] += np.bincount(ids, weights=idf[words], minlength=n_images)
 
             offsets = runs.merge(folder, add_norms)
-        atomic_write_npy(folder / "offsets.npy", offsets)
-        atomic_write_npy(folder / "norms.npy", np.sqrt(norm))
-        atomic_write_npy(folder / "idf.npy", idf)
         meta = {
             "format": FORMAT,
             "n_words": n_words,
@@ -212,8 +201,7 @@ class AsmkInvertedFile:
             "dim": dim,
             "use_idf": bool(use_idf),
         }
-        bind(folder, _columns(n_u64), meta, offsets)
-        atomic_write_json(folder / "meta.json", meta)
+        write_folder(folder, _columns(n_u64), meta, offsets, {"norms": np.sqrt(norm), "idf": idf})
         return cls.open(folder)
 
     # ------------------------------------------------------------------ opening
@@ -225,32 +213,23 @@ class AsmkInvertedFile:
             InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
             CorruptCache: a mapped file that is not the one written for this ``meta.json``.
         """
-        folder = Path(folder)
-        try:
-            meta = json.loads(read_input_bytes(folder / "meta.json", limit=1 << 16))
-            n_words, n_images = int(meta["n_words"]), int(meta["n_images"])
-            nnz, dim = int(meta["nnz"]), int(meta["dim"])
-            offsets = np.load(folder / "offsets.npy", allow_pickle=False)
-            norms = np.load(folder / "norms.npy", allow_pickle=False)
-            idf = np.load(folder / "idf.npy", allow_pickle=False)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"unreadable ASMK inverted file ({type(exc).__name__}: {exc})", folder
-            ) from None
-        ok = (
-            meta.get("format") == FORMAT
-            and dim > 0
-            and dim % 64 == 0
-            and valid_offsets(offsets, n_words, nnz)
-            and norms.shape == (n_images,)
-            and idf.shape == (n_words,)
+        meta, offsets, arrays, mapped = read_folder(
+            Path(folder),
+            fmt=FORMAT,
+            columns_of=lambda meta: _columns(int(meta["dim"]) // 64),
+            arrays={"norms": ("n_images", np.float64), "idf": ("n_words", np.float32)},
+            what="ASMK inverted file",
+            valid_meta=lambda meta: int(meta["dim"]) > 0 and int(meta["dim"]) % 64 == 0,
         )
-        if not ok:
-            raise InputError(
-                "ASMK inverted file does not agree with its meta.json (damaged?)", folder
-            )
-        mapped = open_columns(folder, _columns(dim // 64), meta, offsets, what="ASMK inverted file")
-        return cls(folder, meta, offsets, mapped["codes"], mapped["ids"], norms, idf)
+        return cls(
+            Path(folder),
+            meta,
+            offsets,
+            mapped["codes"],
+            mapped["ids"],
+            arrays["norms"],
+            arrays["idf"],
+        )
 
     @property
     def n_postings(self) -> int:

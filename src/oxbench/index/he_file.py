@@ -27,7 +27,6 @@ only the database norms, accumulated block by block, may differ in the last bit.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,16 +35,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_json, atomic_write_npy, make_folder, read_input_bytes
+from oxbench.fileio import make_folder
 from oxbench.index.hamming import N_BITS, gaussian_match_weights, wgc_bins, wgc_scores
-from oxbench.index.word_lists import (
-    Column,
-    WordRuns,
-    bind,
-    open_columns,
-    scatter_hamming,
-    valid_offsets,
-)
+from oxbench.index.word_lists import Column, WordRuns, read_folder, scatter_hamming, write_folder
 
 FORMAT = 1
 #: The memory-mapped columns of a folder.
@@ -178,9 +170,6 @@ class HammingInvertedFile:
                 norm_sq[:] += np.bincount(img, (tf * weights[w]) ** 2, minlength=n_images)
 
             offsets = runs.merge(folder, add_norms)
-        atomic_write_npy(folder / "offsets.npy", offsets)
-        atomic_write_npy(folder / "idf.npy", weights)
-        atomic_write_npy(folder / "norms.npy", np.sqrt(norm_sq))
         meta = {
             "format": FORMAT,
             "n_words": int(n_words),
@@ -188,8 +177,7 @@ class HammingInvertedFile:
             "nnz": int(offsets[-1]),
             "idf": bool(idf),
         }
-        bind(folder, COLUMNS, meta, offsets)
-        atomic_write_json(folder / "meta.json", meta)
+        write_folder(folder, COLUMNS, meta, offsets, {"idf": weights, "norms": np.sqrt(norm_sq)})
         return cls.open(folder)
 
     # ------------------------------------------------------------------ opening
@@ -201,32 +189,15 @@ class HammingInvertedFile:
             InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
             CorruptCache: a mapped file that is not the one written for this ``meta.json``.
         """
-        folder = Path(folder)
-        try:
-            meta = json.loads(read_input_bytes(folder / "meta.json", limit=1 << 16))
-            n_words, n_images, nnz = int(meta["n_words"]), int(meta["n_images"]), int(meta["nnz"])
-            offsets = np.load(folder / "offsets.npy", allow_pickle=False)
-            idf = np.load(folder / "idf.npy", allow_pickle=False)
-            norms = np.load(folder / "norms.npy", allow_pickle=False)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise InputError(
-                f"unreadable Hamming inverted file ({type(exc).__name__}: {exc})", folder
-            ) from None
-        ok = (
-            meta.get("format") == FORMAT
-            and isinstance(meta.get("idf"), bool)
-            and valid_offsets(offsets, n_words, nnz)
-            and idf.shape == (n_words,)
-            and idf.dtype == np.float64
-            and norms.shape == (n_images,)
-            and norms.dtype == np.float64
+        meta, offsets, arrays, columns = read_folder(
+            Path(folder),
+            fmt=FORMAT,
+            columns_of=lambda meta: COLUMNS,
+            arrays={"idf": ("n_words", np.float64), "norms": ("n_images", np.float64)},
+            what="Hamming inverted file",
+            valid_meta=lambda meta: isinstance(meta["idf"], bool),
         )
-        if not ok:
-            raise InputError(
-                "Hamming inverted file does not agree with its meta.json (damaged?)", folder
-            )
-        columns = open_columns(folder, COLUMNS, meta, offsets, what="Hamming inverted file")
-        return cls(folder, meta, offsets, columns, idf, norms)
+        return cls(Path(folder), meta, offsets, columns, arrays["idf"], arrays["norms"])
 
     @property
     def n_postings(self) -> int:

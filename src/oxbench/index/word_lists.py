@@ -23,11 +23,13 @@ list, ``scores[ids[i]] += weights[hamming(codes[i], q)]``.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -35,7 +37,15 @@ from numpy.typing import NDArray
 from oxbench.cache import check_written, record_written
 from oxbench.errors import InputError
 from oxbench.evaluation.kernels import _accel, accelerated
-from oxbench.fileio import atomic_open, discard_folder, json_digest, make_temp_folder
+from oxbench.fileio import (
+    atomic_open,
+    atomic_write_json,
+    atomic_write_npy,
+    discard_folder,
+    json_digest,
+    make_temp_folder,
+    read_input_bytes,
+)
 from oxbench.index.postings import _word_blocks
 
 #: Postings merged at a time (~100 MB of columns): few, long reads of each run, as a million
@@ -204,6 +214,69 @@ def open_columns(
     return out
 
 
+def write_folder(
+    folder: Path,
+    columns: Sequence[Column],
+    meta: Mapping[str, object],
+    offsets: NDArray[np.int64],
+    arrays: Mapping[str, NDArray],
+) -> None:
+    """Finish a folder whose columns :meth:`WordRuns.merge` wrote: the arrays read into RAM on
+    open (``offsets.npy`` and ``<name>.npy`` of each of ``arrays``), the columns bound to
+    ``meta`` and the offsets (:func:`bind`), and ``meta.json`` last."""
+    for name, a in {"offsets": offsets, **arrays}.items():
+        atomic_write_npy(Path(folder) / f"{name}.npy", a)
+    bind(folder, columns, meta, offsets)
+    atomic_write_json(Path(folder) / "meta.json", meta)
+
+
+def read_folder(
+    folder: Path,
+    *,
+    fmt: int,
+    columns_of: Callable[[Mapping[str, Any]], Sequence[Column]],
+    arrays: Mapping[str, tuple[str, type]],
+    what: str,
+    valid_meta: Callable[[Mapping[str, Any]], bool] = lambda meta: True,
+) -> tuple[dict[str, Any], NDArray[np.int64], dict[str, NDArray], dict[str, NDArray]]:
+    """Open a folder :func:`write_folder` finished: ``(meta, offsets, arrays, columns)``, the
+    arrays read into RAM, the columns mapped (:func:`open_columns`).
+
+    Args:
+        fmt: the format number ``meta.json`` must hold.
+        columns_of: the columns, from the meta.
+        arrays: per array read into RAM, the ``meta.json`` key of its length and its dtype.
+        what: the file's name in messages.
+        valid_meta: the kind's own checks of ``meta.json`` (may raise ``KeyError`` /
+            ``ValueError`` / ``TypeError`` for a missing or mistyped key).
+
+    Raises:
+        InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
+        CorruptCache: a mapped file that is not the one written for this ``meta.json``.
+    """
+    folder = Path(folder)
+    try:
+        meta = json.loads(read_input_bytes(folder / "meta.json", limit=1 << 16))
+        offsets = np.load(folder / "offsets.npy", allow_pickle=False)
+        loaded = {n: np.load(folder / f"{n}.npy", allow_pickle=False) for n in arrays}
+        ok = (
+            isinstance(meta, dict)
+            and meta.get("format") == fmt
+            and valid_meta(meta)
+            and valid_offsets(offsets, int(meta["n_words"]), int(meta["nnz"]))
+            and all(
+                loaded[n].shape == (int(meta[key]),) and loaded[n].dtype == np.dtype(dtype)
+                for n, (key, dtype) in arrays.items()
+            )
+        )
+        columns = columns_of(meta) if ok else ()
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"unreadable {what} ({type(exc).__name__}: {exc})", folder) from None
+    if not ok:
+        raise InputError(f"{what} does not agree with its meta.json (damaged?)", folder)
+    return meta, offsets, loaded, open_columns(folder, columns, meta, offsets, what=what)
+
+
 def valid_offsets(offsets: NDArray, n_words: int, nnz: int) -> bool:
     """``int64 [n_words + 1]`` from 0 to ``nnz``, non-decreasing."""
     return bool(
@@ -251,7 +324,9 @@ __all__ = [
     "WordRuns",
     "bind",
     "open_columns",
+    "read_folder",
     "scatter_hamming",
     "stands_for",
     "valid_offsets",
+    "write_folder",
 ]
