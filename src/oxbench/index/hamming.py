@@ -275,6 +275,23 @@ def wgc_scores(
     )
 
 
+def tfidf_norm(words: NDArray[np.integer], idf: NDArray[np.float64]) -> float:
+    """The L2 norm of the tf-idf vector of an image with these feature words."""
+    tf = np.bincount(np.asarray(words, np.int64), minlength=len(idf)).astype(np.float64)
+    return float(np.sqrt(np.sum((tf * idf) ** 2)))
+
+
+def normalised(
+    raw: NDArray[np.float64], norms: NDArray[np.float64], query_norm: float
+) -> NDArray[np.float64]:
+    """``raw / (norms * query_norm)``, 0 where that product is 0."""
+    denominator = norms * query_norm
+    out = np.zeros(len(raw))
+    nz = denominator > 0
+    out[nz] = raw[nz] / denominator[nz]
+    return out
+
+
 class HammingIndex:
     """An inverted file of features with signatures, scored by Hamming-embedding matches.
 
@@ -370,8 +387,7 @@ class HammingIndex:
     def query_norm(self, words: NDArray[np.integer]) -> float:
         """The tf-idf L2 norm of a query with these feature words."""
         assert self.idf_ is not None
-        tf = np.bincount(np.asarray(words, np.int64), minlength=self.n_words).astype(np.float64)
-        return float(np.sqrt(np.sum((tf * self.idf_) ** 2)))
+        return tfidf_norm(words, self.idf_)
 
     def matches(
         self, words: NDArray[np.integer], signatures: NDArray[np.uint64], ht: int
@@ -432,8 +448,4 @@ class HammingIndex:
             raw = wgc_scores(image, weight, ab, sb, self.n_images, angle_bins, scale_bins)
         else:
             raw = np.bincount(image, weight, minlength=self.n_images).astype(np.float64)
-        denominator = self.norms_ * self.query_norm(w)
-        out = np.zeros(self.n_images)
-        nz = denominator > 0
-        out[nz] = raw[nz] / denominator[nz]
-        return out
+        return normalised(raw, self.norms_, self.query_norm(w))

@@ -36,7 +36,14 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.fileio import make_folder
-from oxbench.index.hamming import N_BITS, gaussian_match_weights, wgc_bins, wgc_scores
+from oxbench.index.hamming import (
+    N_BITS,
+    gaussian_match_weights,
+    normalised,
+    tfidf_norm,
+    wgc_bins,
+    wgc_scores,
+)
 from oxbench.index.word_lists import Column, WordRuns, read_folder, scatter_hamming, write_folder
 
 FORMAT = 1
@@ -223,8 +230,7 @@ class HammingInvertedFile:
     # ------------------------------------------------------------------ searching
     def query_norm(self, words: NDArray[np.integer]) -> float:
         """The tf-idf L2 norm of a query with these feature words."""
-        tf = np.bincount(np.asarray(words, np.int64), minlength=self.n_words).astype(np.float64)
-        return float(np.sqrt(np.sum((tf * self.idf_) ** 2)))
+        return tfidf_norm(words, self.idf_)
 
     def scores(
         self,
@@ -275,11 +281,7 @@ class HammingInvertedFile:
                 scatter_hamming(
                     raw, self.images_[a:b], self.signatures_[a:b].reshape(-1, 1), sig2[i], table
                 )
-        denominator = self.norms_ * self.query_norm(w)
-        out = np.zeros(self.n_images)
-        nz = denominator > 0
-        out[nz] = raw[nz] / denominator[nz]
-        return out
+        return normalised(raw, self.norms_, self.query_norm(w))
 
     def _wgc_raw(
         self,
