@@ -31,8 +31,9 @@ is its own:
   a uniform orientation, a measured log-scale) -- in the memory-mapped
   :class:`~oxbench.index.he_file.HammingInvertedFile`; ``he-memory``: the same postings in the
   in-RAM :class:`~oxbench.index.hamming.HammingIndex`. The real queries' words with uniform
-  signatures and orientations score every image (``ht`` 24, sigma 16: the presets') without
-  (``query_cpu_s``) and with weak geometric consistency (``query_cpu_wgc_s``); with the mapped
+  signatures and orientations score every image (``ht`` 24, sigma 16: the presets'), each query
+  first on the pages the build left (``query_cpu_first_s``), then again (``query_cpu_s``) and
+  with weak geometric consistency (``query_cpu_wgc_s``); with the mapped
   file and the compiled kernel, without it again with numpy's (``query_cpu_numpy_s``, the scores
   checked equal to the bit).
 - ``ivfpq``: the set's cached global descriptors (randomly projected to ``--ivfpq-dim``
@@ -351,12 +352,16 @@ def one_he(  # noqa: PLR0913
         )
         for q in queries
     ]
-    times: dict[str, list[float]] = {"plain": [], "wgc": [], "numpy": []}
+    times: dict[str, list[float]] = {"first": [], "plain": [], "wgc": [], "numpy": []}
     matches = []
-    for q in batch:
+    for q in batch:  # the first pass over a query's lists pays for paging them in: timed apart
         t0 = time.process_time()
         plain = index.scores(*q, ht=24, sigma=16.0)
+        times["first"].append(time.process_time() - t0)
+        t0 = time.process_time()
+        again = index.scores(*q, ht=24, sigma=16.0)
         times["plain"].append(time.process_time() - t0)
+        assert np.array_equal(plain, again)
         t0 = time.process_time()
         index.scores(*q, ht=24, sigma=16.0, wgc=True)
         times["wgc"].append(time.process_time() - t0)
@@ -384,6 +389,8 @@ def one_he(  # noqa: PLR0913
         "disk_bytes": disk,
         "postings_visited_per_query": visited / len(queries),
         "images_matched_per_query": float(np.mean(matches)),
+        "query_cpu_first_s": float(np.mean(times["first"])),
+        "query_cpu_first_max_s": float(np.max(times["first"])),
         "query_cpu_s": float(np.mean(times["plain"])),
         "query_cpu_max_s": float(np.max(times["plain"])),
         "query_cpu_wgc_s": float(np.mean(times["wgc"])),

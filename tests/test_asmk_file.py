@@ -196,7 +196,7 @@ def test_a_replaced_mapped_file_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path):
+def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path, monkeypatch):
     pytest.importorskip("asmk")
     pytest.importorskip("cv2")
     pytest.importorskip("faiss")
@@ -217,6 +217,13 @@ def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path):
             .index(bench, ctx)
         )
         out[lists] = (method.search(bench, ctx), method.footprint())
+        if lists == "mapped":  # batches of 3 queries (3 rows of 40 scores): the same scores
+            from oxbench.pipelines.families import asmk
+
+            monkeypatch.setattr(asmk, "SCORE_ROWS_BYTES", 3 * 8 * 40)
+            assert asmk.query_batch(40) == 3
+            again = method.search(bench, ctx)
+            np.testing.assert_array_equal(again.scores, out[lists][0].scores)
     (pkg, _), (mapped, fp) = out["package"], out["mapped"]
     np.testing.assert_allclose(mapped.scores, pkg.scores, rtol=1e-5, atol=1e-7)
     assert (mapped.scores[:, 0] > 0).all()

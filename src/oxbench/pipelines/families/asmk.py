@@ -60,8 +60,25 @@ log = logging.getLogger(__name__)
 
 #: Images aggregated at once by the mapped build (one chunk's entries in RAM).
 BUILD_CHUNK_IMAGES = 1024
-#: Queries scored together by the mapped inverted file (a float64 row of scores each).
+#: Most queries scored together by the mapped inverted file (a float64 row of scores each).
 QUERY_BATCH = 16
+#: Bytes of score rows a batch may hold. A batch reads each word's list once for all its
+#: queries, but once its rows leave the CPU's caches every add misses: measured with the
+#: compiled kernel on simulated indexes (bench/README.md, "100K and 1M images"), batches of 4-8
+#: rows (3-6 MB) were the fastest at 100K images and 16 (13 MB) slower than one at a time; at 1M
+#: (8 MB a row) one query at a time took 0.25-0.32 CPU-s against ~1 s in a batch.
+SCORE_ROWS_BYTES = 4 << 20
+
+
+def query_batch(n_images: int) -> int:
+    """Queries the mapped inverted file scores together over ``n_images`` images: as many rows
+    of scores as :data:`SCORE_ROWS_BYTES` holds, 1 .. :data:`QUERY_BATCH`.
+
+    Example:
+        >>> query_batch(10_000), query_batch(100_000), query_batch(1_000_000)
+        (16, 5, 1)
+    """
+    return max(1, min(QUERY_BATCH, SCORE_ROWS_BYTES // (8 * max(n_images, 1))))
 
 
 @dataclass(frozen=True)
@@ -307,11 +324,12 @@ class Asmk(QuantisingMethod):
                 lists = self._mapped
                 queried = [names[i] for i in nonempty]
                 done = 0  # a batch of queries shares each word's list (scores as one by one)
+                size = query_batch(lists.n_images)
                 for e in self._entries("queries", queried, m.asmk_query_ma, self._centroids):
-                    for a in range(0, e.n_images, QUERY_BATCH):
+                    for a in range(0, e.n_images, size):
                         batch = [
                             (e.codes[e.owners == j], e.words[e.owners == j])
-                            for j in range(a, min(a + QUERY_BATCH, e.n_images))
+                            for j in range(a, min(a + size, e.n_images))
                         ]
                         rows = [nonempty[done + j] for j in range(a, a + len(batch))]
                         scores[rows] = lists.scores_of_queries(
