@@ -91,13 +91,16 @@ def check_datasets(test: str, other: str) -> str | None:
 
 
 def check_sizes(args: argparse.Namespace, methods: list[str]) -> str | None:
-    """The one-line refusal of a size larger than a training set's descriptors, or ``None``."""
+    """The one-line refusal of a size larger than a training set's descriptors, or ``None``;
+    each source's count is kept in ``args.train_counts`` (recorded with every point)."""
     from oxbench.pipelines.method import resolve_method
 
+    args.train_counts = {}
     for source in args.vocabularies:
         m = resolve_method(methods[0], **args.overrides.get(methods[0], {}))
         train_id = args.sources[source]
         n = training_descriptors(args.root, args.cache, m, train_id, strict=not args.allow_partial)
+        args.train_counts[source] = n
         if args.sizes[-1] > n:
             return (
                 f"vocab_curve.py: a vocabulary of {args.sizes[-1]:,} words is larger than the "
@@ -134,6 +137,7 @@ def one_point(method: str, size: int, source: str, args: argparse.Namespace) -> 
         "method": method,
         "dataset": args.sources["test"],
         "train_dataset": args.sources[source],
+        "train_descriptors": args.train_counts[source],
         "vocab_size": size,
         "structure": structure,
         "vocabulary": source,
@@ -167,7 +171,8 @@ def table(points: list[dict[str, Any]]) -> str:
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
     """mAP (Easy, Medium, Hard) and query time against the vocabulary size, log x; one colour per
-    method and vocabulary source."""
+    method, vocabulary source and number of training descriptors (when the points record it: a
+    larger training set of the same city is its own line)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -175,15 +180,21 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax_map, ax_time = fig.subplots(1, 2)
-    series = dict.fromkeys((p["method"], p["vocabulary"]) for p in points)
-    for i, (method, source) in enumerate(series):
+
+    def key(p: dict[str, Any]) -> tuple[str, str, int | None]:
+        return p["method"], p["vocabulary"], p.get("train_descriptors")
+
+    series = dict.fromkeys(key(p) for p in points)
+    for i, (method, source, n_train) in enumerate(series):
         pts = sorted(
-            (p for p in points if (p["method"], p["vocabulary"]) == (method, source)),
+            (p for p in points if key(p) == (method, source, n_train)),
             key=lambda p: p["vocab_size"],
         )
         xs = [p["vocab_size"] for p in pts]
         colour = f"C{i}"
         label = f"{method}, {source} city"
+        if n_train is not None:
+            label += f" ({n_train / 1e6:.2g}M descr.)"
         for setup, style in (("easy", ":"), ("medium", "-"), ("hard", "--")):
             ax_map.plot(
                 xs,

@@ -61,6 +61,9 @@ def test_the_curve_runs_both_sources_flat_and_two_level(
     assert not any(got[("other", k)]["trained_on_test_set"] for k in (32, 64))
     for p in points:
         assert all(0 <= v <= 100 for v in p["map"].values()) and p["query_s"] > 0
+    # each source's training descriptors, counted once before the runs, recorded with its points
+    counts = {v: {p["train_descriptors"] for p in points if p["vocabulary"] == v} for v, _ in got}
+    assert all(len(c) == 1 and min(c) >= 64 for c in counts.values())
     text = capsys.readouterr().out
     assert "| rootsift-bow | synthetic-train (other city) | 64 | two-level |" in text
     assert out_png.stat().st_size > 10_000
