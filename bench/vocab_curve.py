@@ -2,22 +2,25 @@
 
     python bench/vocab_curve.py [--root DIR] [--sizes 1024,4096,16384,65536]
         [--methods rootsift-bow,rootsift-bow-sv] [--vocabularies other,test]
+        [--test synthetic] [--other synthetic-train] [--allow-partial]
         [--two-level-from 16384] [--distractors N] [--set [METHOD:]KEY=VALUE ...] [--workers 2]
         [--json vocab.json] [--plot vocab.png]
     python bench/vocab_curve.py --redraw vocab.json --plot vocab.png
 
 Philbin et al. 2007 measured mAP against the vocabulary size (0.618 at 1M words on Oxford), and
 2008 the cost of a vocabulary trained on the other city. This runs each method through
-``oxbench.run`` on the synthetic benchmark at each size, with the vocabulary trained on the other
-city (``synthetic-train``, the default, the comparable setting) and on the test city itself
-(``synthetic``: the run is flagged ``trained_on_test_set``, as the 2007 tables were), flat k-means
-below ``--two-level-from`` words and two-level (coarse cells, fine words per cell, approximate
-assignment) from there. For every run: mAP Easy / Medium / Hard, query time (ranking + re-ranking
-per query, from the run's timings, as ``scale_curve.py``) and the CPU seconds of training the
-vocabulary.
+``oxbench.run`` on the ``--test`` benchmark (default: the synthetic one) at each size, with the
+vocabulary trained on the ``--other`` city (default ``synthetic-train``, the comparable setting)
+and on the test city itself (the run is flagged ``trained_on_test_set``, as the 2007 tables were),
+flat k-means below ``--two-level-from`` words and two-level (coarse cells, fine words per cell,
+approximate assignment) from there. The real subset laid out by ``subset_layout.py`` runs as
+``--root SUBROOT/roxford5k --test roxford5k --other rparis6k --allow-partial``. For every run:
+mAP Easy / Medium / Hard, query time (ranking + re-ranking per query, from the run's timings, as
+``scale_curve.py``) and the CPU seconds of training the vocabulary.
 
 Before any run the training set's features are described and counted: a size larger than the
-training descriptors is one line and exit 2 (k-means cannot make more words than points).
+training descriptors is one line and exit 2 (k-means cannot make more words than points), as is a
+``--test`` or ``--other`` that is not a catalog id, or the same id for both.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_curve import query_seconds  # noqa: E402 - the same query time as the scale curve
 
-#: Training sets of the two vocabulary sources.
-SOURCES = {"other": "synthetic-train", "test": "synthetic"}
+#: The vocabulary sources: the other city's training set (``--other``) or the test set itself.
+SOURCES = ("other", "test")
 
 
 def sizes_arg(text: str) -> list[int]:
@@ -47,9 +50,11 @@ def sizes_arg(text: str) -> list[int]:
     return values
 
 
-def training_descriptors(root: Path | None, cache: Path | None, method: Any, train_id: str) -> int:
+def training_descriptors(
+    root: Path | None, cache: Path | None, method: Any, train_id: str, *, strict: bool = True
+) -> int:
     """How many descriptors ``train_id``'s database gives ``method``'s vocabulary (its features
-    described first when missing, as a run would)."""
+    described first when missing, as a run would; ``strict``: official image counts enforced)."""
     from oxbench.datasets import load
     from oxbench.datasets.paths import data_root
     from oxbench.features.local import training_extractor
@@ -58,7 +63,7 @@ def training_descriptors(root: Path | None, cache: Path | None, method: Any, tra
     from oxbench.pipelines.steps.local import open_store, step_features
 
     root_path = data_root(root)
-    train = load(train_id, root_path, progress=False)
+    train = load(train_id, root_path, strict=strict, progress=False)
     extractor = training_extractor(method.features)
     ctx = RunContext(cache or root_path / "_cache", progress=False)
     step_features(train, extractor, ctx, parts=["database"])
@@ -66,20 +71,40 @@ def training_descriptors(root: Path | None, cache: Path | None, method: Any, tra
     return sum(store.count(n) for n in part_names(train, "database"))
 
 
+def check_datasets(test: str, other: str) -> str | None:
+    """The one-line refusal of a ``--test`` / ``--other`` that is not a catalog id, or of the
+    same id for both (the other city's vocabulary would be the test city's), or ``None``."""
+    from oxbench.datasets.spec import get_spec
+    from oxbench.errors import InputError
+
+    for option, dataset_id in (("--test", test), ("--other", other)):
+        try:
+            get_spec(dataset_id)
+        except InputError as exc:
+            return f"vocab_curve.py: {option}: {exc}"
+    if test == other:
+        return (
+            f"vocab_curve.py: --other must name another dataset than --test ({test}); "
+            "the test city's own vocabulary is --vocabularies test"
+        )
+    return None
+
+
 def check_sizes(args: argparse.Namespace, methods: list[str]) -> str | None:
-    """The one-line refusal of a size larger than a training set's descriptors, or ``None``."""
-    from oxbench.datasets.paths import data_root
-    from oxbench.datasets.synthetic import ensure_default
+    """The one-line refusal of a size larger than a training set's descriptors, or ``None``;
+    each source's count is kept in ``args.train_counts`` (recorded with every point)."""
     from oxbench.pipelines.method import resolve_method
 
-    ensure_default(data_root(args.root), progress=False)
+    args.train_counts = {}
     for source in args.vocabularies:
         m = resolve_method(methods[0], **args.overrides.get(methods[0], {}))
-        n = training_descriptors(args.root, args.cache, m, SOURCES[source])
+        train_id = args.sources[source]
+        n = training_descriptors(args.root, args.cache, m, train_id, strict=not args.allow_partial)
+        args.train_counts[source] = n
         if args.sizes[-1] > n:
             return (
                 f"vocab_curve.py: a vocabulary of {args.sizes[-1]:,} words is larger than the "
-                f"{n:,} training descriptors of {SOURCES[source]} ({source} city)"
+                f"{n:,} training descriptors of {train_id} ({source} city)"
             )
     return None
 
@@ -95,13 +120,14 @@ def one_point(method: str, size: int, source: str, args: argparse.Namespace) -> 
     }
     t0 = time.perf_counter()
     outcome = oxbench.run(
-        "synthetic",
+        args.sources["test"],
         method,
         root=args.root,
         cache=args.cache,
         runs_dir=args.runs,
-        train_dataset=SOURCES[source],
+        train_dataset=args.sources[source],
         distractors=args.distractors or None,
+        strict=not args.allow_partial,
         overrides=overrides,
         workers=args.workers,
         progress=False,
@@ -109,6 +135,9 @@ def one_point(method: str, size: int, source: str, args: argparse.Namespace) -> 
     res, timings = outcome.result, dict(outcome.timings)
     return {
         "method": method,
+        "dataset": args.sources["test"],
+        "train_dataset": args.sources[source],
+        "train_descriptors": args.train_counts[source],
         "vocab_size": size,
         "structure": structure,
         "vocabulary": source,
@@ -132,7 +161,7 @@ def table(points: list[dict[str, Any]]) -> str:
     for p in points:
         m = p["map"]
         rows.append(
-            f"| {p['method']} | {SOURCES[p['vocabulary']]} ({p['vocabulary']} city) | "
+            f"| {p['method']} | {p['train_dataset']} ({p['vocabulary']} city) | "
             f"{p['vocab_size']:,} | {p['structure']} | {m['easy']:.2f} | {m['medium']:.2f} | "
             f"{m['hard']:.2f} | {1e3 * p['query_s']:.1f} ({1e3 * p['rank_s']:.2f} + "
             f"{1e3 * p['rerank_s']:.1f}) | {p['vocabulary_cpu_s']:.0f} |"
@@ -142,7 +171,8 @@ def table(points: list[dict[str, Any]]) -> str:
 
 def plot(points: list[dict[str, Any]], path: Path) -> None:
     """mAP (Easy, Medium, Hard) and query time against the vocabulary size, log x; one colour per
-    method and vocabulary source."""
+    method, vocabulary source and number of training descriptors (when the points record it: a
+    larger training set of the same city is its own line)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -150,15 +180,21 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
 
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax_map, ax_time = fig.subplots(1, 2)
-    series = dict.fromkeys((p["method"], p["vocabulary"]) for p in points)
-    for i, (method, source) in enumerate(series):
+
+    def key(p: dict[str, Any]) -> tuple[str, str, int | None]:
+        return p["method"], p["vocabulary"], p.get("train_descriptors")
+
+    series = dict.fromkeys(key(p) for p in points)
+    for i, (method, source, n_train) in enumerate(series):
         pts = sorted(
-            (p for p in points if (p["method"], p["vocabulary"]) == (method, source)),
+            (p for p in points if key(p) == (method, source, n_train)),
             key=lambda p: p["vocab_size"],
         )
         xs = [p["vocab_size"] for p in pts]
         colour = f"C{i}"
         label = f"{method}, {source} city"
+        if n_train is not None:
+            label += f" ({n_train / 1e6:.2g}M descr.)"
         for setup, style in (("easy", ":"), ("medium", "-"), ("hard", "--")):
             ax_map.plot(
                 xs,
@@ -176,7 +212,8 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
         ax.grid(True, which="both", alpha=0.3)
     ax_time.set_yscale("log")
     fig.legend(*ax_map.get_legend_handles_labels(), loc="outside lower center", ncol=3, fontsize=7)
-    fig.suptitle("synthetic benchmark: mAP and query time against the vocabulary size")
+    test_sets = ", ".join(dict.fromkeys(p.get("dataset", "synthetic") for p in points))
+    fig.suptitle(f"{test_sets}: mAP and query time against the vocabulary size")
     fig.savefig(path, dpi=120)
 
 
@@ -190,7 +227,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--vocabularies",
         default="other,test",
-        help="other (synthetic-train) and/or test (synthetic itself), comma-separated",
+        help="other (the --other city) and/or test (the --test set itself), comma-separated",
+    )
+    ap.add_argument("--test", default="synthetic", help="the benchmark run (a catalog id)")
+    ap.add_argument(
+        "--other", default="synthetic-train", help="the other city, the vocabulary's training set"
+    )
+    ap.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="accept image counts other than the official ones (the real subset)",
     )
     ap.add_argument(
         "--two-level-from", type=int, default=16384, help="two-level k-means from this size"
@@ -212,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
     bad = [v for v in args.vocabularies if v not in SOURCES]
     if bad or not args.vocabularies:
         ap.error(f"--vocabularies: use other and/or test, got {bad or 'none'}")
+    refusal = check_datasets(args.test, args.other)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
+        return 2
+    args.sources = {"other": args.other, "test": args.test}
     args.overrides = {m: {} for m in methods}
     for text in args.settings:
         key, _, value = text.partition("=")

@@ -88,6 +88,29 @@ def test_rootsift_is_hellinger(x: np.ndarray) -> None:
         assert abs(float(r[0] @ r[1]) - float(np.sum(np.sqrt(a * b)))) < 1e-5
 
 
+def test_rootsift_holds_one_copy_of_its_input_and_leaves_the_input_alone() -> None:
+    """A vocabulary's training set goes through rootsift whole: it allocates the float32 result
+    and little else (it once held three float32 arrays of that size), gives exactly the values of
+    the formula, and never writes into a float32 input."""
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    raw = rng.integers(0, 256, size=(20_000, 128), dtype=np.uint8)
+    expected = np.sqrt(raw.astype(np.float32) / raw.astype(np.float32).sum(axis=1, keepdims=True))
+    tracemalloc.start()
+    try:
+        out = rootsift(raw)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.2 * out.nbytes
+    np.testing.assert_array_equal(out, expected)
+    f32 = raw.astype(np.float32)
+    before = f32.copy()
+    np.testing.assert_array_equal(rootsift(f32), expected)
+    np.testing.assert_array_equal(f32, before)
+
+
 def test_rootsift_refuses_negative_input() -> None:
     with pytest.raises(InputError):
         rootsift(np.array([[-1.0, 2.0]]))

@@ -133,13 +133,15 @@ def rootsift(
         >>> rootsift(np.array([[1.0, 3.0]]))  # doctest: +ELLIPSIS
         array([[0.5      , 0.866...]], dtype=float32)
     """
-    d = np.asarray(descriptors, dtype=np.float32)
+    # one float32 copy, normalised in place: a vocabulary's training set (10M descriptors, 4.9 GiB
+    # an array) once held three such arrays at the same time here
+    d = np.array(descriptors, dtype=np.float32)
     if d.ndim != 2:
         raise InputError(f"descriptors must be 2-D, got shape {d.shape}")
     if d.size and float(d.min()) < 0:
         raise InputError("SIFT descriptors must be non-negative for RootSIFT")
-    l1 = d.sum(axis=1, keepdims=True)
-    return np.sqrt(d / np.maximum(l1, eps)).astype(np.float32)
+    d /= np.maximum(d.sum(axis=1, keepdims=True), eps)
+    return np.sqrt(d, out=d)
 
 
 def finish_descriptors(raw: NDArray[np.uint8 | np.float32], descriptor: str) -> NDArray[np.float32]:
