@@ -323,18 +323,7 @@ def one_he(  # noqa: PLR0913
         index = HammingInvertedFile.open(out)
         held, disk = index.ram_bytes, index.disk_bytes
     else:
-        parts = list(chunks())
-        starts = np.cumsum([0] + [e.n_images for e in parts])
-        columns = [
-            np.concatenate([getattr(e, k) for e in parts])
-            for k in ("words", "signatures", "angles", "log_scales")
-        ]
-        owners = np.concatenate([e.owners + s for e, s in zip(parts, starts, strict=False)])
-        del parts
-        index = HammingIndex(stats.n_words).fit(
-            columns[0], owners, columns[1], columns[2], columns[3], int(starts[-1])
-        )
-        del columns, owners
+        index = HammingIndex.from_chunks(chunks(), stats.n_words)
         build = time.process_time() - t0
         build_peak = peak_rss_bytes()
         held = sum(

@@ -192,7 +192,7 @@ class AsmkInvertedFile:
             def add_norms(words: NDArray[np.int64], ids: NDArray) -> None:
                 norm[:] += np.bincount(ids, weights=idf[words], minlength=n_images)
 
-            offsets = runs.merge(folder, add_norms)
+            offsets = runs.merge(add_norms)
         meta = {
             "format": FORMAT,
             "n_words": n_words,

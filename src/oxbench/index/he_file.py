@@ -176,7 +176,7 @@ class HammingInvertedFile:
                 w, img, tf = _tf_pairs(words, ids)
                 norm_sq[:] += np.bincount(img, (tf * weights[w]) ** 2, minlength=n_images)
 
-            offsets = runs.merge(folder, add_norms)
+            offsets = runs.merge(add_norms)
         meta = {
             "format": FORMAT,
             "n_words": int(n_words),

@@ -52,7 +52,7 @@ from oxbench.index.postings import _word_blocks
 #: images leave hundreds of runs.
 MERGE_POSTINGS = 1 << 22
 
-_asmk_scatter = getattr(_accel, "asmk_scatter", None) if _accel is not None else None
+_asmk_scatter = getattr(_accel, "asmk_scatter", None)
 
 
 @dataclass(frozen=True)
@@ -84,10 +84,11 @@ class WordRuns:
     """
 
     def __init__(self, folder: Path, n_words: int, columns: Sequence[Column]) -> None:
+        self.folder = Path(folder)
         self.n_words = int(n_words)
         self.columns = tuple(columns)
         self.counts = np.zeros(self.n_words, np.int64)
-        self._dir = make_temp_folder(Path(folder) / "runs")
+        self._dir = make_temp_folder(self.folder / "runs")
         self._runs: list[NDArray[np.int64]] = []
 
     def __enter__(self) -> WordRuns:
@@ -117,10 +118,9 @@ class WordRuns:
 
     def merge(
         self,
-        folder: Path,
         on_block: Callable[[NDArray[np.int64], NDArray], None] | None = None,
     ) -> NDArray[np.int64]:
-        """Write ``<folder>/<column>.npy`` for every column and return the offsets ``int64
+        """Write ``<column>.npy`` for every column into the folder and return the offsets ``int64
         [n_words + 1]``; ``on_block(words, values)`` sees each merged block of the first column.
 
         The columns are merged one after the other and each column's runs are deleted once it
@@ -133,7 +133,7 @@ class WordRuns:
         blocks = list(_word_blocks(self.counts, MERGE_POSTINGS))
         with ExitStack() as stack:
             for j, c in enumerate(self.columns):
-                out = stack.enter_context(atomic_open(Path(folder) / f"{c.name}.npy"))
+                out = stack.enter_context(atomic_open(self.folder / f"{c.name}.npy"))
                 header = {
                     "descr": np.lib.format.dtype_to_descr(np.dtype(c.dtype)),
                     "fortran_order": False,

@@ -231,7 +231,9 @@ class HammingEmbeddingMethod(QuantisingMethod):
                     idf=self.config.idf,
                 )
             else:
-                self.index_ = self._in_ram(parts.index_parts, n_words)
+                self.index_ = HammingIndex.from_chunks(
+                    self._entries(parts.index_parts), n_words, idf=self.config.idf
+                )
             if self.config.reads_vectors:  # query expansion ranks again in tf-idf space
                 tf = bow_matrix(
                     [parts.words[p].of(nm)[0][:, 0] for p, nm in parts.index_parts], n_words
@@ -278,30 +280,6 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 cols[2].astype(np.float32),
                 cols[3].astype(np.float32),
             )
-
-    def _in_ram(self, index_parts: list[tuple[str, str]], n_words: int) -> HammingIndex:
-        """The in-RAM index of every indexed image's features."""
-        chunks = list(self._entries(index_parts))
-        starts = np.cumsum([0] + [e.n_images for e in chunks])
-
-        def column(name: str, dtype: type) -> NDArray:
-            if not chunks:
-                return np.zeros(0, dtype)
-            return np.concatenate([getattr(e, name) for e in chunks]).astype(dtype)
-
-        images = (
-            np.concatenate([e.owners + s for e, s in zip(chunks, starts, strict=False)])
-            if chunks
-            else np.zeros(0, np.int64)
-        )
-        return HammingIndex(n_words, idf=self.config.idf).fit(
-            column("words", np.int64),
-            images,
-            column("signatures", np.uint64),
-            column("angles", np.float32),
-            column("log_scales", np.float32),
-            len(index_parts),
-        )
 
     def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
         parts = self.indexed_parts(bench)
