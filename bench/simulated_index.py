@@ -304,8 +304,7 @@ def one_he(  # noqa: PLR0913
     without and with weak geometric consistency (ht 24, sigma 16: the presets')."""
     from oxbench.evaluation.kernels import accelerated
     from oxbench.index import word_lists
-    from oxbench.index.hamming import HammingIndex
-    from oxbench.index.he_file import HammingInvertedFile
+    from oxbench.index.he_file import HammingInvertedFile, in_ram_index
     from oxbench.index.simulate import simulated_he_entries
 
     db, log_scales = he_entries(folder, db_bags, seed)
@@ -323,7 +322,7 @@ def one_he(  # noqa: PLR0913
         index = HammingInvertedFile.open(out)
         held, disk = index.ram_bytes, index.disk_bytes
     else:
-        index = HammingIndex.from_chunks(chunks(), stats.n_words)
+        index = in_ram_index(chunks(), stats.n_words)
         build = time.process_time() - t0
         build_peak = peak_rss_bytes()
         held = sum(

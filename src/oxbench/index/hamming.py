@@ -18,18 +18,13 @@ popcount of the XOR.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.cache import CorruptCache, load_npz, save_npz
 from oxbench.errors import InputError
-
-if TYPE_CHECKING:
-    from oxbench.index.he_file import HeEntries
 
 #: Signature length: bits packed in one ``uint64``.
 N_BITS = 64
@@ -388,30 +383,6 @@ class HammingIndex:
             np.bincount(pair_image, (tf * idf[pair_word]) ** 2, minlength=self.n_images)
         )
         return self
-
-    @classmethod
-    def from_chunks(
-        cls, chunks: Iterable[HeEntries], n_words: int, *, idf: bool = True
-    ) -> HammingIndex:
-        """The index of images given in chunks of :class:`oxbench.index.he_file.HeEntries`
-        (index order), as :meth:`oxbench.index.he_file.HammingInvertedFile.build` takes them."""
-        parts = list(chunks)
-        starts = np.cumsum([0] + [e.n_images for e in parts])
-
-        def column(name: str, dtype: type) -> NDArray:
-            if not parts:
-                return np.zeros(0, dtype)
-            return np.concatenate([getattr(e, name) for e in parts]).astype(dtype)
-
-        images = (
-            np.concatenate([e.owners + s for e, s in zip(parts, starts, strict=False)])
-            if parts
-            else np.zeros(0, np.int64)
-        )
-        words, signatures = column("words", np.int64), column("signatures", np.uint64)
-        angles, scales = column("angles", np.float32), column("log_scales", np.float32)
-        parts.clear()  # the chunks go before the build's own copies (the estimate's peak)
-        return cls(n_words, idf=idf).fit(words, images, signatures, angles, scales, int(starts[-1]))
 
     def query_norm(self, words: NDArray[np.integer]) -> float:
         """The tf-idf L2 norm of a query with these feature words."""

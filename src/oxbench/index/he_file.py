@@ -38,6 +38,7 @@ from oxbench.errors import InputError
 from oxbench.fileio import make_folder
 from oxbench.index.hamming import (
     N_BITS,
+    HammingIndex,
     gaussian_match_weights,
     normalised,
     tfidf_norm,
@@ -102,6 +103,30 @@ def _tf_pairs(
     first = np.r_[True, (words[1:] != words[:-1]) | (i[1:] != i[:-1])]
     starts = np.flatnonzero(first)
     return words[starts], i[starts], np.diff(np.r_[starts, n]).astype(np.float64)
+
+
+def in_ram_index(chunks: Iterable[HeEntries], n_words: int, *, idf: bool = True) -> HammingIndex:
+    """The in-RAM :class:`~oxbench.index.hamming.HammingIndex` of images given in chunks (index
+    order), as :meth:`HammingInvertedFile.build` takes them."""
+    parts = list(chunks)
+    starts = np.cumsum([0] + [e.n_images for e in parts])
+
+    def column(name: str, dtype: type) -> NDArray:
+        if not parts:
+            return np.zeros(0, dtype)
+        return np.concatenate([getattr(e, name) for e in parts]).astype(dtype)
+
+    images = (
+        np.concatenate([e.owners + s for e, s in zip(parts, starts, strict=False)])
+        if parts
+        else np.zeros(0, np.int64)
+    )
+    words, signatures = column("words", np.int64), column("signatures", np.uint64)
+    angles, scales = column("angles", np.float32), column("log_scales", np.float32)
+    parts.clear()  # the chunks go before the build's own copies (the estimate's peak)
+    return HammingIndex(n_words, idf=idf).fit(
+        words, images, signatures, angles, scales, int(starts[-1])
+    )
 
 
 class HammingInvertedFile:
@@ -332,4 +357,4 @@ class HammingInvertedFile:
         )
 
 
-__all__ = ["COLUMNS", "POSTING_BYTES", "HammingInvertedFile", "HeEntries"]
+__all__ = ["COLUMNS", "POSTING_BYTES", "HammingInvertedFile", "HeEntries", "in_ram_index"]

@@ -44,7 +44,7 @@ from oxbench.features.local import training_extractor
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
-from oxbench.index.he_file import HammingInvertedFile, HeEntries
+from oxbench.index.he_file import HammingInvertedFile, HeEntries, in_ram_index
 from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
 from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
@@ -231,7 +231,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
                     idf=self.config.idf,
                 )
             else:
-                self.index_ = HammingIndex.from_chunks(
+                self.index_ = in_ram_index(
                     self._entries(parts.index_parts), n_words, idf=self.config.idf
                 )
             if self.config.reads_vectors:  # query expansion ranks again in tf-idf space
