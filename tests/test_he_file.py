@@ -292,3 +292,30 @@ def test_the_merge_holds_the_runs_and_one_column_more(tmp_path, monkeypatch):
     assert max(seen) >= POSTING_BYTES * n  # the runs were there
     assert max(seen) <= (POSTING_BYTES + 8) * n + 4096  # and one column (8 B signatures) more
     assert not list((tmp_path / "he").glob("*runs*"))
+
+
+def test_what_a_killed_build_left_is_removed_and_a_running_one_left_alone(tmp_path):
+    """kill -9 during a build leaves its runs and half-written columns under temporary names; the
+    next build of the folder removes those older than an hour (a 20 GB leak at 1M images
+    otherwise), not the fresh temporaries of a build still running."""
+    import os
+    import time
+
+    from oxbench.fileio import TEMP_PREFIX
+
+    folder = tmp_path / "he"
+    folder.mkdir()
+    stale_runs = folder / f"{TEMP_PREFIX}runs.dead"
+    stale_runs.mkdir()
+    (stale_runs / "0.ids.bin").write_bytes(b"x" * 100)
+    stale_column = folder / f"{TEMP_PREFIX}signatures.npy.abc"
+    stale_column.write_bytes(b"x" * 100)
+    old = time.time() - 2 * 3600
+    for p in (stale_runs, stale_column):
+        os.utime(p, (old, old))
+    running = folder / f"{TEMP_PREFIX}angles.npy.live"
+    running.write_bytes(b"x")
+    HammingInvertedFile.build([HeEntries(**good_entries())], 4, folder)
+    assert not stale_runs.exists() and not stale_column.exists()
+    assert running.exists()
+    assert HammingInvertedFile.open(folder).n_postings == 2

@@ -176,3 +176,26 @@ def test_the_streamed_build_writes_the_files_of_the_whole_matrix(
         CompressedPostings.build(
             [sp.csr_matrix((2, n_words + 1), dtype=np.float32)], n_words, d / "bad"
         )
+
+
+def test_the_streamed_build_removes_what_a_killed_build_left(tmp_path: Path) -> None:
+    """Runs and half-written files of a build killed over an hour ago go; a fresh temporary (a
+    build still running) stays."""
+    import os
+    import time
+
+    from oxbench.fileio import TEMP_PREFIX
+
+    folder = tmp_path / "lists"
+    (folder / f"{TEMP_PREFIX}runs.dead").mkdir(parents=True)
+    stale = folder / f"{TEMP_PREFIX}ids.bin.abc"
+    stale.write_bytes(b"x" * 10)
+    old = time.time() - 2 * 3600
+    for p in (folder / f"{TEMP_PREFIX}runs.dead", stale):
+        os.utime(p, (old, old))
+    live = folder / f"{TEMP_PREFIX}weights.npy.live"
+    live.write_bytes(b"x")
+    m = sp.random(20, 9, density=0.3, format="csr", dtype=np.float32, random_state=0)
+    CompressedPostings.build([m[:10], m[10:]], 9, folder)
+    assert not stale.exists() and not (folder / f"{TEMP_PREFIX}runs.dead").exists()
+    assert live.exists()

@@ -43,6 +43,7 @@ from oxbench.fileio import (
     make_folder,
     make_temp_folder,
     read_input_bytes,
+    remove_stale_temps,
 )
 
 WeightDtype = Literal["float32", "float16"]
@@ -223,6 +224,7 @@ class CompressedPostings:
         """
         _check_weight_dtype(weights)
         folder = make_folder(Path(folder))
+        remove_stale_temps(folder)  # what a killed build left (older than an hour)
         runs_dir = make_temp_folder(folder / "runs")
         try:
             runs: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]] = []

@@ -45,6 +45,7 @@ from oxbench.fileio import (
     json_digest,
     make_temp_folder,
     read_input_bytes,
+    remove_stale_temps,
 )
 from oxbench.index.postings import _word_blocks
 
@@ -75,7 +76,8 @@ class WordRuns:
     """Chunks of postings written as word-sorted runs, then merged into per-word columns.
 
     Use as a context manager (the runs' folder is removed on exit): :meth:`add` each chunk, then
-    :meth:`merge` once.
+    :meth:`merge` once. What a killed build left in the folder (its runs, half-written columns:
+    temporary names older than an hour) is removed first.
 
     Args:
         folder: the inverted file's folder (the runs go to a temporary folder inside it).
@@ -88,6 +90,8 @@ class WordRuns:
         self.n_words = int(n_words)
         self.columns = tuple(columns)
         self.counts = np.zeros(self.n_words, np.int64)
+        # runs and half-written columns of a build that was killed (older than an hour)
+        remove_stale_temps(self.folder)
         self._dir = make_temp_folder(self.folder / "runs")
         self._runs: list[NDArray[np.int64]] = []
 
