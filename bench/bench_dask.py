@@ -117,7 +117,7 @@ def overhead(executor, n: int) -> float:  # noqa: ANN001
 
 def main() -> None:
     from oxbench.execution import ProcessExecutor, SerialExecutor
-    from oxbench.execution_dask import DaskExecutor
+    from oxbench.execution.dask import DaskExecutor
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", default="1,2", help="worker counts, comma-separated")

@@ -237,7 +237,7 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
 
     from oxbench.features.store import FeatureStore
     from oxbench.index.inverted import InvertedFile
-    from oxbench.rerank.spatial import descriptor_matches, tentative_matches, verify_pair
+    from oxbench.refinement.spatial import descriptor_matches, tentative_matches, verify_pair
 
     rng = np.random.default_rng(0)
     print(f"\n== cost per query ({n_queries} queries), one core")

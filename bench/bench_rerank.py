@@ -28,7 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from oxbench.rerank.spatial import (  # noqa: E402
+from oxbench.refinement.spatial import (  # noqa: E402
     _group_words,
     _matches_from_groups,
     spatial_rerank,

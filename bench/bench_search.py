@@ -89,7 +89,12 @@ def bench_size(n: int, n_q: int, dim: int, nlist: int, m: int, nprobes: list[int
 
 
 def bench_diffusion(n: int, n_q: int, dim: int) -> None:
-    from oxbench.rerank.diffusion import Diffusion, DiffusionSettings, diffuse, normalize_affinity
+    from oxbench.refinement.diffusion import (
+        Diffusion,
+        DiffusionSettings,
+        diffuse,
+        normalize_affinity,
+    )
 
     x, q = data(n, n_q, dim, seed=1)
     print(

@@ -37,7 +37,7 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext, steps
     from oxbench.pipelines.method import resolve_method
-    from oxbench.rerank.spatial import (
+    from oxbench.refinement.spatial import (
         descriptor_matches,
         expand_query_words,
         tentative_matches,

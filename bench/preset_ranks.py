@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 import oxbench
+from oxbench.pipelines import METHODS, resolve_method
 from oxbench.pipelines.method import settings_rows
 from oxbench.testing import make_tiny_root
-from oxbench.pipelines import METHODS, resolve_method
 
 #: Variants beside the presets: settings whose names a refactor may change, with the same meaning
 #: (the row's name stays, its overrides follow the names of the day).

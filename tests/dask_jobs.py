@@ -71,7 +71,7 @@ class NeedsGpu:
 
 
 def _drive(store_dir: str, n: int, shard_size: int, delay: float) -> None:
-    from oxbench.execution_dask import DaskExecutor
+    from oxbench.execution.dask import DaskExecutor
     from oxbench.features.store import DescribeImages, FeatureStore, extract_to_store
 
     store = FeatureStore.open(store_dir, CFG)

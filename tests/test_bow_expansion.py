@@ -15,7 +15,7 @@ from oxbench.pipelines import RunContext, resolve_method
 from oxbench.pipelines.families.bow import term_frequencies
 from oxbench.pipelines.rerankers import RERANKERS, Ranking
 from oxbench.pipelines.steps import VerifiedList, Words
-from oxbench.rerank.qe import discriminative_query_expansion
+from oxbench.refinement.qe import discriminative_query_expansion
 
 
 def _words(rng: np.random.Generator, counts: list[int], n_words: int, k: int) -> Words:
@@ -143,7 +143,7 @@ def test_dba_augments_each_image_with_its_verified_neighbours(tmp_path: Path) ->
     pytest.importorskip("faiss")
     from oxbench.evaluation import evaluate
     from oxbench.index.inverted import InvertedFile
-    from oxbench.rerank.qe import database_side_augmentation
+    from oxbench.refinement.qe import database_side_augmentation
     from test_pipeline import TINY, load_tiny, make_tiny_root
 
     root = make_tiny_root(tmp_path / "data")

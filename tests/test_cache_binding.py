@@ -166,8 +166,8 @@ def test_a_descriptor_shard_replaced_by_another_valid_shard_is_recomputed(
 ) -> None:
     """Main 18c1381 read shard 1's content in shard 0's folder, then failed every rerun with
     "do the workers see this folder?"; now the shard is refused and described again."""
+    from oxbench.execution.shards import NPZ_NAME, committed_folders
     from oxbench.features.descstore import DescriptorStore, fill_store
-    from oxbench.shards import NPZ_NAME, committed_folders
 
     names = [f"im{i}" for i in range(6)]
     truth = np.arange(48, dtype=np.float32).reshape(6, 8)

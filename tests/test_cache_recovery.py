@@ -13,11 +13,11 @@ import pytest
 
 from oxbench.cli import main
 from oxbench.errors import InputError
+from oxbench.execution.shards import NPZ_NAME, committed_folders
 from oxbench.features.descstore import DescriptorStore, fill_store
 from oxbench.formats.arrays import read_ranks
 from oxbench.report.export import export_run
 from oxbench.report.runs import RunRecord
-from oxbench.shards import NPZ_NAME, committed_folders
 from run_layout import random_ranks, tiny_gt, write_run
 
 

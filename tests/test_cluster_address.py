@@ -21,7 +21,7 @@ pytest.importorskip("distributed")
 
 from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
-from oxbench.execution_dask import (  # noqa: E402
+from oxbench.execution.dask import (  # noqa: E402
     DaskExecutor,
     check_cluster_address,
     probe_scheduler,

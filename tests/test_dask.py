@@ -36,7 +36,8 @@ from dask_jobs import CFG, DieOnRead, NeedsGpu, NoiseImages  # noqa: E402
 from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
 from oxbench.execution import SerialExecutor, make_executor  # noqa: E402
-from oxbench.execution_dask import DaskExecutor, check_cluster_address  # noqa: E402
+from oxbench.execution.dask import DaskExecutor, check_cluster_address  # noqa: E402
+from oxbench.execution.shards import plan_digest, plan_shards  # noqa: E402
 from oxbench.features.local import RawFeatures  # noqa: E402
 from oxbench.features.store import (  # noqa: E402
     DescribeImages,
@@ -45,7 +46,6 @@ from oxbench.features.store import (  # noqa: E402
     extract_to_store,
 )
 from oxbench.fileio import TEMP_PREFIX  # noqa: E402
-from oxbench.shards import plan_digest, plan_shards  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -581,7 +581,7 @@ def test_an_existing_cluster_by_address(
     serial_store: FeatureStore,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import oxbench.execution_dask as dask_backend
+    import oxbench.execution.dask as dask_backend
 
     n = 12
     names = [NoiseImages(n).name(i) for i in range(n)]
@@ -723,7 +723,7 @@ def test_a_missing_extra_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) 
 
 def test_dask_is_not_imported_by_oxbench_or_its_help() -> None:
     code = (
-        "import sys, oxbench, oxbench.cli, oxbench.execution, oxbench.execution_dask\n"
+        "import sys, oxbench, oxbench.cli, oxbench.execution, oxbench.execution.dask\n"
         "from click.testing import CliRunner\n"
         "assert CliRunner().invoke(oxbench.cli.cli, ['run', '--help']).exit_code == 0\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed', 'dask_jobqueue')))"
@@ -802,7 +802,7 @@ def test_the_wait_for_batch_workers_is_the_configured_time_with_progress(
         assert 0.9 < time.monotonic() - t0 < 8
         late = threading.Timer(3.0, cluster.scale, args=(ns["workers"],))
         late.start()
-        caplog.set_level(logging.WARNING, logger="oxbench.execution_dask")
+        caplog.set_level(logging.WARNING, logger="oxbench.execution.dask")
         caplog.clear()
         t0 = time.monotonic()
         try:
@@ -813,7 +813,7 @@ def test_the_wait_for_batch_workers_is_the_configured_time_with_progress(
         finally:
             late.join()
         assert 2.5 < time.monotonic() - t0 < 120
-        said = [r.getMessage() for r in caplog.records if r.name == "oxbench.execution_dask"]
+        said = [r.getMessage() for r in caplog.records if r.name == "oxbench.execution.dask"]
         assert said[0].startswith("dask: 0 of 8 worker(s) connected to tcp://127.0.0.1:"), said
         assert "waiting up to 1800 s more" in said[0] and said[-1].startswith("dask: 8 worker(s)")
 

@@ -16,6 +16,7 @@ pytest.importorskip("torchvision")
 
 from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
+from oxbench.execution.shards import NPZ_NAME, committed_folders  # noqa: E402
 from oxbench.features.deep.backbones import Trunk, build_trunk  # noqa: E402
 from oxbench.features.deep.extract import ExtractOptions, Extractor, resize_max_side  # noqa: E402
 from oxbench.features.deep.model import (  # noqa: E402
@@ -25,7 +26,6 @@ from oxbench.features.deep.model import (  # noqa: E402
     save_model,
 )
 from oxbench.features.descstore import DescriptorStore, fill_store  # noqa: E402
-from oxbench.shards import NPZ_NAME, committed_folders  # noqa: E402
 from test_pipeline import load_tiny, make_tiny_root  # noqa: E402
 
 

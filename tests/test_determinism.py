@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxbench import determinism
 from oxbench.cache import load_npz
+from oxbench.execution import determinism
 from oxbench.pipelines import run
 from test_pipeline import make_tiny_root
 

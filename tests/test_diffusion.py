@@ -10,7 +10,7 @@ from oxbench.errors import InputError
 from oxbench.evaluation.ap import average_precision
 from oxbench.index.search import exact_search
 from oxbench.pipelines.rerankers.dba import augment_database
-from oxbench.rerank.diffusion import (
+from oxbench.refinement.diffusion import (
     Diffusion,
     DiffusionSettings,
     diffuse,

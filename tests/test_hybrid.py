@@ -15,7 +15,7 @@ import pytest
 
 from oxbench.errors import InputError
 from oxbench.pipelines import resolve_method
-from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
+from oxbench.refinement.diffusion import Diffusion, DiffusionSettings
 
 
 def _unit(rng: np.random.Generator, n: int, d: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from oxbench.evaluation.localization import (
     truth_from_queries,
 )
 from oxbench.groundtruth import GroundTruth, make_query
-from oxbench.rerank.localize import affine_from_pairs, predict_box
+from oxbench.refinement.localize import affine_from_pairs, predict_box
 
 
 def pixel_iou(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> float:

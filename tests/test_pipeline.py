@@ -449,7 +449,7 @@ def test_matches_of_a_search_are_recorded(
 
 
 def test_descriptor_matches_are_mutual_and_pass_the_ratio_test() -> None:
-    from oxbench.rerank.spatial import descriptor_matches
+    from oxbench.refinement.spatial import descriptor_matches
 
     rng = np.random.default_rng(0)
     d = rng.normal(size=(50, 16)).astype(np.float32)
@@ -480,7 +480,7 @@ def _slow_descriptor_matches(q: np.ndarray, d: np.ndarray, ratio: float) -> list
 
 def _matches_in_blocks_of(rows: int, q: np.ndarray, d: np.ndarray, ratio: float) -> list[list[int]]:
     """descriptor_matches with blocks of ``rows`` query rows."""
-    from oxbench.rerank import spatial
+    from oxbench.refinement import spatial
 
     old = spatial._MATCH_ROWS
     spatial._MATCH_ROWS = rows
@@ -516,7 +516,7 @@ def test_descriptor_matches_of_equal_length_descriptors_equal_the_definition(
 ) -> None:
     """Descriptors of one length per side (RootSIFT's case) take the dot-product path: permutations
     of one small integer vector have exactly equal lengths, exact products and frequent ties."""
-    from oxbench.rerank import spatial
+    from oxbench.refinement import spatial
 
     rng = np.random.default_rng(seed)
     base = np.array([0, 1, 1, 2, 3, 0], np.float32)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxbench.rerank.spatial import spatial_rerank, tentative_matches, verify_pair
+from oxbench.refinement.spatial import spatial_rerank, tentative_matches, verify_pair
 
 cv2 = pytest.importorskip("cv2")
 

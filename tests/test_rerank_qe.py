@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from oxbench.errors import InputError
-from oxbench.rerank.qe import (
+from oxbench.refinement.qe import (
     alpha_query_expansion,
     average_query_expansion,
     database_side_augmentation,

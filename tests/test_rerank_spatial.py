@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oxbench.errors import InputError
-from oxbench.rerank.spatial import (
+from oxbench.refinement.spatial import (
     _group_words,
     _matches_from_groups,
     rerank_by_inliers,
@@ -419,12 +419,12 @@ def test_importing_rerank_does_not_import_opencv():
     import subprocess
     import sys
 
-    code = "import sys, oxbench.rerank; assert 'cv2' not in sys.modules"
+    code = "import sys, oxbench.refinement; assert 'cv2' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_spatial_rerank_returns_inliers_and_takes_given_or_multiple_word_matches(rng):
-    from oxbench.rerank.spatial import _group_words, _matches_from_groups, expand_query_words
+    from oxbench.refinement.spatial import _group_words, _matches_from_groups, expand_query_words
 
     q_kp, q_words, images = make_database(rng)
     order = np.arange(40)[::-1].copy()

@@ -89,7 +89,7 @@ def test_shards_merged_into_on_disk_lists_answer_the_same(data, tmp_path: Path) 
 def test_the_shard_job_is_picklable_commits_once_and_starts_from_the_empty_index(
     data, tmp_path: Path
 ) -> None:
-    from oxbench.shards import ShardTask
+    from oxbench.execution.shards import ShardTask
 
     x, _, trained = data
     job = pickle.loads(pickle.dumps(ShardAdder(serialize(trained), str(tmp_path), tag="t")))

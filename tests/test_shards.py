@@ -1,4 +1,4 @@
-"""The write-once shard protocol (oxbench.shards) and the stages built on it other than local
+"""The write-once shard protocol (oxbench.execution.shards) and the stages built on it other than local
 features (tests/test_dask.py covers those): visual words, verified short lists, global descriptors."""
 
 from __future__ import annotations
@@ -11,14 +11,7 @@ import pytest
 
 from oxbench.cache import DIGEST_KEY
 from oxbench.execution import ProcessExecutor, SerialExecutor
-from oxbench.features.local import RawFeatures
-from oxbench.features.sift import SiftConfig
-from oxbench.features.store import FeatureStore
-from oxbench.fileio import TEMP_PREFIX
-from oxbench.index.vocabulary import Vocabulary
-from oxbench.pipelines.method import RunContext
-from oxbench.pipelines.steps.words import Words, step_assign
-from oxbench.shards import (
+from oxbench.execution.shards import (
     NPZ_NAME,
     ShardTask,
     committed_folders,
@@ -26,6 +19,13 @@ from oxbench.shards import (
     read_npz_shards,
     write_npz_shard,
 )
+from oxbench.features.local import RawFeatures
+from oxbench.features.sift import SiftConfig
+from oxbench.features.store import FeatureStore
+from oxbench.fileio import TEMP_PREFIX
+from oxbench.index.vocabulary import Vocabulary
+from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.steps.words import Words, step_assign
 
 CFG = SiftConfig(n_features=50)
 

@@ -8,7 +8,7 @@ import pytest
 
 from oxbench.errors import InputError
 from oxbench.features.sift import SiftConfig, extract_raw_sift, finish_descriptors
-from oxbench.rerank.spatial import descriptor_matches
+from oxbench.refinement.spatial import descriptor_matches
 
 cv2 = pytest.importorskip("cv2")
 

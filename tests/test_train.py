@@ -398,7 +398,7 @@ def test_synthetic_presets_describe_at_the_default_training_size() -> None:
 def test_import_oxbench_loads_neither_torch_nor_faiss() -> None:
     code = (
         "import sys, oxbench, oxbench.pipelines, oxbench.train.pairs, oxbench.index.search, "
-        "oxbench.rerank.diffusion, oxbench.cli.train; "
+        "oxbench.refinement.diffusion, oxbench.cli.train; "
         "print(sorted(m for m in ('torch', 'faiss', 'torchvision') if m in sys.modules))"
     )
     res = subprocess.run(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from oxbench.workers import worker_pool
+from oxbench.execution.workers import worker_pool
 
 pytest.importorskip("cv2")
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="needs Linux /proc")

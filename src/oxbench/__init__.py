@@ -15,7 +15,7 @@ The package is split by concern:
 - :mod:`oxbench.evaluation` -- AP, mP@K and the four official protocols (pure functions over arrays);
 - :mod:`oxbench.formats` -- readers/writers of the official ground-truth and result files;
 - :mod:`oxbench.datasets` -- the dataset registry, verified fetching, loading and integrity checks;
-- :mod:`oxbench.features`, :mod:`oxbench.index`, :mod:`oxbench.rerank` -- building blocks of methods;
+- :mod:`oxbench.features`, :mod:`oxbench.index`, :mod:`oxbench.refinement` -- building blocks of methods;
 - :mod:`oxbench.pipelines` -- the method interface, the presets and the runner;
 - :mod:`oxbench.report` -- tables and exports of results;
 - :mod:`oxbench.cli` -- the ``oxbench`` command, a thin layer over the library.

@@ -139,7 +139,7 @@ def stop_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGINT into :class:`Interrupted` in the main thread, for the block.
 
     The exception unwinds the command like Ctrl-C does: worker pools stop their workers
-    (:mod:`oxbench.workers`), temporary files are removed. Later signals are ignored while the
+    (:mod:`oxbench.execution.workers`), temporary files are removed. Later signals are ignored while the
     stack unwinds, so that cleanup is not itself interrupted. Previous handlers are restored.
     """
     if threading.current_thread() is not threading.main_thread():

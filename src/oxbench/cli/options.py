@@ -142,7 +142,7 @@ def parse_engine_options(
             raise InputError(
                 "--wait-workers and --engine-option wait_workers_s=... name the same; give one"
             )
-        from oxbench.execution_dask import WAIT_WORKERS
+        from oxbench.execution.dask import WAIT_WORKERS
 
         options["wait_workers_s"] = WAIT_WORKERS.parse(
             "--wait-workers", wait_workers, what="option"
@@ -171,7 +171,7 @@ def parse_partition(text: str | None) -> tuple[int, int] | None:
             "--partition takes I/N in ASCII digits (0 <= I < N, e.g. 0/4 for "
             f"$SLURM_ARRAY_TASK_ID/4), got {_shown(text)}"
         )
-    from oxbench.shards import check_partition
+    from oxbench.execution.shards import check_partition
 
     try:
         return check_partition((int(i), int(n)))

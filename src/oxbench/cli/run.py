@@ -130,7 +130,7 @@ if TYPE_CHECKING:
     "--deterministic",
     is_flag=True,
     help="Learned steps (k-means, word assignment) with one BLAS / faiss thread, so their result "
-    "does not depend on --workers or the cores (recorded; see oxbench.determinism).",
+    "does not depend on --workers or the cores (recorded; see oxbench.execution.determinism).",
 )
 @click.option(
     "--seeds",

@@ -9,7 +9,7 @@ Layout of one store folder (one per dataset part and descriptor config)::
                                              that could not be decoded, with their digest
     <dir>/shard-000000.npz                   a shard written by earlier oxbench versions (still read)
 
-Shards follow the write-once protocol of :mod:`oxbench.shards` (:func:`fill_store`): the images, in
+Shards follow the write-once protocol of :mod:`oxbench.execution.shards` (:func:`fill_store`): the images, in
 part order, are planned in shards of a fixed size; each shard's task (in this process, a worker
 process, a Dask worker with a GPU, or a ``--partition`` process) describes its images and commits
 the shard folder by one rename, returning only a receipt. An interrupted extraction leaves no shard
@@ -40,14 +40,7 @@ from numpy.typing import NDArray
 from oxbench.cache import CorruptCache, load_npz
 from oxbench.errors import InputError
 from oxbench.execution import Executor
-from oxbench.fileio import (
-    atomic_write_json,
-    discard_folder,
-    read_input_bytes,
-    remove_stale_temps,
-    require_regular_file,
-)
-from oxbench.shards import (
+from oxbench.execution.shards import (
     NPZ_NAME,
     SHARD_DIR_RE,
     ShardReceipt,
@@ -59,6 +52,13 @@ from oxbench.shards import (
     run_shard_tasks,
     shard_record,
     write_npz_shard,
+)
+from oxbench.fileio import (
+    atomic_write_json,
+    discard_folder,
+    read_input_bytes,
+    remove_stale_temps,
+    require_regular_file,
 )
 
 log = logging.getLogger(__name__)

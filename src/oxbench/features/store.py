@@ -81,6 +81,18 @@ from numpy.typing import NDArray
 from oxbench.cache import DIGEST_KEY, CorruptCache, entry_lock, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.execution import Executor
+from oxbench.execution.shards import (
+    SHARD_DIR_RE,
+    ShardReceipt,
+    ShardTask,
+    check_partition,
+    check_shard_size,
+    in_partition,
+    plan_digest,
+    plan_shards,
+    run_shard_tasks,
+    shard_folder_name,
+)
 from oxbench.features.local import ExtractionJob, LocalExtractor, LocalFeatures, RawFeatures
 from oxbench.fileio import (
     atomic_write_json,
@@ -94,18 +106,6 @@ from oxbench.fileio import (
     read_input_bytes,
     remove_stale_temps,
     sampled_digest,
-)
-from oxbench.shards import (
-    SHARD_DIR_RE,
-    ShardReceipt,
-    ShardTask,
-    check_partition,
-    check_shard_size,
-    in_partition,
-    plan_digest,
-    plan_shards,
-    run_shard_tasks,
-    shard_folder_name,
 )
 
 log = logging.getLogger(__name__)

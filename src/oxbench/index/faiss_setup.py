@@ -23,9 +23,8 @@ import os
 import sys
 from types import ModuleType
 
-from oxbench import determinism
 from oxbench.errors import require
-from oxbench.execution import available_cores, thread_cap
+from oxbench.execution import available_cores, determinism, thread_cap
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +56,7 @@ def load_faiss(threads: int | None = None) -> ModuleType:
     Args:
         threads: OpenMP threads for faiss; default: the executor's cap in a worker process
             (:func:`oxbench.execution.limit_threads`), else the CPUs this process may use; always
-            1 in deterministic mode (:mod:`oxbench.determinism`).
+            1 in deterministic mode (:mod:`oxbench.execution.determinism`).
 
     Returns:
         The ``faiss`` module.

@@ -5,7 +5,7 @@ inverted lists in RAM. The index is built the way FAISS's own large-scale recipe
 
 1. :func:`train_ivfpq` -- the coarse quantiser and the product quantiser are trained once, on the
    database or a sample of it, giving a trained *empty* index;
-2. :class:`ShardAdder` -- a picklable job of the write-once shard protocol (:mod:`oxbench.shards`):
+2. :class:`ShardAdder` -- a picklable job of the write-once shard protocol (:mod:`oxbench.execution.shards`):
    each planned shard (a contiguous range of database positions) adds its vectors, with their
    positions as ids (``add_with_ids``), to its own copy of the trained index, writes it into a
    temporary folder and commits the folder by one rename, returning a small receipt; shards run
@@ -35,8 +35,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import commit_folder, discard_folder, file_sha256, make_folder, make_temp_folder
-from oxbench.shards import (
+from oxbench.execution.shards import (
     ShardReceipt,
     ShardTask,
     check_shard_size,
@@ -44,6 +43,7 @@ from oxbench.shards import (
     plan_shards,
     run_shard_tasks,
 )
+from oxbench.fileio import commit_folder, discard_folder, file_sha256, make_folder, make_temp_folder
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class AddTask:
 
 @dataclass(frozen=True)
 class ShardAdder:
-    """The job of one shard (:mod:`oxbench.shards` protocol): add its vectors, with their database
+    """The job of one shard (:mod:`oxbench.execution.shards` protocol): add its vectors, with their database
     positions as ids, to a copy of the trained index, write it into a temporary folder and commit
     the folder by one rename (the first commit wins); return the receipt (the file's digest).
 
@@ -205,7 +205,7 @@ def build_shards(
     progress: bool = False,
 ) -> list[ShardReceipt]:
     """Add ``vectors`` (ids: their positions) shard by shard to copies of ``trained``, one committed
-    shard folder each (:mod:`oxbench.shards`): shards committed by an earlier, interrupted build
+    shard folder each (:mod:`oxbench.execution.shards`): shards committed by an earlier, interrupted build
     of the same folder are reused, the others run through ``executor``.
 
     Args:

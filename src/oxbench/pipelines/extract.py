@@ -24,7 +24,7 @@ read, and writes only ``extract.json`` (the images described per part, ``"vector
 The partition mode (:func:`extract_partition`, ``oxbench extract --partition I/N`` and
 ``oxbench run --partition I/N``) is for array jobs without a scheduler (SLURM arrays, Kubernetes
 indexed jobs): each of N processes describes only its share of the extraction shards (local
-features or CNN descriptors; the write-once shards of :mod:`oxbench.shards`; partitions run side
+features or CNN descriptors; the write-once shards of :mod:`oxbench.execution.shards`; partitions run side
 by side on the same cache), and the same command without ``--partition`` then finds every shard
 committed and combines.
 """
@@ -43,12 +43,12 @@ from oxbench.datasets import load
 from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError, require_installed
 from oxbench.execution import Executor, available_cores, make_executor
+from oxbench.execution.shards import check_partition
 from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
 from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
 from oxbench.pipelines.runner import training_set_of
 from oxbench.pipelines.steps import part_names
-from oxbench.shards import check_partition
 
 log = logging.getLogger(__name__)
 

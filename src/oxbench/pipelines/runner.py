@@ -51,12 +51,12 @@ from oxbench.datasets.base import Benchmark
 from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import get_spec
 from oxbench.datasets.synthetic.distractor_kinds import kind_tag
-from oxbench.determinism import single_threaded
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
 from oxbench.execution import Executor, cpu_seconds, make_executor
+from oxbench.execution.determinism import single_threaded
 from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import (
     TEMP_PREFIX,
@@ -383,11 +383,11 @@ BOX_PREDICTOR = "sv-projected-query-box"
 
 def predicted_boxes(bench: Benchmark, matches: Mapping[int, Mapping[int, Any]]) -> dict[str, Any]:
     """``boxes.json`` of a run: the query box projected into each verified image with stored
-    correspondences (:func:`oxbench.rerank.localize.predict_box`; the inlier box where the fit fails).
+    correspondences (:func:`oxbench.refinement.localize.predict_box`; the inlier box where the fit fails).
 
     Images whose size cannot be read without decoding (generated distractors) are not clipped.
     """
-    from oxbench.rerank.localize import predict_box
+    from oxbench.refinement.localize import predict_box
 
     sizes: dict[int, tuple[int, int] | None] = {}
     queries: dict[str, dict[str, Any]] = {}
@@ -618,7 +618,7 @@ def run(
         dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
             ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
         deterministic: run the steps with one BLAS / faiss thread, so that what they learn does not
-            depend on ``workers`` or the cores (:mod:`oxbench.determinism`; recorded).
+            depend on ``workers`` or the cores (:mod:`oxbench.execution.determinism`; recorded).
         verify_images: compare every image with the file its cached local features were
             described from by its bytes (a full read and hash), not only by ``stat``.
         seeds: run once per seed (``[0, 1, 2]`` or ``"0,1,2"``), each seed setting of the method

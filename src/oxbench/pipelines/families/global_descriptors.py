@@ -97,7 +97,7 @@ class GlobalConfig(MethodConfig, Pipeline):
             in order: ``dba`` (database-side augmentation at index time, settings ``dba.*``),
             ``aqe`` / ``alpha-qe`` (query expansion over the top ``qe.k``, settings ``qe.*``),
             ``diffusion`` (Iscen et al. 2017, settings ``diffusion.*``:
-            :class:`~oxbench.rerank.diffusion.DiffusionSettings`), ``spatial`` (with a
+            :class:`~oxbench.refinement.diffusion.DiffusionSettings`), ``spatial`` (with a
             ``local_source``), or any registered re-ranker that works on dense vectors.
     """
 

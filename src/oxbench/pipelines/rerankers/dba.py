@@ -34,7 +34,7 @@ from oxbench.pipelines.rerankers import (
     register_reranker,
     register_stage_settings,
 )
-from oxbench.rerank.qe import database_side_augmentation
+from oxbench.refinement.qe import database_side_augmentation
 from oxbench.schema import setting, validate
 
 

@@ -2,8 +2,8 @@
 
 ``prepare`` builds the graph at index time over the space's dense vectors (a global method's own,
 or the vectors of a named ``global_source``); ``rerank`` diffuses each query from its (expanded)
-vector over the top of its ranking (:class:`oxbench.rerank.diffusion.Diffusion`). Settings: the
-``diffusion`` group (:class:`~oxbench.rerank.diffusion.DiffusionSettings`, declared once there).
+vector over the top of its ranking (:class:`oxbench.refinement.diffusion.Diffusion`). Settings: the
+``diffusion`` group (:class:`~oxbench.refinement.diffusion.DiffusionSettings`, declared once there).
 
 ``diffusion-verified`` is the 2018 revisit's hybrid (Radenovic et al. 2018, "ASMK* + SP ->
 R-GeM + DFS"): after a ``spatial`` stage, the strongly verified images -- those that would expand
@@ -31,7 +31,7 @@ from oxbench.pipelines.rerankers import (
     register_reranker,
     register_stage_settings,
 )
-from oxbench.rerank.diffusion import Diffusion, DiffusionSettings
+from oxbench.refinement.diffusion import Diffusion, DiffusionSettings
 
 
 class DiffusionReranker(Reranker):

@@ -2,7 +2,7 @@
 
 Each query vector is replaced by the weighted mean of itself and its top ``qe.k`` database
 vectors (weights ``similarity ** qe.alpha``; ``aqe``: the plain average) and the index is ranked
-again (:func:`oxbench.rerank.qe.alpha_query_expansion`). Settings: the ``qe`` group
+again (:func:`oxbench.refinement.qe.alpha_query_expansion`). Settings: the ``qe`` group
 (:class:`QeSettings`).
 """
 
@@ -22,7 +22,7 @@ from oxbench.pipelines.rerankers import (
     register_reranker,
     register_stage_settings,
 )
-from oxbench.rerank.qe import alpha_query_expansion
+from oxbench.refinement.qe import alpha_query_expansion
 from oxbench.schema import setting, validate
 
 

@@ -32,7 +32,7 @@ from oxbench.schema import setting, validate
 log = logging.getLogger(__name__)
 
 
-#: The verification defaults (:mod:`oxbench.rerank.spatial`'s, through :class:`VerifySettings`).
+#: The verification defaults (:mod:`oxbench.refinement.spatial`'s, through :class:`VerifySettings`).
 _VERIFY = VerifySettings()
 
 
@@ -46,11 +46,11 @@ class SpatialSettings:
     Attributes:
         top_r: the short list: each query's top ``top_r`` is verified.
         matching: tentative correspondences of a short-listed pair: ``descriptors`` (mutual
-            nearest neighbours with Lowe's ``ratio``, :func:`oxbench.rerank.spatial.descriptor_matches`)
+            nearest neighbours with Lowe's ``ratio``, :func:`oxbench.refinement.spatial.descriptor_matches`)
             or ``words`` (shared visual words, at most ``max_per_word`` pairs per word, each query
             feature through its ``query_ma`` nearest words).
         model, method, min_inliers, threshold_px: the verification
-            (:func:`oxbench.rerank.spatial.spatial_rerank`, whose defaults they are); ``fsm`` is
+            (:func:`oxbench.refinement.spatial.spatial_rerank`, whose defaults they are); ``fsm`` is
             Philbin et al.'s fast spatial matching from single correspondences with scale and
             orientation.
     """

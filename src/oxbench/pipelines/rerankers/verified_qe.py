@@ -32,7 +32,7 @@ from oxbench.pipelines.rerankers import (
     register_stage_settings,
 )
 from oxbench.pipelines.steps.verify import VerifiedList, joined, verified_first
-from oxbench.rerank.qe import average_query_expansion, discriminative_query_expansion
+from oxbench.refinement.qe import average_query_expansion, discriminative_query_expansion
 from oxbench.schema import setting, validate
 
 
@@ -145,7 +145,7 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
 
     Positives: the query and its verified images (those :class:`VerifiedQueryExpansion` would
     average); negatives: the ``negatives`` images at the bottom of the ranking (below the verified
-    short list), as in the paper (:func:`oxbench.rerank.qe.discriminative_query_expansion`, L2-SVM
+    short list), as in the paper (:func:`oxbench.refinement.qe.discriminative_query_expansion`, L2-SVM
     with classes balanced, ``C = c``). A query whose ranking has no image below its short list
     keeps its first ranking. The expanded query's new results are verified as with AQE.
     """

@@ -25,7 +25,7 @@ from oxbench.features.store import FeatureStore
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.words import WordedParts, Words, reopen_store, store_spec
-from oxbench.rerank.spatial import (
+from oxbench.refinement.spatial import (
     DEFAULT_MAX_PER_WORD,
     DEFAULT_METHOD,
     DEFAULT_MIN_INLIERS,
@@ -64,7 +64,7 @@ class VerifiedList:
 
 @dataclass(frozen=True)
 class VerifySettings:
-    """How a short list is verified; the defaults are :mod:`oxbench.rerank.spatial`'s (one place).
+    """How a short list is verified; the defaults are :mod:`oxbench.refinement.spatial`'s (one place).
 
     Attributes:
         model: the geometric model (``similarity``, ``affine``, ``homography``).

@@ -16,10 +16,10 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench import determinism
 from oxbench.cache import CorruptCache, entry_lock, lock_path
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
+from oxbench.execution import determinism
 from oxbench.features.local import LocalExtractor, training_extractor
 from oxbench.features.store import FeatureStore
 from oxbench.fileio import json_digest, remove_stale_temps

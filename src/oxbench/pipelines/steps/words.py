@@ -2,7 +2,7 @@
 
 ``<cache>/<dataset-key>/words/<vocabulary>-k<k>/<part>.npz`` holds the ``k`` nearest words (and
 squared distances) of every feature of one part, assigned in write-once shards of images through
-the run's executor (:mod:`oxbench.shards`). :func:`describe_and_assign` is what a family that quantises local features runs at index
+the run's executor (:mod:`oxbench.execution.shards`). :func:`describe_and_assign` is what a family that quantises local features runs at index
 time: the features of every part, then the words of the indexed parts (:class:`WordedParts`).
 """
 
@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench import determinism
 from oxbench.cache import (
     DIGEST_KEY,
     CorruptCache,
@@ -33,15 +32,8 @@ from oxbench.cache import (
 )
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.features.local import LocalExtractor
-from oxbench.features.store import DEFAULT_SHARD_SIZE, FeatureStore
-from oxbench.fileio import discard_folder, json_digest, remove_stale_temps
-from oxbench.index.vocabulary import Vocabulary
-from oxbench.pipelines.method import RunContext
-from oxbench.pipelines.steps.keys import StepResult, dataset_key, part_names, parts_of
-from oxbench.pipelines.steps.local import open_store, step_features
-from oxbench.pipelines.steps.vocabulary import load_vocabulary
-from oxbench.shards import (
+from oxbench.execution import determinism
+from oxbench.execution.shards import (
     ShardReceipt,
     ShardTask,
     check_receipts,
@@ -52,6 +44,14 @@ from oxbench.shards import (
     run_shard_tasks,
     write_npz_shard,
 )
+from oxbench.features.local import LocalExtractor
+from oxbench.features.store import DEFAULT_SHARD_SIZE, FeatureStore
+from oxbench.fileio import discard_folder, json_digest, remove_stale_temps
+from oxbench.index.vocabulary import Vocabulary
+from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.steps.keys import StepResult, dataset_key, part_names, parts_of
+from oxbench.pipelines.steps.local import open_store, step_features
+from oxbench.pipelines.steps.vocabulary import load_vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ def reopen_store(spec: tuple[Path, LocalExtractor, dict[str, object]]) -> Featur
 
 
 class AssignShard:
-    """Picklable job of the shard protocol (:mod:`oxbench.shards`): the ``k`` nearest words of every
+    """Picklable job of the shard protocol (:mod:`oxbench.execution.shards`): the ``k`` nearest words of every
     feature of one planned shard's images, committed as a shard; returns its receipt.
 
     Pickled, it carries the vocabulary's arrays and the store's folder (reopened where it runs);
@@ -336,7 +336,7 @@ def step_assign(
     """Assign every feature of ``names`` to its ``k`` nearest words; skipped when done.
 
     The images go through ``ctx.executor`` as write-once shards of ``shard_size`` images
-    (:mod:`oxbench.shards`, in ``<out_path stem>.shards/``): each task commits its shard and returns
+    (:mod:`oxbench.execution.shards`, in ``<out_path stem>.shards/``): each task commits its shard and returns
     a receipt, an interrupted step resumes with the shards not committed, and a shard tampered with
     is assigned again with a warning. The shards are then assembled into ``out_path``, the same
     file whatever the executor, and deleted.

@@ -1,4 +1,6 @@
-"""The execution seam: where the parallel stages of a run execute.
+"""Executors: the serial and local-process backends, the backend registry and the thread caps.
+
+The execution seam: where the parallel stages of a run execute.
 
 A stage never starts processes itself. It hands the executor a *job* (a picklable callable holding
 everything the stage needs, opened lazily where it runs) and the items to run it on, and reads the
@@ -15,9 +17,9 @@ writes does not depend on the backend or the number of workers.
 Backends (:data:`EXECUTORS`; one module each, registered by name):
 
 - ``serial`` -- every item in this process, in order;
-- ``processes`` -- ``workers`` spawned processes of :mod:`oxbench.workers` (they die with this
+- ``processes`` -- ``workers`` spawned processes of :mod:`oxbench.execution.workers` (they die with this
   process and stop with it on Ctrl-C or an error);
-- ``dask`` -- Dask distributed (:mod:`oxbench.execution_dask`, the extra ``oxbench[dask]``): an
+- ``dask`` -- Dask distributed (:mod:`oxbench.execution.dask`, the extra ``oxbench[dask]``): an
   embedded LocalCluster, or an existing cluster's scheduler (``address``);
 - a plugin's, through the ``oxbench.executors`` entry-point group (:mod:`oxbench.registry`).
 
@@ -49,9 +51,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from oxbench.errors import InputError
+from oxbench.execution.workers import WorkerPool, worker_pool
 from oxbench.fileio import progress_bar
 from oxbench.registry import GROUPS, Registry
-from oxbench.workers import WorkerPool, worker_pool
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.schema import Spec
@@ -241,7 +243,7 @@ class Executor(ABC):
         """Make sure the workers see ``paths`` (``{what: folder}``: the data root, the cache).
 
         Local backends share this process's file system and check nothing; a cluster's workers
-        may not (:class:`oxbench.execution_dask.DaskExecutor`).
+        may not (:class:`oxbench.execution.dask.DaskExecutor`).
         """
 
     def close(self) -> None:  # noqa: B027 - optional hook
@@ -338,7 +340,7 @@ def _close_pool(pool: WorkerPool, jobs: Path, *, abort: bool = False) -> None:
 
 
 class ProcessExecutor(Executor):
-    """``workers`` spawned local processes that die with this one (:mod:`oxbench.workers`).
+    """``workers`` spawned local processes that die with this one (:mod:`oxbench.execution.workers`).
 
     The pool starts with the first stage that has work for more than one worker and serves every
     later stage until :meth:`close` (or until the executor is garbage-collected): each worker
@@ -419,7 +421,7 @@ class ProcessExecutor(Executor):
 #: Modules of the backends that live outside this module, imported (by name, as plugins) the first
 #: time :data:`EXECUTORS` is asked for a name; each registers its class. They import this module,
 #: never the other way round.
-BACKEND_MODULES = ("oxbench.execution_dask",)
+BACKEND_MODULES = ("oxbench.execution.dask",)
 
 
 def _load_backends() -> None:

@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 
 from oxbench.cache import DIGEST_KEY, CorruptCache, load_npz, save_npz
 from oxbench.errors import InputError
-from oxbench.execution import Executor, SerialExecutor
+from oxbench.execution.executors import Executor, SerialExecutor
 from oxbench.fileio import (
     TEMP_PREFIX,
     commit_folder,

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from oxbench.errors import InputError, require
-from oxbench.execution import (
+from oxbench.execution.executors import (
     EXECUTORS,
     Executor,
     available_cores,
@@ -260,12 +260,12 @@ def _job_installer(token: str, job: Callable[[Any], Any]) -> Any:
 
         # this class travels by value: the registry is reached through the worker's own module
         def setup(self, worker: Any) -> None:
-            import oxbench.execution_dask as here
+            import oxbench.execution.dask as here
 
             here._JOBS[self.token] = self.job
 
         def teardown(self, worker: Any) -> None:
-            import oxbench.execution_dask as here
+            import oxbench.execution.dask as here
 
             here._JOBS.pop(self.token, None)
 

@@ -59,7 +59,7 @@ def single_threaded(enabled: bool = True) -> Iterator[None]:
         faiss = sys.modules.get("faiss")
         if faiss is not None:
             if before is None:
-                from oxbench.execution import available_cores, thread_cap
+                from oxbench.execution.executors import available_cores, thread_cap
 
                 before = thread_cap() or available_cores()
             faiss.omp_set_num_threads(before)

@@ -1,6 +1,6 @@
 """A baseline localiser from spatial verification: where the query's box lands in a verified image.
 
-Spatial verification (:mod:`oxbench.rerank.spatial`) finds the correspondences between the query
+Spatial verification (:mod:`oxbench.refinement.spatial`) finds the correspondences between the query
 region and a database image that agree with one geometric transform. :func:`predict_box` turns
 them into a box in the database image:
 
