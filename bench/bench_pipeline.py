@@ -357,7 +357,7 @@ def worker_scaling(workers: list[int]) -> None:
 
     from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from pixel_subset import load_subset_city  # bench/, beside this script
 
     if SUBSET is None or CACHE is None or not (CACHE / "vocabularies").is_dir():

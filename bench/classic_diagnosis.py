@@ -36,7 +36,7 @@ SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
 def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext, steps
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from oxbench.refinement.spatial import (
         descriptor_matches,
         expand_query_words,

@@ -36,7 +36,7 @@ def main() -> int:
     from oxbench.index.hamming import N_BITS, wgc_bins, wgc_scores
     from oxbench.pipelines import RunContext
     from oxbench.pipelines.families.he import HammingEmbeddingMethod
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from pixel_subset import candidate_map, load_subset_city

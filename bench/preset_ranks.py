@@ -27,7 +27,7 @@ import numpy as np
 
 import oxbench
 from oxbench.pipelines import METHODS, resolve_method
-from oxbench.pipelines.method import settings_rows
+from oxbench.pipelines.presets import settings_rows
 from oxbench.testing import make_tiny_root
 
 #: Variants beside the presets: settings whose names a refactor may change, with the same meaning

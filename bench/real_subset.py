@@ -55,7 +55,7 @@ def main() -> int:
     from oxbench.evaluation import evaluate
     from oxbench.execution import ProcessExecutor
     from oxbench.pipelines import RunContext
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from pixel_subset import (  # bench/, beside this script
         load_subset_all,
         load_subset_city,

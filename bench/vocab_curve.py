@@ -93,7 +93,7 @@ def check_datasets(test: str, other: str) -> str | None:
 def check_sizes(args: argparse.Namespace, methods: list[str]) -> str | None:
     """The one-line refusal of a size larger than a training set's descriptors, or ``None``;
     each source's count is kept in ``args.train_counts`` (recorded with every point)."""
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     args.train_counts = {}
     for source in args.vocabularies:

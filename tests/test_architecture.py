@@ -179,7 +179,7 @@ def _import_file(path: Path, name: str) -> ModuleType:
 
 @pytest.fixture(scope="module")
 def toy_family(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.presets import METHODS
 
     path = tmp_path_factory.mktemp("plugin") / "toy_family.py"
     path.write_text(TOY_FAMILY)

@@ -216,7 +216,7 @@ def _run(method: Any, bench: Any, train: Any, cache: Path) -> Any:
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("faiss")
     from oxbench.datasets import load
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from test_pipeline import TINY, make_tiny_root
 
     root = make_tiny_root(tmp_path_factory.mktemp("data"))
@@ -310,7 +310,8 @@ def _fill_cache_in_a_process(root: str, cache: str, log_file: str, barrier: Any)
     logging.basicConfig(filename=log_file, level=logging.INFO, format="%(message)s")
     from oxbench.datasets import load
     from oxbench.pipelines import steps
-    from oxbench.pipelines.method import RunContext, resolve_method
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import resolve_method
     from test_pipeline import TINY
 
     train = load("synthetic-train", root, progress=False)

@@ -116,7 +116,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("cv2")
     pytest.importorskip("faiss")
     from oxbench.datasets import load
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from test_pipeline import TINY, make_tiny_root
 
     root = make_tiny_root(tmp_path_factory.mktemp("data"))
@@ -361,7 +361,8 @@ def test_a_cached_faiss_index_of_other_vectors_is_built_again(
     import dataclasses
 
     from oxbench.pipelines.globalchain import SearchChain
-    from oxbench.pipelines.method import METHODS, RunContext
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import METHODS
 
     m = dataclasses.replace(METHODS.get("rootsift-vlad"), search="faiss-flat")
     rng = np.random.default_rng(0)
@@ -404,7 +405,7 @@ def test_a_vocabulary_of_other_settings_copied_over_is_trained_again(
     import os
 
     from oxbench.pipelines import steps
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from test_pipeline import TINY
 
     cache = tmp_path / "cache"
@@ -430,7 +431,7 @@ def test_a_whitening_of_other_settings_copied_over_is_learned_again(
     restored), is refused by its record and learned again: the clean ranks exactly."""
     import os
 
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     small = {
         "descriptor.features.max_side": 320,

@@ -103,7 +103,8 @@ def test_nan_in_a_cached_faiss_index_names_the_file(tmp_path):
 def test_a_damaged_cached_faiss_index_is_rebuilt_with_one_warning(tmp_path, caplog):
     pytest.importorskip("faiss")
     from oxbench.pipelines.globalchain import SearchChain
-    from oxbench.pipelines.method import METHODS, RunContext
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import METHODS
 
     m = dataclasses.replace(METHODS.get("rootsift-vlad"), search="faiss-flat")
     db = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)

@@ -484,7 +484,8 @@ def test_run_partitions_describe_the_training_set_too_and_the_plain_run_describe
 def test_cnn_descriptors_by_partition(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     from oxbench.pipelines.extract import extract_partition
-    from oxbench.pipelines.method import RunContext, resolve_method
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import resolve_method
     from test_pipeline import make_tiny_root
 
     root = make_tiny_root(tmp_path / "data")

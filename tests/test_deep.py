@@ -399,7 +399,7 @@ def test_gem_without_whitening_needs_no_training_set_and_weights_are_required(
     tiny_root: Path, tmp_path: Path
 ) -> None:
     import oxbench
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     assert not resolve_method("gem-r50-imagenet").needs_training
     assert resolve_method("gem-r50-imagenet+w").needs_training
@@ -656,7 +656,7 @@ def test_model_files_are_found_in_the_runs_data_root_not_beside_the_dataset(
     folder: ``models:<file>`` is looked up in the context's data root, else ``$OXBENCH_DATA``."""
     from oxbench.datasets import load
     from oxbench.pipelines import RunContext
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     monkeypatch.delenv("OXBENCH_MODELS", raising=False)
     bench = load("synthetic", tiny_root, progress=False)
@@ -757,7 +757,8 @@ def test_cnn_descriptors_described_in_worker_processes_equal_this_processs(
     from oxbench.execution import ProcessExecutor
     from oxbench.features.descstore import DescribeGlobalShard
     from oxbench.pipelines.descriptors.cnn import CnnShard
-    from oxbench.pipelines.method import RunContext, resolve_method
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import resolve_method
 
     bench = load_tiny(tiny_root)
     m = resolve_method("gem-r50-imagenet", **TINY_CNN)

@@ -13,7 +13,7 @@ tv = pytest.importorskip("torchvision")
 from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
 from oxbench.features.deep.model import build_net  # noqa: E402
-from oxbench.pipelines.method import resolve_method  # noqa: E402
+from oxbench.pipelines.presets import resolve_method  # noqa: E402
 from test_pipeline import make_tiny_root  # noqa: E402
 
 

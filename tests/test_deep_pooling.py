@@ -324,7 +324,8 @@ def test_method_setting_reaches_the_rmac_head() -> None:
     from oxbench.errors import InputError
     from oxbench.pipelines.descriptors.cnn import CnnDescriptor
     from oxbench.pipelines.families.global_descriptors import GlobalConfig
-    from oxbench.pipelines.method import RunContext, resolve_method
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import resolve_method
 
     kind = CnnDescriptor(backbone="resnet18", pooling="rmac", weights="random", rmac_grid="float32")
     m = GlobalConfig("r", descriptor=kind)

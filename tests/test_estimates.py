@@ -25,7 +25,7 @@ from oxbench.index.estimates import (
     ram_remedies,
 )
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
-from oxbench.pipelines.method import list_methods, resolve_method
+from oxbench.pipelines.presets import list_methods, resolve_method
 
 GIB = 1 << 30
 

@@ -96,7 +96,7 @@ def test_a_ranks_header_claiming_1e11_by_1e11_is_one_line_in_export(
 
 
 def test_device_nan_is_refused_by_the_settings_check() -> None:
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     for bad in ("nan", "cuda:²", "cuda:1;rm", "CPU"):
         with pytest.raises(InputError, match="expected auto, cpu, cuda or cuda:<n>"):

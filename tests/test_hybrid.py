@@ -124,7 +124,7 @@ def test_hybrid_rows_run_beside_their_parts(tiny_root: Path, tmp_path: Path) -> 
     diffusion with the verified images: each runs end to end beside its parts, records its source
     and its stages' facts, and differs from its first stage where the stage acts."""
     from oxbench.pipelines import register_method
-    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.presets import METHODS
     from oxbench.pipelines.steps.settings import CLASSIC_FEATURES
 
     local = dataclasses.replace(CLASSIC_FEATURES, max_side=320, n_features=300)

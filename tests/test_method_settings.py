@@ -327,7 +327,7 @@ def test_every_builtin_preset_says_what_it_is_and_a_plugin_can_say_it_too(
 ) -> None:
     import re
 
-    from oxbench.pipelines import method
+    from oxbench.pipelines import presets as method
     from oxbench.pipelines.about import ABOUT
 
     builtin = [p for p in list_methods() if method.METHODS.origin(p).builtin]

@@ -12,7 +12,7 @@ import pytest
 from oxbench.cli import main
 from oxbench.errors import InputError
 from oxbench.milestones import MILESTONES, TRENDS, choose, settings_for, trend_verdict
-from oxbench.pipelines.method import METHODS
+from oxbench.pipelines.presets import METHODS
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -50,7 +50,7 @@ def test_subset_cities_and_their_labels(subset: Path) -> None:
 @pytest.mark.slow
 def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path: Path) -> None:
     """Small settings (256 px, 512 words from the RParis images): BoW and +SV give valid mAPs."""
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
     from pixel_subset import rank_subset_city
 
     ox = load_subset_city(subset, "roxford5k")

@@ -134,8 +134,8 @@ import numpy as np
 
 from oxbench import schema as S
 from oxbench.fileio import atomic_write_npy, json_digest
-from oxbench.pipelines import MethodConfig, RetrievalMethod, register_method
-from oxbench.pipelines.rerankers import Pipeline, Ranking, build_stages, run_stages
+from oxbench.pipelines import MethodConfig, Ranking, RetrievalMethod, register_method
+from oxbench.pipelines.rerankers import Pipeline
 
 
 @dataclass(frozen=True)
@@ -208,16 +208,16 @@ class Thumbs(RetrievalMethod):
         ctx.record_step(f"thumbs-{part}", hit=False)
         return out
 
+    capabilities = Space.capabilities
+
     def index(self, bench: Any, ctx: Any) -> Thumbs:
         self.space = Space(self._describe(bench, "database", ctx))
-        self.stages = build_stages(self.config, self.config.rerank, Space.capabilities)
         return self
 
-    def search(self, bench: Any, ctx: Any) -> Any:
+    def first_ranking(self, bench: Any, ctx: Any) -> tuple[Space, Ranking]:
         queries = self._describe(bench, "queries", ctx)
         scores, ranks = self.space.rank(queries)
-        ranking = Ranking(ranks, scores, queries, info={"thumb_side": self.config.side})
-        return run_stages(ranking, self.stages, self.space, ctx).result()
+        return self.space, Ranking(ranks, scores, queries, info={"thumb_side": self.config.side})
 
 
 register_method(
@@ -311,7 +311,7 @@ import sys
 from oxbench.execution import EXECUTORS
 from oxbench.features.extractors import LOCAL_EXTRACTORS, local_extractor
 from oxbench.pipelines.descriptors import DESCRIPTORS
-from oxbench.pipelines.method import METHODS
+from oxbench.pipelines.presets import METHODS
 from oxbench.pipelines.rerankers import RERANKERS
 from oxbench.testing import (
     check_descriptor, check_executor, check_family, check_local_extractor, check_reranker

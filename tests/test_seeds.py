@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from oxbench.errors import InputError
 from oxbench.pipelines import resolve_method
-from oxbench.pipelines.method import METHODS
+from oxbench.pipelines.presets import METHODS
 from oxbench.schema import MAX_SEEDS, describe, is_seed_setting, parse_seeds, seed_settings
 
 #: The seeds each family declares, by the step they drive (the audit of issue 32).

@@ -15,14 +15,8 @@ import pytest
 from oxbench import schema as S
 from oxbench.execution import EXECUTORS, Executor, SerialExecutor
 from oxbench.features.extractors import LOCAL_EXTRACTORS, local_extractor
-from oxbench.pipelines.method import (
-    METHODS,
-    MethodConfig,
-    RetrievalMethod,
-    SearchResult,
-    method_families,
-    resolve_method,
-)
+from oxbench.pipelines.method import MethodConfig, RetrievalMethod, SearchResult
+from oxbench.pipelines.presets import METHODS, method_families, resolve_method
 from oxbench.pipelines.rerankers import RERANKERS, Ranking, Reranker
 from oxbench.testing import (
     SyntheticSpace,

@@ -387,7 +387,7 @@ def test_oxbench_train_cli_on_the_tiny_training_city(
 
 
 def test_synthetic_presets_describe_at_the_default_training_size() -> None:
-    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.presets import METHODS
 
     # a network trained from scratch has learned the features of its training size only
     for name in ("gem-r18-synthetic", "gem-r18-synthetic+lw", "gem-r18-synthetic+w+alpha-qe"):

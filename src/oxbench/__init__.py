@@ -37,13 +37,13 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets import load
     from oxbench.evaluation import evaluate
-    from oxbench.pipelines.method import list_methods
+    from oxbench.pipelines.presets import list_methods
     from oxbench.pipelines.runner import run
 
 _LAZY = {
     "load": ("oxbench.datasets", "load"),
     "evaluate": ("oxbench.evaluation", "evaluate"),
-    "list_methods": ("oxbench.pipelines.method", "list_methods"),
+    "list_methods": ("oxbench.pipelines.presets", "list_methods"),
     "run": ("oxbench.pipelines.runner", "run"),
 }
 

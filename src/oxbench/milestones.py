@@ -209,9 +209,9 @@ def choose(methods: Sequence[str] | None) -> list[Milestone]:
 
 
 def settings_for(preset: str, settings: Mapping[str, object]) -> dict[str, object]:
-    """The ``--set`` settings that ``preset`` has (:func:`oxbench.pipelines.method.settings_rows`):
+    """The ``--set`` settings that ``preset`` has (:func:`oxbench.pipelines.presets.settings_rows`):
     one ``--set vocab_size=64`` serves every row that has a vocabulary."""
-    from oxbench.pipelines.method import METHODS, settings_rows
+    from oxbench.pipelines.presets import METHODS, settings_rows
 
     names = {r.name for r in settings_rows(METHODS.get(preset))}
     return {k: v for k, v in settings.items() if k in names}

@@ -253,7 +253,7 @@ def distractor_tag(n_distractors: int, source: str | int | None = None) -> str:
 def preset_label(method: str, settings: Mapping[str, Any] | None) -> str:
     """:func:`default_label` against the registered preset ``method`` (its input settings left out);
     the name alone when no preset of that name is registered."""
-    from oxbench.pipelines.method import METHODS
+    from oxbench.pipelines.presets import METHODS
     from oxbench.schema import describe
 
     if method not in METHODS:

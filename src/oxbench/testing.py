@@ -178,7 +178,8 @@ def _check_frozen(what: str, settings: Any) -> None:
 def _check_config(config: Any) -> None:
     """The static half of :func:`check_family`: the config as data."""
     from oxbench.errors import InputError
-    from oxbench.pipelines.method import MethodConfig, resolve_method
+    from oxbench.pipelines.method import MethodConfig
+    from oxbench.pipelines.presets import resolve_method
     from oxbench.schema import SPEC_KEY
 
     what = f"family config {type(config).__name__}"

@@ -57,7 +57,7 @@ def method_options(f: F) -> F:
 
 def parse_setting(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` of ``--set``: the value stays text, parsed by the setting's own spec
-    (:func:`oxbench.pipelines.method.resolve_method`)."""
+    (:func:`oxbench.pipelines.presets.resolve_method`)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise InputError(f"--set takes KEY=VALUE, got {text!r}")

@@ -189,7 +189,7 @@ def run(
     """
     import sys
 
-    from oxbench.pipelines.method import DEFAULT_METHOD, METHODS
+    from oxbench.pipelines.presets import DEFAULT_METHOD, METHODS
     from oxbench.pipelines.runner import run as run_method
 
     if list_methods:
@@ -225,7 +225,7 @@ def run(
         )
     if part is not None:
         from oxbench.pipelines.extract import extract_partition
-        from oxbench.pipelines.method import resolve_method
+        from oxbench.pipelines.presets import resolve_method
         from oxbench.pipelines.runner import training_set_of
 
         m = resolve_method(method or DEFAULT_METHOD, **overrides)
@@ -437,7 +437,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
     A global preset lists its descriptor kind's settings as descriptor.<name>; --set
     descriptor=KIND switches the kind (`oxbench methods` ends with the kinds).
     """
-    from oxbench.pipelines.method import METHODS, method_families, preset_about
+    from oxbench.pipelines.presets import METHODS, method_families, preset_about
 
     if name is None:
         families = method_families()
@@ -477,7 +477,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
             kinds.append(kind if origin.builtin else f"{kind} [from {origin}]")
         click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
         return
-    from oxbench.pipelines.method import settings_rows
+    from oxbench.pipelines.presets import settings_rows
 
     config = METHODS.get(name)
     every = settings_rows(config)

@@ -164,7 +164,7 @@ def mine_distractors(
     from oxbench.datasets.paths import data_root
     from oxbench.datasets.synthetic.distractor_kinds import KINDS, MAX_COUNT, kind_name
     from oxbench.fileio import atomic_write_json
-    from oxbench.pipelines.method import resolve_method
+    from oxbench.pipelines.presets import resolve_method
 
     if kind not in KINDS:
         raise InputError(f"unknown distractor kind {kind!r}; use one of {', '.join(KINDS)}")

@@ -1,7 +1,7 @@
 """What each built-in preset is, in one line with its paper (``oxbench methods``).
 
 A plugin's preset says it with ``register_method(config, about="...")``; a preset with neither is
-listed with its family's description (:func:`oxbench.pipelines.method.preset_about`).
+listed with its family's description (:func:`oxbench.pipelines.presets.preset_about`).
 """
 
 from __future__ import annotations

@@ -46,7 +46,8 @@ from oxbench.execution import Executor, available_cores, make_executor
 from oxbench.execution.shards import check_partition
 from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
-from oxbench.pipelines.method import MethodConfig, RunContext, resolve_method
+from oxbench.pipelines.method import MethodConfig, RunContext
+from oxbench.pipelines.presets import resolve_method
 from oxbench.pipelines.runner import training_set_of
 from oxbench.pipelines.steps import part_names
 

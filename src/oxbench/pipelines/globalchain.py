@@ -29,9 +29,8 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
 from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall_at
-from oxbench.pipelines.method import RunContext, SearchResult
-from oxbench.pipelines.rerankers import Ranking, build_stages, prepare_stages, run_stages
-from oxbench.pipelines.sources import LocalSource, offered
+from oxbench.pipelines.method import Ranking, RunContext
+from oxbench.pipelines.sources import LocalSource
 from oxbench.pipelines.steps.verify import VerifiedList
 
 
@@ -70,6 +69,10 @@ class ChainSettings(Protocol):
     @property
     def stage_settings(self) -> Any: ...
 
+    def offered(self, capabilities: frozenset[str]) -> frozenset[str]: ...
+
+    def build_stages(self, capabilities: frozenset[str]) -> list[Any]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +88,7 @@ def check_search_settings(m: ChainSettings) -> None:
         index_settings(m)
     except InputError as exc:
         raise InputError(f"method {m.name}: {exc}") from None
-    build_stages(m, m.rerank, offered(SearchChain.capabilities, m))  # unknown or unservable
+    m.build_stages(SearchChain.capabilities)  # unknown or unservable
 
 
 def index_settings(m: ChainSettings) -> IndexSettings:
@@ -123,7 +126,7 @@ class SearchChain:
     ) -> None:
         self.m = m
         self.local = local
-        self.capabilities = offered(SearchChain.capabilities, m)
+        self.capabilities = m.offered(SearchChain.capabilities)
         self.info: dict[str, Any] = {
             "n_index": int(database.shape[0]),
             "dim": int(database.shape[1]),
@@ -131,11 +134,14 @@ class SearchChain:
         self.db = database
         self.faiss: FaissIndex | None = None
         self.index_path: Path | None = None  # the persisted FAISS index, when there is one
-        self.stages = build_stages(m, m.rerank, self.capabilities)
         if local is not None:
             self.info.update(local.facts)
-        # index-phase stages (DBA) change the database before the search index is built on it
-        self.info.update(prepare_stages([s for s in self.stages if s.phase == "index"], self, ctx))
+        self.ctx, self.cache_dir = ctx, cache_dir
+
+    def build_index(self) -> None:
+        """Build the search index over the database vectors as they are now (after the
+        index-phase stages, DBA, changed them)."""
+        m, ctx, cache_dir, database = self.m, self.ctx, self.cache_dir, self.db
         with ctx.timed("index"):
             if m.search == "exact":
                 self.info["search"] = {"kind": "exact"}
@@ -146,7 +152,6 @@ class SearchChain:
                 self.info["bytes_per_image"] = self.faiss.bytes_per_vector
                 if self.faiss.settings.kind == "ivfpq" and cache_dir is not None:
                     self.db = self._mapped(cache_dir)
-        self.info.update(prepare_stages([s for s in self.stages if s.phase != "index"], self, ctx))
 
     def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
         settings = index_settings(self.m)
@@ -293,17 +298,16 @@ class SearchChain:
         _, truth = exact_search(q, self.db, max(ks))
         return {f"recall@{k}": recall_at(ids, truth, k) for k in ks}
 
-    def search(self, q: NDArray[np.float32], ctx: RunContext) -> SearchResult:
-        """Rank, then run the re-ranking stages (query expansion, diffusion); the facts of the index
-        and of every stage go with the result."""
+    def first_ranking(self, q: NDArray[np.float32], ctx: RunContext) -> Ranking:
+        """The ranking of query vectors ``q`` the stages start from; the facts of the index go
+        with it."""
         if q.shape[1] != self.db.shape[1]:
             raise InputError(
                 f"query descriptors have dimension {q.shape[1]}, the database {self.db.shape[1]}"
             )
         with ctx.timed("search"):
             scores, ranks = self.rank(q)
-        ranking = run_stages(Ranking(ranks, scores, q, info=self.info), self.stages, self, ctx)
-        return ranking.result()
+        return Ranking(ranks, scores, q, info=self.info)
 
     # --- what the re-ranking stages use (RerankSpace): dense vectors -----------------------------
     capabilities = frozenset({"vectors", "dense", "dense-index", "augment"})

@@ -67,13 +67,12 @@ from oxbench.fileio import (
 )
 from oxbench.pipelines.method import (
     CPU_SUFFIX,
-    DEFAULT_METHOD,
     MethodConfig,
     RetrievalMethod,
     RunContext,
     SearchResult,
-    resolve_method,
 )
+from oxbench.pipelines.presets import DEFAULT_METHOD, resolve_method
 from oxbench.pipelines.seedgroup import SeedMember, check_seeds, plan_group
 from oxbench.pipelines.sources import check_sources
 from oxbench.pipelines.steps import gt_digest

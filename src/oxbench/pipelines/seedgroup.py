@@ -57,7 +57,7 @@ class SeedMember:
 
     def apply(self, m: Any) -> Any:
         """``m`` with every seed setting of the group set to this member's seed."""
-        from oxbench.pipelines.method import resolve_method
+        from oxbench.pipelines.presets import resolve_method
 
         return resolve_method(m, **{name: self.seed for name in self.settings})
 

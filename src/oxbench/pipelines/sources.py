@@ -31,6 +31,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.pipelines.method import RunContext
+from oxbench.pipelines.presets import resolve_method
 from oxbench.pipelines.steps.keys import dataset_key, part_names, parts_of
 from oxbench.pipelines.steps.local import open_store, step_features
 from oxbench.pipelines.steps.verify import (
@@ -44,30 +45,6 @@ from oxbench.pipelines.steps.words import store_spec
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets.base import Benchmark
     from oxbench.features.local import LocalExtractor
-
-
-def offered(capabilities: frozenset[str], config: Any) -> frozenset[str]:
-    """What a family with ``capabilities`` offers its stages once ``config``'s sources join it.
-
-    Raises:
-        InputError: a source the family does not need (it has that representation itself).
-    """
-    out = set(capabilities)
-    if getattr(config, "local_source", None) is not None:
-        if "local" in capabilities:
-            raise InputError(
-                f"method {config.name}: local_source gives local features to a family without "
-                f"them; the {config.family} family verifies with its own"
-            )
-        out.add("local")
-    if getattr(config, "global_source", None) is not None:
-        if "dense" in capabilities:
-            raise InputError(
-                f"method {config.name}: global_source gives dense vectors to a family without "
-                f"them; the {config.family} family has its own"
-            )
-        out.add("dense")
-    return frozenset(out)
 
 
 def check_sources(config: Any) -> None:
@@ -147,8 +124,6 @@ class GlobalSource:
     """
 
     def __init__(self, method: Any) -> None:
-        from oxbench.pipelines.method import resolve_method
-
         overrides: dict[str, object] = {}
         if isinstance(method, str):
             method, *pairs = method.split()

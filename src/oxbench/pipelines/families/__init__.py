@@ -7,6 +7,6 @@
   descriptors, your own files), whitening, exact or FAISS search, QE, DBA, diffusion.
 
 Every module here is imported when the preset registry is first used
-(:data:`oxbench.pipelines.method.METHODS`); a new family is one new module. No family imports
+(:data:`oxbench.pipelines.presets.METHODS`); a new family is one new module. No family imports
 another: what two families share is a step (:mod:`oxbench.pipelines.steps`).
 """

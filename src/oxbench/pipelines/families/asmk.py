@@ -30,7 +30,6 @@ end of this module.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -45,12 +44,12 @@ from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.index.asmk_file import AsmkEntries, AsmkInvertedFile, binarize_residuals
 from oxbench.index.footprint import Footprint, array_bytes
-from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
-from oxbench.pipelines.sources import offered
+from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
+from oxbench.pipelines.presets import register_method
+from oxbench.pipelines.quantising import QuantisingMethod
+from oxbench.pipelines.rerankers import Pipeline
 from oxbench.pipelines.steps import (
     LocalQuantisation,
-    QuantisingMethod,
     last_if_empty,
 )
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
@@ -124,7 +123,7 @@ class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        build_stages(self, self.rerank, offered(Asmk.capabilities, self))
+        self.build_stages(Asmk.capabilities)  # a stage the family cannot serve: one line
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -310,7 +309,7 @@ class Asmk(QuantisingMethod):
         fixed = {"counts_idf": array_bytes([ivf.counts, ivf.idf])}
         return local_footprint(self._parts, self.vocab_path_, ram=ram, fixed_ram=fixed)
 
-    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+    def first_ranking(self, bench: Benchmark, ctx: RunContext) -> tuple[Asmk, Ranking]:
         parts = self.indexed_parts(bench)
         m = self.config
         with ctx.timed("assign"):
@@ -365,16 +364,11 @@ class Asmk(QuantisingMethod):
         ranking = Ranking(
             ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), info=info
         )
-        return run_stages(ranking, self.stages, self, ctx).result()
+        return self, ranking
 
     # --- what the re-ranking stages use (RerankSpace): local features only -------------------------
     capabilities = frozenset({"local"})
     database = None
-
-    @functools.cached_property
-    def stages(self) -> list[Reranker]:
-        """The pipeline's stages (spatial verification of the short list)."""
-        return build_stages(self.config, self.config.rerank, self.offered)
 
     def rank(self, queries: Any) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         raise InputError(f"method {self.config.name}: ASMK offers no query vectors to rank again")

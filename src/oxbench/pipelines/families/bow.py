@@ -12,7 +12,6 @@ are registered at the end of this module.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,21 +27,11 @@ from oxbench.features.sift import SiftConfig
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.index.postings import CompressedPostings
-from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.rerankers import (
-    Pipeline,
-    Ranking,
-    Reranker,
-    build_stages,
-    run_stages,
-)
-from oxbench.pipelines.sources import offered
-from oxbench.pipelines.steps import (
-    LocalQuantisation,
-    QuantisingMethod,
-    Words,
-    last_if_empty,
-)
+from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
+from oxbench.pipelines.presets import register_method
+from oxbench.pipelines.quantising import QuantisingMethod
+from oxbench.pipelines.rerankers import Pipeline
+from oxbench.pipelines.steps import LocalQuantisation, Words, last_if_empty
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
 from oxbench.schema import setting
 
@@ -105,7 +94,7 @@ class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        build_stages(self, self.rerank, offered(BagOfWords.capabilities, self))  # one line
+        self.build_stages(BagOfWords.capabilities)  # a stage the family cannot serve: one line
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -310,7 +299,7 @@ class BagOfWords(QuantisingMethod):
         assert self._ivf is not None
         self._ivf.use_database(database)
 
-    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+    def first_ranking(self, bench: Benchmark, ctx: RunContext) -> tuple[BagOfWords, Ranking]:
         parts = self.indexed_parts(bench)
         m, ivf = self.config, self._ivf
         assert ivf is not None
@@ -330,18 +319,10 @@ class BagOfWords(QuantisingMethod):
             if parts.names["database"]
             else 0.0,
         }
-        return run_stages(
-            Ranking(ranks, scores, q_vecs, info=info), self.stages, self, ctx
-        ).result()
+        return self, Ranking(ranks, scores, q_vecs, info=info)
 
     # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
     capabilities = frozenset({"vectors", "local", "augment"})
-
-    @functools.cached_property
-    def stages(self) -> list[Reranker]:
-        """The pipeline's stages (spatial verification, query expansion from verified images...),
-        built once: what one prepares at index time is there at search time."""
-        return build_stages(self.config, self.config.rerank, self.offered)
 
     @property
     def database(self) -> Any:

@@ -55,11 +55,12 @@ from oxbench.pipelines.descriptors.vlad import VladDescriptor
 from oxbench.pipelines.globalchain import SearchChain, array_digest, check_search_settings
 from oxbench.pipelines.method import (
     MethodConfig,
+    Ranking,
     RetrievalMethod,
     RunContext,
     SearchResult,
-    register_method,
 )
+from oxbench.pipelines.presets import register_method
 from oxbench.pipelines.rerankers import Pipeline
 from oxbench.pipelines.sources import LocalSource
 from oxbench.pipelines.steps import dataset_key, step_features
@@ -325,7 +326,12 @@ class GlobalDescriptors(RetrievalMethod):
                 self.config.local_source, self.config.stage("spatial").verification()
             )
             local.prepare(bench, ctx)
-        self._chain = SearchChain(self.config, db, ctx, cache_dir, local=local)
+        chain = SearchChain(self.config, db, ctx, cache_dir, local=local)
+        # index-phase stages (DBA) change the database before the search index is built on it
+        chain.info.update(self.prepare_stages(chain, ctx, phase="index"))
+        chain.build_index()
+        chain.info.update(self.prepare_stages(chain, ctx, phase="query"))
+        self._chain = chain
         self._indexed = bench.id
         self._index_stores = self.describer.stores_on_disk(bench, parts, ctx)
         return self
@@ -360,12 +366,18 @@ class GlobalDescriptors(RetrievalMethod):
             chain.db.shape[0], ram=ram, disk=disk, fixed_ram=fixed, fixed_disk=fixed_disk
         )
 
-    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+    # --- what the re-ranking stages use: the search chain's dense vectors ---------------------------
+    capabilities = SearchChain.capabilities
+
+    def first_ranking(self, bench: Benchmark, ctx: RunContext) -> tuple[SearchChain, Ranking]:
         if self._chain is None or self._indexed != bench.id:
             raise InputError(f"method {self.config.name}: index {bench.id} before searching it")
         with ctx.timed("features"):
             q = self.finish(self.describe(bench, "queries", ctx))
-        result = self._chain.search(q, ctx)
+        return self._chain, self._chain.first_ranking(q, ctx)
+
+    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+        result = super().search(bench, ctx)
         assert result.scores is not None
         return dataclasses.replace(result, scores=result.scores.astype(np.float32))
 

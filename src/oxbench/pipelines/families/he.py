@@ -25,7 +25,6 @@ this module.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,12 +45,12 @@ from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.hamming import HammingEmbedding, HammingIndex
 from oxbench.index.he_file import HammingInvertedFile, HeEntries, in_ram_index
 from oxbench.index.inverted import InvertedFile, bow_matrix
-from oxbench.pipelines.method import MethodConfig, RunContext, SearchResult, register_method
-from oxbench.pipelines.rerankers import Pipeline, Ranking, Reranker, build_stages, run_stages
-from oxbench.pipelines.sources import offered
+from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
+from oxbench.pipelines.presets import register_method
+from oxbench.pipelines.quantising import QuantisingMethod
+from oxbench.pipelines.rerankers import Pipeline
 from oxbench.pipelines.steps import (
     LocalQuantisation,
-    QuantisingMethod,
     dataset_key,
     last_if_empty,
     load_vocabulary,
@@ -128,7 +127,9 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        build_stages(self, self.rerank, offered(HammingEmbeddingMethod.capabilities, self))
+        self.build_stages(
+            HammingEmbeddingMethod.capabilities
+        )  # a stage the family cannot serve: one line
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -281,7 +282,9 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 cols[3].astype(np.float32),
             )
 
-    def search(self, bench: Benchmark, ctx: RunContext) -> SearchResult:
+    def first_ranking(
+        self, bench: Benchmark, ctx: RunContext
+    ) -> tuple[HammingEmbeddingMethod, Ranking]:
         parts = self.indexed_parts(bench)
         m, index, ivf = self.config, self.index_, self._ivf
         assert index is not None
@@ -328,15 +331,10 @@ class HammingEmbeddingMethod(QuantisingMethod):
         ranking = Ranking(
             ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), q_vecs, info=info
         )
-        return run_stages(ranking, self.stages, self, ctx).result()
+        return self, ranking
 
     # --- what the re-ranking stages use (RerankSpace) ----------------------------------------------
     capabilities = frozenset({"vectors", "local"})
-
-    @functools.cached_property
-    def stages(self) -> list[Reranker]:
-        """The pipeline's stages (spatial verification, query expansion from verified images)."""
-        return build_stages(self.config, self.config.rerank, self.offered)
 
     @property
     def database(self) -> Any:

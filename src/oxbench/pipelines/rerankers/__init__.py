@@ -48,39 +48,12 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.features.extractors import LOCAL_FEATURES_SPEC
-from oxbench.pipelines.method import RunContext, SearchResult
+from oxbench.pipelines.method import Ranking, RunContext
 from oxbench.registry import GROUPS, Registry
 from oxbench.schema import setting
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.pipelines.steps.verify import VerifiedList
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """A ranking between stages.
-
-    Attributes:
-        ranks: ``int64 [n_queries, k]`` index positions, best first.
-        scores: ``float32 [n_queries, k]`` aligned with ``ranks`` (higher is better; a spatially
-            verified image carries its inlier count).
-        queries: the query representation the ranking was made from (dense ``[n_queries, d]``
-            vectors or sparse rows), or ``None``; a stage that expands the queries replaces it.
-        verified: per query, the spatial verification of its short list, once a stage verified it.
-        info: facts of the stages (JSON-able), recorded with the result.
-        matches: inlier correspondences of verified images ``{query: {index: float32 [m, 4]}}``.
-    """
-
-    ranks: NDArray[np.int64]
-    scores: NDArray[np.float32]
-    queries: Any = None
-    verified: tuple[VerifiedList, ...] | None = None
-    info: Mapping[str, Any] = field(default_factory=dict)
-    matches: Mapping[int, Mapping[int, NDArray[np.float32]]] | None = None
-
-    def result(self) -> SearchResult:
-        """The ranking as a method's answer."""
-        return SearchResult(self.ranks, self.scores, dict(self.info), matches=self.matches)
 
 
 class RerankSpace(Protocol):
@@ -247,44 +220,6 @@ def stage_groups(names: Sequence[str]) -> list[str]:
     return out
 
 
-def build_stages(
-    config: Any, names: Sequence[str], offered: frozenset[str], *, setting: str = "rerank"
-) -> list[Reranker]:
-    """The stages ``names`` built from ``config``'s stage settings; one line when the family cannot
-    serve one.
-
-    Args:
-        config: the method config (its ``stage_settings`` give each group's values).
-        names: re-ranker names, in order.
-        offered: what the family's :class:`RerankSpace` offers.
-        setting: the config setting the names come from, for the message.
-
-    Raises:
-        InputError: an unknown re-ranker, one that needs what the family does not offer, or one
-            whose earlier stage is missing.
-    """
-    where = f"method {config.name}: " + (f"setting {setting}: " if setting else "")
-    stages = []
-    for i, name in enumerate(names):
-        if name not in RERANKERS:
-            usable = [n for n in RERANKERS.names() if RERANKERS.get(n).needs <= offered]
-            raise InputError(
-                f"{where}unknown re-ranker {name!r}; this family runs: {', '.join(sorted(usable))}"
-            )
-        cls = RERANKERS.get(name)
-        missing = cls.needs - offered
-        if missing:
-            family = getattr(config, "family", "")
-            needed = " and ".join(CAPABILITY_WORDS.get(c, c) for c in sorted(missing))
-            raise InputError(
-                f"{where}re-ranker {name!r} needs {needed}, which the {family} family does not offer"
-            )
-        if cls.after and cls.after not in names[:i]:
-            raise InputError(f"{where}re-ranker {name!r} needs a {cls.after!r} stage before it")
-        stages.append(cls.from_settings({g: config.stage_settings.of(g) for g in cls.uses}))
-    return stages
-
-
 class StageSettings(Mapping[str, Any]):
     """The settings of a pipeline's stages, by group: ``{"qe": QeSettings(k=10), ...}``.
 
@@ -375,29 +310,67 @@ class Pipeline:
         """The settings groups this pipeline's stages read."""
         return stage_groups(self.rerank)
 
+    def offered(self, capabilities: frozenset[str]) -> frozenset[str]:
+        """What a family with ``capabilities`` offers its stages once this pipeline's sources join
+        it (``local_source``: local features; ``global_source``: dense vectors).
+
+        Raises:
+            InputError: a source the family does not need (it has that representation itself).
+        """
+        out = set(capabilities)
+        name, family = getattr(self, "name", "?"), getattr(self, "family", "")
+        if self.local_source is not None:
+            if "local" in capabilities:
+                raise InputError(
+                    f"method {name}: local_source gives local features to a family without "
+                    f"them; the {family} family verifies with its own"
+                )
+            out.add("local")
+        if self.global_source is not None:
+            if "dense" in capabilities:
+                raise InputError(
+                    f"method {name}: global_source gives dense vectors to a family without "
+                    f"them; the {family} family has its own"
+                )
+            out.add("dense")
+        return frozenset(out)
+
+    def build_stages(self, capabilities: frozenset[str]) -> list[Reranker]:
+        """The stages of :attr:`rerank`, each built from its settings, for a family whose index
+        offers ``capabilities`` (and what the sources add); a family's config calls it when it is
+        made, so that a stage the family cannot serve is one line then.
+
+        Raises:
+            InputError: an unknown re-ranker, one that needs what the family does not offer, or one
+                whose earlier stage is missing.
+        """
+        offered = self.offered(capabilities)
+        names = self.rerank
+        where = f"method {getattr(self, 'name', '?')}: setting rerank: "
+        stages = []
+        for i, name in enumerate(names):
+            if name not in RERANKERS:
+                usable = [n for n in RERANKERS.names() if RERANKERS.get(n).needs <= offered]
+                raise InputError(
+                    f"{where}unknown re-ranker {name!r}; this family runs: {', '.join(sorted(usable))}"
+                )
+            cls = RERANKERS.get(name)
+            missing = cls.needs - offered
+            if missing:
+                family = getattr(self, "family", "")
+                needed = " and ".join(CAPABILITY_WORDS.get(c, c) for c in sorted(missing))
+                raise InputError(
+                    f"{where}re-ranker {name!r} needs {needed}, which the {family} family does not offer"
+                )
+            if cls.after and cls.after not in names[:i]:
+                raise InputError(f"{where}re-ranker {name!r} needs a {cls.after!r} stage before it")
+            stages.append(cls.from_settings({g: self.stage_settings.of(g) for g in cls.uses}))
+        return stages
+
     @property
     def reads_vectors(self) -> bool:
         """Whether a stage reads or replaces the database vectors (query expansion, augmentation)."""
         return any(RERANKERS.get(n).needs & {"vectors", "augment"} for n in self.rerank)
-
-
-def prepare_stages(
-    stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext
-) -> dict[str, Any]:
-    """Index-time work of every stage; the facts they report."""
-    facts: dict[str, Any] = {}
-    for stage in stages:
-        facts.update(stage.prepare(space, ctx))
-    return facts
-
-
-def run_stages(
-    ranking: Ranking, stages: Sequence[Reranker], space: RerankSpace, ctx: RunContext
-) -> Ranking:
-    """``ranking`` through every stage in order."""
-    for stage in stages:
-        ranking = stage.rerank(ranking, space, ctx)
-    return ranking
 
 
 def aligned_to_index(

@@ -8,8 +8,8 @@ whether it came from the cache (:class:`StepResult`, measured by the step). No s
 - :mod:`~oxbench.pipelines.steps.vocabulary` -- a vocabulary trained on another benchmark;
 - :mod:`~oxbench.pipelines.steps.words` -- visual words of every feature of a part;
 - :mod:`~oxbench.pipelines.steps.verify` -- spatial verification of short lists;
-- :mod:`~oxbench.pipelines.steps.settings` -- the settings a quantising family shares;
-- :mod:`~oxbench.pipelines.steps.quantised` -- the method part a quantising family shares.
+- :mod:`~oxbench.pipelines.steps.settings` -- the settings a quantising family shares (the method
+  part it shares is :mod:`oxbench.pipelines.quantising`).
 """
 
 from oxbench.pipelines.steps.keys import (
@@ -22,7 +22,6 @@ from oxbench.pipelines.steps.keys import (
     parts_of,
 )
 from oxbench.pipelines.steps.local import extraction_job, features_dir, open_store, step_features
-from oxbench.pipelines.steps.quantised import QuantisingMethod
 from oxbench.pipelines.steps.settings import CLASSIC_FEATURES, LocalQuantisation
 from oxbench.pipelines.steps.verify import (
     MATCHES_FOR_VIEWERS,
@@ -58,7 +57,6 @@ __all__ = [
     "PARTS",
     "AssignShard",
     "LocalQuantisation",
-    "QuantisingMethod",
     "ShortListVerifier",
     "StepResult",
     "VerifiedList",

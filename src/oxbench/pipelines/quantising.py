@@ -21,7 +21,9 @@ from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
 from oxbench.pipelines.method import RetrievalMethod, RunContext
+from oxbench.pipelines.sources import GlobalSource
 from oxbench.pipelines.steps.keys import dataset_key
+from oxbench.pipelines.steps.local import step_features
 from oxbench.pipelines.steps.settings import LocalQuantisation
 from oxbench.pipelines.steps.verify import VerifiedList, short_list_verifier, verify_ranked
 from oxbench.pipelines.steps.vocabulary import load_vocabulary, step_vocabulary
@@ -69,27 +71,30 @@ class QuantisingMethod(RetrievalMethod):
         self._train = train
         return self
 
-    @property
-    def offered(self) -> frozenset[str]:
-        """What the family's space offers its stages, with the config's named sources."""
-        from oxbench.pipelines.sources import offered
-
-        return offered(self.capabilities, self.config)  # type: ignore[attr-defined]
-
     def prepare_pipeline(self, bench: Benchmark, ctx: RunContext) -> dict[str, Any]:
         """After the index is built: the named global source (its method fitted on the training
         set this method learned on, ``bench`` described) and every stage's index-time work (DBA,
         a diffusion graph); the facts to record, also kept in :attr:`index_facts_`."""
-        from oxbench.pipelines.rerankers import prepare_stages
-        from oxbench.pipelines.sources import GlobalSource
-
         facts: dict[str, Any] = {}
         if self.config.global_source is not None:
             self.global_source_ = GlobalSource(self.config.global_source)
             facts.update(self.global_source_.prepare(self._train, bench, ctx))
-        facts.update(prepare_stages(self.stages, self, ctx))  # type: ignore[attr-defined,arg-type]
+        facts.update(self.prepare_stages(self, ctx))
         self.index_facts_ = facts
         return facts
+
+    def describe_parts(
+        self,
+        bench: Benchmark,
+        ctx: RunContext,
+        *,
+        training: bool = False,
+        partition: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
+        """The local features of every part of ``bench``, as a run describes them
+        (:func:`~oxbench.pipelines.steps.step_features`), by their write-once extraction shards."""
+        done = step_features(bench, self.config.features, ctx, partition=partition)
+        return {part: res.computed for part, res in done.items()}
 
     @property
     def dense_database(self) -> NDArray[np.float32]:

@@ -1,0 +1,309 @@
+"""The preset registry and settings: every named method, and a preset with settings changed.
+
+- :data:`METHODS`: every preset of every family by name (the modules of
+  :mod:`oxbench.pipelines.families` register theirs with :func:`register_method` on first lookup;
+  plugins through the ``oxbench.families`` entry-point group);
+- :func:`resolve_method`: a preset with ``--set`` style overrides applied, each value parsed and
+  checked by its setting's spec (:mod:`oxbench.schema`);
+- :func:`settings_rows`: every setting of a config, as ``oxbench methods NAME`` lists them.
+
+This module stands above the stages (:mod:`oxbench.pipelines.rerankers`), whose settings it parses,
+and below the families, which register their presets here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import pkgutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from oxbench.errors import InputError, close_matches
+from oxbench.pipelines.method import STAGE_SETTINGS_FIELD, MethodConfig
+from oxbench.registry import GROUPS, Registry
+from oxbench.schema import SPEC_KEY
+
+# --- the preset registry -------------------------------------------------------------------------
+
+#: The package whose every module is a family (config, method, presets); imported on first lookup.
+FAMILIES_PACKAGE = "oxbench.pipelines.families"
+
+#: The preset ``oxbench run`` uses when none is named.
+DEFAULT_METHOD = "rootsift-bow-sv-qe"
+
+
+def _load_families() -> None:
+    package = importlib.import_module(FAMILIES_PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__, FAMILIES_PACKAGE + "."):
+        if not info.name.rsplit(".", 1)[-1].startswith("_"):
+            importlib.import_module(info.name)
+
+
+def _adopt_presets(name: str, obj: object) -> None:
+    """An ``oxbench.families`` entry point that names a preset, or a list of presets."""
+    for config in obj if isinstance(obj, list | tuple) else [obj]:
+        if not isinstance(config, MethodConfig):
+            raise TypeError(
+                f"entry point {name!r} names {config!r}, not a module or a MethodConfig"
+            )
+        register_method(config)
+
+
+#: Every named method of every family, by name; plugins add theirs through the entry-point group
+#: ``oxbench.families`` (:mod:`oxbench.registry`).
+METHODS: Registry[MethodConfig] = Registry(
+    "method", loader=_load_families, group=GROUPS["families"], adopt=_adopt_presets
+)
+
+
+#: ``register_method(config, about=...)``: what each preset is, in one line with its paper.
+_PRESET_ABOUT: dict[str, str] = {}
+
+
+def register_method(config: MethodConfig, *, about: str | None = None) -> MethodConfig:
+    """Register a preset under ``config.name`` (a family module calls it for each of its presets).
+
+    ``about`` is the line ``oxbench methods`` shows for it: what it is and its paper
+    (``"RootSIFT BoW + spatial verification + AQE from verified images (Chum et al. 2007)"``);
+    the built-in presets' lines are in :mod:`oxbench.pipelines.about`.
+
+    Raises:
+        InputError: the name is taken (by this or another family; the line names both modules).
+    """
+    registered = METHODS.register(config.name, config)
+    if about is not None:
+        _PRESET_ABOUT[config.name] = " ".join(str(about).split())
+    return registered
+
+
+def preset_about(name: str) -> str:
+    """The one line ``oxbench methods`` shows for preset ``name``: its ``about`` text, else the
+    built-in one (:data:`oxbench.pipelines.about.ABOUT`), else its family's description."""
+    from oxbench.pipelines.about import ABOUT
+
+    METHODS.get(name)  # an unknown name is one line, and the families are loaded
+    if name in _PRESET_ABOUT:
+        return _PRESET_ABOUT[name]
+    if name in ABOUT:
+        return ABOUT[name]
+    family = METHODS.get(name).family
+    return next((f.about for f in method_families() if f.name == family), "")
+
+
+@dataclass(frozen=True)
+class MethodFamily:
+    """A family of presets, as ``oxbench methods`` lists it: its name, its one-line description
+    (the first line of its module's docstring) and its presets in registration order."""
+
+    name: str
+    about: str
+    presets: tuple[str, ...]
+
+
+def method_families() -> list[MethodFamily]:
+    """Every family with its presets, in the order the families registered their first preset."""
+    import sys
+
+    grouped: dict[str, list[str]] = {}
+    about: dict[str, str] = {}
+    for name in METHODS.names():
+        config = METHODS.get(name)
+        grouped.setdefault(config.family, []).append(name)
+        doc = sys.modules[type(config).__module__].__doc__ or ""
+        about.setdefault(config.family, doc.strip().split("\n", 1)[0] if doc.strip() else "")
+    return [MethodFamily(f, about[f], tuple(names)) for f, names in grouped.items()]
+
+
+def list_methods(family: str | None = None) -> list[str]:
+    """Names of the registered presets (of one ``family`` when given: ``"bow"``, ``"global"``)."""
+    return [n for n in METHODS.names() if family is None or METHODS.get(n).family == family]
+
+
+def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodConfig:
+    """A preset (by name, or a config) with ``overrides`` applied; ``None`` values are ignored.
+
+    Keys are field names; ``a.b`` sets field ``b`` of the nested config in field ``a``
+    (``features.max_side=1024``) or setting ``b`` of the stage settings group ``a`` of the
+    pipeline (``qe.k=10``, ``spatial.top_r=200``; the group must be read by one of the pipeline's
+    stages, after ``rerank`` is applied). A value is checked by the setting's declared spec
+    (:mod:`oxbench.schema`): text (``--set qe.alpha=3``) is parsed by it, a typed value checked,
+    so a word for a number, NaN, inf or an out-of-range value is one line naming the setting. A
+    field without a spec takes text as JSON when it parses (numbers, lists, ``true``), else as text.
+
+    Raises:
+        InputError: unknown preset or setting, or a value the setting or the config refuses.
+    """
+    config = METHODS.get(method) if isinstance(method, str) else method
+    top: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    staged: dict[str, dict[str, Any]] = {}
+    assert dataclasses.is_dataclass(config)
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    # whole settings first, so that sub-settings apply to a nested config replaced in the same
+    # call (features=h5:a.h5 features.train=b.h5)
+    for key, value in sorted(overrides.items(), key=lambda kv: "." in kv[0]):
+        if value is None:
+            continue
+        head, _, sub = key.partition(".")
+        if (head not in fields or head == STAGE_SETTINGS_FIELD) and sub and _is_group(head):
+            if STAGE_SETTINGS_FIELD not in fields:
+                raise InputError(f"method {config.name} has no stages: {key!r} sets nothing")
+            staged.setdefault(head, {})[sub] = value
+            continue
+        if head not in fields or head in ("name", STAGE_SETTINGS_FIELD):
+            raise _unknown_setting(config, key)
+        current = top.get(head, getattr(config, head))
+        if sub:
+            if not dataclasses.is_dataclass(current):
+                raise InputError(f"unknown method setting {key!r}: {head} has no sub-settings")
+            nested.setdefault(head, {})[sub] = value
+        elif dataclasses.is_dataclass(current) and SPEC_KEY not in fields[head].metadata:
+            raise InputError(f"method setting {key!r} takes sub-settings ({key}.<name>=...)")
+        else:
+            top[key] = _typed(fields[head], key, value)
+    for head, subs in nested.items():
+        top[head] = _replace_nested(
+            config, top.get(head, getattr(config, head)), subs, head, fields[head]
+        )
+    if staged:
+        top[STAGE_SETTINGS_FIELD] = _stage_settings(config, staged, top.get("rerank"))
+    if not top:
+        return config
+    out = _replace(config, top, f"method {config.name}")
+    for key, value in overrides.items():  # a setting that would do nothing is a mistake
+        why = out.inapplicable(key) if value is not None else None
+        if why is not None:
+            raise InputError(why)
+    return out
+
+
+def _replace_nested(
+    config: MethodConfig,
+    current: Any,
+    subs: Mapping[str, object],
+    prefix: str,
+    owner: dataclasses.Field[Any],
+) -> Any:
+    """The nested config ``current`` (the value of setting ``prefix``, declared by field
+    ``owner``) with the dotted ``subs`` applied (``{"pooling": "rmac"}``, ``{"features.max_side":
+    512}``: deeper configs recursively), each value typed by its sub-setting's spec.
+
+    Raises:
+        InputError: a sub-setting ``current`` does not have (the line the owner's spec words, if
+            it has one: a descriptor kind names the kinds that have it), or a refused value.
+    """
+    sub_fields = {f.name: f for f in dataclasses.fields(current)}
+    changes: dict[str, Any] = {}
+    deeper: dict[str, dict[str, object]] = {}
+    for sub, value in sorted(subs.items(), key=lambda kv: "." in kv[0]):
+        first, _, rest = sub.partition(".")
+        key = f"{prefix}.{sub}"
+        if first not in sub_fields:
+            words = getattr(owner.metadata.get(SPEC_KEY), "unknown_setting", None)
+            if words is not None:
+                raise InputError(words(current, key, config.name))
+            raise _unknown_setting(config, key)
+        if rest:
+            deeper.setdefault(first, {})[rest] = value
+        else:
+            changes[first] = _typed(sub_fields[first], key, value)
+    for first, more in deeper.items():
+        inner = changes.get(first, getattr(current, first))
+        if not dataclasses.is_dataclass(inner):
+            key = f"{prefix}.{first}.{next(iter(more))}"
+            raise InputError(
+                f"unknown method setting {key!r}: {prefix}.{first} has no sub-settings"
+            )
+        changes[first] = _replace_nested(
+            config, inner, more, f"{prefix}.{first}", sub_fields[first]
+        )
+    return _replace(current, changes, f"method {config.name}: {prefix}")
+
+
+def _is_group(head: str) -> bool:
+    from oxbench.pipelines.rerankers import STAGE_SETTINGS
+
+    return head in STAGE_SETTINGS
+
+
+def _stage_settings(config: Any, staged: dict[str, dict[str, Any]], rerank: Any) -> Any:
+    """``config``'s stage settings with the ``staged`` changes (``{group: {setting: value}}``);
+    each group must be read by a stage of the pipeline (``rerank``: the new stages, if changed)."""
+    from oxbench.pipelines.rerankers import STAGE_SETTINGS, stage_groups
+
+    stages = tuple(rerank) if rerank is not None else tuple(config.rerank)
+    used = stage_groups(stages)
+    out = config.stage_settings
+    for group, subs in staged.items():
+        if group not in used:
+            have = ", ".join(stages) or "none"
+            key = f"{group}.{next(iter(subs))}"
+            raise InputError(
+                f"method {config.name}: no stage of its pipeline reads {key} (its stages: {have}); "
+                "add one with --set rerank=..."
+            )
+        cls = STAGE_SETTINGS.get(group)
+        sub_fields = {f.name: f for f in dataclasses.fields(cls)}
+        typed = {}
+        for sub, value in subs.items():
+            if sub not in sub_fields:
+                near = close_matches(sub, sub_fields)
+                hint = f"; did you mean {group}.{' or '.join(near)}?" if near else ""
+                known = ", ".join(f"{group}.{n}" for n in sub_fields)
+                raise InputError(f"unknown stage setting '{group}.{sub}'{hint} ({known})")
+            typed[sub] = _typed(sub_fields[sub], f"{group}.{sub}", value)
+        out = out.replace(group, _replace(out.of(group), typed, f"method {config.name}: {group}"))
+    return out
+
+
+def settings_rows(config: MethodConfig) -> list[Any]:
+    """Every setting of ``config`` as :class:`oxbench.schema.SettingInfo` rows: its fields (nested
+    as dotted names), then the settings of each group its stages read (``qe.k``); those that do
+    not apply with the others as they are (:meth:`MethodConfig.applies`) too."""
+    from oxbench.schema import describe
+
+    rows = describe(config)
+    for group in getattr(config, "stage_groups", []):
+        rows += describe(config.stage(group), prefix=f"{group}.")  # type: ignore[attr-defined]
+    return rows
+
+
+def _unknown_setting(config: MethodConfig, key: str) -> InputError:
+    """One line: the setting ``key`` is not one of ``config``'s; the close matches, else every setting."""
+    known = [r.name for r in settings_rows(config)]
+    near = close_matches(key, known)
+    where = f"unknown method setting {key!r} for {config.name} ({config.family})"
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        hint = getattr(f.metadata.get(SPEC_KEY), "hint_for", None)
+        where += hint(f.name, key) if hint is not None and "." not in key else ""
+    if near:
+        return InputError(
+            f"{where}; did you mean {' or '.join(near)}? (`oxbench methods {config.name}` lists "
+            f"its {len(known)} settings)"
+        )
+    return InputError(f"{where}; its settings: {', '.join(sorted(known))}")
+
+
+def _typed(f: dataclasses.Field[Any], key: str, value: object) -> object:
+    """``value`` for field ``f`` as its spec parses or checks it (JSON-or-text without a spec)."""
+    spec = f.metadata.get(SPEC_KEY)
+    if spec is not None:
+        return spec.coerce(key, value)
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _replace(config: Any, changes: dict[str, Any], what: str) -> Any:
+    try:
+        return dataclasses.replace(config, **changes)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, InputError):
+            raise
+        raise InputError(f"{what}: {exc}") from None
