@@ -196,7 +196,7 @@ def ablation(root: Path | None, sizes: list[int]) -> None:
     )
     for k in sizes:
         for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
-            m = resolve_method(name, vocab_size=k)
+            m = resolve_method(name, **{"vocabulary.size": k})
             ctx = RunContext(
                 cache, executor=ProcessExecutor(len(os.sched_getaffinity(0))), progress=False
             )
@@ -237,7 +237,12 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
 
     from oxbench.features.store import FeatureStore
     from oxbench.index.inverted import InvertedFile
-    from oxbench.refinement.spatial import descriptor_matches, tentative_matches, verify_pair
+    from oxbench.refinement.spatial import (
+        Verification,
+        descriptor_matches,
+        tentative_matches,
+        verify_pair,
+    )
 
     rng = np.random.default_rng(0)
     print(f"\n== cost per query ({n_queries} queries), one core")
@@ -287,14 +292,12 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
 
     def today() -> None:
         for qf, df, qw, dw in pairs:
-            m = tentative_matches(qw % 16384, dw % 16384)
+            m = tentative_matches(qw % 16384, dw % 16384, max_per_word=8)
             verify_pair(
                 qf.keypoints,
                 df.keypoints,
                 m,
-                model="affine",
-                method="magsac",
-                min_inliers=8,
+                Verification(model="affine", method="magsac", min_inliers=8),
                 q_size=qf.image_size,
                 d_size=df.image_size,
             )
@@ -306,9 +309,7 @@ def cost_per_query(n_queries: int, n_pairs: int) -> None:
                 qf.keypoints,
                 df.keypoints,
                 m,
-                model="similarity",
-                method="fsm",
-                min_inliers=4,
+                Verification(model="similarity", method="fsm", min_inliers=4),
                 q_size=qf.image_size,
                 d_size=df.image_size,
             )

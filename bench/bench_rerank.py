@@ -29,6 +29,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from oxbench.refinement.spatial import (  # noqa: E402
+    Verification,
     _group_words,
     _matches_from_groups,
     spatial_rerank,
@@ -117,7 +118,11 @@ def main() -> None:
     )
     for r in args.r:
         data = [make_query_and_shortlist(rng, probs, r) for _ in range(args.queries)]
-        n_matches = [len(tentative_matches(q, c[1])) for _, q, cands, _ in data for c in cands]
+        n_matches = [
+            len(tentative_matches(q, c[1], max_per_word=8))
+            for _, q, cands, _ in data
+            for c in cands
+        ]
         print(
             f"\n== R = {r}: tentative matches per pair: mean {np.mean(n_matches):.0f}, "
             f"median {np.median(n_matches):.0f}, max {np.max(n_matches)}"
@@ -160,7 +165,12 @@ def main() -> None:
                 for q_kp, q_words, cands, _ in data:
                     res.append(
                         spatial_rerank(
-                            q_kp, q_words, cands, np.arange(r), top_r=r, model=model, method=method
+                            q_kp,
+                            q_words,
+                            cands,
+                            np.arange(r),
+                            Verification(model=model, method=method),
+                            top_r=r,
                         )
                     )
                 return res

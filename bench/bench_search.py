@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall_at
+from oxbench.index.search import FaissIndex, IvfPqSearch, exact_search, recall_at
 
 
 def data(n: int, n_q: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -70,9 +70,7 @@ def bench_size(n: int, n_q: int, dim: int, nlist: int, m: int, nprobes: list[int
         f"exact blocked top-100: {ms_exact:.2f} ms/query; naive full argsort {1000 * t_naive / n_q:.2f} "
         f"ms/query -> {t_naive / t_exact:.1f}x; {4 * dim} bytes/image"
     )
-    index, t_train = timed(
-        FaissIndex(IndexSettings("ivfpq", nlist=nlist, m=m, nprobe=nprobes[0])).fit, x
-    )
+    index, t_train = timed(FaissIndex(IvfPqSearch(nlist=nlist, m=m, nprobe=nprobes[0])).fit, x)
     print(
         f"IVF-PQ nlist {nlist}, m {m} x 8 bits: train + add {t_train:.1f} s, {index.bytes_per_vector} bytes/image "
         f"({4 * dim / index.bytes_per_vector:.1f}x smaller)"

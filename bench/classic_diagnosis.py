@@ -38,6 +38,7 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
     from oxbench.pipelines import RunContext, steps
     from oxbench.pipelines.presets import resolve_method
     from oxbench.refinement.spatial import (
+        Verification,
         descriptor_matches,
         expand_query_words,
         tentative_matches,
@@ -71,7 +72,7 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
         return 0
     method = resolve_method(
         "rootsift-bow-sv",
-        vocab_size=args.vocab_size,
+        **{"vocabulary.size": args.vocab_size},
         **{"features.max_side": args.max_side, "features.n_features": args.n_features},
     )
     cities = {d: load_subset_city(args.data, d) for d in ("roxford5k", "rparis6k")}
@@ -140,18 +141,18 @@ def main() -> int:  # noqa: PLR0915 - a report, read top to bottom
                     qf.keypoints,
                     df.keypoints,
                     tm,
+                    Verification(**verify_kw),
                     q_size=qf.image_size,
                     d_size=df.image_size,
-                    **verify_kw,
                 )
                 ex = descriptor_matches(qf.descriptors, df.descriptors, ratio=args.ratio)
                 exres = verify_pair(
                     qf.keypoints,
                     df.keypoints,
                     ex,
+                    Verification(**verify_kw),
                     q_size=qf.image_size,
                     d_size=df.image_size,
-                    **verify_kw,
                 )
                 tag = "pos" if idx in positives else "neg"
                 stat[f"tent_{tag}"].append(len(tm))

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from oxbench.pipelines import run
+from oxbench.pipelines import RecordOptions, Session, run
 
 ROWS: list[tuple[str, str, dict[str, object]]] = [
     ("random-init GeM (floor)", "gem-r18-synthetic", {"descriptor.weights": "random"}),
@@ -61,11 +61,9 @@ def main() -> None:
         out = run(
             "synthetic",
             method,
-            root=args.root,
-            runs_dir=work / "runs",
-            cache=work / "cache",
             overrides={**common, **extra},
-            progress=False,
+            session=Session(root=args.root, cache=work / "cache", progress=False),
+            record=RecordOptions(runs_dir=work / "runs"),
         )
         s = out.result.setups
         cells = [f"{100 * s[k].map:.2f}" for k in ("easy", "medium", "hard")]

@@ -6,7 +6,7 @@ query-candidate pair, with the ``rootsift-he`` preset (vocabulary and embedding 
 OTHER city's subset images):
 
 - shared-word matches (every feature pair of a word: Hamming threshold 64);
-- Hamming-embedding matches (within ``he_ht`` bits);
+- Hamming-embedding matches (within ``he.ht`` bits);
 - what weak geometric consistency keeps of them: the smaller peak of the orientation- and
   log-scale-difference histograms (unit votes);
 
@@ -33,7 +33,7 @@ SUBSET = Path(_SHARED) / "revisited_pixel_retrieval_subset" if _SHARED else None
 
 def main() -> int:
     from oxbench.execution import ProcessExecutor
-    from oxbench.index.hamming import N_BITS, wgc_bins, wgc_scores
+    from oxbench.index.hamming import N_BITS, Wgc, wgc_bins, wgc_scores
     from oxbench.pipelines import RunContext
     from oxbench.pipelines.families.he import HammingEmbeddingMethod
     from oxbench.pipelines.presets import resolve_method
@@ -57,9 +57,10 @@ def main() -> int:
         "rootsift-he", **{k: _value(v) for k, v in (kv.split("=", 1) for kv in args.set)}
     )
     cities = {d: load_subset_city(args.data, d) for d in ("roxford5k", "rparis6k")}
+    wgc = config.wgc if isinstance(config.wgc, Wgc) else Wgc()
     print(
-        f"rootsift-he: h_t {config.he_ht}, WGC {config.wgc_angle_bins} x {config.wgc_scale_bins} bins, "
-        f"+-{config.wgc_scale_range} octaves; medians over pairs (positive / negative); mAP of the 20 candidates"
+        f"rootsift-he: h_t {config.he.ht}, WGC {wgc.angle_bins} x {wgc.scale_bins} bins, "
+        f"+-{wgc.scale_range} octaves; medians over pairs (positive / negative); mAP of the 20 candidates"
     )
     print(
         f"{'city':10s} {'shared-word matches':>20s} {'HE matches':>14s} {'WGC peak':>12s}   "
@@ -76,16 +77,16 @@ def main() -> int:
         for qi, name in enumerate(city.bench.gt.query_names):
             w, sig, ang, ls = method.features_of("queries", name)
             cand = city.candidates[qi]
-            for key, ht in (("words", N_BITS), ("he", config.he_ht)):
+            for key, ht in (("words", N_BITS), ("he", config.he.ht)):
                 feature, posting, _ = index.matches(w, sig, ht)
                 image = index.images_[posting]
                 if key == "he":
                     ab, sb = wgc_bins(
                         index.angles_[posting] - ang[feature],
                         index.log_scales_[posting] - ls[feature],
-                        angle_bins=config.wgc_angle_bins,
-                        scale_bins=config.wgc_scale_bins,
-                        scale_range=config.wgc_scale_range,
+                        angle_bins=wgc.angle_bins,
+                        scale_bins=wgc.scale_bins,
+                        scale_range=wgc.scale_range,
                     )
                     peak = wgc_scores(
                         image,
@@ -93,8 +94,8 @@ def main() -> int:
                         ab,
                         sb,
                         index.n_images,
-                        config.wgc_angle_bins,
-                        config.wgc_scale_bins,
+                        wgc.angle_bins,
+                        wgc.scale_bins,
                     )
                     counts["wgc"].append(peak[cand])
                 counts[key].append(

@@ -21,6 +21,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+from oxbench.pipelines import RecordOptions, Session
 from scale_curve import counts
 
 DEFAULT_METHODS = "rootsift-bow-sv,rootsift-bow-sv-compact"
@@ -49,12 +50,10 @@ def measure(
         outcome = oxbench.run(
             "synthetic",
             method,
-            root=args.root,
-            runs_dir=args.runs,
             distractors=distractors or None,
             overrides=overrides,
-            workers=1,
-            progress=False,
+            session=Session(root=args.root, workers=1, progress=False),
+            record=RecordOptions(runs_dir=args.runs),
         )
     finally:
         tracemalloc.stop()

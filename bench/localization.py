@@ -19,6 +19,8 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from oxbench.pipelines import RecordOptions, Session
+
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -39,10 +41,8 @@ def main(argv: list[str] | None = None) -> None:
         outcome = run(
             "synthetic",
             args.method,
-            root=root,
-            runs_dir=Path(tmp) / "runs",
-            workers=args.workers,
-            progress=False,
+            session=Session(root=root, workers=args.workers, progress=False),
+            record=RecordOptions(runs_dir=Path(tmp) / "runs"),
         )
         print("\n".join(outcome.result.lines()))
         found = RunRecord.load(outcome.run_dir).boxes()

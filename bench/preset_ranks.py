@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 import oxbench
-from oxbench.pipelines import METHODS, resolve_method
+from oxbench.pipelines import METHODS, RecordOptions, Session, resolve_method
 from oxbench.pipelines.presets import settings_rows
 from oxbench.testing import make_tiny_root
 
@@ -36,7 +36,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "rootsift-he-wgc [mapped]": ("rootsift-he-wgc", {"inverted_file": "mapped"}),
     "rootsift-asmk [mapped]": ("rootsift-asmk", {"inverted_file": "mapped"}),
     "features [faiss-flat]": ("features", {"search": "faiss-flat"}),
-    "rootsift-vlad-w-aqe [qe.k=3]": ("rootsift-vlad-w-aqe", {"qe.k": 3}),
+    "rootsift-vlad-w-aqe [qe.k=3]": ("rootsift-vlad-w-aqe", {"aqe.k": 3}),
 }
 
 #: Small but real settings of local features, vocabularies and short lists.
@@ -65,21 +65,21 @@ def small_settings(name: str, files: dict[str, Path]) -> dict[str, object]:
         for prefix in ("", "descriptor.", "local_source."):
             if prefix + key in rows:
                 out[prefix + key] = value
-    groups = getattr(config, "stage_groups", [])
-    if "spatial" in groups:
-        out["spatial.top_r"] = 20
-    if "diffusion" in groups:
-        out["diffusion.k"] = 10
+    for instance in getattr(config, "stage_instances", []):
+        if f"{instance}.top_r" in rows:
+            out[f"{instance}.top_r"] = 20  # the short lists of every verifying stage
+        if instance.startswith("diffusion"):
+            out[f"{instance}.k"] = 10
     for key, value in (
-        ("vocab_size", 200),
-        ("descriptor.k", 16),
+        ("vocabulary.size", 200),
+        ("descriptor.vocabulary.size", 16),
         ("descriptor.weights", "random"),
         ("descriptor.max_side", 160),
         ("descriptor.scales", "1.0"),
-        ("nlist", 4),
-        ("pq_m", 4),
-        ("nprobe", 2),
-        ("pq_nbits", 4),
+        ("search.nlist", 4),
+        ("search.m", 4),
+        ("search.nprobe", 2),
+        ("search.nbits", 4),
     ):
         if key in rows:
             out[key] = value
@@ -87,7 +87,7 @@ def small_settings(name: str, files: dict[str, Path]) -> dict[str, object]:
         out["descriptor.model_whitening"] = False  # random weights carry no whitening
     if getattr(config, "whitening_dim", None):
         out["whitening_dim"] = 16  # fewer than the 30 training images
-    if kind == "features" or name.startswith("features"):
+    if kind == "files" or name.startswith("features"):
         out["descriptor.db_features"] = str(files["db"])
         out["descriptor.query_features"] = str(files["q"])
         out["descriptor.train_features"] = str(files["train"])
@@ -107,12 +107,9 @@ def run_preset(name: str, root: Path, cache: Path, runs: Path, files: dict[str, 
     out = oxbench.run(
         "synthetic",
         name,
-        root=root,
-        cache=cache,
-        runs_dir=runs,
         overrides=overrides,
-        progress=False,
-        workers=1,
+        session=Session(root=root, cache=cache, workers=1, progress=False),
+        record=RecordOptions(runs_dir=runs),
     )
     ranks = np.load(out.run_dir / "ranks.npy")
     scores_path = out.run_dir / "scores.npy"

@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from oxbench.pipelines import RecordOptions, Session
+
 #: Stages of a run that are not the answering of a query (left out of the query time).
 NOT_QUERY = {
     "load",
@@ -79,13 +81,10 @@ def one_point(
     outcome = oxbench.run(
         "synthetic",
         method,
-        root=args.root,
-        runs_dir=args.runs,
-        cache=args.cache,
         distractors=size or None,
         overrides=overrides,
-        workers=args.workers,
-        progress=False,
+        session=Session(root=args.root, cache=args.cache, workers=args.workers, progress=False),
+        record=RecordOptions(runs_dir=args.runs),
     )
     res, fp = outcome.result, outcome.record["footprint"]
     timings = dict(outcome.timings)

@@ -6,7 +6,7 @@
 Reads the visual words of a benchmark's database and queries from a run's cache (``DIR`` holds
 ``database.npz`` and ``queries.npz``; default: the most recent words folder of the synthetic test
 set under ``CACHE``), measures their bag statistics (:class:`oxbench.index.simulate.BagStatistics`),
-and for each size builds the compact index (``inverted_file=compressed``: idf pass, compressed
+and for each size builds the compact index (``inverted_file=mapped``: idf pass, compressed
 lists written by chunks) over the database followed by that many simulated distractors. Reports
 per size: the build's CPU seconds, its peak of numpy/Python allocations (``tracemalloc``) and the
 process's peak RSS, the lists' disk and the query time of the real queries (CPU per query:
@@ -401,7 +401,7 @@ def global_vectors(folder: Path, part: str) -> np.ndarray:
 
 def one_ivfpq(folder: Path, n: int, dim: int, seed: int) -> dict[str, Any]:
     from oxbench.index.faiss_setup import load_faiss
-    from oxbench.index.search import IndexSettings
+    from oxbench.index.search import IvfPqSearch
     from oxbench.index.simulate import simulated_vectors
 
     faiss = load_faiss(1)
@@ -410,7 +410,7 @@ def one_ivfpq(folder: Path, n: int, dim: int, seed: int) -> dict[str, Any]:
     db, q = db @ proj, q @ proj
     db /= np.linalg.norm(db, axis=1, keepdims=True)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
-    st = IndexSettings(kind="ivfpq")
+    st = IvfPqSearch(nlist=1024)
     t0 = time.process_time()
     index = faiss.IndexIVFPQ(
         faiss.IndexFlatIP(dim), dim, st.nlist, st.m, st.nbits, faiss.METRIC_INNER_PRODUCT

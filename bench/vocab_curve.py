@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from oxbench.pipelines import RecordOptions, Session
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from scale_curve import query_seconds  # noqa: E402 - the same query time as the scale curve
 
@@ -115,22 +117,24 @@ def one_point(method: str, size: int, source: str, args: argparse.Namespace) -> 
     structure = "two-level" if size >= args.two_level_from else "flat"
     overrides = {
         **args.overrides.get(method, {}),
-        "vocab_size": size,
-        "vocab_structure": structure,
+        "vocabulary.size": size,
+        "vocabulary.structure": structure,
     }
     t0 = time.perf_counter()
     outcome = oxbench.run(
         args.sources["test"],
         method,
-        root=args.root,
-        cache=args.cache,
-        runs_dir=args.runs,
         train_dataset=args.sources[source],
         distractors=args.distractors or None,
-        strict=not args.allow_partial,
         overrides=overrides,
-        workers=args.workers,
-        progress=False,
+        session=Session(
+            root=args.root,
+            cache=args.cache,
+            workers=args.workers,
+            progress=False,
+            strict=not args.allow_partial,
+        ),
+        record=RecordOptions(runs_dir=args.runs),
     )
     res, timings = outcome.result, dict(outcome.timings)
     return {
@@ -138,7 +142,7 @@ def one_point(method: str, size: int, source: str, args: argparse.Namespace) -> 
         "dataset": args.sources["test"],
         "train_dataset": args.sources[source],
         "train_descriptors": args.train_counts[source],
-        "vocab_size": size,
+        "vocabulary.size": size,
         "structure": structure,
         "vocabulary": source,
         "trained_on_test_set": bool(outcome.info.get("trained_on_test_set")),

@@ -26,6 +26,8 @@ import pytest
 import oxbench
 from oxbench.errors import InputError
 from oxbench.execution import EXECUTORS, ProcessExecutor, SerialExecutor, make_executor
+from oxbench.index.vocabulary import VocabularySettings
+from oxbench.pipelines import RecordOptions, Session
 
 TOY_FAMILY = '''
 """A toy family: ranks the database by image name, last name first (its ranks are known)."""
@@ -125,12 +127,7 @@ TOY_RERANKER = '''
 from dataclasses import dataclass
 
 from oxbench import schema as S
-from oxbench.pipelines.rerankers import (
-    Ranking,
-    Reranker,
-    register_reranker,
-    register_stage_settings,
-)
+from oxbench.pipelines.rerankers import Ranking, Reranker, register_reranker
 
 
 @dataclass(frozen=True)
@@ -138,12 +135,12 @@ class ReverseSettings:
     n: int = S.setting(3, S.Int(lo=1, hi=100), doc="images reversed at the top")
 
     def __post_init__(self):
-        S.validate(self, label=lambda n: f"reverse.{n}")
+        S.validate(self)
 
 
 class ReverseTop(Reranker):
     needs = frozenset({"vectors"})
-    uses = ("reverse",)
+    settings_type = ReverseSettings
 
     def __init__(self, settings):
         self.n = settings.n
@@ -162,7 +159,6 @@ class NeedsLocal(Reranker):
         return ranking
 
 
-register_stage_settings("reverse", ReverseSettings)
 register_reranker("reverse-top", ReverseTop)
 register_reranker("needs-local", NeedsLocal)
 '''
@@ -198,7 +194,10 @@ def test_a_family_from_one_file_runs_through_oxbench_run(
     root = make_tiny_root(tmp_path / "data")
     assert "toy-reverse-names" in oxbench.list_methods()
     outcome = oxbench.run(
-        "synthetic", "toy-reverse-names", root=root, runs_dir=tmp_path / "runs", progress=False
+        "synthetic",
+        "toy-reverse-names",
+        session=Session(root=root, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     bench = oxbench.load("synthetic", root)
     names = list(bench.gt.db_names)
@@ -237,11 +236,19 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     assert isinstance(grid, LocalExtractor)
     root = make_tiny_root(tmp_path / "data")
     config = resolve_method(
-        BowConfig("grid-bow-sv", features=grid, vocab_size=32, rerank=("spatial",)),
+        BowConfig(
+            "grid-bow-sv",
+            features=grid,
+            vocabulary=VocabularySettings(size=32),
+            rerank=("spatial",),
+        ),
         **{"spatial.top_r": 10},
     )
     outcome = oxbench.run(
-        "synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False
+        "synthetic",
+        config,
+        session=Session(root=root, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert outcome.result.to_dict()["setups"]["easy"]["map"] > 0
     record = json.loads((outcome.run_dir / "record.json").read_text())
@@ -253,7 +260,12 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
     assert stored.dtype == np.float16 and stored.shape[1] == 64
     assert store.get(bench.gt.db_names[0]).descriptors.dtype == np.float32
     # a rerun takes every step from the cache
-    again = oxbench.run("synthetic", config, root=root, runs_dir=tmp_path / "runs", progress=False)
+    again = oxbench.run(
+        "synthetic",
+        config,
+        session=Session(root=root, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
+    )
     assert set(json.loads((again.run_dir / "record.json").read_text())["cache"].values()) == {"hit"}
     assert np.array_equal(
         np.load(again.run_dir / "ranks.npy"), np.load(outcome.run_dir / "ranks.npy")
@@ -262,7 +274,7 @@ def test_a_local_extractor_from_one_file_runs_through_bag_of_words(tmp_path: Pat
 
 def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
     from oxbench.pipelines import resolve_method
-    from oxbench.pipelines.rerankers import RERANKERS, STAGE_SETTINGS
+    from oxbench.pipelines.rerankers import RERANKERS
 
     (tmp_path / "toy_reranker.py").write_text(TOY_RERANKER)
     _import_file(tmp_path / "toy_reranker.py", "toy_reranker")
@@ -281,18 +293,16 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
         plain = oxbench.run(
             bench.id,
             "features",
-            root=root,
-            runs_dir=tmp_path / "runs",
             overrides=files,
-            progress=False,
+            session=Session(root=root, progress=False),
+            record=RecordOptions(runs_dir=tmp_path / "runs"),
         )
         toy = oxbench.run(
             bench.id,
             "features",
-            root=root,
-            runs_dir=tmp_path / "runs",
             overrides={**files, "rerank": "reverse-top"},
-            progress=False,
+            session=Session(root=root, progress=False),
+            record=RecordOptions(runs_dir=tmp_path / "runs"),
         )
         before, after = np.load(plain.run_dir / "ranks.npy").T, np.load(toy.run_dir / "ranks.npy").T
         assert np.array_equal(after[:, :3], before[:, 2::-1]) and np.array_equal(
@@ -303,14 +313,16 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
             == "computed"
         )
         assert json.loads((toy.run_dir / "metrics.json").read_text())["run"]["reversed"] == 3
-        # the stage owns its settings: --set reaches them, the run records them under their group
-        two = resolve_method("features", rerank="reverse-top", **{"reverse.n": "2"})
+        # the stage owns its settings: --set reaches them, the run records them under its name
+        two = resolve_method("features", rerank="reverse-top", **{"reverse-top.n": "2"})
         assert (
-            two.to_dict()["reverse"] == {"n": 2}
-            and "reverse" not in resolve_method("features").to_dict()
+            two.to_dict()["reverse-top"] == {"n": 2}
+            and "reverse-top" not in resolve_method("features").to_dict()
         )
-        with pytest.raises(InputError, match="setting reverse.n: must be in \\[1, 100\\], got 0"):
-            resolve_method("features", rerank="reverse-top", **{"reverse.n": "0"})
+        with pytest.raises(
+            InputError, match="setting reverse-top.n: must be in \\[1, 100\\], got 0"
+        ):
+            resolve_method("features", rerank="reverse-top", **{"reverse-top.n": "0"})
         # a stage the family cannot serve, or an unknown one, is one line when the method is resolved
         with pytest.raises(
             InputError,
@@ -325,7 +337,6 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
     finally:
         for name in ("reverse-top", "needs-local"):
             RERANKERS.unregister(name)
-        STAGE_SETTINGS.unregister("reverse")
 
 
 def _features_benchmark(root: Path):  # noqa: ANN202 - a Benchmark
@@ -470,19 +481,73 @@ def test_an_interrupted_extraction_is_recorded_as_computed(tmp_path: Path) -> No
     assert again["database"].hit is True and again["database"].computed == 0
 
 
-def test_pipelines_import_no_module_in_a_circle() -> None:
+#: The rooms of the package, top floor first: a module imports only the rooms below its own (a
+#: room is a subpackage or a top-level module). docs/architecture.md draws the same layers.
+LAYERS = (
+    "oxbench.__main__",
+    "oxbench.cli",
+    "oxbench.testing",
+    "oxbench.milestones",
+    "oxbench",
+    "oxbench.pipelines",
+    "oxbench.train",
+    "oxbench.refinement",
+    "oxbench.index",
+    "oxbench.features",
+    "oxbench.report",
+    "oxbench.datasets",
+    "oxbench.records",
+    "oxbench.execution",
+    "oxbench.provenance",
+    "oxbench.cache",
+    "oxbench.evaluation",
+    "oxbench.imaging",
+    "oxbench.formats",
+    "oxbench.groundtruth",
+    "oxbench.fileio",
+    "oxbench.schema",
+    "oxbench.registry",
+    "oxbench.errors",
+    "oxbench.version",
+)
+#: Arrows that still run back up (from a lower room to a higher one), each with why; at most 2.
+KNOWN_UP = {
+    ("oxbench.evaluation.result", "oxbench.report.tables"),
+    ("oxbench.formats.local_features", "oxbench.features.local"),
+}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports, from the source: every module, ``__init__`` files
+    included (as their package), function-level and ``TYPE_CHECKING`` imports included."""
     src = Path(oxbench.__file__).parent
-    modules = {
-        ".".join(p.relative_to(src.parent).with_suffix("").parts): p
-        for p in (src / "pipelines").rglob("*.py")
-        if p.name != "__init__.py"
-    }
+    modules: dict[str, Path] = {}
+    for p in src.rglob("*.py"):
+        parts = p.relative_to(src.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     edges: dict[str, set[str]] = {m: set() for m in modules}
     for m, path in modules.items():
+        package = m if path.name == "__init__.py" else m.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-                edges[m].update(t for t in targets if t in modules and t != m)
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                folder = src.parent.joinpath(*base.split("."))
+                for a in node.names:
+                    if any(folder.glob(f"{a.name}.*")) and f"{base}.{a.name}" not in modules:
+                        continue  # a compiled submodule (the optional _accel kernels)
+                    target = f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    if target in modules and target != m:
+                        edges[m].add(target)
+            elif isinstance(node, ast.Import):
+                edges[m].update(a.name for a in node.names if a.name in modules and a.name != m)
+    return edges
+
+
+def test_the_package_imports_no_module_in_a_circle_and_layers_import_downward() -> None:
+    edges = _import_graph()
     state: dict[str, int] = {}
 
     def visit(m: str, stack: list[str]) -> None:
@@ -493,13 +558,47 @@ def test_pipelines_import_no_module_in_a_circle() -> None:
                 visit(n, [*stack, m])
         state[m] = 2
 
-    for m in sorted(modules):
+    for m in sorted(edges):
         if m not in state:
             visit(m, [])
+
+    def room(m: str) -> str:
+        return ".".join(m.split(".")[:2])
+
+    floor = {r: i for i, r in enumerate(LAYERS)}
+    assert {room(m) for m in edges} <= set(floor), "a new room: give it its floor in LAYERS"
+    up = {
+        (a, b)
+        for a, targets in edges.items()
+        for b in targets
+        if room(a) != room(b) and floor[room(a)] > floor[room(b)]
+    }
+    assert up <= KNOWN_UP, f"imports running back up the layers: {sorted(up - KNOWN_UP)}"
+    assert len(KNOWN_UP) <= 2
     # and no family imports another family
-    families = [m for m in modules if ".families." in m]
+    families = [m for m in edges if ".families." in m]
     for m in families:
         assert not edges[m] & set(families), f"{m} imports another family"
+
+
+def test_pipelines_and_cli_have_no_function_over_100_lines_or_10_parameters() -> None:
+    """A run is small steps in readable functions: none over 100 lines, none over 10 parameters
+    (a click command's options excepted)."""
+    src = Path(oxbench.__file__).parent
+    long = []
+    for path in [*(src / "pipelines").rglob("*.py"), *(src / "cli").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            n = len(params) + bool(a.vararg) + bool(a.kwarg)
+            n -= bool(params) and params[0].arg in ("self", "cls")
+            click = any("click." in ast.unparse(d) for d in node.decorator_list)
+            lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+            if lines > 100 or (n > 10 and not click):
+                long.append(f"{path.relative_to(src)}:{node.name} ({lines} lines, {n} parameters)")
+    assert not long, long
 
 
 @pytest.mark.slow
@@ -514,10 +613,9 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
     first = oxbench.run(
         "synthetic",
         "gem-r18-synthetic",
-        root=root,
-        runs_dir=tmp_path / "runs",
         overrides={"descriptor.train_epochs": 1},
-        progress=False,
+        session=Session(root=root, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert model.is_file()
     training = load_model(model).source["training"]
@@ -527,10 +625,9 @@ def test_gem_r18_synthetic_trains_its_network_in_fit_on_a_fresh_root(tmp_path: P
     again = oxbench.run(
         "synthetic",
         "gem-r18-synthetic",
-        root=root,
-        runs_dir=tmp_path / "runs",
         overrides={"descriptor.train_epochs": 1},
-        progress=False,
+        session=Session(root=root, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert json.loads((again.run_dir / "record.json").read_text())["cache"]["network"] == "hit"
     assert np.array_equal(

@@ -210,7 +210,10 @@ def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path, 
         ctx = RunContext(tmp_path / "cache", progress=False)
         method = (
             resolve_method(
-                "rootsift-asmk", vocab_size=200, inverted_file=lists, **tiny("rootsift-asmk")
+                "rootsift-asmk",
+                **{"vocabulary.size": 200},
+                inverted_file=lists,
+                **tiny("rootsift-asmk"),
             )
             .build()
             .fit(train, ctx)
@@ -231,7 +234,7 @@ def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path, 
     np.testing.assert_array_equal(mapped.ranks, pkg.ranks)
     assert fp is not None and fp.disk["asmk_lists"] > 0 and fp.ram["norms"] == 8 * 40
     with pytest.raises(InputError, match="inverted_file"):
-        resolve_method("rootsift-asmk", inverted_file="compressed")
+        resolve_method("rootsift-asmk", inverted_file="mapped")
 
 
 def test_queries_scored_together_score_as_each_alone(tmp_path):

@@ -37,7 +37,7 @@ CLASSIC = [
     "--top-r",
     "20",
 ]
-GLOBAL = ["--method", "rootsift-vlad", "--set", "descriptor.k=8", "--max-side", "320"]
+GLOBAL = ["--method", "rootsift-vlad", "--set", "descriptor.vocabulary.size=8", "--max-side", "320"]
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

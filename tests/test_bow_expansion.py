@@ -32,7 +32,7 @@ def test_soft_assignment_weights_the_database_and_leaves_the_query_hard() -> Non
     rng = np.random.default_rng(0)
     n_words, k = 12, 4
     words = _words(rng, [5, 0, 7], n_words, k)
-    method = resolve_method("rootsift-bow-sa", soft_k=3, soft_sigma2=0.01)
+    method = resolve_method("rootsift-bow-sa", **{"assignment.k": 3}, **{"assignment.sigma2": 0.01})
     names = list(words.names)
     db = term_frequencies(method, words, names, n_words, side="database").toarray()
     q = term_frequencies(method, words, names, n_words, side="query").toarray()
@@ -103,12 +103,11 @@ def test_dqe_trains_on_the_verified_images_against_the_bottom_of_the_ranking(
     ranking = Ranking(ranks, np.zeros((1, 30), np.float32), query, (verified,))
     method = resolve_method(
         "rootsift-bow-sv-dqe",
-        **{"dqe.negatives": 5},
-        **{"vqe.min_inliers": 10},
-        **{"vqe.verify_top": 0},
+        **{"dqe-verified.negatives": 5},
+        **{"dqe-verified.min_inliers": 10},
+        **{"dqe-verified.verify_top": 0},
     )
-    cls = RERANKERS.get("dqe-verified")
-    stage = cls.from_settings({g: method.stage(g) for g in cls.uses})
+    stage = RERANKERS.get("dqe-verified")(method.stage("dqe-verified"))
     space = _Space(db)
     out = stage.rerank(ranking, space, RunContext(tmp_path, progress=False))
     # positives: the verified images with at least 10 inliers; negatives: the last 5 of the ranking
@@ -119,8 +118,8 @@ def test_dqe_trains_on_the_verified_images_against_the_bottom_of_the_ranking(
     assert out.ranks[0, :3].tolist() == first
     order = np.argsort(-(want @ db.T)[0], kind="stable")
     assert out.ranks[0, 3:].tolist() == [i for i in order.tolist() if i not in first]
-    with pytest.raises(InputError, match="dqe.negatives"):
-        resolve_method("rootsift-bow-sv-dqe", **{"dqe.negatives": 0})
+    with pytest.raises(InputError, match="dqe-verified.negatives"):
+        resolve_method("rootsift-bow-sv-dqe", **{"dqe-verified.negatives": 0})
 
 
 def test_dqe_is_refused_without_verification_and_dba_where_no_family_offers_it() -> None:
@@ -150,13 +149,13 @@ def test_dba_augments_each_image_with_its_verified_neighbours(tmp_path: Path) ->
     bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
     ctx = RunContext(tmp_path / "cache", progress=False)
     plain = (
-        resolve_method("rootsift-bow-sv-dqe", vocab_size=200, **TINY)
+        resolve_method("rootsift-bow-sv-dqe", **{"vocabulary.size": 200}, **TINY)
         .build()
         .fit(train, ctx)
         .index(bench, ctx)
     )
     dba = (
-        resolve_method("rootsift-bow-dba-sv-dqe", vocab_size=200, **TINY)
+        resolve_method("rootsift-bow-dba-sv-dqe", **{"vocabulary.size": 200}, **TINY)
         .build()
         .fit(train, ctx)
         .index(bench, ctx)

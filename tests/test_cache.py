@@ -205,11 +205,11 @@ def test_vocabulary_digest_is_checked(tmp_path: Path, rng: np.random.Generator) 
 
 def _run(method: Any, bench: Any, train: Any, cache: Path) -> Any:
     """The runner's fit / index / search (with its one retry after a corrupt cache file)."""
-    from oxbench.pipelines.runner import _fit_index_search
+    from oxbench.pipelines.runner import fit_index_search
+    from oxbench.pipelines.session import Session
 
-    return _fit_index_search(
-        method, train, bench, cache, executor=SerialExecutor(), progress=False
-    )[1]
+    session = Session(root=cache.parent, cache=cache, engine="serial", progress=False)
+    return fit_index_search(method, train, bench, session, SerialExecutor())[1]
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +224,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         load("synthetic", root, progress=False),
         load("synthetic-train", root, progress=False),
     )
-    method = resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
+    method = resolve_method("rootsift-bow-sv", **{"vocabulary.size": 100}, **TINY)
     clean = _run(method, bench, train, tmp_path_factory.mktemp("cache"))
     return {"root": root, "bench": bench, "train": train, "method": method, "clean": clean}
 
@@ -239,7 +239,7 @@ def test_corrupt_caches_are_recomputed_to_the_same_numbers(
     bench, train, method = tiny["bench"], tiny["train"], tiny["method"]
     cache = tmp_path / "cache"
     _run(method, bench, train, cache)
-    vocab = steps.vocabulary_path(cache, method.vocabulary(), train)
+    vocab = steps.vocabulary_path(cache, method.vocabulary_spec(), train)
     words = cache / steps.dataset_key(bench) / "words" / f"{vocab.stem}-k1"
     db_raw = _shard_file(
         steps.features_dir(cache, bench, method.features, "database"), 0, "raw.npy"
@@ -315,9 +315,9 @@ def _fill_cache_in_a_process(root: str, cache: str, log_file: str, barrier: Any)
     from test_pipeline import TINY
 
     train = load("synthetic-train", root, progress=False)
-    method = resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
+    method = resolve_method("rootsift-bow-sv", **{"vocabulary.size": 100}, **TINY)
     barrier.wait()
-    steps.step_vocabulary(method.vocabulary(), train, RunContext(Path(cache), progress=False))
+    steps.step_vocabulary(method.vocabulary_spec(), train, RunContext(Path(cache), progress=False))
 
 
 @pytest.mark.slow
@@ -326,7 +326,7 @@ def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -
 
     train, method = tiny["train"], tiny["method"]
     single = tmp_path / "single"
-    steps.step_vocabulary(method.vocabulary(), train, RunContext(single, progress=False))
+    steps.step_vocabulary(method.vocabulary_spec(), train, RunContext(single, progress=False))
     shared = tmp_path / "shared"
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(2)
@@ -356,8 +356,8 @@ def test_two_processes_filling_one_cache(tiny: dict[str, Any], tmp_path: Path) -
         )
         == rel
     )
-    a = Vocabulary.load(steps.vocabulary_path(single, method.vocabulary(), train))
-    b = Vocabulary.load(steps.vocabulary_path(shared, method.vocabulary(), train))
+    a = Vocabulary.load(steps.vocabulary_path(single, method.vocabulary_spec(), train))
+    b = Vocabulary.load(steps.vocabulary_path(shared, method.vocabulary_spec(), train))
     np.testing.assert_array_equal(a.centroids_, b.centroids_)
     sa = steps.open_store(single, train, method.features, "database")
     sb = steps.open_store(shared, train, method.features, "database")

@@ -104,11 +104,11 @@ def test_swapped_or_copied_verification_entries_are_verified_again(
 
 
 def _run(method: Any, bench: Any, train: Any, cache: Path) -> Any:
-    from oxbench.pipelines.runner import _fit_index_search
+    from oxbench.pipelines.runner import fit_index_search
+    from oxbench.pipelines.session import Session
 
-    return _fit_index_search(
-        method, train, bench, cache, executor=SerialExecutor(), progress=False
-    )[1]
+    session = Session(root=cache.parent, cache=cache, engine="serial", progress=False)
+    return fit_index_search(method, train, bench, session, SerialExecutor())[1]
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     root = make_tiny_root(tmp_path_factory.mktemp("data"))
     bench = load("synthetic", root, progress=False)
     train = load("synthetic-train", root, progress=False)
-    method = resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
+    method = resolve_method("rootsift-bow-sv", **{"vocabulary.size": 100}, **TINY)
     cache = tmp_path_factory.mktemp("cache")
     clean = _run(method, bench, train, cache)
     return {
@@ -209,7 +209,8 @@ def test_an_image_replaced_under_a_warm_cache_is_described_again(
     """Main 18c1381 ran on the old image's features (exit 0, another mAP); now exactly that image
     is described again, the record says so, and the ranks are a clean cache's."""
     from oxbench.datasets import load
-    from oxbench.pipelines.runner import _fit_index_search
+    from oxbench.pipelines.runner import fit_index_search
+    from oxbench.pipelines.session import Session
 
     root, cache = tmp_path / "data", tmp_path / "cache"
     shutil.copytree(tiny["root"], root)
@@ -217,9 +218,8 @@ def test_an_image_replaced_under_a_warm_cache_is_described_again(
     clean = _run(tiny["method"], bench, tiny["train"], cache)  # a warm cache of these files
     _replace_one_database_image(bench)
     caplog.set_level(logging.WARNING)
-    _, warm, ctx = _fit_index_search(
-        tiny["method"], tiny["train"], bench, cache, executor=SerialExecutor(), progress=False
-    )
+    session = Session(root=root, cache=cache, engine="serial", progress=False)
+    _, warm, ctx = fit_index_search(tiny["method"], tiny["train"], bench, session, SerialExecutor())
     said = _warnings(caplog)  # the image, then what was computed from its old features
     assert "1 of 40 images" in said[0] and "describing them again" in said[0], said
     assert all("stands for another" in w for w in said[1:]), said
@@ -229,9 +229,8 @@ def test_an_image_replaced_under_a_warm_cache_is_described_again(
     np.testing.assert_array_equal(warm.ranks, fresh.ranks)
     assert not np.array_equal(warm.ranks, clean.ranks)  # the change mattered
     caplog.clear()
-    _, _, ctx = _fit_index_search(  # and the next run is all hits, no warning
-        tiny["method"], tiny["train"], bench, cache, executor=SerialExecutor(), progress=False
-    )
+    # and the next run is all hits, no warning
+    _, _, ctx = fit_index_search(tiny["method"], tiny["train"], bench, session, SerialExecutor())
     assert ctx.steps["features"] == "hit" and ctx.computed["features"] == 0
     assert _warnings(caplog) == []
 
@@ -336,19 +335,30 @@ def test_ivfpq_vectors_replaced_by_a_same_shape_file_are_written_again(
     rng = np.random.default_rng(3)
     db = rng.normal(size=(400, 16)).astype(np.float32)
     db /= np.linalg.norm(db, axis=1, keepdims=True)
-    m = resolve_method("features-ivfpq", nlist=4, pq_m=4, pq_nbits=4, nprobe=4, search_k=50)
+    m = resolve_method(
+        "features-ivfpq",
+        **{"search.nlist": 4},
+        **{"search.m": 4},
+        **{"search.nbits": 4},
+        **{"search.nprobe": 4},
+        **{"list_length": 50},
+    )
     ctx = RunContext(tmp_path / "cache", progress=False)
-    first = SearchChain(m, db, ctx, tmp_path / "index")
+    first = SearchChain(m, db, ctx, tmp_path / "index").build_index()
     (vectors,) = (tmp_path / "index").glob("vectors-*.npy")
     assert np.array_equal(first.db, db)
     np.save(vectors, db[::-1].copy())  # same shape and dtype, the rows reversed
     caplog.set_level(logging.WARNING)
-    second = SearchChain(m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index")
+    second = SearchChain(
+        m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index"
+    ).build_index()
     said = _warnings(caplog)
     assert len(said) == 1 and "is not the file written" in said[0] and str(vectors) in said[0]
     assert np.array_equal(second.db, db)
     caplog.clear()
-    third = SearchChain(m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index")
+    third = SearchChain(
+        m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index"
+    ).build_index()
     assert _warnings(caplog) == [] and np.array_equal(third.db, db)
 
 
@@ -369,14 +379,14 @@ def test_a_cached_faiss_index_of_other_vectors_is_built_again(
     a, b = (rng.standard_normal((40, 16)).astype(np.float32) for _ in range(2))
     a /= np.linalg.norm(a, axis=1, keepdims=True)
     b /= np.linalg.norm(b, axis=1, keepdims=True)
-    clean = SearchChain(m, a, RunContext(tmp_path / "c"), tmp_path / "ia")
-    SearchChain(m, b, RunContext(tmp_path / "c"), tmp_path / "ib")
-    (path_a,) = (tmp_path / "ia").glob("index-flat-*.npz")
-    (path_b,) = (tmp_path / "ib").glob("index-flat-*.npz")
+    clean = SearchChain(m, a, RunContext(tmp_path / "c"), tmp_path / "ia").build_index()
+    SearchChain(m, b, RunContext(tmp_path / "c"), tmp_path / "ib").build_index()
+    (path_a,) = (tmp_path / "ia").glob("index-faiss-flat-*.npz")
+    (path_b,) = (tmp_path / "ib").glob("index-faiss-flat-*.npz")
     shutil.copyfile(path_b, path_a)
     ctx = RunContext(tmp_path / "c")
     with caplog.at_level(logging.WARNING):
-        again = SearchChain(m, a, ctx, tmp_path / "ia")
+        again = SearchChain(m, a, ctx, tmp_path / "ia").build_index()
     said = _warnings(caplog)
     assert len(said) == 1 and "stands for another vectors" in said[0], said
     assert ctx.steps["search_index"] == "computed"
@@ -410,10 +420,10 @@ def test_a_vocabulary_of_other_settings_copied_over_is_trained_again(
 
     cache = tmp_path / "cache"
     shutil.copytree(tiny["cache"], cache)
-    other = resolve_method("rootsift-bow-sv", vocab_size=50, **TINY)
+    other = resolve_method("rootsift-bow-sv", **{"vocabulary.size": 50}, **TINY)
     _run(other, tiny["bench"], tiny["train"], tmp_path / "other")
-    theirs = steps.vocabulary_path(tmp_path / "other", other.vocabulary(), tiny["train"])
-    ours = steps.vocabulary_path(cache, tiny["method"].vocabulary(), tiny["train"])
+    theirs = steps.vocabulary_path(tmp_path / "other", other.vocabulary_spec(), tiny["train"])
+    ours = steps.vocabulary_path(cache, tiny["method"].vocabulary_spec(), tiny["train"])
     st = ours.stat()
     shutil.copyfile(theirs, ours)
     os.utime(ours, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -436,7 +446,7 @@ def test_a_whitening_of_other_settings_copied_over_is_learned_again(
     small = {
         "descriptor.features.max_side": 320,
         "descriptor.features.n_features": 300,
-        "descriptor.k": 8,
+        "descriptor.vocabulary.size": 8,
     }
     ours = resolve_method("rootsift-vlad-w", whitening_dim=16, **small)
     theirs = resolve_method("rootsift-vlad-w", whitening_dim=8, **small)

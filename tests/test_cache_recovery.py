@@ -83,7 +83,7 @@ def _faiss_file(path: Path, vectors: np.ndarray) -> Path:
         sha256=np.array(hashlib.sha256(blob.tobytes()).hexdigest()),
         dim=np.array(vectors.shape[1]),
         ntotal=np.array(len(vectors)),
-        setting_kind=np.array("flat"),
+        setting_kind=np.array("faiss-flat"),
     )
     return path
 
@@ -110,12 +110,12 @@ def test_a_damaged_cached_faiss_index_is_rebuilt_with_one_warning(tmp_path, capl
     db = np.random.default_rng(0).standard_normal((40, 16)).astype(np.float32)
     db /= np.linalg.norm(db, axis=1, keepdims=True)
     ctx = RunContext(tmp_path / "c")
-    first = SearchChain(m, db, ctx, tmp_path / "idx")
-    (path,) = (tmp_path / "idx").glob("index-flat-*.npz")
+    first = SearchChain(m, db, ctx, tmp_path / "idx").build_index()
+    (path,) = (tmp_path / "idx").glob("index-faiss-flat-*.npz")
     _flip(path, path.stat().st_size // 2)
     ctx2 = RunContext(tmp_path / "c")
     with caplog.at_level(logging.WARNING):
-        second = SearchChain(m, db, ctx2, tmp_path / "idx")
+        second = SearchChain(m, db, ctx2, tmp_path / "idx").build_index()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert (
         len(warnings) == 1
@@ -126,7 +126,7 @@ def test_a_damaged_cached_faiss_index_is_rebuilt_with_one_warning(tmp_path, capl
     q = db[:3]
     np.testing.assert_array_equal(first.rank(q)[1], second.rank(q)[1])
     ctx3 = RunContext(tmp_path / "c")
-    SearchChain(m, db, ctx3, tmp_path / "idx")  # the rebuilt file is intact
+    SearchChain(m, db, ctx3, tmp_path / "idx").build_index()  # the rebuilt file is intact
     assert ctx3.steps["search_index"] == "hit"
 
 

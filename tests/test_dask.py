@@ -46,6 +46,7 @@ from oxbench.features.store import (  # noqa: E402
     extract_to_store,
 )
 from oxbench.fileio import TEMP_PREFIX  # noqa: E402
+from oxbench.pipelines import RecordOptions, Session  # noqa: E402
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -125,19 +126,21 @@ def test_dask_equals_the_process_pool_and_the_serial_path(tmp_path: Path) -> Non
         outcomes[engine] = oxbench.run(
             "synthetic",
             "rootsift-bow-sv",
-            root=root,
-            runs_dir=tmp_path / f"runs-{engine}",
-            cache=tmp_path / f"cache-{engine}",
-            overrides={"vocab_size": 100, **TINY},
-            workers=2,
-            engine=engine,
-            shard_size=8,
-            progress=False,
+            overrides={"vocabulary.size": 100, **TINY},
+            session=Session(
+                root=root,
+                cache=tmp_path / f"cache-{engine}",
+                engine=engine,
+                workers=2,
+                shard_size=8,
+                progress=False,
+            ),
+            record=RecordOptions(runs_dir=tmp_path / f"runs-{engine}"),
         )
     serial = outcomes["serial"]
     ranks = np.load(serial.run_dir / "ranks.npy")
     bench = oxbench.load("synthetic", root)
-    method = oxbench.pipelines.resolve_method("rootsift-bow-sv", vocab_size=100, **TINY)
+    method = oxbench.pipelines.resolve_method("rootsift-bow-sv", **{"vocabulary.size": 100}, **TINY)
     for engine in ("processes", "dask"):
         other = outcomes[engine]
         assert np.array_equal(np.load(other.run_dir / "ranks.npy"), ranks)
@@ -403,20 +406,17 @@ def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFix
     from test_pipeline import make_tiny_root, tiny
 
     root = make_tiny_root(tmp_path / "data")
-    kwargs = {
-        "root": root,
-        "cache": tmp_path / "cache",
-        "overrides": tiny("rootsift-bow"),
-        "engine": "serial",
-        "progress": False,
-    }
-    first = extract_partition("synthetic", "rootsift-bow", (0, 2), shard_size=8, **kwargs)  # type: ignore[arg-type]
-    second = extract_partition("synthetic", "rootsift-bow", (1, 2), shard_size=8, **kwargs)  # type: ignore[arg-type]
+    session = Session(
+        root=root, cache=tmp_path / "cache", engine="serial", progress=False, shard_size=8
+    )
+    kwargs = {"overrides": tiny("rootsift-bow")}
+    first = extract_partition("synthetic", "rootsift-bow", (0, 2), session, **kwargs)  # type: ignore[arg-type]
+    second = extract_partition("synthetic", "rootsift-bow", (1, 2), session, **kwargs)  # type: ignore[arg-type]
     bench = oxbench.load("synthetic", root)
     db, q = "synthetic/database", "synthetic/queries"
     assert first[db] + second[db] == bench.gt.n_db and first[db] == 24
     assert first[q] + second[q] == bench.gt.n_queries
-    assert extract_partition("synthetic", "rootsift-bow", (1, 2), shard_size=8, **kwargs) == {  # type: ignore[arg-type]
+    assert extract_partition("synthetic", "rootsift-bow", (1, 2), session, **kwargs) == {  # type: ignore[arg-type]
         db: 0,
         q: 0,
     }
@@ -426,7 +426,7 @@ def test_extract_partition_of_a_method(tmp_path: Path, capsys: pytest.CaptureFix
     err = capsys.readouterr().err
     assert err.strip() == "oxbench: error: --partition: I/N needs 0 <= I < N <= 1000000, got '2/2'"
     with pytest.raises(InputError, match="describes none"):
-        extract_partition("synthetic", "features", (0, 2), **{**kwargs, "overrides": {}})  # type: ignore[arg-type]
+        extract_partition("synthetic", "features", (0, 2), session)
 
 
 def test_run_partitions_describe_the_training_set_too_and_the_plain_run_describes_nothing(
@@ -495,15 +495,9 @@ def test_cnn_descriptors_by_partition(tmp_path: Path) -> None:
         "descriptor.max_side": 64,
         "descriptor.scales": [1.0],
     }
-    kwargs = {
-        "root": root,
-        "cache": tmp_path / "cache",
-        "overrides": tiny,
-        "engine": "serial",
-        "progress": False,
-    }
-    first = extract_partition("synthetic", "gem-r50-imagenet", (0, 2), **kwargs)  # type: ignore[arg-type]
-    second = extract_partition("synthetic", "gem-r50-imagenet", (1, 2), **kwargs)  # type: ignore[arg-type]
+    session = Session(root=root, cache=tmp_path / "cache", engine="serial", progress=False)
+    first = extract_partition("synthetic", "gem-r50-imagenet", (0, 2), session, overrides=tiny)
+    second = extract_partition("synthetic", "gem-r50-imagenet", (1, 2), session, overrides=tiny)
     bench = oxbench.load("synthetic", root)
     assert (
         first["synthetic/database"] == bench.gt.n_db and second["synthetic/database"] == 0
@@ -772,7 +766,7 @@ def test_the_slurm_recipe_makes_a_job_script_without_slurm(tmp_path: Path) -> No
     assert activate < lines.index(worker) and "export OXBENCH_DATA=/shared/oxbench" in lines
     assert ns["workers"] == 8 and ns["wait_workers"] == 1800  # jobs x processes, the wait
     submit = (REPO / "docs" / "scale.md").read_text().split("cluster.scale(jobs=jobs)")[1][:400]
-    assert "workers=workers" in submit and "wait_workers=wait_workers" in submit
+    assert "workers=workers" in submit and '"wait_workers_s": wait_workers' in submit
 
 
 def test_the_wait_for_batch_workers_is_the_configured_time_with_progress(

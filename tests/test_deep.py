@@ -26,6 +26,7 @@ from oxbench.features.deep.model import (  # noqa: E402
     save_model,
 )
 from oxbench.features.descstore import DescriptorStore, fill_store  # noqa: E402
+from oxbench.pipelines import RecordOptions, Session  # noqa: E402
 from test_pipeline import load_tiny, make_tiny_root  # noqa: E402
 
 
@@ -364,11 +365,9 @@ def test_gem_preset_runs_end_to_end_with_random_weights(tiny_root: Path, tmp_pat
     out = oxbench.run(
         "synthetic",
         "gem-r50-imagenet+w+alpha-qe",
-        root=tiny_root,
-        runs_dir=tmp_path / "runs",
-        cache=tmp_path / "cache",
         overrides={**TINY_CNN, "whitening_dim": 16},
-        progress=False,
+        session=Session(root=tiny_root, cache=tmp_path / "cache", progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert (
         out.info["model"]["architecture"] == "resnet18"
@@ -381,11 +380,9 @@ def test_gem_preset_runs_end_to_end_with_random_weights(tiny_root: Path, tmp_pat
     again = oxbench.run(
         "synthetic",
         "gem-r50-imagenet+w+alpha-qe",
-        root=tiny_root,
-        runs_dir=tmp_path / "runs",
-        cache=tmp_path / "cache",
         overrides={**TINY_CNN, "whitening_dim": 16},
-        progress=False,
+        session=Session(root=tiny_root, cache=tmp_path / "cache", progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     record = json.loads((again.run_dir / "record.json").read_text())
     assert (
@@ -409,10 +406,8 @@ def test_gem_without_whitening_needs_no_training_set_and_weights_are_required(
         oxbench.run(
             "synthetic",
             "gem-r101",
-            root=tiny_root,
-            runs_dir=tmp_path / "runs",
-            cache=tmp_path / "c",
-            progress=False,
+            session=Session(root=tiny_root, cache=tmp_path / "c", progress=False),
+            record=RecordOptions(runs_dir=tmp_path / "runs"),
         )
     with pytest.raises(InputError, match=r"setting descriptor.scales: item 2: must be in \(0, 4\]"):
         resolve_method("gem-r50-imagenet", **{"descriptor.scales": [1, -1]})
@@ -542,10 +537,9 @@ def test_model_whitening_applies_the_files_lw(
     rng = np.random.default_rng(3)
     m, proj = rng.standard_normal(512) * 0.01, rng.standard_normal((64, 512))
     save_model(tmp_path / "r18.pt", r18, lw={"sfm": {"ss": (m, proj), "ms": (m + 1.0, proj)}})
+    session = Session(root=tiny_root, cache=tmp_path / "cache", progress=False)
     common = {
-        "root": tiny_root,
-        "cache": tmp_path / "cache",
-        "progress": False,
+        "session": session,
         "overrides": {
             "descriptor.backbone": "resnet18",
             "descriptor.weights": str(tmp_path / "r18.pt"),
@@ -635,11 +629,9 @@ def test_trained_preset_without_its_model_file_says_how_to_get_it(
         oxbench.run(
             "synthetic",
             "gem-r18-synthetic",
-            root=tiny_root,
-            runs_dir=tmp_path / "runs",
-            cache=tmp_path / "c",
-            progress=False,
             overrides={"descriptor.fit_network": False},
+            session=Session(root=tiny_root, cache=tmp_path / "c", progress=False),
+            record=RecordOptions(runs_dir=tmp_path / "runs"),
         )
     assert str(exc.value) == (
         f"{tiny_root / '_models' / 'gem-r18-synthetic.pt'}: no model file here: "

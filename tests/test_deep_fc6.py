@@ -13,6 +13,7 @@ tv = pytest.importorskip("torchvision")
 from oxbench.cli import main  # noqa: E402
 from oxbench.errors import InputError  # noqa: E402
 from oxbench.features.deep.model import build_net  # noqa: E402
+from oxbench.pipelines import RecordOptions, Session  # noqa: E402
 from oxbench.pipelines.presets import resolve_method  # noqa: E402
 from test_pipeline import make_tiny_root  # noqa: E402
 
@@ -103,16 +104,14 @@ def test_seed_presets_run_with_random_weights_at_a_tiny_size(tmp_path: Path, pre
     out = oxbench.run(
         "synthetic",
         preset,
-        root=root,
-        runs_dir=tmp_path / "runs",
-        cache=tmp_path / "cache",
         overrides={
             "descriptor.weights": "random",
             "descriptor.max_side": 64,
             "whitening_dim": 8,
             **more,
         },
-        progress=False,
+        session=Session(root=root, cache=tmp_path / "cache", progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert out.config.train_dataset == "synthetic-train"
     assert out.info["dim"] == 8

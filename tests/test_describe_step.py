@@ -22,13 +22,13 @@ TINY_CNN = {
     "whitening_dim": "8",
 }
 CASES = {
-    "rootsift-bow": {**tiny("rootsift-bow"), "vocab_size": 50},
+    "rootsift-bow": {**tiny("rootsift-bow"), "vocabulary.size": 50},
     "gem-r50-imagenet+w": TINY_CNN,  # a CNN whose whitening reads the training set's descriptors
     # a hybrid: VLAD's local features, then the global short list verified with a local source
     "rootsift-vlad-w+sv": {
         "descriptor.features.max_side": 320,
         "descriptor.features.n_features": 300,
-        "descriptor.k": 8,
+        "descriptor.vocabulary.size": 8,
         "local_source": "sift",
         "spatial.top_r": 10,
     },

@@ -12,7 +12,7 @@ import pytest
 
 from oxbench.cache import load_npz
 from oxbench.execution import determinism
-from oxbench.pipelines import run
+from oxbench.pipelines import RecordOptions, Session, run
 from test_pipeline import make_tiny_root
 
 pytest.importorskip("faiss")
@@ -20,7 +20,7 @@ pytest.importorskip("cv2")
 
 #: The default method with a tiny vocabulary (the step is the default one; only its size is small).
 METHOD = "rootsift-bow-sv-qe"
-TINY = {"vocab_size": 64}
+TINY = {"vocabulary.size": 64}
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +54,15 @@ def _vocabulary_run(root: Path, tmp: Path, tag: str, *, workers: int, blas: int)
         out = run(
             "synthetic",
             METHOD,
-            root=root,
-            cache=tmp / f"cache-{tag}",
-            out=tmp / f"runs-{tag}",
             overrides=TINY,
-            workers=workers,
-            progress=False,
-            deterministic=True,
+            session=Session(
+                root=root,
+                cache=tmp / f"cache-{tag}",
+                workers=workers,
+                progress=False,
+                deterministic=True,
+            ),
+            record=RecordOptions(out=tmp / f"runs-{tag}"),
         )
     (voc,) = (tmp / f"cache-{tag}" / "vocabularies").glob("*.npz")
     record = json.loads((out.run_dir / "record.json").read_text())
@@ -92,11 +94,9 @@ def test_default_vocabulary_is_bit_identical_across_blas_threads_and_workers(
     plain = run(
         "synthetic",
         METHOD,
-        root=tiny_root,
-        cache=tmp_path / "cache-w1b1",
-        out=tmp_path / "runs-plain",
         overrides=TINY,
-        progress=False,
+        session=Session(root=tiny_root, cache=tmp_path / "cache-w1b1", progress=False),
+        record=RecordOptions(out=tmp_path / "runs-plain"),
     )
     record = json.loads((plain.run_dir / "record.json").read_text())
     assert record["deterministic"] is False and record["cache"]["vocabulary"] == "computed"

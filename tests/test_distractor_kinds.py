@@ -29,6 +29,7 @@ from oxbench.datasets.synthetic.distractor_kinds import (
 )
 from oxbench.errors import InputError
 from oxbench.groundtruth import GroundTruth, Query
+from oxbench.pipelines import RecordOptions, Session
 
 CONFIG = SynthConfig(image_size=(160, 120))
 
@@ -262,7 +263,7 @@ def test_mining_keeps_the_candidates_the_rule_scores_highest_and_a_run_uses_them
     code, out, err = _cli(
         capsys,
         "data", "mine-distractors", "--kind", "mixed", "--pool", "6", "--keep", "2",
-        "--methods", "rootsift-bow", "--set", "vocab_size=256", *TINY, "--root", str(tiny_root),
+        "--methods", "rootsift-bow", "--set", "vocabulary.size=256", *TINY, "--root", str(tiny_root),
         "--cache", str(cache), "--runs", str(runs), "--workers", "1", "--no-progress",
     )  # fmt: skip
     assert code == 0, err
@@ -278,13 +279,10 @@ def test_mining_keeps_the_candidates_the_rule_scores_highest_and_a_run_uses_them
     mined = oxbench.run(
         "synthetic",
         "rootsift-bow",
-        root=tiny_root,
-        cache=cache,
-        runs_dir=runs,
         distractors="synthetic-mined-mixed:2",
-        overrides={"vocab_size": 256, "features.max_side": 320, "features.n_features": 300},
-        workers=1,
-        progress=False,
+        overrides={"vocabulary.size": 256, "features.max_side": 320, "features.n_features": 300},
+        session=Session(root=tiny_root, cache=cache, workers=1, progress=False),
+        record=RecordOptions(runs_dir=runs),
     )
     bench2 = load("synthetic", tiny_root, distractors="synthetic-mined-mixed:2", images=False)
     assert bench2.distractors is not None

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from oxbench.errors import InputError
-from oxbench.index import estimates
-from oxbench.index.estimates import (
+from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
+from oxbench.pipelines import RecordOptions, Session, estimates
+from oxbench.pipelines.estimates import (
     DESCRIBE_CPU_S,
     KEYPOINT_BYTES,
     WORD_BYTES,
@@ -24,7 +25,6 @@ from oxbench.index.estimates import (
     preflight,
     ram_remedies,
 )
-from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
 from oxbench.pipelines.presets import list_methods, resolve_method
 
 GIB = 1 << 30
@@ -120,7 +120,7 @@ def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _overrides(method: str) -> dict[str, object]:
     from test_pipeline import tiny
 
-    return {**tiny(method), "vocab_size": 256}
+    return {**tiny(method), "vocabulary.size": 256}
 
 
 def _run(root: Path, tmp: Path, method: str, distractors: int | None):  # noqa: ANN202
@@ -129,13 +129,10 @@ def _run(root: Path, tmp: Path, method: str, distractors: int | None):  # noqa: 
     return oxbench.run(
         "synthetic",
         method,
-        root=root,
-        runs_dir=tmp / "runs",
-        cache=tmp / "cache",
         overrides=_overrides(method),
         distractors=distractors,
-        workers=1,
-        progress=False,
+        session=Session(root=root, cache=tmp / "cache", workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp / "runs"),
     )
 
 
@@ -191,10 +188,10 @@ def test_the_must_reach_points_100k_accepted_1m_refused_with_a_remedy_the_family
         preflight(m, big, cache, available=24 * GIB, free_disk=72 * 10**9)
     text = str(exc.value)
     assert "\n" not in text and "1,000,040 images" in text
-    assert "--set inverted_file=compressed (the preset rootsift-bow-sv-compact)" in text
+    assert "--set inverted_file=mapped (the preset rootsift-bow-sv-compact)" in text
     assert "faiss" not in text  # no bag-of-words preset takes search=faiss-ivfpq
     compact = resolve_method("rootsift-bow-sv-compact")
-    assert compact.inverted_file == "compressed"  # type: ignore[attr-defined]
+    assert compact.inverted_file == "mapped"  # type: ignore[attr-defined]
     with pytest.raises(InputError, match=r"would add about .* for 1,000,040 new images .* free"):
         preflight(compact, big, cache, available=24 * GIB, free_disk=72 * 10**9)
     assert not cache.exists()  # nothing made
@@ -287,7 +284,7 @@ def test_a_long_run_is_announced_with_its_cpu_and_disk(
     tiny_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     m = resolve_method("rootsift-bow-sv-compact")
-    with caplog.at_level(logging.WARNING, logger="oxbench.index.estimates"):
+    with caplog.at_level(logging.WARNING, logger="oxbench.pipelines.estimates"):
         preflight(m, _bench(tiny_root, 20_000), tmp_path / "c", available=GIB, free_disk=10**13)
         short = preflight(m, _bench(tiny_root, 10), tmp_path / "c", available=GIB, free_disk=10**13)
     lines = [r.getMessage() for r in caplog.records]
@@ -330,12 +327,9 @@ def test_disk_per_image_counts_the_indexed_images_and_smaller_sizes_reuse_the_wo
     fresh = oxbench.run(
         "synthetic",
         "rootsift-bow",
-        root=tiny_root,
-        runs_dir=tmp_path / "runs2",
-        cache=tmp_path / "cache2",
         overrides=_overrides("rootsift-bow"),
         distractors=4,
-        workers=1,
-        progress=False,
+        session=Session(root=tiny_root, cache=tmp_path / "cache2", workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs2"),
     )
     assert fresh.result.setups["medium"].map == small.result.setups["medium"].map

@@ -13,7 +13,7 @@ import pytest
 from oxbench.cli import main
 from oxbench.datasets import load
 from oxbench.errors import InputError
-from oxbench.pipelines import GlobalConfig, resolve_method, run
+from oxbench.pipelines import GlobalConfig, RecordOptions, Session, resolve_method, run
 from oxbench.pipelines.runner import list_runs
 from oxbench.provenance import input_records, inputs_digest
 from oxbench.train.pairs import matching_pairs
@@ -76,11 +76,9 @@ def go(
     return run(
         "synthetic",
         method,
-        root=root,
-        out=tmp / method,
-        cache=cache or tmp / "cache",
         overrides=sets,
-        progress=False,
+        session=Session(root=root, cache=cache or tmp / "cache", progress=False),
+        record=RecordOptions(out=tmp / method),
     )
 
 
@@ -94,9 +92,7 @@ def test_presets_and_settings() -> None:
         },
     )
     assert (
-        isinstance(m, GlobalConfig)
-        and m.descriptor.kind == "features"
-        and m.rerank == ("diffusion",)
+        isinstance(m, GlobalConfig) and m.descriptor.kind == "files" and m.rerank == ("diffusion",)
     )
     assert not m.needs_training and m.to_dict()["diffusion"]["k"] == 7
     with pytest.raises(
@@ -105,7 +101,7 @@ def test_presets_and_settings() -> None:
     ):
         resolve_method("features", search="annoy")
     with pytest.raises(InputError, match="nprobe 9 is larger than nlist 8"):
-        resolve_method("features-ivfpq", nlist=8, nprobe=9)
+        resolve_method("features-ivfpq", **{"search.nlist": 8}, **{"search.nprobe": 9})
 
 
 def test_own_features_through_the_runner(
@@ -121,7 +117,7 @@ def test_own_features_through_the_runner(
     assert metrics["run"]["bytes_per_image"] == D * 4
     # the synthetic city's generation seed is recorded with the method's seeds
     seeds = json.loads((run_dir / "record.json").read_text())["seeds"]
-    assert seeds == {"index_seed": 0, "dataset.seed": 0}  # the files kind has no seed of its own
+    assert seeds == {"dataset.seed": 0}  # exact search and the files kind have no seed
     # every re-ranking runs through the same chain and records what it did
     for method, extra, key in (
         ("features-alpha-qe", {}, None),
@@ -152,7 +148,8 @@ def test_own_features_through_the_runner(
     )
     np.testing.assert_allclose(flat.result.setups["medium"].map, base, atol=1e-9)
     assert (
-        flat.info["search"]["kind"] == "flat" and flat.record["cache"]["search_index"] == "computed"
+        flat.info["search"]["kind"] == "faiss-flat"
+        and flat.record["cache"]["search_index"] == "computed"
     )
     again = go(
         tiny_root, tmp_path / "flat2", "features", files, cache=tmp_path / "c", search="faiss-flat"
@@ -249,7 +246,14 @@ def test_bad_input_is_one_line_exit_2_and_no_run(
         extra = ["--set", "whitening=pca"]
         want = "needs training descriptors that are not the test set's: set descriptor.train_features=PATH"
     elif case == "ivf-nlist":
-        extra = ["--set", "search=faiss-ivfpq", "--set", "nlist=64", "--set", "nprobe=4"]
+        extra = [
+            "--set",
+            "search=faiss-ivfpq",
+            "--set",
+            "search.nlist=64",
+            "--set",
+            "search.nprobe=4",
+        ]
         want = "nlist 64 is larger than the database (40 vectors)"
     elif case == "diffusion-k":
         extra = ["--set", "rerank=diffusion", "--set", "diffusion.k=41"]
@@ -304,7 +308,7 @@ def test_corrupt_cached_index_is_rebuilt_with_one_warning(
     tiny_root: Path, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
     go(tiny_root, tmp_path, "features", files, search="faiss-flat")
-    (index,) = (tmp_path / "cache").rglob("index-flat-*.npz")
+    (index,) = (tmp_path / "cache").rglob("index-faiss-flat-*.npz")
     data = bytearray(index.read_bytes())
     data[len(data) // 2] ^= 0x01
     index.write_bytes(bytes(data))
@@ -503,21 +507,20 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
     sio.savemat(
         tmp_path / "feats.mat", {"X": db.T, "Q": q.T}
     )  # revisitop: [d, n] columns per image
-    common = {"root": root, "cache": tmp_path / "c", "strict": False, "progress": False}
+    common = {"session": Session(root=root, cache=tmp_path / "c", strict=False, progress=False)}
     plain = run(
         "roxford5k",
         "features",
-        out=tmp_path / "npy",
         **common,
         overrides={
             "descriptor.db_features": str(tmp_path / "db.npy"),
             "descriptor.query_features": str(tmp_path / "q.npy"),
         },
+        record=RecordOptions(out=tmp_path / "npy"),
     )
     mat = run(
         "roxford5k",
         "features",
-        out=tmp_path / "mat",
         **common,
         overrides={
             "descriptor.db_features": str(tmp_path / "feats.mat"),
@@ -526,6 +529,7 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
             "descriptor.query_key": "Q",
             "descriptor.layout": "d-n",
         },
+        record=RecordOptions(out=tmp_path / "mat"),
     )
     assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(mat.run_dir / "ranks.npy"))
     # the layout per file: the query array stored as rows while the database is columns
@@ -533,7 +537,6 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
     rows = run(
         "roxford5k",
         "features",
-        out=tmp_path / "rows",
         **common,
         overrides={
             "descriptor.db_features": str(tmp_path / "feats.mat"),
@@ -543,6 +546,7 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
             "descriptor.query_key": "Q",
             "descriptor.query_layout": "n-d",
         },
+        record=RecordOptions(out=tmp_path / "rows"),
     )
     assert np.array_equal(np.load(plain.run_dir / "ranks.npy"), np.load(rows.run_dir / "ranks.npy"))
     with pytest.raises(
@@ -551,7 +555,6 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
         run(
             "roxford5k",
             "features",
-            out=tmp_path / "nokey",
             **common,
             overrides={
                 "descriptor.db_features": str(tmp_path / "feats.mat"),
@@ -559,13 +562,14 @@ def test_one_revisitop_mat_with_x_and_q_runs_as_evaluate_reads_it(tmp_path: Path
                 "descriptor.query_features": str(tmp_path / "q_rows.mat"),
                 "descriptor.layout": "d-n",
             },
+            record=RecordOptions(out=tmp_path / "nokey"),
         )
 
 
 def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Three runs of features-alpha-qe differing in qe.k: default labels name the changed setting,
+    """Three runs of features-alpha-qe differing in alpha-qe.k: default labels name the changed setting,
     and report (md, LaTeX), compare, plot and runs show them; --label replaces the default; a label
     that is not one short line is one line, exit 2, before anything is written."""
     root, db, q = _gnd_only_features(tmp_path)
@@ -589,7 +593,7 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
         f"descriptor.query_features={tmp_path / 'q.npy'}",
     ]
     folders = []
-    for i, extra in enumerate(([], ["--set", "qe.k=2"], ["--set", "qe.k=10"])):
+    for i, extra in enumerate(([], ["--set", "alpha-qe.k=2"], ["--set", "alpha-qe.k=10"])):
         code, out = cli_out(capsys, *args, *extra, "--out", str(tmp_path / "runs" / f"r{i}"))
         assert code == 0, out
         folders.append(str(tmp_path / "runs" / f"r{i}"))
@@ -604,8 +608,8 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     )
     labels = [
         f"features-alpha-qe @{tag}",
-        f"features-alpha-qe [qe.k=2] @{tag}",
-        f"features-alpha-qe [qe.k=10] @{tag}",
+        f"features-alpha-qe [alpha-qe.k=2] @{tag}",
+        f"features-alpha-qe [alpha-qe.k=10] @{tag}",
     ]
     for i, lab in enumerate(labels):
         assert json.loads(next(Path(folders[i]).glob("*/record.json")).read_text())["label"] == lab
@@ -625,7 +629,7 @@ def test_an_ablation_of_one_preset_is_labelled_in_runs_report_compare_and_plot(
     )
     assert code == 0
     svg = "".join(Path(p).read_text() for p in paths.split())
-    assert "qe.k=2" in svg
+    assert "alpha-qe.k=2" in svg
     # --label replaces the default; bad labels are refused before anything runs
     code, out = cli_out(capsys, *args, "--label", "mine", "--out", str(tmp_path / "mine"))
     assert code == 0 and "label: mine" in out
@@ -669,15 +673,12 @@ def test_library_versions_are_recorded_when_the_run_starts(
     outcome = run(
         "roxford5k",
         "features",
-        root=root,
-        out=tmp_path / "r",
-        cache=tmp_path / "c",
-        strict=False,
-        progress=False,
         overrides={
             "descriptor.db_features": str(tmp_path / "db.npy"),
             "descriptor.query_features": str(tmp_path / "q.npy"),
         },
+        session=Session(root=root, cache=tmp_path / "c", progress=False, strict=False),
+        record=RecordOptions(out=tmp_path / "r"),
     )
     assert events[0] == "versions" and events.count("versions") == 1 and "load" in events
     record = json.loads((outcome.run_dir / "record.json").read_text())
@@ -723,8 +724,14 @@ def test_named_rows_give_the_ground_truth_order_from_every_kind_of_names(tmp_pat
     sio.savemat(tmp_path / "all.mat", {"X": every.T, "names": np.array(names, dtype=object)})
     srt = np.argsort(names)
     np.save(tmp_path / "sorted.npy", every[srt])
-    common = {"root": root, "cache": tmp_path / "c", "strict": False, "progress": False}
-    base = run("roxford5k", "features", out=tmp_path / "plain", **common, overrides=plain)
+    common = {"session": Session(root=root, cache=tmp_path / "c", strict=False, progress=False)}
+    base = run(
+        "roxford5k",
+        "features",
+        **common,
+        overrides=plain,
+        record=RecordOptions(out=tmp_path / "plain"),
+    )
     want = np.load(base.run_dir / "ranks.npy")
     variants = {
         "txt": {"descriptor.db_features": "all.npy", "descriptor.db_names": "names.txt"},
@@ -753,7 +760,13 @@ def test_named_rows_give_the_ground_truth_order_from_every_kind_of_names(tmp_pat
         sets["descriptor.query_features"] = sets["descriptor.db_features"]
         if "descriptor.db_names" in sets:
             sets["descriptor.query_names"] = sets["descriptor.db_names"]
-        res = run("roxford5k", "features", out=tmp_path / tag, **common, overrides=sets)
+        res = run(
+            "roxford5k",
+            "features",
+            **common,
+            overrides=sets,
+            record=RecordOptions(out=tmp_path / tag),
+        )
         assert np.array_equal(np.load(res.run_dir / "ranks.npy"), want), tag
         assert res.result.lines()[0] == base.result.lines()[0]
     # sorted order per part: a query file of the queries alone, sorted by name
@@ -763,13 +776,13 @@ def test_named_rows_give_the_ground_truth_order_from_every_kind_of_names(tmp_pat
     res = run(
         "roxford5k",
         "features",
-        out=tmp_path / "qsorted",
         **common,
         overrides={
             "descriptor.db_features": str(tmp_path / "sorted.npy"),
             "descriptor.query_features": str(tmp_path / "q_sorted.npy"),
             "descriptor.row_order": "sorted",
         },
+        record=RecordOptions(out=tmp_path / "qsorted"),
     )
     assert np.array_equal(np.load(res.run_dir / "ranks.npy"), want)
 
@@ -875,19 +888,25 @@ def test_a_distractor_run_says_its_count_in_label_runs_and_report(
     db = np.load(files["db"])
     extra = np.random.default_rng(3).normal(size=(1000, D)).astype(np.float32)
     np.save(tmp_path / "db_1k.npy", np.vstack([db, extra]))
-    common = {"root": tiny_root, "cache": tmp_path / "c", "progress": False}
+    common = {"session": Session(root=tiny_root, cache=tmp_path / "c", progress=False)}
     sets = {
         "descriptor.db_features": str(files["db"]),
         "descriptor.query_features": str(files["q"]),
     }
-    plain = run("synthetic", "features", out=tmp_path / "runs" / "plain", **common, overrides=sets)
+    plain = run(
+        "synthetic",
+        "features",
+        **common,
+        overrides=sets,
+        record=RecordOptions(out=tmp_path / "runs" / "plain"),
+    )
     with_1k = run(
         "synthetic",
         "features",
-        out=tmp_path / "runs" / "1k",
         distractors=1000,
         **common,
         overrides={**sets, "descriptor.db_features": str(tmp_path / "db_1k.npy")},
+        record=RecordOptions(out=tmp_path / "runs" / "1k"),
     )
     # the files' content digest ends a default label (other files, another row)
     assert re.fullmatch(r"features @[0-9a-f]{8}", plain.record["label"])

@@ -22,6 +22,7 @@ from oxbench.index.footprint import (
     check_ram,
     disk_bytes,
 )
+from oxbench.pipelines import RecordOptions, Session
 from oxbench.records import RunRecord
 
 
@@ -116,17 +117,14 @@ def _run(root: Path, tmp: Path, method: str, distractors: int | None, **more: ob
     if "vlad" in method:
         overrides = tiny(method) | more
     else:
-        overrides = {**tiny(method), "vocab_size": 256, **more}
+        overrides = {**tiny(method), "vocabulary.size": 256, **more}
     return oxbench.run(
         "synthetic",
         method,
-        root=root,
-        runs_dir=tmp / "runs",
-        cache=tmp / "cache",
         overrides=overrides,
         distractors=distractors,
-        workers=1,
-        progress=False,
+        session=Session(root=root, cache=tmp / "cache", workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp / "runs"),
     )
 
 
@@ -248,7 +246,7 @@ def test_a_run_that_would_not_fit_is_refused_before_anything_is_made(
     with pytest.raises(InputError, match="projected to need .* of RAM .*rootsift-bow's build") as e:
         _run(tiny_root, tmp_path, "rootsift-bow", 5)
     # the remedy named is one the bag-of-words family accepts (the compressed lists fit)
-    assert "or --set inverted_file=compressed," in str(e.value) and "faiss" not in str(e.value)
+    assert "or --set inverted_file=mapped," in str(e.value) and "faiss" not in str(e.value)
     assert not (tmp_path / "cache").exists() and not (tmp_path / "runs").exists()
     with pytest.raises(SystemExit) as exc:
         main(

@@ -252,7 +252,7 @@ def test_he_presets_run_on_the_tiny_city(tmp_path: Path) -> None:
     for name in ("rootsift-bow", "rootsift-he", "rootsift-he-wgc", "rootsift-he-wgc-sv-qe"):
         ctx = RunContext(tmp_path / "cache", progress=False)
         res = (
-            resolve_method(name, vocab_size=200, **tiny(name))
+            resolve_method(name, **{"vocabulary.size": 200}, **tiny(name))
             .build()
             .fit(train, ctx)
             .index(bench, ctx)
@@ -310,7 +310,7 @@ def test_the_mapped_inverted_file_ranks_as_the_in_ram_one(tmp_path: Path) -> Non
         got = {}
         for inverted_file in ("memory", "mapped"):
             ctx = RunContext(tmp_path / "cache", progress=False)
-            settings = {**tiny(name), "vocab_size": 200, "inverted_file": inverted_file}
+            settings = {**tiny(name), "vocabulary.size": 200, "inverted_file": inverted_file}
             method = resolve_method(name, **settings).build().fit(train, ctx)
             if inverted_file == "mapped":  # several chunks of images
                 he.INDEX_CHUNK, chunk = 7, he.INDEX_CHUNK

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from oxbench.errors import InputError
-from oxbench.pipelines import resolve_method
+from oxbench.pipelines import RecordOptions, Session, resolve_method
 from oxbench.refinement.diffusion import Diffusion, DiffusionSettings
 
 
@@ -108,13 +108,9 @@ def _run(root: Path, tmp: Path, method: object, **overrides: object):  # noqa: A
     return oxbench.run(
         "synthetic",
         method,
-        root=root,
-        runs_dir=tmp / "runs",
-        cache=tmp / "cache",
         overrides=overrides,
-        progress=False,
-        workers=1,
-        engine="serial",
+        session=Session(root=root, cache=tmp / "cache", engine="serial", workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp / "runs"),
     )
 
 
@@ -152,7 +148,7 @@ def test_hybrid_rows_run_beside_their_parts(tiny_root: Path, tmp_path: Path) -> 
         assert np.array_equal(np.sort(after[:, :20], axis=1), np.sort(before[:, :20], axis=1))
         assert np.array_equal(after[:, 20:], before[:, 20:])
 
-        asmk = {"vocab_size": 64, **SMALL, "spatial.top_r": 20}
+        asmk = {"vocabulary.size": 64, **SMALL, "spatial.top_r": 20}
         part = _run(tiny_root, tmp_path, "rootsift-asmk-sv", **asmk)
         dfs = _run(
             tiny_root,
@@ -164,7 +160,7 @@ def test_hybrid_rows_run_beside_their_parts(tiny_root: Path, tmp_path: Path) -> 
         )
         assert dfs.info["global_source"]["method"] == "test-tiny-vlad-w"
         verified, seeded = part.info["verified_per_query"], dfs.info["diffusion_seeded_by_verified"]
-        # seeds: the verified images strong enough to expand the query (vqe.min_inliers)
+        # seeds: the verified images strong enough to expand the query (diffusion-verified.min_inliers)
         assert all(0 <= s <= v for s, v in zip(seeded, verified, strict=True)) and sum(seeded) > 0
         first, hybrid = np.load(part.run_dir / "ranks.npy").T, np.load(dfs.run_dir / "ranks.npy").T
         # what the verification proved keeps the head, in its order; diffusion orders the rest

@@ -286,23 +286,20 @@ def test_every_training_descriptor_when_the_sample_limit_is_none(
     # ASMK trains on all by default (recorded in its vocabulary settings); bag of words keeps 32 per word
     asmk = resolve_method("rootsift-asmk")
     assert (
-        asmk.vocab_max_points_per_centroid is None
-        and asmk.vocabulary().settings()["max_points_per_centroid"] is None
+        asmk.vocabulary.sample is None
+        and asmk.vocabulary_spec().settings()["max_points_per_centroid"] is None
     )
-    assert resolve_method("rootsift-bow").vocab_max_points_per_centroid == 32
+    assert resolve_method("rootsift-bow").vocabulary.sample == 32
     assert (
-        resolve_method("rootsift-asmk", vocab_max_points_per_centroid=32)
-        .vocabulary()
+        resolve_method("rootsift-asmk", **{"vocabulary.sample": 32})
+        .vocabulary_spec()
         .settings()["max_points_per_centroid"]
         == 32
     )
     with pytest.raises(
-        InputError, match=r"setting vocab_max_points_per_centroid: must be in \[1, 1048576\], got 0"
+        InputError, match=r"setting vocabulary.sample: must be in \[1, 1048576\], got 0"
     ):
-        resolve_method("rootsift-asmk", vocab_max_points_per_centroid=0)
+        resolve_method("rootsift-asmk", **{"vocabulary.sample": 0})
     assert (
-        resolve_method(
-            "rootsift-asmk", vocab_max_points_per_centroid="none"
-        ).vocab_max_points_per_centroid
-        is None
+        resolve_method("rootsift-asmk", **{"vocabulary.sample": "none"}).vocabulary.sample is None
     )

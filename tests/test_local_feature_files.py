@@ -23,7 +23,7 @@ from oxbench.features.extractors import local_extractor, local_extractor_from_di
 from oxbench.features.extractors.files import LocalFeatureFiles
 from oxbench.features.local import RawFeatures
 from oxbench.formats.local_features import MAX_KEYPOINTS, probe, read_image_features
-from oxbench.pipelines import RunContext, resolve_method, run
+from oxbench.pipelines import RecordOptions, RunContext, Session, resolve_method, run
 from oxbench.pipelines.runner import list_runs
 from oxbench.pipelines.steps import open_store, step_features
 from oxbench.pipelines.steps.keys import part_names, parts_of
@@ -34,7 +34,7 @@ pytest.importorskip("cv2")
 pytest.importorskip("faiss")
 
 #: Small enough for a run in seconds: 200 words, a short list of 20 ...
-SETTINGS = {"vocab_size": 200, "spatial.top_r": TINY["spatial.top_r"]}
+SETTINGS = {"vocabulary.size": 200, "spatial.top_r": TINY["spatial.top_r"]}
 #: ... and at most 300 RootSIFT features per image, described at 320 px.
 FEATURES = resolve_method(
     "rootsift-bow-sv", **{k: v for k, v in TINY.items() if k.startswith("features.")}
@@ -202,11 +202,9 @@ def test_without_training_features_the_run_learns_on_the_test_set_and_says_so(
     out = run(
         "synthetic",
         "rootsift-bow",
-        root=tiny_root,
-        out=tmp_path / "run",
-        cache=tmp_path / "cache",
-        overrides={"vocab_size": 200, "features": f"h5:{files['h5']}"},
-        progress=False,
+        overrides={"vocabulary.size": 200, "features": f"h5:{files['h5']}"},
+        session=Session(root=tiny_root, cache=tmp_path / "cache", progress=False),
+        record=RecordOptions(out=tmp_path / "run"),
     )
     assert out.config.train_dataset == "synthetic" and out.config.trained_on_test_set
     assert "no training file: set features.train" in caplog.text

@@ -45,9 +45,9 @@ def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.F
         value = getattr(config, f.name)
         if f.name == "name":
             continue
-        if f.name == "stage_settings":  # the pipeline's stages own these: group.setting
-            for group in config.stage_groups:  # type: ignore[attr-defined]
-                out += _settings(config.stage(group), f"{prefix}{group}.")  # type: ignore[attr-defined]
+        if f.name == "stage_settings":  # the pipeline's stages own these: instance.setting
+            for instance in config.stage_instances:  # type: ignore[attr-defined]
+                out += _settings(config.stage(instance), f"{prefix}{instance}.")  # type: ignore[attr-defined]
         elif dataclasses.is_dataclass(value):  # a nested config: its settings, dotted
             if SPEC_KEY in f.metadata:  # a whole value too (a descriptor kind, local features)
                 out.append((prefix + f.name, f))
@@ -59,7 +59,7 @@ def _settings(config: object, prefix: str = "") -> list[tuple[str, dataclasses.F
 
 def _value(config: object, dotted: str) -> object:
     head, _, rest = dotted.partition(".")
-    if rest and head in getattr(config, "stage_groups", ()):
+    if rest and head in getattr(config, "stage_instances", ()):
         return getattr(config.stage(head), rest)  # type: ignore[attr-defined]
     for part in dotted.split("."):
         config = getattr(config, part)
@@ -98,10 +98,10 @@ def test_every_setting_of_every_preset_takes_hostile_text_in_one_line() -> None:
 @pytest.mark.parametrize(
     "setting",
     [
-        "qe.alpha=abc",
+        "alpha-qe.alpha=abc",
         "whitening_power=abc",
         "dba=true",
-        "qe.k=1.5",
+        "alpha-qe.k=1.5",
         "whitening_dim=NaN",
         "descriptor.max_side=NaN",
         "diffusion.gamma=NaN",
@@ -181,9 +181,13 @@ def test_methods_lists_every_setting_of_a_preset(capsys: pytest.CaptureFixture[s
     code, out, _ = _cli(capsys, "methods", "gem-r18-synthetic", "--json")
     applying = {r["name"] for r in json.loads(out)}
     assert {"descriptor.backbone", "descriptor.gem_p", "descriptor.seed"} <= applying
-    assert {"descriptor", "whitening", "nprobe", "rerank"} <= applying
+    assert {"descriptor", "whitening", "search", "rerank"} <= applying
     assert not {r for r in applying if r.startswith("descriptor.features")}
-    assert not applying & {"descriptor.k", "descriptor.db_features", "features.max_side"}
+    assert not applying & {
+        "descriptor.vocabulary.size",
+        "descriptor.db_features",
+        "features.max_side",
+    }
     assert applying == set(rows)  # nothing of another kind is hidden: it is not a setting here
     assert rows["descriptor.max_side"]["default"] == 160
     assert rows["descriptor.max_side"]["type"] == "int"
@@ -230,7 +234,7 @@ def test_a_global_preset_lists_and_takes_only_its_descriptor_kinds_settings(
         code, out, _ = _cli(capsys, "methods", preset)
         assert code == 0
         listed[preset] = {line.split()[0] for line in out.splitlines()[3:]}
-    vlad = {"descriptor.k", "descriptor.intra_norm", "descriptor.features.max_side"}
+    vlad = {"descriptor.vocabulary.size", "descriptor.intra_norm", "descriptor.features.max_side"}
     cnn = {"descriptor.pooling", "descriptor.backbone", "descriptor.max_side"}
     files = {"descriptor.db_features", "descriptor.layout"}
     assert vlad <= listed["rootsift-vlad"] and not (cnn | files) & listed["rootsift-vlad"]
@@ -239,7 +243,7 @@ def test_a_global_preset_lists_and_takes_only_its_descriptor_kinds_settings(
     assert {"whitening", "search", "rerank"} <= listed["rootsift-vlad"] & listed["features"]
     # a sub-setting of another kind: one line naming the kind that has it and the preset's kind
     for preset, key, kind in (("rootsift-vlad", "descriptor.pooling=gem", "cnn"),
-                              ("gem-r50-imagenet", "descriptor.k=8", "vlad"),
+                              ("gem-r50-imagenet", "descriptor.vocabulary.size=8", "vlad"),
                               ("gem-r50-imagenet", "descriptor.features.max_side=64", "vlad"),
                               ("features-alpha-qe", "descriptor.max_side=64", "cnn")):  # fmt: skip
         code, _, err = _cli(capsys, "run", "--method", preset, "--set", key, "--no-progress")
@@ -260,12 +264,16 @@ def test_a_global_preset_lists_and_takes_only_its_descriptor_kinds_settings(
         ("gem-r50-imagenet", "descriptor.gem_p=nan", "descriptor.gem_p: expected a finite"),
         ("gem-r50-imagenet", "descriptor.gem_p=0", "descriptor.gem_p: must be in (0, 100]"),
         ("rootsift-vlad", "descriptor.pooling=gem", "descriptor.pooling is a setting of "),
-        ("rootsift-vlad", "descriptor.k=1", "descriptor.k: must be in [2, 65536]"),
+        (
+            "rootsift-vlad",
+            "descriptor.vocabulary.size=1",
+            "descriptor.vocabulary.size: must be in [2, 16777216]",
+        ),
         ("rootsift-vlad", "descriptor.features.max_side=abc", "features.max_side: expected a "),
         ("rootsift-vlad", "descriptor.features.nosuch=1", "descriptor.features.nosuch"),
         ("gem-r50-imagenet", "descriptor.pooling.x=1", "descriptor.pooling has no sub-settings"),
         ("rootsift-vlad", "pooling=gem", "pooling is descriptor.pooling of cnn"),
-        ("rootsift-vlad", "vlad_k=8", "vlad_k is descriptor.k of vlad"),
+        ("rootsift-vlad", "vlad_k=8", "vlad_k is descriptor.vocabulary.size of vlad"),
         ("gem-r50-imagenet", "descriptor.model_whitening=true", "needs a model file"),
     ],
 )
@@ -328,10 +336,10 @@ def test_every_builtin_preset_says_what_it_is_and_a_plugin_can_say_it_too(
     import re
 
     from oxbench.pipelines import presets as method
-    from oxbench.pipelines.about import ABOUT
 
     builtin = [p for p in list_methods() if method.METHODS.origin(p).builtin]
-    assert set(ABOUT) == set(builtin)  # no preset without its line, no line without its preset
+    # every built-in preset registered with its line, beside it (register_method(..., about=))
+    assert set(builtin) <= set(method._PRESET_ABOUT)
     for preset in builtin:
         about = method.preset_about(preset)
         # a paper ("(Chum et al. 2007)") or what the user brings / oxbench trains
@@ -342,7 +350,7 @@ def test_every_builtin_preset_says_what_it_is_and_a_plugin_can_say_it_too(
 
 
 @pytest.mark.parametrize(("args", "words"), [
-    (["run", "--method", "features-alpha-qe", "--set", "qe_alfa=3"], "did you mean qe.alpha?"),
+    (["run", "--method", "features-alpha-qe", "--set", "alpha-qe.alfa=3"], "did you mean alpha-qe.alpha?"),
     (["run", "--method", "rootsift-bow", "--set", "features.max_sid=3"], "did you mean features.max_side"),
     (["run", "--method", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
     (["methods", "rootsift-bow-sv-qee"], "did you mean rootsift-bow-sv-qe"),
@@ -371,3 +379,47 @@ def test_the_methods_listing_in_the_docs_is_the_commands_output(
     assert m is not None, "docs/your-data.md: the methods block and its output"
     code, out, _ = _cli(capsys, "methods", "rootsift-bow-sv-qe")
     assert code == 0 and m.group(1) == out
+
+
+def test_one_setting_name_has_one_spec_in_every_family() -> None:
+    """A setting's name means one thing: wherever it appears -- any family, nested under a
+    descriptor kind (``descriptor.vocabulary.size``), a local source, or a stage's second instance
+    (``aqe#2.k``) -- it has the same spec (type and range)."""
+    from oxbench.pipelines.presets import settings_rows
+    from oxbench.schema import SPEC_KEY
+
+    def spec_rows(config: object, prefix: str = "") -> list[tuple[str, object]]:
+        out = []
+        for f in dataclasses.fields(config):  # type: ignore[arg-type]
+            value = getattr(config, f.name)
+            if f.name in ("name", "stage_settings"):
+                continue
+            if SPEC_KEY in f.metadata:
+                out.append((prefix + f.name, f.metadata[SPEC_KEY]))
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                out += spec_rows(value, f"{prefix}{f.name}.")
+        for instance in getattr(config, "stage_instances", []) if not prefix else []:
+            settings = config.stage(instance)  # type: ignore[attr-defined]
+            if settings is not None:
+                out += spec_rows(settings, f"{instance.split('#')[0]}.")
+        return out
+
+    def canonical(name: str) -> str:
+        for nested, top in (("descriptor.features.", "features."), ("local_source.", "features.")):
+            if name.startswith(nested):
+                return top + name[len(nested) :]
+        return name.removeprefix("descriptor.") if name.count(".") > 1 else name
+
+    seen: dict[str, tuple[object, str]] = {}
+    clashes = []
+    for preset in list_methods():
+        config = resolve_method(preset)
+        rows = spec_rows(config)
+        assert {r.name for r in settings_rows(config)} >= {n for n, _ in rows if "#" not in n}
+        for name, spec in rows:
+            key = canonical(name)
+            if key in seen and seen[key][0] != spec:
+                clashes.append(f"{key}: {seen[key][0]!r} in {seen[key][1]}, {spec!r} in {preset}")
+            seen.setdefault(key, (spec, preset))
+    assert not clashes, clashes
+    assert {"vocabulary.size", "vocabulary.seed", "search.nlist", "assignment.k"} <= set(seen)

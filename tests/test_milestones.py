@@ -41,11 +41,11 @@ def test_every_row_and_trend_names_a_preset_and_cites_its_figure() -> None:
 
 
 def test_a_setting_goes_to_the_rows_that_have_it() -> None:
-    assert settings_for("rootsift-bow", {"vocab_size": 64, "spatial.top_r": 5}) == {
-        "vocab_size": 64
+    assert settings_for("rootsift-bow", {"vocabulary.size": 64, "spatial.top_r": 5}) == {
+        "vocabulary.size": 64
     }
-    assert settings_for("rootsift-bow-sv", {"vocab_size": 64, "spatial.top_r": 5}) == {
-        "vocab_size": 64,
+    assert settings_for("rootsift-bow-sv", {"vocabulary.size": 64, "spatial.top_r": 5}) == {
+        "vocabulary.size": 64,
         "spatial.top_r": 5,
     }
 
@@ -128,7 +128,7 @@ def test_milestones_on_the_tiny_synthetic_set_end_to_end(
         "--runs",
         str(tmp_path / "runs"),
         "--set",
-        "vocab_size=64",
+        "vocabulary.size=64",
         "--workers",
         "1",
         "--resamples",
@@ -172,7 +172,7 @@ def test_milestones_on_the_tiny_synthetic_set_end_to_end(
         "--methods",
         "rootsift-bow,rootsift-bow-sv",
         "--set",
-        "vocab_size=64",
+        "vocabulary.size=64",
         "--format",
         "latex",
         "--workers",

@@ -17,8 +17,10 @@ from oxbench.pipelines import (
     METHODS,
     BowConfig,
     GlobalConfig,
+    RecordOptions,
     RetrievalMethod,
     RunContext,
+    Session,
     list_methods,
     resolve_method,
     run,
@@ -38,7 +40,7 @@ def tiny(method: str) -> dict[str, object]:
     """:data:`TINY` for ``method``: the short list only where a stage of its pipeline verifies
     (a setting no stage reads is refused)."""
     config = resolve_method(method)
-    keep = "spatial" in config.stage_groups  # type: ignore[attr-defined]
+    keep = "spatial" in config.stage_instances  # type: ignore[attr-defined]
     out = {k: v for k, v in TINY.items() if keep or not k.startswith("spatial.")}
     if getattr(getattr(config, "descriptor", None), "local_features", None) is not None:
         out = {f"descriptor.{k}" if k.startswith("features.") else k: v for k, v in out.items()}
@@ -69,8 +71,8 @@ def test_presets_are_data() -> None:
     assert isinstance(m, BowConfig) and m.rerank == ("spatial", "aqe-verified")
     d = json.loads(json.dumps(m.to_dict()))
     assert d["features"]["descriptor"] == "rootsift" and d["family"] == "bow"
-    r = resolve_method("rootsift-bow", vocab_size=1000, **{"features.max_side": 256})
-    assert isinstance(r, BowConfig) and r.vocab_size == 1000 and r.features.max_side == 256
+    r = resolve_method("rootsift-bow", **{"vocabulary.size": 1000}, **{"features.max_side": 256})
+    assert isinstance(r, BowConfig) and r.vocabulary.size == 1000 and r.features.max_side == 256
     assert r.digest() != m.digest()
     g = resolve_method("rootsift-vlad", whitening="pca", **{"descriptor.features.n_features": 500})
     assert isinstance(g, GlobalConfig) and g.whitening == "pca"
@@ -109,13 +111,9 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     outcome = run(
         "synthetic",
         "rootsift-bow-sv-qe",
-        root=tiny_root,
-        out=out,
-        cache=cache,
-        overrides={"vocab_size": 200, **tiny("rootsift-bow-sv-qe")},
-        progress=False,
-        top_k=10,
-        command=["oxbench", "run"],
+        overrides={"vocabulary.size": 200, **tiny("rootsift-bow-sv-qe")},
+        session=Session(root=tiny_root, cache=cache, progress=False),
+        record=RecordOptions(out=out, top_k=10, command=["oxbench", "run"]),
     )
     rd = outcome.run_dir
     assert rd.parent == out and outcome.config_dir == out
@@ -135,7 +133,10 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         assert again.setups[setup].map == outcome.result.setups[setup].map
     assert outcome.result.setups["medium"].map > 0.5  # far above chance on this easy tiny set
     config = json.loads((rd / "config.json").read_text())
-    assert config["method"]["vocab_size"] == 200 and config["train_dataset"] == "synthetic-train"
+    assert (
+        config["method"]["vocabulary"]["size"] == 200
+        and config["train_dataset"] == "synthetic-train"
+    )
     record = json.loads((rd / "record.json").read_text())
     assert record["command"] == ["oxbench", "run"] and record["run_id"] == rd.name
     assert record["started"] <= record["ended"] and record["status"] == "complete"
@@ -191,11 +192,9 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
     second = run(
         "synthetic",
         "rootsift-bow-sv-qe",
-        root=tiny_root,
-        out=out,
-        cache=cache,
-        overrides={"vocab_size": 200, **tiny("rootsift-bow-sv-qe")},
-        progress=False,
+        overrides={"vocabulary.size": 200, **tiny("rootsift-bow-sv-qe")},
+        session=Session(root=tiny_root, cache=cache, progress=False),
+        record=RecordOptions(out=out),
     )
     assert sorted(cache.rglob("shard-*/index.npz")) == shards
     assert second.run_dir != rd and rd.is_dir() and len(list_runs(out)) == 2
@@ -215,22 +214,17 @@ def test_run_end_to_end_and_run_record(tiny_root: Path, tmp_path: Path) -> None:
         run(
             "synthetic",
             "rootsift-bow",
-            root=tiny_root,
-            out=out,
-            cache=cache,
-            overrides={"vocab_size": 200, **tiny("rootsift-bow")},
-            progress=False,
+            overrides={"vocabulary.size": 200, **tiny("rootsift-bow")},
+            session=Session(root=tiny_root, cache=cache, progress=False),
+            record=RecordOptions(out=out),
         )
     assert (out / "config.json").read_text() == before and len(list_runs(out)) == 2
     third = run(
         "synthetic",
         "rootsift-bow",
-        root=tiny_root,
-        out=out,
-        cache=cache,
-        overrides={"vocab_size": 200, **tiny("rootsift-bow")},
-        progress=False,
-        overwrite=True,
+        overrides={"vocabulary.size": 200, **tiny("rootsift-bow")},
+        session=Session(root=tiny_root, cache=cache, progress=False),
+        record=RecordOptions(out=out, overwrite=True),
     )
     assert json.loads((out / "config.json").read_text())["method"]["name"] == "rootsift-bow"
     assert list_runs(out) == [third.run_dir]
@@ -247,7 +241,7 @@ def test_spatial_verification_and_qe_help(tiny_root: Path, tmp_path: Path) -> No
     maps = {}
     for name in ("rootsift-bow", "rootsift-bow-sv", "rootsift-bow-sv-qe"):
         ctx = RunContext(tmp_path / "cache", progress=False)
-        m = resolve_method(name, vocab_size=200, **tiny(name))
+        m = resolve_method(name, **{"vocabulary.size": 200}, **tiny(name))
         res = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
         maps[name] = evaluate(bench.gt, res.ranks).setups["medium"].map
         assert res.scores is not None and np.all(np.diff(res.scores, axis=1) <= 0)
@@ -289,18 +283,16 @@ def test_global_descriptor_family_runs_through_the_same_runner(
     vlad_tiny = {
         "descriptor.features.max_side": 320,
         "descriptor.features.n_features": 300,
-        "descriptor.k": 8,
+        "descriptor.vocabulary.size": 8,
         "whitening_dim": 16,
-        "descriptor.max_points_per_centroid": 64,
+        "descriptor.vocabulary.sample": 64,
     }
     out = run(
         "synthetic",
         "rootsift-vlad-w-alpha-qe",
-        root=tiny_root,
-        runs_dir=tmp_path / "runs",
-        cache=tmp_path / "cache",
         overrides=vlad_tiny,
-        progress=False,
+        session=Session(root=tiny_root, cache=tmp_path / "cache", progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert set(RUN_FILES) <= {p.name for p in out.run_dir.iterdir()}
     # random ranking on this set gives Medium ~0.25 (about 10 positives in 40)
@@ -315,12 +307,10 @@ def test_trained_on_test_set_is_marked(tiny_root: Path, tmp_path: Path) -> None:
     outcome = run(
         "synthetic",
         "rootsift-bow",
-        root=tiny_root,
-        out=tmp_path / "r",
-        cache=tmp_path / "c",
         train_dataset="synthetic",
-        overrides={"vocab_size": 100, **tiny("rootsift-bow")},
-        progress=False,
+        overrides={"vocabulary.size": 100, **tiny("rootsift-bow")},
+        session=Session(root=tiny_root, cache=tmp_path / "c", progress=False),
+        record=RecordOptions(out=tmp_path / "r"),
     )
     assert outcome.config.trained_on_test_set is True
     assert "trained on the test set" in (outcome.run_dir / "summary.txt").read_text()
@@ -334,18 +324,20 @@ def test_missing_features_and_foreign_vocabulary(tiny_root: Path, tmp_path: Path
     from oxbench.index.vocabulary import Vocabulary
 
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
-    m = resolve_method("rootsift-bow", vocab_size=50, **tiny("rootsift-bow"))
+    m = resolve_method("rootsift-bow", **{"vocabulary.size": 50}, **tiny("rootsift-bow"))
     assert isinstance(m, BowConfig)
     rng = np.random.default_rng(0)
     # a vocabulary file for SIFT sitting where the RootSIFT one is expected is refused
-    path = steps.vocabulary_path(tmp_path, m.vocabulary(), train)
+    path = steps.vocabulary_path(tmp_path, m.vocabulary_spec(), train)
     Vocabulary(50, structure="flat", descriptor="sift").fit(
         rng.random((500, 128), dtype=np.float32)
     ).save(path)
     with pytest.raises(InputError, match="not 'rootsift'"):
-        steps.step_vocabulary(m.vocabulary(), train, RunContext(tmp_path, progress=False))
+        steps.step_vocabulary(m.vocabulary_spec(), train, RunContext(tmp_path, progress=False))
     path.unlink()
-    voc = steps.step_vocabulary(m.vocabulary(), train, RunContext(tmp_path, progress=False)).path
+    voc = steps.step_vocabulary(
+        m.vocabulary_spec(), train, RunContext(tmp_path, progress=False)
+    ).path
     # searching before indexing: a clear error, not an empty result
     method = m.build().use_vocabulary(voc)
     with pytest.raises(InputError, match="index synthetic before searching"):
@@ -365,11 +357,9 @@ def test_half_written_run_folder_is_not_left(
         run(
             "synthetic",
             "rootsift-bow",
-            root=tiny_root,
-            out=tmp_path / "r",
-            cache=tmp_path / "c",
-            overrides={"vocab_size": 100, **tiny("rootsift-bow")},
-            progress=False,
+            overrides={"vocabulary.size": 100, **tiny("rootsift-bow")},
+            session=Session(root=tiny_root, cache=tmp_path / "c", progress=False),
+            record=RecordOptions(out=tmp_path / "r"),
         )
     assert not (tmp_path / "r").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".oxbench-tmp")]
@@ -395,11 +385,9 @@ def _run_into(root: str, out: str, cache: str) -> str:
     outcome = run(
         "synthetic",
         "rootsift-bow",
-        root=root,
-        out=out,
-        cache=cache,
-        overrides={"vocab_size": 100, **tiny("rootsift-bow")},
-        progress=False,
+        overrides={"vocabulary.size": 100, **tiny("rootsift-bow")},
+        session=Session(root=root, cache=cache, progress=False),
+        record=RecordOptions(out=out),
     )
     return str(outcome.run_dir)
 
@@ -437,11 +425,9 @@ def test_matches_of_a_search_are_recorded(
     out = run(
         "synthetic",
         "rootsift-bow",
-        root=tiny_root,
-        out=tmp_path / "r",
-        cache=tmp_path / "c",
-        overrides={"vocab_size": 100, **tiny("rootsift-bow")},
-        progress=False,
+        overrides={"vocabulary.size": 100, **tiny("rootsift-bow")},
+        session=Session(root=tiny_root, cache=tmp_path / "c", progress=False),
+        record=RecordOptions(out=tmp_path / "r"),
     )
     matches = json.loads((out.run_dir / "matches.json").read_text())
     first = str(int(np.load(out.run_dir / "ranks.npy")[0, 0]))
@@ -533,7 +519,9 @@ def test_verification_and_assignment_in_two_processes_give_the_same_result(
     tiny_root: Path, tmp_path: Path
 ) -> None:
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
-    m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **tiny("rootsift-bow-sv-qe"))
+    m = resolve_method(
+        "rootsift-bow-sv-qe", **{"vocabulary.size": 200}, **tiny("rootsift-bow-sv-qe")
+    )
     out = {}
     for workers in (1, 2):
         ctx = RunContext(
@@ -560,7 +548,7 @@ def test_asmk_presets_run_and_verification_keeps_a_permutation(
     for name in ("rootsift-bow", "rootsift-asmk", "rootsift-asmk-sv"):
         ctx = RunContext(tmp_path / "cache", progress=False)
         res = (
-            resolve_method(name, vocab_size=200, **tiny(name))
+            resolve_method(name, **{"vocabulary.size": 200}, **tiny(name))
             .build()
             .fit(train, ctx)
             .index(bench, ctx)
@@ -594,12 +582,12 @@ def test_method_settings_refused_with_their_names() -> None:
         resolve_method("rootsift-bow-sv", **{"spatial.top_r": 0})
     with pytest.raises(InputError, match="spatial.matching"):
         resolve_method("rootsift-bow-sv", **{"spatial.matching": "pixels"})
-    with pytest.raises(InputError, match="no stage of its pipeline reads vqe.verify_top"):
-        resolve_method("rootsift-asmk-sv", **{"vqe.verify_top": 3})
+    with pytest.raises(InputError, match="aqe-verified.verify_top names no stage of its pipeline"):
+        resolve_method("rootsift-asmk-sv", **{"aqe-verified.verify_top": 3})
     with pytest.raises(InputError, match="needs database vectors, which the asmk family"):
         resolve_method("rootsift-asmk-sv", rerank="spatial,aqe-verified")
-    with pytest.raises(InputError, match="vqe.verify_top"):
-        resolve_method("rootsift-bow-sv-qe", **{"vqe.verify_top": -1})
+    with pytest.raises(InputError, match="aqe-verified.verify_top"):
+        resolve_method("rootsift-bow-sv-qe", **{"aqe-verified.verify_top": -1})
 
 
 @pytest.mark.slow
@@ -624,7 +612,9 @@ def test_an_image_without_features_ranks_last_with_a_warning(
     Image.new("RGB", (1, 1)).save(paths[9])  # tiny
     db = FileImages(tuple(bench.database.name(i) for i in range(len(paths))), tuple(paths))
     blank = dataclasses.replace(bench, database=db, options={**bench.options, "test": "blank"})
-    m = resolve_method("rootsift-bow-sv", vocab_size=200, **{**TINY, "spatial.top_r": 1000})
+    m = resolve_method(
+        "rootsift-bow-sv", **{"vocabulary.size": 200}, **{**TINY, "spatial.top_r": 1000}
+    )
     ctx = RunContext(tmp_path / "cache", progress=False)
     with caplog.at_level(logging.WARNING):
         res = m.build().fit(train, ctx).index(blank, ctx).search(blank, ctx)
@@ -649,7 +639,11 @@ def test_a_vocabulary_of_another_descriptor_or_dimension_is_refused(
         ("rootsift", "dimension 64, expected 128"),
     ):
         path = Vocabulary(8, descriptor=descriptor).fit(x).save(tmp_path / f"{descriptor}.npz")
-        method = resolve_method(name, vocab_size=8, **tiny(name)).build().use_vocabulary(path)
+        method = (
+            resolve_method(name, **{"vocabulary.size": 8}, **tiny(name))
+            .build()
+            .use_vocabulary(path)
+        )
         with pytest.raises(InputError, match=message):
             method.index(bench, RunContext(tmp_path / "cache", progress=False))
 
@@ -659,7 +653,7 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     ctx = RunContext(tmp_path / "cache", progress=False)
     sv = (
-        resolve_method("rootsift-bow-sv", vocab_size=200, **tiny("rootsift-bow-sv"))
+        resolve_method("rootsift-bow-sv", **{"vocabulary.size": 200}, **tiny("rootsift-bow-sv"))
         .build()
         .fit(train, ctx)
         .index(bench, ctx)
@@ -668,7 +662,10 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
     runs = {}
     for qe_min in (1, 10**6):
         m = resolve_method(
-            "rootsift-bow-sv-qe", vocab_size=200, **{"vqe.min_inliers": qe_min}, **TINY
+            "rootsift-bow-sv-qe",
+            **{"vocabulary.size": 200},
+            **{"aqe-verified.min_inliers": qe_min},
+            **TINY,
         )
         runs[qe_min] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     # nothing strong enough to expand with: the verified ranking of plain SV, unchanged
@@ -679,13 +676,18 @@ def test_only_strongly_verified_images_expand_the_query(tiny_root: Path, tmp_pat
 @pytest.mark.slow
 def test_the_expanded_querys_new_results_are_verified_too(tiny_root: Path, tmp_path: Path) -> None:
     """Chum et al. 2007: images the expanded query brings up are verified against the query and
-    join the verified head; with vqe.verify_top=0 the expanded order stays below it, unverified."""
+    join the verified head; with aqe-verified.verify_top=0 the expanded order stays below it, unverified."""
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
     ctx = RunContext(tmp_path / "cache", progress=False)
-    short = {**TINY, "spatial.top_r": 3, "vqe.min_inliers": 4}
+    short = {**TINY, "spatial.top_r": 3, "aqe-verified.min_inliers": 4}
     out = {}
     for top in (0, 30):
-        m = resolve_method("rootsift-bow-sv-qe", vocab_size=200, **{"vqe.verify_top": top}, **short)
+        m = resolve_method(
+            "rootsift-bow-sv-qe",
+            **{"vocabulary.size": 200},
+            **{"aqe-verified.verify_top": top},
+            **short,
+        )
         out[top] = m.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     before, after = out[0].info["verified_per_query"], out[30].info["verified_per_query"]
     assert all(b <= a <= b + 30 for b, a in zip(before, after, strict=True))  # type: ignore[call-overload]
@@ -708,7 +710,7 @@ def test_verified_short_lists_are_cached_and_a_corrupt_entry_is_verified_again(
     """Warm is warm: a rerun reads each query's verified short list back (keyed by the short list,
     the stores, the words and the settings); a damaged entry is verified again, with one warning."""
     bench, train = load_tiny(tiny_root), load_tiny(tiny_root, "synthetic-train")
-    m = resolve_method("rootsift-bow-sv", vocab_size=200, **tiny("rootsift-bow-sv"))
+    m = resolve_method("rootsift-bow-sv", **{"vocabulary.size": 200}, **tiny("rootsift-bow-sv"))
 
     def search(cache: Path) -> tuple[RunContext, object]:
         ctx = RunContext(cache, progress=False)
@@ -740,7 +742,10 @@ def test_verified_short_lists_are_cached_and_a_corrupt_entry_is_verified_again(
     # another verification setting is another entry, never a stale one
     ctx = RunContext(tmp_path / "cache", progress=False)
     other = resolve_method(
-        "rootsift-bow-sv", vocab_size=200, **{"spatial.min_inliers": 50}, **tiny("rootsift-bow-sv")
+        "rootsift-bow-sv",
+        **{"vocabulary.size": 200},
+        **{"spatial.min_inliers": 50},
+        **tiny("rootsift-bow-sv"),
     )
     other.build().fit(train, ctx).index(bench, ctx).search(bench, ctx)
     assert ctx.steps["spatial"] == "computed"

@@ -56,7 +56,9 @@ def test_rank_real_candidates_with_other_city_vocabulary(subset: Path, tmp_path:
     ox = load_subset_city(subset, "roxford5k")
     pa = load_subset_city(subset, "rparis6k")
     m = resolve_method(
-        "rootsift-bow-sv", vocab_size=512, **{"features.max_side": 256, "features.n_features": 300}
+        "rootsift-bow-sv",
+        **{"vocabulary.size": 512},
+        **{"features.max_side": 256, "features.n_features": 300},
     )
     res = rank_subset_city(ox, pa.bench, tmp_path, m)
     assert res["trained_on"] == "rparis6k-pixel-subset"

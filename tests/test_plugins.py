@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -31,6 +32,7 @@ from oxbench.registry import PluginWarning, Registry
 from test_architecture import TOY_EXTRACTOR
 
 SRC = Path(oxbench.__file__).resolve().parents[1]
+ROOT = SRC.parent
 
 PYPROJECT = """
 [build-system]
@@ -227,7 +229,7 @@ register_method(ThumbsConfig("oxplug-thumbs-16", side=16))
 '''
 
 RERANKER = '''
-"""A re-ranker with settings of its own (a plugin): reverses the top ``swap.k`` of every list."""
+"""A re-ranker with settings of its own (a plugin): reverses the top ``swap-top.k`` of every list."""
 
 from __future__ import annotations
 
@@ -235,7 +237,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oxbench import schema as S
-from oxbench.pipelines.rerankers import Ranking, Reranker, register_stage_settings
+from oxbench.pipelines.rerankers import Ranking, Reranker
 
 
 @dataclass(frozen=True)
@@ -243,12 +245,12 @@ class SwapSettings:
     k: int = S.setting(3, S.Int(lo=2, hi=100), doc="how many of the top it reverses")
 
     def __post_init__(self) -> None:
-        S.validate(self, label=lambda n: f"swap.{n}")
+        S.validate(self)
 
 
 class SwapTop(Reranker):
     needs = frozenset({"vectors"})
-    uses = ("swap",)
+    settings_type = SwapSettings
 
     def __init__(self, settings: SwapSettings) -> None:
         self.k = settings.k
@@ -260,7 +262,6 @@ class SwapTop(Reranker):
         return Ranking(ranks, scores, ranking.queries, info={**ranking.info, "swapped": k})
 
 
-register_stage_settings("swap", SwapSettings)
 '''
 
 EXECUTOR = '''
@@ -423,7 +424,7 @@ def test_the_plugin_presets_are_listed_with_their_origin(plugin: Path, tmp_path:
     assert thumbs["origins"] == {"oxplug-thumbs": "oxplug 0.1", "oxplug-thumbs-16": "oxplug 0.1"}
     # its settings are described from their specs like any preset's
     settings = _oxbench([plugin], "methods", "oxplug-thumbs", cwd=tmp_path)
-    row = next(line for line in settings.stdout.splitlines() if line.split()[:1] == ["swap.k"])
+    row = next(line for line in settings.stdout.splitlines() if line.split()[:1] == ["swap-top.k"])
     assert row.split()[1:3] == ["int", "3"] and row.endswith("[in [2, 100]]"), row
 
 
@@ -438,7 +439,7 @@ def test_the_plugin_runs_from_the_command_line_and_set_reaches_its_settings(
 
     plain = run("--method", "oxplug-thumbs", "--set", "rerank=none", "--engine", "serial")
     swapped = run(
-        "--method", "oxplug-thumbs", "--set", "swap.k=2", "--engine", "threads",
+        "--method", "oxplug-thumbs", "--set", "swap-top.k=2", "--engine", "threads",
         "--engine-option", "name_prefix=oxtest", "--workers", "2",
     )  # fmt: skip
     before = np.load((tmp_path / plain["run_dir"]) / "ranks.npy").T
@@ -449,7 +450,7 @@ def test_the_plugin_runs_from_the_command_line_and_set_reaches_its_settings(
     record = json.loads(((tmp_path / swapped["run_dir"]) / "record.json").read_text())
     assert record["family"] == "thumbs" and record["plugins"] == {"oxplug": "0.1"}
     config = json.loads((tmp_path / swapped["run_dir"] / "config.json").read_text())
-    assert config["method"]["swap"] == {"k": 2} and config["method"]["family"] == "thumbs"
+    assert config["method"]["swap-top"] == {"k": 2} and config["method"]["family"] == "thumbs"
     assert record["execution"]["backend"] == "threads" and record["execution"]["workers"] == 2
     assert (
         json.loads(((tmp_path / swapped["run_dir"]) / "metrics.json").read_text())["run"]["swapped"]
@@ -467,8 +468,8 @@ def test_the_plugin_runs_from_the_command_line_and_set_reaches_its_settings(
         "--method",
         "oxplug-thumbs",
     ]
-    bad = _oxbench([plugin], *common, "--set", "swap.k=nan", cwd=tmp_path)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "swap.k" in bad.stderr
+    bad = _oxbench([plugin], *common, "--set", "swap-top.k=nan", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "swap-top.k" in bad.stderr
     bad = _oxbench(
         [plugin], *common, "--engine", "threads", "--engine-option", "colour=red", cwd=tmp_path
     )
@@ -485,7 +486,7 @@ def test_the_plugin_descriptor_kind_runs_by_preset_and_by_set(
     listing = _oxbench([plugin], "methods", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
     kinds = next(ln for ln in listing.stdout.splitlines() if ln.startswith("global descriptor"))
-    assert "colour-histogram [from oxplug 0.1]" in kinds and "cnn, features" in kinds
+    assert "colour-histogram [from oxplug 0.1]" in kinds and "cnn, files, vlad" in kinds
     common = ["run", "--dataset", "synthetic", "--root", str(data_root), "--json"]
     common += ["--engine", "serial"]
     preset = _oxbench([plugin], *common, "--method", "oxplug-colour", cwd=tmp_path)
@@ -681,3 +682,43 @@ def test_a_duplicate_from_a_plugin_is_refused_at_every_lookup(
             "(entry point oxbench.test-things: plugin 'object' (thingpkg:BLUE) of thingpkg 0.1)"
             in message
         )
+
+
+def test_the_stage_of_the_plugin_docs_installs_as_a_package_and_runs(
+    data_root: Path, tmp_path: Path
+) -> None:
+    """docs/plugins.md's stage, as written there (its module importing ``oxbench.pipelines`` and
+    the check kit at its top, its entry point naming the class the module also registers), built
+    and installed by pip into a folder: it loads through its entry point and runs in a pipeline."""
+    pytest.importorskip("setuptools")
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    section = doc[doc.index("## A stage of your own") : doc.index("## A descriptor kind")]
+    files = dict(re.findall(r"cat > (mystage/\S+) <<'EOF'\n(.*?)\nEOF\n", section, re.S))
+    assert set(files) == {"mystage/pyproject.toml", "mystage/mystage.py"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    target = tmp_path / "plugins"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    pip += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
+    done = subprocess.run(
+        [*pip, str(tmp_path / "mystage")], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    listed = _oxbench([target], "methods", "rootsift-bow", cwd=tmp_path)
+    assert listed.returncode == 0 and "failed to load" not in listed.stderr, listed.stderr
+    db, q = np.random.default_rng(0).standard_normal((2, 40, 8)).astype(np.float32)
+    np.save(tmp_path / "db.npy", db)
+    np.save(tmp_path / "q.npy", q[:4])
+    common = ["run", "--dataset", "synthetic", "--root", str(data_root), "--json", "--method"]
+    files_set = ["--set", f"descriptor.db_features={tmp_path / 'db.npy'}"]
+    files_set += ["--set", f"descriptor.query_features={tmp_path / 'q.npy'}"]
+    plain = _oxbench([target], *common, "features", *files_set, cwd=tmp_path)
+    swapped = _oxbench(
+        [target], *common, "features", *files_set, "--set", "rerank=swap-top", cwd=tmp_path
+    )
+    assert plain.returncode == 0 and swapped.returncode == 0, swapped.stderr
+    before = np.load(tmp_path / json.loads(plain.stdout)["run_dir"] / "ranks.npy").T
+    after = np.load(tmp_path / json.loads(swapped.stdout)["run_dir"] / "ranks.npy").T
+    assert np.array_equal(after[:, :3], before[:, 2::-1])  # swap-top.k = 3 by default
+    assert np.array_equal(after[:, 3:], before[:, 3:])

@@ -113,7 +113,7 @@ def test_the_compact_preset_ranks_exactly_as_the_in_ram_one_and_says_where_its_b
     ctx = RunContext(tmp_path / "cache", progress=False)
     out, prints = {}, {}
     for name in ("rootsift-bow-sv", "rootsift-bow-sv-compact"):
-        m = resolve_method(name, vocab_size=100, **TINY)
+        m = resolve_method(name, **{"vocabulary.size": 100}, **TINY)
         impl = m.build().fit(train, ctx).index(bench, ctx)
         out[name] = impl.search(bench, ctx)
         prints[name] = (impl.footprint(), m.ram_bytes_per_image())

@@ -80,7 +80,10 @@ def test_run_checks_settings_and_label_before_loading_data(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = tmp_path / "data"
-    for extra, words in ((["--set", "qe.k=0"], "qe.k"), (["--label", "a\nb"], "--label")):
+    for extra, words in (
+        (["--set", "alpha-qe.k=0"], "alpha-qe.k"),
+        (["--label", "a\nb"], "--label"),
+    ):
         code, _, err = _cli(
             capsys,
             "run",

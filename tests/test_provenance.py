@@ -14,6 +14,7 @@ import pytest
 from oxbench import provenance
 from oxbench.cli import main
 from oxbench.errors import InputError
+from oxbench.pipelines import RecordOptions, Session
 from oxbench.provenance import input_record
 from test_features_method import _gnd_only_root
 
@@ -130,12 +131,9 @@ def test_the_same_command_on_permuted_features_from_another_folder_is_another_co
         run(
             "roxford5k",
             "features",
-            root=root,
-            cache=tmp_path / "c",
-            runs_dir=runs,
-            strict=False,
-            progress=False,
             overrides={"descriptor.db_features": "X.npy", "descriptor.query_features": "Q.npy"},
+            session=Session(root=root, cache=tmp_path / "c", progress=False, strict=False),
+            record=RecordOptions(runs_dir=runs),
         )
     records = [json.loads(p.read_text()) for p in runs.glob("*/*/record.json")]
     assert len(records) == 3
@@ -192,17 +190,14 @@ def _train_run(tmp_path: Path, train: np.ndarray, tag: str) -> dict:
     out = run(
         "roxford5k",
         "features",
-        root=root,
-        cache=tmp_path / "c",
-        out=tmp_path / "runs" / tag,
-        strict=False,
-        progress=False,
         overrides={
             "descriptor.db_features": str(tmp_path / "db.npy"),
             "descriptor.query_features": str(tmp_path / "q.npy"),
             "whitening": "pca",
             "descriptor.train_features": str(tmp_path / f"{tag}.npy"),
         },
+        session=Session(root=root, cache=tmp_path / "c", progress=False, strict=False),
+        record=RecordOptions(out=tmp_path / "runs" / tag),
     )
     return {"config": out.config.to_dict(), "info": dict(out.info), "summary": out.run_dir}
 

@@ -488,31 +488,32 @@ def test_writer_writes_every_listed_file(tmp_path):
 # -- the run's label (issue 24) ------------------------------------------------------------------
 
 
-def test_a_record_without_a_label_derives_it_from_its_config_against_the_preset(tmp_path):
-    """Records written before labels still read: the label is the preset name plus the settings of
-    config.json that differ from the preset, file settings left out."""
-    from oxbench.pipelines import resolve_method
-
+def test_a_record_without_a_label_is_named_by_its_method(tmp_path):
+    """Records written before labels still read: their label is their method's name (the records
+    layer knows no presets; a new run records the label the runner derived)."""
     gt = tiny_gt(0, n_queries=4)
     run = write_run(tmp_path, gt, random_ranks(gt, 1), method="features-alpha-qe")
-    config_file = run / "config.json"
+    rec = RunRecord.load(run)
+    assert "label" not in rec.record and rec.label == "features-alpha-qe"
+    assert rec.describe().startswith("features-alpha-qe on roxford5k")
+    (summary,) = find_runs(tmp_path)
+    assert summary.label == "features-alpha-qe"
+
+
+def test_the_default_label_is_the_preset_and_the_settings_that_differ() -> None:
+    from oxbench.pipelines import resolve_method
+    from oxbench.pipelines.presets import preset_label
+
     changed = resolve_method(
         "features-alpha-qe",
-        **{"qe.k": 2, "descriptor.db_features": "/data/x.npy", "descriptor.layout": "d-n"},
+        **{"alpha-qe.k": 2, "descriptor.db_features": "/data/x.npy", "descriptor.layout": "d-n"},
     )
-    config_file.write_text(json.dumps({"dataset": gt.dataset, "method": changed.to_dict()}))
-    rec = RunRecord.load(run)
-    assert "label" not in rec.record and rec.label == "features-alpha-qe [qe.k=2]"
-    assert rec.describe().startswith("features-alpha-qe [qe.k=2] on roxford5k")
-    (summary,) = find_runs(tmp_path)
-    assert summary.label == "features-alpha-qe [qe.k=2]"
-    # nothing changed, or a preset this oxbench does not know: the name alone
-    config_file.write_text(json.dumps({"method": resolve_method("features-alpha-qe").to_dict()}))
-    assert RunRecord.load(run).label == "features-alpha-qe"
-    other = write_run(
-        tmp_path, gt, random_ranks(gt, 2), method="someone-elses", config_name="other"
+    assert (
+        preset_label("features-alpha-qe", changed.to_dict()) == "features-alpha-qe [alpha-qe.k=2]"
     )
-    assert RunRecord.load(other).label == "someone-elses"
+    unchanged = resolve_method("features-alpha-qe").to_dict()
+    assert preset_label("features-alpha-qe", unchanged) == "features-alpha-qe"
+    assert preset_label("someone-elses", unchanged) == "someone-elses"
 
 
 @pytest.mark.parametrize(

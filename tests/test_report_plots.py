@@ -103,7 +103,7 @@ def test_figures_fit_their_labels_and_name_the_queries(tmp_path, monkeypatch):
     from oxbench.report import plots
 
     gt = tiny_gt(0, n_queries=70)
-    long = "features-alpha-qe [whitening=pca, qe.k=10, qe.alpha=3.5, dba.k=5, search=faiss-flat]"
+    long = "features-alpha-qe [whitening=pca, alpha-qe.k=10, alpha-qe.alpha=3.5, dba.k=5, search=faiss-flat]"
     a = RunRecord.load(write_run(tmp_path, gt, random_ranks(gt, 1), method=long))
     b = RunRecord.load(
         write_run(tmp_path, gt, better_ranks(gt, 1, 2), method=long + " x", config_name="b")

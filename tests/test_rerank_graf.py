@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxbench.refinement.spatial import spatial_rerank, tentative_matches, verify_pair
+from oxbench.refinement.spatial import Verification, spatial_rerank, tentative_matches, verify_pair
 
 cv2 = pytest.importorskip("cv2")
 
@@ -75,9 +75,14 @@ def test_homography_recovers_ground_truth(graf, features, k, min_inl, method):
     q_kp, q_des = features[1]
     d_kp, d_des = features[k]
     q_words, d_words = words_by_matching(q_des, d_des)
-    matches = tentative_matches(q_words, d_words)
+    matches = tentative_matches(q_words, d_words, max_per_word=8)
     res = verify_pair(
-        q_kp, d_kp, matches, model="homography", method=method, q_size=(800, 640), d_size=(800, 640)
+        q_kp,
+        d_kp,
+        matches,
+        Verification(model="homography", method=method),
+        q_size=(800, 640),
+        d_size=(800, 640),
     )
     assert res.verified
     assert res.n_inliers >= min_inl
@@ -97,10 +102,12 @@ def test_unrelated_pair_gets_no_inliers(features):
     d_kp, d_des = features["noise"]
     # Without a ratio test every noise feature is matched to something: many tentative matches.
     q_words, d_words = words_by_matching(q_des, d_des, ratio=None)
-    matches = tentative_matches(q_words, d_words)
+    matches = tentative_matches(q_words, d_words, max_per_word=8)
     assert len(matches) > 500
     for model, method in [("homography", "magsac"), ("affine", "magsac"), ("affine", "fsm")]:
-        res = verify_pair(q_kp, d_kp, matches, model=model, method=method, min_inliers=8)
+        res = verify_pair(
+            q_kp, d_kp, matches, Verification(model=model, method=method, min_inliers=8)
+        )
         assert res.n_inliers <= 6
         assert not res.verified
 
@@ -123,10 +130,8 @@ def test_tiny_vocabulary_reranks_graf(features):
         words(q_des),
         candidates,
         order,
+        Verification(model="affine", method="magsac", min_inliers=8),
         top_r=2,
-        model="affine",
-        method="magsac",
-        min_inliers=8,
     )
     np.testing.assert_array_equal(res.order, [1, 0])
     np.testing.assert_array_equal(res.verified, [1])
@@ -165,7 +170,13 @@ def test_real_paris_query_verifies_only_true_positives(shared_data):
         positive.append(row["repo_label"] == "TP")
     positive = np.array(positive)
     res = spatial_rerank(
-        q_kp, np.arange(len(q_kp)), candidates, np.arange(20), top_r=20, query_size=q_size
+        q_kp,
+        np.arange(len(q_kp)),
+        candidates,
+        np.arange(20),
+        Verification(),
+        top_r=20,
+        query_size=q_size,
     )
     assert len(res.verified) >= 1
     assert positive[res.verified].all()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from oxbench.errors import InputError
 from oxbench.refinement.spatial import (
+    Verification,
     _group_words,
     _matches_from_groups,
     rerank_by_inliers,
@@ -93,12 +94,14 @@ def test_tentative_matches_small_example():
 
 
 def test_tentative_matches_empty_and_bad_input():
-    assert tentative_matches(np.array([], dtype=np.int64), np.array([1, 2])).shape == (0, 2)
-    assert tentative_matches(np.array([1, 2]), np.array([3, 4])).shape == (0, 2)
+    assert tentative_matches(
+        np.array([], dtype=np.int64), np.array([1, 2]), max_per_word=8
+    ).shape == (0, 2)
+    assert tentative_matches(np.array([1, 2]), np.array([3, 4]), max_per_word=8).shape == (0, 2)
     with pytest.raises(InputError):
-        tentative_matches(np.array([[1, 2]]), np.array([1]))
+        tentative_matches(np.array([[1, 2]]), np.array([1]), max_per_word=8)
     with pytest.raises(InputError):
-        tentative_matches(np.array([1.5]), np.array([1]))
+        tentative_matches(np.array([1.5]), np.array([1]), max_per_word=8)
     with pytest.raises(InputError):
         tentative_matches(np.array([1]), np.array([1]), max_per_word=0)
 
@@ -122,13 +125,15 @@ def test_tentative_matches_equals_naive_reference(q, d, cap):
 @given(q=word_lists, d=word_lists, seed=st.integers(0, 2**16))
 def test_tentative_matches_invariances(q, d, seed):
     q_arr, d_arr = np.array(q, dtype=np.int64), np.array(d, dtype=np.int64)
-    base = tentative_matches(q_arr, d_arr)
+    base = tentative_matches(q_arr, d_arr, max_per_word=8)
     # Renaming the words with a bijection changes nothing.
     perm = np.random.default_rng(seed).permutation(13) + 100
     relabel = lambda w: np.where(w >= 0, perm[np.clip(w, 0, None)], -1)  # noqa: E731
-    np.testing.assert_array_equal(tentative_matches(relabel(q_arr), relabel(d_arr)), base)
+    np.testing.assert_array_equal(
+        tentative_matches(relabel(q_arr), relabel(d_arr), max_per_word=8), base
+    )
     # Swapping the two images swaps the columns.
-    swapped = tentative_matches(d_arr, q_arr)[:, ::-1]
+    swapped = tentative_matches(d_arr, q_arr, max_per_word=8)[:, ::-1]
     np.testing.assert_array_equal(swapped[np.lexsort((swapped[:, 1], swapped[:, 0]))], base)
 
 
@@ -139,7 +144,7 @@ def test_tentative_matches_invariances(q, d, seed):
 @pytest.mark.parametrize("method", ["magsac", "accurate"])
 def test_verify_pair_recovers_affine_with_outliers(rng, model, method):
     q_kp, d_kp, matches, t = affine_pair(rng, n_inliers=80, n_outliers=160)
-    res = verify_pair(q_kp, d_kp, matches, model=model, method=method, min_inliers=10)
+    res = verify_pair(q_kp, d_kp, matches, Verification(model=model, method=method, min_inliers=10))
     assert res.verified and res.status == "verified"
     # Inliers are (nearly) the true ones: outliers land within 8 px only by chance.
     true = np.arange(len(matches)) < 80
@@ -161,7 +166,7 @@ def test_verify_pair_similarity_model(rng):
         ]
     )
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=60, n_outliers=60, transform=t)
-    res = verify_pair(q_kp, d_kp, matches, model="similarity", min_inliers=10)
+    res = verify_pair(q_kp, d_kp, matches, Verification(model="similarity", min_inliers=10))
     assert res.verified and res.n_inliers >= 58
     np.testing.assert_allclose(res.transform, t, atol=0.5)
 
@@ -188,7 +193,7 @@ def oriented_pair(rng, n_inliers=60, n_outliers=240, scale=1.4, angle_deg=35.0, 
 def test_fsm_recovers_transform_from_oriented_keypoints(rng, model):
     shear = 0.0 if model == "similarity" else 0.15
     q_kp, d_kp, matches, t = oriented_pair(rng, shear=shear)
-    res = verify_pair(q_kp, d_kp, matches, model=model, method="fsm")
+    res = verify_pair(q_kp, d_kp, matches, Verification(model=model, method="fsm"))
     true = np.arange(len(matches)) < 60
     assert res.verified
     assert (res.inlier_mask & true).sum() >= 58 and (res.inlier_mask & ~true).sum() <= 3
@@ -196,7 +201,7 @@ def test_fsm_recovers_transform_from_oriented_keypoints(rng, model):
     grid = grid.reshape(-1, 2)
     assert np.abs(project(res.transform, grid) - project(t, grid)).max() < 2.0
     # Deterministic without any seed: exhaustive hypotheses.
-    again = verify_pair(q_kp, d_kp, matches, model=model, method="fsm", seed=99)
+    again = verify_pair(q_kp, d_kp, matches, Verification(model=model, method="fsm"), seed=99)
     np.testing.assert_array_equal(again.inlier_mask, res.inlier_mask)
 
 
@@ -205,13 +210,13 @@ def test_fsm_uses_orientation_and_scale(rng):
     q_kp, d_kp, matches, _ = oriented_pair(rng, n_inliers=30, n_outliers=270)
     d_kp[:30, 3] = (d_kp[:30, 3] + 180.0) % 360  # wrong by half a turn
     assert not verify_pair(
-        q_kp, d_kp, matches, model="affine", method="fsm", min_inliers=15
+        q_kp, d_kp, matches, Verification(model="affine", method="fsm", min_inliers=15)
     ).verified
     assert verify_pair(
-        q_kp, d_kp, matches, model="affine", method="magsac", min_inliers=15
+        q_kp, d_kp, matches, Verification(model="affine", method="magsac", min_inliers=15)
     ).verified
     with pytest.raises(InputError, match="size and angle"):
-        verify_pair(q_kp[:, :2], d_kp, matches, method="fsm")
+        verify_pair(q_kp[:, :2], d_kp, matches, Verification(method="fsm"))
 
 
 def test_threshold_is_relative_to_image_size(rng):
@@ -219,8 +224,12 @@ def test_threshold_is_relative_to_image_size(rng):
     q_kp, d_kp, matches, _ = affine_pair(rng, noise=3.0)
     big = d_kp.copy()
     big[:, :2] *= 4.0
-    a = verify_pair(q_kp, d_kp, matches, d_size=(1000, 1000), q_size=(1000, 1000), **AFFINE)
-    b = verify_pair(q_kp, big, matches, d_size=(4000, 4000), q_size=(1000, 1000), **AFFINE)
+    a = verify_pair(
+        q_kp, d_kp, matches, Verification(**AFFINE), d_size=(1000, 1000), q_size=(1000, 1000)
+    )
+    b = verify_pair(
+        q_kp, big, matches, Verification(**AFFINE), d_size=(4000, 4000), q_size=(1000, 1000)
+    )
     assert a.n_inliers == b.n_inliers > 0
     np.testing.assert_array_equal(a.inlier_mask, b.inlier_mask)
     np.testing.assert_allclose(
@@ -234,14 +243,14 @@ def test_pure_outliers_do_not_verify(rng):
     d_kp = keypoints(rng.uniform(0, 1000, (n, 2)))
     matches = np.stack([np.arange(n), np.arange(n)], axis=1)
     for model in ("affine", "homography"):
-        res = verify_pair(q_kp, d_kp, matches, model=model, min_inliers=15)
+        res = verify_pair(q_kp, d_kp, matches, Verification(model=model, min_inliers=15))
         assert not res.verified
 
 
 def test_reflection_is_rejected(rng):
     mirror = np.array([[-1.0, 0.0, 1000.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=100, n_outliers=0, transform=mirror)
-    res = verify_pair(q_kp, d_kp, matches, model="affine")
+    res = verify_pair(q_kp, d_kp, matches, Verification(model="affine"))
     assert res.status == "degenerate" and res.n_inliers == 0 and res.transform is None
     assert not res.inlier_mask.any()
 
@@ -249,33 +258,37 @@ def test_reflection_is_rejected(rng):
 def test_extreme_scale_is_rejected(rng):
     shrink = np.diag([0.02, 0.02, 1.0])
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=100, n_outliers=0, transform=shrink)
-    res = verify_pair(q_kp, d_kp, matches, q_size=(1000, 1000), d_size=(1000, 1000), **AFFINE)
+    res = verify_pair(
+        q_kp, d_kp, matches, Verification(**AFFINE), q_size=(1000, 1000), d_size=(1000, 1000)
+    )
     assert res.status == "degenerate"
     relaxed = verify_pair(
         q_kp,
         d_kp,
         matches,
+        Verification(**AFFINE, threshold_px=1.0),
         q_size=(1000, 1000),
         d_size=(1000, 1000),
-        **AFFINE,
         max_scale=100.0,
-        threshold_px=1.0,
     )
     assert relaxed.verified
 
 
 def test_too_few_matches_and_bad_input(rng):
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=5, n_outliers=0)
-    res = verify_pair(q_kp, d_kp, matches, min_inliers=8)
+    res = verify_pair(q_kp, d_kp, matches, Verification(min_inliers=8))
     assert res.status == "too_few_matches" and res.n_inliers == 0
     assert res.inlier_mask.shape == (5,)
-    assert verify_pair(q_kp, d_kp, np.zeros((0, 2), np.int64)).status == "too_few_matches"
+    assert (
+        verify_pair(q_kp, d_kp, np.zeros((0, 2), np.int64), Verification()).status
+        == "too_few_matches"
+    )
     with pytest.raises(InputError):
-        verify_pair(q_kp, d_kp, matches, model="projective")
+        verify_pair(q_kp, d_kp, matches, Verification(model="projective"))
     with pytest.raises(InputError):
-        verify_pair(q_kp, d_kp, np.array([[0, 99]]))
+        verify_pair(q_kp, d_kp, np.array([[0, 99]]), Verification())
     with pytest.raises(InputError):
-        verify_pair(q_kp, d_kp, matches.astype(float))
+        verify_pair(q_kp, d_kp, matches.astype(float), Verification())
 
 
 def test_burst_inliers_count_once(rng):
@@ -284,14 +297,14 @@ def test_burst_inliers_count_once(rng):
     # Duplicate every candidate keypoint (e.g. SIFT's multiple orientations) and match both.
     d2 = np.vstack([d_kp, d_kp])
     m2 = np.vstack([matches, matches + [0, len(d_kp)]])
-    res = verify_pair(q_kp, d2, m2, **AFFINE)
+    res = verify_pair(q_kp, d2, m2, Verification(**AFFINE))
     assert res.inlier_mask.sum() == 80
     assert res.n_inliers == 40
 
 
 def test_verify_pair_is_deterministic(rng):
     q_kp, d_kp, matches, _ = affine_pair(rng, n_inliers=30, n_outliers=200, noise=2.0)
-    results = [verify_pair(q_kp, d_kp, matches, model="homography") for _ in range(3)]
+    results = [verify_pair(q_kp, d_kp, matches, Verification(model="homography")) for _ in range(3)]
     for r in results[1:]:
         assert r.n_inliers == results[0].n_inliers
         np.testing.assert_array_equal(r.transform, results[0].transform)
@@ -340,7 +353,7 @@ def test_spatial_rerank_contract(rng):
     order = np.arange(40)[::-1].copy()  # relevant images 3, 7, 15, 30 somewhere in the list
     top_r = 25  # covers positions 0..24 = images 39..15: includes 30 and 15, not 7 and 3
     cands = [images[i] for i in order[:top_r]]
-    res = spatial_rerank(q_kp, q_words, cands, order, top_r=top_r, min_inliers=15)
+    res = spatial_rerank(q_kp, q_words, cands, order, Verification(min_inliers=15), top_r=top_r)
     assert sorted(res.order.tolist()) == list(range(40))
     np.testing.assert_array_equal(res.order[top_r:], order[top_r:])  # below R untouched
     assert set(res.verified.tolist()) == {30, 15}
@@ -354,7 +367,7 @@ def test_spatial_rerank_contract(rng):
     assert rest == [i for i in order[:top_r] if i not in (30, 15)]
     assert res.n_matches.shape == (top_r,) and (res.n_matches >= res.inliers).all()
     # Determinism.
-    again = spatial_rerank(q_kp, q_words, cands, order, top_r=top_r, min_inliers=15)
+    again = spatial_rerank(q_kp, q_words, cands, order, Verification(min_inliers=15), top_r=top_r)
     np.testing.assert_array_equal(again.order, res.order)
     np.testing.assert_array_equal(again.inliers, res.inliers)
 
@@ -367,8 +380,10 @@ def test_spatial_rerank_candidate_permutation(seed):
     q_kp, q_words, images = make_database(rng, n_images=16, n_relevant=(2, 5, 9))
     order = np.arange(16)
     perm = np.random.default_rng(seed).permutation(16)
-    a = spatial_rerank(q_kp, q_words, [images[i] for i in order], order, top_r=16)
-    b = spatial_rerank(q_kp, q_words, [images[i] for i in order[perm]], order[perm], top_r=16)
+    a = spatial_rerank(q_kp, q_words, [images[i] for i in order], order, Verification(), top_r=16)
+    b = spatial_rerank(
+        q_kp, q_words, [images[i] for i in order[perm]], order[perm], Verification(), top_r=16
+    )
     np.testing.assert_array_equal(b.inliers, a.inliers[perm])
     # Distinct inlier counts among verified: their order does not depend on the initial order.
     np.testing.assert_array_equal(a.verified, b.verified)
@@ -379,13 +394,15 @@ def test_spatial_rerank_bad_input(rng):
     q_kp, q_words, images = make_database(rng, n_images=5, n_relevant=())
     order = np.arange(5)
     with pytest.raises(InputError, match="top 3"):
-        spatial_rerank(q_kp, q_words, images[:2], order, top_r=3)
+        spatial_rerank(q_kp, q_words, images[:2], order, Verification(), top_r=3)
     with pytest.raises(InputError):
-        spatial_rerank(q_kp, q_words[:-1], images[:3], order, top_r=3)
-    res = spatial_rerank(q_kp, q_words, images, order, top_r=100)  # R larger than the list
+        spatial_rerank(q_kp, q_words[:-1], images[:3], order, Verification(), top_r=3)
+    res = spatial_rerank(
+        q_kp, q_words, images, order, Verification(), top_r=100
+    )  # R larger than the list
     np.testing.assert_array_equal(res.order, order)
     assert res.verified.size == 0
-    empty = spatial_rerank(q_kp, q_words, [], order, top_r=0)
+    empty = spatial_rerank(q_kp, q_words, [], order, Verification(), top_r=0)
     np.testing.assert_array_equal(empty.order, order)
 
 
@@ -429,7 +446,7 @@ def test_spatial_rerank_returns_inliers_and_takes_given_or_multiple_word_matches
     q_kp, q_words, images = make_database(rng)
     order = np.arange(40)[::-1].copy()
     cands = [images[i] for i in order[:25]]
-    res = spatial_rerank(q_kp, q_words, cands, order, top_r=25, min_inliers=15)
+    res = spatial_rerank(q_kp, q_words, cands, order, Verification(min_inliers=15), top_r=25)
     for pos, pairs in enumerate(res.inlier_matches):
         assert (pairs is not None) == (order[pos] in (30, 15))
         if (
@@ -441,17 +458,23 @@ def test_spatial_rerank_returns_inliers_and_takes_given_or_multiple_word_matches
     # precomputed tentative matches: the same ranking as from the words they came from
     given = [_matches_from_groups(_group_words(q_words), c[1], 8) for c in cands]
     res2 = spatial_rerank(
-        q_kp, np.zeros(0, np.int64), cands, order, top_r=25, min_inliers=15, tentative=given
+        q_kp,
+        np.zeros(0, np.int64),
+        cands,
+        order,
+        Verification(min_inliers=15),
+        top_r=25,
+        tentative=given,
     )
     np.testing.assert_array_equal(res2.order, res.order)
     np.testing.assert_array_equal(res2.inliers, res.inliers)
     # [n, k] query words: a second word per feature that matches nothing changes nothing
     two = np.stack([q_words, np.full_like(q_words, 10**6)], axis=1)
-    res3 = spatial_rerank(q_kp, two, cands, order, top_r=25, min_inliers=15)
+    res3 = spatial_rerank(q_kp, two, cands, order, Verification(min_inliers=15), top_r=25)
     np.testing.assert_array_equal(res3.order, res.order)
     words, feature = expand_query_words(two)
     assert words.size == 2 * q_words.size and np.array_equal(
         np.bincount(feature), np.full(q_words.size, 2)
     )
     with pytest.raises(InputError, match="tentative match arrays"):
-        spatial_rerank(q_kp, q_words, cands, order, top_r=25, tentative=given[:3])
+        spatial_rerank(q_kp, q_words, cands, order, Verification(), top_r=25, tentative=given[:3])

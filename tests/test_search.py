@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
-from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall_at
+from oxbench.index.search import FaissIndex, FlatSearch, IvfPqSearch, exact_search, recall_at
 
 pytest.importorskip("faiss")
 
@@ -81,7 +81,7 @@ def test_torch_backend_gives_the_same_lists(rng: np.random.Generator) -> None:
 
 def test_flat_faiss_equals_exact_search() -> None:
     x, q = clustered(0, n=5000)
-    index = FaissIndex().fit(x)
+    index = FaissIndex(FlatSearch()).fit(x)
     fs, fi = index.search(q, 100)
     es, ei = exact_search(q, x, 100)
     np.testing.assert_allclose(fs, es, atol=1e-5)
@@ -104,7 +104,7 @@ def test_ivfpq_recall_on_clustered_data() -> None:
     """
     x, q = clustered(1, n=5000)
     _, truth = exact_search(q, x, 100)
-    index = FaissIndex(IndexSettings("ivfpq", nlist=32, m=16, nprobe=8)).fit(x)
+    index = FaissIndex(IvfPqSearch(nlist=32, m=16, nprobe=8)).fit(x)
     _, found = index.search(q, 100)
     assert recall_at(found, truth, 100) > 0.9
     assert np.mean([t[0] in f for f, t in zip(found, truth, strict=True)]) >= 0.95
@@ -113,7 +113,7 @@ def test_ivfpq_recall_on_clustered_data() -> None:
 
 def test_persisted_index_reloads_and_answers_the_same(tmp_path: Path) -> None:
     x, q = clustered(2, n=1000, d=32)
-    for settings_ in (IndexSettings("flat"), IndexSettings("ivfpq", nlist=16, m=8, nprobe=4)):
+    for settings_ in (FlatSearch(), IvfPqSearch(nlist=16, m=8, nprobe=4)):
         index = FaissIndex(settings_).fit(x)
         path = index.save(tmp_path / f"{settings_.kind}.npz")
         back = FaissIndex.load(path)
@@ -125,7 +125,7 @@ def test_persisted_index_reloads_and_answers_the_same(tmp_path: Path) -> None:
 
 def test_corrupt_index_file_is_refused_in_one_line(tmp_path: Path) -> None:
     x, _ = clustered(3, n=500)
-    path = FaissIndex().fit(x).save(tmp_path / "i.npz")
+    path = FaissIndex(FlatSearch()).fit(x).save(tmp_path / "i.npz")
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     bad = tmp_path / "bad.npz"
@@ -141,12 +141,12 @@ def test_corrupt_index_file_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_ivfpq_refusals() -> None:
     x, _ = clustered(4, n=300, d=32)
     with pytest.raises(InputError, match="nlist 400 is larger than the database \\(300 vectors\\)"):
-        FaissIndex(IndexSettings("ivfpq", nlist=400, m=8, nprobe=4)).fit(x)
+        FaissIndex(IvfPqSearch(nlist=400, m=8, nprobe=4)).fit(x)
     with pytest.raises(InputError, match="m 5 does not divide the dimension 32"):
-        FaissIndex(IndexSettings("ivfpq", nlist=4, m=5, nprobe=4)).fit(x)
+        FaissIndex(IvfPqSearch(nlist=4, m=5, nprobe=4)).fit(x)
     with pytest.raises(InputError, match="needs at least 256 vectors, the database has 200"):
-        FaissIndex(IndexSettings("ivfpq", nlist=4, m=8, nprobe=4)).fit(x[:200])
+        FaissIndex(IvfPqSearch(nlist=4, m=8, nprobe=4)).fit(x[:200])
     with pytest.raises(InputError, match="nprobe 8 is larger than nlist 4"):
-        IndexSettings("ivfpq", nlist=4, m=8, nprobe=8)
+        IvfPqSearch(nlist=4, m=8, nprobe=8)
     with pytest.raises(InputError, match="call fit\\(\\) or load\\(\\) first"):
-        FaissIndex().search(x, 3)
+        FaissIndex(FlatSearch()).search(x, 3)

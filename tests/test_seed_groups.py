@@ -12,12 +12,12 @@ import pytest
 
 from oxbench.cli import main
 from oxbench.errors import InputError
-from oxbench.pipelines import resolve_method
+from oxbench.pipelines import RecordOptions, Session, resolve_method
 from oxbench.pipelines.seedgroup import PER_SEED, SeedMember, check_seeds, plan_group
 from oxbench.records import RunRecord, flat_settings, list_runs
 from oxbench.schema import seed_settings
 
-TINY = {"vocab_size": 64}
+TINY = {"vocabulary.size": 64}
 METHOD = "rootsift-bow"
 
 
@@ -70,7 +70,7 @@ def test_a_member_sets_every_seed_setting_of_its_method(
 def test_a_seed_setting_set_by_hand_is_refused_with_seeds() -> None:
     m = resolve_method("rootsift-he")
     with pytest.raises(InputError, match="--set he_seed does not apply with --seeds"):
-        plan_group(m, (0, 1), {"he_seed": 3})
+        plan_group(m, (0, 1), {"he.seed": 3})
 
 
 def test_seed_lists_are_checked_as_values_and_as_text() -> None:
@@ -95,24 +95,18 @@ def group(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = run(
         "synthetic",
         METHOD,
-        root=root,
-        cache=tmp / "cache",
-        runs_dir=tmp / "runs",
         overrides=TINY,
         seeds=[0, 1, 2],
-        progress=False,
-        workers=1,
+        session=Session(root=root, cache=tmp / "cache", workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp / "runs"),
     )
     other = run(
         "synthetic",
         METHOD,
-        root=root,
-        cache=tmp / "cache",
-        runs_dir=tmp / "runs-b",
-        overrides={"vocab_size": 32},
+        overrides={"vocabulary.size": 32},
         seeds="0,1,2",
-        progress=False,
-        workers=1,
+        session=Session(root=root, cache=tmp / "cache", workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp / "runs-b"),
     )
     return {"root": root, "tmp": tmp, "outcome": out, "other": other}
 
@@ -136,7 +130,7 @@ def test_a_group_is_one_config_folder_with_one_run_per_seed(group: dict) -> None
         assert record["seeds"]["dataset.seed"] == out.group[0].record["seeds"]["dataset.seed"]
         assert record["seed_group"]["seed"] == seed
         assert record["seed_group"]["seeds"] == [0, 1, 2]
-        assert record["label"] == "rootsift-bow [vocab_size=64]"  # one label for the group
+        assert record["label"] == "rootsift-bow [vocabulary.size=64]"  # one label for the group
         ids.add(record["seed_group"]["id"])
         # the vocabulary depends on the seed; the local features do not and are shared
         assert record["cache"]["vocabulary"] == "computed"
@@ -204,7 +198,7 @@ def test_a_group_with_a_missing_member_is_one_line(
         (["--repeat", "0"], "option --repeat: must be in [1, 100]"),
         (["--repeat", "2", "--seeds", "0,1"], "give --seeds or --repeat, not both"),
         (["--seeds", "0,1", "--partition", "0/2"], "do not apply to --partition"),
-        (["--seeds", "0,1", "--set", "vocab_seed=3"], "--set vocab_seed does not apply"),
+        (["--seeds", "0,1", "--set", "vocabulary.seed=3"], "--set vocab_seed does not apply"),
     ],
 )
 def test_bad_seed_options_are_one_line_and_exit_2(
@@ -334,14 +328,12 @@ def test_overwrite_replaces_the_earlier_runs_once_not_each_member(
     again = run(
         "synthetic",
         METHOD,
-        root=group["root"],
-        cache=group["tmp"] / "cache",
-        out=out,
         overrides=TINY,
         seeds=[5, 6],
-        overwrite=True,
-        progress=False,
-        workers=1,
+        session=Session(
+            root=group["root"], cache=group["tmp"] / "cache", workers=1, progress=False
+        ),
+        record=RecordOptions(out=out, overwrite=True),
     )
     assert sorted(list_runs(out)) == sorted(o.run_dir for o in again.group)
     assert [o.record["seeds"]["vocab_seed"] for o in again.group] == [5, 6]

@@ -11,19 +11,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from oxbench.errors import InputError
-from oxbench.pipelines import resolve_method
+from oxbench.pipelines import RecordOptions, Session, resolve_method
 from oxbench.pipelines.presets import METHODS
 from oxbench.schema import MAX_SEEDS, describe, is_seed_setting, parse_seeds, seed_settings
 
 #: The seeds each family declares, by the step they drive (the audit of issue 32).
 FAMILY_SEEDS = {
     # the vocabulary k-means and the sample of training descriptors it is fitted on
-    "bow": {"vocab_seed"},
-    "asmk": {"vocab_seed"},
+    "bow": {"vocabulary.seed"},
+    "asmk": {"vocabulary.seed"},
     # + the random orthogonal projection of Hamming embedding and its training sample
-    "he": {"vocab_seed", "he_seed"},
-    # VLAD's codebook k-means, IVF-PQ's quantiser k-means, the CNN's random weights / training
-    "global": {"descriptor.seed", "index_seed"},
+    "he": {"vocabulary.seed", "he.seed"},
+    # the CNN's random weights / training, VLAD's codebook k-means (descriptor.vocabulary.seed);
+    # IVF-PQ's quantiser k-means (search.seed) only with that search
+    "global": {"descriptor.seed"},
 }
 
 
@@ -34,8 +35,16 @@ def test_every_preset_declares_the_seeds_of_its_family() -> None:
             continue  # a family registered by another test
         seeds = seed_settings(m)
         expected = FAMILY_SEEDS[m.family]
-        if m.family == "global" and m.descriptor.kind == "features":
-            expected = expected - {"descriptor.seed"}  # the user's files learn nothing at random
+        if m.family == "global":
+            kind = m.descriptor.kind
+            if kind == "files":
+                expected = expected - {
+                    "descriptor.seed"
+                }  # the user's files learn nothing at random
+            if kind == "vlad":
+                expected = {"descriptor.vocabulary.seed"}
+            if m.search.kind == "faiss-ivfpq":
+                expected = expected | {"search.seed"}
         assert set(seeds) == expected, name
         assert all(isinstance(v, int) and not isinstance(v, bool) for v in seeds.values())
         # a seed is an ordinary setting: typed, ranged, documented
@@ -44,30 +53,34 @@ def test_every_preset_declares_the_seeds_of_its_family() -> None:
 
 
 def test_seed_names_follow_one_rule() -> None:
-    assert is_seed_setting("seed") and is_seed_setting("vocab_seed")
+    assert is_seed_setting("seed") and is_seed_setting("vocabulary.seed")
     assert is_seed_setting("features.seed") and not is_seed_setting("seeds")
+    assert not is_seed_setting("vocab_seed")  # the names of earlier versions: refused, renamed
     assert not is_seed_setting("seed_count") and not is_seed_setting("vocab_size")
-    m = resolve_method("rootsift-he", he_seed=7, vocab_seed="3")
-    assert seed_settings(m) == {"vocab_seed": 3, "he_seed": 7}
+    m = resolve_method("rootsift-he", **{"he.seed": 7}, **{"vocabulary.seed": "3"})
+    assert seed_settings(m) == {"vocabulary.seed": 3, "he.seed": 7}
     for bad in ("-1", "nan", "1.5", str(2**32)):
-        with pytest.raises(InputError, match="he_seed"):
-            resolve_method("rootsift-he", he_seed=bad)
+        with pytest.raises(InputError, match="he.seed"):
+            resolve_method("rootsift-he", **{"he.seed": bad})
 
 
-def test_index_seed_drives_the_ivfpq_quantisers() -> None:
+def test_the_search_seed_drives_the_ivfpq_quantisers() -> None:
     pytest.importorskip("faiss")
     from oxbench.index.search import FaissIndex
-    from oxbench.pipelines.globalchain import index_settings
 
-    m = resolve_method("features-ivfpq", nlist=4, pq_m=2, pq_nbits=4, nprobe=2, index_seed=5)
-    settings = index_settings(m)
+    m = resolve_method(
+        "features-ivfpq",
+        **{"search.nlist": 4, "search.m": 2, "search.nbits": 4, "search.nprobe": 2},
+        **{"search.seed": 5},
+    )
+    settings = m.search
     assert settings.seed == 5 and settings.to_dict()["seed"] == 5
     x = np.random.default_rng(0).normal(size=(300, 8)).astype(np.float32)
 
     def codebooks(seed: int) -> np.ndarray:
         import faiss
 
-        st = index_settings(resolve_method(m, index_seed=seed))
+        st = resolve_method(m, **{"search.seed": seed}).search
         idx = FaissIndex(st, threads=1).fit(x).index_
         return faiss.vector_to_array(idx.pq.centroids)
 
@@ -87,20 +100,19 @@ def test_a_run_records_its_seeds(tmp_path: Path) -> None:
     out = run(
         "roxford5k",
         "features",
-        root=root,
-        cache=tmp_path / "c",
-        out=tmp_path / "r",
-        strict=False,
-        progress=False,
         overrides={
             "descriptor.db_features": str(tmp_path / "db.npy"),
             "descriptor.query_features": str(tmp_path / "q.npy"),
-            "index_seed": 11,
+            "search": "faiss-ivfpq",
+            **{"search.nlist": 2, "search.m": 2, "search.nbits": 4, "search.nprobe": 2},
+            "search.seed": 11,
         },
+        session=Session(root=root, cache=tmp_path / "c", progress=False, strict=False),
+        record=RecordOptions(out=tmp_path / "r"),
     )
     record = json.loads((out.run_dir / "record.json").read_text())
-    assert record["seeds"] == {"index_seed": 11}  # the files kind has no seed of its own
-    assert out.config.to_dict()["method"]["index_seed"] == 11  # a seed is part of the config
+    assert record["seeds"] == {"search.seed": 11}  # the files kind has no seed of its own
+    assert out.config.to_dict()["method"]["search"]["seed"] == 11  # a seed is part of the config
 
 
 # --- the text of --seeds (the seed groups themselves are not here) ---------------------------------

@@ -179,8 +179,17 @@ def test_the_global_family_builds_ivfpq_by_shards_and_reports_recall_against_exa
     db = rng.normal(size=(2000, D)).astype(np.float32)
     db /= np.linalg.norm(db, axis=1, keepdims=True)
     q = db[:25] + 0.1 * rng.normal(size=(25, D)).astype(np.float32)
-    m = resolve_method("features-ivfpq", nlist=16, pq_m=4, pq_nbits=8, nprobe=4, search_k=100)
-    chain = SearchChain(m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index")
+    m = resolve_method(
+        "features-ivfpq",
+        **{"search.nlist": 16},
+        **{"search.m": 4},
+        **{"search.nbits": 8},
+        **{"search.nprobe": 4},
+        **{"list_length": 100},
+    )
+    chain = SearchChain(
+        m, db, RunContext(tmp_path / "cache", progress=False), tmp_path / "index"
+    ).build_index()
     assert chain.faiss is not None and not list(
         (tmp_path / "index").glob("shards-*")
     )  # shard files removed

@@ -22,6 +22,7 @@ from oxbench.index.simulate import (
     simulated_he_entries,
     simulated_vectors,
 )
+from oxbench.pipelines import RecordOptions, Session
 
 
 def _measured(n: int = 60, n_words: int = 300, seed: int = 0) -> list[np.ndarray]:
@@ -227,12 +228,9 @@ def test_the_bench_script_measures_a_simulated_size_and_refuses_a_bad_one(
     oxbench.run(
         "synthetic",
         "rootsift-bow",
-        root=root,
-        cache=cache,
-        runs_dir=tmp_path / "runs",
-        overrides={"vocab_size": 256, "features.max_side": 320, "features.n_features": 300},
-        workers=1,
-        progress=False,
+        overrides={"vocabulary.size": 256, "features.max_side": 320, "features.n_features": 300},
+        session=Session(root=root, cache=cache, workers=1, progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     out = tmp_path / "sim.json"
     assert script.main(["--cache", str(cache), "--sizes", "300", "--json", str(out)]) == 0

@@ -28,15 +28,16 @@ from oxbench.testing import (
 )
 
 #: Settings that size a preset to the tiny benchmark (each applied where the preset has it).
-SMALL = {"vocab_size": 100, "features.max_side": 320, "features.n_features": 300}
+SMALL = {"vocabulary.size": 100, "features.max_side": 320, "features.n_features": 300}
 
 
 def _small(name: str) -> MethodConfig:
     config = METHODS.get(name)
     have = {f.name for f in dataclasses.fields(config)}  # type: ignore[arg-type]
-    features = getattr(config, "features", None)
-    if dataclasses.is_dataclass(features):
-        have |= {f"features.{f.name}" for f in dataclasses.fields(features)}
+    for nested in ("features", "vocabulary"):
+        value = getattr(config, nested, None)
+        if dataclasses.is_dataclass(value):
+            have |= {f"{nested}.{f.name}" for f in dataclasses.fields(value)}
     small = {k: v for k, v in SMALL.items() if k in have}
     local = getattr(getattr(config, "descriptor", None), "local_features", None)
     if dataclasses.is_dataclass(local):  # a descriptor kind's local features (VLAD's)
@@ -88,7 +89,8 @@ def _tiny_kind(name: str, root: Path, tmp_path: Path) -> Any:
     kind = DESCRIPTORS.get(name)()
     if name == "vlad":
         features = dataclasses.replace(kind.features, max_side=320, n_features=300)  # type: ignore[attr-defined]
-        return dataclasses.replace(kind, features=features, k=8)
+        vocabulary = dataclasses.replace(kind.vocabulary, size=8)  # type: ignore[attr-defined]
+        return dataclasses.replace(kind, features=features, vocabulary=vocabulary)
     if name == "cnn":
         pytest.importorskip("torch")
         return dataclasses.replace(
@@ -104,14 +106,14 @@ def _tiny_kind(name: str, root: Path, tmp_path: Path) -> Any:
     )
 
 
-@pytest.mark.parametrize("name", ["vlad", "cnn", "features"])
+@pytest.mark.parametrize("name", ["vlad", "cnn", "files"])
 def test_every_builtin_descriptor_kind_passes_check_descriptor(
     name: str, root: Path, tmp_path: Path
 ) -> None:
     from oxbench.pipelines.descriptors import DESCRIPTORS
 
     pytest.importorskip("faiss")
-    assert {"vlad", "cnn", "features"} <= set(DESCRIPTORS.names())
+    assert {"vlad", "cnn", "files"} <= set(DESCRIPTORS.names())
     check_descriptor(_tiny_kind(name, root, tmp_path), root=root)
 
 
@@ -123,7 +125,7 @@ def test_check_descriptor_names_each_defect(root: Path, tmp_path: Path) -> None:
     class Unregistered(FeatureFilesDescriptor):
         kind: ClassVar[str] = "unregistered-files"
 
-    good = _tiny_kind("features", root, tmp_path)
+    good = _tiny_kind("files", root, tmp_path)
     with pytest.raises(AssertionError, match="is not registered as 'unregistered-files'"):
         check_descriptor(Unregistered(**dataclasses.asdict(good)), root=root)
     with pytest.raises(AssertionError, match="is not a DescriptorKind"):
@@ -245,7 +247,8 @@ class _LooseSettings:
 
 
 class _LooseStage(_Base):
-    uses = ("loose",)
+    name = "loose"
+    settings_type = _LooseSettings
 
     def __init__(self, settings: _LooseSettings) -> None:
         self.width = settings.width
@@ -254,17 +257,9 @@ class _LooseStage(_Base):
         return ranking
 
 
-def test_check_reranker_names_a_settings_group_without_specs() -> None:
-    from oxbench.pipelines.rerankers import STAGE_SETTINGS, register_stage_settings
-
-    with pytest.raises(AssertionError, match="reads settings group 'loose', which is not regis"):
+def test_check_reranker_names_a_setting_without_spec() -> None:
+    with pytest.raises(AssertionError, match="setting loose.width declares no spec"):
         check_reranker(_LooseStage)
-    register_stage_settings("loose", _LooseSettings)
-    try:
-        with pytest.raises(AssertionError, match="setting loose.width declares no spec"):
-            check_reranker(_LooseStage)
-    finally:
-        STAGE_SETTINGS.unregister("loose")
 
 
 def test_the_synthetic_space_ranks_and_verifies_by_its_groups() -> None:
@@ -357,3 +352,33 @@ class Swallows(SerialExecutor):
 def test_check_executor_names_each_defect(factory: Callable[[int], Executor], problem: str) -> None:
     with pytest.raises(AssertionError, match=problem):
         check_executor(factory)
+
+
+def test_an_executor_plugins_own_facts_round_trip_through_the_run_record() -> None:
+    """An executor of a plugin that records facts of its own (a cluster kind the built-ins do not
+    know) passes the check kit, and a run record holding them reads back; the facts of the Dask
+    backend are still checked by the Dask backend."""
+    from oxbench.errors import InputError
+    from oxbench.execution import EXECUTORS, SerialExecutor
+    from oxbench.records import ExecutionFacts
+
+    class SlurmLike(SerialExecutor):
+        backend = "slurm-like"
+
+        def describe(self) -> dict[str, object]:
+            return {**super().describe(), "cluster": "slurm", "partition": "gpu"}
+
+    EXECUTORS.register("slurm-like", SlurmLike)
+    try:
+        check_executor(SlurmLike)
+        facts = ExecutionFacts.from_dict(SlurmLike().describe())
+        assert facts.own == {"cluster": "slurm", "partition": "gpu"}
+        assert facts.to_dict() == SlurmLike().describe()
+    finally:
+        EXECUTORS.unregister("slurm-like")
+    dask_facts = {"backend": "dask", "workers": 2, "threads_per_worker": 1}
+    ExecutionFacts.from_dict({**dask_facts, "cluster": "local"})
+    with pytest.raises(InputError, match="'execution.cluster' must be 'local' or 'address'"):
+        ExecutionFacts.from_dict({**dask_facts, "cluster": "slurm"})
+    with pytest.raises(InputError, match="execution.workers"):
+        ExecutionFacts.from_dict({"backend": "serial", "workers": 0, "threads_per_worker": 1})

@@ -15,6 +15,7 @@ import pytest
 
 from oxbench.errors import InputError
 from oxbench.groundtruth import GroundTruth, Query
+from oxbench.pipelines import RecordOptions, Session
 from oxbench.train.loop import TrainConfig, TrainingSet, mine_negatives
 from oxbench.train.pairs import image_clusters, landmark_of_queries, matching_pairs
 
@@ -367,11 +368,9 @@ def test_oxbench_train_cli_on_the_tiny_training_city(
     res = oxbench.run(
         "synthetic",
         "gem-r18-synthetic",
-        root=root,
-        runs_dir=tmp_path / "runs",
-        cache=tmp_path / "c",
         overrides={"descriptor.max_side": 64, "descriptor.scales": [1.0]},
-        progress=False,
+        session=Session(root=root, cache=tmp_path / "c", progress=False),
+        record=RecordOptions(runs_dir=tmp_path / "runs"),
     )
     assert (
         res.info["model"]["weights"].startswith("file:sha256=")

@@ -9,6 +9,7 @@ The one obvious way for each task, at top level::
     result = oxbench.evaluate(bench.gt, ranks)   # exact official scores, ranks [n_queries, k]
     oxbench.list_methods()                       # presets of every method family
     outcome = oxbench.run("synthetic", "rootsift-bow-sv-qe")   # end to end, with a run record
+    session = oxbench.Session(root="data", workers=2)   # where runs execute, built once
 
 The package is split by concern:
 
@@ -31,20 +32,22 @@ from typing import TYPE_CHECKING, Any
 
 from oxbench.errors import InputError, MissingExtraError, OxbenchError
 from oxbench.groundtruth import GroundTruth, Query
-
-__version__ = "0.1.0"
+from oxbench.version import __version__
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets import load
     from oxbench.evaluation import evaluate
     from oxbench.pipelines.presets import list_methods
     from oxbench.pipelines.runner import run
+    from oxbench.pipelines.session import RecordOptions, Session
 
 _LAZY = {
     "load": ("oxbench.datasets", "load"),
     "evaluate": ("oxbench.evaluation", "evaluate"),
     "list_methods": ("oxbench.pipelines.presets", "list_methods"),
     "run": ("oxbench.pipelines.runner", "run"),
+    "Session": ("oxbench.pipelines.session", "Session"),
+    "RecordOptions": ("oxbench.pipelines.session", "RecordOptions"),
 }
 
 
@@ -75,6 +78,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "GroundTruth",
+    "RecordOptions",
+    "Session",
     "InputError",
     "MissingExtraError",
     "OxbenchError",

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -32,6 +32,9 @@ from oxbench.report.compare import _p
 from oxbench.report.paper import _md
 from oxbench.report.seeds import SeedGroup
 from oxbench.report.stats import paired_test
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.pipelines.session import RecordOptions, Session
 
 #: Where the published figures are quoted (the project's facts, section 5).
 FACTS = "project facts \u00a75 (Reference numbers)"
@@ -210,7 +213,7 @@ def choose(methods: Sequence[str] | None) -> list[Milestone]:
 
 def settings_for(preset: str, settings: Mapping[str, object]) -> dict[str, object]:
     """The ``--set`` settings that ``preset`` has (:func:`oxbench.pipelines.presets.settings_rows`):
-    one ``--set vocab_size=64`` serves every row that has a vocabulary."""
+    one ``--set vocabulary.size=64`` serves every row that has a vocabulary."""
     from oxbench.pipelines.presets import METHODS, settings_rows
 
     names = {r.name for r in settings_rows(METHODS.get(preset))}
@@ -235,17 +238,19 @@ def check_settings(rows: Sequence[Milestone], settings: Mapping[str, object]) ->
 def run_milestones(
     rows: Sequence[Milestone],
     seeds: Sequence[int],
+    session: Session | None = None,
+    record: RecordOptions | None = None,
     *,
     dataset: str = "synthetic",
+    train_dataset: str | None = None,
     settings: Mapping[str, object] | None = None,
     on_group: Callable[[Milestone, SeedGroup], None] | None = None,
-    **run_options: Any,
 ) -> dict[str, SeedGroup]:
-    """Run each row's preset as a seed group (``oxbench.run(..., seeds=seeds)``) and read it back.
+    """Run each row's preset as a seed group (``oxbench.run(..., seeds=seeds)``) in ``session``,
+    its records as ``record`` says, and read it back.
 
-    ``settings`` are ``--set`` settings, each given to the rows that have it (:func:`settings_for`);
-    ``run_options`` go to :func:`oxbench.pipelines.runner.run` (``root``, ``cache``,
-    ``runs_dir``, ``workers``, ``strict``...). ``on_group`` is called as each group completes.
+    ``settings`` are ``--set`` settings, each given to the rows that have it (:func:`settings_for`).
+    ``on_group`` is called as each group completes.
 
     Returns:
         The groups by preset.
@@ -261,9 +266,11 @@ def run_milestones(
         outcome = run(
             dataset,
             m.preset,
+            session,
+            record,
+            train_dataset=train_dataset,
             overrides=settings_for(m.preset, settings),
             seeds=list(seeds),
-            **run_options,
         )
         group = load_group(RunRecord.load(outcome.run_dir))
         out[m.preset] = group

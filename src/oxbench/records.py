@@ -26,6 +26,7 @@ runs``) skips it with one warning.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -41,8 +42,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, os_reason
+from oxbench.schema import setting, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.groundtruth import GroundTruth
@@ -248,19 +251,6 @@ def distractor_tag(n_distractors: int, source: str | int | None = None) -> str:
             text = f"{round(v)}" if v >= 9.95 else f"{v:.1f}".removesuffix(".0")
             return f"+{prefix}{text}{letter}"
     return f"+{prefix}{n_distractors}"
-
-
-def preset_label(method: str, settings: Mapping[str, Any] | None) -> str:
-    """:func:`default_label` against the registered preset ``method`` (its input settings left out);
-    the name alone when no preset of that name is registered."""
-    from oxbench.pipelines.presets import METHODS
-    from oxbench.schema import describe
-
-    if method not in METHODS:
-        return method
-    preset = METHODS.get(method)
-    inputs = {row.name for row in describe(preset) if row.input}
-    return default_label(method, settings, preset.to_dict(), inputs=inputs)
 
 
 # --- writing ------------------------------------------------------------------------------------
@@ -802,112 +792,263 @@ def _cross_check(
         raise mismatch(key, metrics[key], recomputed)
 
 
-_RECORD_TEXT = ("run_id", "method", "dataset", "started")
+# --- record.json: the typed parts, declared once ---------------------------------------------------
+
+#: How ``record.json`` names a field in errors (``record field 'execution.workers'``).
+_RECORD_FIELD = "record field"
 
 
-def _check_execution(execution: Any, path: Path) -> None:
-    """``record.json``'s ``execution``: where the parallel stages ran.
+def _validated(instance: Any, prefix: str) -> None:
+    """Every spec'd field of a record part checked, errors naming ``prefix.field``."""
+    validate(instance, what=_RECORD_FIELD, label=lambda n: f"{prefix}{n}")
 
-    ``backend`` (``serial``, ``processes``, ``dask``), ``workers`` and ``threads_per_worker``
-    (positive integers); with Dask also ``cluster`` (``local`` or ``address``), ``scheduler`` (an
-    address without credentials, or null), ``retries`` and ``allowed_failures`` (the bounds for a
-    task that raises and for one whose worker dies) and ``retried`` (task attempts
-    beyond the first, over the run), and ``stages``: per parallel stage its ``stage`` name, ``tasks``,
-    ``retried``, ``complete`` and wall ``seconds``.
+
+def _counts(value: Any, name: str) -> dict[str, int]:
+    """``{part: non-negative integer}``, or one line naming ``name``."""
+    if not isinstance(value, Mapping) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value.values()
+    ):
+        raise InputError(f"'{name}' must map parts to non-negative byte counts")
+    return {str(k): int(v) for k, v in value.items()}
+
+
+def _from_fields(cls: Any, values: Any, name: str) -> Any:
+    """``cls(**values)`` for a part written as an object: a missing field or one it does not
+    have is one line naming the part."""
+    if not isinstance(values, Mapping):
+        raise InputError(f"'{name}' must be an object")
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing = sorted(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.name not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    )
+    if missing:
+        raise InputError(f"'{name}' has no {missing[0]!r}")
+    return cls(**{k: v for k, v in values.items() if k in names})
+
+
+@dataclass(frozen=True)
+class ExecutionFacts:
+    """``record.json``'s ``execution``: where the parallel stages ran, as the executor describes
+    itself (:meth:`oxbench.execution.Executor.describe`): its backend, workers and threads per
+    worker, and the facts of its own (a Dask cluster's address and retries, a plugin's cluster),
+    which its class checks (:meth:`oxbench.execution.Executor.check_facts`) when it is installed.
     """
-    _need(isinstance(execution, dict), "'execution' must be an object", path)
-    _need(
-        _is_text(execution.get("backend")), "'execution.backend' must be a non-empty string", path
-    )
-    for key in ("workers", "threads_per_worker"):
-        _need(
-            _is_int(execution.get(key)) and execution[key] >= 1,
-            f"'execution.{key}' must be a positive integer",
-            path,
-        )
-    for key in ("retries", "allowed_failures", "retried"):
-        _need(
-            key not in execution or (_is_int(execution[key]) and execution[key] >= 0),
-            f"'execution.{key}' must be a non-negative integer",
-            path,
-        )
-    _need(
-        "cluster" not in execution or execution["cluster"] in ("local", "address"),
-        "'execution.cluster' must be 'local' or 'address'",
-        path,
-    )
-    scheduler = execution.get("scheduler")
-    _need(
-        scheduler is None or (_is_text(scheduler) and "@" not in scheduler),
-        "'execution.scheduler' must be an address without credentials, or null",
-        path,
-    )
-    stages = execution.get("stages", [])
-    _need(isinstance(stages, list), "'execution.stages' must be a list", path)
-    for st in stages:
-        ok = (
-            isinstance(st, dict)
-            and _is_text(st.get("stage"))
-            and _is_int(st.get("tasks"))
-            and _is_int(st.get("retried"))
-            and isinstance(st.get("complete"), bool)
-            and isinstance(st.get("seconds"), int | float)
-            and not isinstance(st.get("seconds"), bool)
-        )
-        _need(ok, "'execution.stages' entries need stage, tasks, retried, complete, seconds", path)
+
+    backend: str = setting(spec=S.Str(min_len=1, max_len=256), doc="execution backend")
+    workers: int = setting(spec=S.Int(lo=1, hi=1 << 24), doc="workers")
+    threads_per_worker: int = setting(spec=S.Int(lo=1, hi=1 << 16), doc="threads per worker")
+    own: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from oxbench.execution import EXECUTORS
+
+        _validated(self, "execution.")
+        if self.backend in EXECUTORS:
+            EXECUTORS.get(self.backend).check_facts(self.own)
+
+    @classmethod
+    def from_dict(cls, values: Any) -> ExecutionFacts:
+        if not isinstance(values, Mapping):
+            raise InputError("'execution' must be an object")
+        common = ("backend", "workers", "threads_per_worker")
+        own = {k: v for k, v in values.items() if k not in common}
+        return cls(**{k: values.get(k) for k in common}, own=own)  # type: ignore[arg-type]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "workers": self.workers,
+            "threads_per_worker": self.threads_per_worker,
+            **self.own,
+        }
 
 
-def _check_footprint(footprint: Any, path: Path) -> None:
-    """``record.json``'s ``footprint`` (:meth:`oxbench.index.footprint.Footprint.to_dict`), or null:
-    ``n_index`` and the byte totals non-negative integers, the per-image figures non-negative
-    numbers, ``ram``/``disk``/``fixed_ram``/``fixed_disk`` objects of non-negative integers."""
-    if footprint is None:
-        return
-    _need(isinstance(footprint, dict), "'footprint' must be an object or null", path)
-    for key in ("n_index", "ram_bytes", "disk_bytes"):
-        _need(
-            _is_int(footprint.get(key)) and footprint[key] >= 0,
-            f"'footprint.{key}' must be a non-negative integer",
-            path,
-        )
-    for key in ("ram_bytes_per_image", "disk_bytes_per_image"):
-        v = footprint.get(key)
-        _need(
-            _is_num(v) and math.isfinite(v) and v >= 0,
-            f"'footprint.{key}' must be a non-negative number",
-            path,
-        )
-    for key in ("ram", "disk", "fixed_ram", "fixed_disk"):
-        parts = footprint.get(key)
-        _need(
-            isinstance(parts, dict) and all(_is_int(v) and v >= 0 for v in parts.values()),
-            f"'footprint.{key}' must map parts to non-negative byte counts",
-            path,
-        )
+@dataclass(frozen=True)
+class FootprintFacts:
+    """``record.json``'s ``footprint``: the index's measured RAM and disk
+    (:meth:`oxbench.index.footprint.Footprint.to_dict`)."""
+
+    n_index: int = setting(spec=S.Int(lo=0, hi=1 << 48), doc="indexed images")
+    ram_bytes: int = setting(spec=S.Int(lo=0, hi=1 << 60), doc="RAM bytes")
+    disk_bytes: int = setting(spec=S.Int(lo=0, hi=1 << 60), doc="disk bytes")
+    ram_bytes_per_image: float = setting(spec=S.Float(lo=0), doc="RAM bytes per image")
+    disk_bytes_per_image: float = setting(spec=S.Float(lo=0), doc="disk bytes per image")
+    ram: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    disk: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    fixed_ram: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    fixed_disk: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _validated(self, "footprint.")
+        for key in ("ram", "disk", "fixed_ram", "fixed_disk"):
+            object.__setattr__(self, key, _counts(getattr(self, key), f"footprint.{key}"))
+
+    @classmethod
+    def from_dict(cls, values: Any) -> FootprintFacts:
+        return _from_fields(cls, values, "footprint")  # type: ignore[no-any-return]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _check_seed_group(group: Any, path: Path) -> None:
-    """``record.json``'s ``seed_group`` (:mod:`oxbench.pipelines.seedgroup`): a group id, the
-    member's seed, the group's seeds (:class:`oxbench.schema.SeedList`) and the settings set."""
-    from oxbench.schema import SeedList
+@dataclass(frozen=True)
+class SeedGroupFacts:
+    """``record.json``'s ``seed_group`` (:mod:`oxbench.pipelines.seedgroup`): the group's id, this
+    member's seed, the group's seeds and the settings each sets."""
 
-    _need(isinstance(group, dict), "'seed_group' must be an object", path)
-    _need(_is_text(group.get("id")), "'seed_group' needs an 'id' (text)", path)
-    try:
-        seeds = SeedList().check("seed_group.seeds", group.get("seeds"), what="record field")
-    except InputError as exc:
-        raise InputError(exc.problem, path) from None
-    _need(
-        _is_int(group.get("seed")) and group["seed"] in seeds,
-        f"'seed_group' seed {_show(group.get('seed'))} is not one of its seeds",
-        path,
-    )
-    settings = group.get("settings")
-    _need(
-        isinstance(settings, list) and all(_is_text(x) for x in settings),
-        "'seed_group' settings must be a list of setting names",
-        path,
-    )
+    id: str = setting(spec=S.Str(min_len=1, max_len=256), doc="group id")
+    seed: int = setting(spec=S.Int(lo=0, hi=2**63 - 1), doc="this member's seed")
+    seeds: tuple[int, ...] = setting(spec=S.SeedList(), doc="the group's seeds")
+    settings: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _validated(self, "seed_group.")
+        if self.seed not in self.seeds:
+            raise InputError(f"'seed_group' seed {self.seed} is not one of its seeds")
+        if not isinstance(self.settings, list | tuple) or not all(
+            isinstance(x, str) and x for x in self.settings
+        ):
+            raise InputError("'seed_group' settings must be a list of setting names")
+        object.__setattr__(self, "settings", tuple(self.settings))
+
+    @classmethod
+    def from_dict(cls, values: Any) -> SeedGroupFacts:
+        return _from_fields(cls, values, "seed_group")  # type: ignore[no-any-return]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "seed": self.seed,
+            "seeds": list(self.seeds),
+            "settings": list(self.settings),
+        }
+
+
+def _object(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise InputError(f"{name!r} must be an object")
+    return dict(value)
+
+
+@dataclass(frozen=True)
+class RecordFile:
+    """``record.json``: who ran what, where, from what, and what it cost -- declared once, written
+    by the runner (:meth:`to_dict`) and checked by every reader (:meth:`from_dict`).
+
+    Attributes:
+        format: :data:`RECORD_FORMAT`.
+        run_id, status, started, ended: the run's id, ``complete``, and UTC ISO times.
+        command: the command line.
+        method, label, family, dataset: what ran, under which name, on what.
+        oxbench_version, git_commit, versions, plugins, accel: what code ran.
+        host: the machine (CPU, cores, GPU, platform).
+        execution: where the parallel stages ran (:class:`ExecutionFacts`).
+        cache, cache_computed, cache_dir: each step from the cache or computed, and where.
+        footprint: the index's measured RAM and disk (:class:`FootprintFacts`), or ``None``.
+        inputs: every input file by path, size and SHA-256.
+        seeds: every seed setting's value.
+        deterministic: the learned steps ran single-threaded.
+        seed_group: the seed group this run is a member of (:class:`SeedGroupFacts`), or ``None``.
+    """
+
+    format: int
+    run_id: str
+    status: str
+    started: str
+    method: str
+    dataset: str
+    command: tuple[str, ...] = ()
+    ended: str | None = None
+    oxbench_version: str | None = None
+    git_commit: str | None = None
+    host: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    versions: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    plugins: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    accel: bool | None = None
+    cache: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    cache_computed: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    label: str | None = None
+    family: str | None = None
+    cache_dir: str | None = None
+    execution: ExecutionFacts | None = None
+    footprint: FootprintFacts | None = None
+    inputs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    seeds: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    deterministic: bool = False
+    seed_group: SeedGroupFacts | None = None
+
+    def __post_init__(self) -> None:
+        if self.format != RECORD_FORMAT or not isinstance(self.format, int):
+            raise InputError(
+                f"run-record format {_show(self.format)}; this oxbench reads format "
+                f"{RECORD_FORMAT} (re-run, or use the oxbench that wrote it)"
+            )
+        if self.status != "complete":
+            raise InputError(f"the run did not complete (status {_show(self.status)})")
+        for key in ("run_id", "method", "dataset", "started"):
+            if not _is_text(getattr(self, key)):
+                raise InputError(
+                    f"{key!r} must be a non-empty string, got {_show(getattr(self, key))}"
+                )
+        if self.ended is not None and not isinstance(self.ended, str):
+            raise InputError("'ended' must be a string")
+        if not isinstance(self.command, list | tuple) or not all(
+            isinstance(c, str) for c in self.command
+        ):
+            raise InputError("'command' must be a list of strings")
+        object.__setattr__(self, "command", tuple(self.command))
+        for key in ("host", "versions", "plugins", "cache"):
+            object.__setattr__(self, key, _object(getattr(self, key), key))
+        if self.label is not None:
+            check_label(self.label, source="'label'")
+
+    @classmethod
+    def from_dict(cls, values: Any, path: Path | None = None) -> RecordFile:
+        """The record a ``record.json`` object describes.
+
+        Raises:
+            InputError: one line naming the file and the field.
+        """
+        try:
+            if not isinstance(values, Mapping):
+                raise InputError("expected a JSON object")
+            known = {f.name for f in dataclasses.fields(cls)}
+            kw = {k: v for k, v in values.items() if k in known}
+            missing = [k for k in ("format", "run_id", "status", "started", "method", "dataset")]
+            for k in missing:
+                kw.setdefault(k, None)
+            if kw.get("format") == RECORD_FORMAT and kw.get("status") == "complete":
+                for key, part in (
+                    ("execution", ExecutionFacts),
+                    ("footprint", FootprintFacts),
+                    ("seed_group", SeedGroupFacts),
+                ):
+                    if kw.get(key) is not None:
+                        kw[key] = part.from_dict(kw[key])
+            kw.setdefault("command", [])
+            return cls(**kw)
+        except InputError as exc:
+            raise InputError(exc.problem, path) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of ``record.json`` (``seed_group`` only for a member of one)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "seed_group" and value is None:
+                continue
+            if hasattr(value, "to_dict"):
+                value = value.to_dict()
+            elif isinstance(value, tuple):
+                value = list(value)
+            elif isinstance(value, Mapping):
+                value = dict(value)
+            out[f.name] = value
+        return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -970,43 +1111,7 @@ class RunRecord:
         )
         missing = [n for n in RUN_FILES if not os.path.lexists(folder / n)]
         _need(not missing, f"incomplete run folder: missing {', '.join(missing)}", folder)
-        _need(
-            record.get("status") == "complete",
-            f"the run did not complete (status {_show(record.get('status'))})",
-            rec_path,
-        )
-        for key in _RECORD_TEXT:
-            _need(
-                _is_text(record.get(key)),
-                f"{key!r} must be a non-empty string, got {_show(record.get(key))}",
-                rec_path,
-            )
-        for key in ("ended",):
-            _need(
-                key not in record or record[key] is None or isinstance(record[key], str),
-                f"{key!r} must be a string",
-                rec_path,
-            )
-        command = record.get("command", [])
-        _need(
-            isinstance(command, list) and all(isinstance(c, str) for c in command),
-            "'command' must be a list of strings",
-            rec_path,
-        )
-        for key in ("host", "versions", "plugins", "cache"):
-            _need(
-                key not in record or isinstance(record[key], dict),
-                f"{key!r} must be an object",
-                rec_path,
-            )
-        if record.get("label") is not None:
-            check_label(record["label"], source=f"{rec_path}: 'label'")
-        if "execution" in record:
-            _check_execution(record["execution"], rec_path)
-        if "footprint" in record:
-            _check_footprint(record["footprint"], rec_path)
-        if record.get("seed_group") is not None:
-            _check_seed_group(record["seed_group"], rec_path)
+        RecordFile.from_dict(record, rec_path)  # every field checked, one line naming it
         ds_path = folder / "dataset.json"
         dataset = read_record_json(ds_path)
         _need(isinstance(dataset, dict), "expected a JSON object", ds_path)
@@ -1084,14 +1189,10 @@ class RunRecord:
 
     @property
     def label(self) -> str:
-        """The run's label: the one recorded (``--label``, or the default the runner derived), or for a
-        record written before labels, the preset name plus the settings that differ from the preset
-        (:func:`default_label`)."""
+        """The run's label: the one recorded (``--label``, or the default the runner derived:
+        :func:`default_label`), or for a record written before labels, its method's name."""
         recorded = self.record.get("label")
-        if recorded is not None:
-            return str(recorded)
-        method = self.config.get("method")
-        return preset_label(self.method, method if isinstance(method, dict) else None)
+        return str(recorded) if recorded is not None else self.method
 
     @property
     def started(self) -> str:

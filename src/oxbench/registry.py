@@ -180,6 +180,8 @@ class Registry(Generic[T]):
             DuplicateEntryError: ``name`` is taken (an :class:`InputError` line naming both origins).
         """
         origin = _origin_of(entry)
+        if name in self._entries and self._entries[name] is entry:
+            return entry  # a module that registers what its entry point also names
         if name in self._entries:
             raise DuplicateEntryError(
                 f"{self.kind} {name!r} is registered twice: by {self._origins[name]} and by {origin}"

@@ -35,7 +35,7 @@ import dataclasses
 import math
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -328,10 +328,12 @@ class Choice(Spec):
 
     _kind: ClassVar[str] = "choice"
 
-    def __init__(self, *choices: str) -> None:
+    def __init__(self, *choices: str, renamed: Mapping[str, str] | None = None) -> None:
         if not choices or not all(isinstance(c, str) for c in choices):
             raise TypeError("Choice takes one or more strings")
         self.choices: tuple[str, ...] = tuple(choices)
+        #: values of earlier versions and their names now (refused, naming the new one)
+        self.renamed: dict[str, str] = dict(renamed or {})
 
     def __repr__(self) -> str:
         return f"Choice{self.choices!r}"
@@ -348,10 +350,135 @@ class Choice(Spec):
     def _check(self, value: Any) -> Any:
         if isinstance(value, str) and value in self.choices:
             return value
+        if isinstance(value, str) and value in self.renamed:
+            return _Refusal(f"{value!r} is now {self.renamed[value]!r}")
         return _Refusal(f"expected one of {self._words()}")
 
     def describe(self) -> str:
         return f"one of {self._words()}"
+
+
+class Group:
+    """Base of a group of settings nested in a config under one name (``vocabulary.size``,
+    ``he.ht``): a frozen dataclass whose every field is declared with :func:`setting`."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{setting: value}``, JSON-able (what records and digests hold)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> Any:
+        """The group a record's ``to_dict()`` describes.
+
+        Raises:
+            InputError: a setting the group does not have, or a value its spec refuses.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        extra = sorted(set(values) - known)
+        if extra:
+            raise InputError(f"no setting {extra[0]!r} (its settings: {', '.join(sorted(known))})")
+        return cls(**values)
+
+
+class KindSettings(Group):
+    """Base of one kind of a :class:`Kinds` setting: a frozen dataclass of the kind's own settings
+    (every field declared with :func:`setting`) with the name it is chosen by (:attr:`kind`)."""
+
+    kind: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"kind": name, setting: value, ...}``, JSON-able (what records and digests hold)."""
+        return {"kind": self.kind, **super().to_dict()}
+
+    def __str__(self) -> str:
+        """The kind's name, as ``--set`` chooses it (its settings are listed one by one)."""
+        return self.kind
+
+
+class Kinds(Spec):
+    """One of several named kinds, each with settings of its own only (as faiss names an index by
+    one factory string): ``search=faiss-ivfpq`` then ``search.nlist=1024``; a sub-setting of
+    another kind is refused in one line naming the kind that has it.
+
+    Text names a kind (its defaults); a mapping is a record's ``to_dict()`` (``{"kind": ...}``); an
+    instance of one of the kinds is taken as it is.
+
+    Args:
+        label: what the setting chooses, for listings and messages (``search``).
+        kinds: the :class:`KindSettings` dataclasses, in the order listings show them.
+    """
+
+    def __init__(self, label: str, *kinds: type[KindSettings]) -> None:
+        names = [k.kind for k in kinds]
+        if not kinds or len(set(names)) != len(names) or not all(names):
+            raise TypeError("Kinds takes kinds with distinct, non-empty names")
+        self.label = label
+        self.kinds: dict[str, type[KindSettings]] = dict(zip(names, kinds, strict=True))
+
+    @property
+    def kind(self) -> str:
+        return f"{self.label} kind"
+
+    def __repr__(self) -> str:
+        return f"Kinds({self.label!r}, {', '.join(self.kinds)})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Kinds) and (other.label, other.kinds) == (self.label, self.kinds)
+
+    def __hash__(self) -> int:
+        return hash((self.label, tuple(self.kinds)))
+
+    def _words(self) -> str:
+        return ", ".join(self.kinds)
+
+    def _from_text(self, text: str) -> Any:
+        cls = self.kinds.get(text)
+        return cls() if cls is not None else _Refusal(f"expected one of {self._words()}")
+
+    def _check(self, value: Any) -> Any:
+        if isinstance(value, tuple(self.kinds.values())):
+            return value
+        if isinstance(value, str):
+            return self._from_text(value.strip())
+        if isinstance(value, Mapping):
+            cls = self.kinds.get(value.get("kind"))  # type: ignore[arg-type]
+            if cls is None:
+                return _Refusal(f"expected a record of one of {self._words()}")
+            try:
+                return cls.from_dict({k: v for k, v in value.items() if k != "kind"})
+            except InputError as exc:
+                return _Refusal(f"{cls.kind}: {exc.problem}")
+        return _Refusal(f"expected one of {self._words()}")
+
+    def describe(self) -> str:
+        return f"one of {self._words()}"
+
+    def unknown_setting(self, value: Any, key: str, method: str) -> str:
+        """The one line for ``--set FIELD.X`` where the chosen kind has no ``X``: the kinds that
+        have it (and how to switch), else the chosen kind's own settings."""
+        field, _, sub = key.partition(".")
+        sub = sub.split(".", 1)[0]
+        own = [f.name for f in dataclasses.fields(value)]
+        others = [
+            name
+            for name, cls in self.kinds.items()
+            if name != value.kind and sub in {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        ]
+        mine = ", ".join(f"{field}.{n}" for n in own) or "none"
+        if others:
+            return (
+                f"method {method}: {key} is a setting of {self.label} kind {' and '.join(others)}, "
+                f"and {method} has {field}={value.kind} (whose settings are {mine}); switch with "
+                f"--set {field}={others[0]}"
+            )
+        return (
+            f"unknown setting {key!r} of {self.label} kind {value.kind} ({method}); its settings: "
+            f"{mine} (kinds: {self._words()})"
+        )
 
 
 @dataclass(frozen=True)
@@ -391,12 +518,14 @@ DEVICE = Str(
 
 @dataclass(frozen=True)
 class Names(Spec):
-    """An ordered tuple of at most ``max_len`` distinct names (``[a-z0-9][a-z0-9._-]*``, at most 64
-    characters each): re-ranking stages, say. Text is comma-separated (``spatial,aqe-verified``);
-    ``none`` or nothing is the empty tuple. Whether each name exists is its registry's check.
+    """An ordered tuple of at most ``max_len`` names (``[a-z0-9][a-z0-9._-]*``, at most 64
+    characters each; distinct unless ``repeats``): re-ranking stages, say. Text is comma-separated
+    (``spatial,aqe-verified``); ``none`` or nothing is the empty tuple. Whether each name exists is
+    its registry's check.
     """
 
     max_len: int = 16
+    repeats: bool = False
     _kind: ClassVar[str] = "names"
 
     def _from_text(self, text: str) -> Any:
@@ -415,7 +544,7 @@ class Names(Spec):
         for v in value:
             if not isinstance(v, str) or not _NAME_TEXT.match(v):
                 return _Refusal(f"{v!r} is not a name (lower-case letters, digits, '.', '_', '-')")
-        if len(set(value)) != len(value):
+        if not self.repeats and len(set(value)) != len(value):
             return _Refusal("a name is repeated")
         return tuple(value)
 
@@ -753,10 +882,10 @@ def input_paths(instance: Any) -> dict[str, str]:
 
 
 def is_seed_setting(name: str) -> bool:
-    """Whether a (dotted) setting name names a seed: ``seed`` or ``<step>_seed`` (``vocab_seed``,
-    ``he_seed``, ``features.seed``) -- the one naming rule for every random or learned step."""
-    last = name.rsplit(".", 1)[-1]
-    return last == "seed" or last.endswith("_seed")
+    """Whether a (dotted) setting name names a seed: the one naming rule for every random or
+    learned step is ``seed`` in the step's group (``vocabulary.seed``, ``he.seed``,
+    ``search.seed``, ``descriptor.seed``, ``descriptor.vocabulary.seed``)."""
+    return name.rsplit(".", 1)[-1] == "seed"
 
 
 def seed_settings(cls_or_instance: Any) -> dict[str, int]:

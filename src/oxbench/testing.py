@@ -9,7 +9,7 @@ fix. A plugin's own tests call them on what it registers::
     )
 
     def test_my_plugin_passes_the_checks(tmp_path):
-        check_family(resolve_method("my-preset", vocab_size=64), root=tmp_path)
+        check_family(resolve_method("my-preset", **{"vocabulary.size": 64}), root=tmp_path)
         check_reranker(MyReranker)
         check_local_extractor(MyExtractor())
         check_descriptor(MyDescriptor(), root=tmp_path)
@@ -135,7 +135,7 @@ _BAD_TEXT = {
 def _settings(config: Any) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
     """``(dotted name, field, value)`` of every setting that applies (nested configs as dotted
     names, as deep as they go -- ``descriptor.features.max_side`` -- and the settings of each stage
-    group the pipeline's stages read as ``group.setting``)."""
+    instance of the pipeline as ``instance.setting``)."""
     from oxbench.pipelines.method import STAGE_SETTINGS_FIELD
 
     for f in dataclasses.fields(config):
@@ -143,10 +143,10 @@ def _settings(config: Any) -> Iterator[tuple[str, dataclasses.Field[Any], Any]]:
             continue
         value = getattr(config, f.name)
         if f.name == STAGE_SETTINGS_FIELD:
-            for group in config.stage_groups:
-                settings = config.stage(group)
-                for g in dataclasses.fields(settings):
-                    yield f"{group}.{g.name}", g, getattr(settings, g.name)
+            for instance in config.stage_instances:
+                settings = config.stage(instance)
+                for g in dataclasses.fields(settings) if settings is not None else ():
+                    yield f"{instance}.{g.name}", g, getattr(settings, g.name)
         else:
             yield from _nested(f.name, f, value)
 
@@ -260,7 +260,7 @@ def check_family(
 
     Args:
         config: a :class:`~oxbench.pipelines.MethodConfig` (a preset with small settings, e.g.
-            ``resolve_method("rootsift-bow", vocab_size=64)``).
+            ``resolve_method("rootsift-bow", **{"vocabulary.size": 64})``).
         root: a folder for the tiny benchmark (:func:`make_tiny_root`, reused when there) and the
             check's cache; default: a temporary folder, removed afterwards.
         dataset: the benchmark the method runs on (under ``root``).
@@ -564,7 +564,16 @@ class SyntheticSpace:
             final[qi], final_scores[qi] = verified_first(
                 ranks[qi], by_index[qi], res.verified, res.inliers
             )
-        return Ranking(final, final_scores, self.queries, tuple(results), info={"first": True})
+        from oxbench.refinement.spatial import Verification
+
+        return Ranking(
+            final,
+            final_scores,
+            self.queries,
+            tuple(results),
+            info={"first": True},
+            verification=Verification(),
+        )
 
     @property
     def dense_database(self) -> NDArray[np.float32]:
@@ -579,7 +588,7 @@ class SyntheticSpace:
         """``"augment"``: replace the database vectors (an index-phase stage does)."""
         self._db = np.asarray(database, np.float32)
 
-    def verified_neighbours(self, r: int, ctx: Any) -> NDArray[np.int64]:
+    def verified_neighbours(self, r: int, ctx: Any, settings: Any = None) -> NDArray[np.int64]:
         """``"augment"`` with ``"local"``: each database image's top ``r`` others by its vector,
         those of its own group "verified" (``-1`` pads)."""
         scores = self._db @ self._db.T
@@ -596,11 +605,13 @@ class SyntheticSpace:
         ranks: NDArray[np.int64],
         r: int,
         ctx: Any,
+        settings: Any = None,
         *,
         rows: dict[int, NDArray[np.int64]] | None = None,
         stage: str = "spatial",
     ) -> list[Any]:
-        """Each query's top ``r`` (or its list in ``rows``) verified by the groups."""
+        """Each query's top ``r`` (or its list in ``rows``) verified by the groups (``settings``:
+        the verification's, unread: the groups are the truth)."""
         from oxbench.pipelines.steps.verify import VerifiedList
 
         out = []
@@ -619,62 +630,47 @@ class SyntheticSpace:
 
 
 def _reranker_stage(cls: Any, settings: Any) -> Any:
-    """The stage ``cls`` built from ``settings`` (``{group: settings}``; a group not given takes
-    its defaults), after checking each settings group it ``uses``: registered, a frozen dataclass
-    whose every field declares its spec (type, range, doc) and whose defaults construct, and that
-    refuses NaN in one line naming ``group.setting`` -- what ``--set group.setting=...`` relies on.
-    """
+    """The stage ``cls`` built from ``settings`` (default: its settings' defaults), after checking
+    its settings class: a frozen dataclass whose every field declares its spec (type, range, doc)
+    and whose defaults construct, and that refuses NaN in one line naming ``stage.setting`` --
+    what ``--set stage.setting=...`` relies on."""
     from oxbench.errors import InputError
-    from oxbench.pipelines.rerankers import STAGE_SETTINGS
     from oxbench.schema import SPEC_KEY, parse
 
     what = f"re-ranker {cls.__name__}"
-    given = dict(settings or {})
-    built = {}
-    for group in cls.uses:
-        if group not in STAGE_SETTINGS:
+    scls = cls.settings_type
+    if scls is None:
+        return cls()
+    params = getattr(scls, "__dataclass_params__", None)
+    if params is None or not params.frozen:
+        raise _fail(what, "its settings_type is not a frozen dataclass", "@dataclass(frozen=True)")
+    stage = cls.name or "stage"
+    for f in dataclasses.fields(scls):
+        label = f"{stage}.{f.name}"
+        if SPEC_KEY not in f.metadata:
             raise _fail(
                 what,
-                f"reads settings group {group!r}, which is not registered",
-                "call register_stage_settings(group, cls)",
+                f"setting {label} declares no spec",
+                "declare it with oxbench.schema.setting(default, spec, doc=...)",
             )
-        scls = STAGE_SETTINGS.get(group)
-        params = getattr(scls, "__dataclass_params__", None)
-        if params is None or not params.frozen:
-            raise _fail(
-                what,
-                f"settings group {group!r} is not a frozen dataclass",
-                "@dataclass(frozen=True)",
-            )
-        for f in dataclasses.fields(scls):
-            if SPEC_KEY not in f.metadata:
-                raise _fail(
-                    what,
-                    f"setting {group}.{f.name} declares no spec",
-                    "declare it with oxbench.schema.setting(default, spec, doc=...)",
-                )
-            spec = f.metadata[SPEC_KEY]
-            if spec.kind in ("int", "float", "size"):
-                try:
-                    parse(scls, f.name, "nan", label=f"{group}.{f.name}")
-                except InputError as exc:
-                    if "\n" in str(exc) or f"{group}.{f.name}" not in str(exc):
-                        raise _fail(
-                            what, f"{group}.{f.name}=nan: {exc}", "one line naming group.setting"
-                        ) from None
-                else:
+        spec = f.metadata[SPEC_KEY]
+        if spec.kind in ("int", "float", "size"):
+            try:
+                parse(scls, f.name, "nan", label=label)
+            except InputError as exc:
+                if "\n" in str(exc) or label not in str(exc):
                     raise _fail(
-                        what, f"{group}.{f.name} takes nan", "a range check that refuses NaN"
-                    )
-        try:
-            built[group] = given.get(group) or scls()
-        except Exception as exc:  # noqa: BLE001 - reported as what the plugin must fix
-            raise _fail(
-                what,
-                f"settings group {group!r} has no valid defaults ({exc})",
-                "give every setting a default",
-            ) from None
-    return cls.from_settings(built)
+                        what, f"{label}=nan: {exc}", "one line naming stage.setting"
+                    ) from None
+            else:
+                raise _fail(what, f"{label} takes nan", "a range check that refuses NaN")
+    try:
+        values = settings if settings is not None else scls()
+    except Exception as exc:  # noqa: BLE001 - reported as what the plugin must fix
+        raise _fail(
+            what, f"its settings have no valid defaults ({exc})", "give every setting a default"
+        ) from None
+    return cls(values)
 
 
 def check_reranker(cls: type, settings: Any = None) -> None:
@@ -682,7 +678,8 @@ def check_reranker(cls: type, settings: Any = None) -> None:
 
     Args:
         cls: a :class:`~oxbench.pipelines.rerankers.Reranker` subclass.
-        settings: ``{group: settings}`` the stage is built from (default: each group's defaults).
+        settings: an instance of its ``settings_type`` the stage is built from (default: its
+            defaults).
 
     Raises:
         AssertionError: what the stage must fix.
@@ -973,6 +970,20 @@ def check_executor(executor_or_factory: Any, *, workers: int = 2) -> None:
             ) from None
         if facts.get("backend") != executor.backend:
             raise _fail(what, "describe() does not name its backend", "extend super().describe()")
+        from oxbench.errors import InputError
+        from oxbench.records import ExecutionFacts
+
+        try:  # what a run records of it is read back as it was written
+            recorded = json.loads(json.dumps(_plain(facts)))
+            if ExecutionFacts.from_dict(recorded).to_dict() != recorded:
+                raise InputError("its facts do not read back as written")
+        except InputError as exc:
+            raise _fail(
+                what,
+                f"a run record of its describe() does not read back ({exc.problem})",
+                "give backend, workers and threads_per_worker; check facts of your own in "
+                "check_facts",
+            ) from None
         items = list(range(13))
         expected = list(SerialExecutor().map(_Job(), items))
         got = list(executor.map(_Job(), items, desc=None))

@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from oxbench import __version__
 from oxbench.errors import InputError, MissingExtraError
+from oxbench.version import __version__
 
 # name -> (module, attribute, short help). Each module defines one click command or group.
 _SUBCOMMANDS: dict[str, tuple[str, str, str]] = {

@@ -449,7 +449,9 @@ def mine_cmd(
     methods) and keep the KEEP most distracting; then run with
     ``--distractors synthetic-mined-KIND:KEEP``."""
     from oxbench.cli.options import parse_setting, parse_workers
-    from oxbench.datasets.mining import mine_distractors, selection_summary
+    from oxbench.datasets.mining import selection_summary
+    from oxbench.pipelines.mining import mine_distractors
+    from oxbench.pipelines.session import RecordOptions, Session
 
     names = [m.strip() for m in methods.split(",") if m.strip()]
     overrides: dict[str, dict[str, object]] = {m: {} for m in names}
@@ -467,11 +469,10 @@ def mine_cmd(
         keep=keep,
         methods=names,
         overrides=overrides,
-        root=root,
-        cache=cache,
-        runs_dir=runs,
-        workers=parse_workers(workers),
-        progress=not no_progress,
+        session=Session(
+            root=root, cache=cache, workers=parse_workers(workers), progress=not no_progress
+        ),
+        record=RecordOptions(runs_dir=runs),
     )
     click.echo(selection_summary(json.loads(out.read_text(encoding="utf-8"))))
     click.echo(f"selection: {out}  (use --distractors synthetic-mined-{kind}:{keep})")

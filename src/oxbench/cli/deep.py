@@ -108,23 +108,28 @@ def extract(
     """
     from oxbench.errors import InputError
     from oxbench.pipelines.extract import extract_descriptors, extract_partition
+    from oxbench.pipelines.session import Session
 
+    session = Session(
+        root=root,
+        cache=cache,
+        workers=parse_workers(workers),
+        engine=engine,
+        engine_options=parse_engine_options(engine, engine_options, cluster),
+        shard_size=shard_size,
+        decode_threads=decode_threads,
+        progress=not no_progress,
+        strict=not allow_partial,
+    )
     part = parse_partition(partition)
     if part is not None:
         done = extract_partition(
             dataset,
             method,
             part,
-            root=root,
-            cache=cache,
+            session,
             overrides=dict(parse_setting(s) for s in settings),
             distractors=parse_distractors(distractors),
-            strict=not allow_partial,
-            workers=parse_workers(workers),
-            engine=engine,
-            engine_options=parse_engine_options(engine, engine_options, cluster),
-            shard_size=shard_size,
-            progress=not no_progress,
         )
         counts = ", ".join(f"{n} {p}" for p, n in done.items())
         click.echo(
@@ -138,18 +143,10 @@ def extract(
         dataset,
         method,
         out,
-        root=root,
-        cache=cache,
+        session,
         train_dataset=train_dataset,
         overrides=dict(parse_setting(s) for s in settings),
         distractors=parse_distractors(distractors),
-        strict=not allow_partial,
-        workers=parse_workers(workers),
-        engine=engine,
-        engine_options=parse_engine_options(engine, engine_options, cluster),
-        shard_size=shard_size,
-        decode_threads=decode_threads,
-        progress=not no_progress,
     )
     if not outcome.dim:
         counts = ", ".join(f"{n} {p}" for p, n in outcome.info["described"].items())

@@ -46,7 +46,7 @@ from oxbench.errors import InputError
     "settings",
     multiple=True,
     metavar="KEY=VALUE",
-    help="A setting given to every row that has it (e.g. --set vocab_size=4096 for a quick look; "
+    help="A setting given to every row that has it (e.g. --set vocabulary.size=4096 for a quick look; "
     "recorded, and in the labels).",
 )
 @execution_options
@@ -88,6 +88,7 @@ def milestones(
     its source, then whether each published trend holds against the seed and query spread."""
     from oxbench.cli.options import parse_engine_options
     from oxbench.milestones import Milestone, choose, milestone_table, run_milestones
+    from oxbench.pipelines.session import RecordOptions, Session
     from oxbench.report.seeds import SeedGroup
     from oxbench.schema import MAX_SEEDS, Int
 
@@ -103,21 +104,24 @@ def milestones(
     def done(m: Milestone, group: SeedGroup) -> None:
         click.echo(f"{m.preset}: {group.headline()}", err=True)
 
-    groups = run_milestones(
-        rows,
-        list(range(n)),
-        dataset=dataset,
-        settings=overrides,
-        on_group=done,
+    session = Session(
         root=root,
         cache=cache,
-        runs_dir=runs_dir,
-        train_dataset=train_dataset,
         workers=parse_workers(workers),
         engine=engine,
         engine_options=parse_engine_options(engine, engine_options, cluster),
         shard_size=shard_size,
         strict=not allow_partial,
         progress=progress,
+    )
+    groups = run_milestones(
+        rows,
+        list(range(n)),
+        session,
+        RecordOptions(runs_dir=runs_dir),
+        dataset=dataset,
+        train_dataset=train_dataset,
+        settings=overrides,
+        on_group=done,
     )
     click.echo(milestone_table(rows, groups, fmt=fmt, alpha=alpha, n_resamples=resamples), nl=False)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -39,7 +40,7 @@ def method_options(f: F) -> F:
                 "settings",
                 multiple=True,
                 metavar="KEY=VALUE",
-                help="Change a method setting (repeatable), e.g. --set vocab_size=4096 "
+                help="Change a method setting (repeatable), e.g. --set vocabulary.size=4096 "
                 "--set features.max_side=512 --set whitening=pca --set descriptor.weights=MODEL.pt.",
             ),
             click.option(
@@ -64,7 +65,85 @@ def parse_setting(text: str) -> tuple[str, object]:
     return key.strip(), raw
 
 
-#: The help of ``--workers``, the same on every command that runs parallel stages.
+def schema_options(cls: type, *, what: str) -> Callable[[F], F]:
+    """Options generated from a settings dataclass's schema: ``--set KEY=VALUE`` for any setting
+    of ``cls``, and one typed shorthand per setting (``--epochs N`` for ``epochs``; a bool as
+    ``--name/--no-name``), each read as text and parsed by the setting's own spec
+    (:func:`collect_settings`), its help the setting's doc. Nothing is typed twice: a new setting
+    of ``cls`` is an option of the command."""
+    from oxbench.schema import DOC_KEY, SPEC_KEY, Bool, Float, Int, Optional
+
+    def decorate(f: F) -> F:
+        fields = [fl for fl in dataclasses.fields(cls) if SPEC_KEY in fl.metadata]  # type: ignore[arg-type]
+        for fl in reversed(fields):
+            spec = fl.metadata[SPEC_KEY]
+            flag = "--" + fl.name.replace("_", "-")
+            default = fl.default if fl.default is not dataclasses.MISSING else None
+            accepts = spec.describe()
+            doc = fl.metadata.get(DOC_KEY, "")
+            help_text = f"{doc[:1].upper()}{doc[1:]}" + (f" [{accepts}]" if accepts else "")
+            help_text += f" (default: {'none' if default is None else default})"
+            if isinstance(spec, Bool):
+                f = click.option(f"{flag}/--no-{flag[2:]}", fl.name, default=None, help=help_text)(
+                    f
+                )
+            else:
+                inner = spec.inner if isinstance(spec, Optional) else spec
+                metavar = (
+                    "INTEGER"
+                    if isinstance(inner, Int)
+                    else "FLOAT"
+                    if isinstance(inner, Float)
+                    else "TEXT"
+                )
+                f = click.option(
+                    flag, fl.name, type=str, default=None, metavar=metavar, help=help_text
+                )(f)
+        return click.option(
+            "--set",
+            "settings",
+            multiple=True,
+            metavar="KEY=VALUE",
+            help=f"Change a {what} setting by name (repeatable); each option below is a shorthand "
+            "of it.",
+        )(f)
+
+    return decorate
+
+
+def collect_settings(
+    cls: type, shorthands: Mapping[str, object], set_texts: Sequence[str]
+) -> dict[str, Any]:
+    """The settings of ``cls`` the command line gave, each parsed by its spec (one line naming the
+    option or ``--set KEY``): the generated shorthands (:func:`schema_options`) and ``--set``.
+
+    Raises:
+        InputError: an unknown setting, a value its spec refuses, or one setting given twice.
+    """
+    from oxbench.errors import close_matches
+    from oxbench.schema import coerce
+
+    names = {fl.name for fl in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    given: dict[str, tuple[str, object]] = {}
+    for name, value in shorthands.items():
+        if value is not None:
+            given[name] = ("--" + name.replace("_", "-"), value)
+    for text in set_texts:
+        key, raw = parse_setting(text)
+        if key not in names:
+            near = close_matches(key, names)
+            hint = f"; did you mean {' or '.join(near)}?" if near else ""
+            raise InputError(f"--set {key}: unknown setting{hint} ({', '.join(sorted(names))})")
+        if key in given:
+            raise InputError(f"{key} is given twice ({given[key][0]} and --set {key})")
+        given[key] = (f"--set {key}", raw)
+    return {
+        name: coerce(cls, name, value, what="option", label=label)
+        for name, (label, value) in given.items()
+    }
+
+
+#: The help of ``--workers``#: The help of ``--workers``, the same on every command that runs parallel stages.
 WORKERS_HELP = (
     "Workers of the parallel stages (local-feature extraction, word assignment, spatial "
     "verification, aggregation, image rendering): processes with --engine processes, "

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
@@ -21,6 +23,7 @@ from oxbench.errors import InputError
 
 if TYPE_CHECKING:
     from oxbench.pipelines.runner import RunOutcome
+    from oxbench.pipelines.session import RecordOptions, Session
 
 
 @click.command("run")
@@ -54,7 +57,8 @@ if TYPE_CHECKING:
     "--vocab-size",
     metavar="INTEGER",
     default=None,
-    help="Shorthand of --set vocab_size=N (the visual words of a local-feature method).",
+    help="Shorthand of --set vocabulary.size=N (the visual words of a local-feature method, VLAD's "
+    "codebook: descriptor.vocabulary.size).",
 )
 @click.option(
     "--max-side",
@@ -136,8 +140,8 @@ if TYPE_CHECKING:
     "--seeds",
     default=None,
     metavar="0,1,2",
-    help="Run once per seed, every seed setting of the method (vocab_seed, he_seed, "
-    "index_seed, descriptor.seed of VLAD or a CNN) set to it, as one seed group in one config folder; runs, compare, "
+    help="Run once per seed, every seed setting of the method (each setting named seed: "
+    "vocabulary.seed, he.seed, search.seed, descriptor.seed ...) set to it, as one seed group in one config folder; runs, compare, "
     "report and plot show its mean and spread. The dataset's own generation seed is not changed.",
 )
 @click.option(
@@ -187,34 +191,67 @@ def run(
     ranks (revisitop layout), per-query metrics, the top-k retrieved names with labels and
     scores, timings and a log. Earlier runs are never replaced unless --overwrite is given.
     """
-    import sys
-
     from oxbench.pipelines.presets import DEFAULT_METHOD, METHODS
-    from oxbench.pipelines.runner import run as run_method
+    from oxbench.pipelines.session import RecordOptions, Session
 
     if list_methods:
         for name in METHODS.names():
             click.echo(f"{name}\t{METHODS.get(name).family}")
         return
-    overrides: dict[str, object] = dict(parse_setting(s) for s in settings)
-    ds_options: dict[str, str] = {}
-    for text in dataset_options:
-        key, sep, value = text.partition("=")
-        if not sep or not key.strip():
-            raise InputError(f"--dataset-option takes KEY=VALUE, got {text!r}")
-        ds_options[key.strip()] = value.strip()
-    shorthands = {"vocab_size": vocab_size, "max_side": max_side, "top_r": top_r}
-    preset = METHODS.get(method or DEFAULT_METHOD)
-    for option, raw in shorthands.items():
-        if raw is not None:  # the setting's own spec parses and checks the value
-            setting_name = preset.shorthand(option)
-            if setting_name is None:
-                flag = "--" + option.replace("_", "-")
-                raise InputError(f"{flag} does not apply to {preset.name} ({preset.family})")
-            overrides[setting_name] = raw
+    method = method or DEFAULT_METHOD
+    overrides = method_overrides(
+        method, settings, {"vocab_size": vocab_size, "max_side": max_side, "top_r": top_r}
+    )
+    ds_options = parse_dataset_options(dataset_options)
     part = parse_partition(partition)
     group_seeds = parse_seed_options(seeds, repeat)
-    if part is not None and group_seeds is not None:
+    check_partition_alone(part, group_seeds, ds_options)
+    session = Session(
+        root=root,
+        cache=cache,
+        workers=parse_workers(workers),
+        engine=engine,
+        engine_options=parse_engine_options(
+            engine, engine_options, cluster, None if part is not None else wait_workers
+        ),
+        shard_size=shard_size,
+        progress=not no_progress and not as_json,
+        strict=not allow_partial,
+        deterministic=deterministic,
+        verify_images=verify_images,
+    )
+    if part is not None:
+        _run_partition(
+            dataset, method, overrides, part, session, train_dataset, distractors, as_json
+        )
+        return
+    _run_and_report(
+        RunArguments(
+            dataset,
+            method,
+            train_dataset,
+            parse_distractors(distractors),
+            ds_options,
+            overrides,
+            group_seeds,
+        ),
+        session,
+        RecordOptions(
+            out=out,
+            label=label,
+            top_k=top_k,
+            overwrite=overwrite,
+            command=["oxbench", *sys.argv[1:]],
+        ),
+        as_json,
+    )
+
+
+def check_partition_alone(
+    part: tuple[int, int] | None, seeds: tuple[int, ...] | None, ds_options: dict[str, str]
+) -> None:
+    """``--partition`` describes images for a run to come: seeds and dataset options are refused."""
+    if part is not None and seeds is not None:
         raise InputError(
             "--seeds / --repeat do not apply to --partition: the extraction shards are the same "
             "for every seed (run --partition without them, then the seed group)"
@@ -223,59 +260,102 @@ def run(
         raise InputError(
             "--dataset-option does not apply to --partition yet; describe the partitions without it"
         )
-    if part is not None:
-        from oxbench.pipelines.extract import extract_partition
-        from oxbench.pipelines.presets import resolve_method
-        from oxbench.pipelines.runner import training_set_of
 
-        m = resolve_method(method or DEFAULT_METHOD, **overrides)
-        done = extract_partition(
-            dataset,
-            m,
-            part,
-            root=root,
-            cache=cache,
-            distractors=parse_distractors(distractors),
-            strict=not allow_partial,
-            workers=parse_workers(workers),
-            engine=engine,
-            engine_options=parse_engine_options(engine, engine_options, cluster),
-            shard_size=shard_size,
-            progress=not no_progress and not as_json,
-            train_dataset=training_set_of(m, dataset, train_dataset),
-        )
-        if as_json:
-            click.echo(json.dumps({"partition": list(part), "described": done}, indent=1))
-            return
-        counts = ", ".join(f"{n} {p}" for p, n in done.items())
-        click.echo(
-            f"partition {part[0]}/{part[1]}: described {counts} image(s); when every partition is done, "
-            "the same command without --partition combines them"
-        )
-        return
-    outcome = run_method(
+
+def method_overrides(
+    method: str, settings: tuple[str, ...], shorthands: dict[str, str | None]
+) -> dict[str, object]:
+    """The ``--set`` settings, and each shorthand given (``--vocab-size``) as the setting the
+    preset's family says it is (refused in one line where it has none)."""
+    from oxbench.pipelines.presets import METHODS
+
+    overrides: dict[str, object] = dict(parse_setting(s) for s in settings)
+    preset = METHODS.get(method)
+    for option, raw in shorthands.items():
+        if raw is not None:  # the setting's own spec parses and checks the value
+            setting_name = preset.shorthand(option)
+            if setting_name is None:
+                flag = "--" + option.replace("_", "-")
+                raise InputError(f"{flag} does not apply to {preset.name} ({preset.family})")
+            overrides[setting_name] = raw
+    return overrides
+
+
+def parse_dataset_options(texts: tuple[str, ...]) -> dict[str, str]:
+    """``--dataset-option KEY=VALUE`` (repeatable) as a mapping (the dataset checks the keys)."""
+    out: dict[str, str] = {}
+    for text in texts:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise InputError(f"--dataset-option takes KEY=VALUE, got {text!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@dataclass(frozen=True)
+class RunArguments:
+    """What ``oxbench run`` runs (the arguments of :func:`oxbench.pipelines.runner.run` besides the
+    session and the record)."""
+
+    dataset: str
+    method: str
+    train_dataset: str | None
+    distractors: str | int | None
+    dataset_options: dict[str, str]
+    overrides: dict[str, object]
+    seeds: tuple[int, ...] | None
+
+
+def _run_partition(
+    dataset: str,
+    method: str,
+    overrides: dict[str, object],
+    part: tuple[int, int],
+    session: Session,
+    train_dataset: str | None,
+    distractors: str | None,
+    as_json: bool,
+) -> None:
+    """``--partition I/N``: describe one partition of the extraction shards."""
+    from oxbench.pipelines.extract import extract_partition
+    from oxbench.pipelines.presets import resolve_method
+    from oxbench.pipelines.runner import training_set_of
+
+    m = resolve_method(method, **overrides)
+    done = extract_partition(
         dataset,
-        method or DEFAULT_METHOD,
-        root=root,
-        out=out,
-        cache=cache,
-        train_dataset=train_dataset,
-        overrides=overrides,
-        workers=parse_workers(workers),
-        engine=engine,
-        engine_options=parse_engine_options(engine, engine_options, cluster, wait_workers),
-        shard_size=shard_size,
-        overwrite=overwrite,
-        top_k=top_k,
-        progress=not no_progress and not as_json,
+        m,
+        part,
+        session,
         distractors=parse_distractors(distractors),
-        strict=not allow_partial,
-        command=["oxbench", *sys.argv[1:]],
-        label=label,
-        dataset_options=ds_options,
-        deterministic=deterministic,
-        verify_images=verify_images,
-        seeds=group_seeds,
+        train_dataset=training_set_of(m, dataset, train_dataset),
+    )
+    if as_json:
+        click.echo(json.dumps({"partition": list(part), "described": done}, indent=1))
+        return
+    counts = ", ".join(f"{n} {p}" for p, n in done.items())
+    click.echo(
+        f"partition {part[0]}/{part[1]}: described {counts} image(s); when every partition is done, "
+        "the same command without --partition combines them"
+    )
+
+
+def _run_and_report(
+    args: RunArguments, session: Session, record: RecordOptions, as_json: bool
+) -> None:
+    """Run, then print the familiar lines and the table (or JSON)."""
+    from oxbench.pipelines.runner import run as run_method
+
+    outcome = run_method(
+        args.dataset,
+        args.method,
+        session,
+        record,
+        train_dataset=args.train_dataset,
+        distractors=args.distractors,
+        dataset_options=args.dataset_options,
+        overrides=args.overrides,
+        seeds=args.seeds,
     )
     if outcome.group:
         _report_group(outcome, as_json)

@@ -3,7 +3,7 @@
 Radenovic et al. 2018 built R1M from 4.1M candidates: each was scored by the fraction of Easy and
 Hard images ranked below it, summed over the queries and over three methods, and the one million
 highest scores kept -- a set that gives clearly lower mAP than a random million.
-:func:`distractor_scores` is that rule over ranked lists; :func:`mine_distractors` runs it on a
+:func:`distractor_scores` is that rule over ranked lists; :func:`oxbench.pipelines.mining.mine_distractors` runs it on a
 pool of generated distractors of one kind (:mod:`oxbench.datasets.synthetic.distractor_kinds`)
 and writes the selection, with every candidate's score, to ``<dataset>/mined/<kind>-<N>.json``,
 which ``--distractors synthetic-mined-<kind>:N`` then reads.
@@ -12,7 +12,7 @@ which ``--distractors synthetic-mined-<kind>:N`` then reads.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -131,99 +131,6 @@ def read_selection(dataset_dir: Path, kind: str, keep: int) -> tuple[int, ...]:
     ):
         raise InputError("not a mined distractor selection (format, kind, kept indices)", path)
     return tuple(sorted(kept))
-
-
-def mine_distractors(
-    dataset: str,
-    *,
-    kind: str,
-    pool: int,
-    keep: int,
-    methods: Sequence[str] = DEFAULT_METHODS,
-    overrides: Mapping[str, Mapping[str, object]] | None = None,
-    root: str | Path | None = None,
-    cache: str | Path | None = None,
-    runs_dir: str | Path = "runs",
-    workers: int | None = None,
-    progress: bool = True,
-) -> Path:
-    """Score ``pool`` generated distractors of ``kind`` with each of ``methods`` on the synthetic
-    benchmark ``dataset`` (:func:`distractor_scores`, summed over the methods) and write the
-    ``keep`` most distracting to :func:`selection_path`.
-
-    Returns:
-        The selection file: the pool, the methods and their runs, every candidate's score (total
-        and per method) and the kept indices.
-
-    Raises:
-        InputError: one line: ``pool < keep``, an unknown kind, fewer than one method, a bad
-            setting (before any run).
-    """
-    import oxbench
-    from oxbench.datasets import load
-    from oxbench.datasets.paths import data_root
-    from oxbench.datasets.synthetic.distractor_kinds import KINDS, MAX_COUNT, kind_name
-    from oxbench.fileio import atomic_write_json
-    from oxbench.pipelines.presets import resolve_method
-
-    if kind not in KINDS:
-        raise InputError(f"unknown distractor kind {kind!r}; use one of {', '.join(KINDS)}")
-    if not 1 <= keep <= MAX_COUNT or not 1 <= pool <= MAX_COUNT:
-        raise InputError(f"--keep and --pool must be 1 to {MAX_COUNT:,}")
-    if pool < keep:
-        raise InputError(f"a pool of {pool:,} candidates cannot give {keep:,} mined distractors")
-    if not methods:
-        raise InputError("name at least one method to score the pool with")
-    overrides = dict(overrides or {})
-    for m in methods:  # every setting checked before the first run
-        resolve_method(m, **dict(overrides.get(m, {})))
-    spec = f"synthetic-{kind}:{pool}"
-    per_method: dict[str, list[float]] = {}
-    runs: dict[str, str] = {}
-    bench = None
-    for m in methods:
-        outcome = oxbench.run(
-            dataset,
-            m,
-            root=root,
-            cache=cache,
-            runs_dir=runs_dir,
-            distractors=spec,
-            overrides=dict(overrides.get(m, {})),
-            workers=workers,
-            progress=progress,
-        )
-        if bench is None:
-            bench = load(dataset, data_root(root), distractors=spec, progress=False, images=False)
-        ranks = np.load(outcome.run_dir / "ranks.npy")
-        per_method[m] = distractor_scores(bench.gt, ranks, pool).tolist()
-        runs[m] = str(outcome.run_dir)
-        log.info("scored %s candidates with %s", f"{pool:,}", m)
-    assert bench is not None and bench.root is not None and bench.distractors is not None
-    total = np.sum([per_method[m] for m in methods], axis=0)
-    kept = select_most_distracting(total, keep)
-    config = getattr(bench.distractors, "config", None)
-    out = selection_path(Path(bench.root), kind, keep)
-    atomic_write_json(
-        out,
-        {
-            "format": SELECTION_FORMAT,
-            "rule": "sum over queries and methods of the fraction of Easy and Hard images "
-            "ranked below the candidate (Radenovic et al. 2018, R1M)",
-            "dataset": dataset,
-            "kind": kind,
-            "pool": spec,
-            "pool_size": pool,
-            "keep": keep,
-            "methods": list(methods),
-            "runs": runs,
-            "scores": total.tolist(),
-            "scores_by_method": per_method,
-            "kept": kept.tolist(),
-            "kept_names": [kind_name(config, kind, int(i)) for i in kept] if config else [],
-        },
-    )
-    return out
 
 
 def selection_summary(doc: Mapping[str, Any]) -> str:

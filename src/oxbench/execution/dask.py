@@ -732,6 +732,47 @@ class DaskExecutor(Executor):
             "stages": list(self.stages),
         }
 
+    @classmethod
+    def check_facts(cls, facts: Mapping[str, Any]) -> None:
+        """The facts :meth:`describe` adds: ``cluster`` (``local`` or ``address``), ``scheduler`` (an
+        address without credentials, or null), ``retries``, ``allowed_failures`` and ``retried``
+        (non-negative integers), and ``stages``: per parallel stage its ``stage`` name, ``tasks``,
+        ``retried``, ``complete`` and wall ``seconds``."""
+
+        def need(ok: bool, message: str) -> None:
+            if not ok:
+                raise InputError(f"'execution.{message}")
+
+        def count(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+        for key in ("retries", "allowed_failures", "retried"):
+            need(key not in facts or count(facts[key]), f"{key}' must be a non-negative integer")
+        need(
+            facts.get("cluster", "local") in ("local", "address"),
+            "cluster' must be 'local' or 'address'",
+        )
+        scheduler = facts.get("scheduler")
+        need(
+            scheduler is None
+            or (isinstance(scheduler, str) and scheduler != "" and "@" not in scheduler),
+            "scheduler' must be an address without credentials, or null",
+        )
+        stages = facts.get("stages", [])
+        need(isinstance(stages, list), "stages' must be a list")
+        for st in stages:
+            ok = (
+                isinstance(st, dict)
+                and isinstance(st.get("stage"), str)
+                and bool(st["stage"])
+                and count(st.get("tasks"))
+                and count(st.get("retried"))
+                and isinstance(st.get("complete"), bool)
+                and isinstance(st.get("seconds"), int | float)
+                and not isinstance(st.get("seconds"), bool)
+            )
+            need(ok, "stages' entries need stage, tasks, retried, complete, seconds")
+
     def close(self) -> None:
         """Disconnect, and stop the LocalCluster (its worker processes end)."""
         client, cluster = self._client, self._cluster

@@ -232,12 +232,25 @@ class Executor(ABC):
         """
 
     def describe(self) -> dict[str, Any]:
-        """What the run record says about where the work ran."""
+        """What the run record says about where the work ran: ``backend``, ``workers`` and
+        ``threads_per_worker``, and any facts of the backend's own (a cluster's address), which
+        :meth:`check_facts` checks when the record is read back."""
         return {
             "backend": self.backend,
             "workers": self.workers,
             "threads_per_worker": self.threads_per_worker,
         }
+
+    @classmethod
+    def check_facts(cls, facts: Mapping[str, Any]) -> None:
+        """Check the facts of the backend's own in a run record (what :meth:`describe` adds to
+        the three every backend gives); a backend with facts of its own overrides this. Every
+        value is JSON data already.
+
+        Raises:
+            InputError: one line naming the fact.
+        """
+        return None  # the three common facts are the record's to check
 
     def check_paths(self, paths: Mapping[str, str | os.PathLike[str]]) -> None:  # noqa: B027 - optional hook
         """Make sure the workers see ``paths`` (``{what: folder}``: the data root, the cache).

@@ -45,11 +45,34 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.fileio import make_folder
 from oxbench.index.word_lists import Column, WordRuns, read_folder, scatter_hamming, write_folder
+from oxbench.schema import Group, setting, validate
 
 FORMAT = 1
+
+
+@dataclass(frozen=True)
+class AsmkSettings(Group):
+    """The ``asmk`` settings of an ASMK method (Tolias et al. 2013): the selectivity function of
+    the match kernel and the query side's multiple assignment.
+
+    Attributes:
+        alpha: exponent of the selectivity function.
+        tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
+        query_ma: words per query feature (multiple assignment; the database uses 1).
+    """
+
+    alpha: float = setting(
+        3.0, S.Float(lo=0, lo_open=True, hi=100), doc="ASMK: selectivity exponent"
+    )
+    tau: float = setting(0.0, S.Float(lo=-1, hi=1, hi_open=True), doc="ASMK: selectivity threshold")
+    query_ma: int = setting(5, S.Int(lo=1, hi=64), doc="ASMK: words per query feature")
+
+    def __post_init__(self) -> None:
+        validate(self)
 
 
 def _columns(n_u64: int) -> tuple[Column, Column]:

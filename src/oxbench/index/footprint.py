@@ -218,8 +218,8 @@ def check_ram(
         n_index: images the index will hold.
         basis: how the projection was made (named in the message).
         available: bytes available (default :func:`available_ram`).
-        remedies: what the method accepts that would fit (``--set inverted_file=compressed``),
-            named after "fewer distractors" (:func:`oxbench.index.estimates.ram_remedies`).
+        remedies: what the method accepts that would fit (``--set inverted_file=mapped``),
+            named after "fewer distractors" (:func:`oxbench.pipelines.estimates.ram_remedies`).
 
     Raises:
         InputError: one line with the projection, its basis, what is available and the remedies.

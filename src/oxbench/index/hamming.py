@@ -18,13 +18,17 @@ popcount of the XOR.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.cache import CorruptCache, load_npz, save_npz
 from oxbench.errors import InputError
+from oxbench.schema import Group, KindSettings, setting, validate
 
 #: Signature length: bits packed in one ``uint64``.
 N_BITS = 64
@@ -92,6 +96,71 @@ def _medians_by_word(
         v = v[np.lexsort((v, w))]  # sorted within each word's run (w is already sorted)
         out[w[starts], b] = 0.5 * (v[lo].astype(np.float64) + v[hi])
     return out
+
+
+@dataclass(frozen=True)
+class HeSettings(Group):
+    """The ``he`` settings of a Hamming-embedding method (Jegou et al. 2008 / 2010).
+
+    Attributes:
+        ht: Hamming threshold ``h_t`` (``0 .. 64`` bits; Jegou et al. 2010 use 24 of 64).
+        weighting: ``gaussian`` (``exp(-h^2 / sigma^2)``) or ``none`` (every match counts 1).
+        sigma: the Gaussian's ``sigma`` in bits (16 in Jegou et al. 2010); with ``gaussian`` only.
+        seed: seed of the random orthogonal projection.
+        train_max: at most this many training descriptors (a seeded sample) learn the medians
+            (``None``: all of them).
+    """
+
+    ht: int = setting(24, S.Int(lo=0, hi=64), doc="HE: Hamming threshold (bits of 64)")
+    weighting: Literal["gaussian", "none"] = setting(
+        "gaussian", S.Choice("gaussian", "none"), doc="HE: match weights exp(-h^2/sigma^2) or 1"
+    )
+    sigma: float = setting(
+        16.0, S.Float(lo=0, lo_open=True, hi=64), doc="HE gaussian weighting: sigma (bits)"
+    )
+    seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="HE: seed of the random projection")
+    train_max: int | None = setting(
+        1_000_000,
+        S.Optional(S.Int(lo=1, hi=1 << 30)),
+        doc="HE: training descriptors for the medians (none: all)",
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class WgcOff(KindSettings):
+    """``wgc=off``: no weak geometric consistency."""
+
+    kind: ClassVar[str] = "off"
+
+
+@dataclass(frozen=True)
+class Wgc(KindSettings):
+    """``wgc=on``: weak geometric consistency (Jegou et al. 2008) on the orientation and
+    log-scale differences of a pair's matches (:func:`wgc_scores`).
+
+    Attributes:
+        angle_bins: bins of the orientation-difference histogram over 360 degrees.
+        scale_bins: bins of the log2-scale-difference histogram.
+        scale_range: that histogram spans ``+-scale_range`` octaves (beyond: the end bins).
+    """
+
+    kind: ClassVar[str] = "on"
+    angle_bins: int = setting(8, S.Int(lo=1, hi=360), doc="WGC: orientation bins")
+    scale_bins: int = setting(8, S.Int(lo=1, hi=256), doc="WGC: log-scale bins")
+    scale_range: float = setting(
+        4.0, S.Float(lo=0, lo_open=True, hi=64), doc="WGC: log2-scale half-range"
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+#: The ``wgc`` setting of a Hamming-embedding method: ``off``, or ``on`` with its histograms'
+#: settings (``--set wgc=on --set wgc.angle_bins=16``).
+WGC_SPEC = S.Kinds("wgc", WgcOff, Wgc)
 
 
 class HammingEmbedding:

@@ -15,16 +15,65 @@ Rankings are stable: equal scores are ordered by lower database index.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Literal
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 import numpy as np
 import scipy.sparse as sp
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.evaluation.ranking import ranks_from_scores
+from oxbench.schema import KindSettings, setting, validate
 
 Burst = Literal["none", "sqrt"]
+
+
+@dataclass(frozen=True)
+class HardAssignment(KindSettings):
+    """``assignment=hard``: each database feature counts for its nearest word."""
+
+    kind: ClassVar[str] = "hard"
+
+    @property
+    def words(self) -> int:
+        """Words each database feature counts for."""
+        return 1
+
+
+@dataclass(frozen=True)
+class SoftAssignment(KindSettings):
+    """``assignment=soft`` (Philbin et al. 2008): each database feature counts for its ``k``
+    nearest words with Gaussian weights ``exp(-d^2 / (2 sigma2))`` summing to 1
+    (:func:`soft_assignment_weights`); query features stay hard-assigned.
+
+    Attributes:
+        k: nearest words per database feature.
+        sigma2: the Gaussian's ``sigma^2``, in squared units of the (unit-norm) descriptors.
+            Philbin et al. used ``k = 3`` and ``sigma^2 = 6250`` for SIFT vectors of norm ~512,
+            about 0.024 of the squared norm; the default was chosen on the training city of the
+            real subset (bench/README.md, issue 23) from a grid that holds that value.
+    """
+
+    kind: ClassVar[str] = "soft"
+    k: int = setting(3, S.Int(lo=1, hi=64), doc="soft assignment: nearest words")
+    sigma2: float = setting(
+        0.005, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2"
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def words(self) -> int:
+        """Words each database feature counts for."""
+        return self.k
+
+
+#: The ``assignment`` setting: how database features count for words (a kind with its own
+#: settings: ``--set assignment=soft --set assignment.k=5``).
+ASSIGNMENT_SPEC = S.Kinds("assignment", HardAssignment, SoftAssignment)
 
 
 def soft_assignment_weights(sq_dists: NDArray[np.floating], sigma2: float) -> NDArray[np.float32]:

@@ -27,18 +27,19 @@ import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError, require
 from oxbench.fileio import atomic_write_npz, read_input_bytes
+from oxbench.schema import KindSettings, setting, validate
 
 log = logging.getLogger(__name__)
 
 Backend = Literal["auto", "numpy", "torch"]
-IndexKind = Literal["flat", "ivfpq"]
 
 
 def _as_matrix(x: Any, name: str, dim: int | None = None) -> NDArray[np.float32]:
@@ -174,49 +175,52 @@ def _exact_search_torch(
 
 
 @dataclass(frozen=True)
-class IndexSettings:
-    """What a FAISS index is.
+class ExactSearch(KindSettings):
+    """``search=exact``: every database vector scored by a matrix product (:func:`exact_search`)."""
+
+    kind: ClassVar[str] = "exact"
+
+
+@dataclass(frozen=True)
+class FlatSearch(KindSettings):
+    """``search=faiss-flat``: FAISS's exact inner-product index (``IndexFlatIP``)."""
+
+    kind: ClassVar[str] = "faiss-flat"
+
+
+@dataclass(frozen=True)
+class IvfPqSearch(KindSettings):
+    """``search=faiss-ivfpq``: FAISS's inverted file over product-quantised codes (approximate).
 
     Attributes:
-        kind: ``"flat"`` (exact inner product) or ``"ivfpq"``.
-        nlist: IVF cells (k-means centroids of the coarse quantiser); IVF-PQ only.
-        m: PQ sub-quantisers (must divide the dimension); IVF-PQ only.
-        nbits: bits per sub-quantiser code (8: 256 centroids each); IVF-PQ only.
-        nprobe: cells visited per query (``1 .. nlist``); IVF-PQ only.
+        nlist: IVF cells (k-means centroids of the coarse quantiser).
+        m: PQ sub-quantisers (must divide the dimension).
+        nbits: bits per sub-quantiser code (8: 256 centroids each).
+        nprobe: cells visited per query (``1 .. nlist``).
         seed: k-means seed of the coarse quantiser and the product quantiser.
     """
 
-    kind: IndexKind = "flat"
-    nlist: int = 1024
-    m: int = 16
-    nbits: int = 8
-    nprobe: int = 16
-    seed: int = 0
+    kind: ClassVar[str] = "faiss-ivfpq"
+    nlist: int = setting(256, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells")
+    m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
+    nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
+    nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
+    seed: int = setting(
+        0, S.Int(lo=0, hi=2**32 - 1), doc="IVF-PQ: k-means seed of the cell and PQ quantisers"
+    )
 
     def __post_init__(self) -> None:
-        if self.kind not in ("flat", "ivfpq"):
-            raise InputError(f"unknown index kind {self.kind!r} (flat, ivfpq)")
-        if self.kind == "ivfpq":
-            if self.nlist < 1 or self.m < 1 or self.nprobe < 1:
-                raise InputError(
-                    f"IVF-PQ: nlist, m and nprobe must be >= 1 (got {self.nlist}, {self.m}, {self.nprobe})"
-                )
-            if not 1 <= self.nbits <= 16:
-                raise InputError(f"IVF-PQ: nbits must be in 1..16, got {self.nbits}")
-            if self.nprobe > self.nlist:
-                raise InputError(f"IVF-PQ: nprobe {self.nprobe} is larger than nlist {self.nlist}")
+        validate(self)
+        if self.nprobe > self.nlist:
+            raise InputError(f"IVF-PQ: nprobe {self.nprobe} is larger than nlist {self.nlist}")
 
-    def to_dict(self) -> dict[str, Any]:
-        if self.kind == "flat":
-            return {"kind": "flat"}
-        return {
-            "kind": self.kind,
-            "nlist": self.nlist,
-            "m": self.m,
-            "nbits": self.nbits,
-            "nprobe": self.nprobe,
-            "seed": self.seed,
-        }
+
+#: The FAISS indexes :class:`FaissIndex` builds.
+FaissSearch = FlatSearch | IvfPqSearch
+
+#: The ``search`` setting of a global method: how the database is searched, a kind with its own
+#: settings (``--set search=faiss-ivfpq --set search.nlist=1024``).
+SEARCH_SPEC = S.Kinds("search", ExactSearch, FlatSearch, IvfPqSearch)
 
 
 class FaissIndex:
@@ -229,10 +233,8 @@ class FaissIndex:
     Attributes (after ``fit``): ``index_`` (the FAISS object), ``dim_``, ``ntotal_``.
     """
 
-    def __init__(
-        self, settings: IndexSettings | None = None, *, threads: int | None = None
-    ) -> None:
-        self.settings = settings or IndexSettings()
+    def __init__(self, settings: FaissSearch, *, threads: int | None = None) -> None:
+        self.settings = settings
         self.threads = threads
         self.index_: Any = None
         self.dim_ = 0
@@ -256,7 +258,7 @@ class FaissIndex:
         st = self.settings
         if n == 0:
             raise InputError("cannot index an empty database")
-        if st.kind == "flat":
+        if isinstance(st, FlatSearch):
             index = faiss.IndexFlatIP(d)
         else:
             if st.nlist > n:
@@ -309,7 +311,7 @@ class FaissIndex:
     def bytes_per_vector(self) -> int:
         """Memory one database vector costs in the index: its code, plus its id in IVF lists."""
         index = self._check_fitted()
-        return int(index.code_size) + (8 if self.settings.kind == "ivfpq" else 0)
+        return int(index.code_size) + (8 if isinstance(self.settings, IvfPqSearch) else 0)
 
     def describe(self) -> dict[str, Any]:
         """Facts recorded with search results: kind, settings, vectors, bytes per vector."""
@@ -375,14 +377,12 @@ class FaissIndex:
             raise InputError("corrupt index file (checksum mismatch)", path)
         if stands_for is not None:
             check_stands_for(found, stands_for, what="index file", path=path)
+        kind = raw.pop("kind", None)
+        if kind not in (FlatSearch.kind, IvfPqSearch.kind):
+            raise InputError(f"malformed index settings (kind {kind!r})", path)
         try:
-            settings = IndexSettings(
-                kind=str(raw.pop("kind")),  # type: ignore[arg-type]
-                **{k: int(v) for k, v in raw.items()},  # type: ignore[arg-type]
-            )
-        except (TypeError, KeyError, ValueError) as exc:
-            if isinstance(exc, InputError):
-                raise
+            settings = SEARCH_SPEC.check("search", {"kind": kind, **raw}, what="index file setting")
+        except InputError as exc:
             raise InputError(f"malformed index settings ({exc})", path) from None
         out = cls(settings, threads=threads)
         faiss = out._faiss()
@@ -398,7 +398,7 @@ class FaissIndex:
             )
         if not _finite_index(faiss, index):
             raise InputError("index file holds NaN or infinite vectors", path)
-        if settings.kind == "ivfpq":
+        if isinstance(settings, IvfPqSearch):
             index.nprobe = settings.nprobe  # deserialize_index returns the concrete class
         out.index_, out.dim_, out.ntotal_ = index, dim, ntotal
         return out

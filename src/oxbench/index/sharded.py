@@ -348,7 +348,7 @@ def build_ivfpq(
 
     Args:
         vectors: ``float32 [n, d]`` database vectors (ids: positions).
-        settings: an :class:`~oxbench.index.search.IndexSettings` of kind ``ivfpq``.
+        settings: the IVF-PQ's :class:`~oxbench.index.search.IvfPqSearch` settings.
         shard_size: vectors per shard (default :data:`DEFAULT_SHARD_VECTORS`).
     """
     from oxbench.index.search import FaissIndex, _as_matrix

@@ -7,7 +7,7 @@ that shape an inverted file: how many features an image has (the empirical distr
 sizes) and how often each word occurs (the empirical word frequencies). :func:`simulated_bags`
 draws any number of bags from them, seeded, chunk by chunk; :func:`build_simulated_compact`
 indexes the real database's bags followed by the simulated distractors the way
-``inverted_file=compressed`` does (idf from a first pass, compressed posting lists written by
+``inverted_file=mapped`` does (idf from a first pass, compressed posting lists written by
 chunks), so the build's CPU and peak memory, the lists' disk and the query time of real queries
 can be measured at 100K or 1M images.
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.cache import (
     DIGEST_KEY,
     STANDS_FOR_KEY,
@@ -38,6 +40,7 @@ from oxbench.cache import (
 )
 from oxbench.errors import InputError
 from oxbench.index.faiss_setup import load_faiss
+from oxbench.schema import Group, setting, validate
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,53 @@ VOCAB_FORMAT = 1
 #: ``structure="auto"`` picks ``flat`` up to this many words and ``two-level`` above: two-level
 #: trains and assigns large vocabularies far faster at the same mAP (timings in ``bench/README.md``).
 AUTO_FLAT_MAX = 4096
+
+
+@dataclass(frozen=True)
+class Codebook(Group):
+    """How a flat k-means codebook is learned: the ``vocabulary`` settings of a method that learns
+    one (VLAD's ``descriptor.vocabulary``), declared once for every family.
+
+    Attributes:
+        size: number of words (centroids).
+        iter: k-means iterations.
+        sample: training descriptors per word (the sample is ``size * sample`` descriptors spread
+            over the training images); ``None``: every training descriptor.
+        seed: seed of the sample and of k-means.
+    """
+
+    size: int = setting(65536, S.Int(lo=2, hi=1 << 24), doc="vocabulary: words (centroids)")
+    iter: int = setting(10, S.Int(lo=1, hi=1000), doc="vocabulary: k-means iterations")
+    sample: int | None = setting(
+        32,
+        S.Optional(S.Int(lo=1, hi=1 << 20)),
+        doc="vocabulary: training descriptors per word (none: every one)",
+    )
+    seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="vocabulary: seed of sample and k-means")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class VocabularySettings(Codebook):
+    """The ``vocabulary`` settings of bag of words, HE and ASMK: a codebook that may be two-level
+    (:class:`Vocabulary`).
+
+    Attributes:
+        structure: ``auto`` (flat up to :data:`AUTO_FLAT_MAX` words, else two-level), ``flat`` or
+            ``two-level``.
+        n_probe: coarse cells searched in two-level assignment.
+    """
+
+    structure: Literal["auto", "flat", "two-level"] = setting(
+        "auto",
+        S.Choice("auto", "flat", "two-level"),
+        doc="vocabulary: flat k-means or two-level",
+    )
+    n_probe: int = setting(
+        4, S.Int(lo=1, hi=1 << 16), doc="vocabulary: coarse cells searched (two-level)"
+    )
 
 
 def _as_f32(

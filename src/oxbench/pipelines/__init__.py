@@ -11,6 +11,8 @@
 - :mod:`oxbench.pipelines.families` -- one module per family (config, method, presets);
 - :mod:`oxbench.pipelines.descriptors` -- the global family's descriptor kinds by name (VLAD, CNN,
   your files; plugins add theirs), each a settings class with its describer;
+- :mod:`oxbench.pipelines.session` -- :class:`Session` (where and how runs execute, built once)
+  and :class:`RecordOptions` (what one run writes);
 - :mod:`oxbench.pipelines.runner` -- :func:`run`: any method on any dataset, with a run record.
 
 The names below are imported on first use, so that importing a submodule (as a plugin does at its
@@ -45,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
         resolve_method,
     )
     from oxbench.pipelines.runner import RunConfig, RunOutcome, find_runs, run
+    from oxbench.pipelines.session import RecordOptions, Session
 
 #: Every public name, by the module that defines it.
 _WHERE = {
@@ -70,6 +73,7 @@ _WHERE = {
         "resolve_method",
     ),
     "oxbench.pipelines.runner": ("RunConfig", "RunOutcome", "find_runs", "run"),
+    "oxbench.pipelines.session": ("RecordOptions", "Session"),
 }
 _LAZY = {name: module for module, names in _WHERE.items() for name in names}
 
@@ -99,11 +103,13 @@ __all__ = [
     "METHODS",
     "MethodConfig",
     "Ranking",
+    "RecordOptions",
     "RetrievalMethod",
     "RunConfig",
     "RunContext",
     "RunOutcome",
     "SearchResult",
+    "Session",
     "VladDescriptor",
     "find_runs",
     "list_methods",

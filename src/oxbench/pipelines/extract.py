@@ -40,15 +40,14 @@ from typing import Any
 import numpy as np
 
 from oxbench.datasets import load
-from oxbench.datasets.paths import data_root
 from oxbench.errors import InputError, require_installed
-from oxbench.execution import Executor, available_cores, make_executor
+from oxbench.execution import Executor
 from oxbench.execution.shards import check_partition
-from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, check_output_path
-from oxbench.pipelines.method import MethodConfig, RunContext
+from oxbench.pipelines.method import MethodConfig
 from oxbench.pipelines.presets import resolve_method
 from oxbench.pipelines.runner import training_set_of
+from oxbench.pipelines.session import Session
 from oxbench.pipelines.steps import part_names
 
 log = logging.getLogger(__name__)
@@ -80,19 +79,11 @@ def extract_descriptors(
     dataset: str,
     method: str | MethodConfig,
     out: str | Path,
+    session: Session | None = None,
     *,
-    root: str | Path | None = None,
-    cache: str | Path | None = None,
     train_dataset: str | None = None,
     overrides: Mapping[str, object] | None = None,
     distractors: str | int | None = None,
-    strict: bool = True,
-    workers: int | None = 1,
-    engine: str = "processes",
-    engine_options: Mapping[str, object] | None = None,
-    shard_size: int | None = None,
-    decode_threads: int | None = None,
-    progress: bool = True,
 ) -> ExtractOutcome:
     """Describe a dataset with a method and write its descriptors to ``out``.
 
@@ -100,113 +91,52 @@ def extract_descriptors(
         dataset: dataset id.
         method: a preset (or config) of any family; one with one vector per image writes them.
         out: output folder (created; the five files above are replaced atomically).
-        root: data root.
-        cache: descriptor cache (default ``<root>/_cache``): a second extraction, or a run of the same
-            method, reuses it.
+        session: where it runs (:class:`~oxbench.pipelines.session.Session`: data root, descriptor
+            cache -- a second extraction, or a run of the same method, reuses it -- executor,
+            progress; ``strict=False`` also lets undecodable images through, named in warnings
+            and ``extract.json``, zero descriptors).
         train_dataset: what a method that learns (a VLAD codebook, a whitening) learns on (default:
             the other city, as ``oxbench run``).
-        overrides: method settings (``{"weights": "model.pt", "max_side": 512}``).
+        overrides: method settings (``{"descriptor.weights": "model.pt"}``).
         distractors: distractors to describe after the database.
-        strict: refuse partial datasets; ``False`` also lets undecodable images through (named in
-            warnings and ``extract.json``, zero descriptors).
-        workers: workers of the parallel stages (SIFT extraction, VLAD aggregation), through
-            the ``engine`` executor (:mod:`oxbench.execution`).
-        engine: the execution backend (``processes``, ``serial``, ``dask``, or a plugin's).
-        engine_options: the backend's own options (:func:`oxbench.execution.make_executor`;
-            ``{"address": "tcp://host:8786"}``: an existing Dask scheduler).
-        shard_size: images per write-once shard of the local-feature stores (default 64).
-        decode_threads: threads that decode images for a CNN (default: the available cores).
-        progress: progress bars.
 
     Raises:
-        InputError: missing data or weights, an undecodable image (unless ``strict=False``), an
+        InputError: missing data or weights, an undecodable image (unless not strict), an
             output path that is not a writable file location.
     """
+    session = session if session is not None else Session()
     m = resolve_method(method, **dict(overrides or {}))
     require_installed(m.requires)  # before any data is loaded or generated
     out = Path(out)
     for name in EXTRACT_FILES:
         check_output_path(out / name)
-    root_path = data_root(root)
-    m.check_inputs(root_path)
-    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    executor = make_executor(engine, workers, options=engine_options)
-    try:
-        executor.check_paths(
-            {"data root": root_path, "cache": cache_dir}
-        )  # before anything is loaded
+    m.check_inputs(session.data_root)
+    with session.executor() as executor:
         return _extract(
-            m,
-            dataset,
-            out,
-            root_path,
-            cache_dir,
-            executor,
-            train_dataset=train_dataset,
-            distractors=distractors,
-            strict=strict,
-            decode_threads=decode_threads,
-            progress=progress,
-            shard_size=shard_size,
+            m, dataset, out, session, executor, train_dataset=train_dataset, distractors=distractors
         )
-    finally:
-        executor.close()
-
-
-def _context(
-    cache_dir: Path,
-    executor: Executor,
-    root_path: Path,
-    *,
-    strict: bool,
-    progress: bool,
-    decode_threads: int | None = None,
-    shard_size: int | None = None,
-) -> RunContext:
-    """The run context of an extraction (as ``oxbench run`` sets it up for its steps)."""
-    return RunContext(
-        cache_dir,
-        executor=executor,
-        progress=progress,
-        allow_partial=not strict,
-        root=root_path,
-        decode_threads=decode_threads or available_cores(),
-        shard_size=shard_size or DEFAULT_SHARD_SIZE,
-    )
 
 
 def _extract(
     m: MethodConfig,
     dataset: str,
     out: Path,
-    root_path: Path,
-    cache_dir: Path,
+    session: Session,
     executor: Executor,
     *,
     train_dataset: str | None,
     distractors: str | int | None,
-    strict: bool,
-    decode_threads: int | None,
-    progress: bool,
-    shard_size: int | None,
 ) -> ExtractOutcome:
+    root_path = session.data_root
     bench = load(
         dataset,
         root_path,
         distractors=distractors,
-        strict=strict,
-        progress=progress,
+        strict=session.strict,
+        progress=session.progress,
         images=m.reads_images,
     )
-    ctx = _context(
-        cache_dir,
-        executor,
-        root_path,
-        strict=strict,
-        progress=progress,
-        decode_threads=decode_threads,
-        shard_size=shard_size,
-    )
+    ctx = session.context(executor)
     impl = m.build()
     parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
     info: dict[str, Any] = {
@@ -224,7 +154,13 @@ def _extract(
     train_id = training_set_of(m, dataset, train_dataset)
     train = None
     if train_id is not None:
-        train = load(train_id, root_path, strict=strict, progress=progress, images=m.reads_images)
+        train = load(
+            train_id,
+            root_path,
+            strict=session.strict,
+            progress=session.progress,
+            images=m.reads_images,
+        )
     impl.fit(train, ctx)
     db = impl.vectors(bench, parts, ctx)
     queries = impl.vectors(bench, ["queries"], ctx)
@@ -268,17 +204,10 @@ def extract_partition(
     dataset: str,
     method: str | MethodConfig,
     partition: tuple[int, int],
+    session: Session | None = None,
     *,
-    root: str | Path | None = None,
-    cache: str | Path | None = None,
     overrides: Mapping[str, object] | None = None,
     distractors: str | int | None = None,
-    strict: bool = True,
-    workers: int | None = 1,
-    engine: str = "processes",
-    engine_options: Mapping[str, object] | None = None,
-    shard_size: int | None = None,
-    progress: bool = True,
     train_dataset: str | None = None,
 ) -> dict[str, int]:
     """Compute partition ``I`` of ``N`` of a run's extraction shards, and stop.
@@ -298,38 +227,25 @@ def extract_partition(
         InputError: a method that describes no images (descriptor files), a bad partition,
             missing data.
     """
+    session = session if session is not None else Session()
     partition = check_partition(partition)  # type: ignore[assignment]
     m = resolve_method(method, **dict(overrides or {}))
     require_installed(m.requires)
-    root_path = data_root(root)
-    m.check_inputs(root_path)
-    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    executor: Executor = make_executor(engine, workers, options=engine_options)
+    m.check_inputs(session.data_root)
     done: dict[str, int] = {}
-    with executor:
-        executor.check_paths(
-            {"data root": root_path, "cache": cache_dir}
-        )  # before anything is loaded
+    with session.executor() as executor:
         ids = ([train_dataset] if train_dataset and train_dataset != dataset else []) + [dataset]
         for ds in ids:
             bench = load(
                 ds,
-                root_path,
+                session.data_root,
                 distractors=None if ds != dataset else distractors,
-                strict=strict,
-                progress=progress,
+                strict=session.strict,
+                progress=session.progress,
                 images=m.reads_images,
             )
-            ctx = _context(
-                cache_dir,
-                executor,
-                root_path,
-                strict=strict,
-                progress=progress,
-                shard_size=shard_size,
-            )
             described = m.build().describe_parts(
-                bench, ctx, training=ds != dataset, partition=partition
+                bench, session.context(executor), training=ds != dataset, partition=partition
             )
             done.update({f"{bench.id}/{part}": n for part, n in described.items()})
     if not done:

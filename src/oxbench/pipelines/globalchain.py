@@ -28,7 +28,14 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
-from oxbench.index.search import FaissIndex, IndexSettings, exact_search, recall_at
+from oxbench.index.search import (
+    ExactSearch,
+    FaissIndex,
+    FaissSearch,
+    IvfPqSearch,
+    exact_search,
+    recall_at,
+)
 from oxbench.pipelines.method import Ranking, RunContext
 from oxbench.pipelines.sources import LocalSource
 from oxbench.pipelines.steps.verify import VerifiedList
@@ -43,25 +50,10 @@ class ChainSettings(Protocol):
     def name(self) -> str: ...
 
     @property
-    def search(self) -> str: ...
+    def search(self) -> Any: ...
 
     @property
-    def search_k(self) -> int | None: ...
-
-    @property
-    def nlist(self) -> int: ...
-
-    @property
-    def pq_m(self) -> int: ...
-
-    @property
-    def pq_nbits(self) -> int: ...
-
-    @property
-    def nprobe(self) -> int: ...
-
-    @property
-    def index_seed(self) -> int: ...
+    def list_length(self) -> int | None: ...
 
     @property
     def rerank(self) -> tuple[str, ...]: ...
@@ -76,28 +68,15 @@ class ChainSettings(Protocol):
 
 log = logging.getLogger(__name__)
 
-#: Ranked-list length when ``search_k`` is not set and the index is larger than ``FULL_LIST_MAX``.
+#: Ranked-list length when ``list_length`` is not set and the index is larger than ``FULL_LIST_MAX``.
 LONG_LIST = 10_000
 FULL_LIST_MAX = 100_000
 
 
 def check_search_settings(m: ChainSettings) -> None:
-    """Refuse index and re-ranking settings that cannot work together (one line naming the method);
-    each setting's own type and range is its spec's (:mod:`oxbench.schema`)."""
-    try:
-        index_settings(m)
-    except InputError as exc:
-        raise InputError(f"method {m.name}: {exc}") from None
+    """Refuse re-ranking stages the search cannot serve (one line naming the method); each
+    setting's own type and range is its spec's (:mod:`oxbench.schema`), the search kind's its own."""
     m.build_stages(SearchChain.capabilities)  # unknown or unservable
-
-
-def index_settings(m: ChainSettings) -> IndexSettings:
-    """The FAISS index a method's ``search`` setting asks for."""
-    if m.search == "faiss-ivfpq":
-        return IndexSettings(
-            "ivfpq", nlist=m.nlist, m=m.pq_m, nbits=m.pq_nbits, nprobe=m.nprobe, seed=m.index_seed
-        )
-    return IndexSettings("flat")
 
 
 def array_digest(x: NDArray[np.float32]) -> str:
@@ -138,23 +117,24 @@ class SearchChain:
             self.info.update(local.facts)
         self.ctx, self.cache_dir = ctx, cache_dir
 
-    def build_index(self) -> None:
+    def build_index(self) -> SearchChain:
         """Build the search index over the database vectors as they are now (after the
-        index-phase stages, DBA, changed them)."""
+        index-phase stages, DBA, changed them); returns the chain."""
         m, ctx, cache_dir, database = self.m, self.ctx, self.cache_dir, self.db
         with ctx.timed("index"):
-            if m.search == "exact":
-                self.info["search"] = {"kind": "exact"}
+            if isinstance(m.search, ExactSearch):
+                self.info["search"] = m.search.to_dict()
                 self.info["bytes_per_image"] = int(database.shape[1] * database.dtype.itemsize)
             else:
                 self.faiss = self._faiss_index(ctx, cache_dir)
                 self.info["search"] = self.faiss.describe()
                 self.info["bytes_per_image"] = self.faiss.bytes_per_vector
-                if self.faiss.settings.kind == "ivfpq" and cache_dir is not None:
+                if isinstance(self.faiss.settings, IvfPqSearch) and cache_dir is not None:
                     self.db = self._mapped(cache_dir)
+        return self
 
     def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
-        settings = index_settings(self.m)
+        settings = self.m.search
         path = None
         if cache_dir is not None:
             key = json_digest({**settings.to_dict(), "db": array_digest(self.db)}, 12)
@@ -173,9 +153,7 @@ class SearchChain:
                 else:
                     ctx.record_step("search_index", hit=True)
                     return index
-        if (
-            settings.kind == "ivfpq"
-        ):  # trained once, added by shards through the executor, merged by FAISS
+        if isinstance(settings, IvfPqSearch):  # trained once, added by shards, merged by FAISS
             from oxbench.index.sharded import build_ivfpq
 
             shards = (
@@ -193,7 +171,7 @@ class SearchChain:
         ctx.record_step("search_index", hit=False)
         return index
 
-    def _index_record(self, settings: IndexSettings) -> dict[str, object]:
+    def _index_record(self, settings: FaissSearch) -> dict[str, object]:
         """What a cached FAISS index stands for: its settings and the vectors it was built from."""
         return {"settings": settings.to_dict(), "vectors": array_digest(self.db)}
 
@@ -259,8 +237,8 @@ class SearchChain:
     def list_length(self) -> int:
         """How many images each ranked list holds."""
         n = self.db.shape[0]
-        if self.m.search_k is not None:
-            return min(self.m.search_k, n)
+        if self.m.list_length is not None:
+            return min(self.m.list_length, n)
         return n if n <= FULL_LIST_MAX else LONG_LIST
 
     def rank(self, q: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
@@ -269,7 +247,7 @@ class SearchChain:
         if self.faiss is None:
             return exact_search(q, self.db, None if k == self.db.shape[0] else k)
         scores, ids = self.faiss.search(q, k)
-        if self.faiss.settings.kind == "ivfpq" and "recall_vs_exact" not in self.info:
+        if isinstance(self.faiss.settings, IvfPqSearch) and "recall_vs_exact" not in self.info:
             self.info["recall_vs_exact"] = self._recall(q, ids)
         complete = int((ids >= 0).sum(axis=1).min()) if len(ids) else k
         if complete < k:
@@ -277,8 +255,8 @@ class SearchChain:
                 "IVF-PQ returned %d or more of %d per query (nprobe %d of %d cells); lists cut to %d",
                 complete,
                 k,
-                self.m.nprobe,
-                self.m.nlist,
+                self.m.search.nprobe,
+                self.m.search.nlist,
                 complete,
             )
             self.info["list_length"] = complete
@@ -335,7 +313,7 @@ class SearchChain:
         return self.db
 
     def verify(
-        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, **kw: Any
+        self, ranks: NDArray[np.int64], r: int, ctx: RunContext, settings: Any, **kw: Any
     ) -> list[VerifiedList]:
         """Verification with the local features of the method's ``local_source``."""
         if self.local is None:
@@ -343,4 +321,4 @@ class SearchChain:
                 f"method {self.m.name}: a global descriptor has no local features to verify "
                 "(name some with --set local_source=rootsift)"
             )
-        return self.local.verify(ranks, r, ctx, **kw)
+        return self.local.verify(ranks, r, ctx, settings, **kw)

@@ -173,6 +173,8 @@ class Ranking:
         verified: per query, the spatial verification of its short list, once a stage verified it.
         info: facts of the stages (JSON-able), recorded with the result.
         matches: inlier correspondences of verified images ``{query: {index: float32 [m, 4]}}``.
+        verification: the settings the lists in ``verified`` were verified with (what a stage
+            that verifies more images of the same queries uses).
     """
 
     ranks: NDArray[np.int64]
@@ -181,6 +183,7 @@ class Ranking:
     verified: tuple[Any, ...] | None = None
     info: Mapping[str, Any] = field(default_factory=dict)
     matches: Mapping[int, Mapping[int, NDArray[np.float32]]] | None = None
+    verification: Any = None
 
     def result(self) -> SearchResult:
         """The ranking as a method's answer."""
@@ -199,6 +202,12 @@ class MethodConfig(ABC):
 
     family: ClassVar[str] = ""
     name: str
+    #: Settings of earlier versions, by their old name, and where they are now: refused in one line
+    #: naming the new name (a family declares its own).
+    renamed: ClassVar[Mapping[str, str]] = {}
+    #: The command-line shorthands this family answers, by option (``vocab_size`` for
+    #: ``--vocab-size``), and the setting each sets: a family declares its own.
+    shorthands: ClassVar[Mapping[str, str]] = {}
 
     @property
     def needs_training(self) -> bool:
@@ -238,20 +247,9 @@ class MethodConfig(ABC):
 
     def shorthand(self, option: str) -> str | None:
         """The setting a command-line shorthand sets (``vocab_size``, ``max_side``, ``top_r``), or
-        ``None`` when it does not apply to this method; the setting's spec checks the value."""
-        names = {
-            "vocab_size": "vocab_size",
-            "max_side": "features.max_side",
-            "top_r": "spatial.top_r",
-        }
-        key = names.get(option)
-        if key is None:
-            return None
-        head, _, sub = key.partition(".")
-        fields = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-        if head in fields:
-            return key
-        return key if sub and STAGE_SETTINGS_FIELD in fields else None
+        ``None`` when it does not apply to this method (:attr:`shorthands`); the setting's spec
+        checks the value."""
+        return self.shorthands.get(option)
 
     def inapplicable(self, setting: str) -> str | None:
         """Why the (dotted) ``setting`` does nothing with the other settings as they are (one
@@ -299,7 +297,7 @@ class MethodConfig(ABC):
     def ram_bytes_per_feature(self) -> float | None:
         """For an index over local features: the bytes of RAM its build holds at most per database
         feature (the pre-flight multiplies it by the dataset's actual feature counts,
-        :func:`oxbench.index.estimates.estimate_run`); ``None``: the family's RAM is per image."""
+        :func:`oxbench.pipelines.estimates.estimate_run`); ``None``: the family's RAM is per image."""
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,13 +307,13 @@ class MethodConfig(ABC):
         groups: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == STAGE_SETTINGS_FIELD:  # the groups the stages read, as `--set` names them
-                groups = value.to_dict(getattr(self, "stage_groups", []))
+            if f.name == STAGE_SETTINGS_FIELD:  # each stage instance's, as `--set` names them
+                groups = self.stage_settings_dict()  # type: ignore[attr-defined]
             else:
                 out[f.name] = value.to_dict() if hasattr(value, "to_dict") else _jsonable(value)
         for group, values in groups.items():
             if group in out:
-                raise InputError(f"method {self.name}: stage settings group {group!r} is a setting")
+                raise InputError(f"method {self.name}: stage instance {group!r} is also a setting")
             out[group] = values
         return out
 

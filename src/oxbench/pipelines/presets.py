@@ -67,8 +67,8 @@ def register_method(config: MethodConfig, *, about: str | None = None) -> Method
     """Register a preset under ``config.name`` (a family module calls it for each of its presets).
 
     ``about`` is the line ``oxbench methods`` shows for it: what it is and its paper
-    (``"RootSIFT BoW + spatial verification + AQE from verified images (Chum et al. 2007)"``);
-    the built-in presets' lines are in :mod:`oxbench.pipelines.about`.
+    (``"RootSIFT BoW + spatial verification + AQE from verified images (Chum et al. 2007)"``),
+    written beside the preset, as every built-in family does.
 
     Raises:
         InputError: the name is taken (by this or another family; the line names both modules).
@@ -80,15 +80,11 @@ def register_method(config: MethodConfig, *, about: str | None = None) -> Method
 
 
 def preset_about(name: str) -> str:
-    """The one line ``oxbench methods`` shows for preset ``name``: its ``about`` text, else the
-    built-in one (:data:`oxbench.pipelines.about.ABOUT`), else its family's description."""
-    from oxbench.pipelines.about import ABOUT
-
+    """The one line ``oxbench methods`` shows for preset ``name``: what its family registered it
+    with (``about=``), else its family's description."""
     METHODS.get(name)  # an unknown name is one line, and the families are loaded
     if name in _PRESET_ABOUT:
         return _PRESET_ABOUT[name]
-    if name in ABOUT:
-        return ABOUT[name]
     family = METHODS.get(name).family
     return next((f.about for f in method_families() if f.name == family), "")
 
@@ -126,10 +122,10 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
     """A preset (by name, or a config) with ``overrides`` applied; ``None`` values are ignored.
 
     Keys are field names; ``a.b`` sets field ``b`` of the nested config in field ``a``
-    (``features.max_side=1024``) or setting ``b`` of the stage settings group ``a`` of the
-    pipeline (``qe.k=10``, ``spatial.top_r=200``; the group must be read by one of the pipeline's
-    stages, after ``rerank`` is applied). A value is checked by the setting's declared spec
-    (:mod:`oxbench.schema`): text (``--set qe.alpha=3``) is parsed by it, a typed value checked,
+    (``features.max_side=1024``) or setting ``b`` of the stage instance ``a`` of the pipeline
+    (``aqe.k=10``, ``spatial.top_r=200``, ``aqe#2.k=3`` for a second ``aqe``; the instance must be
+    one of the pipeline's, after ``rerank`` is applied). A value is checked by the setting's
+    declared spec (:mod:`oxbench.schema`): text (``--set alpha-qe.alpha=3``) is parsed by it, a typed value checked,
     so a word for a number, NaN, inf or an out-of-range value is one line naming the setting. A
     field without a spec takes text as JSON when it parses (numbers, lists, ``true``), else as text.
 
@@ -148,7 +144,7 @@ def resolve_method(method: str | MethodConfig, **overrides: object) -> MethodCon
         if value is None:
             continue
         head, _, sub = key.partition(".")
-        if (head not in fields or head == STAGE_SETTINGS_FIELD) and sub and _is_group(head):
+        if (head not in fields or head == STAGE_SETTINGS_FIELD) and sub and _is_stage_key(head):
             if STAGE_SETTINGS_FIELD not in fields:
                 raise InputError(f"method {config.name} has no stages: {key!r} sets nothing")
             staged.setdefault(head, {})[sub] = value
@@ -223,51 +219,78 @@ def _replace_nested(
     return _replace(current, changes, f"method {config.name}: {prefix}")
 
 
-def _is_group(head: str) -> bool:
-    from oxbench.pipelines.rerankers import STAGE_SETTINGS
+#: Settings groups of earlier versions, each shared by several stages; a stage's settings are now
+#: named by the stage instance (``qe.k`` -> ``aqe.k`` or ``alpha-qe.k``).
+RETIRED_GROUPS = frozenset({"qe", "vqe", "dqe"})
 
-    return head in STAGE_SETTINGS
+
+def _is_stage_key(head: str) -> bool:
+    """Whether ``head`` of a dotted setting names a stage instance (``aqe``, ``aqe#2``) or a
+    retired settings group."""
+    from oxbench.pipelines.rerankers import RERANKERS, stage_of
+
+    return head in RETIRED_GROUPS or stage_of(head) in RERANKERS
 
 
 def _stage_settings(config: Any, staged: dict[str, dict[str, Any]], rerank: Any) -> Any:
-    """``config``'s stage settings with the ``staged`` changes (``{group: {setting: value}}``);
-    each group must be read by a stage of the pipeline (``rerank``: the new stages, if changed)."""
-    from oxbench.pipelines.rerankers import STAGE_SETTINGS, stage_groups
+    """``config``'s stage settings with the ``staged`` changes (``{instance: {setting: value}}``);
+    each instance must be one of the pipeline's (``rerank``: the new stages, if changed)."""
+    from oxbench.pipelines.rerankers import RERANKERS, stage_instances
 
     stages = tuple(rerank) if rerank is not None else tuple(config.rerank)
-    used = stage_groups(stages)
+    instances = dict(stage_instances(stages))
     out = config.stage_settings
-    for group, subs in staged.items():
-        if group not in used:
-            have = ", ".join(stages) or "none"
-            key = f"{group}.{next(iter(subs))}"
-            raise InputError(
-                f"method {config.name}: no stage of its pipeline reads {key} (its stages: {have}); "
-                "add one with --set rerank=..."
-            )
-        cls = STAGE_SETTINGS.get(group)
+    for instance, subs in staged.items():
+        key = f"{instance}.{next(iter(subs))}"
+        if instance not in instances:
+            raise InputError(_no_such_stage(config, key, instances))
+        cls = RERANKERS.get(instances[instance]).settings_type
+        if cls is None:
+            raise InputError(f"method {config.name}: stage {instance} has no settings ({key})")
         sub_fields = {f.name: f for f in dataclasses.fields(cls)}
         typed = {}
         for sub, value in subs.items():
             if sub not in sub_fields:
                 near = close_matches(sub, sub_fields)
-                hint = f"; did you mean {group}.{' or '.join(near)}?" if near else ""
-                known = ", ".join(f"{group}.{n}" for n in sub_fields)
-                raise InputError(f"unknown stage setting '{group}.{sub}'{hint} ({known})")
-            typed[sub] = _typed(sub_fields[sub], f"{group}.{sub}", value)
-        out = out.replace(group, _replace(out.of(group), typed, f"method {config.name}: {group}"))
+                hint = f"; did you mean {instance}.{' or '.join(near)}?" if near else ""
+                known = ", ".join(f"{instance}.{n}" for n in sub_fields)
+                raise InputError(f"unknown stage setting '{instance}.{sub}'{hint} ({known})")
+            typed[sub] = _typed(sub_fields[sub], f"{instance}.{sub}", value)
+        current = out[instance] if instance in out else cls()
+        out = out.replace(instance, _replace(current, typed, f"method {config.name}: {instance}"))
     return out
+
+
+def _no_such_stage(config: Any, key: str, instances: Mapping[str, str]) -> str:
+    """Why ``key`` names no stage instance of the pipeline ``instances`` (one line), with the
+    instances whose settings have that name."""
+    from oxbench.pipelines.rerankers import RERANKERS
+
+    sub = key.split(".", 1)[1]
+    have = ", ".join(instances) or "none"
+    owners = [
+        f"{instance}.{sub}"
+        for instance, name in instances.items()
+        if (cls := RERANKERS.get(name).settings_type) is not None
+        and sub in {f.name for f in dataclasses.fields(cls)}
+    ]
+    where = f"method {config.name}: {key} names no stage of its pipeline (its stages: {have})"
+    if owners:
+        return f"{where}; a stage's settings are named by the stage: {' or '.join(owners)}"
+    return f"{where}; add the stage with --set rerank=..."
 
 
 def settings_rows(config: MethodConfig) -> list[Any]:
     """Every setting of ``config`` as :class:`oxbench.schema.SettingInfo` rows: its fields (nested
-    as dotted names), then the settings of each group its stages read (``qe.k``); those that do
-    not apply with the others as they are (:meth:`MethodConfig.applies`) too."""
+    as dotted names), then the settings of each stage instance of its pipeline (``aqe.k``); those
+    that do not apply with the others as they are (:meth:`MethodConfig.applies`) too."""
     from oxbench.schema import describe
 
     rows = describe(config)
-    for group in getattr(config, "stage_groups", []):
-        rows += describe(config.stage(group), prefix=f"{group}.")  # type: ignore[attr-defined]
+    for instance in getattr(config, "stage_instances", []):
+        settings = config.stage(instance)  # type: ignore[attr-defined]
+        if settings is not None:
+            rows += describe(settings, prefix=f"{instance}.")
     return rows
 
 
@@ -275,6 +298,9 @@ def _unknown_setting(config: MethodConfig, key: str) -> InputError:
     """One line: the setting ``key`` is not one of ``config``'s; the close matches, else every setting."""
     known = [r.name for r in settings_rows(config)]
     near = close_matches(key, known)
+    renamed = getattr(type(config), "renamed", {}).get(key)
+    if renamed is not None:  # a name of an earlier version: where the setting lives now
+        return InputError(f"method setting {key!r} of {config.name} is now {renamed}")
     where = f"unknown method setting {key!r} for {config.name} ({config.family})"
     for f in dataclasses.fields(config):  # type: ignore[arg-type]
         hint = getattr(f.metadata.get(SPEC_KEY), "hint_for", None)
@@ -307,3 +333,16 @@ def _replace(config: Any, changes: dict[str, Any], what: str) -> Any:
         if isinstance(exc, InputError):
             raise
         raise InputError(f"{what}: {exc}") from None
+
+
+def preset_label(method: str, settings: Mapping[str, Any] | None) -> str:
+    """:func:`default_label` against the registered preset ``method`` (its input settings left out);
+    the name alone when no preset of that name is registered."""
+    from oxbench.records import default_label
+    from oxbench.schema import describe
+
+    if method not in METHODS:
+        return method
+    preset = METHODS.get(method)
+    inputs = {row.name for row in describe(preset) if row.input}
+    return default_label(method, settings, preset.to_dict(), inputs=inputs)

@@ -28,6 +28,7 @@ from oxbench.pipelines.steps.settings import LocalQuantisation
 from oxbench.pipelines.steps.verify import VerifiedList, short_list_verifier, verify_ranked
 from oxbench.pipelines.steps.vocabulary import load_vocabulary, step_vocabulary
 from oxbench.pipelines.steps.words import WordedParts, describe_and_assign
+from oxbench.refinement.spatial import Verification
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class QuantisingMethod(RetrievalMethod):
             raise InputError(
                 f"method {self.config.name} trains a vocabulary: it needs a training set"
             )
-        res = step_vocabulary(self.config.vocabulary(), train, ctx)
+        res = step_vocabulary(self.config.vocabulary_spec(), train, ctx)
         ctx.record_step("vocabulary", hit=res.hit)
         self.vocab_path_, self.trained_on_ = res.path, train.id
         self._train = train
@@ -178,6 +179,7 @@ class QuantisingMethod(RetrievalMethod):
         ranks: NDArray[np.int64],
         r: int,
         ctx: RunContext,
+        settings: Verification,
         *,
         rows: dict[int, NDArray[np.int64]] | None = None,
         stage: str = "spatial",
@@ -189,6 +191,6 @@ class QuantisingMethod(RetrievalMethod):
         against their neighbours).
         """
         assert self._parts is not None
-        job = short_list_verifier(self._parts, self.config.verification(), query_part)
+        job = short_list_verifier(self._parts, settings, query_part)
         names = self._parts.names[query_part]
         return verify_ranked(job, names, ranks, r, ctx, rows=rows, stage=stage)

@@ -30,6 +30,7 @@ another config) explicitly.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import platform
@@ -38,7 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,16 +49,14 @@ import numpy as np
 from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
-from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import get_spec
 from oxbench.datasets.synthetic.distractor_kinds import kind_tag
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
 from oxbench.evaluation.kernels import accelerated
 from oxbench.evaluation.result import EvaluationResult
-from oxbench.execution import Executor, cpu_seconds, make_executor
+from oxbench.execution import Executor, cpu_seconds
 from oxbench.execution.determinism import single_threaded
-from oxbench.features.store import DEFAULT_SHARD_SIZE
 from oxbench.fileio import (
     TEMP_PREFIX,
     atomic_write_json,
@@ -72,8 +71,9 @@ from oxbench.pipelines.method import (
     RunContext,
     SearchResult,
 )
-from oxbench.pipelines.presets import DEFAULT_METHOD, resolve_method
+from oxbench.pipelines.presets import DEFAULT_METHOD, preset_label, resolve_method
 from oxbench.pipelines.seedgroup import SeedMember, check_seeds, plan_group
+from oxbench.pipelines.session import RecordOptions, RunRequest, Session
 from oxbench.pipelines.sources import check_sources
 from oxbench.pipelines.steps import gt_digest
 from oxbench.provenance import (
@@ -87,14 +87,17 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     MAX_LABEL_CHARS,
     RECORD_FORMAT,
     RUN_FILES,
+    ExecutionFacts,
+    FootprintFacts,
+    RecordFile,
     RunSummary,
+    SeedGroupFacts,
     check_label,
     distractor_tag,
     find_runs,
     jsonable,
     list_runs,
     new_run_id,
-    preset_label,
     read_record_json,
     retrieved_document,
     write_run_files,
@@ -213,13 +216,13 @@ def versions() -> dict[str, str | None]:
 
     import scipy
 
-    import oxbench
+    from oxbench.version import __version__
 
     out: dict[str, str | None] = {
         "python": platform.python_version(),
         "numpy": np.__version__,
         "scipy": scipy.__version__,
-        "oxbench": oxbench.__version__,
+        "oxbench": __version__,
     }
     for dist, key in (
         ("opencv-python-headless", "opencv"),
@@ -282,9 +285,7 @@ def host_facts() -> dict[str, Any]:
 
 def git_commit() -> str | None:
     """The commit of the checkout oxbench runs from (``None`` when installed from a wheel)."""
-    import oxbench
-
-    here = Path(oxbench.__file__).resolve().parent
+    here = Path(__file__).resolve().parent
     for parent in here.parents:
         if (parent / ".git").exists():
             with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -550,81 +551,36 @@ def training_set_of(m: MethodConfig, dataset: str, train_dataset: str | None = N
 def run(
     dataset: str = "synthetic",
     method: str | MethodConfig = DEFAULT_METHOD,
+    session: Session | None = None,
+    record: RecordOptions | None = None,
     *,
-    root: str | Path | None = None,
-    out: str | Path | None = None,
-    runs_dir: str | Path = "runs",
-    cache: str | Path | None = None,
     train_dataset: str | None = None,
-    overrides: Mapping[str, object] | None = None,
-    workers: int | None = 1,
-    engine: str = "processes",
-    engine_options: Mapping[str, object] | None = None,
-    wait_workers: float | None = None,
-    shard_size: int | None = None,
-    progress: bool = True,
     distractors: str | int | None = None,
-    strict: bool = True,
-    ranks_top: int | None = None,
-    top_k: int = 100,
-    overwrite: bool = False,
-    command: Sequence[str] | None = None,
-    label: str | None = None,
     dataset_options: Mapping[str, str] | None = None,
-    deterministic: bool = False,
-    verify_images: bool = False,
+    overrides: Mapping[str, object] | None = None,
     seeds: Sequence[int] | str | None = None,
-    seed_member: SeedMember | None = None,
 ) -> RunOutcome:
     """Run ``method`` on ``dataset``, evaluate it, and keep a new run record.
 
     Args:
         dataset: dataset id (default: the synthetic benchmark, built on first use).
         method: a preset name (``oxbench.list_methods()``) or a method config.
-        root: data root (default ``$OXBENCH_DATA`` or the per-user default).
-        out: the config folder (default ``<runs_dir>/<dataset>-<method>-<config digest>``).
-        runs_dir: parent of default config folders.
-        cache: cache of features, vocabularies, descriptors (default ``<root>/_cache``).
+        session: where and how the run executes (:class:`~oxbench.pipelines.session.Session`:
+            data root, cache, executor, progress, strictness; default ``Session()``).
+        record: what the run writes and where (:class:`~oxbench.pipelines.session.RecordOptions`:
+            the config folder, the label, ``top_k``, ``ranks_top``, ``overwrite``).
         train_dataset: what the method learns on (default: the other city, or
             ``synthetic-train``); ignored by methods that learn nothing.
-        overrides: method settings to change (``{"vocab_size": 4096, "features.max_side": 512}``).
-        workers: workers of the parallel stages (local-feature extraction, word assignment,
-            spatial verification, VLAD aggregation), run by the ``engine`` executor (``None``:
-            one per available core).
-        engine: the execution backend (:data:`oxbench.execution.EXECUTORS`: ``processes``,
-            ``serial``, ``dask``, or a plugin's).
-        engine_options: the backend's own options (:func:`oxbench.execution.make_executor`),
-            e.g. ``{"address": "tcp://host:8786"}`` for an existing Dask cluster (default
-            ``$OXBENCH_CLUSTER``, else an embedded LocalCluster).
-        wait_workers: with an existing cluster, seconds to wait for ``workers`` of its workers
-            (default 10; a batch system's workers may wait in its queue: give it minutes); short
-            for ``engine_options={"wait_workers_s": ...}``.
-        shard_size: images per write-once shard of the local-feature stores (default 64).
-        progress: tqdm bars.
         distractors: distractors to add to the index (an id such as ``revisitop1m``, or a number
             of generated distractors for the synthetic set).
-        strict: refuse datasets whose image counts differ from the official ones; ``False``
-            (partial data) is recorded in the config and the results are not comparable.
-        ranks_top: keep (save and evaluate) the top this many of each ranked list; default: all
-            when the index holds at most 100,000 images, else 10,000 (as revisitop's R1M files).
-        top_k: how many retrieved images per query ``retrieved.json`` records (names, labels,
-            scores).
-        overwrite: replace earlier runs in the config folder (and a folder of another config).
-        command: the command line to record (default ``sys.argv``).
-        label: the run's name in ``runs``, ``compare``, ``report``, ``plot`` and ``view``
-            (:func:`oxbench.records.check_label`); default: the preset name plus the settings that
-            differ from the preset (``features-alpha-qe [whitening=pca]``).
         dataset_options: options of the test dataset (:func:`oxbench.datasets.load`), e.g.
             ``{"orientation": "rotated"}`` for Holidays' hand-rotated copy; recorded in the config.
-        deterministic: run the steps with one BLAS / faiss thread, so that what they learn does not
-            depend on ``workers`` or the cores (:mod:`oxbench.execution.determinism`; recorded).
-        verify_images: compare every image with the file its cached local features were
-            described from by its bytes (a full read and hash), not only by ``stat``.
+        overrides: method settings to change (``{"vocabulary.size": 4096, "features.max_side":
+            512}``).
         seeds: run once per seed (``[0, 1, 2]`` or ``"0,1,2"``), each seed setting of the method
             set to it, every run in one config folder as one seed group
             (:mod:`oxbench.pipelines.seedgroup`); ``overwrite`` replaces earlier runs before the
             first member only.
-        seed_member: the one member of a seed group to run (what ``seeds`` runs once per seed).
 
     Returns:
         A :class:`RunOutcome`; with ``seeds``, the last member's, ``group`` holding every member's.
@@ -632,305 +588,287 @@ def run(
     Raises:
         InputError: unknown dataset/method/setting, missing data, a folder of another config.
     """
+    session = session if session is not None else Session()
+    record = record if record is not None else RecordOptions()
+    request = RunRequest(
+        dataset, method, train_dataset, distractors, dataset_options or {}, overrides or {}
+    )
+    if seeds is None:
+        return run_once(request, session, record)
+    base = resolve_method(method, **request.overrides)
+    members = plan_group(base, check_seeds(seeds), dict(request.overrides))
+    outcomes: list[RunOutcome] = []
+    for i, member in enumerate(members):
+        first = dataclasses.replace(record, overwrite=record.overwrite and i == 0)
+        member_request = dataclasses.replace(request, method=base, overrides={})
+        outcomes.append(run_once(member_request, session, first, member))
+    return dataclasses.replace(outcomes[-1], group=tuple(outcomes))
 
-    if top_k < 1:
-        raise InputError(f"top_k must be >= 1, got {top_k}")
-    if seeds is not None:
-        if seed_member is not None:
-            raise InputError("give seeds or seed_member, not both")
-        base = resolve_method(method, **dict(overrides or {}))
-        members = plan_group(base, check_seeds(seeds), dict(overrides or {}))
-        outcomes: list[RunOutcome] = []
-        for i, member in enumerate(members):
-            outcomes.append(
-                run(
-                    dataset,
-                    base,
-                    root=root,
-                    out=out,
-                    runs_dir=runs_dir,
-                    cache=cache,
-                    train_dataset=train_dataset,
-                    workers=workers,
-                    engine=engine,
-                    engine_options=engine_options,
-                    wait_workers=wait_workers,
-                    shard_size=shard_size,
-                    progress=progress,
-                    distractors=distractors,
-                    strict=strict,
-                    ranks_top=ranks_top,
-                    top_k=top_k,
-                    overwrite=overwrite and i == 0,
-                    command=command,
-                    label=label,
-                    dataset_options=dataset_options,
-                    deterministic=deterministic,
-                    verify_images=verify_images,
-                    seed_member=member,
-                )
-            )
-        return replace(outcomes[-1], group=tuple(outcomes))
-    if label is not None:
-        check_label(label)
-    started = datetime.now(UTC)
-    t_start, cpu_start = time.perf_counter(), cpu_seconds()
-    # what ran is what was installed when the run began (a package upgraded meanwhile is not it)
-    libraries, commit, host = versions(), git_commit(), host_facts()
-    root_path = data_root(root)
-    m = resolve_method(method, **dict(overrides or {}))
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """A run checked before any data is loaded: the resolved method and what it reads.
+
+    Attributes:
+        request: what runs.
+        method: the resolved method (a seed group member's seeds applied).
+        base: the method the label and the config folder name (the group's seeds left out).
+        label: the run's label (a distractor tag joins it once the distractors are known).
+        labelled: whether the user gave the label.
+        inputs: the files the settings name, by content.
+        train_id: the training set's id (``None``: the method learns nothing).
+        member: the seed group member this run is, if any.
+        started: when the run began, with what was installed then.
+    """
+
+    request: RunRequest
+    method: MethodConfig
+    base: MethodConfig
+    label: str
+    labelled: bool
+    inputs: Mapping[str, InputRecord]
+    train_id: str | None
+    member: SeedMember | None
+    started: RunClock
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """When a run began (wall and CPU) and what was installed then (a package upgraded meanwhile
+    is not what ran)."""
+
+    started: datetime
+    t0: float
+    cpu0: float
+    libraries: Mapping[str, str | None]
+    commit: str | None
+    host: Mapping[str, Any]
+
+    @classmethod
+    def now(cls) -> RunClock:
+        return cls(
+            datetime.now(UTC),
+            time.perf_counter(),
+            cpu_seconds(),
+            versions(),
+            git_commit(),
+            host_facts(),
+        )
+
+
+@dataclass(frozen=True)
+class LoadedRun:
+    """A run's data loaded and its config resolved.
+
+    Attributes:
+        bench, train: the test set and the training set (``None``: nothing is learned).
+        label: the run's label, with the distractor tag.
+        config: the resolved run config; ``folder_config``: what its config folder holds.
+        config_dir: the config folder.
+        test_in_training: why the method learned on the test set, or ``None``.
+        load_seconds: ``(wall, cpu)`` seconds of loading.
+    """
+
+    bench: Benchmark
+    train: Benchmark | None
+    label: str
+    config: RunConfig
+    folder_config: Mapping[str, Any]
+    config_dir: Path
+    test_in_training: str | None
+    load_seconds: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class ExecutedRun:
+    """What a run computed: the method, its answer, its evaluation, what its steps recorded."""
+
+    method: RetrievalMethod
+    search: SearchResult
+    ctx: RunContext
+    result: EvaluationResult
+    timings: Mapping[str, float]
+    info: Mapping[str, Any]
+
+
+def run_once(
+    request: RunRequest,
+    session: Session,
+    record: RecordOptions,
+    member: SeedMember | None = None,
+) -> RunOutcome:
+    """One run: :func:`prepare` (checks before any data), then, on the session's executor,
+    :func:`load_run` (data and config), :func:`execute` (fit, index, search, evaluate) and
+    :func:`write_record` (the run folder, assembled aside and renamed into place)."""
+    prepared = prepare(request, session, record, member)
+    with session.executor() as executor:
+        loaded = load_run(prepared, session, record, executor)
+        return write_record(prepared, loaded, session, record, executor)
+
+
+def prepare(
+    request: RunRequest, session: Session, record: RecordOptions, member: SeedMember | None
+) -> PreparedRun:
+    """Resolve the method and check what can be checked before any data is loaded or generated:
+    its extras, its input files, its sources, the config folder."""
+    clock = RunClock.now()
+    m = resolve_method(request.method, **dict(request.overrides))
     base = m  # what the label and the config folder name: the seeds of a group left out
-    if seed_member is not None:
-        m = seed_member.apply(m)
-    require_installed(
-        m.requires
-    )  # a missing extra or input is one line before any data is loaded or generated
-    m.check_inputs(root_path)
+    if member is not None:
+        m = member.apply(m)
+    require_installed(m.requires)  # a missing extra or input is one line before any data
+    m.check_inputs(session.data_root)
     check_sources(m)  # a global_source that is no global preset: one line before any data
-    cache_dir = Path(cache) if cache is not None else root_path / "_cache"
-    inputs = input_records(m.input_files(root_path), cache=cache_dir)
-    labelled = label is not None
-    if label is None:
-        label = _default_label(base, inputs)
-    train_id = training_set_of(m, dataset, train_dataset)
-    if (
-        out is not None
-    ):  # a folder of another method or dataset is refused before data is loaded or generated
+    inputs = input_records(m.input_files(session.data_root), cache=session.cache_dir)
+    label = record.label if record.label is not None else _default_label(base, inputs)
+    train_id = training_set_of(m, request.dataset, request.train_dataset)
+    if record.out is not None:  # a folder of another method or dataset, refused before any data
+        method_dict = m.to_dict() if member is None else member.folder_method(m.to_dict())
         prepare_config_folder(
-            Path(out),
-            {
-                "dataset": dataset,
-                "method": m.to_dict()
-                if seed_member is None
-                else seed_member.folder_method(m.to_dict()),
-            },
-            overwrite=overwrite,
+            Path(record.out),
+            {"dataset": request.dataset, "method": method_dict},
+            overwrite=record.overwrite,
             only=("dataset", "method"),
         )
-    if wait_workers is not None:
-        engine_options = {**(engine_options or {}), "wait_workers_s": wait_workers}
-    executor = make_executor(engine, workers, options=engine_options)
-    try:  # a cluster the executor started stops with the run, whatever happens
-        # a cluster's workers must see the data and the cache: asked before anything is loaded
-        executor.check_paths(
-            {
-                "data root": root_path,
-                "cache": Path(cache) if cache is not None else root_path / "_cache",
-            }
-        )
-        t0, c0 = time.perf_counter(), cpu_seconds()
-        if any(get_spec(d).family.generated for d in (dataset, train_id) if d):
-            # the two default cities are rendered on first use through the run's engine
-            from oxbench.datasets.synthetic import ensure_default
+    return PreparedRun(
+        request, m, base, label, record.label is not None, inputs, train_id, member, clock
+    )
 
-            ensure_default(root_path, progress=progress, executor=executor)
-        ds_options = {k: str(v) for k, v in (dataset_options or {}).items()}
-        extra: dict[str, Any] = dict(ds_options)  # load(**options) validates the keys and values
-        bench = load(
-            dataset,
-            root_path,
-            distractors=distractors,
-            strict=strict,
-            progress=progress,
+
+def load_run(
+    prepared: PreparedRun, session: Session, record: RecordOptions, executor: Executor
+) -> LoadedRun:
+    """Load (or render, for the synthetic cities) the test and training sets, check the run fits
+    the machine, and resolve its config and config folder."""
+    request, m, root = prepared.request, prepared.method, session.data_root
+    t0, c0 = time.perf_counter(), cpu_seconds()
+    if any(get_spec(d).family.generated for d in (request.dataset, prepared.train_id) if d):
+        from oxbench.datasets.synthetic import ensure_default
+
+        ensure_default(root, progress=session.progress, executor=executor)
+    options: dict[str, Any] = dict(request.dataset_options)
+    bench = load(
+        request.dataset,
+        root,
+        distractors=request.distractors,
+        strict=session.strict,
+        progress=session.progress,
+        images=m.reads_images,
+        **options,  # load() validates the keys and values
+    )
+    train = (
+        None
+        if prepared.train_id is None
+        else load(
+            prepared.train_id,
+            root,
+            strict=session.strict,
+            progress=session.progress,
             images=m.reads_images,
-            **extra,
         )
-        train = (
-            None
-            if train_id is None
-            else load(train_id, root_path, strict=strict, progress=progress, images=m.reads_images)
+    )
+    load_seconds = (time.perf_counter() - t0, cpu_seconds() - c0)
+    label = prepared.label
+    if not prepared.labelled and bench.n_distractors:  # the count belongs in the label: +1K
+        tag = distractor_tag(bench.n_distractors, request.distractors) + kind_tag(
+            request.distractors
         )
-        t_load, cpu_load = time.perf_counter() - t0, cpu_seconds() - c0
-        if not labelled and bench.n_distractors:  # the count belongs in the label: +1K, +R1M
-            tag = distractor_tag(bench.n_distractors, distractors) + kind_tag(distractors)
-            room = MAX_LABEL_CHARS - len(tag) - 1
-            label = f"{label if len(label) <= room else label[: room - 4] + '...]'} {tag}"
-        preflight_ram(m, bench, cache_dir)  # one line now, not an out-of-memory error hours in
-        test_in_training = _test_data_in_training(m, train, bench)
-        trained_on_test = test_in_training is not None
-        if trained_on_test:
-            hint = (
-                " (its local features have no training file: set features.train)"
-                if m.learns_on_test_set and train_dataset is None
-                else ""
-            )
-            log.warning("%s: %s%s; results are not comparable", m.name, test_in_training, hint)
-        config = RunConfig(
-            dataset=dataset,
-            method=m,
-            train_dataset=train_id,
-            trained_on_test_set=trained_on_test,
-            dataset_gt_sha256=gt_digest(bench.gt),
-            crop=bench.crop,
-            distractors=distractors,
-            n_distractors=bench.n_distractors,
-            strict=strict,
-            ranks_top=ranks_top,
-            dataset_options=ds_options,
-            inputs={k: r.content() for k, r in inputs.items()},
+        room = MAX_LABEL_CHARS - len(tag) - 1
+        label = f"{label if len(label) <= room else label[: room - 4] + '...]'} {tag}"
+    preflight_ram(m, bench, session.cache_dir)  # one line now, not an out-of-memory error hours in
+    test_in_training = _test_data_in_training(m, train, bench)
+    if test_in_training is not None:
+        hint = (
+            " (its local features have no training file: set features.train)"
+            if m.learns_on_test_set and request.train_dataset is None
+            else ""
         )
-        config_dict = config.to_dict()
-        # a seed group's members share the folder: its config has the seeds replaced
-        folder_config = (
-            config_dict if seed_member is None else seed_member.folder_config(config_dict)
-        )
-        config_dir = (
-            Path(out)
-            if out is not None
-            else Path(runs_dir) / f"{dataset}-{m.name}-{json_digest(folder_config, 10)}"
-        )
-        prepare_config_folder(config_dir, folder_config, overwrite=overwrite)
-        run_id = new_run_id()
-        # assembled beside the config folder, which appears only when a run completes
-        tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
-        try:
-            tmp.mkdir(parents=True)
-        except OSError as exc:
-            raise InputError(
-                f"cannot create the run folder: {os_reason(exc)}", tmp.parent
-            ) from None
-        try:
-            with _log_to(tmp / "run.log"):
-                log.info(
-                    "run %s: %s on %s (train: %s) -> %s",
-                    run_id,
-                    m.name,
-                    dataset,
-                    train_id,
-                    config_dir,
-                )
-                with single_threaded(deterministic):
-                    impl, search, ctx = _fit_index_search(
-                        m,
-                        train,
-                        bench,
-                        cache_dir,
-                        executor=executor,
-                        progress=progress,
-                        allow_partial=not strict,
-                        root=root_path,
-                        shard_size=shard_size,
-                        verify_images=verify_images,
-                    )
-                ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = t_load, cpu_load
-                keep = (
-                    ranks_top
-                    if ranks_top is not None
-                    else (None if search.ranks.shape[1] <= 100_000 else 10_000)
-                )
-                search = search.top(keep)
-                with ctx.timed("evaluate"):
-                    result = evaluate(
-                        bench.gt,
-                        search.ranks,
-                        n_distractors=bench.n_distractors,
-                        source=str(config_dir),
-                    )
-                timings = {
-                    **ctx.timings,
-                    "total": time.perf_counter() - t_start,
-                    f"total{CPU_SUFFIX}": cpu_seconds() - cpu_start,
-                }
-                info = {**impl.provenance(), **search.info, "trained_on_test_set": trained_on_test}
-                if test_in_training is not None:
-                    info["trained_on_test_set_why"] = test_in_training
-                for step, state in ctx.steps.items():
-                    n = f" ({ctx.computed[step]} items)" if step in ctx.computed else ""
-                    log.info(
-                        "step %s: %s%s", step, "from cache" if state == "hit" else "computed", n
-                    )
-                log.info("%s", " | ".join(result.lines()))
-            record = {
-                "format": RECORD_FORMAT,
-                "run_id": run_id,
-                "status": "complete",
-                "command": list(command if command is not None else sys.argv),
-                "started": started.isoformat(),
-                "ended": datetime.now(UTC).isoformat(),
-                "oxbench_version": libraries["oxbench"],
-                "git_commit": commit,
-                "host": host,
-                "versions": libraries,
-                "plugins": loaded_plugins(),
-                "accel": _accel_used(),
-                "cache": dict(ctx.steps),
-                "cache_computed": dict(ctx.computed),
-                "method": m.name,
-                "label": label,
-                "family": m.family,
-                "dataset": dataset,
-                "cache_dir": str(ctx.cache),
-                "execution": executor.describe(),
-                "footprint": _footprint(impl),
-                "inputs": run_inputs(bench, inputs, cache_dir),
-                "seeds": run_seeds(m, bench, train),
-                "deterministic": deterministic,
-            }
-            if seed_member is not None:
-                record["seed_group"] = seed_member.to_dict()
-            _write_run_files(
-                tmp,
-                config=config_dict,
-                record=record,
-                bench=bench,
-                search=search,
-                result=result,
-                timings=timings,
-                info=info,
-                top_k=top_k,
-                trained_on_test=trained_on_test,
-            )
-            run_dir = config_dir / run_id
-            try:
-                config_dir.mkdir(exist_ok=True)
-            except OSError as exc:
-                raise InputError(
-                    f"cannot create the run folder: {os_reason(exc)}", config_dir
-                ) from None
-            with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
-                if overwrite:
-                    for old in list_runs(config_dir):
-                        shutil.rmtree(old, ignore_errors=True)
-                atomic_write_json(config_dir / "config.json", folder_config)
-                os.replace(tmp, run_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return RunOutcome(run_dir, config_dir, result, config, timings, info, record)
-    finally:
-        executor.close()
+        log.warning("%s: %s%s; results are not comparable", m.name, test_in_training, hint)
+    config = RunConfig(
+        dataset=request.dataset,
+        method=m,
+        train_dataset=prepared.train_id,
+        trained_on_test_set=test_in_training is not None,
+        dataset_gt_sha256=gt_digest(bench.gt),
+        crop=bench.crop,
+        distractors=request.distractors,
+        n_distractors=bench.n_distractors,
+        strict=session.strict,
+        ranks_top=record.ranks_top,
+        dataset_options=request.dataset_options,
+        inputs={k: r.content() for k, r in prepared.inputs.items()},
+    )
+    config_dict = config.to_dict()
+    # a seed group's members share the folder: its config has the seeds replaced
+    member = prepared.member
+    folder_config = config_dict if member is None else member.folder_config(config_dict)
+    config_dir = (
+        Path(record.out)
+        if record.out is not None
+        else Path(record.runs_dir) / f"{request.dataset}-{m.name}-{json_digest(folder_config, 10)}"
+    )
+    prepare_config_folder(config_dir, folder_config, overwrite=record.overwrite)
+    return LoadedRun(
+        bench, train, label, config, folder_config, config_dir, test_in_training, load_seconds
+    )
 
 
-def _fit_index_search(
+def execute(
+    prepared: PreparedRun,
+    loaded: LoadedRun,
+    session: Session,
+    record: RecordOptions,
+    executor: Executor,
+) -> ExecutedRun:
+    """Fit, index and search (:func:`fit_index_search`), keep the top of each list, evaluate."""
+    m, bench = prepared.method, loaded.bench
+    impl, search, ctx = fit_index_search(m, loaded.train, bench, session, executor)
+    ctx.timings["load"], ctx.timings[f"load{CPU_SUFFIX}"] = loaded.load_seconds
+    keep = record.ranks_top
+    if keep is None:
+        keep = None if search.ranks.shape[1] <= 100_000 else 10_000
+    search = search.top(keep)
+    with ctx.timed("evaluate"):
+        result = evaluate(
+            bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(loaded.config_dir)
+        )
+    clock = prepared.started
+    timings = {
+        **ctx.timings,
+        "total": time.perf_counter() - clock.t0,
+        f"total{CPU_SUFFIX}": cpu_seconds() - clock.cpu0,
+    }
+    info = {
+        **impl.provenance(),
+        **search.info,
+        "trained_on_test_set": loaded.test_in_training is not None,
+    }
+    if loaded.test_in_training is not None:
+        info["trained_on_test_set_why"] = loaded.test_in_training
+    for step, state in ctx.steps.items():
+        n = f" ({ctx.computed[step]} items)" if step in ctx.computed else ""
+        log.info("step %s: %s%s", step, "from cache" if state == "hit" else "computed", n)
+    log.info("%s", " | ".join(result.lines()))
+    return ExecutedRun(impl, search, ctx, result, timings, info)
+
+
+def fit_index_search(
     m: MethodConfig,
     train: Benchmark | None,
     bench: Benchmark,
-    cache: Path,
-    *,
+    session: Session,
     executor: Executor,
-    progress: bool,
-    allow_partial: bool = False,
-    root: Path | None = None,
-    shard_size: int | None = None,
-    verify_images: bool = False,
 ) -> tuple[RetrievalMethod, SearchResult, RunContext]:
-    """fit / index / search; a corrupt cache file met late is deleted and the steps rerun once,
-    checking every cached file in full, so the result is the one a clean cache gives."""
+    """Fit, index and search (single-threaded learned steps when the session is deterministic).
+    A corrupt cache file met late is deleted and the steps rerun once, checking every cached file
+    in full, so the result is the one a clean cache gives."""
     for full_check in (False, True):
-        ctx = RunContext(
-            cache,
-            executor=executor,
-            progress=progress,
-            full_check=full_check,
-            verify_images=verify_images,
-            allow_partial=allow_partial,
-            root=root,
-            shard_size=shard_size or DEFAULT_SHARD_SIZE,
-        )
+        ctx = session.context(executor, full_check=full_check)
         impl = m.build()
         try:
-            impl.fit(train, ctx).index(bench, ctx)
-            return impl, impl.search(bench, ctx), ctx
+            with single_threaded(session.deterministic):
+                impl.fit(train, ctx).index(bench, ctx)
+                return impl, impl.search(bench, ctx), ctx
         except CorruptCache as exc:
             if full_check:
                 raise
@@ -940,6 +878,119 @@ def _fit_index_search(
             )
             exc.remove()
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+def write_record(
+    prepared: PreparedRun,
+    loaded: LoadedRun,
+    session: Session,
+    record: RecordOptions,
+    executor: Executor,
+) -> RunOutcome:
+    """Execute the run with its log in a run folder assembled beside the config folder, write
+    every file of the record there, and rename it into place (the config folder appears only
+    when a run completes; a crashed run leaves nothing that looks finished)."""
+    config_dir, m = loaded.config_dir, prepared.method
+    run_id = new_run_id()
+    tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
+    try:
+        with _log_to(tmp / "run.log"):
+            log.info(
+                "run %s: %s on %s (train: %s) -> %s",
+                run_id,
+                m.name,
+                loaded.config.dataset,
+                prepared.train_id,
+                config_dir,
+            )
+            done = execute(prepared, loaded, session, record, executor)
+        facts = run_facts(prepared, loaded, done, session, executor, run_id, record)
+        _write_run_files(
+            tmp,
+            config=loaded.config.to_dict(),
+            record=facts,
+            bench=loaded.bench,
+            search=done.search,
+            result=done.result,
+            timings=done.timings,
+            info=done.info,
+            top_k=record.top_k,
+            trained_on_test=loaded.config.trained_on_test_set,
+        )
+        run_dir = _commit_run(tmp, config_dir, run_id, loaded.folder_config, record.overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return RunOutcome(
+        run_dir, config_dir, done.result, loaded.config, done.timings, done.info, facts
+    )
+
+
+def run_facts(
+    prepared: PreparedRun,
+    loaded: LoadedRun,
+    done: ExecutedRun,
+    session: Session,
+    executor: Executor,
+    run_id: str,
+    record: RecordOptions,
+) -> dict[str, Any]:
+    """``record.json`` (:class:`~oxbench.records.RecordFile`): who ran what, where, from what, and
+    what it cost; the executor's facts and the footprint checked as any reader checks them."""
+    clock, m, bench = prepared.started, prepared.method, loaded.bench
+    footprint = _footprint(done.method)
+    member = prepared.member
+    facts = RecordFile(
+        format=RECORD_FORMAT,
+        run_id=run_id,
+        status="complete",
+        command=tuple(record.command if record.command is not None else sys.argv),
+        started=clock.started.isoformat(),
+        ended=datetime.now(UTC).isoformat(),
+        oxbench_version=clock.libraries["oxbench"],
+        git_commit=clock.commit,
+        host=dict(clock.host),
+        versions=dict(clock.libraries),
+        plugins=loaded_plugins(),
+        accel=_accel_used(),
+        cache=dict(done.ctx.steps),
+        cache_computed=dict(done.ctx.computed),
+        method=m.name,
+        label=loaded.label,
+        family=m.family,
+        dataset=loaded.config.dataset,
+        cache_dir=str(done.ctx.cache),
+        execution=ExecutionFacts.from_dict(executor.describe()),
+        footprint=None if footprint is None else FootprintFacts.from_dict(footprint),
+        inputs=run_inputs(bench, prepared.inputs, done.ctx.cache),
+        seeds=run_seeds(m, bench, loaded.train),
+        deterministic=session.deterministic,
+        seed_group=None if member is None else SeedGroupFacts.from_dict(member.to_dict()),
+    )
+    return facts.to_dict()
+
+
+def _commit_run(
+    tmp: Path, config_dir: Path, run_id: str, folder_config: Mapping[str, Any], overwrite: bool
+) -> Path:
+    """Rename the assembled run folder into its config folder (under the folder's lock; with
+    ``overwrite``, earlier runs removed first); the run folder."""
+    run_dir = config_dir / run_id
+    try:
+        config_dir.mkdir(exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"cannot create the run folder: {os_reason(exc)}", config_dir) from None
+    with file_lock(config_dir / ".lock", wait=600.0, what=str(config_dir)):
+        if overwrite:
+            for old in list_runs(config_dir):
+                shutil.rmtree(old, ignore_errors=True)
+        atomic_write_json(config_dir / "config.json", dict(folder_config))
+        os.replace(tmp, run_dir)
+    return run_dir
 
 
 def _default_label(m: MethodConfig, inputs: Mapping[str, InputRecord]) -> str:
@@ -994,7 +1045,7 @@ def run_inputs(bench: Benchmark, inputs: Mapping[str, InputRecord], cache: Path)
 
 def run_seeds(m: MethodConfig, bench: Benchmark, train: Benchmark | None) -> dict[str, int]:
     """``record.json``'s ``seeds``: every seed setting of the method (:func:`oxbench.schema.seed_settings`:
-    ``vocab_seed``, ``he_seed``, ``index_seed``, a descriptor kind's ``descriptor.seed`` ...) and the
+    ``vocabulary.seed``, ``he.seed``, ``search.seed``, a descriptor kind's ``descriptor.seed`` ...) and the
     generation seed of a synthetic test or training set (``dataset.seed``, ``train_dataset.seed``)."""
     out = seed_settings(m)
     for key, b in (("dataset", bench), ("train_dataset", train)):
@@ -1007,8 +1058,8 @@ def run_seeds(m: MethodConfig, bench: Benchmark, train: Benchmark | None) -> dic
 def preflight_ram(m: MethodConfig, bench: Benchmark, cache: Path) -> None:
     """Refuse (one line) a run whose index will not fit in the RAM available or whose new files
     will not fit on the cache's disk, and announce a long one, before any work
-    (:func:`oxbench.index.estimates.preflight`: the dataset's actual feature counts where known)."""
-    from oxbench.index.estimates import preflight
+    (:func:`oxbench.pipelines.estimates.preflight`: the dataset's actual feature counts where known)."""
+    from oxbench.pipelines.estimates import preflight
 
     preflight(m, bench, cache)
 

@@ -2,8 +2,10 @@
 
 ``oxbench run --seeds 0,1,2`` (``oxbench.run(..., seeds=[0, 1, 2])``) runs the method once per
 seed. Member ``s`` sets **every seed setting of the method** (:func:`oxbench.schema.seed_settings`:
-``vocab_seed`` of BoW / ASMK / HE, ``he_seed`` of HE, ``index_seed`` of the global family and its
-descriptor kind's (``descriptor.seed``: VLAD's codebook k-means, a CNN's random weights), a plugin's ``<step>_seed``) to ``s``. It does not change the
+every setting named ``seed`` in its group: ``vocabulary.seed`` of BoW / ASMK / HE, ``he.seed`` of
+HE, ``search.seed`` of an IVF-PQ search, a descriptor kind's ``descriptor.seed`` (a CNN's random
+weights) and ``descriptor.vocabulary.seed`` (VLAD's codebook k-means), a plugin's ``<group>.seed``)
+to ``s``. It does not change the
 generation seed of a synthetic dataset (the test set stays the same images) nor any other setting.
 
 All members go to ONE config folder: its ``config.json`` is the run's config with each seed setting

@@ -37,10 +37,10 @@ from oxbench.pipelines.steps.local import open_store, step_features
 from oxbench.pipelines.steps.verify import (
     ShortListVerifier,
     VerifiedList,
-    VerifySettings,
     verify_ranked,
 )
 from oxbench.pipelines.steps.words import store_spec
+from oxbench.refinement.spatial import Verification
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.datasets.base import Benchmark
@@ -60,13 +60,10 @@ class LocalSource:
 
     Args:
         extractor: the local feature (``rootsift``, ``h5:PATH`` ...).
-        settings: how short lists are verified (the pipeline's ``spatial`` settings); matching is
-            by descriptors, whatever ``matching`` says, since the source has no vocabulary.
     """
 
-    def __init__(self, extractor: LocalExtractor, settings: VerifySettings) -> None:
+    def __init__(self, extractor: LocalExtractor) -> None:
         self.extractor = extractor
-        self.settings = dataclasses.replace(settings, matching="descriptors")
         self._stores: dict[str, Any] = {}
         self._names: dict[str, list[str]] = {}
         self._key: str | None = None
@@ -96,19 +93,22 @@ class LocalSource:
         ranks: NDArray[np.int64],
         r: int,
         ctx: RunContext,
+        settings: Verification,
         *,
         rows: dict[int, NDArray[np.int64]] | None = None,
         stage: str = "spatial",
         query_part: str = "queries",
     ) -> list[VerifiedList]:
-        """Spatially verify each query's top ``r`` (or the lists in ``rows``) by descriptor matching."""
+        """Spatially verify each query's top ``r`` (or the lists in ``rows``) as ``settings`` say;
+        matching is by descriptors, whatever ``settings.matching`` says, since the source has no
+        vocabulary."""
         if self._key is None:
             raise InputError("local source: prepare it for the benchmark before verifying")
         job = ShortListVerifier(
             stores={p: store_spec(s) for p, s in self._stores.items()},
             words={},
             index_parts=self.index_parts,
-            settings=self.settings,
+            settings=dataclasses.replace(settings, matching="descriptors"),
             query_part=query_part,
             store_digests={p: s.content_digest() for p, s in self._stores.items()},
         )

@@ -69,8 +69,8 @@ Mode = Literal["online", "offline"]
 class DiffusionSettings:
     """Settings of :class:`Diffusion` (defaults as in Iscen et al. 2017's global-descriptor runs).
 
-    The one declaration of diffusion's settings: the ``diffusion`` stage's settings group
-    (``--set diffusion.k=100``), so messages name them that way.
+    The one declaration of diffusion's settings: the ``diffusion`` stage's settings
+    (``--set diffusion.k=100``), and ``diffusion-verified``'s.
 
     Attributes:
         k: images per database image's neighbour list, the image itself included (``k = 50``:
@@ -102,7 +102,7 @@ class DiffusionSettings:
     mode: Mode = setting("online", S.Choice("online", "offline"), doc="per query, or precomputed")
 
     def __post_init__(self) -> None:
-        validate(self, label=lambda n: f"diffusion.{n}")
+        validate(self)
 
 
 def knn_affinity(

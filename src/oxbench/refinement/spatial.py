@@ -42,7 +42,9 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError, require
+from oxbench.schema import setting, validate
 
 logger = logging.getLogger(__name__)
 
@@ -52,18 +54,9 @@ RobustMethod = Literal["magsac", "accurate", "ransac", "fsm"]
 #: Minimal sample size of each model (correspondences needed to fit it).
 MIN_SAMPLE: dict[str, int] = {"similarity": 2, "affine": 3, "homography": 4}
 
-#: The one verification default, shared by :func:`verify_pair`, :func:`spatial_rerank` and every
-#: preset that verifies (:class:`oxbench.pipelines.steps.verify.VerifySettings`): Philbin et al.'s
-#: fast spatial matching of a similarity from single correspondences, an 8 px threshold at 1024 px,
-#: and 4 inliers to count as verified. How the inlier counts of unrelated and matching pairs
-#: compare, and why these were chosen, is measured in bench/README.md ("Classic pipeline on real
-#: photos").
-DEFAULT_MODEL: GeometricModel = "similarity"
-DEFAULT_METHOD: RobustMethod = "fsm"
-DEFAULT_THRESHOLD_PX = 8.0
+#: The fixed parts of a fit (not settings): the normalised frame's side, the estimator's iteration
+#: cap, and the accepted scale change and anisotropy of a model.
 DEFAULT_REFERENCE_SIDE = 1024.0
-DEFAULT_MIN_INLIERS = 4
-DEFAULT_MAX_PER_WORD = 8
 DEFAULT_MAX_ITERS = 1000
 DEFAULT_MAX_SCALE = 10.0
 DEFAULT_MAX_ANISOTROPY = 6.0
@@ -71,8 +64,59 @@ DEFAULT_MAX_ANISOTROPY = 6.0
 #: thousand database features stays in the CPU's cache while it is reduced).
 _MATCH_ROWS = 256
 
-#: Lowe's ratio of :func:`descriptor_matches`.
-DEFAULT_RATIO = 0.8
+
+@dataclass(frozen=True)
+class Verification:
+    """How a pair, or a short list, is spatially verified: the one declaration of these settings
+    and their defaults (the ``spatial`` stage's settings add the short list's length to them).
+
+    The defaults: Philbin et al.'s fast spatial matching of a similarity from single
+    correspondences, an 8 px threshold at 1024 px, and 4 inliers to count as verified. How the
+    inlier counts of unrelated and matching pairs compare, and why these were chosen, is measured
+    in bench/README.md ("Classic pipeline on real photos").
+
+    Attributes:
+        matching: tentative correspondences of a short-listed pair: ``descriptors`` (mutual
+            nearest neighbours with Lowe's ``ratio``, :func:`descriptor_matches`) or ``words``
+            (shared visual words, at most ``max_per_word`` pairs per word, each query feature
+            through its ``query_ma`` nearest words, :func:`tentative_matches`).
+        ratio: Lowe's ratio of descriptor matching.
+        max_per_word: ``matching="words"``: at most this many pairs per shared word.
+        query_ma: ``matching="words"``: words per query feature.
+        model: the geometric model: ``similarity`` (4 dof), ``affine`` (6) or ``homography`` (8).
+        method: ``fsm`` (Philbin et al.'s fast spatial matching) or an OpenCV robust estimator
+            (:func:`verify_pair`).
+        min_inliers: inliers for a candidate to count as verified (and matches needed to try).
+        threshold_px: inlier threshold, in pixels of an image resized to 1024 px.
+    """
+
+    matching: Literal["words", "descriptors"] = setting(
+        "descriptors",
+        S.Choice("words", "descriptors"),
+        doc="tentative matches from descriptors or shared words",
+    )
+    ratio: float = setting(0.8, S.Float(lo=0, lo_open=True, hi=1), doc="Lowe's ratio")
+    max_per_word: int = setting(
+        8, S.Int(lo=1, hi=1 << 16), doc="words matching: pairs per shared word"
+    )
+    query_ma: int = setting(1, S.Int(lo=1, hi=64), doc="words matching: words per query feature")
+    model: GeometricModel = setting(
+        "similarity", S.Choice("similarity", "affine", "homography"), doc="geometric model"
+    )
+    method: RobustMethod = setting(
+        "fsm", S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator"
+    )
+    min_inliers: int = setting(4, S.Int(lo=1, hi=1 << 30), doc="inliers to count as verified")
+    threshold_px: float = setting(
+        8.0, S.Float(lo=0, lo_open=True, hi=1e4), doc="inlier threshold, px at 1024 px"
+    )
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+#: Lowe's ratio of :func:`descriptor_matches` (the verification's default).
+DEFAULT_RATIO = Verification().ratio
 
 PairStatus = Literal["verified", "below_min_inliers", "too_few_matches", "no_model", "degenerate"]
 
@@ -178,7 +222,7 @@ def tentative_matches(
     q_words: NDArray[np.integer],
     d_words: NDArray[np.integer],
     *,
-    max_per_word: int | None = DEFAULT_MAX_PER_WORD,
+    max_per_word: int | None,
 ) -> NDArray[np.int64]:
     """Tentative correspondences between two images from shared visual words.
 
@@ -202,7 +246,7 @@ def tentative_matches(
         index then database index.
 
     Example:
-        >>> tentative_matches(np.array([5, 7, 9]), np.array([9, 1, 5]))
+        >>> tentative_matches(np.array([5, 7, 9]), np.array([9, 1, 5]), max_per_word=8)
         array([[0, 2],
                [2, 0]])
     """
@@ -635,11 +679,8 @@ def verify_pair(
     q_kp: NDArray[np.floating],
     d_kp: NDArray[np.floating],
     matches: NDArray[np.integer],
+    settings: Verification,
     *,
-    model: GeometricModel = DEFAULT_MODEL,
-    threshold_px: float = DEFAULT_THRESHOLD_PX,
-    min_inliers: int = DEFAULT_MIN_INLIERS,
-    method: RobustMethod = DEFAULT_METHOD,
     max_iters: int = DEFAULT_MAX_ITERS,
     confidence: float = 0.999,
     q_size: tuple[float, float] | None = None,
@@ -677,10 +718,8 @@ def verify_pair(
         d_kp: ``[n_d, >=2]`` candidate keypoints.
         matches: ``[m, 2]`` pairs ``(query feature, candidate feature)``, e.g. from
             :func:`tentative_matches`.
-        model: ``"similarity"`` (4 dof, default), ``"affine"`` (6 dof) or ``"homography"`` (8 dof).
-        threshold_px: inlier threshold, in pixels at ``reference_side``.
-        min_inliers: inliers needed to call the pair verified (and matches needed to try at all).
-        method: robust estimator, see above.
+        settings: the model, the robust estimator (see above), the inlier threshold (pixels at
+            ``reference_side``) and the inliers that make a verified pair (:class:`Verification`).
         max_iters: iteration cap of the estimator (non-matching pairs always reach it).
         confidence: the estimator's stopping confidence.
         q_size: ``(width, height)`` of the query image; default: the bounding box of ``q_kp``.
@@ -696,6 +735,8 @@ def verify_pair(
     Raises:
         InputError: malformed arrays, out-of-range match indices or an unknown model/method.
     """
+    model, method, min_inliers = settings.model, settings.method, settings.min_inliers
+    threshold_px = settings.threshold_px
     _check_settings(model, method, min_inliers, threshold_px)
     q_xy = _check_keypoints(q_kp, "q_kp")
     d_xy = _check_keypoints(d_kp, "d_kp")
@@ -888,13 +929,9 @@ def spatial_rerank(
     query_words: NDArray[np.integer],
     candidates: Sequence[tuple[NDArray, NDArray] | tuple[NDArray, NDArray, tuple[float, float]]],
     order: NDArray[np.integer],
+    settings: Verification,
     *,
-    top_r: int = 300,
-    model: GeometricModel = DEFAULT_MODEL,
-    min_inliers: int = DEFAULT_MIN_INLIERS,
-    threshold_px: float = DEFAULT_THRESHOLD_PX,
-    max_per_word: int | None = DEFAULT_MAX_PER_WORD,
-    method: RobustMethod = DEFAULT_METHOD,
+    top_r: int,
     max_iters: int = DEFAULT_MAX_ITERS,
     confidence: float = 0.999,
     query_size: tuple[float, float] | None = None,
@@ -925,18 +962,15 @@ def spatial_rerank(
         query_words: ``[n_q]`` visual words of the query features.
         candidates: features of ``order[:r]``, see above.
         order: ``[n]`` initial ranking of database indices, best first.
+        settings: how a pair is verified (:class:`Verification`: its ``max_per_word`` for shared
+            words, then :func:`verify_pair`'s; candidates with at least ``min_inliers`` move up).
         top_r: how many of the top of ``order`` to verify.
-        model: see :func:`verify_pair`.
-        threshold_px: see :func:`verify_pair`.
-        method: see :func:`verify_pair`.
         max_iters: see :func:`verify_pair`.
         confidence: see :func:`verify_pair`.
         reference_side: see :func:`verify_pair`.
         max_scale: see :func:`verify_pair`.
         max_anisotropy: see :func:`verify_pair`.
         seed: see :func:`verify_pair`.
-        min_inliers: inliers needed to move up.
-        max_per_word: see :func:`tentative_matches`.
         query_size: ``(width, height)`` of the query image (default: its keypoints' bounding box).
         tentative: optional ``[m, 2]`` tentative correspondences per candidate (e.g.
             :func:`descriptor_matches`), used instead of shared words; ``query_words`` may then
@@ -972,6 +1006,8 @@ def spatial_rerank(
     )
     q_groups = _group_words(q_words, with_lookup=True)
     multiple = q_words_2d.ndim == 2 and q_words_2d.shape[1] > 1
+    model, method, min_inliers = settings.model, settings.method, settings.min_inliers
+    threshold_px, max_per_word = settings.threshold_px, settings.max_per_word
     _check_settings(model, method, min_inliers, threshold_px)
     query_kp = np.asarray(query_kp)
     if method == "fsm" and query_kp.shape[1] < 4:

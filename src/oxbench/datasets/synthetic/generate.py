@@ -285,7 +285,7 @@ def _finish(out: Path, config: SynthConfig, done: dict[tuple[str, int], dict[str
     for rec in db_records:
         kinds[rec["kind"]] = kinds.get(rec["kind"], 0) + 1
     images_hash = text_digest("".join(r["sha256"] for r in q_records + db_records))
-    from oxbench import __version__
+    from oxbench.version import __version__
 
     manifest = {
         "format": FORMAT,

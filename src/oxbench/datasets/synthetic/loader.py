@@ -88,7 +88,7 @@ def load_synthetic(
 def kind_distractors(root: Path, config: SynthConfig, text: str) -> SyntheticDistractors:
     """The distractors ``synthetic-<kind>:N`` asks for, or the mined selection
     ``synthetic-mined-<kind>:N`` names (``<root>/mined/<kind>-<N>.json``, written by
-    :func:`oxbench.datasets.mining.mine_distractors`).
+    :func:`oxbench.pipelines.mining.mine_distractors`).
 
     Raises:
         InputError: one line: a malformed spec, an unknown kind, a mined selection not made.

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench import schema as S
 from oxbench.errors import InputError, close_matches
 from oxbench.features.local import LocalExtractor, learns_on_test_set, reads_pixels
 from oxbench.fileio import file_lock, json_digest
@@ -438,9 +439,17 @@ def descriptor_kind(text: str) -> DescriptorKind:
     """The kind ``text`` names, with its defaults (``"cnn"`` -> ``CnnDescriptor()``).
 
     Raises:
-        InputError: an unknown name (with the known ones).
+        InputError: an unknown name (with the known ones), or a name of an earlier version.
     """
-    return DESCRIPTORS.get(text.strip())()
+    name = text.strip()
+    if name in RENAMED_KINDS and name not in DESCRIPTORS:
+        raise InputError(f"descriptor kind {name!r} is now {RENAMED_KINDS[name]!r}")
+    return DESCRIPTORS.get(name)()
+
+
+#: Descriptor kinds of earlier versions and their names now: ``features`` read the user's
+#: descriptor files, a word that also names the local-feature setting and the presets.
+RENAMED_KINDS = {"features": "files"}
 
 
 def descriptor_from_dict(settings: Mapping[str, Any]) -> DescriptorKind:
@@ -461,7 +470,15 @@ def descriptor_from_dict(settings: Mapping[str, Any]) -> DescriptorKind:
             f"descriptor kind {kind} has no setting {unknown[0]!r}; its settings: "
             + ", ".join(sorted(names))
         )
-    return cls(**{k: v for k, v in settings.items() if k != "kind"})
+    values = {k: v for k, v in settings.items() if k != "kind"}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if isinstance(default, S.Group) and isinstance(values.get(f.name), Mapping):
+            try:  # a nested group of settings, recorded as a dict (descriptor.vocabulary.size)
+                values[f.name] = type(default).from_dict(values[f.name])
+            except InputError as exc:
+                raise InputError(f"descriptor kind {kind}: {f.name}: {exc.problem}") from None
+    return cls(**values)
 
 
 def _known() -> str:
@@ -508,6 +525,9 @@ class DescriptorSetting(Spec):
         """The one line for ``--set descriptor.X`` where the kind in ``value`` has no ``X``: the
         kinds that have it, else the close matches, and the kind's own settings."""
         sub = key.split(".", 1)[1]
+        renamed = getattr(type(value), "renamed", {}).get(sub)
+        if renamed is not None:  # a name of an earlier version
+            return f"method {method}: {key} is now {DESCRIPTOR_FIELD}.{renamed}"
         names = [f.name for f in dataclasses.fields(value)]
         own = ", ".join(f"{DESCRIPTOR_FIELD}.{n}" for n in names)
         others = [k for k in other_kinds_with(sub) if k != value.kind]
@@ -533,8 +553,10 @@ class DescriptorSetting(Spec):
         the flat name of earlier versions): where it lives now; else ``""``."""
         kinds, name = other_kinds_with(key), key
         kind, _, rest = key.partition("_")  # vlad_k: a kind's settings carry no kind prefix
-        if not kinds and kind in DESCRIPTORS and kind in other_kinds_with(rest):
-            kinds, name = [kind], rest
+        if not kinds and kind in DESCRIPTORS:
+            rest = getattr(DESCRIPTORS.get(kind), "renamed", {}).get(rest, rest)
+            if kind in other_kinds_with(rest):
+                kinds, name = [kind], rest
         if not kinds:
             return ""
         return (

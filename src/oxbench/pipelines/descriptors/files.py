@@ -1,4 +1,4 @@
-"""The user's own descriptor files (``descriptor=features``): nothing is described, the rows are read.
+"""The user's own descriptor files (``descriptor=files``): nothing is described, the rows are read.
 
 The database and query descriptors come from the files (``db_features``, ``query_features``; how
 rows are matched to images and every check: :mod:`oxbench.pipelines.featurefiles`), L2-normalised,
@@ -57,7 +57,7 @@ class FeatureFilesDescriptor(DescriptorKind):
             image names).
     """
 
-    kind: ClassVar[str] = "features"
+    kind: ClassVar[str] = "files"
 
     db_features: str | None = setting(
         None, S.Optional(S.PathSetting()), doc="features: database descriptor file", input=True

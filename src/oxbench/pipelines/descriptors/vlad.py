@@ -10,7 +10,7 @@ learning framework.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -23,6 +23,7 @@ from oxbench.features.extractors import LOCAL_FEATURES_SPEC
 from oxbench.features.local import LocalExtractor
 from oxbench.features.sift import SiftConfig
 from oxbench.index.footprint import disk_bytes
+from oxbench.index.vocabulary import Codebook
 from oxbench.pipelines.descriptors import (
     DescriptorKind,
     FamilySettings,
@@ -56,24 +57,29 @@ class VladDescriptor(DescriptorKind):
     Attributes:
         features: the local features VLAD aggregates (a query is described from its crop only);
             from text a registered name (``rootsift``, ``h5:PATH``: :mod:`oxbench.features.extractors`).
-        k: codebook size (the descriptor has ``k * features.dim`` dimensions).
-        iter, max_points_per_centroid, seed: codebook k-means settings.
+        vocabulary: the flat k-means codebook (:class:`~oxbench.index.vocabulary.Codebook`, the
+            ``vocabulary`` settings every family shares: ``descriptor.vocabulary.size`` words,
+            the descriptor has ``size * features.dim`` dimensions).
         power: signed power normalisation exponent of every component (0.5: signed square root;
             1: none).
         intra_norm: L2-normalise each centroid's residual sum before the final L2 (intra-norm).
     """
 
     kind: ClassVar[str] = "vlad"
+    #: Settings of earlier versions and their names now.
+    renamed: ClassVar[dict[str, str]] = {
+        "k": "vocabulary.size",
+        "iter": "vocabulary.iter",
+        "max_points_per_centroid": "vocabulary.sample",
+        "seed": "vocabulary.seed",
+    }
 
     features: LocalExtractor = setting(
         spec=LOCAL_FEATURES_SPEC, default_factory=SiftConfig, doc="vlad: local features aggregated"
     )
-    k: int = setting(64, S.Int(lo=2, hi=1 << 16), doc="vlad: codebook size")
-    iter: int = setting(20, S.Int(lo=1, hi=1000), doc="vlad: k-means iterations")
-    max_points_per_centroid: int | None = setting(
-        256, S.Optional(S.Int(lo=1, hi=1 << 20)), doc="vlad: training descriptors per word"
+    vocabulary: Codebook = field(
+        default_factory=lambda: Codebook(size=64, iter=20, sample=256, seed=0)
     )
-    seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="vlad: k-means seed")
     power: float = setting(
         0.5, S.Float(lo=0, lo_open=True, hi=1), doc="vlad: signed power normalisation"
     )
@@ -94,23 +100,23 @@ class VladDescriptor(DescriptorKind):
 
     @property
     def dim(self) -> int:
-        return self.k * self.features.dim
+        return self.vocabulary.size * self.features.dim
 
     def shorthand(self, option: str) -> str | None:
-        """``max_side``: the local features' (``features.max_side``)."""
-        return "features.max_side" if option == "max_side" else None
+        """``max_side``: the local features' (``features.max_side``); ``vocab_size``: the
+        codebook's (``vocabulary.size``)."""
+        return {"max_side": "features.max_side", "vocab_size": "vocabulary.size"}.get(option)
 
     def codebook(self) -> VocabularySpec:
         """The flat k-means vocabulary VLAD uses (the shared vocabulary step trains it)."""
-        return VocabularySpec(
-            self.features, self.k, "flat", self.iter, self.max_points_per_centroid, seed=self.seed
-        )
+        v = self.vocabulary
+        return VocabularySpec(self.features, v.size, "flat", v.iter, v.sample, seed=v.seed)
 
     def cache_key(self) -> dict[str, Any]:
         return {
             "descriptor": "vlad",
             "features": self.features.to_dict(),
-            "vlad_k": self.k,
+            "vlad_k": self.vocabulary.size,
             "power": self.power,
             "intra_norm": self.intra_norm,
         }

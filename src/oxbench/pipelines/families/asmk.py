@@ -10,7 +10,7 @@ Multiple assignment on the query side (its ``k`` nearest words) recovers matches
 borders, as in HOW + ASMK (Tolias et al., ECCV 2020), which uses the same kernel over learned
 local features.
 
-Two inverted files hold the database (``inverted_file``): ``package``, the ``asmk`` package's
+Two inverted files hold the database (``inverted_file``): ``memory``, the ``asmk`` package's
 (one growing array per word in RAM, a Python callback per query word), and ``mapped``,
 :class:`oxbench.index.asmk_file.AsmkInvertedFile` (contiguous per-word lists of packed codes and
 image ids, on disk, memory-mapped; a query word's list scored with vectorised popcounts), which
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -42,8 +42,14 @@ from oxbench import schema as S
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError, require
 from oxbench.evaluation.ranking import ranks_from_scores
-from oxbench.index.asmk_file import AsmkEntries, AsmkInvertedFile, binarize_residuals
+from oxbench.index.asmk_file import (
+    AsmkEntries,
+    AsmkInvertedFile,
+    AsmkSettings,
+    binarize_residuals,
+)
 from oxbench.index.footprint import Footprint, array_bytes
+from oxbench.index.vocabulary import VocabularySettings
 from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
 from oxbench.pipelines.presets import register_method
 from oxbench.pipelines.quantising import QuantisingMethod
@@ -82,44 +88,45 @@ def query_batch(n_images: int) -> int:
 
 @dataclass(frozen=True)
 class AsmkConfig(MethodConfig, LocalQuantisation, Pipeline):
-    """ASMK over RootSIFT; features and codebook (``vocab_*``) are the shared
+    """ASMK over RootSIFT; features and codebook (``vocabulary.*``) are the shared
     :class:`~oxbench.pipelines.steps.settings.LocalQuantisation` settings, the stages
     (``rerank=spatial``, ``spatial.*``) the :class:`~oxbench.pipelines.rerankers.Pipeline`'s.
 
     Attributes:
         name: preset name.
-        asmk_alpha: exponent of the selectivity function.
-        asmk_tau: its threshold on the normalised Hamming similarity (``-1 .. 1``).
-        asmk_query_ma: words per query feature (multiple assignment; the database uses 1).
-        asmk_idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
-        inverted_file: ``package`` (the ``asmk`` package's, in RAM) or ``mapped`` (contiguous
+        asmk: the match kernel and the query's multiple assignment
+            (:class:`~oxbench.index.asmk_file.AsmkSettings`: ``asmk.alpha``, ``asmk.tau``,
+            ``asmk.query_ma``).
+        idf: weight words by ``log(N / df)^2`` as the package does (HOW + ASMK: off).
+        inverted_file: ``memory`` (the ``asmk`` package's, in RAM) or ``mapped`` (contiguous
             per-word lists on disk, memory-mapped: :mod:`oxbench.index.asmk_file`; same scores).
-        vocab_max_points_per_centroid: ``None`` (default): the codebook is trained on every
-            training descriptor, as the ``asmk`` package trains it; a number: a seeded sample of
-            that many per word (bag-of-words' default is 32).
+        vocabulary: as bag of words', but ``vocabulary.sample`` is ``None`` by default: the
+            codebook is trained on every training descriptor, as the ``asmk`` package trains it
+            (a number: a seeded sample of that many per word; bag-of-words' default is 32).
     """
 
     family: ClassVar[str] = "asmk"
 
     name: str
-    asmk_alpha: float = setting(
-        3.0, S.Float(lo=0, lo_open=True, hi=100), doc="selectivity exponent"
-    )
-    asmk_tau: float = setting(0.0, S.Float(lo=-1, hi=1, hi_open=True), doc="selectivity threshold")
-    asmk_query_ma: int = setting(5, S.Int(lo=1, hi=64), doc="words per query feature")
-    asmk_idf: bool = setting(False, S.Bool(), doc="idf weighting of words")
-    inverted_file: Literal["package", "mapped"] = setting(
-        "package",
-        S.Choice("package", "mapped"),
+    asmk: AsmkSettings = field(default_factory=AsmkSettings)
+    idf: bool = setting(False, S.Bool(), doc="idf weighting of words")
+    inverted_file: Literal["memory", "mapped"] = setting(
+        "memory",
+        S.Choice("memory", "mapped", renamed={"package": "memory"}),
         doc="the asmk package's inverted file in RAM, or contiguous lists on disk (memory-mapped)",
     )
-    vocab_max_points_per_centroid: int | None = field(
-        default=None,
-        kw_only=True,
-        metadata=S.Optional(S.Int(lo=1, hi=1 << 20)).meta(
-            "training descriptors per word (none: every one)"
-        ),
+    vocabulary: VocabularySettings = field(
+        default_factory=lambda: VocabularySettings(sample=None), kw_only=True
     )
+
+    shorthands: ClassVar[Mapping[str, str]] = LocalQuantisation.SHORTHANDS
+    renamed: ClassVar[Mapping[str, str]] = {
+        **LocalQuantisation.RENAMED_VOCABULARY,
+        "asmk_alpha": "asmk.alpha",
+        "asmk_tau": "asmk.tau",
+        "asmk_query_ma": "asmk.query_ma",
+        "asmk_idf": "idf",
+    }
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
@@ -198,7 +205,7 @@ class Asmk(QuantisingMethod):
     @property
     def k(self) -> int:
         """Words assigned per feature (the query's multiple assignment; the database uses the first)."""
-        return max(self.config.asmk_query_ma, 1)
+        return max(self.config.asmk.query_ma, 1)
 
     def _aggregate(
         self, part: str, names: list[str], ma: int, hamming: Any, centroids: NDArray[np.float32]
@@ -258,7 +265,7 @@ class Asmk(QuantisingMethod):
                     parts.vocabulary.n_words,
                     centroids.shape[1],
                     self.index_folder(bench, parts, ctx, "asmk-lists"),
-                    use_idf=self.config.asmk_idf,
+                    use_idf=self.config.idf,
                 )
                 self._n_index = self._mapped.n_images
             self.prepare_pipeline(bench, ctx)
@@ -279,7 +286,7 @@ class Asmk(QuantisingMethod):
                 owners += [x + offset for x in o]
                 offset += len(parts.names[p])
             ivf = IVF.initialize_empty(
-                codebook_size=parts.vocabulary.n_words, use_idf=self.config.asmk_idf
+                codebook_size=parts.vocabulary.n_words, use_idf=self.config.idf
             )
             if codes:
                 ivf.add(np.concatenate(codes), np.concatenate(words), np.concatenate(owners))
@@ -324,7 +331,7 @@ class Asmk(QuantisingMethod):
                 queried = [names[i] for i in nonempty]
                 done = 0  # a batch of queries shares each word's list (scores as one by one)
                 size = query_batch(lists.n_images)
-                for e in self._entries("queries", queried, m.asmk_query_ma, self._centroids):
+                for e in self._entries("queries", queried, m.asmk.query_ma, self._centroids):
                     for a in range(0, e.n_images, size):
                         batch = [
                             (e.codes[e.owners == j], e.words[e.owners == j])
@@ -332,7 +339,7 @@ class Asmk(QuantisingMethod):
                         ]
                         rows = [nonempty[done + j] for j in range(a, a + len(batch))]
                         scores[rows] = lists.scores_of_queries(
-                            batch, alpha=m.asmk_alpha, tau=m.asmk_tau
+                            batch, alpha=m.asmk.alpha, tau=m.asmk.tau
                         )
                     done += e.n_images
                 words_per_image = lists.n_postings / max(lists.n_images, 1)
@@ -342,7 +349,7 @@ class Asmk(QuantisingMethod):
 
                 ivf, hamming, centroids = self._asmk
                 codes, words, _ = self._aggregate(
-                    "queries", names, m.asmk_query_ma, hamming, centroids
+                    "queries", names, m.asmk.query_ma, hamming, centroids
                 )
                 for qi, c, w in zip(nonempty, codes, words, strict=True):
                     scores[qi] = self._query_scores(ivf, hamming, functional, c, w)
@@ -381,7 +388,7 @@ class Asmk(QuantisingMethod):
         def similarity(qvec: NDArray, vecs: NDArray, image_ids: NDArray) -> tuple[NDArray, NDArray]:
             sim = 1.0 - 2.0 * hamming.hamming_cdist_packed(qvec.reshape(1, -1), vecs).squeeze(0)
             return functional.asmk_kernel(
-                sim, image_ids, alpha=m.asmk_alpha, similarity_threshold=m.asmk_tau
+                sim, image_ids, alpha=m.asmk.alpha, similarity_threshold=m.asmk.tau
             )
 
         ranked, values = ivf.search(codes, words, similarity_func=similarity, topk=None)
@@ -392,14 +399,22 @@ class Asmk(QuantisingMethod):
 
 # --- presets -------------------------------------------------------------------------------------
 
-register_method(AsmkConfig("rootsift-asmk"))
-register_method(AsmkConfig("rootsift-asmk-sv", rerank=("spatial",)))
+register_method(
+    AsmkConfig("rootsift-asmk"),
+    about="RootSIFT aggregated selective match kernel (Tolias et al. 2013)",
+)
+register_method(
+    AsmkConfig("rootsift-asmk-sv", rerank=("spatial",)),
+    about="ASMK + spatial verification (Tolias et al. 2013)",
+)
 # the 2018 revisit's hybrid rows: ASMK + SV, then diffusion over a global method's vectors started
 # from the query's nearest images and its verified ones (pipelines/sources.py)
 _DFS = ("spatial", "diffusion-verified")
 register_method(
-    AsmkConfig("rootsift-asmk-sv+vlad-dfs", rerank=_DFS, global_source="rootsift-vlad-w")
+    AsmkConfig("rootsift-asmk-sv+vlad-dfs", rerank=_DFS, global_source="rootsift-vlad-w"),
+    about="hybrid: ASMK + SV, then diffusion over whitened VLAD started from the verified images (the ASMK* + SP -> GeM + DFS row of Radenovic et al. 2018)",
 )
 register_method(
-    AsmkConfig("rootsift-asmk-sv+gem-r101-dfs", rerank=_DFS, global_source="gem-r101+w")
+    AsmkConfig("rootsift-asmk-sv+gem-r101-dfs", rerank=_DFS, global_source="gem-r101+w"),
+    about="hybrid: ASMK + SV, then diffusion over the published ResNet-101 GeM (a model file) from the verified images (Radenovic et al. 2018)",
 )

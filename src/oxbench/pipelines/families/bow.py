@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -25,7 +25,14 @@ from oxbench.datasets.base import Benchmark
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
 from oxbench.index.footprint import Footprint, array_bytes
-from oxbench.index.inverted import InvertedFile, bow_matrix, soft_assignment_weights
+from oxbench.index.inverted import (
+    ASSIGNMENT_SPEC,
+    HardAssignment,
+    InvertedFile,
+    SoftAssignment,
+    bow_matrix,
+    soft_assignment_weights,
+)
 from oxbench.index.postings import CompressedPostings
 from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
 from oxbench.pipelines.presets import register_method
@@ -33,12 +40,13 @@ from oxbench.pipelines.quantising import QuantisingMethod
 from oxbench.pipelines.rerankers import Pipeline
 from oxbench.pipelines.steps import LocalQuantisation, Words, last_if_empty
 from oxbench.pipelines.steps.footprint import local_footprint, local_ram_per_image
+from oxbench.refinement.spatial import Verification
 from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
 
 #: Images whose term frequencies and vectors a build holds at once (the in-RAM build's chunks, and
-#: the streamed build's with ``inverted_file=compressed`` without query expansion or augmentation).
+#: the streamed build's with ``inverted_file=mapped`` without query expansion or augmentation).
 BUILD_CHUNK_IMAGES = 2048
 
 
@@ -46,51 +54,54 @@ BUILD_CHUNK_IMAGES = 2048
 class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
     """The settings of a RootSIFT bag-of-words method.
 
-    Features and vocabulary (``vocab_*``) are the shared settings of
+    Features and vocabulary (``vocabulary.*``) are the shared settings of
     :class:`~oxbench.pipelines.steps.settings.LocalQuantisation`, the stages and their settings
     the :class:`~oxbench.pipelines.rerankers.Pipeline`'s; the family adds:
 
     Attributes:
         name: preset name.
-        assignment: ``hard`` or ``soft``: each database feature counts for its ``soft_k`` nearest
-            words with Gaussian weights ``exp(-d^2 / (2 soft_sigma2))`` summing to 1, and tf-idf is
-            computed on these soft counts; query features stay hard-assigned (Philbin et al. 2008).
-        soft_k, soft_sigma2: soft-assignment neighbours and ``sigma^2`` (unit-norm RootSIFT units).
-            Philbin et al. 2008 used ``k = 3`` and ``sigma^2 = 6250`` for SIFT vectors of norm ~512,
-            about 0.024 of the squared norm; the default was chosen on the training city of the
-            real subset (bench/README.md, issue 23) from a grid that holds that value.
+        assignment: ``hard``, or ``soft`` (:class:`~oxbench.index.inverted.SoftAssignment`:
+            each database feature counts for its ``assignment.k`` nearest words with Gaussian
+            weights of ``assignment.sigma2``, and tf-idf is computed on these soft counts; query
+            features stay hard-assigned, Philbin et al. 2008).
         burst: ``sqrt`` (damp repeated words) or ``none``.
         idf: tf-idf weighting.
         inverted_file: ``memory`` (the scipy inverted file, its two sparse copies in RAM) or
-            ``compressed``: the posting lists written to the cache as delta + variable-byte ids
+            ``mapped``: the posting lists written to the cache compressed, as delta + variable-byte ids
             and ``float32`` weights (:class:`~oxbench.index.postings.CompressedPostings`) and
             memory-mapped at query time, the same scores exactly; the database vectors stay in
             RAM only when query expansion needs them.
         rerank: the stages after the first ranking (:class:`~oxbench.pipelines.rerankers.Pipeline`):
             ``spatial`` (settings ``spatial.*``), then query expansion from verified images
-            (``aqe-verified`` / ``dqe-verified``, settings ``vqe.*``, ``dqe.*``); ``dba-verified``
-            augments the database at index time from spatially verified neighbours.
+            (``aqe-verified`` / ``dqe-verified``, settings ``aqe-verified.*``,
+            ``dqe-verified.*``); ``dba-verified`` augments the database at index time from
+            spatially verified neighbours (settings ``dba-verified.*``).
     """
 
     family: ClassVar[str] = "bow"
 
     name: str
-    assignment: Literal["hard", "soft"] = setting(
-        "hard", S.Choice("hard", "soft"), doc="database words per feature: 1 or soft_k"
-    )
-    soft_k: int = setting(3, S.Int(lo=1, hi=64), doc="soft assignment: nearest words")
-    soft_sigma2: float = setting(
-        0.005, S.Float(lo=0, lo_open=True, hi=1e6), doc="soft assignment: sigma^2"
+    assignment: HardAssignment | SoftAssignment = setting(
+        spec=ASSIGNMENT_SPEC,
+        default_factory=HardAssignment,
+        doc="database words per feature (an assignment kind)",
     )
     burst: Literal["none", "sqrt"] = setting(
         "sqrt", S.Choice("sqrt", "none"), doc="burstiness damping"
     )
     idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
-    inverted_file: Literal["memory", "compressed"] = setting(
+    inverted_file: Literal["memory", "mapped"] = setting(
         "memory",
-        S.Choice("memory", "compressed"),
+        S.Choice("memory", "mapped", renamed={"compressed": "mapped"}),
         doc="posting lists in RAM, or compressed on disk (memory-mapped)",
     )
+
+    shorthands: ClassVar[Mapping[str, str]] = LocalQuantisation.SHORTHANDS
+    renamed: ClassVar[Mapping[str, str]] = {
+        **LocalQuantisation.RENAMED_VOCABULARY,
+        "soft_k": "assignment.k (with assignment=soft)",
+        "soft_sigma2": "assignment.sigma2 (with assignment=soft)",
+    }
 
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
@@ -117,14 +128,13 @@ class BowConfig(MethodConfig, LocalQuantisation, Pipeline):
         lists; measured 21.2 B a posting, 16.1 kept: bench/README.md, "Estimates"), of which
         the in-RAM inverted file keeps two. The streamed compressed build holds one chunk of
         images at a time: nothing per feature."""
-        soft = self.soft_k if self.assignment == "soft" else 1
-        return 0.0 if self.streamed_build else 3 * 8 * soft
+        return 0.0 if self.streamed_build else 3 * 8 * self.assignment.words
 
     @property
     def streamed_build(self) -> bool:
         """The index is built in chunks of images into compressed lists (nothing reads the
         database vectors: no query expansion, no augmentation)."""
-        return self.inverted_file == "compressed" and not self.reads_vectors
+        return self.inverted_file == "mapped" and not self.reads_vectors
 
 
 def term_frequencies(  # noqa: ANN201
@@ -137,7 +147,7 @@ def term_frequencies(  # noqa: ANN201
 ):
     """Term frequencies ``[n_images, n_words]`` of images on one ``side`` (``database`` or ``query``).
 
-    With ``assignment="soft"`` a database feature counts for its ``soft_k`` nearest words with
+    With ``assignment=soft`` a database feature counts for its ``assignment.k`` nearest words with
     Gaussian weights summing to 1 (:func:`~oxbench.index.inverted.soft_assignment_weights`); the
     query's features stay hard-assigned, as in Philbin et al. 2008 (soft-assigning one side already
     recovers the matches across cell borders, and the query's vector stays as sparse as it was).
@@ -145,10 +155,11 @@ def term_frequencies(  # noqa: ANN201
     ws, wts = [], []
     for n in names:
         w, d = words.of(n)
-        if method.assignment == "soft" and side == "database":
-            k = min(method.soft_k, w.shape[1])
+        soft = method.assignment
+        if isinstance(soft, SoftAssignment) and side == "database":
+            k = min(soft.k, w.shape[1])
             ws.append(w[:, :k])
-            wts.append(soft_assignment_weights(d[:, :k], method.soft_sigma2))
+            wts.append(soft_assignment_weights(d[:, :k], soft.sigma2))
         else:
             ws.append(w[:, 0])
             wts.append(np.ones(len(w), np.float32))
@@ -170,10 +181,7 @@ class BagOfWords(QuantisingMethod):
     def k(self) -> int:
         """Words assigned per feature: the soft-assignment ``k``, or the query-side multiple assignment."""
         m = self.config
-        soft = m.soft_k if m.assignment == "soft" else 1
-        spatial = m.stage("spatial")
-        ma = spatial.query_ma if m.verifies and spatial.matching == "words" else 1
-        return max(soft, ma)
+        return max([m.assignment.words, *(stage.query_words for stage in self.stages)])
 
     def index(self, bench: Benchmark, ctx: RunContext) -> BagOfWords:
         m = self.config
@@ -190,7 +198,7 @@ class BagOfWords(QuantisingMethod):
                 lambda: self._tf_chunks(parts)
             )
         self.prepare_pipeline(bench, ctx)  # DBA: before compression
-        if m.inverted_file == "compressed":
+        if m.inverted_file == "mapped":
             self._compress(bench, parts, ctx)
         return self
 
@@ -263,12 +271,12 @@ class BagOfWords(QuantisingMethod):
         return out
 
     def verified_neighbours(
-        self, r: int, ctx: RunContext, *, block: int = 1024
+        self, r: int, ctx: RunContext, settings: Verification, *, block: int = 1024
     ) -> NDArray[np.int64]:
         """``[n_index, r]`` each index image's spatially verified neighbours (``-1``: none).
 
         Each image's vector ranks the others (itself and featureless images excluded, ties to the
-        lower index); its top ``r`` are verified with the image as the query.
+        lower index); its top ``r`` are verified, as ``settings`` say, with the image as the query.
         """
         assert self._ivf is not None and self._parts is not None and self.empty_ is not None
         db = self._ivf.db_vectors_
@@ -287,7 +295,9 @@ class BagOfWords(QuantisingMethod):
             if not names:
                 continue
             rows = {j: top[offset + j] for j in range(len(names)) if not self.empty_[offset + j]}
-            done = self.verify(top, 0, ctx, rows=rows, stage=f"dba_spatial_{part}", query_part=part)
+            done = self.verify(
+                top, 0, ctx, settings, rows=rows, stage=f"dba_spatial_{part}", query_part=part
+            )
             for j, res in zip(rows, done, strict=True):
                 out[offset + j, : len(res.verified)] = res.verified
             offset += len(names)
@@ -352,27 +362,56 @@ SV, QE, DQE, DBA = (
     ("spatial", "dqe-verified"),
     "dba-verified",
 )
-register_method(BowConfig("rootsift-bow"))
-register_method(BowConfig("rootsift-bow-sv", rerank=SV))
+register_method(
+    BowConfig("rootsift-bow"),
+    about="RootSIFT bag of words, tf-idf inverted file (Sivic & Zisserman 2003; Philbin et al. 2007; RootSIFT: Arandjelovic & Zisserman 2012)",
+)
+register_method(
+    BowConfig("rootsift-bow-sv", rerank=SV),
+    about="RootSIFT BoW + spatial verification of the top 100 (Philbin et al. 2007)",
+)
 # the same ranking from compressed, memory-mapped posting lists: the +1M-sized variant (docs/scale.md)
-register_method(BowConfig("rootsift-bow-sv-compact", rerank=SV, inverted_file="compressed"))
-register_method(BowConfig("rootsift-bow-sv-qe", rerank=QE))
-register_method(BowConfig("rootsift-bow-sv-dqe", rerank=DQE))
-register_method(BowConfig("rootsift-bow-dba-sv-dqe", rerank=(DBA, *DQE)))
+register_method(
+    BowConfig("rootsift-bow-sv-compact", rerank=SV, inverted_file="mapped"),
+    about="RootSIFT BoW + spatial verification from compressed, memory-mapped posting lists: the same ranking at +1M scale (Philbin et al. 2007)",
+)
+register_method(
+    BowConfig("rootsift-bow-sv-qe", rerank=QE),
+    about="RootSIFT BoW + spatial verification + AQE from verified images (Chum et al. 2007)",
+)
+register_method(
+    BowConfig("rootsift-bow-sv-dqe", rerank=DQE),
+    about="RootSIFT BoW + spatial verification + discriminative query expansion (Arandjelovic & Zisserman 2012)",
+)
+register_method(
+    BowConfig("rootsift-bow-dba-sv-dqe", rerank=(DBA, *DQE)),
+    about="RootSIFT BoW + database-side augmentation + spatial verification + DQE (Arandjelovic & Zisserman 2012)",
+)
 register_method(
     BowConfig(
         "rootsift-bow-sv+vlad-dfs",
         rerank=("spatial", "diffusion-verified"),
         global_source="rootsift-vlad-w",
-    )
+    ),
+    about="hybrid: RootSIFT BoW + SV, then diffusion over whitened VLAD started from the verified images (after Radenovic et al. 2018)",
 )
-register_method(BowConfig("rootsift-bow-sa", assignment="soft"))
-register_method(BowConfig("rootsift-bow-sa-sv", assignment="soft", rerank=SV))
-register_method(BowConfig("rootsift-bow-sa-sv-qe", assignment="soft", rerank=QE))
+register_method(
+    BowConfig("rootsift-bow-sa", assignment=SoftAssignment()),
+    about="RootSIFT BoW with soft assignment on the database side (Philbin et al. 2008)",
+)
+register_method(
+    BowConfig("rootsift-bow-sa-sv", assignment=SoftAssignment(), rerank=SV),
+    about="RootSIFT BoW, soft assignment + spatial verification (Philbin et al. 2008)",
+)
+register_method(
+    BowConfig("rootsift-bow-sa-sv-qe", assignment=SoftAssignment(), rerank=QE),
+    about="RootSIFT BoW, soft assignment + spatial verification + AQE (Philbin et al. 2008)",
+)
 register_method(
     BowConfig(
         "sift-bow-sv",
         features=SiftConfig(descriptor="sift", max_side=1024, n_features=4000),
         rerank=SV,
-    )
+    ),
+    about="SIFT (not RootSIFT) BoW + spatial verification of the top 100 (Philbin et al. 2007)",
 )

@@ -9,7 +9,7 @@ method interface (the family's presets are registered at the end of this module)
    from the training set's matching pairs (each query crop with each of its positives:
    :func:`oxbench.train.pairs.matching_pairs`) -- never the test set's;
 2. ``index`` -- describe the database (and distractors), whiten, L2-normalise, run the index-time
-   stages (``dba``) and build the search index (``search="exact"``: blocked matrix product;
+   stages (``dba``) and build the search index (``search=exact``: blocked matrix product;
    ``"faiss-flat"`` / ``"faiss-ivfpq"``: a FAISS index persisted in the cache) and, for diffusion,
    the database's k-NN graph;
 3. ``search`` -- describe the query crops the same way, rank by inner product (ties to the lower
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -42,6 +43,7 @@ from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.fileio import json_digest
 from oxbench.index.footprint import Footprint, array_bytes, disk_bytes
+from oxbench.index.search import SEARCH_SPEC, ExactSearch, FlatSearch, IvfPqSearch
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening, l2_normalize, load_whitening
 from oxbench.pipelines.descriptors import (
     DESCRIPTOR_FIELD,
@@ -90,13 +92,16 @@ class GlobalConfig(MethodConfig, Pipeline):
         whitening_dim: output dimension of the whitening (``None``: as many as the training set
             supports, at most the input dimension).
         whitening_power, whitening_shrinkage: see :class:`~oxbench.index.whitening.PCAWhitening`.
-        search: ``"exact"``, ``"faiss-flat"`` (FAISS IndexFlatIP) or ``"faiss-ivfpq"``.
-        search_k: ranked-list length (``None``: the whole index up to 100,000 images, else 10,000).
-        nlist, pq_m, pq_nbits, nprobe: IVF-PQ cells, sub-quantisers, bits per code, cells visited.
-        index_seed: IVF-PQ: the seed of faiss's k-means for the cells and the product quantisers.
+        search: how the database is searched, a kind with its own settings
+            (:data:`~oxbench.index.search.SEARCH_SPEC`): ``exact``, ``faiss-flat`` (FAISS
+            IndexFlatIP) or ``faiss-ivfpq`` (``search.nlist``, ``search.m``, ``search.nbits``,
+            ``search.nprobe``, ``search.seed``).
+        list_length: ranked-list length (``None``: the whole index up to 100,000 images, else
+            10,000).
         rerank: the stages after the first ranking (:class:`~oxbench.pipelines.rerankers.Pipeline`),
             in order: ``dba`` (database-side augmentation at index time, settings ``dba.*``),
-            ``aqe`` / ``alpha-qe`` (query expansion over the top ``qe.k``, settings ``qe.*``),
+            ``aqe`` / ``alpha-qe`` (query expansion over the top ``k``, settings ``aqe.*`` /
+            ``alpha-qe.*``),
             ``diffusion`` (Iscen et al. 2017, settings ``diffusion.*``:
             :class:`~oxbench.refinement.diffusion.DiffusionSettings`), ``spatial`` (with a
             ``local_source``), or any registered re-ranker that works on dense vectors.
@@ -120,33 +125,36 @@ class GlobalConfig(MethodConfig, Pipeline):
     whitening_shrinkage: float = setting(
         0.0, S.Float(lo=0, hi=1, hi_open=True), doc="whitening shrinkage"
     )
-    search: Literal["exact", "faiss-flat", "faiss-ivfpq"] = setting(
-        "exact", S.Choice("exact", "faiss-flat", "faiss-ivfpq"), doc="search index"
+    search: ExactSearch | FlatSearch | IvfPqSearch = setting(
+        spec=SEARCH_SPEC, default_factory=ExactSearch, doc="search index (a search kind)"
     )
-    search_k: int | None = setting(
+    list_length: int | None = setting(
         None, S.Optional(S.Int(lo=1, hi=1 << 24)), doc="ranked-list length"
     )
-    nlist: int = setting(256, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells")
-    pq_m: int = setting(16, S.Int(lo=1, hi=4096), doc="IVF-PQ sub-quantisers")
-    pq_nbits: int = setting(8, S.Int(lo=1, hi=16), doc="IVF-PQ bits per code")
-    nprobe: int = setting(16, S.Int(lo=1, hi=1 << 20), doc="IVF-PQ cells visited")
-    index_seed: int = setting(
-        0, S.Int(lo=0, hi=2**32 - 1), doc="IVF-PQ: k-means seed of the cell and PQ quantisers"
-    )
+
+    #: Settings of earlier versions and where they are now (refused in one line naming them).
+    renamed: ClassVar[Mapping[str, str]] = {
+        "search_k": "list_length",
+        "nlist": "search.nlist (with search=faiss-ivfpq)",
+        "pq_m": "search.m (with search=faiss-ivfpq)",
+        "pq_nbits": "search.nbits (with search=faiss-ivfpq)",
+        "nprobe": "search.nprobe (with search=faiss-ivfpq)",
+        "index_seed": "search.seed (with search=faiss-ivfpq)",
+    }
 
     def __post_init__(self) -> None:
         validate(self)  # every setting's type and range (one line naming it)
         self.descriptor.check_with(self)
         check_search_settings(self)
 
+    shorthands: ClassVar[Mapping[str, str]] = {"top_r": "spatial.top_r"}
+
     def shorthand(self, option: str) -> str | None:
-        """``max_side``: the descriptor kind's (the CNN's own, VLAD's local features'); the
-        family has no vocabulary (``vocab_size``)."""
-        if option == "max_side":
+        """``max_side`` and ``vocab_size``: the descriptor kind's (the CNN's own side, VLAD's
+        local features' and codebook's); ``top_r``: the short list of a ``spatial`` stage."""
+        if option in ("max_side", "vocab_size"):
             sub = self.descriptor.shorthand(option)
             return f"{DESCRIPTOR_FIELD}.{sub}" if sub else None
-        if option == "vocab_size":
-            return None
         return super().shorthand(option)
 
     @property
@@ -188,7 +196,7 @@ class GlobalConfig(MethodConfig, Pipeline):
     def requires(self) -> tuple[tuple[str, str], ...]:
         """The descriptor kind's extras, and FAISS for a FAISS index."""
         out = list(self.descriptor.requires)
-        if self.search.startswith("faiss") and ("faiss", "classic") not in out:
+        if isinstance(self.search, FlatSearch | IvfPqSearch) and ("faiss", "classic") not in out:
             out.append(("faiss", "classic"))
         return tuple(out)
 
@@ -203,7 +211,8 @@ class GlobalConfig(MethodConfig, Pipeline):
         if raw is None:
             return None
         out = min(self.whitening_dim or raw, raw) if self.whitening != "none" else raw
-        code = self.pq_m * self.pq_nbits // 8 + 8 if self.search == "faiss-ivfpq" else 0
+        st = self.search
+        code = st.m * st.nbits // 8 + 8 if isinstance(st, IvfPqSearch) else 0
         return 4 * (raw + out) + code
 
 
@@ -322,9 +331,7 @@ class GlobalDescriptors(RetrievalMethod):
         cache_dir = Path(ctx.cache) / dataset_key(bench) / "global" / "index"
         local = None
         if self.config.local_source is not None:  # GeM + SV: a short list verified locally
-            local = LocalSource(
-                self.config.local_source, self.config.stage("spatial").verification()
-            )
+            local = LocalSource(self.config.local_source)
             local.prepare(bench, ctx)
         chain = SearchChain(self.config, db, ctx, cache_dir, local=local)
         # index-phase stages (DBA) change the database before the search index is built on it
@@ -395,10 +402,21 @@ class GlobalDescriptors(RetrievalMethod):
 # --- presets -------------------------------------------------------------------------------------
 
 # VLAD over RootSIFT (64 words x 128 = 8,192 dimensions), as a framework-free global descriptor.
-register_method(GlobalConfig("rootsift-vlad"))
-register_method(GlobalConfig("rootsift-vlad-w", whitening="pca"))
-register_method(GlobalConfig("rootsift-vlad-w-aqe", whitening="pca", rerank=("aqe",)))
-register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", rerank=("alpha-qe",)))
+register_method(
+    GlobalConfig("rootsift-vlad"), about="VLAD of RootSIFT, 64 words (Jegou et al. 2010)"
+)
+register_method(
+    GlobalConfig("rootsift-vlad-w", whitening="pca"),
+    about="VLAD + PCA whitening from the training set (Jegou & Chum 2012)",
+)
+register_method(
+    GlobalConfig("rootsift-vlad-w-aqe", whitening="pca", rerank=("aqe",)),
+    about="whitened VLAD + average query expansion (Chum et al. 2007)",
+)
+register_method(
+    GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", rerank=("alpha-qe",)),
+    about="whitened VLAD + alpha query expansion (Radenovic et al. 2018)",
+)
 
 # --- deep global descriptors (descriptor=cnn; needs oxbench[deep]) ---------------------------------
 # Multi-scale (1, 1/sqrt(2), 1/2) at 1024 px, as the published GeM models are evaluated. "+w" is the
@@ -410,34 +428,58 @@ register_method(GlobalConfig("rootsift-vlad-w-alpha-qe", whitening="pca", rerank
 # and runs `oxbench run --dataset roxford5k --method gem-r101+w --set descriptor.weights=MODEL.pt`.
 _R101 = CnnDescriptor(backbone="resnet101", pooling="gem", weights=None)
 _R101_LW = dataclasses.replace(_R101, model_whitening=True)
-register_method(GlobalConfig("gem-r101", descriptor=_R101))
-register_method(GlobalConfig("gem-r101+w", descriptor=_R101_LW))
-register_method(GlobalConfig("gem-r101+w+alpha-qe", descriptor=_R101_LW, rerank=("alpha-qe",)))
+register_method(
+    GlobalConfig("gem-r101", descriptor=_R101),
+    about="ResNet-101 GeM, the published retrieval-SfM-120k weights (give the model file; Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("gem-r101+w", descriptor=_R101_LW),
+    about="ResNet-101 GeM + the model's learned whitening (Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("gem-r101+w+alpha-qe", descriptor=_R101_LW, rerank=("alpha-qe",)),
+    about="ResNet-101 GeM + learned whitening + alpha-QE (Radenovic et al. 2018)",
+)
 
 # Off-the-shelf ImageNet trunks (torchvision's weights, from its cache) with each pooling head.
 _GEM50 = CnnDescriptor(backbone="resnet50", pooling="gem", weights="imagenet")
-register_method(GlobalConfig("gem-r50-imagenet", descriptor=_GEM50))
-register_method(GlobalConfig("gem-r50-imagenet+w", descriptor=_GEM50, whitening="pca"))
 register_method(
-    GlobalConfig("gem-r50-imagenet+w+aqe", descriptor=_GEM50, whitening="pca", rerank=("aqe",))
+    GlobalConfig("gem-r50-imagenet", descriptor=_GEM50),
+    about="ImageNet ResNet-50 trunk, GeM pooling, off the shelf (Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("gem-r50-imagenet+w", descriptor=_GEM50, whitening="pca"),
+    about="ImageNet ResNet-50 GeM + PCA whitening from the training set (Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("gem-r50-imagenet+w+aqe", descriptor=_GEM50, whitening="pca", rerank=("aqe",)),
+    about="ImageNet ResNet-50 GeM + whitening + average QE (Chum et al. 2007)",
 )
 register_method(
     GlobalConfig(
         "gem-r50-imagenet+w+alpha-qe", descriptor=_GEM50, whitening="pca", rerank=("alpha-qe",)
-    )
+    ),
+    about="ImageNet ResNet-50 GeM + whitening + alpha-QE (Radenovic et al. 2018)",
 )
+_ABOUT_POOLING = {
+    "mac": "ImageNet ResNet-50, MAC (max) pooling (Tolias et al. 2016)",
+    "spoc": "ImageNet ResNet-50, SPoC (sum) pooling (Babenko & Lempitsky 2015)",
+    "rmac": "ImageNet ResNet-50, R-MAC regional pooling (Tolias et al. 2016)",
+}
 for _pooling in ("mac", "spoc", "rmac"):
     register_method(
         GlobalConfig(
             f"{_pooling}-r50-imagenet", descriptor=dataclasses.replace(_GEM50, pooling=_pooling)
-        )
+        ),
+        about=_ABOUT_POOLING[_pooling],
     )
 register_method(
     GlobalConfig(
         "rmac-r50-imagenet+w",
         descriptor=dataclasses.replace(_GEM50, pooling="rmac"),
         whitening="pca",
-    )
+    ),
+    about="ImageNet ResNet-50 R-MAC + PCA whitening (Tolias et al. 2016)",
 )
 
 # The seed's CNN rows (docs/deep.md says what each needs and the number it would reproduce).
@@ -446,6 +488,10 @@ register_method(
 # scale; "+pca": plain PCA (no whitening: power 0) to 256-D learned on the training set (the other
 # city).
 _PCA256: dict[str, Any] = {"whitening": "pca", "whitening_dim": 256, "whitening_power": 0.0}
+ABOUT_NEURAL_CODES = "Neural codes: fc6 of ImageNet {trunk}, 4,096-D (Babenko et al. 2014)"
+ABOUT_NEURAL_CODES_PCA = (
+    "Neural codes: {trunk} fc6, PCA to 256-D learned on the other city (Babenko et al. 2014)"
+)
 for _trunk in ("alexnet", "vgg16"):
     _fc6 = CnnDescriptor(
         backbone=_trunk,
@@ -455,8 +501,15 @@ for _trunk in ("alexnet", "vgg16"):
         scales=(1.0,),
         query_resize="crop",
     )
-    register_method(GlobalConfig(f"neural-codes-{_trunk}", descriptor=_fc6))
-    register_method(GlobalConfig(f"neural-codes-{_trunk}+pca", descriptor=_fc6, **_PCA256))
+    _name = {"alexnet": "AlexNet", "vgg16": "VGG16"}[_trunk]
+    register_method(
+        GlobalConfig(f"neural-codes-{_trunk}", descriptor=_fc6),
+        about=ABOUT_NEURAL_CODES.format(trunk=_name),
+    )
+    register_method(
+        GlobalConfig(f"neural-codes-{_trunk}+pca", descriptor=_fc6, **_PCA256),
+        about=ABOUT_NEURAL_CODES_PCA.format(trunk=_name),
+    )
 # Tolias et al. ICLR 2016: R-MAC of ImageNet VGG16 (512-D) at one scale, 1024 px, PCA-whitened with
 # the whitening learned on the other city.
 register_method(
@@ -464,7 +517,8 @@ register_method(
         "rmac-vgg16-imagenet+w",
         descriptor=CnnDescriptor(backbone="vgg16", pooling="rmac", scales=(1.0,)),
         whitening="pca",
-    )
+    ),
+    about="ImageNet VGG16 R-MAC, 512-D, PCA whitening learned on the other city (Tolias et al. 2016)",
 )
 
 # ResNet-18 GeM trained from scratch on the synthetic training city by `oxbench train`, which writes
@@ -480,15 +534,25 @@ _R18 = CnnDescriptor(
     scales=(1.0,),
     fit_network=True,
 )
-register_method(GlobalConfig("gem-r18-synthetic", descriptor=_R18))
-register_method(GlobalConfig("gem-r18-synthetic+w", descriptor=_R18, whitening="pca"))
 register_method(
-    GlobalConfig("gem-r18-synthetic+lw", descriptor=dataclasses.replace(_R18, model_whitening=True))
+    GlobalConfig("gem-r18-synthetic", descriptor=_R18),
+    about="ResNet-18 GeM trained by `oxbench train` on the synthetic training city (contrastive loss, hard negatives: Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("gem-r18-synthetic+w", descriptor=_R18, whitening="pca"),
+    about="the synthetic-trained ResNet-18 GeM + PCA whitening",
+)
+register_method(
+    GlobalConfig(
+        "gem-r18-synthetic+lw", descriptor=dataclasses.replace(_R18, model_whitening=True)
+    ),
+    about="the synthetic-trained ResNet-18 GeM + its learned whitening (Radenovic et al. 2018)",
 )
 register_method(
     GlobalConfig(
         "gem-r18-synthetic+w+alpha-qe", descriptor=_R18, whitening="pca", rerank=("alpha-qe",)
-    )
+    ),
+    about="the synthetic-trained ResNet-18 GeM + whitening + alpha-QE (Radenovic et al. 2018)",
 )
 
 # --- your own descriptors ------------------------------------------------------------------------
@@ -497,12 +561,30 @@ register_method(
 # --set descriptor.query_features=PATH), through the same whitening, search, QE, DBA and diffusion
 # (oxbench.pipelines.descriptors.files, oxbench.pipelines.featurefiles).
 _FILES = FeatureFilesDescriptor()
-register_method(GlobalConfig("features", descriptor=_FILES))
-register_method(GlobalConfig("features-aqe", descriptor=_FILES, rerank=("aqe",)))
-register_method(GlobalConfig("features-alpha-qe", descriptor=_FILES, rerank=("alpha-qe",)))
-register_method(GlobalConfig("features-dba", descriptor=_FILES, rerank=("dba",)))
-register_method(GlobalConfig("features-diffusion", descriptor=_FILES, rerank=("diffusion",)))
-register_method(GlobalConfig("features-ivfpq", descriptor=_FILES, search="faiss-ivfpq"))
+register_method(
+    GlobalConfig("features", descriptor=_FILES),
+    about="your own global descriptor files, exact search",
+)
+register_method(
+    GlobalConfig("features-aqe", descriptor=_FILES, rerank=("aqe",)),
+    about="your descriptors + average query expansion (Chum et al. 2007)",
+)
+register_method(
+    GlobalConfig("features-alpha-qe", descriptor=_FILES, rerank=("alpha-qe",)),
+    about="your descriptors + alpha query expansion (Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("features-dba", descriptor=_FILES, rerank=("dba",)),
+    about="your descriptors + database-side augmentation (Arandjelovic & Zisserman 2012; alpha-DBA: Radenovic et al. 2018)",
+)
+register_method(
+    GlobalConfig("features-diffusion", descriptor=_FILES, rerank=("diffusion",)),
+    about="your descriptors + diffusion on the k-NN graph (Iscen et al. 2017)",
+)
+register_method(
+    GlobalConfig("features-ivfpq", descriptor=_FILES, search=IvfPqSearch()),
+    about="your descriptors in a FAISS IVF-PQ index (Jegou et al. 2011)",
+)
 
 # --- hybrid rows: a global short list verified with local features (pipelines/sources.py) ---------
 # RootSIFT at the classic presets' settings, descriptor-matched (no vocabulary): "+sv" verifies the
@@ -510,7 +592,8 @@ register_method(GlobalConfig("features-ivfpq", descriptor=_FILES, search="faiss-
 register_method(
     GlobalConfig(
         "rootsift-vlad-w+sv", whitening="pca", local_source=CLASSIC_FEATURES, rerank=("spatial",)
-    )
+    ),
+    about="hybrid: whitened VLAD short list verified with RootSIFT by descriptor matching (Jegou et al. 2010; Philbin et al. 2007)",
 )
 register_method(
     GlobalConfig(
@@ -518,5 +601,6 @@ register_method(
         descriptor=_R101_LW,
         local_source=CLASSIC_FEATURES,
         rerank=("spatial",),
-    )
+    ),
+    about="hybrid: ResNet-101 GeM + learned whitening, short list verified with RootSIFT, a model file given (GeM + SV, Radenovic et al. 2018)",
 )

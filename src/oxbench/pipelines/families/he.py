@@ -3,8 +3,8 @@
 A bag of words whose matches are filtered inside each word: every feature carries a 64-bit
 signature of where it lies in its word's cell (:class:`oxbench.index.hamming.HammingEmbedding`:
 a seeded random orthogonal projection and per-word medians learned on the training set), two
-features match when they share a word and their signatures are within ``he_ht`` bits, and a match
-weighs ``idf^2 exp(-h^2 / he_sigma^2)`` (Jegou et al., IJCV 2010; ``he_weighting="none"``: idf^2
+features match when they share a word and their signatures are within ``he.ht`` bits, and a match
+weighs ``idf^2 exp(-h^2 / he.sigma^2)`` (Jegou et al., IJCV 2010; ``he.weighting=none``: idf^2
 only). Weak geometric consistency (``wgc``) then keeps, per image, only the matches that agree on
 one rotation and one scale change (the smaller maximum of the orientation- and log-scale-difference
 histograms, :func:`oxbench.index.hamming.wgc_scores`). Scores are normalised by the tf-idf norms of
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -42,7 +42,14 @@ from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.local import training_extractor
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.index.footprint import Footprint, array_bytes
-from oxbench.index.hamming import HammingEmbedding, HammingIndex
+from oxbench.index.hamming import (
+    WGC_SPEC,
+    HammingEmbedding,
+    HammingIndex,
+    HeSettings,
+    Wgc,
+    WgcOff,
+)
 from oxbench.index.he_file import HammingInvertedFile, HeEntries, in_ram_index
 from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
@@ -77,17 +84,12 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
 
     Attributes:
         name: preset name.
-        he_ht: Hamming threshold ``h_t`` (``0 .. 64`` bits; Jegou et al. 2010 use 24 of 64).
-        he_weighting: ``gaussian`` (``exp(-h^2 / he_sigma^2)``) or ``none`` (every match counts 1).
-        he_sigma: the Gaussian's ``sigma`` in bits (16 in Jegou et al. 2010).
-        he_seed: seed of the random orthogonal projection.
-        he_train_max: at most this many training descriptors (a seeded sample) learn the medians
-            (``None``: all of them).
+        he: the embedding and its matching (:class:`~oxbench.index.hamming.HeSettings`:
+            ``he.ht``, ``he.weighting``, ``he.sigma``, ``he.seed``, ``he.train_max``).
         idf: tf-idf weighting (``idf^2`` per match).
-        wgc: weak geometric consistency on orientation and log-scale differences.
-        wgc_angle_bins: bins of the orientation-difference histogram over 360 degrees.
-        wgc_scale_bins: bins of the log2-scale-difference histogram.
-        wgc_scale_range: that histogram spans ``+-wgc_scale_range`` octaves (beyond: end bins).
+        wgc: weak geometric consistency on orientation and log-scale differences: ``off`` or
+            ``on`` (:class:`~oxbench.index.hamming.Wgc`: ``wgc.angle_bins``, ``wgc.scale_bins``,
+            ``wgc.scale_range``).
         inverted_file: ``memory`` (the postings in RAM, 24 bytes each) or ``mapped`` (per-word
             lists on disk, 20 bytes a posting, memory-mapped and built by chunks of images; the
             same scores: :mod:`oxbench.index.he_file`).
@@ -99,25 +101,10 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
     family: ClassVar[str] = "he"
 
     name: str
-    he_ht: int = setting(24, S.Int(lo=0, hi=64), doc="Hamming threshold (bits of 64)")
-    he_weighting: Literal["gaussian", "none"] = setting(
-        "gaussian", S.Choice("gaussian", "none"), doc="match weights exp(-h^2/sigma^2) or 1"
-    )
-    he_sigma: float = setting(
-        16.0, S.Float(lo=0, lo_open=True, hi=64), doc="Gaussian weighting: sigma (bits)"
-    )
-    he_seed: int = setting(0, S.Int(lo=0, hi=2**32 - 1), doc="seed of the random projection")
-    he_train_max: int | None = setting(
-        1_000_000,
-        S.Optional(S.Int(lo=1, hi=1 << 30)),
-        doc="training descriptors for the medians (none: all)",
-    )
+    he: HeSettings = field(default_factory=HeSettings)
     idf: bool = setting(True, S.Bool(), doc="tf-idf weighting")
-    wgc: bool = setting(False, S.Bool(), doc="weak geometric consistency")
-    wgc_angle_bins: int = setting(8, S.Int(lo=1, hi=360), doc="WGC: orientation bins")
-    wgc_scale_bins: int = setting(8, S.Int(lo=1, hi=256), doc="WGC: log-scale bins")
-    wgc_scale_range: float = setting(
-        4.0, S.Float(lo=0, lo_open=True, hi=64), doc="WGC: log2-scale half-range"
+    wgc: WgcOff | Wgc = setting(
+        spec=WGC_SPEC, default_factory=WgcOff, doc="weak geometric consistency (a wgc kind)"
     )
     inverted_file: Literal["memory", "mapped"] = setting(
         "memory",
@@ -125,11 +112,28 @@ class HeConfig(MethodConfig, LocalQuantisation, Pipeline):
         doc="postings in RAM, or per-word lists on disk (memory-mapped)",
     )
 
+    shorthands: ClassVar[Mapping[str, str]] = LocalQuantisation.SHORTHANDS
+    renamed: ClassVar[Mapping[str, str]] = {
+        **LocalQuantisation.RENAMED_VOCABULARY,
+        **{f"he_{n}": f"he.{n}" for n in ("ht", "weighting", "sigma", "seed", "train_max")},
+        **{
+            f"wgc_{n}": f"wgc.{n} (with wgc=on)"
+            for n in ("angle_bins", "scale_bins", "scale_range")
+        },
+    }
+
     def __post_init__(self) -> None:
         self.check_local_settings(self.name)
-        self.build_stages(
-            HammingEmbeddingMethod.capabilities
-        )  # a stage the family cannot serve: one line
+        self.build_stages(HammingEmbeddingMethod.capabilities)  # unservable stage: one line
+
+    def inapplicable(self, setting: str) -> str | None:
+        """``he.sigma`` weighs matches only with ``he.weighting=gaussian``."""
+        if setting == "he.sigma" and self.he.weighting != "gaussian":
+            return (
+                f"method {self.name}: he.sigma weighs matches only with he.weighting=gaussian "
+                f"(it is {self.he.weighting})"
+            )
+        return None
 
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
@@ -159,8 +163,8 @@ def embedding_path(cache: Path, vocab_path: Path, config: HeConfig, train: Bench
     key = {
         "vocabulary": vocab_path.name,
         "train": dataset_key(train),
-        "seed": config.he_seed,
-        "max": config.he_train_max,
+        "seed": config.he.seed,
+        "max": config.he.train_max,
         "features": config.features.to_dict(),
     }
     return Path(cache) / "hamming" / f"{vocab_path.stem}-he-{json_digest(key, 12)}.npz"
@@ -198,11 +202,11 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 m = self.config
                 store = open_store(ctx.cache, train, training_extractor(m.features), "database")
                 x = training_descriptors(
-                    store, part_names(train, "database"), m.he_train_max, seed=m.he_seed
+                    store, part_names(train, "database"), m.he.train_max, seed=m.he.seed
                 )
                 voc = load_vocabulary(self.vocab_path_, m.features)
                 words = voc.kneighbors(x, 1)[1][:, 0]
-                self.embedding_ = HammingEmbedding(voc.n_words, seed=m.he_seed).fit(x, words)
+                self.embedding_ = HammingEmbedding(voc.n_words, seed=m.he.seed).fit(x, words)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.embedding_.save(path)
             ctx.record_step("hamming_embedding", hit=False)
@@ -292,6 +296,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
             q_words = parts.assign(bench, "queries", ctx)
         names = parts.names["queries"]
         scores = np.zeros((len(names), index.n_images), np.float32)
+        wgc = m.wgc if isinstance(m.wgc, Wgc) else Wgc()  # its bins are read only when it is on
         with ctx.timed("search"):
             for qi, name in enumerate(names):
                 w, sig, ang, ls = self.features_of("queries", name)
@@ -301,12 +306,12 @@ class HammingEmbeddingMethod(QuantisingMethod):
                         sig,
                         ang,
                         ls,
-                        ht=m.he_ht,
-                        sigma=m.he_sigma if m.he_weighting == "gaussian" else None,
-                        wgc=m.wgc,
-                        angle_bins=m.wgc_angle_bins,
-                        scale_bins=m.wgc_scale_bins,
-                        scale_range=m.wgc_scale_range,
+                        ht=m.he.ht,
+                        sigma=m.he.sigma if m.he.weighting == "gaussian" else None,
+                        wgc=isinstance(m.wgc, Wgc),
+                        angle_bins=wgc.angle_bins,
+                        scale_bins=wgc.scale_bins,
+                        scale_range=wgc.scale_range,
                     )
             scores = (
                 np.stack([last_if_empty(row, self.empty_) for row in scores])
@@ -325,8 +330,8 @@ class HammingEmbeddingMethod(QuantisingMethod):
         info: dict[str, object] = {
             **self.index_facts_,
             "n_index": len(parts.index_parts),
-            "he_ht": m.he_ht,
-            "wgc": m.wgc,
+            "he_ht": m.he.ht,
+            "wgc": isinstance(m.wgc, Wgc),
         }
         ranking = Ranking(
             ranks, np.take_along_axis(scores, ranks, axis=1).astype(np.float32), q_vecs, info=info
@@ -356,9 +361,27 @@ class HammingEmbeddingMethod(QuantisingMethod):
 # --- presets -------------------------------------------------------------------------------------
 
 SV, QE = ("spatial",), ("spatial", "aqe-verified")
-register_method(HeConfig("rootsift-he"))
-register_method(HeConfig("rootsift-he-sv", rerank=SV))
-register_method(HeConfig("rootsift-he-sv-qe", rerank=QE))
-register_method(HeConfig("rootsift-he-wgc", wgc=True))
-register_method(HeConfig("rootsift-he-wgc-sv", wgc=True, rerank=SV))
-register_method(HeConfig("rootsift-he-wgc-sv-qe", wgc=True, rerank=QE))
+register_method(
+    HeConfig("rootsift-he"),
+    about="RootSIFT Hamming embedding, 64-bit signatures (Jegou et al. 2008)",
+)
+register_method(
+    HeConfig("rootsift-he-sv", rerank=SV),
+    about="Hamming embedding + spatial verification (Jegou et al. 2008; Philbin et al. 2007)",
+)
+register_method(
+    HeConfig("rootsift-he-sv-qe", rerank=QE),
+    about="Hamming embedding + spatial verification + AQE from verified images (Jegou et al. 2008; Chum et al. 2007)",
+)
+register_method(
+    HeConfig("rootsift-he-wgc", wgc=Wgc()),
+    about="Hamming embedding + weak geometric consistency (Jegou et al. 2008)",
+)
+register_method(
+    HeConfig("rootsift-he-wgc-sv", wgc=Wgc(), rerank=SV),
+    about="HE + WGC + spatial verification (Jegou et al. 2008)",
+)
+register_method(
+    HeConfig("rootsift-he-wgc-sv-qe", wgc=Wgc(), rerank=QE),
+    about="HE + WGC + spatial verification + AQE (Jegou et al. 2008; Chum et al. 2007)",
+)

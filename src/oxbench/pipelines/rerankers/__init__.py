@@ -1,35 +1,35 @@
 """Re-ranking as a stage: what every family's search ends with, one module per re-ranker.
 
 A pipeline is a family's first ranking plus an ordered list of stages (``rerank``, a
-:class:`Pipeline` setting of every family config), each with the settings groups it owns
-(``--set rerank=spatial,aqe-verified --set spatial.top_r=200 --set vqe.min_inliers=10``). A family
-ranks its index, then hands the :class:`Ranking` to each :class:`Reranker`, in order; each stage
-returns a new ranking. A stage reaches the family's index only through
-the :class:`RerankSpace` the family offers: dense or sparse database vectors and a way to rank again
-for new query vectors (query expansion, diffusion), or the verification of short lists against
-stored local features (spatial verification). A stage that needs what a family does not offer is
-refused in one line when the method is built.
+:class:`Pipeline` setting of every family config). Each stage *instance* owns its settings, named
+by the stage: ``--set rerank=spatial,aqe-verified --set spatial.top_r=200 --set
+aqe-verified.min_inliers=10``; a stage named twice gets ``#2`` for its second instance
+(``--set rerank=aqe,aqe --set aqe#2.k=10``), as scikit-learn's ``Pipeline`` names its steps. The
+family ranks its index, then the one stage loop (:meth:`oxbench.pipelines.method.RetrievalMethod.search`)
+hands the :class:`~oxbench.pipelines.method.Ranking` to each :class:`Reranker`, in order; each
+returns a new ranking. A stage reaches the family's index only through the :class:`RerankSpace` the
+family offers: dense or sparse database vectors and a way to rank again for new query vectors (query
+expansion, diffusion), or the verification of short lists against stored local features (spatial
+verification). A stage that needs what a family does not offer is refused in one line when the
+method is built.
 
 Stages, by the name a pipeline gives them (:data:`RERANKERS`; the modules of this package are
 imported on first lookup, then the ``oxbench.rerankers`` entry points of installed plugins; a module
-elsewhere may call :func:`register_reranker`), with the settings groups they read
-(:data:`STAGE_SETTINGS`, which plugins extend the same way):
+elsewhere may call :func:`register_reranker`); ``oxbench methods`` lists them with their settings:
 
-- ``aqe``, ``alpha-qe`` -- query expansion over the top ``qe.k`` (group ``qe``; :mod:`.qe`);
-- ``diffusion`` -- Iscen et al.'s diffusion over the database graph (group ``diffusion``;
-  :mod:`.diffusion`);
-- ``spatial`` -- spatial verification of the top ``spatial.top_r`` (group ``spatial``;
-  :mod:`.spatial`);
+- ``aqe``, ``alpha-qe`` -- query expansion over the top ``k`` (:mod:`.qe`);
+- ``diffusion`` -- Iscen et al.'s diffusion over the database graph (:mod:`.diffusion`);
+- ``spatial`` -- spatial verification of the top ``top_r`` (:mod:`.spatial`);
 - ``aqe-verified`` -- average query expansion from spatially verified images, whose new results
-  are verified in turn (Chum et al. 2007; group ``vqe``; :mod:`.verified_qe`);
+  are verified in turn (Chum et al. 2007; :mod:`.verified_qe`);
 - ``dqe-verified`` -- the same with discriminative query expansion, a linear SVM's weight vector
-  (Arandjelovic & Zisserman 2012; groups ``vqe``, ``dqe``; :mod:`.verified_qe`);
-- ``dba``, ``dba-verified`` -- database-side augmentation at index time, from the top ``dba.k``
-  by vectors or from spatially verified neighbours (groups ``dba``, ``spatial``; :mod:`.dba`).
+  (Arandjelovic & Zisserman 2012; :mod:`.verified_qe`);
+- ``diffusion-verified`` -- diffusion seeded by the verified images too (:mod:`.diffusion`);
+- ``dba``, ``dba-verified`` -- database-side augmentation at index time, from the top ``k`` by
+  vectors or from spatially verified neighbours (:mod:`.dba`).
 
-A new re-ranker is one module: a :class:`Reranker` subclass (its ``needs``, the settings groups it
-``uses``, ``__init__`` taking one settings object per group), its settings dataclass registered
-with :func:`register_stage_settings`, and ``register_reranker(name, cls)``.
+A new re-ranker is one module: a :class:`Reranker` subclass (what it ``needs``, its ``settings``
+dataclass, ``__init__`` taking one settings object) and ``register_reranker(name, cls)``.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.features.extractors import LOCAL_FEATURES_SPEC
 from oxbench.pipelines.method import Ranking, RunContext
+from oxbench.refinement.spatial import Verification
 from oxbench.registry import GROUPS, Registry
 from oxbench.schema import setting
 
@@ -80,11 +81,13 @@ class RerankSpace(Protocol):
         ranks: NDArray[np.int64],
         r: int,
         ctx: RunContext,
+        settings: Verification,
         *,
         rows: dict[int, NDArray[np.int64]] | None = None,
         stage: str = "spatial",
     ) -> list[VerifiedList]:
-        """Spatial verification of each query's top ``r`` (or of the lists in ``rows``)."""
+        """Spatial verification, as ``settings`` say, of each query's top ``r`` (or of the lists in
+        ``rows``)."""
         ...
 
 
@@ -110,24 +113,26 @@ class AugmentableSpace(RerankSpace, Protocol):
         """Replace the database vectors (index time, before the search index is built)."""
         ...
 
-    def verified_neighbours(self, r: int, ctx: RunContext) -> NDArray[np.int64]:
-        """With ``"local"``: ``[n_index, r]`` each index image's spatially verified neighbours
-        among its top ``r`` by the database vectors (``-1``: none)."""
+    def verified_neighbours(
+        self, r: int, ctx: RunContext, settings: Verification
+    ) -> NDArray[np.int64]:
+        """With ``"local"``: ``[n_index, r]`` each index image's neighbours among its top ``r`` by
+        the database vectors that a verification as ``settings`` say accepts (``-1``: none)."""
         ...
 
 
 class Reranker(ABC):
     """One re-ranking stage.
 
-    A stage owns its settings: each settings group it reads (:attr:`uses`, e.g. ``("qe",)``) is a
-    frozen dataclass registered once with :func:`register_stage_settings` (``qe.k``, ``qe.alpha``
-    on the command line); the stage is built from the pipeline's values of those groups
-    (:meth:`from_settings`). A group means one thing in every family.
+    A stage owns its settings: a frozen dataclass (:attr:`settings_type`) whose every field is declared
+    with :func:`oxbench.schema.setting` (type, range and one-line doc); each instance of the stage
+    in a pipeline has its own values, named by the instance (``spatial.top_r``, ``aqe#2.k``), and
+    the stage is built from them (``cls(settings)``; ``cls()`` for a stage without settings).
 
     Attributes:
         name: the name a pipeline gives the stage (``rerank=spatial,aqe-verified``).
         needs: the capabilities of :class:`RerankSpace` the stage uses.
-        uses: the settings groups the stage reads, in the order :meth:`from_settings` passes them.
+        settings_type: the stage's settings dataclass, or ``None``.
         phase: ``"query"`` (re-ranks each query's ranking) or ``"index"`` (changes the database at
             index time, in :meth:`prepare`, before the search index is built: DBA).
         after: a stage that must come earlier in the pipeline (``aqe-verified`` expands from the
@@ -136,14 +141,15 @@ class Reranker(ABC):
 
     name: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
-    uses: tuple[str, ...] = ()
+    settings_type: ClassVar[type | None] = None
     phase: ClassVar[str] = "query"
     after: ClassVar[str] = ""
 
-    @classmethod
-    def from_settings(cls, settings: Mapping[str, Any]) -> Reranker:
-        """The stage with its groups' settings (``settings[group]`` for each of :attr:`uses`)."""
-        return cls(*(settings[group] for group in cls.uses))
+    @property
+    def query_words(self) -> int:
+        """The visual words per query feature the stage needs the family to assign (a
+        verification that matches shared words through several words per query feature)."""
+        return 1
 
     def prepare(self, space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
         """Index-time work (a graph over the database, an augmented database); returns facts to
@@ -164,16 +170,9 @@ CAPABILITY_WORDS = {
     "augment": "a database it may augment",
 }
 
-#: Re-rankers by name (each class builds itself from its settings groups: :meth:`Reranker.from_settings`).
+#: Re-rankers by name (each class builds itself from its settings: ``cls(settings)``).
 RERANKERS: Registry[type[Reranker]] = Registry(
     "re-ranker", loader=lambda: _load_modules(), group=GROUPS["rerankers"]
-)
-
-#: Settings groups by name (``qe``, ``spatial``, ``diffusion``, ...): the frozen dataclass of each.
-#: A plugin's re-ranker module registers its groups when RERANKERS loads the plugins, so looking a
-#: group up loads the re-rankers first.
-STAGE_SETTINGS: Registry[type] = Registry(
-    "stage settings group", loader=lambda: RERANKERS._ensure_loaded()
 )
 
 
@@ -187,73 +186,58 @@ def register_reranker(name: str, reranker: type[Reranker]) -> None:
     """Register a re-ranker class under ``name`` (its module calls this once).
 
     Raises:
-        InputError: the name is taken (the line names both modules).
+        InputError: the name is taken (the line names both modules), it holds ``#`` or ``.``, or
+            the class's ``settings`` is not a dataclass.
     """
+    if not name or "#" in name or "." in name:
+        raise InputError(f"re-ranker name {name!r}: a name holds neither '#' nor '.'")
+    settings = getattr(reranker, "settings_type", None)
+    if settings is not None and not (
+        isinstance(settings, type) and dataclasses.is_dataclass(settings)
+    ):
+        raise InputError(f"re-ranker {name!r}: its settings {settings!r} is not a dataclass")
     if "name" not in vars(reranker) or not reranker.name:
         reranker.name = name
     RERANKERS.register(name, reranker)
 
 
-def register_stage_settings(group: str, settings: type) -> type:
-    """Register the settings dataclass of a stage's settings ``group`` (its module calls this once).
+def stage_instances(names: Sequence[str]) -> list[tuple[str, str]]:
+    """``(instance, stage name)`` of each stage of a pipeline, in order: an instance is named by its
+    stage, with ``#2``, ``#3`` ... for the later instances of a stage named again.
 
-    The dataclass is frozen, every field declared with :func:`oxbench.schema.setting` (type, range
-    and one-line doc), and default-constructible.
-
-    Raises:
-        InputError: the group is taken, or the class is not such a dataclass.
+    Example:
+        >>> stage_instances(["aqe", "spatial", "aqe"])
+        [('aqe', 'aqe'), ('spatial', 'spatial'), ('aqe#2', 'aqe')]
     """
-    if group in STAGE_SETTINGS:
-        raise InputError(f"stage settings group {group!r} is registered twice")
-    if not dataclasses.is_dataclass(settings) or not isinstance(settings, type):
-        raise InputError(f"stage settings group {group!r}: {settings!r} is not a dataclass")
-    STAGE_SETTINGS.register(group, settings)
-    return settings
-
-
-def stage_groups(names: Sequence[str]) -> list[str]:
-    """The settings groups the stages ``names`` read, in first-use order (unknown names skipped)."""
-    out: list[str] = []
+    seen: dict[str, int] = {}
+    out = []
     for name in names:
-        if name in RERANKERS:
-            out += [g for g in RERANKERS.get(name).uses if g not in out]
+        seen[name] = seen.get(name, 0) + 1
+        out.append((name if seen[name] == 1 else f"{name}#{seen[name]}", name))
     return out
 
 
-class StageSettings(Mapping[str, Any]):
-    """The settings of a pipeline's stages, by group: ``{"qe": QeSettings(k=10), ...}``.
+def stage_of(instance: str) -> str:
+    """The stage name of an instance (``aqe#2`` -> ``aqe``)."""
+    return instance.split("#", 1)[0]
 
-    Frozen and hashable; a group not given takes its defaults (:meth:`of`). A method config holds
-    one as its ``stage_settings`` and records only the groups its stages read.
+
+class StageSettings(Mapping[str, Any]):
+    """The settings of a pipeline's stage instances: ``{"aqe": QeSettings(k=10), ...}``.
+
+    Frozen and hashable; an instance not given takes its stage's defaults
+    (:meth:`Pipeline.stage`).
     """
 
     def __init__(self, values: Mapping[str, Any] | None = None) -> None:
         self._values: dict[str, Any] = dict(values or {})
 
-    def of(self, group: str) -> Any:
-        """The settings of ``group`` (its defaults when not given).
+    def replace(self, instance: str, settings: Any) -> StageSettings:
+        """A copy with ``instance`` set to ``settings``."""
+        return StageSettings({**self._values, instance: settings})
 
-        Raises:
-            InputError: no such group is registered.
-        """
-        if group in self._values:
-            return self._values[group]
-        return STAGE_SETTINGS.get(group)()
-
-    def replace(self, group: str, settings: Any) -> StageSettings:
-        """A copy with ``group`` set to ``settings``."""
-        return StageSettings({**self._values, group: settings})
-
-    def to_dict(self, groups: Sequence[str]) -> dict[str, Any]:
-        """``{group: {setting: value}}`` of ``groups`` (defaults filled in), JSON-able."""
-        out = {}
-        for group in groups:
-            values = dataclasses.asdict(self.of(group))
-            out[group] = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
-        return out
-
-    def __getitem__(self, group: str) -> Any:
-        return self._values[group]
+    def __getitem__(self, instance: str) -> Any:
+        return self._values[instance]
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._values))
@@ -278,7 +262,7 @@ class Pipeline:
     Attributes:
         rerank: the stages, in order (:data:`RERANKERS` names: ``("spatial", "aqe-verified")``);
             index-phase stages (``dba``) act at index time, in this order among themselves.
-        stage_settings: each settings group's values (:class:`StageSettings`; ``--set qe.k=10``).
+        stage_settings: each stage instance's settings (:class:`StageSettings`; ``--set aqe.k=10``).
         local_source, global_source: what a stage needs that the family's first stage does not
             have (:mod:`oxbench.pipelines.sources`): local features by name for a global family
             (``local_source=rootsift``: GeM + SV), a global preset's vectors for bag of words or
@@ -286,7 +270,10 @@ class Pipeline:
     """
 
     rerank: tuple[str, ...] = setting(
-        (), S.Names(max_len=16), doc="stages after the first ranking, in order (none: no stage)"
+        (),
+        S.Names(max_len=16, repeats=True),
+        doc="stages after the first ranking, in order (none: no stage; a stage named again is "
+        "another instance, its settings NAME#2.*)",
     )
     stage_settings: StageSettings = field(default_factory=StageSettings)
     local_source: Any = setting(
@@ -301,14 +288,39 @@ class Pipeline:
         "without them diffuses over",
     )
 
-    def stage(self, group: str) -> Any:
-        """The settings of stage group ``group`` in this pipeline."""
-        return self.stage_settings.of(group)
-
     @property
-    def stage_groups(self) -> list[str]:
-        """The settings groups this pipeline's stages read."""
-        return stage_groups(self.rerank)
+    def stage_instances(self) -> list[str]:
+        """The instances of this pipeline's stages, in order (``["spatial", "aqe-verified"]``)."""
+        return [instance for instance, _ in stage_instances(self.rerank)]
+
+    def stage(self, instance: str) -> Any:
+        """The settings of stage instance ``instance`` (its stage's defaults when not set);
+        ``None`` for a stage without settings.
+
+        Raises:
+            InputError: no stage of the pipeline is ``instance``.
+        """
+        if instance in self.stage_settings:
+            return self.stage_settings[instance]
+        if instance not in self.stage_instances:
+            raise InputError(
+                f"no stage of the pipeline is {instance!r} (its stages: "
+                f"{', '.join(self.stage_instances) or 'none'})"
+            )
+        cls = RERANKERS.get(stage_of(instance)).settings_type
+        return None if cls is None else cls()
+
+    def stage_settings_dict(self) -> dict[str, Any]:
+        """``{instance: {setting: value}}`` of every stage instance with settings, JSON-able."""
+        out = {}
+        for instance in self.stage_instances:
+            values = self.stage(instance)
+            if values is not None:
+                out[instance] = {
+                    k: list(v) if isinstance(v, tuple) else v
+                    for k, v in dataclasses.asdict(values).items()
+                }
+        return out
 
     def offered(self, capabilities: frozenset[str]) -> frozenset[str]:
         """What a family with ``capabilities`` offers its stages once this pipeline's sources join
@@ -336,9 +348,9 @@ class Pipeline:
         return frozenset(out)
 
     def build_stages(self, capabilities: frozenset[str]) -> list[Reranker]:
-        """The stages of :attr:`rerank`, each built from its settings, for a family whose index
-        offers ``capabilities`` (and what the sources add); a family's config calls it when it is
-        made, so that a stage the family cannot serve is one line then.
+        """The stages of :attr:`rerank`, each built from its instance's settings, for a family
+        whose index offers ``capabilities`` (and what the sources add); a family's config calls it
+        when it is made, so that a stage the family cannot serve is one line then.
 
         Raises:
             InputError: an unknown re-ranker, one that needs what the family does not offer, or one
@@ -348,11 +360,12 @@ class Pipeline:
         names = self.rerank
         where = f"method {getattr(self, 'name', '?')}: setting rerank: "
         stages = []
-        for i, name in enumerate(names):
+        for i, (instance, name) in enumerate(stage_instances(names)):
             if name not in RERANKERS:
                 usable = [n for n in RERANKERS.names() if RERANKERS.get(n).needs <= offered]
                 raise InputError(
-                    f"{where}unknown re-ranker {name!r}; this family runs: {', '.join(sorted(usable))}"
+                    f"{where}unknown re-ranker {name!r}; this family runs: "
+                    f"{', '.join(sorted(usable))}"
                 )
             cls = RERANKERS.get(name)
             missing = cls.needs - offered
@@ -360,11 +373,13 @@ class Pipeline:
                 family = getattr(self, "family", "")
                 needed = " and ".join(CAPABILITY_WORDS.get(c, c) for c in sorted(missing))
                 raise InputError(
-                    f"{where}re-ranker {name!r} needs {needed}, which the {family} family does not offer"
+                    f"{where}re-ranker {name!r} needs {needed}, which the {family} family "
+                    "does not offer"
                 )
             if cls.after and cls.after not in names[:i]:
                 raise InputError(f"{where}re-ranker {name!r} needs a {cls.after!r} stage before it")
-            stages.append(cls.from_settings({g: self.stage_settings.of(g) for g in cls.uses}))
+            settings = self.stage(instance)
+            stages.append(cls() if settings is None else cls(settings))  # type: ignore[call-arg]
         return stages
 
     @property

@@ -32,15 +32,15 @@ from oxbench.pipelines.rerankers import (
     Reranker,
     RerankSpace,
     register_reranker,
-    register_stage_settings,
 )
+from oxbench.pipelines.rerankers.spatial import SpatialSettings
 from oxbench.refinement.qe import database_side_augmentation
 from oxbench.schema import setting, validate
 
 
 @dataclass(frozen=True)
 class DbaSettings:
-    """Alpha-DBA over the space's vectors (group ``dba``: ``--set dba.k=10``).
+    """Alpha-DBA over the space's vectors (``--set dba.k=10``).
 
     Attributes:
         k: neighbours each database vector is averaged with.
@@ -51,7 +51,7 @@ class DbaSettings:
     alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="DBA: weight exponent")
 
     def __post_init__(self) -> None:
-        validate(self, label=lambda n: f"dba.{n}")
+        validate(self)
 
 
 def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArray[np.float32]:
@@ -71,7 +71,7 @@ class DatabaseAugmentation(Reranker):
     """``dba``: each database vector the alpha-weighted mean of itself and its top ``k``."""
 
     needs = frozenset({"vectors", "dense-index", "augment"})
-    uses = ("dba",)
+    settings_type = DbaSettings
     phase = "index"
 
     def __init__(self, settings: DbaSettings) -> None:
@@ -88,18 +88,26 @@ class DatabaseAugmentation(Reranker):
 
 
 class VerifiedDatabaseAugmentation(Reranker):
-    """``dba-verified``: each database vector summed with its spatially verified neighbours."""
+    """``dba-verified``: each database vector summed with its spatially verified neighbours (its
+    own verification settings: ``dba-verified.top_r`` neighbours of each image verified)."""
 
     needs = frozenset({"vectors", "local", "augment"})
-    uses = ("spatial",)
+    settings_type = SpatialSettings
     phase = "index"
 
-    def __init__(self, settings: Any) -> None:
+    def __init__(self, settings: SpatialSettings) -> None:
         self.top_r = settings.top_r
+        self.verification = settings.verification()
+
+    @property
+    def query_words(self) -> int:
+        """Several words per feature when matching shares words through ``query_ma``."""
+        v = self.verification
+        return v.query_ma if v.matching == "words" else 1
 
     def prepare(self, space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
         space = cast(AugmentableSpace, space)
-        neighbours = space.verified_neighbours(self.top_r, ctx)
+        neighbours = space.verified_neighbours(self.top_r, ctx, self.verification)
         with ctx.timed("dba"):
             space.use_database(database_side_augmentation(space.database, neighbours))
         verified = (neighbours >= 0).sum(axis=1)
@@ -109,6 +117,5 @@ class VerifiedDatabaseAugmentation(Reranker):
         return ranking
 
 
-register_stage_settings("dba", DbaSettings)
 register_reranker("dba", DatabaseAugmentation)
 register_reranker("dba-verified", VerifiedDatabaseAugmentation)

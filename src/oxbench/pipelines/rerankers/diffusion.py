@@ -2,13 +2,13 @@
 
 ``prepare`` builds the graph at index time over the space's dense vectors (a global method's own,
 or the vectors of a named ``global_source``); ``rerank`` diffuses each query from its (expanded)
-vector over the top of its ranking (:class:`oxbench.refinement.diffusion.Diffusion`). Settings: the
-``diffusion`` group (:class:`~oxbench.refinement.diffusion.DiffusionSettings`, declared once there).
+vector over the top of its ranking (:class:`oxbench.refinement.diffusion.Diffusion`). Settings:
+:class:`~oxbench.refinement.diffusion.DiffusionSettings`, declared once there (``diffusion.k``).
 
 ``diffusion-verified`` is the 2018 revisit's hybrid (Radenovic et al. 2018, "ASMK* + SP ->
 R-GeM + DFS"): after a ``spatial`` stage, the strongly verified images -- those that would expand
-the query (``vqe.min_inliers`` inliers or more, at most ``vqe.max_verified``, the settings of query
-expansion from verified images) -- start the diffusion too, with the weight of an image identical
+the query (``diffusion-verified.min_inliers`` inliers or more, at most
+``diffusion-verified.max_verified``, as query expansion from verified images picks them) -- start the diffusion too, with the weight of an image identical
 to the query, besides the query's nearest images in the dense space; the graph and the query's
 vector are the dense space's (a global source's, when the first ranking is a bag of words or
 ASMK). The verified images keep the head of the list, in the verification's order, and diffusion
@@ -18,7 +18,8 @@ short list missed.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from dataclasses import dataclass
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -29,8 +30,8 @@ from oxbench.pipelines.rerankers import (
     Reranker,
     RerankSpace,
     register_reranker,
-    register_stage_settings,
 )
+from oxbench.pipelines.rerankers.verified_qe import VerifiedSeeds
 from oxbench.refinement.diffusion import Diffusion, DiffusionSettings
 
 
@@ -38,7 +39,7 @@ class DiffusionReranker(Reranker):
     """Diffusion re-ranking of the top ``truncation`` of each ranking."""
 
     needs = frozenset({"dense"})
-    uses: tuple[str, ...] = ("diffusion",)
+    settings_type: ClassVar[type] = DiffusionSettings
 
     def __init__(self, settings: DiffusionSettings) -> None:
         self.diffusion = Diffusion(settings)
@@ -59,17 +60,23 @@ class DiffusionReranker(Reranker):
         return Ranking(ranks, scores, ranking.queries, info=ranking.info)
 
 
+@dataclass(frozen=True)
+class VerifiedDiffusionSettings(DiffusionSettings, VerifiedSeeds):
+    """Diffusion seeded by verified images too (``--set diffusion-verified.k=50 --set
+    diffusion-verified.min_inliers=8``): diffusion's settings and which verified images seed it."""
+
+
 class VerifiedDiffusion(DiffusionReranker):
     """Diffusion started from the query's nearest images and from its strongly verified ones; the
     verified images first, in the verification's order, then the rest in the diffusion's."""
 
     needs = frozenset({"dense", "local"})
-    uses = ("diffusion", "vqe")
+    settings_type = VerifiedDiffusionSettings
     after = "spatial"
 
-    def __init__(self, settings: DiffusionSettings, vqe: Any) -> None:
+    def __init__(self, settings: VerifiedDiffusionSettings) -> None:
         super().__init__(settings)
-        self.min_inliers, self.max_verified = vqe.min_inliers, vqe.max_verified
+        self.min_inliers, self.max_verified = settings.min_inliers, settings.max_verified
 
     def seeds(self, ranking: Ranking) -> Any:
         assert ranking.verified is not None  # a spatial stage came before (checked when built)
@@ -94,9 +101,16 @@ class VerifiedDiffusion(DiffusionReranker):
             )
         seeded = [len(s) for s in self.seeds(ranking)]
         info = {**out.info, "diffusion_seeded_by_verified": seeded}
-        return Ranking(ranks, scores, out.queries, ranking.verified, info, ranking.matches)
+        return Ranking(
+            ranks,
+            scores,
+            out.queries,
+            ranking.verified,
+            info,
+            ranking.matches,
+            ranking.verification,
+        )
 
 
-register_stage_settings("diffusion", DiffusionSettings)
 register_reranker("diffusion", DiffusionReranker)
 register_reranker("diffusion-verified", VerifiedDiffusion)

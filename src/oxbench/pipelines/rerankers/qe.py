@@ -1,14 +1,15 @@
 """Query expansion over the top of the ranking: AQE (Chum et al. 2007) and alpha-QE (Radenovic et al.).
 
-Each query vector is replaced by the weighted mean of itself and its top ``qe.k`` database
-vectors (weights ``similarity ** qe.alpha``; ``aqe``: the plain average) and the index is ranked
-again (:func:`oxbench.refinement.qe.alpha_query_expansion`). Settings: the ``qe`` group
-(:class:`QeSettings`).
+Each query vector is replaced by the weighted mean of itself and its top ``k`` database vectors
+(weights ``similarity ** alpha``; ``aqe``: the plain average) and the index is ranked again
+(:func:`oxbench.refinement.qe.alpha_query_expansion`). Settings: :class:`QeSettings`
+(``alpha-qe.k``, ``alpha-qe.alpha``), :class:`AqeSettings` (``aqe.k``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,26 +21,35 @@ from oxbench.pipelines.rerankers import (
     Reranker,
     RerankSpace,
     register_reranker,
-    register_stage_settings,
 )
 from oxbench.refinement.qe import alpha_query_expansion
 from oxbench.schema import setting, validate
 
 
 @dataclass(frozen=True)
-class QeSettings:
-    """Query expansion over the top of the ranking (group ``qe``: ``--set qe.k=10``).
+class AqeSettings:
+    """Average query expansion (``--set aqe.k=10``).
 
     Attributes:
         k: the query's top ``k`` database vectors expand it.
-        alpha: ``alpha-qe``'s weight exponent (``similarity ** alpha``); ``aqe`` averages (0).
     """
 
     k: int = setting(5, S.Int(lo=1, hi=1 << 16), doc="query expansion: neighbours")
-    alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="alpha-qe: weight exponent")
 
     def __post_init__(self) -> None:
-        validate(self, label=lambda n: f"qe.{n}")
+        validate(self)
+
+
+@dataclass(frozen=True)
+class QeSettings(AqeSettings):
+    """Alpha query expansion (``--set alpha-qe.k=10 --set alpha-qe.alpha=3``).
+
+    Attributes:
+        k: the query's top ``k`` database vectors expand it.
+        alpha: the weight exponent (``similarity ** alpha``; 0 is AQE's plain average).
+    """
+
+    alpha: float = setting(3.0, S.Float(lo=0, hi=100), doc="alpha-qe: weight exponent")
 
 
 def expand_queries(
@@ -64,7 +74,7 @@ class QueryExpansion(Reranker):
     """Expand each query with its top ``k`` (weights ``similarity ** alpha``) and rank again."""
 
     needs = frozenset({"vectors", "dense-index"})
-    uses = ("qe",)
+    settings_type: ClassVar[type] = QeSettings
 
     def __init__(self, settings: QeSettings) -> None:
         self.k, self.alpha = settings.k, settings.alpha
@@ -81,11 +91,11 @@ class QueryExpansion(Reranker):
 class AverageQueryExpansion(QueryExpansion):
     """AQE: the plain average of the query and its top ``k`` (alpha 0)."""
 
-    def __init__(self, settings: QeSettings) -> None:
-        super().__init__(settings)
-        self.alpha = 0.0
+    settings_type = AqeSettings
+
+    def __init__(self, settings: AqeSettings) -> None:  # type: ignore[override]
+        self.k, self.alpha = settings.k, 0.0
 
 
-register_stage_settings("qe", QeSettings)
 register_reranker("aqe", AverageQueryExpansion)
 register_reranker("alpha-qe", QueryExpansion)

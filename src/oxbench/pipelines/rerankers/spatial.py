@@ -1,6 +1,6 @@
 """Spatial verification of the short list as a re-ranking stage (Philbin et al. 2007).
 
-Each query's top ``spatial.top_r`` is verified against its stored local features (the family's
+Each query's top ``top_r`` is verified against its stored local features (the family's
 verification step, :mod:`oxbench.pipelines.steps.verify`, through the run's executor): verified
 images move to the top, by inlier count, and carry it as their score; the rest keep their order.
 The verification of every query is kept in the ranking for the stages after it (query expansion
@@ -10,8 +10,7 @@ from verified images).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,90 +23,46 @@ from oxbench.pipelines.rerankers import (
     RerankSpace,
     aligned_to_index,
     register_reranker,
-    register_stage_settings,
 )
-from oxbench.pipelines.steps.verify import VerifySettings, verified_first
-from oxbench.schema import setting, validate
+from oxbench.pipelines.steps.verify import verified_first
+from oxbench.refinement.spatial import Verification
+from oxbench.schema import setting
 
 log = logging.getLogger(__name__)
 
 
-#: The verification defaults (:mod:`oxbench.refinement.spatial`'s, through :class:`VerifySettings`).
-_VERIFY = VerifySettings()
-
-
 @dataclass(frozen=True)
-class SpatialSettings:
-    """How short lists are spatially verified (group ``spatial``: ``--set spatial.top_r=200``).
-
-    Read by every stage that verifies: ``spatial``, the query expansions from verified images
-    (through the family's verification) and ``dba-verified``.
+class SpatialSettings(Verification):
+    """How the ``spatial`` stage verifies (``--set spatial.top_r=200``): the short list's length
+    and the verification's settings (:class:`~oxbench.refinement.spatial.Verification`, declared
+    there once; ``dba-verified`` verifies with the same settings of its own).
 
     Attributes:
         top_r: the short list: each query's top ``top_r`` is verified.
-        matching: tentative correspondences of a short-listed pair: ``descriptors`` (mutual
-            nearest neighbours with Lowe's ``ratio``, :func:`oxbench.refinement.spatial.descriptor_matches`)
-            or ``words`` (shared visual words, at most ``max_per_word`` pairs per word, each query
-            feature through its ``query_ma`` nearest words).
-        model, method, min_inliers, threshold_px: the verification
-            (:func:`oxbench.refinement.spatial.spatial_rerank`, whose defaults they are); ``fsm`` is
-            Philbin et al.'s fast spatial matching from single correspondences with scale and
-            orientation.
     """
 
     top_r: int = setting(100, S.Int(lo=1, hi=1 << 24), doc="short-list length R")
-    matching: Literal["words", "descriptors"] = setting(
-        "descriptors",
-        S.Choice("words", "descriptors"),
-        doc="tentative matches from descriptors or shared words",
-    )
-    ratio: float = setting(_VERIFY.ratio, S.Float(lo=0, lo_open=True, hi=1), doc="Lowe's ratio")
-    max_per_word: int = setting(
-        _VERIFY.max_per_word, S.Int(lo=1, hi=1 << 16), doc="words matching: pairs per shared word"
-    )
-    query_ma: int = setting(
-        _VERIFY.query_ma, S.Int(lo=1, hi=64), doc="words matching: words per query feature"
-    )
-    model: Literal["affine", "homography", "similarity"] = setting(
-        _VERIFY.model, S.Choice("similarity", "affine", "homography"), doc="geometric model"
-    )
-    method: Literal["magsac", "accurate", "ransac", "fsm"] = setting(
-        _VERIFY.method, S.Choice("fsm", "magsac", "accurate", "ransac"), doc="robust estimator"
-    )
-    min_inliers: int = setting(
-        _VERIFY.min_inliers, S.Int(lo=1, hi=1 << 30), doc="inliers to count as verified"
-    )
-    threshold_px: float = setting(
-        _VERIFY.threshold_px,
-        S.Float(lo=0, lo_open=True, hi=1e4),
-        doc="inlier threshold, px at 1024 px",
-    )
 
-    def __post_init__(self) -> None:
-        validate(self, label=lambda n: f"spatial.{n}")
-
-    def verification(self) -> VerifySettings:
-        """How the short list is verified."""
-        return VerifySettings(
-            self.model,
-            self.method,
-            self.min_inliers,
-            self.threshold_px,
-            self.max_per_word,
-            self.matching,
-            self.ratio,
-            self.query_ma,
-        )
+    def verification(self) -> Verification:
+        """How a pair is verified (the settings without the short list's length)."""
+        return Verification(**{f.name: getattr(self, f.name) for f in fields(Verification)})
 
 
 class SpatialVerification(Reranker):
     """Verify each query's top ``top_r``; verified images first, by inliers."""
 
     needs = frozenset({"local"})
-    uses = ("spatial",)
+    settings_type = SpatialSettings
 
     def __init__(self, settings: SpatialSettings) -> None:
         self.top_r = settings.top_r
+        self.verification = settings.verification()
+
+    @property
+    def query_words(self) -> int:
+        """Several words per query feature when matching shares words through ``query_ma``."""
+        v = self.verification
+        return v.query_ma if v.matching == "words" else 1
 
     def rerank(self, ranking: Ranking, space: RerankSpace, ctx: RunContext) -> Ranking:
         ranks = ranking.ranks
@@ -118,7 +73,7 @@ class SpatialVerification(Reranker):
                 self.top_r,
                 ranks.shape[1],
             )
-        results = space.verify(ranks, r, ctx)
+        results = space.verify(ranks, r, ctx, self.verification)
         by_index = aligned_to_index(ranks, ranking.scores, ranks.shape[1])
         final, scores = np.empty_like(ranks), np.empty_like(ranking.scores)
         matches: dict[int, dict[int, NDArray[np.float32]]] = {}
@@ -129,8 +84,9 @@ class SpatialVerification(Reranker):
             if res.matches:
                 matches[qi] = {v: res.matches[v] for v in res.verified.tolist() if v in res.matches}
         info = {**ranking.info, "verified_per_query": [len(res.verified) for res in results]}
-        return Ranking(final, scores, ranking.queries, tuple(results), info, matches)
+        return Ranking(
+            final, scores, ranking.queries, tuple(results), info, matches, self.verification
+        )
 
 
-register_stage_settings("spatial", SpatialSettings)
 register_reranker("spatial", SpatialVerification)

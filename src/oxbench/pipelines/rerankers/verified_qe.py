@@ -1,21 +1,21 @@
 """Average query expansion from spatially verified images, verified in turn (Chum et al. 2007).
 
-After :mod:`.spatial`, each query with verified images of at least ``vqe.min_inliers`` inliers is
-replaced by the average of its vector and theirs (at most ``vqe.max_verified``) and the index is
-ranked again. The expanded query's new results -- the images of its top ``vqe.verify_top`` that the
+After :mod:`.spatial`, each query with verified images of at least ``min_inliers`` inliers is
+replaced by the average of its vector and theirs (at most ``max_verified``) and the index is
+ranked again. The expanded query's new results -- the images of its top ``verify_top`` that the
 first short list did not hold -- are verified against the query, and those that pass join the
 verified images (ordered by inliers) above the expanded query's order. Settings: the ``vqe`` group
 (:class:`VerifiedQeSettings`; ``verify_top=0``: no second verification).
 
 ``dqe-verified`` is the same stage with discriminative query expansion (Arandjelovic & Zisserman
 2012): the expanded query is a linear SVM's weight vector, trained with the query and its verified
-images as positives and the bottom ``dqe.negatives`` of the ranking as negatives (``dqe.c``).
+images as positives and the bottom ``negatives`` of the ranking as negatives (``c``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -29,7 +29,6 @@ from oxbench.pipelines.rerankers import (
     RerankSpace,
     aligned_to_index,
     register_reranker,
-    register_stage_settings,
 )
 from oxbench.pipelines.steps.verify import VerifiedList, joined, verified_first
 from oxbench.refinement.qe import average_query_expansion, discriminative_query_expansion
@@ -37,16 +36,14 @@ from oxbench.schema import setting, validate
 
 
 @dataclass(frozen=True)
-class VerifiedQeSettings:
-    """Query expansion from spatially verified images (group ``vqe``: ``--set vqe.min_inliers=10``).
+class VerifiedSeeds:
+    """Which verified images a stage starts from (query expansion, diffusion).
 
     Attributes:
-        max_verified: at most this many verified images expand the query.
-        min_inliers: only verified images with at least this many inliers expand it (a stricter
-            test than ``spatial.min_inliers``, as in Chum et al. 2007: averaging in a false positive
-            drifts the query, while ranking it high costs one place).
-        verify_top: the images of the expanded query's top ``verify_top`` that the first short list
-            did not hold are verified too and join the verified images (0: none).
+        max_verified: at most this many verified images.
+        min_inliers: only verified images with at least this many inliers (a stricter test than
+            the verification's ``min_inliers``, as in Chum et al. 2007: averaging in a false
+            positive drifts the query, while ranking it high costs one place).
     """
 
     max_verified: int = setting(
@@ -55,17 +52,30 @@ class VerifiedQeSettings:
     min_inliers: int = setting(
         8, S.Int(lo=1, hi=1 << 30), doc="QE: inliers an image needs to expand"
     )
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+@dataclass(frozen=True)
+class VerifiedQeSettings(VerifiedSeeds):
+    """Query expansion from spatially verified images (``--set aqe-verified.min_inliers=10``).
+
+    Attributes:
+        verify_top: the images of the expanded query's top ``verify_top`` that the first short list
+            did not hold are verified too (as the spatial stage before verified), and join the
+            verified images (0: none).
+    """
+
     verify_top: int = setting(
         100, S.Int(lo=0, hi=1 << 24), doc="QE: new results verified (0: none)"
     )
 
-    def __post_init__(self) -> None:
-        validate(self, label=lambda n: f"vqe.{n}")
-
 
 @dataclass(frozen=True)
-class DqeSettings:
-    """Discriminative query expansion's SVM (group ``dqe``: ``--set dqe.c=10``).
+class DqeSettings(VerifiedQeSettings):
+    """Discriminative query expansion from verified images (``--set dqe-verified.c=10``): the
+    verified-QE settings and the SVM's.
 
     Attributes:
         negatives: this many images from the bottom of the first ranking (200 in the paper).
@@ -77,15 +87,12 @@ class DqeSettings:
     )
     c: float = setting(1.0, S.Float(lo=0, lo_open=True, hi=1e6), doc="DQE: the linear SVM's C")
 
-    def __post_init__(self) -> None:
-        validate(self, label=lambda n: f"dqe.{n}")
-
 
 class VerifiedQueryExpansion(Reranker):
     """AQE from verified images, with verification of the expanded query's new results."""
 
     needs = frozenset({"vectors", "local"})
-    uses: tuple[str, ...] = ("vqe",)
+    settings_type: ClassVar[type] = VerifiedQeSettings
     after = "spatial"
 
     def __init__(self, settings: VerifiedQeSettings) -> None:
@@ -103,6 +110,11 @@ class VerifiedQueryExpansion(Reranker):
         if ranking.verified is None:
             raise InputError(
                 f"{self.name} expands from verified images: put the spatial stage before it"
+            )
+        if self.verify_top and ranking.verification is None:
+            raise InputError(
+                f"{self.name} verifies new results as the stage before it did, which did not say "
+                "how (Ranking.verification)"
             )
         n_index = ranking.ranks.shape[1]
         first = ranking.verified
@@ -122,7 +134,9 @@ class VerifiedQueryExpansion(Reranker):
                 new = new[~np.isin(new, first[qi].head)]
                 if len(new):
                     rows[qi] = new
-            done = space.verify(ranking.ranks, 0, ctx, rows=rows, stage="spatial_after_qe")
+            done = space.verify(
+                ranking.ranks, 0, ctx, ranking.verification, rows=rows, stage="spatial_after_qe"
+            )
             second = dict(zip(rows, done, strict=True))
         final, scores = ranking.ranks.copy(), ranking.scores.copy()
         matches = {qi: dict(m) for qi, m in (ranking.matches or {}).items()}
@@ -137,7 +151,9 @@ class VerifiedQueryExpansion(Reranker):
         if self.verify_top:
             info["pairs_verified_after_qe"] = [len(v) for v in rows.values()]
             info["queries_expanded"] = len(expanded)
-        return Ranking(final, scores, ranking.queries, ranking.verified, info, matches)
+        return Ranking(
+            final, scores, ranking.queries, ranking.verified, info, matches, ranking.verification
+        )
 
 
 class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
@@ -150,11 +166,11 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
     keeps its first ranking. The expanded query's new results are verified as with AQE.
     """
 
-    uses = ("vqe", "dqe")
+    settings_type = DqeSettings
 
-    def __init__(self, settings: VerifiedQeSettings, dqe: DqeSettings) -> None:
+    def __init__(self, settings: DqeSettings) -> None:
         super().__init__(settings)
-        self.negatives, self.c = dqe.negatives, dqe.c
+        self.negatives, self.c = settings.negatives, settings.c
 
     def expand(
         self, ranking: Ranking, qi: int, positives: NDArray[np.int64], space: RerankSpace
@@ -170,7 +186,5 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
         )
 
 
-register_stage_settings("vqe", VerifiedQeSettings)
-register_stage_settings("dqe", DqeSettings)
 register_reranker("aqe-verified", VerifiedQueryExpansion)
 register_reranker("dqe-verified", DiscriminativeVerifiedQueryExpansion)

@@ -3,7 +3,7 @@
 :class:`ShortListVerifier` is a picklable job: given ``(query index, query name, short list)`` it
 reads the query's and the candidates' local features (and words) from their stores, forms tentative
 correspondences (mutual nearest descriptors with Lowe's ratio, or shared visual words), fits the
-geometric model of :class:`VerifySettings` and returns a :class:`VerifiedList`. Any family with
+geometric model of its :class:`~oxbench.refinement.spatial.Verification` settings and returns a :class:`VerifiedList`. Any family with
 local features in stores uses it, through :func:`verify_short_lists`.
 """
 
@@ -25,18 +25,7 @@ from oxbench.features.store import FeatureStore
 from oxbench.fileio import json_digest, remove_stale_temps
 from oxbench.pipelines.method import RunContext
 from oxbench.pipelines.steps.words import WordedParts, Words, reopen_store, store_spec
-from oxbench.refinement.spatial import (
-    DEFAULT_MAX_PER_WORD,
-    DEFAULT_METHOD,
-    DEFAULT_MIN_INLIERS,
-    DEFAULT_MODEL,
-    DEFAULT_RATIO,
-    DEFAULT_THRESHOLD_PX,
-    GeometricModel,
-    RobustMethod,
-    descriptor_matches,
-    spatial_rerank,
-)
+from oxbench.refinement.spatial import Verification, descriptor_matches, spatial_rerank
 
 log = logging.getLogger(__name__)
 
@@ -60,31 +49,6 @@ class VerifiedList:
     verified: NDArray[np.int64]
     inliers: NDArray[np.int64]
     matches: dict[int, NDArray[np.float32]]
-
-
-@dataclass(frozen=True)
-class VerifySettings:
-    """How a short list is verified; the defaults are :mod:`oxbench.refinement.spatial`'s (one place).
-
-    Attributes:
-        model: the geometric model (``similarity``, ``affine``, ``homography``).
-        method: ``fsm`` (Philbin et al.'s fast spatial matching) or an OpenCV robust estimator.
-        min_inliers: inliers for a candidate to count as verified.
-        threshold_px: inlier threshold, in pixels of an image resized to 1024 px.
-        max_per_word: ``matching="words"``: at most this many pairs per shared word.
-        matching: ``descriptors`` (mutual nearest neighbours with Lowe's ``ratio``) or ``words``.
-        ratio: Lowe's ratio of descriptor matching.
-        query_ma: ``matching="words"``: words per query feature.
-    """
-
-    model: GeometricModel = DEFAULT_MODEL
-    method: RobustMethod = DEFAULT_METHOD
-    min_inliers: int = DEFAULT_MIN_INLIERS
-    threshold_px: float = DEFAULT_THRESHOLD_PX
-    max_per_word: int = DEFAULT_MAX_PER_WORD
-    matching: str = "descriptors"
-    ratio: float = DEFAULT_RATIO
-    query_ma: int = 1
 
 
 StoreSpec = tuple[Path, LocalExtractor, dict[str, object]]
@@ -114,7 +78,7 @@ class ShortListVerifier:
         stores: dict[str, StoreSpec],
         words: dict[str, Path],
         index_parts: list[tuple[str, str]],
-        settings: VerifySettings,
+        settings: Verification,
         query_part: str = "queries",
         trusted: dict[str, FileIdentity] | None = None,
         store_digests: dict[str, str] | None = None,
@@ -165,12 +129,8 @@ class ShortListVerifier:
             q_words,
             cands,
             order,
+            st,
             top_r=len(order),
-            model=st.model,
-            method=st.method,
-            min_inliers=st.min_inliers,
-            threshold_px=st.threshold_px,
-            max_per_word=st.max_per_word,
             query_size=query.image_size,
             tentative=tentative if q_desc is not None else None,
         )
@@ -189,7 +149,7 @@ class ShortListVerifier:
 
 
 def short_list_verifier(
-    parts: WordedParts, settings: VerifySettings, query_part: str = "queries"
+    parts: WordedParts, settings: Verification, query_part: str = "queries"
 ) -> ShortListVerifier:
     """The verification job over a benchmark's stores and words (``query_part``'s words assigned)."""
     return ShortListVerifier(

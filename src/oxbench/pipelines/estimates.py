@@ -52,12 +52,11 @@ ANNOUNCE_CPU_S = 180.0
 #: Settings that lower an index's RAM, tried on a refused config in this order; a remedy is named
 #: only when the family has the setting, accepts the value and then fits.
 RAM_REMEDY_SETTINGS: tuple[tuple[str, str], ...] = (
-    ("inverted_file", "compressed"),
     ("inverted_file", "mapped"),
     ("search", "faiss-ivfpq"),
 )
 #: The presets named beside a remedy: the same method with the remedy set.
-REMEDY_PRESETS = {("rootsift-bow-sv", "inverted_file", "compressed"): "rootsift-bow-sv-compact"}
+REMEDY_PRESETS = {("rootsift-bow-sv", "inverted_file", "mapped"): "rootsift-bow-sv-compact"}
 
 
 def free_disk_bytes(path: str | Path) -> int:
@@ -186,7 +185,7 @@ def _disk_per_feature(m: MethodConfig) -> int:
         return 0
     store = KEYPOINT_BYTES + int(extractor.dim) * np.dtype(extractor.stored_dtype).itemsize
     words = m.ram_bytes_per_feature() is not None  # a quantising family keeps words files
-    k = getattr(m, "soft_k", 1) if getattr(m, "assignment", "hard") == "soft" else 1
+    k = getattr(getattr(m, "assignment", None), "words", 1)  # words per database feature
     return store + (WORD_BYTES * k if words else 0)
 
 
