@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -168,4 +167,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from interrupt import run_script
+
+    run_script(main)

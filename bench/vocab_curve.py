@@ -166,7 +166,7 @@ def table(points: list[dict[str, Any]]) -> str:
         m = p["map"]
         rows.append(
             f"| {p['method']} | {p['train_dataset']} ({p['vocabulary']} city) | "
-            f"{p['vocab_size']:,} | {p['structure']} | {m['easy']:.2f} | {m['medium']:.2f} | "
+            f"{p['vocabulary.size']:,} | {p['structure']} | {m['easy']:.2f} | {m['medium']:.2f} | "
             f"{m['hard']:.2f} | {1e3 * p['query_s']:.1f} ({1e3 * p['rank_s']:.2f} + "
             f"{1e3 * p['rerank_s']:.1f}) | {p['vocabulary_cpu_s']:.0f} |"
         )
@@ -192,9 +192,9 @@ def plot(points: list[dict[str, Any]], path: Path) -> None:
     for i, (method, source, n_train) in enumerate(series):
         pts = sorted(
             (p for p in points if key(p) == (method, source, n_train)),
-            key=lambda p: p["vocab_size"],
+            key=lambda p: p["vocabulary.size"],
         )
-        xs = [p["vocab_size"] for p in pts]
+        xs = [p["vocabulary.size"] for p in pts]
         colour = f"C{i}"
         label = f"{method}, {source} city"
         if n_train is not None:

@@ -206,7 +206,7 @@ def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path, 
     root = make_tiny_root(tmp_path / "data")
     bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
     out = {}
-    for lists in ("package", "mapped"):
+    for lists in ("memory", "mapped"):
         ctx = RunContext(tmp_path / "cache", progress=False)
         method = (
             resolve_method(
@@ -227,14 +227,14 @@ def test_the_asmk_family_ranks_the_same_with_the_mapped_inverted_file(tmp_path, 
             assert asmk.query_batch(40) == 3
             again = method.search(bench, ctx)
             np.testing.assert_array_equal(again.scores, out[lists][0].scores)
-    (pkg, _), (mapped, fp) = out["package"], out["mapped"]
+    (pkg, _), (mapped, fp) = out["memory"], out["mapped"]
     np.testing.assert_allclose(mapped.scores, pkg.scores, rtol=1e-5, atol=1e-7)
     assert (mapped.scores[:, 0] > 0).all()
     # equal scores rank alike (ties, at equal scores, by index in both)
     np.testing.assert_array_equal(mapped.ranks, pkg.ranks)
     assert fp is not None and fp.disk["asmk_lists"] > 0 and fp.ram["norms"] == 8 * 40
     with pytest.raises(InputError, match="inverted_file"):
-        resolve_method("rootsift-asmk", inverted_file="mapped")
+        resolve_method("rootsift-asmk", inverted_file="compressed")
 
 
 def test_queries_scored_together_score_as_each_alone(tmp_path):

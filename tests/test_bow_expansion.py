@@ -155,7 +155,11 @@ def test_dba_augments_each_image_with_its_verified_neighbours(tmp_path: Path) ->
         .index(bench, ctx)
     )
     dba = (
-        resolve_method("rootsift-bow-dba-sv-dqe", **{"vocabulary.size": 200}, **TINY)
+        resolve_method(
+            "rootsift-bow-dba-sv-dqe",
+            **{"vocabulary.size": 200, "dba-verified.top_r": 20},
+            **TINY,
+        )
         .build()
         .fit(train, ctx)
         .index(bench, ctx)

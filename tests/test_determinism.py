@@ -81,7 +81,7 @@ def test_default_vocabulary_is_bit_identical_across_blas_threads_and_workers(
         for workers, blas in ((1, 1), (1, 2), (2, 1), (2, 2))
     }
     first = runs[(1, 1)]
-    assert first["voc"]["centroids"].shape[0] == TINY["vocab_size"]
+    assert first["voc"]["centroids"].shape[0] == TINY["vocabulary.size"]
     for key, other in runs.items():
         assert other["record"]["deterministic"] is True, key
         assert other["record"]["cache"]["vocabulary"] == "computed", key  # each trained its own

@@ -93,21 +93,25 @@ def test_affinity_is_mutual_knn_with_cubed_similarity() -> None:
 
 
 def test_bad_settings_and_inputs() -> None:
-    # the one schema names each setting as `--set` does (diffusion.<name>)
-    with pytest.raises(InputError, match="setting diffusion.alpha: expected a finite number"):
+    # the one schema names each setting: by its field here, by its stage instance in a pipeline
+    from oxbench.pipelines import resolve_method
+
+    with pytest.raises(InputError, match="setting diffusion-verified.alpha: expected a finite"):
+        resolve_method("rootsift-bow-sv+vlad-dfs", **{"diffusion-verified.alpha": "high"})
+    with pytest.raises(InputError, match="setting alpha: expected a finite number"):
         DiffusionSettings(alpha="high")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="setting diffusion.k: must be in \\[2, 65536\\]"):
+    with pytest.raises(InputError, match="setting k: must be in \\[2, 65536\\]"):
         DiffusionSettings(k=1)
-    with pytest.raises(InputError, match="setting diffusion.truncation: must be in \\[1,"):
+    with pytest.raises(InputError, match="setting truncation: must be in \\[1,"):
         DiffusionSettings(truncation=0)
     for alpha in (0.0, 1.0, -0.5, float("nan"), float("inf")):
-        with pytest.raises(InputError, match="setting diffusion.alpha: "):
+        with pytest.raises(InputError, match="setting alpha: "):
             DiffusionSettings(alpha=alpha)
-    with pytest.raises(InputError, match="diffusion.gamma"):
+    with pytest.raises(InputError, match="setting gamma"):
         DiffusionSettings(gamma=float("nan"))
-    with pytest.raises(InputError, match="setting diffusion.normalise: .*full, subgraph"):
+    with pytest.raises(InputError, match="setting normalise: .*full, subgraph"):
         DiffusionSettings(normalise="degrees")  # type: ignore[arg-type]
-    with pytest.raises(InputError, match="setting diffusion.mode: .*online, offline"):
+    with pytest.raises(InputError, match="setting mode: .*online, offline"):
         DiffusionSettings(mode="batch")  # type: ignore[arg-type]
     v, _ = two_spirals(n=20)
     with pytest.raises(

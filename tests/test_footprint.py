@@ -214,10 +214,7 @@ def test_ivfpq_footprint_is_codes_and_ids_with_the_quantisers_fixed(
         "rootsift-vlad",
         30,
         search="faiss-ivfpq",
-        nlist=4,
-        pq_m=8,
-        pq_nbits=4,
-        nprobe=4,
+        **{"search.nlist": 4, "search.m": 8, "search.nbits": 4, "search.nprobe": 4},
     )
     fp = out.record["footprint"]
     # an IVF-PQ list entry: m * nbits / 8 bytes of code + an int64 id; serialised lists add a size per list

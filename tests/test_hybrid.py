@@ -156,7 +156,7 @@ def test_hybrid_rows_run_beside_their_parts(tiny_root: Path, tmp_path: Path) -> 
             "rootsift-asmk-sv+vlad-dfs",
             global_source="test-tiny-vlad-w",
             **asmk,
-            **{"diffusion.k": 10, "diffusion.truncation": 200},
+            **{"diffusion-verified.k": 10, "diffusion-verified.truncation": 200},
         )
         assert dfs.info["global_source"]["method"] == "test-tiny-vlad-w"
         verified, seeded = part.info["verified_per_query"], dfs.info["diffusion_seeded_by_verified"]

@@ -34,13 +34,14 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 @pytest.mark.parametrize(
     ("preset", "settings"),
     [
-        ("rootsift-bow", ("vocab_seed",)),
-        ("rootsift-he", ("vocab_seed", "he_seed")),
-        ("rootsift-asmk", ("vocab_seed",)),
-        ("features-ivfpq", ("index_seed",)),  # not the CNN's nor VLAD's: files are described
-        # a descriptor kind's seed, nested: VLAD's codebook k-means, the CNN's random weights
-        ("rootsift-vlad", ("descriptor.seed", "index_seed")),
-        ("gem-r18-synthetic", ("descriptor.seed", "index_seed")),
+        ("rootsift-bow", ("vocabulary.seed",)),
+        ("rootsift-he", ("vocabulary.seed", "he.seed")),
+        ("rootsift-asmk", ("vocabulary.seed",)),
+        ("features-ivfpq", ("search.seed",)),  # not the CNN's nor VLAD's: files are described
+        # a descriptor kind's seed, nested: VLAD's codebook k-means, the CNN's random weights (exact
+        # search has no seed: search.seed belongs to the ivfpq kind)
+        ("rootsift-vlad", ("descriptor.vocabulary.seed",)),
+        ("gem-r18-synthetic", ("descriptor.seed",)),
     ],
 )
 def test_a_member_sets_every_seed_setting_of_its_method(
@@ -69,7 +70,7 @@ def test_a_member_sets_every_seed_setting_of_its_method(
 
 def test_a_seed_setting_set_by_hand_is_refused_with_seeds() -> None:
     m = resolve_method("rootsift-he")
-    with pytest.raises(InputError, match="--set he_seed does not apply with --seeds"):
+    with pytest.raises(InputError, match="--set he.seed does not apply with --seeds"):
         plan_group(m, (0, 1), {"he.seed": 3})
 
 
@@ -118,14 +119,14 @@ def test_a_group_is_one_config_folder_with_one_run_per_seed(group: dict) -> None
     assert {o.config_dir for o in out.group} == {config_dir}
     assert sorted(list_runs(config_dir)) == sorted(o.run_dir for o in out.group)
     folder_config = json.loads((config_dir / "config.json").read_text())
-    assert folder_config["method"]["vocab_seed"] == PER_SEED
-    assert folder_config["repeat"] == {"axis": "seed", "settings": ["vocab_seed"]}
+    assert folder_config["method"]["vocabulary"]["seed"] == PER_SEED
+    assert folder_config["repeat"] == {"axis": "seed", "settings": ["vocabulary.seed"]}
     ids = set()
     for seed, o in zip((0, 1, 2), out.group, strict=True):
         record = json.loads((o.run_dir / "record.json").read_text())
         run_config = json.loads((o.run_dir / "config.json").read_text())
-        assert run_config["method"]["vocab_seed"] == seed  # each run keeps its own seed
-        assert record["seeds"]["vocab_seed"] == seed
+        assert run_config["method"]["vocabulary"]["seed"] == seed  # each run keeps its own seed
+        assert record["seeds"]["vocabulary.seed"] == seed
         # the synthetic set's generation seed is the same for every member
         assert record["seeds"]["dataset.seed"] == out.group[0].record["seeds"]["dataset.seed"]
         assert record["seed_group"]["seed"] == seed
@@ -198,7 +199,7 @@ def test_a_group_with_a_missing_member_is_one_line(
         (["--repeat", "0"], "option --repeat: must be in [1, 100]"),
         (["--repeat", "2", "--seeds", "0,1"], "give --seeds or --repeat, not both"),
         (["--seeds", "0,1", "--partition", "0/2"], "do not apply to --partition"),
-        (["--seeds", "0,1", "--set", "vocabulary.seed=3"], "--set vocab_seed does not apply"),
+        (["--seeds", "0,1", "--set", "vocabulary.seed=3"], "--set vocabulary.seed does not apply"),
     ],
 )
 def test_bad_seed_options_are_one_line_and_exit_2(
@@ -244,7 +245,9 @@ def test_the_member_record_is_checked(group: dict, tmp_path: Path) -> None:
     (bad / "record.json").write_text(json.dumps(record))
     with pytest.raises(InputError, match="given twice"):
         RunRecord.load(bad)
-    assert SeedMember("g", 0, (0,), ("vocab_seed",)).to_dict()["settings"] == ["vocab_seed"]
+    assert SeedMember("g", 0, (0,), ("vocabulary.seed",)).to_dict()["settings"] == [
+        "vocabulary.seed"
+    ]
 
 
 def test_compare_of_two_groups_tests_seeds_and_queries(
@@ -336,4 +339,4 @@ def test_overwrite_replaces_the_earlier_runs_once_not_each_member(
         record=RecordOptions(out=out, overwrite=True),
     )
     assert sorted(list_runs(out)) == sorted(o.run_dir for o in again.group)
-    assert [o.record["seeds"]["vocab_seed"] for o in again.group] == [5, 6]
+    assert [o.record["seeds"]["vocabulary.seed"] for o in again.group] == [5, 6]

@@ -174,11 +174,11 @@ class _CountingVerifier:
     """A stand-in for ShortListVerifier: 'verifies' the first two candidates, counting its calls."""
 
     def __init__(self, n_index: int) -> None:
-        from oxbench.pipelines.steps.verify import VerifySettings
+        from oxbench.refinement.spatial import Verification
 
         self.stores: dict = {}
         self.words: dict = {}
-        self.settings = VerifySettings()
+        self.settings = Verification()
         self.index_parts = [("database", f"db{i}") for i in range(n_index)]
         self.query_part = "queries"
         self.calls: list[str] = []

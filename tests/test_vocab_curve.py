@@ -53,7 +53,7 @@ def test_the_curve_runs_both_sources_flat_and_two_level(
     argv = [*_argv(tiny_root, tmp_path, "32,64"), "--json", str(out_json), "--plot", str(out_png)]
     assert curve.main(argv) == 0
     points = json.loads(out_json.read_text())["points"]
-    got = {(p["vocabulary"], p["vocab_size"]): p for p in points}
+    got = {(p["vocabulary"], p["vocabulary.size"]): p for p in points}
     assert set(got) == {("other", 32), ("other", 64), ("test", 32), ("test", 64)}
     assert [got[("other", k)]["structure"] for k in (32, 64)] == ["flat", "two-level"]
     # the test city's own vocabulary is flagged, the other city's is not

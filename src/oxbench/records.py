@@ -1032,7 +1032,8 @@ class RecordFile:
             kw.setdefault("command", [])
             return cls(**kw)
         except InputError as exc:
-            raise InputError(exc.problem, path) from None
+            field = f"{exc.source}: " if exc.source else ""  # the field, as 'label' names itself
+            raise InputError(field + exc.problem, path) from None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of ``record.json`` (``seed_group`` only for a member of one)."""

@@ -7,9 +7,10 @@ are answered, so that a query meets every database image already "expanded":
   own vectors (exact search, the image itself left out; weights ``similarity ** dba.alpha``,
   0: the plain average), L2-normalised (as Radenovic et al. 2018 apply it to global descriptors);
 - ``dba-verified`` -- the normalised sum of the image and its *spatially verified* neighbours
-  among its top ``spatial.top_r`` (the paper's bag-of-words form: each database image is searched
-  for among the others and its short list verified against it, the same verification as the
-  queries'; it costs ``spatial.top_r`` verifications per index image at index time).
+  among its top ``dba-verified.top_r`` (the paper's bag-of-words form: each database image is
+  searched for among the others and its short list verified against it, with the settings of the
+  spatial stage under the instance's own name; it costs ``dba-verified.top_r`` verifications per
+  index image at index time).
 
 Both act in :meth:`~oxbench.pipelines.rerankers.Reranker.prepare` through the space's
 ``augment`` capability (:meth:`use_database`), before the family builds its search index.
