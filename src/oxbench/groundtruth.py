@@ -1,7 +1,8 @@
 """Ground truth of a retrieval benchmark, in one typed form for every protocol.
 
-One :class:`GroundTruth` holds the database image names and one :class:`Query` per query. Which
-label fields a query uses depends on the protocol:
+One :class:`GroundTruth` holds its protocol (:class:`oxbench.protocol.Protocol`), the database
+image names and one :class:`Query` per query. Which label fields a query uses depends on the
+protocol:
 
 ============  ===============================  ==========================
 protocol      positives                        ignored
@@ -10,6 +11,10 @@ protocol      positives                        ignored
 ``original``   ``good`` + ``ok``                 ``junk``
 ``holidays``   ``good`` (the group's others)     ``junk`` (the query image)
 ``ukbench``    ``good`` (the object's 4)         none
+``gldv2``      ``good`` (the relevant index       none (queries of another split
+               images)                           are left out of its mean)
+``ilias``      ``good`` (the instance's           none
+               positives)
 ============  ===============================  ==========================
 
 All label arrays are sorted, unique ``int64`` indices into :attr:`GroundTruth.db_names`.
@@ -19,15 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.protocol import Protocol, get_protocol
 
-Protocol = Literal["revisited", "original", "holidays", "ukbench"]
-PROTOCOLS: tuple[Protocol, ...] = ("revisited", "original", "holidays", "ukbench")
 BBox = tuple[float, float, float, float]
 IndexArray = NDArray[np.int64]
 
@@ -151,7 +155,8 @@ class GroundTruth:
 
     Attributes:
         dataset: dataset id (``roxford5k``, ``oxford5k``, ``holidays``, ...), used in printed lines.
-        protocol: which scoring rules apply (see the module docstring).
+        protocol: which scoring rules apply (see the module docstring): the protocol object; its
+            name is accepted and resolved (:func:`oxbench.protocol.get_protocol`).
         db_names: database image names, without extension; label indices point into this.
         queries: the queries, in the official order.
         source: where it was read from (a path), for error messages.
@@ -162,6 +167,13 @@ class GroundTruth:
     db_names: tuple[str, ...]
     queries: tuple[Query, ...]
     source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        try:
+            protocol = get_protocol(self.protocol)
+        except InputError as exc:
+            raise InputError(exc.problem, self.source) from None
+        object.__setattr__(self, "protocol", protocol)
 
     @property
     def n_db(self) -> int:
@@ -187,8 +199,6 @@ class GroundTruth:
         labels one image two ways (e.g. positive and junk) -- the official programs silently
         double-count those.
         """
-        if self.protocol not in PROTOCOLS:
-            raise InputError(f"unknown protocol {self.protocol!r}", self.source)
         # a NUL cannot be in a file name or a line of a ranked list: refused here, at the boundary
         for what, names in (("query", self.query_names), ("database image", self.db_names)):
             bad = next((i for i, name in enumerate(names) if "\x00" in name), None)

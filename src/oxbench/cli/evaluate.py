@@ -56,7 +56,8 @@ def _parse_ks(text: str | None) -> tuple[int, ...] | None:
     return ks
 
 
-def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str) -> Any:
+def _load_gt(gnd: str | None, dataset: str | None, root: str | None, command: str) -> Any:
+    """The ground truth of --gnd or --dataset, refused when another subcommand scores its protocol."""
     from oxbench.groundtruth import GroundTruth
 
     if (gnd is None) == (dataset is None):
@@ -70,10 +71,9 @@ def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str
 
         assert dataset is not None  # exactly one of gnd / dataset was given
         gt = load_ground_truth(dataset, root)
-    if gt.protocol != expect:
-        other = "oxford" if gt.protocol == "original" else gt.protocol
+    if gt.protocol.command != command:
         raise InputError(
-            f"this is {gt.protocol}-protocol ground truth; use 'oxbench evaluate {other}'",
+            f"this is {gt.protocol}-protocol ground truth; use 'oxbench evaluate {gt.protocol.command}'",
             gnd or dataset,
         )
     return gt
@@ -435,7 +435,7 @@ def oxford(
         if (
             dataset is not None
         ):  # the database is the dataset's images, not the names the gt files cite
-            gt = _load_gt(None, dataset, root, "original")
+            gt = _load_gt(None, dataset, root, "oxford")
             if gt_dir is not None:
                 gt = read_gt_dir(gt_dir, db_names=gt.db_names, dataset=gt.dataset)
         else:
@@ -451,7 +451,7 @@ def oxford(
         ):  # the gt files alone name only some images: no database size to compare with
             _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
     else:
-        gt = _load_gt(gnd, dataset, root, "original")
+        gt = _load_gt(gnd, dataset, root, "oxford")
         result = _score(gt, ks=k, **args)
     _emit(result, as_json, per_query)
 

@@ -266,7 +266,7 @@ class Revisited(_OnDisk):
 
     def ground_truth(self, spec: DatasetSpec, ddir: Path, *, strict: bool) -> GroundTruth:
         gt = self._read(spec, ddir)
-        if gt.protocol != "revisited":
+        if gt.protocol not in spec.protocols:
             raise InputError(
                 f"expected the revisited ground truth (easy/hard/junk), got {gt.protocol}",
                 gt.source,
@@ -284,7 +284,7 @@ class Revisited(_OnDisk):
         overlap = sorted(set(gt.query_names) & set(gt.db_names))
         if overlap:
             problems.append(f"{len(overlap)} query image(s) are in the database, e.g. {overlap[0]}")
-        if gt.protocol != "revisited":
+        if gt.protocol not in spec.protocols:
             problems.append(
                 f"{self._gnd(spec)} holds {gt.protocol}-protocol labels, not revisited ones"
             )

@@ -45,6 +45,7 @@ from oxbench.fileio import (
 )
 from oxbench.formats.revisitop import write_gnd
 from oxbench.groundtruth import GroundTruth, make_query
+from oxbench.protocol import get_protocol
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ def ground_truth(config: SynthConfig, db_records: list[dict[str, Any]]) -> Groun
             make_query(spec.name, spec.bbox, easy=lab["easy"], hard=lab["hard"], junk=lab["junk"])
         )
     return GroundTruth(
-        config.name, "revisited", names, tuple(queries), source=config.name
+        config.name, get_protocol("revisited"), names, tuple(queries), source=config.name
     ).validate()
 
 
