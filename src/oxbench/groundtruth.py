@@ -128,6 +128,8 @@ class Query:
         junk: ignored images (revisited Unclear, original junk, the Holidays query itself).
         query_id: original protocol: the query's id (``all_souls_1``, the stem of its
             ``_query.txt`` file), when known.
+        setups: the setups of the protocol the query is scored in (GLDv2: ``public`` or
+            ``private``); empty: every setup.
     """
 
     name: str
@@ -138,6 +140,7 @@ class Query:
     ok: IndexArray = field(default_factory=_empty)
     junk: IndexArray = field(default_factory=_empty)
     query_id: str | None = None
+    setups: tuple[str, ...] = ()
 
     @property
     def positives(self) -> IndexArray:
@@ -208,6 +211,13 @@ class GroundTruth:
                 )
         n = self.n_db
         for qi, q in enumerate(self.queries):
+            unknown = [s for s in q.setups if s not in self.protocol.setups]
+            if unknown:
+                raise InputError(
+                    f"query {qi} ({q.name}): setup {unknown[0]!r} is not one of the {self.protocol} "
+                    f"protocol's ({', '.join(self.protocol.setups)})",
+                    self.source,
+                )
             seen: dict[int, str] = {}
             for fname, arr in q.labels().items():
                 if arr.size and (arr[0] < 0 or arr[-1] >= n):

@@ -93,8 +93,20 @@ class Protocol(str):
         return f"<protocol {str(self)}>"
 
     # -- scoring ------------------------------------------------------------------------------
-    def evaluate(self, gt: Any, ranks: Any, **options: Any) -> Any:
-        """Score ranked lists ``[n_queries, k]`` of ``gt`` (an ``EvaluationResult``)."""
+    def evaluate(
+        self,
+        gt: Any,
+        ranks: Any,
+        *,
+        ks: Any = None,
+        n_distractors: int = 0,
+        padding: int | None = None,
+        gaps: bool = False,
+        source: str = "ranks",
+        scores: Any = None,
+    ) -> Any:
+        """Score ranked lists ``[n_queries, k]`` of ``gt`` (an ``EvaluationResult``); the
+        arguments are those of :func:`oxbench.evaluation.evaluate`."""
         raise NotImplementedError
 
     def evaluate_scores(self, gt: Any, scores: Any, **options: Any) -> Any:

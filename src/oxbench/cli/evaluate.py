@@ -10,6 +10,9 @@ and a table are printed)::
     oxbench evaluate oxford --gnd gnd_oxford5k.pkl --ranks RANKS [--json]
     oxbench evaluate holidays --results FILE [--images holidays_images.dat] [--ks 1,5,10] [--json]
     oxbench evaluate ukbench --ranks RANKS [--ks 4] [--json]
+    oxbench evaluate gldv2 --solution retrieval_solution_v2.1.csv --predictions submission.csv [--json]
+        (or --ranks R --query-names Q --index-names I)
+    oxbench evaluate ilias --gt DIR --similarities FILE.json|.pkl [--k 1000] [--taxonomy F] [--json]
     oxbench evaluate localization RUN_DIR [--root DIR] [--json]
 
 Inputs are read by :mod:`oxbench.formats.arrays`: ``.npy``, ``.npz`` and MATLAB ``.mat`` (``--key``
@@ -258,15 +261,27 @@ def _check_output(per_query: str | None) -> None:
         check_output_path(per_query)
 
 
-def _emit(result: Any, as_json: bool, per_query: str | None) -> None:
-    """Print the metrics, then write the per-query CSV (a failed write loses nothing printed)."""
+def _emit(result: Any, as_json: bool, per_query: str | None, also: Any = ()) -> None:
+    """Print the metrics (then any cross-protocol view, apart from the official numbers), then
+    write the per-query CSV (a failed write loses nothing printed)."""
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        payload = result.to_dict()
+        if also:
+            payload["also"] = {
+                v.name: {"setups": {s: m for s, m in v.means.items()}, "note": v.note} for v in also
+            }
+        click.echo(json.dumps(payload))
     else:
         for line in result.lines():
             click.echo(line)
         click.echo("")
         click.echo(result.table())
+        for v in also:
+            letters = result.protocol.letters
+            values = ", ".join(f"{letters.get(s, s)}: {100 * m:.2f}" for s, m in v.means.items())
+            click.echo("")
+            click.echo(f"{result.dataset}: {v.name} (not official) {values}")
+            click.echo(f"note: {v.note}")
     if per_query is not None:
         from oxbench.fileio import atomic_write_text
         from oxbench.report.tables import csv_text
@@ -352,30 +367,60 @@ def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group("evaluate")
 def evaluate() -> None:
-    """Score a ranking with an official protocol (revisited, oxford, holidays, ukbench), or a run's boxes (localization)."""
+    """Score a ranking with an official protocol (revisited, oxford, holidays, ukbench, gldv2, ilias), or a run's boxes (localization)."""
 
 
 @evaluate.command("revisited")
 @click.option("--gnd", type=click.Path(), help="Revisited ground truth, e.g. gnd_roxford5k.pkl.")
 @_inputs
 @_ks_option(_KS_HELP)
+@click.option(
+    "--also",
+    "views",
+    multiple=True,
+    help="Also print another toolkit's number on the same --ranks, beside (never in) the official "
+    "line: map@K (MIEB/MTEB's map_cut, e.g. map@5). Repeatable.",
+)
 @_common
 def revisited(
     gnd: str | None,
     dataset: str | None,
     root: str | None,
     ks: str | None,
+    views: tuple[str, ...],
     as_json: bool,
     per_query: str | None,
     **inputs: Any,
 ) -> None:
     """Revisited Oxford/Paris: mAP and capped mP@K for the Easy, Medium and Hard setups (revisitop's
     compute_map, exactly)."""
+    from oxbench.evaluation.views import parse_view
+
     k = _parse_ks(ks)
+    asked = [parse_view(v) for v in views]
+    if asked and inputs["ranks"] is None:
+        raise InputError("--also scores --ranks (the ranked lists the views read)")
     _check_output(per_query)
     gt = _load_gt(gnd, dataset, root, "revisited")
-    result = _score(gt, ks=k, **_input_args(inputs))
-    _emit(result, as_json, per_query)
+    args = _input_args(inputs)
+    result = _score(gt, ks=k, **args)
+    also = []
+    if asked:
+        from oxbench.evaluation.views import map_at_k
+
+        arr, pad = _read_rank_file(args["ranks"], args["key"], args["padding"], gt.n_queries)
+        for _, cutoff in asked:
+            also.append(
+                map_at_k(
+                    gt,
+                    arr,
+                    cutoff,
+                    n_distractors=args["n_distractors"],
+                    padding=pad,
+                    source=args["ranks"],
+                )
+            )
+    _emit(result, as_json, per_query, also)
 
 
 def _input_args(inputs: dict[str, Any]) -> dict[str, Any]:
@@ -562,6 +607,144 @@ def ukbench(
     else:
         result = evaluate_scores(gt, arr, ks=k, source=path)
     _emit(result, as_json, per_query)
+
+
+@evaluate.command("gldv2")
+@click.option(
+    "--solution",
+    required=True,
+    type=click.Path(),
+    help="retrieval_solution_v2.1.csv (id,images,Usage: Public, Private or Ignored).",
+)
+@click.option(
+    "--predictions",
+    type=click.Path(),
+    help="A Kaggle submission (id,images: predicted index ids, best first, space-separated).",
+)
+@click.option(
+    "--ranks",
+    type=click.Path(),
+    help="Or ranks (.npy .npz .mat, revisitop layout: rows = ranked positions, columns = queries; "
+    ".ivecs or text: one query a line), with --query-names and --index-names.",
+)
+@click.option("--query-names", type=click.Path(), help="The test image id of each ranked list.")
+@click.option(
+    "--index-names", type=click.Path(), help="The index image id of each database index in --ranks."
+)
+@_key_options
+@_ks_option("Comma-separated k of mP@k (at most 100).  [default: 1,5,10,50,100]")
+@_common
+def gldv2(
+    solution: str,
+    predictions: str | None,
+    ranks: str | None,
+    query_names: str | None,
+    index_names: str | None,
+    key: str | None,
+    padding: str | None,
+    ks: str | None,
+    as_json: bool,
+    per_query: str | None,
+) -> None:
+    """Google Landmarks v2 retrieval: mAP@100 and mP@k of the Public and Private test images, as the
+    challenge's metrics.py computes them (a repeated prediction keeps its position; a query
+    without a prediction counts 0)."""
+    from oxbench.evaluation.protocols.gldv2 import score_predictions
+    from oxbench.formats.gldv2 import read_predictions, read_solution
+
+    k = _parse_ks(ks)
+    _check_output(per_query)
+    if (predictions is None) == (ranks is None):
+        raise InputError("give exactly one of --predictions or --ranks")
+    if ranks is None and (query_names or index_names or key or padding):
+        raise InputError("--query-names, --index-names, --key and --padding go with --ranks")
+    sol = read_solution(solution)
+    if predictions is not None:
+        gt = sol.ground_truth()
+        read = read_predictions(predictions, gt, sol.ignored)
+        result = score_predictions(gt, read.order, read.predicted, ks=k)
+    else:
+        from oxbench.evaluation import evaluate as evaluate_ranks
+        from oxbench.formats.arrays import read_names, read_ranks
+
+        if query_names is None or index_names is None:
+            raise InputError("--ranks needs --query-names and --index-names")
+        assert ranks is not None
+        names = read_names(query_names)
+        gt = sol.ground_truth(read_names(index_names))
+        arr = read_ranks(ranks, key=key, padding=None if padding is None else int(padding))
+        if arr.shape[0] != len(names):
+            raise InputError(
+                f"ranks hold {arr.shape[0]} lists but --query-names names {len(names)}", ranks
+            )
+        row_of = {n: i for i, n in enumerate(names)}
+        if len(row_of) != len(names):
+            raise InputError("a test image is named twice", query_names)
+        unknown = [n for n in names if n not in set(gt.query_names) and n not in sol.ignored]
+        if unknown:
+            raise InputError(f"test image {unknown[0]} is not in the solution", query_names)
+        missing = [q for q in gt.query_names if q not in row_of]
+        rows = [row_of.get(q, -1) for q in gt.query_names]
+        import numpy as np
+
+        full = np.full((gt.n_queries, arr.shape[1]), -1, dtype=np.int64)
+        for qi, r in enumerate(rows):
+            if r >= 0:
+                full[qi] = arr[r]
+        if missing:
+            click.echo(
+                f"{ranks}: {len(missing)} test images of the solution have no list (they score 0)",
+                err=True,
+            )
+        result = evaluate_ranks(gt, full, ks=k, padding=-1, source=ranks)
+    _emit(result, as_json, per_query)
+
+
+@evaluate.command("ilias")
+@click.option(
+    "--gt",
+    "gt_dir",
+    required=True,
+    type=click.Path(),
+    help="The ILIAS folder holding image_ids/ (image_query_ids.txt, text_query_ids.txt, "
+    "positive_ids.txt).",
+)
+@click.option(
+    "--similarities",
+    required=True,
+    type=click.Path(),
+    help="knn_search's output: .json {query: {db id: score}} or .pkl (query_ids, db_ids, sims, "
+    "ranks).",
+)
+@click.option("--k", "k_text", default="1000", show_default=True, help="The k of mAP@k.")
+@click.option(
+    "--taxonomy", type=click.Path(), help="misc/taxonomy.json, for the per-category breakdown."
+)
+@_common
+def ilias(
+    gt_dir: str,
+    similarities: str,
+    k_text: str,
+    taxonomy: str | None,
+    as_json: bool,
+    per_query: str | None,
+) -> None:
+    """ILIAS: mAP@k as ilias-vrg/ilias evaluation/src/dataset.py computes it (the top k by score,
+    tied scores one threshold, AP rescaled by hits / min(k, positives)), the oracle, per scale and
+    per clutter group and, with --taxonomy, per category; queries absent from the file are skipped
+    and named."""
+    from oxbench import schema
+    from oxbench.evaluation.protocols.ilias import MAX_K, IliasScorer
+    from oxbench.formats.ilias import ground_truth, read_ids, read_similarities, read_taxonomy
+
+    k = schema.Int(lo=1, hi=MAX_K).parse("k", k_text, what="option")
+    _check_output(per_query)
+    tax = None if taxonomy is None else read_taxonomy(taxonomy)
+    gt = ground_truth(read_ids(gt_dir), taxonomy=tax)
+    scorer = IliasScorer(gt, k)
+    for q, ids, scores in read_similarities(similarities, gt):
+        scorer.add(q, ids, scores)
+    _emit(scorer.result(source=similarities), as_json, per_query)
 
 
 @evaluate.command("localization")

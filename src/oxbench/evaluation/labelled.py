@@ -153,7 +153,7 @@ def query_labels(gt: GroundTruth) -> list[K.Labels]:
     revisited: easy -> EASY, hard -> HARD, junk -> JUNK; other protocols: good + ok (+ easy + hard)
     -> POSITIVE, junk -> JUNK.
     """
-    protocol = _labelled(gt)
+    protocol = as_labelled(gt)
     out: list[K.Labels] = []
     for q in gt.queries:
         parts = protocol.query_label_parts(q)
@@ -164,7 +164,8 @@ def query_labels(gt: GroundTruth) -> list[K.Labels]:
     return out
 
 
-def _labelled(gt: GroundTruth) -> LabelledProtocol:
+def as_labelled(gt: GroundTruth) -> LabelledProtocol:
+    """The protocol of ``gt``, which must be scored by label (one line otherwise)."""
     if not isinstance(gt.protocol, LabelledProtocol):
         raise InputError(f"{gt.dataset}: the {gt.protocol} protocol is not scored by label")
     return gt.protocol
@@ -237,7 +238,7 @@ def score_found(
     Raises:
         InputError: a setup in which every query has no positives.
     """
-    protocol = _labelled(gt)
+    protocol = as_labelled(gt)
     ks = _check_ks(ks, protocol)
     nq = gt.n_queries
     setups: dict[str, SetupResult] = {}
@@ -476,9 +477,34 @@ def evaluate_labelled(
     scores: ArrayLike | None = None,
 ) -> EvaluationResult:
     """:func:`evaluate` for a protocol of labelled ground truth (``scores`` are not used)."""
-    protocol = _labelled(gt)
+    ks = _check_ks(ks, as_labelled(gt))
     n_distractors = _check_distractors(n_distractors)
-    ks = _check_ks(ks, protocol)
+    labels, found = labelled_positions(
+        gt, ranks, n_distractors=n_distractors, padding=padding, gaps=gaps, source=source
+    )
+    return score_found(
+        gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source
+    )
+
+
+def labelled_positions(
+    gt: GroundTruth,
+    ranks: ArrayLike,
+    *,
+    n_distractors: int = 0,
+    padding: int | None = None,
+    gaps: bool = False,
+    source: str = "ranks",
+) -> tuple[list[K.Labels], list[K.Found]]:
+    """Validate ranked lists ``[n_queries, k]`` of labelled ground truth and find, per query, the
+    positions and codes of its labelled images (what :func:`score_found` and the cross-protocol
+    views of :mod:`oxbench.evaluation.views` score).
+
+    Raises:
+        InputError: as :func:`evaluate`.
+    """
+    protocol = as_labelled(gt)
+    n_distractors = _check_distractors(n_distractors)
     gt.validate()
     arr = np.asarray(ranks)
     if arr.ndim != 2:
@@ -510,9 +536,7 @@ def evaluate_labelled(
         source=source,
         minus_one=padding == -1 or gaps,
     )
-    return score_found(
-        gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source
-    )
+    return labels, found
 
 
 def _check_scores(gt: GroundTruth, scores: np.ndarray, n_distractors: int, source: str) -> None:
