@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from oxbench.datasets import DATASETS, get_spec, import_dataset, load, verify
-from oxbench.datasets.catalog import PARIS_CORRUPT
+from oxbench.datasets.families._oxford_paris import PARIS_CORRUPT
 from oxbench.datasets.lock import LockFile
 from oxbench.errors import InputError
 

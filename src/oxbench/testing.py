@@ -81,27 +81,9 @@ def make_tiny_root(root: str | Path) -> Path:
     """A tiny synthetic test city (40 database images, 4 queries) and training city (30 images)
     under ``root``, 320 x 240 pixels (about 2 s; needs opencv and Pillow; a complete set already
     there is kept). Returns ``root``."""
-    from oxbench.datasets.synthetic.config import SynthConfig
-    from oxbench.datasets.synthetic.generate import generate
+    from oxbench.datasets.synthetic.generate import make_tiny_cities
 
-    root = Path(root)
-    common: dict[str, Any] = {"landmarks": 2, "image_size": (320, 240), "generic_buildings": 4}
-    generate(
-        root / "synthetic",
-        SynthConfig(db_size=40, queries_per_landmark=2, **common),
-        workers=1,
-        progress=False,
-    )
-    train = SynthConfig(
-        name="synthetic-train",
-        city="southbridge",
-        seed=1,
-        db_size=30,
-        queries_per_landmark=1,
-        **common,
-    )
-    generate(root / "synthetic-train", train, workers=1, progress=False)
-    return root
+    return make_tiny_cities(root)
 
 
 # ------------------------------------------------------------------------------ families

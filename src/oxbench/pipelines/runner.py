@@ -49,7 +49,7 @@ import numpy as np
 from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
-from oxbench.datasets.spec import get_spec
+from oxbench.datasets.catalog import get_spec
 from oxbench.datasets.synthetic.distractor_kinds import kind_tag
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
