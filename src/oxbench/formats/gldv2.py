@@ -126,6 +126,42 @@ def _rows(path: str | Path, header: tuple[str, ...]) -> list[tuple[int, list[str
     return out
 
 
+def read_index(path: str | Path) -> tuple[str, ...]:
+    """The index image ids of ``index.csv`` (a header whose first column is ``id``; the other
+    columns, ``url`` ..., are not read), in file order.
+
+    Raises:
+        InputError: another header, an empty or malformed id, an id listed twice.
+    """
+    data = read_input_bytes(path)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte {exc.start})", path) from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = [(reader.line_num, row) for row in reader]
+    except csv.Error as exc:
+        raise InputError(f"line {reader.line_num}: malformed CSV ({exc})", path) from None
+    if not rows or not rows[0][1] or rows[0][1][0] != "id":
+        raise InputError("the first line must be a header whose first column is id", path)
+    ids: list[str] = []
+    seen: set[str] = set()
+    for line, row in rows[1:]:
+        if not row:
+            continue
+        image = row[0]
+        if not image or image != image.strip() or "\x00" in image:
+            raise InputError(f"line {line}: malformed index image id {image[:60]!r}", path)
+        if image in seen:
+            raise InputError(f"line {line}: index image {image} is listed twice", path)
+        seen.add(image)
+        ids.append(image)
+    if not ids:
+        raise InputError("no index image", path)
+    return tuple(ids)
+
+
 def read_solution(path: str | Path) -> Gldv2Solution:
     """Read ``retrieval_solution_v2.1.csv`` (``id,images,Usage``).
 

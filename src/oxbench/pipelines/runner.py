@@ -830,7 +830,11 @@ def execute(
     search = search.top(keep)
     with ctx.timed("evaluate"):
         result = evaluate(
-            bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(loaded.config_dir)
+            bench.gt,
+            search.ranks,
+            n_distractors=bench.n_distractors,
+            source=str(loaded.config_dir),
+            scores=search.scores,  # the protocols that score ties (ILIAS) read them
         )
     clock = prepared.started
     timings = {

@@ -288,8 +288,11 @@ def _lists_from_ranks(
         pad = np.flatnonzero(row < 0)
         if pad.size:
             n = int(pad[0])
-        # without scores, the order of the list is the ranking: strictly decreasing, no ties
-        s = -np.arange(n, dtype=np.float64) if scores is None else np.asarray(scores[q][:n])
+        s = None if scores is None else np.asarray(scores[q][:n])
+        if s is None or (s.size > 1 and bool((np.diff(s) > 0).any())):
+            # no scores, or scores out of the ranking's order (a re-ranker's verified images
+            # carry inlier counts): the ranking is the order, strictly decreasing, no ties
+            s = -np.arange(n, dtype=np.float64)
         yield q, row[:n], s
 
 
@@ -318,7 +321,8 @@ class Ilias(Protocol):
         k: int = DEFAULT_K,
     ) -> EvaluationResult:
         """Ranked lists ``[n_queries, k']`` of database indices (-1 padding ends a list), with
-        their ``scores`` (ties are one threshold) or without (the order is then the ranking)."""
+        their ``scores`` (ties are one threshold) or without (the order is then the ranking, as it
+        is for a list whose scores do not follow it)."""
         from oxbench.evaluation.labelled import check_rank_values
 
         if not isinstance(gt, IliasGroundTruth):
