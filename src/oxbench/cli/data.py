@@ -32,6 +32,7 @@ class _DatasetRow(TypedDict):
     state: str
     image_files: int
     size_on_disk: int
+    origin: str
 
 
 def _fmt_size(n: int) -> str:
@@ -107,6 +108,7 @@ def list_cmd(root: Path | None, as_json: bool) -> None:
                 "state": st.state,
                 "image_files": st.image_files,
                 "size_on_disk": st.size_bytes,
+                "origin": str(DATASETS.origin(name)),
             }
         )
     if as_json:
@@ -122,9 +124,11 @@ def list_cmd(root: Path | None, as_json: bool) -> None:
         images = "generated" if synthetic else f"{r['images']:,}"
         queries = "-" if synthetic else f"{r['queries']:,}"
         disk = _on_disk(status[r["id"]])
+        origin = DATASETS.origin(r["id"])
+        plugin = "" if origin.builtin else f" [from {origin}]"
         click.echo(
             f"{r['id']:<16} {images:>10} {queries:>8}  {','.join(r['protocols']) or '-':<10} "
-            f"{size:>10} {disk:>16}  {r['title']}"
+            f"{size:>10} {disk:>16}  {r['title']}{plugin}"
         )
 
 
