@@ -333,3 +333,18 @@ def test_a_file_with_no_query_of_the_ground_truth_is_refused(layout, tmp_path):
     (tmp_path / "empty.json").write_text("{}")
     with pytest.raises(InputError, match="no query of the ground truth was scored"):
         score_file(root, tmp_path / "empty.json")
+
+
+def test_the_scale_bench_streams_the_same_numbers_as_the_in_ram_scorer(tmp_path):
+    """bench/bench_ilias.py at its quick size: the top-k stream equals the full-matrix scorer."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_ilias.py"
+    spec = importlib.util.spec_from_file_location("bench_ilias", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = module.main(["--small", "--out", str(tmp_path)])
+    assert out["small_equal"] is True and 0 < out["map"] < 100
+    assert out["stream_bytes"] < out["matrix_bytes_avoided"]
+    assert json.loads((tmp_path / "bench_ilias.json").read_text())["k"] == 100
