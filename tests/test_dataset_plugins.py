@@ -6,12 +6,10 @@ the datasets import no module in a circle."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +18,9 @@ import pytest
 import oxbench
 from oxbench.datasets import DATASETS
 from oxbench.testing import check_dataset
+from test_architecture import import_edges
+from test_plugins import _write, install_into
+from test_protocols import TOY_PROTOCOL
 
 SRC = Path(oxbench.__file__).resolve().parents[1]
 
@@ -79,48 +80,8 @@ requires-python = ">=3.11"
 toyland = "oxtoy.dataset"
 
 [project.entry-points."oxbench.protocols"]
-first-hit = "oxtoy.protocol:FIRST_HIT"
+first-hit = "oxtoy.protocol"
 """
-
-PROTOCOL = '''
-"""success@1: is the first result one of the query's positives? One setup."""
-import numpy as np
-
-from oxbench.evaluation.result import EvaluationResult, SetupResult
-from oxbench.protocol import Headline, Protocol
-
-
-class FirstHit(Protocol):
-    setups = ("first",)
-    labels = ("positive", "negative")
-    setup_labels = {"first": (frozenset({"positive"}), frozenset())}
-    command = "first-hit"
-    headline_metric = Headline("success@1", "ap")
-
-    def evaluate(self, gt, ranks, **options):
-        ranks = np.asarray(ranks)
-        hit = np.array([float(r[0] in q.good) for r, q in zip(ranks, gt.queries)])
-        n_pos = np.array([q.good.size for q in gt.queries])
-        setup = SetupResult(map=float(hit.mean()), mp_at_k={}, ap=hit,
-                            p_at_k=np.zeros((len(hit), 0)), n_positives=n_pos)
-        return EvaluationResult(gt.dataset, self, {"first": setup}, ks=(),
-                                query_names=gt.query_names)
-
-    def lines(self, result):
-        return [f"{result.dataset}: success@1 {100 * result['first'].map:.2f}"]
-
-    def table(self, result):
-        return ["setup", "success@1"], [["first", f"{100 * result['first'].map:.2f}"]]
-
-    def result_dict(self, result):
-        return {"success@1": result["first"].map}
-
-    def stored_means(self, metrics, per_query):
-        yield "success@1", metrics["success@1"], "first", "ap"
-
-
-FIRST_HIT = FirstHit("first-hit")
-'''
 
 DATASET = '''
 """Toyland: truth.json ({"database": [names], "queries": {name: [positive names]}}) plus jpg/."""
@@ -184,14 +145,6 @@ register(DatasetSpec(
 '''
 
 
-def _write(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(textwrap.dedent(text))
-    return root
-
-
 def _python(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(SRC)])}
     env.pop("OXBENCH_CLUSTER", None)
@@ -211,17 +164,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         {
             "pyproject.toml": PYPROJECT,
             "src/oxtoy/__init__.py": '"""A toy benchmark and its protocol."""\n',
-            "src/oxtoy/protocol.py": PROTOCOL,
+            "src/oxtoy/protocol.py": TOY_PROTOCOL,
             "src/oxtoy/dataset.py": DATASET,
         },
     )
-    target = tmp / "site"
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
-    pip += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
-    done = subprocess.run(
-        [*pip, str(package)], capture_output=True, text=True, timeout=300, cwd=tmp
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    target = install_into(package, tmp / "site")
     assert (target / "oxtoy-0.1.dist-info" / "entry_points.txt").is_file()
     return target
 
@@ -332,47 +279,11 @@ def test_ilias_runs_on_descriptor_files_with_no_image_on_disk(tmp_path: Path, ca
     capsys.readouterr()
 
 
-def test_the_datasets_import_no_module_in_a_circle() -> None:
-    """Static imports and importlib.import_module of a literal name are both edges."""
-    src = Path(oxbench.__file__).parent
-    modules = {
-        ".".join(p.relative_to(src.parent).with_suffix("").parts): p
-        for p in (src / "datasets").rglob("*.py")
-        if p.name != "__init__.py"
-    }
-    edges: dict[str, set[str]] = {m: set() for m in modules}
-    for m, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "import_module"
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                targets = [str(node.args[0].value)]
-            edges[m].update(t for t in targets if t in modules and t != m)
-    state: dict[str, int] = {}
-
-    def visit(m: str, stack: list[str]) -> None:
-        state[m] = 1
-        for n in sorted(edges[m]):
-            assert state.get(n) != 1, f"import circle: {' -> '.join([*stack, m, n])}"
-            if n not in state:
-                visit(n, [*stack, m])
-        state[m] = 2
-
-    for m in sorted(modules):
-        if m not in state:
-            visit(m, [])
+def test_no_dataset_family_imports_another() -> None:
+    """Imports, and importlib.import_module of a literal name, are both edges (the circles of the
+    whole package: test_architecture)."""
+    edges = import_edges("datasets")
     # no family imports another family (what two share is content: _oxford_paris)
-    families = [
-        m for m in modules if ".families." in m and not m.rsplit(".", 1)[-1].startswith("_")
-    ]
+    families = [m for m in edges if ".families." in m and not m.rsplit(".", 1)[-1].startswith("_")]
     for m in families:
         assert not (edges[m] & set(families)), f"{m} imports another family"

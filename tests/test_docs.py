@@ -271,7 +271,9 @@ def make_ilias_ids(folder: Path) -> None:
     ids = folder / "image_ids"
     ids.mkdir(parents=True)
     a, b = _ILIAS_INSTANCES
-    (ids / "image_query_ids.txt").write_text(f"{a}/query/Q000_00.jpg,{a}\n{b}/query/Q001_00.jpg,{b}\n")
+    (ids / "image_query_ids.txt").write_text(
+        f"{a}/query/Q000_00.jpg,{a}\n{b}/query/Q001_00.jpg,{b}\n"
+    )
     (ids / "text_query_ids.txt").write_text(f"{a}/query/T000.txt\n{b}/query/T001.txt\n")
     (ids / "positive_ids.txt").write_text(
         f"{a}/pos/P000_00.jpg,0.05,10\n{a}/pos/P000_01.jpg,0.2,40\n{b}/pos/P001_00.jpg,0.5,60\n"

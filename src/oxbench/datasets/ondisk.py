@@ -22,6 +22,7 @@ import numpy as np
 from oxbench.datasets.base import Benchmark, CropConvention, FileImages
 from oxbench.datasets.spec import DatasetFamily, DatasetSpec
 from oxbench.errors import InputError, require
+from oxbench.groundtruth import GroundTruth
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +68,29 @@ def file_images(
     *,
     check: bool = True,
 ) -> FileImages:
-    img_dir = ddir / folder
-    paths = tuple(img_dir / f"{n}{IMAGE_EXT}" for n in names)
+    """``<ddir>/<folder>/<name>.jpg`` per name (each present, with ``check``)."""
+    return images_at(spec, ddir, names, image_files(names, folder), check=check, where=folder)
+
+
+def images_at(
+    spec: DatasetSpec,
+    ddir: Path,
+    names: Sequence[str],
+    files: Sequence[str],
+    *,
+    check: bool = True,
+    where: str | None = None,
+) -> FileImages:
+    """The images ``files`` (relative to ``ddir``) under ``names``; with ``check``, a missing one
+    is one line with the remedy, naming the folder ``where`` (default: the missing image's)."""
+    paths = tuple(ddir / f for f in files)
     if check:
         missing = [p for p in paths if not p.is_file()]
         if missing:
             raise InputError(
                 f"{len(missing)} of {len(paths)} image(s) of {spec.id} are missing (first: "
                 f"{missing[0].name}); {remedy(spec, ddir.parent)}",
-                img_dir,
+                missing[0].parent if where is None else ddir / where,
             )
     return FileImages(tuple(names), paths)
 
@@ -142,6 +157,13 @@ class OnDisk(DatasetFamily):
     #: listing of ``jpg/`` itself).
     check_database: ClassVar[bool] = True
 
+    def image_layout(
+        self, spec: DatasetSpec, gt: GroundTruth
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The database and query image files, relative to the dataset folder
+        (default ``jpg/<name>.jpg``)."""
+        return image_files(gt.db_names), image_files(gt.query_names)
+
     def _benchmark(
         self,
         spec: DatasetSpec,
@@ -151,13 +173,14 @@ class OnDisk(DatasetFamily):
         strict: bool,
         options: Mapping[str, str],
     ) -> Benchmark:
-        """Ground truth plus ``jpg/<name>.jpg`` for database and query images."""
+        """The ground truth plus its images (:meth:`image_layout`)."""
         gt = self.ground_truth(spec, ddir, strict=strict)
+        db_files, query_files = self.image_layout(spec, gt)
         return Benchmark(
             id=spec.id,
             gt=gt,
-            database=file_images(spec, ddir, gt.db_names, check=self.check_database),
-            queries=file_images(spec, ddir, gt.query_names),
+            database=images_at(spec, ddir, gt.db_names, db_files, check=self.check_database),
+            queries=images_at(spec, ddir, gt.query_names, query_files),
             protocols=spec.protocols,
             root=ddir,
             crop=crop,

@@ -394,6 +394,39 @@ def check_rank_values(
     return int(hi) + 1
 
 
+def ranked_lists(
+    gt: GroundTruth,
+    ranks: ArrayLike,
+    *,
+    n_distractors: int = 0,
+    padding: int | None = None,
+    source: str = "ranks",
+) -> list[NDArray[np.int64]]:
+    """Validate ranked lists ``[n_queries, k]`` of ``gt`` and return each query's list, a -1
+    padding (with ``padding=-1``) ending it: what the protocols that read lists as lists (GLDv2,
+    ILIAS) score.
+
+    Raises:
+        InputError: not one row per query; values as :func:`check_rank_values` refuses them.
+    """
+    gt.validate()
+    arr = np.asarray(ranks)
+    if arr.ndim != 2 or arr.shape[0] != gt.n_queries:
+        raise InputError(
+            f"ranks must be [n_queries, k] with one row per query ({gt.n_queries}), got shape "
+            f"{arr.shape}",
+            source,
+        )
+    n_index = gt.n_db + _check_distractors(n_distractors)
+    check_rank_values(arr, gt.n_db, n_index, padding=padding, names=gt.query_names, source=source)
+    out = []
+    for q in range(gt.n_queries):
+        row = np.asarray(arr[q], dtype=np.int64)
+        end = np.flatnonzero(row < 0)
+        out.append(row if end.size == 0 else row[: end[0]])
+    return out
+
+
 def evaluate(
     gt: GroundTruth,
     ranks: ArrayLike,

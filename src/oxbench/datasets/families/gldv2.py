@@ -11,11 +11,9 @@ Scored by the ``gldv2`` protocol (:mod:`oxbench.evaluation.protocols.gldv2`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from oxbench.datasets.base import Benchmark, CropConvention, FileImages
 from oxbench.datasets.catalog import register
 from oxbench.datasets.ondisk import (
     IMAGE_EXT,
@@ -61,35 +59,12 @@ class Gldv2Retrieval(OnDisk):
         check_count(spec, "Public and Private queries", gt.n_queries, spec.n_queries, strict, ddir)
         return gt
 
-    def _paths(self, ddir: Path, part: str, names: Sequence[str]) -> FileImages:
-        paths = tuple(ddir / image_path(part, n) for n in names)
-        missing = next((p for p in paths if not p.is_file()), None)
-        if missing is not None:
-            raise InputError(
-                f"image {missing.name} is missing; runs on descriptor files read no image "
-                "(--method features)",
-                missing,
-            )
-        return FileImages(tuple(names), paths)
-
-    def _benchmark(
-        self,
-        spec: DatasetSpec,
-        ddir: Path,
-        *,
-        crop: CropConvention,
-        strict: bool,
-        options: Mapping[str, str],
-    ) -> Benchmark:
-        gt = self.ground_truth(spec, ddir, strict=strict)
-        return Benchmark(
-            id=spec.id,
-            gt=gt,
-            database=self._paths(ddir, "index", gt.db_names),
-            queries=self._paths(ddir, "test", gt.query_names),
-            protocols=spec.protocols,
-            root=ddir,
-            crop=crop,
+    def image_layout(
+        self, spec: DatasetSpec, gt: GroundTruth
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return (
+            tuple(image_path("index", n) for n in gt.db_names),
+            tuple(image_path("test", n) for n in gt.query_names),
         )
 
     def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
@@ -97,8 +72,7 @@ class Gldv2Retrieval(OnDisk):
             gt = self.ground_truth(spec, ddir, strict=False)
         except InputError as exc:
             return VerifyPlan((), ground_truth=(str(exc),))
-        db = tuple(image_path("index", n) for n in gt.db_names)
-        queries = tuple(image_path("test", n) for n in gt.query_names)
+        db, queries = self.image_layout(spec, gt)
         return VerifyPlan(
             db + queries,
             counts=(

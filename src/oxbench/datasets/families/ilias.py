@@ -14,11 +14,11 @@ protocol (:mod:`oxbench.evaluation.protocols.ilias`): mAP@1k, per scale and clut
 from __future__ import annotations
 
 import gzip
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from oxbench.datasets.base import Benchmark, CropConvention, FileImages
+import numpy as np
+
 from oxbench.datasets.catalog import register
 from oxbench.datasets.ondisk import IMAGE_EXT, OnDisk, check_count, require_dir, write_tiny_jpegs
 from oxbench.datasets.spec import CountCheck, DatasetSpec, Placement, VerifyPlan
@@ -106,52 +106,25 @@ class IliasFamily(OnDisk):
         check_count(spec, "image queries", gt.n_queries, spec.n_queries, strict, ddir)
         return gt, len(ids.positives)
 
-    def _files(self, names: Sequence[str], n_positives: int) -> tuple[str, ...]:
-        return tuple(
-            f"{n}{IMAGE_EXT}" if i < n_positives else f"{DISTRACTOR_DIR}/{n}{IMAGE_EXT}"
-            for i, n in enumerate(names)
+    def image_layout(
+        self, spec: DatasetSpec, gt: GroundTruth
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Positives and queries in the ``ilias_core`` layout, distractors in ``yfcc100m/``."""
+        annotated = np.isfinite(getattr(gt, "scale", np.zeros(0)))  # the positives
+        db = tuple(
+            f"{n}{IMAGE_EXT}"
+            if i < annotated.size and annotated[i]
+            else f"{DISTRACTOR_DIR}/{n}{IMAGE_EXT}"
+            for i, n in enumerate(gt.db_names)
         )
-
-    def _images(self, ddir: Path, names: Sequence[str], files: Sequence[str]) -> FileImages:
-        paths = tuple(ddir / f for f in files)
-        missing = next((p for p in paths if not p.is_file()), None)
-        if missing is not None:
-            raise InputError(
-                f"image {missing.name} is missing; runs on descriptor files read no image "
-                "(--method features)",
-                missing,
-            )
-        return FileImages(tuple(names), paths)
-
-    def _benchmark(
-        self,
-        spec: DatasetSpec,
-        ddir: Path,
-        *,
-        crop: CropConvention,
-        strict: bool,
-        options: Mapping[str, str],
-    ) -> Benchmark:
-        gt, n_pos = self._read(spec, ddir, strict=strict)
-        return Benchmark(
-            id=spec.id,
-            gt=gt,
-            database=self._images(ddir, gt.db_names, self._files(gt.db_names, n_pos)),
-            queries=self._images(
-                ddir, gt.query_names, tuple(f"{q}{IMAGE_EXT}" for q in gt.query_names)
-            ),
-            protocols=spec.protocols,
-            root=ddir,
-            crop=crop,
-        )
+        return db, tuple(f"{q}{IMAGE_EXT}" for q in gt.query_names)
 
     def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
         try:
             gt, n_pos = self._read(spec, ddir, strict=False)
         except InputError as exc:
             return VerifyPlan((), ground_truth=(str(exc),))
-        db = self._files(gt.db_names, n_pos)
-        queries = tuple(f"{q}{IMAGE_EXT}" for q in gt.query_names)
+        db, queries = self.image_layout(spec, gt)
         return VerifyPlan(
             db + queries,
             counts=(

@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from oxbench.errors import InputError
-from oxbench.evaluation.labelled import check_rank_values, json_float, pct
+from oxbench.evaluation.labelled import json_float, pct, ranked_lists
 from oxbench.evaluation.result import EvaluationResult, SetupResult
 from oxbench.groundtruth import GroundTruth
 from oxbench.protocol import Headline, Protocol, register_protocol
@@ -69,27 +69,8 @@ class Gldv2(Protocol):
     ) -> EvaluationResult:
         """Ranked lists ``[n_queries, k]`` of database indices: each row is its query's prediction
         (a -1 padding ends it); only the first :data:`MAX_PREDICTIONS` count."""
-        gt.validate()
-        arr = np.asarray(ranks)
-        if arr.ndim != 2 or arr.shape[0] != gt.n_queries:
-            raise InputError(
-                f"ranks must be [n_queries, k] with one row per query ({gt.n_queries}), got shape "
-                f"{arr.shape}",
-                source,
-            )
-        check_rank_values(
-            arr,
-            gt.n_db,
-            gt.n_db + n_distractors,
-            padding=padding,
-            names=gt.query_names,
-            source=source,
-        )
-        predicted = []
-        for q in range(gt.n_queries):
-            row = np.asarray(arr[q, :MAX_PREDICTIONS], dtype=np.int64)
-            end = np.flatnonzero(row < 0)
-            predicted.append(row if end.size == 0 else row[: end[0]])
+        lists = ranked_lists(gt, ranks, n_distractors=n_distractors, padding=padding, source=source)
+        predicted = [row[:MAX_PREDICTIONS] for row in lists]
         return score_predictions(
             gt, tuple(range(gt.n_queries)), predicted, ks=ks, n_distractors=n_distractors
         )

@@ -279,21 +279,17 @@ def check_k(k: Any) -> int:
     return int(schema.Int(lo=1, hi=MAX_K).check("k", k, what="option"))
 
 
-def _lists_from_ranks(
-    ranks: NDArray[np.integer], scores: NDArray[Any] | None
+def _lists_with_scores(
+    lists: Sequence[NDArray[np.int64]], scores: NDArray[Any] | None
 ) -> Iterator[tuple[int, NDArray[np.int64], NDArray[Any]]]:
-    for q in range(ranks.shape[0]):
-        row = np.asarray(ranks[q], dtype=np.int64)
+    for q, row in enumerate(lists):
         n = row.size
-        pad = np.flatnonzero(row < 0)
-        if pad.size:
-            n = int(pad[0])
         s = None if scores is None else np.asarray(scores[q][:n])
         if s is None or (s.size > 1 and bool((np.diff(s) > 0).any())):
             # no scores, or scores out of the ranking's order (a re-ranker's verified images
             # carry inlier counts): the ranking is the order, strictly decreasing, no ties
             s = -np.arange(n, dtype=np.float64)
-        yield q, row[:n], s
+        yield q, row, s
 
 
 class Ilias(Protocol):
@@ -323,38 +319,24 @@ class Ilias(Protocol):
         """Ranked lists ``[n_queries, k']`` of database indices (-1 padding ends a list), with
         their ``scores`` (ties are one threshold) or without (the order is then the ranking, as it
         is for a list whose scores do not follow it)."""
-        from oxbench.evaluation.labelled import check_rank_values
+        from oxbench.evaluation.labelled import ranked_lists
 
         if not isinstance(gt, IliasGroundTruth):
             raise InputError(f"{gt.dataset}: ILIAS scoring needs ILIAS ground truth", source)
         if ks:
             raise InputError("ILIAS reports mAP@k, no mP@k: leave ks out", source)
-        gt.validate()
-        arr = np.asarray(ranks)
-        if arr.ndim != 2 or arr.shape[0] != gt.n_queries:
-            raise InputError(
-                f"ranks must be [n_queries, k] with one row per query ({gt.n_queries}), got shape "
-                f"{arr.shape}",
-                source,
-            )
-        check_rank_values(
-            arr,
-            gt.n_db,
-            gt.n_db + n_distractors,
-            padding=padding,
-            names=gt.query_names,
-            source=source,
-        )
+        lists = ranked_lists(gt, ranks, n_distractors=n_distractors, padding=padding, source=source)
         sc = None
         if scores is not None:
             sc = np.asarray(scores)
-            if sc.shape != arr.shape:
+            if sc.shape != np.shape(ranks):
                 raise InputError(
-                    f"scores of shape {sc.shape} do not fit ranks of shape {arr.shape}", source
+                    f"scores of shape {sc.shape} do not fit ranks of shape {np.shape(ranks)}",
+                    source,
                 )
             check_scores(sc, source)
         scorer = IliasScorer(gt, k)
-        for q, ids, s in _lists_from_ranks(arr, sc):
+        for q, ids, s in _lists_with_scores(lists, sc):
             scorer.add(q, ids, s)
         return scorer.result(source=source)
 
