@@ -41,14 +41,18 @@ def simulated_truth(
 ) -> tuple[IliasGroundTruth, np.ndarray]:
     """ILIAS-shaped ground truth (queries of ``n_instances`` objects, positives first in the
     database) and, per query, the instance it shows."""
-    per_instance = 1 + rng.multinomial(n_positives - n_instances, np.full(n_instances, 1 / n_instances))
+    per_instance = 1 + rng.multinomial(
+        n_positives - n_instances, np.full(n_instances, 1 / n_instances)
+    )
     owner = np.repeat(np.arange(n_instances), per_instance)
     query_instance = np.concatenate(
         [np.arange(n_instances), rng.choice(n_instances, n_queries - n_instances)]
     )
     query_instance.sort()
     first = np.concatenate([[0], np.cumsum(per_instance)])
-    names = tuple(f"inst_{i:04d}/pos/P{j:02d}" for i, j in zip(owner, range(len(owner)), strict=True))
+    names = tuple(
+        f"inst_{i:04d}/pos/P{j:02d}" for i, j in zip(owner, range(len(owner)), strict=True)
+    )
     queries = tuple(
         Query(
             f"inst_{i:04d}/query/Q{n:04d}",
@@ -88,9 +92,7 @@ class ScoreSource:
         return s
 
 
-def stream_top_k(
-    blocks: Any, n_queries: int, k: int
-) -> tuple[np.ndarray, np.ndarray]:
+def stream_top_k(blocks: Any, n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Each query's top ``k`` (scores, database rows) over blocks ``(first row, scores [c, nq])``,
     holding one block at a time."""
     top_s = np.full((n_queries, k), -np.inf, dtype=np.float32)
@@ -155,7 +157,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # -- the baseline at n_small: the whole matrix in RAM, every query on its full column --------
     c0 = cpu_seconds()
     matrix = np.concatenate(
-        [source.block(a, min(a + chunk, args.n_small), chunk) for a in range(0, args.n_small, chunk)]
+        [
+            source.block(a, min(a + chunk, args.n_small), chunk)
+            for a in range(0, args.n_small, chunk)
+        ]
     )
     out["small_simulate_cpu_s"] = cpu_seconds() - c0
     c0 = cpu_seconds()
@@ -171,7 +176,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     same = np.array_equal(naive.setups["ilias"].ap, streamed.setups["ilias"].ap)
     out["small_equal"] = bool(same)
     out["small_map"] = naive.summary["map"]
-    out["small_stream_vs_naive_cpu"] = out["small_stream_cpu_s"] / max(out["small_naive_score_cpu_s"], 1e-9)
+    out["small_stream_vs_naive_cpu"] = out["small_stream_cpu_s"] / max(
+        out["small_naive_score_cpu_s"], 1e-9
+    )
     if not same:
         raise SystemExit("the streaming and the in-RAM scorer disagree")
 

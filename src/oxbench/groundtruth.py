@@ -195,6 +195,11 @@ class GroundTruth:
         """Per query its id (``all_souls_1``) where known, else its name."""
         return tuple(q.query_id or q.name for q in self.queries)
 
+    def annotations(self) -> dict[str, Any]:
+        """What else the protocol reads beyond names, boxes and labels (JSON-able; empty here),
+        part of the ground truth's digest."""
+        return {}
+
     def validate(self) -> GroundTruth:
         """Check the labels and return self; raise :class:`InputError` naming the query otherwise.
 

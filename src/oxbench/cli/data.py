@@ -165,6 +165,10 @@ def info_cmd(dataset_id: str, root: Path | None) -> None:
             f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})"
         )
     click.echo(f"  protocols:  {', '.join(s.protocols) or '-'}")
+    from oxbench.protocol import get_protocol
+
+    for name in s.protocols:  # what each scores, as the protocol says it
+        click.echo(f"    {name}: {get_protocol(name).about}")
     if s.belongs_with:
         click.echo(f"  used with:  {', '.join(s.belongs_with)}")
     if s.distractors_for:

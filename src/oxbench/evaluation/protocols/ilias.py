@@ -75,6 +75,16 @@ class IliasGroundTruth(GroundTruth):
     clutter: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     taxonomy: Mapping[str, str] | None = None
 
+    def annotations(self) -> dict[str, Any]:
+        def plain(values: NDArray[np.float64]) -> list[float | None]:
+            return [None if math.isnan(v) else float(v) for v in values.tolist()]
+
+        return {
+            "scale": plain(self.scale),
+            "clutter": plain(self.clutter),
+            "taxonomy": None if self.taxonomy is None else dict(sorted(self.taxonomy.items())),
+        }
+
     def validate(self) -> IliasGroundTruth:
         super().validate()
         if self.scale.shape != (self.n_db,) or self.clutter.shape != (self.n_db,):
