@@ -1,9 +1,11 @@
 """Cross-protocol views: other toolkits' numbers on the same ranks, beside the official ones.
 
 MIEB (the image part of MTEB) reports ROxford / RParis Easy, Medium and Hard as **map@5**: MTEB's
-``Any2AnyMultiChoiceEvaluator`` scores each query with ``pytrec_eval``'s ``map_cut.5`` (trec_eval's
-AP cut at rank 5) after pushing every database image outside the query's judgements to the bottom
-(score -1: the ignored images of the setup). Per query of a setup::
+``Any2AnyMultiChoiceEvaluator`` (embeddings-benchmark/mteb,
+``mteb/evaluation/evaluators/Image/Any2AnyMultiChoiceEvaluator.py``) scores each query with
+``pytrec_eval``'s ``map_cut.5`` (trec_eval's AP cut at rank 5) after pushing every database image
+outside the query's judgements to the bottom (score -1: the ignored images of the setup). Per query
+of a setup::
 
     map@k = (1 / N) * sum over the positives at 1-based rank r <= k of (positives in the top r) / r
 
