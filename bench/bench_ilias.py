@@ -31,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from oxbench.evaluation.protocols.ilias import ILIAS, IliasGroundTruth, IliasScorer
+from oxbench.evaluation.protocols.ilias import ILIAS, IliasScorer
 from oxbench.execution.executors import cpu_seconds
+from oxbench.formats.ilias import IliasGroundTruth
 from oxbench.groundtruth import Query
 
 

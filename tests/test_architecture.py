@@ -504,6 +504,7 @@ LAYERS = (
     "oxbench.imaging",
     "oxbench.formats",
     "oxbench.groundtruth",
+    "oxbench.protocol",
     "oxbench.fileio",
     "oxbench.schema",
     "oxbench.registry",

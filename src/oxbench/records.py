@@ -45,8 +45,8 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, os_reason
-from oxbench.schema import setting, validate
 from oxbench.protocol import PROTOCOLS, Protocol, get_protocol, number_text
+from oxbench.schema import setting, validate
 
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.groundtruth import GroundTruth

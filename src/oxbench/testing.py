@@ -1075,7 +1075,7 @@ def _check_result(what: str, gt: Any, result: Any) -> None:
 
 def _run_on_random_descriptors(what: str, spec_id: str, bench: Any, base: Path) -> None:
     """``oxbench.run(<id>, "features")`` on random descriptors named by image; the record reads back."""
-    from oxbench import run
+    from oxbench import RecordOptions, Session, run
     from oxbench.records import RunRecord
 
     rng = np.random.default_rng(0)
@@ -1089,12 +1089,9 @@ def _run_on_random_descriptors(what: str, spec_id: str, bench: Any, base: Path) 
     outcome = run(
         spec_id,
         "features",
-        root=base,
-        runs_dir=base / "runs",
+        Session(root=base, progress=False, strict=False, engine="serial"),
+        RecordOptions(runs_dir=base / "runs"),
         overrides=files,
-        progress=False,
-        strict=False,
-        engine="serial",
     )
     record = RunRecord.load(outcome.run_dir)
     if record.protocol != bench.gt.protocol or record.n_queries != bench.gt.n_queries:

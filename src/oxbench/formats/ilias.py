@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +41,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.evaluation.protocols.ilias import IliasGroundTruth, check_scores, instance
 from oxbench.formats.safe_pickle import load_plain_pickle
 from oxbench.formats.text import read_input_bytes, read_text_lines
-from oxbench.groundtruth import Query, as_index_array
+from oxbench.groundtruth import GroundTruth, Query, as_index_array
 from oxbench.protocol import get_protocol
 
 IDS_DIR = "image_ids"
@@ -53,6 +52,69 @@ TEXT_QUERIES = "text_query_ids.txt"
 POSITIVES = "positive_ids.txt"
 #: Largest similarity file read (a top-1000 JSON of every query is about 100 MB).
 SIMILARITIES_LIMIT = 8 << 30
+
+
+@dataclass(frozen=True, eq=False)
+class IliasGroundTruth(GroundTruth):
+    """ILIAS ground truth: queries (image queries, then text queries, each list sorted, as
+    ``ILIAS.get_queries``), their instance's positives as ``good``, and per database image its
+    annotations.
+
+    Attributes:
+        scale: per database image, the positive's annotated scale (``nan`` for a distractor).
+        clutter: per database image, the positive's annotated clutter (``nan`` for a distractor).
+        taxonomy: instance -> ``"category-subcategory"`` (``misc/taxonomy.json``), or ``None``.
+    """
+
+    scale: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    clutter: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    taxonomy: Mapping[str, str] | None = None
+
+    def annotations(self) -> dict[str, Any]:
+        def plain(values: NDArray[np.float64]) -> list[float | None]:
+            return [None if math.isnan(v) else float(v) for v in values.tolist()]
+
+        return {
+            "scale": plain(self.scale),
+            "clutter": plain(self.clutter),
+            "taxonomy": None if self.taxonomy is None else dict(sorted(self.taxonomy.items())),
+        }
+
+    def validate(self) -> IliasGroundTruth:
+        super().validate()
+        if self.scale.shape != (self.n_db,) or self.clutter.shape != (self.n_db,):
+            raise InputError(
+                f"scale and clutter must hold one value per database image ({self.n_db})",
+                self.source,
+            )
+        if self.taxonomy is not None:
+            missing = next((q for q in self.queries if instance(q.name) not in self.taxonomy), None)
+            if missing is not None:
+                raise InputError(
+                    f"instance {instance(missing.name)} of query {missing.name} is not in the taxonomy",
+                    self.source,
+                )
+        return self
+
+
+def instance(query: str) -> str:
+    """A query's instance: the first part of its id (``bold_bimp_000/query/Q000_00.jpg``)."""
+    return query.split("/")[0]
+
+
+def check_scores(scores: NDArray[Any], source: str | None = None) -> None:
+    """Refuse scores that are not real numbers or not finite (the official code's scikit-learn
+    refuses them too, later and with a traceback)."""
+    if scores.dtype == bool or not (
+        np.issubdtype(scores.dtype, np.floating) or np.issubdtype(scores.dtype, np.integer)
+    ):
+        raise InputError(f"scores must be real numbers, got dtype {scores.dtype}", source)
+    if np.issubdtype(scores.dtype, np.floating) and not np.isfinite(scores).all():
+        where = np.argwhere(~np.isfinite(scores))[0]
+        raise InputError(
+            f"score at {tuple(int(i) for i in where)} is {scores[tuple(where)]}: scores must be finite",
+            source,
+        )
 
 
 @dataclass(frozen=True, eq=False)
