@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -182,72 +183,88 @@ def _warn_not_unit_norm(path: str, features: Any) -> None:
         )
 
 
-def _score(
-    gt: Any,
-    *,
-    ranks: str | None,
-    scores: str | None,
-    db_features: str | None,
-    query_features: str | None,
-    key: str | None,
-    query_key: str | None,
-    layout: str,
-    normalize: bool,
-    padding: int | None,
-    n_distractors: int,
-    ks: tuple[int, ...] | None,
-) -> Any:
-    from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores
-    from oxbench.evaluation.protocols import MAX_DISTRACTORS
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What the array subcommands score: exactly one of ranks, scores or the two descriptor files,
+    with how to read them (the options of :func:`_inputs`)."""
 
-    if n_distractors < 0:
-        raise InputError(f"--distractors must be >= 0, got {n_distractors}")
-    if n_distractors > MAX_DISTRACTORS:
-        raise InputError(
-            f"--distractors {n_distractors} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)"
+    ranks: str | None = None
+    scores: str | None = None
+    db_features: str | None = None
+    query_features: str | None = None
+    key: str | None = None
+    query_key: str | None = None
+    layout: str = "n-d"
+    normalize: bool = False
+    padding: int | None = None
+    n_distractors: int = 0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ScoreInputs:
+        """The click options of :func:`_inputs` (``--padding`` arrives as text)."""
+        padding = options.pop("padding", None)
+        return cls(padding=None if padding is None else int(padding), **options)
+
+    def check(self) -> None:
+        """One line for a combination that does not go together, before any file is read."""
+        from oxbench.evaluation.protocols import MAX_DISTRACTORS
+
+        n = self.n_distractors
+        if n < 0:
+            raise InputError(f"--distractors must be >= 0, got {n}")
+        if n > MAX_DISTRACTORS:
+            raise InputError(
+                f"--distractors {n} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)"
+            )
+        features = self.db_features is not None or self.query_features is not None
+        if sum([self.ranks is not None, self.scores is not None, features]) != 1:
+            raise InputError(
+                "give exactly one of --ranks, --scores, or --db-features with --query-features"
+            )
+        if self.ranks is None and self.padding is not None:
+            raise InputError("--padding applies to --ranks")
+        if (self.layout != "n-d" or self.normalize) and self.db_features is None:
+            raise InputError("--layout and --normalize apply to --db-features/--query-features")
+        if features and (self.db_features is None or self.query_features is None):
+            raise InputError("--db-features and --query-features go together")
+
+
+def _score(gt: Any, inputs: ScoreInputs, ks: tuple[int, ...] | None) -> Any:
+    """Score the ranks, the similarities or the descriptors ``inputs`` names against ``gt``."""
+    from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores
+
+    inputs.check()
+    n_distractors = inputs.n_distractors
+    if inputs.ranks is not None:
+        arr, pad = _read_rank_file(inputs.ranks, inputs.key, inputs.padding, gt.n_queries)
+        result = evaluate(
+            gt, arr, ks=ks, n_distractors=n_distractors, padding=pad, source=inputs.ranks
         )
-    given = [
-        ranks is not None,
-        scores is not None,
-        db_features is not None or query_features is not None,
-    ]
-    if sum(given) != 1:
-        raise InputError(
-            "give exactly one of --ranks, --scores, or --db-features with --query-features"
-        )
-    if ranks is None and padding is not None:
-        raise InputError("--padding applies to --ranks")
-    if (layout != "n-d" or normalize) and db_features is None:
-        raise InputError("--layout and --normalize apply to --db-features/--query-features")
-    if ranks is not None:
-        arr, pad = _read_rank_file(ranks, key, padding, gt.n_queries)
-        result = evaluate(gt, arr, ks=ks, n_distractors=n_distractors, padding=pad, source=ranks)
-        _report_coverage(ranks, arr, gt.n_db + n_distractors)
+        _report_coverage(inputs.ranks, arr, gt.n_db + n_distractors)
         return result
-    if scores is not None:
+    if inputs.scores is not None:
         from oxbench.formats.arrays import read_matrix
 
-        if not Path(scores).exists():
-            raise InputError("scores file not found", scores)
-        return evaluate_scores(
-            gt, read_matrix(scores, key=key), ks=ks, n_distractors=n_distractors, source=scores
-        )
-    if db_features is None or query_features is None:
-        raise InputError("--db-features and --query-features go together")
+        if not Path(inputs.scores).exists():
+            raise InputError("scores file not found", inputs.scores)
+        matrix = read_matrix(inputs.scores, key=inputs.key)
+        return evaluate_scores(gt, matrix, ks=ks, n_distractors=n_distractors, source=inputs.scores)
+    db_features, query_features = inputs.db_features, inputs.query_features
+    assert db_features is not None and query_features is not None  # check() saw to it
     q, x = _features(
         gt,
         db_features,
         query_features,
-        key=key,
-        query_key=query_key,
-        layout=layout,
-        normalize=normalize,
+        key=inputs.key,
+        query_key=inputs.query_key,
+        layout=inputs.layout,
+        normalize=inputs.normalize,
         n_distractors=n_distractors,
     )
     result = evaluate_features(
         gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}"
     )
-    if not normalize:  # after scoring: a refusal stays one line
+    if not inputs.normalize:  # after scoring: a refusal stays one line
         _warn_not_unit_norm(db_features, x)
         _warn_not_unit_norm(query_features, q)
     return result
@@ -402,31 +419,26 @@ def revisited(
         raise InputError("--also scores --ranks (the ranked lists the views read)")
     _check_output(per_query)
     gt = _load_gt(gnd, dataset, root, "revisited")
-    args = _input_args(inputs)
-    result = _score(gt, ks=k, **args)
+    args = ScoreInputs.from_options(inputs)
+    result = _score(gt, args, k)
     also = []
     if asked:
         from oxbench.evaluation.views import map_at_k
 
-        arr, pad = _read_rank_file(args["ranks"], args["key"], args["padding"], gt.n_queries)
+        assert args.ranks is not None  # --also was refused without --ranks
+        arr, pad = _read_rank_file(args.ranks, args.key, args.padding, gt.n_queries)
         for _, cutoff in asked:
             also.append(
                 map_at_k(
                     gt,
                     arr,
                     cutoff,
-                    n_distractors=args["n_distractors"],
+                    n_distractors=args.n_distractors,
                     padding=pad,
-                    source=args["ranks"],
+                    source=args.ranks,
                 )
             )
     _emit(result, as_json, per_query, also)
-
-
-def _input_args(inputs: dict[str, Any]) -> dict[str, Any]:
-    out = dict(inputs)
-    out["padding"] = None if out["padding"] is None else int(out["padding"])
-    return out
 
 
 @evaluate.command("oxford")
@@ -465,14 +477,14 @@ def oxford(
     reported (the gt files alone name only the images they label)."""
     k = _parse_ks(ks)
     _check_output(per_query)
-    args = _input_args(inputs)
+    args = ScoreInputs.from_options(inputs)
     if gt_dir is not None or ranked_dir is not None:
         if ranked_dir is None or (gt_dir is None and dataset is None):
             raise InputError(
                 "--ranked-dir goes with --gt-dir or --dataset (whose gt files and images it reads)"
             )
         arrays = ("ranks", "scores", "db_features", "query_features")
-        if gnd is not None or any(args[a] is not None for a in arrays):
+        if gnd is not None or any(getattr(args, a) is not None for a in arrays):
             raise InputError("--gt-dir/--ranked-dir cannot be combined with --gnd or array inputs")
         from oxbench.evaluation import evaluate as evaluate_ranks
         from oxbench.formats.oxford_gt import read_gt_dir, read_ranked_dir
@@ -487,7 +499,7 @@ def oxford(
             assert gt_dir is not None
             gt = read_gt_dir(gt_dir)
         gt2, internal = read_ranked_dir(ranked_dir, gt)  # shorter lists are padded with -1
-        n_distractors = args["n_distractors"]
+        n_distractors = args.n_distractors
         result = evaluate_ranks(
             gt2, internal, ks=k, n_distractors=n_distractors, padding=-1, source=str(ranked_dir)
         )
@@ -497,7 +509,7 @@ def oxford(
             _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
     else:
         gt = _load_gt(gnd, dataset, root, "oxford")
-        result = _score(gt, ks=k, **args)
+        result = _score(gt, args, k)
     _emit(result, as_json, per_query)
 
 
