@@ -513,7 +513,6 @@ LAYERS = (
 )
 #: Arrows that still run back up (from a lower room to a higher one), each with why; at most 2.
 KNOWN_UP = {
-    ("oxbench.evaluation.result", "oxbench.report.tables"),
     ("oxbench.formats.local_features", "oxbench.features.local"),
 }
 

@@ -1044,7 +1044,9 @@ def _check_result(what: str, gt: Any, result: Any) -> None:
     lines = result.lines()
     if not lines or not all(isinstance(ln, str) and ln.startswith(gt.dataset) for ln in lines):
         raise _fail(what, f"printed lines {lines!r}", "each line starts with the dataset id")
-    if not isinstance(result.table(), str):
+    from oxbench.report.tables import result_table
+
+    if not isinstance(result_table(result), str):
         raise _fail(what, "the table is not text", "Protocol.table returns header and rows")
     payload = json.loads(json.dumps(result.to_dict()))
     columns: dict[str, dict[str, NDArray[np.float64]]] = {}

@@ -292,7 +292,9 @@ def _emit(result: Any, as_json: bool, per_query: str | None, also: Any = ()) -> 
         for line in result.lines():
             click.echo(line)
         click.echo("")
-        click.echo(result.table())
+        from oxbench.report.tables import result_table
+
+        click.echo(result_table(result))
         for v in also:
             letters = result.protocol.letters
             values = ", ".join(f"{letters.get(s, s)}: {100 * m:.2f}" for s, m in v.means.items())

@@ -3,7 +3,7 @@
 An :class:`EvaluationResult` holds one :class:`SetupResult` per setup of its protocol
 (:class:`oxbench.protocol.Protocol`: ``easy``, ``medium``, ``hard`` for the revisited protocol,
 ``public`` and ``private`` for GLDv2 retrieval, one setup for the others); the protocol writes its
-lines, table and JSON.
+lines, its table's rows and JSON (:func:`oxbench.report.tables.result_table` renders the rows).
 
 All values are fractions (``0.8481``); the printed lines and tables show percent with two
 decimals, as the field does.
@@ -101,29 +101,16 @@ class EvaluationResult:
         """
         return self.protocol.lines(self)
 
-    def _table_rows(self) -> tuple[list[str], list[list[str]]]:
+    @property
+    def title(self) -> str:
+        """The table's title: ``roxford5k (revisited protocol)``."""
+        return f"{self.dataset} ({self.protocol} protocol)"
+
+    def table_rows(self) -> tuple[list[str], list[list[str]]]:
+        """The table as the protocol lays it out: a header and one row of text cells per setup
+        (queries used, mAP and mP@K in percent). :func:`oxbench.report.tables.result_table`
+        renders it as text, markdown or LaTeX."""
         return self.protocol.table(self)
-
-    def table(self) -> str:
-        """A plain-text table: one row per setup (queries used, mAP and mP@K in percent)."""
-        from oxbench.report.tables import text_table
-
-        header, rows = self._table_rows()
-        return text_table(header, rows, title=f"{self.dataset} ({self.protocol} protocol)")
-
-    def markdown(self) -> str:
-        """The table as GitHub markdown."""
-        from oxbench.report.tables import markdown_table
-
-        header, rows = self._table_rows()
-        return markdown_table(header, rows)
-
-    def latex(self) -> str:
-        """The table as a LaTeX ``tabular`` (booktabs rules)."""
-        from oxbench.report.tables import latex_table
-
-        header, rows = self._table_rows()
-        return latex_table(header, rows)
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object; numbers are fractions at full precision, skipped APs ``None``.

@@ -103,6 +103,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     write_run_files,
 )
 from oxbench.registry import loaded_plugins
+from oxbench.report.tables import result_table
 from oxbench.schema import seed_settings
 
 log = logging.getLogger(__name__)
@@ -506,7 +507,7 @@ def _write_run_files(
         if distractor_images
         else None
     )
-    summary = "\n".join([*result.lines(), "", result.table()])
+    summary = "\n".join([*result.lines(), "", result_table(result)])
     if trained_on_test:
         summary += "\nNOTE: the method was trained on the test set; not comparable.\n"
     write_run_files(
