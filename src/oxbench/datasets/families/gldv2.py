@@ -106,13 +106,13 @@ register(DatasetSpec(
     homepage="https://github.com/cvdfoundation/google-landmark",
     description=(
         "Google Landmarks Dataset v2, retrieval task (Weyand et al., CVPR 2020): 761,757 index "
-        "images; the test images of retrieval_solution_v2.1.csv marked Public (390) and Private "
+        "images; the test images of retrieval_solution_v2.1.csv marked Public (379) and Private "
         "(750) are the queries, scored by mAP@100 as the challenge scores them. oxbench reads the "
         "solution and index.csv; runs score descriptor files named by image id."
     ),
     n_images=761_757,
-    n_queries=1_140,
-    counts_note="761,757 index images; 390 Public + 750 Private test images (as reported)",
+    n_queries=1_129,
+    counts_note="761,757 index images; 379 Public + 750 Private test images (1,129 with index matches)",
     protocols=("gldv2",),
     files=(),
     terms=(
