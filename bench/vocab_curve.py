@@ -76,7 +76,7 @@ def training_descriptors(
 def check_datasets(test: str, other: str) -> str | None:
     """The one-line refusal of a ``--test`` / ``--other`` that is not a catalog id, or of the
     same id for both (the other city's vocabulary would be the test city's), or ``None``."""
-    from oxbench.datasets.spec import get_spec
+    from oxbench.datasets.catalog import get_spec
     from oxbench.errors import InputError
 
     for option, dataset_id in (("--test", test), ("--other", other)):

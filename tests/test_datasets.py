@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from oxbench.datasets import DATASETS, get_spec, import_dataset, load, verify
-from oxbench.datasets.catalog import PARIS_CORRUPT
+from oxbench.datasets.families._oxford_paris import PARIS_CORRUPT
 from oxbench.datasets.lock import LockFile
 from oxbench.errors import InputError
 
@@ -129,6 +129,8 @@ def test_catalog_has_every_benchmark_with_spec_counts() -> None:
         "oxford100k": (99_782, 0),
         "holidays": (1491, 500),
         "ukbench": (10_200, 10_200),
+        "gldv2-retrieval": (761_757, 1_129),  # 379 Public + 750 Private with index matches
+        "ilias": (4_715, 1_232),  # positives (distractors apart) and image queries
     }
     r1m = get_spec("revisitop1m")
     archives = [f.name for f in r1m.files if f.archive]

@@ -11,6 +11,7 @@ To document a command on a new file name, add a maker to :data:`STAND_INS`.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import re
@@ -255,6 +256,45 @@ def make_ukbench_ranks(path: Path) -> None:
     np.save(path, top)
 
 
+def make_gldv2_solution(path: Path) -> None:
+    path.write_text("id,images,Usage\nq1,a b,Public\nq2,c,Public\nq3,d,Private\nq4,,Ignored\n")
+
+
+def make_gldv2_submission(path: Path) -> None:
+    path.write_text("id,images\nq1,a b\nq3,d\nq4,a\n")  # q2 has no prediction
+
+
+_ILIAS_INSTANCES = ("brisk_zip_000", "cozy_pop_001")
+
+
+def make_ilias_ids(folder: Path) -> None:
+    ids = folder / "image_ids"
+    ids.mkdir(parents=True)
+    a, b = _ILIAS_INSTANCES
+    (ids / "image_query_ids.txt").write_text(
+        f"{a}/query/Q000_00.jpg,{a}\n{b}/query/Q001_00.jpg,{b}\n"
+    )
+    (ids / "text_query_ids.txt").write_text(f"{a}/query/T000.txt\n{b}/query/T001.txt\n")
+    (ids / "positive_ids.txt").write_text(
+        f"{a}/pos/P000_00.jpg,0.05,10\n{a}/pos/P000_01.jpg,0.2,40\n{b}/pos/P001_00.jpg,0.5,60\n"
+    )
+
+
+def make_ilias_similarities(path: Path) -> None:
+    a, b = _ILIAS_INSTANCES
+    sims = {
+        f"{a}/query/Q000_00.jpg": {"yfcc/1": 0.9, f"{a}/pos/P000_01.jpg": 0.8, "yfcc/2": 0.7},
+        f"{b}/query/Q001_00.jpg": {f"{b}/pos/P001_00.jpg": 0.6, "yfcc/1": 0.5},
+        f"{a}/query/T000.txt": {f"{a}/pos/P000_00.jpg": 0.4, f"{a}/pos/P000_01.jpg": 0.4},
+    }
+    path.write_text(json.dumps(sims))
+
+
+def make_ilias_taxonomy(path: Path) -> None:
+    a, b = _ILIAS_INSTANCES
+    path.write_text(json.dumps({"product": {"food": {"cake": [a]}}, "art": {"statue": {"x": [b]}}}))
+
+
 def make_data_root(root: Path) -> None:
     """``$OXBENCH_DATA``: an installed roxford5k (empty database files, real tiny query JPEGs) and
     an installed holidays with both orientations (empty files; loading does not decode)."""
@@ -378,6 +418,11 @@ STAND_INS: dict[str, Callable[[Path], None]] = {
     "holidays_images.dat": make_holidays_images,
     "results.dat": make_holidays_results,
     "ranks_ukbench.npy": make_ukbench_ranks,
+    "retrieval_solution_v2.1.csv": make_gldv2_solution,
+    "submission.csv": make_gldv2_submission,
+    "ilias": make_ilias_ids,
+    "similarities.json": make_ilias_similarities,
+    "taxonomy.json": make_ilias_taxonomy,
     "data": make_data_root,
 }
 

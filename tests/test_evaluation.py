@@ -22,6 +22,7 @@ from oxbench.evaluation.kernels import labelled_positions_from_ranks, labelled_r
 from oxbench.evaluation.protocols import query_labels
 from oxbench.evaluation.ranking import descending_order
 from oxbench.groundtruth import GroundTruth, make_query
+from oxbench.report.tables import result_table
 
 # ---------------------------------------------------------------------------------------------
 # The deliberately simple reference: the scoring rules of docs/protocols.md, literally, in plain Python.
@@ -262,7 +263,10 @@ def test_revisited_lines_and_dict():
     assert set(d) == {"setups"} and set(d["setups"]) == {"easy", "medium", "hard"}
     assert set(d["setups"]["easy"]) == {"map", "mp@1", "mp@5", "mp@10", "ap"}
     assert d["setups"]["easy"]["ap"][1] is None
-    assert "easy" in res.table() and "1/2" in res.table()
+    table = result_table(res)
+    assert (
+        table.startswith("roxford5k (revisited protocol)\n") and "easy" in table and "1/2" in table
+    )
     rows = res.per_query_rows()
     assert len(rows) == 6 and rows[1]["ap"] is None and rows[3]["p@5"] == 0.5
 
@@ -656,10 +660,10 @@ def test_table_exporters():
 
     gt = worked_gt(None)
     res = evaluate(gt, np.arange(9)[None, :])
-    md = res.markdown().splitlines()
+    md = result_table(res, "markdown").splitlines()
     assert md[0] == "| setup | queries | mAP | mP@1 | mP@5 | mP@10 |"
     assert md[2].startswith("| original | 1/1 | 83.54 |")
-    tex = res.latex()
+    tex = result_table(res, "latex")
     assert (
         tex.startswith(r"\begin{tabular}{lrrrrr}")
         and r"mAP & mP@1" in tex

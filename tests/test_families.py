@@ -97,7 +97,7 @@ EXPECTED = {
 
 
 def test_every_entry_names_a_family_object_and_no_string_dispatch_is_left() -> None:
-    from oxbench.datasets.families import Distractors
+    from oxbench.datasets.families.distractors import Distractors
     from oxbench.datasets.spec import DatasetFamily
 
     fields = {f.name for f in dataclasses.fields(DatasetSpec)}
@@ -258,7 +258,7 @@ def test_evaluate_on_an_empty_root_generates_nothing(
 
 
 def test_synthetic_ground_truth_reads_the_generated_set(synth_root: Path) -> None:
-    from oxbench.datasets.families import Synthetic
+    from oxbench.datasets.families.synthetic import Synthetic
 
     gt = load_ground_truth("synthetic", synth_root)
     assert gt.db_names == load("synthetic", synth_root, progress=False).gt.db_names

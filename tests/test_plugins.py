@@ -367,6 +367,18 @@ def _oxbench(path: list[Path], *args: str, cwd: Path) -> subprocess.CompletedPro
     )
 
 
+def install_into(package: Path, target: Path) -> Path:
+    """``pip install`` of the package folder ``package`` into the folder ``target`` (never into
+    the test venv; built with the setuptools there is, no index); returns ``target``."""
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    pip += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
+    done = subprocess.run(
+        [*pip, str(package)], capture_output=True, text=True, timeout=300, cwd=package.parent
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return target
+
+
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The oxplug package, built and installed by pip into a target folder (returned)."""
@@ -384,13 +396,7 @@ def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "src/oxplug/colour.py": DESCRIPTOR,
         },
     )
-    target = tmp / "site"
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
-    pip += ["--no-index", "--disable-pip-version-check", "--quiet", "--target", str(target)]
-    done = subprocess.run(
-        [*pip, str(package)], capture_output=True, text=True, timeout=300, cwd=tmp
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    target = install_into(package, tmp / "site")
     assert (target / "oxplug-0.1.dist-info" / "entry_points.txt").is_file()
     return target
 

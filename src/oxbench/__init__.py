@@ -58,7 +58,7 @@ def list_datasets() -> list[str]:
         >>> "roxford5k" in list_datasets()
         True
     """
-    from oxbench.datasets.spec import DATASETS
+    from oxbench.datasets.catalog import DATASETS
 
     return DATASETS.names()
 

@@ -1,7 +1,8 @@
 """Ground truth of a retrieval benchmark, in one typed form for every protocol.
 
-One :class:`GroundTruth` holds the database image names and one :class:`Query` per query. Which
-label fields a query uses depends on the protocol:
+One :class:`GroundTruth` holds its protocol (:class:`oxbench.protocol.Protocol`), the database
+image names and one :class:`Query` per query. Which label fields a query uses depends on the
+protocol:
 
 ============  ===============================  ==========================
 protocol      positives                        ignored
@@ -10,6 +11,10 @@ protocol      positives                        ignored
 ``original``   ``good`` + ``ok``                 ``junk``
 ``holidays``   ``good`` (the group's others)     ``junk`` (the query image)
 ``ukbench``    ``good`` (the object's 4)         none
+``gldv2``      ``good`` (the relevant index       none (queries of another split
+               images)                           are left out of its mean)
+``ilias``      ``good`` (the instance's           none
+               positives)
 ============  ===============================  ==========================
 
 All label arrays are sorted, unique ``int64`` indices into :attr:`GroundTruth.db_names`.
@@ -19,15 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
+from oxbench.protocol import Protocol, get_protocol
 
-Protocol = Literal["revisited", "original", "holidays", "ukbench"]
-PROTOCOLS: tuple[Protocol, ...] = ("revisited", "original", "holidays", "ukbench")
 BBox = tuple[float, float, float, float]
 IndexArray = NDArray[np.int64]
 
@@ -124,6 +128,8 @@ class Query:
         junk: ignored images (revisited Unclear, original junk, the Holidays query itself).
         query_id: original protocol: the query's id (``all_souls_1``, the stem of its
             ``_query.txt`` file), when known.
+        setups: the setups of the protocol the query is scored in (GLDv2: ``public`` or
+            ``private``); empty: every setup.
     """
 
     name: str
@@ -134,6 +140,7 @@ class Query:
     ok: IndexArray = field(default_factory=_empty)
     junk: IndexArray = field(default_factory=_empty)
     query_id: str | None = None
+    setups: tuple[str, ...] = ()
 
     @property
     def positives(self) -> IndexArray:
@@ -151,7 +158,8 @@ class GroundTruth:
 
     Attributes:
         dataset: dataset id (``roxford5k``, ``oxford5k``, ``holidays``, ...), used in printed lines.
-        protocol: which scoring rules apply (see the module docstring).
+        protocol: which scoring rules apply (see the module docstring): the protocol object; its
+            name is accepted and resolved (:func:`oxbench.protocol.get_protocol`).
         db_names: database image names, without extension; label indices point into this.
         queries: the queries, in the official order.
         source: where it was read from (a path), for error messages.
@@ -162,6 +170,13 @@ class GroundTruth:
     db_names: tuple[str, ...]
     queries: tuple[Query, ...]
     source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        try:
+            protocol = get_protocol(self.protocol)
+        except InputError as exc:
+            raise InputError(exc.problem, self.source) from None
+        object.__setattr__(self, "protocol", protocol)
 
     @property
     def n_db(self) -> int:
@@ -180,6 +195,11 @@ class GroundTruth:
         """Per query its id (``all_souls_1``) where known, else its name."""
         return tuple(q.query_id or q.name for q in self.queries)
 
+    def annotations(self) -> dict[str, Any]:
+        """What else the protocol reads beyond names, boxes and labels (JSON-able; empty here),
+        part of the ground truth's digest."""
+        return {}
+
     def validate(self) -> GroundTruth:
         """Check the labels and return self; raise :class:`InputError` naming the query otherwise.
 
@@ -187,8 +207,6 @@ class GroundTruth:
         labels one image two ways (e.g. positive and junk) -- the official programs silently
         double-count those.
         """
-        if self.protocol not in PROTOCOLS:
-            raise InputError(f"unknown protocol {self.protocol!r}", self.source)
         # a NUL cannot be in a file name or a line of a ranked list: refused here, at the boundary
         for what, names in (("query", self.query_names), ("database image", self.db_names)):
             bad = next((i for i, name in enumerate(names) if "\x00" in name), None)
@@ -198,6 +216,13 @@ class GroundTruth:
                 )
         n = self.n_db
         for qi, q in enumerate(self.queries):
+            unknown = [s for s in q.setups if s not in self.protocol.setups]
+            if unknown:
+                raise InputError(
+                    f"query {qi} ({q.name}): setup {unknown[0]!r} is not one of the {self.protocol} "
+                    f"protocol's ({', '.join(self.protocol.setups)})",
+                    self.source,
+                )
             seen: dict[int, str] = {}
             for fname, arr in q.labels().items():
                 if arr.size and (arr[0] < 0 or arr[-1] >= n):

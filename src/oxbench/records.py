@@ -34,7 +34,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, os_reason
+from oxbench.protocol import PROTOCOLS, Protocol, get_protocol, number_text
 from oxbench.schema import setting, validate
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,27 +67,32 @@ OPTIONAL_FILES = ("scores.npy", "matches.json", "boxes.json")
 #: A run id: UTC start time to the second and 4 random hex digits.
 RUN_ID_PATTERN = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{4}")
 
-#: Label vocabulary of each protocol, as written in ``retrieved.json``.
-PROTOCOL_LABELS: dict[str, tuple[str, ...]] = {
-    "revisited": ("easy", "hard", "junk", "negative"),
-    "original": ("positive", "junk", "negative"),
-    "holidays": ("positive", "junk", "negative"),
-    "ukbench": ("positive", "negative"),
-}
+
+class _ByProtocol(Mapping[str, Any]):
+    """A read-only mapping from protocol name to what that protocol's object answers."""
+
+    def __init__(self, answer: Callable[[Protocol], Any]) -> None:
+        self._answer = answer
+
+    def __getitem__(self, name: str) -> Any:
+        return self._answer(get_protocol(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(PROTOCOLS.names())
+
+    def __len__(self) -> int:
+        return len(PROTOCOLS.names())
+
+
 #: Ground-truth label field -> its ``retrieved.json`` label.
 FIELD_LABEL = {"easy": "easy", "hard": "hard", "good": "positive", "ok": "positive", "junk": "junk"}
 
+#: Label vocabulary of each protocol, as written in ``retrieved.json`` (its ``labels``).
+PROTOCOL_LABELS: Mapping[str, tuple[str, ...]] = _ByProtocol(lambda p: p.labels)
 #: Per protocol: setup -> (positive labels, ignored labels) of ``retrieved.json``'s vocabulary.
-SETUP_LABELS: dict[str, dict[str, tuple[frozenset[str], frozenset[str]]]] = {
-    "revisited": {
-        "easy": (frozenset({"easy"}), frozenset({"hard", "junk"})),
-        "medium": (frozenset({"easy", "hard"}), frozenset({"junk"})),
-        "hard": (frozenset({"hard"}), frozenset({"easy", "junk"})),
-    },
-    "original": {"original": (frozenset({"positive"}), frozenset({"junk"}))},
-    "holidays": {"holidays": (frozenset({"positive"}), frozenset({"junk"}))},
-    "ukbench": {"ukbench": (frozenset({"positive"}), frozenset({"junk"}))},
-}
+SETUP_LABELS: Mapping[str, Mapping[str, tuple[frozenset[str], frozenset[str]]]] = _ByProtocol(
+    lambda p: p.setup_labels
+)
 
 #: Size limit of each file the reader opens (bytes); ranked lists of a 1M-image index stay well below.
 FILE_LIMITS: dict[str, int] = {
@@ -325,8 +331,8 @@ def retrieved_document(
         )
     return {
         "k": k,
-        "protocol": gt.protocol,
-        "labels": list(PROTOCOL_LABELS[gt.protocol]),
+        "protocol": str(gt.protocol),
+        "labels": list(gt.protocol.labels),
         "queries": queries,
     }
 
@@ -544,14 +550,15 @@ class QueryRetrieved:
 
 def _parse_retrieved(
     obj: Any, n_queries: int, path: Path
-) -> tuple[str, int, tuple[str, ...], tuple[QueryRetrieved, ...]]:
+) -> tuple[Protocol, int, tuple[str, ...], tuple[QueryRetrieved, ...]]:
     _need(isinstance(obj, dict), "expected a JSON object", path)
-    protocol = obj.get("protocol")
+    name = obj.get("protocol")
     _need(
-        isinstance(protocol, str) and protocol in SETUP_LABELS,
-        f"unknown protocol {_show(protocol)}",
+        isinstance(name, str) and name in PROTOCOLS,
+        f"unknown protocol {_show(name)}",
         path,
     )
+    protocol = get_protocol(name)
     k = obj.get("k")
     _need(_is_int(k) and k >= 1, f"'k' must be a positive integer, got {_show(k)}", path)
     labels = obj.get("labels")
@@ -561,8 +568,8 @@ def _parse_retrieved(
         path,
     )
     _need(
-        set(labels) <= set(PROTOCOL_LABELS[protocol]),
-        f"labels {labels} are not of the {protocol} vocabulary {list(PROTOCOL_LABELS[protocol])}",
+        set(labels) <= set(protocol.labels),
+        f"labels {labels} are not of the {protocol} vocabulary {list(protocol.labels)}",
         path,
     )
     queries = obj.get("queries")
@@ -657,7 +664,7 @@ def _parse_retrieved(
                 id=qid,
             )
         )
-    return str(protocol), int(k), tuple(labels), tuple(out)
+    return protocol, int(k), tuple(labels), tuple(out)
 
 
 _TEXT_COLUMNS = ("setup", "query_index", "query", "query_id")
@@ -741,55 +748,31 @@ def _same(stored: Any, recomputed: float) -> bool:
 
 def _cross_check(
     metrics: Mapping[str, Any],
-    protocol: str,
+    protocol: Protocol,
     per_query: Mapping[str, Mapping[str, NDArray[np.float64]]],
     folder: Path,
 ) -> None:
-    """``metrics.json``'s means must be those of ``per_query.json`` (one line naming the record)."""
+    """``metrics.json``'s means must be those of ``per_query.json`` (one line naming the record);
+    the protocol says which means ``metrics.json`` holds (:meth:`Protocol.stored_means`)."""
     path = folder / "metrics.json"
-
-    def mismatch(what: str, stored: Any, recomputed: float) -> InputError:
-        return InputError(
-            f"run record is inconsistent: metrics.json {what} is {_show(stored)} but per_query.json gives "
-            f"{recomputed:.6g}; the record was edited or damaged (re-run, or restore it)",
-            folder,
-        )
-
-    if protocol == "revisited":
-        setups = metrics.get("setups")
-        if not isinstance(setups, dict):
-            raise InputError("expected 'setups' (an object per setup)", path)
-        _need(
-            set(setups) == set(per_query),
-            f"setups {sorted(setups)} differ from per_query.json's {sorted(per_query)}",
-            path,
-        )
-        for name, s in setups.items():
-            _need(isinstance(s, dict), f"setup {name!r}: expected an object", path)
-            cols = per_query[name]
-            for key, stored in s.items():
-                if key == "ap":
-                    _need(
-                        isinstance(stored, list) and len(stored) == len(cols["ap"]),
-                        f"setup {name!r}: 'ap' must list one value per query",
-                        path,
-                    )
-                    continue
-                column = "ap" if key == "map" else (key[1:] if key.startswith("mp@") else None)
-                if column is None or column not in cols:
-                    continue
-                recomputed = sequential_mean(cols[column])
-                if not _same(stored, recomputed):
-                    raise mismatch(f"{name} {key}", stored, recomputed)
-        return
-    (name,) = per_query
-    key, column = ("score", "score") if protocol == "ukbench" else ("map", "ap")
-    _need(key in metrics, f"no {key!r}", path)
-    if column not in per_query[name]:
-        raise InputError(f"per-query rows have no {column!r}", folder / "per_query.json")
-    recomputed = sequential_mean(per_query[name][column])
-    if not _same(metrics[key], recomputed):
-        raise mismatch(key, metrics[key], recomputed)
+    try:
+        stored_means = list(protocol.stored_means(metrics, per_query))
+    except InputError as exc:
+        raise InputError(exc.problem, path) from None
+    for what, stored, setup, column in stored_means:
+        cols = per_query[setup]
+        if column not in cols:
+            if column == protocol.headline_metric.metric:  # the protocol's own number: required
+                raise InputError(f"per-query rows have no {column!r}", folder / "per_query.json")
+            continue
+        recomputed = sequential_mean(cols[column])
+        if not _same(stored, recomputed):
+            raise InputError(
+                f"run record is inconsistent: metrics.json {what} is {_show(stored)} but "
+                f"per_query.json gives {recomputed:.6g}; the record was edited or damaged (re-run, "
+                "or restore it)",
+                folder,
+            )
 
 
 # --- record.json: the typed parts, declared once ---------------------------------------------------
@@ -1064,7 +1047,8 @@ class RunRecord:
             ``root``...).
         metrics: ``metrics.json`` (checked against ``per_query.json``).
         timings: ``timings.json``.
-        protocol: ``revisited``, ``original``, ``holidays`` or ``ukbench``.
+        protocol: the protocol (:class:`~oxbench.protocol.Protocol`, equal to its name:
+            ``revisited``, ``original``, ``holidays``, ``ukbench``, ``gldv2``, ``ilias``).
         k: how many results per query ``retrieved.json`` holds.
         labels: the label vocabulary of ``retrieved.json``.
         queries: per query its stored top-k (:class:`QueryRetrieved`).
@@ -1076,7 +1060,7 @@ class RunRecord:
     dataset: Mapping[str, Any]
     metrics: Mapping[str, Any]
     timings: Mapping[str, Any]
-    protocol: str
+    protocol: Protocol
     k: int
     labels: tuple[str, ...]
     queries: tuple[QueryRetrieved, ...]
@@ -1152,7 +1136,7 @@ class RunRecord:
         per_query = _parse_per_query(
             read_record_json(folder / "per_query.json"), nq, folder / "per_query.json"
         )
-        expected = set(SETUP_LABELS[protocol])
+        expected = set(protocol.setups)
         _need(
             set(per_query) == expected,
             f"setups {sorted(per_query)} do not fit the {protocol} protocol ({sorted(expected)})",
@@ -1175,7 +1159,7 @@ class RunRecord:
             k=k,
             labels=labels,
             queries=queries,
-            _per_query={s: per_query[s] for s in SETUP_LABELS[protocol]},
+            _per_query={s: per_query[s] for s in protocol.setups},
         )
 
     # -- identity ------------------------------------------------------------------------------
@@ -1255,19 +1239,9 @@ class RunRecord:
         return f"{self.label} on {self.dataset_id}{extra} ({self.path})"
 
     def headline(self) -> str:
-        """The numbers ``oxbench runs`` prints: ``mAP E 84.81 M 64.67 H 38.47``, ``mAP 80.10``, ``score 3.5``."""
-
-        def pct(v: float) -> str:
-            return "nan" if math.isnan(v) else f"{100 * v:.2f}"
-
-        if self.protocol == "revisited":
-            letters = {"easy": "E", "medium": "M", "hard": "H"}
-            return "mAP " + " ".join(f"{letters[s]} {pct(self.mean(s))}" for s in self.setups)
-        (setup,) = self.setups
-        if self.protocol == "ukbench":
-            v = self.mean(setup, "score")
-            return "score nan" if math.isnan(v) else f"score {v:.4f}"
-        return f"mAP {pct(self.mean(setup))}"
+        """The numbers ``oxbench runs`` prints, as the protocol writes its headline:
+        ``mAP E 84.81 M 64.67 H 38.47``, ``mAP 80.10``, ``score 3.5000``."""
+        return self.protocol.headline(number_text(self.mean))
 
     # -- per-query numbers -------------------------------------------------------------------
     def _setup(self, setup: str) -> str:

@@ -36,6 +36,8 @@ GROUPS = {
     "local_features": "oxbench.local_features",
     "descriptors": "oxbench.descriptors",
     "executors": "oxbench.executors",
+    "datasets": "oxbench.datasets",
+    "protocols": "oxbench.protocols",
 }
 
 

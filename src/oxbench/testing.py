@@ -33,13 +33,21 @@ fix. A plugin's own tests call them on what it registers::
   store of the pipelines and found there (a cache hit) the second time;
 - :func:`check_executor` -- results in item order and equal to the serial ones (numpy arrays bit
   for bit), nothing for no items, an error of a job raised, a stage left early and a second stage
-  after it, ``describe`` JSON-able, ``close`` twice harmless.
+  after it, ``describe`` JSON-able, ``close`` twice harmless;
+- :func:`check_dataset` -- a catalog entry and its family: registered under its id, its protocols
+  known; a copy not on disk one line with the remedy; on the family's tiny example copy
+  (``write_example``) the ground truth valid, of its protocol, the same twice, loaded with and
+  without images, a perfect ranking scoring 1 in every setup, the result's lines, table and JSON
+  read back as the protocol reads them, ``verify`` clean, and ``oxbench.run`` of the ``features``
+  method on random descriptors named by image writing a run record that reads back (a distractor
+  set: attached after a benchmark it belongs with).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -51,6 +59,7 @@ from numpy.typing import NDArray
 
 __all__ = [
     "SyntheticSpace",
+    "check_dataset",
     "check_descriptor",
     "check_executor",
     "check_family",
@@ -81,27 +90,9 @@ def make_tiny_root(root: str | Path) -> Path:
     """A tiny synthetic test city (40 database images, 4 queries) and training city (30 images)
     under ``root``, 320 x 240 pixels (about 2 s; needs opencv and Pillow; a complete set already
     there is kept). Returns ``root``."""
-    from oxbench.datasets.synthetic.config import SynthConfig
-    from oxbench.datasets.synthetic.generate import generate
+    from oxbench.datasets.synthetic.generate import make_tiny_cities
 
-    root = Path(root)
-    common: dict[str, Any] = {"landmarks": 2, "image_size": (320, 240), "generic_buildings": 4}
-    generate(
-        root / "synthetic",
-        SynthConfig(db_size=40, queries_per_landmark=2, **common),
-        workers=1,
-        progress=False,
-    )
-    train = SynthConfig(
-        name="synthetic-train",
-        city="southbridge",
-        seed=1,
-        db_size=30,
-        queries_per_landmark=1,
-        **common,
-    )
-    generate(root / "synthetic-train", train, workers=1, progress=False)
-    return root
+    return make_tiny_cities(root)
 
 
 # ------------------------------------------------------------------------------ families
@@ -1020,3 +1011,228 @@ def check_executor(executor_or_factory: Any, *, workers: int = 2) -> None:
     finally:
         executor.close()
     executor.close()  # twice is harmless
+
+
+# ------------------------------------------------------------------------------ datasets
+
+
+def _perfect_ranks(gt: Any) -> NDArray[np.int64]:
+    """Per query: its positives, then its ignored images, then the rest (a list scoring 1)."""
+    rows = []
+    for q in gt.queries:
+        positives = np.union1d(q.positives, q.good).astype(np.int64)
+        first = np.concatenate([positives, np.setdiff1d(q.junk, positives)])
+        rest = np.setdiff1d(np.arange(gt.n_db), first)
+        rows.append(np.concatenate([first, rest]))
+    return np.stack(rows).astype(np.int64)
+
+
+def _check_result(what: str, gt: Any, result: Any) -> None:
+    """A perfect ranking's result: 1 in every setup, lines, table and JSON read back."""
+    protocol = gt.protocol
+    if set(result.setups) != set(protocol.setups):
+        raise _fail(
+            what, f"result setups {sorted(result.setups)}", f"the protocol's are {protocol.setups}"
+        )
+    for name, s in result.setups.items():
+        if not np.isclose(s.map, 1.0):
+            raise _fail(
+                what,
+                f"a perfect ranking (positives first) scores {s.map!r} in setup {name!r}",
+                "the ground truth's positives must be the ones its protocol counts",
+            )
+    lines = result.lines()
+    if not lines or not all(isinstance(ln, str) and ln.startswith(gt.dataset) for ln in lines):
+        raise _fail(what, f"printed lines {lines!r}", "each line starts with the dataset id")
+    from oxbench.report.tables import result_table
+
+    if not isinstance(result_table(result), str):
+        raise _fail(what, "the table is not text", "Protocol.table returns header and rows")
+    payload = json.loads(json.dumps(result.to_dict()))
+    columns: dict[str, dict[str, NDArray[np.float64]]] = {}
+    for name, s in result.setups.items():
+        cols = {"ap": np.asarray(s.ap, np.float64)}
+        cols |= {f"p@{k}": s.p_at_k[:, j] for j, k in enumerate(result.ks)}
+        if s.per_query_score is not None:
+            cols["score"] = s.per_query_score
+        cols |= dict(s.extra)
+        columns[name] = cols
+    from oxbench.records import sequential_mean
+
+    for label, stored, setup, column in protocol.stored_means(payload, columns):
+        if column not in columns[setup]:
+            continue
+        if not np.isclose(float(stored), sequential_mean(columns[setup][column]), atol=1e-9):
+            raise _fail(
+                what,
+                f"metrics JSON {label} is {stored!r}, its per-query values give another mean",
+                "Protocol.stored_means must read back what result_dict writes",
+            )
+    from oxbench.protocol import number_text
+
+    headline = protocol.headline(number_text(lambda s, m: 1.0))
+    if not headline.startswith(protocol.headline_metric.label):
+        raise _fail(what, f"headline {headline!r}", "Protocol.headline writes the compact line")
+
+
+def _run_on_random_descriptors(what: str, spec_id: str, bench: Any, base: Path) -> None:
+    """``oxbench.run(<id>, "features")`` on random descriptors named by image; the record reads back."""
+    from oxbench import RecordOptions, Session, run
+    from oxbench.records import RunRecord
+
+    rng = np.random.default_rng(0)
+    files = {}
+    for part, names in (("db", bench.gt.db_names), ("query", bench.gt.query_names)):
+        x = rng.standard_normal((len(names), 8)).astype(np.float32)
+        (base / f"{part}_names.txt").write_text("".join(f"{n}\n" for n in reversed(names)))
+        np.save(base / f"{part}.npy", x[::-1].copy())
+        files[f"descriptor.{part}_features"] = str(base / f"{part}.npy")
+        files[f"descriptor.{part}_names"] = str(base / f"{part}_names.txt")
+    outcome = run(
+        spec_id,
+        "features",
+        Session(root=base, progress=False, strict=False, engine="serial"),
+        RecordOptions(runs_dir=base / "runs"),
+        overrides=files,
+    )
+    record = RunRecord.load(outcome.run_dir)
+    if record.protocol != bench.gt.protocol or record.n_queries != bench.gt.n_queries:
+        raise _fail(what, "the run record names another protocol or query count", "report it")
+    if not record.headline().startswith(bench.gt.protocol.headline_metric.label):
+        raise _fail(what, f"the run's headline {record.headline()!r}", "report it")
+
+
+def check_dataset(dataset: Any, *, root: str | Path | None = None, run: bool = True) -> None:
+    """Check a dataset entry and its family (see the module docstring).
+
+    Args:
+        dataset: a catalog id or its :class:`~oxbench.datasets.spec.DatasetSpec`.
+        root: a folder to work in (default: a temporary folder, removed after).
+        run: also run the ``features`` method on the example copy (a few seconds).
+
+    Raises:
+        AssertionError: what the entry or its family must fix.
+    """
+    from oxbench.datasets.catalog import DATASETS
+    from oxbench.datasets.spec import DatasetSpec
+
+    spec = dataset if isinstance(dataset, DatasetSpec) else DATASETS.get(str(dataset))
+    logger = logging.getLogger("oxbench")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # the example's counts are not the official ones: no warnings
+    try:
+        _check_dataset(spec, root=root, run=run)
+    finally:
+        logger.setLevel(level)
+
+
+def _check_dataset(spec: Any, *, root: str | Path | None, run: bool) -> None:
+    from oxbench.datasets import load, load_ground_truth, verify
+    from oxbench.datasets.catalog import DATASETS
+    from oxbench.datasets.spec import DatasetFamily, Placement
+    from oxbench.errors import InputError
+    from oxbench.groundtruth import GroundTruth
+    from oxbench.pipelines.steps import gt_digest
+    from oxbench.protocol import get_protocol
+
+    what = f"dataset {spec.id}"
+    if spec.id not in DATASETS or DATASETS.get(spec.id) is not spec:
+        raise _fail(
+            what,
+            "not in the catalog under its id",
+            "register it (oxbench.datasets.catalog.register)",
+        )
+    if not isinstance(spec.family, DatasetFamily):
+        raise _fail(what, f"family {spec.family!r}", "a DatasetFamily subclass")
+    for p in spec.protocols:
+        try:
+            get_protocol(p)
+        except InputError as exc:
+            raise _fail(
+                what, str(exc), "register the protocol (oxbench.protocol.register_protocol)"
+            ) from None
+    if not all(isinstance(p, Placement) for p in spec.layout):
+        raise _fail(
+            what, "layout holds other than Placements", "DatasetFamily.layout returns Placements"
+        )
+    if spec.n_images < 0 or spec.n_queries < 0:
+        raise _fail(what, "negative counts", "n_images and n_queries count images")
+    with _folder(root, "oxbench-check-dataset-") as base:
+        if not spec.synthetic:
+            try:
+                load_ground_truth(spec.id, base)
+                raise _fail(
+                    what, "loads with nothing on disk", "refuse a missing copy with the remedy"
+                )
+            except InputError as exc:
+                if "\n" in str(exc) or spec.id not in str(exc):
+                    raise _fail(
+                        what, f"a missing copy says {str(exc)!r}", "one line naming the dataset"
+                    ) from None
+        ddir = base / spec.id
+        spec.family.write_example(spec, ddir)
+        missing = [f for f in spec.family.required_files(spec) if not (ddir / f).exists()]
+        if missing:
+            raise _fail(what, f"the example copy lacks {missing}", "write_example writes them")
+        if not spec.protocols:  # a distractor set: attached after a benchmark it belongs with
+            if not spec.distractors_for:
+                raise _fail(
+                    what, "no protocol and no distractors_for", "name the benchmarks it serves"
+                )
+            other = DATASETS.get(spec.distractors_for[0])
+            other.family.write_example(other, base / other.id)
+            bench = load(other.id, base, distractors=spec.id, strict=False, progress=False)
+            if bench.n_distractors == 0 or bench.distractors is None:
+                raise _fail(what, "no distractor attached", "the example copy holds images")
+            image = bench.distractors.read(0)
+            if image.ndim != 3 or image.dtype != np.uint8:
+                raise _fail(what, "a distractor does not read as H x W x 3 uint8", "report it")
+            return
+        gt = load_ground_truth(spec.id, base, strict=False)
+        if not isinstance(gt, GroundTruth) or str(gt.protocol) not in spec.protocols:
+            raise _fail(
+                what,
+                f"ground truth of protocol {getattr(gt, 'protocol', None)}",
+                f"one of {spec.protocols}",
+            )
+        gt.validate()
+        if gt.n_queries < 1 or gt.n_db < 1:
+            raise _fail(
+                what, "the example has no query or no database image", "write_example writes both"
+            )
+        if gt_digest(load_ground_truth(spec.id, base, strict=False)) != gt_digest(gt):
+            raise _fail(
+                what, "two readings of the ground truth differ", "read it deterministically"
+            )
+        bench = load(spec.id, base, strict=False, progress=False)
+        if bench.gt.db_names != gt.db_names or bench.gt.query_names != gt.query_names:
+            raise _fail(what, "load and load_ground_truth disagree", "build both from one reader")
+        if len(bench.database) != gt.n_db or len(bench.queries) != gt.n_queries:
+            raise _fail(
+                what, "image sets of other lengths than the ground truth", "one image per name"
+            )
+        if any(bench.database.name(i) != gt.db_names[i] for i in range(gt.n_db)):
+            raise _fail(what, "database image names out of the ground truth's order", "same order")
+        for images in (bench.database, bench.queries):
+            pixels = images.read(0)
+            if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8:
+                raise _fail(what, "an image does not read as H x W x 3 uint8", "report it")
+        unread = load(spec.id, base, strict=False, progress=False, images=False)
+        if unread.gt.db_names != gt.db_names or unread.gt.query_names != gt.query_names:
+            raise _fail(what, "load(images=False) gives other names", "read the same ground truth")
+        from oxbench.evaluation import evaluate
+
+        _check_result(what, gt, evaluate(gt, _perfect_ranks(gt)))
+        report = verify(spec.id, base, progress=False)  # a subset: images may be missing
+        if report.corrupt or report.ground_truth:
+            raise _fail(
+                what,
+                f"verify of the example: corrupt {report.corrupt[:3]}, ground truth "
+                f"{report.ground_truth[:3]}",
+                "verify_plan reads the ground truth the example holds",
+            )
+        test = spec.family.image_test(spec, ddir)
+        if not isinstance(test("jpg/x.jpg"), bool):
+            raise _fail(what, "image_test does not answer True or False", "return a bool")
+        if run:
+            _run_on_random_descriptors(what, spec.id, bench, base)

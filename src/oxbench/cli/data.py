@@ -32,6 +32,7 @@ class _DatasetRow(TypedDict):
     state: str
     image_files: int
     size_on_disk: int
+    origin: str
 
 
 def _fmt_size(n: int) -> str:
@@ -86,9 +87,9 @@ def list_cmd(root: Path | None, as_json: bool) -> None:
     "on disk" is the size of <root>/<id>/ ("partial" when files or images are missing there,
     "-" when absent); it looks, it does not check: `oxbench data verify ID` does.
     """
+    from oxbench.datasets.catalog import DATASETS
     from oxbench.datasets.disk import dataset_status
     from oxbench.datasets.paths import data_root
-    from oxbench.datasets.spec import DATASETS
 
     base = data_root(root)
     rows: list[_DatasetRow] = []
@@ -107,6 +108,7 @@ def list_cmd(root: Path | None, as_json: bool) -> None:
                 "state": st.state,
                 "image_files": st.image_files,
                 "size_on_disk": st.size_bytes,
+                "origin": str(DATASETS.origin(name)),
             }
         )
     if as_json:
@@ -122,9 +124,11 @@ def list_cmd(root: Path | None, as_json: bool) -> None:
         images = "generated" if synthetic else f"{r['images']:,}"
         queries = "-" if synthetic else f"{r['queries']:,}"
         disk = _on_disk(status[r["id"]])
+        origin = DATASETS.origin(r["id"])
+        plugin = "" if origin.builtin else f" [from {origin}]"
         click.echo(
             f"{r['id']:<16} {images:>10} {queries:>8}  {','.join(r['protocols']) or '-':<10} "
-            f"{size:>10} {disk:>16}  {r['title']}"
+            f"{size:>10} {disk:>16}  {r['title']}{plugin}"
         )
 
 
@@ -146,8 +150,8 @@ def _disk_line(st: DiskStatus) -> str:
 @click.option("--root", type=click.Path(path_type=Path), help=_ROOT_HELP)
 def info_cmd(dataset_id: str, root: Path | None) -> None:
     """Everything about one dataset: what is on disk, counts, files, checksum policy, terms."""
+    from oxbench.datasets.catalog import get_spec
     from oxbench.datasets.disk import dataset_status
-    from oxbench.datasets.spec import get_spec
 
     s = get_spec(dataset_id)
     click.echo(f"{s.id}: {s.title}")
@@ -161,6 +165,10 @@ def info_cmd(dataset_id: str, root: Path | None) -> None:
             f"  counts:     {s.n_images:,} images, {s.n_queries:,} queries ({s.counts_note})"
         )
     click.echo(f"  protocols:  {', '.join(s.protocols) or '-'}")
+    from oxbench.protocol import get_protocol
+
+    for name in s.protocols:  # what each scores, as the protocol says it
+        click.echo(f"    {name}: {get_protocol(name).about}")
     if s.belongs_with:
         click.echo(f"  used with:  {', '.join(s.belongs_with)}")
     if s.distractors_for:
@@ -202,9 +210,9 @@ def path_cmd(dataset_id: str, root: Path | None, missing_ok: bool) -> None:
     stops there instead of working in a path that is not there), unless --missing-ok.
     An incomplete folder is printed, with a note on stderr.
     """
+    from oxbench.datasets.catalog import get_spec
     from oxbench.datasets.disk import dataset_status
-    from oxbench.datasets.families import remedy, require_dir
-    from oxbench.datasets.spec import get_spec
+    from oxbench.datasets.ondisk import remedy, require_dir
 
     spec = get_spec(dataset_id)
     st = dataset_status(spec.id, root)
@@ -217,8 +225,8 @@ def path_cmd(dataset_id: str, root: Path | None, missing_ok: bool) -> None:
 
 def _accept_terms_interactively(spec_id: str, root: Path, accept: bool) -> bool:
     """Show the terms once per data root; True when accepted."""
+    from oxbench.datasets.catalog import get_spec
     from oxbench.datasets.lock import LockFile
-    from oxbench.datasets.spec import get_spec
 
     spec = get_spec(spec_id)
     if spec.synthetic or not spec.files:
@@ -276,9 +284,9 @@ def fetch_cmd(
     no_progress: bool,
 ) -> None:
     """Download, check and lay out a dataset from its owners (resumable, verified)."""
+    from oxbench.datasets.catalog import get_spec
     from oxbench.datasets.paths import data_root
     from oxbench.datasets.prepare import fetch_dataset
-    from oxbench.datasets.spec import get_spec
 
     spec = get_spec(dataset_id)
     base = data_root(root)

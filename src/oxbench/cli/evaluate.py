@@ -10,6 +10,9 @@ and a table are printed)::
     oxbench evaluate oxford --gnd gnd_oxford5k.pkl --ranks RANKS [--json]
     oxbench evaluate holidays --results FILE [--images holidays_images.dat] [--ks 1,5,10] [--json]
     oxbench evaluate ukbench --ranks RANKS [--ks 4] [--json]
+    oxbench evaluate gldv2 --solution retrieval_solution_v2.1.csv --predictions submission.csv [--json]
+        (or --ranks R --query-names Q --index-names I)
+    oxbench evaluate ilias --gt DIR --similarities FILE.json|.pkl [--k 1000] [--taxonomy F] [--json]
     oxbench evaluate localization RUN_DIR [--root DIR] [--json]
 
 Inputs are read by :mod:`oxbench.formats.arrays`: ``.npy``, ``.npz`` and MATLAB ``.mat`` (``--key``
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -56,7 +60,8 @@ def _parse_ks(text: str | None) -> tuple[int, ...] | None:
     return ks
 
 
-def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str) -> Any:
+def _load_gt(gnd: str | None, dataset: str | None, root: str | None, command: str) -> Any:
+    """The ground truth of --gnd or --dataset, refused when another subcommand scores its protocol."""
     from oxbench.groundtruth import GroundTruth
 
     if (gnd is None) == (dataset is None):
@@ -70,10 +75,9 @@ def _load_gt(gnd: str | None, dataset: str | None, root: str | None, expect: str
 
         assert dataset is not None  # exactly one of gnd / dataset was given
         gt = load_ground_truth(dataset, root)
-    if gt.protocol != expect:
-        other = "oxford" if gt.protocol == "original" else gt.protocol
+    if gt.protocol.command != command:
         raise InputError(
-            f"this is {gt.protocol}-protocol ground truth; use 'oxbench evaluate {other}'",
+            f"this is {gt.protocol}-protocol ground truth; use 'oxbench evaluate {gt.protocol.command}'",
             gnd or dataset,
         )
     return gt
@@ -179,72 +183,88 @@ def _warn_not_unit_norm(path: str, features: Any) -> None:
         )
 
 
-def _score(
-    gt: Any,
-    *,
-    ranks: str | None,
-    scores: str | None,
-    db_features: str | None,
-    query_features: str | None,
-    key: str | None,
-    query_key: str | None,
-    layout: str,
-    normalize: bool,
-    padding: int | None,
-    n_distractors: int,
-    ks: tuple[int, ...] | None,
-) -> Any:
-    from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores
-    from oxbench.evaluation.protocols import MAX_DISTRACTORS
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What the array subcommands score: exactly one of ranks, scores or the two descriptor files,
+    with how to read them (the options of :func:`_inputs`)."""
 
-    if n_distractors < 0:
-        raise InputError(f"--distractors must be >= 0, got {n_distractors}")
-    if n_distractors > MAX_DISTRACTORS:
-        raise InputError(
-            f"--distractors {n_distractors} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)"
+    ranks: str | None = None
+    scores: str | None = None
+    db_features: str | None = None
+    query_features: str | None = None
+    key: str | None = None
+    query_key: str | None = None
+    layout: str = "n-d"
+    normalize: bool = False
+    padding: int | None = None
+    n_distractors: int = 0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> ScoreInputs:
+        """The click options of :func:`_inputs` (``--padding`` arrives as text)."""
+        padding = options.pop("padding", None)
+        return cls(padding=None if padding is None else int(padding), **options)
+
+    def check(self) -> None:
+        """One line for a combination that does not go together, before any file is read."""
+        from oxbench.evaluation.protocols import MAX_DISTRACTORS
+
+        n = self.n_distractors
+        if n < 0:
+            raise InputError(f"--distractors must be >= 0, got {n}")
+        if n > MAX_DISTRACTORS:
+            raise InputError(
+                f"--distractors {n} is beyond any collection (at most {MAX_DISTRACTORS:,}; R1M is 1,001,001)"
+            )
+        features = self.db_features is not None or self.query_features is not None
+        if sum([self.ranks is not None, self.scores is not None, features]) != 1:
+            raise InputError(
+                "give exactly one of --ranks, --scores, or --db-features with --query-features"
+            )
+        if self.ranks is None and self.padding is not None:
+            raise InputError("--padding applies to --ranks")
+        if (self.layout != "n-d" or self.normalize) and self.db_features is None:
+            raise InputError("--layout and --normalize apply to --db-features/--query-features")
+        if features and (self.db_features is None or self.query_features is None):
+            raise InputError("--db-features and --query-features go together")
+
+
+def _score(gt: Any, inputs: ScoreInputs, ks: tuple[int, ...] | None) -> Any:
+    """Score the ranks, the similarities or the descriptors ``inputs`` names against ``gt``."""
+    from oxbench.evaluation import evaluate, evaluate_features, evaluate_scores
+
+    inputs.check()
+    n_distractors = inputs.n_distractors
+    if inputs.ranks is not None:
+        arr, pad = _read_rank_file(inputs.ranks, inputs.key, inputs.padding, gt.n_queries)
+        result = evaluate(
+            gt, arr, ks=ks, n_distractors=n_distractors, padding=pad, source=inputs.ranks
         )
-    given = [
-        ranks is not None,
-        scores is not None,
-        db_features is not None or query_features is not None,
-    ]
-    if sum(given) != 1:
-        raise InputError(
-            "give exactly one of --ranks, --scores, or --db-features with --query-features"
-        )
-    if ranks is None and padding is not None:
-        raise InputError("--padding applies to --ranks")
-    if (layout != "n-d" or normalize) and db_features is None:
-        raise InputError("--layout and --normalize apply to --db-features/--query-features")
-    if ranks is not None:
-        arr, pad = _read_rank_file(ranks, key, padding, gt.n_queries)
-        result = evaluate(gt, arr, ks=ks, n_distractors=n_distractors, padding=pad, source=ranks)
-        _report_coverage(ranks, arr, gt.n_db + n_distractors)
+        _report_coverage(inputs.ranks, arr, gt.n_db + n_distractors)
         return result
-    if scores is not None:
+    if inputs.scores is not None:
         from oxbench.formats.arrays import read_matrix
 
-        if not Path(scores).exists():
-            raise InputError("scores file not found", scores)
-        return evaluate_scores(
-            gt, read_matrix(scores, key=key), ks=ks, n_distractors=n_distractors, source=scores
-        )
-    if db_features is None or query_features is None:
-        raise InputError("--db-features and --query-features go together")
+        if not Path(inputs.scores).exists():
+            raise InputError("scores file not found", inputs.scores)
+        matrix = read_matrix(inputs.scores, key=inputs.key)
+        return evaluate_scores(gt, matrix, ks=ks, n_distractors=n_distractors, source=inputs.scores)
+    db_features, query_features = inputs.db_features, inputs.query_features
+    assert db_features is not None and query_features is not None  # check() saw to it
     q, x = _features(
         gt,
         db_features,
         query_features,
-        key=key,
-        query_key=query_key,
-        layout=layout,
-        normalize=normalize,
+        key=inputs.key,
+        query_key=inputs.query_key,
+        layout=inputs.layout,
+        normalize=inputs.normalize,
         n_distractors=n_distractors,
     )
     result = evaluate_features(
         gt, q, x, ks=ks, n_distractors=n_distractors, source=f"{db_features}, {query_features}"
     )
-    if not normalize:  # after scoring: a refusal stays one line
+    if not inputs.normalize:  # after scoring: a refusal stays one line
         _warn_not_unit_norm(db_features, x)
         _warn_not_unit_norm(query_features, q)
     return result
@@ -258,15 +278,29 @@ def _check_output(per_query: str | None) -> None:
         check_output_path(per_query)
 
 
-def _emit(result: Any, as_json: bool, per_query: str | None) -> None:
-    """Print the metrics, then write the per-query CSV (a failed write loses nothing printed)."""
+def _emit(result: Any, as_json: bool, per_query: str | None, also: Any = ()) -> None:
+    """Print the metrics (then any cross-protocol view, apart from the official numbers), then
+    write the per-query CSV (a failed write loses nothing printed)."""
     if as_json:
-        click.echo(json.dumps(result.to_dict()))
+        payload = result.to_dict()
+        if also:
+            payload["also"] = {
+                v.name: {"setups": {s: m for s, m in v.means.items()}, "note": v.note} for v in also
+            }
+        click.echo(json.dumps(payload))
     else:
         for line in result.lines():
             click.echo(line)
         click.echo("")
-        click.echo(result.table())
+        from oxbench.report.tables import result_table
+
+        click.echo(result_table(result))
+        for v in also:
+            letters = result.protocol.letters
+            values = ", ".join(f"{letters.get(s, s)}: {100 * m:.2f}" for s, m in v.means.items())
+            click.echo("")
+            click.echo(f"{result.dataset}: {v.name} (not official) {values}")
+            click.echo(f"note: {v.note}")
     if per_query is not None:
         from oxbench.fileio import atomic_write_text
         from oxbench.report.tables import csv_text
@@ -352,36 +386,61 @@ def _inputs(f: Callable[..., Any]) -> Callable[..., Any]:
 
 @click.group("evaluate")
 def evaluate() -> None:
-    """Score a ranking with an official protocol (revisited, oxford, holidays, ukbench), or a run's boxes (localization)."""
+    """Score a ranking with an official protocol (revisited, oxford, holidays, ukbench, gldv2, ilias), or a run's boxes (localization)."""
 
 
 @evaluate.command("revisited")
 @click.option("--gnd", type=click.Path(), help="Revisited ground truth, e.g. gnd_roxford5k.pkl.")
 @_inputs
 @_ks_option(_KS_HELP)
+@click.option(
+    "--also",
+    "views",
+    multiple=True,
+    help="Also print another toolkit's number on the same --ranks, beside (never in) the official "
+    "line: map@K (MIEB/MTEB's map_cut, e.g. map@5). Repeatable.",
+)
 @_common
 def revisited(
     gnd: str | None,
     dataset: str | None,
     root: str | None,
     ks: str | None,
+    views: tuple[str, ...],
     as_json: bool,
     per_query: str | None,
     **inputs: Any,
 ) -> None:
     """Revisited Oxford/Paris: mAP and capped mP@K for the Easy, Medium and Hard setups (revisitop's
     compute_map, exactly)."""
+    from oxbench.evaluation.views import parse_view
+
     k = _parse_ks(ks)
+    asked = [parse_view(v) for v in views]
+    if asked and inputs["ranks"] is None:
+        raise InputError("--also scores --ranks (the ranked lists the views read)")
     _check_output(per_query)
     gt = _load_gt(gnd, dataset, root, "revisited")
-    result = _score(gt, ks=k, **_input_args(inputs))
-    _emit(result, as_json, per_query)
+    args = ScoreInputs.from_options(inputs)
+    result = _score(gt, args, k)
+    also = []
+    if asked:
+        from oxbench.evaluation.views import map_at_k
 
-
-def _input_args(inputs: dict[str, Any]) -> dict[str, Any]:
-    out = dict(inputs)
-    out["padding"] = None if out["padding"] is None else int(out["padding"])
-    return out
+        assert args.ranks is not None  # --also was refused without --ranks
+        arr, pad = _read_rank_file(args.ranks, args.key, args.padding, gt.n_queries)
+        for _, cutoff in asked:
+            also.append(
+                map_at_k(
+                    gt,
+                    arr,
+                    cutoff,
+                    n_distractors=args.n_distractors,
+                    padding=pad,
+                    source=args.ranks,
+                )
+            )
+    _emit(result, as_json, per_query, also)
 
 
 @evaluate.command("oxford")
@@ -420,14 +479,14 @@ def oxford(
     reported (the gt files alone name only the images they label)."""
     k = _parse_ks(ks)
     _check_output(per_query)
-    args = _input_args(inputs)
+    args = ScoreInputs.from_options(inputs)
     if gt_dir is not None or ranked_dir is not None:
         if ranked_dir is None or (gt_dir is None and dataset is None):
             raise InputError(
                 "--ranked-dir goes with --gt-dir or --dataset (whose gt files and images it reads)"
             )
         arrays = ("ranks", "scores", "db_features", "query_features")
-        if gnd is not None or any(args[a] is not None for a in arrays):
+        if gnd is not None or any(getattr(args, a) is not None for a in arrays):
             raise InputError("--gt-dir/--ranked-dir cannot be combined with --gnd or array inputs")
         from oxbench.evaluation import evaluate as evaluate_ranks
         from oxbench.formats.oxford_gt import read_gt_dir, read_ranked_dir
@@ -435,14 +494,14 @@ def oxford(
         if (
             dataset is not None
         ):  # the database is the dataset's images, not the names the gt files cite
-            gt = _load_gt(None, dataset, root, "original")
+            gt = _load_gt(None, dataset, root, "oxford")
             if gt_dir is not None:
                 gt = read_gt_dir(gt_dir, db_names=gt.db_names, dataset=gt.dataset)
         else:
             assert gt_dir is not None
             gt = read_gt_dir(gt_dir)
         gt2, internal = read_ranked_dir(ranked_dir, gt)  # shorter lists are padded with -1
-        n_distractors = args["n_distractors"]
+        n_distractors = args.n_distractors
         result = evaluate_ranks(
             gt2, internal, ks=k, n_distractors=n_distractors, padding=-1, source=str(ranked_dir)
         )
@@ -451,8 +510,8 @@ def oxford(
         ):  # the gt files alone name only some images: no database size to compare with
             _report_coverage(ranked_dir, internal, gt2.n_db + n_distractors)
     else:
-        gt = _load_gt(gnd, dataset, root, "original")
-        result = _score(gt, ks=k, **args)
+        gt = _load_gt(gnd, dataset, root, "oxford")
+        result = _score(gt, args, k)
     _emit(result, as_json, per_query)
 
 
@@ -562,6 +621,144 @@ def ukbench(
     else:
         result = evaluate_scores(gt, arr, ks=k, source=path)
     _emit(result, as_json, per_query)
+
+
+@evaluate.command("gldv2")
+@click.option(
+    "--solution",
+    required=True,
+    type=click.Path(),
+    help="retrieval_solution_v2.1.csv (id,images,Usage: Public, Private or Ignored).",
+)
+@click.option(
+    "--predictions",
+    type=click.Path(),
+    help="A Kaggle submission (id,images: predicted index ids, best first, space-separated).",
+)
+@click.option(
+    "--ranks",
+    type=click.Path(),
+    help="Or ranks (.npy .npz .mat, revisitop layout: rows = ranked positions, columns = queries; "
+    ".ivecs or text: one query a line), with --query-names and --index-names.",
+)
+@click.option("--query-names", type=click.Path(), help="The test image id of each ranked list.")
+@click.option(
+    "--index-names", type=click.Path(), help="The index image id of each database index in --ranks."
+)
+@_key_options
+@_ks_option("Comma-separated k of mP@k (at most 100).  [default: 1,5,10,50,100]")
+@_common
+def gldv2(
+    solution: str,
+    predictions: str | None,
+    ranks: str | None,
+    query_names: str | None,
+    index_names: str | None,
+    key: str | None,
+    padding: str | None,
+    ks: str | None,
+    as_json: bool,
+    per_query: str | None,
+) -> None:
+    """Google Landmarks v2 retrieval: mAP@100 and mP@k of the Public and Private test images, as the
+    challenge's metrics.py computes them (a repeated prediction keeps its position; a query
+    without a prediction counts 0)."""
+    from oxbench.evaluation.protocols.gldv2 import score_predictions
+    from oxbench.formats.gldv2 import read_predictions, read_solution
+
+    k = _parse_ks(ks)
+    _check_output(per_query)
+    if (predictions is None) == (ranks is None):
+        raise InputError("give exactly one of --predictions or --ranks")
+    if ranks is None and (query_names or index_names or key or padding):
+        raise InputError("--query-names, --index-names, --key and --padding go with --ranks")
+    sol = read_solution(solution)
+    if predictions is not None:
+        gt = sol.ground_truth()
+        read = read_predictions(predictions, gt, sol.ignored)
+        result = score_predictions(gt, read.order, read.predicted, ks=k)
+    else:
+        from oxbench.evaluation import evaluate as evaluate_ranks
+        from oxbench.formats.arrays import read_names, read_ranks
+
+        if query_names is None or index_names is None:
+            raise InputError("--ranks needs --query-names and --index-names")
+        assert ranks is not None
+        names = read_names(query_names)
+        gt = sol.ground_truth(read_names(index_names))
+        arr = read_ranks(ranks, key=key, padding=None if padding is None else int(padding))
+        if arr.shape[0] != len(names):
+            raise InputError(
+                f"ranks hold {arr.shape[0]} lists but --query-names names {len(names)}", ranks
+            )
+        row_of = {n: i for i, n in enumerate(names)}
+        if len(row_of) != len(names):
+            raise InputError("a test image is named twice", query_names)
+        unknown = [n for n in names if n not in set(gt.query_names) and n not in sol.ignored]
+        if unknown:
+            raise InputError(f"test image {unknown[0]} is not in the solution", query_names)
+        missing = [q for q in gt.query_names if q not in row_of]
+        rows = [row_of.get(q, -1) for q in gt.query_names]
+        import numpy as np
+
+        full = np.full((gt.n_queries, arr.shape[1]), -1, dtype=np.int64)
+        for qi, r in enumerate(rows):
+            if r >= 0:
+                full[qi] = arr[r]
+        if missing:
+            click.echo(
+                f"{ranks}: {len(missing)} test images of the solution have no list (they score 0)",
+                err=True,
+            )
+        result = evaluate_ranks(gt, full, ks=k, padding=-1, source=ranks)
+    _emit(result, as_json, per_query)
+
+
+@evaluate.command("ilias")
+@click.option(
+    "--gt",
+    "gt_dir",
+    required=True,
+    type=click.Path(),
+    help="The ILIAS folder holding image_ids/ (image_query_ids.txt, text_query_ids.txt, "
+    "positive_ids.txt).",
+)
+@click.option(
+    "--similarities",
+    required=True,
+    type=click.Path(),
+    help="knn_search's output: .json {query: {db id: score}} or .pkl (query_ids, db_ids, sims, "
+    "ranks).",
+)
+@click.option("--k", "k_text", default="1000", show_default=True, help="The k of mAP@k.")
+@click.option(
+    "--taxonomy", type=click.Path(), help="misc/taxonomy.json, for the per-category breakdown."
+)
+@_common
+def ilias(
+    gt_dir: str,
+    similarities: str,
+    k_text: str,
+    taxonomy: str | None,
+    as_json: bool,
+    per_query: str | None,
+) -> None:
+    """ILIAS: mAP@k as ilias-vrg/ilias evaluation/src/dataset.py computes it (the top k by score,
+    tied scores one threshold, AP rescaled by hits / min(k, positives)), the oracle, per scale and
+    per clutter group and, with --taxonomy, per category; queries absent from the file are skipped
+    and named."""
+    from oxbench import schema
+    from oxbench.evaluation.protocols.ilias import MAX_K, IliasScorer
+    from oxbench.formats.ilias import ground_truth, read_ids, read_similarities, read_taxonomy
+
+    k = schema.Int(lo=1, hi=MAX_K).parse("k", k_text, what="option")
+    _check_output(per_query)
+    tax = None if taxonomy is None else read_taxonomy(taxonomy)
+    gt = ground_truth(read_ids(gt_dir), taxonomy=tax)
+    scorer = IliasScorer(gt, k)
+    for q, ids, scores in read_similarities(similarities, gt):
+        scorer.add(q, ids, scores)
+    _emit(scorer.result(source=similarities), as_json, per_query)
 
 
 @evaluate.command("localization")

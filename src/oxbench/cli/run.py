@@ -374,7 +374,9 @@ def _run_and_report(
     for line in outcome.result.lines():
         click.echo(line)
     click.echo("")
-    click.echo(outcome.result.table())
+    from oxbench.report.tables import result_table
+
+    click.echo(result_table(outcome.result))
     if cfg.trained_on_test_set:
         click.echo("NOTE: the method was trained on the test set; not comparable.")
     voc = outcome.info.get("vocabulary")

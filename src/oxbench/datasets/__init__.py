@@ -2,15 +2,18 @@
 
 ``load("roxford5k", root=...)`` returns a :class:`~oxbench.datasets.base.Benchmark`;
 ``fetch_dataset`` / ``import_dataset`` put a dataset on disk; ``dataset_status`` says what is
-there; ``verify`` checks it. The entries are declared in :mod:`oxbench.datasets.catalog` (ids:
-``DATASETS.names()``), each with a :class:`DatasetFamily` from :mod:`oxbench.datasets.families`.
+there; ``verify`` checks it. The entries are declared with their families, one module each in
+:mod:`oxbench.datasets.families`; the catalog (:mod:`oxbench.datasets.catalog`, ids:
+``DATASETS.names()``) holds them by id, plugins' entries (entry-point group ``oxbench.datasets``)
+included.
 """
 
 from oxbench.datasets.base import Benchmark, FileImages, ImageSource, crop_box, read_image
+from oxbench.datasets.catalog import DATASETS, get_spec
 from oxbench.datasets.disk import DiskStatus, dataset_status
 from oxbench.datasets.loaders import distractor_count, load, load_ground_truth
 from oxbench.datasets.prepare import PrepareReport, fetch_dataset, import_dataset
-from oxbench.datasets.spec import DATASETS, DatasetFamily, DatasetSpec, RemoteFile, get_spec
+from oxbench.datasets.spec import DatasetFamily, DatasetSpec, RemoteFile
 from oxbench.datasets.verify import VerifyReport, verify
 
 __all__ = [

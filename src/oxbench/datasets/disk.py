@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from oxbench.datasets.families import IMAGE_DIR, IMAGE_EXT
+from oxbench.datasets.catalog import get_spec
+from oxbench.datasets.ondisk import IMAGE_DIR, IMAGE_EXT
 from oxbench.datasets.paths import data_root
-from oxbench.datasets.spec import get_spec
 
 DiskState = Literal["installed", "incomplete", "absent"]
 

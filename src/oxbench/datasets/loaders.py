@@ -1,19 +1,21 @@
 """Loading a dataset from its canonical layout: :func:`load` and :func:`load_ground_truth`.
 
 Both resolve the catalog entry and hand over to its family (:mod:`oxbench.datasets.families`),
-which knows the files, the ground truth and the database order of its kind of benchmark. Loading
-reads the ground truth with the shared parsers of :mod:`oxbench.formats` and checks that every
-image file it refers to is present; it does not decode images (``verify`` does).
+which knows the files, the ground truth and the database order of its kind of benchmark; a
+distractor set asked for is attached here, after the database. Loading reads the ground truth with
+the shared parsers of :mod:`oxbench.formats` and checks that every image file it refers to is
+present; it does not decode images (``verify`` does).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from oxbench.datasets.base import Benchmark, CropConvention, UnreadImages
-from oxbench.datasets.families import Distractors, not_a_distractor_set
+from oxbench.datasets.catalog import DATASETS, get_spec
 from oxbench.datasets.paths import data_root
-from oxbench.datasets.spec import get_spec
+from oxbench.datasets.spec import DatasetSpec
 from oxbench.errors import InputError
 from oxbench.groundtruth import GroundTruth
 
@@ -84,15 +86,63 @@ def load(
             crop=crop,
             options=recorded,
         )
-    return spec.family.load(
+    own = spec.family.own_distractors
+    bench = spec.family.load(
         spec,
         ddir,
-        distractors=distractors,
+        distractors=distractors if own else None,
         crop=crop,
         strict=strict,
         options={k: str(v) for k, v in options.items()},
         progress=progress,
     )
+    if distractors is None or own:
+        return bench
+    return _attach_distractors(spec, bench, ddir, distractors, strict=strict)
+
+
+def _attach_distractors(
+    spec: DatasetSpec, bench: Benchmark, ddir: Path, distractors: str | int, *, strict: bool
+) -> Benchmark:
+    """``bench`` with a distractor set after its database: a set id, or an int (the first N of
+    the dataset's default set)."""
+    from oxbench.datasets.families.distractors import Distractors
+
+    limit = None
+    if isinstance(distractors, int) and not isinstance(distractors, bool):
+        limit, distractors = distractors, _default_distractors(spec)
+    dspec = get_spec(str(distractors))
+    if not isinstance(dspec.family, Distractors):
+        raise not_a_distractor_set(dspec)
+    if (
+        spec.id not in dspec.distractors_for
+    ):  # another benchmark's distractors give numbers no paper has
+        try:
+            right = f"; {spec.id}'s is {_default_distractors(spec)}"
+        except InputError:
+            right = ""
+        raise InputError(
+            f"{dspec.id} holds the distractors of {', '.join(dspec.distractors_for)}, not of {spec.id}{right}"
+        )
+    dimgs = dspec.family.images(dspec, ddir.parent / dspec.id, strict=strict, limit=limit)
+    recorded = dict(bench.options)
+    recorded["distractors"] = dspec.id if limit is None else f"{dspec.id}[:{limit}]"
+    return replace(bench, distractors=dimgs, options=recorded)
+
+
+def not_a_distractor_set(spec: DatasetSpec) -> InputError:
+    """The error for a distractor set id that names another kind of dataset."""
+    from oxbench.datasets.families.distractors import Distractors
+
+    sets = ", ".join(i for i in DATASETS if isinstance(get_spec(i).family, Distractors))
+    return InputError(f"{spec.id} is not a distractor set (distractor sets: {sets})")
+
+
+def _default_distractors(spec: DatasetSpec) -> str:
+    for other in DATASETS:
+        if spec.id in get_spec(other).distractors_for:
+            return other
+    raise InputError(f"{spec.id} has no distractor set; pass a distractor set id")
 
 
 def load_ground_truth(
@@ -114,6 +164,8 @@ def load_ground_truth(
 
 def distractor_count(dataset_id: str, root: str | Path | None = None) -> int:
     """Number of images of a distractor set on disk (``len(revisitop1m.txt)`` for R1M)."""
+    from oxbench.datasets.families.distractors import Distractors
+
     spec = get_spec(dataset_id)
     if not isinstance(spec.family, Distractors):
         raise not_a_distractor_set(spec)

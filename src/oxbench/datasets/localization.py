@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oxbench.datasets.catalog import get_spec
 from oxbench.datasets.paths import data_root
-from oxbench.datasets.spec import get_spec
 from oxbench.errors import InputError
 from oxbench.evaluation.localization import Box, LocalizationTruth, check_box, truth_from_queries
 

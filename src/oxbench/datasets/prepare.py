@@ -1,7 +1,7 @@
 """Getting a dataset onto disk: ``fetch`` from the owners, or ``import`` a copy the user has.
 
 Both lay the files out in the canonical layout of the catalog (``<root>/<id>/jpg/...`` plus the
-ground-truth files, see :mod:`oxbench.datasets.catalog`) and record what they checked in the data
+ground-truth files, see :mod:`oxbench.datasets.families`) and record what they checked in the data
 root's lock file. Library functions; the ``oxbench data`` commands are thin wrappers.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from oxbench.datasets.archive import extract_archive, is_archive, remove_stale_extractions
+from oxbench.datasets.catalog import get_spec
 from oxbench.datasets.fetch import (
     MIRROR_ENV,
     DownloadResult,
@@ -30,7 +31,7 @@ from oxbench.datasets.fetch import (
 )
 from oxbench.datasets.lock import LockFile
 from oxbench.datasets.paths import data_root
-from oxbench.datasets.spec import DatasetSpec, Placement, RemoteFile, get_spec
+from oxbench.datasets.spec import DatasetSpec, Placement, RemoteFile
 from oxbench.errors import InputError
 from oxbench.fileio import (
     TEMP_PREFIX,
@@ -271,7 +272,7 @@ def _reuse_shared_archive(dataset_id: str, f: RemoteFile, base: Path, lock: Lock
     placements are flat with base-name patterns qualify. Returns the number of files laid out
     (0: nothing to reuse).
     """
-    from oxbench.datasets.spec import DATASETS
+    from oxbench.datasets.catalog import DATASETS
 
     if not f.archive or any(p.mode != "flat" or "/" in p.pattern for p in f.placements):
         return 0

@@ -1,10 +1,10 @@
-"""The shape of a dataset entry, and the registry of entries.
+"""The shape of a dataset entry.
 
 This module holds only the mechanism: :class:`DatasetSpec` (what a benchmark is made of),
 :class:`RemoteFile` (one file as its owners publish it) and :class:`DatasetFamily` (what a kind of
 benchmark knows: its layout, its ground truth, the images it needs, how to load it). The families
-are implemented in :mod:`oxbench.datasets.families`; the entries themselves are short declarations
-in :mod:`oxbench.datasets.catalog`, imported on the first lookup.
+and their entries are one module each in :mod:`oxbench.datasets.families`; the catalog of entries
+by id is :mod:`oxbench.datasets.catalog`.
 
 Checksums: where the owners publish none (none of these benchmarks does for its images), the entry
 says ``checksum_policy == "lock"``: the first verified download records size and SHA-256 in the data
@@ -13,14 +13,11 @@ root's lock file (``oxbench.lock.json``) and every later ``fetch``/``verify`` ch
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
-
-from oxbench.registry import Registry
 
 if TYPE_CHECKING:
     from oxbench.datasets.base import Benchmark, CropConvention
@@ -176,6 +173,9 @@ class DatasetFamily(ABC):
 
     #: True for a dataset generated locally (nothing to fetch or import).
     generated: ClassVar[bool] = False
+    #: True for a family that makes its own distractors (``load`` gets the ``distractors`` asked
+    #: for); the others get ``None`` and :func:`oxbench.datasets.load` attaches a distractor set.
+    own_distractors: ClassVar[bool] = False
 
     @abstractmethod
     def layout(self, spec: DatasetSpec) -> tuple[Placement, ...]:
@@ -215,6 +215,14 @@ class DatasetFamily(ABC):
     @abstractmethod
     def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
         """What ``verify`` checks; problems met on the way go in the plan, not raised."""
+
+    def write_example(self, spec: DatasetSpec, ddir: Path) -> None:
+        """Write a tiny copy of the dataset into ``ddir`` in its layout: a few images, the ground
+        truth files (what :func:`oxbench.testing.check_dataset` loads and scores; load it with
+        ``strict=False``, its counts are not the official ones)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} writes no example copy: implement write_example(spec, ddir)"
+        )
 
     def image_test(self, spec: DatasetSpec, ddir: Path) -> Callable[[str], bool]:
         """Whether a file laid out at a path (relative to the dataset folder) belongs there.
@@ -294,7 +302,11 @@ class DatasetSpec:
         """One line saying how the files are checked."""
         policies = {f.checksum_policy for f in self.files}
         if not self.files:
-            return "generated locally; nothing to download"
+            if self.synthetic:
+                return "generated locally; nothing to download"
+            return (
+                "oxbench downloads none of its files: import a copy you have (oxbench data import)"
+            )
         if policies == {"published"}:
             return "published checksums are pinned in the catalog"
         return LOCK_POLICY_TEXT
@@ -303,25 +315,3 @@ class DatasetSpec:
     def download_size(self) -> int:
         """Rough total download size in bytes (exact where sizes are known)."""
         return sum(f.size if f.size is not None else (f.approx_size or 0) for f in self.files)
-
-
-def _load_catalog() -> None:
-    importlib.import_module("oxbench.datasets.catalog")
-
-
-#: All dataset entries, by id. Entries are declared in :mod:`oxbench.datasets.catalog`.
-DATASETS: Registry[DatasetSpec] = Registry("dataset", loader=_load_catalog)
-
-
-def get_spec(dataset_id: str) -> DatasetSpec:
-    """The entry of ``dataset_id``.
-
-    Raises:
-        InputError: unknown id (the message lists the known ones).
-    """
-    return DATASETS.get(dataset_id)
-
-
-def register(spec: DatasetSpec) -> DatasetSpec:
-    """Add an entry to :data:`DATASETS` (used by the catalog)."""
-    return DATASETS.register(spec.id, spec)

@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oxbench.datasets.families import IMAGE_DIR, IMAGE_EXT, require_dir
+from oxbench.datasets.catalog import get_spec
 from oxbench.datasets.lock import LockFile
+from oxbench.datasets.ondisk import IMAGE_DIR, IMAGE_EXT, require_dir
 from oxbench.datasets.paths import data_root
-from oxbench.datasets.spec import DatasetSpec, get_spec
+from oxbench.datasets.spec import DatasetSpec
 from oxbench.errors import InputError
 from oxbench.fileio import (
     atomic_write_json,

@@ -1,6 +1,9 @@
-"""Exact official evaluation: trapezoidal AP, revisitop mP@K, the four protocols, fast at R1M scale.
+"""Exact official evaluation: trapezoidal AP, revisitop mP@K, the protocols, fast at R1M scale.
 
-Main entry points (all pure functions returning an :class:`EvaluationResult`):
+Each protocol is an object (:class:`oxbench.protocol.Protocol`, one module each in
+:mod:`oxbench.evaluation.protocols`; :func:`get_protocol` finds one by name) held by the ground
+truth. Main entry points (all pure functions returning an :class:`EvaluationResult`, scored by the
+ground truth's protocol):
 
 - :func:`evaluate` -- ground truth + ranks ``[n_queries, k]`` (internal layout);
 - :func:`evaluate_scores` -- ground truth + scores ``[n_db(+distractors), n_queries]``;
@@ -11,9 +14,8 @@ score matrix (stable descending, ties to the lower database index).
 """
 
 from oxbench.evaluation.ap import average_precision, average_precision_textbook, precision_at_ks
-from oxbench.evaluation.protocols import (
+from oxbench.evaluation.labelled import (
     DEFAULT_KS,
-    SETUPS,
     evaluate,
     evaluate_features,
     evaluate_scores,
@@ -21,11 +23,13 @@ from oxbench.evaluation.protocols import (
 )
 from oxbench.evaluation.ranking import from_revisitop, ranks_from_scores, to_revisitop
 from oxbench.evaluation.result import EvaluationResult, SetupResult
+from oxbench.protocol import PROTOCOLS, Protocol, get_protocol
 
 __all__ = [
     "DEFAULT_KS",
-    "SETUPS",
+    "PROTOCOLS",
     "EvaluationResult",
+    "Protocol",
     "SetupResult",
     "average_precision",
     "average_precision_textbook",
@@ -33,6 +37,7 @@ __all__ = [
     "evaluate_features",
     "evaluate_scores",
     "from_revisitop",
+    "get_protocol",
     "precision_at_ks",
     "query_labels",
     "ranks_from_scores",

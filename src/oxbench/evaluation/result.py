@@ -1,15 +1,9 @@
 """Typed evaluation results and their exporters (the familiar lines, a table, JSON, CSV rows).
 
-An :class:`EvaluationResult` holds one :class:`SetupResult` per setup of the protocol:
-
-============  ===================================
-protocol      setups
-============  ===================================
-revisited     ``easy``, ``medium``, ``hard``
-original      ``original``
-holidays      ``holidays``
-ukbench       ``ukbench`` (plus the N-S ``score``)
-============  ===================================
+An :class:`EvaluationResult` holds one :class:`SetupResult` per setup of its protocol
+(:class:`oxbench.protocol.Protocol`: ``easy``, ``medium``, ``hard`` for the revisited protocol,
+``public`` and ``private`` for GLDv2 retrieval, one setup for the others); the protocol writes its
+lines, its table's rows and JSON (:func:`oxbench.report.tables.result_table` renders the rows).
 
 All values are fractions (``0.8481``); the printed lines and tables show percent with two
 decimals, as the field does.
@@ -25,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-SETUP_LETTERS = {"easy": "E", "medium": "M", "hard": "H"}
+from oxbench.protocol import Protocol
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,6 +35,7 @@ class SetupResult:
         n_positives: per-query number of positives in the ground truth, shape ``[n_queries]``.
         score: UKBench only: the N-S score (mean number of the object's 4 images in the top 4).
         per_query_score: UKBench only: per-query count of the object's images in the top 4.
+        extra: further per-query columns of the protocol (ILIAS ``oracle``), ``nan`` where none.
     """
 
     map: float
@@ -51,12 +46,7 @@ class SetupResult:
     n_positives: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     score: float | None = None
     per_query_score: NDArray[np.float64] | None = None
-
-
-def _pct(x: float) -> str:
-    # revisitop prints np.around(x * 100, decimals=2): round the same way (half to even on the
-    # scaled value), then show two decimals.
-    return "nan" if math.isnan(x) else f"{float(np.around(x * 100.0, 2)):.2f}"
+    extra: Mapping[str, NDArray[np.float64]] = field(default_factory=dict)
 
 
 def _json_float(x: float) -> float | None:
@@ -70,7 +60,8 @@ class EvaluationResult:
 
     Attributes:
         dataset: dataset id, used in the printed line (``roxford5k: mAP E: ...``).
-        protocol: ``revisited``, ``original``, ``holidays`` or ``ukbench``.
+        protocol: the protocol (:class:`~oxbench.protocol.Protocol`, equal to its name:
+            ``revisited``, ``original``, ``holidays``, ``ukbench``, ``gldv2``, ``ilias``).
         setups: one :class:`SetupResult` per setup, in the protocol's order.
         ks: the K values of the P@K columns.
         query_names: query names in the ground truth's order (keys of per-query exports).
@@ -78,23 +69,26 @@ class EvaluationResult:
         query_ids: original protocol: the query ids (``all_souls_1``: the stem of the
             ``_query.txt`` file), the keys of its JSON ``ap``; empty for the other protocols.
         padding: the value that padded lists shorter than the others (-1, FAISS), or None.
+        summary: further numbers of the protocol (ILIAS: the oracle, the per-scale, per-clutter
+            and taxonomy breakdowns; GLDv2: the cut-off), written in its JSON.
     """
 
     dataset: str
-    protocol: str
+    protocol: Protocol
     setups: Mapping[str, SetupResult]
     ks: tuple[int, ...]
     query_names: tuple[str, ...] = ()
     n_distractors: int = 0
     query_ids: tuple[str, ...] = ()
     padding: int | None = None
+    summary: Mapping[str, Any] = field(default_factory=dict)
 
     def __getitem__(self, setup: str) -> SetupResult:
         return self.setups[setup]
 
     # -- exporters -------------------------------------------------------------------------
     def lines(self) -> list[str]:
-        """The familiar text line(s), percent with two decimals.
+        """The familiar text line(s), percent with two decimals, as the protocol writes them.
 
         Revisited (as revisitop's example script prints them)::
 
@@ -105,61 +99,18 @@ class EvaluationResult:
         UKBench: ``ukbench: score 3.5000 (of 4), mAP ...``. The capped ``mP@k`` part (revisitop's
         rule, see :func:`~oxbench.evaluation.ap.precision_at_ks`) appears when ``ks`` is not empty.
         """
-        name = self.dataset
-        kstr = " ".join(str(k) for k in self.ks)
+        return self.protocol.lines(self)
 
-        def mp(s: SetupResult) -> str:
-            return "[" + " ".join(_pct(s.mp_at_k[k]) for k in self.ks) + "]"
+    @property
+    def title(self) -> str:
+        """The table's title: ``roxford5k (revisited protocol)``."""
+        return f"{self.dataset} ({self.protocol} protocol)"
 
-        if self.protocol == "revisited":
-            maps = ", ".join(
-                f"{SETUP_LETTERS.get(n, n)}: {_pct(s.map)}" for n, s in self.setups.items()
-            )
-            mps = ", ".join(f"{SETUP_LETTERS.get(n, n)}: {mp(s)}" for n, s in self.setups.items())
-            return [f"{name}: mAP {maps}"] + ([f"{name}: mP@k[{kstr}] {mps}"] if self.ks else [])
-        out = []
-        for s in self.setups.values():
-            line = (
-                f"{name}: score {s.score:.4f} (of 4), mAP {_pct(s.map)}"
-                if s.score is not None
-                else (f"{name}: mAP {_pct(s.map)}")
-            )
-            out.append(line + (f", mP@k[{kstr}] {mp(s)}" if self.ks else ""))
-        return out
-
-    def _table_rows(self) -> tuple[list[str], list[list[str]]]:
-        header = ["setup", "queries", "mAP"] + [f"mP@{k}" for k in self.ks]
-        if any(s.score is not None for s in self.setups.values()):
-            header.append("score")
-        rows = []
-        for n, s in self.setups.items():
-            used = len(s.ap) - len(s.skipped)
-            row = [n, f"{used}/{len(s.ap)}", _pct(s.map)] + [_pct(s.mp_at_k[k]) for k in self.ks]
-            if "score" in header:
-                row.append("" if s.score is None else f"{s.score:.4f}")
-            rows.append(row)
-        return header, rows
-
-    def table(self) -> str:
-        """A plain-text table: one row per setup (queries used, mAP and mP@K in percent)."""
-        from oxbench.report.tables import text_table
-
-        header, rows = self._table_rows()
-        return text_table(header, rows, title=f"{self.dataset} ({self.protocol} protocol)")
-
-    def markdown(self) -> str:
-        """The table as GitHub markdown."""
-        from oxbench.report.tables import markdown_table
-
-        header, rows = self._table_rows()
-        return markdown_table(header, rows)
-
-    def latex(self) -> str:
-        """The table as a LaTeX ``tabular`` (booktabs rules)."""
-        from oxbench.report.tables import latex_table
-
-        header, rows = self._table_rows()
-        return latex_table(header, rows)
+    def table_rows(self) -> tuple[list[str], list[list[str]]]:
+        """The table as the protocol lays it out: a header and one row of text cells per setup
+        (queries used, mAP and mP@K in percent). :func:`oxbench.report.tables.result_table`
+        renders it as text, markdown or LaTeX."""
+        return self.protocol.table(self)
 
     def to_dict(self) -> dict[str, Any]:
         """The CLI's JSON object; numbers are fractions at full precision, skipped APs ``None``.
@@ -168,33 +119,15 @@ class EvaluationResult:
         - original: ``{"map": f, "ap": {"<query id>": f}}``, keyed by the query id
           (``all_souls_1``), as ``compute_ap`` and the ranked-list files name queries;
         - holidays: ``{"map": f, "ap": {"<query image>": f}}``;
-        - ukbench: ``{"score": f}``.
+        - ukbench: ``{"score": f}``;
+        - gldv2 and ilias: see their protocols (:mod:`oxbench.evaluation.protocols`).
 
         With ``padding`` set, ``"padding": -1`` is added.
         """
-        out = self._dict_body()
+        out = self.protocol.result_dict(self)
         if self.padding is not None:
             out["padding"] = self.padding
         return out
-
-    def _dict_body(self) -> dict[str, Any]:
-        if self.protocol == "revisited":
-            setups = {}
-            for n, s in self.setups.items():
-                d: dict[str, Any] = {"map": _json_float(s.map)}
-                for k in self.ks:
-                    d[f"mp@{k}"] = _json_float(s.mp_at_k[k])
-                d["ap"] = [_json_float(v) for v in s.ap]
-                setups[n] = d
-            return {"setups": setups}
-        (s,) = self.setups.values()
-        if self.protocol == "ukbench":
-            return {"score": _json_float(s.score if s.score is not None else math.nan)}
-        names = self.query_ids or self.query_names or tuple(str(i) for i in range(len(s.ap)))
-        return {
-            "map": _json_float(s.map),
-            "ap": {q: _json_float(v) for q, v in zip(names, s.ap, strict=True)},
-        }
 
     def per_query_rows(self) -> list[dict[str, Any]]:
         """One dict per (setup, query): ``setup, query_index, [query_id,] query, n_positives, ap, p@K...``.
@@ -222,5 +155,7 @@ class EvaluationResult:
                     row[f"p@{k}"] = _json_float(s.p_at_k[qi, j])
                 if s.per_query_score is not None:
                     row["score"] = _json_float(s.per_query_score[qi])
+                for column, values in s.extra.items():
+                    row[column] = _json_float(values[qi])
                 rows.append(row)
         return rows

@@ -58,9 +58,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.evaluation.ap import average_precision, precision_at_ks
-from oxbench.evaluation.protocols import evaluate
+from oxbench.evaluation.labelled import evaluate
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.groundtruth import GroundTruth, make_query
+from oxbench.protocol import get_protocol
 
 # True relation codes.
 NEGATIVE, EASY, HARD, UNCLEAR = 0, 1, 2, 3
@@ -265,10 +266,11 @@ def ground_truths(bench: SyntheticBenchmark) -> dict[str, GroundTruth]:
                 junk=np.flatnonzero(rel == UNCLEAR),
             )
         )
+    original = get_protocol("original")
     return {
-        "oxford": GroundTruth("simulated", "original", names, tuple(old)),
-        "oxford_junk_neg": GroundTruth("simulated", "original", names, tuple(old_neg)),
-        "revisited": GroundTruth("simulated", "revisited", names, tuple(rev)),
+        "oxford": GroundTruth("simulated", original, names, tuple(old)),
+        "oxford_junk_neg": GroundTruth("simulated", original, names, tuple(old_neg)),
+        "revisited": GroundTruth("simulated", get_protocol("revisited"), names, tuple(rev)),
     }
 
 

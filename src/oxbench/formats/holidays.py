@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.formats.text import read_text_lines
 from oxbench.groundtruth import GroundTruth, Query, make_query, short_repr
+from oxbench.protocol import get_protocol
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,9 @@ def holidays_ground_truth(names: Sequence[str], *, source: str = "<memory>") -> 
         )
     if not queries:
         raise InputError("no query image (number divisible by 100)", source)
-    return GroundTruth("holidays", "holidays", tuple(clean), tuple(queries), source).validate()
+    return GroundTruth(
+        "holidays", get_protocol("holidays"), tuple(clean), tuple(queries), source
+    ).validate()
 
 
 def read_ground_truth(path: str | Path) -> GroundTruth:

@@ -44,6 +44,7 @@ from numpy.typing import NDArray
 from oxbench.errors import InputError
 from oxbench.formats.text import read_text_lines
 from oxbench.groundtruth import GroundTruth, Query, make_query
+from oxbench.protocol import get_protocol
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +289,7 @@ def read_gt_dir(
         query = make_query(spec.image, spec.bbox, source=str(gt_dir), **labels)
         queries.append(dataclasses.replace(query, query_id=spec.query_id))
     name = dataset or _infer_dataset(gt_dir, specs)
-    return GroundTruth(name, "original", db, tuple(queries), str(gt_dir)).validate()
+    return GroundTruth(name, get_protocol("original"), db, tuple(queries), str(gt_dir)).validate()
 
 
 def _ranked_file_candidates(gt: GroundTruth, ranked_dir: Path) -> list[list[Path]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,35 @@ from oxbench.errors import InputError
 from oxbench.fileio import atomic_write_bytes
 from oxbench.formats.oxford_gt import original_query_ids
 from oxbench.formats.safe_pickle import load_plain_pickle
-from oxbench.groundtruth import GroundTruth, Protocol, Query, make_query, short_repr
+from oxbench.groundtruth import GroundTruth, Query, make_query, short_repr
+from oxbench.protocol import get_protocol
 
-_REVISITED_KEYS: tuple[str, ...] = ("easy", "hard", "junk")
-_ORIGINAL_KEYS: tuple[str, ...] = ("ok", "junk")
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a revisitop pickle of one protocol holds.
+
+    Attributes:
+        protocol: the protocol of its ground truth.
+        keys: the label keys of every ``gnd[i]``.
+        announced_by: label keys whose presence says the pickle is of this layout.
+        query_ids: whether its queries carry the official ids (``all_souls_1``; old protocol).
+        ok_is_positives: ``ok`` holds every positive (good + ok), as the old pickles do.
+    """
+
+    protocol: str
+    keys: tuple[str, ...]
+    announced_by: frozenset[str]
+    query_ids: bool = False
+    ok_is_positives: bool = False
+
+
+_LAYOUTS = (
+    _Layout("revisited", ("easy", "hard", "junk"), frozenset({"easy", "hard"})),
+    _Layout("original", ("ok", "junk"), frozenset({"ok"}), query_ids=True, ok_is_positives=True),
+)
+#: The layout of each protocol's pickle.
+_LAYOUT_OF = {layout.protocol: layout for layout in _LAYOUTS}
 
 
 def dataset_id_from_path(path: str | Path) -> str:
@@ -76,18 +102,14 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
     if not gnd:
         raise InputError("no queries", source)
     seen_keys = {k for entry in gnd if isinstance(entry, dict) for k in entry}
-    protocol: Protocol
-    keys: tuple[str, ...]
-    if seen_keys & {"easy", "hard"}:
-        protocol, keys = "revisited", _REVISITED_KEYS
-    elif "ok" in seen_keys:
-        protocol, keys = "original", _ORIGINAL_KEYS
-    else:
+    layout = next((lay for lay in _LAYOUTS if seen_keys & lay.announced_by), None)
+    if layout is None:
         raise InputError(
             "labels must be 'easy'/'hard'/'junk' (revisited) or 'ok'/'junk' (old protocol), "
             f"found keys {sorted(seen_keys)}",
             source,
         )
+    keys = layout.keys
     queries: list[Query] = []
     for qi, (name, entry) in enumerate(zip(q_names, gnd, strict=True)):
         if not isinstance(entry, dict):
@@ -106,9 +128,10 @@ def parse_gnd(obj: Any, *, dataset: str, source: str = "<memory>") -> GroundTrut
                 raise InputError(f"query {qi} ({name}): '{k}' must be a list of indices", source)
             labels[k] = entry[k]
         queries.append(make_query(name, bbox, source=source, **labels))
-    ids = original_query_ids(q_names) if protocol == "original" else None
+    ids = original_query_ids(q_names) if layout.query_ids else None
     if ids is not None:  # the pickle stores the query images; the ids follow the official order
         queries = [dataclasses.replace(q, query_id=i) for q, i in zip(queries, ids, strict=True)]
+    protocol = get_protocol(layout.protocol)
     return GroundTruth(dataset, protocol, db_names, tuple(queries), source).validate()
 
 
@@ -130,17 +153,14 @@ def read_gnd(path: str | Path, *, dataset: str | None = None) -> GroundTruth:
 
 def gnd_to_dict(gt: GroundTruth) -> dict[str, Any]:
     """The revisitop dict for ``gt`` (plain lists; revisited or old-protocol keys)."""
-    if gt.protocol == "revisited":
-        keys: tuple[str, ...] = _REVISITED_KEYS
-    elif gt.protocol == "original":
-        keys = _ORIGINAL_KEYS
-    else:
-        raise ValueError(f"the revisitop pickle cannot hold {gt.protocol!r} ground truth")
+    layout = _LAYOUT_OF.get(gt.protocol)
+    if layout is None:
+        raise ValueError(f"the revisitop pickle cannot hold {str(gt.protocol)!r} ground truth")
     entries = []
     for q in gt.queries:
         entry: dict[str, Any] = {"bbx": None if q.bbox is None else [float(v) for v in q.bbox]}
-        for k in keys:
-            arr = q.positives if (k == "ok" and gt.protocol == "original") else getattr(q, k)
+        for k in layout.keys:
+            arr = q.positives if (k == "ok" and layout.ok_is_positives) else getattr(q, k)
             entry[k] = [int(v) for v in arr]
         entries.append(entry)
     return {"imlist": list(gt.db_names), "qimlist": list(gt.query_names), "gnd": entries}

@@ -11,6 +11,7 @@ import numpy as np
 
 from oxbench.errors import InputError
 from oxbench.groundtruth import GroundTruth, Query
+from oxbench.protocol import get_protocol
 
 N_IMAGES = 10200
 IMAGES_PER_OBJECT = 4
@@ -53,4 +54,4 @@ def ukbench_ground_truth(n_images: int = N_IMAGES) -> GroundTruth:
     queries = tuple(
         Query(name=names[i], bbox=None, good=groups[i // IMAGES_PER_OBJECT]) for i in range(n)
     )
-    return GroundTruth("ukbench", "ukbench", names, queries, "ukbench")
+    return GroundTruth("ukbench", get_protocol("ukbench"), names, queries, "ukbench")

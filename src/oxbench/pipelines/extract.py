@@ -175,9 +175,10 @@ def _extract(
         provenance=impl.provenance(),
         steps=dict(ctx.steps),
     )
-    if "revisited" in bench.protocols:
+    if bench.gt.protocol.scores_feature_files:
         info["evaluate"] = (
-            f"oxbench evaluate revisited --dataset {dataset} --db-features {out / 'db.npy'} "
+            f"oxbench evaluate {bench.gt.protocol.command} --dataset {dataset} "
+            f"--db-features {out / 'db.npy'} "
             f"--query-features {out / 'queries.npy'}"
             + (f" --distractors {bench.n_distractors}" if bench.n_distractors else "")
         )

@@ -49,7 +49,7 @@ import numpy as np
 from oxbench.cache import CorruptCache
 from oxbench.datasets import load
 from oxbench.datasets.base import Benchmark
-from oxbench.datasets.spec import get_spec
+from oxbench.datasets.catalog import get_spec
 from oxbench.datasets.synthetic.distractor_kinds import kind_tag
 from oxbench.errors import InputError, require_installed
 from oxbench.evaluation import evaluate
@@ -103,6 +103,7 @@ from oxbench.records import (  # noqa: F401 - RUN_FILES, RunSummary, find_runs: 
     write_run_files,
 )
 from oxbench.registry import loaded_plugins
+from oxbench.report.tables import result_table
 from oxbench.schema import seed_settings
 
 log = logging.getLogger(__name__)
@@ -506,7 +507,7 @@ def _write_run_files(
         if distractor_images
         else None
     )
-    summary = "\n".join([*result.lines(), "", result.table()])
+    summary = "\n".join([*result.lines(), "", result_table(result)])
     if trained_on_test:
         summary += "\nNOTE: the method was trained on the test set; not comparable.\n"
     write_run_files(
@@ -830,7 +831,11 @@ def execute(
     search = search.top(keep)
     with ctx.timed("evaluate"):
         result = evaluate(
-            bench.gt, search.ranks, n_distractors=bench.n_distractors, source=str(loaded.config_dir)
+            bench.gt,
+            search.ranks,
+            n_distractors=bench.n_distractors,
+            source=str(loaded.config_dir),
+            scores=search.scores,  # the protocols that score ties (ILIAS) read them
         )
     clock = prepared.started
     timings = {

@@ -35,7 +35,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
 from oxbench.fileio import atomic_write_bytes
-from oxbench.report.runs import SETUP_LABELS, RunRecord, check_comparable
+from oxbench.report.runs import RunRecord, check_comparable
 from oxbench.report.seeds import SeedGroup, seeds_of, value_matrix
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,14 @@ def precision_recall(
     Raises:
         InputError: an unknown setup; no query with positives.
     """
-    if setup not in SETUP_LABELS[run.protocol]:
+    if setup not in run.protocol.setup_labels:
         raise InputError(
             f"no setup {setup!r} in this run (setups: {', '.join(run.setups)})", run.path
         )
     if isinstance(run, SeedGroup):
         per_seed = [precision_recall(m, setup) for m in run.members]
         return RECALL_LEVELS.copy(), np.mean([c[1] for c in per_seed], axis=0), per_seed[0][2]
-    positive, ignored = SETUP_LABELS[run.protocol][setup]
+    positive, ignored = run.protocol.setup_labels[setup]
     curves = []
     for q in run.queries:
         n_pos = sum(n for lab, n in q.n_labelled.items() if lab in positive)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
+from oxbench import protocol as _protocol
 from oxbench.errors import InputError
 from oxbench.records import (
     RECORD_FORMAT,
@@ -42,7 +43,7 @@ class Comparable(Protocol):
     def n_distractors(self) -> int: ...
 
     @property
-    def protocol(self) -> str: ...
+    def protocol(self) -> _protocol.Protocol: ...
 
     @property
     def query_names(self) -> tuple[str, ...]: ...

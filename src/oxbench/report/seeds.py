@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.evaluation.bootstrap import spread_note, spread_text
+from oxbench.protocol import Headline, Protocol
 from oxbench.records import RunRecord, list_runs, read_record_json, sequential_mean
 from oxbench.report.runs import check_comparable
 
@@ -89,7 +90,7 @@ class SeedGroup:
         return self.first.distractor_tag
 
     @property
-    def protocol(self) -> str:
+    def protocol(self) -> Protocol:
         return self.first.protocol
 
     @property
@@ -140,17 +141,13 @@ class SeedGroup:
         return spread_text(self.member_means(setup, metric), decimals)
 
     def headline(self) -> str:
-        """``oxbench runs``' numbers: ``mAP E 84.81 (84.1-85.3) M ...  [3 seeds]``."""
-        if self.protocol == "revisited":
-            letters = {"easy": "E", "medium": "M", "hard": "H"}
-            text = "mAP " + " ".join(f"{letters[s]} {self.spread(s)}" for s in self.setups)
-        elif self.protocol == "ukbench":
-            (setup,) = self.setups
-            text = "score " + spread_text(self.member_means(setup, "score"), 4, scale=1.0)
-        else:
-            (setup,) = self.setups
-            text = f"mAP {self.spread(setup)}"
-        return f"{text}  [{spread_note(self.n)}]"
+        """``oxbench runs``' numbers: ``mAP E 84.81 (84.1-85.3) M ...  [3 seeds]`` (the protocol's
+        headline with each number the spread of the seeds' means)."""
+
+        def spread(setup: str, h: Headline) -> str:
+            return spread_text(self.member_means(setup, h.metric), h.decimals, scale=h.scale)
+
+        return f"{self.protocol.headline(spread)}  [{spread_note(self.n)}]"
 
 
 Entry = RunRecord | SeedGroup

@@ -5,7 +5,10 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from oxbench.evaluation.result import EvaluationResult
 
 
 def text_table(
@@ -82,3 +85,19 @@ def csv_text(rows: Iterable[Mapping[str, Any]]) -> str:
         writer.writeheader()
         writer.writerows(rows)
     return buf.getvalue()
+
+
+def result_table(
+    result: EvaluationResult, style: Literal["text", "markdown", "latex"] = "text"
+) -> str:
+    """An evaluation result's table (:meth:`~oxbench.evaluation.result.EvaluationResult.table_rows`:
+    one row per setup, queries used, mAP and mP@K in percent) as a titled terminal table, GitHub
+    markdown or a LaTeX ``tabular``."""
+    header, rows = result.table_rows()
+    if style == "text":
+        return text_table(header, rows, title=result.title)
+    if style == "markdown":
+        return markdown_table(header, rows)
+    if style == "latex":
+        return latex_table(header, rows)
+    raise ValueError(f"style must be text, markdown or latex, got {style!r}")

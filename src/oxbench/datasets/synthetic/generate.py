@@ -45,6 +45,7 @@ from oxbench.fileio import (
 )
 from oxbench.formats.revisitop import write_gnd
 from oxbench.groundtruth import GroundTruth, make_query
+from oxbench.protocol import get_protocol
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ def ground_truth(config: SynthConfig, db_records: list[dict[str, Any]]) -> Groun
             make_query(spec.name, spec.bbox, easy=lab["easy"], hard=lab["hard"], junk=lab["junk"])
         )
     return GroundTruth(
-        config.name, "revisited", names, tuple(queries), source=config.name
+        config.name, get_protocol("revisited"), names, tuple(queries), source=config.name
     ).validate()
 
 
@@ -324,3 +325,27 @@ def label_counts(gt: GroundTruth) -> dict[str, Any]:
     pos = [q.easy.size + q.hard.size for q in gt.queries]
     out["positive_rate_medium"] = round(sum(pos) / max(1, len(pos)) / max(1, gt.n_db), 5)
     return out
+
+
+def make_tiny_cities(root: str | Path) -> Path:
+    """A tiny synthetic test city (40 database images, 4 queries) and training city (30 images)
+    under ``root``, 320 x 240 pixels (about 2 s; needs opencv and Pillow; a complete set already
+    there is kept). Returns ``root``."""
+    root = Path(root)
+    common: dict[str, Any] = {"landmarks": 2, "image_size": (320, 240), "generic_buildings": 4}
+    generate(
+        root / "synthetic",
+        SynthConfig(db_size=40, queries_per_landmark=2, **common),
+        workers=1,
+        progress=False,
+    )
+    train = SynthConfig(
+        name="synthetic-train",
+        city="southbridge",
+        seed=1,
+        db_size=30,
+        queries_per_landmark=1,
+        **common,
+    )
+    generate(root / "synthetic-train", train, workers=1, progress=False)
+    return root

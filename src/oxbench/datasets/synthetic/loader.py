@@ -20,6 +20,7 @@ from oxbench.execution import Executor
 from oxbench.formats.revisitop import read_gnd
 from oxbench.formats.safe_pickle import load_plain_pickle
 from oxbench.groundtruth import GroundTruth
+from oxbench.protocol import get_protocol
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _read_ground_truth(path: Path, dataset: str) -> GroundTruth:
         names = obj.get("imlist")
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise InputError("'imlist' must be a list of image names", path)
-        return GroundTruth(dataset, "revisited", tuple(names), (), source=str(path))
+        return GroundTruth(dataset, get_protocol("revisited"), tuple(names), (), source=str(path))
     return read_gnd(path, dataset=dataset)
 
 

@@ -53,6 +53,11 @@ def gt_digest(gt: GroundTruth) -> str:
         for name, arr in sorted(q.labels().items()):
             h.update(name.encode())
             h.update(np.ascontiguousarray(arr, dtype=np.int64).tobytes())
+        if q.setups:  # the setups the query is scored in (GLDv2: public or private)
+            h.update(json.dumps(list(q.setups)).encode())
+    extra = gt.annotations()
+    if extra:  # what else the protocol reads (ILIAS: scale, clutter, taxonomy)
+        h.update(json.dumps(extra, sort_keys=True).encode())
     return h.hexdigest()
 
 

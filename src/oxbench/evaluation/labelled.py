@@ -1,4 +1,4 @@
-"""The four official protocols: ground truth + ranking (or scores, or descriptors) -> result.
+"""Scoring by label: the engine of the four official protocols of labelled ground truth.
 
 ==========  =====================  ==================  ============================================
 protocol    setup(s)               positives           ignored (deleted from the list)
@@ -9,6 +9,11 @@ original    original               good + ok           junk (``compute_ap.cpp``)
 holidays    holidays               group's others      the query image (``holidays_map.py``)
 ukbench     ukbench                the object's 4      none; N-S score = mean count in the top 4
 ==========  =====================  ==================  ============================================
+
+Each of them is a :class:`LabelledProtocol` (one module each in :mod:`oxbench.evaluation.protocols`)
+that says which label codes are positive and ignored in each setup; this module scores any of them.
+:func:`evaluate`, :func:`evaluate_scores` and :func:`evaluate_features` hand over to the ground
+truth's protocol, whatever it is (GLDv2 and ILIAS score otherwise).
 
 AP is the trapezoidal AP of all official programs (:func:`oxbench.evaluation.ap.average_precision`),
 accumulated in the same order and in double precision, so revisited numbers equal revisitop's
@@ -22,8 +27,9 @@ an error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import cast
+import math
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -32,37 +38,113 @@ from oxbench.errors import InputError
 from oxbench.evaluation import kernels as K
 from oxbench.evaluation.ap import average_precision, precision_at_ks
 from oxbench.evaluation.result import EvaluationResult, SetupResult
-from oxbench.groundtruth import GroundTruth
+from oxbench.groundtruth import GroundTruth, Query
+from oxbench.protocol import Protocol
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KS: tuple[int, ...] = (1, 5, 10)
 
-#: The K of the capped mP@K columns reported when none are asked for: revisitop's (1, 5, 10) for
-#: the revisited and original protocols; none for Holidays (mAP) and UKBench (N-S score), whose
-#: communities do not report it.
-PROTOCOL_KS: dict[str, tuple[int, ...]] = {
-    "revisited": DEFAULT_KS,
-    "original": DEFAULT_KS,
-    "holidays": (),
-    "ukbench": (),
-}
-
 #: The largest ``n_distractors`` accepted (2**40; R1M declares 1,001,001): a larger declared count
 #: is a typo, and no kernel's memory depends on it.
 MAX_DISTRACTORS: int = 1 << 40
 
-# setup -> (positive codes, ignored codes)
-SETUPS: dict[str, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
-    "revisited": {
-        "easy": ((K.EASY,), (K.HARD, K.JUNK)),
-        "medium": ((K.EASY, K.HARD), (K.JUNK,)),
-        "hard": ((K.HARD,), (K.EASY, K.JUNK)),
-    },
-    "original": {"original": ((K.POSITIVE,), (K.JUNK,))},
-    "holidays": {"holidays": ((K.POSITIVE,), (K.JUNK,))},
-    "ukbench": {"ukbench": ((K.POSITIVE,), (K.JUNK,))},
-}
+#: Per setup: (positive codes, ignored codes) of :mod:`.kernels`.
+CodeSetups = Mapping[str, tuple[tuple[int, ...], tuple[int, ...]]]
+
+
+def pct(x: float) -> str:
+    """A fraction as the printed lines show it: percent with two decimals (``nan`` for none).
+
+    revisitop prints ``np.around(x * 100, decimals=2)``: rounded the same way (half to even on the
+    scaled value), then shown with two decimals.
+    """
+    return "nan" if math.isnan(x) else f"{float(np.around(x * 100.0, 2)):.2f}"
+
+
+def json_float(x: float) -> float | None:
+    """A number for JSON: ``None`` for NaN."""
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+class LabelledProtocol(Protocol):
+    """A protocol scored by label: each query labels database images (positive, ignored...) and
+    every setup says which labels are positive and which are deleted from the ranked list.
+
+    The printed line of a protocol of one setup is ``oxford5k: mAP 87.80, mP@k[1 5 10] [...]``
+    (with the N-S score first where the protocol counts one: ``ukbench: score 3.5000 (of 4), mAP
+    ...``); its JSON is ``{"map": f, "ap": {"<query>": f}}``.
+    """
+
+    #: Per setup: (positive codes, ignored codes) of :mod:`.kernels`.
+    code_setups: ClassVar[CodeSetups] = {}
+    #: Count the positives in the top this many (UKBench's N-S score), or ``None``.
+    top_count: ClassVar[int | None] = None
+    #: Lists shorter than this are refused (UKBench needs its top 4).
+    min_list_length: ClassVar[int] = 0
+    #: Per-query results are keyed by the query id (``all_souls_1``) where the queries have one.
+    keys_by_query_id: ClassVar[bool] = False
+
+    def query_label_parts(self, query: Query) -> tuple[tuple[NDArray[np.int64], int], ...]:
+        """Positives (good + ok, or easy + hard) -> POSITIVE, junk -> JUNK."""
+        return ((query.positives, K.POSITIVE), (query.junk, K.JUNK))
+
+    def evaluate(self, gt: GroundTruth, ranks: ArrayLike, **options: Any) -> EvaluationResult:
+        return evaluate_labelled(gt, ranks, **options)
+
+    def evaluate_scores(
+        self, gt: GroundTruth, scores: ArrayLike, **options: Any
+    ) -> EvaluationResult:
+        return evaluate_labelled_scores(gt, scores, **options)
+
+    # -- writing ------------------------------------------------------------------------------
+    def _mp(self, result: EvaluationResult, s: SetupResult) -> str:
+        return "[" + " ".join(pct(s.mp_at_k[k]) for k in result.ks) + "]"
+
+    def lines(self, result: EvaluationResult) -> list[str]:
+        name = result.dataset
+        kstr = " ".join(str(k) for k in result.ks)
+        out = []
+        for s in result.setups.values():
+            line = (
+                f"{name}: score {s.score:.4f} (of 4), mAP {pct(s.map)}"
+                if s.score is not None
+                else (f"{name}: mAP {pct(s.map)}")
+            )
+            out.append(line + (f", mP@k[{kstr}] {self._mp(result, s)}" if result.ks else ""))
+        return out
+
+    def table(self, result: EvaluationResult) -> tuple[list[str], list[list[str]]]:
+        header = ["setup", "queries", "mAP"] + [f"mP@{k}" for k in result.ks]
+        if any(s.score is not None for s in result.setups.values()):
+            header.append("score")
+        rows = []
+        for n, s in result.setups.items():
+            used = len(s.ap) - len(s.skipped)
+            row = [n, f"{used}/{len(s.ap)}", pct(s.map)] + [pct(s.mp_at_k[k]) for k in result.ks]
+            if "score" in header:
+                row.append("" if s.score is None else f"{s.score:.4f}")
+            rows.append(row)
+        return header, rows
+
+    def result_dict(self, result: EvaluationResult) -> dict[str, Any]:
+        (s,) = result.setups.values()
+        names = result.query_ids or result.query_names or tuple(str(i) for i in range(len(s.ap)))
+        return {
+            "map": json_float(s.map),
+            "ap": {q: json_float(v) for q, v in zip(names, s.ap, strict=True)},
+        }
+
+    def stored_means(
+        self, metrics: Mapping[str, Any], per_query: Mapping[str, Mapping[str, Any]]
+    ) -> Iterator[tuple[str, Any, str, str]]:
+        (setup,) = per_query
+        h = self.headline_metric
+        key = "map" if h.metric == "ap" else h.metric
+        if key not in metrics:
+            raise InputError(f"no {key!r}")
+        yield key, metrics[key], setup, h.metric
 
 
 def query_labels(gt: GroundTruth) -> list[K.Labels]:
@@ -71,12 +153,10 @@ def query_labels(gt: GroundTruth) -> list[K.Labels]:
     revisited: easy -> EASY, hard -> HARD, junk -> JUNK; other protocols: good + ok (+ easy + hard)
     -> POSITIVE, junk -> JUNK.
     """
+    protocol = as_labelled(gt)
     out: list[K.Labels] = []
     for q in gt.queries:
-        if gt.protocol == "revisited":
-            parts = [(q.easy, K.EASY), (q.hard, K.HARD), (q.junk, K.JUNK)]
-        else:
-            parts = [(q.positives, K.POSITIVE), (q.junk, K.JUNK)]
+        parts = protocol.query_label_parts(q)
         idx = np.concatenate([p for p, _ in parts]).astype(np.int64)
         codes = np.concatenate([np.full(p.size, c, np.uint8) for p, c in parts])
         order = np.argsort(idx, kind="stable")
@@ -84,9 +164,16 @@ def query_labels(gt: GroundTruth) -> list[K.Labels]:
     return out
 
 
-def _check_ks(ks: Sequence[int] | None, protocol: str) -> tuple[int, ...]:
+def as_labelled(gt: GroundTruth) -> LabelledProtocol:
+    """The protocol of ``gt``, which must be scored by label (one line otherwise)."""
+    if not isinstance(gt.protocol, LabelledProtocol):
+        raise InputError(f"{gt.dataset}: the {gt.protocol} protocol is not scored by label")
+    return gt.protocol
+
+
+def _check_ks(ks: Sequence[int] | None, protocol: Protocol) -> tuple[int, ...]:
     if ks is None:
-        return PROTOCOL_KS[protocol]
+        return protocol.default_ks
     try:
         out = tuple(int(k) for k in ks)
     except (TypeError, ValueError, OverflowError):
@@ -99,6 +186,28 @@ def _check_ks(ks: Sequence[int] | None, protocol: str) -> tuple[int, ...]:
 def _sequential_mean(values: NDArray[np.float64]) -> NDArray[np.float64] | float:
     """Mean accumulated in order (as the official loops do), along axis 0."""
     return np.cumsum(values, axis=0)[-1] / values.shape[0]
+
+
+def setup_positions(
+    labels: Sequence[K.Labels],
+    found: Sequence[K.Found],
+    pos_codes: Sequence[int],
+    ign_codes: Sequence[int],
+) -> Iterator[tuple[int, NDArray[np.int64], NDArray[np.int64]]]:
+    """Per query of one setup: its number of positives, the 0-based positions of the retrieved
+    positives once ignored images are deleted from the list, and their positions as listed."""
+    is_pos_code = np.zeros(256, dtype=bool)
+    is_pos_code[list(pos_codes)] = True
+    is_ign_code = np.zeros(256, dtype=bool)
+    is_ign_code[list(ign_codes)] = True
+    for q in range(len(labels)):
+        n = int(np.count_nonzero(is_pos_code[labels[q][1]]))
+        positions, codes = found[q]
+        is_pos = is_pos_code[codes]
+        is_ign = is_ign_code[codes]
+        pos_at = positions[is_pos]
+        eff = pos_at - (np.cumsum(is_ign) - is_ign)[is_pos] if is_ign.any() else pos_at
+        yield n, eff, pos_at
 
 
 def score_found(
@@ -121,7 +230,7 @@ def score_found(
         gt: the ground truth (its protocol picks the setups).
         labels: :func:`query_labels` of ``gt``.
         found: per query ``(positions, codes)`` of the labelled images in its ranked list.
-        ks: the K of the capped P@K columns (default: :data:`PROTOCOL_KS` of the protocol).
+        ks: the K of the capped P@K columns (default: the protocol's ``default_ks``).
         n_distractors: recorded in the result.
         padding: recorded in the result (the value that padded short lists, or None).
         source: input name, for error messages.
@@ -129,34 +238,26 @@ def score_found(
     Raises:
         InputError: a setup in which every query has no positives.
     """
-    ks = _check_ks(ks, gt.protocol)
+    protocol = as_labelled(gt)
+    ks = _check_ks(ks, protocol)
     nq = gt.n_queries
     setups: dict[str, SetupResult] = {}
-    for name, (pos_codes, ign_codes) in SETUPS[gt.protocol].items():
-        is_pos_code = np.zeros(256, dtype=bool)
-        is_pos_code[list(pos_codes)] = True
-        is_ign_code = np.zeros(256, dtype=bool)
-        is_ign_code[list(ign_codes)] = True
+    for name, (pos_codes, ign_codes) in protocol.code_setups.items():
         ap = np.full(nq, np.nan)
         pk = np.full((nq, len(ks)), np.nan)
         n_pos = np.zeros(nq, dtype=np.int64)
-        top4 = np.full(nq, np.nan) if gt.protocol == "ukbench" else None
+        top = protocol.top_count
+        top_counts = np.full(nq, np.nan) if top is not None else None
         skipped: list[int] = []
-        for q in range(nq):
-            n = int(np.count_nonzero(is_pos_code[labels[q][1]]))
+        for q, (n, eff, pos_at) in enumerate(setup_positions(labels, found, pos_codes, ign_codes)):
             n_pos[q] = n
             if n == 0:
                 skipped.append(q)
                 continue
-            positions, codes = found[q]
-            is_pos = is_pos_code[codes]
-            is_ign = is_ign_code[codes]
-            pos_at = positions[is_pos]
-            eff = pos_at - (np.cumsum(is_ign) - is_ign)[is_pos] if is_ign.any() else pos_at
             ap[q] = average_precision(eff, n)
             pk[q] = precision_at_ks(eff, ks)
-            if top4 is not None:
-                top4[q] = np.count_nonzero(pos_at < 4)
+            if top_counts is not None and top is not None:
+                top_counts[q] = np.count_nonzero(pos_at < top)
         used = np.setdiff1d(np.arange(nq), skipped)
         if used.size == 0:
             raise InputError(
@@ -174,18 +275,18 @@ def score_found(
             p_at_k=pk,
             skipped=tuple(skipped),
             n_positives=n_pos,
-            score=None if top4 is None else float(_sequential_mean(top4[used])),
-            per_query_score=top4,
+            score=None if top_counts is None else float(_sequential_mean(top_counts[used])),
+            per_query_score=top_counts,
         )
     return EvaluationResult(
         dataset=gt.dataset,
-        protocol=gt.protocol,
+        protocol=protocol,
         setups=setups,
         ks=ks,
         query_names=gt.query_names,
         n_distractors=n_distractors,
         query_ids=gt.query_ids
-        if gt.protocol == "original" and any(q.query_id for q in gt.queries)
+        if protocol.keys_by_query_id and any(q.query_id for q in gt.queries)
         else (),
         padding=padding,
     )
@@ -293,6 +394,39 @@ def check_rank_values(
     return int(hi) + 1
 
 
+def ranked_lists(
+    gt: GroundTruth,
+    ranks: ArrayLike,
+    *,
+    n_distractors: int = 0,
+    padding: int | None = None,
+    source: str = "ranks",
+) -> list[NDArray[np.int64]]:
+    """Validate ranked lists ``[n_queries, k]`` of ``gt`` and return each query's list, a -1
+    padding (with ``padding=-1``) ending it: what the protocols that read lists as lists (GLDv2,
+    ILIAS) score.
+
+    Raises:
+        InputError: not one row per query; values as :func:`check_rank_values` refuses them.
+    """
+    gt.validate()
+    arr = np.asarray(ranks)
+    if arr.ndim != 2 or arr.shape[0] != gt.n_queries:
+        raise InputError(
+            f"ranks must be [n_queries, k] with one row per query ({gt.n_queries}), got shape "
+            f"{arr.shape}",
+            source,
+        )
+    n_index = gt.n_db + _check_distractors(n_distractors)
+    check_rank_values(arr, gt.n_db, n_index, padding=padding, names=gt.query_names, source=source)
+    out = []
+    for q in range(gt.n_queries):
+        row = np.asarray(arr[q], dtype=np.int64)
+        end = np.flatnonzero(row < 0)
+        out.append(row if end.size == 0 else row[: end[0]])
+    return out
+
+
 def evaluate(
     gt: GroundTruth,
     ranks: ArrayLike,
@@ -302,8 +436,13 @@ def evaluate(
     padding: int | None = None,
     gaps: bool = False,
     source: str = "ranks",
+    scores: ArrayLike | None = None,
 ) -> EvaluationResult:
     """Score ranked lists with the official protocol of ``gt`` (exact, validated).
+
+    The ground truth's protocol scores them (:meth:`oxbench.protocol.Protocol.evaluate`): the
+    protocols of labelled ground truth as below; GLDv2 retrieval and ILIAS as their challenges do
+    (:mod:`oxbench.evaluation.protocols`).
 
     Matches revisitop ``compute_map`` (revisited, all three setups), ``compute_ap.cpp`` (original;
     we accumulate in double precision), ``holidays_map.py`` (Holidays: written rank numbers are the
@@ -329,6 +468,8 @@ def evaluate(
         gaps: admit -1 anywhere as an unnamed negative at that position (the ranks that
             :func:`oxbench.formats.holidays.read_results` builds from a file that skips rank numbers).
         source: name of the ranks input, for error messages.
+        scores: the score of each ranked entry ``[n_queries, k]``, where the protocol uses scores
+            (ILIAS: tied scores form one threshold); the protocols of labelled ground truth ignore it.
 
     Returns:
         The :class:`EvaluationResult` (per-query AP/P@K, per-setup means, skipped queries).
@@ -345,8 +486,58 @@ def evaluate(
         >>> evaluate(gt, [[0, 1, 2]]).setups["original"].map  # junk deleted: b, c -> (0/1 + 1/2) / 2
         0.25
     """
+    return gt.protocol.evaluate(
+        gt,
+        ranks,
+        ks=ks,
+        n_distractors=n_distractors,
+        padding=padding,
+        gaps=gaps,
+        source=source,
+        scores=scores,
+    )
+
+
+def evaluate_labelled(
+    gt: GroundTruth,
+    ranks: ArrayLike,
+    *,
+    ks: Sequence[int] | None = None,
+    n_distractors: int = 0,
+    padding: int | None = None,
+    gaps: bool = False,
+    source: str = "ranks",
+    scores: ArrayLike | None = None,
+) -> EvaluationResult:
+    """:func:`evaluate` for a protocol of labelled ground truth (``scores`` are not used)."""
+    ks = _check_ks(ks, as_labelled(gt))
     n_distractors = _check_distractors(n_distractors)
-    ks = _check_ks(ks, gt.protocol)
+    labels, found = labelled_positions(
+        gt, ranks, n_distractors=n_distractors, padding=padding, gaps=gaps, source=source
+    )
+    return score_found(
+        gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source
+    )
+
+
+def labelled_positions(
+    gt: GroundTruth,
+    ranks: ArrayLike,
+    *,
+    n_distractors: int = 0,
+    padding: int | None = None,
+    gaps: bool = False,
+    source: str = "ranks",
+) -> tuple[list[K.Labels], list[K.Found]]:
+    """Validate ranked lists ``[n_queries, k]`` of labelled ground truth and find, per query, the
+    positions and codes of its labelled images (what :func:`score_found` and the cross-protocol
+    views of :mod:`oxbench.evaluation.views` score).
+
+    Raises:
+        InputError: as :func:`evaluate`.
+    """
+    protocol = as_labelled(gt)
+    n_distractors = _check_distractors(n_distractors)
     gt.validate()
     arr = np.asarray(ranks)
     if arr.ndim != 2:
@@ -361,9 +552,11 @@ def evaluate(
     top = check_rank_values(
         arr, gt.n_db, n_index, padding=padding, gaps=gaps, names=gt.query_names, source=source
     )
-    if gt.protocol == "ukbench" and arr.shape[1] < 4:
+    if arr.shape[1] < protocol.min_list_length:
         raise InputError(
-            f"UKBench needs at least the top 4 of each list, got {arr.shape[1]}", source
+            f"{protocol.full_name} needs at least the top {protocol.min_list_length} of each list, "
+            f"got {arr.shape[1]}",
+            source,
         )
     labels = query_labels(gt)
     # The scan's tables cover the indices present (all valid, checked above), not the declared count.
@@ -376,9 +569,7 @@ def evaluate(
         source=source,
         minus_one=padding == -1 or gaps,
     )
-    return score_found(
-        gt, labels, found, ks, n_distractors=n_distractors, padding=padding, source=source
-    )
+    return labels, found
 
 
 def _check_scores(gt: GroundTruth, scores: np.ndarray, n_distractors: int, source: str) -> None:
@@ -415,6 +606,8 @@ def evaluate_scores(
 ) -> EvaluationResult:
     """Score a similarity matrix: each query ranks the database by descending score.
 
+    The ground truth's protocol scores it (:meth:`oxbench.protocol.Protocol.evaluate_scores`).
+
     The order is the stable descending sort (ties go to the lower database index), exactly as
     :func:`oxbench.evaluation.ranking.ranks_from_scores` followed by :func:`evaluate` -- but
     without sorting (see :mod:`oxbench.evaluation.kernels`; speeds in ``bench/README.md``), with
@@ -431,6 +624,20 @@ def evaluate_scores(
     Raises:
         InputError: wrong shape or dtype, NaN, inconsistent ground truth, an empty setup.
     """
+    return gt.protocol.evaluate_scores(
+        gt, scores, ks=ks, n_distractors=n_distractors, source=source
+    )
+
+
+def evaluate_labelled_scores(
+    gt: GroundTruth,
+    scores: ArrayLike,
+    *,
+    ks: Sequence[int] | None = None,
+    n_distractors: int = 0,
+    source: str = "scores",
+) -> EvaluationResult:
+    """:func:`evaluate_scores` for a protocol of labelled ground truth."""
     n_distractors = _check_distractors(n_distractors)
     gt.validate()
     arr = np.asarray(scores)
