@@ -86,10 +86,13 @@ def map_at_k(
     Example:
         >>> from oxbench.groundtruth import GroundTruth, make_query
         >>> gt = GroundTruth("t", "revisited", tuple("abcdefg"),
-        ...                  (make_query("q", easy=[1, 6], junk=[0]),))
-        >>> # ranks: a (junk, deleted) b (easy, rank 1) c d e f g (easy, rank 6)
-        >>> map_at_k(gt, [[0, 1, 2, 3, 4, 5, 6]], 5).means["easy"]  # (1/1) / 2 positives
+        ...                  (make_query("q", easy=[1], hard=[6], junk=[0]),))
+        >>> # ranks: a (junk, deleted) b (easy, rank 1) c d e f g (hard, rank 6)
+        >>> result = map_at_k(gt, [[0, 1, 2, 3, 4, 5, 6]], 5)
+        >>> result.means["medium"]  # b and g are positive; only b is in the top 5: (1/1) / 2
         0.5
+        >>> result.means["hard"]  # b is ignored too, so g moves to rank 5: (1/5) / 1
+        0.2
     """
     protocol = as_labelled(gt)
     labels, found = labelled_positions(
