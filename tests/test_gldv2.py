@@ -249,6 +249,38 @@ def test_cli_from_ranks_with_names(files, capsys):
     assert "have no list" in err
 
 
+@pytest.mark.parametrize("value", [8, 2**62])
+def test_cli_ranks_beyond_the_index_names_are_refused_not_scored_zero(files, capsys, value):
+    # Found by the hostile pass of issue 43: an index past the names scored 0, exit 0.
+    tmp, sol, _ = files
+    (tmp / "index.txt").write_text("\n".join(["a", "b", "c", "d", "e", "f", "g", "zz"]) + "\n")
+    (tmp / "queries.txt").write_text("q1\nq3\n")
+    np.save(tmp / "ranks.npy", np.array([[0, value], [4, 5]], dtype=np.int64))
+    code, out, err = run(
+        ["evaluate", "gldv2", "--solution", sol, "--ranks", tmp / "ranks.npy",
+         "--query-names", tmp / "queries.txt", "--index-names", tmp / "index.txt"],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and out == ""
+    assert f"holds index {value}" in err and len(err.strip().splitlines()) == 1
+
+
+def test_evaluate_refuses_an_index_past_the_database_for_the_list_protocols(files):
+    _, sol, _ = files
+    gt = read_solution(sol).ground_truth(("a", "b", "c", "d", "e", "f", "g"))
+    ranks = np.zeros((gt.n_queries, 3), dtype=np.int64)
+    ranks[1, 2] = 7  # one past the database: used to score as a miss
+    with pytest.raises(InputError, match="rank position 2 holds index 7"):
+        evaluate(gt, ranks)
+
+
+def test_a_field_past_the_csv_limit_is_named_as_such(files, tmp_path):
+    _, sol, _ = files
+    (tmp_path / "long.csv").write_text("id,images\nq1," + "a" * 200_000 + "\n")
+    with pytest.raises(InputError, match="a field longer than"):
+        read_predictions(tmp_path / "long.csv", read_solution(sol).ground_truth(), frozenset())
+
+
 @pytest.mark.parametrize(
     ("solution", "submission", "message"),
     [

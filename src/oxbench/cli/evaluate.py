@@ -697,20 +697,28 @@ def gldv2(
         unknown = [n for n in names if n not in set(gt.query_names) and n not in sol.ignored]
         if unknown:
             raise InputError(f"test image {unknown[0]} is not in the solution", query_names)
+        import numpy as np
+
+        if arr.size and int(arr.max()) >= gt.n_db:
+            q, j = (int(v) for v in np.argwhere(arr >= gt.n_db)[0])
+            raise InputError(
+                f"test image {names[q]}: rank position {j} holds index {int(arr[q, j])}, but "
+                f"--index-names names {gt.n_db:,} images (indices 0..{gt.n_db - 1})",
+                ranks,
+            )
         missing = [q for q in gt.query_names if q not in row_of]
         rows = [row_of.get(q, -1) for q in gt.query_names]
-        import numpy as np
 
         full = np.full((gt.n_queries, arr.shape[1]), -1, dtype=np.int64)
         for qi, r in enumerate(rows):
             if r >= 0:
                 full[qi] = arr[r]
+        result = evaluate_ranks(gt, full, ks=k, padding=-1, source=ranks)
         if missing:
             click.echo(
                 f"{ranks}: {len(missing)} test images of the solution have no list (they score 0)",
                 err=True,
             )
-        result = evaluate_ranks(gt, full, ks=k, padding=-1, source=ranks)
     _emit(result, as_json, per_query)
 
 

@@ -385,13 +385,29 @@ def check_rank_values(
     if hi is None:
         return n_index  # the scan checks the range
     if hi >= n_index:
-        q, j = _find_entry(ranks, lambda row: row >= n_index)
-        raise InputError(
-            f"{K.qname(names, q)}: rank position {j} "
-            f"{K.out_of_range_text(int(ranks[q, j]), n_db, n_index, minus_one=padding == -1 or gaps)}",
-            source,
+        _refuse_out_of_range(
+            ranks, n_db, n_index, padding=padding, gaps=gaps, names=names, source=source
         )
     return int(hi) + 1
+
+
+def _refuse_out_of_range(
+    ranks: np.ndarray,
+    n_db: int,
+    n_index: int,
+    *,
+    padding: int | None,
+    gaps: bool,
+    names: Sequence[str] | None,
+    source: str | None,
+) -> None:
+    """Raise the one-line error naming the first entry ``>= n_index`` of ``ranks`` (there is one)."""
+    q, j = _find_entry(ranks, lambda row: row >= n_index)
+    raise InputError(
+        f"{K.qname(names, q)}: rank position {j} "
+        f"{K.out_of_range_text(int(ranks[q, j]), n_db, n_index, minus_one=padding == -1 or gaps)}",
+        source,
+    )
 
 
 def ranked_lists(
@@ -419,6 +435,10 @@ def ranked_lists(
         )
     n_index = gt.n_db + _check_distractors(n_distractors)
     check_rank_values(arr, gt.n_db, n_index, padding=padding, names=gt.query_names, source=source)
+    if arr.size and int(arr.max()) >= n_index:  # check_rank_values leaves small ranges to a scan
+        _refuse_out_of_range(
+            arr, gt.n_db, n_index, padding=padding, gaps=False, names=gt.query_names, source=source
+        )
     out = []
     for q in range(gt.n_queries):
         row = np.asarray(arr[q], dtype=np.int64)

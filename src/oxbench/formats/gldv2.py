@@ -93,6 +93,17 @@ class Gldv2Solution:
         ).validate()
 
 
+def _csv_problem(exc: csv.Error) -> str:
+    """What a ``csv.Error`` means, in the file's terms."""
+    if "field limit" in str(exc):
+        # The challenge's metrics.py reads with the csv module too, and stops at the same limit.
+        return (
+            f"a field longer than {csv.field_size_limit():,} characters (the challenge's csv "
+            "reader refuses it too; only the first 100 predictions of a line count)"
+        )
+    return f"malformed CSV ({exc})"
+
+
 def _rows(path: str | Path, header: tuple[str, ...]) -> list[tuple[int, list[str]]]:
     """The rows after the header, with their 1-based line numbers; the header must be ``header``."""
     data = read_input_bytes(path)
@@ -106,7 +117,7 @@ def _rows(path: str | Path, header: tuple[str, ...]) -> list[tuple[int, list[str
     try:
         rows = [(reader.line_num, row) for row in reader]
     except csv.Error as exc:
-        raise InputError(f"line {reader.line_num}: malformed CSV ({exc})", path) from None
+        raise InputError(f"line {reader.line_num}: {_csv_problem(exc)}", path) from None
     if not rows or tuple(rows[0][1]) != header:
         found = ",".join(rows[0][1]) if rows else "an empty file"
         raise InputError(
@@ -142,7 +153,7 @@ def read_index(path: str | Path) -> tuple[str, ...]:
     try:
         rows = [(reader.line_num, row) for row in reader]
     except csv.Error as exc:
-        raise InputError(f"line {reader.line_num}: malformed CSV ({exc})", path) from None
+        raise InputError(f"line {reader.line_num}: {_csv_problem(exc)}", path) from None
     if not rows or not rows[0][1] or rows[0][1][0] != "id":
         raise InputError("the first line must be a header whose first column is id", path)
     ids: list[str] = []
