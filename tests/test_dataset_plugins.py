@@ -287,3 +287,85 @@ def test_no_dataset_family_imports_another() -> None:
     families = [m for m in edges if ".families." in m and not m.rsplit(".", 1)[-1].startswith("_")]
     for m in families:
         assert not (edges[m] & set(families)), f"{m} imports another family"
+
+
+# --- a hostile entry ----------------------------------------------------------------------------
+
+
+def _entry(**change: object) -> dict[str, object]:
+    from oxbench.datasets.families.holidays import Holidays
+
+    fields: dict[str, object] = dict(
+        id="toy", title="t", homepage="", description="", n_images=1, n_queries=1,
+        counts_note="", protocols=("holidays",), files=(), terms="", family=Holidays(),
+    )  # fmt: skip
+    fields.update(change)
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda S, F, P: S(**_entry(id="../../etc")), "dataset id must be"),
+        (lambda S, F, P: S(**_entry(id="Toy Land")), "dataset id must be"),
+        (lambda S, F, P: S(**_entry(n_images=-1)), "n_images must be a whole number"),
+        (lambda S, F, P: S(**_entry(n_queries=float("nan"))), "n_queries must be a whole number"),
+        (lambda S, F, P: F("../x.tgz", ("https://127.0.0.1/x",)), "file name must be a plain"),
+        (lambda S, F, P: F("a/x.tgz", ("https://127.0.0.1/x",)), "file name must be a plain"),
+        (
+            lambda S, F, P: F("x", ("https://127.0.0.1/x",), dest="/etc/x"),
+            "dest must be a relative",
+        ),
+        (lambda S, F, P: F("x", ("https://127.0.0.1/x",), dest="a/../../x"), "dest must be"),
+        (lambda S, F, P: F("x", ("file:///etc/passwd",)), "urls must be"),
+        (lambda S, F, P: F("x", ()), "urls must be"),
+        (lambda S, F, P: F("x", ("https://127.0.0.1/x",), size=float("nan")), "size must be"),
+        (lambda S, F, P: F("x", ("https://127.0.0.1/x",), sha256="zz"), "sha256 must be"),
+        (lambda S, F, P: P("*.jpg", "../jpg"), "into must be a relative path"),
+        (lambda S, F, P: P("*.jpg", "C:/jpg"), "into must be a relative path"),
+    ],
+)
+def test_an_entry_that_could_reach_outside_its_folder_is_refused(make, message) -> None:
+    # A plugin's entry is declarative: each path it declares stays inside <root>/<id>/, each
+    # count is a count, each address a download address (issue 43's pass over dataset plugins).
+    from oxbench.datasets.spec import DatasetSpec, Placement, RemoteFile
+    from oxbench.errors import InputError
+
+    with pytest.raises(InputError, match=message):
+        make(DatasetSpec, RemoteFile, Placement)
+
+
+HOSTILE_PYPROJECT = PYPROJECT.replace('name = "oxtoy"', 'name = "oxbad"').replace(
+    'toyland = "oxtoy.dataset"', 'badland = "oxbad.dataset"'
+)
+HOSTILE_DATASET = """
+from oxbench.datasets.catalog import register
+from oxbench.datasets.families.holidays import Holidays
+from oxbench.datasets.spec import DatasetSpec
+
+register(DatasetSpec(
+    id="../../outside", title="t", homepage="", description="", n_images=1, n_queries=1,
+    counts_note="", protocols=("holidays",), files=(), terms="", family=Holidays(),
+))
+"""
+
+
+def test_a_plugin_entry_with_a_path_outside_is_one_warning_and_the_rest_works(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("setuptools")
+    package = _write(
+        tmp_path / "oxbad",
+        {
+            "pyproject.toml": HOSTILE_PYPROJECT,
+            "src/oxbad/__init__.py": "",
+            "src/oxbad/dataset.py": HOSTILE_DATASET,
+        },
+    )
+    site = install_into(package, tmp_path / "site")
+    done = _python(site, "-m", "oxbench", "data", "list", "--root", str(tmp_path), cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "roxford5k" in done.stdout and "outside" not in done.stdout
+    warned = [ln for ln in done.stderr.splitlines() if "badland" in ln]
+    assert len(warned) == 1 and "dataset id must be" in warned[0], done.stderr
+    assert not (tmp_path.parent / "outside").exists()

@@ -13,17 +13,49 @@ root's lock file (``oxbench.lock.json``) and every later ``fetch``/``verify`` ch
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, ClassVar, Literal
+
+from oxbench.errors import InputError
 
 if TYPE_CHECKING:
     from oxbench.datasets.base import Benchmark, CropConvention
     from oxbench.groundtruth import GroundTruth
 
 ExtractMode = Literal["flat", "tree"]
+
+#: A dataset id: its folder's name under the data root.
+_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_HEX = {"sha256": re.compile(r"[0-9a-f]{64}"), "md5": re.compile(r"[0-9a-f]{32}")}
+#: The schemes a download may use.
+URL_SCHEMES = ("https://", "http://", "ftp://")
+
+
+def _inside(path: str | None, what: str, *, single: bool = False) -> None:
+    """Refuse a declared path that could leave the dataset folder (absolute, ``..``, a drive, a
+    NUL); ``single``: a plain file name, no folder part. The one check of every path an entry
+    declares, so a plugin's entry cannot make fetch, import or verify write or read outside it."""
+    if path is None:
+        return
+    parts = PurePosixPath(path).parts if isinstance(path, str) else ()
+    bad = (
+        not isinstance(path, str)
+        or not path
+        or "\x00" in path
+        or "\\" in path
+        or path.startswith("/")
+        or ".." in parts
+        or (len(path) > 1 and path[1] == ":")
+        or (single and (len(parts) != 1 or path in (".", "")))
+    )
+    if bad:
+        kind = "a plain file name" if single else "a relative path inside the dataset folder"
+        raise InputError(f"{what} must be {kind}, got {path!r}")
+
 
 #: Name of the lock file kept at the data root.
 LOCK_FILE = "oxbench.lock.json"
@@ -58,6 +90,13 @@ class Placement:
     mode: ExtractMode = "flat"
     strip: str | None = None
     exclude: str | None = None
+
+    def __post_init__(self) -> None:
+        _inside(self.into, f"placement {self.pattern!r}: into")
+        if self.mode not in ("flat", "tree"):
+            raise InputError(
+                f"placement {self.pattern!r}: mode must be flat or tree, got {self.mode!r}"
+            )
 
     def matches(self, rel_path: str) -> bool:
         """Whether a file at ``rel_path`` (relative, ``/``-separated) is placed by this rule."""
@@ -107,6 +146,30 @@ class RemoteFile:
     dest: str | None = None
     placements: tuple[Placement, ...] = ()
     optional: bool = False
+
+    def __post_init__(self) -> None:
+        _inside(self.name, "file name", single=True)
+        _inside(self.dest, f"file {self.name}: dest")
+        if not self.urls or any(
+            not isinstance(u, str) or not u.startswith(URL_SCHEMES) or any(c.isspace() for c in u)
+            for u in self.urls
+        ):
+            raise InputError(
+                f"file {self.name}: urls must be one or more {', '.join(URL_SCHEMES)} addresses, "
+                f"got {self.urls!r}"
+            )
+        for what in ("size", "approx_size"):
+            value = getattr(self, what)
+            if value is not None and (type(value) is not int or value < 0):
+                raise InputError(
+                    f"file {self.name}: {what} must be a whole number of bytes, got {value!r}"
+                )
+        for what, pattern in _HEX.items():
+            value = getattr(self, what)
+            if value is not None and not (isinstance(value, str) and pattern.fullmatch(value)):
+                raise InputError(
+                    f"file {self.name}: {what} must be lower-case hex digits, got {value!r}"
+                )
 
     @property
     def checksum_policy(self) -> Literal["published", "lock"]:
@@ -279,6 +342,19 @@ class DatasetSpec:
     expected_corrupt: tuple[str, ...] = ()
     options: dict[str, tuple[str, ...]] = field(default_factory=dict)
     citation: str = ""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.id, str) and _ID.fullmatch(self.id)):
+            raise InputError(
+                f"dataset id must be 1-64 of a-z 0-9 . _ - (its folder's name), got {self.id!r}"
+            )
+        for what in ("n_images", "n_queries"):
+            value = getattr(self, what)
+            if type(value) is not int or value < 0:
+                raise InputError(f"dataset {self.id}: {what} must be a whole number, got {value!r}")
+        names = [f.name for f in self.files]
+        if len(set(names)) != len(names):
+            raise InputError(f"dataset {self.id}: two files are named alike ({sorted(names)})")
 
     @property
     def layout(self) -> tuple[Placement, ...]:
