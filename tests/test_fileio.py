@@ -166,3 +166,36 @@ def test_an_input_replaced_by_a_rename_while_opened_is_read_whole(
 
     monkeypatch.setattr(fileio, "require_regular_file", stat_then_replace)
     assert fileio.read_input_bytes(path) == b'{"a": 1}'
+
+
+def test_remove_stale_temps_never_deletes_through_a_linked_folder(tmp_path: Path) -> None:
+    """Issue 43 case 5: a cache folder replaced by a symlink keeps the target's old temporaries."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    old = target / f"{fileio.TEMP_PREFIX}theirs"
+    old.write_bytes(b"x")
+    os.utime(old, (0, 0))
+    link = tmp_path / "cache"
+    link.symlink_to(target, target_is_directory=True)
+    assert fileio.remove_stale_temps(link) == 0
+    assert old.exists()
+    assert fileio.remove_stale_temps(target) == 1  # the same file in a real folder is removed
+
+
+def test_refuse_linked_folder_names_the_link(tmp_path: Path) -> None:
+    """Issue 43 case 5: a link anywhere below the cache root is refused in one line; the root may be one."""
+    real = tmp_path / "real"
+    (real / "ds" / "he-lists").mkdir(parents=True)
+    root = tmp_path / "root"
+    root.symlink_to(real, target_is_directory=True)
+    ok = root / "ds" / "he-lists" / "abc"
+    assert fileio.refuse_linked_folder(ok, below=root) == ok
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (real / "ds" / "he-lists" / "abc").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match="symbolic link") as info:
+        fileio.refuse_linked_folder(ok, below=root)
+    assert "\n" not in str(info.value) and "abc" in str(info.value)
+    (real / "ds" / "postings").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match="postings"):
+        fileio.refuse_linked_folder(root / "ds" / "postings" / "k", below=root)

@@ -199,3 +199,42 @@ def test_the_streamed_build_removes_what_a_killed_build_left(tmp_path: Path) -> 
     CompressedPostings.build([m[:10], m[10:]], 9, folder)
     assert not stale.exists() and not (folder / f"{TEMP_PREFIX}runs.dead").exists()
     assert live.exists()
+
+
+def test_a_postings_cache_folder_replaced_by_a_link_is_refused_not_written_through(tmp_path):
+    """Issue 43 case 5: the mapped lists' cache folder replaced by a symlink to a foreign folder:
+    the run is refused in one line and nothing is written into, or deleted from, the target."""
+    import os
+    import shutil
+
+    pytest.importorskip("cv2")
+    from oxbench.errors import InputError
+    from oxbench.pipelines import RunContext, resolve_method
+    from test_pipeline import load_tiny, make_tiny_root, tiny
+
+    root = make_tiny_root(tmp_path / "data")
+    bench, train = load_tiny(root), load_tiny(root, "synthetic-train")
+
+    def run():
+        ctx = RunContext(tmp_path / "cache", progress=False)
+        method = resolve_method(
+            "rootsift-bow",
+            **{"vocabulary.size": 200},
+            inverted_file="mapped",
+            **tiny("rootsift-bow"),
+        ).build()
+        return method.fit(train, ctx).index(bench, ctx)
+
+    run()
+    [kind] = list((tmp_path / "cache").glob("*/postings"))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    stale = foreign / ".oxbench-tmp-not-ours"
+    stale.write_bytes(b"theirs")
+    os.utime(stale, (0, 0))
+    shutil.rmtree(kind)
+    kind.symlink_to(foreign, target_is_directory=True)
+    with pytest.raises(InputError, match="symbolic link") as info:
+        run()
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in foreign.iterdir()) == [stale.name]

@@ -292,6 +292,26 @@ def discard_folder(folder: str | Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def refuse_linked_folder(folder: str | Path, *, below: str | Path) -> Path:
+    """``folder`` if neither it nor any folder between ``below`` (excluded) and it is a symlink.
+
+    A cache folder replaced by a link would have oxbench write (and clean temporaries) in the
+    link's target, outside the cache: refused instead.
+
+    Raises:
+        InputError: ``folder`` or one of its parents up to ``below`` is a symlink (names it).
+    """
+    folder, below = Path(folder), Path(below)
+    path = folder
+    while (
+        path != below and path.parent != path
+    ):  # ``below`` itself (the user's cache) may be a link
+        if os.path.islink(path):
+            raise InputError("refusing a cache folder that is a symbolic link", path)
+        path = path.parent
+    return folder
+
+
 def remove_stale_temps(
     folder: str | Path, *, older_than_s: float = 3600.0, patterns: tuple[str, ...] = ()
 ) -> int:
@@ -302,6 +322,8 @@ def remove_stale_temps(
     progress in another process is left alone. Returns how many were removed.
     """
     folder = Path(folder)
+    if os.path.islink(folder):  # never delete through a link into someone else's folder
+        return 0
     removed = 0
     now = time.time()
     try:

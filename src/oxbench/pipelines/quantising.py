@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
-from oxbench.fileio import json_digest
+from oxbench.fileio import json_digest, refuse_linked_folder
 from oxbench.pipelines.method import RetrievalMethod, RunContext
 from oxbench.pipelines.sources import GlobalSource
 from oxbench.pipelines.steps.keys import dataset_key
@@ -155,7 +155,9 @@ class QuantisingMethod(RetrievalMethod):
             },
             16,
         )
-        return Path(ctx.cache) / dataset_key(bench) / kind / key
+        return refuse_linked_folder(
+            Path(ctx.cache) / dataset_key(bench) / kind / key, below=Path(ctx.cache)
+        )
 
     def indexed_parts(self, bench: Benchmark) -> WordedParts:
         """The parts :meth:`index_parts` made for ``bench`` (refused for another benchmark)."""
