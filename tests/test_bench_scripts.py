@@ -80,3 +80,20 @@ def test_the_return_value_of_main_is_the_exit_code(tmp_path: Path) -> None:
         assert (
             subprocess.run([sys.executable, str(script)], env=env, check=False).returncode == code
         )
+
+
+def test_gpu_foundation_script_runs_tiny(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prepared GPU script (issue 40 item 5) runs on the CPU in its tiny mode and writes its JSON."""
+    import json
+
+    pytest.importorskip("timm")
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_foundation
+
+    result = gpu_foundation.main(["--tiny", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "gpu_foundation.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    assert set(saved["images_per_second"]) == {"oxbench", "plain-torch"}
+    assert all(v > 0 for v in saved["images_per_second"].values())
+    ips = saved["images_per_second"]
+    assert saved["ratio_oxbench_over_plain"] == pytest.approx(ips["oxbench"] / ips["plain-torch"])
