@@ -178,10 +178,58 @@ def _is_mat73(path: Path) -> bool:
     return head.startswith(b"MATLAB 7.3") or head[512:520] == _MAT73_MAGIC
 
 
+def refuse_outside_links(f: Any, path: Path) -> None:
+    """Refuse an HDF5 file that reads data from elsewhere: an external link, a virtual dataset (its
+    data lives in other files), or a soft link whose target is not in the file. Checked on the links
+    themselves (``get(..., getlink=True)``) before any dataset is read or any link followed.
+
+    Raises:
+        InputError: one line naming the file and the object.
+    """
+    h5py = require("h5py", "mat")
+    seen: set[int] = set()
+    stack: list[Any] = [f]
+    soft: list[tuple[Any, str, str, str]] = []
+    while stack:
+        group = stack.pop()
+        for name in group:
+            link = group.get(name, getlink=True)
+            where = f"{group.name.rstrip('/')}/{name}"
+            if isinstance(link, h5py.ExternalLink):
+                raise InputError(
+                    f"object {where!r} is an external link to {link.filename}:{link.path}; "
+                    "features must be stored in the file itself",
+                    path,
+                )
+            if isinstance(link, h5py.SoftLink):
+                soft.append((group, name, where, link.path))
+                continue  # resolved once no external link is left to follow through
+            obj = group[name]
+            addr = h5py.h5o.get_info(obj.id).addr
+            if addr in seen:
+                continue
+            seen.add(addr)
+            if isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    raise InputError(
+                        f"dataset {where!r} is a virtual dataset (its data lives in other files); "
+                        "features must be stored in the file itself",
+                        path,
+                    )
+            elif isinstance(obj, h5py.Group):
+                stack.append(obj)
+    for group, name, where, target in soft:
+        if group.get(name, default=None) is None:
+            raise InputError(
+                f"object {where!r} is a soft link to {target!r}, which is not in the file", path
+            )
+
+
 def _read_mat73(path: Path, key: str | None) -> np.ndarray:
     h5py = require("h5py", "mat")
     try:
         with h5py.File(path, "r") as f:
+            refuse_outside_links(f, path)
             arrays = {
                 n: f[n]
                 for n in f.keys()
@@ -208,6 +256,7 @@ def _read_h5(path: Path, key: str | None, kinds: str = "iuf") -> np.ndarray:
     what = "numeric datasets" if kinds == "iuf" else "string datasets"
     try:
         with h5py.File(path, "r") as f:
+            refuse_outside_links(f, path)
             arrays = {
                 n: f[n]
                 for n in f.keys()

@@ -39,6 +39,7 @@ from the shapes before any array is read), a negative or zero image size.
 from __future__ import annotations
 
 import os
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +50,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
 from oxbench.features.local import KEYPOINT_COLUMNS, RawFeatures
-from oxbench.formats.arrays import _first_line
+from oxbench.formats.arrays import _first_line, refuse_outside_links
 
 FileLayout = Literal["h5", "npz"]
 FILE_LAYOUTS: tuple[str, ...] = ("h5", "npz")
@@ -203,6 +204,14 @@ def _h5(path: Path) -> Any:
         f = h5py.File(path, "r")
     except Exception as exc:  # h5py raises OSError on damaged files  # noqa: BLE001
         raise InputError(f"not a readable HDF5 file ({_first_line(exc)})", path) from None
+    try:
+        refuse_outside_links(f, path)
+    except InputError:
+        f.close()
+        raise
+    except Exception as exc:  # a damaged link table  # noqa: BLE001
+        f.close()
+        raise InputError(f"not a readable HDF5 file ({_first_line(exc)})", path) from None
     _OPEN[key] = f
     return f
 
@@ -214,6 +223,16 @@ def close_files() -> None:
 
 
 def _check_hdf5(path: Path) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError("no such local-features file", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError("is a folder; h5 features are one HDF5 file (npz: a folder)", path)
+    if not stat.S_ISREG(st.st_mode):  # never opened: open() on a FIFO blocks, /dev/stdin reads ours
+        raise InputError("not a regular file (FIFO, device or socket); give a file", path)
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)

@@ -91,9 +91,10 @@ class LocalFeatureFiles:
         """Stored in the file's own type (``uint8``, ``float16``, ``float32``)."""
         return self.facts().dtype.type
 
-    def fingerprint(self) -> dict[str, int]:
-        """Size and modification time of the file (of every ``.npz`` of the folder): a rewritten
-        file keys new caches instead of meeting features cached from the old one."""
+    def fingerprint(self) -> dict[str, object]:
+        """SHA-256 of the file's bytes (of every ``.npz`` of the folder) with its size: a changed,
+        swapped or rewritten file keys new caches instead of meeting features cached from the old
+        one (:func:`_fingerprint`)."""
         cached = self.__dict__.get("_fingerprint")
         if cached is None:
             cached = _fingerprint(Path(self.path))
@@ -156,24 +157,26 @@ class LocalFeatureFiles:
         return other
 
 
-def _fingerprint(path: Path) -> dict[str, int]:
-    try:
-        if path.is_dir():
-            size = count = mtime = 0
-            for root, _, files in os.walk(path):
-                for f in files:
-                    if f.endswith(".npz"):
-                        st = os.stat(os.path.join(root, f))
-                        size, count, mtime = (
-                            size + st.st_size,
-                            count + 1,
-                            max(mtime, st.st_mtime_ns),
-                        )
-            return {"bytes": size, "files": count, "mtime_ns": mtime}
-        st = path.stat()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _fingerprint(path: Path) -> dict[str, object]:
+    """The content of the features: SHA-256 of the file (of every ``<name>.npz`` of the folder, per
+    file), with size and count. File identity (inode, size, ``mtime_ns``, ``ctime_ns``) only spares a
+    rehash in this process; two files swapped by ``mv``, or one edited in place with its ``mtime``
+    restored, get their new digest and key new caches."""
+    from oxbench.provenance import input_record
+
+    if path.is_dir():
+        members = sorted(
+            os.path.join(root, f)
+            for root, _, files in os.walk(path)
+            for f in files
+            if f.endswith(".npz")
+        )
+        record = input_record(path, files=members)
+        return {"sha256": record.sha256, "bytes": record.size, "files": record.files}
+    record = input_record(path)
+    if record.kind != "file":
+        raise InputError("not a regular file (FIFO, device or socket); give a file", path)
+    return {"sha256": record.sha256, "bytes": record.size}
 
 
 class ReadFeatures:

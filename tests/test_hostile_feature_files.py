@@ -1,0 +1,252 @@
+"""Hostile feature files (issue 43): bound by content, HDF5 that cannot reach outside, no FIFO.
+
+Case 1: local-feature files are identified by the digest of their bytes, so two ``.npz`` swapped
+by ``mv`` and an ``.h5`` edited in place with its ``mtime`` restored key new caches. Case 4: HDF5
+external links, virtual datasets and dangling soft links are refused before any data is read
+(local ``features.h5``, global ``.h5`` and MATLAB v7.3). Case 6: a FIFO given as a features file
+is refused without being opened (``open()`` on a FIFO blocks).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from oxbench.errors import InputError
+from oxbench.features.extractors.files import LocalFeatureFiles
+from oxbench.formats.arrays import read_features
+from oxbench.formats.local_features import close_files, probe
+
+h5py = pytest.importorskip("h5py")
+
+
+def _image(f: object, name: str, seed: int, n: int = 5, d: int = 8) -> None:
+    rng = np.random.default_rng(seed)
+    g = f.create_group(name)  # type: ignore[attr-defined]
+    g["keypoints"] = rng.uniform(1, 50, (n, 2)).astype(np.float32)
+    g["descriptors"] = rng.random((d, n)).astype(np.float32)
+    g["image_size"] = np.array([64, 64])
+
+
+def _local_h5(path: Path, seeds: dict[str, int]) -> Path:
+    with h5py.File(path, "w") as f:
+        for name, seed in seeds.items():
+            _image(f, name, seed)
+    return path
+
+
+def _npz(path: Path, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    np.savez(
+        path,
+        keypoints=rng.uniform(1, 50, (5, 4)).astype(np.float32),
+        descriptors=rng.random((5, 8)).astype(np.float32),
+        image_size=np.array([64, 64]),
+    )
+
+
+@pytest.fixture(autouse=True)
+def _closed() -> Iterator[None]:
+    yield
+    close_files()
+
+
+# --- case 1: bound by content -------------------------------------------------------------------
+
+
+def test_npz_files_swapped_by_rename_get_another_digest(tmp_path: Path) -> None:
+    folder = tmp_path / "npz"
+    folder.mkdir()
+    _npz(folder / "a.npz", 1)
+    _npz(folder / "b.npz", 2)
+    before = LocalFeatureFiles("npz", str(folder)).digest()
+    # same sizes, same count, same newest mtime: only the content tells them apart
+    os.rename(folder / "a.npz", folder / "t.npz")
+    os.rename(folder / "b.npz", folder / "a.npz")
+    os.rename(folder / "t.npz", folder / "b.npz")
+    after = LocalFeatureFiles("npz", str(folder)).digest()
+    assert before != after
+    # swapped back: the first digest again (the content, not the inode, is the identity)
+    os.rename(folder / "a.npz", folder / "t.npz")
+    os.rename(folder / "b.npz", folder / "a.npz")
+    os.rename(folder / "t.npz", folder / "b.npz")
+    assert LocalFeatureFiles("npz", str(folder)).digest() == before
+
+
+def test_h5_edited_in_place_with_its_mtime_restored_gets_another_digest(tmp_path: Path) -> None:
+    path = _local_h5(tmp_path / "f.h5", {"a": 1, "b": 2})
+    before = LocalFeatureFiles("h5", str(path))
+    old = before.digest()
+    st = os.stat(path)
+    with h5py.File(path, "r+") as f:
+        f["a/descriptors"][0, 0] = 0.123  # same size, same layout: only a value moves
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_mtime_ns == st.st_mtime_ns
+    again = LocalFeatureFiles("h5", str(path))
+    assert again.digest() != old
+    assert again.fingerprint()["sha256"] != before.fingerprint()["sha256"]
+
+
+def test_the_fingerprint_is_the_sha256_of_the_bytes(tmp_path: Path) -> None:
+    import hashlib
+
+    path = _local_h5(tmp_path / "f.h5", {"a": 1})
+    assert (
+        LocalFeatureFiles("h5", str(path)).fingerprint()["sha256"]
+        == hashlib.sha256(path.read_bytes()).hexdigest()
+    )
+
+
+# --- case 4: nothing read from outside the file -------------------------------------------------
+
+
+def _outside(tmp_path: Path, how: str) -> Path:
+    """A local features.h5 whose image ``b`` comes from another file (or nowhere)."""
+    other = _local_h5(tmp_path / "other.h5", {"b": 9})
+    path = tmp_path / f"{how}.h5"
+    with h5py.File(path, "w") as f:
+        _image(f, "a", 1)
+        if how == "external":
+            f["b"] = h5py.ExternalLink(str(other), "/b")
+        elif how == "external-dataset":
+            g = f.create_group("b")
+            g["keypoints"] = h5py.ExternalLink(str(other), "/b/keypoints")
+            g["descriptors"] = np.ones((8, 5), np.float32)
+            g["image_size"] = np.array([64, 64])
+        elif how == "virtual":
+            _image(f, "b", 2)
+            del f["b/descriptors"]
+            layout = h5py.VirtualLayout(shape=(8, 5), dtype="f4")
+            layout[:] = h5py.VirtualSource(str(other), "/b/descriptors", shape=(8, 5))
+            f["b"].create_virtual_dataset("descriptors", layout)
+        elif how == "dangling-soft":
+            f["b"] = h5py.SoftLink("/nowhere")
+        else:
+            raise AssertionError(how)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("how", "want"),
+    [
+        ("external", "'/b' is an external link"),
+        ("external-dataset", "'/b/keypoints' is an external link"),
+        ("virtual", "'/b/descriptors' is a virtual dataset"),
+        ("dangling-soft", "'/b' is a soft link to '/nowhere'"),
+    ],
+)
+def test_local_h5_reaching_outside_is_refused(tmp_path: Path, how: str, want: str) -> None:
+    path = _outside(tmp_path, how)
+    with pytest.raises(InputError) as exc:
+        probe("h5", path)
+    assert want in str(exc.value) and str(path) in str(exc.value)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_soft_link_inside_the_file_is_read(tmp_path: Path) -> None:
+    path = _local_h5(tmp_path / "f.h5", {"a": 1})
+    with h5py.File(path, "r+") as f:
+        f["b"] = h5py.SoftLink("/a")
+    assert probe("h5", path).dim == 8
+
+
+def _global(tmp_path: Path, how: str, mat73: bool) -> Path:
+    x = np.random.default_rng(0).random((4, 3)).astype(np.float32)
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["x"] = x
+    path = tmp_path / ("g.mat" if mat73 else "g.h5")
+    userblock = 512 if mat73 else 0
+    with h5py.File(path, "w", userblock_size=userblock) as f:
+        if how == "external":
+            f["x"] = h5py.ExternalLink(str(other), "/x")
+        elif how == "virtual":
+            layout = h5py.VirtualLayout(shape=x.shape, dtype="f4")
+            layout[:] = h5py.VirtualSource(str(other), "/x", shape=x.shape)
+            f.create_virtual_dataset("x", layout)
+        else:
+            raise AssertionError(how)
+    if mat73:
+        with open(path, "r+b") as fh:
+            fh.write(b"MATLAB 7.3 MAT-file, hostile test".ljust(128, b" "))
+    return path
+
+
+@pytest.mark.parametrize("mat73", [False, True])
+@pytest.mark.parametrize(("how", "want"), [("external", "external link"), ("virtual", "virtual")])
+def test_global_h5_and_mat73_reaching_outside_are_refused(
+    tmp_path: Path, how: str, want: str, mat73: bool
+) -> None:
+    path = _global(tmp_path, how, mat73)
+    with pytest.raises(InputError) as exc:
+        read_features(path)
+    assert want in str(exc.value) and "'/x'" in str(exc.value) and str(path) in str(exc.value)
+
+
+# --- case 6: never open a FIFO ------------------------------------------------------------------
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[Path]:
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this platform")
+    path = tmp_path / "features.h5"
+    os.mkfifo(path)
+
+    def hung(signum: int, frame: object) -> None:
+        raise AssertionError("blocked opening a FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        yield path
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_a_fifo_as_local_features_is_refused_without_opening(fifo: Path) -> None:
+    with pytest.raises(InputError, match="not a regular file"):
+        probe("h5", fifo)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="FIFOs")
+@pytest.mark.parametrize("which", ["features", "features.train"])
+def test_a_fifo_through_the_cli_is_one_line_exit_2(
+    which: str, fifo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.cli import main
+    from test_pipeline import make_tiny_root
+
+    good = _local_h5(tmp_path / "good.h5", {"a": 1})
+    root = make_tiny_root(tmp_path / "data")
+    test, train = (fifo, good) if which == "features" else (good, fifo)
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "run",
+                "--method",
+                "rootsift-bow-sv",
+                "--root",
+                str(root),
+                "--out",
+                str(tmp_path / "run"),
+                "--cache",
+                str(tmp_path / "c"),
+                "--no-progress",
+                "--set",
+                f"features=h5:{test}",
+                "--set",
+                f"features.train={train}",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "not a regular file" in err and str(fifo) in err, err
+    lines = [ln for ln in err.strip().splitlines() if not ln.startswith("WARNING")]
+    assert len(lines) == 1 and "Traceback" not in err, err
