@@ -250,3 +250,106 @@ def test_a_fifo_through_the_cli_is_one_line_exit_2(
     assert exc.value.code == 2 and "not a regular file" in err and str(fifo) in err, err
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("WARNING")]
     assert len(lines) == 1 and "Traceback" not in err, err
+
+
+# --- case 7: declared shapes bounded before any allocation --------------------------------------
+
+
+def _declaring(tmp_path: Path, suffix: str) -> Path:
+    """A small file declaring 8M x 64 float32 (2 GiB once read)."""
+    shape = (8_000_000, 64)
+    path = tmp_path / f"big{suffix}"
+    if suffix == ".h5":
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", shape=shape, dtype="f4", chunks=(1024, 64), compression="gzip")
+    elif suffix == ".npz":
+        import zipfile
+
+        header = np.lib.format.header_data_from_array_1_0(np.zeros((1, 64), np.float32))
+        header["shape"] = shape
+        import io
+
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_1_0(buf, header)
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+            with zf.open("x.npy", "w", force_zip64=True) as fh:
+                fh.write(buf.getvalue())
+                fh.write(bytes(1 << 16))  # the header is what is checked: the data may stop
+    elif suffix == ".mat":
+        import scipy.io
+
+        scipy.io.savemat(path, {"x": np.zeros((8000, 64), np.float32)}, do_compression=True)
+    else:
+        raise AssertionError(suffix)
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".npz", ".mat"])
+def test_a_declared_shape_over_the_budget_is_refused_before_reading(
+    tmp_path: Path, suffix: str
+) -> None:
+    import resource
+
+    path = _declaring(tmp_path, suffix)
+    limit = 1 << 20 if suffix == ".mat" else 64 << 20  # the .mat holds 2 MB: a 1 MiB budget
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(InputError) as exc:
+        read_features(path, max_bytes=limit)
+    message = str(exc.value)
+    assert (
+        "declares shape" in message and f"budget of {limit:,}" in message and str(path) in message
+    )
+    # nothing near the declared size was allocated (ru_maxrss is in KiB on Linux)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 256 * 1024
+
+
+def test_under_the_budget_the_array_is_read(tmp_path: Path) -> None:
+    x = np.random.default_rng(0).random((10, 4)).astype(np.float32)
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["x"] = x
+    assert np.array_equal(read_features(tmp_path / "x.h5", max_bytes=1 << 20), x)
+    np.save(tmp_path / "x.npy", x)
+    with pytest.raises(InputError, match="declares shape"):
+        read_features(tmp_path / "x.npy", max_bytes=100)
+
+
+# --- case 2: a global h5 whose root dataset is an external link, through the CLI -----------------
+
+
+def test_a_global_h5_linked_elsewhere_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.cli import main
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    target = tmp_path / "target.h5"
+    with h5py.File(target, "w") as f:
+        f["x"] = np.ones((40, 8), np.float32)
+    link = tmp_path / "db.h5"
+    with h5py.File(link, "w") as f:
+        f["x"] = h5py.ExternalLink(str(target), "/x")
+    np.save(tmp_path / "q.npy", np.ones((5, 8), np.float32))
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        main(
+            [
+                "run",
+                "--method",
+                "features",
+                "--root",
+                str(root),
+                "--out",
+                str(out),
+                "--cache",
+                str(tmp_path / "c"),
+                "--no-progress",
+                "--set",
+                f"descriptor.db_features={link}",
+                "--set",
+                f"descriptor.query_features={tmp_path / 'q.npy'}",
+            ]
+        )
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "'/x' is an external link" in err and str(link) in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
