@@ -21,7 +21,7 @@ import pytest
 from oxbench.errors import InputError
 from oxbench.features.extractors.files import LocalFeatureFiles
 from oxbench.formats.arrays import read_features
-from oxbench.formats.local_features import close_files, probe
+from oxbench.formats.local_features import close_files, probe, read_image_features
 
 h5py = pytest.importorskip("h5py")
 
@@ -353,3 +353,36 @@ def test_a_global_h5_linked_elsewhere_is_one_line_exit_2(
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "'/x' is an external link" in err and str(link) in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+# --- case 3: an ambiguous orientation is refused unless one is given ----------------------------
+
+
+def test_a_square_descriptor_block_is_refused_unless_an_orientation_is_given(
+    tmp_path: Path,
+) -> None:
+    n = d = 8
+    rng = np.random.default_rng(0)
+    kp = rng.uniform(1, 50, (n, 2)).astype(np.float32)
+    desc = rng.random((n, d)).astype(np.float32)  # stored [n, d], not hloc's [d, n]
+    path = tmp_path / "f.h5"
+    with h5py.File(path, "w") as f:
+        _image(f, "a", 1, n=5, d=d)  # the first image tells the dimension, unambiguously
+        g = f.create_group("b")
+        g["keypoints"], g["descriptors"], g["image_size"] = kp, desc, np.array([64, 64])
+    auto = LocalFeatureFiles("h5", str(path))
+    with pytest.raises(
+        InputError, match=r"\[8, 8\] for 8 keypoints: \[n, d\] and \[d, n\] both fit"
+    ):
+        auto.read("b")
+    close_files()
+    # said: read as told, rows as descriptors
+    told = LocalFeatureFiles("h5", str(path), orientation="n-d")
+    with pytest.raises(InputError, match="must be \\[n, d\\]"):
+        told.read("a")  # image a is [d, n]: not what was said
+    close_files()
+    assert np.array_equal(read_image_features("h5", path, "b", orientation="n-d").descriptors, desc)
+    close_files()
+    hloc = LocalFeatureFiles("h5", str(path), orientation="d-n")
+    assert np.array_equal(hloc.read("b").descriptors, desc.T)
+    assert auto.digest() != hloc.digest()  # the orientation keys the caches

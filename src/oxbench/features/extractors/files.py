@@ -30,7 +30,13 @@ from oxbench.errors import InputError
 from oxbench.features.extractors import ExtractorEntry, register_local_extractor
 from oxbench.features.local import RawFeatures
 from oxbench.fileio import json_digest
-from oxbench.formats.local_features import FILE_LAYOUTS, FileFacts, probe, read_image_features
+from oxbench.formats.local_features import (
+    FILE_LAYOUTS,
+    ORIENTATIONS,
+    FileFacts,
+    probe,
+    read_image_features,
+)
 from oxbench.schema import setting, validate
 
 #: The ``kind`` :meth:`LocalFeatureFiles.to_dict` records.
@@ -59,6 +65,13 @@ class LocalFeatureFiles:
         doc="the training set's features (none: learn on the test set's, flagged)",
         input=True,
     )
+    orientation: Literal["auto", "d-n", "n-d"] = setting(
+        "auto",
+        S.Choice(*ORIENTATIONS),
+        doc="descriptor blocks: auto (h5 [d, n], npz [n, d]; a square block refused as "
+        "ambiguous), d-n or n-d",
+        input=True,
+    )
 
     #: No step reads the benchmark's pixels.
     reads_images = False
@@ -77,7 +90,7 @@ class LocalFeatureFiles:
         """Dimension and type of the descriptors, from the file's first image."""
         cached = self.__dict__.get("_facts")
         if cached is None:
-            cached = probe(self.layout, self.path)
+            cached = probe(self.layout, self.path, self.orientation)
             object.__setattr__(self, "_facts", cached)
         return cached
 
@@ -131,7 +144,7 @@ class LocalFeatureFiles:
 
     def read(self, name: str) -> RawFeatures:
         """The checked features of image ``name`` (:func:`~oxbench.formats.local_features.read_image_features`)."""
-        return read_image_features(self.layout, self.path, name, self.facts())
+        return read_image_features(self.layout, self.path, name, self.facts(), self.orientation)
 
     # --- the training set -----------------------------------------------------------------------
     def has_training_features(self) -> bool:
