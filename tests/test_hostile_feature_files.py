@@ -386,3 +386,24 @@ def test_a_square_descriptor_block_is_refused_unless_an_orientation_is_given(
     hloc = LocalFeatureFiles("h5", str(path), orientation="d-n")
     assert np.array_equal(hloc.read("b").descriptors, desc.T)
     assert auto.digest() != hloc.digest()  # the orientation keys the caches
+
+
+# --- case 14: local-feature files put their content digest in the run label ---------------------
+
+
+def test_two_local_feature_files_get_two_labels(tmp_path: Path) -> None:
+    from oxbench.pipelines import resolve_method
+    from oxbench.pipelines.runner import _default_label
+    from oxbench.provenance import input_records
+
+    labels = []
+    for seed in (1, 2):
+        (tmp_path / f"{seed}").mkdir()
+        path = _local_h5(tmp_path / f"{seed}" / "features.h5", {"a": seed})
+        m = resolve_method("rootsift-bow-sv", features=f"h5:{path}")
+        files = m.input_files()
+        assert files == {"features.path": path}
+        labels.append(_default_label(m, input_records(files)))
+    assert labels[0] != labels[1] and all(" @" in label for label in labels), labels
+    # the built-in extractors read no file: the presets' labels carry no digest
+    assert resolve_method("rootsift-bow-sv").input_files() == {}
