@@ -407,3 +407,24 @@ def test_two_local_feature_files_get_two_labels(tmp_path: Path) -> None:
     assert labels[0] != labels[1] and all(" @" in label for label in labels), labels
     # the built-in extractors read no file: the presets' labels carry no digest
     assert resolve_method("rootsift-bow-sv").input_files() == {}
+
+
+def test_a_changed_input_file_is_named_in_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from oxbench.provenance import input_records
+
+    path = _local_h5(tmp_path / "f.h5", {"a": 1})
+    cache = tmp_path / "cache"
+    with caplog.at_level("WARNING"):
+        input_records({"features.path": path}, cache=cache)
+        input_records({"features.path": path}, cache=cache)  # unchanged: quiet
+        assert not caplog.records
+        st = os.stat(path)
+        with h5py.File(path, "r+") as f:
+            f["a/descriptors"][0, 0] = 0.5
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        input_records({"features.path": path}, cache=cache)
+    changed = [r.getMessage() for r in caplog.records]
+    assert len(changed) == 1 and "features.path" in changed[0] and str(path) in changed[0]
+    assert "changed since the last run" in changed[0]

@@ -155,7 +155,27 @@ def input_records(
             out[name] = input_record(path, cache=cache)
         except InputError as exc:
             raise InputError(f"{name}: {exc.problem}", exc.source or path) from None
+        if cache is not None:
+            _warn_if_changed(name, out[name], Path(cache) / DIGESTS_FOLDER)
     return out
+
+
+def _warn_if_changed(name: str, record: InputRecord, store: Path) -> None:
+    """One warning when the file at this path held other bytes the last time a run in this cache
+    read it (edited, replaced by ``mv``, relinked): what was computed from it is not reused."""
+    key = text_digest(json.dumps(["last", record.path]))
+    last = _load_entry(store, key)
+    if last is not None and last != record.sha256:
+        log.warning(
+            "%s %s changed since the last run in this cache (sha256 %s..., was %s...): "
+            "everything computed from it is computed again",
+            name,
+            record.path,
+            record.sha256[:12],
+            last[:12],
+        )
+    if last != record.sha256:
+        _save_entry(store, key, record.path, record.sha256)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
