@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -375,3 +376,29 @@ def test_training_features_of_another_dimension_are_refused(tmp_path: Path) -> N
         features.for_training()
     same = LocalFeatureFiles(layout="npz", path=str(test), train=str(folder("train8", 8)))
     assert same.for_training().path == str(tmp_path / "train8") and same.for_training().dim == 8
+
+
+def test_npz_files_swapped_by_mv_are_read_again_not_taken_from_the_cache(
+    tiny_root: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 43 case 1: two ``.npz`` swapped by ``mv`` keep the folder's total size, count and
+    newest mtime; the content digest keys new caches, so a cached rerun ranks as a fresh one."""
+    import shutil
+
+    folder = tmp_path / "npz"
+    shutil.copytree(files["npz"], folder)
+    settings = {**SETTINGS, "features.train": str(files["train_npz"])}
+    cache = tmp_path / "cache"
+    before = ranks_of(
+        resolve_method("rootsift-bow-sv", **settings, features=f"npz:{folder}"), tiny_root, cache
+    )
+    bench = load("synthetic", tiny_root, progress=False)
+    a, b = (folder / f"{n}.npz" for n in bench.gt.db_names[:2])
+    os.rename(a, tmp_path / "t.npz")
+    os.rename(b, a)
+    os.rename(tmp_path / "t.npz", b)
+    swapped = resolve_method("rootsift-bow-sv", **settings, features=f"npz:{folder}")
+    cached = ranks_of(swapped, tiny_root, cache, pixels=False)
+    fresh = ranks_of(swapped, tiny_root, tmp_path / "fresh", pixels=False)
+    np.testing.assert_array_equal(cached, fresh)
+    assert not np.array_equal(cached, before)  # the swap moves the ranks: the test can tell

@@ -96,7 +96,7 @@ def input_record(
             absolute), e.g. the images of a dataset that shares its folder with other files.
         cache: a cache root; digests of files of :data:`CACHE_MIN_BYTES` or more (and of folders)
             are kept in ``<cache>/_digests/`` and reused while the file's identity (device, inode,
-            size, ``mtime_ns``) is unchanged. ``None``: only this process remembers them.
+            size, ``mtime_ns``, ``ctime_ns``) is unchanged. ``None``: only this process remembers them.
 
     Raises:
         InputError: missing, unreadable, not a regular file or folder, a listed file outside the
@@ -130,12 +130,12 @@ def input_record(
     )
     listing = []
     for rel, fst in members:
-        listing.append((rel, int(fst.st_dev), int(fst.st_ino), int(fst.st_size), fst.st_mtime_ns))
+        listing.append((rel, *_identity(fst)))
     key = text_digest(json.dumps(["folder", str(absolute), listing]))
     digest = _KNOWN.get(key) or _load_entry(store, key)
     if digest is None:
         h = hashlib.sha256()
-        for rel, _dev, _ino, size, _mtime in listing:
+        for rel, _dev, _ino, size, _mtime, _ctime in listing:
             sha = _file_digest(absolute / rel, store)
             h.update(f"{rel}\0{size}\0{sha}\n".encode())
         digest = h.hexdigest()
@@ -155,11 +155,39 @@ def input_records(
             out[name] = input_record(path, cache=cache)
         except InputError as exc:
             raise InputError(f"{name}: {exc.problem}", exc.source or path) from None
+        if cache is not None:
+            _warn_if_changed(name, out[name], Path(cache) / DIGESTS_FOLDER)
     return out
 
 
-def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
-    return int(st.st_dev), int(st.st_ino), int(st.st_size), int(st.st_mtime_ns)
+def _warn_if_changed(name: str, record: InputRecord, store: Path) -> None:
+    """One warning when the file at this path held other bytes the last time a run in this cache
+    read it (edited, replaced by ``mv``, relinked): what was computed from it is not reused."""
+    key = text_digest(json.dumps(["last", record.path]))
+    last = _load_entry(store, key)
+    if last is not None and last != record.sha256:
+        log.warning(
+            "%s %s changed since the last run in this cache (sha256 %s..., was %s...): "
+            "everything computed from it is computed again",
+            name,
+            record.path,
+            record.sha256[:12],
+            last[:12],
+        )
+    if last != record.sha256:
+        _save_entry(store, key, record.path, record.sha256)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """A hint that a file is unchanged, never its identity (the digest is): ``ctime_ns`` is in it
+    because a file edited in place with its ``mtime`` restored (``os.utime``) still moves it."""
+    return (
+        int(st.st_dev),
+        int(st.st_ino),
+        int(st.st_size),
+        int(st.st_mtime_ns),
+        int(st.st_ctime_ns),
+    )
 
 
 def _file_digest(path: Path, store: Path | None) -> str:

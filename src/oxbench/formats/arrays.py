@@ -84,6 +84,36 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def default_max_bytes() -> int:
+    """The default budget of one array read from a file: a quarter of the machine's memory
+    (4 GiB where the platform does not say)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        total = 16 << 30
+    return max(int(total) // 4, 1 << 20)
+
+
+def check_budget(
+    shape: tuple[int, ...], itemsize: int, path: Path, what: str, max_bytes: int | None
+) -> None:
+    """Refuse, before anything is allocated, an array whose declared shape needs more than
+    ``max_bytes`` (as stored, or as the ``float32`` copy it becomes).
+
+    Raises:
+        InputError: one line with the declared shape, its bytes and the budget.
+    """
+    limit = default_max_bytes() if max_bytes is None else max_bytes
+    count = math.prod(int(n) for n in shape)
+    need = count * max(int(itemsize), 4)
+    if need > limit:
+        raise InputError(
+            f"{what} declares shape {tuple(int(n) for n in shape)}: {need:,} bytes to read, over the "
+            f"budget of {limit:,} (max_bytes=)",
+            path,
+        )
+
+
 def _pick(arrays: dict[str, Any], key: str | None, path: Path, kind: str) -> tuple[str, Any]:
     """The array named ``key``, or the only one; refuses a missing or ambiguous key."""
     names = sorted(arrays)
@@ -150,10 +180,20 @@ def map_npy(path: str | Path) -> np.ndarray:
     return arr
 
 
-def _read_npz(path: Path, key: str | None) -> np.ndarray:
+def _read_npz(path: Path, key: str | None, max_bytes: int | None = None) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as npz:
             name, _ = _pick({n: None for n in npz.files}, key, path, ".npz archive")
+            member = name if name in npz.zip.namelist() else f"{name}.npy"
+            with npz.zip.open(member) as fh:
+                version = np.lib.format.read_magic(fh)
+                read_header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
+                shape, _, dtype = read_header(fh)
+            check_budget(shape, dtype.itemsize, path, f"array {name!r}", max_bytes)
             return np.asarray(npz[name])
     except InputError:
         raise
@@ -178,16 +218,65 @@ def _is_mat73(path: Path) -> bool:
     return head.startswith(b"MATLAB 7.3") or head[512:520] == _MAT73_MAGIC
 
 
-def _read_mat73(path: Path, key: str | None) -> np.ndarray:
+def refuse_outside_links(f: Any, path: Path) -> None:
+    """Refuse an HDF5 file that reads data from elsewhere: an external link, a virtual dataset (its
+    data lives in other files), or a soft link whose target is not in the file. Checked on the links
+    themselves (``get(..., getlink=True)``) before any dataset is read or any link followed.
+
+    Raises:
+        InputError: one line naming the file and the object.
+    """
+    h5py = require("h5py", "mat")
+    seen: set[int] = set()
+    stack: list[Any] = [f]
+    soft: list[tuple[Any, str, str, str]] = []
+    while stack:
+        group = stack.pop()
+        for name in group:
+            link = group.get(name, getlink=True)
+            where = f"{group.name.rstrip('/')}/{name}"
+            if isinstance(link, h5py.ExternalLink):
+                raise InputError(
+                    f"object {where!r} is an external link to {link.filename}:{link.path}; "
+                    "features must be stored in the file itself",
+                    path,
+                )
+            if isinstance(link, h5py.SoftLink):
+                soft.append((group, name, where, link.path))
+                continue  # resolved once no external link is left to follow through
+            obj = group[name]
+            addr = h5py.h5o.get_info(obj.id).addr
+            if addr in seen:
+                continue
+            seen.add(addr)
+            if isinstance(obj, h5py.Dataset):
+                if obj.is_virtual:
+                    raise InputError(
+                        f"dataset {where!r} is a virtual dataset (its data lives in other files); "
+                        "features must be stored in the file itself",
+                        path,
+                    )
+            elif isinstance(obj, h5py.Group):
+                stack.append(obj)
+    for group, name, where, target in soft:
+        if group.get(name, default=None) is None:
+            raise InputError(
+                f"object {where!r} is a soft link to {target!r}, which is not in the file", path
+            )
+
+
+def _read_mat73(path: Path, key: str | None, max_bytes: int | None = None) -> np.ndarray:
     h5py = require("h5py", "mat")
     try:
         with h5py.File(path, "r") as f:
+            refuse_outside_links(f, path)
             arrays = {
                 n: f[n]
                 for n in f.keys()
                 if not n.startswith("#") and isinstance(f[n], h5py.Dataset)
             }
             name, ds = _pick(arrays, key, path, "MATLAB file")
+            check_budget(ds.shape, ds.dtype.itemsize, path, f"variable {name!r}", max_bytes)
             arr = np.asarray(ds[()])
     except InputError:
         raise
@@ -202,18 +291,22 @@ def _read_mat73(path: Path, key: str | None) -> np.ndarray:
     return arr.T  # HDF5 stores MATLAB's column-major array transposed: back to MATLAB's shape
 
 
-def _read_h5(path: Path, key: str | None, kinds: str = "iuf") -> np.ndarray:
+def _read_h5(
+    path: Path, key: str | None, kinds: str = "iuf", max_bytes: int | None = None
+) -> np.ndarray:
     """The root dataset named ``key`` of an HDF5 file, or its only one of a dtype kind in ``kinds``."""
     h5py = require("h5py", "mat")
     what = "numeric datasets" if kinds == "iuf" else "string datasets"
     try:
         with h5py.File(path, "r") as f:
+            refuse_outside_links(f, path)
             arrays = {
                 n: f[n]
                 for n in f.keys()
                 if isinstance(f[n], h5py.Dataset) and f[n].dtype.kind in kinds
             }
-            _, ds = _pick(arrays, key, path, f"HDF5 file's {what}")
+            name, ds = _pick(arrays, key, path, f"HDF5 file's {what}")
+            check_budget(ds.shape, ds.dtype.itemsize, path, f"dataset {name!r}", max_bytes)
             return np.asarray(ds[()])
     except InputError:
         raise
@@ -221,15 +314,32 @@ def _read_h5(path: Path, key: str | None, kinds: str = "iuf") -> np.ndarray:
         raise InputError(f"not a readable HDF5 file ({_first_line(exc)})", path) from None
 
 
-def _read_mat(path: Path, key: str | None) -> np.ndarray:
+#: Bytes per element of MATLAB's numeric classes (``scipy.io.whosmat``); others count as 8.
+_MAT_ITEMSIZE = {
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "uint16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "single": 4,
+}
+
+
+def _read_mat(path: Path, key: str | None, max_bytes: int | None = None) -> np.ndarray:
     if _is_mat73(path):
-        return _read_mat73(path, key)
+        return _read_mat73(path, key, max_bytes)
     import scipy.io
 
     try:
+        # every variable is loaded: their declared shapes (headers only) first
+        for name, shape, cls in scipy.io.whosmat(path):
+            check_budget(shape, _MAT_ITEMSIZE.get(cls, 8), path, f"variable {name!r}", max_bytes)
         raw = scipy.io.loadmat(path, squeeze_me=False, struct_as_record=True)
     except NotImplementedError:  # pragma: no cover - v7.3 is detected above
-        return _read_mat73(path, key)
+        return _read_mat73(path, key, max_bytes)
+    except InputError:
+        raise
     except Exception as exc:  # scipy raises ValueError, TypeError, OSError, MatReadError...  # noqa: BLE001
         raise InputError(
             f"not a readable MATLAB .mat file (truncated or damaged: {_first_line(exc)})", path
@@ -295,7 +405,7 @@ def read_matrix(path: str | Path, *, key: str | None = None) -> np.ndarray:
     return _read_any(p, suffix, key)
 
 
-def _read_any(p: Path, suffix: str, key: str | None) -> np.ndarray:
+def _read_any(p: Path, suffix: str, key: str | None, max_bytes: int | None = None) -> np.ndarray:
     require_regular_file(p)
     if key is not None and suffix not in (".npz", ".mat", ".h5"):
         raise InputError(
@@ -304,11 +414,11 @@ def _read_any(p: Path, suffix: str, key: str | None) -> np.ndarray:
     if suffix == ".npy":
         arr = map_npy(p)
     elif suffix == ".npz":
-        arr = _read_npz(p, key)
+        arr = _read_npz(p, key, max_bytes)
     elif suffix == ".mat":
-        arr = _read_mat(p, key)
+        arr = _read_mat(p, key, max_bytes)
     elif suffix == ".h5":
-        arr = _read_h5(p, key)
+        arr = _read_h5(p, key, max_bytes=max_bytes)
     else:
         arr = _read_texmex(p, suffix)
     if arr.dtype == bool or arr.dtype.kind not in "iuf":
@@ -322,6 +432,7 @@ def read_features(
     layout: Layout = "n-d",
     key: str | None = None,
     normalize: bool = False,
+    max_bytes: int | None = None,
 ) -> NDArray[np.float32]:
     """Read descriptors as ``float32 [n, d]``: one vector per row.
 
@@ -338,6 +449,9 @@ def read_features(
             for the database, ``Q`` for the queries).
         normalize: L2-normalise every vector (cosine similarity = dot product of normalised
             vectors). Off by default: vectors are used as given.
+        max_bytes: the most bytes the array may need (as stored, and as ``float32``), checked
+            on its declared shape before anything is allocated; ``None``:
+            :func:`default_max_bytes` (a quarter of the machine's memory).
 
     Returns:
         ``float32 [n, d]``: a memory map or view where no conversion is needed, else a copy.
@@ -364,7 +478,9 @@ def read_features(
     suffix = _suffix(p, FEATURE_SUFFIXES, "features")
     if suffix in _TEXMEX and layout != "n-d":
         raise InputError(f"{suffix} files store one vector per record: use layout n-d", p)
-    arr = _read_any(p, suffix, key)
+    arr = _read_any(p, suffix, key, max_bytes)
+    if suffix == ".npy" or suffix in _TEXMEX:  # mapped, not read: its float32 copy is what costs
+        check_budget(arr.shape, arr.dtype.itemsize, p, "the array", max_bytes)
     if arr.ndim != 2:
         raise InputError(f"features must be a 2-D array, got shape {arr.shape}", p)
     x = arr.T if layout == "d-n" else arr

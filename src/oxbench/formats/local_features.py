@@ -39,6 +39,7 @@ from the shapes before any array is read), a negative or zero image size.
 from __future__ import annotations
 
 import os
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +50,13 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError, require
 from oxbench.features.local import KEYPOINT_COLUMNS, RawFeatures
-from oxbench.formats.arrays import _first_line
+from oxbench.formats.arrays import _first_line, refuse_outside_links
 
 FileLayout = Literal["h5", "npz"]
 FILE_LAYOUTS: tuple[str, ...] = ("h5", "npz")
+#: How descriptors lie in an image's block: ``auto`` (the layout's own; a square block refused).
+Orientation = Literal["auto", "d-n", "n-d"]
+ORIENTATIONS: tuple[str, ...] = ("auto", "d-n", "n-d")
 
 #: Most keypoints one image may declare (a larger shape is refused before it is read).
 MAX_KEYPOINTS = 1 << 22
@@ -105,6 +109,7 @@ def _check_declared(
     size_shape: tuple[int, ...] | None,
     *,
     transposed: bool,
+    orientation: Orientation = "auto",
 ) -> str | None:
     """What is wrong with the declared shapes (nothing read yet), or ``None``."""
     if len(kp_shape) != 2 or kp_shape[1] not in (2, 3, 4):
@@ -114,6 +119,11 @@ def _check_declared(
         return f"declares {n:,} keypoints; at most {MAX_KEYPOINTS:,} per image"
     if len(desc_shape) != 2:
         return f"descriptors must be 2-D, got shape {desc_shape}"
+    if orientation == "auto" and desc_shape[0] == desc_shape[1] == n and n > 1:
+        return (
+            f"descriptors are [{n}, {n}] for {n} keypoints: [n, d] and [d, n] both fit; say which "
+            "with features.orientation=d-n (hloc's) or n-d"
+        )
     d, m = desc_shape if transposed else desc_shape[::-1]
     want = "[d, n] (hloc's layout: one descriptor a column)" if transposed else "[n, d]"
     if m != n:
@@ -203,6 +213,14 @@ def _h5(path: Path) -> Any:
         f = h5py.File(path, "r")
     except Exception as exc:  # h5py raises OSError on damaged files  # noqa: BLE001
         raise InputError(f"not a readable HDF5 file ({_first_line(exc)})", path) from None
+    try:
+        refuse_outside_links(f, path)
+    except InputError:
+        f.close()
+        raise
+    except Exception as exc:  # a damaged link table  # noqa: BLE001
+        f.close()
+        raise InputError(f"not a readable HDF5 file ({_first_line(exc)})", path) from None
     _OPEN[key] = f
     return f
 
@@ -214,6 +232,16 @@ def close_files() -> None:
 
 
 def _check_hdf5(path: Path) -> None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputError("no such local-features file", path) from None
+    except OSError as exc:
+        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError("is a folder; h5 features are one HDF5 file (npz: a folder)", path)
+    if not stat.S_ISREG(st.st_mode):  # never opened: open() on a FIFO blocks, /dev/stdin reads ours
+        raise InputError("not a regular file (FIFO, device or socket); give a file", path)
     try:
         with open(path, "rb") as fh:
             head = fh.read(8)
@@ -231,8 +259,9 @@ def _check_hdf5(path: Path) -> None:
         )
 
 
-def _read_h5(path: Path, name: str) -> RawFeatures:
+def _read_h5(path: Path, name: str, orientation: Orientation = "auto") -> RawFeatures:
     h5py = require("h5py", "mat")
+    transposed = orientation != "n-d"  # hloc's [d, n] unless told otherwise
     f = _h5(path)
     try:
         group = f.get(name)
@@ -249,7 +278,8 @@ def _read_h5(path: Path, name: str) -> RawFeatures:
             desc.shape,
             desc.dtype,
             None if size is None else size.shape,
-            transposed=True,
+            transposed=transposed,
+            orientation=orientation,
         )
         if problem is None:
             for extra in ("scales", "oris"):
@@ -265,7 +295,7 @@ def _read_h5(path: Path, name: str) -> RawFeatures:
             np.asarray(size[()]).reshape(-1),
             None if "scales" not in sets else np.asarray(sets["scales"][()]),
             None if "oris" not in sets else np.asarray(sets["oris"][()]),
-            transposed=True,
+            transposed=transposed,
         )
     except InputError:
         raise
@@ -317,7 +347,8 @@ def _npy_header(fh: Any) -> tuple[tuple[int, ...], np.dtype[Any]]:
     return tuple(int(s) for s in shape), dtype
 
 
-def _read_npz(folder: Path, name: str) -> RawFeatures:
+def _read_npz(folder: Path, name: str, orientation: Orientation = "auto") -> RawFeatures:
+    transposed = orientation == "d-n"  # [n, d] unless told otherwise
     path = folder / f"{name}.npz"
     if not path.resolve().is_relative_to(folder.resolve()):
         raise _fail("the image name leaves the features folder", "npz", folder, name)
@@ -340,7 +371,8 @@ def _read_npz(folder: Path, name: str) -> RawFeatures:
                 heads["descriptors"][0],
                 heads["descriptors"][1],
                 None if size_head is None else size_head[0],
-                transposed=False,
+                transposed=transposed,
+                orientation=orientation,
             )
             if problem is not None:
                 raise _fail(problem, "npz", folder, name)
@@ -361,7 +393,7 @@ def _read_npz(folder: Path, name: str) -> RawFeatures:
         arrays["image_size"].reshape(-1),
         None,
         None,
-        transposed=False,
+        transposed=transposed,
     )
     if feats is None:
         raise _fail(problem, "npz", folder, name)
@@ -385,7 +417,11 @@ def _first_npz(folder: Path) -> str:
 
 
 def read_image_features(
-    layout: FileLayout, path: str | Path, name: str, facts: FileFacts | None = None
+    layout: FileLayout,
+    path: str | Path,
+    name: str,
+    facts: FileFacts | None = None,
+    orientation: Orientation = "auto",
 ) -> RawFeatures:
     """The validated features of image ``name`` from a features file (or folder).
 
@@ -394,6 +430,9 @@ def read_image_features(
         path: the file or folder.
         name: the image's name in its benchmark.
         facts: what every image must agree with (:func:`probe`: dimension and type).
+        orientation: ``"auto"``: the layout's own (h5 ``[d, n]``, npz ``[n, d]``), a square
+            descriptor block (as many keypoints as dimensions) refused as ambiguous; ``"d-n"`` or
+            ``"n-d"``: every image so.
 
     Returns:
         :class:`~oxbench.features.local.RawFeatures`: keypoints ``float32 [n, 4]`` (size 1 and
@@ -404,7 +443,9 @@ def read_image_features(
         InputError: one line naming the file and the image (module docstring).
     """
     path = Path(path)
-    feats = _read_h5(path, name) if layout == "h5" else _read_npz(path, name)
+    feats = (
+        _read_h5(path, name, orientation) if layout == "h5" else _read_npz(path, name, orientation)
+    )
     if facts is not None:
         d = feats.descriptors
         if d.shape[1] != facts.dim or d.dtype != facts.dtype:
@@ -418,7 +459,7 @@ def read_image_features(
     return feats
 
 
-def probe(layout: FileLayout, path: str | Path) -> FileFacts:
+def probe(layout: FileLayout, path: str | Path, orientation: Orientation = "auto") -> FileFacts:
     """The descriptor dimension and type of a features file, from its first image (checked in full).
 
     Raises:
@@ -429,7 +470,7 @@ def probe(layout: FileLayout, path: str | Path) -> FileFacts:
     path = Path(path)
     first = _first_h5(path) if layout == "h5" else _first_npz(path)
     try:
-        feats = read_image_features(layout, path, first)
+        feats = read_image_features(layout, path, first, orientation=orientation)
     finally:
         close_files()  # the driver reads one image; its workers open the file themselves
     return FileFacts(int(feats.descriptors.shape[1]), feats.descriptors.dtype, first)

@@ -83,6 +83,9 @@ class FileSettings(Protocol):
     @property
     def row_order(self) -> Literal["dataset", "sorted"]: ...
 
+    @property
+    def max_bytes(self) -> int | None: ...
+
 
 #: How the settings of the files are named on the command line (``--set descriptor.db_features=``).
 PREFIX = "descriptor."
@@ -99,8 +102,8 @@ def _read(m: FileSettings, path: str | None, setting: str) -> NDArray[np.float32
     ):  # its own key and layout when given: revisitop's one .mat holds X and Q
         layout = m.query_layout or m.layout
         key = m.query_key if m.query_key is not None else m.key
-        return read_features(path, layout=layout, key=key, normalize=True)
-    return read_features(path, layout=m.layout, key=m.key, normalize=True)
+        return read_features(path, layout=layout, key=key, normalize=True, max_bytes=m.max_bytes)
+    return read_features(path, layout=m.layout, key=m.key, normalize=True, max_bytes=m.max_bytes)
 
 
 _NAME_HINT = (

@@ -278,9 +278,21 @@ class MethodConfig(ABC):
         every set path setting marked ``input`` in the schema. Their content digests go into the
         run's config (:func:`oxbench.provenance.input_record`); a family whose other settings name
         an input file (a model file) adds it."""
+        import dataclasses
+
         from oxbench.schema import input_paths
 
-        return {name: Path(path) for name, path in input_paths(self).items()}
+        out = {name: Path(path) for name, path in input_paths(self).items()}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]  # a nested config's files (local features' h5 / npz)
+            value = getattr(self, f.name)
+            if (
+                dataclasses.is_dataclass(value)
+                and not isinstance(value, type)
+                and not hasattr(value, "input_files")  # a family adds those itself
+            ):
+                for name, path in input_paths(value).items():
+                    out[f"{f.name}.{name}"] = Path(path)
+        return out
 
     def test_data_in_training(self, bench: Benchmark) -> str | None:
         """Why what the method learns from its own input files holds ``bench``'s test data (a

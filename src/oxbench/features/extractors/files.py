@@ -30,7 +30,13 @@ from oxbench.errors import InputError
 from oxbench.features.extractors import ExtractorEntry, register_local_extractor
 from oxbench.features.local import RawFeatures
 from oxbench.fileio import json_digest
-from oxbench.formats.local_features import FILE_LAYOUTS, FileFacts, probe, read_image_features
+from oxbench.formats.local_features import (
+    FILE_LAYOUTS,
+    ORIENTATIONS,
+    FileFacts,
+    probe,
+    read_image_features,
+)
 from oxbench.schema import setting, validate
 
 #: The ``kind`` :meth:`LocalFeatureFiles.to_dict` records.
@@ -59,6 +65,13 @@ class LocalFeatureFiles:
         doc="the training set's features (none: learn on the test set's, flagged)",
         input=True,
     )
+    orientation: Literal["auto", "d-n", "n-d"] = setting(
+        "auto",
+        S.Choice(*ORIENTATIONS),
+        doc="descriptor blocks: auto (h5 [d, n], npz [n, d]; a square block refused as "
+        "ambiguous), d-n or n-d",
+        input=True,
+    )
 
     #: No step reads the benchmark's pixels.
     reads_images = False
@@ -77,7 +90,7 @@ class LocalFeatureFiles:
         """Dimension and type of the descriptors, from the file's first image."""
         cached = self.__dict__.get("_facts")
         if cached is None:
-            cached = probe(self.layout, self.path)
+            cached = probe(self.layout, self.path, self.orientation)
             object.__setattr__(self, "_facts", cached)
         return cached
 
@@ -91,9 +104,10 @@ class LocalFeatureFiles:
         """Stored in the file's own type (``uint8``, ``float16``, ``float32``)."""
         return self.facts().dtype.type
 
-    def fingerprint(self) -> dict[str, int]:
-        """Size and modification time of the file (of every ``.npz`` of the folder): a rewritten
-        file keys new caches instead of meeting features cached from the old one."""
+    def fingerprint(self) -> dict[str, object]:
+        """SHA-256 of the file's bytes (of every ``.npz`` of the folder) with its size: a changed,
+        swapped or rewritten file keys new caches instead of meeting features cached from the old
+        one (:func:`_fingerprint`)."""
         cached = self.__dict__.get("_fingerprint")
         if cached is None:
             cached = _fingerprint(Path(self.path))
@@ -130,7 +144,7 @@ class LocalFeatureFiles:
 
     def read(self, name: str) -> RawFeatures:
         """The checked features of image ``name`` (:func:`~oxbench.formats.local_features.read_image_features`)."""
-        return read_image_features(self.layout, self.path, name, self.facts())
+        return read_image_features(self.layout, self.path, name, self.facts(), self.orientation)
 
     # --- the training set -----------------------------------------------------------------------
     def has_training_features(self) -> bool:
@@ -156,24 +170,26 @@ class LocalFeatureFiles:
         return other
 
 
-def _fingerprint(path: Path) -> dict[str, int]:
-    try:
-        if path.is_dir():
-            size = count = mtime = 0
-            for root, _, files in os.walk(path):
-                for f in files:
-                    if f.endswith(".npz"):
-                        st = os.stat(os.path.join(root, f))
-                        size, count, mtime = (
-                            size + st.st_size,
-                            count + 1,
-                            max(mtime, st.st_mtime_ns),
-                        )
-            return {"bytes": size, "files": count, "mtime_ns": mtime}
-        st = path.stat()
-    except OSError as exc:
-        raise InputError(f"cannot read: {exc.strerror or exc}", path) from None
-    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+def _fingerprint(path: Path) -> dict[str, object]:
+    """The content of the features: SHA-256 of the file (of every ``<name>.npz`` of the folder, per
+    file), with size and count. File identity (inode, size, ``mtime_ns``, ``ctime_ns``) only spares a
+    rehash in this process; two files swapped by ``mv``, or one edited in place with its ``mtime``
+    restored, get their new digest and key new caches."""
+    from oxbench.provenance import input_record
+
+    if path.is_dir():
+        members = sorted(
+            os.path.join(root, f)
+            for root, _, files in os.walk(path)
+            for f in files
+            if f.endswith(".npz")
+        )
+        record = input_record(path, files=members)
+        return {"sha256": record.sha256, "bytes": record.size, "files": record.files}
+    record = input_record(path)
+    if record.kind != "file":
+        raise InputError("not a regular file (FIFO, device or socket); give a file", path)
+    return {"sha256": record.sha256, "bytes": record.size}
 
 
 class ReadFeatures:

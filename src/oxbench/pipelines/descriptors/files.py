@@ -110,6 +110,13 @@ class FeatureFilesDescriptor(DescriptorKind):
         doc="features: rows in the ground truth's order, or in sorted image-name order",
         input=True,
     )
+    max_bytes: int | None = setting(
+        None,
+        S.Optional(S.Int(lo=1 << 20)),
+        doc="features: most bytes one descriptor file's array may need, checked on its declared "
+        "shape before reading (default: a quarter of the machine's memory)",
+        input=True,
+    )
 
     @property
     def whitens_on_training_set(self) -> bool:
