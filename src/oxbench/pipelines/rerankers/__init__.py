@@ -27,6 +27,10 @@ elsewhere may call :func:`register_reranker`); ``oxbench methods`` lists them wi
 - ``diffusion-verified`` -- diffusion seeded by the verified images too (:mod:`.diffusion`);
 - ``dba``, ``dba-verified`` -- database-side augmentation at index time, from the top ``k`` by
   vectors or from spatially verified neighbours (:mod:`.dba`).
+- ``k-reciprocal`` -- k-reciprocal encoding and Jaccard distance (Zhong et al. 2017), over a graph
+  of the queries and the database together or of the database alone (:mod:`.k_reciprocal`);
+- ``superglobal`` -- SuperGlobal's MDescAug and RerankwMDA over the top ``M`` (Shao et al. 2023;
+  :mod:`.superglobal`).
 
 A new re-ranker is one module: a :class:`Reranker` subclass (what it ``needs``, its ``settings``
 dataclass, ``__init__`` taking one settings object) and ``register_reranker(name, cls)``.
