@@ -141,9 +141,12 @@ class Reranker(ABC):
             index time, in :meth:`prepare`, before the search index is built: DBA).
         after: a stage that must come earlier in the pipeline (``aqe-verified`` expands from the
             images a ``spatial`` stage verified), or ``""``.
+        about: what the stage does and its paper, one line (``oxbench methods`` shows it; empty:
+            the first paragraph of the class's docstring).
     """
 
     name: ClassVar[str] = ""
+    about: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
     settings_type: ClassVar[type | None] = None
     phase: ClassVar[str] = "query"
@@ -203,6 +206,13 @@ def register_reranker(name: str, reranker: type[Reranker]) -> None:
     if "name" not in vars(reranker) or not reranker.name:
         reranker.name = name
     RERANKERS.register(name, reranker)
+
+
+def stage_about(name: str) -> str:
+    """One line on the stage ``name``: its class's ``about``, else its docstring's first paragraph."""
+    cls = RERANKERS.get(name)
+    text = cls.about or (cls.__doc__ or "").strip().split("\n\n", 1)[0]
+    return " ".join(text.replace("``", "").split())
 
 
 def stage_instances(names: Sequence[str]) -> list[tuple[str, str]]:

@@ -382,6 +382,8 @@ class KReciprocalReranker(Reranker):
     """Re-rank each query's top by k-reciprocal encoding (Jaccard distance mixed with the
     original one)."""
 
+    about = "k-reciprocal encoding: Jaccard distance of neighbour sets mixed with the original distance (Zhong et al. 2017)"
+
     needs = frozenset({"dense"})
     settings_type: ClassVar[type] = KReciprocalSettings
 

@@ -121,6 +121,8 @@ def superglobal_rerank(
 class SuperGlobalReranker(Reranker):
     """SuperGlobal's MDescAug and RerankwMDA over each query's top ``M``."""
 
+    about = "SuperGlobal: MDescAug then RerankwMDA over each query's top M (Shao et al. 2023)"
+
     needs = frozenset({"dense"})
     settings_type: ClassVar[type] = SuperGlobalSettings
 
