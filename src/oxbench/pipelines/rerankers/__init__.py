@@ -31,6 +31,7 @@ elsewhere may call :func:`register_reranker`); ``oxbench methods`` lists them wi
   of the queries and the database together or of the database alone (:mod:`.k_reciprocal`);
 - ``superglobal`` -- SuperGlobal's MDescAug and RerankwMDA over the top ``M`` (Shao et al. 2023;
   :mod:`.superglobal`).
+- ``egt`` -- explore-exploit traversal of the database's k-NN graph (Chang et al. 2019; :mod:`.egt`).
 
 A new re-ranker is one module: a :class:`Reranker` subclass (what it ``needs``, its ``settings``
 dataclass, ``__init__`` taking one settings object) and ``register_reranker(name, cls)``.
