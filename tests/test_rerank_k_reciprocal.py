@@ -162,11 +162,11 @@ def real_headline(
 ) -> str:
     """``oxbench run --method features`` on the lopq 128-D Oxford descriptors (full-image query
     rows) with the real ROxford ground truth: the headline line."""
+    from oxbench.formats.arrays import read_features
     from oxbench.formats.revisitop import read_gnd
 
     old = read_gnd(shared_data / "oxford5k/gnd_oxford5k.pkl")
-    raw = np.fromfile(shared_data / "oxford5k/lopq_features/oxford_features.fvecs", dtype=np.int32)
-    x = raw.reshape(-1, int(raw[0]) + 1)[:, 1:].view(np.float32)
+    x = read_features(shared_data / "oxford5k/lopq_features/oxford_features.fvecs")
     row = {n: i for i, n in enumerate(sorted(old.db_names))}
     rev = read_gnd(shared_data / "roxford5k/gnd_roxford5k.pkl")
     np.save(tmp_path / "db.npy", x[[row[n] for n in rev.db_names]])
