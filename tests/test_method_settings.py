@@ -471,3 +471,31 @@ def test_methods_lists_every_stage_with_its_line_group_and_origin(
         assert code == 0 and "no settings" in text and f"[from {__name__}]" in text
     finally:
         RERANKERS.unregister("plugged-stage")
+
+
+def test_every_stage_setting_takes_hostile_text_in_one_line() -> None:
+    """Every setting of every registered stage a global method runs (the presets' fuzz above
+    covers only the stages some preset names), fed the same hostile texts."""
+    from oxbench.pipelines.rerankers import RERANKERS
+
+    fuzzed = set()
+    for stage in RERANKERS.names():
+        try:
+            base = resolve_method("features", rerank=stage)
+        except InputError:  # a stage this family cannot serve (local features)
+            continue
+        settings = base.stage(stage)  # type: ignore[attr-defined]
+        for f in dataclasses.fields(settings) if settings is not None else ():
+            name = f"{stage}.{f.name}"
+            spec = f.metadata[SPEC_KEY]
+            for raw in HOSTILE:
+                try:
+                    resolved = resolve_method("features", rerank=stage, **{name: raw})
+                except InputError as exc:
+                    assert "\n" not in str(exc) and f.name in str(exc), (name, raw, str(exc))
+                    continue
+                value = getattr(resolved.stage(stage), f.name)  # type: ignore[attr-defined]
+                assert spec.check(name, value) == value, (name, raw)
+                assert not isinstance(value, float) or math.isfinite(value), (name, raw)
+            fuzzed.add(stage)
+    assert {"k-reciprocal", "superglobal", "egt", "diffusion", "alpha-qe"} <= fuzzed
