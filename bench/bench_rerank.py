@@ -148,7 +148,7 @@ def stage_table(dataset: str, method: str, root: Path, base: dict[str, object], 
     """One ``oxbench.run`` per row of :data:`STAGE_ROWS`; a markdown table on stdout."""
     from oxbench.pipelines import RecordOptions, Session, run
 
-    session = Session(root=root, cache=work / "cache", strict=False, progress=False)
+    session = Session(root=root, strict=False, progress=False)  # the root's own cache, reused
     print(f"\n{dataset}, {method}")
     print("| stages | E | M | H | CPU s (run) | ratio to plain | stage wall s |")
     print("|---|---|---|---|---|---|---|")
