@@ -12,7 +12,16 @@ Compared in the same run (ratios printed):
   USAC MAGSAC++ (default) vs USAC_ACCURATE vs classic RANSAC vs fast spatial matching (``fsm``:
   exhaustive single-correspondence hypotheses, Philbin et al. 2007).
 
-Usage: ``python bench/bench_rerank.py [--queries 3] [--r 100 500]``
+``--stages`` measures the re-ranking stages over global descriptors instead (issue 40): plain
+ranking, alpha-QE, diffusion, k-reciprocal, SuperGlobal, EGT and stages combined, each an ordinary
+``oxbench.run`` of the ``features`` preset on the real 128-D Oxford descriptors (the lopq fc7
+vectors of ``$OXBENCH_SHARED_DATA``, full-image query rows, the real ROxford ground truth; E / M / H),
+and, with ``--synthetic-root DATA``, of ``gem-r18-synthetic`` on the default synthetic set (the data
+root where that preset already ran, so its model and descriptors are reused). Each row: mAP, the
+CPU seconds of the whole run and their ratio to the plain run, and the stage's own seconds.
+
+Usage: ``python bench/bench_rerank.py [--queries 3] [--r 100 500]``;
+``python bench/bench_rerank.py --stages [--synthetic-root DATA]``
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import argparse
 import os
 import time
 from collections import defaultdict
+from pathlib import Path
 
 # Per-core numbers: one BLAS / OpenCV thread, and CPU time (robust to other jobs on the machine).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -100,12 +110,124 @@ def timed(fn, repeat=1):
     return best, out
 
 
+#: The stage rows: label, ``rerank`` setting (``""``: none) and further settings.
+STAGE_ROWS: list[tuple[str, str, dict[str, object]]] = [
+    ("plain ranking", "", {}),
+    ("alpha-QE (k 5, alpha 3)", "alpha-qe", {}),
+    ("diffusion (k 50, R 1000)", "diffusion", {}),
+    ("k-reciprocal (20 / 6 / 0.3, joint graph, top 1000)", "k-reciprocal", {}),
+    ("k-reciprocal, graph=database", "k-reciprocal", {"k-reciprocal.graph": "database"}),
+    ("superglobal (400 / 9 / 0.15)", "superglobal", {}),
+    ("egt (250 / 0.42 / 5000)", "egt", {}),
+    ("alpha-QE + k-reciprocal", "alpha-qe,k-reciprocal", {}),
+    ("alpha-QE + diffusion", "alpha-qe,diffusion", {}),
+    ("k-reciprocal + egt", "k-reciprocal,egt", {}),
+    ("superglobal + k-reciprocal", "superglobal,k-reciprocal", {}),
+]
+
+#: The timings a stage records (its graph, built at index time, included).
+STAGE_TIMINGS = (
+    "query_expansion",
+    "diffusion_graph",
+    "diffusion",
+    "k_reciprocal_graph",
+    "k_reciprocal",
+    "superglobal",
+    "egt_graph",
+    "egt",
+)
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished children (a run's workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def stage_table(dataset: str, method: str, root: Path, base: dict[str, object], work: Path) -> None:
+    """One ``oxbench.run`` per row of :data:`STAGE_ROWS`; a markdown table on stdout."""
+    from oxbench.pipelines import RecordOptions, Session, run
+
+    session = Session(root=root, strict=False, progress=False)  # the root's own cache, reused
+    print(f"\n{dataset}, {method}")
+    print("| stages | E | M | H | CPU s (run) | ratio to plain | stage wall s |")
+    print("|---|---|---|---|---|---|---|")
+    plain = None
+    for i, (label, rerank, extra) in enumerate(STAGE_ROWS):
+        overrides = {**base, **extra, "rerank": rerank or "none"}
+        t0 = _cpu()
+        outcome = run(
+            dataset,
+            method,
+            session,
+            RecordOptions(out=work / f"runs/{dataset}-{i}", overwrite=True),
+            overrides=overrides,
+        )
+        cpu = _cpu() - t0
+        plain = cpu if plain is None else plain
+        e, m, h = (outcome.result.setups[s].map * 100 for s in ("easy", "medium", "hard"))
+        spent = sum(outcome.timings.get(k, 0.0) for k in STAGE_TIMINGS)
+        print(
+            f"| {label} | {e:.2f} | {m:.2f} | {h:.2f} | {cpu:.1f} | {cpu / plain:.2f} | "
+            f"{spent:.2f} |",
+            flush=True,
+        )
+
+
+def real_oxford_inputs(shared: Path, work: Path) -> tuple[Path, dict[str, object]]:
+    """A data root with the real ROxford ground truth alone, and the lopq descriptor files in
+    ROxford's database / query order (full-image query rows)."""
+    from oxbench.formats.arrays import read_features
+    from oxbench.formats.revisitop import read_gnd
+
+    old = read_gnd(shared / "oxford5k/gnd_oxford5k.pkl")
+    x = read_features(shared / "oxford5k/lopq_features/oxford_features.fvecs")
+    row = {n: i for i, n in enumerate(sorted(old.db_names))}
+    rev = read_gnd(shared / "roxford5k/gnd_roxford5k.pkl")
+    np.save(work / "db.npy", x[[row[n] for n in rev.db_names]])
+    np.save(work / "q.npy", x[[row[n] for n in rev.query_names]])
+    gnd = work / "data" / "roxford5k" / "gnd_roxford5k.pkl"
+    gnd.parent.mkdir(parents=True, exist_ok=True)
+    if not gnd.exists():
+        gnd.symlink_to(shared / "roxford5k/gnd_roxford5k.pkl")
+    files = {
+        "descriptor.db_features": str(work / "db.npy"),
+        "descriptor.query_features": str(work / "q.npy"),
+    }
+    return work / "data", files
+
+
+def stages_main(args: argparse.Namespace) -> None:
+    import platform
+    import tempfile
+
+    shared = os.environ.get("OXBENCH_SHARED_DATA")
+    work = Path(args.work or tempfile.mkdtemp(prefix="oxbench-bench-stages-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"CPU: {platform.processor() or platform.machine()}; one BLAS thread; work {work}")
+    if shared and (Path(shared) / "oxford5k/lopq_features/oxford_features.fvecs").exists():
+        root, files = real_oxford_inputs(Path(shared), work)
+        stage_table("roxford5k", "features", root, files, work)
+    else:
+        print("no $OXBENCH_SHARED_DATA: the real rows are skipped")
+    if args.synthetic_root:
+        stage_table("synthetic", "gem-r18-synthetic", Path(args.synthetic_root), {}, work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queries", type=int, default=3)
     parser.add_argument("--r", type=int, nargs="+", default=[100, 500])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stages", action="store_true", help="the global re-ranking stage table")
+    parser.add_argument(
+        "--synthetic-root", help="--stages: a data root where gem-r18-synthetic ran"
+    )
+    parser.add_argument("--work", help="--stages: folder for runs and caches (default: a temp one)")
     args = parser.parse_args()
+    if args.stages:
+        stages_main(args)
+        return
 
     import cv2
 

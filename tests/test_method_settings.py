@@ -423,3 +423,79 @@ def test_one_setting_name_has_one_spec_in_every_family() -> None:
             seen.setdefault(key, (spec, preset))
     assert not clashes, clashes
     assert {"vocabulary.size", "vocabulary.seed", "search.nlist", "assignment.k"} <= set(seen)
+
+
+def test_methods_lists_every_stage_with_its_line_group_and_origin(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`oxbench methods` ends with every re-ranking stage (a plugin's says where it comes from);
+    `oxbench methods STAGE` lists the stage's settings as its schema declares them."""
+    import json
+
+    from oxbench.pipelines.rerankers import RERANKERS, Reranker, register_reranker, stage_about
+
+    class Plugged(Reranker):
+        """A stage from outside the package."""
+
+        def rerank(self, ranking, space, ctx):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN201
+            return ranking
+
+    register_reranker("plugged-stage", Plugged)
+    try:
+        code, text, _ = _cli(capsys, "methods")
+        assert code == 0
+        listed = text.split("\nre-ranking stages (", 1)[1].splitlines()[1:]
+        by_name = {line.split()[0]: line for line in listed}
+        assert set(by_name) == set(RERANKERS.names())
+        for stage in RERANKERS.names():
+            assert stage_about(stage) in by_name[stage] and "\n" not in stage_about(stage)
+        assert "(Zhong et al. 2017)  [k-reciprocal.*]" in by_name["k-reciprocal"]
+        assert by_name["plugged-stage"].endswith(f"[no settings]  [from {__name__}]")
+        assert "[from" not in by_name["superglobal"]
+        code, text, _ = _cli(capsys, "methods", "k-reciprocal")
+        assert code == 0 and text.startswith("k-reciprocal (re-ranking stage): k-reciprocal")
+        rows = {line.split()[0]: line for line in text.splitlines()[3:]}
+        assert set(rows) == {"setting"} | {
+            f"k-reciprocal.{k}" for k in ("k1", "k2", "lambda_value", "graph", "top", "max_images")
+        }
+        assert rows["k-reciprocal.graph"].split()[1:3] == ["choice", "joint"]
+        code, out, _ = _cli(capsys, "methods", "superglobal", "--json")
+        entry = json.loads(out)
+        assert code == 0 and entry["needs"] == ["dense"] and entry["phase"] == "query"
+        assert [(s["name"], s["default"]) for s in entry["settings"]] == [
+            ("superglobal.M", 400),
+            ("superglobal.K", 9),
+            ("superglobal.beta", 0.15),
+        ]
+        code, text, _ = _cli(capsys, "methods", "plugged-stage")
+        assert code == 0 and "no settings" in text and f"[from {__name__}]" in text
+    finally:
+        RERANKERS.unregister("plugged-stage")
+
+
+def test_every_stage_setting_takes_hostile_text_in_one_line() -> None:
+    """Every setting of every registered stage a global method runs (the presets' fuzz above
+    covers only the stages some preset names), fed the same hostile texts."""
+    from oxbench.pipelines.rerankers import RERANKERS
+
+    fuzzed = set()
+    for stage in RERANKERS.names():
+        try:
+            base = resolve_method("features", rerank=stage)
+        except InputError:  # a stage this family cannot serve (local features)
+            continue
+        settings = base.stage(stage)  # type: ignore[attr-defined]
+        for f in dataclasses.fields(settings) if settings is not None else ():
+            name = f"{stage}.{f.name}"
+            spec = f.metadata[SPEC_KEY]
+            for raw in HOSTILE:
+                try:
+                    resolved = resolve_method("features", rerank=stage, **{name: raw})
+                except InputError as exc:
+                    assert "\n" not in str(exc) and f.name in str(exc), (name, raw, str(exc))
+                    continue
+                value = getattr(resolved.stage(stage), f.name)  # type: ignore[attr-defined]
+                assert spec.check(name, value) == value, (name, raw)
+                assert not isinstance(value, float) or math.isfinite(value), (name, raw)
+            fuzzed.add(stage)
+    assert {"k-reciprocal", "superglobal", "egt", "diffusion", "alpha-qe"} <= fuzzed

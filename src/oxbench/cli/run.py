@@ -510,8 +510,8 @@ def runs(runs_dir: str, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the listing as JSON.")
 def methods(name: str | None, show_all: bool, as_json: bool) -> None:
-    """The presets, one line each (what it is and its paper), by family; with NAME, the settings
-    that apply to that preset.
+    """The presets, one line each (what it is and its paper), by family, then the re-ranking
+    stages; with NAME, the settings that apply to that preset, or a stage's settings.
 
     A preset's settings are what `oxbench run --method NAME --set KEY=VALUE` takes: one row per
     setting (nested ones as dotted names, e.g. features.max_side) with its type, the preset's
@@ -558,9 +558,14 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
             origin = DESCRIPTORS.origin(kind)
             kinds.append(kind if origin.builtin else f"{kind} [from {origin}]")
         click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
+        _echo_stages()
         return
     from oxbench.pipelines.presets import settings_rows
+    from oxbench.pipelines.rerankers import RERANKERS
 
+    if name not in METHODS and name in RERANKERS:
+        _echo_stage(name, as_json)
+        return
     config = METHODS.get(name)
     every = settings_rows(config)
     rows = every if show_all else [r for r in every if config.applies(r.name)]
@@ -602,6 +607,78 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
         click.echo(
             f"({hidden} settings that do nothing with the others as they are are left out; "
             "--all lists them)"
+        )
+
+
+def _echo_stages() -> None:
+    """The re-ranking stages, one line each: name, what it does, its settings group, its origin."""
+    from oxbench.pipelines.rerankers import RERANKERS, stage_about
+
+    names = sorted(RERANKERS.names())
+    click.echo(
+        f"\nre-ranking stages ({len(names)}; --set rerank=NAME,NAME...; a stage's settings are "
+        "NAME.KEY, `oxbench methods STAGE` lists them):"
+    )
+    width = max(len(n) for n in names)
+    for stage in names:
+        cls = RERANKERS.get(stage)
+        group = f"[{stage}.*]" if cls.settings_type is not None else "[no settings]"
+        origin = RERANKERS.origin(stage)
+        where = "" if origin.builtin else f"  [from {origin}]"
+        click.echo(f"  {stage.ljust(width)}  {stage_about(stage)}  {group}{where}")
+
+
+def _echo_stage(name: str, as_json: bool) -> None:
+    """``oxbench methods STAGE``: the stage's settings, as a preset's are listed."""
+    from oxbench.pipelines.rerankers import CAPABILITY_WORDS, RERANKERS, stage_about
+    from oxbench.schema import describe
+
+    cls = RERANKERS.get(name)
+    rows = [] if cls.settings_type is None else describe(cls.settings_type, prefix=f"{name}.")
+    if as_json:
+        entry = {
+            "stage": name,
+            "about": stage_about(name),
+            "origin": str(RERANKERS.origin(name)),
+            "phase": cls.phase,
+            "needs": sorted(cls.needs),
+            "after": cls.after or None,
+            "settings": [
+                {
+                    "name": r.name,
+                    "type": r.kind,
+                    "default": r.default,
+                    "accepts": r.range,
+                    "meaning": r.doc,
+                }
+                for r in rows
+            ],
+        }
+        click.echo(json.dumps(entry, indent=1, default=str))
+        return
+    origin = RERANKERS.origin(name)
+    where = "" if origin.builtin else f" [from {origin}]"
+    click.echo(f"{name} (re-ranking stage{where}): {stage_about(name)}")
+    needs = ", ".join(CAPABILITY_WORDS.get(c, c) for c in sorted(cls.needs)) or "nothing"
+    after = f"; after a {cls.after!r} stage" if cls.after else ""
+    when = "at index time" if cls.phase == "index" else "per query"
+    click.echo(f"acts {when}; needs {needs}{after}")
+    click.echo(
+        f"{len(rows)} settings, changed with --set rerank={name} --set {name}.KEY=VALUE"
+        if rows
+        else "no settings"
+    )
+    if not rows:
+        return
+    table = [["setting", "type", "default", "meaning [accepts]"]]
+    table += [
+        [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        click.echo(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[3]
         )
 
 

@@ -27,6 +27,11 @@ elsewhere may call :func:`register_reranker`); ``oxbench methods`` lists them wi
 - ``diffusion-verified`` -- diffusion seeded by the verified images too (:mod:`.diffusion`);
 - ``dba``, ``dba-verified`` -- database-side augmentation at index time, from the top ``k`` by
   vectors or from spatially verified neighbours (:mod:`.dba`).
+- ``k-reciprocal`` -- k-reciprocal encoding and Jaccard distance (Zhong et al. 2017), over a graph
+  of the queries and the database together or of the database alone (:mod:`.k_reciprocal`);
+- ``superglobal`` -- SuperGlobal's MDescAug and RerankwMDA over the top ``M`` (Shao et al. 2023;
+  :mod:`.superglobal`).
+- ``egt`` -- explore-exploit traversal of the database's k-NN graph (Chang et al. 2019; :mod:`.egt`).
 
 A new re-ranker is one module: a :class:`Reranker` subclass (what it ``needs``, its ``settings``
 dataclass, ``__init__`` taking one settings object) and ``register_reranker(name, cls)``.
@@ -137,9 +142,12 @@ class Reranker(ABC):
             index time, in :meth:`prepare`, before the search index is built: DBA).
         after: a stage that must come earlier in the pipeline (``aqe-verified`` expands from the
             images a ``spatial`` stage verified), or ``""``.
+        about: what the stage does and its paper, one line (``oxbench methods`` shows it; empty:
+            the first paragraph of the class's docstring).
     """
 
     name: ClassVar[str] = ""
+    about: ClassVar[str] = ""
     needs: ClassVar[frozenset[str]] = frozenset()
     settings_type: ClassVar[type | None] = None
     phase: ClassVar[str] = "query"
@@ -199,6 +207,13 @@ def register_reranker(name: str, reranker: type[Reranker]) -> None:
     if "name" not in vars(reranker) or not reranker.name:
         reranker.name = name
     RERANKERS.register(name, reranker)
+
+
+def stage_about(name: str) -> str:
+    """One line on the stage ``name``: its class's ``about``, else its docstring's first paragraph."""
+    cls = RERANKERS.get(name)
+    text = cls.about or (cls.__doc__ or "").strip().split("\n\n", 1)[0]
+    return " ".join(text.replace("``", "").split())
 
 
 def stage_instances(names: Sequence[str]) -> list[tuple[str, str]]:

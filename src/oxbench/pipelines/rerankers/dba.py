@@ -71,6 +71,8 @@ def augment_database(db: NDArray[np.float32], k: int, *, alpha: float) -> NDArra
 class DatabaseAugmentation(Reranker):
     """``dba``: each database vector the alpha-weighted mean of itself and its top ``k``."""
 
+    about = "database-side augmentation: each database vector the alpha-weighted mean of itself and its top k (Arandjelovic & Zisserman 2012)"
+
     needs = frozenset({"vectors", "dense-index", "augment"})
     settings_type = DbaSettings
     phase = "index"
@@ -91,6 +93,8 @@ class DatabaseAugmentation(Reranker):
 class VerifiedDatabaseAugmentation(Reranker):
     """``dba-verified``: each database vector summed with its spatially verified neighbours (its
     own verification settings: ``dba-verified.top_r`` neighbours of each image verified)."""
+
+    about = "database-side augmentation from spatially verified neighbours, at index time (Arandjelovic & Zisserman 2012)"
 
     needs = frozenset({"vectors", "local", "augment"})
     settings_type = SpatialSettings

@@ -38,6 +38,8 @@ from oxbench.refinement.diffusion import Diffusion, DiffusionSettings
 class DiffusionReranker(Reranker):
     """Diffusion re-ranking of the top ``truncation`` of each ranking."""
 
+    about = "diffusion over the database's mutual k-NN graph, the top truncation re-ranked (Iscen et al. 2017)"
+
     needs = frozenset({"dense"})
     settings_type: ClassVar[type] = DiffusionSettings
 
@@ -69,6 +71,8 @@ class VerifiedDiffusionSettings(DiffusionSettings, VerifiedSeeds):
 class VerifiedDiffusion(DiffusionReranker):
     """Diffusion started from the query's nearest images and from its strongly verified ones; the
     verified images first, in the verification's order, then the rest in the diffusion's."""
+
+    about = "diffusion seeded by the spatially verified images too, after a spatial stage (Radenovic et al. 2018)"
 
     needs = frozenset({"dense", "local"})
     settings_type = VerifiedDiffusionSettings

@@ -73,6 +73,8 @@ def expand_queries(
 class QueryExpansion(Reranker):
     """Expand each query with its top ``k`` (weights ``similarity ** alpha``) and rank again."""
 
+    about = "alpha query expansion: each query the similarity**alpha-weighted mean of itself and its top k, ranked again (Radenovic et al. 2018)"
+
     needs = frozenset({"vectors", "dense-index"})
     settings_type: ClassVar[type] = QeSettings
 
@@ -90,6 +92,8 @@ class QueryExpansion(Reranker):
 
 class AverageQueryExpansion(QueryExpansion):
     """AQE: the plain average of the query and its top ``k`` (alpha 0)."""
+
+    about = "average query expansion: each query the mean of itself and its top k, ranked again (Chum et al. 2007)"
 
     settings_type = AqeSettings
 

@@ -51,6 +51,8 @@ class SpatialSettings(Verification):
 class SpatialVerification(Reranker):
     """Verify each query's top ``top_r``; verified images first, by inliers."""
 
+    about = "spatial verification of each query's top top_r, verified images first by inliers (Philbin et al. 2007)"
+
     needs = frozenset({"local"})
     settings_type = SpatialSettings
 

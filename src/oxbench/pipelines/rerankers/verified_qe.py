@@ -91,6 +91,8 @@ class DqeSettings(VerifiedQeSettings):
 class VerifiedQueryExpansion(Reranker):
     """AQE from verified images, with verification of the expanded query's new results."""
 
+    about = "average query expansion from spatially verified images, their new results verified in turn (Chum et al. 2007)"
+
     needs = frozenset({"vectors", "local"})
     settings_type: ClassVar[type] = VerifiedQeSettings
     after = "spatial"
@@ -165,6 +167,8 @@ class DiscriminativeVerifiedQueryExpansion(VerifiedQueryExpansion):
     with classes balanced, ``C = c``). A query whose ranking has no image below its short list
     keeps its first ranking. The expanded query's new results are verified as with AQE.
     """
+
+    about = "discriminative query expansion: a linear SVM's weight vector from verified images (Arandjelovic & Zisserman 2012)"
 
     settings_type = DqeSettings
 
