@@ -11,6 +11,7 @@ refused; the user's own ``.npy`` files; the k-NN graph resumed; the settings fuz
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from pathlib import Path
@@ -326,3 +327,99 @@ def test_a_method_searched_from_disk_ranks_as_the_in_ram_one(tmp_path: Path, ext
     assert os.stat(folder / "shard-00000.npz").st_ino == inode
     if "diffusion" in extra:
         assert again.info["knn_pieces_reused"] == 1
+
+
+def test_scale_plan_is_the_arithmetic_of_its_parts() -> None:
+    from oxbench.index.mapped import CPU_NS_PER_VECTOR_DIM, DISK_READ_BYTES_S, scale_plan
+
+    p = scale_plan(100_000_000, 1024, 1232, k=100, dtype="float16", ram_gb=8)
+    assert p.disk_bytes == 100_000_000 * 1024 * 2 == 204_800_000_000
+    assert p.results_bytes == 1232 * 100 * 12 and p.ram_bytes == 8 << 30
+    assert p.cpu_s == pytest.approx(1e8 * 1024 * 1232 * CPU_NS_PER_VECTOR_DIM * 1e-9)
+    assert p.read_s == pytest.approx(204.8e9 / DISK_READ_BYTES_S)
+    assert p.wall_s(cores=10**9) == pytest.approx(p.read_s)  # a huge cluster waits on one disk
+    assert p.wall_s(cores=64, readers=8) == max(p.cpu_s / 64, p.read_s / 8)
+    with pytest.raises(InputError, match="positive sizes"):
+        scale_plan(0, 1024, 10)
+
+
+def test_the_pre_flight_of_a_streamed_search(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """``oxbench run synthetic rootsift-vlad --set search=mapped --distractors N``: the shards'
+    disk counted with the run's new files and refused in one line when the disk is short; a long
+    search announced with its CPU time."""
+    from oxbench.datasets import load
+    from oxbench.pipelines.estimates import preflight
+    from oxbench.pipelines.presets import resolve_method
+    from test_pipeline import make_tiny_root
+
+    root = make_tiny_root(tmp_path / "data")
+    m = resolve_method("rootsift-vlad", search="mapped", **{"search.dtype": "float16"})
+    bench = load("synthetic", root, distractors=30_000_000, progress=False, images=False)
+    n, nq = bench.n_index, bench.gt.n_queries
+    with caplog.at_level(logging.WARNING, logger="oxbench.pipelines.estimates"):
+        est = preflight(m, bench, tmp_path / "cache", available=1 << 62, free_disk=1 << 62)
+    assert est.search is not None
+    assert est.search["disk_bytes"] == n * 8192 * 2 and est.search["n_queries"] == nq
+    assert est.new_disk_bytes >= est.search["disk_bytes"]
+    assert "streamed search (search=mapped)" in caplog.text and f"{n:,} x 8192" in caplog.text
+    with pytest.raises(InputError) as exc:
+        preflight(m, bench, tmp_path / "cache", available=1 << 62, free_disk=10 * 10**9)
+    text = str(exc.value)
+    assert "\n" not in text and "streamed search's shards" in text and "fewer distractors" in text
+    assert not (tmp_path / "cache").exists()
+    # another search kind has no streamed plan
+    plain = preflight(
+        resolve_method("rootsift-vlad"), bench, tmp_path / "c", available=1 << 62, free_disk=1 << 62
+    )
+    assert plain.search is None
+
+
+def _bench_script(name: str):  # noqa: ANN202
+    import importlib.util
+    import sys
+
+    bench_dir = Path(__file__).resolve().parents[1] / "bench"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        spec = importlib.util.spec_from_file_location(name, bench_dir / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+    finally:
+        sys.path.remove(str(bench_dir))
+    return script
+
+
+def test_bench_streamed_in_tiny_mode(tmp_path: Path) -> None:
+    pytest.importorskip("faiss")
+    pytest.importorskip("distributed")
+    import json
+
+    script = _bench_script("bench_streamed")
+    out = tmp_path / "b.json"
+    argv = ["--n", "3000", "--random-dim", "16", "--queries", "5", "--k", "10"]
+    argv += ["--shard-vectors", "1000", "--dask-workers", "2", "--work", str(tmp_path / "w")]
+    assert script.main([*argv, "--json", str(out)]) == 0
+    rows = {r["stage"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"build", "streamed", "dask-2", "ivfpq"}
+    assert rows["build"]["shards"] == 3 and rows["build"]["disk_bytes"] > 3000 * 16 * 2
+    assert rows["streamed"]["cpu_s_per_query"] > 0 and rows["streamed"]["growth_bytes"] >= 0
+    assert rows["dask-2"]["same_ranks"] is True
+    assert 0 <= rows["ivfpq"]["recall@10"] <= 1 and rows["ivfpq"]["n"] == 3000
+    assert not (tmp_path / "w" / "shards").exists()
+
+
+def test_gpu_scale_in_tiny_cpu_mode(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import json
+
+    script = _bench_script("gpu_scale")
+    out = tmp_path / "g.json"
+    argv = ["--n", "3000", "--dim", "16", "--queries", "6", "--k", "20", "--graph-rows", "700"]
+    argv += ["--graph-k", "5", "--piece-rows", "256", "--shard-vectors", "1000", "--block", "512"]
+    argv += ["--device", "cpu", "--work", str(tmp_path / "w"), "--out", str(out)]
+    assert script.main(argv) == 0
+    rec = json.loads(out.read_text())
+    assert rec["search"]["same_ranks_search"] and rec["graph"]["same_ranks_graph"]
+    assert rec["graph"]["pieces_reused_first"] == 0 and rec["graph"]["pieces_reused_rerun"] == 3
+    assert rec["build"]["shards"] == 3 and not (tmp_path / "w").exists()

@@ -655,15 +655,17 @@ def knn_graph(
     settings: MappedSearch | None = None,
     *,
     piece_rows: int = 65536,
+    rows: int | None = None,
     executor: Any = None,
     engine: str | None = None,
 ) -> tuple[NDArray[np.float32], NDArray[np.int64], int]:
     """Every database row's top ``k`` over the database (itself included), by the streamed search,
     in pieces of ``piece_rows`` rows written to ``folder``; pieces already written there for the
-    same database and ``k`` are reused (an interrupted build resumes).
+    same database and ``k`` are reused (an interrupted build resumes). ``rows``: only the first
+    ``rows`` rows' lists (a sample of the graph; default all).
 
     Returns:
-        ``(scores float32 [n, k], ids int64 [n, k], pieces_reused)``.
+        ``(scores float32 [rows, k], ids int64 [rows, k], pieces_reused)``.
     """
     from oxbench.fileio import make_folder
 
@@ -676,9 +678,10 @@ def knn_graph(
     make_folder(folder)
     kk = min(k, database.n)
     job = GraphPieceJob(database, kk, st, str(folder), engine)
+    n_rows = database.n if rows is None else min(max(rows, 1), database.n)
     pieces = [
-        GraphPiece(i, a, min(piece_rows, database.n - a))
-        for i, a in enumerate(range(0, database.n, piece_rows))
+        GraphPiece(i, a, min(piece_rows, n_rows - a))
+        for i, a in enumerate(range(0, n_rows, piece_rows))
     ]
     todo = [p for p in pieces if not job.done(p)]
     if todo:
@@ -690,4 +693,75 @@ def knn_graph(
         np.vstack([s for s, _ in parts]),
         np.vstack([i for _, i in parts]),
         len(pieces) - len(todo),
+    )
+
+
+# --- what a size costs ----------------------------------------------------------------------------
+
+#: CPU-nanoseconds the numpy backend spends per database vector, per query, per dimension: float64
+#: products, their rounding and the top-k selection (bench/README.md, "Streamed exact search at
+#: 10M": measured at 128-D, float16 shards, 70 queries a batch, 2 BLAS threads).
+CPU_NS_PER_VECTOR_DIM = 0.36
+#: Bytes a second one reader gets from the shards' disk when the page cache does not hold them
+#: (a planning figure for a local NVMe disk; a network file system gives less).
+DISK_READ_BYTES_S = 2e9
+
+
+@dataclass(frozen=True)
+class ScalePlan:
+    """What exact streamed search over ``n`` vectors of ``dim`` costs, per query batch.
+
+    Attributes:
+        n, dim, dtype, n_queries: the size.
+        disk_bytes: the shards on disk.
+        ram_bytes: the working set of one search process (``search.ram_gb``), besides the results.
+        results_bytes: the top-k lists of the batch.
+        cpu_s: CPU seconds of the batch by the numpy backend (measured cost a vector).
+        read_s: seconds to read the shards once at :data:`DISK_READ_BYTES_S` per reader.
+    """
+
+    n: int
+    dim: int
+    dtype: str
+    n_queries: int
+    k: int
+    disk_bytes: int
+    ram_bytes: int
+    results_bytes: int
+    cpu_s: float
+    read_s: float
+
+    def wall_s(self, cores: int = 1, readers: int = 1) -> float:
+        """Seconds of the batch on ``cores`` cores with ``readers`` disks read in parallel (a Dask
+        cluster of N machines: N x their cores, N readers): compute and reading overlap (the
+        block read is the next block's wait), so the slower of the two."""
+        return max(self.cpu_s / max(cores, 1), self.read_s / max(readers, 1))
+
+
+def scale_plan(
+    n: int, dim: int, n_queries: int, *, k: int = 100, dtype: str = "float16", ram_gb: float = 4.0
+) -> ScalePlan:
+    """The :class:`ScalePlan` of a batch of ``n_queries`` over ``n`` stored ``dim``-D vectors.
+
+    Example:
+        >>> p = scale_plan(100_000_000, 1024, 1232)  # ILIAS: 100M distractors, 1,232 queries
+        >>> round(p.disk_bytes / 1e9)
+        205
+    """
+    if n < 1 or dim < 1 or n_queries < 1 or k < 1:
+        raise InputError(f"a scale plan needs positive sizes, got n={n} dim={dim} q={n_queries}")
+    if dtype not in DTYPES:
+        raise InputError(f"mapped shards hold one of {', '.join(DTYPES)}, not {dtype!r}")
+    disk = n * dim * np.dtype(dtype).itemsize
+    return ScalePlan(
+        n=n,
+        dim=dim,
+        dtype=dtype,
+        n_queries=n_queries,
+        k=k,
+        disk_bytes=disk,
+        ram_bytes=int(ram_gb * GIB),
+        results_bytes=n_queries * min(k, n) * 12,
+        cpu_s=n * dim * n_queries * CPU_NS_PER_VECTOR_DIM * 1e-9,
+        read_s=disk / DISK_READ_BYTES_S,
     )
