@@ -278,6 +278,23 @@ def preflight(
         InputError: one line: the RAM or the disk will not hold the run, with the remedies.
     """
     est = estimate_run(m, bench, cache)
+    # the streamed search's plan first: said even when the RAM or the disk refuses the run
+    if est.search is not None and est.search["cpu_s"] > ANNOUNCE_CPU_S:
+        p = est.search
+        log.warning(
+            "estimate: the streamed search (search=mapped) of %s queries over %s x %s %s takes "
+            "about %.1f CPU-hours (%.2f CPU-s a query, %.2f ns a vector and dimension as measured "
+            "here), reads %s of shards a query batch, and holds at most %s",
+            f"{p['n_queries']:,}",
+            f"{p['n']:,}",
+            p["dim"],
+            p["dtype"],
+            p["cpu_s"] / 3600,
+            p["cpu_s"] / p["n_queries"],
+            p["cpu_s"] / p["n_queries"] / p["n"] / p["dim"] * 1e9,
+            gib(p["disk_bytes"]),
+            gib(p["ram_bytes"]),
+        )
     if est.ram_bytes is not None:
         ram_free = available_ram() if available is None else available
         remedies = ram_remedies(m, bench, cache, ram_free) if est.ram_bytes > ram_free else []
@@ -304,22 +321,6 @@ def preflight(
                 f"features), more than the {gib(disk_free)} free for the cache {cache}; free some "
                 "space, put the cache on a larger disk (--cache), or use fewer distractors"
             )
-    if est.search is not None and est.search["cpu_s"] > ANNOUNCE_CPU_S:
-        p = est.search
-        log.warning(
-            "estimate: the streamed search (search=mapped) of %s queries over %s x %s %s takes "
-            "about %.1f CPU-hours (%.2f CPU-s a query, %.2f ns a vector and dimension as measured "
-            "here), reads %s of shards a query batch, and holds at most %s",
-            f"{p['n_queries']:,}",
-            f"{p['n']:,}",
-            p["dim"],
-            p["dtype"],
-            p["cpu_s"] / 3600,
-            p["cpu_s"] / p["n_queries"],
-            p["cpu_s"] / p["n_queries"] / p["n"] / p["dim"] * 1e9,
-            gib(p["disk_bytes"]),
-            gib(p["ram_bytes"]),
-        )
     if est.cpu_s > ANNOUNCE_CPU_S:
         assert est.counts is not None
         log.warning(
