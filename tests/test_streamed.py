@@ -423,3 +423,16 @@ def test_gpu_scale_in_tiny_cpu_mode(tmp_path: Path) -> None:
     assert rec["search"]["same_ranks_search"] and rec["graph"]["same_ranks_graph"]
     assert rec["graph"]["pieces_reused_first"] == 0 and rec["graph"]["pieces_reused_rerun"] == 3
     assert rec["build"]["shards"] == 3 and not (tmp_path / "w").exists()
+
+
+def test_device_cuda_without_a_gpu_is_one_line(real_db) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    x, q, db32, _ = real_db
+    with pytest.raises(InputError, match="search.device=cuda, but torch sees no CUDA device"):
+        search_shards(q, db32, 5, MappedSearch(device="cuda"))
+    # auto on a machine without one: the numpy backend, the same ranks
+    np.testing.assert_array_equal(
+        search_shards(q, db32, 5, MappedSearch(device="auto"))[1], reference(q, x, 5)[1]
+    )
