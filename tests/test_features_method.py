@@ -97,7 +97,7 @@ def test_presets_and_settings() -> None:
     assert not m.needs_training and m.to_dict()["diffusion"]["k"] == 7
     with pytest.raises(
         InputError,
-        match="setting search: expected one of exact, faiss-flat, faiss-ivfpq, got 'annoy'",
+        match="setting search: expected one of exact, faiss-flat, faiss-ivfpq, mapped, got 'annoy'",
     ):
         resolve_method("features", search="annoy")
     with pytest.raises(InputError, match="nprobe 9 is larger than nlist 8"):

@@ -7,6 +7,8 @@ Scores are inner products (cosine for L2-normalised descriptors), higher first. 
   top-k merge; ties go to the lower database index, as in the rest of oxbench
   (:func:`oxbench.evaluation.ranking.ranks_from_scores`). numpy by default; torch (on a GPU when torch sees
   one) when asked for, or automatically when a deep pipeline has loaded torch and CUDA is available.
+- ``search=mapped`` (:mod:`oxbench.index.mapped`): exact search streamed from descriptor shards on
+  disk, RAM bounded, on the CPU, a GPU or a Dask cluster.
 - :class:`FaissIndex`: ``IndexFlatIP`` (exact, FAISS's BLAS) or ``IndexIVFPQ`` with inner-product
   metric and explicit ``nlist`` (coarse cells), ``m`` (sub-quantisers), ``nbits`` (bits per code)
   and ``nprobe`` (cells visited per query) -- Jegou, Douze & Schmid, "Product quantization for
@@ -35,47 +37,13 @@ from numpy.typing import NDArray
 from oxbench import schema as S
 from oxbench.errors import InputError, require
 from oxbench.fileio import atomic_write_npz, read_input_bytes
+from oxbench.index.mapped import MappedSearch
+from oxbench.index.topk import _as_matrix, _merge, _topk_block, torch_merge_block
 from oxbench.schema import KindSettings, setting, validate
 
 log = logging.getLogger(__name__)
 
 Backend = Literal["auto", "numpy", "torch"]
-
-
-def _as_matrix(x: Any, name: str, dim: int | None = None) -> NDArray[np.float32]:
-    arr = np.asarray(x)
-    if arr.ndim != 2 or not np.issubdtype(arr.dtype, np.number):
-        raise InputError(
-            f"{name} must be a numeric [n, d] matrix, got shape {arr.shape} dtype {arr.dtype}"
-        )
-    if dim is not None and arr.shape[1] != dim:
-        raise InputError(f"{name} have dimension {arr.shape[1]}, the database has {dim}")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    if not np.isfinite(arr).all():
-        raise InputError(f"{name} hold NaN or infinite values")
-    return arr
-
-
-def _topk_block(s: NDArray[np.float32], k: int) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
-    """The top ``k`` columns of every row of ``s`` (ties: lower column), unsorted, exactly ``k``."""
-    n_rows, n_cols = s.shape
-    if k >= n_cols:
-        return s, np.broadcast_to(np.arange(n_cols, dtype=np.int64), s.shape).copy()
-    kth = -np.partition(-s, k - 1, axis=1)[:, k - 1 : k]
-    greater = s > kth
-    equal = s == kth
-    need = k - greater.sum(axis=1, keepdims=True)
-    take = greater | (equal & (np.cumsum(equal, axis=1) <= need))
-    cols = np.nonzero(take)[1].reshape(n_rows, k).astype(np.int64)  # row-major: columns ascending
-    return np.take_along_axis(s, cols, axis=1), cols
-
-
-def _merge(
-    scores: NDArray[np.float32], ids: NDArray[np.int64], k: int
-) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
-    """Sort candidates (ids ascending within equal scores) and keep the best ``k`` of each row."""
-    order = np.lexsort((ids, -scores), axis=1)[:, :k]
-    return np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
 
 def _use_torch(backend: Backend) -> bool:
@@ -152,22 +120,7 @@ def _exact_search_torch(
     n = db.shape[0]
     for start in range(0, n, block):
         s = tq @ torch.from_numpy(db[start : start + block]).to(device).T
-        if not bool(torch.isfinite(s).all()):
-            raise InputError("descriptor dot products are not finite (overflow)")
-        kb = min(k, s.shape[1])
-        kth = torch.topk(s, kb, dim=1, sorted=True).values[:, kb - 1 : kb]
-        greater = s > kth
-        equal = s == kth
-        need = kb - greater.sum(dim=1, keepdim=True)
-        take = greater | (equal & (torch.cumsum(equal.to(torch.int64), dim=1) <= need))
-        cols = torch.nonzero(take)[:, 1].reshape(s.shape[0], kb)
-        cand_s = torch.cat((best_s, torch.gather(s, 1, cols)), dim=1)
-        cand_i = torch.cat((best_i, cols + start), dim=1)
-        # stable sort on score keeps earlier (lower-index) candidates first among equal scores
-        order = torch.sort(cand_i, dim=1, stable=True).indices
-        cand_s, cand_i = torch.gather(cand_s, 1, order), torch.gather(cand_i, 1, order)
-        order = torch.sort(-cand_s, dim=1, stable=True).indices[:, :k]
-        best_s, best_i = torch.gather(cand_s, 1, order), torch.gather(cand_i, 1, order)
+        best_s, best_i = torch_merge_block(best_s, best_i, s, start, k)
     return best_s.cpu().numpy().astype(np.float32), best_i.cpu().numpy().astype(np.int64)
 
 
@@ -220,7 +173,7 @@ FaissSearch = FlatSearch | IvfPqSearch
 
 #: The ``search`` setting of a global method: how the database is searched, a kind with its own
 #: settings (``--set search=faiss-ivfpq --set search.nlist=1024``).
-SEARCH_SPEC = S.Kinds("search", ExactSearch, FlatSearch, IvfPqSearch)
+SEARCH_SPEC = S.Kinds("search", ExactSearch, FlatSearch, IvfPqSearch, MappedSearch)
 
 
 class FaissIndex:

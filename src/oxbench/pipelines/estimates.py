@@ -12,6 +12,10 @@ The runner calls :func:`preflight` once the dataset is loaded and before any fea
   descriptor per feature) and the visual words (an ``int32`` word and a ``float32`` distance per
   assigned word) of the images not described yet, at the cap.
 - **CPU time**: the images not described yet at :data:`DESCRIBE_CPU_S` each.
+- **Streamed search** (``search=mapped``, :mod:`oxbench.index.mapped`): where the searched
+  dimension is known from the settings, the shards' disk (counted with the new files), the
+  working-set bound ``search.ram_gb`` and the CPU time of the queries at the measured cost a vector
+  (:func:`~oxbench.index.mapped.scale_plan`), announced when long.
 
 A run whose RAM exceeds what is available, or whose new files exceed the free space of the cache's
 file system (:func:`free_disk_bytes`), is refused with one line naming the remedies its family
@@ -110,6 +114,9 @@ class RunEstimate:
         new_disk_bytes: what the run adds to the cache (features and words of new images).
         cpu_s: CPU seconds of describing the new images.
         counts: the feature counts used (``None``: the method has no local features).
+        search: with ``search=mapped`` and a known dimension, the streamed search's plan
+            (:class:`~oxbench.index.mapped.ScalePlan` as a dict: ``disk_bytes``, ``ram_bytes``,
+            ``cpu_s`` of all the benchmark's queries ...); its disk is in ``new_disk_bytes``.
     """
 
     n_index: int
@@ -118,6 +125,7 @@ class RunEstimate:
     new_disk_bytes: int
     cpu_s: float
     counts: FeatureCounts | None
+    search: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (the run's log and ``--json`` readers)."""
@@ -189,6 +197,29 @@ def _disk_per_feature(m: MethodConfig) -> int:
     return store + (WORD_BYTES * k if words else 0)
 
 
+def searched_dim(m: MethodConfig) -> int | None:
+    """The dimension a global method searches, when its settings fix it (else ``None``)."""
+    raw = getattr(getattr(m, "descriptor", None), "dim", None)
+    if raw is None:
+        return None
+    wdim = getattr(m, "whitening_dim", None)
+    return int(min(wdim or raw, raw)) if getattr(m, "whitening", "none") != "none" else int(raw)
+
+
+def streamed_search_plan(m: MethodConfig, n_index: int, n_queries: int) -> dict[str, Any] | None:
+    """The plan of ``m``'s streamed search (``search=mapped``) over ``n_index`` images for
+    ``n_queries`` queries, or ``None`` (another search, or a dimension the settings leave open)."""
+    from oxbench.index.mapped import MappedSearch, scale_plan
+
+    st = getattr(m, "search", None)
+    dim = searched_dim(m)
+    if not isinstance(st, MappedSearch) or dim is None or n_index < 1:
+        return None
+    k = getattr(m, "list_length", None) or 100
+    plan = scale_plan(n_index, dim, max(n_queries, 1), k=k, dtype=st.dtype, ram_gb=st.ram_gb)
+    return dataclasses.asdict(plan)
+
+
 def estimate_run(m: MethodConfig, bench: Benchmark, cache: Path) -> RunEstimate:
     """RAM, new disk and CPU time of running ``m`` on ``bench`` with the cache ``cache`` (module
     docstring); reads the feature stores' indexes only."""
@@ -197,7 +228,10 @@ def estimate_run(m: MethodConfig, bench: Benchmark, cache: Path) -> RunEstimate:
     ram, basis = _ram(m, n_index, counts)
     new = 0 if counts is None else counts.undescribed
     disk = new * counts.cap * _disk_per_feature(m) if counts is not None else 0
-    return RunEstimate(n_index, ram, basis, int(disk), new * DESCRIBE_CPU_S, counts)
+    search = streamed_search_plan(m, n_index, bench.gt.n_queries)
+    if search is not None:
+        disk += search["disk_bytes"]
+    return RunEstimate(n_index, ram, basis, int(disk), new * DESCRIBE_CPU_S, counts, search)
 
 
 def ram_remedies(m: MethodConfig, bench: Benchmark, cache: Path, available: int) -> list[str]:
@@ -244,6 +278,23 @@ def preflight(
         InputError: one line: the RAM or the disk will not hold the run, with the remedies.
     """
     est = estimate_run(m, bench, cache)
+    # the streamed search's plan first: said even when the RAM or the disk refuses the run
+    if est.search is not None and est.search["cpu_s"] > ANNOUNCE_CPU_S:
+        p = est.search
+        log.warning(
+            "estimate: the streamed search (search=mapped) of %s queries over %s x %s %s takes "
+            "about %.1f CPU-hours (%.2f CPU-s a query, %.2f ns a vector and dimension as measured "
+            "here), reads %s of shards a query batch, and holds at most %s",
+            f"{p['n_queries']:,}",
+            f"{p['n']:,}",
+            p["dim"],
+            p["dtype"],
+            p["cpu_s"] / 3600,
+            p["cpu_s"] / p["n_queries"],
+            p["cpu_s"] / p["n_queries"] / p["n"] / p["dim"] * 1e9,
+            gib(p["disk_bytes"]),
+            gib(p["ram_bytes"]),
+        )
     if est.ram_bytes is not None:
         ram_free = available_ram() if available is None else available
         remedies = ram_remedies(m, bench, cache, ram_free) if est.ram_bytes > ram_free else []
@@ -252,6 +303,16 @@ def preflight(
         )
     if est.new_disk_bytes:
         disk_free = free_disk_bytes(cache) if free_disk is None else free_disk
+        if est.new_disk_bytes > disk_free and est.search is not None:
+            p = est.search
+            raise InputError(
+                f"the run would add about {gib(est.new_disk_bytes)} to the cache, "
+                f"{gib(p['disk_bytes'])} of them the streamed search's shards ({p['n']:,} x "
+                f"{p['dim']} {p['dtype']}), more than the {gib(disk_free)} free for the cache "
+                f"{cache}; put the cache on a larger disk (--cache)"
+                + (", set search.dtype=float16" if p["dtype"] == "float32" else "")
+                + ", or use fewer distractors"
+            )
         if est.new_disk_bytes > disk_free:
             assert est.counts is not None
             raise InputError(

@@ -5,8 +5,11 @@
 
 1. the index-phase stages of ``rerank`` (``dba``: each database vector replaced by the
    alpha-weighted mean of itself and its top ``dba.k`` neighbours, :mod:`oxbench.pipelines.rerankers.dba`);
-2. the search index: exact blocked search, or a FAISS flat / IVF-PQ index persisted in the cache
-   (reused when its file exists; a corrupt file is refused, naming it);
+2. the search index: exact blocked search, a FAISS flat / IVF-PQ index persisted in the cache
+   (reused when its file exists; a corrupt file is refused, naming it), or the database written
+   as shards to the cache and searched streamed from disk (``search=mapped``,
+   :mod:`oxbench.index.mapped`: each query batch through the run's executor, one shard an item;
+   diffusion's k-NN graph through the same search, its pieces cached and reused);
 3. per query: the first ranking, then the query-phase stages of ``rerank``, in order
    (:mod:`oxbench.pipelines.rerankers`: average / alpha query expansion and a second search,
    diffusion over the top of that ranking, or any registered re-ranker that works on vectors).
@@ -28,6 +31,7 @@ from numpy.typing import NDArray
 
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest
+from oxbench.index.mapped import MappedDatabase, MappedSearch
 from oxbench.index.search import (
     ExactSearch,
     FaissIndex,
@@ -112,6 +116,7 @@ class SearchChain:
         }
         self.db = database
         self.faiss: FaissIndex | None = None
+        self.mapped: MappedDatabase | None = None
         self.index_path: Path | None = None  # the persisted FAISS index, when there is one
         if local is not None:
             self.info.update(local.facts)
@@ -125,6 +130,13 @@ class SearchChain:
             if isinstance(m.search, ExactSearch):
                 self.info["search"] = m.search.to_dict()
                 self.info["bytes_per_image"] = int(database.shape[1] * database.dtype.itemsize)
+            elif isinstance(m.search, MappedSearch):
+                self.mapped = self._mapped_shards(m.search, cache_dir or Path(ctx.cache))
+                self.info["search"] = m.search.to_dict()
+                self.info["bytes_per_image"] = int(
+                    database.shape[1] * np.dtype(m.search.dtype).itemsize
+                )
+                self.info["mapped_disk_bytes"] = self.mapped.disk_bytes
             else:
                 self.faiss = self._faiss_index(ctx, cache_dir)
                 self.info["search"] = self.faiss.describe()
@@ -132,6 +144,45 @@ class SearchChain:
                 if isinstance(self.faiss.settings, IvfPqSearch) and cache_dir is not None:
                     self.db = self._mapped(cache_dir)
         return self
+
+    def _mapped_shards(self, settings: MappedSearch, cache_dir: Path) -> MappedDatabase:
+        """The database written as shards (:func:`~oxbench.index.mapped.write_shards`), bound to
+        the vectors' digest; shards already written for them are kept."""
+        from oxbench.index.mapped import write_shards
+
+        digest = array_digest(self.db)
+        folder = cache_dir / f"mapped-{settings.dtype}-{settings.shard_vectors}-{digest}"
+        step = 65536
+        chunks = (self.db[a : a + step] for a in range(0, self.db.shape[0], step))
+        stands_for = {"vectors": digest, "shape": list(self.db.shape)}
+        return write_shards(
+            chunks,
+            folder,
+            stands_for=stands_for,
+            dtype=settings.dtype,
+            shard_vectors=settings.shard_vectors,
+        )
+
+    def knn_neighbours(self, k: int) -> tuple[NDArray[np.float32], NDArray[np.int64]] | None:
+        """With ``search=mapped``: every database image's top ``k`` (itself included) by the
+        streamed search, in pieces cached beside the shards and reused on a rerun (diffusion's
+        graph); otherwise ``None`` (the graph is built in RAM)."""
+        from oxbench.index.mapped import knn_graph
+
+        if self.mapped is None:
+            return None
+        folder = Path(self.mapped.shards[0].path).parent / f"knn-{k}"
+        scores, ids, reused = knn_graph(
+            self.mapped, k, folder, self.m.search, executor=self._executor()
+        )
+        self.info["knn_pieces_reused"] = reused
+        return scores, ids
+
+    def _executor(self) -> Any:
+        """The run's executor for the shards of a mapped search (``None``: one shard, here)."""
+        if self.mapped is None or len(self.mapped.shards) < 2 or self.ctx.executor.workers < 2:
+            return None
+        return self.ctx.executor
 
     def _faiss_index(self, ctx: RunContext, cache_dir: Path | None) -> FaissIndex:
         settings = self.m.search
@@ -224,6 +275,8 @@ class SearchChain:
         filename = self.db.filename if isinstance(self.db, np.memmap) else None
         ram = {"vectors": 0 if filename else array_bytes(self.db)}
         disk = {"vectors": disk_bytes(filename) if filename else 0}
+        if self.mapped is not None:
+            disk["mapped_shards"] = self.mapped.disk_bytes
         fixed: dict[str, int] = {}
         if self.faiss is not None:
             from oxbench.index.faiss_setup import load_faiss
@@ -244,6 +297,10 @@ class SearchChain:
     def rank(self, q: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
         """``(scores, ranks)`` of query vectors ``q`` (IVF-PQ lists cut to the shortest complete one)."""
         k = self.list_length()
+        if self.mapped is not None:
+            from oxbench.index.mapped import search_shards
+
+            return search_shards(q, self.mapped, k, self.m.search, executor=self._executor())
         if self.faiss is None:
             return exact_search(q, self.db, None if k == self.db.shape[0] else k)
         scores, ids = self.faiss.search(q, k)
@@ -301,7 +358,7 @@ class SearchChain:
 
     def use_database(self, database: NDArray[np.float32]) -> None:
         """Replace the database vectors (an index-phase stage, before the search index is built)."""
-        if self.faiss is not None:
+        if self.faiss is not None or self.mapped is not None:
             raise InputError(
                 f"method {self.m.name}: the database changed after its index was built"
             )

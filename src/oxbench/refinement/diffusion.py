@@ -139,6 +139,26 @@ def knn_affinity(
     index = faiss.IndexFlatIP(v.shape[1])
     index.add(v)
     sims, ids = index.search(v, kk + 1)
+    return affinity_from_neighbours(sims, ids, k, gamma=gamma, mutual=mutual)
+
+
+def affinity_from_neighbours(
+    sims: NDArray[np.floating],
+    ids: NDArray[np.integer],
+    k: int,
+    *,
+    gamma: float = 3.0,
+    mutual: bool = True,
+) -> sp.csr_matrix:
+    """:func:`knn_affinity` from each row's searched neighbours (``[n, >= k + 1]``, best first,
+    the row itself among them: a k-NN graph built by any exact search, e.g. the streamed one of
+    :func:`oxbench.index.mapped.knn_graph`)."""
+    n = ids.shape[0]
+    if n < 2:
+        raise InputError(f"diffusion needs at least 2 database images, got {n}")
+    kk = min(k, n - 1)
+    ids = np.asarray(ids)[:, : kk + 1]
+    sims = np.asarray(sims)[:, : kk + 1]
     rows = np.arange(n)[:, None]
     keep = ids != rows  # self out (wherever duplicates put it)
     keep &= np.cumsum(keep, axis=1) <= kk
@@ -205,9 +225,15 @@ class Diffusion:
         self.transition_: sp.csr_matrix | None = None
         self.offline_: sp.csr_matrix | None = None
 
-    def fit(self, database: NDArray[np.floating]) -> Diffusion:
+    def fit(
+        self,
+        database: NDArray[np.floating],
+        *,
+        neighbours: tuple[NDArray[np.floating], NDArray[np.integer]] | None = None,
+    ) -> Diffusion:
         """Build the mutual k-NN graph of the database and its normalisation (offline mode: and
-        every database image's diffusion).
+        every database image's diffusion); ``neighbours``: each image's top ``k`` (itself
+        included) already searched (:func:`affinity_from_neighbours`), else FAISS searches them.
 
         Raises:
             InputError: ``k`` larger than the database, or a database that is not finite ``[n, d]``.
@@ -218,7 +244,16 @@ class Diffusion:
             raise InputError(
                 f"diffusion.k={s.k} is larger than the database ({db.shape[0]} images)"
             )
-        self.affinity_ = knn_affinity(db, s.k - 1, gamma=s.gamma, threads=self.threads)
+        if neighbours is not None:
+            if neighbours[1].shape[0] != db.shape[0] or neighbours[1].shape[1] < min(
+                s.k, db.shape[0]
+            ):
+                raise InputError(
+                    f"diffusion: neighbours {neighbours[1].shape} for {db.shape[0]} images, k {s.k}"
+                )
+            self.affinity_ = affinity_from_neighbours(*neighbours, s.k - 1, gamma=s.gamma)
+        else:
+            self.affinity_ = knn_affinity(db, s.k - 1, gamma=s.gamma, threads=self.threads)
         self.transition_ = normalize_affinity(self.affinity_)
         self.database_ = db
         self.offline_ = self._offline() if s.mode == "offline" else None

@@ -43,6 +43,7 @@ from oxbench.errors import InputError
 from oxbench.features.local import LocalExtractor
 from oxbench.fileio import json_digest
 from oxbench.index.footprint import Footprint, array_bytes, disk_bytes
+from oxbench.index.mapped import MappedSearch
 from oxbench.index.search import SEARCH_SPEC, ExactSearch, FlatSearch, IvfPqSearch
 from oxbench.index.whitening import LearnedWhitening, PCAWhitening, l2_normalize, load_whitening
 from oxbench.pipelines.descriptors import (
@@ -94,8 +95,10 @@ class GlobalConfig(MethodConfig, Pipeline):
         whitening_power, whitening_shrinkage: see :class:`~oxbench.index.whitening.PCAWhitening`.
         search: how the database is searched, a kind with its own settings
             (:data:`~oxbench.index.search.SEARCH_SPEC`): ``exact``, ``faiss-flat`` (FAISS
-            IndexFlatIP) or ``faiss-ivfpq`` (``search.nlist``, ``search.m``, ``search.nbits``,
-            ``search.nprobe``, ``search.seed``).
+            IndexFlatIP), ``faiss-ivfpq`` (``search.nlist``, ``search.m``, ``search.nbits``,
+            ``search.nprobe``, ``search.seed``) or ``mapped`` (exact, streamed from shards on
+            disk: ``search.ram_gb``, ``search.block``, ``search.dtype``, ``search.device``,
+            :mod:`oxbench.index.mapped`).
         list_length: ranked-list length (``None``: the whole index up to 100,000 images, else
             10,000).
         rerank: the stages after the first ranking (:class:`~oxbench.pipelines.rerankers.Pipeline`),
@@ -125,7 +128,7 @@ class GlobalConfig(MethodConfig, Pipeline):
     whitening_shrinkage: float = setting(
         0.0, S.Float(lo=0, hi=1, hi_open=True), doc="whitening shrinkage"
     )
-    search: ExactSearch | FlatSearch | IvfPqSearch = setting(
+    search: ExactSearch | FlatSearch | IvfPqSearch | MappedSearch = setting(
         spec=SEARCH_SPEC, default_factory=ExactSearch, doc="search index (a search kind)"
     )
     list_length: int | None = setting(

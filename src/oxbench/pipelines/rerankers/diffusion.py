@@ -48,7 +48,10 @@ class DiffusionReranker(Reranker):
 
     def prepare(self, space: RerankSpace, ctx: RunContext) -> dict[str, Any]:
         with ctx.timed("diffusion_graph"):
-            self.diffusion.fit(cast(DenseSpace, space).dense_database)
+            # a space that searches from disk (search=mapped) builds the graph by its own search
+            knn = getattr(space, "knn_neighbours", None)
+            neighbours = knn(self.diffusion.settings.k) if knn is not None else None
+            self.diffusion.fit(cast(DenseSpace, space).dense_database, neighbours=neighbours)
         return {"diffusion": self.diffusion.describe()}
 
     def seeds(self, ranking: Ranking) -> Any:
