@@ -514,6 +514,10 @@ def test_the_default_label_is_the_preset_and_the_settings_that_differ() -> None:
     unchanged = resolve_method("features-alpha-qe").to_dict()
     assert preset_label("features-alpha-qe", unchanged) == "features-alpha-qe"
     assert preset_label("someone-elses", unchanged) == "someone-elses"
+    # --set rerank= and --set rerank=none are both "no stage": the label says none, not []
+    for text in ("", "none"):
+        emptied = resolve_method("rootsift-bow-sv", rerank=text).to_dict()
+        assert preset_label("rootsift-bow-sv", emptied) == "rootsift-bow-sv [rerank=none]"
 
 
 @pytest.mark.parametrize(

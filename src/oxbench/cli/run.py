@@ -16,7 +16,7 @@ from oxbench.cli.options import (
     parse_distractors,
     parse_engine_options,
     parse_partition,
-    parse_setting,
+    parse_settings,
     parse_workers,
 )
 from oxbench.errors import InputError
@@ -269,7 +269,7 @@ def method_overrides(
     preset's family says it is (refused in one line where it has none)."""
     from oxbench.pipelines.presets import METHODS
 
-    overrides: dict[str, object] = dict(parse_setting(s) for s in settings)
+    overrides: dict[str, object] = parse_settings(settings)
     preset = METHODS.get(method)
     for option, raw in shorthands.items():
         if raw is not None:  # the setting's own spec parses and checks the value
