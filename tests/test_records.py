@@ -76,8 +76,9 @@ def commands(run: Path, other: Path, out: Path) -> dict[str, list]:
 
 def assert_one_line_or_valid(name: str, code: int, out: str, err: str) -> None:
     assert "Traceback" not in err and "Traceback" not in out, (name, err)
-    if name == "runs":  # lists what it can read, one warning per skipped record
-        assert code == 0, (name, code, err)
+    if name == "runs":  # lists what it can read, one line per skipped record, and exits 2
+        assert code in (0, 2), (name, code, err)
+        assert (code == 2) == ("skipped a run record" in err), (name, code, err)
         assert len([ln for ln in err.splitlines() if ln.strip()]) <= 1, (name, err)
         return
     if code == 0:
@@ -132,8 +133,8 @@ def test_special_files_are_one_line_in_every_reading_command(template, capsys, n
             code, so, se = cli(argv, capsys)
             assert_one_line_or_valid(cmd, code, so, se)
             if cmd == "runs":
-                assert str(run) not in so  # skipped, with its warning
-                assert "skipped a run record" in se
+                assert str(run) not in so  # skipped, with its warning, exit 2
+                assert "skipped a run record" in se and code == 2
             else:
                 assert code == 2, (cmd, se)
 
@@ -260,6 +261,7 @@ def test_named_regressions_are_one_line_in_every_reading_command(template, capsy
             lazy = case == "matches-superscript-key"  # matches.json is read by the viewer only
             if cmd == "runs" and not lazy:
                 assert "skipped a run record" in se and expect in se and run.name not in so
+                assert code == 2 and "no runs under" not in so, so
             elif cmd != "runs" and (not lazy or cmd == "view"):
                 assert code == 2 and expect in se, (cmd, se)
 
@@ -270,7 +272,7 @@ def test_runs_and_report_agree_on_an_edited_record(template, capsys):
     with damaged_copy(template) as (run, _, _):
         damage(run)
         code, out, err = cli(["runs", run.parent.parent, "--json"], capsys)
-        assert code == 0 and json.loads(out) == [] and "inconsistent" in err
+        assert code == 2 and json.loads(out) == [] and "inconsistent" in err
         code, out, err = cli(["report", run], capsys)
         assert code == 2 and str(run) in err and "inconsistent" in err
 

@@ -1441,11 +1441,14 @@ class RunSummary:
     seed_group: Mapping[str, Any] | None = None
 
 
-def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
+def find_runs(
+    runs_dir: str | Path = "runs", *, skipped: list[Path] | None = None
+) -> list[RunSummary]:
     """Every run below ``runs_dir`` (itself, and config folders one level down), oldest first.
 
     Each is read and checked by :meth:`RunRecord.load`; one that fails is skipped with one warning
-    naming it and why, so ``runs`` lists exactly the records the other commands accept.
+    naming it and why (and appended to ``skipped`` when given), so ``runs`` lists exactly the
+    records the other commands accept.
     """
     runs_dir = Path(runs_dir)
     try:
@@ -1462,6 +1465,8 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
                 rec = RunRecord.load(run_dir)
             except InputError as exc:
                 log.warning("skipped a run record: %s", exc)
+                if skipped is not None:
+                    skipped.append(run_dir)
                 continue
             out.append(
                 RunSummary(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -22,6 +22,8 @@ from oxbench.cli.options import (
 from oxbench.errors import InputError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from oxbench.pipelines.runner import RunOutcome
     from oxbench.pipelines.session import RecordOptions, Session
 
@@ -451,13 +453,25 @@ def _report_group(outcome: RunOutcome, as_json: bool) -> None:
 @click.argument("runs_dir", type=click.Path(file_okay=False), default="runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def runs(runs_dir: str, as_json: bool) -> None:
-    """List the run records under RUNS_DIR (default ./runs) with their headline numbers."""
+    """List the run records under RUNS_DIR (default ./runs) with their headline numbers.
+
+    A record that cannot be read is named on stderr, one line each (as report, compare and view
+    name it), the others are listed, and the exit status is 2."""
     from oxbench.records import find_runs
     from oxbench.report.seeds import summarize_groups
 
-    found = find_runs(runs_dir)
-    grouped = summarize_groups(found)  # a seed group is one row: mean and spread of its seeds
-    if as_json:
+    skipped: list[Path] = []
+    found = find_runs(runs_dir, skipped=skipped)
+    _list_runs(runs_dir, found, summarize_groups(found), as_json, n_skipped=len(skipped))
+    if skipped:
+        click.get_current_context().exit(2)
+
+
+def _list_runs(
+    runs_dir: str, found: list[Any], grouped: list[Any], as_json: bool, *, n_skipped: int
+) -> None:
+    """The table (or JSON) of ``oxbench runs``."""
+    if as_json:  # a seed group is one row: mean and spread of its seeds
         click.echo(
             json.dumps(
                 [
@@ -480,7 +494,10 @@ def runs(runs_dir: str, as_json: bool) -> None:
         )
         return
     if not found:
-        click.echo(f"no runs under {runs_dir}")
+        if n_skipped:
+            click.echo(f"no readable runs under {runs_dir} ({n_skipped} record(s) named above)")
+        else:
+            click.echo(f"no runs under {runs_dir}")
         return
     from oxbench.report.tables import text_table
 
