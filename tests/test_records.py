@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -564,3 +565,21 @@ def test_distractor_tag_is_the_count_the_field_writes(n, source, tag):
     from oxbench.records import distractor_tag
 
     assert distractor_tag(n, source) == tag
+
+
+def test_compare_help_explains_every_column_it_prints(capsys) -> None:
+    """``compare --help`` used to leave p_seeds and holds unexplained."""
+    import inspect
+
+    from oxbench.report.compare import Comparison
+
+    code, out, _ = cli(["compare", "--help"], capsys)
+    assert code == 0
+    # every column name text() can print (the metric and the CI level vary)
+    source = inspect.getsource(Comparison.text)
+    header_lines = [ln for ln in source.splitlines() if re.search(r"header( \+?=|\.append)", ln)]
+    columns = [c for ln in header_lines for c in re.findall(r'"([A-Za-z_][A-Za-z_ -]*)"', ln)]
+    assert {"p_seeds", "holds", "better", "p_holm"} <= set(columns), columns
+    for column in columns:
+        assert re.search(rf"^\s+{re.escape(column)}\s", out, re.M) or f"/ {column}" in out, column
+    assert "METRIC A/B" in out and re.search(r"^\s+CI\s", out, re.M)
