@@ -211,6 +211,28 @@ def test_without_training_features_the_run_learns_on_the_test_set_and_says_so(
     config = json.loads((out.config_dir / "config.json").read_text())
     assert config["trained_on_test_set"] is True
     assert config["method"]["features"]["path"] == str(files["h5"])
+    # the run's summary NOTE names the setting that gives it training data of its own
+    summary = (out.run_dir / "summary.txt").read_text()
+    assert "trained on the test set" in summary and "--set features.train=PATH" in summary
+
+
+def test_features_train_is_listed_by_methods_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """A preset that extracts its own features used to hide features.train, the one setting that
+    makes an own-feature run comparable."""
+    from oxbench.cli import main
+
+    for argv in (
+        ["methods", "rootsift-bow", "--all"],
+        ["methods", "rootsift-bow", "--all", "--json"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        out, _ = capsys.readouterr()
+        assert exc.value.code in (0, None)
+        assert "features.train" in out and "features=h5:PATH" in out, out
+    with pytest.raises(SystemExit):
+        main(["methods", "rootsift-bow"])  # without --all: only what applies as the preset is
+    assert "features.train" not in capsys.readouterr()[0]
 
 
 def _bad_h5(path: Path, case: str, good: Path) -> str:

@@ -347,6 +347,7 @@ def _run_and_report(
 ) -> None:
     """Run, then print the familiar lines and the table (or JSON)."""
     from oxbench.pipelines.runner import run as run_method
+    from oxbench.pipelines.runner import trained_on_test_note
 
     outcome = run_method(
         args.dataset,
@@ -379,8 +380,9 @@ def _run_and_report(
     from oxbench.report.tables import result_table
 
     click.echo(result_table(outcome.result))
-    if cfg.trained_on_test_set:
-        click.echo("NOTE: the method was trained on the test set; not comparable.")
+    note = trained_on_test_note(cfg)
+    if note:
+        click.echo(note)
     voc = outcome.info.get("vocabulary")
     if isinstance(voc, dict):
         click.echo(f"vocabulary: {voc['n_words']} words trained on {cfg.train_dataset}")
@@ -415,6 +417,7 @@ def parse_seed_options(seeds: str | None, repeat: str | None) -> tuple[int, ...]
 
 def _report_group(outcome: RunOutcome, as_json: bool) -> None:
     """What ``run --seeds`` prints: each seed's numbers, then the group's mean and spread."""
+    from oxbench.pipelines.runner import trained_on_test_note
     from oxbench.records import RunRecord
     from oxbench.report.seeds import load_group
 
@@ -443,8 +446,9 @@ def _report_group(outcome: RunOutcome, as_json: bool) -> None:
         click.echo(f"seed {s}: " + " | ".join(o.result.lines()[:1]) + f"  ({o.run_dir.name})")
     click.echo(f"seed group {group.group_id}: {group.headline()}")
     click.echo(f"seeds set: {', '.join(group.settings)} (the dataset is the same for every seed)")
-    if members[-1].config.trained_on_test_set:
-        click.echo("NOTE: the method was trained on the test set; not comparable.")
+    note = trained_on_test_note(members[-1].config)
+    if note:
+        click.echo(note)
     click.echo(f"label: {group.label}")
     click.echo(f"config folder: {group.path}")
 
@@ -576,11 +580,16 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
             kinds.append(kind if origin.builtin else f"{kind} [from {origin}]")
         click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
         return
-    from oxbench.pipelines.presets import settings_rows
+    from oxbench.pipelines.presets import other_kind_rows, settings_rows
 
     config = METHODS.get(name)
     every = settings_rows(config)
-    rows = every if show_all else [r for r in every if config.applies(r.name)]
+    # --all: also the settings another choice of local features has (features.train)
+    rows = (
+        every + other_kind_rows(config)
+        if show_all
+        else [r for r in every if config.applies(r.name)]
+    )
     if as_json:
         click.echo(
             json.dumps(
@@ -615,7 +624,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
             + row[3]
         )
     hidden = len(every) - len(rows)
-    if hidden:
+    if hidden > 0:
         click.echo(
             f"({hidden} settings that do nothing with the others as they are are left out; "
             "--all lists them)"
