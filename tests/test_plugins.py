@@ -812,3 +812,21 @@ def test_a_plugin_local_feature_named_as_a_built_in_is_refused(tmp_path: Path) -
         assert done.stderr.count("\n") == 1, done.stderr
         assert "local feature 'h5' is registered twice: by oxbench" in done.stderr
         assert "by oxh5 0.1" in done.stderr
+
+
+def test_every_documented_plugin_install_builds_without_the_wheel_package() -> None:
+    """docs/plugins.md's ``pip install --no-build-isolation --target plugins ./pkg`` failed in a
+    fresh venv (setuptools 65.5 there needs ``wheel`` for bdist_wheel, which it lacks): each such
+    block first brings setuptools to 70.1+, which builds wheels by itself."""
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", doc, re.S)
+    installs = [b for b in blocks if "--no-build-isolation" in b]
+    assert len(installs) >= 2
+    for block in installs:
+        lines = block.splitlines()
+        at = next(i for i, ln in enumerate(lines) if "--no-build-isolation" in ln)
+        assert any('"setuptools>=70.1"' in ln for ln in lines[:at]), block
+    import setuptools
+
+    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
+    assert (major, minor) >= (70, 1)  # what the blocks (run by test_docs) build with here
