@@ -397,3 +397,24 @@ def test_training_features_of_another_dimension_are_refused(tmp_path: Path) -> N
         features.for_training()
     same = LocalFeatureFiles(layout="npz", path=str(test), train=str(folder("train8", 8)))
     assert same.for_training().path == str(tmp_path / "train8") and same.for_training().dim == 8
+
+
+def test_a_big_endian_h5_is_read_as_the_same_numbers(tmp_path: Path) -> None:
+    """Descriptors stored big-endian ('>f4', as MATLAB or a PowerPC writer may) were refused as if
+    they were another dtype; they are the same float32 numbers, converted to this machine's order."""
+    from oxbench.formats.local_features import read_image_features
+
+    rng = np.random.default_rng(0)
+    n, d = 6, 8
+    kp = np.column_stack([rng.uniform(0, 30, (n, 2)), np.ones(n), np.zeros(n)]).astype(np.float32)
+    desc = rng.random((n, d)).astype(np.float32)
+    path = tmp_path / "big.h5"
+    with h5py.File(path, "w") as f:
+        g = f.create_group("a")
+        g.create_dataset("keypoints", data=kp[:, :2])
+        g.create_dataset("descriptors", data=desc.T.astype(">f4"))
+        g.create_dataset("image_size", data=np.array([32, 32]))
+    assert h5py.File(path, "r")["a/descriptors"].dtype == np.dtype(">f4")
+    feats = read_image_features("h5", path, "a")
+    assert feats.descriptors.dtype == np.dtype(np.float32) and feats.descriptors.dtype.isnative
+    np.testing.assert_array_equal(feats.descriptors, desc)
