@@ -295,3 +295,23 @@ def test_a_config_folder_whose_config_is_a_fifo_or_a_deep_file_is_one_line(
         )
         assert code == 2 and words in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "milestones"])
+def test_a_setting_given_twice_is_refused_in_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str
+) -> None:
+    # the last of two --set spatial.top_r=... used to win silently
+    rc, out, err = run(
+        capsys,
+        command,
+        "--root",
+        str(tmp_path),
+        "--set",
+        "spatial.top_r=5",
+        "--set",
+        "spatial.top_r=6",
+    )
+    assert rc == 2, err
+    assert "spatial.top_r is given twice" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err

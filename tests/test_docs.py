@@ -471,8 +471,10 @@ def block_env(folder: Path) -> dict[str, str]:
 def run_block(block: Block, cwd: Path, env: dict[str, str]) -> None:
     if block.lang == "bash":
         cmd = ["bash", "-e", "-o", "pipefail", "-c", block.code]
-    else:
-        cmd = [sys.executable, "-c", block.code]
+    else:  # as a reader runs it: saved as a plain script (no __main__ guard), run by path
+        script = cwd / f"docs_block_{block.path.stem}_{block.line}.py"
+        script.write_text(block.code, encoding="utf-8")
+        cmd = [sys.executable, str(script)]
     proc = subprocess.run(
         cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, check=False
     )

@@ -212,6 +212,28 @@ def test_without_training_features_the_run_learns_on_the_test_set_and_says_so(
     config = json.loads((out.config_dir / "config.json").read_text())
     assert config["trained_on_test_set"] is True
     assert config["method"]["features"]["path"] == str(files["h5"])
+    # the run's summary NOTE names the setting that gives it training data of its own
+    summary = (out.run_dir / "summary.txt").read_text()
+    assert "trained on the test set" in summary and "--set features.train=PATH" in summary
+
+
+def test_features_train_is_listed_by_methods_all(capsys: pytest.CaptureFixture[str]) -> None:
+    """A preset that extracts its own features used to hide features.train, the one setting that
+    makes an own-feature run comparable."""
+    from oxbench.cli import main
+
+    for argv in (
+        ["methods", "rootsift-bow", "--all"],
+        ["methods", "rootsift-bow", "--all", "--json"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        out, _ = capsys.readouterr()
+        assert exc.value.code in (0, None)
+        assert "features.train" in out and "features=h5:PATH" in out, out
+    with pytest.raises(SystemExit):
+        main(["methods", "rootsift-bow"])  # without --all: only what applies as the preset is
+    assert "features.train" not in capsys.readouterr()[0]
 
 
 def _bad_h5(path: Path, case: str, good: Path) -> str:
@@ -402,3 +424,24 @@ def test_npz_files_swapped_by_mv_are_read_again_not_taken_from_the_cache(
     fresh = ranks_of(swapped, tiny_root, tmp_path / "fresh", pixels=False)
     np.testing.assert_array_equal(cached, fresh)
     assert not np.array_equal(cached, before)  # the swap moves the ranks: the test can tell
+
+
+def test_a_big_endian_h5_is_read_as_the_same_numbers(tmp_path: Path) -> None:
+    """Descriptors stored big-endian ('>f4', as MATLAB or a PowerPC writer may) were refused as if
+    they were another dtype; they are the same float32 numbers, converted to this machine's order."""
+    from oxbench.formats.local_features import read_image_features
+
+    rng = np.random.default_rng(0)
+    n, d = 6, 8
+    kp = np.column_stack([rng.uniform(0, 30, (n, 2)), np.ones(n), np.zeros(n)]).astype(np.float32)
+    desc = rng.random((n, d)).astype(np.float32)
+    path = tmp_path / "big.h5"
+    with h5py.File(path, "w") as f:
+        g = f.create_group("a")
+        g.create_dataset("keypoints", data=kp[:, :2])
+        g.create_dataset("descriptors", data=desc.T.astype(">f4"))
+        g.create_dataset("image_size", data=np.array([32, 32]))
+    assert h5py.File(path, "r")["a/descriptors"].dtype == np.dtype(">f4")
+    feats = read_image_features("h5", path, "a")
+    assert feats.descriptors.dtype == np.dtype(np.float32) and feats.descriptors.dtype.isnative
+    np.testing.assert_array_equal(feats.descriptors, desc)

@@ -27,9 +27,13 @@ def test_every_row_and_trend_names_a_preset_and_cites_its_figure() -> None:
     assert presets <= set(METHODS.names())
     for t in TRENDS:
         assert {t.base, t.better} <= presets, t
+    # the figures are cited from a file every user has (not "project facts \u00a75"), which quotes them
+    published = (Path(__file__).parents[1] / "docs" / "protocols.md").read_text(encoding="utf-8")
     for m in MILESTONES:
-        if m.published is not None:  # a figure is quoted from the facts, by its number
-            assert "\u00a75" in m.source and f"{m.published:.1f}" in m.source, m
+        assert "facts" not in m.source and "\u00a7" not in m.source, m
+        if m.published is not None:  # a figure is quoted from docs/protocols.md, by its number
+            assert "docs/protocols.md" in m.source and f"{m.published:.1f}" in m.source, m
+            assert f"{m.published:.1f}" in published, m
     assert [m.published for m in MILESTONES if m.published] == [61.8, 64.7, 71.8, 80.9]
     assert "rootsift-bow-dba-sv-dqe" not in {m.preset for m in choose(None)}  # off by default
     assert [m.preset for m in choose(["rootsift-asmk", "rootsift-bow"])] == [
@@ -38,6 +42,8 @@ def test_every_row_and_trend_names_a_preset_and_cites_its_figure() -> None:
     ]
     with pytest.raises(InputError, match="'nope' is not a milestone preset"):
         choose(["nope"])
+    with pytest.raises(InputError, match="'rootsift-bow' is given twice"):
+        choose(["rootsift-bow", "rootsift-asmk", "rootsift-bow"])
 
 
 def test_a_setting_goes_to_the_rows_that_have_it() -> None:
@@ -143,7 +149,7 @@ def test_milestones_on_the_tiny_synthetic_set_end_to_end(
     for m in rows:
         (line,) = [x for x in lines if x.startswith(f"| {m.label} | {m.preset} |")]
         if m.published is not None:
-            assert f"{m.published:.1f} ({m.paper})" in line and "\u00a75" in line
+            assert f"{m.published:.1f} ({m.paper})" in line and "docs/protocols.md" in line
         assert " (" in line and "-" in line  # mean (min-max) of 2 seeds
     groups = {g.method: g for g in load_entries(sorted((tmp_path / "runs").iterdir()))}
     for t in TRENDS:

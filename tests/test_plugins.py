@@ -728,3 +728,105 @@ def test_the_stage_of_the_plugin_docs_installs_as_a_package_and_runs(
     after = np.load(tmp_path / json.loads(swapped.stdout)["run_dir"] / "ranks.npy").T
     assert np.array_equal(after[:, :3], before[:, 2::-1])  # swap-top.k = 3 by default
     assert np.array_equal(after[:, 3:], before[:, 3:])
+
+
+def test_a_plugin_that_exits_interrupts_prints_or_is_slow_cannot_take_oxbench_down(
+    tmp_path: Path,
+) -> None:
+    """Before: sys.exit(7) on import ended ``methods`` with rc 7 and no output, a
+    KeyboardInterrupt gave "Aborted.", a print broke ``--json`` and a slow import was silent."""
+    cases = {
+        "oxexit": "import sys\nsys.exit(7)\n",
+        "oxkbi": "raise KeyboardInterrupt\n",
+        "oxbase": "class Odd(BaseException):\n    pass\nraise Odd('odd')\n",
+        "oxprint": "print('hello from a plugin')\n",
+        "oxslow": "import time\ntime.sleep(2.5)\n",
+    }
+    path = [
+        _hand_installed(
+            tmp_path / name,
+            name,
+            f"[oxbench.families]\n{name} = {name}\n",
+            {f"{name}/__init__.py": body},
+        )
+        for name, body in cases.items()
+    ]
+    done = _oxbench(path, "methods", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    listed = json.loads(done.stdout)  # the plugin's print went to stderr
+    assert any("rootsift-bow" in f["presets"] for f in listed)
+    assert "hello from a plugin" in done.stderr
+    failed = [ln for ln in done.stderr.splitlines() if "failed to load" in ln]
+    assert len(failed) == 3, done.stderr
+    for name, what in (
+        ("oxexit", "SystemExit: 7"),
+        ("oxkbi", "KeyboardInterrupt"),
+        ("oxbase", "Odd: odd"),
+    ):
+        (line,) = [ln for ln in failed if f"plugin '{name}'" in ln]
+        assert "PluginWarning" in line and f"{name} 0.1" in line and what in line, line
+    slow = [ln for ln in done.stderr.splitlines() if "still importing" in ln]
+    assert len(slow) == 1 and "plugin 'oxslow'" in slow[0], done.stderr
+
+
+def test_the_users_own_ctrl_c_during_a_plugin_import_stops_the_command(tmp_path: Path) -> None:
+    """Only a real SIGINT the user sends stops the command; the plugin is not blamed for it."""
+    import signal
+
+    slow = _hand_installed(
+        tmp_path / "oxwait",
+        "oxwait",
+        "[oxbench.families]\noxwait = oxwait\n",
+        {"oxwait/__init__.py": "import time\nprint('importing', flush=True)\ntime.sleep(60)\n"},
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(slow), str(SRC)])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "oxbench", "methods"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    assert proc.stderr.readline().strip() == "importing"  # inside the plugin's import now
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "failed to load" not in err and out == ""
+
+
+def test_a_plugin_local_feature_named_as_a_built_in_is_refused(tmp_path: Path) -> None:
+    """A local feature plugin named ``h5`` collides with the built-in: one line naming both."""
+    from test_architecture import TOY_EXTRACTOR
+
+    dup = _hand_installed(
+        tmp_path / "oxh5",
+        "oxh5",
+        "[oxbench.local_features]\nh5 = oxh5.local:GridPatches\n",
+        {"oxh5/__init__.py": "", "oxh5/local.py": TOY_EXTRACTOR},
+    )
+    for args in (["methods", "rootsift-bow"], ["run", "--set", "features=h5:x.h5"]):
+        done = _oxbench([dup], *args, cwd=tmp_path)
+        assert done.returncode == 2 and done.stdout == "", done.stderr
+        assert done.stderr.count("\n") == 1, done.stderr
+        assert "local feature 'h5' is registered twice: by oxbench" in done.stderr
+        assert "by oxh5 0.1" in done.stderr
+
+
+def test_every_documented_plugin_install_builds_without_the_wheel_package() -> None:
+    """docs/plugins.md's ``pip install --no-build-isolation --target plugins ./pkg`` failed in a
+    fresh venv (setuptools 65.5 there needs ``wheel`` for bdist_wheel, which it lacks): each such
+    block first brings setuptools to 70.1+, which builds wheels by itself."""
+    doc = (ROOT / "docs" / "plugins.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", doc, re.S)
+    installs = [b for b in blocks if "--no-build-isolation" in b]
+    assert len(installs) >= 2
+    for block in installs:
+        lines = block.splitlines()
+        at = next(i for i, ln in enumerate(lines) if "--no-build-isolation" in ln)
+        assert any('"setuptools>=70.1"' in ln for ln in lines[:at]), block
+    import setuptools
+
+    major, minor = (int(x) for x in setuptools.__version__.split(".")[:2])
+    assert (major, minor) >= (70, 1)  # what the blocks (run by test_docs) build with here

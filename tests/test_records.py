@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -76,8 +77,9 @@ def commands(run: Path, other: Path, out: Path) -> dict[str, list]:
 
 def assert_one_line_or_valid(name: str, code: int, out: str, err: str) -> None:
     assert "Traceback" not in err and "Traceback" not in out, (name, err)
-    if name == "runs":  # lists what it can read, one warning per skipped record
-        assert code == 0, (name, code, err)
+    if name == "runs":  # lists what it can read, one line per skipped record, and exits 2
+        assert code in (0, 2), (name, code, err)
+        assert (code == 2) == ("skipped a run record" in err), (name, code, err)
         assert len([ln for ln in err.splitlines() if ln.strip()]) <= 1, (name, err)
         return
     if code == 0:
@@ -132,8 +134,8 @@ def test_special_files_are_one_line_in_every_reading_command(template, capsys, n
             code, so, se = cli(argv, capsys)
             assert_one_line_or_valid(cmd, code, so, se)
             if cmd == "runs":
-                assert str(run) not in so  # skipped, with its warning
-                assert "skipped a run record" in se
+                assert str(run) not in so  # skipped, with its warning, exit 2
+                assert "skipped a run record" in se and code == 2
             else:
                 assert code == 2, (cmd, se)
 
@@ -260,6 +262,7 @@ def test_named_regressions_are_one_line_in_every_reading_command(template, capsy
             lazy = case == "matches-superscript-key"  # matches.json is read by the viewer only
             if cmd == "runs" and not lazy:
                 assert "skipped a run record" in se and expect in se and run.name not in so
+                assert code == 2 and "no runs under" not in so, so
             elif cmd != "runs" and (not lazy or cmd == "view"):
                 assert code == 2 and expect in se, (cmd, se)
 
@@ -270,7 +273,7 @@ def test_runs_and_report_agree_on_an_edited_record(template, capsys):
     with damaged_copy(template) as (run, _, _):
         damage(run)
         code, out, err = cli(["runs", run.parent.parent, "--json"], capsys)
-        assert code == 0 and json.loads(out) == [] and "inconsistent" in err
+        assert code == 2 and json.loads(out) == [] and "inconsistent" in err
         code, out, err = cli(["report", run], capsys)
         assert code == 2 and str(run) in err and "inconsistent" in err
 
@@ -514,6 +517,10 @@ def test_the_default_label_is_the_preset_and_the_settings_that_differ() -> None:
     unchanged = resolve_method("features-alpha-qe").to_dict()
     assert preset_label("features-alpha-qe", unchanged) == "features-alpha-qe"
     assert preset_label("someone-elses", unchanged) == "someone-elses"
+    # --set rerank= and --set rerank=none are both "no stage": the label says none, not []
+    for text in ("", "none"):
+        emptied = resolve_method("rootsift-bow-sv", rerank=text).to_dict()
+        assert preset_label("rootsift-bow-sv", emptied) == "rootsift-bow-sv [rerank=none]"
 
 
 @pytest.mark.parametrize(
@@ -558,3 +565,21 @@ def test_distractor_tag_is_the_count_the_field_writes(n, source, tag):
     from oxbench.records import distractor_tag
 
     assert distractor_tag(n, source) == tag
+
+
+def test_compare_help_explains_every_column_it_prints(capsys) -> None:
+    """``compare --help`` used to leave p_seeds and holds unexplained."""
+    import inspect
+
+    from oxbench.report.compare import Comparison
+
+    code, out, _ = cli(["compare", "--help"], capsys)
+    assert code == 0
+    # every column name text() can print (the metric and the CI level vary)
+    source = inspect.getsource(Comparison.text)
+    header_lines = [ln for ln in source.splitlines() if re.search(r"header( \+?=|\.append)", ln)]
+    columns = [c for ln in header_lines for c in re.findall(r'"([A-Za-z_][A-Za-z_ -]*)"', ln)]
+    assert {"p_seeds", "holds", "better", "p_holm"} <= set(columns), columns
+    for column in columns:
+        assert re.search(rf"^\s+{re.escape(column)}\s", out, re.M) or f"/ {column}" in out, column
+    assert "METRIC A/B" in out and re.search(r"^\s+CI\s", out, re.M)

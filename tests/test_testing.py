@@ -382,3 +382,22 @@ def test_an_executor_plugins_own_facts_round_trip_through_the_run_record() -> No
         ExecutionFacts.from_dict({**dask_facts, "cluster": "slurm"})
     with pytest.raises(InputError, match="execution.workers"):
         ExecutionFacts.from_dict({"backend": "serial", "workers": 0, "threads_per_worker": 1})
+
+
+def test_check_family_from_a_plain_script_starts_no_process() -> None:
+    """The check kit crashed when run as docs/plugins.md shows it (``python check.py`` without a
+    ``__main__`` guard: spawned workers imported the script again). From a plain script the
+    two-worker run stays in the process and pickles what a worker process would receive."""
+    import sys
+
+    from oxbench import testing
+
+    executor = testing._two_workers(False)
+    assert executor.workers == 2
+    assert list(executor.map(abs, [-1, 2, -3])) == [1, 2, 3]
+    with pytest.raises(AssertionError, match="the job of a parallel stage does not pickle"):
+        list(executor.map(lambda x: x, [1]))
+    main = sys.modules["__main__"]
+    assert testing._main_is_a_plain_script() == (
+        getattr(main, "__spec__", None) is None and hasattr(main, "__file__")
+    )

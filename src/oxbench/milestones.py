@@ -36,8 +36,9 @@ from oxbench.report.stats import paired_test
 if TYPE_CHECKING:  # pragma: no cover
     from oxbench.pipelines.session import RecordOptions, Session
 
-#: Where the published figures are quoted (the project's facts, section 5).
-FACTS = "project facts \u00a75 (Reference numbers)"
+#: Where the published figures are quoted: a file every user has (docs/protocols.md, "Published
+#: results").
+FACTS = "docs/protocols.md (Published results)"
 
 
 @dataclass(frozen=True)
@@ -198,11 +199,14 @@ def choose(methods: Sequence[str] | None) -> list[Milestone]:
     """The rows to run: the default ones, or those whose presets ``methods`` names (in table order).
 
     Raises:
-        InputError: a name that is not a milestone preset.
+        InputError: a name that is not a milestone preset, or one named twice.
     """
     if not methods:
         return [m for m in MILESTONES if m.default]
     known = {m.preset for m in MILESTONES}
+    twice = sorted({n for n in methods if list(methods).count(n) > 1})
+    if twice:
+        raise InputError(f"--methods: {twice[0]!r} is given twice")
     unknown = [n for n in methods if n not in known]
     if unknown:
         raise InputError(

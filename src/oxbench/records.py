@@ -204,6 +204,16 @@ def flat_settings(settings: Mapping[str, Any], prefix: str = "") -> dict[str, An
     return out
 
 
+def _label_value(v: Any) -> str:
+    """A setting's value as a label writes it: text as is, an empty list as ``none`` (the word
+    ``--set rerank=`` and ``--set rerank=none`` both mean), anything else as compact JSON."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list | tuple) and not v:
+        return "none"
+    return json.dumps(v, separators=(",", ":"))
+
+
 def default_label(
     method: str,
     settings: Mapping[str, Any] | None,
@@ -232,7 +242,7 @@ def default_label(
     }
     ours, theirs = flat_settings(settings), flat_settings(preset)
     changed = [
-        f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'))}"
+        f"{k}={_label_value(v)}"
         for k, v in ours.items()
         if k not in _PRESET_KEYS and k not in inputs and (k not in theirs or theirs[k] != v)
     ]
@@ -1431,11 +1441,14 @@ class RunSummary:
     seed_group: Mapping[str, Any] | None = None
 
 
-def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
+def find_runs(
+    runs_dir: str | Path = "runs", *, skipped: list[Path] | None = None
+) -> list[RunSummary]:
     """Every run below ``runs_dir`` (itself, and config folders one level down), oldest first.
 
     Each is read and checked by :meth:`RunRecord.load`; one that fails is skipped with one warning
-    naming it and why, so ``runs`` lists exactly the records the other commands accept.
+    naming it and why (and appended to ``skipped`` when given), so ``runs`` lists exactly the
+    records the other commands accept.
     """
     runs_dir = Path(runs_dir)
     try:
@@ -1452,6 +1465,8 @@ def find_runs(runs_dir: str | Path = "runs") -> list[RunSummary]:
                 rec = RunRecord.load(run_dir)
             except InputError as exc:
                 log.warning("skipped a run record: %s", exc)
+                if skipped is not None:
+                    skipped.append(run_dir)
                 continue
             out.append(
                 RunSummary(

@@ -11,15 +11,23 @@ its first lookup, every entry point of that group that installed distributions d
     [project.entry-points."oxbench.executors"]
     slurm = "mypkg.slurm:SlurmExecutor"   # an object: registered under the entry point's name
 
-A plugin that fails to import is named in one :class:`PluginWarning` (with its distribution) and
-the rest stay usable; two entries under one name (two plugins, or a plugin and a built-in) are one
+A plugin that fails to import -- any exception, ``SystemExit`` and ``KeyboardInterrupt`` included
+(only a real SIGINT / SIGTERM the user sent while it imported stops the command) -- is named in one
+:class:`PluginWarning` (with its distribution) and the rest stay usable; what it prints while it
+imports goes to stderr (``--json`` output stays JSON), and one still importing after
+:data:`SLOW_IMPORT_SECONDS` is named in a log line while oxbench waits; two entries under one name (two plugins, or a plugin and a built-in) are one
 :class:`~oxbench.errors.InputError` line naming both origins, raised at every lookup of that
 registry until one of them is removed. Every entry knows its :class:`Origin`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
+import signal
+import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,6 +36,10 @@ from typing import Any, Generic, TypeVar
 from oxbench.errors import InputError, close_matches
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+#: Seconds a plugin may import before a log line names it (the command would look hung).
+SLOW_IMPORT_SECONDS = 2.0
 
 #: The entry-point group of each kind of plugin (``[project.entry-points."<group>"]``).
 GROUPS = {
@@ -109,6 +121,42 @@ def _entry_points(group: str) -> list[Any]:
     return sorted(out, key=lambda ep: (getattr(ep.dist, "name", "") or "", ep.name))
 
 
+@contextlib.contextmanager
+def _plugin_import(where: str) -> Iterator[list[int]]:
+    """The block a plugin imports in: its prints go to stderr, a log line names it when it is still
+    importing after :data:`SLOW_IMPORT_SECONDS`, and the list yielded receives the SIGINT / SIGTERM
+    the process gets meanwhile (so that a ``KeyboardInterrupt`` the plugin raises itself is told
+    from the user's own Ctrl-C)."""
+    signals: list[int] = []
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(s)
+            if callable(handler):  # Python's, or the command's: note the signal, then run it
+
+                def noted(signum: int, frame: Any, _handler: Any = handler) -> None:
+                    signals.append(signum)
+                    _handler(signum, frame)
+
+                previous[s] = handler
+                signal.signal(s, noted)
+    timer = threading.Timer(
+        SLOW_IMPORT_SECONDS,
+        lambda: log.warning(
+            "still importing %s after %.0f s (oxbench waits for it)", where, SLOW_IMPORT_SECONDS
+        ),
+    )
+    timer.daemon = True
+    timer.start()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield signals
+    finally:
+        timer.cancel()
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
 class Registry(Generic[T]):
     """A name -> entry mapping with a clear error for unknown and duplicate names.
 
@@ -156,24 +204,33 @@ class Registry(Generic[T]):
             if origin.version:
                 where += f" {origin.version}"
             _LOADING.append(origin)
+            failed: BaseException | None = None
             try:
-                obj = ep.load()
-                if not inspect.ismodule(obj):  # an object to register; a module registered itself
-                    (self._adopt or self.register)(ep.name, obj)
-                if origin.distribution is not None:
+                with _plugin_import(where) as signals:
+                    try:
+                        obj = ep.load()
+                        if not inspect.ismodule(obj):  # an object to register; a module did
+                            (self._adopt or self.register)(ep.name, obj)
+                    except DuplicateEntryError:
+                        raise
+                    except BaseException as exc:  # noqa: BLE001 - SystemExit, KeyboardInterrupt too
+                        if signals:  # the user's own Ctrl-C (or SIGTERM) while it imported: stop
+                            raise
+                        failed = exc  # a broken plugin must not break the others
+                if failed is None and origin.distribution is not None:
                     _LOADED[origin.distribution] = origin.version
             except DuplicateEntryError as exc:  # the registry is unusable until one is removed
                 self._conflict = f"{exc} (entry point {group}: {where})"
                 return
-            except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
-                text = " ".join(f"{type(exc).__name__}: {exc}".split())
+            finally:
+                _LOADING.pop()
+            if failed is not None:
+                text = " ".join(f"{type(failed).__name__}: {failed}".split()).rstrip(":")
                 warnings.warn(
                     f"{where}, group {group}, failed to load and is left out: {text}",
                     PluginWarning,
                     stacklevel=4,
                 )
-            finally:
-                _LOADING.pop()
 
     def register(self, name: str, entry: T) -> T:
         """Register ``entry`` under ``name``.

@@ -246,6 +246,7 @@ def check_family(
     *,
     root: str | Path | None = None,
     dataset: str = "synthetic",
+    processes: bool | None = None,
 ) -> None:
     """Check a method family through one of its configs (sized to run on the tiny benchmark).
 
@@ -255,6 +256,11 @@ def check_family(
         root: a folder for the tiny benchmark (:func:`make_tiny_root`, reused when there) and the
             check's cache; default: a temporary folder, removed afterwards.
         dataset: the benchmark the method runs on (under ``root``).
+        processes: whether the two-worker run starts two worker processes; ``False``: two workers
+            in this process, every job, item and result through pickle as to a process; ``None``
+            (default): processes unless the check runs from a plain script (``python check.py``),
+            whose worker processes would import the script again and run its checks again (a
+            script without an ``if __name__ == "__main__":`` guard cannot start processes).
 
     Raises:
         AssertionError: what the family must fix.
@@ -273,15 +279,15 @@ def check_family(
         bench = oxbench.load(dataset, data, progress=False)
         train_id = training_set_of(config, dataset, None)
         train = None if train_id is None else oxbench.load(train_id, data, progress=False)
-        from oxbench.execution import ProcessExecutor, SerialExecutor
+        from oxbench.execution import SerialExecutor
 
         runs = []
         # the second run must take every step from the first one's cache; the third starts from
-        # an empty cache with two worker processes (the jobs must pickle) and must rank the same
+        # an empty cache with two workers (the jobs must pickle) and must rank the same
         for cache, executor in [
             ("cache", SerialExecutor()),
             ("cache", SerialExecutor()),
-            ("fresh-cache", ProcessExecutor(2, cores=2)),
+            ("fresh-cache", _two_workers(processes)),
         ]:
             method = config.build()
             if not isinstance(method, RetrievalMethod):
@@ -329,6 +335,77 @@ def check_family(
                 f"step(s) {', '.join(missed)} computed again on a second run",
                 "cache each step's output and record it with ctx.record_step(step, hit=True)",
             )
+
+
+def _main_is_a_plain_script() -> bool:
+    """Whether ``__main__`` is a script run by path (``python check.py``): what a spawned worker
+    process imports again, running its module-level code (the checks) a second time."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    return (
+        main is not None
+        and getattr(main, "__spec__", None) is None
+        and getattr(main, "__file__", None) is not None
+    )
+
+
+def _two_workers(processes: bool | None) -> Any:
+    """The executor of :func:`check_family`'s third run: two worker processes, or (``processes``
+    false, or ``None`` from a plain script) two workers in this process that pickle what a process
+    would receive and return."""
+    from oxbench.execution import ProcessExecutor
+
+    if processes is None:
+        processes = not _main_is_a_plain_script()
+    return ProcessExecutor(2, cores=2) if processes else _pickling_executor()
+
+
+def _pickling_executor() -> Any:
+    """Two workers in this process: each job, item and result is pickled and unpickled on its way,
+    as to and from a worker process, so that a job that would not reach a process fails here
+    (the class is made here: :mod:`oxbench.execution` loads only when a check runs)."""
+    import pickle
+    from collections.abc import Callable, Generator, Sequence
+
+    from oxbench.execution import Executor
+    from oxbench.fileio import progress_bar
+
+    class PicklingExecutor(Executor):
+        backend = "in-process, pickled"
+
+        def __init__(self) -> None:
+            super().__init__(2, cores=2)
+
+        def map(
+            self,
+            job: Callable[[Any], Any],
+            items: Sequence[Any],
+            *,
+            desc: str | None = None,
+            unit: str = "item",
+            progress: bool = False,
+        ) -> Generator[Any, None, None]:
+            def through(value: Any, what: str) -> Any:
+                try:
+                    return pickle.loads(pickle.dumps(value))
+                except Exception as exc:
+                    raise AssertionError(
+                        f"the {what} of a parallel stage does not pickle ({exc}): a worker "
+                        "process could not receive it; make it a module-level callable "
+                        "holding plain data"
+                    ) from None
+
+            sent = through(job, "job")
+            bar = progress_bar(total=len(items), desc=desc, enabled=progress, unit=unit)
+            try:
+                for item in items:
+                    yield through(sent(through(item, "item")), "result")
+                    bar.update(1)
+            finally:
+                bar.close()
+
+    return PicklingExecutor()
 
 
 def _plain(value: Any) -> Any:

@@ -469,6 +469,8 @@ def mine_cmd(
         if target and target not in overrides:
             raise InputError(f"--set {text}: {target} is not one of --methods")
         for m in [target] if target else names:
+            if key in overrides[m]:
+                raise InputError(f"--set {text}: {key} is given twice for {m}")
             overrides[m][key] = value
     out = mine_distractors(
         dataset,

@@ -12,7 +12,7 @@ from oxbench.cli.options import (
     parse_distractors,
     parse_engine_options,
     parse_partition,
-    parse_setting,
+    parse_settings,
     parse_workers,
 )
 
@@ -128,7 +128,7 @@ def extract(
             method,
             part,
             session,
-            overrides=dict(parse_setting(s) for s in settings),
+            overrides=parse_settings(settings),
             distractors=parse_distractors(distractors),
         )
         counts = ", ".join(f"{n} {p}" for p, n in done.items())
@@ -145,7 +145,7 @@ def extract(
         out,
         session,
         train_dataset=train_dataset,
-        overrides=dict(parse_setting(s) for s in settings),
+        overrides=parse_settings(settings),
         distractors=parse_distractors(distractors),
     )
     if not outcome.dim:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from oxbench.cli.options import execution_options, parse_setting, parse_workers
+from oxbench.cli.options import execution_options, parse_settings, parse_workers
 from oxbench.errors import InputError
 
 
@@ -98,7 +98,7 @@ def milestones(
     if resamples < 1:
         raise InputError(f"--resamples must be >= 1, got {resamples}")
     rows = choose(None if methods is None else [m.strip() for m in methods.split(",")])
-    overrides = dict(parse_setting(s) for s in settings)
+    overrides = parse_settings(settings)
     progress = not no_progress
 
     def done(m: Milestone, group: SeedGroup) -> None:

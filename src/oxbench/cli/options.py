@@ -65,6 +65,22 @@ def parse_setting(text: str) -> tuple[str, object]:
     return key.strip(), raw
 
 
+def parse_settings(texts: Sequence[str]) -> dict[str, object]:
+    """Every ``--set KEY=VALUE`` of a command (:func:`parse_setting`), each key once.
+
+    Raises:
+        InputError: a text without ``=``, or one key given twice (which would silently keep the
+            last).
+    """
+    out: dict[str, object] = {}
+    for text in texts:
+        key, raw = parse_setting(text)
+        if key in out:
+            raise InputError(f"--set {key} is given twice ({key}={out[key]} and {key}={raw})")
+        out[key] = raw
+    return out
+
+
 def schema_options(cls: type, *, what: str) -> Callable[[F], F]:
     """Options generated from a settings dataclass's schema: ``--set KEY=VALUE`` for any setting
     of ``cls``, and one typed shorthand per setting (``--epochs N`` for ``epochs``; a bool as

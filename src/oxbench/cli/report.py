@@ -59,7 +59,26 @@ def compare(
     as_json: bool,
 ) -> None:
     """Compare RUN_B [RUN_C ...] with RUN_A, query by query: mAP difference, bootstrap CI,
-    randomization-test p-value (Holm-adjusted when several runs are compared)."""
+    randomization-test p-value (Holm-adjusted when several runs are compared).
+
+    \b
+    The columns, one row per setup:
+      setup      the evaluation setup (easy, medium, hard; or the dataset's own)
+      n          queries compared (those with positives in the setup)
+      METRIC A/B the metric (--metric, in %) of run A and of run B
+      B - A      their difference, in points
+      CI         bootstrap interval of B - A at --confidence (queries resampled)
+      p          two-sided paired randomization test (sign flips; exact when 2**n is at
+                 most --resamples)
+      p_holm     p Holm-adjusted over the runs compared with A (several runs only)
+      p_seeds    seed groups only: two-level bootstrap p of the mAP difference (the seeds of
+                 each group resampled, then the queries), Holm-adjusted as p_holm
+      seeds CI   seed groups only: the two-level bootstrap interval of B - A
+      holds      seed groups only: yes when both p_holm (p with one run) and p_seeds are
+                 below 1 - --confidence (0.05 by default): the difference stands against
+                 the query spread and the seed spread
+      better / worse / equal  queries whose value B raises, lowers, leaves unchanged
+    """
     from oxbench.report.compare import compare_runs
     from oxbench.report.seeds import load_entries
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 import numpy as np
@@ -16,12 +16,14 @@ from oxbench.cli.options import (
     parse_distractors,
     parse_engine_options,
     parse_partition,
-    parse_setting,
+    parse_settings,
     parse_workers,
 )
 from oxbench.errors import InputError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from oxbench.pipelines.runner import RunOutcome
     from oxbench.pipelines.session import RecordOptions, Session
 
@@ -269,7 +271,7 @@ def method_overrides(
     preset's family says it is (refused in one line where it has none)."""
     from oxbench.pipelines.presets import METHODS
 
-    overrides: dict[str, object] = dict(parse_setting(s) for s in settings)
+    overrides: dict[str, object] = parse_settings(settings)
     preset = METHODS.get(method)
     for option, raw in shorthands.items():
         if raw is not None:  # the setting's own spec parses and checks the value
@@ -345,6 +347,7 @@ def _run_and_report(
 ) -> None:
     """Run, then print the familiar lines and the table (or JSON)."""
     from oxbench.pipelines.runner import run as run_method
+    from oxbench.pipelines.runner import trained_on_test_note
 
     outcome = run_method(
         args.dataset,
@@ -377,8 +380,9 @@ def _run_and_report(
     from oxbench.report.tables import result_table
 
     click.echo(result_table(outcome.result))
-    if cfg.trained_on_test_set:
-        click.echo("NOTE: the method was trained on the test set; not comparable.")
+    note = trained_on_test_note(cfg)
+    if note:
+        click.echo(note)
     voc = outcome.info.get("vocabulary")
     if isinstance(voc, dict):
         click.echo(f"vocabulary: {voc['n_words']} words trained on {cfg.train_dataset}")
@@ -413,6 +417,7 @@ def parse_seed_options(seeds: str | None, repeat: str | None) -> tuple[int, ...]
 
 def _report_group(outcome: RunOutcome, as_json: bool) -> None:
     """What ``run --seeds`` prints: each seed's numbers, then the group's mean and spread."""
+    from oxbench.pipelines.runner import trained_on_test_note
     from oxbench.records import RunRecord
     from oxbench.report.seeds import load_group
 
@@ -441,8 +446,9 @@ def _report_group(outcome: RunOutcome, as_json: bool) -> None:
         click.echo(f"seed {s}: " + " | ".join(o.result.lines()[:1]) + f"  ({o.run_dir.name})")
     click.echo(f"seed group {group.group_id}: {group.headline()}")
     click.echo(f"seeds set: {', '.join(group.settings)} (the dataset is the same for every seed)")
-    if members[-1].config.trained_on_test_set:
-        click.echo("NOTE: the method was trained on the test set; not comparable.")
+    note = trained_on_test_note(members[-1].config)
+    if note:
+        click.echo(note)
     click.echo(f"label: {group.label}")
     click.echo(f"config folder: {group.path}")
 
@@ -451,13 +457,25 @@ def _report_group(outcome: RunOutcome, as_json: bool) -> None:
 @click.argument("runs_dir", type=click.Path(file_okay=False), default="runs")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON.")
 def runs(runs_dir: str, as_json: bool) -> None:
-    """List the run records under RUNS_DIR (default ./runs) with their headline numbers."""
+    """List the run records under RUNS_DIR (default ./runs) with their headline numbers.
+
+    A record that cannot be read is named on stderr, one line each (as report, compare and view
+    name it), the others are listed, and the exit status is 2."""
     from oxbench.records import find_runs
     from oxbench.report.seeds import summarize_groups
 
-    found = find_runs(runs_dir)
-    grouped = summarize_groups(found)  # a seed group is one row: mean and spread of its seeds
-    if as_json:
+    skipped: list[Path] = []
+    found = find_runs(runs_dir, skipped=skipped)
+    _list_runs(runs_dir, found, summarize_groups(found), as_json, n_skipped=len(skipped))
+    if skipped:
+        click.get_current_context().exit(2)
+
+
+def _list_runs(
+    runs_dir: str, found: list[Any], grouped: list[Any], as_json: bool, *, n_skipped: int
+) -> None:
+    """The table (or JSON) of ``oxbench runs``."""
+    if as_json:  # a seed group is one row: mean and spread of its seeds
         click.echo(
             json.dumps(
                 [
@@ -480,7 +498,10 @@ def runs(runs_dir: str, as_json: bool) -> None:
         )
         return
     if not found:
-        click.echo(f"no runs under {runs_dir}")
+        if n_skipped:
+            click.echo(f"no readable runs under {runs_dir} ({n_skipped} record(s) named above)")
+        else:
+            click.echo(f"no runs under {runs_dir}")
         return
     from oxbench.report.tables import text_table
 
@@ -560,7 +581,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
         click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
         _echo_stages()
         return
-    from oxbench.pipelines.presets import settings_rows
+    from oxbench.pipelines.presets import other_kind_rows, settings_rows
     from oxbench.pipelines.rerankers import RERANKERS
 
     if name not in METHODS and name in RERANKERS:
@@ -568,7 +589,12 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
         return
     config = METHODS.get(name)
     every = settings_rows(config)
-    rows = every if show_all else [r for r in every if config.applies(r.name)]
+    # --all: also the settings another choice of local features has (features.train)
+    rows = (
+        every + other_kind_rows(config)
+        if show_all
+        else [r for r in every if config.applies(r.name)]
+    )
     if as_json:
         click.echo(
             json.dumps(
@@ -603,7 +629,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
             + row[3]
         )
     hidden = len(every) - len(rows)
-    if hidden:
+    if hidden > 0:
         click.echo(
             f"({hidden} settings that do nothing with the others as they are are left out; "
             "--all lists them)"

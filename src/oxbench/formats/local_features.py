@@ -187,6 +187,10 @@ def _finish(
     if np.any(out[:, 2] < 0):
         return None, f"keypoint {int(np.flatnonzero(out[:, 2] < 0)[0])} has a negative size"
     d = np.ascontiguousarray(desc.T if transposed else desc)
+    if (
+        not d.dtype.isnative
+    ):  # big-endian ('>f4') as stored: the same numbers, in this machine's order
+        d = d.astype(d.dtype.newbyteorder("="))
     if d.dtype == np.float64:
         d = d.astype(np.float32)
     if d.dtype.kind == "f" and not np.all(np.isfinite(d)):

@@ -294,6 +294,43 @@ def settings_rows(config: MethodConfig) -> list[Any]:
     return rows
 
 
+def other_kind_rows(config: MethodConfig) -> list[Any]:
+    """The settings that a local-features setting of ``config`` has with another kind chosen
+    (``features.train`` once ``features=h5:PATH``), each once, its doc saying which choice gives it;
+    ``oxbench methods NAME --all`` lists them, so that a setting is never invisible because the
+    preset extracts its own features."""
+    import dataclasses as dc
+
+    from oxbench.features.extractors import LOCAL_EXTRACTORS, LOCAL_FEATURES_SPEC
+    from oxbench.schema import SettingInfo, describe
+
+    present = {r.name for r in settings_rows(config)}
+    found: dict[str, SettingInfo] = {}
+    choices: dict[str, list[str]] = {}
+    for row in describe(config):
+        if row.kind != LOCAL_FEATURES_SPEC.kind:
+            continue
+        for name in LOCAL_EXTRACTORS.names():
+            entry = LOCAL_EXTRACTORS.get(name)
+            choice = (
+                f"{row.name}={name}:{entry.argument}" if entry.argument else f"{row.name}={name}"
+            )
+            if str(row.default).split(":", 1)[0] == name:
+                continue  # the preset's own choice: its settings are listed already
+            try:
+                sample = entry.from_text(entry.argument or "")
+            except InputError:
+                continue
+            for sub in describe(type(sample), prefix=f"{row.name}."):
+                if sub.name in present or sub.default is dc.MISSING:
+                    continue  # listed already, or the choice's argument itself (PATH)
+                found.setdefault(sub.name, sub)
+                choices.setdefault(sub.name, []).append(choice)
+    return [
+        dc.replace(r, doc=f"{r.doc} (with {' or '.join(choices[r.name])})") for r in found.values()
+    ]
+
+
 def _unknown_setting(config: MethodConfig, key: str) -> InputError:
     """One line: the setting ``key`` is not one of ``config``'s; the close matches, else every setting."""
     known = [r.name for r in settings_rows(config)]

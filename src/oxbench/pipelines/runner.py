@@ -486,7 +486,7 @@ def _write_run_files(
     timings: Mapping[str, float],
     info: Mapping[str, Any],
     top_k: int,
-    trained_on_test: bool,
+    trained_on_test: str | None,
 ) -> None:
     from oxbench.evaluation.ranking import to_revisitop
 
@@ -509,7 +509,7 @@ def _write_run_files(
     )
     summary = "\n".join([*result.lines(), "", result_table(result)])
     if trained_on_test:
-        summary += "\nNOTE: the method was trained on the test set; not comparable.\n"
+        summary += f"\n{trained_on_test}\n"
     write_run_files(
         tmp,
         record=record,
@@ -924,7 +924,7 @@ def write_record(
             timings=done.timings,
             info=done.info,
             top_k=record.top_k,
-            trained_on_test=loaded.config.trained_on_test_set,
+            trained_on_test=trained_on_test_note(loaded.config),
         )
         run_dir = _commit_run(tmp, config_dir, run_id, loaded.folder_config, record.overwrite)
     except BaseException:
@@ -996,6 +996,22 @@ def _commit_run(
         atomic_write_json(config_dir / "config.json", dict(folder_config))
         os.replace(tmp, run_dir)
     return run_dir
+
+
+def trained_on_test_note(config: RunConfig) -> str | None:
+    """The NOTE a run trained on the test set ends with (``None`` for one that is not), naming
+    what gives it training data of its own: ``--set features.train=PATH`` for local features read
+    from files without a training file, else ``--train-dataset``."""
+    if not config.trained_on_test_set:
+        return None
+    how = (
+        "--set features.train=PATH (the training set's features, same layout)"
+        if getattr(config.method, "learns_on_test_set", False)
+        else "--train-dataset DATASET"
+    )
+    return (
+        f"NOTE: the method was trained on the test set; not comparable. Train elsewhere with {how}."
+    )
 
 
 def _default_label(m: MethodConfig, inputs: Mapping[str, InputRecord]) -> str:
