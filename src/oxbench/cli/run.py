@@ -520,6 +520,49 @@ def _list_runs(
     click.echo(text_table(header, rows))
 
 
+def _echo_presets(as_json: bool) -> None:
+    """``oxbench methods`` without a name: the presets by family, the descriptor kinds, the stages."""
+    from oxbench.pipelines.presets import METHODS, method_families, preset_about
+
+    families = method_families()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "family": f.name,
+                        "about": f.about,
+                        "presets": list(f.presets),
+                        "presets_about": {p: preset_about(p) for p in f.presets},
+                        "origins": {p: str(METHODS.origin(p)) for p in f.presets},
+                    }
+                    for f in families
+                ],
+                indent=1,
+            )
+        )
+        return
+    n = sum(len(f.presets) for f in families)
+    click.echo(
+        f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings"
+    )
+    width = max(len(p) for f in families for p in f.presets)
+    for f in families:
+        click.echo(f"\n{f.name}: {f.about}")
+        for preset in f.presets:
+            origin = METHODS.origin(preset)  # a plugin's presets say where they come from
+            where = "" if origin.builtin else f"  [from {origin}]"
+            click.echo(f"  {preset.ljust(width)}  {preset_about(preset)}{where}")
+    from oxbench.pipelines.descriptors import DESCRIPTORS
+
+    kinds = []
+    for kind in DESCRIPTORS.names():
+        origin = DESCRIPTORS.origin(kind)
+        kinds.append(kind if origin.builtin else f"{kind} [from {origin}]")
+    click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
+    _echo_stages()
+
+
 @click.command("methods")
 @click.argument("name", required=False)
 @click.option(
@@ -540,46 +583,10 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
     A global preset lists its descriptor kind's settings as descriptor.<name>; --set
     descriptor=KIND switches the kind (`oxbench methods` ends with the kinds).
     """
-    from oxbench.pipelines.presets import METHODS, method_families, preset_about
+    from oxbench.pipelines.presets import METHODS, preset_about
 
     if name is None:
-        families = method_families()
-        if as_json:
-            click.echo(
-                json.dumps(
-                    [
-                        {
-                            "family": f.name,
-                            "about": f.about,
-                            "presets": list(f.presets),
-                            "presets_about": {p: preset_about(p) for p in f.presets},
-                            "origins": {p: str(METHODS.origin(p)) for p in f.presets},
-                        }
-                        for f in families
-                    ],
-                    indent=1,
-                )
-            )
-            return
-        n = sum(len(f.presets) for f in families)
-        click.echo(
-            f"{len(families)} families, {n} presets; `oxbench methods NAME` lists a preset's settings"
-        )
-        width = max(len(p) for f in families for p in f.presets)
-        for f in families:
-            click.echo(f"\n{f.name}: {f.about}")
-            for preset in f.presets:
-                origin = METHODS.origin(preset)  # a plugin's presets say where they come from
-                where = "" if origin.builtin else f"  [from {origin}]"
-                click.echo(f"  {preset.ljust(width)}  {preset_about(preset)}{where}")
-        from oxbench.pipelines.descriptors import DESCRIPTORS
-
-        kinds = []
-        for kind in DESCRIPTORS.names():
-            origin = DESCRIPTORS.origin(kind)
-            kinds.append(kind if origin.builtin else f"{kind} [from {origin}]")
-        click.echo(f"\nglobal descriptor kinds (--set descriptor=KIND): {', '.join(kinds)}")
-        _echo_stages()
+        _echo_presets(as_json)
         return
     from oxbench.pipelines.presets import other_kind_rows, settings_rows
     from oxbench.pipelines.rerankers import RERANKERS
