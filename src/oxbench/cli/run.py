@@ -520,6 +520,20 @@ def _list_runs(
     click.echo(text_table(header, rows))
 
 
+def _echo_settings_table(rows: list[Any]) -> None:
+    """A preset's or a stage's settings: setting, type, default, then meaning and what it accepts."""
+    table = [["setting", "type", "default", "meaning [accepts]"]]
+    table += [
+        [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    for row in table:
+        click.echo(
+            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[3]
+        )
+
+
 def _echo_presets(as_json: bool) -> None:
     """``oxbench methods`` without a name: the presets by family, the descriptor kinds, the stages."""
     from oxbench.pipelines.presets import METHODS, method_families, preset_about
@@ -622,19 +636,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
         return
     click.echo(f"{config.name} ({config.family}): {preset_about(config.name)}")
     click.echo(f"{len(rows)} settings, changed with --set KEY=VALUE")
-    table = [["setting", "type", "default", "meaning [accepts]"]]
-    table += [
-        [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(3)]
-    for row in table:
-        click.echo(
-            "  "
-            + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False))
-            + "  "
-            + row[3]
-        )
+    _echo_settings_table(rows)
     hidden = len(every) - len(rows)
     if hidden > 0:
         click.echo(
@@ -703,16 +705,7 @@ def _echo_stage(name: str, as_json: bool) -> None:
     )
     if not rows:
         return
-    table = [["setting", "type", "default", "meaning [accepts]"]]
-    table += [
-        [r.name, r.kind, _shown(r.default), r.doc + (f" [{r.range}]" if r.range else "")]
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in table) for i in range(3)]
-    for row in table:
-        click.echo(
-            "  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[3]
-        )
+    _echo_settings_table(rows)
 
 
 def _shown(value: object) -> str:
