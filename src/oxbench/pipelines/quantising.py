@@ -133,8 +133,12 @@ class QuantisingMethod(RetrievalMethod):
         self.empty_ = parts.empty()
         if self.empty_.any():
             names = [n for _, n in parts.index_parts]
-            log.warning(
-                "%d database image(s) have no features and rank last, e.g. %s",
+            # Not a fault: a featureless image (blank sky, a flat wall) gives the detector no
+            # keypoint, has no word and so no score; it ranks last, as no official protocol's
+            # list could retrieve it. Damaged images are named by verify, not here.
+            log.info(
+                "%d database image(s) have no features (the detector found no keypoint: a "
+                "featureless image, not an error) and rank last, e.g. %s",
                 int(self.empty_.sum()),
                 ", ".join(names[i] for i in np.flatnonzero(self.empty_)[:5]),
             )
