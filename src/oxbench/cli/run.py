@@ -520,6 +520,17 @@ def _list_runs(
     click.echo(text_table(header, rows))
 
 
+def _setting_json(r: Any) -> dict[str, Any]:
+    """One settings row as ``oxbench methods --json`` gives it."""
+    return {
+        "name": r.name,
+        "type": r.kind,
+        "default": r.default,
+        "accepts": r.range,
+        "meaning": r.doc,
+    }
+
+
 def _echo_settings_table(rows: list[Any]) -> None:
     """A preset's or a stage's settings: setting, type, default, then meaning and what it accepts."""
     table = [["setting", "type", "default", "meaning [accepts]"]]
@@ -619,16 +630,7 @@ def methods(name: str | None, show_all: bool, as_json: bool) -> None:
     if as_json:
         click.echo(
             json.dumps(
-                [
-                    {
-                        "name": r.name,
-                        "type": r.kind,
-                        "default": r.default,
-                        "accepts": r.range,
-                        "meaning": r.doc,
-                    }
-                    for r in rows
-                ],
+                [_setting_json(r) for r in rows],
                 indent=1,
                 default=str,
             )
@@ -678,16 +680,7 @@ def _echo_stage(name: str, as_json: bool) -> None:
             "phase": cls.phase,
             "needs": sorted(cls.needs),
             "after": cls.after or None,
-            "settings": [
-                {
-                    "name": r.name,
-                    "type": r.kind,
-                    "default": r.default,
-                    "accepts": r.range,
-                    "meaning": r.doc,
-                }
-                for r in rows
-            ],
+            "settings": [_setting_json(r) for r in rows],
         }
         click.echo(json.dumps(entry, indent=1, default=str))
         return
