@@ -17,7 +17,7 @@ from oxbench.pipelines import GlobalConfig, RecordOptions, Session, resolve_meth
 from oxbench.pipelines.runner import list_runs
 from oxbench.provenance import input_records, inputs_digest
 from oxbench.train.pairs import matching_pairs
-from test_pipeline import make_tiny_root
+from test_pipeline import ground_truth_only, make_tiny_root
 
 pytest.importorskip("faiss")
 pytest.importorskip("PIL.Image")
@@ -155,6 +155,22 @@ def test_own_features_through_the_runner(
         tiny_root, tmp_path / "flat2", "features", files, cache=tmp_path / "c", search="faiss-flat"
     )
     assert again.record["cache"]["search_index"] == "hit"
+
+
+def test_own_global_features_run_on_a_synthetic_root_of_ground_truth_only(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    """Issue 43 case 13: a synthetic root without jpg/ refused own-file runs ("image listed in the
+    ground truth is missing"), though they read no pixel; now the same numbers as with images."""
+    bare = ground_truth_only(tiny_root, tmp_path / "bare")
+    extra = {"whitening": "pca", "descriptor.train_features": str(files["train"])}
+    full = go(tiny_root, tmp_path / "full", "features", files, **extra)
+    got = go(bare, tmp_path / "got", "features", files, **extra)
+    np.testing.assert_array_equal(
+        np.load(got.run_dir / "ranks.npy"), np.load(full.run_dir / "ranks.npy")
+    )
+    assert not (bare / "synthetic" / "jpg").exists()  # nothing generated either
+    assert got.config_dir.name == full.config_dir.name  # same method, same files: same label
 
 
 def test_offline_diffusion_records_its_memory_and_matches_online_without_truncation(

@@ -48,8 +48,9 @@ def load(
         progress: progress bars (shown while a synthetic set is generated).
         images: ``False`` for a run that reads no pixels (descriptors from the user's files): the
             benchmark is built from the ground truth alone, its images named but not looked for
-            (reading one is an error), and ``options["images"] = "not used"`` records it. Sets
-            generated on first use (synthetic) and runs with distractors load as usual.
+            (reading one is an error), and ``options["images"] = "not used"`` records it. A
+            generated set not yet generated (synthetic) is generated first; runs with
+            distractors load as usual.
         options: dataset options, e.g. ``orientation="original"|"rotated"`` for Holidays;
             recorded in ``Benchmark.options``.
 
@@ -70,9 +71,12 @@ def load(
                 f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}"
             )
     ddir = data_root(root) / spec.id
-    if not images and not spec.synthetic and distractors is None:
+    identity = (
+        None if images or distractors is not None else spec.family.image_free_options(spec, ddir)
+    )
+    if identity is not None:
         gt = spec.family.ground_truth(spec, ddir, strict=strict)
-        recorded = {k: str(v) for k, v in options.items()}
+        recorded = {**identity, **{k: str(v) for k, v in options.items()}}
         recorded["images"] = "not used"
         if not strict:
             recorded["strict"] = "false"

@@ -279,6 +279,13 @@ class DatasetFamily(ABC):
     def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
         """What ``verify`` checks; problems met on the way go in the plan, not raised."""
 
+    def image_free_options(self, spec: DatasetSpec, ddir: Path) -> dict[str, str] | None:
+        """What identifies the copy in ``ddir`` when it is read from its ground truth alone (a run
+        that reads no pixel), recorded in ``Benchmark.options`` beside ``images: not used``; ``None``
+        when there is no copy to read yet and :meth:`load` must make it (a generated set not
+        generated). Default: nothing more (``{}``)."""
+        return {}
+
     def write_example(self, spec: DatasetSpec, ddir: Path) -> None:
         """Write a tiny copy of the dataset into ``ddir`` in its layout: a few images, the ground
         truth files (what :func:`oxbench.testing.check_dataset` loads and scores; load it with
