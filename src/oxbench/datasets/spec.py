@@ -367,7 +367,12 @@ class DatasetSpec:
     def layout(self) -> tuple[Placement, ...]:
         """How an imported folder or archive is laid out (see :class:`Placement`): the family's
         images and ground truth, plus every plain (non-archive) file the entry downloads."""
-        own = self.family.layout(self)
+        own = tuple(self.family.layout(self))
+        if not all(isinstance(p, Placement) for p in own):
+            raise InputError(
+                f"dataset {self.id}: its family's layout() must give Placement entries, got "
+                f"{sorted({type(p).__name__ for p in own})}"
+            )
         plain = tuple(
             Placement(f.name, f.local_path.rpartition("/")[0] or ".")
             for f in self.files
