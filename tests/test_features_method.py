@@ -1001,3 +1001,34 @@ def test_a_full_disk_under_the_run_log_is_one_line_and_no_run(
     assert "cannot write the run log: No space left on device" in err
     assert not list((tmp_path / "runs").rglob("record.json"))
     assert not list(tmp_path.rglob(".oxbench-tmp-*"))
+
+
+def test_run_folders_that_killed_runs_left_are_removed_by_the_next_run(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hostile pass of issue 43: ``kill -9`` during a run left its half-assembled run folder
+    (``.oxbench-tmp-<config>-<run id>``) beside the config folder for ever."""
+    import os
+
+    out = tmp_path / "runs" / "mine"
+    args = ["run", "--root", str(tiny_root), "--method", "features", "--no-progress",
+            "--set", f"descriptor.db_features={files['db']}",
+            "--set", f"descriptor.query_features={files['q']}",
+            "--cache", str(tmp_path / "c"), "--out", str(out)]  # fmt: skip
+    assert cli(capsys, *args)[0] == 0
+    parent = out.parent
+
+    def leftover(name: str, age_s: float) -> Path:
+        folder = parent / name
+        folder.mkdir()
+        (folder / "run.log").write_text("killed\n")
+        os.utime(folder / "run.log", (os.path.getmtime(folder) - age_s,) * 2)
+        return folder
+
+    dead = leftover(".oxbench-tmp-mine-20200101T000000Z-ab12", 3 * 86400)
+    live = leftover(".oxbench-tmp-mine-20200101T000001Z-cd34", 60)  # a run still writing
+    other = leftover(".oxbench-tmp-yours-20200101T000000Z-ab12", 3 * 86400)  # another config's
+    odd = leftover(".oxbench-tmp-mine-notarunid", 3 * 86400)  # not named as a run folder
+    (parent / ".oxbench-tmp-mine-20200101T000002Z-ef56").symlink_to(dead, target_is_directory=True)
+    assert cli(capsys, *args)[0] == 0
+    assert not dead.exists() and live.exists() and other.exists() and odd.exists()

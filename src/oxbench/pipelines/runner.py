@@ -34,7 +34,9 @@ import dataclasses
 import logging
 import os
 import platform
+import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -906,6 +908,30 @@ def fit_index_search(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
+#: A run folder being assembled: ``<TEMP_PREFIX><config folder>-<run id>`` (:func:`new_run_id`).
+_RUN_TEMP = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{4}")
+
+
+def _remove_dead_run_folders(config_dir: Path, *, older_than_s: float = 86400.0) -> None:
+    """Remove the run folders that killed runs of this config left half-assembled beside it: only
+    folders named as :func:`write_record` names them, holding its ``run.log``, untouched for
+    ``older_than_s`` (a live run writes its log as it goes), never through a link."""
+    prefix = f"{TEMP_PREFIX}{config_dir.name}-"
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(config_dir.parent):
+            if not (
+                entry.name.startswith(prefix)
+                and _RUN_TEMP.fullmatch(entry.name[len(prefix) :])
+                and entry.is_dir(follow_symlinks=False)
+            ):
+                continue
+            log_file = Path(entry.path) / "run.log"
+            with contextlib.suppress(OSError):
+                st = log_file.lstat()
+                if stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > older_than_s:
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def write_record(
     prepared: PreparedRun,
     loaded: LoadedRun,
@@ -919,6 +945,7 @@ def write_record(
     config_dir, m = loaded.config_dir, prepared.method
     run_id = new_run_id()
     tmp = config_dir.parent / f"{TEMP_PREFIX}{config_dir.name}-{run_id}"
+    _remove_dead_run_folders(config_dir)
     try:
         tmp.mkdir(parents=True)
     except OSError as exc:
