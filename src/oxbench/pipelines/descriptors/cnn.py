@@ -151,6 +151,18 @@ class CnnDescriptor(DescriptorKind):
     def learns(self) -> str:
         return "a network" if self.trains_network else ""
 
+    def weights_file(self, root: Path | None = None) -> Path:
+        """The model file ``weights`` names; one a ``fit`` trains is one per seed.
+
+        Seed 0 trains ``<file>`` itself, seed ``s`` ``<stem>.seed<s><suffix>`` beside it, so the
+        members of ``--seeds 0,1,2`` train and load three networks, not one.
+        """
+        assert self.weights is not None and self.weights not in _NOT_A_FILE
+        path = resolve_weights_path(self.weights, root)
+        if self.trains_network and self.seed:
+            path = path.with_name(f"{path.stem}.seed{self.seed}{path.suffix}")
+        return path
+
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
         """torch and torchvision (timm for a ``timm:`` trunk)."""
@@ -179,8 +191,7 @@ class CnnDescriptor(DescriptorKind):
         """A model file given as ``weights`` (not one ``fit`` trains)."""
         if self.weights in _NOT_A_FILE or self.trains_network:
             return {}
-        assert self.weights is not None
-        return {"weights": resolve_weights_path(self.weights, root)}
+        return {"weights": self.weights_file(root)}
 
     def check_inputs(self, root: Path | None = None) -> None:
         """A model file that is neither there nor to be trained (``fit_network``) is refused."""
@@ -305,8 +316,7 @@ class CnnDescriber(StoredDescriber):
         from oxbench.train.loop import train as train_network
 
         k = self.kind
-        assert k.weights is not None
-        path = resolve_weights_path(k.weights, ctx.root)
+        path = k.weights_file(ctx.root)
         if path.exists():
             return True
         config = TrainConfig(backbone=k.backbone, pooling=k.pooling, dataset=train.id, seed=k.seed)
@@ -332,7 +342,7 @@ class CnnDescriber(StoredDescriber):
             )
         weights: str | Path = k.weights
         if k.weights not in _NOT_A_FILE:
-            weights = resolve_weights_path(k.weights, ctx.root)
+            weights = k.weights_file(ctx.root)
             if k.weights.startswith(MODELS_PREFIX) and not weights.exists():
                 raise _no_model_file(weights)
         return NetSpec(k.backbone, k.pooling, weights, k.gem_p, k.seed, k.rmac_grid)
