@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -253,3 +254,64 @@ def test_a_second_run_opens_the_lists_it_built_and_ranks_the_same(
         run()
     assert "\n" not in str(info.value)
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+
+
+# --- the stores on the same folder type ----------------------------------------------------------
+
+
+def _stores() -> list[tuple[str, object]]:
+    from oxbench.features.descstore import DescriptorStore
+    from oxbench.features.sift import SiftConfig
+    from oxbench.features.store import FeatureStore
+
+    return [
+        ("features", lambda p, **kw: FeatureStore.open(p, SiftConfig(n_features=10), **kw)),
+        ("descriptors", lambda p, **kw: DescriptorStore.open(p, {"kind": "test"}, **kw)),
+    ]
+
+
+@pytest.mark.parametrize(("kind", "open_store"), _stores())
+def test_a_store_is_created_whole_and_a_foreign_or_linked_one_refused(
+    tmp_path: Path, kind: str, open_store: object
+) -> None:
+    """Issue 43 case 5 for the stores: a store path that holds someone's folder (or a link to
+    it) is refused in one line; nothing is written into it and its old temporaries stay."""
+    from oxbench.storage import META_NAME
+
+    opener: Any = open_store
+    opener(tmp_path / "s")
+    assert [p.name for p in (tmp_path / "s").iterdir()] == [META_NAME]
+    assert [p.name for p in tmp_path.iterdir()] == ["s"]  # no temporary left beside
+    assert json.loads((tmp_path / "s" / META_NAME).read_text())["digest"]
+    opener(tmp_path / "s")  # its own: opened
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    stale = theirs / f"{TEMP_PREFIX}x"
+    stale.write_text("theirs")
+    os.utime(stale, (0, 0))
+    (tmp_path / "link").symlink_to(theirs, target_is_directory=True)
+    for path in (theirs, tmp_path / "link"):
+        with pytest.raises(InputError, match="not one oxbench wrote") as info:
+            opener(path)
+        assert "\n" not in str(info.value)
+    assert sorted(p.name for p in theirs.iterdir()) == sorted(["notes.txt", stale.name])
+
+
+def test_a_feature_store_of_an_earlier_oxbench_opens_as_before(tmp_path: Path) -> None:
+    """The store's meta.json keeps the layout and digest it had before the folder type, so
+    the features of existing caches are not described again."""
+    from oxbench.features.sift import SiftConfig
+    from oxbench.features.store import STORE_FORMAT, FeatureStore
+    from oxbench.fileio import json_digest
+
+    cfg = SiftConfig(n_features=10)
+    folder = tmp_path / "s"
+    folder.mkdir()
+    before = {"format": STORE_FORMAT, "config": cfg.to_dict(), "role": "database"}
+    text = json.dumps({**before, "digest": json_digest(before)})
+    (folder / "meta.json").write_text(text)
+    store = FeatureStore.open(folder, cfg, extra={"role": "database"})
+    assert store.meta == before and (folder / "meta.json").read_text() == text
+    with pytest.raises(InputError, match="another config"):
+        FeatureStore.open(folder, cfg, extra={"role": "queries"})

@@ -35,6 +35,7 @@ import stat
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -95,9 +96,9 @@ class StoreFolder:
         path: the folder.
         what: its kind in messages (``"Hamming inverted file"``).
         format: the format number its ``meta.json`` holds.
-        files: the names an earlier oxbench wrote in such a folder without a digested
-            ``meta.json`` (a folder holding only these and temporaries is an older oxbench's:
-            rebuilt with a warning, not refused as foreign).
+        files: the names (``fnmatch`` patterns: ``shard-*``) oxbench writes in such a folder:
+            one holding only these and temporaries, without an intact ``meta.json``, is an older
+            oxbench's or a damaged own one (rebuilt with a warning), not a foreign one.
     """
 
     path: Path
@@ -127,19 +128,18 @@ class StoreFolder:
         if not stat.S_ISDIR(st.st_mode):
             return "foreign"  # a link, a file
         try:
+            if self.read_meta() is not None:
+                return "own"
+        except CorruptCache:
+            pass
+        try:
             names = set(os.listdir(self.path))
         except OSError:
             return "foreign"
         if not names:
             return "empty"
-        try:
-            found = self.read_meta()
-        except CorruptCache:
-            found = None
-        if found is not None:
-            return "own"
-        known = self.files | {META_NAME}
-        if all(n in known or n.startswith(TEMP_PREFIX) for n in names):
+        known = (META_NAME, *self.files)
+        if all(n.startswith(TEMP_PREFIX) or any(fnmatchcase(n, p) for p in known) for n in names):
             return "older"
         return "foreign"
 
@@ -224,8 +224,11 @@ class StoreFolder:
         self, fields: Mapping[str, object], *, stands_for: Mapping[str, object] | None = None
     ) -> dict[str, Any]:
         """What :meth:`write_meta` writes (without the digest): ``fields``, the format, and
-        ``stands_for`` (empty when not given), as :meth:`meta` reads them back."""
-        return _canonical({**fields, "format": self.format, STANDS_FOR: dict(stands_for or {})})
+        ``stands_for`` when given, as :meth:`meta` reads them back."""
+        out = {**fields, "format": self.format}
+        if stands_for is not None:
+            out[STANDS_FOR] = dict(stands_for)
+        return _canonical(out)
 
     def write_meta(
         self, fields: Mapping[str, object], *, stands_for: Mapping[str, object] | None = None
