@@ -18,7 +18,10 @@ disk, memory-mapped:
   offsets (:func:`oxbench.cache.record_written`).
 
 A query decodes only the lists of its own words and accumulates ``q_w * weight`` into the image
-scores: the work is the length of those lists, as for the in-RAM file.
+scores: the work is the length of those lists, as for the in-RAM file. The optional compiled
+kernel (``bow_scatter`` in :mod:`oxbench.evaluation._accel`, built by ``setup.py``) decodes and
+adds in one pass; without it, with ``OXBENCH_NO_ACCEL=1``, or on a list it finds damaged, numpy
+does the same float32 products and additions in the same order: the same scores, to the bit.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from numpy.typing import NDArray
 
 from oxbench.cache import check_written, record_written
 from oxbench.errors import InputError
+from oxbench.evaluation.kernels import _accel, accelerated
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.fileio import (
     atomic_open,
@@ -46,6 +50,8 @@ from oxbench.storage import StoreFolder, known_files
 
 WeightDtype = Literal["float32", "float16"]
 FORMAT = 1
+
+_bow_scatter = getattr(_accel, "bow_scatter", None)
 
 
 def vbyte_encode(values: NDArray[np.integer]) -> NDArray[np.uint8]:
@@ -431,36 +437,52 @@ class CompressedPostings:
 
     def scores_of_vectors(self, vectors: sp.spmatrix) -> NDArray[np.float32]:
         """Dot products ``[n_queries, n_db]`` of weighted query vectors (``[n, n_words]``) with the
-        database: each query's words' lists decoded at once and accumulated in ``float32``, word by
-        word in increasing word order (the in-RAM file's order, so its scores exactly)."""
+        database: each query's words' lists decoded and accumulated in ``float32``, word by word
+        in increasing word order (the in-RAM file's order, so its scores exactly).
+
+        The compiled kernel (``bow_scatter``, when :func:`oxbench.evaluation.kernels.accelerated`)
+        scores a query in one pass over its lists; otherwise, or when it finds a list damaged,
+        numpy does (:meth:`_scores_numpy`), from zeros: the same scores to the bit either way.
+        """
         q = sp.csr_matrix(vectors, dtype=np.float32)
         q.sort_indices()
         if q.shape[1] != self.n_words:
             raise InputError(f"query vectors have {q.shape[1]} words, the index {self.n_words}")
         out = np.zeros((q.shape[0], self.n_db), np.float32)
+        kernel = _bow_scatter if accelerated() else None
         for i in range(q.shape[0]):
             a, b = q.indptr[i], q.indptr[i + 1]
-            words = q.indices[a:b]
-            if not len(words):
+            if a == b:
                 continue
-            (b0, w0), (b1, w1) = self._offsets[words].T, self._offsets[words + 1].T
-            lens = w1 - w0
-            gaps = vbyte_decode(np.asarray(self._ids[_ranges(b0, b1)]))
-            if len(gaps) != int(lens.sum()):
-                raise InputError("compressed inverted file: a posting list is damaged", self.folder)
-            total = np.cumsum(gaps)
-            starts = np.cumsum(lens) - lens
-            nonempty = lens > 0
-            base = np.zeros(len(words), np.int64)
-            base[nonempty] = total[starts[nonempty]] - gaps[starts[nonempty]]
-            ids = total - np.repeat(base, lens)
-            if len(ids) and (ids.min() < 0 or ids.max() >= self.n_db):
-                raise InputError("compressed inverted file: a posting list is damaged", self.folder)
-            contrib = np.repeat(q.data[a:b], lens) * np.asarray(
-                self._weights[_ranges(w0, w1)], np.float32
-            )
-            np.add.at(out[i], ids, contrib)
+            words, weights = q.indices[a:b], q.data[a:b]
+            if kernel is not None and not kernel(
+                out[i], self._ids, self._weights, self._offsets, words, weights
+            ):
+                continue
+            out[i] = 0.0  # a kernel stopped by a damaged list may have added part of the sums
+            self._scores_numpy(out[i], words, weights)
         return out
+
+    def _scores_numpy(
+        self, out: NDArray[np.float32], words: NDArray[np.integer], weights: NDArray[np.float32]
+    ) -> None:
+        """``out[id] += weights[j] * weight`` over the lists of ``words`` (increasing), numpy's
+        way: the lists decoded at once, the float32 products added with ``np.add.at``."""
+        (b0, w0), (b1, w1) = self._offsets[words].T, self._offsets[words + 1].T
+        lens = w1 - w0
+        gaps = vbyte_decode(np.asarray(self._ids[_ranges(b0, b1)]))
+        if len(gaps) != int(lens.sum()):
+            raise InputError("compressed inverted file: a posting list is damaged", self.folder)
+        total = np.cumsum(gaps)
+        starts = np.cumsum(lens) - lens
+        nonempty = lens > 0
+        base = np.zeros(len(words), np.int64)
+        base[nonempty] = total[starts[nonempty]] - gaps[starts[nonempty]]
+        ids = total - np.repeat(base, lens)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.n_db):
+            raise InputError("compressed inverted file: a posting list is damaged", self.folder)
+        contrib = np.repeat(weights, lens) * np.asarray(self._weights[_ranges(w0, w1)], np.float32)
+        np.add.at(out, ids, contrib)
 
     def search(self, vectors: sp.spmatrix, k: int | None = None) -> NDArray[np.int64]:
         """Ranked database indices ``[n_queries, k]`` of weighted query vectors, best first (ties
