@@ -148,3 +148,53 @@ def test_saved_with_provenance_and_reloaded(tmp_path: Path, rng: np.random.Gener
     bad.write_bytes(bytes(data))
     with pytest.raises(InputError, match="unreadable whitening file"):
         load_whitening(bad)
+
+
+def _reference_pca(x: np.ndarray, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The d x d route, written out: eigenvalues and eigenvectors (rows, sign: largest entry
+    positive) of the sample covariance, largest first."""
+    xc = x - x.mean(axis=0)
+    w, v = np.linalg.eigh(xc.T @ xc / (len(x) - 1))
+    order = np.argsort(w)[::-1][:dim]
+    rows = v[:, order].T
+    rows = rows * np.sign(rows[np.arange(dim), np.abs(rows).argmax(axis=1)])[:, None]
+    return w[order], rows
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize(("n", "d"), [(5, 12), (20, 40), (39, 40), (41, 40), (60, 13)])
+def test_pca_whitening_learnt_on_few_vectors_equals_the_covariance_route(
+    seed: int, n: int, d: int
+) -> None:
+    """Issue 43 case 8: n < d learns through the n x n Gram matrix; the same whitening as the d x d
+    eigendecomposition of the covariance (eigenvalues, eigenvectors with one sign, and vectors)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)) * np.linspace(3.0, 0.5, d) + rng.normal(size=d)
+    dim = min(n - 1, d)
+    w = PCAWhitening(power=0.5, shrinkage=0.1).fit(x)
+    evals, rows = _reference_pca(x, dim)
+    shrunk = 0.9 * evals + 0.1 * evals.mean()  # explained_variance_ holds them after shrinkage
+    np.testing.assert_allclose(w.explained_variance_, shrunk, rtol=1e-9)
+    np.testing.assert_allclose(w.components_, rows, atol=1e-7)
+    ref = ((x - x.mean(axis=0)) @ rows.T) / np.sqrt(shrunk)
+    np.testing.assert_allclose(w.transform(x, normalize=False), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_pca_whitening_of_8192_dimensions_on_30_vectors_needs_no_8192_square_eigh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 43 case 8: VLAD's 8,192-D whitening learnt on a small training set took minutes in
+    the d x d ``eigh``; the n x n Gram matrix gives it at once."""
+
+    eigh = np.linalg.eigh
+
+    def small_eigh(a: np.ndarray, *args: object, **kwargs: object) -> object:
+        assert a.shape[0] <= 30, f"eigh of a {a.shape} matrix"
+        return eigh(a, *args, **kwargs)
+
+    monkeypatch.setattr(np.linalg, "eigh", small_eigh)
+    x = np.random.default_rng(0).normal(size=(30, 8192))
+    w = PCAWhitening().fit(x)
+    assert w.components_ is not None and w.components_.shape == (29, 8192)
+    y = w.transform(x, normalize=False)
+    np.testing.assert_allclose(np.cov(y.T.astype(np.float64)), np.eye(29), atol=1e-3)

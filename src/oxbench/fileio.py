@@ -44,6 +44,35 @@ TEMP_PREFIX = ".oxbench-tmp-"
 #: Default size limit of an input file read whole into memory (ground truth, lists, results).
 DEFAULT_INPUT_LIMIT = 1 << 30
 
+#: Temporary files and folders this process is writing now (:func:`atomic_open`,
+#: :func:`make_temp_folder`), for :func:`remove_own_temporaries`.
+_IN_FLIGHT: set[str] = set()
+
+
+@contextlib.contextmanager
+def temporary_in_flight(path: str | Path) -> Iterator[None]:
+    """Count ``path`` (a temporary file or folder this process made and removes itself when the
+    block fails) among those :func:`remove_own_temporaries` removes while the block runs."""
+    _IN_FLIGHT.add(str(path))
+    try:
+        yield
+    finally:
+        _IN_FLIGHT.discard(str(path))
+
+
+def remove_own_temporaries() -> None:
+    """Remove the temporary files and folders this process is still writing (those of
+    :func:`atomic_open` and :func:`make_temp_folder`; nothing else), for a process that must end
+    at once (a signal that found the main thread in a long compiled computation,
+    :func:`oxbench.cli.stop_on_signals`) and will run no ``finally`` block."""
+    for path in list(_IN_FLIGHT):
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        _IN_FLIGHT.discard(path)
+
 
 def _umask() -> int:
     # os.umask can only be read by setting it; do it once per process, restoring it at once.
@@ -141,6 +170,7 @@ def atomic_open(path: str | Path, *, fsync: bool = False) -> Iterator[IO[bytes]]
         fd, tmp = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", dir=path.parent)
     except OSError as exc:
         raise InputError(f"cannot write: {os_reason(exc)}", path) from None
+    _IN_FLIGHT.add(tmp)
     try:
         os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as fh:
@@ -158,6 +188,8 @@ def atomic_open(path: str | Path, *, fsync: bool = False) -> Iterator[IO[bytes]]
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    finally:
+        _IN_FLIGHT.discard(tmp)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
@@ -250,6 +282,7 @@ def make_temp_folder(final: str | Path, *, tag: str = "") -> Path:
         )  # mkdtemp makes 0700; a shared cache needs the umask's
     except OSError as exc:
         raise InputError(f"cannot create a folder: {os_reason(exc)}", final.parent) from None
+    _IN_FLIGHT.add(tmp)
     return Path(tmp)
 
 
@@ -264,6 +297,7 @@ def commit_folder(tmp: str | Path, final: str | Path) -> bool:
         InputError: the OS refuses the rename for another reason (names the path and the reason).
     """
     tmp, final = Path(tmp), Path(final)
+    _IN_FLIGHT.discard(str(tmp))
     try:
         if os.path.lexists(final):  # rename(2) would replace an empty folder, or a link's target
             raise FileExistsError(errno.EEXIST, "exists")

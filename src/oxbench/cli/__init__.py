@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,20 +135,89 @@ class Interrupted(BaseException):
         super().__init__(signal.Signals(signum).name)
 
 
+#: Seconds a SIGTERM / SIGINT waits for the main thread to run its handler. Python runs signal
+#: handlers only between bytecodes, so a long call into compiled code (LAPACK, FAISS, OpenCV) would
+#: hold the signal until it returns (minutes); past this the process ends at once instead.
+FORCED_EXIT_SECONDS = 3.0
+#: Seconds the unwinding after a signal (worker pools stopped, temporaries removed) may take.
+UNWIND_SECONDS = 20.0
+
+
+class _SignalWatch:
+    """A thread told of every SIGTERM / SIGINT by the interpreter's wake-up descriptor (written by
+    the C-level handler even while the main thread is inside compiled code). When the main thread
+    has not run the Python handler within :data:`FORCED_EXIT_SECONDS` (or not finished unwinding
+    within :data:`UNWIND_SECONDS`), it removes this process's temporary files and folders
+    (:func:`oxbench.fileio.remove_own_temporaries`: only ever-unfinished writes, so nothing
+    half-written stays and nothing complete is touched) and ends the process with exit code 130.
+    Worker processes end with their parent (:mod:`oxbench.execution.workers`)."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.handled = threading.Event()
+        self.finished = threading.Event()
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="oxbench-signals", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                data = self._read.recv(1)
+            except OSError:
+                return
+            if not data or self.finished.is_set():
+                return
+            if data[0] in (signal.SIGTERM, signal.SIGINT):
+                break
+        for limit, event in ((FORCED_EXIT_SECONDS, self.handled), (UNWIND_SECONDS, self.finished)):
+            deadline = time.monotonic() + limit
+            while not (event.is_set() or self.finished.is_set()):
+                if time.monotonic() > deadline:
+                    self._force_exit(data[0])
+                time.sleep(0.05)
+
+    @staticmethod
+    def _force_exit(signum: int) -> None:
+        import os
+
+        from oxbench.fileio import remove_own_temporaries
+
+        remove_own_temporaries()
+        name = signal.Signals(signum).name
+        with contextlib.suppress(OSError):
+            os.write(2, f"oxbench: interrupted by {name} (stopped inside a computation)\n".encode())
+        os._exit(130)
+
+    def close(self) -> None:
+        self.finished.set()
+        signal.set_wakeup_fd(self._previous_fd)
+        self._write.close()  # the thread's recv returns b"" and it ends
+        self._thread.join(timeout=1.0)
+        self._read.close()
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[None]:
     """Turn SIGTERM and SIGINT into :class:`Interrupted` in the main thread, for the block.
 
     The exception unwinds the command like Ctrl-C does: worker pools stop their workers
     (:mod:`oxbench.execution.workers`), temporary files are removed. Later signals are ignored while the
-    stack unwinds, so that cleanup is not itself interrupted. Previous handlers are restored.
+    stack unwinds, so that cleanup is not itself interrupted. Previous handlers are restored. A
+    signal the main thread cannot take within a few seconds (it is inside compiled code) ends the
+    process at once, its temporaries removed (:class:`_SignalWatch`).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    watch = _SignalWatch()
 
     def handler(signum: int, frame: Any) -> None:
+        watch.handled.set()
         for s in previous:
             signal.signal(s, signal.SIG_IGN)
         raise Interrupted(signum)
@@ -159,6 +229,7 @@ def stop_on_signals() -> Iterator[None]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+        watch.close()
 
 
 @contextlib.contextmanager

@@ -63,6 +63,7 @@ from oxbench.fileio import (
     file_lock,
     json_digest,
     os_reason,
+    temporary_in_flight,
 )
 from oxbench.pipelines.method import (
     CPU_SUFFIX,
@@ -902,34 +903,35 @@ def write_record(
         tmp.mkdir(parents=True)
     except OSError as exc:
         raise InputError(f"cannot create the run folder: {os_reason(exc)}", tmp.parent) from None
-    try:
-        with _log_to(tmp / "run.log"):
-            log.info(
-                "run %s: %s on %s (train: %s) -> %s",
-                run_id,
-                m.name,
-                loaded.config.dataset,
-                prepared.train_id,
-                config_dir,
+    with temporary_in_flight(tmp):  # removed even by a forced exit (cli.stop_on_signals)
+        try:
+            with _log_to(tmp / "run.log"):
+                log.info(
+                    "run %s: %s on %s (train: %s) -> %s",
+                    run_id,
+                    m.name,
+                    loaded.config.dataset,
+                    prepared.train_id,
+                    config_dir,
+                )
+                done = execute(prepared, loaded, session, record, executor)
+            facts = run_facts(prepared, loaded, done, session, executor, run_id, record)
+            _write_run_files(
+                tmp,
+                config=loaded.config.to_dict(),
+                record=facts,
+                bench=loaded.bench,
+                search=done.search,
+                result=done.result,
+                timings=done.timings,
+                info=done.info,
+                top_k=record.top_k,
+                trained_on_test=trained_on_test_note(loaded.config),
             )
-            done = execute(prepared, loaded, session, record, executor)
-        facts = run_facts(prepared, loaded, done, session, executor, run_id, record)
-        _write_run_files(
-            tmp,
-            config=loaded.config.to_dict(),
-            record=facts,
-            bench=loaded.bench,
-            search=done.search,
-            result=done.result,
-            timings=done.timings,
-            info=done.info,
-            top_k=record.top_k,
-            trained_on_test=trained_on_test_note(loaded.config),
-        )
-        run_dir = _commit_run(tmp, config_dir, run_id, loaded.folder_config, record.overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            run_dir = _commit_run(tmp, config_dir, run_id, loaded.folder_config, record.overwrite)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return RunOutcome(
         run_dir, config_dir, done.result, loaded.config, done.timings, done.info, facts
     )

@@ -308,6 +308,12 @@ class GlobalDescriptors(RetrievalMethod):
                 return w
             except (InputError, CorruptCache) as exc:
                 log.warning("%s; learning the whitening again", exc)
+        log.info(
+            "learning the %s whitening of %s from %d x %d training descriptors",
+            m.whitening,
+            m.name,
+            *x.shape,
+        )
         if m.whitening == "learned":
             pairs = matching_pairs(train.gt)
             x = np.concatenate((x, self.describe(train, "queries", ctx)))
