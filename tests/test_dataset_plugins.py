@@ -369,3 +369,78 @@ def test_a_plugin_entry_with_a_path_outside_is_one_warning_and_the_rest_works(
     warned = [ln for ln in done.stderr.splitlines() if "badland" in ln]
     assert len(warned) == 1 and "dataset id must be" in warned[0], done.stderr
     assert not (tmp_path.parent / "outside").exists()
+
+
+# A plugin's dataset family that fails while the command runs (hostile pass of issue 43): the error
+# raised in the plugin's code, or what it returns instead of a ground truth / a layout, is one line
+# naming the plugin, exit 2 -- not a traceback from deep inside oxbench.
+
+FAILING_FAMILIES = """
+from oxbench.datasets.catalog import register
+from oxbench.datasets.families.holidays import Holidays
+from oxbench.datasets.spec import DatasetSpec
+
+
+class Raises(Holidays):
+    def ground_truth(self, spec, ddir, *, strict):
+        return {}["no such key"]
+
+
+class GivesNone(Holidays):
+    def ground_truth(self, spec, ddir, *, strict):
+        return None
+
+
+class BadLayout(Holidays):
+    def layout(self, spec):
+        return ("*.jpg",)
+
+
+for name, family in (("raising", Raises()), ("noneland", GivesNone()), ("badlayout", BadLayout())):
+    register(DatasetSpec(
+        id=name, title="t", homepage="", description="", n_images=2, n_queries=1,
+        counts_note="", protocols=("holidays",), files=(), terms="", family=family,
+    ))
+"""
+
+
+def _dist_info_plugin(site: Path, package: str, source: str) -> Path:
+    """``package`` with an ``oxbench.datasets`` entry point, laid out as an installed
+    distribution (a dist-info folder beside it) in ``site``."""
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(source)
+    info = site / f"{package}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[oxbench.datasets]\n{package} = {package}\n")
+    return site
+
+
+@pytest.mark.parametrize(
+    ("dataset", "command", "message"),
+    [
+        ("raising", "run", "plugin oxfail 0.1 failed: KeyError: 'no such key' (oxfail, line 9, in ground_truth"),
+        ("noneland", "run", "dataset noneland: its family's ground_truth() gave a NoneType, not a GroundTruth"),
+        ("badlayout", "import", "dataset badlayout: its family's layout() must give Placement entries"),
+    ],
+)  # fmt: skip
+def test_a_plugin_family_failing_at_run_time_is_one_line_naming_it(
+    tmp_path: Path, dataset: str, command: str, message: str
+) -> None:
+    site = _dist_info_plugin(tmp_path / "site", "oxfail", FAILING_FAMILIES)
+    root = tmp_path / "data"
+    (root / dataset).mkdir(parents=True)
+    np.save(tmp_path / "x.npy", np.eye(2, dtype=np.float32))
+    args = {
+        "run": ["run", "--dataset", dataset, "--root", str(root), "--method", "features",
+                "--set", f"descriptor.db_features={tmp_path / 'x.npy'}",
+                "--set", f"descriptor.query_features={tmp_path / 'x.npy'}",
+                "--out", str(tmp_path / "runs"), "--no-progress"],
+        "import": ["data", "import", dataset, "--root", str(root), "--from", str(tmp_path / "site"),
+                   "--no-progress"],
+    }[command]  # fmt: skip
+    done = _python(site, "-m", "oxbench", *args, cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [ln for ln in done.stderr.splitlines() if ln.startswith("oxbench: error:")]
+    assert message in line, line
+    assert not (tmp_path / "runs").exists()

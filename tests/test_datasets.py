@@ -461,8 +461,12 @@ def test_import_real_roxford_gnd_with_fake_images(shared_data: Path, tmp_path: P
 def test_synthetic_ids_delegate_to_the_synthetic_loader(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import oxbench.datasets.synthetic as synth
+    from unittest import mock
 
+    import oxbench.datasets.synthetic as synth
+    from oxbench.datasets.base import Benchmark
+
+    bench = mock.Mock(spec=Benchmark)  # load checks that the family gave a Benchmark
     calls: list[tuple] = []
     monkeypatch.setattr(
         synth,
@@ -473,12 +477,10 @@ def test_synthetic_ids_delegate_to_the_synthetic_loader(
         synth,
         "load_synthetic",
         lambda d, distractors=None, crop="python": (
-            calls.append(("load", d, distractors, crop)) or "bench"
+            calls.append(("load", d, distractors, crop)) or bench
         ),
     )
-    assert (
-        load("synthetic-train", tmp_path, distractors=50, crop="matlab", progress=False) == "bench"
-    )
+    assert load("synthetic-train", tmp_path, distractors=50, crop="matlab", progress=False) is bench
     assert calls == [
         ("ensure", tmp_path, False),
         ("load", tmp_path / "synthetic-train", 50, "matlab"),

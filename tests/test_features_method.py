@@ -17,7 +17,7 @@ from oxbench.pipelines import GlobalConfig, RecordOptions, Session, resolve_meth
 from oxbench.pipelines.runner import list_runs
 from oxbench.provenance import input_records, inputs_digest
 from oxbench.train.pairs import matching_pairs
-from test_pipeline import make_tiny_root
+from test_pipeline import ground_truth_only, make_tiny_root
 
 pytest.importorskip("faiss")
 pytest.importorskip("PIL.Image")
@@ -155,6 +155,22 @@ def test_own_features_through_the_runner(
         tiny_root, tmp_path / "flat2", "features", files, cache=tmp_path / "c", search="faiss-flat"
     )
     assert again.record["cache"]["search_index"] == "hit"
+
+
+def test_own_global_features_run_on_a_synthetic_root_of_ground_truth_only(
+    tiny_root: Path, tmp_path: Path, files: dict[str, Path]
+) -> None:
+    """Issue 43 case 13: a synthetic root without jpg/ refused own-file runs ("image listed in the
+    ground truth is missing"), though they read no pixel; now the same numbers as with images."""
+    bare = ground_truth_only(tiny_root, tmp_path / "bare")
+    extra = {"whitening": "pca", "descriptor.train_features": str(files["train"])}
+    full = go(tiny_root, tmp_path / "full", "features", files, **extra)
+    got = go(bare, tmp_path / "got", "features", files, **extra)
+    np.testing.assert_array_equal(
+        np.load(got.run_dir / "ranks.npy"), np.load(full.run_dir / "ranks.npy")
+    )
+    assert not (bare / "synthetic" / "jpg").exists()  # nothing generated either
+    assert got.config_dir.name == full.config_dir.name  # same method, same files: same label
 
 
 def test_offline_diffusion_records_its_memory_and_matches_online_without_truncation(
@@ -947,3 +963,41 @@ def test_a_run_renders_the_synthetic_cities_through_its_own_engine(
     monkeypatch.setattr(synthetic, "ensure_default", spy)
     go(tiny_root, tmp_path, "features", files, cache=tmp_path / "c")
     assert seen[0] is not None and seen[0].backend == "processes"  # the run's, not its own pool
+
+
+def test_a_full_disk_under_the_run_log_is_one_line_and_no_run(
+    tiny_root: Path,
+    tmp_path: Path,
+    files: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Hostile pass of issue 43 (a full disk, simulated): ``run.log`` refused its writes and
+    ``logging`` printed a traceback for every log line, then the run went on as if nothing failed."""
+    import errno
+    import io
+    import logging
+
+    class Full(io.StringIO):
+        def write(self, text: str) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    real_open = logging.FileHandler._open
+    monkeypatch.setattr(
+        logging.FileHandler,
+        "_open",
+        lambda self: Full() if self.baseFilename.endswith("run.log") else real_open(self),
+    )
+    code, err = cli(
+        capsys, "run", "--root", str(tiny_root), "--method", "features", "--no-progress",
+        "--set", f"descriptor.db_features={files['db']}",
+        "--set", f"descriptor.query_features={files['q']}",
+        "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "runs"),
+    )  # fmt: skip
+    assert code == 2 and "Traceback" not in err and "Logging error" not in err, err
+    assert err.strip().splitlines() == [
+        next(ln for ln in err.splitlines() if ln.startswith("oxbench: error:"))
+    ]
+    assert "cannot write the run log: No space left on device" in err
+    assert not list((tmp_path / "runs").rglob("record.json"))
+    assert not list(tmp_path.rglob(".oxbench-tmp-*"))

@@ -265,6 +265,22 @@ def test_cli_ranks_beyond_the_index_names_are_refused_not_scored_zero(files, cap
     assert f"holds index {value}" in err and len(err.strip().splitlines()) == 1
 
 
+def test_cli_ranks_padded_with_minus_one_need_the_padding_option(files, capsys):
+    # Found by the hostile pass of issue 43 (this turn's GLDv2 files): a -1 in --ranks was taken as
+    # padding without --padding, which the help says refuses negative indices.
+    tmp, sol, _ = files
+    (tmp / "index.txt").write_text("\n".join(["a", "b", "c", "d", "e", "f", "g", "zz"]) + "\n")
+    (tmp / "queries.txt").write_text("q1\nq3\n")
+    np.save(tmp / "ranks.npy", np.array([[0, 4], [1, -1]], dtype=np.int64))
+    args = ["evaluate", "gldv2", "--solution", sol, "--ranks", tmp / "ranks.npy",
+            "--query-names", tmp / "queries.txt", "--index-names", tmp / "index.txt"]  # fmt: skip
+    code, out, err = run(args, capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "test image q3: rank position 1 holds index -1" in err and "--padding -1" in err
+    code, out, err = run([*args, "--padding", "-1"], capsys)
+    assert code == 0 and out.startswith("gldv2"), err
+
+
 def test_evaluate_refuses_an_index_past_the_database_for_the_list_protocols(files):
     _, sol, _ = files
     gt = read_solution(sol).ground_truth(("a", "b", "c", "d", "e", "f", "g"))

@@ -28,7 +28,7 @@ from oxbench.pipelines import RecordOptions, RunContext, Session, resolve_method
 from oxbench.pipelines.runner import list_runs
 from oxbench.pipelines.steps import open_store, step_features
 from oxbench.pipelines.steps.keys import part_names, parts_of
-from test_pipeline import TINY, make_tiny_root
+from test_pipeline import TINY, ground_truth_only, make_tiny_root
 
 h5py = pytest.importorskip("h5py")
 pytest.importorskip("cv2")
@@ -150,6 +150,37 @@ def test_file_features_give_the_ranks_of_the_built_in_rootsift(
             ranks_of(he_files, tiny_root, tmp_path / "d", pixels=False),
             ranks_of(he, tiny_root, tmp_path / "c"),
         )
+
+
+@pytest.mark.parametrize(
+    ("preset", "layout"), [("rootsift-asmk-sv", "h5"), ("rootsift-bow-sv", "npz")]
+)
+def test_own_local_features_run_on_a_synthetic_root_of_ground_truth_only(
+    preset: str, layout: str, tiny_root: Path, files: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 43 case 13: a synthetic root without jpg/ refused h5 local features ("image listed in
+    the ground truth is missing"), though such a run reads no pixel; now the ranks of the built-in
+    RootSIFT on the full root."""
+    bare = ground_truth_only(tiny_root, tmp_path / "bare")
+    overrides = {
+        **SETTINGS,
+        "features": f"{layout}:{files[layout]}",
+        "features.train": str(files[f"train_{layout}"]),
+    }
+    out = run(
+        "synthetic",
+        preset,
+        overrides=overrides,
+        session=Session(root=bare, cache=tmp_path / "cache", progress=False),
+        record=RecordOptions(out=tmp_path / "run"),
+    )
+    built_in = resolve_method(preset, **SETTINGS, features=FEATURES)
+    expected = ranks_of(built_in, tiny_root, tmp_path / "a")
+    saved = np.load(out.run_dir / "ranks.npy").T  # the record keeps the revisitop layout
+    np.testing.assert_array_equal(saved, expected[:, : saved.shape[1]])
+    assert (
+        not (bare / "synthetic" / "jpg").exists() and out.config.train_dataset == "synthetic-train"
+    )
 
 
 def test_hloc_layout_reads_back_what_was_written(files: dict[str, Path], tiny_root: Path) -> None:

@@ -54,6 +54,16 @@ def make_tiny_root(root: Path) -> Path:
     return make(root)
 
 
+def ground_truth_only(root: Path, dest: Path) -> Path:
+    """A copy of the tiny cities under ``root`` with their ground truth and manifest only (no
+    ``jpg/``): what a run that reads no pixel needs (issue 43 case 13)."""
+    import shutil
+
+    for name in ("synthetic", "synthetic-train"):
+        shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns("jpg"))
+    return dest
+
+
 @pytest.fixture(scope="module")
 def tiny_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_root(tmp_path_factory.mktemp("data"))

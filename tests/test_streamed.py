@@ -178,10 +178,16 @@ def test_shards_name_what_they_stand_for(real_db, tmp_path: Path) -> None:
     (tmp_path / "b" / "shard-00000.npz").write_bytes(b"x")
     with pytest.raises(InputError, match="changed since"):
         search_shards(q, b, 5)
-    # a rewrite keeps the intact shards (same inode) and writes the damaged ones again
+    # a rewrite keeps the intact shards (same inode) and writes the damaged ones again; what a
+    # build killed while writing left (an hour-old temporary) is removed, a fresh one is not
     before = os.stat(tmp_path / "a" / "shard-00000.npz").st_ino
+    stale, fresh = (tmp_path / "a" / f".oxbench-tmp-shard-00001.npz.{t}" for t in ("old", "new"))
+    stale.write_bytes(b"half")
+    fresh.write_bytes(b"half")
+    os.utime(stale, (1e9, 1e9))
     again = shards_of(x[:9000], tmp_path / "a", per=3000)
     assert os.stat(tmp_path / "a" / "shard-00000.npz").st_ino == before
+    assert not stale.exists() and fresh.exists()
     np.testing.assert_array_equal(again.rows(np.array([3500, 7, 8999])), x[[3500, 7, 8999]])
 
 
@@ -204,6 +210,41 @@ def test_the_users_npy_files_in_place(real_db, tmp_path: Path) -> None:
         open_npy_files([tmp_path / "e.npy"])
 
 
+def test_links_and_special_files_in_a_shard_folder_are_refused_not_followed(
+    real_db, tmp_path: Path
+) -> None:
+    """Hostile pass of issue 43: a shard folder, a shard or a graph piece replaced by a symbolic
+    link was read (and the manifest written) through it, outside the cache; a FIFO given as the
+    user's .npy blocked forever."""
+    x, _, _, _ = real_db
+    db = shards_of(x[:600], tmp_path / "a", per=200)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shard = tmp_path / "a" / "shard-00001.npz"
+    os.replace(shard, outside / shard.name)
+    shard.symlink_to(outside / shard.name)
+    for again in (
+        lambda: open_shards(tmp_path / "a", stands_for=REC),
+        lambda: shards_of(x[:600], tmp_path / "a", per=200),
+    ):
+        with pytest.raises(InputError, match="symbolic link"):
+            again()
+    os.replace(tmp_path / "a", outside / "a")
+    (tmp_path / "a").symlink_to(outside / "a", target_is_directory=True)
+    manifest = outside / "a" / "manifest.npz"
+    before = manifest.stat().st_mtime_ns
+    with pytest.raises(InputError, match="symbolic link"):
+        shards_of(x[:600], tmp_path / "a", per=200)
+    assert manifest.stat().st_mtime_ns == before  # nothing written through the link
+    (tmp_path / "knn").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(InputError, match="symbolic link"):
+        knn_graph(db, 4, tmp_path / "knn", piece_rows=300)
+    assert not list(outside.glob("graph-*"))
+    os.mkfifo(tmp_path / "fifo.npy")
+    with pytest.raises(InputError, match="not a regular file"):
+        open_npy_files([tmp_path / "fifo.npy"])
+
+
 def test_knn_graph_is_resumed_from_its_pieces(real_db, tmp_path: Path) -> None:
     x, _, db32, _ = real_db
     folder = tmp_path / "knn"
@@ -211,9 +252,12 @@ def test_knn_graph_is_resumed_from_its_pieces(real_db, tmp_path: Path) -> None:
     assert reused == 0 and i.shape == (20_000, 8)
     np.testing.assert_array_equal(i[:300], reference(x[:300], x, 8)[1])
     assert (i[:, 0] == np.arange(20_000)).mean() > 0.99  # each row its own nearest, bar duplicates
-    os.remove(folder / "graph-00001.npz")  # an interrupted build
+    os.remove(folder / "graph-00001.npz")  # an interrupted build (killed while writing it)
+    stale = folder / ".oxbench-tmp-graph-00001.npz.abc123"
+    stale.write_bytes(b"half")
+    os.utime(stale, (1e9, 1e9))
     s2, i2, reused = knn_graph(db32, 8, folder, piece_rows=7000)
-    assert reused == 2
+    assert reused == 2 and not stale.exists()
     np.testing.assert_array_equal(i2, i)
     np.testing.assert_array_equal(s2, s)
     # pieces of another k are not taken for these

@@ -94,6 +94,24 @@ _LOADING: list[Origin] = []
 _LOADED: dict[str, str | None] = {}
 
 
+#: Top-level package of every plugin entry point loaded -> its origin (:func:`plugin_frame`).
+_PACKAGES: dict[str, Origin] = {}
+
+
+def plugin_frame(tb: Any) -> tuple[Origin, str, int, str] | None:
+    """The innermost frame of traceback ``tb`` that runs a loaded plugin's code, as
+    ``(origin, module, line, function)``; ``None`` when no plugin code is on it (an error of
+    oxbench's own keeps its traceback)."""
+    found = None
+    while tb is not None:
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        origin = _PACKAGES.get(module.split(".", 1)[0])
+        if origin is not None:
+            found = (origin, module, tb.tb_lineno, tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return found
+
+
 def loaded_plugins() -> dict[str, str | None]:
     """``{distribution: version}`` of the plugins loaded so far (what a run record names: they
     change the numbers as a library does)."""
@@ -204,6 +222,9 @@ class Registry(Generic[T]):
             if origin.version:
                 where += f" {origin.version}"
             _LOADING.append(origin)
+            package = str(getattr(ep, "module", "") or ep.value).split(":")[0].split(".")[0]
+            if package and package != "oxbench":
+                _PACKAGES[package] = origin
             failed: BaseException | None = None
             try:
                 with _plugin_import(where) as signals:

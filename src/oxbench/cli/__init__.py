@@ -288,4 +288,27 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("oxbench: interrupted by SIGINT", err=True)
         sys.exit(130)
+    except Exception as exc:
+        _plugin_failure(exc)  # a plugin's own code raised: one line naming it
+        raise  # oxbench's own error: its traceback is the report
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _plugin_failure(exc: Exception) -> None:
+    """Exit with one line (code 2) naming the plugin when ``exc`` was raised in a plugin's code
+    (a dataset family, a method, a stage of an installed distribution); its traceback is logged at
+    debug level (``-vv``). Return when no plugin code is on the traceback."""
+    from oxbench.registry import plugin_frame
+
+    found = plugin_frame(exc.__traceback__)
+    if found is None:
+        return
+    origin, module, line, function = found
+    logging.getLogger("oxbench.registry").debug("the plugin's traceback", exc_info=exc)
+    text = " ".join(f"{type(exc).__name__}: {exc}".split()).rstrip(":")
+    click.echo(
+        f"oxbench: error: plugin {origin} failed: {text} ({module}, line {line}, in "
+        f"{function}; -vv shows the traceback)",
+        err=True,
+    )
+    sys.exit(2)

@@ -699,6 +699,13 @@ def gldv2(
             raise InputError(f"test image {unknown[0]} is not in the solution", query_names)
         import numpy as np
 
+        if padding is None and Path(ranks).suffix.lower() != ".txt" and arr.size and arr.min() < 0:
+            q, j = (int(v) for v in np.argwhere(arr < 0)[0])
+            raise InputError(
+                f"test image {names[q]}: rank position {j} holds index {int(arr[q, j])}: indices "
+                "are 0-based and non-negative (lists padded with -1: give --padding -1)",
+                ranks,
+            )
         if arr.size and int(arr.max()) >= gt.n_db:
             q, j = (int(v) for v in np.argwhere(arr >= gt.n_db)[0])
             raise InputError(

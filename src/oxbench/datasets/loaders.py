@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 from oxbench.datasets.base import Benchmark, CropConvention, UnreadImages
 from oxbench.datasets.catalog import DATASETS, get_spec
@@ -18,6 +19,8 @@ from oxbench.datasets.paths import data_root
 from oxbench.datasets.spec import DatasetSpec
 from oxbench.errors import InputError
 from oxbench.groundtruth import GroundTruth
+
+T = TypeVar("T")
 
 
 def load(
@@ -48,8 +51,9 @@ def load(
         progress: progress bars (shown while a synthetic set is generated).
         images: ``False`` for a run that reads no pixels (descriptors from the user's files): the
             benchmark is built from the ground truth alone, its images named but not looked for
-            (reading one is an error), and ``options["images"] = "not used"`` records it. Sets
-            generated on first use (synthetic) and runs with distractors load as usual.
+            (reading one is an error), and ``options["images"] = "not used"`` records it. A
+            generated set not yet generated (synthetic) is generated first; runs with
+            distractors load as usual.
         options: dataset options, e.g. ``orientation="original"|"rotated"`` for Holidays;
             recorded in ``Benchmark.options``.
 
@@ -70,9 +74,14 @@ def load(
                 f"{spec.id} option {key}={value!r} must be one of {', '.join(allowed)}"
             )
     ddir = data_root(root) / spec.id
-    if not images and not spec.synthetic and distractors is None:
-        gt = spec.family.ground_truth(spec, ddir, strict=strict)
-        recorded = {k: str(v) for k, v in options.items()}
+    identity = (
+        None if images or distractors is not None else spec.family.image_free_options(spec, ddir)
+    )
+    if identity is not None:
+        gt = _made(
+            spec, "ground_truth", GroundTruth, spec.family.ground_truth(spec, ddir, strict=strict)
+        )
+        recorded = {**identity, **{k: str(v) for k, v in options.items()}}
         recorded["images"] = "not used"
         if not strict:
             recorded["strict"] = "false"
@@ -96,6 +105,7 @@ def load(
         options={k: str(v) for k, v in options.items()},
         progress=progress,
     )
+    bench = _made(spec, "load", Benchmark, bench)
     if distractors is None or own:
         return bench
     return _attach_distractors(spec, bench, ddir, distractors, strict=strict)
@@ -159,7 +169,19 @@ def load_ground_truth(
         InputError: unknown id, a distractor set, missing ground-truth files (with the remedy).
     """
     spec = get_spec(dataset_id)
-    return spec.family.ground_truth(spec, data_root(root) / spec.id, strict=strict)
+    gt = spec.family.ground_truth(spec, data_root(root) / spec.id, strict=strict)
+    return _made(spec, "ground_truth", GroundTruth, gt)
+
+
+def _made(spec: DatasetSpec, method: str, kind: type[T], value: object) -> T:
+    """``value``, what ``spec``'s family's ``method`` returned, if it is a ``kind`` (a plugin's
+    family that returns something else is one line naming it, not an error deep in a step)."""
+    if not isinstance(value, kind):
+        raise InputError(
+            f"dataset {spec.id}: its family's {method}() gave a {type(value).__name__}, not a "
+            f"{kind.__name__} (family {type(spec.family).__module__}.{type(spec.family).__name__})"
+        )
+    return value
 
 
 def distractor_count(dataset_id: str, root: str | Path | None = None) -> int:

@@ -279,6 +279,13 @@ class DatasetFamily(ABC):
     def verify_plan(self, spec: DatasetSpec, ddir: Path) -> VerifyPlan:
         """What ``verify`` checks; problems met on the way go in the plan, not raised."""
 
+    def image_free_options(self, spec: DatasetSpec, ddir: Path) -> dict[str, str] | None:
+        """What identifies the copy in ``ddir`` when it is read from its ground truth alone (a run
+        that reads no pixel), recorded in ``Benchmark.options`` beside ``images: not used``; ``None``
+        when there is no copy to read yet and :meth:`load` must make it (a generated set not
+        generated). Default: nothing more (``{}``)."""
+        return {}
+
     def write_example(self, spec: DatasetSpec, ddir: Path) -> None:
         """Write a tiny copy of the dataset into ``ddir`` in its layout: a few images, the ground
         truth files (what :func:`oxbench.testing.check_dataset` loads and scores; load it with
@@ -360,7 +367,12 @@ class DatasetSpec:
     def layout(self) -> tuple[Placement, ...]:
         """How an imported folder or archive is laid out (see :class:`Placement`): the family's
         images and ground truth, plus every plain (non-archive) file the entry downloads."""
-        own = self.family.layout(self)
+        own = tuple(self.family.layout(self))
+        if not all(isinstance(p, Placement) for p in own):
+            raise InputError(
+                f"dataset {self.id}: its family's layout() must give Placement entries, got "
+                f"{sorted({type(p).__name__ for p in own})}"
+            )
         plain = tuple(
             Placement(f.name, f.local_path.rpartition("/")[0] or ".")
             for f in self.files

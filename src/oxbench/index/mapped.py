@@ -207,6 +207,18 @@ class MappedDatabase:
                 yield shard.read(a, min(a + size, shard.count)).astype(np.float32)
 
 
+def _not_linked(path: Path) -> Path:
+    """``path`` (a shard, the manifest, a graph piece, their folder) unless it is a symbolic link:
+    a link planted in the cache would have oxbench read or write another place's file."""
+    if os.path.islink(path):
+        raise InputError(
+            "refusing a symbolic link in a mapped shard folder (oxbench neither reads nor writes "
+            "through one); remove it",
+            path,
+        )
+    return path
+
+
 def _shard_record(stands_for: dict[str, Any], number: int, first: int) -> dict[str, Any]:
     return {**stands_for, "shard": number, "first": first}
 
@@ -234,13 +246,14 @@ def write_shards(
         InputError: non-finite rows, chunks of differing dimension, a value float16 cannot hold.
     """
     from oxbench.cache import CorruptCache, load_npz, save_npz, save_npz_pieces
-    from oxbench.fileio import make_folder
+    from oxbench.fileio import make_folder, remove_stale_temps
 
     if dtype not in DTYPES:
         raise InputError(f"mapped shards hold one of {', '.join(DTYPES)}, not {dtype!r}")
     if shard_vectors < 1:
         raise InputError(f"shard_vectors must be >= 1, got {shard_vectors}")
-    folder = make_folder(folder)
+    folder = make_folder(_not_linked(Path(folder)))
+    remove_stale_temps(folder)  # a killed build's unfinished shard (hours old: no live writer's)
     record = {**stands_for, "dtype": dtype}
     counts: list[int] = []
     digests: list[str] = []
@@ -250,7 +263,7 @@ def write_shards(
 
     def flush(rows: list[NDArray[Any]]) -> None:
         number, first = len(counts), sum(counts)
-        path = folder / f"shard-{number:05d}.npz"
+        path = _not_linked(folder / f"shard-{number:05d}.npz")
         rec = _shard_record(record, number, first)
         count = sum(len(r) for r in rows)
         if path.is_file():
@@ -289,7 +302,7 @@ def write_shards(
     if dim is None:
         raise InputError("mapped shards: no rows to write")
     save_npz(
-        folder / MANIFEST,
+        _not_linked(folder / MANIFEST),
         {"counts": np.array(counts, np.int64), "digests": np.array(digests), "dim": np.array(dim)},
         stands_for=record,
     )
@@ -307,16 +320,18 @@ def open_shards(
     """
     from oxbench.cache import CorruptCache, load_npz
 
-    folder = Path(folder)
+    folder = _not_linked(Path(folder))
     record = {**stands_for, "dtype": dtype}
-    manifest = load_npz(folder / MANIFEST, what="mapped shard manifest", stands_for=record)
+    manifest = load_npz(
+        _not_linked(folder / MANIFEST), what="mapped shard manifest", stands_for=record
+    )
     counts = [int(c) for c in manifest["counts"]]
     digests = [str(d) for d in manifest["digests"]]
     dim = int(manifest["dim"])
     shards = []
     first = 0
     for number, (count, digest) in enumerate(zip(counts, digests, strict=True)):
-        path = folder / f"shard-{number:05d}.npz"
+        path = _not_linked(folder / f"shard-{number:05d}.npz")
         z = load_npz(
             path,
             what="mapped shard",
@@ -340,11 +355,12 @@ def open_npy_files(paths: Sequence[str | Path]) -> MappedDatabase:
     Raises:
         InputError: an unreadable file, another dtype, a mismatched dimension, NaN/inf rows.
     """
-    from oxbench.fileio import json_digest
+    from oxbench.fileio import json_digest, require_regular_file
 
     shards: list[Shard] = []
     first = 0
     for p in paths:
+        require_regular_file(p)  # before opening: opening a FIFO would block
         try:
             mm = np.load(p, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -615,7 +631,7 @@ class GraphPieceJob:
         }
 
     def path(self, piece: GraphPiece) -> Path:
-        return Path(self.folder) / f"graph-{piece.number:05d}.npz"
+        return _not_linked(Path(self.folder) / f"graph-{piece.number:05d}.npz")
 
     def __call__(self, piece: GraphPiece) -> str:
         from oxbench.cache import save_npz
@@ -667,7 +683,7 @@ def knn_graph(
     Returns:
         ``(scores float32 [rows, k], ids int64 [rows, k], pieces_reused)``.
     """
-    from oxbench.fileio import make_folder
+    from oxbench.fileio import make_folder, remove_stale_temps
 
     st = settings or MappedSearch()
     if piece_rows < 1:
@@ -675,7 +691,7 @@ def knn_graph(
     if engine is None:
         dev = _resolve_device(st.device)
         engine = "numpy" if dev == "cpu" else dev
-    make_folder(folder)
+    remove_stale_temps(make_folder(_not_linked(Path(folder))))
     kk = min(k, database.n)
     job = GraphPieceJob(database, kk, st, str(folder), engine)
     n_rows = database.n if rows is None else min(max(rows, 1), database.n)

@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import json_digest
+from oxbench.fileio import json_digest, refuse_linked_folder
 from oxbench.index.mapped import MappedDatabase, MappedSearch
 from oxbench.index.search import (
     ExactSearch,
@@ -152,6 +152,7 @@ class SearchChain:
 
         digest = array_digest(self.db)
         folder = cache_dir / f"mapped-{settings.dtype}-{settings.shard_vectors}-{digest}"
+        refuse_linked_folder(folder, below=Path(self.ctx.cache))  # never written through
         step = 65536
         chunks = (self.db[a : a + step] for a in range(0, self.db.shape[0], step))
         stands_for = {"vectors": digest, "shape": list(self.db.shape)}

@@ -458,9 +458,26 @@ def prepare_config_folder(
             )
 
 
+class _RunLog(logging.FileHandler):
+    """The run's ``run.log``: a write the OS refuses (a full disk) stops the log and is kept, to
+    fail the run in one line at the end of its block, instead of ``logging`` printing a traceback
+    for every later line."""
+
+    failed: OSError | None = None
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+        exc = sys.exc_info()[1]
+        if self.failed is None:
+            self.failed = exc if isinstance(exc, OSError) else OSError(str(exc))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed is None:
+            super().emit(record)
+
+
 @contextlib.contextmanager
 def _log_to(path: Path) -> Iterator[None]:
-    handler = logging.FileHandler(path, encoding="utf-8")
+    handler = _RunLog(path, encoding="utf-8")
     handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("oxbench")
@@ -473,7 +490,10 @@ def _log_to(path: Path) -> Iterator[None]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
-        handler.close()
+        with contextlib.suppress(OSError):
+            handler.close()
+    if handler.failed is not None:
+        raise InputError(f"cannot write the run log: {os_reason(handler.failed)}", path)
 
 
 def _write_run_files(

@@ -54,6 +54,24 @@ class Synthetic(DatasetFamily):
         except (InputError, KeyError, TypeError, ValueError):
             return 0
 
+    def image_free_options(self, spec: DatasetSpec, ddir: Path) -> dict[str, str] | None:
+        """The options :meth:`load` records (city, seed, the images' digest), from the manifest;
+        ``None`` for a set not generated here (``load`` generates it)."""
+        from oxbench.datasets.synthetic import read_manifest
+        from oxbench.datasets.synthetic.config import SynthConfig
+
+        manifest = read_manifest(ddir) if ddir.is_dir() else None
+        if manifest is None:
+            return None
+        try:
+            config = SynthConfig.from_dict(manifest["config"])
+            digest = str(manifest["checksums"]["images_sha256"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(
+                "malformed synthetic manifest; regenerate the set", ddir / "manifest.json"
+            ) from None
+        return {"city": config.city, "seed": str(config.seed), "images_sha256": digest}
+
     def ground_truth(self, spec: DatasetSpec, ddir: Path, *, strict: bool) -> GroundTruth:
         from oxbench.datasets.synthetic.loader import _read_ground_truth
 

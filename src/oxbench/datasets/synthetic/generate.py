@@ -40,6 +40,7 @@ from oxbench.fileio import (
     make_folder,
     os_reason,
     progress_bar,
+    read_input_bytes,
     remove_stale_temps,
     text_digest,
 )
@@ -101,9 +102,10 @@ def read_manifest(dataset_dir: Path) -> dict[str, Any] | None:
     path = Path(dataset_dir) / MANIFEST
     if not path.exists():
         return None
+    data = read_input_bytes(path, limit=1 << 28)  # a FIFO or a device there: refused, not read
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        manifest = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"unreadable synthetic manifest ({exc})", path) from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InputError(f"not an oxbench synthetic manifest (format != {FORMAT!r})", path)
