@@ -946,6 +946,9 @@ class RecordFile:
         seeds: every seed setting's value.
         deterministic: the learned steps ran single-threaded.
         seed_group: the seed group this run is a member of (:class:`SeedGroupFacts`), or ``None``.
+        preprocessing: the preprocessing card of a run that describes pixels with a network (resize
+            rule and side, query crop, scales, normalisation, pooling, weights digest: the
+            describer's ``preprocessing()``), or ``None``.
     """
 
     format: int
@@ -973,6 +976,7 @@ class RecordFile:
     seeds: Mapping[str, int] = dataclasses.field(default_factory=dict)
     deterministic: bool = False
     seed_group: SeedGroupFacts | None = None
+    preprocessing: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.format != RECORD_FORMAT or not isinstance(self.format, int):
@@ -998,6 +1002,8 @@ class RecordFile:
             object.__setattr__(self, key, _object(getattr(self, key), key))
         if self.label is not None:
             check_label(self.label, source="'label'")
+        if self.preprocessing is not None:
+            object.__setattr__(self, "preprocessing", _object(self.preprocessing, "preprocessing"))
 
     @classmethod
     def from_dict(cls, values: Any, path: Path | None = None) -> RecordFile:
@@ -1029,11 +1035,12 @@ class RecordFile:
             raise InputError(field + exc.problem, path) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of ``record.json`` (``seed_group`` only for a member of one)."""
+        """The JSON object of ``record.json`` (``seed_group`` only for a member of one,
+        ``preprocessing`` only where there is a card)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "seed_group" and value is None:
+            if f.name in ("seed_group", "preprocessing") and value is None:
                 continue
             if hasattr(value, "to_dict"):
                 value = value.to_dict()

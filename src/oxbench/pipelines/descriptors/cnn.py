@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -239,6 +239,14 @@ class NetSpec:
         return model
 
 
+class BuildsNet(Protocol):
+    """What a :class:`CnnShard` builds its network from where it runs (:class:`NetSpec`, or
+    another deep kind's spec): ``build()`` gives an object whose ``net`` an
+    :class:`~oxbench.features.deep.extract.Extractor` drives."""
+
+    def build(self) -> Any: ...
+
+
 class CnnShard:
     """Picklable :data:`~oxbench.features.descstore.Compute`: CNN descriptors of some images.
 
@@ -249,7 +257,7 @@ class CnnShard:
 
     def __init__(
         self,
-        spec: NetSpec,
+        spec: BuildsNet,
         options: Any,
         read: Callable[[int], NDArray[np.uint8]],
         names: list[str],
