@@ -276,3 +276,41 @@ def test_hostile_vit_settings_are_one_line_exit_2(
         assert exc.value.code == 2 and "\n" not in err and key in err, (key, err)
         assert "Traceback" not in err and not (tmp_path / "runs").exists()
     assert math.isfinite(resolve_method("dinov2-vits14").descriptor.gem_p)  # type: ignore[attr-defined]
+
+
+# --- the preprocessing card in runs and report ---------------------------------------------------
+
+
+def test_runs_and_report_tell_apart_runs_that_differ_only_in_their_preprocessing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from oxbench.records import preprocessing_tag
+    from run_layout import random_ranks, tiny_gt, write_run
+
+    gt = tiny_gt(0, n_queries=8)
+    card = {"token_pooling": "cls", "max_side": 518, "query_crop": "revisited", "scales": [1.0],
+            "mean": [0.485, 0.456, 0.406], "weights_sha256": "a" * 64}  # fmt: skip
+    other = {**card, "query_crop": "full"}
+    for i, c in enumerate((card, other)):
+        write_run(
+            tmp_path, gt, random_ranks(gt, i), method="dinov2-vitb14",
+            run_id=f"20240101T000000Z-000{i}", config_name=f"c{i}",
+            record_overrides={"label": "dinov2-vitb14", "preprocessing": c},
+        )  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        main(["runs", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None) and "preprocessing" in out.splitlines()[0]
+    tags = [preprocessing_tag(card), preprocessing_tag(other)]
+    assert tags[0] != tags[1] and all(t in out for t in tags)
+    assert "cls 518px revisited x1 w:aaaaaaaa #" in tags[0]
+    with pytest.raises(SystemExit) as exc:
+        main(["report", str(tmp_path / "c0"), str(tmp_path / "c1"), "--format", "csv"])
+    out = capsys.readouterr().out
+    assert exc.value.code in (0, None), out
+    rows = [line.split(",")[0] for line in out.splitlines()[1:] if line]
+    assert rows[:2] == [f"dinov2-vitb14 [{t}]" for t in tags], out
+    with pytest.raises(SystemExit) as exc:
+        main(["runs", str(tmp_path), "--json"])
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["preprocessing"]["query_crop"] for r in listed] == ["revisited", "full"]

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 #: Weights that name no file.
 _NOT_A_FILE = (None, "random", "imagenet")
 
+#: The resize rule, in words (the preprocessing card's ``resize``).
+RESIZE_RULE = "longer side shrunk to at most max_side (Lanczos, never enlarged)"
+
 
 def _no_model_file(path: Path) -> InputError:
     return InputError(
@@ -412,8 +415,28 @@ class CnnDescriber(StoredDescriber):
             parts = parts_of(bench)
         return {part: self.describe_shards(bench, part, ctx, partition) for part in parts}
 
+    def preprocessing(self) -> dict[str, Any]:
+        """The run's preprocessing card (as :class:`~oxbench.pipelines.descriptors.vit.VitDescriber`
+        writes one): how pixels became the descriptor."""
+        k, net = self.kind, self.model_.net
+        weights = str(self.model_.weights)
+        return {
+            "backbone": k.backbone,
+            "resize": RESIZE_RULE,
+            "max_side": k.max_side,
+            "query_resize": k.query_resize,
+            "scales": list(k.scales),
+            "mean": [round(float(v), 8) for v in net.mean],
+            "std": [round(float(v), 8) for v in net.std],
+            "pooling": k.pooling,
+            "precision": k.precision,
+            "weights": weights,
+            "weights_sha256": weights.rsplit("sha256=", 1)[1] if "sha256=" in weights else None,
+        }
+
     def provenance(self) -> dict[str, Any]:
         out = super().provenance()
         if self.model_ is not None:
             out["model"] = {**self.model_.net.describe(), "weights": self.model_.weights}
+            out["preprocessing"] = self.preprocessing()
         return out
