@@ -314,3 +314,21 @@ def test_runs_and_report_tell_apart_runs_that_differ_only_in_their_preprocessing
         main(["runs", str(tmp_path), "--json"])
     listed = json.loads(capsys.readouterr().out)
     assert [r["preprocessing"]["query_crop"] for r in listed] == ["revisited", "full"]
+
+
+def test_each_query_crop_rule_reads_what_it_says(tiny_root: Path) -> None:
+    from oxbench.features.deep.extract import resize_query_crop
+    from oxbench.pipelines.descriptors.vit import QueryImages
+    from test_pipeline import load_tiny
+
+    bench = load_tiny(tiny_root)
+    i = next(q for q, query in enumerate(bench.gt.queries) if query.bbox is not None)
+    full = bench.queries.read(i)
+    crop, full_hw = bench.query_crop_and_size(i)
+    assert crop.shape[:2] != full.shape[:2]  # the box cuts something off
+    np.testing.assert_array_equal(QueryImages(bench, "full", 64, (70, 56))(i), full)
+    np.testing.assert_array_equal(
+        QueryImages(bench, "revisited", 64, (70, 56))(i), resize_query_crop(crop, full_hw, 64)
+    )
+    resized = QueryImages(bench, "crop-resize", 64, (70, 56))(i)
+    assert resized.shape == (70, 56, 3) and resized.dtype == np.uint8
