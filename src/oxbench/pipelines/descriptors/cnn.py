@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Weights that name no file.
 _NOT_A_FILE = (None, "random", "imagenet")
+
+#: The resize rule, in words (the preprocessing card's ``resize``).
+RESIZE_RULE = "longer side shrunk to at most max_side (Lanczos, never enlarged)"
 
 
 def _no_model_file(path: Path) -> InputError:
@@ -250,6 +253,14 @@ class NetSpec:
         return model
 
 
+class BuildsNet(Protocol):
+    """What a :class:`CnnShard` builds its network from where it runs (:class:`NetSpec`, or
+    another deep kind's spec): ``build()`` gives an object whose ``net`` an
+    :class:`~oxbench.features.deep.extract.Extractor` drives."""
+
+    def build(self) -> Any: ...
+
+
 class CnnShard:
     """Picklable :data:`~oxbench.features.descstore.Compute`: CNN descriptors of some images.
 
@@ -260,7 +271,7 @@ class CnnShard:
 
     def __init__(
         self,
-        spec: NetSpec,
+        spec: BuildsNet,
         options: Any,
         read: Callable[[int], NDArray[np.uint8]],
         names: list[str],
@@ -414,8 +425,28 @@ class CnnDescriber(StoredDescriber):
             parts = parts_of(bench)
         return {part: self.describe_shards(bench, part, ctx, partition) for part in parts}
 
+    def preprocessing(self) -> dict[str, Any]:
+        """The run's preprocessing card (as :class:`~oxbench.pipelines.descriptors.vit.VitDescriber`
+        writes one): how pixels became the descriptor."""
+        k, net = self.kind, self.model_.net
+        weights = str(self.model_.weights)
+        return {
+            "backbone": k.backbone,
+            "resize": RESIZE_RULE,
+            "max_side": k.max_side,
+            "query_resize": k.query_resize,
+            "scales": list(k.scales),
+            "mean": [round(float(v), 8) for v in net.mean],
+            "std": [round(float(v), 8) for v in net.std],
+            "pooling": k.pooling,
+            "precision": k.precision,
+            "weights": weights,
+            "weights_sha256": weights.rsplit("sha256=", 1)[1] if "sha256=" in weights else None,
+        }
+
     def provenance(self) -> dict[str, Any]:
         out = super().provenance()
         if self.model_ is not None:
             out["model"] = {**self.model_.net.describe(), "weights": self.model_.weights}
+            out["preprocessing"] = self.preprocessing()
         return out
