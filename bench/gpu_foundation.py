@@ -2,8 +2,9 @@
 batch and precision. Prepared for a GPU machine (issue 40 item 5); runs on CPU in ``--tiny`` mode.
 
 One run, random images of one size (``--side`` square, a multiple of the patch size), a random-init
-DINOv2-shaped ViT (timm ``vit_base_patch14_dinov2``, ``pretrained=False``: nothing downloaded), GeM
-over the patch tokens, single scale, bf16 autocast:
+DINOv2-shaped ViT (timm ``vit_base_patch14_dinov2``, ``pretrained=False``: nothing downloaded) as the
+``vit`` descriptor kind builds it (:class:`oxbench.pipelines.descriptors.vit.VitSpec`), its tokens
+pooled by ``--pooling`` (GeM over the patch tokens by default), single scale, bf16 autocast:
 
 - ``oxbench``: :class:`oxbench.features.deep.extract.Extractor` (``describe``: normalisation,
   batching, autocast, L2);
@@ -35,7 +36,8 @@ import numpy as np
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON")
-    ap.add_argument("--arch", default="timm:vit_base_patch14_dinov2")
+    ap.add_argument("--arch", default="vit_base_patch14_dinov2", help="timm model name")
+    ap.add_argument("--pooling", choices=("cls", "gem", "cls+gem"), default="gem")
     ap.add_argument("--side", type=int, default=518, help="image side (px)")
     ap.add_argument("--images", type=int, default=128, help="images per timed pass")
     ap.add_argument("--batch", type=int, default=32)
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.tiny:
         args.arch, args.side, args.images, args.batch, args.min_seconds = (
-            "timm:vit_small_patch14_dinov2",
+            "vit_small_patch14_dinov2",
             56,
             4,
             2,
@@ -58,10 +60,10 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from oxbench.features.deep.extract import ExtractOptions, Extractor
-    from oxbench.features.deep.model import build_net
+    from oxbench.pipelines.descriptors.vit import VitSpec
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    net = build_net(args.arch, "gem", weights="random", seed=0).net
+    net = VitSpec(args.arch.removeprefix("timm:"), "random", args.pooling, 3.0, 0).build().net
     rng = np.random.default_rng(0)
     images = [
         rng.integers(0, 256, (args.side, args.side, 3), dtype=np.uint8) for _ in range(args.images)
@@ -114,6 +116,7 @@ def main(argv: list[str] | None = None) -> dict:
         "timm": timm.__version__,
         "python": sys.version.split()[0],
         "arch": args.arch,
+        "pooling": args.pooling,
         "side": args.side,
         "batch": args.batch,
         "precision": args.precision,

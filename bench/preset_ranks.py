@@ -6,8 +6,8 @@ must not change a number, and compare.
 
 Each preset runs on the tiny synthetic cities of :func:`oxbench.testing.make_tiny_root` (40
 database images, 4 queries, 320 x 240 px) with small settings: few local features, a small
-vocabulary, R = 20, random-init networks (no weights can be downloaded here), and random descriptor
-files for the ``features`` presets. The digests (SHA-256 of the int64 ranks and of the float32
+vocabulary, R = 20, random-init networks (no weights can be downloaded here; a foundation model at
+56 px), and random descriptor files for the ``features`` presets. The digests (SHA-256 of the int64 ranks and of the float32
 scores) are what must stay bit-identical; they differ between CPUs (SIMD paths), so compare two
 runs on one machine. ``--check`` exits 1 naming every preset whose ranks changed.
 """
@@ -82,6 +82,8 @@ def small_settings(name: str, files: dict[str, Path]) -> dict[str, object]:
     ):
         if key in rows:
             out[key] = value
+    if kind == "vit":
+        out["descriptor.max_side"] = 56  # a foundation model's random-init weights, 4 x 3 patches
     if getattr(getattr(config, "descriptor", None), "model_whitening", False):
         out["descriptor.model_whitening"] = False  # random weights carry no whitening
     if getattr(config, "whitening_dim", None):

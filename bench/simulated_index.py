@@ -10,8 +10,12 @@ and for each size builds the compact index (``inverted_file=mapped``: idf pass, 
 lists written by chunks) over the database followed by that many simulated distractors. Reports
 per size: the build's CPU seconds, its peak of numpy/Python allocations (``tracemalloc``) and the
 process's peak RSS, the lists' disk and the query time of the real queries (CPU per query:
-weighting, scoring every image from the mapped lists, the full ranking). No accuracy: the
-simulated bags have no content (module docstring of :mod:`oxbench.index.simulate`).
+weighting, scoring every image from the mapped lists, the full ranking), first on the pages the
+build left (``query_cpu_s``), then one at a time (``single_query_cpu_s``: scoring and full
+ranking, each apart too); with the compiled kernel, each query again with numpy's right after
+(``single_query_cpu_numpy_s``, ``OXBENCH_NO_ACCEL=1``; scores checked equal to the bit, ranks
+equal). No accuracy: the simulated bags have no content (module docstring of
+:mod:`oxbench.index.simulate`).
 A size past 1 .. 10,000,000 is one line and exit 2.
 
 Other methods (``--methods``); each method and size runs in its own process, so each peak RSS
@@ -99,6 +103,9 @@ def peak_rss_bytes() -> int:
 
 
 def one_size(db, queries, stats, n: int, folder: Path, seed: int, chunk: int) -> dict[str, Any]:  # noqa: ANN001
+    from oxbench.evaluation.kernels import accelerated
+    from oxbench.evaluation.ranking import ranks_from_scores
+    from oxbench.index import postings
     from oxbench.index.inverted import bow_matrix
     from oxbench.index.postings import CompressedPostings
     from oxbench.index.simulate import build_simulated_compact
@@ -108,11 +115,41 @@ def one_size(db, queries, stats, n: int, folder: Path, seed: int, chunk: int) ->
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     lists = CompressedPostings.open(folder)
-    t0 = time.process_time()
+    vectors = [ivf.transform(bow_matrix([q], stats.n_words)) for q in queries]  # type: ignore[attr-defined]
+    t0 = time.process_time()  # first, on the pages the build left
     for q in queries:
         vec = ivf.transform(bow_matrix([q], stats.n_words))  # type: ignore[attr-defined]
         lists.search(vec)
     query_cpu = (time.process_time() - t0) / len(queries)
+
+    def one(vec):  # noqa: ANN001, ANN202
+        """(scores, ranks, scoring CPU s, ranking CPU s) of one query."""
+        t0 = time.process_time()
+        scores = lists.scores_of_vectors(vec)
+        t1 = time.process_time()
+        ranks = ranks_from_scores(scores.T)
+        return scores, ranks, t1 - t0, time.process_time() - t1
+
+    compiled = postings._bow_scatter is not None and accelerated()
+    times: dict[str, list[float]] = {"score": [], "rank": [], "score_numpy": [], "rank_numpy": []}
+    for vec in vectors:  # one query at a time, the compiled kernel's and numpy's alternately
+        scores, ranks, ts, tr = one(vec)
+        times["score"].append(ts)
+        times["rank"].append(tr)
+        if compiled:
+            os.environ["OXBENCH_NO_ACCEL"] = "1"
+            try:
+                again, ranks_again, ts, tr = one(vec)
+            finally:
+                del os.environ["OXBENCH_NO_ACCEL"]
+            assert np.array_equal(scores.view(np.uint32), again.view(np.uint32))  # to the bit
+            assert np.array_equal(ranks, ranks_again)
+            times["score_numpy"].append(ts)
+            times["rank_numpy"].append(tr)
+    offsets = lists._offsets[:, 1]
+    visited = sum(int((offsets[v.indices + 1] - offsets[v.indices]).sum()) for v in vectors)
+    per_query = np.add(times["score"], times["rank"])
+    numpy_per_query = np.add(times["score_numpy"], times["rank_numpy"])
     return {
         "n_index": built.n_index,
         "simulated": n,
@@ -124,7 +161,17 @@ def one_size(db, queries, stats, n: int, folder: Path, seed: int, chunk: int) ->
         "ram_fixed_bytes": lists.offsets_bytes + 4 * stats.n_words,
         "steady_ram_bytes": lists.offsets_bytes + 4 * stats.n_words,
         "rss_anon_bytes": rss_anon_bytes(),
+        "postings_visited_per_query": visited / len(vectors),
         "query_cpu_s": query_cpu,
+        "single_query_cpu_s": float(per_query.mean()),
+        "single_query_cpu_max_s": float(per_query.max()),
+        "single_query_scoring_cpu_s": float(np.mean(times["score"])),
+        "single_query_ranking_cpu_s": float(np.mean(times["rank"])),
+        "compiled_kernel": compiled,
+        "single_query_cpu_numpy_s": float(numpy_per_query.mean()) if compiled else None,
+        "single_query_scoring_cpu_numpy_s": float(np.mean(times["score_numpy"]))
+        if compiled
+        else None,
     }
 
 
@@ -475,6 +522,16 @@ def in_child(argv: list[str], method: str, n: int) -> dict[str, Any]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def one_at_a_time(p: dict[str, Any]) -> str:
+    """`` 1 query: compiled ms / numpy ms (ratio) |`` where both were measured, else ``""``."""
+    fast, slow = p.get("single_query_cpu_s"), p.get("single_query_cpu_numpy_s")
+    if fast is None or slow is None:
+        return ""
+    return (
+        f" 1 query: {1e3 * fast:.1f} ms compiled / {1e3 * slow:.1f} ms numpy ({slow / fast:.1f}x) |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from oxbench.errors import InputError
     from oxbench.index.simulate import BagStatistics, check_simulated_size
@@ -527,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {method} | {p['n_index']:,} | {p['build_cpu_s']:.0f} | "
                     f"{p['process_peak_rss_bytes'] / 2**20:,.0f} MiB | "
                     f"{p['steady_ram_bytes'] / 2**20:,.0f} MiB | "
-                    f"{p['disk_bytes'] / 2**30:.2f} GiB | {1e3 * p['query_cpu_s']:.1f} ms |",
+                    f"{p['disk_bytes'] / 2**30:.2f} GiB | {1e3 * p['query_cpu_s']:.1f} ms |"
+                    + one_at_a_time(p),
                     flush=True,
                 )
             if args.json is not None:

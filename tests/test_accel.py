@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +17,7 @@ from oxbench.errors import InputError
 from oxbench.evaluation import evaluate, evaluate_scores, from_revisitop
 from oxbench.evaluation import kernels as K
 from oxbench.groundtruth import GroundTruth, make_query
+from oxbench.index.postings import CompressedPostings, vbyte_encode
 
 needs_accel = pytest.mark.skipif(not K.ACCELERATED, reason="compiled extension not built")
 
@@ -490,3 +492,211 @@ def test_c_entry_points_refuse_hostile_sizes_and_offsets():
     )
     assert res.returncode == 0, (res.returncode, res.stdout, res.stderr[-2000:])
     assert res.stdout.startswith("ok 24")
+
+
+# --- bag of words: the compressed lists' scatter (oxbench.index.postings) ---------------------
+
+needs_bow_kernel = pytest.mark.skipif(
+    not K.ACCELERATED or not hasattr(K._accel, "bow_scatter"),
+    reason="compiled extension oxbench.evaluation._accel (with bow_scatter) not built: setup.py",
+)
+
+
+def _slow_bow_scores(postings: sp.csr_matrix, q: sp.csr_matrix, dtype: str) -> np.ndarray:
+    """The float32 scores written out one posting at a time: the query's words in increasing
+    order, each list in image order, ``score = f32(score + f32(q_w * stored weight))``."""
+    out = np.zeros((q.shape[0], postings.shape[1]), np.float32)
+    for i in range(q.shape[0]):
+        row = q[i].tocoo()
+        for word, qv in sorted(zip(row.col.tolist(), row.data.tolist(), strict=True)):
+            a, b = postings.indptr[word], postings.indptr[word + 1]
+            for image, w in zip(postings.indices[a:b], postings.data[a:b], strict=True):
+                stored = np.float32(np.asarray(w, np.float32).astype(dtype))
+                out[i, image] = np.float32(out[i, image] + np.float32(np.float32(qv) * stored))
+    return out
+
+
+def _weights(rng: np.random.Generator, size: int) -> np.ndarray:
+    """Weights of every kind of float32: ordinary, tiny (subnormal), huge, negative, zeros."""
+    kind = rng.integers(0, 6, size)
+    w = rng.standard_normal(size).astype(np.float32)
+    w[kind == 1] *= np.float32(1e-41)  # float32 subnormals
+    w[kind == 2] *= np.float32(1e30)
+    w[kind == 3] = np.float32(rng.choice([0.0, -0.0]))
+    w[kind == 4] = rng.random(int((kind == 4).sum())).astype(np.float32)  # tf-idf-like
+    return w
+
+
+def _random_lists(rng: np.random.Generator, n_words: int, n_db: int) -> sp.csr_matrix:
+    """``[n_words, n_db]`` posting lists, each word's images distinct (gaps of 1 to n_db)."""
+    rows, cols = [], []
+    for word in range(n_words):
+        m = int(rng.integers(0, min(n_db, 40) + 1))
+        if rng.random() < 0.2:
+            m = min(n_db, int(rng.integers(0, 3)))  # near-empty lists
+        cols.append(np.sort(rng.choice(n_db, size=m, replace=False)))
+        rows.append(np.full(m, word))
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    return sp.csr_matrix((_weights(rng, len(r)), (r, c)), shape=(n_words, n_db))
+
+
+def _random_queries(rng: np.random.Generator, nq: int, n_words: int) -> sp.csr_matrix:
+    rows, cols = [], []
+    for i in range(nq):
+        w = rng.choice(n_words, size=int(rng.integers(0, n_words + 1)), replace=False)
+        rows.append(np.full(len(w), i))
+        cols.append(w)
+    r, c = np.concatenate(rows), np.concatenate(cols)
+    return sp.csr_matrix((_weights(rng, len(r)), (r, c)), shape=(nq, n_words))
+
+
+def _bow_both(monkeypatch: pytest.MonkeyPatch, lists, q):
+    return (
+        _with_env(monkeypatch, False, lists.scores_of_vectors, q),
+        _with_env(monkeypatch, True, lists.scores_of_vectors, q),
+    )
+
+
+@needs_bow_kernel
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31),
+    n_words=st.integers(1, 30),
+    n_db=st.one_of(st.integers(1, 400), st.sampled_from([2**14 + 3, 2**21 + 5])),
+    nq=st.integers(1, 3),
+    dtype=st.sampled_from(["float32", "float16"]),
+)
+def test_bow_kernel_scores_as_numpy_and_the_slow_sums_to_the_bit(
+    tmp_path_factory: pytest.TempPathFactory, seed: int, n_words: int, n_db: int, nq: int, dtype
+) -> None:
+    """Random compressed lists (gaps of 1 to 2 million: 1- to 4-byte codes; float32 weights of
+    every kind, and float16), random weighted queries: the compiled kernel's scores, numpy's and
+    the one-posting-at-a-time float32 sums agree to the bit, and so do the full rankings."""
+    rng = np.random.default_rng(seed)
+    postings = _random_lists(rng, n_words, n_db)
+    q = _random_queries(rng, nq, n_words)
+    with np.errstate(over="ignore", invalid="ignore"):  # huge weights: inf, inf * 0 = NaN
+        lists = CompressedPostings.write(postings, tmp_path_factory.mktemp("bow"), weights=dtype)
+        with pytest.MonkeyPatch.context() as m:
+            fast, slow = _bow_both(m, lists, q)
+            want = _slow_bow_scores(postings, q, dtype)
+            assert fast[0] == slow[0] == "ok"
+            np.testing.assert_array_equal(fast[1].view(np.uint32), slow[1].view(np.uint32))
+            np.testing.assert_array_equal(fast[1].view(np.uint32), want.view(np.uint32))
+            if not np.isnan(want).any():  # the full rankings
+                m.delenv("OXBENCH_NO_ACCEL", raising=False)
+                ranks = lists.search(q)
+                m.setenv("OXBENCH_NO_ACCEL", "1")
+                np.testing.assert_array_equal(ranks, lists.search(q))
+
+
+@needs_bow_kernel
+def test_bow_kernel_widens_every_float16_as_numpy() -> None:
+    """Every finite and infinite float16 as a weight (one list of 63,488 images, gaps of 1),
+    times 1 and times a float32 that rounds: numpy's widening and products, to the bit."""
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    half = bits.view(np.float16)
+    half = half[~np.isnan(half)]
+    m = len(half)
+    code = vbyte_encode(np.ones(m, np.uint64))
+    code[0] = 0  # the first id is 0, every later one the previous + 1
+    offsets = np.array([[0, 0], [len(code), m]], np.int64)
+    for qv in (np.float32(1.0), np.float32(0.3)):
+        got = np.zeros(m, np.float32)
+        status = K._accel.bow_scatter(
+            got, code, half, offsets, np.array([0]), np.array([qv], np.float32)
+        )
+        assert status == 0
+        with np.errstate(over="ignore"):
+            want = np.float32(0) + qv * half.astype(np.float32)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def _bow_args(n: int = 6) -> list:
+    """A clean call: word 0 lists images 1, 3 (weights 2, 4), word 1 image 0 (weight 8)."""
+    return [
+        np.zeros(n, np.float32),
+        np.array([1, 2, 0], np.uint8),
+        np.array([2.0, 4.0, 8.0], np.float32),
+        np.array([[0, 0], [2, 2], [3, 3]], np.int64),
+        np.array([0, 1], np.int64),
+        np.array([0.5, 1.0], np.float32),
+    ]
+
+
+@needs_bow_kernel
+def test_bow_kernel_refuses_what_it_cannot_handle() -> None:
+    """A buffer of another kind or layout: status 2 with the scores untouched; a damaged list
+    or a word or offset out of range: status 1 (the caller reruns numpy from zeros)."""
+    good = _bow_args()
+    assert K._accel.bow_scatter(*good) == 0
+    assert good[0].tolist() == [8.0, 1.0, 0.0, 2.0, 0.0, 0.0]
+    unsupported: dict[str, tuple[int, np.ndarray]] = {
+        "float64 scores": (0, np.zeros(6)),
+        "read-only scores": (0, np.zeros(6, np.float32)),
+        "strided scores": (0, np.zeros(12, np.float32)[::2]),
+        "int8 code": (1, np.array([1, 2, 0], np.int8)),
+        "float64 weights": (2, np.array([2.0, 4.0, 8.0])),
+        "big-endian weights": (2, np.array([2.0, 4.0, 8.0], ">f4")),
+        "offsets of 3 columns": (3, np.zeros((3, 3), np.int64)),
+        "int32 offsets": (3, np.array([[0, 0], [2, 2], [3, 3]], np.int32)),
+        "uint64 words": (4, np.array([0, 1], np.uint64)),
+        "float64 query weights": (5, np.array([0.5, 1.0])),
+        "fewer query weights than words": (5, np.array([0.5], np.float32)),
+    }
+    unsupported["read-only scores"][1].flags.writeable = False
+    for name, (j, value) in unsupported.items():
+        args = _bow_args()
+        args[j] = value
+        before = np.array(args[0], copy=True)
+        assert K._accel.bow_scatter(*args) == 2, name
+        np.testing.assert_array_equal(args[0], before, err_msg=name)
+    damaged: dict[str, tuple[int, np.ndarray]] = {
+        "a value cut at its list's end": (1, np.array([1, 0x82, 0], np.uint8)),
+        "a value of 10 bytes": (1, np.array([0xFF] * 9 + [1, 2, 0], np.uint8)),
+        "an id past the index": (1, np.array([1, 5, 0], np.uint8)),
+        "a gap past the index": (1, np.array([1, 0x80 | 7, 0], np.uint8)),
+        "fewer ids than weights": (3, np.array([[0, 0], [1, 2], [2, 3]], np.int64)),
+        "more ids than weights": (3, np.array([[0, 0], [2, 1], [3, 3]], np.int64)),
+        "offsets past the code": (3, np.array([[0, 0], [2, 2], [4, 3]], np.int64)),
+        "offsets past the weights": (3, np.array([[0, 0], [2, 2], [3, 4]], np.int64)),
+        "decreasing offsets": (3, np.array([[2, 0], [0, 2], [3, 3]], np.int64)),
+        "negative offsets": (3, np.array([[-1, 0], [2, 2], [3, 3]], np.int64)),
+        "a word past the vocabulary": (4, np.array([0, 2], np.int64)),
+        "a negative word": (4, np.array([-1, 1], np.int32)),
+    }
+    for name, (j, value) in damaged.items():
+        args = _bow_args(n=4)
+        args[j] = value
+        assert K._accel.bow_scatter(*args) == 1, name
+
+
+@needs_bow_kernel
+@pytest.mark.parametrize("damage", ["cut", "past", "count"])
+def test_bow_damaged_lists_raise_numpys_error_either_way(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, damage: str
+) -> None:
+    """A list damaged on disk (a value cut at its end, an id past the index, fewer ids than its
+    offsets say) is the same one-line InputError through either path, never scores."""
+    rng = np.random.default_rng(5)
+    postings = _random_lists(rng, 8, 300)
+    lists = CompressedPostings.write(postings, tmp_path / "bow")
+    code = np.array(lists._ids, copy=True)
+    offsets = lists._offsets.copy()
+    word = int(np.flatnonzero(np.diff(offsets[:, 1]) >= 3)[0])
+    b1 = int(offsets[word + 1, 0])
+    if damage == "cut":
+        code[b1 - 1] |= 0x80
+    elif damage == "past":
+        code[offsets[word, 0] : b1] = 0x7F  # every gap 127: the third id, 381, past 300 images
+    else:
+        offsets[word + 1 :, 1] += 1
+    broken = CompressedPostings(
+        lists.folder, lists.n_words, lists.n_db, "float32", offsets, code, lists._weights
+    )
+    q = sp.csr_matrix(
+        (np.ones(2, np.float32), ([0, 0], [word, (word + 1) % 8])), shape=(1, lists.n_words)
+    )
+    fast, slow = _bow_both(monkeypatch, broken, q)
+    assert fast[0] == slow[0] == "err" and fast[1:] == slow[1:], (fast, slow)
+    assert "damaged" in fast[2] or "inside a value" in fast[2]

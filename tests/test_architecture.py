@@ -499,6 +499,7 @@ LAYERS = (
     "oxbench.records",
     "oxbench.execution",
     "oxbench.provenance",
+    "oxbench.storage",
     "oxbench.cache",
     "oxbench.evaluation",
     "oxbench.imaging",

@@ -641,6 +641,27 @@ def test_trained_preset_without_its_model_file_says_how_to_get_it(
     assert models_dir(tiny_root) == tmp_path / "m"
 
 
+def test_a_trained_network_is_one_model_file_per_seed(tmp_path: Path) -> None:
+    """``--seeds 0,1,2`` of a preset whose fit trains its network trains three networks: seed 0
+    keeps the preset's own file name (its ranks unchanged), seed ``s`` writes ``<stem>.seed<s>``."""
+    import dataclasses
+
+    from oxbench.pipelines.presets import resolve_method
+
+    kind = resolve_method("gem-r18-synthetic").descriptor
+    files = [dataclasses.replace(kind, seed=s).weights_file(tmp_path) for s in (0, 1, 2)]
+    assert [f.name for f in files] == [
+        "gem-r18-synthetic.pt",
+        "gem-r18-synthetic.seed1.pt",
+        "gem-r18-synthetic.seed2.pt",
+    ]
+    assert {f.parent for f in files} == {tmp_path / "_models"}
+    # a model file given by the user is that file whatever the seed (the seed only draws random
+    # weights there): the seed suffix is only for a file fit trains
+    given = dataclasses.replace(kind, fit_network=False, seed=2, weights="models:mine.pt")
+    assert given.weights_file(tmp_path).name == "mine.pt"
+
+
 def test_model_files_are_found_in_the_runs_data_root_not_beside_the_dataset(
     tiny_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

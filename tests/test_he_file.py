@@ -242,17 +242,34 @@ def test_bad_queries_are_one_line(tmp_path):
 
 
 def test_a_damaged_or_replaced_file_is_refused(tmp_path):
+    from oxbench.storage import meta_digest
+
     folder = tmp_path / "he"
     HammingInvertedFile.build([HeEntries(**good_entries())], 4, folder)
-    meta = json.loads((folder / "meta.json").read_text())
-    (folder / "meta.json").write_text(json.dumps({**meta, "nnz": 3}))
+    text = (folder / "meta.json").read_text()
+    fields = {k: v for k, v in json.loads(text).items() if k != "digest"}
+
+    def rewrite(**change: object) -> None:  # edited, its digest recomputed
+        meta = {**fields, **change}
+        (folder / "meta.json").write_text(json.dumps({**meta, "digest": meta_digest(meta)}))
+
+    (folder / "meta.json").write_text(json.dumps({**fields, "nnz": 3, "digest": "x"}))
+    with pytest.raises(CorruptCache, match="does not match its recorded digest"):
+        HammingInvertedFile.open(folder)
+    rewrite(nnz=3)
     with pytest.raises(InputError, match="does not agree"):
         HammingInvertedFile.open(folder)
-    (folder / "meta.json").write_text(json.dumps({**meta, "n_images": "two"}))
+    rewrite(n_images="two")
     with pytest.raises(InputError, match="unreadable Hamming inverted file"):
         HammingInvertedFile.open(folder)
-    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / "meta.json").write_text(text)
     assert HammingInvertedFile.open(folder).n_postings == 2
+    # an array read on open, replaced by one of the same shape: fails its digest
+    norms = np.load(folder / "norms.npy")
+    np.save(folder / "norms.npy", norms * 2)
+    with pytest.raises(CorruptCache, match="does not match its digest"):
+        HammingInvertedFile.open(folder)
+    np.save(folder / "norms.npy", norms)
     # a column of the right shape written by something else: not the file the build recorded
     np.save(folder / "signatures.npy", np.array([9, 9], np.uint64))
     with pytest.raises(CorruptCache, match="Hamming inverted file"):
@@ -295,27 +312,35 @@ def test_the_merge_holds_the_runs_and_one_column_more(tmp_path, monkeypatch):
 
 
 def test_what_a_killed_build_left_is_removed_and_a_running_one_left_alone(tmp_path):
-    """kill -9 during a build leaves its runs and half-written columns under temporary names; the
-    next build of the folder removes those older than an hour (a 20 GB leak at 1M images
-    otherwise), not the fresh temporaries of a build still running."""
+    """kill -9 during a build leaves its temporary build folder (runs, half-written columns)
+    beside the lists; the next build of the folder removes those older than an hour whose name
+    and ``.building.json`` say they build this folder (a 20 GB leak at 1M images otherwise), not
+    the fresh one of a build still running, nor another folder's, nor a temporary-looking folder
+    that does not say it is a build (issue 43 case 5)."""
     import os
     import time
 
     from oxbench.fileio import TEMP_PREFIX
+    from oxbench.storage import BUILDING_NAME
 
     folder = tmp_path / "he"
-    folder.mkdir()
-    stale_runs = folder / f"{TEMP_PREFIX}runs.dead"
-    stale_runs.mkdir()
-    (stale_runs / "0.ids.bin").write_bytes(b"x" * 100)
-    stale_column = folder / f"{TEMP_PREFIX}signatures.npy.abc"
-    stale_column.write_bytes(b"x" * 100)
     old = time.time() - 2 * 3600
-    for p in (stale_runs, stale_column):
-        os.utime(p, (old, old))
-    running = folder / f"{TEMP_PREFIX}angles.npy.live"
-    running.write_bytes(b"x")
+
+    def temp(tag: str, builds: str | None, when: float) -> Path:
+        t = tmp_path / f"{TEMP_PREFIX}{tag}"
+        (t / f"{TEMP_PREFIX}runs.x").mkdir(parents=True)
+        (t / f"{TEMP_PREFIX}runs.x" / "0.ids.bin").write_bytes(b"x" * 100)
+        if builds is not None:
+            (t / BUILDING_NAME).write_text(json.dumps({"builds": builds}))
+        os.utime(t, (when, when))
+        return t
+
+    stale = temp("he.dead", "he", old)
+    running = temp("he.live", "he", time.time())
+    other = temp("hx.dead", "hx", old)
+    unmarked = temp("he.theirs", None, old)
     HammingInvertedFile.build([HeEntries(**good_entries())], 4, folder)
-    assert not stale_runs.exists() and not stale_column.exists()
-    assert running.exists()
+    assert not stale.exists()
+    assert running.exists() and other.exists() and unmarked.exists()
     assert HammingInvertedFile.open(folder).n_postings == 2
+    assert not [p for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX)]

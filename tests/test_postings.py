@@ -179,26 +179,26 @@ def test_the_streamed_build_writes_the_files_of_the_whole_matrix(
 
 
 def test_the_streamed_build_removes_what_a_killed_build_left(tmp_path: Path) -> None:
-    """Runs and half-written files of a build killed over an hour ago go; a fresh temporary (a
-    build still running) stays."""
+    """A build runs in a temporary folder beside the lists: one a build killed over an hour ago
+    left (it says it builds this folder) goes; a fresh one (a build still running) stays."""
+    import json
     import os
     import time
 
     from oxbench.fileio import TEMP_PREFIX
+    from oxbench.storage import BUILDING_NAME
 
     folder = tmp_path / "lists"
-    (folder / f"{TEMP_PREFIX}runs.dead").mkdir(parents=True)
-    stale = folder / f"{TEMP_PREFIX}ids.bin.abc"
-    stale.write_bytes(b"x" * 10)
+    stale, live = tmp_path / f"{TEMP_PREFIX}lists.dead", tmp_path / f"{TEMP_PREFIX}lists.live"
+    for t in (stale, live):
+        (t / f"{TEMP_PREFIX}runs.x").mkdir(parents=True)
+        (t / BUILDING_NAME).write_text(json.dumps({"builds": "lists"}))
     old = time.time() - 2 * 3600
-    for p in (folder / f"{TEMP_PREFIX}runs.dead", stale):
-        os.utime(p, (old, old))
-    live = folder / f"{TEMP_PREFIX}weights.npy.live"
-    live.write_bytes(b"x")
+    os.utime(stale, (old, old))
     m = sp.random(20, 9, density=0.3, format="csr", dtype=np.float32, random_state=0)
     CompressedPostings.build([m[:10], m[10:]], 9, folder)
-    assert not stale.exists() and not (folder / f"{TEMP_PREFIX}runs.dead").exists()
-    assert live.exists()
+    assert not stale.exists() and live.exists()
+    assert not [p for p in folder.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_a_postings_cache_folder_replaced_by_a_link_is_refused_not_written_through(tmp_path):

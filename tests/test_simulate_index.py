@@ -236,6 +236,9 @@ def test_the_bench_script_measures_a_simulated_size_and_refuses_a_bad_one(
     assert script.main(["--cache", str(cache), "--sizes", "300", "--json", str(out)]) == 0
     (p,) = json.loads(out.read_text())["points"]
     assert p["n_index"] == 340 and p["postings"] > 300 and p["query_cpu_s"] > 0
+    assert p["single_query_cpu_s"] > 0 and p["postings_visited_per_query"] > 0
+    # with the compiled kernel, numpy's time in the same run (its scores checked equal there)
+    assert (p["single_query_cpu_numpy_s"] is not None) == p["compiled_kernel"]
     assert p["disk_bytes"] > 0 and p["build_peak_traced_bytes"] > 0
     assert not (cache / "simulated-bow-300").exists()  # the lists are removed after measuring
     capsys.readouterr()

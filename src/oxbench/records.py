@@ -44,7 +44,13 @@ from numpy.typing import NDArray
 
 from oxbench import schema as S
 from oxbench.errors import InputError
-from oxbench.fileio import atomic_write_json, atomic_write_npy, atomic_write_text, os_reason
+from oxbench.fileio import (
+    atomic_write_json,
+    atomic_write_npy,
+    atomic_write_text,
+    json_digest,
+    os_reason,
+)
 from oxbench.protocol import PROTOCOLS, Protocol, get_protocol, number_text
 from oxbench.schema import setting, validate
 
@@ -946,6 +952,9 @@ class RecordFile:
         seeds: every seed setting's value.
         deterministic: the learned steps ran single-threaded.
         seed_group: the seed group this run is a member of (:class:`SeedGroupFacts`), or ``None``.
+        preprocessing: the preprocessing card of a run that describes pixels with a network (resize
+            rule and side, query crop, scales, normalisation, pooling, weights digest: the
+            describer's ``preprocessing()``), or ``None``.
     """
 
     format: int
@@ -973,6 +982,7 @@ class RecordFile:
     seeds: Mapping[str, int] = dataclasses.field(default_factory=dict)
     deterministic: bool = False
     seed_group: SeedGroupFacts | None = None
+    preprocessing: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.format != RECORD_FORMAT or not isinstance(self.format, int):
@@ -998,6 +1008,8 @@ class RecordFile:
             object.__setattr__(self, key, _object(getattr(self, key), key))
         if self.label is not None:
             check_label(self.label, source="'label'")
+        if self.preprocessing is not None:
+            object.__setattr__(self, "preprocessing", _object(self.preprocessing, "preprocessing"))
 
     @classmethod
     def from_dict(cls, values: Any, path: Path | None = None) -> RecordFile:
@@ -1029,11 +1041,12 @@ class RecordFile:
             raise InputError(field + exc.problem, path) from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object of ``record.json`` (``seed_group`` only for a member of one)."""
+        """The JSON object of ``record.json`` (``seed_group`` only for a member of one,
+        ``preprocessing`` only where there is a card)."""
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name == "seed_group" and value is None:
+            if f.name in ("seed_group", "preprocessing") and value is None:
                 continue
             if hasattr(value, "to_dict"):
                 value = value.to_dict()
@@ -1235,6 +1248,12 @@ class RunRecord:
         return group if isinstance(group, dict) else None
 
     @property
+    def preprocessing(self) -> Mapping[str, Any] | None:
+        """``record.json``'s preprocessing card (how pixels became descriptors), or ``None``."""
+        card = self.record.get("preprocessing")
+        return card if isinstance(card, dict) else None
+
+    @property
     def query_names(self) -> tuple[str, ...]:
         return tuple(q.name for q in self.queries)
 
@@ -1425,6 +1444,38 @@ def load_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
 
 # --- listing ------------------------------------------------------------------------------------
 
+#: The card entries :func:`preprocessing_tag` shows, in order (the rest is in the digest).
+_CARD_SHOWN = ("token_pooling", "pooling", "max_side", "query_crop", "query_resize", "scales")
+
+
+def preprocessing_tag(card: Mapping[str, Any] | None) -> str:
+    """A preprocessing card in one short line -- the pooling, side, query crop and scales, the
+    weights' digest and the card's own digest -- so runs that differ only in their preprocessing
+    read apart (``oxbench runs``, ``oxbench report``); ``""`` for no card.
+
+    Example:
+        >>> preprocessing_tag({"token_pooling": "cls", "max_side": 518, "query_crop": "full",
+        ...                    "scales": [1.0], "weights_sha256": "ab" * 32})
+        'cls 518px full x1 w:abababab #29f87154'
+    """
+    if not card:
+        return ""
+    parts: list[str] = []
+    for key in _CARD_SHOWN:
+        value = card.get(key)
+        if value is None:
+            continue
+        if key == "max_side":
+            parts.append(f"{value}px")
+        elif key == "scales":
+            parts.append("x" + ",".join(f"{float(v):g}" for v in value))
+        else:
+            parts.append(str(value))
+    sha = card.get("weights_sha256")
+    if isinstance(sha, str):
+        parts.append(f"w:{sha[:8]}")
+    return " ".join(parts + [f"#{json_digest(dict(card), 8)}"])
+
 
 @dataclass(frozen=True)
 class RunSummary:
@@ -1439,6 +1490,7 @@ class RunSummary:
     label: str = ""
     n_distractors: int = 0
     seed_group: Mapping[str, Any] | None = None
+    preprocessing: Mapping[str, Any] | None = None
 
 
 def find_runs(
@@ -1479,6 +1531,7 @@ def find_runs(
                     rec.label,
                     rec.n_distractors,
                     rec.seed_group,
+                    rec.preprocessing,
                 )
             )
     return sorted(out, key=lambda r: (r.started, str(r.run_dir)))

@@ -490,6 +490,7 @@ def _list_runs(
                         "headline": headline,
                         "seed_group": None if r.seed_group is None else r.seed_group["id"],
                         "n_seeds": n,
+                        "preprocessing": r.preprocessing,
                     }
                     for r, headline, n in grouped
                 ],
@@ -503,20 +504,24 @@ def _list_runs(
         else:
             click.echo(f"no runs under {runs_dir}")
         return
+    from oxbench.records import preprocessing_tag
     from oxbench.report.tables import text_table
 
+    cards = any(r.preprocessing for r, _, _ in grouped)  # the column where a run has a card
     rows = [
         [
             r.started[:19].replace("T", " "),
             r.dataset,
             f"{r.n_distractors:,}",
             r.label,
+            *([preprocessing_tag(r.preprocessing)] if cards else []),
             headline,
             str(r.run_dir if r.seed_group is None else r.run_dir.parent),
         ]
         for r, headline, _ in grouped
     ]
-    header = ["started (UTC)", "dataset", "distractors", "label", "headline", "run folder"]
+    header = ["started (UTC)", "dataset", "distractors", "label"]
+    header += ["preprocessing"] * cards + ["headline", "run folder"]
     click.echo(text_table(header, rows))
 
 

@@ -18,6 +18,10 @@
  *   asmk_scatter(scores, ids, codes, query, weights) -> int status
  *   (for oxbench.index.asmk_file: one query word against one posting list; here ST_UNSUPPORTED
  *   also covers a buffer that is not C-contiguous, and nothing is written unless ST_OK)
+ *   bow_scatter(scores, code, weights, offsets, words, query_weights) -> int status
+ *   (for oxbench.index.postings: one weighted query against the compressed lists of its words;
+ *   ST_UNSUPPORTED as asmk_scatter's; on ST_BAD the scores may hold part of the sums, and the
+ *   caller starts again from zeros with numpy)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -53,7 +57,7 @@ static void *alloc_zeroed_huge(size_t bytes, void **raw)
 }
 
 /* Item kinds accepted from buffer formats. */
-enum { K_I64, K_I32, K_F64, K_F32, K_U8, K_U64, K_U32, K_OTHER };
+enum { K_I64, K_I32, K_F64, K_F32, K_U8, K_U64, K_U32, K_F16, K_OTHER };
 
 static int fmt_kind(const Py_buffer *b)
 {
@@ -74,6 +78,8 @@ static int fmt_kind(const Py_buffer *b)
         return b->itemsize == 8 ? K_F64 : K_OTHER;
     case 'f':
         return b->itemsize == 4 ? K_F32 : K_OTHER;
+    case 'e':
+        return b->itemsize == 2 ? K_F16 : K_OTHER;
     case 'B':
         return b->itemsize == 1 ? K_U8 : K_OTHER;
     case 'Q': case 'L': case 'N':
@@ -1056,6 +1062,132 @@ done:
     return PyLong_FromLong(status);
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Bag of words: one weighted query against the compressed posting lists of its words
+ * (oxbench.index.postings.CompressedPostings). For each query word j, in the order given:
+ *   the word's ids, variable-byte gaps in code[offsets[w, 0] : offsets[w + 1, 0]] (7 bits a byte,
+ *   low group first, high bit = more bytes; each list's ids from 0), and its weights
+ *   weights[offsets[w, 1] : offsets[w + 1, 1]] (float32, or float16 widened exactly);
+ *   scores[id] += query_weights[j] * weight   (float32 product, then float32 sum)
+ * which are the numpy path's float32 products and np.add.at's additions, element by element in
+ * the same order (words as given, each list in order): the same scores to the bit. Built with
+ * -ffp-contract=off, so no product is fused into its sum. A list that does not decode to exactly
+ * its count of ids below n (a value cut at the list's end, longer than 63 bits, a gap or an id past
+ * the index) is ST_BAD; the scores then hold part of the sums (the caller reruns numpy from zeros).
+ */
+static inline float half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+    if (e == 0) {
+        if (m == 0) {
+            bits = sign;
+        } else { /* subnormal: m 2^-24, normalised */
+            uint32_t shift = 0;
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                shift++;
+            }
+            bits = sign | ((113u - shift) << 23) | ((m & 0x3ffu) << 13);
+        }
+    } else if (e == 31) {
+        bits = sign | 0x7f800000u | (m << 13); /* inf, NaN with its payload (as numpy) */
+    } else {
+        bits = sign | ((e + 112u) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define BOW_LIST(WEIGHT)                                                                         \
+    do {                                                                                         \
+        uint64_t id = 0;                                                                         \
+        Py_ssize_t i = b0, k = p0;                                                               \
+        while (i < b1) {                                                                         \
+            uint64_t gap = 0;                                                                    \
+            unsigned shift = 0;                                                                  \
+            uint8_t byte;                                                                        \
+            do {                                                                                 \
+                if (i >= b1 || shift > 56) return ST_BAD;                                        \
+                byte = c[i++];                                                                   \
+                gap |= (uint64_t)(byte & 0x7fu) << shift;                                        \
+                shift += 7;                                                                      \
+            } while (byte & 0x80u);                                                              \
+            if (k >= p1 || gap >= n) return ST_BAD;                                              \
+            id += gap; /* both below n < 2^63: no wrap */                                        \
+            if (id >= n) return ST_BAD;                                                          \
+            s[id] += qv * (WEIGHT);                                                              \
+            k++;                                                                                 \
+        }                                                                                        \
+        if (k != p1) return ST_BAD;                                                              \
+    } while (0)
+
+static int bow_lists(float *s, uint64_t n, const uint8_t *c, Py_ssize_t n_code, const void *wt,
+                     int half, Py_ssize_t nnz, const int64_t *off, Py_ssize_t n_words,
+                     const void *words, int words64, const float *qw, Py_ssize_t m)
+{
+    for (Py_ssize_t j = 0; j < m; j++) {
+        int64_t w = words64 ? ((const int64_t *)words)[j] : ((const int32_t *)words)[j];
+        if (w < 0 || w >= n_words) return ST_BAD;
+        int64_t b0 = off[2 * w], p0 = off[2 * w + 1], b1 = off[2 * w + 2], p1 = off[2 * w + 3];
+        if (b0 < 0 || b0 > b1 || b1 > n_code || p0 < 0 || p0 > p1 || p1 > nnz) return ST_BAD;
+        const float qv = qw[j];
+        if (half) {
+            const uint16_t *wh = (const uint16_t *)wt;
+            BOW_LIST(half_to_float(wh[k]));
+        } else {
+            const float *wf = (const float *)wt;
+            BOW_LIST(wf[k]);
+        }
+    }
+    return ST_OK;
+}
+
+static PyObject *bow_scatter(PyObject *self, PyObject *args)
+{
+    PyObject *o[6];
+    if (!PyArg_ParseTuple(args, "OOOOOO", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
+    /* scores, code, weights, offsets, words, query weights; a buffer that is not C-contiguous, of
+     * another kind or shape is ST_UNSUPPORTED (the numpy path runs instead) */
+    static const int ndims[6] = {1, 1, 1, 2, 1, 1};
+    Py_buffer b[6];
+    int have = 0, status = ST_UNSUPPORTED;
+    for (; have < 6; have++) {
+        int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (have == 0 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(o[have], &b[have], flags) < 0) {
+            PyErr_Clear();
+            goto done;
+        }
+        int kind = fmt_kind(&b[have]);
+        int ok = b[have].ndim == ndims[have];
+        switch (have) {
+        case 0: case 5: ok = ok && kind == K_F32; break;
+        case 1: ok = ok && kind == K_U8; break;
+        case 2: ok = ok && (kind == K_F32 || kind == K_F16); break;
+        case 3: ok = ok && kind == K_I64 && b[3].shape[1] == 2 && b[3].shape[0] >= 1; break;
+        default: ok = ok && (kind == K_I64 || kind == K_I32); break;
+        }
+        if (!ok) {
+            have++;
+            goto done;
+        }
+    }
+    if (b[5].shape[0] != b[4].shape[0]) goto done;
+    {
+        float *s = (float *)b[0].buf;
+        uint64_t n = (uint64_t)b[0].shape[0];
+        int half = fmt_kind(&b[2]) == K_F16, words64 = fmt_kind(&b[4]) == K_I64;
+        Py_BEGIN_ALLOW_THREADS
+        status = bow_lists(s, n, (const uint8_t *)b[1].buf, b[1].shape[0], b[2].buf, half,
+                           b[2].shape[0], (const int64_t *)b[3].buf, b[3].shape[0] - 1, b[4].buf,
+                           words64, (const float *)b[5].buf, b[4].shape[0]);
+        Py_END_ALLOW_THREADS
+    }
+done:
+    while (have > 0) PyBuffer_Release(&b[--have]);
+    return PyLong_FromLong(status);
+}
+
 static PyMethodDef methods[] = {
     {"scan_ranks", scan_ranks, METH_VARARGS,
      "scan_ranks(ranks, tables, n_index, lab_off, out_pos, out_code, out_count[, group_bytes, "
@@ -1065,6 +1197,8 @@ static PyMethodDef methods[] = {
      "n_bins, group[, vec]) -> status"},
     {"asmk_scatter", asmk_scatter, METH_VARARGS,
      "asmk_scatter(scores, ids, codes, query, weights) -> status"},
+    {"bow_scatter", bow_scatter, METH_VARARGS,
+     "bow_scatter(scores, code, weights, offsets, words, query_weights) -> status"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -54,12 +54,11 @@ from oxbench.execution.shards import (
     write_npz_shard,
 )
 from oxbench.fileio import (
-    atomic_write_json,
     discard_folder,
     read_input_bytes,
-    remove_stale_temps,
     require_regular_file,
 )
+from oxbench.storage import StoreFolder
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +89,13 @@ def shard_digest(names: Sequence[str], descriptors: NDArray[np.float32]) -> str:
     h.update(str(descriptors.shape).encode())
     h.update(np.ascontiguousarray(descriptors, np.float32).tobytes())
     return h.hexdigest()
+
+
+def store_folder(directory: str | Path) -> StoreFolder:
+    """A descriptor store's folder, as :mod:`oxbench.storage` checks it (its ``meta.json``: the
+    settings that determine the descriptors, with their digest)."""
+    names = ("shard-*", "*.lock", ".lock")
+    return StoreFolder(Path(directory), "descriptor store", STORE_FORMAT, frozenset(names))
 
 
 class DescriptorStore:
@@ -131,15 +137,20 @@ class DescriptorStore:
                 ``create=False``, or its ``meta.json`` is unreadable.
         """
         directory = Path(directory)
-        expected = json.loads(json.dumps({"format": STORE_FORMAT, "settings": settings}))
+        box = store_folder(directory)
+        expected = box.fields({"settings": settings})
         meta_path = directory / "meta.json"
-        if meta_path.exists():
-            try:
+        state = box.refuse_foreign()  # never written into, nor cleaned
+        try:
+            found = box.read_meta()
+            if found is None and meta_path.is_file():  # an earlier oxbench's, without a digest
                 found = json.loads(read_input_bytes(meta_path, limit=1 << 24))
-            except (ValueError, InputError) as exc:
-                raise InputError(
-                    f"unreadable descriptor-store metadata ({exc}); delete the folder", meta_path
-                ) from None
+        except (ValueError, InputError) as exc:
+            problem = exc.problem if isinstance(exc, InputError) else str(exc)
+            raise InputError(
+                f"unreadable descriptor-store metadata ({problem}); delete the folder", meta_path
+            ) from None
+        if found is not None:
             if found != expected:
                 raise InputError(
                     "descriptor store was built with other settings; use another cache folder or delete it",
@@ -147,8 +158,11 @@ class DescriptorStore:
                 )
         elif not create:
             raise InputError("no descriptor store here (describe the images first)", directory)
+        elif state in ("absent", "empty"):  # appears with its meta.json, by one rename
+            box.create({"settings": settings})
+            return cls.open(directory, settings, create=False)  # another process's, if first
         else:
-            atomic_write_json(meta_path, expected)
+            box.write_meta({"settings": settings})
         store = cls(directory, settings)
         store.refresh()
         return store
@@ -159,7 +173,7 @@ class DescriptorStore:
         self.failed = set()
         self.dim = None
         numbers = []
-        remove_stale_temps(self.directory)
+        store_folder(self.directory).remove_temps()
         for path in sorted(self.directory.iterdir()):
             if m := _SHARD_RE.match(path.name):
                 loaded = self._read_shard(path)

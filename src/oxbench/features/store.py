@@ -101,12 +101,10 @@ from oxbench.fileio import (
     discard_folder,
     file_sha256,
     json_digest,
-    make_folder,
     make_temp_folder,
-    read_input_bytes,
-    remove_stale_temps,
     sampled_digest,
 )
+from oxbench.storage import StoreFolder
 
 log = logging.getLogger(__name__)
 
@@ -267,6 +265,13 @@ def write_shard_folder(
     )
 
 
+def store_folder(directory: str | Path) -> StoreFolder:
+    """A feature store's folder, as :mod:`oxbench.storage` checks it (its ``meta.json``: the
+    extraction config and the store's role, with their digest)."""
+    names = ("plan.json", ".lock", "shard-*")
+    return StoreFolder(Path(directory), "feature store", STORE_FORMAT, frozenset(names))
+
+
 class FeatureStore:
     """Local features of many images, on disk, keyed by image name.
 
@@ -325,27 +330,30 @@ class FeatureStore:
             CorruptCache: ``create=False`` and ``meta.json`` is corrupt.
         """
         directory = Path(directory)
-        expected = {"format": STORE_FORMAT, "config": config.to_dict(), **(extra or {})}
+        box = store_folder(directory)
+        expected = box.fields({"config": config.to_dict(), **(extra or {})})
         store = cls(directory, config, expected)
-        if directory.is_dir():
-            remove_stale_temps(directory)
+        state = box.refuse_foreign()  # never written into, nor cleaned
+        if state == "own":
+            box.remove_temps()
         problem = store._check_meta()
         if problem is not None:
             if not create:
                 if isinstance(problem, CorruptCache):
                     raise problem
                 raise InputError("no feature store here (extract features first)", directory)
-            make_folder(directory)
+            if state in ("absent", "empty"):  # appears with its meta.json, by one rename
+                box.create({"config": config.to_dict(), **(extra or {})})
+                problem = store._check_meta()  # another process may have made it first
+        if problem is not None:
             with entry_lock(store.lock_path, what=f"the feature store {directory}"):
-                problem = store._check_meta()  # another process may have made it meanwhile
+                problem = store._check_meta()  # another process may have mended it meanwhile
                 if isinstance(problem, CorruptCache):
                     log.warning("%s; emptying the store and describing its images again", problem)
                     store._scan()
                     store._remove_shards(store._found)
                 if problem is not None:
-                    atomic_write_json(
-                        directory / "meta.json", {**expected, "digest": json_digest(expected)}
-                    )
+                    box.write_meta({"config": config.to_dict(), **(extra or {})})
         store.refresh()
         return store
 
@@ -359,15 +367,13 @@ class FeatureStore:
         if not path.is_file():
             return InputError("no meta.json", path)
         try:
-            found = json.loads(read_input_bytes(path, limit=1 << 20))
-        except (InputError, ValueError) as exc:
+            found = store_folder(self.directory).read_meta()
+        except CorruptCache as exc:
+            problem = exc.problem.removeprefix("corrupt cache file: ")
+            return CorruptCache(problem, path, lock=self.lock_path)
+        if found is None:
             return CorruptCache(
-                f"unreadable feature-store metadata ({exc})", path, lock=self.lock_path
-            )
-        digest = found.pop("digest", None) if isinstance(found, dict) else None
-        if digest is None or digest != json_digest(found):
-            return CorruptCache(
-                "feature-store metadata does not match its recorded digest",
+                "feature-store metadata without a digest (written by an older oxbench?)",
                 path,
                 lock=self.lock_path,
             )

@@ -47,11 +47,20 @@ from numpy.typing import NDArray
 
 from oxbench import schema as S
 from oxbench.errors import InputError
-from oxbench.fileio import make_folder
 from oxbench.index.word_lists import Column, WordRuns, read_folder, scatter_hamming, write_folder
 from oxbench.schema import Group, setting, validate
+from oxbench.storage import StoreFolder, known_files
 
 FORMAT = 1
+#: The kind in messages.
+WHAT = "ASMK inverted file"
+
+
+def lists_folder(folder: str | Path) -> StoreFolder:
+    """The folder of an ASMK inverted file, as :mod:`oxbench.storage` checks and builds it."""
+    mapped = ["codes.npy", "ids.npy"]
+    names = ["offsets.npy", "idf.npy", "norms.npy", *mapped]
+    return StoreFolder(Path(folder), WHAT, FORMAT, known_files(names, mapped=mapped))
 
 
 @dataclass(frozen=True)
@@ -177,20 +186,37 @@ class AsmkInvertedFile:
         folder: str | Path,
         *,
         use_idf: bool = False,
+        stands_for: Mapping[str, object] | None = None,
     ) -> AsmkInvertedFile:
-        """Write the inverted file of the images given in chunks (index order).
+        """Write the inverted file of the images given in chunks (index order), built beside
+        ``folder`` and put in its place whole (:meth:`oxbench.storage.StoreFolder.building`).
 
         ``idf_w = log(N / df_w)^2`` with ``N`` the images indexed (the package counts up to the
         last image with an entry: the same unless the last images have no feature).
+        ``stands_for``: what the lists are built from (inputs' content digests, settings),
+        recorded in ``meta.json`` for :meth:`open` to check.
 
         Raises:
             InputError: entries of another shape, a word out of range, an image holding a word
-                twice, or more than ``2^32 - 1`` images.
+                twice, more than ``2^32 - 1`` images, or a ``folder`` that is not oxbench's.
         """
         if dim % 64 or dim <= 0:
             raise InputError(f"ASMK codes of {dim} bits: a multiple of 64 is needed")
+        with lists_folder(folder).building() as tmp:
+            cls._write(chunks, n_words, dim, tmp, use_idf=use_idf, stands_for=stands_for)
+        return cls.open(folder, stands_for=stands_for)
+
+    @staticmethod
+    def _write(
+        chunks: Iterable[AsmkEntries],
+        n_words: int,
+        dim: int,
+        folder: Path,
+        *,
+        use_idf: bool,
+        stands_for: Mapping[str, object] | None,
+    ) -> None:
         n_u64 = dim // 64
-        folder = make_folder(Path(folder))
         with WordRuns(folder, n_words, _columns(n_u64)) as runs:
             n_images = 0
             for e in chunks:
@@ -224,25 +250,32 @@ class AsmkInvertedFile:
             "dim": dim,
             "use_idf": bool(use_idf),
         }
-        write_folder(folder, _columns(n_u64), meta, offsets, {"norms": np.sqrt(norm), "idf": idf})
-        return cls.open(folder)
+        arrays = {"norms": np.sqrt(norm), "idf": idf}
+        write_folder(
+            folder, _columns(n_u64), meta, offsets, arrays, what=WHAT, stands_for=stands_for
+        )
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, folder: str | Path) -> AsmkInvertedFile:
-        """Map a folder written by :meth:`build` (offsets, norms and idf are read into RAM).
+    def open(
+        cls, folder: str | Path, *, stands_for: Mapping[str, object] | None = None
+    ) -> AsmkInvertedFile:
+        """Map a folder written by :meth:`build` (offsets, norms and idf are read into RAM);
+        ``stands_for``: what it must have been built for (``None``: not checked).
 
         Raises:
             InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
-            CorruptCache: a mapped file that is not the one written for this ``meta.json``.
+            CorruptCache: a folder built for another ``stands_for``, a damaged ``meta.json`` or
+                array, or a mapped file that is not the one written for this ``meta.json``.
         """
         meta, offsets, arrays, mapped = read_folder(
             Path(folder),
             fmt=FORMAT,
             columns_of=lambda meta: _columns(int(meta["dim"]) // 64),
             arrays={"norms": ("n_images", np.float64), "idf": ("n_words", np.float32)},
-            what="ASMK inverted file",
+            what=WHAT,
             valid_meta=lambda meta: int(meta["dim"]) > 0 and int(meta["dim"]) % 64 == 0,
+            stands_for=stands_for,
         )
         return cls(
             Path(folder),

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench import schema as S
-from oxbench.cache import CorruptCache, load_npz, save_npz
+from oxbench.cache import DIGEST_KEY, CorruptCache, load_npz, save_npz
 from oxbench.errors import InputError
 from oxbench.schema import Group, KindSettings, setting, validate
 
@@ -175,6 +175,8 @@ class HammingEmbedding:
         medians_: ``float32 [n_words, 64]`` per-word medians of projected training descriptors;
             a word without training descriptors gets the medians over all of them.
         trained_per_word_: ``int64 [n_words]`` training descriptors each word's medians come from.
+        file_digest_: the content digest of the file it was loaded from (``""``: not loaded),
+            what an index built with it records.
 
     Example:
         >>> rng = np.random.default_rng(0)
@@ -192,6 +194,7 @@ class HammingEmbedding:
         self.projection_: NDArray[np.float32] | None = None
         self.medians_: NDArray[np.float32] | None = None
         self.trained_per_word_: NDArray[np.int64] | None = None
+        self.file_digest_ = ""
 
     def fit(
         self, descriptors: NDArray[np.floating], words: NDArray[np.integer]
@@ -266,6 +269,7 @@ class HammingEmbedding:
             he.projection_ = np.asarray(z["projection"], np.float32)
             he.medians_ = medians
             he.trained_per_word_ = np.asarray(z["trained_per_word"], np.int64)
+            he.file_digest_ = str(z[DIGEST_KEY])
         except (KeyError, IndexError) as exc:
             raise CorruptCache(f"Hamming embedding file without {exc}", Path(path)) from None
         if he.projection_.shape[0] != N_BITS or medians.shape[1] != N_BITS:

@@ -35,7 +35,6 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench.errors import InputError
-from oxbench.fileio import make_folder
 from oxbench.index.hamming import (
     N_BITS,
     HammingIndex,
@@ -46,6 +45,7 @@ from oxbench.index.hamming import (
     wgc_scores,
 )
 from oxbench.index.word_lists import Column, WordRuns, read_folder, scatter_hamming, write_folder
+from oxbench.storage import StoreFolder, known_files
 
 FORMAT = 1
 #: The memory-mapped columns of a folder.
@@ -57,6 +57,15 @@ COLUMNS = (
 )
 #: Bytes of one posting on disk.
 POSTING_BYTES = sum(c.item_bytes for c in COLUMNS)
+#: The kind in messages.
+WHAT = "Hamming inverted file"
+
+
+def lists_folder(folder: str | Path) -> StoreFolder:
+    """The folder of a Hamming inverted file, as :mod:`oxbench.storage` checks and builds it."""
+    mapped = [f"{c.name}.npy" for c in COLUMNS]
+    names = ["offsets.npy", "idf.npy", "norms.npy", *mapped]
+    return StoreFolder(Path(folder), WHAT, FORMAT, known_files(names, mapped=mapped))
 
 
 @dataclass(frozen=True)
@@ -160,18 +169,39 @@ class HammingInvertedFile:
     # ------------------------------------------------------------------ building
     @classmethod
     def build(
-        cls, chunks: Iterable[HeEntries], n_words: int, folder: str | Path, *, idf: bool = True
+        cls,
+        chunks: Iterable[HeEntries],
+        n_words: int,
+        folder: str | Path,
+        *,
+        idf: bool = True,
+        stands_for: Mapping[str, object] | None = None,
     ) -> HammingInvertedFile:
-        """Write the inverted file of the images given in chunks (index order).
+        """Write the inverted file of the images given in chunks (index order), built beside
+        ``folder`` and put in its place whole (:meth:`oxbench.storage.StoreFolder.building`).
 
         ``idf_w = log(N / df_w)`` with ``df_w`` the images holding word ``w`` (0 where none does;
         ones with ``idf=False``); each image's norm is the L2 norm of its tf-idf vector.
+        ``stands_for``: what the lists are built from (inputs' content digests, settings),
+        recorded in ``meta.json`` for :meth:`open` to check.
 
         Raises:
-            InputError: entries of another shape, a word out of range, owners out of order, or
-                more than ``2^32 - 1`` images.
+            InputError: entries of another shape, a word out of range, owners out of order, more
+                than ``2^32 - 1`` images, or a ``folder`` that is not oxbench's.
         """
-        folder = make_folder(Path(folder))
+        with lists_folder(folder).building() as tmp:
+            cls._write(chunks, n_words, tmp, idf=idf, stands_for=stands_for)
+        return cls.open(folder, stands_for=stands_for)
+
+    @staticmethod
+    def _write(
+        chunks: Iterable[HeEntries],
+        n_words: int,
+        folder: Path,
+        *,
+        idf: bool,
+        stands_for: Mapping[str, object] | None,
+    ) -> None:
         df = np.zeros(n_words, np.int64)
         with WordRuns(folder, n_words, COLUMNS) as runs:
             n_images = 0
@@ -209,25 +239,30 @@ class HammingInvertedFile:
             "nnz": int(offsets[-1]),
             "idf": bool(idf),
         }
-        write_folder(folder, COLUMNS, meta, offsets, {"idf": weights, "norms": np.sqrt(norm_sq)})
-        return cls.open(folder)
+        arrays = {"idf": weights, "norms": np.sqrt(norm_sq)}
+        write_folder(folder, COLUMNS, meta, offsets, arrays, what=WHAT, stands_for=stands_for)
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, folder: str | Path) -> HammingInvertedFile:
-        """Map a folder written by :meth:`build` (offsets, idf and norms are read into RAM).
+    def open(
+        cls, folder: str | Path, *, stands_for: Mapping[str, object] | None = None
+    ) -> HammingInvertedFile:
+        """Map a folder written by :meth:`build` (offsets, idf and norms are read into RAM);
+        ``stands_for``: what it must have been built for (``None``: not checked).
 
         Raises:
             InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
-            CorruptCache: a mapped file that is not the one written for this ``meta.json``.
+            CorruptCache: a folder built for another ``stands_for``, a damaged ``meta.json`` or
+                array, or a mapped file that is not the one written for this ``meta.json``.
         """
         meta, offsets, arrays, columns = read_folder(
             Path(folder),
             fmt=FORMAT,
             columns_of=lambda meta: COLUMNS,
             arrays={"idf": ("n_words", np.float64), "norms": ("n_images", np.float64)},
-            what="Hamming inverted file",
+            what=WHAT,
             valid_meta=lambda meta: isinstance(meta["idf"], bool),
+            stands_for=stands_for,
         )
         return cls(Path(folder), meta, offsets, columns, arrays["idf"], arrays["norms"])
 
@@ -357,4 +392,11 @@ class HammingInvertedFile:
         )
 
 
-__all__ = ["COLUMNS", "POSTING_BYTES", "HammingInvertedFile", "HeEntries", "in_ram_index"]
+__all__ = [
+    "COLUMNS",
+    "POSTING_BYTES",
+    "HammingInvertedFile",
+    "HeEntries",
+    "in_ram_index",
+    "lists_folder",
+]

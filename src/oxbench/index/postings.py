@@ -13,16 +13,20 @@ disk, memory-mapped:
   exactly) or ``float16`` (half the bytes; scores within float16 rounding);
 - ``offsets.npy``: ``int64 [n_words + 1, 2]`` where each word's ids (bytes) and weights (entries)
   start;
-- ``meta.json``: counts, the weight dtype and a digest of the three data files' sizes.
+- ``meta.json``: counts, the weight dtype, what the lists were built from (``stands_for``) and
+  a digest (:class:`oxbench.storage.StoreFolder`); the mapped files are bound to it and to the
+  offsets (:func:`oxbench.cache.record_written`).
 
 A query decodes only the lists of its own words and accumulates ``q_w * weight`` into the image
-scores: the work is the length of those lists, as for the in-RAM file.
+scores: the work is the length of those lists, as for the in-RAM file. The optional compiled
+kernel (``bow_scatter`` in :mod:`oxbench.evaluation._accel`, built by ``setup.py``) decodes and
+adds in one pass; without it, with ``OXBENCH_NO_ACCEL=1``, or on a list it finds damaged, numpy
+does the same float32 products and additions in the same order: the same scores, to the bit.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Literal
@@ -33,21 +37,21 @@ from numpy.typing import NDArray
 
 from oxbench.cache import check_written, record_written
 from oxbench.errors import InputError
+from oxbench.evaluation.kernels import _accel, accelerated
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.fileio import (
     atomic_open,
-    atomic_write_json,
     atomic_write_npy,
     discard_folder,
     json_digest,
-    make_folder,
     make_temp_folder,
-    read_input_bytes,
-    remove_stale_temps,
 )
+from oxbench.storage import StoreFolder, known_files
 
 WeightDtype = Literal["float32", "float16"]
 FORMAT = 1
+
+_bow_scatter = getattr(_accel, "bow_scatter", None)
 
 
 def vbyte_encode(values: NDArray[np.integer]) -> NDArray[np.uint8]:
@@ -141,6 +145,14 @@ def _ranges(starts: NDArray[np.int64], ends: NDArray[np.int64]) -> NDArray[np.in
 
 #: The memory-mapped files of a folder (written with :func:`oxbench.cache.record_written`).
 _MAPPED = ("ids.bin", "weights.npy")
+#: The kind in messages.
+WHAT = "compressed inverted file"
+
+
+def lists_folder(folder: str | Path) -> StoreFolder:
+    """The folder of compressed posting lists, as :mod:`oxbench.storage` checks and builds it."""
+    names = ["offsets.npy", *_MAPPED]
+    return StoreFolder(Path(folder), WHAT, FORMAT, known_files(names, mapped=_MAPPED))
 
 
 def _postings_record(meta: Mapping[str, object], offsets: NDArray[np.int64]) -> dict[str, object]:
@@ -178,12 +190,21 @@ class CompressedPostings:
 
     @classmethod
     def write(
-        cls, postings: sp.spmatrix, folder: str | Path, *, weights: WeightDtype = "float32"
+        cls,
+        postings: sp.spmatrix,
+        folder: str | Path,
+        *,
+        weights: WeightDtype = "float32",
+        stands_for: Mapping[str, object] | None = None,
     ) -> CompressedPostings:
-        """Compress ``postings`` (``[n_words, n_db]``, one row per word) into ``folder``.
+        """Compress ``postings`` (``[n_words, n_db]``, one row per word) into ``folder`` (built
+        beside it and put in its place whole: :meth:`oxbench.storage.StoreFolder.building`).
+        ``stands_for``: what the lists are built from (inputs' content digests, settings),
+        recorded in ``meta.json`` for :meth:`open` to check.
 
         Raises:
-            InputError: an unknown weight dtype, or non-finite weights.
+            InputError: an unknown weight dtype, non-finite weights, or a ``folder`` that is not
+                oxbench's.
         """
         _check_weight_dtype(weights)
         m = sp.csr_matrix(postings, dtype=np.float32)
@@ -198,9 +219,11 @@ class CompressedPostings:
                 a, b = int(m.indptr[w0]), int(m.indptr[w1])
                 yield counts[w0:w1], m.indices[a:b].astype(np.int64), m.data[a:b]
 
-        return cls._write(
-            Path(folder), int(m.shape[0]), int(m.shape[1]), int(m.nnz), blocks(), weights
-        )
+        with lists_folder(folder).building() as tmp:
+            cls._write(
+                tmp, int(m.shape[0]), int(m.shape[1]), int(m.nnz), blocks(), weights, stands_for
+            )
+        return cls.open(folder, stands_for=stands_for)
 
     @classmethod
     def build(
@@ -210,12 +233,13 @@ class CompressedPostings:
         folder: str | Path,
         *,
         weights: WeightDtype = "float32",
+        stands_for: Mapping[str, object] | None = None,
     ) -> CompressedPostings:
         """Compress the posting lists of database vectors given in chunks of rows, never holding
         them whole: the same files as :meth:`write` of the whole matrix's transpose.
 
         Each chunk (``[n_i, n_words]`` weighted vectors of the next ``n_i`` images, in index
-        order) is transposed and written to a temporary run under ``folder``; the runs are then
+        order) is transposed and written to a temporary run in the build folder; the runs are then
         merged word block by word block (each word's list: its run pieces in run order, ids
         increasing). The memory used is a chunk and a block, whatever the number of images.
 
@@ -223,8 +247,19 @@ class CompressedPostings:
             InputError: an unknown weight dtype, a chunk of another width, or non-finite weights.
         """
         _check_weight_dtype(weights)
-        folder = make_folder(Path(folder))
-        remove_stale_temps(folder)  # what a killed build left (older than an hour)
+        with lists_folder(folder).building() as tmp:
+            cls._build(rows, n_words, tmp, weights, stands_for)
+        return cls.open(folder, stands_for=stands_for)
+
+    @classmethod
+    def _build(
+        cls,
+        rows: Iterable[sp.spmatrix],
+        n_words: int,
+        folder: Path,
+        weights: WeightDtype,
+        stands_for: Mapping[str, object] | None,
+    ) -> None:
         runs_dir = make_temp_folder(folder / "runs")
         try:
             runs: list[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]] = []
@@ -272,7 +307,7 @@ class CompressedPostings:
                     )  # by word; runs (ids) in order
                     yield counts[w0:w1], np.concatenate(ids)[order], np.concatenate(data)[order]
 
-            return cls._write(folder, n_words, n_db, int(counts.sum()), blocks(), weights)
+            cls._write(folder, n_words, n_db, int(counts.sum()), blocks(), weights, stands_for)
         finally:
             discard_folder(runs_dir)
 
@@ -285,10 +320,10 @@ class CompressedPostings:
         nnz: int,
         blocks: Iterable[tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float32]]],
         weights: WeightDtype,
-    ) -> CompressedPostings:
-        """Write the lists given word block by word block: ``(postings per word, ids, weights)``
-        of consecutive words, each word's ids increasing."""
-        folder = make_folder(folder)
+        stands_for: Mapping[str, object] | None,
+    ) -> None:
+        """Write the lists given word block by word block into the build folder: ``(postings
+        per word, ids, weights)`` of consecutive words, each word's ids increasing."""
         offsets = np.zeros((n_words + 1, 2), np.int64)
         w = 0
         header = {
@@ -317,29 +352,34 @@ class CompressedPostings:
                     f"posting blocks cover {w} of {n_words} words, {offsets[-1, 1]} of {nnz} postings"
                 )
         atomic_write_npy(folder / "offsets.npy", offsets)
-        meta = {
-            "format": FORMAT,
+        box = lists_folder(folder)
+        fields = {
             "n_words": n_words,
             "n_db": n_db,
             "nnz": nnz,
             "weights": weights,
             "ids_bytes": int(offsets[-1, 0]),
         }
-        for name in _MAPPED:  # mapped, never hashed: bound to the file written
+        meta = box.fields(fields, stands_for=stands_for)
+        for name in _MAPPED:  # mapped, never hashed: bound to the file written (and the offsets)
             record_written(folder / name, _postings_record(meta, offsets))
-        atomic_write_json(folder / "meta.json", meta)
-        return cls.open(folder)
+        box.write_meta(fields, stands_for=stands_for)
 
     @classmethod
-    def open(cls, folder: str | Path) -> CompressedPostings:
-        """Map a folder written by :meth:`write` (nothing is read into RAM but the offsets).
+    def open(
+        cls, folder: str | Path, *, stands_for: Mapping[str, object] | None = None
+    ) -> CompressedPostings:
+        """Map a folder written by :meth:`write` (nothing is read into RAM but the offsets);
+        ``stands_for``: what it must have been built for (``None``: not checked).
 
         Raises:
             InputError: a file is missing, or the files do not agree with ``meta.json``.
+            CorruptCache: a folder built for another ``stands_for``, a damaged ``meta.json``
+                or offsets, or a mapped file that is not the one written.
         """
         folder = Path(folder)
+        meta = lists_folder(folder).meta(stands_for=stands_for)
         try:
-            meta = json.loads(read_input_bytes(folder / "meta.json", limit=1 << 16))
             n_words, n_db, nnz = int(meta["n_words"]), int(meta["n_db"]), int(meta["nnz"])
             wdt = meta["weights"]
             offsets = np.load(folder / "offsets.npy", allow_pickle=False)
@@ -354,8 +394,7 @@ class CompressedPostings:
                 f"unreadable compressed inverted file ({type(exc).__name__}: {exc})", folder
             ) from None
         ok = (
-            meta.get("format") == FORMAT
-            and wdt in ("float32", "float16")
+            wdt in ("float32", "float16")
             and offsets.shape == (n_words + 1, 2)
             and offsets.dtype == np.int64
             and weights.shape == (nnz,)
@@ -398,36 +437,52 @@ class CompressedPostings:
 
     def scores_of_vectors(self, vectors: sp.spmatrix) -> NDArray[np.float32]:
         """Dot products ``[n_queries, n_db]`` of weighted query vectors (``[n, n_words]``) with the
-        database: each query's words' lists decoded at once and accumulated in ``float32``, word by
-        word in increasing word order (the in-RAM file's order, so its scores exactly)."""
+        database: each query's words' lists decoded and accumulated in ``float32``, word by word
+        in increasing word order (the in-RAM file's order, so its scores exactly).
+
+        The compiled kernel (``bow_scatter``, when :func:`oxbench.evaluation.kernels.accelerated`)
+        scores a query in one pass over its lists; otherwise, or when it finds a list damaged,
+        numpy does (:meth:`_scores_numpy`), from zeros: the same scores to the bit either way.
+        """
         q = sp.csr_matrix(vectors, dtype=np.float32)
         q.sort_indices()
         if q.shape[1] != self.n_words:
             raise InputError(f"query vectors have {q.shape[1]} words, the index {self.n_words}")
         out = np.zeros((q.shape[0], self.n_db), np.float32)
+        kernel = _bow_scatter if accelerated() else None
         for i in range(q.shape[0]):
             a, b = q.indptr[i], q.indptr[i + 1]
-            words = q.indices[a:b]
-            if not len(words):
+            if a == b:
                 continue
-            (b0, w0), (b1, w1) = self._offsets[words].T, self._offsets[words + 1].T
-            lens = w1 - w0
-            gaps = vbyte_decode(np.asarray(self._ids[_ranges(b0, b1)]))
-            if len(gaps) != int(lens.sum()):
-                raise InputError("compressed inverted file: a posting list is damaged", self.folder)
-            total = np.cumsum(gaps)
-            starts = np.cumsum(lens) - lens
-            nonempty = lens > 0
-            base = np.zeros(len(words), np.int64)
-            base[nonempty] = total[starts[nonempty]] - gaps[starts[nonempty]]
-            ids = total - np.repeat(base, lens)
-            if len(ids) and (ids.min() < 0 or ids.max() >= self.n_db):
-                raise InputError("compressed inverted file: a posting list is damaged", self.folder)
-            contrib = np.repeat(q.data[a:b], lens) * np.asarray(
-                self._weights[_ranges(w0, w1)], np.float32
-            )
-            np.add.at(out[i], ids, contrib)
+            words, weights = q.indices[a:b], q.data[a:b]
+            if kernel is not None and not kernel(
+                out[i], self._ids, self._weights, self._offsets, words, weights
+            ):
+                continue
+            out[i] = 0.0  # a kernel stopped by a damaged list may have added part of the sums
+            self._scores_numpy(out[i], words, weights)
         return out
+
+    def _scores_numpy(
+        self, out: NDArray[np.float32], words: NDArray[np.integer], weights: NDArray[np.float32]
+    ) -> None:
+        """``out[id] += weights[j] * weight`` over the lists of ``words`` (increasing), numpy's
+        way: the lists decoded at once, the float32 products added with ``np.add.at``."""
+        (b0, w0), (b1, w1) = self._offsets[words].T, self._offsets[words + 1].T
+        lens = w1 - w0
+        gaps = vbyte_decode(np.asarray(self._ids[_ranges(b0, b1)]))
+        if len(gaps) != int(lens.sum()):
+            raise InputError("compressed inverted file: a posting list is damaged", self.folder)
+        total = np.cumsum(gaps)
+        starts = np.cumsum(lens) - lens
+        nonempty = lens > 0
+        base = np.zeros(len(words), np.int64)
+        base[nonempty] = total[starts[nonempty]] - gaps[starts[nonempty]]
+        ids = total - np.repeat(base, lens)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.n_db):
+            raise InputError("compressed inverted file: a posting list is damaged", self.folder)
+        contrib = np.repeat(weights, lens) * np.asarray(self._weights[_ranges(w0, w1)], np.float32)
+        np.add.at(out, ids, contrib)
 
     def search(self, vectors: sp.spmatrix, k: int | None = None) -> NDArray[np.int64]:
         """Ranked database indices ``[n_queries, k]`` of weighted query vectors, best first (ties

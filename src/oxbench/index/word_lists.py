@@ -11,10 +11,13 @@ appends the block to the column's file (the first column's blocks offered to a c
 deleting the column's runs once it is written -- so the disk holds the runs and one column more
 at the peak, not two copies of the postings.
 
+:func:`write_folder` finishes a folder built in a temporary folder beside its final name
+(:class:`oxbench.storage.StoreFolder`): ``meta.json`` says what the lists stand for (the content
+digests of the inputs and the settings) and holds the digests of the arrays read on open;
 :func:`bind` records, beside each mapped file, what it was written for (the folder's
-``meta.json`` and the offsets), and :func:`open_columns` maps the columns after checking each
-against that record (:func:`oxbench.cache.check_written`), so a file replaced or left from
-another build is never scored.
+``meta.json`` and the offsets), and :func:`read_folder` / :func:`open_columns` check all of it
+(:func:`oxbench.cache.check_written` for the mapped columns, never hashed in full), so a folder
+of other inputs, a file replaced or one left from another build is never scored.
 
 :func:`scatter_hamming` is the scoring loop both files share: one query code against one word's
 list, ``scores[ids[i]] += weights[hamming(codes[i], q)]``.
@@ -23,7 +26,6 @@ list, ``scores[ids[i]] += weights[hamming(codes[i], q)]``.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -34,20 +36,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from oxbench.cache import check_written, record_written
+from oxbench.cache import CorruptCache, arrays_digest, check_written, record_written
 from oxbench.errors import InputError
 from oxbench.evaluation.kernels import _accel, accelerated
 from oxbench.fileio import (
     atomic_open,
-    atomic_write_json,
     atomic_write_npy,
     discard_folder,
     json_digest,
     make_temp_folder,
-    read_input_bytes,
-    remove_stale_temps,
 )
 from oxbench.index.postings import _word_blocks
+from oxbench.storage import StoreFolder
 
 #: Postings merged at a time (~100 MB of columns): few, long reads of each run, as a million
 #: images leave hundreds of runs.
@@ -76,11 +76,11 @@ class WordRuns:
     """Chunks of postings written as word-sorted runs, then merged into per-word columns.
 
     Use as a context manager (the runs' folder is removed on exit): :meth:`add` each chunk, then
-    :meth:`merge` once. What a killed build left in the folder (its runs, half-written columns:
-    temporary names older than an hour) is removed first.
+    :meth:`merge` once.
 
     Args:
-        folder: the inverted file's folder (the runs go to a temporary folder inside it).
+        folder: the folder being built (:meth:`oxbench.storage.StoreFolder.building`: what a
+            killed build left is removed there); the runs go to a temporary folder inside it.
         n_words: vocabulary size.
         columns: the posting columns.
     """
@@ -90,8 +90,6 @@ class WordRuns:
         self.n_words = int(n_words)
         self.columns = tuple(columns)
         self.counts = np.zeros(self.n_words, np.int64)
-        # runs and half-written columns of a build that was killed (older than an hour)
-        remove_stale_temps(self.folder)
         self._dir = make_temp_folder(self.folder / "runs")
         self._runs: list[NDArray[np.int64]] = []
 
@@ -224,14 +222,23 @@ def write_folder(
     meta: Mapping[str, object],
     offsets: NDArray[np.int64],
     arrays: Mapping[str, NDArray],
-) -> None:
+    *,
+    what: str,
+    stands_for: Mapping[str, object] | None = None,
+) -> dict[str, Any]:
     """Finish a folder whose columns :meth:`WordRuns.merge` wrote: the arrays read into RAM on
-    open (``offsets.npy`` and ``<name>.npy`` of each of ``arrays``), the columns bound to
-    ``meta`` and the offsets (:func:`bind`), and ``meta.json`` last."""
-    for name, a in {"offsets": offsets, **arrays}.items():
+    open (``offsets.npy`` and ``<name>.npy`` of each of ``arrays``, their digests in
+    ``meta.json``), the columns bound to the meta and the offsets (:func:`bind`), and
+    ``meta.json`` last (:class:`~oxbench.storage.StoreFolder`: ``meta`` with its ``format``, what
+    the folder stands for and a digest). Returns the meta's fields."""
+    box = StoreFolder(Path(folder), what, int(meta["format"]))  # type: ignore[call-overload]
+    ram = {"offsets": offsets, **arrays}
+    for name, a in ram.items():
         atomic_write_npy(Path(folder) / f"{name}.npy", a)
-    bind(folder, columns, meta, offsets)
-    atomic_write_json(Path(folder) / "meta.json", meta)
+    digests = {name: arrays_digest({name: np.asarray(a)}) for name, a in ram.items()}
+    fields = box.fields({**meta, "arrays": digests}, stands_for=stands_for)
+    bind(folder, columns, fields, offsets)
+    return box.write_meta({**meta, "arrays": digests}, stands_for=stands_for)
 
 
 def read_folder(
@@ -242,9 +249,11 @@ def read_folder(
     arrays: Mapping[str, tuple[str, type]],
     what: str,
     valid_meta: Callable[[Mapping[str, Any]], bool] = lambda meta: True,
+    stands_for: Mapping[str, object] | None = None,
 ) -> tuple[dict[str, Any], NDArray[np.int64], dict[str, NDArray], dict[str, NDArray]]:
     """Open a folder :func:`write_folder` finished: ``(meta, offsets, arrays, columns)``, the
-    arrays read into RAM, the columns mapped (:func:`open_columns`).
+    arrays read into RAM (each checked against its digest), the columns mapped
+    (:func:`open_columns`).
 
     Args:
         fmt: the format number ``meta.json`` must hold.
@@ -253,20 +262,22 @@ def read_folder(
         what: the file's name in messages.
         valid_meta: the kind's own checks of ``meta.json`` (may raise ``KeyError`` /
             ``ValueError`` / ``TypeError`` for a missing or mistyped key).
+        stands_for: what the folder must have been written for (its inputs' content digests
+            and settings); ``None``: not checked.
 
     Raises:
         InputError: a missing or unreadable file, or files that disagree with ``meta.json``.
-        CorruptCache: a mapped file that is not the one written for this ``meta.json``.
+        CorruptCache: a damaged ``meta.json``, a folder written for another ``stands_for``, an
+            array that fails its digest, or a mapped file that is not the one written for this
+            ``meta.json``.
     """
     folder = Path(folder)
+    meta = StoreFolder(folder, what, fmt).meta(stands_for=stands_for)
     try:
-        meta = json.loads(read_input_bytes(folder / "meta.json", limit=1 << 16))
         offsets = np.load(folder / "offsets.npy", allow_pickle=False)
         loaded = {n: np.load(folder / f"{n}.npy", allow_pickle=False) for n in arrays}
         ok = (
-            isinstance(meta, dict)
-            and meta.get("format") == fmt
-            and valid_meta(meta)
+            valid_meta(meta)
             and valid_offsets(offsets, int(meta["n_words"]), int(meta["nnz"]))
             and all(
                 loaded[n].shape == (int(meta[key]),) and loaded[n].dtype == np.dtype(dtype)
@@ -274,10 +285,16 @@ def read_folder(
             )
         )
         columns = columns_of(meta) if ok else ()
+        digests = meta["arrays"]
+        intact = all(
+            digests[n] == arrays_digest({n: a}) for n, a in {"offsets": offsets, **loaded}.items()
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InputError(f"unreadable {what} ({type(exc).__name__}: {exc})", folder) from None
     if not ok:
         raise InputError(f"{what} does not agree with its meta.json (damaged?)", folder)
+    if not intact:
+        raise CorruptCache(f"{what}: an array read on open does not match its digest", folder)
     return meta, offsets, loaded, open_columns(folder, columns, meta, offsets, what=what)
 
 

@@ -11,12 +11,14 @@ subclasses it and adds only its own index and scoring.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from oxbench.cache import arrays_digest
 from oxbench.datasets.base import Benchmark
 from oxbench.errors import InputError
 from oxbench.fileio import json_digest, refuse_linked_folder
@@ -29,10 +31,12 @@ from oxbench.pipelines.steps.verify import VerifiedList, short_list_verifier, ve
 from oxbench.pipelines.steps.vocabulary import load_vocabulary, step_vocabulary
 from oxbench.pipelines.steps.words import WordedParts, describe_and_assign
 from oxbench.refinement.spatial import Verification
+from oxbench.storage import StoreFolder, open_or_build
 
 log = logging.getLogger(__name__)
 
 Self = TypeVar("Self", bound="QuantisingMethod")
+T = TypeVar("T")
 
 
 class QuantisingMethod(RetrievalMethod):
@@ -162,6 +166,45 @@ class QuantisingMethod(RetrievalMethod):
         return refuse_linked_folder(
             Path(ctx.cache) / dataset_key(bench) / kind / key, below=Path(ctx.cache)
         )
+
+    def lists_binding(self, parts: WordedParts, **inputs: object) -> dict[str, object]:
+        """What an on-disk index over ``parts`` stands for (recorded in its folder and checked
+        when a rerun opens it): the method's settings, the vocabulary's content digest and, per
+        indexed part, its images, their features (the store's checksums) and their words (the
+        words file's content digest), plus the family's own ``inputs`` (content digests)."""
+        index = {}
+        for part in ("database", "distractors"):
+            if part not in parts.words:
+                continue
+            names, words = parts.names[part], parts.words[part]
+            index[part] = {
+                "names": json_digest(names),
+                "features": parts.stores[part].features_digest(names),
+                "words": words.source.digest
+                if words.source is not None
+                else arrays_digest({"offsets": words.offsets, "words": words.words}),
+            }
+        return {
+            "method": self.config.digest(),
+            "vocabulary": parts.vocabulary.file_digest_,
+            "index": index,
+            **inputs,
+        }
+
+    def reuse_lists(
+        self,
+        ctx: RunContext,
+        kind: str,
+        folder: StoreFolder,
+        open_lists: Callable[[], T],
+        build_lists: Callable[[], T],
+    ) -> T:
+        """The on-disk index in ``folder``: opened when a rerun finds it built for the same
+        binding (:meth:`lists_binding`, checked by ``open_lists``) and intact, else built (with a
+        warning when a check failed); recorded as the step ``kind`` (a hit when opened)."""
+        lists, opened = open_or_build(folder, open_folder=open_lists, build=build_lists)
+        ctx.record_step(kind, hit=opened)
+        return lists
 
     def indexed_parts(self, bench: Benchmark) -> WordedParts:
         """The parts :meth:`index_parts` made for ``bench`` (refused for another benchmark)."""

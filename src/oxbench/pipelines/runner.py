@@ -1024,6 +1024,7 @@ def run_facts(
         seeds=run_seeds(m, bench, loaded.train),
         deterministic=session.deterministic,
         seed_group=None if member is None else SeedGroupFacts.from_dict(member.to_dict()),
+        preprocessing=done.info.get("preprocessing"),
     )
     return facts.to_dict()
 

@@ -7,7 +7,9 @@ first in the field's layout -- Medium then Hard, each with ROxf, ROxf+1M, RPar, 
 mP@10 under each -- then every other dataset (its own setups) by dataset id. A run with distractors
 goes to its own group headed by the count it searched among (``ROxf+1K``, ``ROxf+R1M``: ``R`` for
 revisitop's 1M set), and its row is its label without that count (the default label of a distractor
-run ends in it), so one method's runs with and without distractors share a row.
+run ends in it), so one method's runs with and without distractors share a row. Runs of one label
+that differ in their preprocessing card (``record.json`` ``preprocessing``: a foundation model's
+resize, query crop, pooling, weights) are two rows, each label followed by the card's short tag.
 
 In each column, every row is compared with the first row that has a run there (the baseline,
 the first run given) by the paired randomization test of :mod:`oxbench.report.stats` on
@@ -22,6 +24,7 @@ import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from oxbench.errors import InputError
 from oxbench.evaluation.bootstrap import spread_note
@@ -261,6 +264,30 @@ def _group_key(dataset: str, n_distractors: int) -> tuple[int, str, int]:
     return (known, dataset, n_distractors)
 
 
+def _row_labels(runs: Sequence[RunRecord | SeedGroup]) -> list[str]:
+    """Each run's row: its label without the distractor count (the count is in the header), and
+    where runs of one label and dataset differ in their preprocessing card, the card's short tag
+    after it (:func:`~oxbench.records.preprocessing_tag`), so they are two rows, not one refusal."""
+    from oxbench.records import preprocessing_tag
+
+    def card(r: RunRecord | SeedGroup) -> Any:
+        return (r.first if isinstance(r, SeedGroup) else r).preprocessing
+
+    base = [
+        r.label.removesuffix(f" {r.distractor_tag}") if r.distractor_tag else r.label for r in runs
+    ]
+    cards: dict[tuple[str, int, str], set[str]] = {}
+    for r, label in zip(runs, base, strict=True):
+        cards.setdefault((r.dataset_id, r.n_distractors, label), set()).add(
+            preprocessing_tag(card(r))
+        )
+    out = []
+    for r, label in zip(runs, base, strict=True):
+        apart = len(cards[(r.dataset_id, r.n_distractors, label)]) > 1
+        out.append(f"{label} [{preprocessing_tag(card(r)) or 'no card'}]" if apart else label)
+    return out
+
+
 def paper_table(
     runs: Sequence[RunRecord | SeedGroup],
     *,
@@ -290,9 +317,9 @@ def paper_table(
     methods: list[str] = []
     n_seeds: dict[str, int] = {}
     by_group: dict[tuple[str, int], dict[str, RunRecord | SeedGroup]] = {}
-    for r in runs:
+    labels = _row_labels(runs)
+    for r, label in zip(runs, labels, strict=True):
         tag = r.distractor_tag
-        label = r.label.removesuffix(f" {tag}") if tag else r.label  # the count is in the header
         if label not in methods:
             methods.append(label)
         n_seeds[label] = max(n_seeds.get(label, 1), seeds_of(r))

@@ -7,6 +7,8 @@ points):
 
 - ``vlad`` -- VLAD over local features (RootSIFT), with a k-means codebook (:mod:`.vlad`);
 - ``cnn`` -- a CNN / ViT activation map pooled by MAC, SPoC, GeM, R-MAC or fc6 (:mod:`.cnn`);
+- ``vit`` -- a frozen foundation model's tokens (DINOv2, DINOv3, CLIP, SigLIP by timm name) pooled
+  by class token, GeM over the patch tokens, both, or the model's own head (:mod:`.vit`);
 - ``features`` -- nothing is described: the user's descriptor files are read (:mod:`.files`).
 
 A kind is two things kept apart, as a method is (:mod:`oxbench.pipelines.method`):

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 
 #: Weights that name no file.
 _NOT_A_FILE = (None, "random", "imagenet")
+
+#: The resize rule, in words (the preprocessing card's ``resize``).
+RESIZE_RULE = "longer side shrunk to at most max_side (Lanczos, never enlarged)"
 
 
 def _no_model_file(path: Path) -> InputError:
@@ -151,6 +154,18 @@ class CnnDescriptor(DescriptorKind):
     def learns(self) -> str:
         return "a network" if self.trains_network else ""
 
+    def weights_file(self, root: Path | None = None) -> Path:
+        """The model file ``weights`` names; one a ``fit`` trains is one per seed.
+
+        Seed 0 trains ``<file>`` itself, seed ``s`` ``<stem>.seed<s><suffix>`` beside it, so the
+        members of ``--seeds 0,1,2`` train and load three networks, not one.
+        """
+        assert self.weights is not None and self.weights not in _NOT_A_FILE
+        path = resolve_weights_path(self.weights, root)
+        if self.trains_network and self.seed:
+            path = path.with_name(f"{path.stem}.seed{self.seed}{path.suffix}")
+        return path
+
     @property
     def requires(self) -> tuple[tuple[str, str], ...]:
         """torch and torchvision (timm for a ``timm:`` trunk)."""
@@ -179,8 +194,7 @@ class CnnDescriptor(DescriptorKind):
         """A model file given as ``weights`` (not one ``fit`` trains)."""
         if self.weights in _NOT_A_FILE or self.trains_network:
             return {}
-        assert self.weights is not None
-        return {"weights": resolve_weights_path(self.weights, root)}
+        return {"weights": self.weights_file(root)}
 
     def check_inputs(self, root: Path | None = None) -> None:
         """A model file that is neither there nor to be trained (``fit_network``) is refused."""
@@ -239,6 +253,14 @@ class NetSpec:
         return model
 
 
+class BuildsNet(Protocol):
+    """What a :class:`CnnShard` builds its network from where it runs (:class:`NetSpec`, or
+    another deep kind's spec): ``build()`` gives an object whose ``net`` an
+    :class:`~oxbench.features.deep.extract.Extractor` drives."""
+
+    def build(self) -> Any: ...
+
+
 class CnnShard:
     """Picklable :data:`~oxbench.features.descstore.Compute`: CNN descriptors of some images.
 
@@ -249,7 +271,7 @@ class CnnShard:
 
     def __init__(
         self,
-        spec: NetSpec,
+        spec: BuildsNet,
         options: Any,
         read: Callable[[int], NDArray[np.uint8]],
         names: list[str],
@@ -305,8 +327,7 @@ class CnnDescriber(StoredDescriber):
         from oxbench.train.loop import train as train_network
 
         k = self.kind
-        assert k.weights is not None
-        path = resolve_weights_path(k.weights, ctx.root)
+        path = k.weights_file(ctx.root)
         if path.exists():
             return True
         config = TrainConfig(backbone=k.backbone, pooling=k.pooling, dataset=train.id, seed=k.seed)
@@ -332,7 +353,7 @@ class CnnDescriber(StoredDescriber):
             )
         weights: str | Path = k.weights
         if k.weights not in _NOT_A_FILE:
-            weights = resolve_weights_path(k.weights, ctx.root)
+            weights = k.weights_file(ctx.root)
             if k.weights.startswith(MODELS_PREFIX) and not weights.exists():
                 raise _no_model_file(weights)
         return NetSpec(k.backbone, k.pooling, weights, k.gem_p, k.seed, k.rmac_grid)
@@ -404,8 +425,28 @@ class CnnDescriber(StoredDescriber):
             parts = parts_of(bench)
         return {part: self.describe_shards(bench, part, ctx, partition) for part in parts}
 
+    def preprocessing(self) -> dict[str, Any]:
+        """The run's preprocessing card (as :class:`~oxbench.pipelines.descriptors.vit.VitDescriber`
+        writes one): how pixels became the descriptor."""
+        k, net = self.kind, self.model_.net
+        weights = str(self.model_.weights)
+        return {
+            "backbone": k.backbone,
+            "resize": RESIZE_RULE,
+            "max_side": k.max_side,
+            "query_resize": k.query_resize,
+            "scales": list(k.scales),
+            "mean": [round(float(v), 8) for v in net.mean],
+            "std": [round(float(v), 8) for v in net.std],
+            "pooling": k.pooling,
+            "precision": k.precision,
+            "weights": weights,
+            "weights_sha256": weights.rsplit("sha256=", 1)[1] if "sha256=" in weights else None,
+        }
+
     def provenance(self) -> dict[str, Any]:
         out = super().provenance()
         if self.model_ is not None:
             out["model"] = {**self.model_.net.describe(), "weights": self.model_.weights}
+            out["preprocessing"] = self.preprocessing()
         return out

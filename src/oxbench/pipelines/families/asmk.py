@@ -47,6 +47,7 @@ from oxbench.index.asmk_file import (
     AsmkInvertedFile,
     AsmkSettings,
     binarize_residuals,
+    lists_folder,
 )
 from oxbench.index.footprint import Footprint, array_bytes
 from oxbench.index.vocabulary import VocabularySettings
@@ -260,12 +261,21 @@ class Asmk(QuantisingMethod):
                         if p in parts.names:
                             yield from self._entries(p, parts.names[p], 1, centroids)
 
-                self._mapped = AsmkInvertedFile.build(
-                    chunks(),
-                    parts.vocabulary.n_words,
-                    centroids.shape[1],
-                    self.index_folder(bench, parts, ctx, "asmk-lists"),
-                    use_idf=self.config.idf,
+                folder = self.index_folder(bench, parts, ctx, "asmk-lists")
+                binding = self.lists_binding(parts)
+                self._mapped = self.reuse_lists(
+                    ctx,
+                    "asmk-lists",
+                    lists_folder(folder),
+                    lambda: AsmkInvertedFile.open(folder, stands_for=binding),
+                    lambda: AsmkInvertedFile.build(
+                        chunks(),
+                        parts.vocabulary.n_words,
+                        centroids.shape[1],
+                        folder,
+                        use_idf=self.config.idf,
+                        stands_for=binding,
+                    ),
                 )
                 self._n_index = self._mapped.n_images
             self.prepare_pipeline(bench, ctx)

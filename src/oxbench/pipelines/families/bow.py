@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from oxbench import schema as S
+from oxbench.cache import arrays_digest
 from oxbench.datasets.base import Benchmark
 from oxbench.evaluation.ranking import ranks_from_scores
 from oxbench.features.sift import SiftConfig
@@ -33,7 +34,7 @@ from oxbench.index.inverted import (
     bow_matrix,
     soft_assignment_weights,
 )
-from oxbench.index.postings import CompressedPostings
+from oxbench.index.postings import CompressedPostings, lists_folder
 from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
 from oxbench.pipelines.presets import register_method
 from oxbench.pipelines.quantising import QuantisingMethod
@@ -228,10 +229,16 @@ class BagOfWords(QuantisingMethod):
 
         with ctx.timed("index"):
             ivf = InvertedFile(n_words, idf=m.idf, burst=m.burst).fit_idf(chunks())
-            self._postings = CompressedPostings.build(
-                (ivf.transform(tf) for tf in chunks()),
-                n_words,
-                self.index_folder(bench, parts, ctx, "postings"),
+            folder = self.index_folder(bench, parts, ctx, "postings")
+            binding = self.lists_binding(parts)
+            self._postings = self.reuse_lists(
+                ctx,
+                "postings",
+                lists_folder(folder),
+                lambda: CompressedPostings.open(folder, stands_for=binding),
+                lambda: CompressedPostings.build(
+                    (ivf.transform(tf) for tf in chunks()), n_words, folder, stands_for=binding
+                ),
             )
         self._ivf = ivf
 
@@ -241,8 +248,15 @@ class BagOfWords(QuantisingMethod):
         ivf = self._ivf
         assert ivf is not None and ivf.postings_ is not None
         with ctx.timed("index"):
-            self._postings = CompressedPostings.write(
-                ivf.postings_, self.index_folder(bench, parts, ctx, "postings")
+            folder = self.index_folder(bench, parts, ctx, "postings")
+            p = ivf.postings_.tocsr()
+            binding = {"postings": arrays_digest({"i": p.indptr, "j": p.indices, "x": p.data})}
+            self._postings = self.reuse_lists(
+                ctx,
+                "postings",
+                lists_folder(folder),
+                lambda: CompressedPostings.open(folder, stands_for=binding),
+                lambda: CompressedPostings.write(p, folder, stands_for=binding),
             )
         ivf.postings_ = None
         if not self.config.reads_vectors:

@@ -54,6 +54,7 @@ from oxbench.pipelines.descriptors import (
 )
 from oxbench.pipelines.descriptors.cnn import CnnDescriptor
 from oxbench.pipelines.descriptors.files import FeatureFilesDescriptor
+from oxbench.pipelines.descriptors.vit import VitDescriptor
 from oxbench.pipelines.descriptors.vlad import VladDescriptor
 from oxbench.pipelines.globalchain import SearchChain, array_digest, check_search_settings
 from oxbench.pipelines.method import (
@@ -564,6 +565,33 @@ register_method(
     about="the synthetic-trained ResNet-18 GeM + whitening + alpha-QE (Radenovic et al. 2018)",
 )
 
+# --- foundation models (descriptor=vit; needs oxbench[deep]) -------------------------------------
+# Frozen ViTs by their timm names, weights from the Hugging Face cache (weights=pretrained: never
+# downloaded; a missing file is one line saying where to put it). The class token at a longer side of
+# 518 px, one scale, the revisited query crop; docs/deep.md names each figure's source and what its
+# preprocessing was. Figures: ROxford Hard mAP as each model card reports it.
+_FOUNDATION: list[tuple[str, str, Literal["cls", "head"], str]] = [
+    # preset, timm model, pooling, what it is and the figure it would reproduce
+    ("dinov2-vits14", "vit_small_patch14_dinov2", "cls", "DINOv2 ViT-S/14, class token; its model card: ROxford Hard 43.2 (Oquab et al. 2023)"),
+    ("dinov2-vitb14", "vit_base_patch14_dinov2", "cls", "DINOv2 ViT-B/14, class token; its model card: ROxford Hard 49.5 (Oquab et al. 2023)"),
+    ("dinov2-vitl14", "vit_large_patch14_dinov2", "cls", "DINOv2 ViT-L/14, class token; its model card: ROxford Hard 54.0 (Oquab et al. 2023)"),
+    ("dinov2-vitg14", "vit_giant_patch14_dinov2", "cls", "DINOv2 ViT-g/14, class token; its model card: ROxford Hard 52.3 (Oquab et al. 2023)"),
+    ("dinov2-vits14-reg", "vit_small_patch14_reg4_dinov2", "cls", "DINOv2 ViT-S/14 with 4 registers, class token; no ROxford figure quoted (Darcet et al. 2024)"),
+    ("dinov2-vitb14-reg", "vit_base_patch14_reg4_dinov2", "cls", "DINOv2 ViT-B/14 with 4 registers, class token; no ROxford figure quoted (Darcet et al. 2024)"),
+    ("dinov2-vitl14-reg", "vit_large_patch14_reg4_dinov2", "cls", "DINOv2 ViT-L/14 with 4 registers, class token; no ROxford figure quoted (Darcet et al. 2024)"),
+    ("dinov2-vitg14-reg", "vit_giant_patch14_reg4_dinov2", "cls", "DINOv2 ViT-g/14 with 4 registers, class token; no ROxford figure quoted (Darcet et al. 2024)"),
+    ("dinov3-vits16", "vit_small_patch16_dinov3", "cls", "DINOv3 ViT-S/16, class token; its model card: ROxford Hard 49.5 (Simeoni et al. 2025)"),
+    ("dinov3-vitb16", "vit_base_patch16_dinov3", "cls", "DINOv3 ViT-B/16, class token; its model card: ROxford Hard 58.5 (Simeoni et al. 2025)"),
+    ("dinov3-vitl16", "vit_large_patch16_dinov3", "cls", "DINOv3 ViT-L/16, class token; its model card: ROxford Hard 63.1 (Simeoni et al. 2025)"),
+    ("clip-vitb16-openai", "vit_base_patch16_clip_224.openai", "cls", "OpenAI CLIP ViT-B/16 image tower, class token before the projection; no ROxford figure quoted (Radford et al. 2021)"),
+    ("siglip-vitb16", "vit_base_patch16_siglip_224", "head", "SigLIP ViT-B/16 image tower, its attention-pool embedding; no ROxford figure quoted (Zhai et al. 2023)"),
+]  # fmt: skip
+for _name, _model, _pooling, _about in _FOUNDATION:
+    register_method(
+        GlobalConfig(_name, descriptor=VitDescriptor(model=_model, token_pooling=_pooling)),
+        about=_about,
+    )
+
 # --- your own descriptors ------------------------------------------------------------------------
 
 # The user's database / query descriptor files (--set descriptor.db_features=PATH
@@ -584,7 +612,7 @@ register_method(
 )
 register_method(
     GlobalConfig("features-dba", descriptor=_FILES, rerank=("dba",)),
-    about="your descriptors + database-side augmentation (Arandjelovic & Zisserman 2012; alpha-DBA: Radenovic et al. 2018)",
+    about="your descriptors + database-side augmentation; alpha-DBA: Radenovic et al. 2018 (Arandjelovic & Zisserman 2012)",
 )
 register_method(
     GlobalConfig("features-diffusion", descriptor=_FILES, rerank=("diffusion",)),
@@ -602,7 +630,7 @@ register_method(
     GlobalConfig(
         "rootsift-vlad-w+sv", whitening="pca", local_source=CLASSIC_FEATURES, rerank=("spatial",)
     ),
-    about="hybrid: whitened VLAD short list verified with RootSIFT by descriptor matching (Jegou et al. 2010; Philbin et al. 2007)",
+    about="hybrid: whitened VLAD short list verified with RootSIFT by descriptor matching; Philbin et al. 2007 (Jegou et al. 2010)",
 )
 register_method(
     GlobalConfig(

@@ -50,7 +50,7 @@ from oxbench.index.hamming import (
     Wgc,
     WgcOff,
 )
-from oxbench.index.he_file import HammingInvertedFile, HeEntries, in_ram_index
+from oxbench.index.he_file import HammingInvertedFile, HeEntries, in_ram_index, lists_folder
 from oxbench.index.inverted import InvertedFile, bow_matrix
 from oxbench.pipelines.method import MethodConfig, Ranking, RunContext
 from oxbench.pipelines.presets import register_method
@@ -209,6 +209,7 @@ class HammingEmbeddingMethod(QuantisingMethod):
                 self.embedding_ = HammingEmbedding(voc.n_words, seed=m.he.seed).fit(x, words)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 self.embedding_.save(path)
+                self.embedding_.file_digest_ = HammingEmbedding.load(path).file_digest_
             ctx.record_step("hamming_embedding", hit=False)
         return self
 
@@ -229,11 +230,20 @@ class HammingEmbeddingMethod(QuantisingMethod):
         n_words = parts.vocabulary.n_words
         with ctx.timed("index"):
             if self.config.inverted_file == "mapped":
-                self.index_ = HammingInvertedFile.build(
-                    self._entries(parts.index_parts),
-                    n_words,
-                    self.index_folder(bench, parts, ctx, "he-lists"),
-                    idf=self.config.idf,
+                folder = self.index_folder(bench, parts, ctx, "he-lists")
+                binding = self.lists_binding(parts, embedding=self.embedding_.file_digest_)
+                self.index_ = self.reuse_lists(
+                    ctx,
+                    "he-lists",
+                    lists_folder(folder),
+                    lambda: HammingInvertedFile.open(folder, stands_for=binding),
+                    lambda: HammingInvertedFile.build(
+                        self._entries(parts.index_parts),
+                        n_words,
+                        folder,
+                        idf=self.config.idf,
+                        stands_for=binding,
+                    ),
                 )
             else:
                 self.index_ = in_ram_index(
