@@ -492,7 +492,7 @@ def test_the_plugin_descriptor_kind_runs_by_preset_and_by_set(
     listing = _oxbench([plugin], "methods", cwd=tmp_path)
     assert listing.returncode == 0, listing.stderr
     kinds = next(ln for ln in listing.stdout.splitlines() if ln.startswith("global descriptor"))
-    assert "colour-histogram [from oxplug 0.1]" in kinds and "cnn, files, vlad" in kinds
+    assert "colour-histogram [from oxplug 0.1]" in kinds and "cnn, files, vit, vlad" in kinds
     common = ["run", "--dataset", "synthetic", "--root", str(data_root), "--json"]
     common += ["--engine", "serial"]
     preset = _oxbench([plugin], *common, "--method", "oxplug-colour", cwd=tmp_path)
