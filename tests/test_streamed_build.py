@@ -63,7 +63,7 @@ def test_a_whitened_run_streamed_is_the_in_ram_run(
     tdb, tq = write_features(root, "synthetic-train", tmp_path / "t", noise=0.5, seed=1)
     train = tmp_path / "train.npy"
     np.save(train, np.vstack([np.load(tdb), np.load(tq)]))
-    monkeypatch.setattr(globalchain, "STREAM_ROWS", rows)
+    monkeypatch.setattr(globalchain, "STREAM_BYTES", rows * (2 * 8 * 8 + 4 * 6))  # `rows` a chunk
 
     def go(name: str):  # noqa: ANN202
         sets = {
@@ -106,7 +106,7 @@ def test_a_whitened_run_streamed_is_the_in_ram_run(
 def test_the_streamed_build_never_holds_the_whole_database(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """20,000 x 64 float32 (5 MiB finished): no chunk of more than ``STREAM_ROWS`` rows reaches
+    """20,000 x 64 float32 (5 MiB finished): no chunk of more than 1,000 rows reaches
     ``write_shards``, and the traced peak of the build stays below a third of the finished array;
     the ranks are the canonical ones over the finished array (:func:`test_streamed.reference`)."""
     from oxbench.index import mapped
@@ -121,7 +121,7 @@ def test_the_streamed_build_never_holds_the_whole_database(
     raw = [(rng.integers(-8, 9, (n, d)) / 16).astype(np.float32)]
     m = resolve_method("features", search="mapped", **{"search.shard_vectors": 3000})
     assert isinstance(m, GlobalConfig) and SearchChain.streams(m)
-    monkeypatch.setattr(globalchain, "STREAM_ROWS", 1000)
+    monkeypatch.setattr(globalchain, "STREAM_BYTES", 1000 * (2 * 8 * d + 4 * d))
     seen: list[int] = []
     real = mapped.write_shards
 
@@ -166,3 +166,40 @@ def test_a_stage_that_needs_the_database_keeps_it_in_ram() -> None:
     chunks = DatabaseChunks([np.ones((4, 3), np.float32)], lambda x: x, 3)
     with pytest.raises(InputError, match="streamed only with search=mapped"):
         SearchChain(m, chunks, RunContext(Path("unused"), progress=False), None)
+
+
+def test_the_pre_flight_counts_no_searched_copy_when_streamed() -> None:
+    """The RAM projection per image: the raw float32 VLAD (64 x 128) and, unless the build
+    streams, its searched copy (4 bytes a dimension each)."""
+    from oxbench.pipelines.presets import resolve_method
+
+    streamed = resolve_method("rootsift-vlad", search="mapped")
+    in_ram = resolve_method("rootsift-vlad", search="mapped", rerank="alpha-qe")
+    assert streamed.ram_bytes_per_image() == 4 * 8192
+    assert in_ram.ram_bytes_per_image() == resolve_method("rootsift-vlad").ram_bytes_per_image()
+    assert in_ram.ram_bytes_per_image() == 2 * 4 * 8192
+
+
+def test_a_build_over_the_ram_bound_is_refused_before_any_work(tmp_path: Path) -> None:
+    """One pending shard (50,000 x 64 float32: 12.2 MiB) and one chunk (16 MiB) over
+    ``search.ram_gb=0.025`` (25.6 MiB): one line naming the settings, no shard written; a shard of
+    10,000 rows (2.4 MiB) fits."""
+    from oxbench.errors import InputError
+    from oxbench.index.whitening import l2_normalize
+    from oxbench.pipelines.method import RunContext
+    from oxbench.pipelines.presets import resolve_method
+
+    raw = [np.ones((50_000, 64), np.float32)]
+    m = resolve_method("features", search="mapped", **{"search.ram_gb": 0.025})
+    ctx = RunContext(tmp_path / "cache", progress=False)
+    chain = SearchChain(m, DatabaseChunks(raw, l2_normalize, 64), ctx, tmp_path / "cache" / "i")
+    with pytest.raises(InputError) as exc:
+        chain.build_index()
+    text = str(exc.value)
+    assert "\n" not in text and "search.shard_vectors" in text and "search.ram_gb=0.025" in text
+    assert not (tmp_path / "cache" / "i").exists()
+    m = resolve_method(
+        "features", search="mapped", **{"search.ram_gb": 0.025, "search.shard_vectors": 10_000}
+    )
+    chain = SearchChain(m, DatabaseChunks(raw, l2_normalize, 64), ctx, tmp_path / "cache" / "i")
+    assert chain.build_index().mapped is not None and len(chain.mapped.shards) == 5

@@ -99,8 +99,10 @@ def streamed_digest(chunks: Iterable[NDArray[np.float32]]) -> str:
     return h.hexdigest()[:16]
 
 
-#: Rows of one chunk of a :class:`DatabaseChunks` (the chain writes its shards a chunk at a time).
+#: Rows a chunk of an in-RAM database holds on its way to the shards.
 STREAM_ROWS = 65536
+#: Bytes a chunk of a :class:`DatabaseChunks` takes while it is whitened (:attr:`~DatabaseChunks.chunk_bytes`).
+STREAM_BYTES = 16 << 20
 #: What a re-ranking stage needs that makes the chain hold the whole database in RAM.
 WHOLE_DATABASE = frozenset({"vectors", "dense", "augment"})
 
@@ -120,7 +122,7 @@ class DatabaseChunks:
         parts: ``[n_i, D]`` raw descriptors of each part, in order.
         finish: raw rows ``[m, D]`` to searched rows ``float32 [m, d]``.
         dim: ``d``.
-        rows: rows a chunk holds (``None``: :data:`STREAM_ROWS`; at least 2).
+        rows: rows a chunk holds (``None``: as many as :data:`STREAM_BYTES` holds; at least 2).
     """
 
     def __init__(
@@ -132,9 +134,21 @@ class DatabaseChunks:
     ) -> None:
         self.parts = list(parts)
         self.finish = finish
-        self.rows = max(2, rows or STREAM_ROWS)
         self.starts = np.cumsum([0] + [len(p) for p in self.parts])
         self.shape = (int(self.starts[-1]), int(dim))
+        self.rows = max(2, rows or STREAM_BYTES // self.row_bytes)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes a row takes while it is whitened: float64 rows of the wider dimension, twice
+        (the input and its centred copy), and its float32 result."""
+        widest = max([self.shape[1]] + [int(p.shape[1]) for p in self.parts])
+        return 2 * 8 * widest + 4 * self.shape[1]
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes one chunk takes while it is whitened."""
+        return self.rows * self.row_bytes
 
     def bounds(self) -> list[tuple[int, int]]:
         """``(a, b)`` of every chunk, in order."""
@@ -250,6 +264,7 @@ class SearchChain:
         from oxbench.index.mapped import write_shards
 
         if self.stream is not None:
+            self._check_build_ram(settings, self.stream)
             digest = streamed_digest(self.stream)
             chunks: Iterable[NDArray[np.float32]] = iter(self.stream)
         else:
@@ -287,6 +302,22 @@ class SearchChain:
         if self.mapped is None or len(self.mapped.shards) < 2 or self.ctx.executor.workers < 2:
             return None
         return self.ctx.executor
+
+    def _check_build_ram(self, settings: MappedSearch, stream: DatabaseChunks) -> None:
+        """Refuse, before any work, a streamed build whose working set exceeds ``search.ram_gb``:
+        one shard's rows pending in the stored dtype (``write_shards`` writes a shard once it is
+        whole) and one chunk being whitened."""
+        from oxbench.index.mapped import GIB
+
+        pending = min(stream.shape[0], settings.shard_vectors) * stream.shape[1]
+        need = pending * np.dtype(settings.dtype).itemsize + stream.chunk_bytes
+        if need > settings.ram_gb * GIB:
+            raise InputError(
+                f"method {self.m.name}: writing the shards needs {need / GIB:.3g} GiB "
+                f"(a shard of {settings.shard_vectors:,} rows x {stream.shape[1]} and one chunk), "
+                f"more than search.ram_gb={settings.ram_gb:g}: lower search.shard_vectors or "
+                "raise search.ram_gb"
+            )
 
     @property
     def whole(self) -> NDArray[np.float32]:

@@ -214,14 +214,17 @@ class GlobalConfig(MethodConfig, Pipeline):
 
     def ram_bytes_per_image(self) -> int | None:
         """The raw descriptors and the searched (whitened) vectors, both ``float32`` while the index
-        is built, plus an IVF-PQ code and id; ``None`` when the settings do not fix the dimension
-        (a CNN, the user's files)."""
+        is built (the raw ones only when the build streams them into ``search=mapped``'s shards:
+        :meth:`SearchChain.streams`), plus an IVF-PQ code and id; ``None`` when the settings do
+        not fix the dimension (a CNN, the user's files)."""
         raw = self.descriptor.dim
         if raw is None:
             return None
         out = min(self.whitening_dim or raw, raw) if self.whitening != "none" else raw
         st = self.search
         code = st.m * st.nbits // 8 + 8 if isinstance(st, IvfPqSearch) else 0
+        if SearchChain.streams(self):
+            out = 0
         return 4 * (raw + out) + code
 
 
