@@ -9,7 +9,9 @@
    (reused when its file exists; a corrupt file is refused, naming it), or the database written
    as shards to the cache and searched streamed from disk (``search=mapped``,
    :mod:`oxbench.index.mapped`: each query batch through the run's executor, one shard an item;
-   diffusion's k-NN graph through the same search, its pieces cached and reused);
+   diffusion's k-NN graph through the same search, its pieces cached and reused; with no stage
+   that needs the whole database, it comes as :class:`DatabaseChunks`, whitened chunk by chunk
+   into the shards and never held together: :meth:`SearchChain.streams`);
 3. per query: the first ranking, then the query-phase stages of ``rerank``, in order
    (:mod:`oxbench.pipelines.rerankers`: average / alpha query expansion and a second search,
    diffusion over the top of that ranking, or any registered re-ranker that works on vectors).
