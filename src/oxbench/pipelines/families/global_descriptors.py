@@ -56,7 +56,12 @@ from oxbench.pipelines.descriptors.cnn import CnnDescriptor
 from oxbench.pipelines.descriptors.files import FeatureFilesDescriptor
 from oxbench.pipelines.descriptors.vit import VitDescriptor
 from oxbench.pipelines.descriptors.vlad import VladDescriptor
-from oxbench.pipelines.globalchain import SearchChain, array_digest, check_search_settings
+from oxbench.pipelines.globalchain import (
+    DatabaseChunks,
+    SearchChain,
+    array_digest,
+    check_search_settings,
+)
 from oxbench.pipelines.method import (
     MethodConfig,
     Ranking,
@@ -209,14 +214,17 @@ class GlobalConfig(MethodConfig, Pipeline):
 
     def ram_bytes_per_image(self) -> int | None:
         """The raw descriptors and the searched (whitened) vectors, both ``float32`` while the index
-        is built, plus an IVF-PQ code and id; ``None`` when the settings do not fix the dimension
-        (a CNN, the user's files)."""
+        is built (the raw ones only when the build streams them into ``search=mapped``'s shards:
+        :meth:`SearchChain.streams`), plus an IVF-PQ code and id; ``None`` when the settings do
+        not fix the dimension (a CNN, the user's files)."""
         raw = self.descriptor.dim
         if raw is None:
             return None
         out = min(self.whitening_dim or raw, raw) if self.whitening != "none" else raw
         st = self.search
         code = st.m * st.nbits // 8 + 8 if isinstance(st, IvfPqSearch) else 0
+        if SearchChain.streams(self):
+            out = 0
         return 4 * (raw + out) + code
 
 
@@ -336,8 +344,19 @@ class GlobalDescriptors(RetrievalMethod):
         parts = ["database"] + (["distractors"] if bench.distractors is not None else [])
         with ctx.timed("features"):
             raw = [self.describe(bench, p, ctx) for p in parts]
-        with ctx.timed("index"):
-            db = self.finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
+        db: NDArray[np.float32] | DatabaseChunks
+        if SearchChain.streams(self.config):  # whitened chunk by chunk into the shards
+            db = DatabaseChunks(raw, self.finish, self.finish(raw[0][:1]).shape[1])
+        else:
+            if isinstance(self.config.search, MappedSearch):
+                log.info(
+                    "method %s: a stage of rerank=%s needs the whole database in RAM; it is "
+                    "whitened in RAM, then written to the shards",
+                    self.config.name,
+                    ",".join(self.config.rerank),
+                )
+            with ctx.timed("index"):
+                db = self.finish(np.concatenate(raw) if len(raw) > 1 else raw[0])
         cache_dir = Path(ctx.cache) / dataset_key(bench) / "global" / "index"
         local = None
         if self.config.local_source is not None:  # GeM + SV: a short list verified locally
@@ -379,9 +398,7 @@ class GlobalDescriptors(RetrievalMethod):
                 [getattr(self.whitening_, a, None) for a in vars(self.whitening_)]
             )
         fixed_disk = self.describer.fixed_disk()
-        return Footprint(
-            chain.db.shape[0], ram=ram, disk=disk, fixed_ram=fixed, fixed_disk=fixed_disk
-        )
+        return Footprint(chain.shape[0], ram=ram, disk=disk, fixed_ram=fixed, fixed_disk=fixed_disk)
 
     # --- what the re-ranking stages use: the search chain's dense vectors ---------------------------
     capabilities = SearchChain.capabilities
