@@ -93,7 +93,7 @@ class MappedSearch(KindSettings):
     )
     block: int = setting(65536, S.Int(lo=1, hi=1 << 26), doc="mapped search: rows per block")
     shard_vectors: int = setting(
-        1 << 20, S.Int(lo=1, hi=1 << 31), doc="mapped search: rows per shard file"
+        1 << 18, S.Int(lo=1, hi=1 << 31), doc="mapped search: rows per shard file"
     )
     dtype: str = setting("float32", S.Choice(*DTYPES), doc="mapped search: stored dtype")
     device: str = setting("auto", S.Choice("auto", "cpu", "cuda"), doc="mapped search: device")
