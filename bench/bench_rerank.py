@@ -13,7 +13,7 @@ Compared in the same run (ratios printed):
   exhaustive single-correspondence hypotheses, Philbin et al. 2007).
 
 ``--stages`` measures the re-ranking stages over global descriptors instead (issue 40): plain
-ranking, alpha-QE, diffusion, k-reciprocal, SuperGlobal, EGT and stages combined, each an ordinary
+ranking, alpha-QE, diffusion, k-reciprocal, SuperGlobal, EGT, CAS and stages combined, each an ordinary
 ``oxbench.run`` of the ``features`` preset on the real 128-D Oxford descriptors (the lopq fc7
 vectors of ``$OXBENCH_SHARED_DATA``, full-image query rows, the real ROxford ground truth; E / M / H),
 and, with ``--synthetic-root DATA``, of ``gem-r18-synthetic`` on the default synthetic set (the data
@@ -119,10 +119,12 @@ STAGE_ROWS: list[tuple[str, str, dict[str, object]]] = [
     ("k-reciprocal, graph=database", "k-reciprocal", {"k-reciprocal.graph": "database"}),
     ("superglobal (400 / 9 / 0.15)", "superglobal", {}),
     ("egt (250 / 0.42 / 5000)", "egt", {}),
+    ("cas (5 / 20 / 25 / 6 / 25, joint graph)", "cas", {}),
     ("alpha-QE + k-reciprocal", "alpha-qe,k-reciprocal", {}),
     ("alpha-QE + diffusion", "alpha-qe,diffusion", {}),
     ("k-reciprocal + egt", "k-reciprocal,egt", {}),
     ("superglobal + k-reciprocal", "superglobal,k-reciprocal", {}),
+    ("alpha-QE + cas", "alpha-qe,cas", {}),
 ]
 
 #: The timings a stage records (its graph, built at index time, included).
@@ -135,6 +137,7 @@ STAGE_TIMINGS = (
     "superglobal",
     "egt_graph",
     "egt",
+    "cas",
 )
 
 

@@ -331,7 +331,7 @@ def test_a_reranker_from_one_file_runs_in_a_family(tmp_path: Path) -> None:
             resolve_method("features", rerank="needs-local")
         with pytest.raises(
             InputError,
-            match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, dba, diffusion, egt, k-reciprocal, reverse-top, superglobal",
+            match="setting rerank: unknown re-ranker .nope.; this family runs: alpha-qe, aqe, cas, dba, diffusion, egt, k-reciprocal, reverse-top, superglobal",
         ):
             resolve_method("features", rerank="nope")
     finally:

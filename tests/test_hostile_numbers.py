@@ -151,3 +151,20 @@ def test_http_byte_counts_are_bounded_ascii_digits() -> None:
     assert _header_count("1234") == 1234 and _header_count(" 7 ") == 7
     for bad in (None, "", "²", "12a", "-1", "1" * 21, "١٢"):
         assert _header_count(bad) is None, bad
+
+
+@pytest.mark.parametrize(
+    "name, raw",
+    [
+        ("cas.max_images", "1" * 40),  # a graph bound of 10^40 images
+        ("cas.sigma", "1e-300"),  # would underflow every similarity to 0 (a 0/0 diffusion)
+        ("cas.mu", "0"),  # alpha = 1: the diffusion keeps no fit to the identity
+        ("cas.k5", "99999999999"),
+    ],
+)
+def test_cas_numbers_are_one_line(name: str, raw: str) -> None:
+    from oxbench.pipelines.presets import resolve_method
+
+    with pytest.raises(InputError) as err:
+        resolve_method("features", rerank="cas", **{name: raw})
+    assert name.split(".")[1] in str(err.value) and "\n" not in str(err.value)

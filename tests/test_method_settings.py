@@ -498,4 +498,4 @@ def test_every_stage_setting_takes_hostile_text_in_one_line() -> None:
                 assert spec.check(name, value) == value, (name, raw)
                 assert not isinstance(value, float) or math.isfinite(value), (name, raw)
             fuzzed.add(stage)
-    assert {"k-reciprocal", "superglobal", "egt", "diffusion", "alpha-qe"} <= fuzzed
+    assert {"k-reciprocal", "superglobal", "egt", "cas", "diffusion", "alpha-qe"} <= fuzzed
