@@ -164,7 +164,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"CHANGED {n}: {before[n]} -> {results[n]}")
     for n in missing:
         print(f"MISSING {n}")
-    print(f"{len(names) - len(changed)} of {len(names)} presets have the same ranks")
+    compared = [n for n in names if n in before]
+    new = len(names) - len(compared)
+    print(
+        f"{len(compared) - len(changed)} of {len(compared)} presets have the same ranks"
+        + (f" ({new} new, not in the earlier digests)" if new else "")
+    )
     return 1 if changed or missing else 0
 
 
