@@ -282,6 +282,9 @@ class StoredDescriber(Describer):
 
     #: Images per descriptor shard (the plan of the store is fixed by it).
     shard_size: ClassVar[int] = 2048
+    #: Whether the descriptors come from the pixels (a network): the describe step then fills
+    #: the descriptor store of every part instead of computing the kind's local features.
+    from_pixels: ClassVar[bool] = False
 
     def __init__(self, kind: DescriptorKind, m: FamilySettings) -> None:
         super().__init__(kind, m)
@@ -295,6 +298,26 @@ class StoredDescriber(Describer):
     @abstractmethod
     def compute(self, bench: Benchmark, part: str, names: list[str], ctx: RunContext) -> Compute:
         """The picklable job that computes the descriptors of some images of ``part``."""
+
+    def describe_parts(
+        self,
+        bench: Benchmark,
+        ctx: RunContext,
+        *,
+        training: bool = False,
+        partition: tuple[int, int] | None = None,
+    ) -> dict[str, int]:
+        """With ``from_pixels``: the descriptor shards of every part (of a training set: what
+        the whitening reads); otherwise the kind's local features."""
+        if not self.from_pixels:
+            return super().describe_parts(bench, ctx, training=training, partition=partition)
+        from oxbench.pipelines.steps import parts_of
+
+        if training:
+            parts = ["database"] + (["queries"] if self.m.whitening == "learned" else [])
+        else:
+            parts = parts_of(bench)
+        return {part: self.describe_shards(bench, part, ctx, partition) for part in parts}
 
     def finish_stored(self, x: NDArray[np.float32], ctx: RunContext) -> NDArray[np.float32]:
         """What the store holds as the describer gives it (a model file's whitening applied)."""

@@ -32,7 +32,6 @@ from oxbench.pipelines.descriptors import (
     register_descriptor,
 )
 from oxbench.pipelines.method import RunContext
-from oxbench.pipelines.steps import parts_of
 from oxbench.schema import setting
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -308,6 +307,7 @@ class CnnDescriber(StoredDescriber):
 
     #: Images per descriptor shard: a CNN task of a minute or more on a GPU.
     shard_size: ClassVar[int] = 512
+    from_pixels: ClassVar[bool] = True
     kind: CnnDescriptor
 
     def __init__(self, kind: CnnDescriptor, m: FamilySettings) -> None:
@@ -409,21 +409,6 @@ class CnnDescriber(StoredDescriber):
             )
         mean, proj = lw
         return l2_normalize((x.astype(np.float64) - mean) @ proj.T)
-
-    def describe_parts(
-        self,
-        bench: Benchmark,
-        ctx: RunContext,
-        *,
-        training: bool = False,
-        partition: tuple[int, int] | None = None,
-    ) -> dict[str, int]:
-        """The descriptor shards of every part (of a training set: what the whitening reads)."""
-        if training:
-            parts = ["database"] + (["queries"] if self.m.whitening == "learned" else [])
-        else:
-            parts = parts_of(bench)
-        return {part: self.describe_shards(bench, part, ctx, partition) for part in parts}
 
     def preprocessing(self) -> dict[str, Any]:
         """The run's preprocessing card (as :class:`~oxbench.pipelines.descriptors.vit.VitDescriber`

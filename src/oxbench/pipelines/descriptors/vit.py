@@ -58,7 +58,6 @@ from oxbench.pipelines.descriptors import (
 )
 from oxbench.pipelines.descriptors.cnn import CnnShard, QueryCrops
 from oxbench.pipelines.method import RunContext
-from oxbench.pipelines.steps import parts_of
 from oxbench.schema import setting
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -438,6 +437,7 @@ class VitDescriber(StoredDescriber):
 
     #: Images per descriptor shard.
     shard_size: ClassVar[int] = 512
+    from_pixels: ClassVar[bool] = True
     kind: VitDescriptor
 
     def __init__(self, kind: VitDescriptor, m: FamilySettings) -> None:
@@ -480,21 +480,6 @@ class VitDescriber(StoredDescriber):
         return CnnShard(
             self._spec(), opts, read, names, allow_partial=ctx.allow_partial, model=loaded
         )
-
-    def describe_parts(
-        self,
-        bench: Benchmark,
-        ctx: RunContext,
-        *,
-        training: bool = False,
-        partition: tuple[int, int] | None = None,
-    ) -> dict[str, int]:
-        """The descriptor shards of every part (of a training set: what the whitening reads)."""
-        if training:
-            parts = ["database"] + (["queries"] if self.m.whitening == "learned" else [])
-        else:
-            parts = parts_of(bench)
-        return {part: self.describe_shards(bench, part, ctx, partition) for part in parts}
 
     def preprocessing(self) -> dict[str, Any]:
         """The run's preprocessing card: how pixels became the descriptor (run records show it)."""
