@@ -326,6 +326,18 @@ def discard_folder(folder: str | Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def refuse_link(path: str | Path, *, what: str = "cache folder") -> Path:
+    """``path`` unless it is a symbolic link: a link planted in oxbench's own folders would have
+    it read, write or clean another place's file.
+
+    Raises:
+        InputError: ``path`` is a symlink (names it).
+    """
+    if os.path.islink(path):
+        raise InputError(f"refusing a {what} that is a symbolic link", path)
+    return Path(path)
+
+
 def refuse_linked_folder(folder: str | Path, *, below: str | Path) -> Path:
     """``folder`` if neither it nor any folder between ``below`` (excluded) and it is a symlink.
 
@@ -340,8 +352,7 @@ def refuse_linked_folder(folder: str | Path, *, below: str | Path) -> Path:
     while (
         path != below and path.parent != path
     ):  # ``below`` itself (the user's cache) may be a link
-        if os.path.islink(path):
-            raise InputError("refusing a cache folder that is a symbolic link", path)
+        refuse_link(path)
         path = path.parent
     return folder
 

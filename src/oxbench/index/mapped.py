@@ -208,15 +208,11 @@ class MappedDatabase:
 
 
 def _not_linked(path: Path) -> Path:
-    """``path`` (a shard, the manifest, a graph piece, their folder) unless it is a symbolic link:
-    a link planted in the cache would have oxbench read or write another place's file."""
-    if os.path.islink(path):
-        raise InputError(
-            "refusing a symbolic link in a mapped shard folder (oxbench neither reads nor writes "
-            "through one); remove it",
-            path,
-        )
-    return path
+    """``path`` (a shard, the manifest, a graph piece, their folder) unless it is a symbolic link
+    (:func:`oxbench.fileio.refuse_link`)."""
+    from oxbench.fileio import refuse_link
+
+    return refuse_link(path, what="mapped shard file or folder")
 
 
 def _shard_record(stands_for: dict[str, Any], number: int, first: int) -> dict[str, Any]:
